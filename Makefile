@@ -1,0 +1,32 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+# Each builds .venv if it is missing. torch is pinned to the CPU wheel that lies on this
+# machine's disk (2.13.0) unless some torch is already importable, so pip never pulls a
+# multi-GB CUDA build.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.tandem-installed
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test install clean bench
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/tandem train --arch cifar_resnet20 --data digits --strategy dp --devices cpu:2 \
+		--epochs 8 --out runs/demo
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/engine_overhead.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,51 @@
+"""`tandem` command line: ``train | eval | bench | launch | models``.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)``; the parser it
+adds sets ``func`` to a callable taking the parsed args and returning an exit code. A user's
+mistake (``UsageError``, ``ValueError``, ``FileNotFoundError``) becomes a one-line
+``tandem: error: ...`` on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "build_parser", "UsageError"]
+
+SUBCOMMANDS = ["train", "eval", "bench", "launch", "models"]
+
+
+class UsageError(Exception):
+    """A mistake of the user's: reported as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem", description="Train convolutional networks on several devices at once."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    sub.required = True
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"tandem.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"tandem.cli.{name}":
+                raise
+            continue  # subcommand not built yet
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError) as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tandem: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,146 @@
+"""Per-thread replica context and the rendezvous that replica threads share.
+
+``parallel_apply`` runs each replica in its own thread and, inside that thread, installs a
+:class:`ReplicaContext` (see :func:`use`). Layers that must cooperate across replicas, such as
+:class:`~tandem.parallel.SyncBatchNorm`, read it with :func:`current` and meet the other
+replicas through the shared :class:`ReplicaGroup`.
+
+The group never blocks forever: when a replica fails, ``parallel_apply`` calls
+:meth:`ReplicaGroup.abort`, which wakes every waiting replica with :class:`ReplicaAborted`;
+the caller then re-raises the first *real* error. A wait also ends after ``timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+import torch
+
+__all__ = ["ReplicaAborted", "ReplicaGroup", "ReplicaContext", "current", "use"]
+
+
+class ReplicaAborted(RuntimeError):
+    """Raised in a replica that waited at a rendezvous while another replica failed."""
+
+
+class _Meeting:
+    __slots__ = ("values", "arrived", "results", "taken")
+
+    def __init__(self, n: int):
+        self.values: list[Any] = [None] * n
+        self.arrived = 0
+        self.results: Sequence[Any] | None = None
+        self.taken = 0
+
+
+class ReplicaGroup:
+    """The rendezvous shared by the replicas of one ``parallel_apply`` call.
+
+    :meth:`combine` is the one primitive: every replica deposits a value under the same key,
+    the last to arrive runs ``fn(values)`` once (values in replica order) and every replica gets
+    its own entry of the returned sequence. Running ``fn`` once is what lets a caller build a
+    *single* autograd node whose inputs are every replica's tensors, so that backward needs no
+    barrier (replicas sharing one device run backward in one autograd thread).
+    """
+
+    def __init__(self, devices: Sequence[torch.device], timeout: float = 300.0):
+        self.devices = list(devices)
+        self.num_replicas = len(self.devices)
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._meetings: dict[Hashable, _Meeting] = {}
+        self._error: BaseException | None = None
+
+    def abort(self, error: BaseException) -> None:
+        """Wake every replica waiting at a rendezvous; each raises :class:`ReplicaAborted`."""
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    def _raise_if_aborted(self, index: int) -> None:
+        if self._error is not None:
+            raise ReplicaAborted(
+                f"replica {index} on {self.devices[index]} stopped waiting: another replica "
+                f"failed with {type(self._error).__name__}: {self._error}"
+            )
+
+    def combine(self, key: Hashable, index: int, value: Any, fn: Callable[[list], Sequence]) -> Any:
+        """Deposit ``value`` as replica ``index`` under ``key``; return ``fn(all values)[index]``."""
+        with self._cond:
+            self._raise_if_aborted(index)
+            meeting = self._meetings.get(key)
+            if meeting is None:
+                meeting = self._meetings[key] = _Meeting(self.num_replicas)
+            meeting.values[index] = value
+            meeting.arrived += 1
+            if meeting.arrived == self.num_replicas:
+                try:
+                    meeting.results = fn(meeting.values)
+                except BaseException as exc:
+                    self._error = self._error or exc
+                    self._cond.notify_all()
+                    raise
+                self._cond.notify_all()
+            else:
+                done = self._cond.wait_for(
+                    lambda: meeting.results is not None or self._error is not None, self.timeout
+                )
+                self._raise_if_aborted(index)
+                if not done:
+                    missing = [i for i, v in enumerate(meeting.values) if v is None]
+                    raise TimeoutError(
+                        f"replica {index} on {self.devices[index]} waited {self.timeout:.0f}s at "
+                        f"rendezvous {key!r} for replicas {missing}"
+                    )
+            result = meeting.results[index]
+            meeting.taken += 1
+            if meeting.taken == self.num_replicas:
+                del self._meetings[key]
+            return result
+
+
+@dataclass
+class ReplicaContext:
+    """What a replica thread knows about itself while ``parallel_apply`` runs it."""
+
+    index: int
+    device: torch.device
+    group: ReplicaGroup
+    _calls: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_replicas(self) -> int:
+        return self.group.num_replicas
+
+    def next_key(self, tag: Hashable) -> tuple:
+        """A key that is equal across replicas for the n-th call of the layer named ``tag``.
+
+        Replicas run the same code in the same order, so counting calls per tag pairs up the
+        calls of one layer across replicas, even when a layer runs several times per forward.
+        """
+        n = self._calls.get(tag, 0)
+        self._calls[tag] = n + 1
+        return (tag, n)
+
+
+_local = threading.local()
+
+
+def current() -> ReplicaContext | None:
+    """The context of the replica running in this thread, or ``None`` outside ``parallel_apply``."""
+    return getattr(_local, "context", None)
+
+
+@contextlib.contextmanager
+def use(context: ReplicaContext | None):
+    """Install ``context`` for the current thread for the duration of the ``with`` block."""
+    previous = current()
+    _local.context = context
+    try:
+        yield context
+    finally:
+        _local.context = previous

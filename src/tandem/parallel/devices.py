@@ -1,0 +1,98 @@
+"""One home for turning user device specs into ``torch.device`` lists.
+
+``device_ids`` entries may be CUDA ordinals (``0``), strings (``"cpu"``, ``"cuda:1"``) or
+``torch.device`` objects, and ``"cpu"`` may repeat: ``["cpu", "cpu", "cpu"]`` means three
+replicas on the CPU, each run in its own thread. ``None`` means every CUDA device, or one CPU
+when there is none. A bad entry raises ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+__all__ = ["resolve_devices", "parse_devices_flag", "to_device"]
+
+
+def to_device(spec) -> torch.device:
+    """Turn one device spec (int ordinal, string or ``torch.device``) into a ``torch.device``.
+
+    Raises ``ValueError`` naming ``spec`` when it is not a device, or when it names a CUDA
+    ordinal this machine does not have.
+    """
+    if isinstance(spec, bool):
+        raise ValueError(f"bad device {spec!r}: expected an int ordinal, a string or torch.device")
+    if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError(f"bad device {spec!r}: a device ordinal must be >= 0")
+        device = torch.device("cuda", spec)
+    elif isinstance(spec, (str, torch.device)):
+        try:
+            device = torch.device(spec)
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(f"bad device {spec!r}: {exc}") from None
+    else:
+        raise ValueError(
+            f"bad device {spec!r}: expected an int ordinal, a string or torch.device, "
+            f"got {type(spec).__name__}"
+        )
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"bad device {spec!r}: CUDA is not available on this machine")
+        index = 0 if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise ValueError(
+                f"bad device {spec!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+        device = torch.device("cuda", index)
+    return device
+
+
+def resolve_devices(device_ids: Iterable | None) -> list[torch.device]:
+    """Resolve a ``device_ids`` argument into a non-empty list of ``torch.device``.
+
+    ``None`` means every CUDA device, or ``[cpu]`` when CUDA is unavailable. Repeats are kept
+    (``["cpu", "cpu"]`` is two CPU replicas).
+    """
+    if device_ids is None:
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        return [torch.device("cpu")]
+    if isinstance(device_ids, (str, int, torch.device)):
+        device_ids = [device_ids]
+    devices = [to_device(d) for d in device_ids]
+    if not devices:
+        raise ValueError("device_ids is empty: give at least one device")
+    return devices
+
+
+def parse_devices_flag(flag: str) -> list[torch.device]:
+    """Parse the CLI ``--devices`` value.
+
+    Accepted forms: ``cpu`` (one CPU replica), ``cpu:N`` (N CPU replicas, N >= 1), ``cuda``
+    (every CUDA device), ``cuda:0,1`` (those CUDA devices), ``auto`` (every CUDA device, else
+    one CPU). Raises ``ValueError`` with a one-line message for anything else.
+    """
+    text = flag.strip().lower()
+    if text == "auto":
+        return resolve_devices(None)
+    if text == "cpu":
+        return [torch.device("cpu")]
+    if text.startswith("cpu:"):
+        count = text[4:]
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"bad --devices {flag!r}: cpu:N needs N >= 1 (e.g. cpu:2)")
+        return [torch.device("cpu")] * int(count)
+    if text == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"bad --devices {flag!r}: CUDA is not available on this machine")
+        return resolve_devices(None)
+    if text.startswith("cuda:"):
+        parts = [p for p in text[5:].split(",")]
+        if not parts or not all(p.isdigit() for p in parts):
+            raise ValueError(f"bad --devices {flag!r}: expected cuda:0,1 (a list of ordinals)")
+        return resolve_devices([int(p) for p in parts])
+    raise ValueError(f"bad --devices {flag!r}: expected cpu, cpu:N, cuda, cuda:0,1 or auto")
+
+

@@ -1,0 +1,58 @@
+"""Counting the bytes the engine moves between replicas.
+
+Every transfer the engine makes on behalf of a replica (scattered inputs, broadcast
+parameters and buffers, reduced gradients, gathered outputs, criterion losses) is reported with
+:func:`record`. A :class:`TrafficMeter` used as a context manager sums what is recorded while it
+is open, by kind and by destination replica.
+
+Counts are *logical*: a transfer between replica ``i`` and replica ``j != i`` is counted even
+when both replicas live on the same physical device (``["cpu", "cpu"]``), so that CPU runs
+report what the same layout would move between real devices. Recording costs nothing when no
+meter is open.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+__all__ = ["record", "TrafficMeter", "metering"]
+
+_lock = threading.Lock()
+_meters: list["TrafficMeter"] = []
+
+
+def metering() -> bool:
+    """True while at least one :class:`TrafficMeter` is open (lets callers skip byte maths)."""
+    return bool(_meters)
+
+
+def record(kind: str, nbytes: int, dst: int | None = None) -> None:
+    """Report ``nbytes`` of ``kind`` traffic, arriving at replica ``dst`` (``None``: unknown)."""
+    if not _meters:
+        return
+    with _lock:
+        for meter in _meters:
+            meter.by_kind[kind] += nbytes
+            meter.by_dst[dst] += nbytes
+
+
+class TrafficMeter:
+    """Sum of recorded traffic while open: ``by_kind``, ``by_dst`` and ``total`` bytes."""
+
+    def __init__(self):
+        self.by_kind: dict[str, int] = defaultdict(int)
+        self.by_dst: dict[int | None, int] = defaultdict(int)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+    def __enter__(self) -> "TrafficMeter":
+        with _lock:
+            _meters.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with _lock:
+            _meters.remove(self)

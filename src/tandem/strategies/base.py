@@ -1,0 +1,120 @@
+"""The one interface every training strategy implements, and the registry that selects one.
+
+The training loop knows strategies only through :class:`Strategy`; it has no
+``if strategy == ...`` branches. Single-process strategies implement the collectives
+(:meth:`Strategy.all_reduce_sum`, :meth:`Strategy.barrier`) as no-ops, so the loop is the same
+for one device, many replica threads, or many processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+from torch import nn
+
+__all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_names"]
+
+
+@dataclass
+class StepOutput:
+    """What one forward+loss returns to the loop.
+
+    ``loss`` is the scalar to call ``backward`` on (the mean over the samples this process
+    holds, so that it equals the single-device loss on the same samples). ``correct`` is the
+    number of top-1 hits as a 0-dim tensor and ``count`` the number of samples it counted.
+    """
+
+    loss: torch.Tensor
+    correct: torch.Tensor
+    count: int
+
+
+class Strategy:
+    """A way of running a training step on a set of devices.
+
+    Subclasses set ``name`` and override what differs. Defaults describe one process.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
+                 buffers: str = "replica0"):
+        self.devices = list(devices)
+        self.sync_bn = sync_bn
+        self.buffers = buffers
+
+    # -- topology ---------------------------------------------------------------------------
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """True in the one process that prints, writes metrics and writes checkpoints."""
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where the loop puts inputs, targets and the model before :meth:`setup`."""
+        return self.devices[0]
+
+    # -- model ------------------------------------------------------------------------------
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Move/wrap ``model`` for training; return what the loop calls. Default: move it."""
+        return model.to(self.device)
+
+    def unwrap(self, wrapped: nn.Module) -> nn.Module:
+        """The plain model inside ``wrapped`` (what checkpoints save)."""
+        return getattr(wrapped, "module", wrapped)
+
+    def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
+                     targets: torch.Tensor) -> StepOutput:
+        """Run the model and the criterion on this process's share of the batch."""
+        outputs = wrapped(images)
+        loss = criterion(outputs, targets)
+        correct = (outputs.argmax(1) == targets.to(outputs.device)).sum()
+        return StepOutput(loss, correct, targets.shape[0])
+
+    # -- data -------------------------------------------------------------------------------
+    def local_batch(self, images: torch.Tensor, targets: torch.Tensor):
+        """This process's share of a *global* batch. Single-process strategies keep it all."""
+        return images, targets
+
+    # -- collectives (no-ops in one process) ------------------------------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over processes and return it. Identity in one process."""
+        return tensor
+
+    def barrier(self) -> None:
+        """Wait for every process. No-op in one process."""
+
+    def no_sync(self, wrapped: nn.Module):
+        """Context that skips gradient synchronisation (for accumulation steps)."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Release process groups or other resources."""
+
+
+_REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator: make ``cls`` selectable by ``cls.name``."""
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"strategy name {cls.name!r} is empty or already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def strategy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create_strategy(name: str, devices: list[torch.device], **kwargs) -> Strategy:
+    """Build the strategy called ``name``; an unknown name is a ``ValueError`` listing them."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(strategy_names())}")
+    return _REGISTRY[name](devices, **kwargs)
