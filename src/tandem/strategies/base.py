@@ -78,9 +78,9 @@ class Strategy:
         return StepOutput(loss, correct, targets.shape[0])
 
     # -- data -------------------------------------------------------------------------------
-    def local_batch(self, images: torch.Tensor, targets: torch.Tensor):
-        """This process's share of a *global* batch. Single-process strategies keep it all."""
-        return images, targets
+    # The loop builds its loaders with ``rank`` and ``world_size`` above: each process loads
+    # only its contiguous share of every *global* batch (see ``tandem.data.make_loader``), so
+    # every strategy sees the same global batches in the same order for the same seed.
 
     # -- collectives (no-ops in one process) ------------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
