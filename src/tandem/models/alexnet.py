@@ -1,0 +1,128 @@
+"""AlexNet in two layouts: torchvision's single-tower net and Krizhevsky 2012's two-tower net.
+
+Both are ``features -> avgpool -> flatten -> classifier``, and ``forward`` is exactly
+``classifier(flatten(avgpool(features(x)), 1))``. That lets the "one weird trick" replace
+``model.features`` (data parallel) and ``model.classifier`` (model parallel) in place, as the
+imagenet example does. ``classifier`` is an ``nn.Sequential`` of Dropout / Linear / ReLU with its
+Linear layers directly inside, so hybrid parallelism can split them one by one.
+
+``alexnet`` (torchvision's layout, 61,100,840 parameters at 1000 classes):
+64-192-384-256-256 filters, conv1 11x11 stride 4 padding 2, no LRN, no groups.
+
+``alexnet_grouped`` (Krizhevsky, Sutskever & Hinton 2012, 60,965,224 parameters):
+
+=======  ====================================  ==========  ===========
+layer    config                                output@227  parameters
+=======  ====================================  ==========  ===========
+conv1    96 x 11x11, stride 4, no padding      96x55x55        34,944
+         ReLU, LRN, max-pool 3/2               96x27x27
+conv2    256 x 5x5, padding 2, groups=2        256x27x27      307,456
+         ReLU, LRN, max-pool 3/2               256x13x13
+conv3    384 x 3x3, padding 1 (all of conv2)   384x13x13      885,120
+conv4    384 x 3x3, padding 1, groups=2        384x13x13      663,936
+conv5    256 x 3x3, padding 1, groups=2        256x13x13      442,624
+         ReLU, max-pool 3/2                    256x6x6
+fc6      9216 -> 4096 (dropout before)         4096        37,752,832
+fc7      4096 -> 4096 (dropout before)         4096        16,781,312
+fc8      4096 -> 1000                          1000         4,097,000
+=======  ====================================  ==========  ===========
+
+``groups=2`` is the paper's two-GPU split: each tower's kernels see only the maps on its own
+GPU. conv1 (each tower sees the whole image), conv3 and the FC layers connect across towers,
+so they are ungrouped. LRN uses the paper's k=2, n=5, alpha=1e-4, beta=0.75; torch's
+``LocalResponseNorm`` divides alpha by n, so it gets ``alpha=5e-4`` to compute the paper's
+formula. An ``AdaptiveAvgPool2d(6)`` (the identity at 227x227, no parameters) lets inputs down
+to 67x67 work; ``alexnet`` takes 63x63 and up.
+
+Weights use torch's default initialisation (as torchvision's AlexNet does).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tandem.models.registry import register_model
+
+__all__ = ["AlexNet", "make_classifier", "alexnet", "alexnet_grouped"]
+
+
+def make_classifier(in_features: int, hidden_features: int, num_classes: int,
+                    dropout: float) -> nn.Sequential:
+    """Dropout, Linear, ReLU, Dropout, Linear, ReLU, Linear (AlexNet's fc6-fc8).
+
+    ReLUs here are not in-place: the classifier's inputs may be outputs of cross-device
+    autograd functions under hybrid parallelism, which must not be modified in place.
+    """
+    return nn.Sequential(
+        nn.Dropout(dropout),
+        nn.Linear(in_features, hidden_features),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        nn.Linear(hidden_features, hidden_features),
+        nn.ReLU(),
+        nn.Linear(hidden_features, num_classes),
+    )
+
+
+class AlexNet(nn.Module):
+    """``features`` (conv stack), ``avgpool`` (adaptive, 6x6) and ``classifier`` (FC stack)."""
+
+    def __init__(self, features: nn.Sequential, out_channels: int, num_classes: int,
+                 dropout: float, hidden_features: int):
+        super().__init__()
+        self.features = features
+        self.avgpool = nn.AdaptiveAvgPool2d(6)
+        self.classifier = make_classifier(out_channels * 6 * 6, hidden_features, num_classes,
+                                          dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)  # N, 256, h, w
+        x = self.avgpool(x)  # N, 256, 6, 6
+        x = torch.flatten(x, 1)  # N, 9216
+        return self.classifier(x)  # N, num_classes
+
+
+def _check_dropout(dropout: float) -> None:
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+
+
+@register_model(native_input_size=224, min_input_size=63, family="alexnet")
+def alexnet(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
+            hidden_features: int = 4096) -> AlexNet:
+    """torchvision's AlexNet layout (a single tower, no LRN); 61,100,840 parameters."""
+    _check_dropout(dropout)
+    features = nn.Sequential(
+        nn.Conv2d(in_channels, 64, 11, stride=4, padding=2), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2),
+        nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2),
+        nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2),
+    )
+    return AlexNet(features, 256, num_classes, dropout, hidden_features)
+
+
+@register_model(native_input_size=227, min_input_size=67, family="alexnet")
+def alexnet_grouped(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
+                    hidden_features: int = 4096) -> AlexNet:
+    """Krizhevsky 2012's two-tower AlexNet (groups=2 on conv2/4/5, LRN); 60,965,224 params."""
+    _check_dropout(dropout)
+
+    def lrn() -> nn.LocalResponseNorm:
+        return nn.LocalResponseNorm(size=5, alpha=5e-4, beta=0.75, k=2.0)
+
+    features = nn.Sequential(
+        nn.Conv2d(in_channels, 96, 11, stride=4), nn.ReLU(inplace=True), lrn(),
+        nn.MaxPool2d(3, stride=2),
+        nn.Conv2d(96, 256, 5, padding=2, groups=2), nn.ReLU(inplace=True), lrn(),
+        nn.MaxPool2d(3, stride=2),
+        nn.Conv2d(256, 384, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(384, 384, 3, padding=1, groups=2), nn.ReLU(inplace=True),
+        nn.Conv2d(384, 256, 3, padding=1, groups=2), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2),
+    )
+    return AlexNet(features, 256, num_classes, dropout, hidden_features)

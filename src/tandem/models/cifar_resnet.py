@@ -1,0 +1,71 @@
+"""CIFAR ResNets from He et al. 2015, section 4.2.
+
+6n+2 weighted layers: a 3x3 conv with 16 filters, three stages of n basic blocks with 16, 32
+and 64 filters (the first block of stages 2 and 3 halves the resolution), global average
+pooling and a Linear classifier. Shortcuts are option A: identity, or stride-2 subsampling
+plus zero-filled channels where the shape changes, so shortcuts add no parameters.
+
+With 10 classes the parameter count is ``97,216 n - 21,926``:
+
+=================  ===  ==========
+model                n  parameters
+=================  ===  ==========
+cifar_resnet20       3     269,722
+cifar_resnet32       5     464,154
+cifar_resnet44       7     658,586
+cifar_resnet56       9     853,018
+cifar_resnet110     18   1,727,962
+=================  ===  ==========
+
+(Each block of 2 convs at width w has 18 w^2 + 4 w parameters; the formula sums them with the
+16-filter stem, the two widening blocks and the 64 x 10 + 10 classifier.) ``num_classes``
+defaults to 10 here, not 1000, because these are CIFAR-10 nets. They take any input of at least
+1x1; 8x8 digits give 8x8, 4x4 and 2x2 feature maps in the three stages.
+"""
+
+from __future__ import annotations
+
+from tandem.models.builder import ResNet, ResNetBuilder
+from tandem.models.registry import register_model
+
+__all__ = ["DEPTHS", "cifar_resnet", "cifar_resnet20", "cifar_resnet32", "cifar_resnet44",
+           "cifar_resnet56", "cifar_resnet110"]
+
+WIDTHS = (16, 32, 64)
+DEPTHS = {"cifar_resnet20": 20, "cifar_resnet32": 32, "cifar_resnet44": 44,
+          "cifar_resnet56": 56, "cifar_resnet110": 110}
+
+
+def cifar_resnet(depth: int, num_classes: int = 10, in_channels: int = 3,
+                 zero_init_residual: bool = False) -> ResNet:
+    """Build the ``depth``-layer CIFAR ResNet; ``depth`` must be 6n+2."""
+    if depth < 8 or (depth - 2) % 6:
+        raise ValueError(f"CIFAR ResNet depth must be 6n+2 (20, 32, 44, ...), got {depth}")
+    n = (depth - 2) // 6
+    b = ResNetBuilder(in_channels, shortcut="zero_pad", zero_init_residual=zero_init_residual)
+    b.add_stem(WIDTHS[0], kernel_size=3, stride=1, max_pool=False)
+    for stage, width in enumerate(WIDTHS):
+        b.start_stage()
+        for i in range(n):
+            b.add_basic_block(width, stride=2 if stage > 0 and i == 0 else 1)
+    b.add_head(num_classes)
+    return b.build()
+
+
+def _entry(name: str):
+    depth = DEPTHS[name]
+
+    def fn(num_classes: int = 10, in_channels: int = 3,
+           zero_init_residual: bool = False) -> ResNet:
+        return cifar_resnet(depth, num_classes, in_channels, zero_init_residual)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{name}: {depth} layers (n={(depth - 2) // 6}), 32x32 input, 10 classes."
+    return register_model(native_input_size=32, min_input_size=1, family="cifar_resnet")(fn)
+
+
+cifar_resnet20 = _entry("cifar_resnet20")
+cifar_resnet32 = _entry("cifar_resnet32")
+cifar_resnet44 = _entry("cifar_resnet44")
+cifar_resnet56 = _entry("cifar_resnet56")
+cifar_resnet110 = _entry("cifar_resnet110")

@@ -1,0 +1,59 @@
+"""ImageNet ResNets (He et al. 2015), laid out exactly as torchvision's.
+
+Each variant is a row of :data:`LAYOUTS`: the block type and how many blocks each of the four
+stages holds (widths 64, 128, 256, 512). The stem is a 7x7 stride-2 conv and a stride-2
+max-pool; stages 2-4 halve the resolution in their first block, with the stride on the 3x3
+conv of the bottleneck ("v1.5") and a 1x1-conv + BN projection wherever the shape changes.
+The head pools adaptively, so any input of at least 1x1 works. Parameter counts (1000 classes)
+equal torchvision's: resnet18 11,689,512; resnet34 21,797,672; resnet50 25,557,032;
+resnet101 44,549,160; resnet152 60,192,808.
+"""
+
+from __future__ import annotations
+
+from tandem.models.builder import ResNet, ResNetBuilder
+from tandem.models.registry import register_model
+
+__all__ = ["LAYOUTS", "imagenet_resnet", "resnet18", "resnet34", "resnet50", "resnet101",
+           "resnet152"]
+
+WIDTHS = (64, 128, 256, 512)
+LAYOUTS: dict[str, tuple[str, tuple[int, int, int, int]]] = {
+    "resnet18": ("basic", (2, 2, 2, 2)),
+    "resnet34": ("basic", (3, 4, 6, 3)),
+    "resnet50": ("bottleneck", (3, 4, 6, 3)),
+    "resnet101": ("bottleneck", (3, 4, 23, 3)),
+    "resnet152": ("bottleneck", (3, 8, 36, 3)),
+}
+
+
+def imagenet_resnet(layout: str, num_classes: int = 1000, in_channels: int = 3,
+                    zero_init_residual: bool = False) -> ResNet:
+    """Build the ImageNet ResNet named ``layout`` (a key of :data:`LAYOUTS`)."""
+    block, depths = LAYOUTS[layout]
+    b = ResNetBuilder(in_channels, shortcut="projection", zero_init_residual=zero_init_residual)
+    b.add_stem(WIDTHS[0], kernel_size=7, stride=2, max_pool=True)
+    add = b.add_basic_block if block == "basic" else b.add_bottleneck
+    for stage, (depth, width) in enumerate(zip(depths, WIDTHS)):
+        b.start_stage()
+        for i in range(depth):
+            add(width, stride=2 if stage > 0 and i == 0 else 1)
+    b.add_head(num_classes)
+    return b.build()
+
+
+def _entry(layout: str):
+    def fn(num_classes: int = 1000, in_channels: int = 3,
+           zero_init_residual: bool = False) -> ResNet:
+        return imagenet_resnet(layout, num_classes, in_channels, zero_init_residual)
+
+    fn.__name__ = fn.__qualname__ = layout
+    fn.__doc__ = f"{layout}: {LAYOUTS[layout][0]} blocks {LAYOUTS[layout][1]}, 224x224 input."
+    return register_model(native_input_size=224, min_input_size=1, family="resnet")(fn)
+
+
+resnet18 = _entry("resnet18")
+resnet34 = _entry("resnet34")
+resnet50 = _entry("resnet50")
+resnet101 = _entry("resnet101")
+resnet152 = _entry("resnet152")

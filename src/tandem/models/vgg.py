@@ -1,0 +1,110 @@
+"""VGG (Simonyan & Zisserman 2014) from a config table, in torchvision's layout.
+
+A row of :data:`CFGS` lists the conv widths in order, ``"M"`` marking a 2x2 max-pool. Every conv
+is 3x3 with padding 1 and a bias; the ``_bn`` variants put a BatchNorm after each conv (the
+conv keeps its bias, as in torchvision, so the counts match). ``features`` is the conv stack,
+``avgpool`` an ``AdaptiveAvgPool2d(7)`` and ``classifier`` Linear/ReLU/Dropout x2 + Linear, with
+``forward(x) = classifier(flatten(avgpool(features(x)), 1))``. Five pools need inputs of at
+least 32x32.
+
+Parameters at 1000 classes (torchvision's published numbers): vgg11 132,863,336;
+vgg11_bn 132,868,840; vgg13 133,047,848; vgg13_bn 133,053,736; vgg16 138,357,544;
+vgg16_bn 138,365,992; vgg19 143,667,240; vgg19_bn 143,678,248.
+
+Init: Kaiming-normal (fan_out) convs with zero bias, BN weight 1 bias 0, Linear N(0, 0.01)
+with zero bias.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tandem.models.registry import register_model
+
+__all__ = ["CFGS", "VGG", "make_features", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16",
+           "vgg16_bn", "vgg19", "vgg19_bn"]
+
+CFGS: dict[str, list[int | str]] = {
+    "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "vgg13": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
+              512, 512, 512, "M"],
+    "vgg19": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+              512, 512, 512, 512, "M"],
+}
+
+
+def make_features(cfg: list[int | str], in_channels: int, batch_norm: bool) -> nn.Sequential:
+    """The conv stack for one row of :data:`CFGS`."""
+    layers: list[nn.Module] = []
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2, stride=2))
+            continue
+        layers.append(nn.Conv2d(in_channels, int(v), 3, padding=1))
+        if batch_norm:
+            layers.append(nn.BatchNorm2d(int(v)))
+        layers.append(nn.ReLU(inplace=True))
+        in_channels = int(v)
+    return nn.Sequential(*layers)
+
+
+class VGG(nn.Module):
+    """``features`` (conv stack), ``avgpool`` (adaptive, 7x7) and ``classifier`` (FC stack)."""
+
+    def __init__(self, features: nn.Sequential, num_classes: int, dropout: float,
+                 hidden_features: int):
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.features = features
+        self.avgpool = nn.AdaptiveAvgPool2d(7)
+        # ReLUs not in place: see alexnet.make_classifier (hybrid parallelism feeds this).
+        self.classifier = nn.Sequential(
+            nn.Linear(512 * 7 * 7, hidden_features),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_features, hidden_features),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_features, num_classes),
+        )
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)  # N, 512, h/32, w/32
+        x = self.avgpool(x)  # N, 512, 7, 7
+        x = torch.flatten(x, 1)  # N, 25088
+        return self.classifier(x)  # N, num_classes
+
+
+def _entry(name: str):
+    cfg_name, batch_norm = name.removesuffix("_bn"), name.endswith("_bn")
+
+    def fn(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
+           hidden_features: int = 4096) -> VGG:
+        features = make_features(CFGS[cfg_name], in_channels, batch_norm)
+        return VGG(features, num_classes, dropout, hidden_features)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{name}: config {cfg_name}{' with BatchNorm' if batch_norm else ''}, 224x224."
+    return register_model(native_input_size=224, min_input_size=32, family="vgg")(fn)
+
+
+vgg11, vgg11_bn = _entry("vgg11"), _entry("vgg11_bn")
+vgg13, vgg13_bn = _entry("vgg13"), _entry("vgg13_bn")
+vgg16, vgg16_bn = _entry("vgg16"), _entry("vgg16_bn")
+vgg19, vgg19_bn = _entry("vgg19"), _entry("vgg19_bn")
