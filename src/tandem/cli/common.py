@@ -1,0 +1,74 @@
+"""Deriving ``argparse`` flags from the config dataclasses, and back.
+
+Each dataclass field becomes one flag: its flags and help come from the field's ``metadata``
+(see ``tandem.config.opt``), ``bool`` fields become ``store_true`` switches, ``X | None`` fields
+take an ``X``. Choices are *not* enforced by argparse but by the dataclass itself, so a bad
+value gives the same one-line ``tandem: error: ...`` whether it came from the command line, a
+config file or a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+__all__ = ["add_config_arguments", "config_from_args", "flag_of"]
+
+
+def _value_type(annotation) -> type:
+    """``int | None`` -> ``int``; plain types pass through."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"cannot derive a flag for {annotation!r}")
+        return args[0]
+    return annotation
+
+
+def flag_of(f: dataclasses.Field) -> tuple[str, ...]:
+    """The flags of field ``f`` (``--batch-size`` for ``batch_size`` unless metadata says)."""
+    return tuple(f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),))
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | None = None,
+                         only: typing.Iterable[str] | None = None,
+                         defaults: dict | None = None) -> None:
+    """Add one flag per field of dataclass ``cls`` (or of the fields named in ``only``).
+
+    ``defaults`` overrides field defaults for this parser (used by ``tandem eval`` to leave
+    data settings unset so that they come from the checkpoint).
+    """
+    hints = typing.get_type_hints(cls)
+    group = parser.add_argument_group(title) if title else parser
+    wanted = set(only) if only is not None else None
+    for f in dataclasses.fields(cls):
+        if wanted is not None and f.name not in wanted:
+            continue
+        default = (defaults or {}).get(f.name, f.default)
+        help_text = f.metadata.get("help", "")
+        kind = _value_type(hints[f.name])
+        if kind is bool:
+            group.add_argument(*flag_of(f), dest=f.name, action="store_true", default=default,
+                               help=help_text)
+            continue
+        choices = f.metadata.get("choices")
+        metavar = f.metadata.get("metavar") or ("{" + ",".join(choices) + "}" if choices else None)
+        if default is not None:
+            help_text += " (default: %(default)s)"
+        group.add_argument(*flag_of(f), dest=f.name, type=kind, default=default,
+                           metavar=metavar, help=help_text)
+
+
+def config_from_args(cls, args: argparse.Namespace, **overrides):
+    """Build dataclass ``cls`` from the namespace attributes named like its fields.
+
+    Attributes that are absent keep the field default. ``args`` is only read.
+    """
+    values = {}
+    for f in dataclasses.fields(cls):
+        if hasattr(args, f.name):
+            values[f.name] = getattr(args, f.name)
+    values.update(overrides)
+    return cls(**values)

@@ -1,0 +1,187 @@
+"""The training configuration: a few typed, frozen dataclasses that check themselves.
+
+The ``tandem train`` command line is *derived* from these classes (see
+``tandem.cli.common``): every field becomes one flag, its help text comes from the field's
+metadata, and the parsed values are turned back into a :class:`TrainConfig` once. Nothing
+downstream reads or mutates ``argparse`` namespaces. The resolved config (``to_dict``) is
+written to ``OUT/config.json`` and into every checkpoint.
+
+Meaning of the numbers that are easy to get wrong:
+
+* ``batch_size`` is the **global** batch: the samples one forward/backward pass sees over every
+  device and every process together. Each device or process gets its share of it.
+* ``accum_steps = K`` makes one optimizer step consume **K global batches** (K forward/backward
+  passes whose gradients are summed, each loss scaled by ``1/K``). The effective batch per
+  update is ``K * batch_size``; ``batch_size`` keeps its meaning. Every strategy accumulates the
+  same way, so strategies stay interchangeable.
+* ``max_steps`` counts optimizer steps since the start of training (resumed runs included); it
+  stops the run early but never changes the learning-rate schedule, which is laid out over
+  ``epochs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
+    "STRATEGY_NAMES", "SCHEDULES",
+]
+
+# The strategies the CLI documents; the registry in tandem.strategies has the final word.
+STRATEGY_NAMES = ("single", "dp", "balanced", "hybrid", "ddp")
+SCHEDULES = ("cosine", "step", "constant")
+AUGMENTS = ("none", "standard")
+BUFFER_POLICIES = ("replica0", "average")
+
+
+def opt(default: Any, help: str, *flags: str, choices: tuple | None = None,
+        metavar: str | None = None):
+    """A dataclass field carrying its CLI flags and help text in ``metadata``."""
+    meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar}
+    return field(default=default, metadata=meta)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _check_choice(value: str, choices: tuple, flag: str) -> None:
+    _check(value in choices, f"bad {flag} {value!r}: choose one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = opt("cifar_resnet20", "model architecture (see `tandem models`)",
+                    "-a", "--arch", metavar="ARCH")
+    dropout: float | None = opt(None, "dropout probability for models with dropout "
+                                "(default: the model's own)", metavar="P")
+
+    def __post_init__(self):
+        _check(bool(self.arch), "--arch must not be empty")
+        _check(self.dropout is None or 0.0 <= self.dropout < 1.0,
+               f"bad --dropout {self.dropout}: must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    data: str = opt("digits", "dataset: synthetic, digits, an ImageFolder directory or a "
+                    "CIFAR-10 python directory", metavar="NAME|DIR")
+    augment: str = opt("none", "training augmentation", choices=AUGMENTS)
+    image_size: int | None = opt(None, "resize images to this side (default: the dataset's own)",
+                                 metavar="PX")
+    num_classes: int | None = opt(None, "classes of the synthetic dataset", metavar="N")
+    synthetic_size: int | None = opt(None, "samples in the synthetic dataset", metavar="N")
+    workers: int = opt(0, "data loading worker processes (seeded)", "-j", "--workers",
+                       metavar="N")
+
+    def __post_init__(self):
+        _check(bool(self.data), "--data must not be empty")
+        _check_choice(self.augment, AUGMENTS, "--augment")
+        for name in ("image_size", "num_classes", "synthetic_size"):
+            value = getattr(self, name)
+            _check(value is None or value >= 1,
+                   f"bad --{name.replace('_', '-')} {value}: must be >= 1")
+        _check(self.workers >= 0, f"bad --workers {self.workers}: must be >= 0")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    epochs: int = opt(30, "number of epochs (the learning-rate schedule spans them)",
+                      metavar="N")
+    batch_size: int = opt(32, "GLOBAL batch size, over all devices and processes",
+                          "-b", "--batch-size", metavar="N")
+    lr: float = opt(0.05, "initial learning rate (SGD)", "--lr", "--learning-rate",
+                    metavar="LR")
+    momentum: float = opt(0.9, "SGD momentum", metavar="M")
+    weight_decay: float = opt(5e-4, "weight decay", "--wd", "--weight-decay", metavar="W")
+    lr_schedule: str = opt("cosine", "learning-rate schedule, stepped every optimizer step",
+                           choices=SCHEDULES)
+    lr_step: float = opt(30.0, "step schedule: epochs between decays", metavar="EPOCHS")
+    lr_gamma: float = opt(0.1, "step schedule: decay factor", metavar="G")
+    warmup_epochs: float = opt(0.0, "linear learning-rate warm-up, in epochs", metavar="EPOCHS")
+    accum_steps: int = opt(1, "global batches per optimizer step (gradient accumulation)",
+                           metavar="K")
+    max_steps: int | None = opt(None, "stop after N optimizer steps in all (resumes included), "
+                                "then validate and save", metavar="N")
+
+    def __post_init__(self):
+        _check(self.epochs >= 1, f"bad --epochs {self.epochs}: must be >= 1")
+        _check(self.batch_size >= 1, f"bad --batch-size {self.batch_size}: must be >= 1")
+        _check(self.lr > 0, f"bad --lr {self.lr}: must be > 0")
+        _check(self.momentum >= 0, f"bad --momentum {self.momentum}: must be >= 0")
+        _check(self.weight_decay >= 0, f"bad --weight-decay {self.weight_decay}: must be >= 0")
+        _check_choice(self.lr_schedule, SCHEDULES, "--lr-schedule")
+        _check(self.lr_step > 0, f"bad --lr-step {self.lr_step}: must be > 0")
+        _check(self.lr_gamma > 0, f"bad --lr-gamma {self.lr_gamma}: must be > 0")
+        _check(self.warmup_epochs >= 0, f"bad --warmup-epochs {self.warmup_epochs}: must be >= 0")
+        _check(self.accum_steps >= 1, f"bad --accum-steps {self.accum_steps}: must be >= 1")
+        _check(self.max_steps is None or self.max_steps >= 1,
+               f"bad --max-steps {self.max_steps}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    strategy: str = opt("single", "how to use the devices: " + ", ".join(STRATEGY_NAMES),
+                        metavar="{" + ",".join(STRATEGY_NAMES) + "}")
+    devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
+                       metavar="SPEC")
+    sync_bn: bool = opt(False, "batch norm over the whole global batch (SyncBatchNorm)")
+    buffers: str = opt("replica0", "dp: which replicas' batch-norm running stats to keep",
+                       choices=BUFFER_POLICIES)
+    amp: bool = opt(False, "mixed precision (float16 autocast + grad scaling); CUDA only")
+    channels_last: bool = opt(False, "channels-last memory format; CUDA only")
+
+    def __post_init__(self):
+        _check(bool(self.strategy), "--strategy must not be empty")
+        _check_choice(self.buffers, BUFFER_POLICIES, "--buffers")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: str = opt("runs/train", "output directory (checkpoints, metrics, curves)",
+                   metavar="DIR")
+    seed: int = opt(0, "seed for model init, data order and augmentation", metavar="S")
+    resume: str | None = opt(None, "checkpoint to resume from (continues exactly)",
+                             metavar="PATH")
+    evaluate: bool = opt(False, "only validate (the --resume checkpoint, if given)",
+                         "-e", "--evaluate")
+    no_progress: bool = opt(False, "no progress bar (epoch summaries are still printed)")
+    print_freq: int = opt(0, "without a progress bar, print a line every N steps (0: never)",
+                          "-p", "--print-freq", metavar="N")
+
+    def __post_init__(self):
+        _check(bool(self.out), "--out must not be empty")
+        _check(self.print_freq >= 0, f"bad --print-freq {self.print_freq}: must be >= 0")
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+            "parallel": ParallelConfig, "run": RunConfig}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one ``tandem train`` run needs, grouped by concern."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict:
+        """Plain nested dict of str/int/float/bool/None (JSON- and weights_only-safe)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        """Rebuild from :meth:`to_dict` output; unknown keys (older/newer files) are ignored."""
+        sections = {}
+        for name, section_cls in SECTIONS.items():
+            values = data.get(name) or {}
+            known = {f.name for f in dataclasses.fields(section_cls)}
+            sections[name] = section_cls(**{k: v for k, v in values.items() if k in known})
+        return cls(**sections)

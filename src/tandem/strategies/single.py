@@ -1,0 +1,34 @@
+"""``single``: the whole global batch on one device — the reference every strategy must match."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .base import Strategy, register
+
+__all__ = ["SingleDevice"]
+
+
+@register
+class SingleDevice(Strategy):
+    """Train on ``devices[0]``.
+
+    When more than one device is given (``--devices cpu:2``) only the first is used and a
+    warning says so; the result is the same update, just on one device. ``sync_bn`` and
+    ``buffers`` change nothing here: one device always sees the whole batch.
+    """
+
+    name = "single"
+
+    def __init__(self, devices: list[torch.device], **kwargs):
+        if not devices:
+            raise ValueError("strategy 'single' needs a device")
+        if len(devices) > 1:
+            warnings.warn(
+                f"strategy 'single' uses only {devices[0]} of the {len(devices)} devices given; "
+                "use --strategy dp, balanced or hybrid to use them all",
+                stacklevel=2,
+            )
+        super().__init__(devices[:1], **kwargs)

@@ -1,0 +1,209 @@
+"""The training loop. It knows strategies only through their interface (no strategy names).
+
+One optimizer step consumes ``accum_steps`` global batches; on every batch but the last of a
+step the backward runs inside ``strategy.no_sync`` so that processes synchronise gradients once
+per step. Each process loads only its share of every global batch (``rank``/``world_size``
+given to :func:`tandem.data.make_loader`), in an order that depends only on ``(seed, epoch)``,
+so every strategy sees the same global batches in the same order.
+
+Only the main process shows progress and writes ``metrics.jsonl``, ``curves.png``,
+``checkpoint.pt`` (every epoch, and at a ``--max-steps`` stop) and ``best.pt`` (when
+validation accuracy improves). Checkpoints record the position in the data order
+(``position = {"epoch", "batch", "step"}``: the epoch under way, batches of it done, optimizer
+steps done), so ``--resume`` restarts at the very next batch with the same RNG state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from tandem import checkpoint
+from tandem.config import TrainConfig
+from tandem.data import make_loader
+from tandem.strategies import Strategy
+
+from .curves import plot_curves
+from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory
+from .progress import Progress
+
+__all__ = ["Position", "Trainer"]
+
+
+@dataclass
+class Position:
+    """Where training stands in the data order."""
+
+    epoch: int = 0  # epoch under way (0-based)
+    batch: int = 0  # global batches of that epoch already trained on
+    step: int = 0  # optimizer steps since the start of training
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
+
+
+@dataclass
+class Trainer:
+    """Everything a run needs, built by :mod:`tandem.train.run`; :meth:`fit` runs it."""
+
+    cfg: TrainConfig
+    strategy: Strategy
+    model: nn.Module  # what the strategy's setup returned (maybe a wrapper)
+    criterion: Callable
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_set: object
+    val_set: object
+    batches_per_epoch: int
+    config_dict: dict  # the resolved config, stored in checkpoints
+    position: Position = field(default_factory=Position)
+    best_acc1: float = 0.0
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
+        s = self.strategy
+        return make_loader(dataset, self.cfg.optim.batch_size, shuffle=train,
+                           seed=self.cfg.run.seed, epoch=epoch, workers=self.cfg.data.workers,
+                           rank=s.rank, world_size=s.world_size, start_batch=start_batch)
+
+    def _to_device(self, images: torch.Tensor, targets: torch.Tensor):
+        device = self.strategy.device
+        images = images.to(device, non_blocking=True)
+        if self.cfg.parallel.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, targets.to(device, non_blocking=True)
+
+    def _autocast(self):
+        return torch.autocast(self.strategy.device.type, dtype=torch.float16,
+                              enabled=self.cfg.parallel.amp)
+
+    def _out(self, name: str) -> str:
+        return os.path.join(self.cfg.run.out, name)
+
+    # -- one epoch --------------------------------------------------------------------------
+    def train_epoch(self) -> tuple[Meter, bool, float]:
+        """Train from the current position to the end of the epoch or ``--max-steps``.
+
+        Returns this process's meter, whether ``--max-steps`` stopped it, and the seconds.
+        """
+        cfg, s, pos = self.cfg, self.strategy, self.position
+        k, n = cfg.optim.accum_steps, self.batches_per_epoch
+        max_steps = cfg.optim.max_steps
+        meter = Meter()
+        progress = Progress(n, pos.batch, f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
+                            bar=s.is_main and not cfg.run.no_progress,
+                            print_freq=cfg.run.print_freq if s.is_main else 0)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        stopped = False
+        start = time.perf_counter()
+        loader = self._loader(self.train_set, train=True, epoch=pos.epoch, start_batch=pos.batch)
+        try:
+            for index, (images, targets) in enumerate(loader, start=pos.batch):
+                group_start = index - index % k
+                group_size = min(k, n - group_start)  # the epoch's last step may be shorter
+                last_micro = index == group_start + group_size - 1
+                images, targets = self._to_device(images, targets)
+                sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
+                with sync:
+                    with self._autocast():
+                        out = s.forward_loss(self.model, self.criterion, images, targets)
+                    self.scaler.scale(out.loss / group_size).backward()
+                meter.update(out.loss, out.correct, out.count)
+                progress.update(out.count * s.world_size, meter.loss, meter.acc)
+                if not last_micro:
+                    continue
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scheduler.step()
+                pos.batch, pos.step = index + 1, pos.step + 1
+                if max_steps is not None and pos.step >= max_steps:
+                    stopped = pos.batch < n
+                    break
+        finally:
+            progress.close()
+        return meter, stopped, time.perf_counter() - start
+
+    @torch.no_grad()
+    def validate(self) -> Meter:
+        """Loss and top-1 over the whole validation set, every sample counted once."""
+        self.model.eval()
+        meter = Meter()
+        for images, targets in self._loader(self.val_set, train=False, epoch=0):
+            images, targets = self._to_device(images, targets)
+            with self._autocast():
+                out = self.strategy.forward_loss(self.model, self.criterion, images, targets)
+            meter.update(out.loss, out.correct, out.count)
+        return meter.reduced(self.strategy)
+
+    # -- saving -----------------------------------------------------------------------------
+    def save(self, is_best: bool) -> None:
+        """Write ``checkpoint.pt`` (and ``best.pt``) atomically, on the main process only."""
+        if not self.strategy.is_main:
+            return
+        pos = self.position
+        extra = dict(
+            epoch=pos.epoch,  # epochs completed, as in the imagenet example
+            arch=self.cfg.model.arch,
+            best_acc1=self.best_acc1,
+            scheduler=self.scheduler.state_dict(),
+            scaler=self.scaler.state_dict(),
+            rng=checkpoint.capture_rng(),
+            position=pos.as_dict(),
+            config=self.config_dict,
+        )
+        checkpoint.save(self._out("checkpoint.pt"), self.model, self.optimizer, **extra)
+        if is_best:
+            checkpoint.save(self._out("best.pt"), self.model, self.optimizer, **extra)
+
+    # -- the run ----------------------------------------------------------------------------
+    def fit(self, log: MetricsLog) -> list[dict]:
+        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch."""
+        cfg, s, pos = self.cfg, self.strategy, self.position
+        records = log.read() if s.is_main else []
+        max_steps = cfg.optim.max_steps
+        while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
+            reset_peak_memory(s.devices)
+            batches_before = pos.batch
+            train, stopped, seconds = self.train_epoch()
+            train = train.reduced(s)
+            val = self.validate()
+            if not stopped:
+                pos.epoch, pos.batch = pos.epoch + 1, 0
+            is_best = val.acc > self.best_acc1
+            self.best_acc1 = max(self.best_acc1, val.acc)
+            record = {
+                "epoch": pos.epoch if not stopped else pos.epoch + 1,
+                "step": pos.step,
+                "batches": (pos.batch if stopped else self.batches_per_epoch) - batches_before,
+                "train_loss": train.loss, "train_acc": train.acc,
+                "val_loss": val.loss, "val_acc": val.acc,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "images_per_sec": train.count / seconds if seconds > 0 else None,
+                "seconds": seconds,
+                "peak_memory_mb": peak_memory_mb(s.devices),
+            }
+            self.save(is_best)
+            if s.is_main:
+                records.append(record)
+                log.append(record)
+                plot_curves(records, self._out("curves.png"))
+                print(_summary(record, cfg.optim.epochs), flush=True)
+            if stopped:
+                break
+        return records
+
+
+def _summary(r: dict, epochs: int) -> str:
+    rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
+    return (f"epoch {r['epoch']}/{epochs} step {r['step']}: train loss {r['train_loss']:.4f} "
+            f"acc {r['train_acc']:.2f}% | val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
+            f"| {rate} {r['seconds']:.1f}s")

@@ -1,0 +1,91 @@
+"""Running sums for loss/accuracy, their reduction over processes, the JSONL log, peak memory.
+
+Sums, not means, are accumulated (``loss * count``, hits, count) so that one reduction over
+processes gives the exact mean over every sample, each counted once, however unevenly the
+samples were shared out. Accuracies are percentages (0-100), like the imagenet example's acc1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+import torch
+
+__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory"]
+
+
+class Meter:
+    """Sum of per-sample loss, top-1 hits and sample count on this process."""
+
+    def __init__(self):
+        self.loss_sum = 0.0
+        self.correct = 0
+        self.count = 0
+
+    def update(self, loss: torch.Tensor, correct: torch.Tensor, count: int) -> None:
+        """Add a batch whose *mean* loss is ``loss`` over ``count`` samples (syncs once)."""
+        if count == 0:  # an empty share of a short last batch: nothing to count
+            return
+        self.loss_sum += float(loss.detach().float()) * count
+        self.correct += int(correct)
+        self.count += count
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.count if self.count else float("nan")
+
+    @property
+    def acc(self) -> float:
+        return 100.0 * self.correct / self.count if self.count else float("nan")
+
+    def reduced(self, strategy) -> "Meter":
+        """A new meter holding the sums over every process (one ``all_reduce_sum``)."""
+        totals = torch.tensor([self.loss_sum, self.correct, self.count], dtype=torch.float64,
+                              device=strategy.device)
+        totals = strategy.all_reduce_sum(totals).cpu()
+        out = Meter()
+        out.loss_sum, out.correct, out.count = float(totals[0]), int(totals[1]), int(totals[2])
+        return out
+
+
+def _cuda_devices(devices: Iterable[torch.device]) -> list[torch.device]:
+    seen = []
+    for d in devices:
+        if d.type == "cuda" and d not in seen:
+            seen.append(d)
+    return seen
+
+
+def reset_peak_memory(devices: Iterable[torch.device]) -> None:
+    for d in _cuda_devices(devices):
+        torch.cuda.reset_peak_memory_stats(d)
+
+
+def peak_memory_mb(devices: Iterable[torch.device]) -> dict[str, float] | None:
+    """Peak allocated MiB per CUDA device since the last reset; ``None`` when no device
+    reports memory (the CPU does not)."""
+    cuda = _cuda_devices(devices)
+    if not cuda:
+        return None
+    return {str(d): round(torch.cuda.max_memory_allocated(d) / 2**20, 1) for d in cuda}
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per line, appended and flushed per epoch."""
+
+    def __init__(self, path: str, *, fresh: bool):
+        self.path = path
+        if fresh and os.path.exists(path):
+            os.remove(path)
+
+    def append(self, record: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=False) + "\n")
+
+    def read(self) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
