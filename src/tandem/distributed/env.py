@@ -1,0 +1,125 @@
+"""Read the environment that ``torchrun`` (``torch.distributed.run``) gives each worker.
+
+torchrun starts every worker with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set. :func:`read_env` turns them into
+a :class:`DistEnv` that checks itself, so a worker started by hand (``tandem train --strategy
+ddp`` without a launcher) fails at once with one line that says how to launch it, instead of
+waiting forever for peers that will never come.
+
+The process-group timeout also comes from here: ``TANDEM_DIST_TIMEOUT`` (seconds, default
+:data:`DEFAULT_TIMEOUT`) bounds how long a collective waits for a dead or stuck peer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+__all__ = ["DistEnv", "read_env", "in_torchrun", "dist_timeout", "DEFAULT_TIMEOUT",
+           "TIMEOUT_VAR", "LAUNCH_HINT"]
+
+#: Seconds a collective may wait for the other ranks before it raises (and the job ends).
+DEFAULT_TIMEOUT = 300.0
+TIMEOUT_VAR = "TANDEM_DIST_TIMEOUT"
+LAUNCH_HINT = "run it with `tandem launch --nproc-per-node N -- train ...` or torchrun"
+
+_REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """One worker's place in the job, as torchrun describes it.
+
+    ``rank`` is global (0 .. world_size-1); ``local_rank`` indexes the workers on this machine
+    and picks this worker's accelerator (``cuda:LOCAL_RANK``). ``__post_init__`` rejects
+    inconsistent values with a ``ValueError`` naming the variable.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    def __post_init__(self):
+        if self.world_size < 1:
+            raise ValueError(f"WORLD_SIZE={self.world_size} must be >= 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"RANK={self.rank} must be in [0, WORLD_SIZE={self.world_size})")
+        if self.local_world_size < 1:
+            raise ValueError(f"LOCAL_WORLD_SIZE={self.local_world_size} must be >= 1")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(
+                f"LOCAL_RANK={self.local_rank} must be in [0, LOCAL_WORLD_SIZE="
+                f"{self.local_world_size})"
+            )
+        if self.local_world_size > self.world_size:
+            raise ValueError(
+                f"LOCAL_WORLD_SIZE={self.local_world_size} exceeds WORLD_SIZE={self.world_size}"
+            )
+        if not self.master_addr:
+            raise ValueError("MASTER_ADDR is empty")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"MASTER_PORT={self.master_port} is not a port number (1-65535)")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def in_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    """True when this process looks like a torchrun worker (``RANK`` and ``WORLD_SIZE`` set)."""
+    environ = os.environ if environ is None else environ
+    return "RANK" in environ and "WORLD_SIZE" in environ
+
+
+def _int(environ: Mapping[str, str], name: str) -> int:
+    text = environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not an integer ({LAUNCH_HINT})") from None
+
+
+def read_env(environ: Mapping[str, str] | None = None, *, strategy: str = "ddp") -> DistEnv:
+    """Parse torchrun's variables from ``environ`` (default ``os.environ``).
+
+    A missing variable is a one-line ``ValueError`` that names it and says how to launch.
+    ``LOCAL_WORLD_SIZE`` defaults to ``WORLD_SIZE`` (one machine) when absent, as with older
+    launchers that do not set it.
+    """
+    environ = os.environ if environ is None else environ
+    missing = [name for name in _REQUIRED if name not in environ]
+    if missing:
+        raise ValueError(
+            f"--strategy {strategy} needs torchrun's environment ({', '.join(missing)} not set); "
+            f"{LAUNCH_HINT}"
+        )
+    world_size = _int(environ, "WORLD_SIZE")
+    local_world_size = (_int(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ
+                        else world_size)
+    return DistEnv(
+        rank=_int(environ, "RANK"),
+        world_size=world_size,
+        local_rank=_int(environ, "LOCAL_RANK"),
+        local_world_size=local_world_size,
+        master_addr=environ["MASTER_ADDR"],
+        master_port=_int(environ, "MASTER_PORT"),
+    )
+
+
+def dist_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds from ``TANDEM_DIST_TIMEOUT``, or :data:`DEFAULT_TIMEOUT`; must be > 0."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(TIMEOUT_VAR)
+    if text is None or text == "":
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_VAR}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{TIMEOUT_VAR}={text!r} must be > 0 seconds")
+    return value

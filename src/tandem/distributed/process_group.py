@@ -1,0 +1,114 @@
+"""Join and leave the torch.distributed process group of a torchrun job, one device per worker.
+
+The backend follows the device: gloo for the CPU, NCCL for CUDA (``cuda:LOCAL_RANK``), and
+torch's default backend for any other accelerator. Every group is created with a timeout
+(``TANDEM_DIST_TIMEOUT``, see :mod:`tandem.distributed.env`), so a collective whose peer died
+or hangs raises after that many seconds instead of blocking forever; the failing worker then
+exits non-zero and torchrun's elastic agent tears the whole job down.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .env import DistEnv, dist_timeout
+
+__all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
+           "all_reduce_sum"]
+
+
+def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
+    """The one device this worker trains on, chosen from the ``--devices`` list.
+
+    - CPU: ``cpu`` (every worker on the machine shares it; one ``cpu`` entry is expected).
+    - an accelerator list: entry ``LOCAL_RANK`` of it, so ``--devices cuda`` (every GPU) gives
+      ``cuda:LOCAL_RANK`` and ``--devices cuda:2,3`` gives worker 0 ``cuda:2`` and worker 1
+      ``cuda:3``. A list shorter than the workers on this machine is a ``ValueError``.
+    """
+    devices = list(devices)
+    if not devices:
+        raise ValueError("--strategy ddp needs a device; got an empty device list")
+    kinds = {d.type for d in devices}
+    if len(kinds) != 1:
+        raise ValueError(f"--strategy ddp needs one kind of device, got {sorted(kinds)}")
+    if devices[0].type == "cpu":
+        if len(devices) > 1:
+            raise ValueError(
+                f"--strategy ddp runs one device per process, got {len(devices)} CPU replicas; "
+                "use --devices cpu and more processes (--nproc-per-node N)"
+            )
+        return devices[0]
+    if len(devices) == 1 and env.local_world_size == 1:
+        return devices[0]
+    if env.local_rank >= len(devices):
+        raise ValueError(
+            f"rank {env.rank}: LOCAL_RANK={env.local_rank} but --devices lists only "
+            f"{len(devices)} {devices[0].type} device(s) ({', '.join(map(str, devices))}); "
+            f"give one device per process on this machine ({env.local_world_size})"
+        )
+    return devices[env.local_rank]
+
+
+def backend_for(device: torch.device) -> str:
+    """gloo on the CPU, nccl on CUDA, torch's default backend for other accelerators."""
+    if device.type == "cpu":
+        return "gloo"
+    if device.type == "cuda":
+        return "nccl"
+    default = getattr(dist, "get_default_backend_for_device", None)
+    if default is None:
+        raise ValueError(f"no torch.distributed backend known for device {device}")
+    return default(device)
+
+
+def init_process_group(env: DistEnv, device: torch.device, timeout: float | None = None) -> str:
+    """Join the job's process group (``env://`` rendezvous at MASTER_ADDR:MASTER_PORT).
+
+    Sets the current CUDA device first for a CUDA worker. Returns the backend name. If a group
+    already exists (e.g. the caller made one), it is reused after checking its size and rank.
+    ``timeout`` (seconds) defaults to ``TANDEM_DIST_TIMEOUT``.
+    """
+    backend = backend_for(device)
+    if dist.is_initialized():
+        if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
+            raise RuntimeError(
+                f"a process group already exists with rank {dist.get_rank()} of "
+                f"{dist.get_world_size()}, but torchrun says rank {env.rank} of {env.world_size}"
+            )
+        return dist.get_backend()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    seconds = dist_timeout() if timeout is None else float(timeout)
+    kwargs = {"device_id": device} if device.type != "cpu" else {}
+    try:
+        dist.init_process_group(
+            backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+            timeout=timedelta(seconds=seconds), **kwargs,
+        )
+    except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
+        raise RuntimeError(
+            f"rank {env.rank} on {device}: could not join the {backend} process group at "
+            f"{env.master_addr}:{env.master_port} within {seconds:.0f}s: {exc}"
+        ) from exc
+    return backend
+
+
+def destroy_process_group() -> None:
+    """Leave the process group if there is one (safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum ``tensor`` over every rank; return a new tensor on ``tensor``'s device.
+
+    The input is not modified. The reduction runs on ``device`` (the worker's device), because
+    NCCL only reduces CUDA tensors; a CPU tensor on a CUDA worker is copied there and back.
+    """
+    work = tensor.detach().to(device, copy=True)
+    dist.all_reduce(work, op=dist.ReduceOp.SUM)
+    return work.to(tensor.device)

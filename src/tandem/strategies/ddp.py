@@ -1,0 +1,207 @@
+"""``ddp``: one process per device, gradients averaged by torch's DistributedDataParallel.
+
+Start it with ``tandem launch --nproc-per-node N -- train --strategy ddp ...`` or plain
+``torchrun --nproc-per-node N -m tandem train --strategy ddp ...``; every worker reads its rank
+from torchrun's environment (:mod:`tandem.distributed.env`). Without that environment the
+strategy refuses to start, with one line that says how to launch it.
+
+The update equals one device training on the whole global batch:
+
+- the loop's loader gives each rank its contiguous share of every global batch, and shares
+  may be uneven or empty (a global batch of 5 over 2 ranks is 3 + 2; of 1 is 1 + 0);
+- DDP *averages* gradients over ranks, so each rank back-propagates
+  ``S_r * world_size / D`` where ``S_r`` is its summed per-sample loss and ``D`` the global
+  denominator (all-reduced every step). The average is then ``sum_r S_r / D``: the gradient of
+  the global mean loss, whatever the shares. ``StepOutput.loss`` *shows* that global mean (the
+  same value on every rank) while carrying the scaled gradient; ``count`` is the local count;
+- a rank with an empty share still runs forward and backward, so DDP's gradient all-reduce and
+  SyncBatchNorm's collectives meet on every rank and nobody hangs. Its plain (non-sync)
+  BatchNorm layers run that one forward in eval mode, because batch statistics of 0 samples
+  would write NaN into the running stats; SyncBatchNorm stays in training mode and simply
+  contributes 0 samples.
+
+Batch-norm running stats (``--buffers``): ``replica0`` broadcasts rank 0's buffers at every
+forward (torch DDP's default), so checkpoints carry the stats of rank 0's share; ``average``
+replaces them after every training forward by the sample-count-weighted mean over ranks, which
+makes ``running_mean`` the full-batch running mean (the variance average ignores between-rank
+spread). With ``--sync-bn`` every rank already holds the full-batch stats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.parallel import DistributedDataParallel
+
+from tandem.distributed import faults
+from tandem.distributed.env import read_env
+from tandem.distributed.global_loss import local_sum
+from tandem.distributed.process_group import (
+    all_reduce_sum,
+    destroy_process_group,
+    init_process_group,
+    pick_device,
+)
+
+from .base import StepOutput, Strategy, register
+
+__all__ = ["DDPStrategy"]
+
+_BUFFER_POLICIES = ("replica0", "average")
+
+
+def _sync_bn_types() -> tuple[type, ...]:
+    """BatchNorm classes that synchronise across processes (safe in training on 0 samples)."""
+    types: list[type] = [nn.SyncBatchNorm]
+    try:
+        from tandem.parallel import SyncBatchNorm
+    except ImportError:  # tandem.parallel without SyncBatchNorm: only torch's counts
+        pass
+    else:
+        types.append(SyncBatchNorm)
+    return tuple(types)
+
+
+def _plain_batchnorms(model: nn.Module) -> list[_BatchNorm]:
+    sync = _sync_bn_types()
+    return [m for m in model.modules() if isinstance(m, _BatchNorm) and not isinstance(m, sync)]
+
+
+@contextlib.contextmanager
+def _frozen_batchnorm(layers: list[_BatchNorm]):
+    """Run ``layers`` in eval mode for one forward of an empty share, then restore them.
+
+    ``num_batches_tracked`` is still advanced, as a training forward would have done, so the
+    counter stays equal on every rank.
+    """
+    training = [m.training for m in layers]
+    for m in layers:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, was in zip(layers, training):
+            m.train(was)
+            if was and m.num_batches_tracked is not None:
+                m.num_batches_tracked.add_(1)
+
+
+@register
+class DDPStrategy(Strategy):
+    """One torchrun worker per device; see the module docstring for the exactness argument.
+
+    Constructing it joins the process group (so ``rank`` and ``world_size`` are known before
+    the loop builds its loaders); :meth:`close` leaves it. ``environ`` and ``timeout``
+    (seconds) are for tests; by default they come from ``os.environ`` and
+    ``TANDEM_DIST_TIMEOUT``.
+    """
+
+    name = "ddp"
+
+    def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
+                 buffers: str = "replica0", environ=None, timeout: float | None = None):
+        super().__init__(devices, sync_bn=sync_bn, buffers=buffers)
+        if buffers not in _BUFFER_POLICIES:
+            raise ValueError(f"bad --buffers {buffers!r}: choose one of {_BUFFER_POLICIES}")
+        self.env = read_env(environ)
+        self.rank = self.env.rank
+        self.world_size = self.env.world_size
+        self._device = pick_device(self.env, self.devices)
+        self.backend = init_process_group(self.env, self._device, timeout)
+        self._steps = 0
+        self._plain_bn: list[_BatchNorm] = []
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    # -- model ------------------------------------------------------------------------------
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Move ``model`` to this rank's device, convert BN if ``sync_bn``, wrap it in DDP.
+
+        DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
+        """
+        if self.sync_bn:
+            from tandem.parallel import convert_sync_batchnorm
+
+            model = convert_sync_batchnorm(model)
+        model = model.to(self._device)
+        self._plain_bn = _plain_batchnorms(model)
+        device_ids = [self._device] if self._device.type == "cuda" else None
+        return DistributedDataParallel(
+            model, device_ids=device_ids, broadcast_buffers=self.buffers == "replica0"
+        )
+
+    def unwrap(self, wrapped: nn.Module) -> nn.Module:
+        return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+
+    def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
+                     targets: torch.Tensor) -> StepOutput:
+        """Forward this rank's share; return a loss whose gradient, averaged by DDP, is exact.
+
+        Runs one small all-reduce (loss sum, denominator, sample count) per call, on every
+        rank, also in evaluation.
+        """
+        training = torch.is_grad_enabled() and wrapped.training
+        if training:
+            self._steps += 1
+            faults.maybe_inject_fault(self.rank, self._steps)
+        images = images.to(self._device, non_blocking=True)
+        targets = targets.to(self._device, non_blocking=True)
+        count = int(targets.shape[0])
+        frozen = self._plain_bn if (count == 0 and wrapped.training) else []
+        with _frozen_batchnorm(frozen):
+            outputs = wrapped(images)
+        summed, denominator = local_sum(criterion, outputs, targets)
+        stats = torch.stack([summed.detach().double(), denominator.double(),
+                             torch.tensor(float(count), dtype=torch.float64,
+                                          device=summed.device)])
+        total_sum, total_den, total_count = all_reduce_sum(stats, self._device).tolist()
+        if training and self.buffers == "average":
+            self._average_buffers(wrapped, count, total_count)
+        mean = summed.new_tensor(total_sum / total_den if total_den else float("nan"))
+        if summed.requires_grad:
+            # The value is the global mean; the gradient is that of S_r * world / D, which
+            # DDP's average over ranks turns into the gradient of the global mean.
+            scaled = summed * (self.world_size / total_den) if total_den else summed
+            loss = scaled + (mean - scaled).detach()
+        else:
+            loss = mean
+        correct = (outputs.argmax(1) == targets).sum() if count else targets.new_zeros(())
+        return StepOutput(loss, correct, count)
+
+    def _average_buffers(self, wrapped: nn.Module, count: int, total_count: float) -> None:
+        """Replace BN running stats by their sample-count-weighted mean over ranks."""
+        layers = [m for m in self._plain_bn if m.track_running_stats and m.running_mean is not None]
+        if not layers or not total_count:
+            return
+        flat = torch.cat([torch.cat([m.running_mean, m.running_var]) for m in layers])
+        flat = all_reduce_sum(flat * count, self._device) / total_count
+        offset = 0
+        for m in layers:
+            n = m.running_mean.numel()
+            m.running_mean.copy_(flat[offset:offset + n])
+            m.running_var.copy_(flat[offset + n:offset + 2 * n])
+            offset += 2 * n
+
+    # -- collectives ------------------------------------------------------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks; returns a new tensor on ``tensor``'s device (input untouched)."""
+        return all_reduce_sum(tensor, self._device)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def no_sync(self, wrapped: nn.Module):
+        """DDP's ``no_sync``: gradients accumulate locally until a step outside it."""
+        return wrapped.no_sync() if isinstance(wrapped, DistributedDataParallel) else (
+            contextlib.nullcontext())
+
+    def close(self) -> None:
+        destroy_process_group()
