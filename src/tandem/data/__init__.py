@@ -1,1 +1,18 @@
-"""tandem.data."""
+"""tandem.data: datasets and loaders whose batches depend only on ``(seed, epoch)``.
+
+    from tandem.data import load_dataset, make_loader
+    train_ds, val_ds, info = load_dataset("digits", augment="standard")
+    loader = make_loader(train_ds, 128, shuffle=True, seed=0, epoch=0, workers=2)
+
+See :mod:`tandem.data.load` for the accepted ``spec`` values and :mod:`tandem.data.loader`
+for how global batches are split across ranks.
+"""
+
+from .base import DatasetInfo, ImageDataset
+from .load import DATASET_NAMES, load_dataset
+from .loader import ShardedBatchSampler, epoch_order, make_loader, shard_sizes
+
+__all__ = [
+    "load_dataset", "make_loader", "DatasetInfo", "ImageDataset", "DATASET_NAMES",
+    "ShardedBatchSampler", "shard_sizes", "epoch_order",
+]

@@ -1,0 +1,114 @@
+"""What every tandem dataset shares: :class:`DatasetInfo`, sample keys, and the augmentation step.
+
+A dataset is indexed by a *sample key* ``(index, seed, epoch)``, which :func:`make_loader`
+produces. The key seeds the augmentation of that one sample (see
+:class:`~tandem.data.transforms.SampleRandom`), so a sample looks the same whichever worker,
+rank or strategy loads it. A plain ``int`` index also works and means ``(index, 0, 0)``.
+
+Subclasses implement ``__len__`` and ``raw(index) -> (CHW float tensor, label)``: the decoded
+image at its final size, values in ``[0, 1]`` (or already standardised for ``synthetic``),
+before augmentation and normalisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .transforms import SampleRandom, hflip, normalize, random_shift
+
+__all__ = [
+    "DatasetInfo", "ImageDataset", "AUGMENT_MODES", "check_augment", "split_key", "stratified_split",
+]
+
+AUGMENT_MODES = ("none", "standard")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know about a dataset."""
+
+    name: str
+    num_classes: int
+    in_channels: int
+    image_size: int
+    classes: list[str] | None = None
+
+
+def check_augment(augment: str) -> str:
+    if augment not in AUGMENT_MODES:
+        raise ValueError(f"unknown augment {augment!r}; choose one of: {', '.join(AUGMENT_MODES)}")
+    return augment
+
+
+def split_key(key) -> tuple[int, int, int]:
+    """``(index, seed, epoch)`` from a sample key or a bare int index."""
+    if isinstance(key, tuple):
+        index, seed, epoch = key
+        return int(index), int(seed), int(epoch)
+    return int(key), 0, 0
+
+
+class ImageDataset(Dataset):
+    """Base class: key -> raw sample -> (augmentation) -> normalisation -> ``(image, label)``.
+
+    ``augment="standard"`` shifts the image by up to ``pad`` pixels (zero fill) and, when
+    ``flip`` is true, mirrors it with probability 1/2. ``augment="none"`` returns the raw
+    sample, normalised. Labels are ints; :func:`make_loader` collates them into a long tensor.
+    """
+
+    def __init__(self, *, shape: tuple[int, int, int], augment: str, pad: int, flip: bool,
+                 mean: Sequence[float], std: Sequence[float]):
+        self.shape = tuple(shape)  # (C, H, W) of every sample this dataset returns
+        self.augment = check_augment(augment)
+        self.pad = pad
+        self.flip = flip
+        self.mean = list(mean)
+        self.std = list(std)
+
+    def __len__(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def raw(self, index: int) -> tuple[torch.Tensor, int]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __getitem__(self, key) -> tuple[torch.Tensor, int]:
+        index, seed, epoch = split_key(key)
+        n = len(self)
+        if not 0 <= index < n:
+            raise IndexError(f"sample index {index} out of range for {type(self).__name__} "
+                             f"of {n} samples")
+        image, label = self.raw(index)
+        if self.augment == "standard":
+            rng = SampleRandom(seed, epoch, index)
+            image = random_shift(image, self.pad, rng)
+            if self.flip and rng.coin():
+                image = hflip(image)
+        return normalize(image, self.mean, self.std), label
+
+
+def stratified_split(labels: Sequence[int], val_fraction: float, seed: int
+                     ) -> tuple[list[int], list[int]]:
+    """Split sample indices into ``(train, val)``, taking ``val_fraction`` of every class.
+
+    Each class's indices are shuffled by a generator seeded with ``seed`` and the first
+    ``round(val_fraction * n_class)`` go to val (at least one when a class has two or more
+    samples, none when it has one). Both lists come back sorted, so the split depends only on
+    the labels, the fraction and the seed.
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    train: list[int] = []
+    val: list[int] = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        idx = idx[rng.permutation(len(idx))]
+        k = int(round(val_fraction * len(idx)))
+        k = min(max(k, 1 if len(idx) > 1 else 0), len(idx) - 1)
+        val.extend(idx[:k].tolist())
+        train.extend(idx[k:].tolist())
+    return sorted(train), sorted(val)

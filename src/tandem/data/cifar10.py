@@ -1,0 +1,129 @@
+"""CIFAR-10 from its official python-pickle directory (``cifar-10-batches-py``).
+
+The directory holds ``data_batch_1`` .. ``data_batch_5`` (training, 10,000 images each),
+``test_batch`` (used as validation) and optionally ``batches.meta`` (class names). Each batch
+is a pickled dict with ``b"data"``, a ``uint8`` array of shape ``(N, 3072)`` (R, G, B planes of
+a 32x32 image), and ``b"labels"``, N ints in ``0..9``.
+
+The files are unpickled with a restricted unpickler that only rebuilds numpy arrays and plain
+containers, so a tampered file cannot run code; shapes, dtypes and labels are checked, and any
+problem raises ``ValueError`` naming the file. Images stay ``uint8`` in memory (150 MB for the
+full set) and are converted per sample. ``augment="standard"`` is the usual 4-pixel padded
+random crop plus horizontal flip. ``image_size`` other than 32 resizes each sample (bilinear).
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import DatasetInfo, ImageDataset
+from .transforms import resize_tensor
+
+__all__ = ["Cifar10Dataset", "load_cifar10", "find_cifar_dir", "read_batch", "CIFAR10_CLASSES"]
+
+TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_FILE = "test_batch"
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
+                   "dog", "frog", "horse", "ship", "truck"]
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2470, 0.2435, 0.2616)
+
+# What a CIFAR pickle may reference: numpy's array reconstruction and nothing else.
+_ALLOWED = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+}
+
+
+class _ArraysOnly(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def find_cifar_dir(path: Path) -> Path | None:
+    """``path`` or ``path/cifar-10-batches-py`` if it looks like a CIFAR-10 batch directory."""
+    for candidate in (path, path / "cifar-10-batches-py"):
+        if (candidate / TEST_FILE).exists() or any(
+                (candidate / f).exists() for f in TRAIN_FILES):
+            return candidate
+    return None
+
+
+def read_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(images uint8 (N,3,32,32), labels int64 (N,))`` from one batch file, validated."""
+    try:
+        with open(file, "rb") as f:
+            batch = _ArraysOnly(f, encoding="bytes").load()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"CIFAR-10 file '{file}' is missing") from None
+    except Exception as exc:  # truncated, not a pickle, refused class...
+        raise ValueError(f"CIFAR-10 file '{file}' is corrupt or not a CIFAR batch "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(batch, dict):
+        raise ValueError(f"CIFAR-10 file '{file}' holds a {type(batch).__name__}, not a dict")
+    data = batch.get(b"data", batch.get("data"))
+    labels = batch.get(b"labels", batch.get("labels"))
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+            or data.shape[1] != 3 * 32 * 32:
+        found = getattr(data, "shape", type(data).__name__)
+        raise ValueError(f"CIFAR-10 file '{file}': 'data' must be a uint8 array of shape "
+                         f"(N, 3072), found {found}")
+    labels = np.asarray(labels if labels is not None else [], dtype=np.int64).reshape(-1)
+    if labels.shape[0] != data.shape[0]:
+        raise ValueError(f"CIFAR-10 file '{file}': {data.shape[0]} images but "
+                         f"{labels.shape[0]} labels")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise ValueError(f"CIFAR-10 file '{file}': labels must be in 0..9, found "
+                         f"{labels.min()}..{labels.max()}")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def _read_classes(directory: Path) -> list[str]:
+    meta = directory / "batches.meta"
+    try:
+        with open(meta, "rb") as f:
+            names = _ArraysOnly(f, encoding="bytes").load()[b"label_names"]
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        return names if len(names) == 10 else CIFAR10_CLASSES
+    except Exception:  # optional file: fall back to the official names
+        return list(CIFAR10_CLASSES)
+
+
+class Cifar10Dataset(ImageDataset):
+    """CIFAR images held as a ``uint8`` ``(N, 3, 32, 32)`` tensor."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, augment: str,
+                 image_size: int = 32):
+        super().__init__(shape=(3, image_size, image_size), augment=augment,
+                         pad=image_size // 8, flip=True, mean=MEAN, std=STD)
+        self.images, self.labels, self.image_size = images, labels, image_size
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def raw(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index].float().div_(255.0)
+        return resize_tensor(image, self.image_size), int(self.labels[index])
+
+
+def load_cifar10(directory: Path, *, augment: str, image_size: int | None):
+    """``(train, val, info)``: the five training batches and ``test_batch`` as validation."""
+    size = 32 if image_size is None else image_size
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"CIFAR-10: image_size must be a positive int, got {image_size!r}")
+    train = [read_batch(directory / f) for f in TRAIN_FILES]
+    test_images, test_labels = read_batch(directory / TEST_FILE)
+    train_images = torch.from_numpy(np.concatenate([t[0] for t in train]))
+    train_labels = torch.from_numpy(np.concatenate([t[1] for t in train]))
+    info = DatasetInfo("cifar10", 10, 3, size, _read_classes(directory))
+    return (Cifar10Dataset(train_images, train_labels, augment=augment, image_size=size),
+            Cifar10Dataset(torch.from_numpy(test_images), torch.from_numpy(test_labels),
+                           augment="none", image_size=size),
+            info)

@@ -1,0 +1,62 @@
+"""``digits``: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes).
+
+Real data that ships inside scikit-learn, so nothing is downloaded. The train/val split is a
+fixed stratified 80/20 split with its own seed (:data:`SPLIT_SEED`), independent of the
+training ``--seed``: the validation set is always the same 360 images.
+
+Pixels (0..16) are scaled to ``[0, 1]`` and, when ``image_size`` is not 8, upsampled once
+(bilinear) when the dataset is built. Normalisation uses the mean and standard deviation of
+the training split. ``augment="standard"`` shifts each image by up to ``image_size // 8``
+pixels (one pixel at 8x8) and never flips: digits are not mirror-symmetric.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import DatasetInfo, ImageDataset, stratified_split
+from .transforms import resize_tensor
+
+__all__ = ["DigitsDataset", "load_digits_data", "SPLIT_SEED", "VAL_FRACTION"]
+
+SPLIT_SEED = 0
+VAL_FRACTION = 0.2
+
+
+class DigitsDataset(ImageDataset):
+    """A subset of the digits images held in memory as a ``(N, 1, S, S)`` float tensor."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, augment: str,
+                 mean: float, std: float):
+        size = images.shape[-1]
+        super().__init__(shape=(1, size, size), augment=augment, pad=max(1, size // 8),
+                         flip=False, mean=[mean], std=[std])
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def raw(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+
+def load_digits_data(*, augment: str, image_size: int | None):
+    """``(train, val, info)`` for the digits data at ``image_size`` (default 8)."""
+    from sklearn.datasets import load_digits  # imported here: scikit-learn is slow to import
+
+    size = 8 if image_size is None else image_size
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"digits: image_size must be a positive int, got {image_size!r}")
+    bunch = load_digits()
+    images = torch.as_tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    if size != 8:
+        images = torch.stack([resize_tensor(img, size) for img in images])
+    labels = torch.as_tensor(bunch.target, dtype=torch.int64)
+    train_idx, val_idx = stratified_split(labels.tolist(), VAL_FRACTION, SPLIT_SEED)
+    train_images = images[train_idx]
+    mean, std = float(train_images.mean()), float(train_images.std())
+    train = DigitsDataset(train_images, labels[train_idx], augment=augment, mean=mean, std=std)
+    val = DigitsDataset(images[val_idx], labels[val_idx], augment="none", mean=mean, std=std)
+    info = DatasetInfo("digits", 10, 1, size, [str(d) for d in range(10)])
+    return train, val, info

@@ -1,0 +1,167 @@
+"""ImageFolder directories read with Pillow: ``root/<class>/**/<image>``.
+
+Layouts:
+
+* ``root/train/<class>/...`` and ``root/val/<class>/...``: classes come from ``train/``; a
+  class missing under ``val/`` is fine, a class only in ``val/`` is a ``ValueError``.
+* ``root/<class>/...``: split per class 80/20 into train/val with the fixed seed
+  :data:`SPLIT_SEED` (independent of the training seed, so val never changes).
+
+Classes are the sorted non-hidden subdirectory names; files are found recursively and kept
+when their extension is in :data:`IMG_EXTENSIONS`.
+
+**Corrupt images** are skipped with a warning, never a crash, in two places:
+
+1. When the dataset is built, each file's header is opened with Pillow (cheap: no pixel
+   decode). A file that is not a readable image (empty, garbage, wrong format) is dropped
+   from the sample list with one warning. Counts and splits then only include good files.
+2. A file whose header is fine but whose pixels fail to decode (e.g. a truncated JPEG) is
+   found only when it is loaded. Then the next sample in index order that decodes (wrapping
+   around) is returned in its place, with its own label, and one warning per file per process
+   (each DataLoader worker warns separately). That substitute makes the sample appear twice in
+   that epoch: a known, logged inexactness that only such half-broken files can cause.
+
+Each sample is resized so its shorter side is ``image_size`` (default 224) and centre-cropped
+to a square, then, with ``augment="standard"``, shifted by up to ``image_size // 8`` pixels
+and flipped, and normalised with the ImageNet mean and std.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from .base import DatasetInfo, ImageDataset, stratified_split
+from .transforms import center_crop_pil, decode, resize_shorter, to_tensor
+
+__all__ = ["ImageFolderDataset", "load_imagefolder", "find_images", "IMG_EXTENSIONS",
+           "SPLIT_SEED", "VAL_FRACTION"]
+
+log = logging.getLogger("tandem.data")
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+                  ".gif")
+SPLIT_SEED = 0
+VAL_FRACTION = 0.2
+DEFAULT_SIZE = 224
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+_warned: set[str] = set()  # files already reported in this process
+
+
+def _warn_once(path: str, why: str) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        log.warning("skipping unreadable image '%s': %s", path, why)
+
+
+def _header_ok(path: str) -> bool:
+    try:
+        with Image.open(path):
+            return True
+    except Exception as exc:  # PIL raises several types for bad files
+        _warn_once(path, f"{type(exc).__name__}: {exc}")
+        return False
+
+
+def _classes(root: Path) -> list[str]:
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+def find_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """Sorted ``(path, class index)`` of readable images under ``root/<class>/``."""
+    samples = []
+    for label, name in enumerate(classes):
+        class_dir = root / name
+        if not class_dir.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+            dirnames.sort()
+            for fname in sorted(filenames):
+                if fname.lower().endswith(IMG_EXTENSIONS):
+                    path = os.path.join(dirpath, fname)
+                    if _header_ok(path):
+                        samples.append((path, label))
+    return samples
+
+
+class ImageFolderDataset(ImageDataset):
+    """A list of ``(path, label)`` decoded with Pillow on access (see module doc)."""
+
+    def __init__(self, samples: list[tuple[str, int]], *, image_size: int, augment: str):
+        super().__init__(shape=(3, image_size, image_size), augment=augment,
+                         pad=image_size // 8, flip=True, mean=MEAN, std=STD)
+        self.samples = samples
+        self.image_size = image_size
+        self._bad: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _decode(self, index: int) -> torch.Tensor:
+        img = resize_shorter(decode(self.samples[index][0]), self.image_size)
+        return to_tensor(center_crop_pil(img, self.image_size))
+
+    def raw(self, index: int) -> tuple[torch.Tensor, int]:
+        n = len(self.samples)
+        for step in range(n):
+            i = (index + step) % n
+            if i in self._bad:
+                continue
+            try:
+                return self._decode(i), self.samples[i][1]
+            except Exception as exc:  # corrupt pixels: substitute the next good sample
+                self._bad.add(i)
+                _warn_once(self.samples[i][0], f"{type(exc).__name__}: {exc}")
+        raise RuntimeError(f"no image in this ImageFolder split can be decoded "
+                           f"(first: '{self.samples[0][0]}')")
+
+
+def load_imagefolder(root: Path, *, augment: str, image_size: int | None):
+    """``(train, val, info)`` for an ImageFolder directory (either layout)."""
+    size = DEFAULT_SIZE if image_size is None else image_size
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"ImageFolder: image_size must be a positive int, got {image_size!r}")
+    train_dir, val_dir = root / "train", root / "val"
+    if train_dir.is_dir():
+        if not val_dir.is_dir():
+            raise ValueError(f"ImageFolder '{root}' has train/ but no val/ directory")
+        classes = _classes(train_dir)
+        extra = sorted(set(_classes(val_dir)) - set(classes))
+        if extra:
+            raise ValueError(f"ImageFolder '{val_dir}' has classes not in train/: "
+                             f"{', '.join(extra[:5])}")
+        _check_classes(train_dir, classes)
+        train_samples = _check_samples(train_dir, find_images(train_dir, classes))
+        val_samples = _check_samples(val_dir, find_images(val_dir, classes))
+    else:
+        classes = _classes(root)
+        _check_classes(root, classes)
+        samples = _check_samples(root, find_images(root, classes))
+        train_idx, val_idx = stratified_split([s[1] for s in samples], VAL_FRACTION, SPLIT_SEED)
+        train_samples = [samples[i] for i in train_idx]
+        val_samples = [samples[i] for i in val_idx]
+        if not val_samples:
+            raise ValueError(f"ImageFolder '{root}' is too small to split off a validation set "
+                             f"(needs a class with at least 2 images)")
+    info = DatasetInfo(root.name or str(root), len(classes), 3, size, classes)
+    return (ImageFolderDataset(train_samples, image_size=size, augment=augment),
+            ImageFolderDataset(val_samples, image_size=size, augment="none"),
+            info)
+
+
+def _check_classes(root: Path, classes: list[str]) -> None:
+    if not classes:
+        raise ValueError(f"ImageFolder '{root}' is empty: expected one subdirectory per class")
+
+
+def _check_samples(root: Path, samples: list) -> list:
+    if not samples:
+        raise ValueError(f"ImageFolder '{root}' has no readable images "
+                         f"(extensions: {' '.join(IMG_EXTENSIONS)})")
+    return samples

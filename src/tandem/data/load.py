@@ -1,0 +1,78 @@
+"""``load_dataset(spec)``: turn a ``--data`` value into ``(train, val, info)``.
+
+``spec`` is one of the names ``synthetic`` or ``digits`` (names win over a directory of the
+same name; write ``./digits`` to mean the directory), or a path to
+
+* a CIFAR-10 python-pickle directory (recognised by ``data_batch_1`` / ``test_batch``, either
+  in the directory itself or in its ``cifar-10-batches-py`` subdirectory), or
+* an ImageFolder directory: ``train/`` and ``val/`` of class subdirectories, or one directory
+  of class subdirectories split 80/20 per class with a fixed seed.
+
+A spec that looks like a path (it contains a path separator or starts with ``.`` or ``~``)
+and does not exist raises ``FileNotFoundError``; any other unknown word raises ``ValueError``
+listing the valid names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .base import check_augment
+
+__all__ = ["load_dataset", "DATASET_NAMES"]
+
+DATASET_NAMES = ("synthetic", "digits")
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (os.sep in spec or (os.altsep is not None and os.altsep in spec)
+            or spec.startswith((".", "~")))
+
+
+def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
+                 image_size: int | None = None, synthetic_size: int | None = None,
+                 num_classes: int | None = None):
+    """Return ``(train_dataset, val_dataset, DatasetInfo)`` for ``spec``.
+
+    ``augment`` (``"none"`` or ``"standard"``) applies to the training split only; validation
+    is never augmented. ``seed`` chooses the ``synthetic`` data; real data splits are fixed
+    whatever the seed, so the validation set never changes between runs. ``synthetic_size``
+    and ``num_classes`` shape the synthetic data; for real data ``num_classes``, when given,
+    must match the data's class count.
+    """
+    check_augment(augment)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ValueError(f"data spec must be a name or a path, got {spec!r}")
+    spec = os.fspath(spec)
+    if spec == "synthetic":
+        from .synthetic import load_synthetic
+        return load_synthetic(augment=augment, seed=seed, image_size=image_size,
+                              size=synthetic_size, num_classes=num_classes)
+    if spec == "digits":
+        from .digits import load_digits_data
+        result = load_digits_data(augment=augment, image_size=image_size)
+    else:
+        path = Path(spec).expanduser()
+        if not path.exists():
+            if _looks_like_path(spec):
+                raise FileNotFoundError(
+                    f"data path '{spec}' does not exist (expected an ImageFolder or CIFAR-10 "
+                    f"directory)")
+            raise ValueError(
+                f"unknown dataset {spec!r}: not one of {', '.join(DATASET_NAMES)}, and no such "
+                f"path (give a path to an ImageFolder or CIFAR-10 python directory)")
+        if not path.is_dir():
+            raise ValueError(f"data path '{spec}' is not a directory")
+        from .cifar10 import find_cifar_dir, load_cifar10
+        cifar_dir = find_cifar_dir(path)
+        if cifar_dir is not None:
+            result = load_cifar10(cifar_dir, augment=augment, image_size=image_size)
+        else:
+            from .imagefolder import load_imagefolder
+            result = load_imagefolder(path, augment=augment, image_size=image_size)
+    info = result[2]
+    if num_classes is not None and num_classes != info.num_classes:
+        raise ValueError(f"data '{spec}' has {info.num_classes} classes, but num_classes="
+                         f"{num_classes} was asked for")
+    return result

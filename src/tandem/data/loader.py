@@ -1,0 +1,131 @@
+"""Loaders whose global batches depend only on ``(seed, epoch)``.
+
+:func:`make_loader` builds a ``torch.utils.data.DataLoader`` around a
+:class:`ShardedBatchSampler`:
+
+* The epoch's sample order is ``randperm(N)`` from a generator seeded by ``(seed, epoch)``
+  (or ``0..N-1`` without shuffling). Global batch ``b`` is ``order[b*B:(b+1)*B]``; the last one
+  may be short. Nothing is dropped, padded or repeated.
+* With ``world_size > 1``, rank ``r`` loads only its contiguous share of every global batch.
+  Shares follow :func:`shard_sizes`: the first ``B % world_size`` ranks get ``ceil(B/world)``
+  samples, the others ``floor(B/world)``, so no share is empty while ``B >= world_size``.
+  When a (short, last) global batch has fewer samples than ranks, the trailing ranks get an
+  **empty batch**: a ``(0, C, H, W)`` image tensor and a ``(0,)`` label tensor. Every rank thus
+  yields the same number of batches (collectives stay in step) and every sample is counted
+  exactly once across ranks. Callers must cope with a zero-sample step (e.g. weight its loss
+  by its count).
+* ``start_batch`` skips the first global batches of the epoch without loading them, for an
+  exact mid-epoch resume. ``len(loader)`` is the number of batches the loader *yields*:
+  ``num_global_batches - start_batch`` (equal to the number of global batches when
+  ``start_batch == 0``). ``loader.batch_sampler.total_batches`` is the epoch's full count.
+* Each sample is requested as the key ``(index, seed, epoch)``, which seeds its augmentation,
+  so augmentation does not depend on workers, rank or strategy. Workers get a seeded
+  ``worker_init_fn`` (torch, numpy and ``random``), and the DataLoader has its own generator,
+  so iterating never consumes the global torch RNG.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from .transforms import mix_seed
+
+__all__ = ["make_loader", "ShardedBatchSampler", "shard_sizes", "collate", "epoch_order"]
+
+
+def shard_sizes(batch: int, world_size: int) -> list[int]:
+    """Per-rank sample counts of a global batch of ``batch`` samples (sum is ``batch``)."""
+    base, extra = divmod(batch, world_size)
+    return [base + (1 if r < extra else 0) for r in range(world_size)]
+
+
+def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
+    """The sample order of one epoch: a function of ``(num_samples, shuffle, seed, epoch)`` only."""
+    if not shuffle:
+        return torch.arange(num_samples)
+    g = torch.Generator().manual_seed(mix_seed(seed, epoch))
+    return torch.randperm(num_samples, generator=g)
+
+
+class ShardedBatchSampler(Sampler):
+    """Yields, per global batch, this rank's list of sample keys ``(index, seed, epoch)``."""
+
+    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int,
+                 epoch: int, rank: int = 0, world_size: int = 1, start_batch: int = 0):
+        _check_int("batch_size", batch_size, 1)
+        _check_int("world_size", world_size, 1)
+        _check_int("epoch", epoch, 0)
+        _check_int("start_batch", start_batch, 0)
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.total_batches = -(-num_samples // batch_size)
+        if start_batch > self.total_batches:
+            raise ValueError(f"start_batch {start_batch} is past the end of the epoch "
+                             f"({self.total_batches} batches of {batch_size})")
+        self.shuffle, self.seed, self.epoch = shuffle, seed, epoch
+        self.rank, self.world_size, self.start_batch = rank, world_size, start_batch
+
+    def __len__(self) -> int:
+        return self.total_batches - self.start_batch
+
+    def __iter__(self):
+        order = epoch_order(self.num_samples, shuffle=self.shuffle, seed=self.seed,
+                            epoch=self.epoch).tolist()
+        for b in range(self.start_batch, self.total_batches):
+            batch = order[b * self.batch_size:(b + 1) * self.batch_size]
+            sizes = shard_sizes(len(batch), self.world_size)
+            lo = sum(sizes[:self.rank])
+            yield [(i, self.seed, self.epoch) for i in batch[lo:lo + sizes[self.rank]]]
+
+
+def collate(samples: list, *, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``(image, label)`` pairs; an empty list gives ``(0, *shape)`` and ``(0,)`` tensors."""
+    if not samples:
+        return torch.empty((0, *shape)), torch.empty((0,), dtype=torch.int64)
+    images = torch.stack([s[0] for s in samples])
+    labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
+    return images, labels
+
+
+def _seed_worker(worker_id: int, *, base: int) -> None:
+    s = mix_seed(base, worker_id)
+    torch.manual_seed(s)
+    np.random.seed(s % 2**32)
+    random.seed(s)
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: int,
+                workers: int = 0, rank: int = 0, world_size: int = 1, start_batch: int = 0,
+                pin_memory: bool = False) -> DataLoader:
+    """A DataLoader over this rank's share of the epoch's global batches (see module doc).
+
+    ``batch_size`` is the global batch. ``dataset`` must accept ``(index, seed, epoch)`` keys
+    (every tandem dataset does) and have a ``shape`` attribute ``(C, H, W)`` used to shape
+    empty batches.
+    """
+    _check_int("workers", workers, 0)
+    sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
+                                  epoch=epoch, rank=rank, world_size=world_size,
+                                  start_batch=start_batch)
+    base = mix_seed(seed, epoch, 104729)
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=workers,
+        collate_fn=functools.partial(collate, shape=tuple(dataset.shape)),
+        worker_init_fn=functools.partial(_seed_worker, base=base) if workers else None,
+        generator=torch.Generator().manual_seed(base),  # keeps the global RNG untouched
+        pin_memory=pin_memory,
+    )
