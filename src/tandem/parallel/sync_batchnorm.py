@@ -1,0 +1,208 @@
+"""Batch normalization with statistics over the whole global batch.
+
+:class:`SyncBatchNorm` is a drop-in ``_BatchNorm`` (the same arguments as ``nn.BatchNorm2d``
+plus ``process_group``) for 2D to 5D inputs, i.e. ``BatchNorm1d/2d/3d`` shapes. In training mode
+it computes the batch mean and variance over
+
+* every replica thread of one ``parallel_apply`` call (``DataParallel``,
+  ``DataParallelModel``), which meet through :mod:`tandem.parallel.context`;
+* every process of ``process_group`` (default: the world) when ``torch.distributed`` is
+  initialized with more than one process (gloo on CPU, NCCL on CUDA);
+* both at once: replica threads are merged first, then processes.
+
+Uneven batches are fine, including a process whose local batch is empty: it still joins the
+collectives and returns an empty output. Everywhere else (eval mode, one device, outside any
+parallel context, ``track_running_stats=False`` in eval) it *is* ``nn.BatchNorm``: it calls
+the same ``F.batch_norm``.
+
+Running stats are updated with the global mean and the unbiased global variance
+(``n / (n - 1)``), and ``num_batches_tracked`` grows by one per forward, so every replica holds
+the same, full-batch buffers. Replicas whose buffers share storage update them once.
+
+Unlike ``torch.nn.SyncBatchNorm`` it runs on the CPU and between threads of one process.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from . import context
+from .sync_functions import GlobalMoments, local_moments
+
+__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
+
+# Replicas are (shallow or deep) copies, so they keep this number; it names "the same layer"
+# at the rendezvous. Pairing by call order (ReplicaContext.next_key) does the rest.
+_TAGS = itertools.count()
+
+
+@dataclass
+class _Part:
+    """What one replica brings to the rendezvous."""
+
+    moments: torch.Tensor  # (3, C): count, mean, m2
+    count: int  # values per channel in this replica's batch
+    device: torch.device
+    buffers: tuple  # data pointers of this replica's running stats (None without them)
+
+
+class SyncBatchNorm(_BatchNorm):
+    """BatchNorm whose training statistics span every replica thread and process.
+
+    Args are those of ``nn.BatchNorm2d`` (``num_features``, ``eps``, ``momentum`` with ``None``
+    meaning a cumulative average, ``affine``, ``track_running_stats``, ``device``, ``dtype``,
+    ``bias``) plus ``process_group``: the ``torch.distributed`` group to merge over (``None``:
+    the default group, used only when it is initialized and has more than one process).
+
+    Input gradients, weight and bias gradients and running stats equal those of ``nn.BatchNorm``
+    applied to the concatenated global batch. Half-precision inputs are merged in float64.
+    Warning: across processes, a global batch with one value per channel gives a zero variance
+    where ``nn.BatchNorm`` raises (checking would cost a device sync per layer).
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True, process_group=None,
+                 device=None, dtype=None, *, bias: bool = True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype, bias=bias)
+        self.process_group = process_group
+        self._sync_tag = next(_TAGS)
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"SyncBatchNorm expects an (N, C, ...) input, got {input.dim()}D")
+        if input.size(1) != self.num_features:
+            raise ValueError(
+                f"SyncBatchNorm({self.num_features}) got an input with {input.size(1)} channels"
+            )
+
+    def _process_group(self):
+        """The process group to merge over, or ``None`` when there is nothing to merge with."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = dist.group.WORLD if self.process_group is None else self.process_group
+        return group if dist.get_world_size(group) > 1 else None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        replica = context.current() if self.training else None
+        threads = replica is not None and replica.num_replicas > 1
+        group = self._process_group() if self.training else None
+        if not threads and group is None:
+            return super().forward(input)  # plain BatchNorm, bit for bit
+        moments = local_moments(input)  # (3, C)
+        if threads:
+            count = input.numel() // input.size(1) if input.size(1) else 0
+            part = _Part(moments, count, input.device, self._buffer_ids())
+            key = replica.next_key(("SyncBatchNorm", self._sync_tag))
+            total, owner = replica.group.combine(
+                key, replica.index, part, lambda parts: _merge_replicas(parts, group)
+            )
+        else:
+            (total,) = GlobalMoments.apply(group, [input.device], _anchor(input), moments)
+            owner = True
+        count, mean, m2 = total
+        if owner:
+            self._update_running_stats(count, mean, m2)
+        return self._normalize(input, mean, m2 / count.clamp(min=1))
+
+    def _buffer_ids(self) -> tuple:
+        return tuple(None if b is None else (b.device, b.data_ptr())
+                     for b in (self.running_mean, self.running_var, self.num_batches_tracked))
+
+    @torch.no_grad()
+    def _update_running_stats(self, count, mean, m2) -> None:
+        """Fold the global mean and unbiased variance into the running stats, like BatchNorm."""
+        if not self.track_running_stats or self.running_mean is None:
+            return
+        if self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+        if self.momentum is None:  # cumulative moving average
+            factor = 1.0 / float(self.num_batches_tracked)
+        else:
+            factor = self.momentum
+        unbiased = m2 / (count - 1)
+        rm, rv = self.running_mean, self.running_var
+        rm.mul_(1 - factor).add_(mean.to(rm.dtype), alpha=factor)
+        rv.mul_(1 - factor).add_(unbiased.to(rv.dtype), alpha=factor)
+
+    def _normalize(self, x, mean, var) -> torch.Tensor:
+        # x: (N, C, *); mean, var: (C,) in the accumulation dtype. Computed in float32 at least,
+        # as (x - mean) * (weight / std) + bias, then cast back to x's dtype.
+        work = torch.promote_types(x.dtype, torch.float32)
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        scale = torch.rsqrt(var + self.eps).to(work)
+        if self.weight is not None:
+            scale = scale * self.weight.to(work)
+        out = (x.to(work) - mean.to(work).view(shape)) * scale.view(shape)
+        if self.bias is not None:
+            out = out + self.bias.to(work).view(shape)
+        return out.to(x.dtype)
+
+
+def _anchor(x: torch.Tensor):
+    """A grad-requiring scalar that makes every process reach GlobalMoments in backward.
+
+    Without it a process whose input needs no gradient (say, an empty batch from the data
+    loader) would skip the backward all-reduce that the other processes wait in.
+    """
+    if not torch.is_grad_enabled():
+        return None
+    return torch.zeros((), device=x.device, requires_grad=True)
+
+
+def _merge_replicas(parts: list[_Part], group) -> list[tuple]:
+    """Run once, by the last replica to arrive: one GlobalMoments node for all replicas.
+
+    Returns ``(moments on replica i's device, owner)`` per replica; ``owner`` is False for a
+    replica whose running-stat buffers share storage with an earlier replica's, so that shared
+    buffers are updated once.
+    """
+    channels = {p.moments.shape[-1] for p in parts}
+    if len(channels) != 1:
+        raise ValueError(f"SyncBatchNorm replicas disagree on channels: {sorted(channels)}")
+    if group is None and sum(p.count for p in parts) <= 1:
+        raise ValueError("Expected more than 1 value per channel when training, got "
+                         f"{sum(p.count for p in parts)} across {len(parts)} replicas")
+    anchor = _anchor(parts[0].moments) if group is not None else None
+    totals = GlobalMoments.apply(group, [p.device for p in parts], anchor,
+                                 *[p.moments for p in parts])
+    seen, owners = set(), []
+    for p in parts:
+        owners.append(p.buffers not in seen)
+        seen.add(p.buffers)
+    return list(zip(totals, owners))
+
+
+def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
+    """Replace every ``_BatchNorm`` in ``module`` (the root included) with :class:`SyncBatchNorm`.
+
+    The new layers reuse the old ``Parameter`` and buffer tensors themselves, so weights,
+    running stats, ``requires_grad``, devices, dtypes and any optimizer built on them carry
+    over; the ``training`` flag is copied. Hooks registered on the old layers are lost.
+    Existing :class:`SyncBatchNorm` layers are kept. Returns the converted module (a new object
+    only when the root itself is a batch norm).
+    """
+    if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
+        if isinstance(module.weight, nn.parameter.UninitializedParameter):
+            raise ValueError(f"cannot convert {type(module).__name__} before its first forward "
+                             "(lazy parameters are uninitialized)")
+        new = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats, process_group,
+                            device="meta", bias=module.bias is not None or not module.affine)
+        # Reuse the original tensors (not copies) so nothing changes but the forward.
+        for name in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
+            setattr(new, name, getattr(module, name))
+        new.train(module.training)
+        return new
+    for name, child in module.named_children():
+        converted = convert_sync_batchnorm(child, process_group)
+        if converted is not child:
+            module.add_module(name, converted)
+    return module
