@@ -1,0 +1,118 @@
+"""Small pieces shared by the model-parallel layers: how a dimension is split, how a tensor
+moves between shards (counted by :mod:`tandem.parallel.traffic`), and how shards run.
+
+Shards are *logical* devices: shard ``j`` lives on ``devices[j]``, and ``["cpu", "cpu"]`` is two
+shards on one physical device. The *home* is the logical slot of the output device: the first
+shard whose device equals it, or ``None`` when the output device holds no shard. A move from
+slot ``i`` to slot ``j != i`` is recorded as traffic even when both are the same physical
+device, so CPU runs report what the layout would move between real devices.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..parallel import traffic
+
+__all__ = ["split_sizes", "home_index", "move", "run_shards", "ACTIVATIONS", "ACTIVATION_GRADS"]
+
+#: Traffic kinds recorded by the model-parallel layers (forward values, backward gradients).
+ACTIVATIONS = "activations"
+ACTIVATION_GRADS = "activation_grads"
+
+
+def split_sizes(total: int, parts: int) -> list[int]:
+    """Split ``total`` items into at most ``parts`` non-empty, near-equal, contiguous parts.
+
+    The first ``total % parts`` parts get one extra item: 10 over 3 is ``[4, 3, 3]``. When
+    ``total < parts`` only ``total`` parts of size 1 are returned (2 over 4 is ``[1, 1]``), so
+    a shard never holds an empty slice.
+    """
+    if total < 1:
+        raise ValueError(f"cannot split {total} features: need at least 1")
+    if parts < 1:
+        raise ValueError(f"cannot split over {parts} devices: need at least 1")
+    used = min(total, parts)
+    base, extra = divmod(total, used)
+    return [base + (1 if j < extra else 0) for j in range(used)]
+
+
+def home_index(devices: Sequence[torch.device], output_device: torch.device) -> int | None:
+    """The logical slot of ``output_device`` among ``devices`` (first match), or ``None``."""
+    for j, device in enumerate(devices):
+        if device == output_device:
+            return j
+    return None
+
+
+class _Move(torch.autograd.Function):
+    """``x.to(device)`` that records its bytes forward and its gradient's bytes backward."""
+
+    @staticmethod
+    def forward(ctx, x, device, src, dst):
+        ctx.src_device, ctx.src, ctx.dst = x.device, src, dst
+        if src != dst:
+            traffic.record(ACTIVATIONS, x.numel() * x.element_size(), dst)
+        y = x.to(device)
+        # Returning an input unchanged would alias it; a view keeps autograd's bookkeeping right.
+        return y.view_as(y) if y is x else y
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.src != ctx.dst:
+            traffic.record(ACTIVATION_GRADS, grad.numel() * grad.element_size(), ctx.src)
+        return grad.to(ctx.src_device), None, None, None
+
+
+def move(x: torch.Tensor, device: torch.device, src: int | None, dst: int | None) -> torch.Tensor:
+    """Differentiably move ``x`` from logical slot ``src`` to slot ``dst`` on ``device``.
+
+    Bytes are recorded (forward as ``activations``, backward as ``activation_grads``) only
+    when ``src != dst``; with no :class:`~tandem.parallel.traffic.TrafficMeter` open this is a
+    plain, differentiable ``x.to(device)``.
+    """
+    if not traffic.metering() or src == dst:
+        return x.to(device)
+    return _Move.apply(x, device, src, dst)
+
+
+def run_shards(modules: Sequence[torch.nn.Module], inputs: Sequence[torch.Tensor],
+               devices: Sequence[torch.device]) -> list[torch.Tensor]:
+    """Run ``modules[j](inputs[j])`` for every shard in its own thread, on the engine.
+
+    One shard runs inline (no thread). An error is re-raised by the engine's
+    ``parallel_apply`` with a message naming the replica (shard) and its device.
+    """
+    if len(modules) == 1:
+        return [modules[0](inputs[0])]
+    try:
+        from ..parallel import parallel_apply  # the engine's thread runner (one home for threads)
+    except ImportError:  # TEMPORARY until tandem.parallel.parallel_apply lands
+        return _threads(modules, inputs, devices)
+    return list(parallel_apply(list(modules), [(x,) for x in inputs], devices=list(devices)))
+
+
+def _threads(modules, inputs, devices):
+    import threading
+
+    results: list = [None] * len(modules)
+    grad = torch.is_grad_enabled()
+
+    def work(j):
+        try:
+            with torch.set_grad_enabled(grad):
+                results[j] = modules[j](inputs[j])
+        except BaseException as exc:  # re-raised below in the caller
+            results[j] = exc
+
+    threads = [threading.Thread(target=work, args=(j,)) for j in range(len(modules))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for j, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise type(r)(f"in replica {j} on {devices[j]}: {r}") from r
+    return results

@@ -1,0 +1,245 @@
+"""Model-parallel Linear layers: split the output features (column) or the input features (row).
+
+``Linear(in, out)`` computes ``y = x W^T + b`` with ``W`` of shape ``(out, in)``.
+
+* :class:`ColumnParallelLinear` gives shard ``j`` the rows ``W[o_j]`` and ``b[o_j]`` of a
+  contiguous block ``o_j`` of output features. Every shard needs all of ``x`` (broadcast) and
+  produces its block of ``y``; with ``gather_output`` the blocks are concatenated on the output
+  device, otherwise the list of blocks is returned, still on the shards.
+* :class:`RowParallelLinear` gives shard ``j`` the columns ``W[:, i_j]`` of a block ``i_j`` of
+  input features. Shard ``j`` takes only its block of ``x`` and computes a partial product;
+  the partials are summed on the output device and the bias is added there, once.
+
+``Column(gather_output=False) -> Shardwise(ReLU, Dropout) -> Row`` is a two-layer MLP that
+moves activations once (the partial sums), because the row layer's input split is exactly the
+column layer's output split (both use :func:`~tandem.hybrid._shards.split_sizes`).
+
+Every shard holds its slices as its *own* ``Parameter`` on its device; the original layer is
+left untouched (and stale once the split one trains). ``to_linear()`` merges a copy back.
+Shards run in parallel threads on the engine's ``parallel_apply``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..parallel.devices import resolve_devices, to_device
+from ._shards import home_index, move, run_shards, split_sizes
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "Shardwise"]
+
+
+def _check_linear(linear, what: str) -> None:
+    if not isinstance(linear, nn.Linear):
+        raise ValueError(f"{what} needs an nn.Linear, got {type(linear).__name__}")
+
+
+class _ShardedLinear(nn.Module):
+    """What the column and row layers share: devices, home slot, split sizes, shard list."""
+
+    def __init__(self, in_features: int, out_features: int, device_ids, output_device, split: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        devices = resolve_devices(device_ids)
+        self.sizes = split_sizes(split, len(devices))
+        self.devices = devices[: len(self.sizes)]  # only as many shards as features
+        self.output_device = to_device(output_device) if output_device is not None else devices[0]
+        self.home = home_index(self.devices, self.output_device)
+        self.shards = nn.ModuleList()
+
+    def _offsets(self) -> list[tuple[int, int]]:
+        starts = [sum(self.sizes[:j]) for j in range(len(self.sizes))]
+        return [(a, a + n) for a, n in zip(starts, self.sizes)]
+
+    def _merged(self, dim: int) -> torch.Tensor:
+        return torch.cat([s.weight.detach().to(self.output_device) for s in self.shards], dim)
+
+    def extra_repr(self) -> str:
+        devs = ", ".join(str(d) for d in self.devices)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"sizes={self.sizes}, devices=[{devs}], output_device={self.output_device}")
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    """``nn.Linear`` with its output features split over ``device_ids`` (see module doc).
+
+    ``forward(x)`` accepts a tensor ``(..., in_features)`` on the output device, which is
+    broadcast to every shard, or a list of batch chunks (chunk ``i`` on ``device_ids[i]``,
+    as data-parallel replicas produce them), which every shard concatenates along dim 0. It
+    returns ``(..., out_features)`` on the output device when ``gather_output``, else the list
+    of per-shard blocks ``(..., sizes[j])`` on the shards. Uneven splits are fine (10 outputs
+    over 3 devices is 4+3+3); with fewer outputs than devices only the first shards are used.
+    """
+
+    def __init__(self, in_features: int, out_features: int, device_ids=None, bias: bool = True,
+                 gather_output: bool = True, output_device=None, dtype=None):
+        super().__init__(in_features, out_features, device_ids, output_device, out_features)
+        self.gather_output = gather_output
+        for size, device in zip(self.sizes, self.devices):
+            # Same init distribution as nn.Linear(in, out): fan_in is in_features either way.
+            self.shards.append(nn.Linear(in_features, size, bias=bias, device=device, dtype=dtype))
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, device_ids=None, gather_output: bool = True,
+                    output_device=None) -> "ColumnParallelLinear":
+        """Split ``linear`` by output features; its values are copied, it is not modified."""
+        _check_linear(linear, "ColumnParallelLinear.from_linear")
+        layer = cls(linear.in_features, linear.out_features, device_ids, linear.bias is not None,
+                    gather_output, output_device, linear.weight.dtype)
+        layer.load_linear(linear.weight, linear.bias)
+        return layer
+
+    @torch.no_grad()
+    def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
+        expected = (self.out_features, self.in_features)
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
+        for shard, (a, b) in zip(self.shards, self._offsets()):
+            shard.weight.copy_(weight[a:b])
+            if shard.bias is not None:
+                if bias is None:
+                    raise ValueError("this layer has a bias but none was given")
+                shard.bias.copy_(bias[a:b])
+
+    def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Detached full weight and bias on the output device."""
+        weight = self._merged(0)
+        if self.shards[0].bias is None:
+            return weight, None
+        return weight, torch.cat([s.bias.detach().to(self.output_device) for s in self.shards])
+
+    def to_linear(self) -> nn.Linear:
+        """A new ``nn.Linear`` on the output device holding a copy of the merged parameters."""
+        weight, bias = self.merged_weight_bias()
+        linear = nn.Linear(self.in_features, self.out_features, bias=bias is not None,
+                           device=self.output_device, dtype=weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            if bias is not None:
+                linear.bias.copy_(bias)
+        return linear
+
+    def _inputs(self, x) -> list[torch.Tensor]:
+        if isinstance(x, torch.Tensor):  # on the output device: broadcast to every shard
+            return [move(x, d, self.home, j) for j, d in enumerate(self.devices)]
+        chunks = list(x)  # batch chunks, chunk i on replica i: every shard gathers all of them
+        return [torch.cat([move(c, d, i, j) for i, c in enumerate(chunks)], 0)
+                for j, d in enumerate(self.devices)]
+
+    def forward(self, x):
+        # x: (..., in) or [chunk_i (b_i, in)]  ->  ys[j]: (..., sizes[j]) on devices[j]
+        ys = run_shards(self.shards, self._inputs(x), self.devices)
+        if not self.gather_output:
+            return ys
+        # (..., out) on the output device, blocks in feature order
+        return torch.cat([move(y, self.output_device, j, self.home) for j, y in enumerate(ys)], -1)
+
+
+class RowParallelLinear(_ShardedLinear):
+    """``nn.Linear`` with its *input* features split over ``device_ids`` (see module doc).
+
+    ``forward(xs)`` takes the list of per-shard input blocks ``(..., sizes[j])`` on
+    ``devices[j]`` (what ``ColumnParallelLinear(gather_output=False)`` returns for the same
+    devices) or one tensor ``(..., in_features)``, which is split and sent to the shards. It
+    returns ``(..., out_features)`` on the output device: the sum of the shards' partial
+    products plus the bias, which lives on the output device and is added once. The sum runs
+    in shard order, so results match ``nn.Linear`` up to float rounding, not bit for bit.
+    """
+
+    def __init__(self, in_features: int, out_features: int, device_ids=None, bias: bool = True,
+                 output_device=None, dtype=None):
+        super().__init__(in_features, out_features, device_ids, output_device, in_features)
+        # nn.Linear's init is U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, with the
+        # *full* fan_in; a shard alone would see only its block, so draw with the full one.
+        bound = in_features ** -0.5
+        for size, device in zip(self.sizes, self.devices):
+            shard = nn.Linear(size, out_features, bias=False, device=device, dtype=dtype)
+            nn.init.uniform_(shard.weight, -bound, bound)
+            self.shards.append(shard)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, device=self.output_device,
+                                                 dtype=dtype).uniform_(-bound, bound))
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, device_ids=None,
+                    output_device=None) -> "RowParallelLinear":
+        """Split ``linear`` by input features; its values are copied, it is not modified."""
+        _check_linear(linear, "RowParallelLinear.from_linear")
+        layer = cls(linear.in_features, linear.out_features, device_ids, linear.bias is not None,
+                    output_device, linear.weight.dtype)
+        layer.load_linear(linear.weight, linear.bias)
+        return layer
+
+    @torch.no_grad()
+    def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
+        expected = (self.out_features, self.in_features)
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
+        for shard, (a, b) in zip(self.shards, self._offsets()):
+            shard.weight.copy_(weight[:, a:b])
+        if self.bias is not None:
+            if bias is None:
+                raise ValueError("this layer has a bias but none was given")
+            self.bias.copy_(bias)
+
+    def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Detached full weight and bias on the output device."""
+        return self._merged(1), None if self.bias is None else self.bias.detach()
+
+    def to_linear(self) -> nn.Linear:
+        """A new ``nn.Linear`` on the output device holding a copy of the merged parameters."""
+        weight, bias = self.merged_weight_bias()
+        linear = nn.Linear(self.in_features, self.out_features, bias=bias is not None,
+                           device=self.output_device, dtype=weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            if bias is not None:
+                linear.bias.copy_(bias)
+        return linear
+
+    def _inputs(self, xs) -> list[torch.Tensor]:
+        if isinstance(xs, torch.Tensor):  # whole input on the output device: split, then send
+            if xs.shape[-1] != self.in_features:
+                raise ValueError(f"RowParallelLinear expected {self.in_features} input features, "
+                                 f"got {xs.shape[-1]}")
+            blocks = torch.split(xs, self.sizes, -1)
+            return [move(b, d, self.home, j) for j, (b, d) in enumerate(zip(blocks, self.devices))]
+        xs = list(xs)
+        if [x.shape[-1] for x in xs] != self.sizes:
+            raise ValueError(f"RowParallelLinear expected input blocks of {self.sizes} features "
+                             f"(one per shard), got {[x.shape[-1] for x in xs]}")
+        return xs
+
+    def forward(self, xs):
+        # xs[j]: (..., sizes[j]) on devices[j]  ->  partial[j]: (..., out) on devices[j]
+        partials = run_shards(self.shards, self._inputs(xs), self.devices)
+        out = move(partials[0], self.output_device, 0, self.home)
+        for j in range(1, len(partials)):  # summed in shard order on the output device
+            out = out + move(partials[j], self.output_device, j, self.home)
+        return out if self.bias is None else out + self.bias  # (..., out)
+
+
+class Shardwise(nn.Module):
+    """Apply ``modules`` (in order) to every block of a sharded activation, shard by shard.
+
+    Only correct for elementwise modules (ReLU, Dropout, ...): a block is a slice of features,
+    so an elementwise op on the blocks equals the op on the whole tensor. Blocks run in shard
+    order in the calling thread, which keeps random draws reproducible: ``Dropout`` draws an
+    independent mask per block from that block's device generator, so each element is still
+    dropped with probability ``p`` and scaled by ``1/(1-p)`` (the same distribution as the
+    original layer) but the mask is not bit-identical to one drawn for the whole tensor.
+    """
+
+    def __init__(self, *modules: nn.Module):
+        super().__init__()
+        self.body = nn.Sequential(*modules)
+
+    def forward(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.body(x) for x in xs]
