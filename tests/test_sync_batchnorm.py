@@ -132,3 +132,176 @@ def test_threads_options_over_steps(kw):
         mods, *got = step_threads(bn, x, w, sizes, separate_buffers=True)
         assert_same_step(bn, ref, mods, got, want, steps=step)
         bn.load_state_dict(mods[0].state_dict())  # replica 0's buffers back (all are equal)
+
+
+# --- plain BatchNorm wherever there is nothing to synchronize -------------------------------
+
+
+@pytest.mark.parametrize("dims", [2, 3, 4, 5])
+@pytest.mark.parametrize("kw", [dict(), dict(momentum=None), dict(track_running_stats=False),
+                                dict(affine=False)])
+def test_plain_batchnorm_bit_for_bit(dims, kw):
+    """Outside a context, in a one-replica context, and in eval mode: exactly nn.BatchNorm."""
+    bn = randomize(SyncBatchNorm(3, **kw))
+    ref = plain_like(bn, dims)
+    for mode in ("train", "train", "eval"):
+        bn.train(mode == "train")
+        ref.train(mode == "train")
+        x = make_input(dims, 4)
+        w = torch.randn_like(x)
+        want = step_plain(ref, x, w)
+        got = step_plain(bn, x, w)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        group = ReplicaGroup([CPU])
+        with context.use(ReplicaContext(0, CPU, group)):
+            assert torch.equal(bn(x), ref(x))
+    for (name, a), (_, b) in zip(bn.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_eval_mode_in_threads_uses_running_stats_without_meeting():
+    bn = randomize(SyncBatchNorm(3))
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    bn.eval()
+    ref = plain_like(bn, 4)
+    ref.eval()
+    x = make_input(4, 5)
+    # Replica 1 never calls the layer: a rendezvous would time out, eval mode must not meet.
+    outs, errors = run_threads([lambda: bn(x[:2]), lambda: None], timeout=5)
+    assert errors == [None, None]
+    assert torch.equal(outs[0], ref(x[:2]))
+
+
+# --- numerics -----------------------------------------------------------------------------
+
+
+def test_merge_keeps_precision_when_mean_dwarfs_spread():
+    """sum/sumsq in float32 would lose the variance of 1e4 + N(0, 1) entirely."""
+    x = torch.randn(4096, 2, dtype=torch.float64) + 1e4
+    parts = torch.stack([local_moments(c.float()) for c in x.split([1000, 96, 3000])])
+    n, mean, m2 = merge_moments(parts)
+    assert n.tolist() == [4096.0, 4096.0]
+    torch.testing.assert_close(mean.double(), x.mean(0), rtol=1e-7, atol=0)
+    torch.testing.assert_close((m2 / n).double(), x.var(0, correction=0), rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_merge_in_float64(dtype):
+    sizes = [3, 4]
+    x = make_input(4, sum(sizes)).to(dtype)
+    assert local_moments(x).dtype == torch.float64
+    bn = randomize(SyncBatchNorm(3))
+    ref = plain_like(bn, 4).double()
+    w = torch.randn(x.shape, dtype=torch.float64)
+    want = step_plain(ref, x.double(), w)
+    mods, out, grad = step_threads(bn, x, w.to(dtype), sizes, separate_buffers=False)
+    assert out.dtype == dtype and grad.dtype == dtype
+    tol = dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.double(), want[0], **tol)
+    torch.testing.assert_close(grad.double(), want[1], **tol)
+    torch.testing.assert_close(bn.running_var.double(), ref.running_var, rtol=1e-3, atol=1e-3)
+
+
+# --- rendezvous behaviour -----------------------------------------------------------------
+
+
+def test_layer_called_twice_pairs_calls_in_order():
+    bn = randomize(SyncBatchNorm(3, momentum=None))
+    ref = plain_like(bn, 2)
+    x = make_input(2, 7)
+    sizes = [3, 4]
+
+    def twice(c):
+        return bn(bn(c) * 2 + 1)
+
+    outs, errors = run_threads([lambda c=c: twice(c) for c in x.split(sizes)])
+    assert errors == [None, None]
+    torch.testing.assert_close(torch.cat(outs), ref(ref(x) * 2 + 1), rtol=1e-5, atol=1e-5)
+    assert bn.num_batches_tracked.item() == 2
+    torch.testing.assert_close(bn.running_var, ref.running_var)
+
+
+def test_failing_replica_wakes_the_waiting_one():
+    """Replica 1 fails before its SyncBatchNorm; replica 0 waits there and must not hang."""
+    bn = SyncBatchNorm(3)
+    x = make_input(4, 4)
+
+    def broken():
+        raise KeyError("replica 1 broke")
+
+    _, errors = run_threads([lambda: bn(x[:2]), broken], timeout=20)
+    assert isinstance(errors[1], KeyError)
+    assert isinstance(errors[0], ReplicaAborted) and "KeyError" in str(errors[0])
+
+
+def test_global_batch_of_one_value_raises_like_batchnorm():
+    bn = SyncBatchNorm(3)
+    x = make_input(2, 1)
+    _, errors = run_threads([lambda: bn(x), lambda: bn(x[:0])])
+    # The replica that merges raises; the other is woken with ReplicaAborted naming it.
+    kinds = sorted(type(e).__name__ for e in errors)
+    assert kinds == ["ReplicaAborted", "ValueError"], errors
+    assert "more than 1 value per channel" in str(errors[0]) + str(errors[1])
+    with pytest.raises(ValueError):
+        nn.BatchNorm1d(3)(x)
+
+
+def test_channel_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match="SyncBatchNorm\\(3\\) got an input with 4 channels"):
+        SyncBatchNorm(3)(torch.randn(2, 4))
+    with pytest.raises(ValueError, match="expects an \\(N, C, ...\\) input"):
+        SyncBatchNorm(3)(torch.randn(3))
+
+
+# --- convert_sync_batchnorm ---------------------------------------------------------------
+
+
+def small_net():
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4, momentum=None, affine=False)),
+        nn.Flatten(), nn.Linear(4 * 16, 6), nn.BatchNorm1d(6, track_running_stats=False),
+    )
+
+
+def test_convert_keeps_state_and_tensors():
+    net = small_net()
+    net(torch.randn(5, 3, 4, 4))  # non-trivial running stats
+    net[1].weight.requires_grad_(False)
+    net[3].eval()
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    tensors = {k: v for k, v in net.state_dict(keep_vars=True).items()}
+    converted = convert_sync_batchnorm(net)
+    assert converted is net
+    assert [type(m) for m in net.modules()].count(SyncBatchNorm) == 3
+    assert not any(type(m) in PLAIN.values() for m in net.modules())
+    new_state = net.state_dict(keep_vars=True)
+    assert list(new_state) == list(state)
+    for k, v in new_state.items():
+        assert v is tensors[k], k  # the very same tensors: optimizers keep working
+        assert torch.equal(v, state[k]), k
+    assert not net[1].weight.requires_grad and net[1].bias.requires_grad
+    assert net[1].training and not net[3][1].training
+    assert net[3][1].momentum is None and not net[3][1].affine
+    assert not net[6].track_running_stats
+
+    fresh = small_net()
+    fresh.load_state_dict(state)  # the original model, reloaded, computes the same thing
+    fresh.eval(), net.eval()
+    x = torch.randn(3, 3, 4, 4)
+    assert torch.equal(fresh(x), net(x))
+
+
+def test_convert_root_batchnorm_and_process_group():
+    bn = nn.BatchNorm3d(2, eps=1e-3, momentum=0.2, dtype=torch.float64)
+    bn(torch.randn(3, 2, 2, 2, 2, dtype=torch.float64))
+    marker = object()
+    sync = convert_sync_batchnorm(bn, process_group=marker)
+    assert isinstance(sync, SyncBatchNorm) and sync is not bn
+    assert sync.process_group is marker and sync.eps == 1e-3 and sync.momentum == 0.2
+    assert sync.running_mean is bn.running_mean and sync.weight is bn.weight
+    assert sync.weight.dtype == torch.float64
+    assert convert_sync_batchnorm(sync) is sync
+    assert isinstance(convert_sync_batchnorm(nn.SyncBatchNorm(2)), SyncBatchNorm)
