@@ -1,0 +1,13 @@
+"""Benchmarks: race tandem's strategies against each other and plain-torch baselines.
+
+``run_bench(BenchConfig(...))`` returns a dict (config, machine, results); ``format_table``
+prints it and ``write_json`` saves it. ``tandem bench`` is the command-line front end.
+"""
+
+from .config import STRATEGIES, BenchConfig, parse_strategies
+from .report import explain, format_table, write_json
+from .runner import RESULT_FIELDS
+from .suite import run_bench
+
+__all__ = ["STRATEGIES", "BenchConfig", "parse_strategies", "run_bench", "format_table",
+           "write_json", "explain", "RESULT_FIELDS"]

@@ -1,0 +1,98 @@
+"""Baselines written with plain torch and no tandem code, timed next to tandem's strategies.
+
+- ``bare``: a hand-written step on the first device (model, cross-entropy, SGD). It is what
+  ``single`` would cost with no engine at all, so ``single / bare`` is the engine's overhead.
+- ``torch_dp``: ``torch.nn.DataParallel`` over the CUDA devices. It runs only on CUDA with two
+  or more distinct GPUs; elsewhere it is listed as skipped.
+- ``torch_ddp``: ``DistributedDataParallel`` with ``torch.nn.SyncBatchNorm``, one process per
+  device. torch's SyncBatchNorm runs only on CUDA, so it is skipped elsewhere. It needs a
+  process group, so it is built inside the torchrun phase (:mod:`tandem.bench.distributed`).
+
+None of them records bytes with tandem's engine, so their bytes per step are "not counted".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .contestants import Amp, Contestant, TrainStep, place, module_tensors, skipped
+
+__all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_contestant",
+           "torch_dp_skip_reason", "torch_ddp_skip_reason"]
+
+BASELINES = ("bare", "torch_dp", "torch_ddp")
+
+
+def bare_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Amp,
+                    lr: float, channels_last: bool = False) -> Contestant:
+    """The whole global batch through ``model`` on ``devices[0]``, written by hand."""
+    device = devices[0]
+    model, images, targets = place(model.to(device), *batch, device, channels_last)
+    criterion = nn.CrossEntropyLoss()
+    step = TrainStep(lambda: criterion(model(images), targets), model.parameters(), device,
+                     amp, lr)
+    return Contestant(
+        name="bare", kind="baseline", devices=[device], step=step,
+        own_tensors=lambda: module_tensors(model, step.optimizer, images, targets),
+    )
+
+
+def _distinct(devices: list[torch.device]) -> list[torch.device]:
+    return [d for i, d in enumerate(devices) if d not in devices[:i]]
+
+
+def torch_dp_skip_reason(devices: list[torch.device]) -> str | None:
+    """Why ``torch.nn.DataParallel`` cannot run on ``devices``, or ``None`` when it can."""
+    if not all(d.type == "cuda" for d in devices) or len(_distinct(devices)) < 2:
+        return "needs CUDA (>=2 GPUs)"
+    return None
+
+
+def torch_dp_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Amp,
+                        lr: float, channels_last: bool = False) -> Contestant:
+    """``torch.nn.DataParallel`` over the distinct CUDA ``devices`` (outputs gathered on the first)."""
+    reason = torch_dp_skip_reason(devices)
+    if reason:
+        return skipped("torch_dp", "baseline", devices, reason)
+    devices = _distinct(devices)
+    model, images, targets = place(model.to(devices[0]), *batch, devices[0], channels_last)
+    wrapped = nn.DataParallel(model, device_ids=[d.index for d in devices])
+    criterion = nn.CrossEntropyLoss()
+    step = TrainStep(lambda: criterion(wrapped(images), targets), wrapped.parameters(),
+                     devices[0], amp, lr)
+    return Contestant(
+        name="torch_dp", kind="baseline", devices=devices, step=step,
+        own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
+    )
+
+
+def torch_ddp_skip_reason(devices: list[torch.device]) -> str | None:
+    """Why torch DDP + SyncBatchNorm cannot run on ``devices``, or ``None`` when it can."""
+    if not all(d.type == "cuda" for d in devices):
+        return "needs CUDA (torch's SyncBatchNorm is CUDA-only)"
+    if len(_distinct(devices)) != len(devices):
+        return "needs one distinct GPU per process"
+    if not torch.distributed.is_available():
+        return "torch.distributed is not available in this build"
+    return None
+
+
+def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: Amp, lr: float,
+                         channels_last: bool = False) -> Contestant:
+    """This process's share of ``DistributedDataParallel`` with ``nn.SyncBatchNorm``.
+
+    Must run inside an initialised process group; ``batch`` is this process's shard.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device)
+    model, images, targets = place(model, *batch, device, channels_last)
+    wrapped = DistributedDataParallel(model, device_ids=[device.index])
+    criterion = nn.CrossEntropyLoss()
+    step = TrainStep(lambda: criterion(wrapped(images), targets), wrapped.parameters(), device,
+                     amp, lr)
+    return Contestant(
+        name="torch_ddp", kind="baseline", devices=[device], step=step,
+        own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
+    )

@@ -1,0 +1,96 @@
+"""The benchmark's settings: one dataclass that checks itself and is written into the JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from tandem.parallel.devices import parse_devices_flag
+
+__all__ = ["STRATEGIES", "BenchConfig", "parse_strategies"]
+
+# Every strategy the bench knows how to run (ddp runs in a separate torchrun phase).
+STRATEGIES = ("single", "dp", "balanced", "hybrid", "ddp")
+
+
+def parse_strategies(text: str) -> tuple[str, ...]:
+    """``"single,dp"`` -> ``("single", "dp")``; an unknown or repeated name is a ``ValueError``."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError(f"bad --strategies {text!r}: give at least one of {', '.join(STRATEGIES)}")
+    for name in names:
+        if name not in STRATEGIES:
+            raise ValueError(f"unknown strategy {name!r} in --strategies; choose from "
+                             f"{', '.join(STRATEGIES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"bad --strategies {text!r}: a strategy is listed twice")
+    return names
+
+
+@dataclass
+class BenchConfig:
+    """What to race and how.
+
+    ``batch_size`` is the global batch: every contestant processes all of it per step, split
+    over its devices or processes. ``image_size`` and ``num_classes`` default to the model's
+    own (its native input size and class count: 32 and 10 for ``cifar_*``, 224 and 1000 for
+    the ImageNet models). ``warmup`` untimed rounds come
+    before ``steps`` timed ones.
+    """
+
+    arch: str
+    strategies: tuple[str, ...] = ("single", "dp", "balanced")
+    devices: str = "auto"
+    batch_size: int = 64
+    steps: int = 20
+    warmup: int = 3
+    image_size: int | None = None
+    num_classes: int | None = None
+    amp: bool = False
+    amp_dtype: str = "bf16"
+    channels_last: bool = False
+    sync_bn: bool = False
+    buffers: str = "replica0"
+    baselines: bool = True
+    lr: float = 0.01
+    seed: int = 0
+    dist_timeout: float = 900.0
+    device_list: list[torch.device] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if isinstance(self.strategies, str):
+            self.strategies = parse_strategies(self.strategies)
+        else:
+            self.strategies = parse_strategies(",".join(self.strategies))
+        from tandem.models import model_info
+
+        info = model_info(self.arch)  # an unknown arch is a ValueError listing valid ones
+        if self.image_size is None:
+            self.image_size = info.native_input_size
+        if self.num_classes is None:
+            self.num_classes = info.default_num_classes
+        for name in ("batch_size", "steps", "image_size", "num_classes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"bad {name} {getattr(self, name)!r}: must be >= 1")
+        if self.warmup < 0:
+            raise ValueError(f"bad warmup {self.warmup!r}: must be >= 0")
+        if self.amp_dtype not in ("bf16", "fp16"):
+            raise ValueError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
+        if self.buffers not in ("replica0", "average"):
+            raise ValueError(f"bad buffers {self.buffers!r}: choose replica0 or average")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
+        self.device_list = parse_devices_flag(self.devices)
+
+    def to_dict(self) -> dict:
+        """JSON-ready settings, with the resolved devices."""
+        data = asdict(self)
+        data["strategies"] = list(self.strategies)
+        data["device_list"] = [str(d) for d in self.device_list]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BenchConfig":
+        data = {k: v for k, v in data.items() if k != "device_list"}
+        return cls(**data)

@@ -1,0 +1,174 @@
+"""What the benchmark times: a :class:`Contestant` is one way of running a training step.
+
+A contestant is either one of tandem's strategies (built only through the public strategy
+interface, :func:`tandem.strategies.base.create_strategy`) or a baseline written with plain
+torch (see :mod:`tandem.bench.baselines`). Every contestant owns its own copy of the model,
+its own optimizer and its own copy of the synthetic batch on its devices, so contestants can
+be interleaved step by step without sharing state.
+
+One step is always the whole of training: ``zero_grad``, forward and loss (under autocast
+with ``amp``), backward (through a ``GradScaler`` for fp16), and ``SGD.step``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["Amp", "Contestant", "TrainStep", "synthetic_batch", "module_tensors",
+           "strategy_contestant", "skipped", "place"]
+
+
+@dataclass(frozen=True)
+class Amp:
+    """Mixed precision: ``enabled`` turns on autocast with ``dtype`` (``"bf16"`` or ``"fp16"``).
+
+    fp16 also scales the loss with ``torch.amp.GradScaler`` (bf16 has fp32's range and needs
+    no scaling).
+    """
+
+    enabled: bool = False
+    dtype: str = "bf16"
+
+    def __post_init__(self):
+        if self.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"bad amp dtype {self.dtype!r}: choose bf16 or fp16")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.dtype == "bf16" else torch.float16
+
+    def describe(self) -> str:
+        return f"amp {self.dtype}" if self.enabled else "fp32"
+
+
+@dataclass
+class Contestant:
+    """One column of the race: ``step()`` runs a full training step and returns its loss.
+
+    ``skipped`` holds the reason when the contestant cannot run on this machine, and
+    ``failure`` the error when building it broke; in both cases ``step`` is ``None``. ``counts_traffic`` is true for tandem strategies, whose engine records the
+    bytes it moves (torch's own wrappers record nothing). ``own_tensors()`` lists what the
+    contestant keeps between steps, for :class:`~tandem.bench.timing.MemoryProbe`.
+    """
+
+    name: str
+    kind: str  # "strategy" or "baseline"
+    devices: list[torch.device]
+    step: Callable[[], torch.Tensor] | None = None
+    own_tensors: Callable[[], Iterable[torch.Tensor]] = lambda: ()
+    counts_traffic: bool = False
+    skipped: str | None = None
+    failure: str | None = None
+    close: Callable[[], None] = lambda: None
+    notes: list[str] = field(default_factory=list)
+
+
+def skipped(name: str, kind: str, devices, reason: str) -> Contestant:
+    """A contestant that appears in the table as ``skipped: reason``."""
+    return Contestant(name=name, kind=kind, devices=list(devices), skipped=reason)
+
+
+def synthetic_batch(batch_size: int, image_size: int, num_classes: int,
+                    seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random batch on the CPU: images ``(B, 3, S, S)`` and integer class targets.
+
+    The same batch is reused for every step, so the benchmark times the training step and not
+    a data loader; every contestant gets an identical copy.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(batch_size, 3, image_size, image_size, generator=generator)
+    targets = torch.randint(0, num_classes, (batch_size,), generator=generator)
+    return images, targets
+
+
+def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   *extra: torch.Tensor) -> Iterable[torch.Tensor]:
+    """Parameters, their gradients, buffers, optimizer state tensors and ``extra`` tensors."""
+    for param in module.parameters():
+        yield param
+        if param.grad is not None:
+            yield param.grad
+    yield from module.buffers()
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+    yield from extra
+
+
+class TrainStep:
+    """A full training step around ``forward_loss()`` (a callable returning the scalar loss).
+
+    The optimizer is SGD with momentum 0.9 and weight decay 1e-4, as in the imagenet example.
+    """
+
+    def __init__(self, forward_loss: Callable[[], torch.Tensor], params, device: torch.device,
+                 amp: Amp, lr: float):
+        self.forward_loss = forward_loss
+        self.optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
+        self.device_type = device.type
+        self.amp = amp
+        use_scaler = amp.enabled and amp.dtype == "fp16"
+        self.scaler = torch.amp.GradScaler(device.type) if use_scaler else None
+
+    def _autocast(self):
+        if not self.amp.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.amp.torch_dtype)
+
+    def __call__(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss = self.forward_loss()
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        return loss.detach()
+
+
+def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+             device: torch.device, channels_last: bool):
+    """Move the batch to ``device``; with ``channels_last`` convert the model and the images."""
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        images = images.to(device).contiguous(memory_format=torch.channels_last)
+    else:
+        images = images.to(device)
+    return model, images, targets.to(device)
+
+
+def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device],
+                        batch: tuple[torch.Tensor, torch.Tensor], *, amp: Amp, lr: float,
+                        channels_last: bool = False, sync_bn: bool = False,
+                        buffers: str = "replica0") -> Contestant:
+    """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over).
+
+    Uses only the strategy interface: ``create_strategy``, ``setup`` and ``forward_loss``; the
+    optimizer gets the parameters of what ``setup`` returned.
+    """
+    from tandem.strategies.base import create_strategy
+
+    strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers)
+    model, images, targets = place(model, *batch, strategy.device, channels_last)
+    wrapped = strategy.setup(model)
+    criterion = nn.CrossEntropyLoss()
+
+    def forward_loss() -> torch.Tensor:
+        return strategy.forward_loss(wrapped, criterion, images, targets).loss
+
+    step = TrainStep(forward_loss, wrapped.parameters(), strategy.device, amp, lr)
+    # A ddp worker holds one device of the list; the others are other processes' business.
+    timed_on = list(strategy.devices) if strategy.world_size == 1 else [strategy.device]
+    return Contestant(
+        name=name, kind="strategy", devices=timed_on, step=step,
+        own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
+        counts_traffic=True, close=strategy.close,
+    )

@@ -1,0 +1,176 @@
+"""The torchrun phase: ``ddp`` and ``torch_ddp`` timed with one process per device.
+
+Both need a process group, so the bench starts ``python -m torch.distributed.run`` (the
+engine behind ``torchrun`` and ``tandem launch``) with one worker per entry of ``--devices``,
+rendezvous on 127.0.0.1 at a free port, and a timeout. Every worker runs this module's
+:func:`worker_main`: it rebuilds the same template model and global batch from the seed,
+takes its contiguous shard of the batch, and races its contestants interleaved (the two DDP
+flavours alternate round by round, in the same order on every rank so their collectives pair
+up). Rank 0 writes the results; images/s uses the *global* batch and rank 0's step times.
+
+Run this phase directly with::
+
+    python -m torch.distributed.run --nnodes 1 --nproc-per-node N \\
+        --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \\
+        -m tandem.bench.distributed --config CONFIG.json --names ddp,torch_ddp --out OUT.json
+
+The phase is not interleaved with the in-process contestants (another process cannot share
+their rounds), so compare it with them knowing the machine may have changed in between.
+torchrun gives each worker ``OMP_NUM_THREADS`` threads; we set it to this process's torch
+threads divided by the worker count (unless the user set it) so the CPU is not oversubscribed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
+from .config import BenchConfig
+from .contestants import Amp, Contestant, strategy_contestant, synthetic_batch
+from .runner import empty_result, race
+
+__all__ = ["distributed_phase", "worker_main"]
+
+
+def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | None:
+    devices = config.device_list
+    if custom_model:
+        return "a custom model cannot be rebuilt in torchrun workers"
+    if not torch.distributed.is_available():
+        return "torch.distributed is not available in this build"
+    if config.batch_size < len(devices):
+        return f"batch {config.batch_size} is smaller than the {len(devices)} processes"
+    if name == "torch_ddp":
+        return torch_ddp_skip_reason(devices)
+    from .suite import registered_strategies
+
+    if "ddp" not in registered_strategies():
+        return "strategy 'ddp' is not available (not registered in tandem.strategies)"
+    return None
+
+
+def distributed_phase(config: BenchConfig, names: list[str], custom_model: bool = False,
+                      ) -> list[dict]:
+    """Time ``names`` (a subset of ``ddp``, ``torch_ddp``) under torchrun; one result each."""
+    devices = config.device_list
+    results, runnable = {}, []
+    for name in names:
+        kind = "strategy" if name == "ddp" else "baseline"
+        reason = _skip_reason(name, config, custom_model)
+        if reason:
+            results[name] = empty_result(name, kind, devices, "skipped", reason)
+        else:
+            runnable.append(name)
+    if runnable:
+        for result in _launch(config, runnable):
+            results[result["name"]] = result
+    return [results[name] for name in names]
+
+
+def _launch(config: BenchConfig, names: list[str]) -> list[dict]:
+    nproc = len(config.device_list)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, torch.get_num_threads() // nproc)))
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
+        cfg_path, out_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "out.json")
+        with open(cfg_path, "w") as f:
+            json.dump(config.to_dict(), f)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+               "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "0",
+               "-m", "tandem.bench.distributed", "--config", cfg_path,
+               "--names", ",".join(names), "--out", out_path]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=config.dist_timeout)
+            error = None if proc.returncode == 0 else (
+                f"torchrun phase exited with {proc.returncode}: {_last_error(proc.stderr)}")
+        except subprocess.TimeoutExpired:
+            error = f"torchrun phase timed out after {config.dist_timeout:.0f}s"
+        if error is None and not os.path.exists(out_path):
+            error = "torchrun phase wrote no results"
+        if error is not None:
+            return [empty_result(n, "strategy" if n == "ddp" else "baseline",
+                                 config.device_list, "failed", error, "torchrun") for n in names]
+        with open(out_path) as f:
+            return json.load(f)
+
+
+def _last_error(stderr: str) -> str:
+    """The most telling line of a worker's stderr (the last exception line, if any)."""
+    lines = [l.strip() for l in stderr.splitlines() if l.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "Exception" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """Entry point of one torchrun worker (see the module docstring)."""
+    import torch.distributed as dist
+    from tandem.models import create_model
+
+    parser = argparse.ArgumentParser(prog="tandem.bench.distributed")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--names", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    with open(args.config) as f:
+        config = BenchConfig.from_dict(json.load(f))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = config.device_list[int(os.environ["LOCAL_RANK"])]
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    torch.manual_seed(config.seed)
+    template = create_model(config.arch, num_classes=config.num_classes)
+    images, targets = synthetic_batch(config.batch_size, config.image_size, config.num_classes,
+                                      config.seed)
+    shard = (images.tensor_split(world)[rank], targets.tensor_split(world)[rank])
+    amp = Amp(config.amp, config.amp_dtype)
+    names = args.names.split(",")
+    contestants: list[Contestant] = []
+    if "ddp" in names:  # the strategy may create the process group itself
+        # The strategy picks its own device: entry LOCAL_RANK of an accelerator list, or the
+        # one shared "cpu" (see tandem.distributed.process_group.pick_device).
+        ddp_devices = [device] if device.type == "cpu" else config.device_list
+        contestants.append(strategy_contestant(
+            "ddp", copy.deepcopy(template), ddp_devices, shard, amp=amp, lr=config.lr,
+            channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers))
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if "torch_ddp" in names:
+        contestants.append(torch_ddp_contestant(copy.deepcopy(template), device, shard, amp=amp,
+                                                lr=config.lr, channels_last=config.channels_last))
+    threads = torch.get_num_threads()
+    for contestant in contestants:
+        contestant.notes.append(f"torchrun phase: {world} processes, {threads} torch threads each")
+    results = race(contestants, config.steps, config.warmup, config.batch_size,
+                   phase="torchrun", catch=False)
+    # Each rank knows only its own device's peak; rank 0 reports them all.
+    peaks = [None] * world
+    dist.all_gather_object(peaks, [r["peak_memory_bytes"][0] for r in results])
+    if rank == 0:
+        for i, result in enumerate(results):
+            result["devices"] = [str(d) for d in config.device_list]
+            result["peak_memory_bytes"] = [peaks[r][i] for r in range(world)]
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    for contestant in contestants:
+        contestant.close()
+    if own_group and dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main())

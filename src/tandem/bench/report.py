@@ -1,0 +1,104 @@
+"""Turning a bench report (the dict from :func:`~tandem.bench.suite.run_bench`) into text.
+
+The table shows, per contestant: median step time with its interquartile range and min..max,
+median images/s, speed-up against ``single`` and against the ``bare`` torch step, the bytes
+tandem's engine moved per step (total and by kind), and peak memory per device ("n/a" where
+the device reports none, "-" where nothing ran). The JSON holds every field unrounded.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TextIO
+
+__all__ = ["format_table", "write_json", "format_bytes", "explain"]
+
+
+def format_bytes(n: float | None) -> str:
+    """``1536`` -> ``"1.5K"``; ``None`` -> ``"n/a"``."""
+    if n is None:
+        return "n/a"
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}T"  # unreachable; keeps linters quiet
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def _row(r: dict) -> list[str]:
+    name = r["name"] + (" *" if r["kind"] == "baseline" else "")
+    if r["status"] != "ok":
+        return [name, f"{r['status']}: {r['reason']}"]
+    t = r["step_time_s"]
+    ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    traffic = r["bytes_per_step"]
+    if traffic is None:
+        moved = "not counted"
+    else:
+        kinds = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(traffic["by_kind"].items()))
+        moved = format_bytes(traffic["total"]) + (f" ({kinds})" if kinds else "")
+    memory = " ".join(format_bytes(m) for m in r["peak_memory_bytes"])
+    return [name, _ms(t["median"]), _ms(t["iqr"]), f"{_ms(t['min'])}..{_ms(t['max'])}",
+            f"{r['images_per_sec']['median']:.1f}", ratio(r["speedup_vs_single"]),
+            ratio(r["speedup_vs_bare"]), moved, memory]
+
+
+HEADER = ["contestant", "step ms", "IQR ms", "min..max ms", "img/s", "vs single", "vs bare",
+          "engine bytes/step", "peak mem/device"]
+
+
+def format_table(report: dict) -> str:
+    """The human-readable table, with a title line describing the run."""
+    c, m = report["config"], report["machine"]
+    title = (f"tandem bench: {c['arch']}, global batch {c['batch_size']}, "
+             f"{c['image_size']}x{c['image_size']}, devices {c['devices']} "
+             f"({len(c['device_list'])}), {c['steps']} timed steps after {c['warmup']} warm-up, "
+             f"{('amp ' + c['amp_dtype']) if c['amp'] else 'fp32'}"
+             f"{', channels_last' if c['channels_last'] else ''}"
+             f"{', sync-bn' if c['sync_bn'] else ''}; torch {m['torch']}, "
+             f"{m['cpu_count']} CPUs, {m['date_utc']}")
+    rows = [_row(r) for r in report["results"]]
+    full = [r for r in rows if len(r) == len(HEADER)]
+    widths = [max(len(x[i]) for x in [HEADER, *full]) for i in range(len(HEADER))]
+    widths[0] = max(len(r[0]) for r in [HEADER, *rows])
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(HEADER, widths)).rstrip()]
+    for row in rows:
+        if len(row) == len(HEADER):
+            lines.append("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+        else:
+            lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
+    lines.append("* baseline in plain torch. Ratios are median step times (>1 is faster). "
+                 "Bytes are tandem-engine transfers per step (logical, between replicas).")
+    phases = {r["phase"] for r in report["results"] if r["status"] == "ok"}
+    if "torchrun" in phases:
+        lines.append("ddp/torch_ddp were timed in a separate torchrun phase, not interleaved "
+                     "with the others.")
+    return "\n".join(lines)
+
+
+def write_json(report: dict, path: str, stream: TextIO | None = None) -> None:
+    """Write ``report`` as JSON to ``path``, or to ``stream`` (stdout) when ``path`` is ``-``."""
+    text = json.dumps(report, indent=2, sort_keys=False)
+    if path == "-":
+        (stream or sys.stdout).write(text + "\n")
+    else:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+def explain(model, devices) -> str:
+    """tandem.hybrid's cost report for ``model`` on ``devices``, or why there is none."""
+    try:
+        from tandem.hybrid import plan
+    except ImportError:
+        return "--explain: tandem.hybrid has no plan() in this build"
+    if not (hasattr(model, "features") and hasattr(model, "classifier")):
+        return "--explain: the model has no .features/.classifier split; hybrid does not apply"
+    result = plan(model, devices)
+    text = getattr(result, "report", None)
+    return text() if callable(text) else str(result)

@@ -1,0 +1,157 @@
+"""The race: warm up every contestant, then time them interleaved, round by round.
+
+In each round every contestant runs one step, and the order rotates from round to round
+(round r starts with contestant r mod n). Machine noise (other processes, thermal limits,
+allocator growth) therefore hits every contestant alike instead of whichever ran last. The
+clock is read only after :func:`~tandem.bench.timing.synchronize` on the contestant's devices.
+
+Each contestant's result is one dict with the same keys (:data:`RESULT_FIELDS`) whether it ran,
+was skipped or failed, so the JSON is uniform and a reader never needs to guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from tandem.parallel.traffic import TrafficMeter
+
+from .contestants import Contestant
+from .timing import MemoryProbe, clock, summarize, synchronize
+
+__all__ = ["RESULT_FIELDS", "race", "empty_result", "add_ratios"]
+
+RESULT_FIELDS = (
+    "name",               # "single", "dp", ..., "bare", "torch_dp", "torch_ddp"
+    "kind",               # "strategy" or "baseline"
+    "status",             # "ok", "skipped" or "failed"
+    "reason",             # why skipped or failed, else None
+    "phase",              # "interleaved" (this process) or "torchrun" (separate processes)
+    "devices",            # device strings, one per replica or process
+    "steps",              # timed steps
+    "step_time_s",        # {median, q1, q3, iqr, min, max, mean, n}
+    "images_per_sec",     # {median, q1, q3}: batch / step time at the time's median, q3, q1
+    "speedup_vs_single",  # single's median step time / this one's (> 1 is faster)
+    "speedup_vs_bare",    # bare's median step time / this one's
+    "bytes_per_step",     # {total, by_kind, by_dst} counted by tandem's engine, else None
+    "peak_memory_bytes",  # one entry per device; None where the device reports nothing
+    "last_loss",          # loss of the last step (a finite number means it trained)
+    "notes",              # list of remarks (threads, phase, ...)
+)
+
+
+def empty_result(name: str, kind: str, devices: Sequence, status: str = "skipped",
+                 reason: str | None = None, phase: str | None = None) -> dict:
+    """A result with every field present: what a skipped or failed contestant reports."""
+    result = dict.fromkeys(RESULT_FIELDS)
+    result.update(name=name, kind=kind, status=status, reason=reason, phase=phase,
+                  devices=[str(d) for d in devices], steps=0,
+                  peak_memory_bytes=[None] * len(devices), notes=[])
+    return result
+
+
+@dataclass
+class _Lane:
+    """What the race tracks for one contestant."""
+
+    contestant: Contestant
+    times: list[float] = field(default_factory=list)
+    meter: TrafficMeter = field(default_factory=TrafficMeter)
+    probe: MemoryProbe | None = None
+    loss: torch.Tensor | None = None
+    failure: str | None = None
+
+
+def _step_once(lane: _Lane, timed: bool) -> None:
+    contestant = lane.contestant
+    if timed:
+        lane.probe.start(contestant.own_tensors())
+    meter = lane.meter if (timed and contestant.counts_traffic) else contextlib.nullcontext()
+    synchronize(contestant.devices)
+    with meter:
+        start = clock()
+        lane.loss = contestant.step()
+        synchronize(contestant.devices)
+        elapsed = clock() - start
+    if timed:
+        lane.probe.stop()
+        lane.times.append(elapsed)
+
+
+def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size: int, *,
+         phase: str = "interleaved", catch: bool = True) -> list[dict]:
+    """Run ``warmup`` untimed then ``steps`` timed rounds; return one result per contestant.
+
+    With ``catch`` a contestant whose step raises is marked ``failed`` (with the error) and
+    leaves the race while the others go on; without it the error propagates (the torchrun
+    phase needs that, since a rank that stops would leave the others waiting).
+    """
+    lanes = [_Lane(c, probe=MemoryProbe(c.devices)) for c in contestants
+             if c.skipped is None and c.failure is None]
+    for r in range(warmup + steps):
+        shift = r % len(lanes) if lanes else 0
+        for lane in lanes[shift:] + lanes[:shift]:
+            if lane.failure is not None:
+                continue
+            try:
+                _step_once(lane, timed=r >= warmup)
+            except Exception as exc:
+                if not catch:
+                    raise
+                lane.failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    by_name = {lane.contestant.name: lane for lane in lanes}
+    return [_result(c, by_name.get(c.name), steps, batch_size, phase) for c in contestants]
+
+
+def _per_step(counts: dict, steps: int) -> dict:
+    return {("unknown" if k is None else str(k)): round(v / steps) for k, v in counts.items()}
+
+
+def _result(contestant: Contestant, lane: _Lane | None, steps: int, batch_size: int,
+            phase: str) -> dict:
+    c = contestant
+    if c.skipped is not None:
+        return empty_result(c.name, c.kind, c.devices, "skipped", c.skipped)
+    if c.failure is not None:
+        return empty_result(c.name, c.kind, c.devices, "failed", c.failure, phase)
+    if lane.failure is not None:
+        result = empty_result(c.name, c.kind, c.devices, "failed", lane.failure, phase)
+        result["notes"] = list(c.notes)
+        return result
+    stats = summarize(lane.times)
+    result = empty_result(c.name, c.kind, c.devices, "ok", None, phase)
+    result.update(
+        steps=stats.n,
+        step_time_s=stats.as_dict(),
+        images_per_sec={"median": batch_size / stats.median, "q1": batch_size / stats.q3,
+                        "q3": batch_size / stats.q1},
+        peak_memory_bytes=lane.probe.per_device(),
+        last_loss=float(lane.loss.float().item()),
+        notes=list(c.notes),
+    )
+    if c.counts_traffic:
+        result["bytes_per_step"] = {
+            "total": round(lane.meter.total / stats.n),
+            "by_kind": _per_step(lane.meter.by_kind, stats.n),
+            "by_dst": _per_step(lane.meter.by_dst, stats.n),
+        }
+    if not math.isfinite(result["last_loss"]):
+        result["notes"].append("loss is not finite")
+    return result
+
+
+def add_ratios(results: list[dict]) -> list[dict]:
+    """Fill ``speedup_vs_single`` and ``speedup_vs_bare`` from the references' median times."""
+    medians = {r["name"]: r["step_time_s"]["median"] for r in results if r["status"] == "ok"}
+    for result in results:
+        if result["status"] != "ok":
+            continue
+        own = result["step_time_s"]["median"]
+        for ref in ("single", "bare"):
+            if ref in medians:
+                result[f"speedup_vs_{ref}"] = medians[ref] / own
+    return results

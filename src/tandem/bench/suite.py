@@ -1,0 +1,142 @@
+"""``run_bench``: build every contestant, race them, and return the whole report as a dict.
+
+Order of events:
+
+1. one template model is built from ``config.seed``; every contestant gets a deep copy, so
+   all start from the same weights, and a fixed synthetic batch (the same for everyone);
+2. the in-process contestants (``bare``, tandem's single/dp/balanced/hybrid, ``torch_dp``)
+   are warmed up and timed interleaved (:func:`~tandem.bench.runner.race`);
+3. ``ddp`` and ``torch_ddp`` need one process per device; they are warmed up and timed,
+   interleaved with each other, in a torchrun subprocess (:mod:`tandem.bench.distributed`);
+4. speed-ups against ``single`` and ``bare`` are filled in.
+
+A contestant that cannot run here is reported as skipped with its reason; one that breaks is
+reported as failed with its error. Neither stops the others.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import importlib
+import os
+import platform
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
+from .config import BenchConfig
+from .contestants import Amp, Contestant, skipped, strategy_contestant, synthetic_batch
+from .runner import add_ratios, race
+
+__all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason"]
+
+
+def registered_strategies() -> list[str]:
+    """Names in tandem's strategy registry (importing ``tandem.strategies`` registers them)."""
+    importlib.import_module("tandem.strategies")
+    from tandem.strategies.base import strategy_names
+
+    return strategy_names()
+
+
+def strategy_skip_reason(name: str, model: nn.Module, arch: str) -> str | None:
+    """Why tandem strategy ``name`` cannot run with ``model``, or ``None`` when it can."""
+    if name not in registered_strategies():
+        return f"strategy {name!r} is not available (not registered in tandem.strategies)"
+    if name == "hybrid" and not (hasattr(model, "features") and hasattr(model, "classifier")):
+        return f"{arch} has no .features/.classifier split (hybrid needs both)"
+    return None
+
+
+def machine_info(devices: list[torch.device]) -> dict:
+    """Where and when the numbers were taken."""
+    info = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "accelerators": [],
+    }
+    for device in dict.fromkeys(d for d in devices if d.type == "cuda"):
+        props = torch.cuda.get_device_properties(device)
+        info["accelerators"].append(
+            {"device": str(device), "name": props.name, "memory_bytes": props.total_memory})
+    return info
+
+
+def _build_strategy(name: str, template: nn.Module, config: BenchConfig, batch,
+                    amp: Amp) -> Contestant:
+    # ``single`` is one device by definition; give it only the first (it would warn otherwise).
+    devices = config.device_list[:1] if name == "single" else config.device_list
+    reason = strategy_skip_reason(name, template, config.arch)
+    if reason:
+        return skipped(name, "strategy", devices, reason)
+    try:
+        return strategy_contestant(
+            name, copy.deepcopy(template), devices, batch, amp=amp, lr=config.lr,
+            channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers)
+    except Exception as exc:  # a broken setup is a result to report, not a crash
+        return Contestant(name=name, kind="strategy", devices=list(devices),
+                          failure=f"setup: {type(exc).__name__}: {exc}".splitlines()[0])
+
+
+def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
+    """Race the strategies and baselines of ``config``; return ``{config, machine, results}``.
+
+    ``model_fn`` builds the model (default: ``create_model(config.arch, num_classes=...)``);
+    a custom one cannot be sent to torchrun workers, so it skips ``ddp`` and ``torch_ddp``.
+    """
+    from .distributed import distributed_phase
+
+    devices = config.device_list
+    if model_fn is None:
+        from tandem.models import create_model
+
+        def model_fn():
+            return create_model(config.arch, num_classes=config.num_classes)
+
+        custom = False
+    else:
+        custom = True
+    torch.manual_seed(config.seed)
+    template = model_fn()
+    batch = synthetic_batch(config.batch_size, config.image_size, config.num_classes,
+                            config.seed)
+    amp = Amp(config.amp, config.amp_dtype)
+    kw = dict(amp=amp, lr=config.lr, channels_last=config.channels_last)
+
+    local: list[Contestant] = []
+    if config.baselines:
+        local.append(bare_contestant(copy.deepcopy(template), devices, batch, **kw))
+    for name in config.strategies:
+        if name != "ddp":
+            local.append(_build_strategy(name, template, config, batch, amp))
+    if config.baselines:
+        if torch_dp_skip_reason(devices) is None:
+            local.append(torch_dp_contestant(copy.deepcopy(template), devices, batch, **kw))
+        else:
+            local.append(skipped("torch_dp", "baseline", devices, torch_dp_skip_reason(devices)))
+    threads = f"{torch.get_num_threads()} torch threads"
+    for contestant in local:
+        contestant.notes.append(f"interleaved in one process ({threads})")
+    try:
+        results = race(local, config.steps, config.warmup, config.batch_size)
+    finally:
+        for contestant in local:
+            contestant.close()
+
+    remote = (["ddp"] if "ddp" in config.strategies else [])
+    remote += (["torch_ddp"] if config.baselines else [])
+    if remote:
+        results += distributed_phase(config, remote, custom_model=custom)
+    order = ["bare", *config.strategies, "torch_dp", "torch_ddp"]
+    results.sort(key=lambda r: order.index(r["name"]))
+    return {"config": config.to_dict(), "machine": machine_info(devices),
+            "results": add_ratios(results)}
