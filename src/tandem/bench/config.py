@@ -8,23 +8,33 @@ import torch
 
 from tandem.parallel.devices import parse_devices_flag
 
-__all__ = ["STRATEGIES", "BenchConfig", "parse_strategies"]
+__all__ = ["STRATEGIES", "BASELINES", "BenchConfig", "parse_names"]
 
 # Every strategy the bench knows how to run (ddp runs in a separate torchrun phase).
 STRATEGIES = ("single", "dp", "balanced", "hybrid", "ddp")
+# Plain-torch baselines (see tandem.bench.baselines); torch_ddp also runs under torchrun.
+BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 
-def parse_strategies(text: str) -> tuple[str, ...]:
-    """``"single,dp"`` -> ``("single", "dp")``; an unknown or repeated name is a ``ValueError``."""
+def parse_names(text, valid: tuple[str, ...], flag: str, allow_empty: bool = False
+                ) -> tuple[str, ...]:
+    """``"single,dp"`` (or a sequence) -> ``("single", "dp")``, checked against ``valid``.
+
+    An unknown or repeated name is a ``ValueError`` naming ``flag``; ``"none"`` (or nothing)
+    is the empty tuple when ``allow_empty``.
+    """
+    if not isinstance(text, str):
+        text = ",".join(text)
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    if not names:
-        raise ValueError(f"bad --strategies {text!r}: give at least one of {', '.join(STRATEGIES)}")
+    if names == ("none",):
+        names = ()
+    if not names and not allow_empty:
+        raise ValueError(f"bad {flag} {text!r}: give at least one of {', '.join(valid)}")
     for name in names:
-        if name not in STRATEGIES:
-            raise ValueError(f"unknown strategy {name!r} in --strategies; choose from "
-                             f"{', '.join(STRATEGIES)}")
+        if name not in valid:
+            raise ValueError(f"unknown name {name!r} in {flag}; choose from {', '.join(valid)}")
     if len(set(names)) != len(names):
-        raise ValueError(f"bad --strategies {text!r}: a strategy is listed twice")
+        raise ValueError(f"bad {flag} {text!r}: a name is listed twice")
     return names
 
 
@@ -52,17 +62,16 @@ class BenchConfig:
     channels_last: bool = False
     sync_bn: bool = False
     buffers: str = "replica0"
-    baselines: bool = True
+    baselines: tuple[str, ...] = BASELINES
     lr: float = 0.01
     seed: int = 0
     dist_timeout: float = 900.0
+    cudnn_benchmark: bool = True
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if isinstance(self.strategies, str):
-            self.strategies = parse_strategies(self.strategies)
-        else:
-            self.strategies = parse_strategies(",".join(self.strategies))
+        self.strategies = parse_names(self.strategies, STRATEGIES, "--strategies")
+        self.baselines = parse_names(self.baselines, BASELINES, "--baselines", allow_empty=True)
         from tandem.models import model_info
 
         info = model_info(self.arch)  # an unknown arch is a ValueError listing valid ones
@@ -87,6 +96,7 @@ class BenchConfig:
         """JSON-ready settings, with the resolved devices."""
         data = asdict(self)
         data["strategies"] = list(self.strategies)
+        data["baselines"] = list(self.baselines)
         data["device_list"] = [str(d) for d in self.device_list]
         return data
 

@@ -129,6 +129,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     device = config.device_list[int(os.environ["LOCAL_RANK"])]
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
 
     torch.manual_seed(config.seed)
     template = create_model(config.arch, num_classes=config.num_classes)

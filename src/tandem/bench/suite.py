@@ -112,13 +112,16 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     amp = Amp(config.amp, config.amp_dtype)
     kw = dict(amp=amp, lr=config.lr, channels_last=config.channels_last)
 
+    if any(d.type == "cuda" for d in devices):
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+
     local: list[Contestant] = []
-    if config.baselines:
+    if "bare" in config.baselines:
         local.append(bare_contestant(copy.deepcopy(template), devices, batch, **kw))
     for name in config.strategies:
         if name != "ddp":
             local.append(_build_strategy(name, template, config, batch, amp))
-    if config.baselines:
+    if "torch_dp" in config.baselines:
         if torch_dp_skip_reason(devices) is None:
             local.append(torch_dp_contestant(copy.deepcopy(template), devices, batch, **kw))
         else:
@@ -133,7 +136,7 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
             contestant.close()
 
     remote = (["ddp"] if "ddp" in config.strategies else [])
-    remote += (["torch_ddp"] if config.baselines else [])
+    remote += (["torch_ddp"] if "torch_ddp" in config.baselines else [])
     if remote:
         results += distributed_phase(config, remote, custom_model=custom)
     order = ["bare", *config.strategies, "torch_dp", "torch_ddp"]
