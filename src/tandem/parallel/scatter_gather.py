@@ -1,0 +1,301 @@
+"""Split a batch across replicas (``scatter``) and put the replicas' outputs back together (``gather``).
+
+Both walk arbitrary nestings of tuples, lists, dicts, namedtuples and dataclasses. Tensors are
+split along ``dim``; ``None`` and every other object are handed to each replica as they are
+(the same object, not a copy). Tensors with too few dimensions to split (0-dim scalars, say)
+are copied to every replica's device.
+
+Chunks are balanced: a batch of ``B`` over ``k`` devices uses ``n = min(k, B)`` replicas whose
+chunk sizes differ by at most one, larger chunks first (10 over 4 gives 3, 3, 2, 2). No replica
+ever gets an empty chunk: a batch of 2 over 4 devices gives 2 entries. When the tensors of one
+call disagree on their batch size, the smallest decides ``n`` and every tensor is split into
+``n`` balanced chunks of its own size. A batch of size 0 gives one entry (the empty batch);
+a call with no tensor to split gives one entry per device.
+
+Both directions are differentiable: gradients of the chunks flow back into the scattered
+tensor, gradients of a gathered tensor flow back to each replica's output, across devices.
+CUDA-only transfers go through ``torch.cuda.comm`` inside two small autograd Functions
+(``_CudaScatter``, ``_CudaGather``); everything else uses ``split``, ``cat`` and ``to``, which
+autograd already differentiates. Bytes moved are reported to :mod:`tandem.parallel.traffic`,
+counted logically: chunk ``i`` is free only when ``i`` is the first replica on the tensor's own
+device.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+
+from . import traffic
+
+__all__ = ["scatter", "scatter_kwargs", "gather", "chunk_sizes"]
+
+
+def chunk_sizes(batch: int, num_devices: int) -> list[int]:
+    """Balanced chunk sizes for ``batch`` items over at most ``num_devices`` replicas.
+
+    Never returns an empty chunk for ``batch > 0``; a batch of 0 gives ``[0]``.
+    """
+    if batch <= 0:
+        return [0]
+    n = min(batch, num_devices)
+    base, extra = divmod(batch, n)
+    return [base + 1] * extra + [base] * (n - extra)
+
+
+def _cuda_index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+class _CudaScatter(torch.autograd.Function):
+    """Split ``input`` (CPU or CUDA) onto CUDA devices with one ``comm.scatter`` call."""
+
+    @staticmethod
+    def forward(ctx, devices, sizes, dim, input):
+        ctx.dim, ctx.source = dim, input.device
+        return tuple(torch.cuda.comm.scatter(input, [_cuda_index(d) for d in devices], sizes, dim))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if ctx.source.type == "cuda":
+            grad = _CudaGather.apply(ctx.source, ctx.dim, *grads)
+        else:
+            grad = torch.cat([g.to(ctx.source) for g in grads], ctx.dim)
+        return None, None, None, grad
+
+
+class _CudaGather(torch.autograd.Function):
+    """Concatenate CUDA tensors on one CUDA device with one ``comm.gather`` call."""
+
+    @staticmethod
+    def forward(ctx, target, dim, *inputs):
+        ctx.dim = dim
+        ctx.devices = [t.device for t in inputs]
+        ctx.sizes = [t.shape[dim] for t in inputs]
+        return torch.cuda.comm.gather(inputs, dim, _cuda_index(target))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None, None) + _CudaScatter.apply(ctx.devices, ctx.sizes, ctx.dim, grad)
+
+
+def _split_dim(t: torch.Tensor, dim: int) -> int | None:
+    """``dim`` normalised for ``t``, or ``None`` when ``t`` has too few dimensions to split."""
+    d = dim + t.dim() if dim < 0 else dim
+    return d if 0 <= d < t.dim() else None
+
+
+def _is_dataclass_instance(obj) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def _children(obj) -> list | None:
+    """The items of a container ``_rebuild`` knows how to rebuild, else ``None``."""
+    if isinstance(obj, (tuple, list)):
+        return list(obj)
+    if isinstance(obj, dict):
+        return list(obj.values())
+    if _is_dataclass_instance(obj):
+        return [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    return None
+
+
+def _rebuild(obj, items: list):
+    """A container like ``obj`` holding ``items`` instead of its own items."""
+    if isinstance(obj, tuple):
+        if hasattr(obj, "_fields"):  # namedtuple
+            return type(obj)(*items)
+        return tuple(items) if type(obj) is tuple else type(obj)(items)
+    if isinstance(obj, list):
+        return items if type(obj) is list else type(obj)(items)
+    if isinstance(obj, dict):
+        if type(obj) is dict:
+            return dict(zip(obj.keys(), items))
+        out = copy.copy(obj)  # keeps OrderedDict order, defaultdict's factory, ...
+        out.update(zip(obj.keys(), items))
+        return out
+    out = copy.copy(obj)  # dataclass: object.__setattr__ also works for frozen ones
+    for f, value in zip(dataclasses.fields(obj), items):
+        object.__setattr__(out, f.name, value)
+    return out
+
+
+def _batch_sizes(obj, dim: int, found: list[int]) -> None:
+    if isinstance(obj, torch.Tensor):
+        d = _split_dim(obj, dim)
+        if d is not None:
+            found.append(obj.shape[d])
+        return
+    items = _children(obj)
+    if items is not None:
+        for item in items:
+            _batch_sizes(item, dim, found)
+
+
+def _source_index(device: torch.device, devices: Sequence[torch.device]) -> int | None:
+    for i, d in enumerate(devices):
+        if d == device:
+            return i
+    return None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _scatter_tensor(t: torch.Tensor, devices, dim, sizes) -> list[torch.Tensor]:
+    d = _split_dim(t, dim)
+    if d is None:  # nothing to split: every replica gets its own copy of the whole tensor
+        chunks = [t.to(dev) for dev in devices]
+    else:
+        if sizes is None:  # _plan trimmed devices so that this never gives an empty chunk
+            sizes = chunk_sizes(t.shape[d], len(devices))
+        if t.device.type in ("cuda", "cpu") and all(dev.type == "cuda" for dev in devices):
+            chunks = list(_CudaScatter.apply(devices, sizes, d, t))
+        else:
+            chunks = [c.to(dev) for c, dev in zip(t.split(sizes, d), devices)]
+    if traffic.metering():
+        home = _source_index(t.device, devices)
+        for i, chunk in enumerate(chunks):
+            if i != home:
+                traffic.record("scatter", _nbytes(chunk), i)
+    return chunks
+
+
+def _scatter(obj, devices, dim, sizes) -> list:
+    if isinstance(obj, torch.Tensor):
+        return _scatter_tensor(obj, devices, dim, sizes)
+    items = _children(obj)
+    if items is None:
+        return [obj] * len(devices)
+    if not items:
+        return [_rebuild(obj, []) for _ in devices]
+    per_item = [_scatter(item, devices, dim, sizes) for item in items]
+    return [_rebuild(obj, list(replica_items)) for replica_items in zip(*per_item)]
+
+
+def _plan(obj, devices: Sequence, dim: int, sizes: Sequence[int] | None) -> tuple[list, list | None]:
+    """The devices used and the chunk sizes to aim for."""
+    devices = [torch.device(d) if not isinstance(d, torch.device) else d for d in devices]
+    if not devices:
+        raise ValueError("scatter needs at least one device")
+    if sizes is not None:
+        sizes = list(sizes)
+        if len(sizes) > len(devices) or any(s < 0 for s in sizes):
+            raise ValueError(f"chunk_sizes {sizes} do not fit {len(devices)} device(s)")
+        found: list[int] = []
+        _batch_sizes(obj, dim, found)
+        for b in found:
+            if b != sum(sizes):
+                raise ValueError(
+                    f"cannot scatter a tensor with {b} entries along dim {dim} into chunks {sizes}"
+                )
+        return devices[: len(sizes)], sizes
+    found = []
+    _batch_sizes(obj, dim, found)
+    if not found:
+        return devices, None
+    smallest = min(found)
+    n = len(chunk_sizes(smallest, len(devices)))
+    return devices[:n], None
+
+
+def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] | None = None) -> list:
+    """Split ``inputs`` into one entry per *used* device (see the module docstring).
+
+    ``chunk_sizes`` forces the split (every splittable tensor must have ``sum(chunk_sizes)``
+    entries along ``dim``; one entry per chunk). Returns a list of structures like ``inputs``.
+    """
+    used, sizes = _plan(inputs, devices, dim, chunk_sizes)
+    return _scatter(inputs, used, dim, sizes)
+
+
+def scatter_kwargs(inputs, kwargs, devices: Sequence, dim: int = 0,
+                   chunk_sizes: Sequence[int] | None = None) -> tuple[tuple, tuple]:
+    """Scatter positional ``inputs`` and ``kwargs`` together.
+
+    Returns ``(inputs_list, kwargs_list)`` of equal length: a tuple of per-replica argument
+    tuples and a tuple of per-replica keyword dicts.
+    """
+    inputs = tuple(inputs) if inputs is not None else ()
+    kwargs = dict(kwargs) if kwargs else {}
+    pairs = scatter((inputs, kwargs), devices, dim, chunk_sizes)
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
+def _all_equal(values: Sequence) -> bool:
+    first = values[0]
+    for v in values[1:]:
+        if v is first:
+            continue
+        try:
+            if not bool(v == first):
+                return False
+        except Exception:  # ambiguous or failing comparisons (arrays, odd objects)
+            return False
+    return True
+
+
+def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim: int):
+    if all(t.dim() == 0 for t in tensors):  # scalars become a vector
+        tensors = [t.reshape(1) for t in tensors]
+        dim = 0
+    if traffic.metering():
+        home = _source_index(target, [t.device for t in tensors])
+        for i, t in enumerate(tensors):
+            if i != home:
+                traffic.record("gather", _nbytes(t), home)
+    if target.type == "cuda" and all(t.device.type == "cuda" for t in tensors):
+        return _CudaGather.apply(target, dim, *tensors)
+    if len(tensors) == 1:
+        return tensors[0].to(target)
+    return torch.cat([t.to(target) for t in tensors], dim)
+
+
+def _gather(outputs: list, target: torch.device, dim: int):
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(o, torch.Tensor) for o in outputs):
+            raise ValueError("gather: replicas returned a tensor in some entries and not in others")
+        return _gather_tensors(outputs, target, dim)
+    items = _children(first)
+    if items is None:
+        if first is None and all(o is None for o in outputs):
+            return None
+        # the same object handed to every replica comes back once; differing values as a list
+        return first if _all_equal(outputs) else list(outputs)
+    per_replica = []
+    for i, o in enumerate(outputs):
+        if type(o) is not type(first):
+            raise ValueError(
+                f"gather: replica {i} returned {type(o).__name__}, replica 0 {type(first).__name__}"
+            )
+        if isinstance(o, dict) and o.keys() != first.keys():
+            raise ValueError(f"gather: replica {i} returned keys {list(o)}, replica 0 {list(first)}")
+        children = _children(o)
+        if len(children) != len(items):
+            raise ValueError(
+                f"gather: replica {i} returned {len(children)} items, replica 0 {len(items)}"
+            )
+        per_replica.append(children)
+    gathered = [_gather(list(column), target, dim) for column in zip(*per_replica)]
+    return _rebuild(first, gathered)
+
+
+def gather(outputs: Sequence, target_device, dim: int = 0):
+    """Concatenate the replicas' ``outputs`` along ``dim`` on ``target_device``.
+
+    Rebuilds the replicas' common structure; 0-dim tensors become a vector with one entry per
+    replica; non-tensors equal in every replica come back once (else as a list, one per
+    replica). Differentiable.
+    """
+    outputs = list(outputs)
+    if not outputs:
+        raise ValueError("gather needs at least one replica output")
+    target = target_device if isinstance(target_device, torch.device) else torch.device(target_device)
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    return _gather(outputs, target, dim)
