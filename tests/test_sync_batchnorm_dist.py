@@ -1,0 +1,191 @@
+"""SyncBatchNorm across 2 gloo processes (uneven and empty rank batches), threads inside
+processes, and under torch's own DistributedDataParallel.
+
+All scenarios run in ONE spawn of 2 processes (importing torch dominates the cost); each rank
+saves what it computed and the test compares it with plain BatchNorm on the whole batch.
+"""
+
+import os
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
+
+WORLD = 2
+DEADLINE = 240  # seconds for the whole spawn; a hang fails the test instead of CI
+# (name, dims, per-rank sizes, per-thread split of each rank's batch or None, momentum)
+BN_CASES = [
+    ("uneven_2d", 2, [5, 2], None, 0.1),
+    ("empty_rank1_4d", 4, [5, 0], None, 0.3),
+    ("empty_rank0_3d", 3, [0, 4], None, None),
+    ("uneven_5d", 5, [1, 3], None, 0.1),
+    ("threads_in_processes", 4, [5, 3], [[2, 3], [1, 2]], 0.2),
+]
+DDP_CASES = [("ddp_uneven", [5, 2]), ("ddp_empty_rank", [6, 0])]
+SHAPES = {2: (3,), 3: (3, 4), 4: (3, 3, 2), 5: (3, 2, 2, 2)}
+
+
+def case_data(index, dims, total):
+    g = torch.Generator().manual_seed(100 + index)
+    x = torch.randn((total, *SHAPES[dims]), generator=g) * 3 + 1
+    w = torch.randn(x.shape, generator=g)
+    weight = torch.rand(3, generator=g) + 0.5
+    bias = torch.randn(3, generator=g)
+    return x, w, weight, bias
+
+
+PLAIN = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
+
+
+def make_bn(sync, dims, momentum, weight, bias):
+    bn = (SyncBatchNorm if sync else PLAIN[dims])(3, momentum=momentum)
+    with torch.no_grad():
+        bn.weight.copy_(weight)
+        bn.bias.copy_(bias)
+    return bn
+
+
+def conv_net():
+    torch.manual_seed(7)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5))
+
+
+def ddp_data(index, total):
+    g = torch.Generator().manual_seed(500 + index)
+    return torch.randn(total, 3, 6, 6, generator=g) * 2, torch.randint(0, 5, (total,), generator=g)
+
+
+def rank_slice(sizes, rank):
+    start = sum(sizes[:rank])
+    return slice(start, start + sizes[rank])
+
+
+def state_of(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def run_bn_case(rank, index, dims, sizes, split, momentum):
+    x, w, weight, bias = case_data(index, dims, sum(sizes))
+    bn = make_bn(True, dims, momentum, weight, bias)
+    mine = x[rank_slice(sizes, rank)].clone().requires_grad_()
+    out = None
+    for _ in range(2):  # two steps: momentum / num_batches_tracked across steps
+        mine.grad = None
+        bn.zero_grad()
+        if split is None:
+            out = bn(mine)
+        else:  # replica threads inside each process: threads merge first, then processes
+            from test_sync_batchnorm import run_threads
+
+            outs, errors = run_threads([lambda c=c: bn(c) for c in mine.split(split[rank])])
+            assert errors == [None] * len(outs), errors
+            out = torch.cat(outs)
+        (out * w[rank_slice(sizes, rank)]).sum().backward()
+    return dict(out=out.detach(), grad=mine.grad, weight_grad=bn.weight.grad,
+                bias_grad=bn.bias.grad, state=state_of(bn))
+
+
+def run_ddp_case(rank, index, sizes):
+    x, y = ddp_data(index, sum(sizes))
+    model = convert_sync_batchnorm(conv_net())
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.5, momentum=0.9)
+    for _ in range(2):
+        opt.zero_grad()
+        part = rank_slice(sizes, rank)
+        losses = nn.functional.cross_entropy(ddp(x[part]), y[part], reduction="sum")
+        # DDP averages gradients over ranks: scale so the average is the global-mean gradient.
+        (losses * WORLD / sum(sizes)).backward()
+        opt.step()
+    return dict(state=state_of(model))
+
+
+def worker(rank, port, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=60))
+    try:
+        results = {}
+        for index, (name, dims, sizes, split, momentum) in enumerate(BN_CASES):
+            results[name] = run_bn_case(rank, index, dims, sizes, split, momentum)
+        for index, (name, sizes) in enumerate(DDP_CASES):
+            results[name] = run_ddp_case(rank, index, sizes)
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("syncbn_dist"))
+    ctx = mp.start_processes(worker, args=(free_port(), out_dir), nprocs=WORLD, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                pytest.fail(f"2-process SyncBatchNorm run did not finish in {DEADLINE}s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(WORLD)]
+
+
+close = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(BN_CASES)), ids=[c[0] for c in BN_CASES])
+def test_processes_match_whole_batch(rank_results, index):
+    name, dims, sizes, _, momentum = BN_CASES[index]
+    x, w, weight, bias = case_data(index, dims, sum(sizes))
+    ref = make_bn(False, dims, momentum, weight, bias)
+    for _ in range(2):
+        ref.zero_grad()
+        xx = x.clone().requires_grad_()
+        out = ref(xx)
+        (out * w).sum().backward()
+    got = [r[name] for r in rank_results]
+    for size, g in zip(sizes, got):  # an empty rank still joined and returned an empty output
+        assert g["out"].shape[0] == size
+    torch.testing.assert_close(torch.cat([g["out"] for g in got]), out.detach(), **close)
+    torch.testing.assert_close(torch.cat([g["grad"] for g in got]), xx.grad, **close)
+    # Each rank holds its own samples' share of the parameter gradients.
+    torch.testing.assert_close(sum(g["weight_grad"] for g in got), ref.weight.grad, **close)
+    torch.testing.assert_close(sum(g["bias_grad"] for g in got), ref.bias.grad, **close)
+    for g in got:
+        for key, value in ref.state_dict().items():
+            torch.testing.assert_close(g["state"][key], value, **close)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(DDP_CASES)), ids=[c[0] for c in DDP_CASES])
+def test_torch_ddp_with_sync_batchnorm_matches_one_process(rank_results, index):
+    name, sizes = DDP_CASES[index]
+    x, y = ddp_data(index, sum(sizes))
+    ref = conv_net()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9)
+    for _ in range(2):
+        opt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+    for r in rank_results:
+        got = r[name]["state"]
+        for key, value in ref.state_dict().items():
+            torch.testing.assert_close(got[key], value, **close, msg=lambda m: f"{key}: {m}")
