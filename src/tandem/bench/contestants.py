@@ -52,7 +52,8 @@ class Contestant:
 
     ``skipped`` holds the reason when the contestant cannot run on this machine, and
     ``failure`` the error when building it broke; in both cases ``step`` is ``None``. ``counts_traffic`` is true for tandem strategies, whose engine records the
-    bytes it moves (torch's own wrappers record nothing). ``own_tensors()`` lists what the
+    bytes it moves (torch's own wrappers record nothing); ``uncounted_traffic`` names traffic
+    the strategy leaves to torch, which that count therefore misses. ``own_tensors()`` lists what the
     contestant keeps between steps, for :class:`~tandem.bench.timing.MemoryProbe`.
     """
 
@@ -62,6 +63,7 @@ class Contestant:
     step: Callable[[], torch.Tensor] | None = None
     own_tensors: Callable[[], Iterable[torch.Tensor]] = lambda: ()
     counts_traffic: bool = False
+    uncounted_traffic: str | None = None
     skipped: str | None = None
     failure: str | None = None
     close: Callable[[], None] = lambda: None
@@ -167,8 +169,11 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
     step = TrainStep(forward_loss, wrapped.parameters(), strategy.device, amp, lr)
     # A ddp worker holds one device of the list; the others are other processes' business.
     timed_on = list(strategy.devices) if strategy.world_size == 1 else [strategy.device]
+    uncounted = None
+    if isinstance(wrapped, nn.parallel.DistributedDataParallel) and strategy.world_size > 1:
+        uncounted = "torch DDP's gradient all-reduce"
     return Contestant(
         name=name, kind="strategy", devices=timed_on, step=step,
         own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
-        counts_traffic=True, close=strategy.close,
+        counts_traffic=True, uncounted_traffic=uncounted, close=strategy.close,
     )

@@ -42,6 +42,8 @@ def _row(r: dict) -> list[str]:
     else:
         kinds = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(traffic["by_kind"].items()))
         moved = format_bytes(traffic["total"]) + (f" ({kinds})" if kinds else "")
+        if traffic.get("uncounted"):
+            moved += f" + {traffic['uncounted']} (not counted)"
     memory = " ".join(format_bytes(m) for m in r["peak_memory_bytes"])
     return [name, _ms(t["median"]), _ms(t["iqr"]), f"{_ms(t['min'])}..{_ms(t['max'])}",
             f"{r['images_per_sec']['median']:.1f}", ratio(r["speedup_vs_single"]),

@@ -37,7 +37,7 @@ RESULT_FIELDS = (
     "images_per_sec",     # {median, q1, q3}: batch / step time at the time's median, q3, q1
     "speedup_vs_single",  # single's median step time / this one's (> 1 is faster)
     "speedup_vs_bare",    # bare's median step time / this one's
-    "bytes_per_step",     # {total, by_kind, by_dst} counted by tandem's engine, else None
+    "bytes_per_step",     # {total, by_kind, by_dst, uncounted}: tandem's engine count, else None
     "peak_memory_bytes",  # one entry per device; None where the device reports nothing
     "last_loss",          # loss of the last step (a finite number means it trained)
     "notes",              # list of remarks (threads, phase, ...)
@@ -138,6 +138,7 @@ def _result(contestant: Contestant, lane: _Lane | None, steps: int, batch_size: 
             "total": round(lane.meter.total / stats.n),
             "by_kind": _per_step(lane.meter.by_kind, stats.n),
             "by_dst": _per_step(lane.meter.by_dst, stats.n),
+            "uncounted": c.uncounted_traffic,
         }
     if not math.isfinite(result["last_loss"]):
         result["notes"].append("loss is not finite")
