@@ -1,0 +1,208 @@
+"""``HybridParallel``: data-parallel features, model-parallel classifier (Krizhevsky 2014).
+
+Conv layers hold most of the compute and few parameters, so they run data-parallel: each
+device runs a replica on its chunk of the batch and only their (few) gradients are reduced.
+FC layers hold most of the parameters and little compute, so they are split by features over
+the same devices: each device holds a slice of each Linear and sees the whole batch, and only
+activations (batch x features) move, never the big FC weights or their gradients.
+
+The model must compute ``classifier(flatten(avgpool(features(x)), 1))`` (``avgpool`` is
+optional), as torchvision's and tandem's AlexNet and VGG do. One step then runs:
+
+1. the *trunk* (``features``, ``avgpool``, flatten and the classifier's leading elementwise
+   layers, e.g. AlexNet's first Dropout) on the engine's ``DataParallelModel``: the batch is
+   scattered, replicas run in threads, nothing is gathered; batch-norm buffers follow
+   ``buffers`` as in ``DataParallel``;
+2. the *head*: every classifier shard collects all replicas' outputs straight from the
+   replicas (no detour through the output device) and the classifier's Linear layers run
+   split as :mod:`tandem.hybrid.layout` describes (Column -> per-shard ReLU/Dropout -> Row
+   pairs, a gathered Column for an odd one out); the logits end on ``output_device``.
+
+Dropout stays correct in training: a leading Dropout runs on each replica's chunk, a Dropout
+between a Column and a Row runs on each shard's block (its mask drawn by that shard's own
+call), one after a Row runs on the whole tensor. Every element is dropped once with
+probability ``p``, as in the original, but the masks are not bit-identical to the plain
+model's under the same seed; with ``p = 0`` or in eval mode the output equals ``model(x)``.
+
+What is shared and what is copied: ``model.features`` (and ``avgpool``, and the classifier's
+non-Linear layers) are *shared*, moved to their devices in place and trained in place, as
+with ``DataParallel``. The classifier's Linear layers are *copied* into per-device shards; the
+originals in ``model`` are left untouched and go stale. Read the trained model back with
+:meth:`plain_state_dict` or :meth:`to_model`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from ..parallel import gather
+from ..parallel.devices import resolve_devices, to_device
+from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
+from .layout import classifier_layout
+from .plan import meta_copy, plan
+
+__all__ = ["HybridParallel"]
+
+_KNOWN_CHILDREN = ("features", "avgpool", "classifier")
+_SPLIT = (ColumnParallelLinear, RowParallelLinear)
+
+
+class _Trunk(nn.Module):
+    """features -> avgpool -> flatten -> leading elementwise layers (the data-parallel part)."""
+
+    def __init__(self, features: nn.Module, avgpool: nn.Module | None, leading: list[nn.Module]):
+        super().__init__()
+        self.features = features
+        self.avgpool = avgpool
+        self.leading = nn.Sequential(*leading)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)  # N, C, h, w
+        if self.avgpool is not None:
+            x = self.avgpool(x)
+        return self.leading(torch.flatten(x, 1))  # N, A
+
+
+class _Gather(nn.Module):
+    """Concatenate the replicas' trunk outputs on the output device (engine's ``gather``)."""
+
+    def __init__(self, output_device: torch.device):
+        super().__init__()
+        self.output_device = output_device
+
+    def forward(self, chunks):
+        return gather(list(chunks), self.output_device)
+
+
+class HybridParallel(nn.Module):
+    """Run ``model`` with data-parallel features and a model-parallel classifier.
+
+    ``device_ids`` and ``output_device`` are as for ``DataParallel`` (the output device
+    defaults to ``device_ids[0]``); ``buffers`` is the trunk's batch-norm buffer policy. A
+    drop-in ``nn.Module``: ``forward(x)`` returns the logits on ``output_device``,
+    ``train()``/``eval()`` reach every part, and :meth:`parameters` yields each trainable tensor
+    once (the trunk's shared parameters and the shards' own), so any optimizer steps it. The
+    optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`.
+    """
+
+    plan = staticmethod(plan)
+
+    def __init__(self, model: nn.Module, device_ids=None, output_device=None,
+                 buffers: str = "replica0"):
+        super().__init__()
+        for name in ("features", "classifier"):
+            if not isinstance(getattr(model, name, None), nn.Module):
+                raise ValueError(f"HybridParallel needs a model with .features and .classifier; "
+                                 f"{type(model).__name__} has no .{name}")
+        extra = [n for n, _ in model.named_children() if n not in _KNOWN_CHILDREN]
+        if extra:
+            raise ValueError(f"HybridParallel runs features -> avgpool -> flatten -> classifier "
+                             f"and cannot place {type(model).__name__}.{extra[0]}")
+        devices = resolve_devices(device_ids)
+        self.devices = devices
+        self.output_device = to_device(output_device) if output_device is not None else devices[0]
+        leading, stages = classifier_layout(model.classifier)
+        mods = list(model.classifier)
+
+        from ..parallel import DataParallelModel  # TEMPORARY lazy import until the engine lands
+
+        trunk = _Trunk(model.features, getattr(model, "avgpool", None), [mods[i] for i in leading])
+        self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
+                                       buffers=buffers)
+        # (prefix in the plain state dict, module holding that state): the merge/split map
+        self._parts = [("features.", trunk.features)]
+        if trunk.avgpool is not None:
+            self._parts.append(("avgpool.", trunk.avgpool))
+        self._parts += [(f"classifier.{i}.", mods[i]) for i in leading]
+
+        head: list[nn.Module] = []
+        if not stages or stages[0].kind == "local":
+            head.append(_Gather(self.output_device))
+        for stage in stages:
+            first, last = stage.indices[0], stage.indices[-1]
+            if stage.kind == "local":
+                head.append(mods[first].to(self.output_device))
+                self._parts.append((f"classifier.{first}.", head[-1]))
+                continue
+            column = ColumnParallelLinear.from_linear(
+                mods[first], devices, gather_output=stage.kind == "column",
+                output_device=self.output_device)
+            head.append(column)
+            self._parts.append((f"classifier.{first}.", column))
+            if stage.kind == "pair":
+                head.append(Shardwise(*[mods[i] for i in stage.indices[1:-1]]))
+                self._parts += [(f"classifier.{i}.", mods[i]) for i in stage.indices[1:-1]]
+                head.append(RowParallelLinear.from_linear(mods[last], devices,
+                                                          output_device=self.output_device))
+                self._parts.append((f"classifier.{last}.", head[-1]))
+        self.head = nn.Sequential(*head)
+        self._keys = list(model.state_dict().keys())
+        # A parameter-free copy of the model's structure for to_model(); hidden from the module
+        # tree so that it adds no parameters, buffers or state-dict keys.
+        object.__setattr__(self, "_skeleton", meta_copy(model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chunks = self.trunk(x)  # [replica i: (b_i, A) on devices[i]]
+        return self.head(chunks)  # (N, classes) on output_device
+
+    # -- the plain model's view ----------------------------------------------------------
+    def plain_state_dict(self) -> "OrderedDict[str, torch.Tensor]":
+        """The plain model's state dict: same keys and order as ``model.state_dict()``.
+
+        Split layers are merged into new tensors on the output device; shared modules'
+        tensors are returned as ``state_dict()`` returns them (detached, not copied).
+        """
+        state: dict = {}
+        for prefix, module in self._parts:
+            if isinstance(module, _SPLIT):
+                weight, bias = module.merged_weight_bias()
+                state[prefix + "weight"] = weight
+                if bias is not None:
+                    state[prefix + "bias"] = bias
+            else:
+                for key, value in module.state_dict().items():
+                    state[prefix + key] = value
+        if set(state) != set(self._keys):  # a bug here, never a user error
+            raise RuntimeError(f"HybridParallel lost track of keys: "
+                               f"{sorted(set(state) ^ set(self._keys))[:3]}")
+        return OrderedDict((k, state[k]) for k in self._keys)
+
+    def load_plain_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Load a plain model's state dict (as :meth:`plain_state_dict` returns) into the split
+        layout; split layers take their slices. A missing or unexpected key (when ``strict``)
+        or a wrong shape is a ``ValueError`` naming it."""
+        missing = [k for k in self._keys if k not in state]
+        unexpected = [k for k in state if k not in self._keys]
+        if strict and (missing or unexpected):
+            raise ValueError(f"plain state dict does not fit {type(self._skeleton).__name__}: "
+                             f"{len(missing)} missing (e.g. {missing[:1]}), "
+                             f"{len(unexpected)} unexpected (e.g. {unexpected[:1]})")
+        for prefix, module in self._parts:
+            sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            if isinstance(module, _SPLIT):
+                if "weight" not in sub:
+                    if strict:
+                        raise ValueError(f"plain state dict has no {prefix}weight")
+                    continue
+                try:
+                    module.load_linear(sub["weight"], sub.get("bias"))
+                except ValueError as exc:
+                    raise ValueError(f"{prefix}weight: {exc}") from None
+            else:
+                try:
+                    module.load_state_dict(sub, strict=strict)
+                except RuntimeError as exc:
+                    first = str(exc).strip().splitlines()
+                    raise ValueError(f"cannot load {prefix}*: {first[-1].strip()}") from None
+
+    def to_model(self) -> nn.Module:
+        """A new plain model on the output device holding a copy of the current weights, in
+        this module's train/eval mode. Non-persistent buffers (not in state dicts) are left
+        uninitialised."""
+        model = copy.deepcopy(self._skeleton).to_empty(device=self.output_device)
+        model.load_state_dict(self.plain_state_dict())
+        return model.train(self.training)

@@ -1,0 +1,81 @@
+"""How ``HybridParallel`` splits a classifier: one home for the pairing rule.
+
+The classifier is an ``nn.Sequential``. Read left to right:
+
+* a leading run of elementwise layers (e.g. AlexNet's first ``Dropout``) joins the
+  data-parallel trunk, so each sample's activations are dropped exactly once, before they are
+  sent to the shards;
+* ``Linear, elementwise..., Linear`` becomes a *pair*: ``ColumnParallelLinear(gather_output=
+  False)``, the elementwise layers applied per shard, then ``RowParallelLinear`` (activations
+  move once, as partial sums);
+* any other ``Linear`` becomes ``ColumnParallelLinear(gather_output=True)``;
+* anything else (elementwise layers after a pair, BatchNorm1d, ...) runs unchanged on the
+  output device.
+
+Elementwise means stateless and per element (:data:`ELEMENTWISE`): only those may run on a
+slice of the features, because slicing commutes with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+__all__ = ["ELEMENTWISE", "Stage", "classifier_layout", "is_elementwise"]
+
+#: Layers that act on each element alone and hold no parameters or buffers.
+ELEMENTWISE = (nn.Identity, nn.Dropout, nn.AlphaDropout, nn.ReLU, nn.ReLU6, nn.LeakyReLU,
+               nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid,
+               nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus)
+
+
+def is_elementwise(module: nn.Module) -> bool:
+    """True for a stateless, per-element layer that may be applied to a slice of features."""
+    return (type(module) in ELEMENTWISE and not any(True for _ in module.parameters())
+            and not any(True for _ in module.buffers()))
+
+
+@dataclass
+class Stage:
+    """One step of the split classifier; ``indices`` are positions in ``classifier``.
+
+    ``kind`` is ``"pair"`` (``indices[0]`` column, ``indices[1:-1]`` elementwise per shard,
+    ``indices[-1]`` row), ``"column"`` (one Linear, gathered) or ``"local"`` (one module run
+    as is on the output device).
+    """
+
+    kind: str
+    indices: list[int] = field(default_factory=list)
+
+
+def classifier_layout(classifier: nn.Module) -> tuple[list[int], list[Stage]]:
+    """``(leading, stages)``: indices that join the trunk, then the head's stages in order.
+
+    Raises ``ValueError`` when ``classifier`` is not an ``nn.Sequential`` (its Linear layers
+    must be reachable one by one to be split).
+    """
+    if not isinstance(classifier, nn.Sequential):
+        raise ValueError(f"HybridParallel needs model.classifier to be an nn.Sequential, got "
+                         f"{type(classifier).__name__}")
+    mods = list(classifier)
+    i = 0
+    leading = []
+    while i < len(mods) and is_elementwise(mods[i]):
+        leading.append(i)
+        i += 1
+    stages: list[Stage] = []
+    while i < len(mods):
+        if isinstance(mods[i], nn.Linear):
+            j = i + 1
+            while j < len(mods) and is_elementwise(mods[j]):
+                j += 1
+            if j < len(mods) and isinstance(mods[j], nn.Linear):
+                stages.append(Stage("pair", list(range(i, j + 1))))
+                i = j + 1
+                continue
+            stages.append(Stage("column", [i]))
+        else:
+            stages.append(Stage("local", [i]))
+        i += 1
+    return leading, stages
