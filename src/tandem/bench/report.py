@@ -93,14 +93,13 @@ def write_json(report: dict, path: str, stream: TextIO | None = None) -> None:
             f.write(text + "\n")
 
 
-def explain(model, devices) -> str:
-    """tandem.hybrid's cost report for ``model`` on ``devices``, or why there is none."""
+def explain(model, devices, batch_size: int, image_size: int) -> str:
+    """tandem.hybrid's cost report (``plan(...).report()``) for ``model``, or why there is none."""
     try:
         from tandem.hybrid import plan
     except ImportError:
         return "--explain: tandem.hybrid has no plan() in this build"
     if not (hasattr(model, "features") and hasattr(model, "classifier")):
-        return "--explain: the model has no .features/.classifier split; hybrid does not apply"
-    result = plan(model, devices)
-    text = getattr(result, "report", None)
-    return text() if callable(text) else str(result)
+        return (f"--explain: {type(model).__name__} has no .features/.classifier split; "
+                "hybrid does not apply")
+    return plan(model, devices, batch_size=batch_size, input_size=image_size).report()

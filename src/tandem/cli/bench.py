@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         from tandem.models import create_model
 
-        print(explain(create_model(config.arch, num_classes=config.num_classes),
-                      config.device_list), file=out)
+        model = create_model(config.arch, num_classes=config.num_classes)
+        print(explain(model, config.device_list, config.batch_size, config.image_size), file=out)
     report = run_bench(config)
     print(format_table(report), file=out)
     if args.json:
