@@ -32,8 +32,10 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 
-# What a CIFAR pickle may reference: numpy's array reconstruction and nothing else.
+# What a CIFAR pickle may reference: numpy's array reconstruction and nothing else
+# (``_codecs.encode`` is how Python 3 writes bytes at pickle protocol 2; it has no side effects).
 _ALLOWED = {
+    ("_codecs", "encode"),
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy", "ndarray"), ("numpy", "dtype"),
     ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),

@@ -1,0 +1,224 @@
+"""load_dataset on directories: ImageFolder (both layouts, corrupt files) and CIFAR-10 pickles."""
+
+import logging
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tandem.data import load_dataset, make_loader
+from tandem.data import imagefolder
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def write_image(path, value, size=(12, 10)):
+    """A solid-colour RGB image whose red channel encodes ``value``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = np.zeros((size[1], size[0], 3), dtype=np.uint8)
+    arr[..., 0] = value
+    Image.fromarray(arr).save(path)
+
+
+def write_truncated_png(path):
+    rng = np.random.default_rng(0)
+    arr = (rng.random((32, 32, 3)) * 255).astype(np.uint8)
+    Image.fromarray(arr).save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # header intact, pixels cut off
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    imagefolder._warned.clear()
+
+
+@pytest.fixture
+def split_tree(tmp_path):
+    root = tmp_path / "pets"
+    for c, name in enumerate(["cat", "dog"]):
+        for i in range(3):
+            write_image(root / "train" / name / f"{i}.png", 10 * c + i)
+        write_image(root / "val" / name / "v.jpg", 100 + c)
+    (root / "train" / "cat" / "notes.txt").write_text("not an image")
+    return root
+
+
+# -- ImageFolder -------------------------------------------------------------------------------
+
+def test_imagefolder_train_val_layout(split_tree):
+    train, val, info = load_dataset(str(split_tree), image_size=8)
+    assert (info.name, info.num_classes, info.in_channels, info.image_size) == ("pets", 2, 3, 8)
+    assert info.classes == ["cat", "dog"]
+    assert (len(train), len(val)) == (6, 2)
+    assert [label for _, label in train.samples] == [0, 0, 0, 1, 1, 1]
+    x, y = val[1]
+    assert x.shape == (3, 8, 8) and y == 1
+    # pixels survive decode -> resize -> crop -> to_tensor -> normalise (solid colours)
+    red = x[0] * imagefolder.STD[0] + imagefolder.MEAN[0]
+    assert torch.allclose(red, torch.full((8, 8), 101 / 255), atol=1e-2)
+
+
+def test_imagefolder_loads_through_workers(split_tree):
+    train, _, _ = load_dataset(str(split_tree), image_size=8, augment="standard")
+    a = [x for x, _ in make_loader(train, 4, shuffle=True, seed=0, epoch=1, workers=0)]
+    b = [x for x, _ in make_loader(train, 4, shuffle=True, seed=0, epoch=1, workers=2)]
+    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+
+
+def test_imagefolder_single_dir_is_split_fixed(tmp_path):
+    root = tmp_path / "flat"
+    for c in range(3):
+        for i in range(10):
+            write_image(root / f"class{c}" / f"{i:02d}.png", c * 20 + i)
+    train, val, info = load_dataset(str(root), image_size=4)
+    assert info.classes == ["class0", "class1", "class2"]
+    assert (len(train), len(val)) == (24, 6)
+    assert sorted(label for _, label in val.samples) == [0, 0, 1, 1, 2, 2]
+    assert not {p for p, _ in train.samples} & {p for p, _ in val.samples}
+    _, val2, _ = load_dataset(str(root), image_size=4, seed=99)
+    assert val2.samples == val.samples  # the split ignores the training seed
+
+
+def test_imagefolder_corrupt_files_skipped_with_one_warning(split_tree, caplog):
+    (split_tree / "train" / "dog" / "empty.png").write_bytes(b"")
+    (split_tree / "train" / "dog" / "junk.jpg").write_bytes(b"\x00garbage" * 10)
+    with caplog.at_level(logging.WARNING, logger="tandem.data"):
+        train, _, _ = load_dataset(str(split_tree), image_size=8)
+        train, _, _ = load_dataset(str(split_tree), image_size=8)  # again: no new warnings
+    assert len(train) == 6
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2
+    assert any("empty.png" in m for m in warned) and any("junk.jpg" in m for m in warned)
+
+
+def test_imagefolder_truncated_image_substituted_lazily(split_tree, caplog):
+    write_truncated_png(split_tree / "train" / "cat" / "1.png")  # replaces a good one
+    train, _, _ = load_dataset(str(split_tree), image_size=8)
+    assert len(train) == 6  # header is fine, so the pre-scan keeps it
+    with caplog.at_level(logging.WARNING, logger="tandem.data"):
+        x1, y1 = train[1]  # cat/1.png -> the next decodable sample, cat/2.png
+        x1b, _ = train[1]
+    x2, y2 = train[2]
+    assert torch.equal(x1, x2) and y1 == y2 == 0 and torch.equal(x1, x1b)
+    assert len(caplog.records) == 1 and "1.png" in caplog.records[0].getMessage()
+    xs = [x for x, _ in make_loader(train, 3, shuffle=True, seed=0, epoch=0)]
+    assert sum(len(x) for x in xs) == 6  # the epoch still runs to the end
+
+
+def test_imagefolder_all_images_bad(tmp_path, caplog):
+    root = tmp_path / "bad"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x.png").write_bytes(b"nope")
+    with pytest.raises(ValueError, match="no readable images"):
+        load_dataset(str(root))
+
+
+def test_imagefolder_empty_and_malformed(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=f"ImageFolder '{empty}' is empty"):
+        load_dataset(str(empty))
+    no_val = tmp_path / "noval"
+    write_image(no_val / "train" / "a" / "0.png", 1)
+    with pytest.raises(ValueError, match="no val/"):
+        load_dataset(str(no_val))
+    extra = tmp_path / "extra"
+    write_image(extra / "train" / "a" / "0.png", 1)
+    write_image(extra / "val" / "b" / "0.png", 1)
+    with pytest.raises(ValueError, match="classes not in train/: b"):
+        load_dataset(str(extra))
+    tiny = tmp_path / "tiny"
+    write_image(tiny / "a" / "0.png", 1)
+    with pytest.raises(ValueError, match="too small"):
+        load_dataset(str(tiny))
+
+
+# -- CIFAR-10 ----------------------------------------------------------------------------------
+
+def write_cifar(root, n=6):
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for k, name in enumerate(files):
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+        labels = [(k + i) % 10 for i in range(n)]
+        with open(root / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"data": data, b"labels": labels,
+                         b"filenames": [b"x.png"] * n}, f, protocol=2)
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [f"c{i}".encode() for i in range(10)],
+                     b"num_vis": 3072}, f, protocol=2)
+    return root
+
+
+def test_cifar10_dir(tmp_path):
+    root = write_cifar(tmp_path / "cifar")
+    train, val, info = load_dataset(str(root), augment="standard")
+    assert (info.name, info.num_classes, info.in_channels, info.image_size) == \
+        ("cifar10", 10, 3, 32)
+    assert info.classes == [f"c{i}" for i in range(10)]
+    assert (len(train), len(val)) == (30, 6)
+    with open(root / "test_batch", "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    x, y = val[2]
+    assert y == batch[b"labels"][2]
+    pixel = batch[b"data"][2].reshape(3, 32, 32)[1, 5, 7] / 255  # green plane, row 5, col 7
+    assert abs(float(x[1, 5, 7]) * 0.2435 + 0.4822 - pixel) < 1e-4
+    assert train.pad == 4 and train.flip
+    xb, yb = next(iter(make_loader(train, 8, shuffle=True, seed=0, epoch=0)))
+    assert xb.shape == (8, 3, 32, 32) and yb.dtype == torch.int64
+
+
+def test_cifar10_parent_dir_and_resize(tmp_path):
+    write_cifar(tmp_path / "dl" / "cifar-10-batches-py")
+    train, _, info = load_dataset(str(tmp_path / "dl"), image_size=16)
+    assert info.image_size == 16 and train[0][0].shape == (3, 16, 16)
+
+
+def test_cifar10_missing_batch_names_it(tmp_path):
+    root = write_cifar(tmp_path / "cifar")
+    os.remove(root / "data_batch_3")
+    with pytest.raises(FileNotFoundError, match="data_batch_3"):
+        load_dataset(str(root))
+
+
+def test_cifar10_corrupt_or_wrong_shape_names_file(tmp_path):
+    root = write_cifar(tmp_path / "cifar")
+    good = (root / "data_batch_2").read_bytes()
+    (root / "data_batch_2").write_bytes(good[:100])
+    with pytest.raises(ValueError, match="data_batch_2.*corrupt"):
+        load_dataset(str(root))
+    with open(root / "data_batch_2", "wb") as f:
+        pickle.dump({b"data": np.zeros((4, 100), np.uint8), b"labels": [0] * 4}, f)
+    with pytest.raises(ValueError, match=r"data_batch_2.*\(N, 3072\)"):
+        load_dataset(str(root))
+    with open(root / "data_batch_2", "wb") as f:
+        pickle.dump({b"data": np.zeros((4, 3072), np.uint8), b"labels": [0, 1, 2]}, f)
+    with pytest.raises(ValueError, match="data_batch_2.*4 images but 3 labels"):
+        load_dataset(str(root))
+    with open(root / "data_batch_2", "wb") as f:
+        pickle.dump({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 12]}, f)
+    with pytest.raises(ValueError, match="data_batch_2.*0..9"):
+        load_dataset(str(root))
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_cifar10_pickle_cannot_run_code(tmp_path):
+    root = write_cifar(tmp_path / "cifar")
+    marker = tmp_path / "PWNED"
+    with open(root / "test_batch", "wb") as f:
+        pickle.dump({b"data": _Evil(str(marker)), b"labels": []}, f)
+    with pytest.raises(ValueError, match="test_batch.*refusing to load (io|builtins).open"):
+        load_dataset(str(root))
+    assert not marker.exists()
