@@ -1,0 +1,91 @@
+"""plan(): parameters, MACs and bytes per step checked against a hand computation."""
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.hybrid import HybridParallel, plan
+from tandem.hybrid.layout import classifier_layout
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+        self.avgpool = nn.AdaptiveAvgPool2d(2)
+        self.classifier = nn.Sequential(nn.Dropout(0.0), nn.Linear(16, 6), nn.ReLU(),
+                                        nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+def test_layout_rule():
+    leading, stages = classifier_layout(Tiny().classifier)
+    assert leading == [0]
+    assert [(s.kind, s.indices) for s in stages] == [("pair", [1, 2, 3]), ("local", [4]),
+                                                     ("column", [5])]
+    vgg_like = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Dropout(), nn.Linear(8, 8),
+                             nn.BatchNorm1d(8), nn.Linear(8, 8), nn.Linear(8, 2))
+    _, stages = classifier_layout(vgg_like)
+    assert [(s.kind, s.indices) for s in stages] == [("pair", [0, 1, 2, 3]), ("local", [4]),
+                                                     ("pair", [5, 6])]
+    with pytest.raises(ValueError, match="nn.Sequential"):
+        classifier_layout(nn.Linear(2, 2))
+
+
+def test_numbers_match_hand_computation():
+    # features: conv 3->4, 3x3 on 5x5: 4*3*9+4 = 112 params, 25*4*27 = 2700 MACs per image
+    # classifier: 16*6+6 + 6*5+5 + 5*3+3 = 155 params, 96+30+15 = 141 MACs per image
+    p = plan(Tiny(), ["cpu"] * 2, batch_size=5, input_size=(3, 5, 5))
+    assert (p.params_trunk, p.params_classifier) == (112, 155)
+    assert (p.macs_trunk, p.macs_classifier) == (5 * 2700, 5 * 141)
+    # chunks [3, 2]: 2 images leave device 0; float32
+    assert p.dp_bytes == {"inputs": 2 * 75 * 4, "parameters": 267 * 4, "buffers": 0,
+                          "gradients": 267 * 4, "activations": 2 * 2 * 3 * 4}
+    # activations: shard 0 fetches 2 images, shard 1 fetches 3 (x16 features); row partials
+    # 5 x 5 from shard 1; last column: input 5 x 5 to shard 1, its 5 x 1 output back; x2 for
+    # the gradients
+    moved = (2 + 3) * 16 + 5 * 5 + 5 * 5 + 5 * 1
+    assert p.hybrid_bytes == {"inputs": 600, "parameters": 112 * 4, "buffers": 0,
+                              "gradients": 112 * 4, "activations": 2 * moved * 4}
+    assert p.dp_total == 2 * 267 * 4 + 48 and p.hybrid_total == 2 * 112 * 4 + 2 * moved * 4
+    assert p.ratio == pytest.approx(p.dp_total / p.hybrid_total)
+    assert "hybrid moves 1.1x fewer bytes" in p.verdict
+    assert p.break_even_batch is not None
+    below = plan(Tiny(), 2, batch_size=p.break_even_batch, input_size=(3, 5, 5))
+    above = plan(Tiny(), 2, batch_size=p.break_even_batch + 1, input_size=(3, 5, 5))
+    assert below.hybrid_total < below.dp_total and above.hybrid_total >= above.dp_total
+    assert "data parallel is cheaper here" in above.verdict
+
+
+def test_batch_smaller_than_devices():
+    p = plan(Tiny(), 3, batch_size=2, input_size=(3, 5, 5))  # chunks [1, 1]: 2 replicas used
+    assert p.dp_bytes["parameters"] == 1 * 267 * 4
+    # column over [2, 2, 2]: shards 0, 1 fetch 1 image, shard 2 fetches 2; row: 2 partials of
+    # 2 x 5; last column over [1, 1, 1]: 2 x (2 x 5) out, 2 x 2 x 1 back
+    moved = (1 + 1 + 2) * 16 + 2 * 2 * 5 + 2 * 2 * 5 + 2 * 2
+    assert p.hybrid_bytes["activations"] == 2 * moved * 4
+
+
+def test_one_device_and_report_text():
+    p = HybridParallel.plan(Tiny(), 1, batch_size=4, input_size=5)
+    assert p.dp_total == p.hybrid_total == 0 and "nothing moves" in p.verdict
+    text = plan(Tiny(), 2, batch_size=4, input_size=5).report()
+    for needle in ("trunk (data parallel)", "classifier.1 Linear 16->6: column over [3, 3]",
+                   "row over [3, 3]", "verdict:", "per device"):
+        assert needle in text
+    assert str(plan(Tiny(), 2, 4, 5)) == text
+
+
+def test_model_is_not_touched_and_bad_args():
+    model = Tiny()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plan(model, 2, 8, 5)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="features"):
+        plan(nn.Linear(2, 2), 2)
+    with pytest.raises(ValueError, match="batch_size"):
+        plan(model, 2, 0)
+    with pytest.raises(ValueError, match="bad device"):
+        plan(model, ["cpu", "gpu7"])
