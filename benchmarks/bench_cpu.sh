@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The CPU tables behind BENCHMARKS.md. Every figure there comes from one of these commands;
+# each writes its full JSON (config, machine, date, every field) next to the printed table.
+#
+#   benchmarks/bench_cpu.sh [OUTDIR]        # default OUTDIR: runs/bench
+#
+# Tables:
+#   1. engine overhead and strategies: bare torch step vs tandem single, dp, balanced on
+#      2 CPU replica threads (cifar_resnet20, global batch 64);
+#   2. 1 vs 2 processes: ddp with --devices cpu (1 process) and cpu:2 (2 processes, torchrun);
+#   3. hybrid vs dp on alexnet (2 CPU replicas; reduced image size and steps to keep a CPU
+#      run in minutes; the --explain plan shows the bytes either way);
+#   4. the balanced criterion's bytes to device 0 vs DataParallel's gather (a count, not a
+#      timing): 21 classes at 64x64, batch 8, over 2 and 4 replicas.
+# CPU timings depend on the machine's load: run on a quiet machine, and compare ratios within
+# one table (its contestants are interleaved), not absolute numbers across tables.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${1:-runs/bench}
+mkdir -p "$OUT"
+tandem() { "$PY" -m tandem "$@"; }
+set -x
+tandem bench --arch cifar_resnet20 --strategies single,dp,balanced --devices cpu:2 \
+    --batch-size 64 --steps 20 --warmup 3 --json "$OUT/cpu_strategies.json"
+tandem bench --arch cifar_resnet20 --strategies single,ddp --devices cpu --baselines bare \
+    --batch-size 64 --steps 20 --warmup 3 --json "$OUT/cpu_ddp_1proc.json"
+tandem bench --arch cifar_resnet20 --strategies single,ddp --devices cpu:2 --baselines bare \
+    --batch-size 64 --steps 20 --warmup 3 --json "$OUT/cpu_ddp_2proc.json"
+tandem bench --arch alexnet --strategies single,dp,hybrid --devices cpu:2 --baselines bare \
+    --image-size 128 --batch-size 32 --steps 10 --warmup 2 --explain \
+    --json "$OUT/cpu_alexnet_hybrid.json"
+"$PY" benchmarks/criterion_bytes.py --replicas 2 4 --json "$OUT/criterion_bytes.json"
