@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from ..parallel import traffic
+from ..parallel.parallel_apply import parallel_apply
 
 __all__ = ["split_sizes", "home_index", "move", "run_shards", "ACTIVATIONS", "ACTIVATION_GRADS"]
 
@@ -87,32 +88,4 @@ def run_shards(modules: Sequence[torch.nn.Module], inputs: Sequence[torch.Tensor
     """
     if len(modules) == 1:
         return [modules[0](inputs[0])]
-    try:
-        from ..parallel import parallel_apply  # the engine's thread runner (one home for threads)
-    except ImportError:  # TEMPORARY until tandem.parallel.parallel_apply lands
-        return _threads(modules, inputs, devices)
     return list(parallel_apply(list(modules), [(x,) for x in inputs], devices=list(devices)))
-
-
-def _threads(modules, inputs, devices):
-    import threading
-
-    results: list = [None] * len(modules)
-    grad = torch.is_grad_enabled()
-
-    def work(j):
-        try:
-            with torch.set_grad_enabled(grad):
-                results[j] = modules[j](inputs[j])
-        except BaseException as exc:  # re-raised below in the caller
-            results[j] = exc
-
-    threads = [threading.Thread(target=work, args=(j,)) for j in range(len(modules))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for j, r in enumerate(results):
-        if isinstance(r, BaseException):
-            raise type(r)(f"in replica {j} on {devices[j]}: {r}") from r
-    return results
