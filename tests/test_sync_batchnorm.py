@@ -1,6 +1,7 @@
 """SyncBatchNorm between replica threads (own harness), plain-BN equivalence, conversion."""
 
 import copy
+import inspect
 import threading
 
 import pytest
@@ -14,6 +15,9 @@ from tandem.parallel.sync_functions import local_moments, merge_moments
 
 CPU = torch.device("cpu")
 PLAIN = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
+HAS_BIAS_FLAG = "bias" in inspect.signature(nn.BatchNorm2d.__init__).parameters  # torch >= 2.13
+NO_BIAS = pytest.param(dict(bias=False), id="bias=False",
+                       marks=pytest.mark.skipif(not HAS_BIAS_FLAG, reason="torch < 2.13"))
 
 
 def run_threads(fns, timeout=60.0, devices=None):
@@ -48,6 +52,7 @@ def replica_of(module):
 
 
 def make_input(dims, n, channels=3, **kw):
+    """(n, channels, ...) data with mean 0.5 and std 2, for BatchNorm1d/2d/3d shapes."""
     shape = {2: (n, channels), 3: (n, channels, 5), 4: (n, channels, 3, 4),
              5: (n, channels, 2, 3, 2)}[dims]
     return torch.randn(shape, **kw) * 2 + 0.5
@@ -55,8 +60,9 @@ def make_input(dims, n, channels=3, **kw):
 
 def plain_like(bn, dims):
     """nn.BatchNorm{1,2,3}d with bn's options and a copy of its state."""
+    no_bias = {"bias": False} if bn.affine and bn.bias is None else {}  # needs torch >= 2.13
     ref = PLAIN[dims](bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
-                      bias=bn.bias is not None or not bn.affine)
+                      **no_bias)
     ref.load_state_dict(bn.state_dict())
     return ref
 
@@ -120,7 +126,7 @@ def test_threads_match_whole_batch(dims, sizes, separate_buffers):
 
 
 @pytest.mark.parametrize("kw", [dict(momentum=None), dict(affine=False),
-                                dict(track_running_stats=False), dict(bias=False)])
+                                dict(track_running_stats=False), NO_BIAS])
 def test_threads_options_over_steps(kw):
     sizes, dims = [2, 5, 3], 4
     bn = randomize(SyncBatchNorm(3, **kw))
@@ -305,3 +311,68 @@ def test_convert_root_batchnorm_and_process_group():
     assert sync.weight.dtype == torch.float64
     assert convert_sync_batchnorm(sync) is sync
     assert isinstance(convert_sync_batchnorm(nn.SyncBatchNorm(2)), SyncBatchNorm)
+
+
+# --- CUDA (run on a GPU machine; skipped here) --------------------------------------------
+
+
+def cuda_layouts():
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    layouts = [["cuda:0", "cuda:0"], ["cuda:0", "cpu", "cuda:0"]]
+    if n >= 2:
+        layouts.append([f"cuda:{i}" for i in range(n)])
+    return layouts
+
+
+def replica_on(module, device):
+    """A replica on ``device``: differentiable copies of the parameters, cloned buffers."""
+    rep = copy.copy(module)
+    rep._parameters = {k: None if p is None else p.to(device) for k, p in module._parameters.items()}
+    rep._buffers = {k: None if b is None else b.to(device, copy=True)
+                    for k, b in module._buffers.items()}
+    return rep
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cuda_replica_threads_match_whole_batch(dtype):
+    for layout in cuda_layouts():
+        devices = [torch.device(d) for d in layout]
+        sizes = [3, 1, 4, 2][: len(devices)]
+        x = make_input(4, sum(sizes)).to(dtype).double()  # what the replicas will see
+        w = torch.randn_like(x)
+        bn = randomize(SyncBatchNorm(3)).to(devices[0])
+        ref = plain_like(bn, 4).double().cpu()
+        want = step_plain(ref, x, w)
+        mods = [replica_on(bn, d) for d in devices]
+        xs = [c.to(d, dtype).requires_grad_() for c, d in zip(x.split(sizes), devices)]
+        outs, errors = run_threads([lambda m=m, c=c: m(c) for m, c in zip(mods, xs)],
+                                   devices=devices)
+        assert errors == [None] * len(devices), errors
+        loss = sum((o.double().cpu() * wc).sum() for o, wc in zip(outs, w.split(sizes)))
+        loss.backward()
+        tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=3e-2)
+        out = torch.cat([o.double().cpu() for o in outs])
+        grad = torch.cat([c.grad.double().cpu() for c in xs])
+        torch.testing.assert_close(out, want[0], **tol)
+        torch.testing.assert_close(grad, want[1], **tol)
+        torch.testing.assert_close(bn.weight.grad.double().cpu(), ref.weight.grad, **tol)
+        torch.testing.assert_close(bn.bias.grad.double().cpu(), ref.bias.grad, **tol)
+        for m in mods:
+            assert m.running_mean.device == m.weight.device  # buffers stay on their device
+            torch.testing.assert_close(m.running_var.double().cpu(), ref.running_var,
+                                       rtol=1e-4, atol=1e-4)
+            assert m.num_batches_tracked.item() == 1
+
+
+@pytest.mark.cuda
+def test_cuda_single_device_and_eval_are_plain_batchnorm():
+    bn = randomize(SyncBatchNorm(3)).cuda()
+    ref = plain_like(bn, 4).cuda()
+    for train in (True, False):
+        bn.train(train), ref.train(train)
+        x = make_input(4, 6, device="cuda")
+        w = torch.randn_like(x)
+        want, got = step_plain(ref, x, w), step_plain(bn, x, w)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(bn.running_var, ref.running_var)

@@ -70,12 +70,12 @@ def rank_slice(sizes, rank):
 
 
 def state_of(module):
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
-def run_bn_case(rank, index, dims, sizes, split, momentum):
-    x, w, weight, bias = case_data(index, dims, sum(sizes))
-    bn = make_bn(True, dims, momentum, weight, bias)
+def run_bn_case(rank, device, index, dims, sizes, split, momentum):
+    x, w, weight, bias = [t.to(device) for t in case_data(index, dims, sum(sizes))]
+    bn = make_bn(True, dims, momentum, weight, bias).to(device)
     mine = x[rank_slice(sizes, rank)].clone().requires_grad_()
     out = None
     for _ in range(2):  # two steps: momentum / num_batches_tracked across steps
@@ -86,18 +86,20 @@ def run_bn_case(rank, index, dims, sizes, split, momentum):
         else:  # replica threads inside each process: threads merge first, then processes
             from test_sync_batchnorm import run_threads
 
-            outs, errors = run_threads([lambda c=c: bn(c) for c in mine.split(split[rank])])
+            outs, errors = run_threads([lambda c=c: bn(c) for c in mine.split(split[rank])],
+                                       devices=[device] * len(split[rank]))
             assert errors == [None] * len(outs), errors
             out = torch.cat(outs)
         (out * w[rank_slice(sizes, rank)]).sum().backward()
-    return dict(out=out.detach(), grad=mine.grad, weight_grad=bn.weight.grad,
-                bias_grad=bn.bias.grad, state=state_of(bn))
+    return dict(out=out.detach().cpu(), grad=mine.grad.cpu(), weight_grad=bn.weight.grad.cpu(),
+                bias_grad=bn.bias.grad.cpu(), state=state_of(bn))
 
 
-def run_ddp_case(rank, index, sizes):
-    x, y = ddp_data(index, sum(sizes))
-    model = convert_sync_batchnorm(conv_net())
-    ddp = nn.parallel.DistributedDataParallel(model)
+def run_ddp_case(rank, device, index, sizes):
+    x, y = [t.to(device) for t in ddp_data(index, sum(sizes))]
+    model = convert_sync_batchnorm(conv_net()).to(device)
+    ids = [device] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.5, momentum=0.9)
     for _ in range(2):
         opt.zero_grad()
@@ -109,16 +111,21 @@ def run_ddp_case(rank, index, sizes):
     return dict(state=state_of(model))
 
 
-def worker(rank, port, out_dir):
+def worker(rank, port, out_dir, backend):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.allow_tf32 = False  # compared with a float32 CPU reference
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=timedelta(seconds=60))
     try:
         results = {}
         for index, (name, dims, sizes, split, momentum) in enumerate(BN_CASES):
-            results[name] = run_bn_case(rank, index, dims, sizes, split, momentum)
+            results[name] = run_bn_case(rank, device, index, dims, sizes, split, momentum)
         for index, (name, sizes) in enumerate(DDP_CASES):
-            results[name] = run_ddp_case(rank, index, sizes)
+            results[name] = run_ddp_case(rank, device, index, sizes)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -130,11 +137,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def rank_results(tmp_path_factory):
-    out_dir = str(tmp_path_factory.mktemp("syncbn_dist"))
-    ctx = mp.start_processes(worker, args=(free_port(), out_dir), nprocs=WORLD, join=False,
-                             start_method="spawn")
+def spawn(backend, out_dir):
+    """Run ``worker`` in WORLD processes with a hard deadline; return each rank's results."""
+    ctx = mp.start_processes(worker, args=(free_port(), out_dir, backend), nprocs=WORLD,
+                             join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE
     try:
         while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
@@ -147,12 +153,15 @@ def rank_results(tmp_path_factory):
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(WORLD)]
 
 
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory):
+    return spawn("gloo", str(tmp_path_factory.mktemp("syncbn_gloo")))
+
+
 close = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(BN_CASES)), ids=[c[0] for c in BN_CASES])
-def test_processes_match_whole_batch(rank_results, index):
+def check_bn_case(rank_results, index):
     name, dims, sizes, _, momentum = BN_CASES[index]
     x, w, weight, bias = case_data(index, dims, sum(sizes))
     ref = make_bn(False, dims, momentum, weight, bias)
@@ -174,9 +183,7 @@ def test_processes_match_whole_batch(rank_results, index):
             torch.testing.assert_close(g["state"][key], value, **close)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(DDP_CASES)), ids=[c[0] for c in DDP_CASES])
-def test_torch_ddp_with_sync_batchnorm_matches_one_process(rank_results, index):
+def check_ddp_case(rank_results, index):
     name, sizes = DDP_CASES[index]
     x, y = ddp_data(index, sum(sizes))
     ref = conv_net()
@@ -189,3 +196,26 @@ def test_torch_ddp_with_sync_batchnorm_matches_one_process(rank_results, index):
         got = r[name]["state"]
         for key, value in ref.state_dict().items():
             torch.testing.assert_close(got[key], value, **close, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(BN_CASES)), ids=[c[0] for c in BN_CASES])
+def test_gloo_processes_match_whole_batch(rank_results, index):
+    check_bn_case(rank_results, index)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(DDP_CASES)), ids=[c[0] for c in DDP_CASES])
+def test_torch_ddp_with_sync_batchnorm_matches_one_process(rank_results, index):
+    check_ddp_case(rank_results, index)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason="NCCL needs a GPU per process")
+def test_nccl_processes_match_whole_batch(tmp_path):
+    results = spawn("nccl", str(tmp_path))
+    for index in range(len(BN_CASES)):
+        check_bn_case(results, index)
+    for index in range(len(DDP_CASES)):
+        check_ddp_case(results, index)

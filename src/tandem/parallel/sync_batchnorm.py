@@ -70,7 +70,9 @@ class SyncBatchNorm(_BatchNorm):
                  affine: bool = True, track_running_stats: bool = True, process_group=None,
                  device=None, dtype=None, *, bias: bool = True):
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
-                         device=device, dtype=dtype, bias=bias)
+                         device=device, dtype=dtype)
+        if affine and not bias:  # done by hand: older torch's _BatchNorm has no ``bias``
+            self.register_parameter("bias", None)
         self.process_group = process_group
         self._sync_tag = next(_TAGS)
 
