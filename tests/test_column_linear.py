@@ -176,3 +176,23 @@ def test_bad_inputs_are_clear_errors():
     col = ColumnParallelLinear.from_linear(nn.Linear(6, 2), cpus(2))
     with pytest.raises(ValueError, match="shape"):
         col.load_linear(torch.zeros(3, 6), torch.zeros(3))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("devices", [["cuda:0", "cpu", "cuda:0"], ["cpu", "cuda:0"]])
+def test_mixed_devices_column_row(devices):
+    ref = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 4))
+    col = ColumnParallelLinear.from_linear(ref[0], devices, gather_output=False,
+                                           output_device="cpu")
+    row = RowParallelLinear.from_linear(ref[2], devices, output_device="cpu")
+    assert [s.weight.device.type for s in col.shards] == [torch.device(d).type for d in devices]
+    mlp = nn.Sequential(col, Shardwise(nn.ReLU()), row)
+    x = torch.randn(5, 6, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y, y_ref = mlp(x), ref(x_ref)
+    assert y.device.type == "cpu"
+    torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+    y.sum().backward()
+    y_ref.sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(col.to_linear().weight, ref[0].weight)

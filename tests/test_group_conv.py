@@ -92,3 +92,17 @@ def test_bad_inputs_are_clear_errors():
     layer = GroupParallelConv2d.from_conv(nn.Conv2d(4, 4, 1, groups=2), cpus(2))
     with pytest.raises(ValueError, match=r"\(N, 4, H, W\)"):
         layer(torch.randn(1, 3, 2, 2))
+
+
+@pytest.mark.cuda
+def test_mixed_devices():
+    ref = nn.Conv2d(8, 12, 3, padding=1, groups=4)
+    layer = GroupParallelConv2d.from_conv(ref, ["cuda:0", "cpu", "cuda:0"], output_device="cpu")
+    x = torch.randn(2, 8, 5, 5, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y, y_ref = layer(x), ref(x_ref)
+    torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+    y.sum().backward()
+    y_ref.sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(layer.to_conv().weight, ref.weight)

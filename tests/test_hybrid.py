@@ -214,3 +214,23 @@ def test_bad_models_are_clear_errors():
 
     with pytest.raises(ValueError, match="head2"):
         HybridParallel(Extra(), ["cpu"])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch,devices", [("alexnet", ["cuda:0", "cuda:0"]),
+                                          ("vgg11", ["cuda:0", "cuda:0", "cuda:0"])])
+def test_zoo_models_on_cuda(arch, devices):
+    from tandem.models import create_model
+
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = create_model(arch, num_classes=10, dropout=0.0, hidden_features=48).cuda()
+    ref = copy.deepcopy(model)
+    hybrid = HybridParallel(model, devices)
+    x = torch.randn(5, 3, 64, 64, device="cuda")
+    torch.testing.assert_close(hybrid(x), ref(x), rtol=1e-3, atol=1e-4)
+    hybrid(x).sum().backward()
+    ref(x).sum().backward()
+    torch.testing.assert_close(model.features[0].weight.grad, ref.features[0].weight.grad,
+                               rtol=1e-3, atol=1e-4)
