@@ -292,8 +292,12 @@ def _read(path: Path, map_location) -> dict:
             warnings.simplefilter("ignore")
             obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(f"checkpoint '{path}' was refused: it holds more than tensors and "
-                              f"plain data, so it may run code ({_one_line(exc)})") from None
+        if "global" in str(exc).lower():  # a class or function the safe loader will not build
+            raise CheckpointError(
+                f"checkpoint '{path}' was refused: it holds objects other than tensors and "
+                f"plain data, which could run code ({_one_line(exc)})") from None
+        raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable "
+                              f"(UnpicklingError: {_one_line(exc)})") from None
     except Exception as exc:  # truncated zip, garbage bytes, EOF, a directory...
         raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable "
                               f"({type(exc).__name__}: {_one_line(exc)})") from None
