@@ -2,10 +2,16 @@
 
 Layers, each in its own file: ``scatter_gather`` (split and rebuild batches), ``replicate``
 (cached, autograd-connected module replicas), ``parallel_apply`` (one thread per replica),
-``data_parallel`` (the wrappers), ``criterion`` (the balanced loss) and ``buffers`` (what
-happens to replicas' running statistics).
+``buffers`` (what happens to replicas' running statistics), ``data_parallel`` (the wrappers)
+and ``criterion`` (the balanced loss).
 """
 
+from .data_parallel import DataParallel, DataParallelModel, data_parallel
+from .parallel_apply import parallel_apply
+from .replicate import replicate
 from .scatter_gather import gather, scatter, scatter_kwargs
 
-__all__ = ["scatter", "scatter_kwargs", "gather"]
+__all__ = [
+    "scatter", "scatter_kwargs", "gather", "replicate", "parallel_apply", "data_parallel",
+    "DataParallel", "DataParallelModel",
+]

@@ -31,7 +31,7 @@ import torch
 
 from . import traffic
 
-__all__ = ["scatter", "scatter_kwargs", "gather", "chunk_sizes"]
+__all__ = ["scatter", "scatter_kwargs", "gather", "chunk_sizes", "batch_size"]
 
 
 def chunk_sizes(batch: int, num_devices: int) -> list[int]:
@@ -133,6 +133,13 @@ def _batch_sizes(obj, dim: int, found: list[int]) -> None:
     if items is not None:
         for item in items:
             _batch_sizes(item, dim, found)
+
+
+def batch_size(obj, dim: int = 0) -> int | None:
+    """Size along ``dim`` of the first splittable tensor in ``obj``, or ``None``."""
+    found: list[int] = []
+    _batch_sizes(obj, dim, found)
+    return found[0] if found else None
 
 
 def _source_index(device: torch.device, devices: Sequence[torch.device]) -> int | None:

@@ -1,0 +1,82 @@
+"""What happens to the replicas' buffers (batch-norm running statistics) after a parallel forward.
+
+Every replica but the home one (``module`` itself, see :mod:`tandem.parallel.replicate`)
+updates its own copy of each buffer, and those copies are dropped at the next step. A policy
+decides what reaches the original buffers:
+
+``"replica0"``
+    Replica 0's updates, as ``torch.nn.DataParallel`` keeps them. Running statistics then
+    follow chunk 0 only: replica 0's running mean is the one plain batch norm computes on chunk
+    0, and the other chunks' statistics are lost.
+``"average"``
+    Every floating-point buffer becomes the chunk-size-weighted mean of all replicas' updated
+    values, ``b0 + sum_i (n_i / N) * (b_i - b0)``. For batch norm's running mean this is the
+    full-batch running mean (the update is linear in the batch mean; for the running variance
+    it is the weighted mean of the chunks' unbiased variances, not the full-batch variance,
+    which also holds the spread between chunk means). Integer buffers such as
+    ``num_batches_tracked`` count steps, not replicas, so they keep replica 0's value.
+
+Buffers equal in every replica (``SyncBatchNorm``'s, or buffers no replica touched) are exact
+under both policies: the average is written as ``b0`` plus zero differences, which is ``b0``
+bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["POLICIES", "check_policy", "sync_buffers"]
+
+POLICIES = ("replica0", "average")
+
+
+def check_policy(policy: str) -> str:
+    """Return ``policy`` if it names a buffer policy, else raise ``ValueError`` listing them."""
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ValueError(f"unknown buffers policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+    return policy
+
+
+def _write(target: torch.Tensor, value: torch.Tensor) -> None:
+    # Write through ``.data``: autograd may have saved this buffer for backward (batch norm
+    # saves running_mean even in training mode, where its backward never reads it), and a
+    # tracked in-place write would make that backward fail on the version check. Batch norm's
+    # own running-stat update is untracked in the same way.
+    target.data.copy_(value)
+
+
+def sync_buffers(module: nn.Module, replicas: Sequence[nn.Module], weights: Sequence[float],
+                 policy: str) -> None:
+    """Apply ``policy`` to ``module``'s buffers after ``replicas`` ran a forward.
+
+    ``replicas[i]`` processed a chunk of ``weights[i]`` samples; ``replicas`` may contain
+    ``module`` itself (the home replica, whose updates are already in place).
+    """
+    if len(replicas) < 2 and (not replicas or replicas[0] is module):
+        return
+    originals = list(module.buffers())
+    if not originals:
+        return
+    trees = [originals if r is module else list(r.buffers()) for r in replicas]
+    with torch.no_grad():
+        if policy == "replica0":
+            if replicas[0] is not module:
+                for b, r in zip(originals, trees[0]):
+                    _write(b, r)
+            return
+        total = float(sum(weights))
+        shares = [w / total for w in weights]
+        for j, b in enumerate(originals):
+            base = trees[0][j]
+            if not b.is_floating_point():
+                if base is not b:
+                    _write(b, base)
+                continue
+            base = base.to(b.device)
+            mean = base.clone()
+            for share, tree in zip(shares[1:], trees[1:]):
+                mean.add_(tree[j].to(b.device) - base, alpha=share)
+            _write(b, mean)

@@ -1,0 +1,160 @@
+"""Data parallelism in one process: ``DataParallel``, ``DataParallelModel`` and ``data_parallel``.
+
+A step scatters the batch along ``dim`` (:func:`scatter_kwargs`), replicates the module on the
+devices the batch needs (:func:`replicate`, cached across steps), runs the replicas in threads
+(:func:`parallel_apply`), applies the buffer policy (:mod:`tandem.parallel.buffers`) and gathers
+the outputs on ``output_device`` (:func:`gather`). Gradients of every replica sum into the
+original parameters, so one optimizer on ``module.parameters()`` sees the same update as one
+device on the whole batch (batch norm aside: without ``SyncBatchNorm`` each replica normalises
+with its own chunk's statistics).
+
+Differences from ``torch.nn.DataParallel``: any device type (``["cpu"] * 3`` runs three CPU
+replicas), a batch smaller than the device count uses fewer replicas, replicas are reused
+across steps, running statistics can be averaged (``buffers="average"``), and the wrapper's
+``state_dict`` has the plain module's keys (``load_state_dict`` takes either form).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from .buffers import check_policy, sync_buffers
+from .devices import resolve_devices, to_device
+from .parallel_apply import parallel_apply
+from .replicate import replicate
+from .scatter_gather import batch_size, gather, scatter_kwargs
+
+__all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
+
+
+def _strip_module_prefix(module, state_dict, prefix, local_metadata) -> None:
+    """state_dict post-hook: ``<prefix>module.x`` -> ``<prefix>x`` (keys and metadata)."""
+    inner = prefix + "module."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        for key in [k for k in metadata if k == inner[:-1] or k.startswith(inner)]:
+            metadata[prefix[:-1] if key == inner[:-1] else prefix + key[len(inner):]] = metadata.pop(key)
+
+
+def _add_module_prefix(module, state_dict, prefix, local_metadata, strict, missing_keys,
+                       unexpected_keys, error_msgs) -> None:
+    """load_state_dict pre-hook: accept plain keys by renaming ``<prefix>x`` to ``<prefix>module.x``."""
+    inner = prefix + "module."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+
+
+def _to_device(obj, device: torch.device):
+    """``obj`` with its tensors on ``device``; the same object when they already are."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == device else obj.to(device)
+    if isinstance(obj, (tuple, list)) and not hasattr(obj, "_fields"):
+        moved = [_to_device(x, device) for x in obj]
+        if all(a is b for a, b in zip(moved, obj)):
+            return obj
+        return type(obj)(moved) if type(obj) in (tuple, list) else moved
+    if type(obj) is dict:
+        moved = {k: _to_device(v, device) for k, v in obj.items()}
+        return obj if all(moved[k] is obj[k] for k in obj) else moved
+    return obj
+
+
+class DataParallel(nn.Module):
+    """Run ``module`` on chunks of the batch on several devices and gather the outputs.
+
+    ``device_ids``: CUDA ordinals, strings or ``torch.device`` (``"cpu"`` may repeat); ``None``
+    means every CUDA device, else one CPU. A bad entry is a ``ValueError`` naming it.
+    ``output_device`` (default ``device_ids[0]``) receives the gathered outputs. ``buffers`` is
+    the buffer policy, ``"replica0"`` or ``"average"`` (see :mod:`tandem.parallel.buffers`).
+
+    ``module`` is moved to ``device_ids[0]`` in place at construction (its Parameters keep their
+    identity, so an optimizer built before stays valid). With one device, ``forward`` calls
+    ``module`` directly: no threads, no copies. ``state_dict()`` has the plain module's keys.
+    """
+
+    def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
+                 output_device=None, dim: int = 0, buffers: str = "replica0"):
+        super().__init__()
+        self.buffer_policy = check_policy(buffers)
+        self.device_ids = resolve_devices(device_ids)
+        self.output_device = self.device_ids[0] if output_device is None else to_device(output_device)
+        self.dim = dim
+        self.module = module.to(self.device_ids[0])
+        self.register_state_dict_post_hook(_strip_module_prefix)
+        self.register_load_state_dict_pre_hook(_add_module_prefix)
+
+    def forward(self, *inputs: Any, **kwargs: Any):
+        if len(self.device_ids) == 1:  # one device: the module itself, nothing in between
+            home = self.device_ids[0]
+            return self.single(self.module(*_to_device(inputs, home), **_to_device(kwargs, home)))
+        # (B, ...) -> n chunks of about B/n on the first n devices (n <= len(device_ids))
+        inputs, kwargs = self.scatter(inputs, kwargs, self.device_ids)
+        devices = self.device_ids[: len(inputs)]
+        replicas = self.replicate(self.module, devices)
+        outputs = self.parallel_apply(replicas, inputs, kwargs, devices)
+        self.sync_buffers(replicas, inputs, kwargs)
+        # n outputs of about B/n each -> one output of B on output_device
+        return self.gather(outputs, self.output_device)
+
+    # -- the steps, one line each, so that subclasses can change one ---------------------------
+    def scatter(self, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device]):
+        return scatter_kwargs(inputs, kwargs, device_ids, dim=self.dim)
+
+    def replicate(self, module: nn.Module, device_ids: Sequence[torch.device]) -> list[nn.Module]:
+        return replicate(module, device_ids)
+
+    def parallel_apply(self, replicas, inputs, kwargs, device_ids) -> list:
+        return parallel_apply(replicas, inputs, kwargs, device_ids)
+
+    def sync_buffers(self, replicas: Sequence[nn.Module], inputs, kwargs) -> None:
+        sizes = [batch_size((a, k), self.dim) or 1 for a, k in zip(inputs, kwargs)]
+        sync_buffers(self.module, replicas, sizes, self.buffer_policy)
+
+    def gather(self, outputs: list, output_device: torch.device):
+        return gather(outputs, output_device, dim=self.dim)
+
+    def single(self, output):
+        """What ``forward`` returns for the module's output when there is one device."""
+        return output
+
+    def extra_repr(self) -> str:
+        devices = ", ".join(str(d) for d in self.device_ids)
+        return f"device_ids=[{devices}], output_device={self.output_device}, buffers={self.buffer_policy!r}"
+
+
+class DataParallelModel(DataParallel):
+    """``DataParallel`` that returns the list of per-device outputs instead of gathering them.
+
+    Pair it with :class:`~tandem.parallel.DataParallelCriterion`, which computes each
+    device's share of the loss where its output lives, so outputs never pile up on one device.
+    """
+
+    def gather(self, outputs: list, output_device: torch.device) -> list:
+        return list(outputs)
+
+    def single(self, output) -> list:
+        return [output]
+
+
+def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
+                  output_device=None, dim: int = 0, module_kwargs: dict | None = None):
+    """Evaluate ``module(*inputs, **module_kwargs)`` in parallel over ``device_ids`` and gather.
+
+    ``inputs`` is one argument or a tuple of them. ``module`` stays where it is (replicas are
+    copied to devices it is not on); buffers keep replica 0's updates.
+    """
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,)
+    devices = resolve_devices(device_ids)
+    output_device = devices[0] if output_device is None else to_device(output_device)
+    inputs, kwargs = scatter_kwargs(inputs, module_kwargs, devices, dim)
+    used = devices[: len(inputs)]
+    replicas = replicate(module, used)
+    outputs = parallel_apply(replicas, inputs, kwargs, used)
+    sync_buffers(module, replicas, [1] * len(replicas), "replica0")
+    return gather(outputs, output_device, dim)

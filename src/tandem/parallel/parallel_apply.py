@@ -1,0 +1,220 @@
+"""Run replicas side by side: one thread per replica, a single replica inline.
+
+``parallel_apply(modules, inputs)`` calls ``modules[i](*inputs[i], **kwargs_list[i])`` for every
+``i`` at once and returns the outputs in replica order. Each replica runs in a thread of a
+small persistent pool (threads are reused across calls, so no thread or OpenMP team is started
+per step), inside
+
+* a :class:`~tandem.parallel.context.ReplicaContext` (index, device, and one
+  :class:`~tandem.parallel.context.ReplicaGroup` shared by the call's replicas: what
+  ``SyncBatchNorm`` meets at),
+* the caller's grad mode, inference mode and autocast state (these are per thread),
+* on CUDA, the replica's device and the caller's current stream on that device; on other
+  accelerators, the replica's device index,
+* on CPU, its share of the caller's intra-op threads: with ``n`` CPU replicas each gets
+  ``max(1, torch.get_num_threads() // n)``, so replicas do not oversubscribe the cores. The
+  caller's own thread count is never changed.
+
+If a replica raises, the group is aborted (replicas waiting at a rendezvous wake with
+``ReplicaAborted``), every replica is waited for, and the caller gets the first real error
+(a non-``ReplicaAborted`` one if any) re-raised with its type kept and ``replica N on DEVICE``
+at the front of its message; the original is its ``__cause__``. An exception type that cannot
+be built from one message is re-raised itself, with the replica named in its args and a note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from .context import ReplicaAborted, ReplicaContext, ReplicaGroup, use
+
+__all__ = ["parallel_apply"]
+
+
+class _Worker:
+    """A daemon thread that runs one job at a time from its own queue."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="tandem-replica", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            job = self.jobs.get()
+            job(self)
+            del job  # do not keep the last batch's tensors alive while idle
+
+
+_idle: list[_Worker] = []
+_idle_lock = threading.Lock()
+os.register_at_fork(after_in_child=_idle.clear)  # a forked child has none of these threads
+
+
+def _take_workers(n: int) -> list[_Worker]:
+    with _idle_lock:
+        taken = [_idle.pop() for _ in range(min(n, len(_idle)))]
+    return taken + [_Worker() for _ in range(n - len(taken))]
+
+
+def _give_back(worker: _Worker) -> None:
+    with _idle_lock:
+        _idle.append(worker)
+
+
+def _first_tensor(obj) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for item in items:
+        found = _first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _infer_device(module, args, kwargs) -> torch.device:
+    t = _first_tensor(args) if args else None
+    t = t if t is not None else _first_tensor(kwargs)
+    if t is None:
+        t = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None
+    return t.device if t is not None else torch.device("cpu")
+
+
+class _State:
+    """Per-thread settings captured in the caller and re-entered in each replica thread."""
+
+    def __init__(self, devices: Sequence[torch.device]):
+        self.grad = torch.is_grad_enabled()
+        self.inference = torch.is_inference_mode_enabled()
+        types = {d.type for d in devices} | {"cpu"}
+        self.autocast = [(t, torch.get_autocast_dtype(t)) for t in sorted(types)
+                         if torch.amp.is_autocast_available(t) and torch.is_autocast_enabled(t)]
+        self.autocast_cache = torch.is_autocast_cache_enabled()
+        self.streams = {d: torch.cuda.current_stream(d) for d in set(devices) if d.type == "cuda"}
+        self.total_threads = torch.get_num_threads()
+        cpu_replicas = sum(d.type == "cpu" for d in devices)
+        self.cpu_threads = max(1, self.total_threads // max(1, cpu_replicas))
+
+    @contextlib.contextmanager
+    def enter(self, device: torch.device):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode() if self.inference
+                                else torch.set_grad_enabled(self.grad))
+            for device_type, dtype in self.autocast:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype,
+                                                   cache_enabled=self.autocast_cache))
+            if device.type == "cuda":
+                stack.enter_context(torch.cuda.device(device))
+                stack.enter_context(torch.cuda.stream(self.streams[device]))
+            elif device.type != "cpu" and device.index is not None and _is_accelerator(device):
+                stack.enter_context(torch.accelerator.device_index(device.index))
+            changed = device.type == "cpu" and torch.get_num_threads() != self.cpu_threads
+            if changed:
+                torch.set_num_threads(self.cpu_threads)
+            try:
+                yield
+            finally:
+                if changed:
+                    # set_num_threads also sets the default that threads started later take
+                    # up; put the caller's value back so nothing outside this call sees ours
+                    torch.set_num_threads(self.total_threads)
+
+
+def _is_accelerator(device: torch.device) -> bool:
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return acc is not None and acc.type == device.type
+
+
+def _call(module, args, kwargs):
+    if not isinstance(args, (list, tuple)):
+        args = (args,)
+    return module(*args, **kwargs)
+
+
+def _named(exc: BaseException, index: int, device: torch.device) -> BaseException:
+    """``exc`` re-made with the same type and ``replica N on DEVICE`` in its message."""
+    where = f"replica {index} on {device}"
+    try:
+        renamed = type(exc)(f"{where}: {exc}")
+    except Exception:
+        renamed = None
+    if renamed is not None and type(renamed) is type(exc):
+        renamed.__cause__ = exc
+        return renamed
+    # the type needs other constructor arguments: keep the object, name the replica in it
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{where}: {exc.args[0]}",) + tuple(exc.args[1:])
+    exc.add_note(f"raised in {where}")
+    return exc
+
+
+def _raise_named(exc: BaseException, index: int, device: torch.device):
+    renamed = _named(exc, index, device)
+    if renamed is exc:
+        raise exc
+    raise renamed from exc
+
+
+def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
+                   devices: Sequence | None = None) -> list:
+    """Apply ``modules[i]`` to ``inputs[i]`` (a tuple of arguments, or one argument) for every i.
+
+    ``kwargs_list[i]`` holds keyword arguments; ``devices[i]`` says where replica ``i`` runs
+    (inferred from its inputs or parameters when omitted). Returns the outputs in order.
+    """
+    n = len(modules)
+    if len(inputs) != n:
+        raise ValueError(f"parallel_apply got {n} modules but {len(inputs)} inputs")
+    kwargs_list = [{}] * n if kwargs_list is None else list(kwargs_list)
+    if len(kwargs_list) != n:
+        raise ValueError(f"parallel_apply got {n} modules but {len(kwargs_list)} kwargs")
+    if devices is None:
+        devices = [_infer_device(m, a, k) for m, a, k in zip(modules, inputs, kwargs_list)]
+    devices = [d if isinstance(d, torch.device) else torch.device(d) for d in devices]
+    if len(devices) != n:
+        raise ValueError(f"parallel_apply got {n} modules but {len(devices)} devices")
+    if n == 0:
+        return []
+    group = ReplicaGroup(devices)
+    if n == 1:  # inline: the caller's thread settings already apply
+        try:
+            with use(ReplicaContext(0, devices[0], group)):
+                return [_call(modules[0], inputs[0], kwargs_list[0])]
+        except Exception as exc:
+            _raise_named(exc, 0, devices[0])
+
+    state = _State(devices)
+    results: list[Any] = [None] * n
+    errors: list[BaseException | None] = [None] * n
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def job(i):
+        def run(worker):
+            try:
+                with state.enter(devices[i]), use(ReplicaContext(i, devices[i], group)):
+                    results[i] = _call(modules[i], inputs[i], kwargs_list[i])
+            except BaseException as exc:  # every failure must reach the caller
+                errors[i] = exc
+                group.abort(exc)  # wake replicas waiting for this one at a rendezvous
+            finally:
+                _give_back(worker)
+                done.put(i)
+        return run
+
+    for i, worker in enumerate(_take_workers(n)):
+        worker.jobs.put(job(i))
+    for _ in range(n):
+        done.get()
+
+    failed = [i for i in range(n) if errors[i] is not None]
+    if failed:
+        real = [i for i in failed if not isinstance(errors[i], ReplicaAborted)]
+        i = (real or failed)[0]
+        _raise_named(errors[i], i, devices[i])
+    return results

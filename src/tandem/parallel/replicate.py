@@ -1,0 +1,259 @@
+"""Replicas of a module, one per device, connected to autograd and reused across steps.
+
+What a replica is
+    A tree of *shallow* module copies mirroring ``module``'s tree: each copy has the original's
+    attributes (training flag, hooks, plain attributes, attribute tensors are the same objects)
+    and its own ``_modules``, ``_parameters`` and ``_buffers`` dicts.
+
+    * Parameters. A replica on the device where a parameter lives holds *the original
+      Parameter itself* (no copy, shared storage): its gradient accumulates straight into
+      ``param.grad``. A replica on another device holds a differentiable copy (``to`` or, between
+      CUDA devices, one coalesced ``torch.cuda.comm.broadcast_coalesced``) whose gradient flows
+      back into the original. Replicas sharing a device share one copy. Either way, gradients
+      of all replicas sum into the original parameters.
+    * Buffers. The *home* replica (the first device where all of ``module``'s parameters and
+      buffers live) is ``module`` itself, so it updates the original buffers. Every other replica
+      gets fresh buffer copies on every call (``clone`` or ``to``), so no two threads ever update
+      one ``running_mean``. What happens to the other replicas' updates is the caller's policy
+      (see :mod:`tandem.parallel.buffers`).
+
+How replicas are reused
+    The shallow copies are cached on ``module`` (attribute ``_tandem_replica_cache``, an object
+    that deep-copies and pickles as an empty cache), keyed by the device tuple and the calling
+    thread. Every call walks ``module``'s tree and builds a fingerprint: the identity of every
+    submodule, its number of attributes, the identity and device of every parameter and the
+    device of every buffer. When the fingerprint matches the cached one, the copies are kept
+    and only refreshed: their attributes are updated from the originals (so ``train()``/
+    ``eval()``, ``dropout.p = ...`` and replaced hooks are seen), parameter copies for other
+    devices are made anew and buffers are copied anew. When it differs (a submodule or
+    parameter was replaced, added or moved), the copies are rebuilt. A parameter changed in
+    place (an optimizer step, ``load_state_dict``) keeps its identity and needs no rebuild:
+    same-device replicas share it, other-device copies are remade every call.
+
+    The same thread gets the same replica objects from the next call, so finish one forward
+    before calling ``replicate`` again; graphs of earlier forwards stay valid (their tensors
+    are never modified, only replaced). Calls from different threads never share replicas.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from . import traffic
+from .devices import resolve_devices
+
+__all__ = ["replicate", "ReplicaCache"]
+
+_CACHE_ATTR = "_tandem_replica_cache"
+_MAX_ENTRIES = 8  # replica sets kept per module (device tuples x calling threads)
+
+
+class ReplicaCache:
+    """Replica sets cached on a module; copies and pickles as an empty cache."""
+
+    def __init__(self):
+        self.entries: dict = {}
+        self.lock = threading.Lock()
+
+    def __deepcopy__(self, memo):
+        return ReplicaCache()
+
+    def __reduce__(self):
+        return (ReplicaCache, ())
+
+
+def _cuda_index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+class _Broadcast(torch.autograd.Function):
+    """Copy CUDA ``params`` to other CUDA devices in one coalesced call; backward reduce-adds."""
+
+    @staticmethod
+    def forward(ctx, targets, *params):
+        ctx.source = _cuda_index(params[0].device)
+        ctx.num_targets = len(targets)
+        ordinals = [ctx.source] + [_cuda_index(t) for t in targets]
+        copies = torch.cuda.comm.broadcast_coalesced(params, ordinals)[1:]
+        flat = tuple(t for per_device in copies for t in per_device)
+        frozen = [flat[k * len(params) + j] for k in range(len(targets))
+                  for j, needs in enumerate(ctx.needs_input_grad[1:]) if not needs]
+        ctx.mark_non_differentiable(*frozen)
+        return flat
+
+    @staticmethod
+    def backward(ctx, *grads):
+        n = len(grads) // ctx.num_targets
+        per_device = [grads[k * n:(k + 1) * n] for k in range(ctx.num_targets)]
+        return (None,) + tuple(torch.cuda.comm.reduce_add_coalesced(per_device, ctx.source))
+
+
+def _copy_params(params: list[torch.Tensor], targets: list[torch.device]) -> dict:
+    """``{(id(param), device): differentiable copy}`` for each param and target device."""
+    out: dict = {}
+    cuda_ok = (params and all(t.type == "cuda" for t in targets)
+               and len({p.device for p in params}) == 1 and params[0].device.type == "cuda")
+    if cuda_ok:
+        flat = _Broadcast.apply(targets, *params)
+        for k, target in enumerate(targets):
+            for j, p in enumerate(params):
+                out[id(p), target] = flat[k * len(params) + j]
+        return out
+    for target in targets:
+        for p in params:
+            out[id(p), target] = p.to(target)
+    return out
+
+
+def _walk(root: nn.Module):
+    """Modules in a fixed order (each once), their fingerprint and every tensor's device."""
+    modules, seen, fingerprint, where = [], set(), [], set()
+    todo = [root]
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        modules.append(m)
+        d = m.__dict__
+        fingerprint.append(id(m))
+        fingerprint.append(len(d))
+        for child in d["_modules"].values():
+            fingerprint.append(id(child))
+            if child is not None:
+                todo.append(child)
+        for p in d["_parameters"].values():
+            fingerprint.append(id(p))
+            if p is not None:
+                fingerprint.append(p.device)
+                where.add(p.device)
+        for b in d["_buffers"].values():
+            if b is not None:
+                fingerprint.append(b.device)
+                where.add(b.device)
+            else:
+                fingerprint.append(None)
+    return modules, fingerprint, where
+
+
+class _ReplicaSet:
+    """Shallow copies of every module of one tree, for every non-home device."""
+
+    def __init__(self, modules: list[nn.Module], devices: list[torch.device], home: int | None):
+        self.home = home
+        self.originals = modules  # pins the ids in the fingerprint (the cache lives on the root)
+        index = {id(m): j for j, m in enumerate(modules)}
+        self.trees: dict[int, list[nn.Module]] = {}
+        for i, device in enumerate(devices):
+            if i == home:
+                continue
+            copies = []
+            for m in modules:
+                rep = m.__class__.__new__(m.__class__)
+                rep.__dict__ = m.__dict__.copy()
+                copies.append(rep)
+            for m, rep in zip(modules, copies):
+                rep.__dict__["_modules"] = {
+                    name: None if c is None else copies[index[id(c)]]
+                    for name, c in m.__dict__["_modules"].items()
+                }
+                # parameters on this device: the originals themselves, fixed by the fingerprint
+                rep.__dict__["_parameters"] = dict(m.__dict__["_parameters"])
+            self.trees[i] = copies
+        # per module: names of parameters that some replica must copy (not on its device)
+        self.moved = [[name for name, p in m.__dict__["_parameters"].items()
+                       if p is not None and any(p.device != d for d in devices)]
+                      for m in modules]
+
+    def refresh(self, modules: list[nn.Module], devices: list[torch.device]) -> None:
+        moving = {}
+        for m, names in zip(modules, self.moved):
+            for name in names:
+                p = m.__dict__["_parameters"][name]
+                moving[id(p)] = p
+        targets = sorted({devices[i] for i in self.trees}, key=str)
+        copies = {}
+        if moving:
+            by_source: dict = {}
+            for p in moving.values():
+                by_source.setdefault(p.device, []).append(p)
+            for source, params in by_source.items():
+                copies.update(_copy_params(params, [t for t in targets if t != source]))
+        for i, reps in self.trees.items():
+            device = devices[i]
+            buffer_copies: dict = {}
+            for m, rep, names in zip(modules, reps, self.moved):
+                md, rd = m.__dict__, rep.__dict__
+                own_modules, own_params = rd["_modules"], rd["_parameters"]
+                rd.update(md)  # training flag, hooks, plain attributes
+                rd["_modules"] = own_modules
+                for name in names:
+                    p = md["_parameters"][name]
+                    own_params[name] = p if p.device == device else copies[id(p), device]
+                rd["_parameters"] = own_params
+                new_buffers = {}
+                for name, b in md["_buffers"].items():
+                    if b is not None:
+                        key = id(b)
+                        if key not in buffer_copies:  # tied buffers stay tied
+                            buffer_copies[key] = b.clone() if b.device == device else b.to(device)
+                        b = buffer_copies[key]
+                    new_buffers[name] = b
+                rd["_buffers"] = new_buffers
+
+    def roots(self, module: nn.Module, count: int) -> list[nn.Module]:
+        return [module if i == self.home else self.trees[i][0] for i in range(count)]
+
+
+def _record_traffic(module: nn.Module, devices: list[torch.device], home: int | None) -> None:
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    grads = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    buffers = sum(b.numel() * b.element_size() for b in module.buffers())
+    for i in range(len(devices)):
+        if i != home:
+            traffic.record("broadcast", params + buffers, i)
+            if torch.is_grad_enabled() and grads:
+                # counted when replicas are built: shared-storage replicas have no transfer to
+                # observe, yet their gradients sum into the originals (a reduce on real devices)
+                traffic.record("reduce", grads, home)
+
+
+def replicate(module: nn.Module, devices: Sequence) -> list[nn.Module]:
+    """One replica of ``module`` per entry of ``devices`` (see the module docstring).
+
+    Returns a list as long as ``devices``; the replica on ``module``'s own device (the first,
+    if several) is ``module`` itself. Raises ``ValueError`` naming a bad device.
+    """
+    devices = resolve_devices(devices)
+    modules, fingerprint, where = _walk(module)
+    home = None
+    if len(where) <= 1:
+        place = next(iter(where), None)
+        for i, d in enumerate(devices):
+            if place is None or d == place:
+                home = i
+                break
+    if len(devices) == 1 and home == 0:
+        if traffic.metering():
+            _record_traffic(module, devices, home)
+        return [module]
+    cache = module.__dict__.get(_CACHE_ATTR)
+    if not isinstance(cache, ReplicaCache):
+        cache = module.__dict__[_CACHE_ATTR] = ReplicaCache()
+    key = (tuple(devices), threading.get_ident())
+    entry = cache.entries.get(key)
+    if entry is None or entry[0] != fingerprint:
+        entry = (fingerprint, _ReplicaSet(modules, devices, home))
+        with cache.lock:
+            if len(cache.entries) >= _MAX_ENTRIES:
+                cache.entries.pop(next(iter(cache.entries)))
+            cache.entries[key] = entry
+    replicas = entry[1]
+    replicas.refresh(modules, devices)
+    if traffic.metering():
+        _record_traffic(module, devices, home)
+    return replicas.roots(module, len(devices))
