@@ -22,7 +22,8 @@ from torch.utils.data import Dataset
 from .transforms import SampleRandom, hflip, normalize, random_shift
 
 __all__ = [
-    "DatasetInfo", "ImageDataset", "AUGMENT_MODES", "check_augment", "split_key", "stratified_split",
+    "DatasetInfo", "ImageDataset", "AUGMENT_MODES", "check_augment", "split_key",
+    "stratified_split",
 ]
 
 AUGMENT_MODES = ("none", "standard")

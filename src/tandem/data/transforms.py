@@ -72,7 +72,7 @@ class SampleRandom:
 # -- decoding (PIL) ------------------------------------------------------------------------
 
 def decode(path) -> Image.Image:
-    """Open and fully decode an image file as RGB. Raises ``OSError`` (or a PIL error) if corrupt."""
+    """Open and fully decode an image file as RGB (``OSError`` or a PIL error if corrupt)."""
     with Image.open(path) as img:
         img.load()  # force the decode now, inside the caller's error handling
         return img.convert("RGB")
