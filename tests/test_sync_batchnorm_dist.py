@@ -111,6 +111,16 @@ def run_ddp_case(rank, device, index, sizes):
     return dict(state=state_of(model))
 
 
+def run_one_value_case(rank, device):
+    """A global batch of 1 sample (rank 0) + 0 samples (rank 1): both ranks must raise."""
+    bn = SyncBatchNorm(3).to(device)
+    try:
+        bn(torch.randn(1 - rank, 3, device=device))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def worker(rank, port, out_dir, backend):
     torch.set_num_threads(1)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
@@ -126,6 +136,7 @@ def worker(rank, port, out_dir, backend):
             results[name] = run_bn_case(rank, device, index, dims, sizes, split, momentum)
         for index, (name, sizes) in enumerate(DDP_CASES):
             results[name] = run_ddp_case(rank, device, index, sizes)
+        results["one_value"] = run_one_value_case(rank, device)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -208,6 +219,12 @@ def test_gloo_processes_match_whole_batch(rank_results, index):
 @pytest.mark.parametrize("index", range(len(DDP_CASES)), ids=[c[0] for c in DDP_CASES])
 def test_torch_ddp_with_sync_batchnorm_matches_one_process(rank_results, index):
     check_ddp_case(rank_results, index)
+
+
+@pytest.mark.slow
+def test_global_batch_of_one_value_raises_on_every_rank(rank_results):
+    for r in rank_results:
+        assert "more than 1 value per channel" in r["one_value"]
 
 
 @pytest.mark.cuda

@@ -62,8 +62,9 @@ class SyncBatchNorm(_BatchNorm):
 
     Input gradients, weight and bias gradients and running stats equal those of ``nn.BatchNorm``
     applied to the concatenated global batch. Half-precision inputs are merged in float64.
-    Warning: across processes, a global batch with one value per channel gives a zero variance
-    where ``nn.BatchNorm`` raises (checking would cost a device sync per layer).
+    A global batch of one value per channel raises ``ValueError`` like ``nn.BatchNorm``, except
+    across processes on an accelerator, where checking would cost a device sync per layer: there
+    it normalizes with variance 0 and leaves ``running_var`` unchanged by the unbiased estimate.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
@@ -109,6 +110,8 @@ class SyncBatchNorm(_BatchNorm):
         else:
             (total,) = GlobalMoments.apply(group, [input.device], _anchor(input), moments)
             owner = True
+        if group is not None and total.device.type == "cpu":  # free here; all ranks see one n
+            _check_count(int(total[0, 0]), f"{dist.get_world_size(group)} processes")
         count, mean, m2 = total
         if owner:
             self._update_running_stats(count, mean, m2)
@@ -129,7 +132,7 @@ class SyncBatchNorm(_BatchNorm):
             factor = 1.0 / float(self.num_batches_tracked)
         else:
             factor = self.momentum
-        unbiased = m2 / (count - 1)
+        unbiased = m2 / (count - 1).clamp(min=1)
         rm, rv = self.running_mean, self.running_var
         rm.mul_(1 - factor).add_(mean.to(rm.dtype), alpha=factor)
         rv.mul_(1 - factor).add_(unbiased.to(rv.dtype), alpha=factor)
@@ -146,6 +149,12 @@ class SyncBatchNorm(_BatchNorm):
         if self.bias is not None:
             out = out + self.bias.to(work).view(shape)
         return out.to(x.dtype)
+
+
+def _check_count(count: int, where: str) -> None:
+    if count <= 1:
+        raise ValueError("Expected more than 1 value per channel when training, got "
+                         f"{count} across {where}")
 
 
 def _anchor(x: torch.Tensor):
@@ -169,9 +178,8 @@ def _merge_replicas(parts: list[_Part], group) -> list[tuple]:
     channels = {p.moments.shape[-1] for p in parts}
     if len(channels) != 1:
         raise ValueError(f"SyncBatchNorm replicas disagree on channels: {sorted(channels)}")
-    if group is None and sum(p.count for p in parts) <= 1:
-        raise ValueError("Expected more than 1 value per channel when training, got "
-                         f"{sum(p.count for p in parts)} across {len(parts)} replicas")
+    if group is None:
+        _check_count(sum(p.count for p in parts), f"{len(parts)} replicas")
     anchor = _anchor(parts[0].moments) if group is not None else None
     totals = GlobalMoments.apply(group, [p.device for p in parts], anchor,
                                  *[p.moments for p in parts])
