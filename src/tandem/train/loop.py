@@ -9,7 +9,7 @@ so every strategy sees the same global batches in the same order.
 Only the main process shows progress and writes ``metrics.jsonl``, ``curves.png``,
 ``checkpoint.pt`` (every epoch, and at a ``--max-steps`` stop) and ``best.pt`` (when
 validation accuracy improves). Checkpoints record the position in the data order
-(``position = {"epoch", "batch", "step"}``: the epoch under way, batches of it done, optimizer
+(``data_position = {"epoch", "batch", "step"}``: the epoch under way, batches of it done, optimizer
 steps done), so ``--resume`` restarts at the very next batch with the same RNG state.
 """
 
@@ -157,7 +157,7 @@ class Trainer:
             scheduler=self.scheduler.state_dict(),
             scaler=self.scaler.state_dict(),
             rng=checkpoint.capture_rng(),
-            position=pos.as_dict(),
+            data_position=pos.as_dict(),
             config=self.config_dict,
         )
         checkpoint.save(self._out("checkpoint.pt"), self.model, self.optimizer, **extra)

@@ -1,0 +1,58 @@
+"""``tandem eval --resume PATH``: validate a checkpoint and print its loss and accuracy.
+
+The architecture, data settings and seed come from the checkpoint; a flag given here
+overrides the checkpoint's value (e.g. ``--data`` to validate on another copy of the data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tandem.config import DataConfig, ParallelConfig
+
+from .common import add_config_arguments, config_from_args
+
+__all__ = ["add_parser"]
+
+_DATA_FLAGS = ("data", "image_size", "num_classes", "synthetic_size", "workers")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "eval", help="validate a checkpoint",
+        description="Validate a checkpoint (tandem's, or the imagenet example's, including "
+                    "module.-prefixed ones from torch's DataParallel).")
+    parser.add_argument("--resume", "--checkpoint", dest="resume", required=True,
+                        metavar="PATH", help="checkpoint to validate")
+    group = parser.add_argument_group("data (default: as the checkpoint was trained)")
+    add_config_arguments(group, DataConfig, only=_DATA_FLAGS,
+                         defaults={name: None for name in _DATA_FLAGS})
+    group.add_argument("-b", "--batch-size", type=int, default=None, metavar="N",
+                       help="global validation batch size")
+    group.add_argument("--seed", type=int, default=None, metavar="S",
+                       help="seed (matters for synthetic data only)")
+    add_config_arguments(parser, ParallelConfig, title="parallelism",
+                         only=("strategy", "devices", "sync_bn", "amp", "channels_last"))
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from tandem.train.run import evaluate
+
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"bad --batch-size {args.batch_size}: must be >= 1")
+    data = {name: getattr(args, name) for name in _DATA_FLAGS if getattr(args, name) is not None}
+    DataConfig(**data)  # check the overrides alone, for a message naming the flag
+    result = evaluate(args.resume, parallel=config_from_args(ParallelConfig, args), data=data,
+                      batch_size=args.batch_size, seed=args.seed)
+    if not result.pop("is_main"):
+        return 0  # under ddp every rank validates its share; rank 0 reports the total
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.resume}: {result['arch']} val loss {result['loss']:.4f} "
+              f"acc {result['acc']:.2f}% ({result['count']} images)")
+    return 0

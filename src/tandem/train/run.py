@@ -1,0 +1,201 @@
+"""Assembling a run from a :class:`~tandem.config.TrainConfig`: ``train`` and ``evaluate``.
+
+The order is fixed and visible, because it is what makes runs reproducible and strategies
+interchangeable:
+
+1. the strategy (it knows the devices, and the rank and world size of this process);
+2. the data (loaders shard every global batch by rank; order depends on seed and epoch only);
+3. ``torch.manual_seed(seed)``, then the model is created **on the CPU**, so its initial
+   weights never depend on the strategy or the devices;
+4. checkpoint weights, when resuming, go into that plain model (``module.`` prefixes from
+   torch's ``DataParallel`` are accepted by :func:`tandem.checkpoint.load`);
+5. ``strategy.setup(model)`` moves/wraps it; the optimizer is built on what it returns, then
+   the optimizer, scheduler, grad-scaler and RNG states are restored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from tandem import checkpoint
+from tandem.config import DataConfig, ModelConfig, ParallelConfig, TrainConfig
+from tandem.data import load_dataset, make_loader
+from tandem.models import create_model, model_info
+from tandem.parallel.devices import parse_devices_flag
+from tandem.strategies import Strategy, create_strategy
+
+from .loop import Position, Trainer
+from .metrics import MetricsLog
+from .schedule import make_scheduler
+
+__all__ = ["train", "evaluate", "build_strategy", "build_data", "build_model", "seed_everything"]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def build_strategy(cfg: ParallelConfig) -> Strategy:
+    """The strategy named in ``cfg`` on the parsed ``--devices``; checks CUDA-only options."""
+    strategy = create_strategy(cfg.strategy, parse_devices_flag(cfg.devices),
+                               sync_bn=cfg.sync_bn, buffers=cfg.buffers)
+    for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
+        if on and strategy.device.type != "cuda":
+            strategy.close()
+            raise ValueError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
+                             f"{strategy.device}")
+    return strategy
+
+
+def build_data(cfg: DataConfig, seed: int):
+    return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
+                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes)
+
+
+def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
+    """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
+    minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
+    if info.image_size < minimum:
+        raise ValueError(f"--arch {cfg.arch} needs images of at least {minimum}px, but "
+                         f"{info.name} gives {info.image_size}px (set --image-size)")
+    kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
+    seed_everything(seed)
+    return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
+                        **kwargs)
+
+
+def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
+    """The config as given plus what it resolved to (written to config.json and checkpoints)."""
+    out = cfg.to_dict()
+    out["resolved"] = {
+        "devices": [str(d) for d in strategy.devices],
+        "world_size": strategy.world_size,
+        "dataset": {"name": info.name, "num_classes": info.num_classes,
+                    "in_channels": info.in_channels, "image_size": info.image_size},
+        "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
+    }
+    return out
+
+
+def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
+    """Optimizer, scheduler, scaler, position, best accuracy and RNG from ``ckpt``.
+
+    A checkpoint in the plain imagenet-example format (no ``data_position``/``scheduler``/``rng``)
+    resumes at the start of epoch ``ckpt['epoch']`` with the schedule recomputed.
+    """
+    steps_per_epoch = -(-trainer.batches_per_epoch // trainer.cfg.optim.accum_steps)
+    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch", 0)), "batch": 0}
+    trainer.position = Position(int(position["epoch"]), int(position["batch"]),
+                                int(position.get("step", position["epoch"] * steps_per_epoch)))
+    if trainer.position.batch % trainer.cfg.optim.accum_steps and \
+            trainer.position.batch != trainer.batches_per_epoch:
+        raise ValueError(f"checkpoint '{path}' stopped mid-accumulation; resume it with the "
+                         f"--accum-steps it was saved with")
+    trainer.best_acc1 = float(ckpt.get("best_acc1", 0.0))
+    try:
+        if ckpt.get("optimizer") is not None:
+            trainer.optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scheduler") is not None:
+            trainer.scheduler.load_state_dict(ckpt["scheduler"])
+        else:  # recompute where the schedule stands
+            trainer.scheduler.last_epoch = trainer.position.step - 1
+            trainer.scheduler.step()
+        if ckpt.get("scaler"):
+            trainer.scaler.load_state_dict(ckpt["scaler"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ValueError(f"checkpoint '{path}' does not fit this run's optimizer: "
+                         f"{str(exc).splitlines()[0]}") from None
+    if ckpt.get("rng") is not None:
+        checkpoint.restore_rng(ckpt["rng"])
+
+
+def _build_trainer(cfg: TrainConfig, strategy: Strategy) -> tuple[Trainer, dict | None]:
+    train_set, val_set, info = build_data(cfg.data, cfg.run.seed)
+    model = build_model(cfg.model, info, cfg.run.seed)
+    ckpt = checkpoint.load(cfg.run.resume, model=model) if cfg.run.resume else None
+    if cfg.parallel.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    wrapped = strategy.setup(model)
+    optim = cfg.optim
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
+                                weight_decay=optim.weight_decay)
+    batches = make_loader(train_set, optim.batch_size, shuffle=True, seed=cfg.run.seed,
+                          epoch=0).batch_sampler.total_batches
+    steps_per_epoch = -(-batches // optim.accum_steps)
+    trainer = Trainer(
+        cfg=cfg, strategy=strategy, model=wrapped,
+        criterion=nn.CrossEntropyLoss().to(strategy.device),
+        optimizer=optimizer, scheduler=make_scheduler(optimizer, optim, steps_per_epoch),
+        scaler=torch.amp.GradScaler(strategy.device.type, enabled=cfg.parallel.amp),
+        train_set=train_set, val_set=val_set, batches_per_epoch=batches,
+        config_dict=_resolved(cfg, strategy, info),
+    )
+    return trainer, ckpt
+
+
+def train(cfg: TrainConfig) -> int:
+    """``tandem train``: fit (or, with ``--evaluate``, only validate). Returns an exit code."""
+    model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
+    strategy = build_strategy(cfg.parallel)
+    try:
+        trainer, ckpt = _build_trainer(cfg, strategy)
+        if cfg.run.evaluate:
+            val = trainer.validate()
+            if strategy.is_main:
+                print(f"val loss {val.loss:.4f} acc {val.acc:.2f}% ({val.count} images)")
+            return 0
+        if ckpt is not None:
+            _restore(trainer, ckpt, cfg.run.resume)
+        if strategy.is_main:
+            os.makedirs(cfg.run.out, exist_ok=True)
+            with open(os.path.join(cfg.run.out, "config.json"), "w", encoding="utf-8") as f:
+                json.dump(trainer.config_dict, f, indent=2)
+        log = MetricsLog(os.path.join(cfg.run.out, "metrics.jsonl"), fresh=ckpt is None)
+        trainer.fit(log)
+        strategy.barrier()
+        return 0
+    finally:
+        strategy.close()
+
+
+def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
+             batch_size: int | None = None, seed: int | None = None) -> dict:
+    """Validate the checkpoint at ``checkpoint_path``; return ``{"arch", "loss", "acc", "count", "is_main"}``.
+
+    The architecture comes from the checkpoint, and so do the data settings and seed it was
+    trained with (its ``config``), each overridden by an entry of ``data`` / ``batch_size`` /
+    ``seed`` that is given. A checkpoint without a config (e.g. the imagenet example's) uses
+    the defaults. Validation never augments.
+    """
+    ckpt = checkpoint.load(checkpoint_path)
+    arch = ckpt.get("arch")
+    if not isinstance(arch, str) or not arch:
+        raise ValueError(f"checkpoint '{checkpoint_path}' names no architecture ('arch')")
+    saved = TrainConfig.from_dict(ckpt.get("config") or {})
+    optim = saved.optim if batch_size is None else replace(saved.optim, batch_size=batch_size)
+    cfg = TrainConfig(model=replace(saved.model, arch=arch),
+                      data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
+                      run=saved.run if seed is None else replace(saved.run, seed=seed))
+    strategy = build_strategy(cfg.parallel)
+    try:
+        _, val_set, info = build_data(cfg.data, cfg.run.seed)
+        model = build_model(cfg.model, info, cfg.run.seed)
+        checkpoint.load(checkpoint_path, model=model)
+        trainer = Trainer(cfg=cfg, strategy=strategy, model=strategy.setup(model),
+                          criterion=nn.CrossEntropyLoss().to(strategy.device), optimizer=None,
+                          scheduler=None, scaler=None, train_set=None, val_set=val_set,
+                          batches_per_epoch=0, config_dict={})
+        val = trainer.validate()
+        return {"arch": arch, "loss": val.loss, "acc": val.acc, "count": val.count,
+                "is_main": strategy.is_main}
+    finally:
+        strategy.close()

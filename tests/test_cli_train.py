@@ -1,0 +1,95 @@
+"""`tandem train` end to end, as subprocesses: outputs, exact resume, strategy invariance, errors.
+
+Runs are tiny (synthetic 8x8 images, a few steps) so that each takes a few seconds.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+# A small run: 20 train samples in batches of 6 (4 global batches, the last one short: 2).
+TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
+        "--num-classes", "4", "-a", "cifar_resnet20", "-b", "6", "--no-progress", "--seed", "3"]
+
+
+def tandem(*argv, timeout=240):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "tandem", *argv], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def ok(*argv):
+    result = tandem(*argv)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)["state_dict"]
+
+
+def assert_same_weights(a, b, atol=1e-5):
+    sa, sb = weights(a), weights(b)
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.allclose(sa[key].double(), sb[key].double(), atol=atol, rtol=1e-4), key
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """Two straight epochs with the step schedule (the imagenet example's: epoch-count free)."""
+    out = tmp_path_factory.mktemp("straight")
+    ok("train", *TINY, "--epochs", "2", "--lr-schedule", "step", "--lr-step", "1",
+       "--augment", "standard", "--out", str(out))
+    return out
+
+
+def test_outputs(straight):
+    records = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    for r in records:
+        for key in ("epoch", "train_loss", "val_loss", "val_acc", "images_per_sec", "seconds"):
+            assert isinstance(r[key], (int, float)), key
+        assert 0 <= r["val_acc"] <= 100 and r["seconds"] > 0
+        assert r["peak_memory_mb"] is None  # the CPU reports no peak memory
+    assert (straight / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    config = json.loads((straight / "config.json").read_text())
+    assert config["optim"]["batch_size"] == 6 and config["resolved"]["devices"] == ["cpu"]
+    for name in ("checkpoint.pt", "best.pt"):
+        ckpt = torch.load(straight / name, weights_only=True)  # no code, only data
+        for key in ("epoch", "arch", "state_dict", "best_acc1", "optimizer", "scheduler",
+                    "rng", "data_position", "config"):
+            assert key in ckpt, key
+    ckpt = torch.load(straight / "checkpoint.pt", weights_only=True)
+    assert ckpt["epoch"] == 2 and ckpt["arch"] == "cifar_resnet20"
+    assert ckpt["data_position"] == {"epoch": 2, "batch": 0, "step": 8}
+    assert not any(k.startswith("module.") for k in ckpt["state_dict"])
+    assert any(k.endswith("running_mean") for k in ckpt["state_dict"])
+
+
+def test_one_epoch_plus_resumed_epoch_equals_two(straight, tmp_path):
+    ok("train", *TINY, "--epochs", "1", "--lr-schedule", "step", "--lr-step", "1",
+       "--augment", "standard", "--out", str(tmp_path))
+    ok("train", *TINY, "--epochs", "2", "--lr-schedule", "step", "--lr-step", "1",
+       "--augment", "standard", "--out", str(tmp_path),
+       "--resume", str(tmp_path / "checkpoint.pt"))
+    assert_same_weights(straight / "checkpoint.pt", tmp_path / "checkpoint.pt", atol=1e-6)
+    epochs = [json.loads(x)["epoch"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2]
+
+
+def test_mid_epoch_max_steps_stop_then_resume_is_exact(straight, tmp_path):
+    """Stop after 3 of the 4 steps of epoch 1, save, resume: the same as never stopping."""
+    args = [*TINY, "--epochs", "2", "--lr-schedule", "step", "--lr-step", "1",
+            "--augment", "standard", "--out", str(tmp_path)]
+    ok("train", *args, "--max-steps", "3")
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ckpt["data_position"] == {"epoch": 0, "batch": 3, "step": 3}
+    ok("train", *args, "--resume", str(tmp_path / "checkpoint.pt"))
+    assert_same_weights(straight / "checkpoint.pt", tmp_path / "checkpoint.pt", atol=1e-6)
