@@ -1,0 +1,265 @@
+"""tandem bench: the harness's logic and the shape of its output. No test here times anything.
+
+The subprocess test runs the real command end to end on a tiny model and checks that the JSON
+is well formed with every field for every contestant; the in-process tests check interleaving,
+warm-up, failure handling, statistics, config validation and the table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.bench import RESULT_FIELDS, BenchConfig, explain, format_table, run_bench, write_json
+from tandem.bench.contestants import Contestant
+from tandem.bench.runner import race
+from tandem.bench.suite import registered_strategies
+from tandem.bench.timing import MemoryProbe, resident_bytes, summarize
+from tandem.cli.main import main
+
+STEP_KEYS = {"median", "q1", "q3", "iqr", "min", "max", "mean", "n"}
+
+
+def _run_cli(args, timeout=240):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "tandem", "bench", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _check_result_shape(r: dict, batch: int, steps: int):
+    assert list(r) == list(RESULT_FIELDS), r["name"]
+    assert r["status"] in ("ok", "skipped", "failed")
+    assert len(r["peak_memory_bytes"]) == len(r["devices"]) >= 1
+    if r["status"] != "ok":
+        assert isinstance(r["reason"], str) and r["reason"]
+        assert r["step_time_s"] is None and r["images_per_sec"] is None
+        return
+    assert r["reason"] is None and r["steps"] == steps
+    t = r["step_time_s"]
+    assert set(t) == STEP_KEYS and t["n"] == steps
+    assert 0 < t["min"] <= t["q1"] <= t["median"] <= t["q3"] <= t["max"]
+    assert t["iqr"] == pytest.approx(t["q3"] - t["q1"])
+    ips = r["images_per_sec"]
+    assert ips["median"] == pytest.approx(batch / t["median"])
+    assert ips["q1"] <= ips["median"] <= ips["q3"]
+    assert r["speedup_vs_bare"] is None or r["speedup_vs_bare"] > 0
+    assert math.isfinite(r["last_loss"])
+    assert isinstance(r["notes"], list)
+
+
+def test_cli_bench_json_every_field(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,dp,balanced,hybrid",
+                     "--devices", "cpu:2", "--batch-size", "4", "--steps", "2", "--warmup", "1",
+                     "--image-size", "16", "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert set(report) == {"config", "machine", "results"}
+    config = report["config"]
+    assert config["arch"] == "cifar_resnet20" and config["batch_size"] == 4
+    assert config["device_list"] == ["cpu", "cpu"] and config["num_classes"] == 10
+    for key in ("date_utc", "torch", "cpu_count", "torch_threads", "accelerators"):
+        assert key in report["machine"]
+
+    results = {r["name"]: r for r in report["results"]}
+    assert list(results) == ["bare", "single", "dp", "balanced", "hybrid", "torch_dp",
+                             "torch_ddp"]
+    for r in results.values():
+        _check_result_shape(r, batch=4, steps=2)
+        assert r["peak_memory_bytes"] == [None] * len(r["devices"])  # the CPU reports none
+        if r["status"] == "ok":
+            assert r["speedup_vs_bare"] > 0 and r["speedup_vs_single"] > 0
+    for name in ["bare", "single"] + [n for n in ("dp", "balanced")
+                                      if n in registered_strategies()]:
+        assert results[name]["status"] == "ok", results[name]["reason"]
+    assert results["single"]["devices"] == ["cpu"]
+    assert results["single"]["speedup_vs_single"] == 1.0
+    assert results["single"]["bytes_per_step"]["total"] == 0
+    assert results["bare"]["bytes_per_step"] is None  # plain torch: nothing counted
+    for name in ("dp", "balanced"):
+        if results[name]["status"] == "ok":
+            assert results[name]["devices"] == ["cpu", "cpu"]
+            traffic = results[name]["bytes_per_step"]
+            assert traffic["total"] > 0 and traffic["total"] == sum(traffic["by_kind"].values())
+    assert results["hybrid"]["status"] == "skipped"  # cifar_resnet20 has no features/classifier
+    assert "CUDA" in results["torch_dp"]["reason"]
+    assert "CUDA" in results["torch_ddp"]["reason"]
+    # the table went to stdout and names every contestant
+    for name in results:
+        assert name in proc.stdout
+
+
+@pytest.mark.slow
+def test_cli_bench_ddp_runs_under_torchrun(tmp_path):
+    if "ddp" not in registered_strategies():
+        pytest.skip("ddp strategy not registered")
+    out = tmp_path / "ddp.json"
+    proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,ddp", "--devices",
+                     "cpu:2", "--baselines", "none", "--batch-size", "4", "--steps", "1",
+                     "--warmup", "0", "--image-size", "8", "--dist-timeout", "200",
+                     "--json", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    ddp = results["ddp"]
+    _check_result_shape(ddp, batch=4, steps=1)
+    assert ddp["status"] == "ok", ddp["reason"]
+    assert ddp["phase"] == "torchrun" and ddp["devices"] == ["cpu", "cpu"]
+    assert ddp["bytes_per_step"]["uncounted"] == "torch DDP's gradient all-reduce"
+    assert "2 processes" in ddp["notes"][0]
+
+
+def test_cli_user_mistakes_are_one_line(capsys):
+    assert main(["bench", "--arch", "no_such_model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tandem: error: unknown model 'no_such_model'") and "\n" not in err
+    assert main(["bench", "--arch", "cifar_resnet20", "--strategies", "single,warp"]) == 2
+    assert "unknown name 'warp' in --strategies" in capsys.readouterr().err
+    assert main(["bench", "--arch", "cifar_resnet20", "--devices", "gpu:9"]) == 2
+    assert "bad --devices" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(strategies="single,single"), "listed twice"),
+    (dict(strategies=""), "at least one"),
+    (dict(steps=0), "steps"),
+    (dict(warmup=-1), "warmup"),
+    (dict(baselines="bare,torch_fsdp"), "torch_fsdp"),
+    (dict(amp_dtype="fp8"), "amp dtype"),
+])
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BenchConfig(arch="cifar_resnet20", devices="cpu", **kwargs)
+
+
+def test_config_defaults_follow_the_model():
+    small = BenchConfig(arch="cifar_resnet20", devices="cpu", baselines="none")
+    assert (small.image_size, small.num_classes, small.baselines) == (32, 10, ())
+    big = BenchConfig(arch="resnet50", devices="cpu:3")
+    assert (big.image_size, big.num_classes) == (224, 1000)
+    assert big.device_list == [torch.device("cpu")] * 3
+    assert BenchConfig.from_dict(big.to_dict()) == big
+
+
+def test_summarize_quartiles():
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s.median, s.q1, s.q3, s.iqr, s.min, s.max, s.mean, s.n) == (3, 2, 4, 2, 1, 5, 3, 5)
+    one = summarize([0.5])
+    assert (one.median, one.iqr, one.min, one.max) == (0.5, 0, 0.5, 0.5)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def _fake(name, log, fail_on=None):
+    calls = {"n": 0}
+
+    def step():
+        calls["n"] += 1
+        log.append(name)
+        if calls["n"] == fail_on:
+            raise RuntimeError(f"{name} broke\nsecond line")
+        return torch.tensor(1.5)
+
+    return Contestant(name=name, kind="strategy", devices=[torch.device("cpu")], step=step)
+
+
+def test_race_warms_up_then_interleaves_with_rotation():
+    log: list[str] = []
+    contestants = [_fake(n, log) for n in "abc"]
+    results = race(contestants, steps=3, warmup=1, batch_size=8)
+    # round r starts with contestant r mod 3; round 0 is the untimed warm-up
+    assert log == list("abc" "bca" "cab" "abc")
+    for r in results:
+        assert r["status"] == "ok" and r["steps"] == 3 and r["step_time_s"]["n"] == 3
+        assert r["last_loss"] == 1.5 and r["bytes_per_step"] is None  # counts_traffic False
+
+
+def test_race_reports_failures_and_skips_without_stopping_the_others():
+    log: list[str] = []
+    contestants = [_fake("a", log), _fake("b", log, fail_on=2),
+                   Contestant(name="c", kind="baseline", devices=[torch.device("cpu")] * 2,
+                              skipped="needs CUDA (>=2 GPUs)")]
+    results = {r["name"]: r for r in race(contestants, steps=4, warmup=0, batch_size=2)}
+    assert results["a"]["status"] == "ok" and results["a"]["steps"] == 4
+    assert results["b"]["status"] == "failed"
+    assert results["b"]["reason"] == "RuntimeError: b broke"  # first line only
+    assert log.count("b") == 2  # it left the race when it broke
+    assert results["c"]["status"] == "skipped" and results["c"]["reason"].startswith("needs CUDA")
+    assert results["c"]["peak_memory_bytes"] == [None, None]
+    for r in results.values():
+        assert list(r) == list(RESULT_FIELDS)
+    with pytest.raises(RuntimeError, match="b broke"):
+        race([_fake("b", [], fail_on=1)], steps=1, warmup=0, batch_size=1, catch=False)
+
+
+def test_resident_bytes_counts_shared_storage_once():
+    a = torch.zeros(10)
+    view = a[2:5]
+    b = torch.zeros(3, dtype=torch.float64)
+    assert resident_bytes([a, view, b, None]) == {torch.device("cpu"): 40 + 24}
+    probe = MemoryProbe([torch.device("cpu")] * 2)
+    probe.start([a])
+    probe.stop()
+    assert probe.per_device() == [None, None]  # the CPU has no allocator statistics
+
+
+class TinySplitNet(nn.Module):
+    """A model with the .features/.classifier split that hybrid and --explain need."""
+
+    def __init__(self, num_classes=5):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(2), nn.Flatten())
+        self.classifier = nn.Sequential(nn.Linear(16, 12), nn.ReLU(), nn.Linear(12, num_classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+@pytest.mark.parametrize("amp_dtype", ["bf16", "fp16"])
+def test_run_bench_amp_channels_last_in_process(amp_dtype):
+    config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu",
+                         baselines="bare,torch_dp,torch_ddp", batch_size=2, steps=1, warmup=1,
+                         image_size=8, num_classes=5, amp=True, amp_dtype=amp_dtype,
+                         channels_last=True)
+    report = run_bench(config, model_fn=lambda: TinySplitNet(5))
+    results = {r["name"]: r for r in report["results"]}
+    assert results["bare"]["status"] == results["single"]["status"] == "ok"
+    assert "custom model" in results["torch_ddp"]["reason"]  # cannot go to torchrun workers
+    assert math.isfinite(results["single"]["last_loss"])
+    assert f"amp {amp_dtype}, channels_last" in format_table(report)
+
+
+def test_run_bench_hybrid_on_a_split_model():
+    if "hybrid" not in registered_strategies():
+        pytest.skip("hybrid strategy not registered")
+    config = BenchConfig(arch="alexnet", strategies="single,dp,hybrid", devices="cpu:2",
+                         baselines="bare", batch_size=3, steps=1, warmup=0, image_size=8,
+                         num_classes=5)
+    results = {r["name"]: r for r in run_bench(config, model_fn=lambda: TinySplitNet(5))["results"]}
+    assert results["hybrid"]["status"] == "ok", results["hybrid"]["reason"]
+    assert results["hybrid"]["bytes_per_step"]["total"] > 0
+
+
+def test_table_and_json_output(capsys):
+    config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu",
+                         baselines="bare,torch_dp", batch_size=2, steps=1, warmup=0,
+                         image_size=8, num_classes=5)
+    report = run_bench(config, model_fn=lambda: TinySplitNet(5))
+    table = format_table(report)
+    assert "torch_dp *  skipped: needs CUDA (>=2 GPUs)" in table
+    assert "n/a" in table and "not counted" in table
+    write_json(report, "-")
+    assert json.loads(capsys.readouterr().out)["config"]["arch"] == "cifar_resnet20"
+
+
+def test_explain_prints_the_hybrid_plan_or_says_why_not():
+    text = explain(TinySplitNet(5), ["cpu", "cpu"], batch_size=8, image_size=8)
+    assert text.startswith("hybrid plan:")
+    assert "no .features/.classifier" in explain(nn.Linear(2, 2), ["cpu"], 8, 8)
