@@ -386,3 +386,63 @@ def test_capture_and_restore_rng_round_trip(tmp_path):
                                                         rng=False))
     with pytest.raises(ValueError):
         checkpoint.restore_rng([1, 2])
+
+
+# -- tandem's own wrappers ------------------------------------------------------------------
+
+@pytest.mark.parametrize("wrapper", ["DataParallel", "DataParallelModel"])
+def test_tandem_data_parallel_is_unwrapped(tmp_path, wrapper):
+    import tandem.parallel as tp
+
+    model = make_model()
+    wrapped = getattr(tp, wrapper)(model, ["cpu"] * 3)
+    assert checkpoint.unwrap(wrapped) is model
+    opt = sgd(wrapped)
+    g = torch.Generator().manual_seed(3)
+    out = wrapped(torch.randn(5, 1, 5, 5, generator=g))
+    logits = torch.cat(out) if isinstance(out, (list, tuple)) else out
+    nn.functional.cross_entropy(logits, torch.randint(3, (5,), generator=g)).backward()
+    opt.step()
+    path = checkpoint.save(tmp_path / "c.pt", wrapped, opt)
+    assert list(torch.load(path, weights_only=True)["state_dict"]) == list(model.state_dict())
+    fresh = make_model()
+    nn.init.zeros_(fresh[0].weight)
+    checkpoint.load(path, getattr(tp, wrapper)(fresh, ["cpu"] * 2), sgd(fresh))
+    assert_same_state(model, fresh)
+
+
+class FeaturesClassifier(nn.Module):
+    def __init__(self, in_ch=1):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(in_ch, 4, 3, padding=1), nn.BatchNorm2d(4),
+                                      nn.ReLU())
+        self.avgpool = nn.AdaptiveAvgPool2d(2)
+        self.classifier = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+def test_hybrid_parallel_saves_merged_and_loads_plain(tmp_path):
+    from tandem.hybrid import HybridParallel
+
+    torch.manual_seed(0)
+    hybrid = HybridParallel(FeaturesClassifier(), ["cpu"] * 3)
+    opt = sgd(hybrid)
+    x, y = torch.randn(5, 1, 6, 6), torch.tensor([0, 1, 2, 0, 1])
+    nn.functional.cross_entropy(hybrid(x), y).backward()
+    opt.step()
+    merged = {k: v.clone() for k, v in hybrid.plain_state_dict().items()}
+    assert merged["features.1.num_batches_tracked"].item() == 1  # trained, buffers included
+    path = checkpoint.save(tmp_path / "h.pt", hybrid)
+    plain = FeaturesClassifier()
+    checkpoint.load(path, plain)
+    assert list(plain.state_dict()) == list(merged)
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, merged[k]), k
+    other = HybridParallel(FeaturesClassifier(), ["cpu"] * 2)
+    checkpoint.load(path, other)  # a plain checkpoint split over a different device count
+    other.eval(), plain.eval()
+    assert torch.allclose(other(x), plain(x), atol=1e-6)
+    with pytest.raises(CheckpointError, match="shape mismatch.*features.0.weight"):
+        checkpoint.load(path, HybridParallel(FeaturesClassifier(in_ch=2), ["cpu"] * 2))
