@@ -6,6 +6,7 @@ Layers, each in its own file: ``scatter_gather`` (split and rebuild batches), ``
 and ``criterion`` (the balanced loss).
 """
 
+from .criterion import DataParallelCriterion
 from .data_parallel import DataParallel, DataParallelModel, data_parallel
 from .parallel_apply import parallel_apply
 from .replicate import replicate
@@ -14,5 +15,6 @@ from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 __all__ = [
     "scatter", "scatter_kwargs", "gather", "replicate", "parallel_apply", "data_parallel",
-    "DataParallel", "DataParallelModel", "SyncBatchNorm", "convert_sync_batchnorm",
+    "DataParallel", "DataParallelModel", "DataParallelCriterion",
+    "SyncBatchNorm", "convert_sync_batchnorm",
 ]
