@@ -30,6 +30,7 @@ spread). With ``--sync-bn`` every rank already holds the full-batch stats.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Callable
 
 import torch
@@ -46,29 +47,22 @@ from tandem.distributed.process_group import (
     init_process_group,
     pick_device,
 )
+from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register
 
 __all__ = ["DDPStrategy"]
 
 _BUFFER_POLICIES = ("replica0", "average")
+_HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
 
 
-def _sync_bn_types() -> tuple[type, ...]:
-    """BatchNorm classes that synchronise across processes (safe in training on 0 samples)."""
-    types: list[type] = [nn.SyncBatchNorm]
-    try:
-        from tandem.parallel import SyncBatchNorm
-    except ImportError:  # tandem.parallel without SyncBatchNorm: only torch's counts
-        pass
-    else:
-        types.append(SyncBatchNorm)
-    return tuple(types)
+# BatchNorm classes that synchronise across processes: safe in training on 0 local samples.
+_SYNC_BN = (SyncBatchNorm, nn.SyncBatchNorm)
 
 
 def _plain_batchnorms(model: nn.Module) -> list[_BatchNorm]:
-    sync = _sync_bn_types()
-    return [m for m in model.modules() if isinstance(m, _BatchNorm) and not isinstance(m, sync)]
+    return [m for m in model.modules() if isinstance(m, _BatchNorm) and not isinstance(m, _SYNC_BN)]
 
 
 @contextlib.contextmanager
@@ -126,15 +120,15 @@ class DDPStrategy(Strategy):
         DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
         """
         if self.sync_bn:
-            from tandem.parallel import convert_sync_batchnorm
-
             model = convert_sync_batchnorm(model)
         model = model.to(self._device)
         self._plain_bn = _plain_batchnorms(model)
         device_ids = [self._device] if self._device.type == "cuda" else None
-        return DistributedDataParallel(
-            model, device_ids=device_ids, broadcast_buffers=self.buffers == "replica0"
-        )
+        # Rank 0's buffers are broadcast at every forward under "replica0" only; newer torch
+        # renamed the flag (buffers are synced at construction either way).
+        sync = self.buffers == "replica0"
+        flag = "forward_sync_buffers" if _HAS_FORWARD_SYNC else "broadcast_buffers"
+        return DistributedDataParallel(model, device_ids=device_ids, **{flag: sync})
 
     def unwrap(self, wrapped: nn.Module) -> nn.Module:
         return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
@@ -175,7 +169,12 @@ class DDPStrategy(Strategy):
         return StepOutput(loss, correct, count)
 
     def _average_buffers(self, wrapped: nn.Module, count: int, total_count: float) -> None:
-        """Replace BN running stats by their sample-count-weighted mean over ranks."""
+        """Replace BN running stats by their sample-count-weighted mean over ranks.
+
+        The averaged values are *new* tensors assigned to the buffers, not written in place:
+        the training forward just saved the old running-stat tensors for backward (unused
+        there, but autograd's version check would reject an in-place write).
+        """
         layers = [m for m in self._plain_bn if m.track_running_stats and m.running_mean is not None]
         if not layers or not total_count:
             return
@@ -184,8 +183,8 @@ class DDPStrategy(Strategy):
         offset = 0
         for m in layers:
             n = m.running_mean.numel()
-            m.running_mean.copy_(flat[offset:offset + n])
-            m.running_var.copy_(flat[offset + n:offset + 2 * n])
+            m.running_mean = flat[offset:offset + n].clone()
+            m.running_var = flat[offset + n:offset + 2 * n].clone()
             offset += 2 * n
 
     # -- collectives ------------------------------------------------------------------------
