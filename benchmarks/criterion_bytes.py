@@ -12,6 +12,9 @@ tandem's engine recorded (:class:`tandem.parallel.traffic.TrafficMeter`): bytes 
 replica 0 (``by_dst[0]``) and bytes by kind. Counts are logical (a transfer between replica
 ``i`` and ``j != i`` counts even when both are the CPU), so they are what the same layout moves
 between real GPUs. It is a count, not a timing: the numbers do not depend on the machine.
+The engine records scatter and gather in the forward direction only; in backward the logits'
+gradient goes back out to the replicas (as large as the gather, but *away* from device 0), so
+the device-0 figures are complete while DataParallel's total understates its traffic.
 
     python benchmarks/criterion_bytes.py                  # 2 and 4 replicas, batch 8, 21x64x64
     python benchmarks/criterion_bytes.py --replicas 2 4 8 --json runs/bench/criterion_bytes.json

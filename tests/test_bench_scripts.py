@@ -1,0 +1,65 @@
+"""The scripts in benchmarks/: their counting logic and a tiny CPU run. Nothing is timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_balanced_criterion_sends_fewer_bytes_to_device0_than_gather(replicas):
+    criterion_bytes = _load("criterion_bytes")
+    r = criterion_bytes.measure(replicas, batch=8, classes=21, size=64)  # also checks both losses
+    dp, bal = r["dataparallel"], r["balanced"]
+    # DataParallel gathers the logits of replicas 1..n-1 onto replica 0 (even chunks of 8)
+    gathered = r["output_bytes"] * (replicas - 1) // replicas
+    assert dp["by_kind"]["gather"] == gathered
+    assert dp["to_device0"] >= gathered
+    # balanced sends only per-replica loss scalars there, plus the same gradient reduction
+    assert "gather" not in bal["by_kind"]
+    assert bal["by_kind"]["reduce"] == dp["by_kind"]["reduce"]
+    assert bal["to_device0"] < dp["to_device0"]
+    assert bal["to_device0"] < r["output_bytes"] // 100
+    assert r["ratio_to_device0"] == dp["to_device0"] / bal["to_device0"] > 10
+
+
+def test_criterion_bytes_main_writes_json(tmp_path, capsys):
+    criterion_bytes = _load("criterion_bytes")
+    out = tmp_path / "bytes.json"
+    assert criterion_bytes.main(["--replicas", "3", "--batch", "5", "--classes", "4",
+                                 "--size", "8", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["replicas"] == 3 and row["output_bytes"] == 5 * 4 * 8 * 8 * 4
+    assert "DP to dev0" in capsys.readouterr().out
+
+
+def test_gpu_resnet50_script_runs_tiny_on_cpu(tmp_path, capsys):
+    gpu_resnet50 = _load("gpu_resnet50")
+    out = tmp_path / "gpu.json"
+    code = gpu_resnet50.main(["--device", "cpu", "--arch", "cifar_resnet20", "--image-size", "8",
+                              "--batch-size", "2", "--steps", "2", "--warmup", "1",
+                              "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["amp"] is True and report["config"]["channels_last"] is True
+    assert report["reference"]["images_per_sec"] == 2470
+    results = {r["name"]: r for r in report["results"]}
+    assert list(results) == ["bare", "single"]
+    for r in results.values():
+        assert r["status"] == "ok", r["reason"]
+        assert r["steps"] == 2 and math.isfinite(r["last_loss"])
+    printed = capsys.readouterr().out
+    assert "tandem single" in printed and "smoke test" in printed
