@@ -79,7 +79,7 @@ def _first_tensor(obj) -> torch.Tensor | None:
 
 
 def _infer_device(module, args, kwargs) -> torch.device:
-    t = _first_tensor(args) if args else None
+    t = _first_tensor(args)
     t = t if t is not None else _first_tensor(kwargs)
     if t is None:
         t = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None

@@ -229,6 +229,9 @@ def replicate(module: nn.Module, devices: Sequence) -> list[nn.Module]:
     if several) is ``module`` itself. Raises ``ValueError`` naming a bad device.
     """
     devices = resolve_devices(devices)
+    cache = module.__dict__.get(_CACHE_ATTR)
+    if not isinstance(cache, ReplicaCache):  # before the walk: it counts the root's attributes
+        cache = module.__dict__[_CACHE_ATTR] = ReplicaCache()
     modules, fingerprint, where = _walk(module)
     home = None
     if len(where) <= 1:
@@ -241,9 +244,6 @@ def replicate(module: nn.Module, devices: Sequence) -> list[nn.Module]:
         if traffic.metering():
             _record_traffic(module, devices, home)
         return [module]
-    cache = module.__dict__.get(_CACHE_ATTR)
-    if not isinstance(cache, ReplicaCache):
-        cache = module.__dict__[_CACHE_ATTR] = ReplicaCache()
     key = (tuple(devices), threading.get_ident())
     entry = cache.entries.get(key)
     if entry is None or entry[0] != fingerprint:

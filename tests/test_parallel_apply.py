@@ -1,0 +1,153 @@
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.parallel import context, parallel_apply
+from tandem.parallel.context import ReplicaAborted
+
+
+class Probe(nn.Module):
+    """Records what the replica thread sees, then returns ``x * 2``."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def forward(self, x, shift=0.0):
+        ctx = context.current()
+        self.log.append({
+            "thread": threading.current_thread(), "index": ctx.index, "device": ctx.device,
+            "group": ctx.group, "threads": torch.get_num_threads(),
+            "grad": torch.is_grad_enabled(), "autocast": torch.is_autocast_enabled("cpu"),
+        })
+        return x * 2 + shift
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_replicas_run_in_parallel_threads(n):
+    """Each replica blocks until all n reached the barrier: impossible if run one by one."""
+    barrier = threading.Barrier(n, timeout=20)
+
+    class Meet(nn.Module):
+        def forward(self, x):
+            barrier.wait()
+            return threading.get_ident()
+
+    idents = parallel_apply([Meet() for _ in range(n)], [torch.ones(1)] * n, devices=["cpu"] * n)
+    assert len(set(idents)) == n and threading.get_ident() not in idents
+
+
+def test_context_kwargs_and_order():
+    log = []
+    modules = [Probe(log) for _ in range(3)]
+    outs = parallel_apply(modules, [torch.full((1,), float(i)) for i in range(3)],
+                          [{"shift": 1.0}, {}, {"shift": 3.0}], ["cpu"] * 3)
+    assert [o.item() for o in outs] == [1.0, 2.0, 7.0]
+    assert sorted(e["index"] for e in log) == [0, 1, 2]
+    assert len({id(e["group"]) for e in log}) == 1  # one group shared by the call's replicas
+    assert log[0]["group"].num_replicas == 3
+    assert context.current() is None  # nothing leaks into the caller
+
+
+def test_single_replica_runs_inline_with_a_context():
+    log = []
+    out = parallel_apply([Probe(log)], [(torch.ones(2),)])
+    assert log[0]["thread"] is threading.current_thread() and log[0]["index"] == 0
+    assert out[0].tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_cpu_threads_are_split_and_the_caller_keeps_its_own(n):
+    before = torch.get_num_threads()
+    log = []
+    parallel_apply([Probe(log) for _ in range(n)], [torch.ones(1)] * n, devices=["cpu"] * n)
+    assert all(e["threads"] == max(1, before // n) for e in log)
+    assert torch.get_num_threads() == before
+    fresh = []  # a thread started later takes up the process default, which must be unchanged
+    t = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    assert fresh == [before]
+
+
+def test_grad_mode_and_autocast_reach_the_threads():
+    log = []
+    with torch.no_grad():
+        parallel_apply([Probe(log) for _ in range(2)], [torch.ones(1)] * 2)
+    assert [e["grad"] for e in log] == [False, False]
+    log.clear()
+    linear = nn.Linear(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = parallel_apply([linear, linear], [torch.randn(2, 4)] * 2)
+        parallel_apply([Probe(log) for _ in range(2)], [torch.ones(1)] * 2)
+    assert all(o.dtype == torch.bfloat16 for o in outs)
+    assert all(e["autocast"] for e in log)
+
+
+class Boom(nn.Module):
+    def __init__(self, bad, exc):
+        super().__init__()
+        self.bad, self.exc = bad, exc
+
+    def forward(self, x):
+        if context.current().index == self.bad:
+            raise self.exc
+        return x
+
+
+def test_exception_keeps_type_and_names_the_replica():
+    with pytest.raises(KeyError, match="replica 1 on cpu") as info:
+        parallel_apply([Boom(1, KeyError("missing"))] * 3, [torch.ones(1)] * 3, devices=["cpu"] * 3)
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(ZeroDivisionError, match="replica 0 on cpu"):
+        parallel_apply([Boom(0, ZeroDivisionError("x"))], [torch.ones(1)])
+
+
+class NeedsTwo(Exception):
+    def __init__(self, code, detail):
+        super().__init__(code, detail)
+        self.code = code
+
+
+def test_exception_that_cannot_be_rebuilt_from_a_message():
+    with pytest.raises(NeedsTwo) as info:
+        parallel_apply([Boom(1, NeedsTwo(7, "bad"))] * 2, [torch.ones(1)] * 2)
+    assert info.value.code == 7
+    assert "replica 1 on cpu" in str(info.value) + " ".join(getattr(info.value, "__notes__", []))
+
+
+@pytest.mark.timeout(60)
+def test_failure_while_others_wait_at_a_rendezvous_raises_instead_of_hanging():
+    class Meet(nn.Module):
+        def forward(self, x):
+            ctx = context.current()
+            if ctx.index == 2:
+                raise ValueError("replica two broke")
+            return ctx.group.combine("sum", ctx.index, x, lambda xs: [sum(xs)] * len(xs))
+
+    with pytest.raises(ValueError, match="replica 2 on cpu: replica two broke"):
+        parallel_apply([Meet() for _ in range(3)], [torch.ones(1)] * 3, devices=["cpu"] * 3)
+
+
+def test_aborted_is_reported_only_without_a_real_error():
+    class Abort(nn.Module):
+        def forward(self, x):
+            raise ReplicaAborted("stopped")
+
+    with pytest.raises(ReplicaAborted, match="replica 0 on cpu"):
+        parallel_apply([Abort(), Abort()], [torch.ones(1)] * 2)
+
+
+def test_pool_survives_many_calls_and_errors():
+    for _ in range(20):
+        with pytest.raises(RuntimeError):
+            parallel_apply([Boom(0, RuntimeError("x"))] * 2, [torch.ones(1)] * 2)
+    outs = parallel_apply([nn.Identity()] * 2, [torch.ones(1), torch.zeros(1)])
+    assert [o.item() for o in outs] == [1.0, 0.0]
+
+
+def test_length_mismatch_is_value_error():
+    with pytest.raises(ValueError, match="2 modules but 1 inputs"):
+        parallel_apply([nn.Identity()] * 2, [torch.ones(1)])

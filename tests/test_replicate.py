@@ -1,0 +1,148 @@
+import copy
+import pickle
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.parallel import parallel_apply, replicate
+from tandem.parallel.traffic import TrafficMeter
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.BatchNorm1d(4)])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 3), "b": nn.Linear(4, 3)})
+        self.heads["b"].weight = self.heads["a"].weight  # tied
+        self.scale = torch.tensor(2.0)  # a plain attribute tensor
+        self.register_buffer("offset", torch.ones(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return (self.heads["a"](x) + self.heads["b"](x)) * self.scale + self.offset
+
+
+def test_replica_zero_is_the_module_and_others_share_parameters():
+    net = Net()
+    replicas = replicate(net, ["cpu"] * 3)
+    assert replicas[0] is net
+    for r in replicas[1:]:
+        assert r is not net and r.blocks[0] is not net.blocks[0]
+        assert all(a is b for a, b in zip(r.parameters(), net.parameters()))
+        assert r.heads["b"].weight is r.heads["a"].weight  # still tied
+        assert r.scale is net.scale
+        # own buffers: equal values, separate storage
+        for a, b in zip(r.buffers(), net.buffers()):
+            assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+
+
+def test_gradients_of_all_replicas_sum_into_the_original():
+    net = Net()
+    reference = copy.deepcopy(net)
+    xs = [torch.randn(3, 4), torch.randn(2, 4), torch.randn(4, 4)]
+    replicas = replicate(net, ["cpu"] * 3)
+    sum(r(x).square().sum() for r, x in zip(replicas, xs)).backward()
+    for x in xs:  # one device, chunk by chunk: the same sum of gradients
+        reference(x).square().sum().backward()
+    for p, r in zip(net.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, r.grad)
+
+
+def test_replicas_are_reused_and_refreshed():
+    net = Net()
+    first = replicate(net, ["cpu"] * 2)
+    old_buffer = first[1].blocks[1].running_mean
+    again = replicate(net, ["cpu"] * 2)
+    assert again[1] is first[1]  # same module objects, no rebuild
+    assert again[1].blocks[1].running_mean is not old_buffer  # fresh buffer copies
+    net.eval()
+    assert replicate(net, ["cpu"] * 2)[1].blocks[1].training is False
+    net.blocks[1].momentum = 0.5
+    assert replicate(net, ["cpu"] * 2)[1].blocks[1].momentum == 0.5
+    with torch.no_grad():
+        net.blocks[1].running_mean.fill_(3.0)
+    assert replicate(net, ["cpu"] * 2)[1].blocks[1].running_mean.eq(3.0).all()
+    net.blocks[0] = nn.Linear(4, 4)  # replaced submodule: rebuilt
+    rebuilt = replicate(net, ["cpu"] * 2)
+    assert rebuilt[1] is not first[1]
+    assert rebuilt[1].blocks[0].weight is net.blocks[0].weight
+
+
+def test_other_threads_get_their_own_replicas():
+    net = Net()
+    mine = replicate(net, ["cpu"] * 2)
+    theirs = []
+    thread = threading.Thread(target=lambda: theirs.extend(replicate(net, ["cpu"] * 2)))
+    thread.start()
+    thread.join()
+    assert theirs[1] is not mine[1] and theirs[0] is net
+
+
+def test_hooks_run_in_replicas():
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    seen = []
+    net[0].register_forward_hook(lambda m, args, out: seen.append(out.shape[0]))
+    net[0].register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    replicas = replicate(net, ["cpu"] * 2)
+    xs = [torch.ones(2, 3), torch.ones(1, 3)]
+    outs = parallel_apply(replicas, xs)
+    assert sorted(seen) == [1, 2]
+    torch.testing.assert_close(outs[0], net(xs[0]))
+
+
+def test_copies_and_pickles_after_replication():
+    net = Net()
+    replicate(net, ["cpu"] * 2)
+    clone = copy.deepcopy(net)
+    restored = pickle.loads(pickle.dumps(net))
+    x = torch.randn(3, 4)
+    net.eval(), clone.eval(), restored.eval()
+    torch.testing.assert_close(clone(x), net(x))
+    torch.testing.assert_close(restored(x), net(x))
+    assert replicate(clone, ["cpu"] * 2)[0] is clone
+
+
+def test_single_device_returns_the_module():
+    net = Net()
+    assert replicate(net, ["cpu"]) == [net]
+
+
+def test_bad_device_is_value_error():
+    with pytest.raises(ValueError, match="'nowhere'"):
+        replicate(Net(), ["cpu", "nowhere"])
+
+
+def test_broadcast_traffic_is_counted_for_replicas_other_than_zero():
+    net = nn.Linear(10, 10)  # 110 floats = 440 bytes
+    with TrafficMeter() as meter:
+        replicate(net, ["cpu"] * 3)
+    assert meter.by_kind["broadcast"] == 2 * 440
+    assert meter.by_dst[1] >= 440 and meter.by_dst[2] >= 440
+
+
+@pytest.mark.cuda
+def test_cuda_replica_gradients_flow_back_to_cpu_module():
+    net = Net()
+    reference = copy.deepcopy(net)
+    replicas = replicate(net, ["cpu", "cuda:0", "cuda:0"])
+    assert replicas[1].blocks[0].weight.is_cuda
+    assert replicas[1].blocks[0].weight is replicas[2].blocks[0].weight  # one copy per device
+    xs = [torch.randn(3, 4), torch.randn(2, 4, device="cuda"), torch.randn(4, 4, device="cuda")]
+    sum(r(x).square().sum().cpu() for r, x in zip(replicas, xs)).backward()
+    for x in xs:
+        reference(x.cpu()).square().sum().backward()
+    for p, r in zip(net.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_module_broadcast_between_cuda_replicas():
+    net = Net().cuda()
+    replicas = replicate(net, ["cuda:0", "cpu"])
+    assert replicas[0] is net and not replicas[1].blocks[0].weight.is_cuda
+    x = torch.randn(3, 4)
+    (replicas[1](x).sum() + replicas[0](x.cuda()).sum().cpu()).backward()
+    assert net.blocks[0].weight.grad.is_cuda
