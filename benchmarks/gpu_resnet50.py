@@ -16,8 +16,9 @@ Smoke test on a CPU (what the test suite runs)::
     python benchmarks/gpu_resnet50.py --device cpu --arch cifar_resnet20 --image-size 32 \\
         --batch-size 4 --steps 2 --warmup 1
 
-bf16 autocast is the default; ``--amp-dtype fp16`` adds a GradScaler. ``--no-amp`` and
-``--no-channels-last`` give fp32 / NCHW for comparison.
+fp16 autocast with a GradScaler is the default, as in ``tandem train --amp`` and in NVIDIA's
+AMP figure; ``--amp-dtype bf16`` needs no scaler. ``--no-amp`` and ``--no-channels-last`` give
+fp32 / NCHW for comparison. cuDNN autotuning (``cudnn.benchmark``) is on for both contestants.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=50, help="timed steps per contestant")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--amp-dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--amp-dtype", choices=["bf16", "fp16"], default="fp16",
+                   help="fp16 (with a GradScaler, as `tandem train --amp`) or bf16")
     p.add_argument("--no-amp", action="store_true")
     p.add_argument("--no-channels-last", action="store_true")
     p.add_argument("--json", metavar="PATH", help="write the full report ('-' for stdout)")

@@ -1,7 +1,8 @@
 """Baselines written with plain torch and no tandem code, timed next to tandem's strategies.
 
 - ``bare``: a hand-written step on the first device (model, cross-entropy, SGD). It is what
-  ``single`` would cost with no engine at all, so ``single / bare`` is the engine's overhead.
+  ``single`` would cost with no engine at all, so ``single / bare`` is the engine's overhead
+  (which includes the top-1 count every strategy's ``forward_loss`` returns to the loop).
 - ``torch_dp``: ``torch.nn.DataParallel`` over the CUDA devices. It runs only on CUDA with two
   or more distinct GPUs; elsewhere it is listed as skipped.
 - ``torch_ddp``: ``DistributedDataParallel`` with ``torch.nn.SyncBatchNorm``, one process per

@@ -58,7 +58,7 @@ class BenchConfig:
     image_size: int | None = None
     num_classes: int | None = None
     amp: bool = False
-    amp_dtype: str = "bf16"
+    amp_dtype: str = "fp16"
     channels_last: bool = False
     sync_bn: bool = False
     buffers: str = "replica0"

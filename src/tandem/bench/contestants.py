@@ -27,12 +27,12 @@ __all__ = ["Amp", "Contestant", "TrainStep", "synthetic_batch", "module_tensors"
 class Amp:
     """Mixed precision: ``enabled`` turns on autocast with ``dtype`` (``"bf16"`` or ``"fp16"``).
 
-    fp16 also scales the loss with ``torch.amp.GradScaler`` (bf16 has fp32's range and needs
-    no scaling).
+    fp16 (the default, as in ``tandem train --amp``) also scales the loss with
+    ``torch.amp.GradScaler``; bf16 has fp32's range and needs no scaling.
     """
 
     enabled: bool = False
-    dtype: str = "bf16"
+    dtype: str = "fp16"
 
     def __post_init__(self):
         if self.dtype not in ("bf16", "fp16"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import gc
 import importlib
 import os
 import platform
@@ -134,6 +135,11 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     finally:
         for contestant in local:
             contestant.close()
+    # Free this process's models and cached device memory before torchrun workers need it.
+    del local, template
+    gc.collect()
+    if any(d.type == "cuda" for d in devices):
+        torch.cuda.empty_cache()
 
     remote = (["ddp"] if "ddp" in config.strategies else [])
     remote += (["torch_ddp"] if "torch_ddp" in config.baselines else [])

@@ -31,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, default=None,
                    help="default: 10 for cifar_*, else 1000")
     p.add_argument("--amp", action="store_true", help="autocast (see --amp-dtype)")
-    p.add_argument("--amp-dtype", choices=["bf16", "fp16"], default="bf16",
+    p.add_argument("--amp-dtype", choices=["bf16", "fp16"], default="fp16",
                    help="fp16 adds a GradScaler (default: %(default)s)")
     p.add_argument("--channels-last", action="store_true", help="NHWC model and inputs")
     p.add_argument("--sync-bn", action="store_true", help="strategies use SyncBatchNorm")
