@@ -5,7 +5,7 @@ from PIL import Image
 
 from tandem.data.transforms import (
     SampleRandom, center_crop_pil, decode, hflip, mix_seed, normalize, random_shift,
-    resize_shorter, resize_tensor, to_tensor,
+    resize_array, resize_shorter, to_array, to_tensor,
 )
 
 
@@ -34,39 +34,40 @@ def test_sample_random_is_roughly_uniform():
 
 
 def test_random_shift_moves_content_and_zero_fills():
-    img = torch.arange(1, 1 + 2 * 6 * 6, dtype=torch.float32).view(2, 6, 6)
+    img = np.arange(1, 1 + 2 * 6 * 6, dtype=np.float32).reshape(2, 6, 6)
     seen = set()
     for i in range(200):
-        rng = SampleRandom(0, 0, i)
-        out = random_shift(img, 2, rng)
+        out = random_shift(img, 2, SampleRandom(0, 0, i))
         assert out.shape == img.shape
-        # recover the offset from where pixel (0, 0) of the source landed
-        rng = SampleRandom(0, 0, i)
-        dy, dx = rng.randint(5), rng.randint(5)
+        rng = SampleRandom(0, 0, i)  # replay the draws: output (y, x) shows (y + dy, x + dx)
+        dy, dx = rng.randint(5) - 2, rng.randint(5) - 2
         seen.add((dy, dx))
-        sy, sx = 2 - dy, 2 - dx  # output (y, x) shows source (y - sy, x - sx)
         for y in range(6):
             for x in range(6):
-                src_y, src_x = y - sy, x - sx
-                expect = (img[:, src_y, src_x] if 0 <= src_y < 6 and 0 <= src_x < 6
-                          else torch.zeros(2))
-                assert torch.equal(out[:, y, x], expect)
+                sy, sx = y + dy, x + dx
+                expect = img[:, sy, sx] if 0 <= sy < 6 and 0 <= sx < 6 else np.zeros(2)
+                assert np.array_equal(out[:, y, x], expect)
     assert len(seen) == 25  # every offset in [-2, 2]^2 is reachable
+    assert img[0, 0, 0] == 1  # the input is never written
 
 
-def test_random_shift_with_no_padding_is_identity():
-    img = torch.randn(3, 4, 4)
+def test_random_shift_edge_cases():
+    img = np.random.default_rng(0).random((3, 4, 4), dtype=np.float32)
     assert random_shift(img, 0, SampleRandom(1)) is img
+    # a shift as large as the image leaves nothing of it (and does not crash)
+    outs = [random_shift(img, 4, SampleRandom(0, 0, i)) for i in range(100)]
+    assert any(not o.any() for o in outs) and all(o.shape == img.shape for o in outs)
 
 
-def test_hflip_and_normalize():
-    img = torch.arange(6.0).view(1, 2, 3)
+def test_hflip_normalize_and_to_tensor():
+    img = np.arange(6.0, dtype=np.float32).reshape(1, 2, 3)
     assert hflip(img).tolist() == [[[2, 1, 0], [5, 4, 3]]]
-    x = torch.ones(2, 2, 2)
+    t = to_tensor(hflip(img))  # negative strides are made contiguous
+    assert t.dtype == torch.float32 and t.tolist() == [[[2, 1, 0], [5, 4, 3]]]
+    x = np.ones((2, 2, 2), dtype=np.float32)
     out = normalize(x, [0.5, 1.0], [0.25, 2.0])
-    assert torch.allclose(out[0], torch.full((2, 2), 2.0))
-    assert torch.allclose(out[1], torch.zeros(2, 2))
-    assert torch.equal(x, torch.ones(2, 2, 2))  # input untouched
+    assert np.allclose(out[0], 2.0) and np.allclose(out[1], 0.0)
+    assert np.array_equal(x, np.ones((2, 2, 2)))  # input untouched
 
 
 def test_pil_pipeline(tmp_path):
@@ -81,6 +82,7 @@ def test_pil_pipeline(tmp_path):
     assert tall.size == (10, 20)
     crop = center_crop_pil(small, 10)
     assert crop.size == (10, 10)
+    assert to_array(crop).dtype == np.float32
     t = to_tensor(crop)
     assert t.shape == (3, 10, 10) and t.dtype == torch.float32
     assert float(t.max()) == 1.0 and float(t.min()) == 0.0
@@ -96,8 +98,8 @@ def test_decode_corrupt_file_raises(tmp_path):
         decode(bad)
 
 
-def test_resize_tensor():
-    img = torch.ones(1, 8, 8)
-    assert resize_tensor(img, 8) is img
-    out = resize_tensor(img, 16)
-    assert out.shape == (1, 16, 16) and torch.allclose(out, torch.ones(1, 16, 16))
+def test_resize_array():
+    img = np.ones((1, 8, 8), dtype=np.float32)
+    assert resize_array(img, 8) is img
+    out = resize_array(img, 16)
+    assert out.shape == (1, 16, 16) and np.allclose(out, 1.0)

@@ -5,9 +5,9 @@ produces. The key seeds the augmentation of that one sample (see
 :class:`~tandem.data.transforms.SampleRandom`), so a sample looks the same whichever worker,
 rank or strategy loads it. A plain ``int`` index also works and means ``(index, 0, 0)``.
 
-Subclasses implement ``__len__`` and ``raw(index) -> (CHW float tensor, label)``: the decoded
-image at its final size, values in ``[0, 1]`` (or already standardised for ``synthetic``),
-before augmentation and normalisation.
+Subclasses implement ``__len__`` and ``raw(index) -> (CHW float32 numpy array, label)``: the
+decoded image at its final size, values in ``[0, 1]`` (or already standardised for
+``synthetic``), before augmentation and normalisation. ``__getitem__`` returns a torch tensor.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .transforms import SampleRandom, hflip, normalize, random_shift
+from .transforms import SampleRandom, hflip, random_shift, to_tensor
 
 __all__ = [
     "DatasetInfo", "ImageDataset", "AUGMENT_MODES", "check_augment", "split_key",
@@ -70,11 +70,13 @@ class ImageDataset(Dataset):
         self.flip = flip
         self.mean = list(mean)
         self.std = list(std)
+        self._mean = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
+        self._inv_std = 1.0 / np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
 
     def __len__(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def raw(self, index: int) -> tuple[torch.Tensor, int]:  # pragma: no cover - abstract
+    def raw(self, index: int) -> tuple[np.ndarray, int]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
@@ -89,7 +91,7 @@ class ImageDataset(Dataset):
             image = random_shift(image, self.pad, rng)
             if self.flip and rng.coin():
                 image = hflip(image)
-        return normalize(image, self.mean, self.std), label
+        return to_tensor((image - self._mean) * self._inv_std), label
 
 
 def stratified_split(labels: Sequence[int], val_fraction: float, seed: int

@@ -18,10 +18,9 @@ import pickle
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .base import DatasetInfo, ImageDataset
-from .transforms import resize_tensor
+from .transforms import resize_array
 
 __all__ = ["Cifar10Dataset", "load_cifar10", "find_cifar_dir", "read_batch", "CIFAR10_CLASSES"]
 
@@ -99,9 +98,9 @@ def _read_classes(directory: Path) -> list[str]:
 
 
 class Cifar10Dataset(ImageDataset):
-    """CIFAR images held as a ``uint8`` ``(N, 3, 32, 32)`` tensor."""
+    """CIFAR images held as a ``uint8`` ``(N, 3, 32, 32)`` array."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, augment: str,
+    def __init__(self, images: np.ndarray, labels: np.ndarray, *, augment: str,
                  image_size: int = 32):
         super().__init__(shape=(3, image_size, image_size), augment=augment,
                          pad=image_size // 8, flip=True, mean=MEAN, std=STD)
@@ -110,9 +109,9 @@ class Cifar10Dataset(ImageDataset):
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def raw(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.images[index].float().div_(255.0)
-        return resize_tensor(image, self.image_size), int(self.labels[index])
+    def raw(self, index: int) -> tuple[np.ndarray, int]:
+        image = self.images[index].astype(np.float32) / 255.0
+        return resize_array(image, self.image_size), int(self.labels[index])
 
 
 def load_cifar10(directory: Path, *, augment: str, image_size: int | None):
@@ -122,10 +121,9 @@ def load_cifar10(directory: Path, *, augment: str, image_size: int | None):
         raise ValueError(f"CIFAR-10: image_size must be a positive int, got {image_size!r}")
     train = [read_batch(directory / f) for f in TRAIN_FILES]
     test_images, test_labels = read_batch(directory / TEST_FILE)
-    train_images = torch.from_numpy(np.concatenate([t[0] for t in train]))
-    train_labels = torch.from_numpy(np.concatenate([t[1] for t in train]))
+    train_images = np.concatenate([t[0] for t in train])
+    train_labels = np.concatenate([t[1] for t in train])
     info = DatasetInfo("cifar10", 10, 3, size, _read_classes(directory))
     return (Cifar10Dataset(train_images, train_labels, augment=augment, image_size=size),
-            Cifar10Dataset(torch.from_numpy(test_images), torch.from_numpy(test_labels),
-                           augment="none", image_size=size),
+            Cifar10Dataset(test_images, test_labels, augment="none", image_size=size),
             info)

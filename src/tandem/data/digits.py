@@ -12,10 +12,10 @@ pixels (one pixel at 8x8) and never flips: digits are not mirror-symmetric.
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from .base import DatasetInfo, ImageDataset, stratified_split
-from .transforms import resize_tensor
+from .transforms import resize_array
 
 __all__ = ["DigitsDataset", "load_digits_data", "SPLIT_SEED", "VAL_FRACTION"]
 
@@ -24,9 +24,9 @@ VAL_FRACTION = 0.2
 
 
 class DigitsDataset(ImageDataset):
-    """A subset of the digits images held in memory as a ``(N, 1, S, S)`` float tensor."""
+    """A subset of the digits images held in memory as a ``(N, 1, S, S)`` float32 array."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, augment: str,
+    def __init__(self, images: np.ndarray, labels: np.ndarray, *, augment: str,
                  mean: float, std: float):
         size = images.shape[-1]
         super().__init__(shape=(1, size, size), augment=augment, pad=max(1, size // 8),
@@ -37,7 +37,7 @@ class DigitsDataset(ImageDataset):
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def raw(self, index: int) -> tuple[torch.Tensor, int]:
+    def raw(self, index: int) -> tuple[np.ndarray, int]:
         return self.images[index], int(self.labels[index])
 
 
@@ -49,10 +49,10 @@ def load_digits_data(*, augment: str, image_size: int | None):
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"digits: image_size must be a positive int, got {image_size!r}")
     bunch = load_digits()
-    images = torch.as_tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    images = bunch.images.astype(np.float32)[:, None] / 16.0
     if size != 8:
-        images = torch.stack([resize_tensor(img, size) for img in images])
-    labels = torch.as_tensor(bunch.target, dtype=torch.int64)
+        images = np.stack([resize_array(img, size) for img in images])
+    labels = bunch.target.astype(np.int64)
     train_idx, val_idx = stratified_split(labels.tolist(), VAL_FRACTION, SPLIT_SEED)
     train_images = images[train_idx]
     mean, std = float(train_images.mean()), float(train_images.std())

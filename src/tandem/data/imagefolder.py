@@ -32,11 +32,11 @@ import logging
 import os
 from pathlib import Path
 
-import torch
+import numpy as np
 from PIL import Image
 
 from .base import DatasetInfo, ImageDataset, stratified_split
-from .transforms import center_crop_pil, decode, resize_shorter, to_tensor
+from .transforms import center_crop_pil, decode, resize_shorter, to_array
 
 __all__ = ["ImageFolderDataset", "load_imagefolder", "find_images", "IMG_EXTENSIONS",
            "SPLIT_SEED", "VAL_FRACTION"]
@@ -103,11 +103,11 @@ class ImageFolderDataset(ImageDataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _decode(self, index: int) -> torch.Tensor:
+    def _decode(self, index: int) -> np.ndarray:
         img = resize_shorter(decode(self.samples[index][0]), self.image_size)
-        return to_tensor(center_crop_pil(img, self.image_size))
+        return to_array(center_crop_pil(img, self.image_size))
 
-    def raw(self, index: int) -> tuple[torch.Tensor, int]:
+    def raw(self, index: int) -> tuple[np.ndarray, int]:
         n = len(self.samples)
         for step in range(n):
             i = (index + step) % n

@@ -1,16 +1,19 @@
 """``synthetic``: random images generated on demand from a seed, for speed runs and tests.
 
-Sample ``i`` of a split is drawn from its own generator seeded by ``(seed, split, i)``, so any
-size costs no memory and the data never depends on load order. Each class has a fixed random
+Sample ``i`` of a split is drawn from its own generator seeded by ``(seed, split, i)``, so the
+data never depends on load order or on the split's size. Each class has a fixed random
 low-resolution (4x4) template, upsampled to the image size; a sample is its class template plus
 unit Gaussian noise. Labels are uniform. The data is therefore learnable (a small net gets well
-above chance) while costing nothing to make.
+above chance) while costing nothing to download.
+
+Generating a sample costs tens of microseconds, too slow to feed a GPU, so a split whose
+images fit in :data:`CACHE_BYTES` is generated once when it is built (the same values,
+just earlier; forked DataLoader workers share them) and larger splits are generated on access.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import numpy as np
 
 from .base import DatasetInfo, ImageDataset
 from .transforms import mix_seed
@@ -19,6 +22,7 @@ __all__ = ["SyntheticDataset", "load_synthetic", "SYNTHETIC_DEFAULTS"]
 
 SYNTHETIC_DEFAULTS = dict(size=1024, num_classes=10, in_channels=3, image_size=32)
 _TEMPLATE = 4  # side of the per-class template before upsampling
+CACHE_BYTES = 256 * 2**20
 
 
 class SyntheticDataset(ImageDataset):
@@ -33,18 +37,30 @@ class SyntheticDataset(ImageDataset):
         self.num_classes = num_classes
         self.seed = seed
         self.split = split
-        g = torch.Generator().manual_seed(mix_seed(seed, 7919))  # same templates for every split
-        self.templates = torch.randn(num_classes, in_channels, _TEMPLATE, _TEMPLATE, generator=g)
+        g = np.random.default_rng(mix_seed(seed, 7919))  # the same templates for every split
+        self.templates = g.standard_normal((num_classes, in_channels, _TEMPLATE, _TEMPLATE),
+                                           dtype=np.float32)
+        # nearest-neighbour upsampling of a template: which template cell each pixel shows
+        self._rows = np.arange(image_size) * _TEMPLATE // image_size
+        self._cache = None
+        if size * int(np.prod(self.shape)) * 4 <= CACHE_BYTES:
+            samples = [self._generate(i) for i in range(size)]
+            self._cache = (np.stack([s[0] for s in samples]),
+                           np.array([s[1] for s in samples], dtype=np.int64))
 
     def __len__(self) -> int:
         return self.size
 
-    def raw(self, index: int) -> tuple[torch.Tensor, int]:
-        g = torch.Generator().manual_seed(mix_seed(self.seed, self.split, index))
-        label = int(torch.randint(self.num_classes, (), generator=g))
-        c, h, w = self.shape
-        signal = F.interpolate(self.templates[label:label + 1], size=(h, w), mode="nearest")[0]
-        return signal + torch.randn(c, h, w, generator=g), label
+    def _generate(self, index: int) -> tuple[np.ndarray, int]:
+        g = np.random.Generator(np.random.Philox(mix_seed(self.seed, self.split, index)))
+        label = int(g.integers(self.num_classes))
+        signal = self.templates[label][:, self._rows][:, :, self._rows]
+        return signal + g.standard_normal(self.shape, dtype=np.float32), label
+
+    def raw(self, index: int) -> tuple[np.ndarray, int]:
+        if self._cache is None:
+            return self._generate(index)
+        return self._cache[0][index], int(self._cache[1][index])
 
 
 def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int | None,

@@ -1,14 +1,16 @@
-"""The few image transforms tandem needs, written on PIL and tensors (no torchvision).
+"""The few image transforms tandem needs, written on PIL and numpy (no torchvision).
 
 Two halves:
 
 * **Decoding** (PIL): :func:`decode`, :func:`resize_shorter`, :func:`center_crop_pil`,
-  :func:`to_tensor`. They run once per sample and are deterministic.
-* **Augmentation and normalisation** (CHW float tensors): :func:`random_shift`, :func:`hflip`,
-  :func:`normalize`. Randomness comes only from a :class:`SampleRandom`, a tiny counter-based
-  generator keyed by ``(seed, epoch, sample index)``. Because the key is the sample itself and
-  not the process or thread that happens to load it, the augmentation of a sample is the same
-  whatever the number of DataLoader workers, ranks or the strategy.
+  :func:`to_array`. They run once per sample and are deterministic.
+* **Augmentation and normalisation** on CHW ``float32`` numpy arrays: :func:`random_shift`,
+  :func:`hflip`, :func:`normalize`, then :func:`to_tensor`. Numpy, not torch, because these
+  arrays are tiny and a numpy op costs about a microsecond where a torch op costs tens.
+  Randomness comes only from a :class:`SampleRandom`, a tiny counter-based generator keyed by
+  ``(seed, epoch, sample index)``. Because the key is the sample itself and not the process or
+  thread that happens to load it, the augmentation of a sample is the same whatever the
+  number of DataLoader workers, ranks or the strategy.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 __all__ = [
-    "SampleRandom", "mix_seed", "decode", "resize_shorter", "center_crop_pil", "to_tensor",
-    "random_shift", "hflip", "normalize", "resize_tensor",
+    "SampleRandom", "mix_seed", "decode", "resize_shorter", "center_crop_pil", "to_array",
+    "random_shift", "hflip", "normalize", "to_tensor", "resize_array",
 ]
 
 _MASK = (1 << 64) - 1
@@ -97,45 +99,59 @@ def center_crop_pil(img: Image.Image, size: int) -> Image.Image:
     return img.crop((left, top, left + size, top + size))
 
 
-def to_tensor(img: Image.Image) -> torch.Tensor:
-    """PIL image (RGB or L) to a float CHW tensor with values in ``[0, 1]``."""
-    arr = np.asarray(img, dtype=np.uint8)
+def to_array(img: Image.Image) -> np.ndarray:
+    """PIL image (RGB or L) to a ``float32`` CHW array with values in ``[0, 1]``."""
+    arr = np.asarray(img, dtype=np.float32) / 255.0
     if arr.ndim == 2:
         arr = arr[:, :, None]
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+    return arr.transpose(2, 0, 1)
 
 
-# -- tensors -------------------------------------------------------------------------------
+# -- arrays --------------------------------------------------------------------------------
 
-def resize_tensor(img: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize a CHW tensor to ``size x size`` (bilinear; a no-op when already that size)."""
+def resize_array(img: np.ndarray, size: int) -> np.ndarray:
+    """Resize a CHW array to ``size x size`` (bilinear; the same array when already that size)."""
     if img.shape[-1] == size and img.shape[-2] == size:
         return img
-    return F.interpolate(img.unsqueeze(0), size=(size, size), mode="bilinear",
-                         align_corners=False).squeeze(0)
+    t = torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32)).unsqueeze(0)
+    out = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
+    return out.squeeze(0).numpy()
 
 
-def random_shift(img: torch.Tensor, padding: int, rng: SampleRandom) -> torch.Tensor:
+def random_shift(img: np.ndarray, padding: int, rng: SampleRandom) -> np.ndarray:
     """Zero-pad ``padding`` pixels on every side, then crop the original size at a random offset.
 
     This is the classic CIFAR "random crop with padding": content moves by up to ``padding``
-    pixels and the uncovered border is zero (black before normalisation).
+    pixels in each direction and the uncovered border is zero (black before normalisation).
     """
     if padding <= 0:
         return img
     h, w = img.shape[-2:]
-    dy, dx = rng.randint(2 * padding + 1), rng.randint(2 * padding + 1)
-    padded = F.pad(img, (padding, padding, padding, padding))
-    return padded[..., dy:dy + h, dx:dx + w]
+    dy = rng.randint(2 * padding + 1) - padding  # output (y, x) shows source (y + dy, x + dx)
+    dx = rng.randint(2 * padding + 1) - padding
+    out = np.zeros_like(img)
+    if abs(dy) >= h or abs(dx) >= w:  # shifted right out of the frame
+        return out
+    out[..., max(0, -dy):h - max(0, dy), max(0, -dx):w - max(0, dx)] = \
+        img[..., max(0, dy):h - max(0, -dy), max(0, dx):w - max(0, -dx)]
+    return out
 
 
-def hflip(img: torch.Tensor) -> torch.Tensor:
-    """Mirror a CHW tensor left to right."""
-    return img.flip(-1)
+def hflip(img: np.ndarray) -> np.ndarray:
+    """Mirror a CHW array left to right (a view)."""
+    return img[..., ::-1]
 
 
-def normalize(img: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """``(img - mean) / std`` per channel; returns a new tensor."""
-    m = torch.as_tensor(mean, dtype=img.dtype).view(-1, 1, 1)
-    s = torch.as_tensor(std, dtype=img.dtype).view(-1, 1, 1)
+def normalize(img: np.ndarray, mean: Sequence[float] | np.ndarray,
+              std: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``(img - mean) / std`` per channel; returns a new ``float32`` array."""
+    m = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
+    s = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
     return (img - m) / s
+
+
+def to_tensor(img: np.ndarray | Image.Image) -> torch.Tensor:
+    """A CHW array (or a PIL image, via :func:`to_array`) as a contiguous float tensor."""
+    if isinstance(img, Image.Image):
+        img = to_array(img)
+    return torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32))
