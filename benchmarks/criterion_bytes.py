@@ -37,7 +37,7 @@ __all__ = ["TinyFCN", "measure", "main"]
 
 
 class TinyFCN(nn.Module):
-    """Three convolutions, no pooling: ``(N, 3, H, W)`` -> ``(N, classes, H, W)`` per-pixel logits."""
+    """Three convolutions, no pooling: ``(N, 3, H, W)`` -> ``(N, classes, H, W)`` logits."""
 
     def __init__(self, classes: int = 21, width: int = 8):
         super().__init__()
@@ -111,8 +111,9 @@ def format_rows(results: list[dict]) -> str:
                                 "inf" if ratio is None else f"{ratio:.1f}x",
                                 f"{r['dataparallel']['total']:,}", f"{r['balanced']['total']:,}"))
     for r in results:
-        lines.append(f"{r['replicas']} replicas by kind: DataParallel {r['dataparallel']['by_kind']}"
-                     f"; balanced {r['balanced']['by_kind']}")
+        lines.append(f"{r['replicas']} replicas by kind: "
+                     f"DataParallel {r['dataparallel']['by_kind']}; "
+                     f"balanced {r['balanced']['by_kind']}")
     return "\n".join(lines)
 
 

@@ -52,7 +52,7 @@ def torch_dp_skip_reason(devices: list[torch.device]) -> str | None:
 
 def torch_dp_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Amp,
                         lr: float, channels_last: bool = False) -> Contestant:
-    """``torch.nn.DataParallel`` over the distinct CUDA ``devices`` (outputs gathered on the first)."""
+    """``torch.nn.DataParallel`` over the distinct CUDA ``devices``, gathering on the first."""
     reason = torch_dp_skip_reason(devices)
     if reason:
         return skipped("torch_dp", "baseline", devices, reason)

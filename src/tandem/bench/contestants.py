@@ -51,9 +51,10 @@ class Contestant:
     """One column of the race: ``step()`` runs a full training step and returns its loss.
 
     ``skipped`` holds the reason when the contestant cannot run on this machine, and
-    ``failure`` the error when building it broke; in both cases ``step`` is ``None``. ``counts_traffic`` is true for tandem strategies, whose engine records the
-    bytes it moves (torch's own wrappers record nothing); ``uncounted_traffic`` names traffic
-    the strategy leaves to torch, which that count therefore misses. ``own_tensors()`` lists what the
+    ``failure`` the error when building it broke; in both cases ``step`` is ``None``.
+    ``counts_traffic`` is true for tandem strategies, whose engine records the bytes it moves
+    (torch's own wrappers record nothing); ``uncounted_traffic`` names traffic the strategy
+    leaves to torch, which that count therefore misses. ``own_tensors()`` lists what the
     contestant keeps between steps, for :class:`~tandem.bench.timing.MemoryProbe`.
     """
 
