@@ -1,0 +1,48 @@
+"""`tandem models`, run as a subprocess the way a user runs it."""
+
+import json
+import subprocess
+import sys
+
+from tandem.models import list_models
+
+PARAMS = {"alexnet": 61_100_840, "cifar_resnet20": 269_722, "resnet50": 25_557_032,
+          "vgg16": 138_357_544, "alexnet_grouped": 60_965_224}
+
+
+def tandem(*args):
+    return subprocess.run([sys.executable, "-m", "tandem", "models", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_table_lists_every_model():
+    proc = tandem()
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:-1]}
+    assert sorted(rows) == sorted(list_models())
+    for name, params in PARAMS.items():
+        assert rows[name][1] == f"{params:,}"
+    assert rows["resnet50"][2] == "4.089" and rows["resnet50"][3] == "224x224"
+    assert rows["alexnet_grouped"][3] == "227x227"
+    assert rows["cifar_resnet20"][3:] == ["32x32", "10"]
+
+
+def test_json_and_options():
+    proc = tandem("cifar_resnet20", "alexnet", "--json", "--num-classes", "7",
+                  "--input-size", "64")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["name"] for r in rows] == ["cifar_resnet20", "alexnet"]
+    assert rows[0]["num_classes"] == 7 and rows[0]["input_size"] == 64
+    assert rows[0]["params"] == 269_722 - 3 * 65  # 3 fewer outputs of a 64-input fc
+    # cifar_resnet20 at 64x64 costs 4x its 32x32 count of 40,551,040 (minus the smaller fc)
+    assert rows[0]["macs"] == 4 * (40_551_040 - 640) + 64 * 7
+
+
+def test_errors_are_one_line():
+    proc = tandem("resnet9")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("tandem: error: unknown model 'resnet9'")
+    assert "cifar_resnet20" in proc.stderr and "Traceback" not in proc.stderr
+    proc = tandem("vgg11", "--input-size", "16")
+    assert proc.returncode == 2 and "at least 32x32" in proc.stderr
