@@ -39,7 +39,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from ..parallel import gather
+from ..parallel import DataParallelModel, gather
 from ..parallel.devices import resolve_devices, to_device
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .layout import classifier_layout
@@ -107,8 +107,6 @@ class HybridParallel(nn.Module):
         self.output_device = to_device(output_device) if output_device is not None else devices[0]
         leading, stages = classifier_layout(model.classifier)
         mods = list(model.classifier)
-
-        from ..parallel import DataParallelModel  # TEMPORARY lazy import until the engine lands
 
         trunk = _Trunk(model.features, getattr(model, "avgpool", None), [mods[i] for i in leading])
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
