@@ -204,9 +204,52 @@ def test_resident_bytes_counts_shared_storage_once():
     b = torch.zeros(3, dtype=torch.float64)
     assert resident_bytes([a, view, b, None]) == {torch.device("cpu"): 40 + 24}
     probe = MemoryProbe([torch.device("cpu")] * 2)
-    probe.start([a])
+    assert not probe.active
+    assert probe.prime(lambda: "first", [a]) == "first"
+    probe.start()
     probe.stop()
     assert probe.per_device() == [None, None]  # the CPU has no allocator statistics
+
+
+class FakeAllocator:
+    """Allocator statistics of one imaginary device, driven by the test."""
+
+    def __init__(self, allocated):
+        self.allocated = self.peak = allocated
+
+    def alloc(self, n):
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+    def memory_allocated(self, device):
+        return self.allocated
+
+    def max_memory_allocated(self, device):
+        return self.peak
+
+    def reset_peak_memory_stats(self, device):
+        self.peak = self.allocated
+
+
+def test_memory_probe_nets_out_the_other_contestants():
+    fake = FakeAllocator(allocated=1000)  # other contestants' models already hold 1000 bytes
+    device = torch.device("cpu")
+    probe = MemoryProbe([device], backend_for=lambda d: fake)
+    assert probe.active
+    weights = torch.zeros(25)  # 100 bytes this contestant holds before its first step
+
+    def first_step():  # leaves 60 bytes resident (grads, optimizer state), peaks 300 above
+        fake.alloc(300)
+        fake.alloc(-240)
+
+    probe.prime(first_step, [weights])
+    for working in (500, 700, 400):  # timed steps: transient working memory, freed after
+        probe.start()
+        fake.alloc(working)
+        fake.alloc(-working)
+        probe.stop()
+    # alone, it would peak at its resident 100 + 60 plus its largest working set 700
+    assert probe.per_device() == [100 + 60 + 700]
 
 
 class TinySplitNet(nn.Module):

@@ -55,7 +55,7 @@ class Contestant:
     ``counts_traffic`` is true for tandem strategies, whose engine records the bytes it moves
     (torch's own wrappers record nothing); ``uncounted_traffic`` names traffic the strategy
     leaves to torch, which that count therefore misses. ``own_tensors()`` lists what the
-    contestant keeps between steps, for :class:`~tandem.bench.timing.MemoryProbe`.
+    contestant holds before its first step, for :meth:`~tandem.bench.timing.MemoryProbe.prime`.
     """
 
     name: str

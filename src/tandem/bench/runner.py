@@ -69,7 +69,7 @@ class _Lane:
 def _step_once(lane: _Lane, timed: bool) -> None:
     contestant = lane.contestant
     if timed:
-        lane.probe.start(contestant.own_tensors())
+        lane.probe.start()
     meter = lane.meter if (timed and contestant.counts_traffic) else contextlib.nullcontext()
     synchronize(contestant.devices)
     with meter:
@@ -82,9 +82,17 @@ def _step_once(lane: _Lane, timed: bool) -> None:
         lane.times.append(elapsed)
 
 
+def _describe(exc: BaseException) -> str:
+    """``"Type: first line of the message"`` (a table cell, not a traceback)."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
 def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size: int, *,
          phase: str = "interleaved", catch: bool = True) -> list[dict]:
     """Run ``warmup`` untimed then ``steps`` timed rounds; return one result per contestant.
+
+    On devices that report memory, each contestant first runs one more untimed step on its
+    own, which :class:`~tandem.bench.timing.MemoryProbe` uses to learn its resident bytes.
 
     With ``catch`` a contestant whose step raises is marked ``failed`` (with the error) and
     leaves the race while the others go on; without it the error propagates (the torchrun
@@ -92,6 +100,14 @@ def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size:
     """
     lanes = [_Lane(c, probe=MemoryProbe(c.devices)) for c in contestants
              if c.skipped is None and c.failure is None]
+    for lane in lanes:  # devices that report memory: one untimed priming step each
+        if lane.probe.active:
+            try:
+                lane.loss = lane.probe.prime(lane.contestant.step, lane.contestant.own_tensors())
+            except Exception as exc:
+                if not catch:
+                    raise
+                lane.failure = _describe(exc)
     for r in range(warmup + steps):
         shift = r % len(lanes) if lanes else 0
         for lane in lanes[shift:] + lanes[:shift]:
@@ -102,7 +118,7 @@ def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size:
             except Exception as exc:
                 if not catch:
                     raise
-                lane.failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                lane.failure = _describe(exc)
     by_name = {lane.contestant.name: lane for lane in lanes}
     return [_result(c, by_name.get(c.name), steps, batch_size, phase) for c in contestants]
 

@@ -93,9 +93,9 @@ def summarize(samples: Sequence[float]) -> Stats:
     )
 
 
-def memory_supported(device: torch.device) -> bool:
+def memory_supported(device: torch.device, backend_for=None) -> bool:
     """True when ``device`` reports allocator statistics (CUDA, and backends with its API)."""
-    backend = _backend(device)
+    backend = (backend_for or _backend)(device)
     return all(
         callable(getattr(backend, name, None))
         for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats")
@@ -122,39 +122,63 @@ class MemoryProbe:
     """Peak memory of one contestant's steps on each device, net of the other contestants.
 
     Several contestants share each device during an interleaved run, so the allocator's raw
-    peak includes the other contestants' models. The probe therefore records, per step,
-    ``peak during the step - allocated before it`` (the step's working memory: activations,
-    replicas, gathered outputs, fresh gradients) and adds the bytes this contestant itself held
-    before the step (its parameters, gradients, buffers, optimizer state and input batch).
+    peak includes the other contestants' models. The probe therefore works in two parts:
+
+    * :meth:`prime` runs the contestant's *first* step and records what it keeps resident
+      afterwards: the bytes of its tensors before that step (parameters, buffers, input batch)
+      plus whatever the step left allocated (gradients, optimizer state, cached replicas, ...).
+      Measuring the allocator, rather than listing tensors, also catches state the engine keeps
+      internally.
+    * :meth:`start` / :meth:`stop` around each timed step record
+      ``peak during the step - allocated before it`` (the step's working memory: activations,
+      replicas, gathered outputs) and add the resident bytes from :meth:`prime`.
+
     The result is what the contestant would peak at if it ran alone, up to allocator rounding.
+    ``backend_for(device)`` (default: ``torch.cuda`` for CUDA, ...) is injectable for tests.
     """
 
-    def __init__(self, devices: Sequence[torch.device]):
+    def __init__(self, devices: Sequence[torch.device], backend_for=None):
         self.devices = list(devices)
-        self._unique = [d for i, d in enumerate(self.devices) if d not in self.devices[:i]]
+        self._backend_for = backend_for or _backend
+        self._measured = [d for i, d in enumerate(self.devices)
+                          if d not in self.devices[:i] and memory_supported(d, self._backend_for)]
         self._before: dict[torch.device, int] = {}
-        self._own: dict[torch.device, int] = {}
+        self._resident: dict[torch.device, int] = {}
         self.peak: dict[torch.device, int] = {}
 
-    def start(self, own_tensors: Iterable[torch.Tensor]) -> None:
-        """Call just before a step (outside the timed region)."""
-        own = resident_bytes(own_tensors)
-        for device in self._unique:
-            if not memory_supported(device):
-                continue
-            backend = _backend(device)
-            self._own[device] = own.get(device, 0)
-            self._before[device] = backend.memory_allocated(device)
-            backend.reset_peak_memory_stats(device)
+    @property
+    def active(self) -> bool:
+        """True when at least one device reports memory (else every method is a no-op)."""
+        return bool(self._measured)
+
+    def _allocated(self) -> dict[torch.device, int]:
+        return {d: self._backend_for(d).memory_allocated(d) for d in self._measured}
+
+    def prime(self, first_step, own_tensors: Iterable[torch.Tensor]):
+        """Run ``first_step()`` (the contestant's first ever step); return what it returns."""
+        held = resident_bytes(own_tensors)
+        before = self._allocated()
+        result = first_step()
+        synchronize(self._measured)
+        after = self._allocated()
+        for device in self._measured:
+            self._resident[device] = held.get(device, 0) + after[device] - before[device]
+        return result
+
+    def start(self) -> None:
+        """Call just before a timed step (outside the timed region)."""
+        self._before = self._allocated()
+        for device in self._measured:
+            self._backend_for(device).reset_peak_memory_stats(device)
 
     def stop(self) -> None:
-        """Call just after a step has been synchronized."""
+        """Call just after a timed step has been synchronized."""
         for device, before in self._before.items():
-            backend = _backend(device)
-            step_peak = backend.max_memory_allocated(device) - before + self._own[device]
-            self.peak[device] = max(self.peak.get(device, 0), step_peak)
-        self._before.clear()
+            step = self._backend_for(device).max_memory_allocated(device) - before
+            total = step + self._resident.get(device, 0)
+            self.peak[device] = max(self.peak.get(device, 0), total)
+        self._before = {}
 
     def per_device(self) -> list[int | None]:
         """Peak bytes aligned with ``devices``; ``None`` where the device reports nothing."""
-        return [self.peak.get(d) if memory_supported(d) else None for d in self.devices]
+        return [self.peak.get(d) if d in self._measured else None for d in self.devices]
