@@ -306,3 +306,37 @@ def test_explain_prints_the_hybrid_plan_or_says_why_not():
     text = explain(TinySplitNet(5), ["cpu", "cpu"], batch_size=8, image_size=8)
     assert text.startswith("hybrid plan:")
     assert "no .features/.classifier" in explain(nn.Linear(2, 2), ["cpu"], 8, 8)
+
+
+def _cuda_devices_flag() -> str:
+    return "cuda:0,1" if torch.cuda.device_count() >= 2 else "cuda:0"
+
+
+@pytest.mark.cuda
+def test_run_bench_on_cuda_reports_peak_memory():
+    config = BenchConfig(arch="cifar_resnet20", strategies="single,dp,balanced",
+                         devices=_cuda_devices_flag(), baselines="bare,torch_dp", batch_size=8,
+                         steps=2, warmup=1, amp=True, channels_last=True)
+    results = {r["name"]: r for r in run_bench(config)["results"]}
+    for name in ("bare", "single", "dp", "balanced"):
+        r = results[name]
+        assert r["status"] == "ok", r["reason"]
+        assert all(isinstance(m, int) and m > 0 for m in r["peak_memory_bytes"]), name
+    multi = torch.cuda.device_count() >= 2
+    assert results["torch_dp"]["status"] == ("ok" if multi else "skipped")
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_cli_bench_ddp_and_torch_ddp_on_cuda(tmp_path):
+    out = tmp_path / "ddp.json"
+    proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,ddp", "--devices",
+                     _cuda_devices_flag(), "--baselines", "torch_ddp", "--batch-size", "8",
+                     "--steps", "2", "--warmup", "1", "--json", str(out)], timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    for name in ("ddp", "torch_ddp"):
+        r = results[name]
+        _check_result_shape(r, batch=8, steps=2)
+        assert r["status"] == "ok" and r["phase"] == "torchrun", r["reason"]
+        assert all(isinstance(m, int) and m > 0 for m in r["peak_memory_bytes"])
