@@ -340,3 +340,24 @@ def test_cli_bench_ddp_and_torch_ddp_on_cuda(tmp_path):
         _check_result_shape(r, batch=8, steps=2)
         assert r["status"] == "ok" and r["phase"] == "torchrun", r["reason"]
         assert all(isinstance(m, int) and m > 0 for m in r["peak_memory_bytes"])
+
+
+def test_a_broken_setup_is_reported_as_failed_and_the_cli_exits_1(monkeypatch, capsys):
+    from tandem.bench import suite
+
+    broken = suite._build("dp", "strategy", [torch.device("cpu")], lambda: 1 / 0)
+    (result,) = race([broken], steps=1, warmup=0, batch_size=2)
+    assert result["status"] == "failed"
+    assert result["reason"] == "setup: ZeroDivisionError: division by zero"
+
+    def fake_run_bench(config):
+        report = run_bench(config, model_fn=lambda: TinySplitNet(5))
+        report["results"].append(result)
+        return report
+
+    monkeypatch.setattr("tandem.bench.run_bench", fake_run_bench)
+    code = main(["bench", "--arch", "cifar_resnet20", "--strategies", "single", "--devices",
+                 "cpu", "--baselines", "none", "--batch-size", "2", "--steps", "1",
+                 "--warmup", "0", "--image-size", "8", "--num-classes", "5"])
+    assert code == 1
+    assert "dp          failed: setup: ZeroDivisionError" in capsys.readouterr().out

@@ -72,20 +72,26 @@ def machine_info(devices: list[torch.device]) -> dict:
     return info
 
 
-def _build_strategy(name: str, template: nn.Module, config: BenchConfig, batch,
-                    amp: Amp) -> Contestant:
+def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Contestant:
+    """``build()``, or a ``failed`` contestant carrying the error: a broken setup is a result to
+    report, not a reason to stop the other contestants."""
+    try:
+        return build()
+    except Exception as exc:
+        return Contestant(name=name, kind=kind, devices=list(devices),
+                          failure=f"setup: {type(exc).__name__}: {exc}".splitlines()[0])
+
+
+def _strategy(name: str, template: nn.Module, config: BenchConfig, batch,
+              amp: Amp) -> Contestant:
     # ``single`` is one device by definition; give it only the first (it would warn otherwise).
     devices = config.device_list[:1] if name == "single" else config.device_list
     reason = strategy_skip_reason(name, template, config.arch)
     if reason:
         return skipped(name, "strategy", devices, reason)
-    try:
-        return strategy_contestant(
-            name, copy.deepcopy(template), devices, batch, amp=amp, lr=config.lr,
-            channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers)
-    except Exception as exc:  # a broken setup is a result to report, not a crash
-        return Contestant(name=name, kind="strategy", devices=list(devices),
-                          failure=f"setup: {type(exc).__name__}: {exc}".splitlines()[0])
+    return _build(name, "strategy", devices, lambda: strategy_contestant(
+        name, copy.deepcopy(template), devices, batch, amp=amp, lr=config.lr,
+        channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers))
 
 
 def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
@@ -97,6 +103,7 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     from .distributed import distributed_phase
 
     devices = config.device_list
+    machine = machine_info(devices)  # taken before the run: its date and load average
     if model_fn is None:
         from tandem.models import create_model
 
@@ -118,15 +125,16 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
 
     local: list[Contestant] = []
     if "bare" in config.baselines:
-        local.append(bare_contestant(copy.deepcopy(template), devices, batch, **kw))
+        local.append(_build("bare", "baseline", devices[:1], lambda: bare_contestant(
+            copy.deepcopy(template), devices, batch, **kw)))
     for name in config.strategies:
         if name != "ddp":
-            local.append(_build_strategy(name, template, config, batch, amp))
+            local.append(_strategy(name, template, config, batch, amp))
     if "torch_dp" in config.baselines:
-        if torch_dp_skip_reason(devices) is None:
-            local.append(torch_dp_contestant(copy.deepcopy(template), devices, batch, **kw))
-        else:
-            local.append(skipped("torch_dp", "baseline", devices, torch_dp_skip_reason(devices)))
+        reason = torch_dp_skip_reason(devices)
+        local.append(skipped("torch_dp", "baseline", devices, reason) if reason else _build(
+            "torch_dp", "baseline", devices, lambda: torch_dp_contestant(
+                copy.deepcopy(template), devices, batch, **kw)))
     threads = f"{torch.get_num_threads()} torch threads"
     for contestant in local:
         contestant.notes.append(f"interleaved in one process ({threads})")
@@ -147,5 +155,5 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
         results += distributed_phase(config, remote, custom_model=custom)
     order = ["bare", *config.strategies, "torch_dp", "torch_ddp"]
     results.sort(key=lambda r: order.index(r["name"]))
-    return {"config": config.to_dict(), "machine": machine_info(devices),
+    return {"config": config.to_dict(), "machine": machine,
             "results": add_ratios(results)}
