@@ -138,7 +138,7 @@ class TrainStep:
 
 
 def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
-             device: torch.device, channels_last: bool):
+          device: torch.device, channels_last: bool):
     """Move the batch to ``device``; with ``channels_last`` convert the model and the images."""
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
