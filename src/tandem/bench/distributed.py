@@ -41,20 +41,24 @@ __all__ = ["distributed_phase", "worker_main"]
 
 
 def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | None:
+    """Why ``name`` cannot run in a torchrun phase here, machine limits first."""
     devices = config.device_list
-    if custom_model:
-        return "a custom model cannot be rebuilt in torchrun workers"
     if not torch.distributed.is_available():
         return "torch.distributed is not available in this build"
-    if config.batch_size < len(devices):
-        return f"batch {config.batch_size} is smaller than the {len(devices)} processes"
     if name == "torch_ddp":
-        return torch_ddp_skip_reason(devices)
-    from .suite import registered_strategies
+        reason = torch_ddp_skip_reason(devices)
+        if reason is None and config.batch_size < len(devices):
+            # tandem's ddp handles empty shares; torch's SyncBatchNorm is not asked to
+            reason = f"batch {config.batch_size} is smaller than the {len(devices)} processes"
+    else:
+        from .suite import registered_strategies
 
-    if "ddp" not in registered_strategies():
-        return "strategy 'ddp' is not available (not registered in tandem.strategies)"
-    return None
+        reason = None
+        if "ddp" not in registered_strategies():
+            reason = "strategy 'ddp' is not available (not registered in tandem.strategies)"
+    if reason is None and custom_model:
+        reason = "a custom model cannot be rebuilt in torchrun workers"
+    return reason
 
 
 def distributed_phase(config: BenchConfig, names: list[str], custom_model: bool = False,
