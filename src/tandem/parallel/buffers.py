@@ -55,8 +55,8 @@ def sync_buffers(module: nn.Module, replicas: Sequence[nn.Module], weights: Sequ
     ``replicas[i]`` processed a chunk of ``weights[i]`` samples; ``replicas`` may contain
     ``module`` itself (the home replica, whose updates are already in place).
     """
-    if len(replicas) < 2 and (not replicas or replicas[0] is module):
-        return
+    if not replicas or (replicas[0] is module and (policy == "replica0" or len(replicas) < 2)):
+        return  # replica 0 is the module: its updates are already in place
     originals = list(module.buffers())
     if not originals:
         return

@@ -112,6 +112,7 @@ def _copy_params(params: list[torch.Tensor], targets: list[torch.device]) -> dic
 def _walk(root: nn.Module):
     """Modules in a fixed order (each once), their fingerprint and every tensor's device."""
     modules, seen, fingerprint, where = [], set(), [], set()
+    add = fingerprint.append
     todo = [root]
     while todo:
         m = todo.pop()
@@ -120,23 +121,23 @@ def _walk(root: nn.Module):
         seen.add(id(m))
         modules.append(m)
         d = m.__dict__
-        fingerprint.append(id(m))
-        fingerprint.append(len(d))
+        add(id(m))
+        add(len(d))
         for child in d["_modules"].values():
-            fingerprint.append(id(child))
+            add(id(child))
             if child is not None:
                 todo.append(child)
         for p in d["_parameters"].values():
-            fingerprint.append(id(p))
+            add(id(p))
             if p is not None:
-                fingerprint.append(p.device)
-                where.add(p.device)
+                device = p.device
+                add(device)
+                where.add(device)
         for b in d["_buffers"].values():
-            if b is not None:
-                fingerprint.append(b.device)
-                where.add(b.device)
-            else:
-                fingerprint.append(None)
+            device = None if b is None else b.device
+            add(device)
+            where.add(device)
+    where.discard(None)
     return modules, fingerprint, where
 
 
