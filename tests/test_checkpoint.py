@@ -44,8 +44,8 @@ def sgd(model):
 def assert_same_state(a: nn.Module, b: nn.Module):
     sa, sb = a.state_dict(), b.state_dict()
     assert list(sa) == list(sb)
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), k
+    for k in sa:  # on the CPU: torch's DataParallel moves modules to cuda:0 where it can
+        assert torch.equal(sa[k].cpu(), sb[k].cpu()), k
 
 
 def one_line(exc_info, path):
@@ -146,8 +146,8 @@ def test_torch_dataparallel_saved_without_prefix_and_loaded_into_wrapped(tmp_pat
 def test_module_prefixed_torch_checkpoints_load(tmp_path, style):
     model = make_model()
     opt = sgd(model)
-    train_steps(nn.DataParallel(model), opt, 1)
-    dp_state = nn.DataParallel(model).state_dict()
+    train_steps(model, opt, 1)
+    dp_state = nn.DataParallel(model).state_dict()  # (on a 1-GPU machine this is on cuda:0)
     assert all(k.startswith("module.") for k in dp_state)
     if style == "bare":
         obj = dp_state
@@ -204,7 +204,7 @@ def test_split_wrappers_are_merged_and_split_through_their_hooks(tmp_path):
     train_steps(model, sgd(model), 1)
     hybrid = nn.DataParallel(FakeHybrid(make_model()))  # a wrapper around the split model
     checkpoint.load(_save_plain(tmp_path, model), hybrid)
-    assert torch.equal(hybrid.module.bottom.weight, model[5].weight[2:])
+    assert torch.equal(hybrid.module.bottom.weight.cpu(), model[5].weight[2:])
     path = checkpoint.save(tmp_path / "h.pt", hybrid)
     plain = make_model()
     nn.init.zeros_(plain[5].weight)
@@ -446,3 +446,32 @@ def test_hybrid_parallel_saves_merged_and_loads_plain(tmp_path):
     assert torch.allclose(other(x), plain(x), atol=1e-6)
     with pytest.raises(CheckpointError, match="shape mismatch.*features.0.weight"):
         checkpoint.load(path, HybridParallel(FeaturesClassifier(in_ch=2), ["cpu"] * 2))
+
+
+# -- CUDA ------------------------------------------------------------------------------------
+
+@pytest.mark.cuda
+def test_cuda_model_and_rng_round_trip(tmp_path):
+    model = make_model().cuda()
+    opt = sgd(model)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 1, 5, 5, generator=g).cuda(), torch.randint(3, (6,), generator=g).cuda()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    torch.cuda.manual_seed_all(7)
+    torch.rand(3, device="cuda")
+    path = checkpoint.save(tmp_path / "c.pt", nn.DataParallel(model), opt)
+    expected = torch.rand(5, device="cuda").tolist()
+    ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    assert ckpt["state_dict"]["0.weight"].device.type == "cpu"
+    assert len(ckpt["rng"]["cuda"]) == torch.cuda.device_count()
+    checkpoint.restore_rng(ckpt["rng"])
+    assert torch.rand(5, device="cuda").tolist() == expected
+    plain = make_model()  # CPU model from a CUDA checkpoint
+    checkpoint.load(path, plain)
+    assert all(torch.equal(v.cpu(), plain.state_dict()[k]) for k, v in model.state_dict().items())
+    fresh = make_model().cuda()
+    fresh_opt = sgd(fresh)
+    checkpoint.load(path, fresh, fresh_opt, map_location="cuda")
+    state = next(iter(fresh_opt.state.values()))
+    assert state["momentum_buffer"].device.type == "cuda"

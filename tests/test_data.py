@@ -320,3 +320,15 @@ def test_synthetic_cached_and_generated_samples_agree(monkeypatch):
         assert cached[i][1] == lazy[i][1]
     longer, _, _ = load_dataset("synthetic", synthetic_size=20, image_size=8)
     assert torch.equal(longer[5][0], cached[5][0])  # a sample does not depend on the size
+
+
+@pytest.mark.cuda
+def test_pinned_loader_feeds_cuda():
+    ds = small_synth(10)
+    loader = make_loader(ds, 4, shuffle=True, seed=0, epoch=0, workers=2, pin_memory=True,
+                         rank=2, world_size=3)
+    sizes = []
+    for x, y in loader:
+        assert x.is_pinned() or x.numel() == 0  # an empty tensor has no memory to pin
+        sizes.append(x.cuda(non_blocking=True).shape[0])
+    assert sizes == [1, 1, 0]

@@ -219,6 +219,6 @@ def test_cifar10_pickle_cannot_run_code(tmp_path):
     marker = tmp_path / "PWNED"
     with open(root / "test_batch", "wb") as f:
         pickle.dump({b"data": _Evil(str(marker)), b"labels": []}, f)
-    with pytest.raises(ValueError, match="test_batch.*refusing to load (io|builtins).open"):
+    with pytest.raises(ValueError, match="test_batch.*refusing to load .*open"):
         load_dataset(str(root))
     assert not marker.exists()
