@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import context
-from .sync_functions import GlobalMoments, local_moments
+from .sync_functions import GlobalMoments, LocalMoments, Normalize
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
@@ -99,7 +99,7 @@ class SyncBatchNorm(_BatchNorm):
         group = self._process_group() if self.training else None
         if not threads and group is None:
             return super().forward(input)  # plain BatchNorm, bit for bit
-        moments = local_moments(input)  # (3, C)
+        moments = LocalMoments.apply(input)  # (3, C): count, mean, m2 of this replica
         if threads:
             count = input.numel() // input.size(1) if input.size(1) else 0
             part = _Part(moments, count, input.device, self._buffer_ids())
@@ -112,17 +112,17 @@ class SyncBatchNorm(_BatchNorm):
             owner = True
         if group is not None and total.device.type == "cpu":  # free here; all ranks see one n
             _check_count(int(total[0, 0]), f"{dist.get_world_size(group)} processes")
-        count, mean, m2 = total
+        # total: (4, C) global count, mean, biased and unbiased variance, on input.device
         if owner:
-            self._update_running_stats(count, mean, m2)
-        return self._normalize(input, mean, m2 / count.clamp(min=1))
+            self._update_running_stats(total[1], total[3])
+        return Normalize.apply(input, total, self.weight, self.bias, self.eps)
 
     def _buffer_ids(self) -> tuple:
         return tuple(None if b is None else (b.device, b.data_ptr())
                      for b in (self.running_mean, self.running_var, self.num_batches_tracked))
 
     @torch.no_grad()
-    def _update_running_stats(self, count, mean, m2) -> None:
+    def _update_running_stats(self, mean, unbiased_var) -> None:
         """Fold the global mean and unbiased variance into the running stats, like BatchNorm."""
         if not self.track_running_stats or self.running_mean is None:
             return
@@ -132,23 +132,8 @@ class SyncBatchNorm(_BatchNorm):
             factor = 1.0 / float(self.num_batches_tracked)
         else:
             factor = self.momentum
-        unbiased = m2 / (count - 1).clamp(min=1)
-        rm, rv = self.running_mean, self.running_var
-        rm.mul_(1 - factor).add_(mean.to(rm.dtype), alpha=factor)
-        rv.mul_(1 - factor).add_(unbiased.to(rv.dtype), alpha=factor)
-
-    def _normalize(self, x, mean, var) -> torch.Tensor:
-        # x: (N, C, *); mean, var: (C,) in the accumulation dtype. Computed in float32 at least,
-        # as (x - mean) * (weight / std) + bias, then cast back to x's dtype.
-        work = torch.promote_types(x.dtype, torch.float32)
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        scale = torch.rsqrt(var + self.eps).to(work)
-        if self.weight is not None:
-            scale = scale * self.weight.to(work)
-        out = (x.to(work) - mean.to(work).view(shape)) * scale.view(shape)
-        if self.bias is not None:
-            out = out + self.bias.to(work).view(shape)
-        return out.to(x.dtype)
+        self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
+        self.running_var.lerp_(unbiased_var.to(self.running_var.dtype), factor)
 
 
 def _check_count(count: int, where: str) -> None:

@@ -1,4 +1,4 @@
-"""Batch moments and the one autograd Function that merges them across replicas and processes.
+"""The autograd Functions behind SyncBatchNorm: local moments, their global merge, normalization.
 
 A *part* is one replica's share of a batch, summarised per channel as a ``(3, C)`` tensor of
 rows ``[count, mean, m2]``, where ``m2`` is the sum of squared deviations from the part's own
@@ -11,12 +11,18 @@ mean. Parts are merged with Chan et al.'s pairwise formula::
 This is the same information as (count, sum, sum of squares), but it never subtracts two large
 sums of squares, so a channel whose mean is large next to its spread keeps its precision.
 
-:class:`GlobalMoments` is the only place replicas meet in autograd. Its inputs are *every*
-replica's part and its outputs are the merged moments, one copy per replica device. Because
-there is one node, replicas that share a device (and so share one autograd thread) need no
-barrier in backward: the engine sums their gradients into the node and runs it once. Across
-processes the node all-gathers parts in forward and all-reduces the gradient of the merged
-moments in backward, so every process must run backward through it (see ``anchor``).
+A forward is three nodes per replica, with one of them shared:
+
+1. :class:`LocalMoments` (per replica): ``x -> part``;
+2. :class:`GlobalMoments` (ONE node for all replicas): every part in, the global
+   ``[count, mean, var, unbiased var]`` out, one copy per replica device. Replicas that share a
+   device also share one autograd thread, so a barrier in backward would deadlock; with one
+   node the engine sums the replicas' gradients into it and runs it once. Across processes it
+   all-gathers parts in forward and all-reduces the gradient in backward;
+3. :class:`Normalize` (per replica): ``F.batch_norm`` in inference form with the global
+   statistics (one fused kernel), whose backward also returns the gradient of those statistics.
+
+Each per-replica node saves only ``x`` itself, as plain BatchNorm does.
 """
 
 from __future__ import annotations
@@ -25,45 +31,51 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+from torch.nn import functional as F
 
-__all__ = ["accumulation_dtype", "local_moments", "merge_moments", "GlobalMoments"]
+__all__ = ["accumulation_dtype", "local_moments", "merge_moments", "LocalMoments",
+           "GlobalMoments", "Normalize"]
+
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype moments are merged in: float64 for half precision, else at least float32."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return torch.float64
-    if dtype == torch.float64:
+    if dtype in _HALF or dtype == torch.float64:
         return torch.float64
     return torch.float32
 
 
+def _reduce_dims(x: torch.Tensor) -> list[int]:
+    return [0, *range(2, x.dim())]
+
+
 def local_moments(x: torch.Tensor) -> torch.Tensor:
-    """``[count, mean, m2]`` per channel of ``x`` (shape ``(N, C, *)``), differentiable in ``x``.
+    """``[count, mean, m2]`` per channel of ``x`` (``(N, C, *)``), not tracked by autograd.
 
     Half-precision inputs are reduced in float32 (two-pass ``var_mean``, so no cancellation) and
-    returned in float64. An empty batch gives count 0, mean 0 and m2 0, still connected to ``x``.
+    returned in float64. An empty batch gives count 0, mean 0 and m2 0.
     """
     acc = accumulation_dtype(x.dtype)
-    dims = [0, *range(2, x.dim())]
+    out = torch.zeros(3, x.size(1), dtype=acc, device=x.device)
     count = x.numel() // max(x.size(1), 1)
-    if count == 0:
-        # Sum over nothing is zeros; keeps the autograd connection to x (grad is empty anyway).
-        zeros = x.sum(dim=dims, dtype=acc)
-        return torch.stack([zeros, zeros, zeros])
-    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    var, mean = torch.var_mean(work, dim=dims, correction=0)
-    mean = mean.to(acc)
-    m2 = var.to(acc) * count
-    return torch.stack([torch.full_like(mean, count), mean, m2])
+    if count:
+        with torch.no_grad():
+            work = x.float() if x.dtype in _HALF else x
+            var, mean = torch.var_mean(work, dim=_reduce_dims(x), correction=0)
+            out[0] = count
+            out[1] = mean
+            torch.mul(var, count, out=out[2])
+    return out
 
 
 def merge_moments(parts: torch.Tensor) -> torch.Tensor:
     """Merge stacked parts ``(P, 3, C)`` into one ``(3, C)``; empty parts weigh nothing."""
     n_p, mean_p, m2_p = parts.unbind(1)
     n = n_p.sum(0)
-    mean = (n_p * mean_p).sum(0) / n.clamp(min=1)
-    m2 = m2_p.sum(0) + (n_p * (mean_p - mean) ** 2).sum(0)
+    mean = (n_p / n.clamp(min=1) * mean_p).sum(0)
+    spread = mean_p - mean
+    m2 = torch.addcmul(m2_p, n_p * spread, spread).sum(0)  # sum m2_p + n_p * spread^2
     return torch.stack([n, mean, m2])
 
 
@@ -75,17 +87,43 @@ def _merge_grads(parts: torch.Tensor, merged: torch.Tensor, g_mean, g_m2) -> tor
     """
     n_p, mean_p, _ = parts.unbind(1)
     n, mean, _ = merged.unbind(0)
-    grad_mean = g_mean * n_p / n.clamp(min=1) + g_m2 * 2 * n_p * (mean_p - mean)
-    grad_m2 = g_m2.expand_as(grad_mean)
-    return torch.stack([torch.zeros_like(grad_mean), grad_mean, grad_m2], dim=1)
+    grad_mean = n_p * (g_mean / n.clamp(min=1) + 2 * g_m2 * (mean_p - mean))
+    return torch.stack([torch.zeros_like(grad_mean), grad_mean, g_m2.expand_as(grad_mean)], 1)
+
+
+class LocalMoments(torch.autograd.Function):
+    """``x -> [count, mean, m2]`` (see :func:`local_moments`), with a one-pass backward.
+
+    Backward: d mean / dx = 1 / n and d m2 / dx = 2 (x - mean), so
+    ``grad_x = (x - mean) * 2 g_m2 + g_mean / n``.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        part = local_moments(x)
+        ctx.save_for_backward(x, part)
+        return part
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, part = ctx.saved_tensors
+        if x.numel() == 0:
+            return torch.zeros_like(x)
+        work = torch.promote_types(x.dtype, torch.float32)
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        n, mean, _ = part.unbind(0)
+        slope = (2 * grad[2]).to(work).view(shape)
+        offset = (grad[1] / n).to(work).view(shape)
+        centered = x.to(work) - mean.to(work).view(shape)
+        return torch.addcmul(offset, centered, slope).to(x.dtype)
 
 
 class GlobalMoments(torch.autograd.Function):
-    """Merge every replica's part (and, with ``group``, every process's) into global moments.
+    """Merge every replica's part (and, with ``group``, every process's) into global statistics.
 
     ``apply(group, devices, anchor, *parts)``: ``parts[i]`` is replica ``i``'s ``(3, C)`` part;
-    output ``i`` is the merged ``(3, C)`` moments on ``devices[i]``. ``group`` is a
-    ``torch.distributed`` process group or ``None``. ``anchor`` is ``None`` or a scalar that
+    output ``i`` is ``[count, mean, var, unbiased var]`` (``(4, C)``) on ``devices[i]``. ``group``
+    is a ``torch.distributed`` process group or ``None``. ``anchor`` is ``None`` or a scalar that
     requires grad: across processes, every process must reach this node in backward (it
     all-reduces there), even one whose parts need no gradient, such as a rank with an empty batch.
 
@@ -104,21 +142,21 @@ class GlobalMoments(torch.autograd.Function):
             total = merge_moments(torch.stack(gathered))
         else:
             total = merged
+        n, mean, m2 = total.unbind(0)
+        stats = torch.stack([n, mean, m2 / n.clamp(min=1), m2 / (n - 1).clamp(min=1)])
         ctx.group = group
         ctx.devices = [p.device for p in parts]
         ctx.save_for_backward(local, merged, total)
         # A copy per output: autograd must not see one tensor returned twice.
-        return tuple(total.to(device, copy=True) for device in devices)
+        return tuple(stats.to(device, copy=True) for device in devices)
 
     @staticmethod
     def backward(ctx, *grads):
         local, merged, total = ctx.saved_tensors
         home = local.device
-        grad = torch.zeros_like(total)
-        for g in grads:
-            if g is not None:
-                grad += g.to(home)
-        g_mean, g_m2 = grad[1], grad[2]
+        present = [g.to(home) for g in grads if g is not None]
+        grad = torch.stack(present).sum(0) if present else torch.zeros_like(total)
+        g_mean, g_m2 = grad[1], grad[2] / total[0].clamp(min=1)  # var = m2 / n
         if ctx.group is not None:
             # Every process's loss depends on the global moments: sum their gradients, then
             # take this process's share of the merge over processes.
@@ -132,3 +170,47 @@ class GlobalMoments(torch.autograd.Function):
             for i, device in enumerate(ctx.devices)
         ]
         return (None, None, None, *out)
+
+
+class Normalize(torch.autograd.Function):
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` with *given* statistics, differentiable
+    in all of them.
+
+    ``apply(x, stats, weight, bias, eps)`` with ``stats`` from :class:`GlobalMoments`. Forward is
+    ``F.batch_norm`` in inference form (one fused kernel). Backward recomputes it to get the
+    fused ``grad_x`` (direct part), ``grad_weight = sum(g * xhat)`` and ``grad_bias = sum(g)``, from
+    which d/d mean = -w * invstd * sum(g) and d/d var = -w * invstd^2 * sum(g * xhat) / 2.
+    """
+
+    @staticmethod
+    def forward(ctx, x, stats, weight, bias, eps):
+        dtype = weight.dtype if weight is not None else torch.promote_types(x.dtype, torch.float32)
+        mean, var = stats[1].detach().to(dtype), stats[2].detach().to(dtype)
+        ctx.eps, ctx.stats_dtype = eps, stats.dtype
+        ctx.save_for_backward(x, mean, var, weight, bias)
+        return F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, mean, var, weight, bias = ctx.saved_tensors
+        need_x, need_stats, need_w, need_b = ctx.needs_input_grad[:4]
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_(need_x)
+            w = torch.ones_like(mean) if weight is None else weight.detach()
+            b = torch.zeros_like(mean) if bias is None else bias.detach()
+            w.requires_grad_(need_stats or need_w)
+            b.requires_grad_(need_stats or need_b)
+            y = F.batch_norm(xd, mean, var, w, b, False, 0.0, ctx.eps)
+            inputs = [t for t in (xd, w, b) if t.requires_grad]
+            found = iter(torch.autograd.grad(y, inputs, grad) if inputs else ())
+        grad_x = next(found) if xd.requires_grad else None
+        grad_w = next(found) if w.requires_grad else None
+        grad_b = next(found) if b.requires_grad else None
+        grad_stats = None
+        if need_stats:
+            invstd = torch.rsqrt(var + ctx.eps)
+            scale = w.detach() * invstd
+            grad_stats = torch.zeros(4, mean.numel(), dtype=ctx.stats_dtype, device=mean.device)
+            grad_stats[1] = -scale * grad_b
+            grad_stats[2] = -0.5 * scale * invstd * grad_w
+        return (grad_x, grad_stats, grad_w if need_w else None, grad_b if need_b else None, None)
