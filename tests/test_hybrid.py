@@ -30,9 +30,9 @@ class Small(nn.Module):
 
 
 def merged_grads(hybrid: HybridParallel, model: nn.Module) -> dict:
-    """Gradients keyed like ``model.named_parameters()``: the shared features' own, and the
-    split layers' shard gradients put back together."""
-    grads = {f"features.{k}": p.grad for k, p in model.features.named_parameters()}
+    """Gradients keyed like ``model.named_parameters()``: shared modules' own, and the split
+    layers' shard gradients put back together."""
+    grads = {}
     for prefix, module in hybrid._parts:
         if isinstance(module, ColumnParallelLinear):
             grads[prefix + "weight"] = torch.cat([s.weight.grad for s in module.shards], 0)
@@ -40,6 +40,8 @@ def merged_grads(hybrid: HybridParallel, model: nn.Module) -> dict:
         elif isinstance(module, RowParallelLinear):
             grads[prefix + "weight"] = torch.cat([s.weight.grad for s in module.shards], 1)
             grads[prefix + "bias"] = module.bias.grad
+        else:
+            grads.update({prefix + k: p.grad for k, p in module.named_parameters()})
     return grads
 
 
@@ -74,6 +76,31 @@ def check_against_reference(model, devices, batch, size, steps=2):
 @pytest.mark.parametrize("n,batch", [(1, 3), (2, 5), (3, 5), (3, 2), (4, 3)])
 def test_small_model_matches_single_device(n, batch):
     check_against_reference(Small(), ["cpu"] * n, batch, 8)
+
+
+class OddHead(Small):
+    """A classifier that starts with BatchNorm1d (gathered first), in-place ReLUs, a Linear
+    that cannot pair, and no avgpool."""
+
+    def __init__(self, first_bn):
+        super().__init__()
+        del self.avgpool
+        head = [nn.BatchNorm1d(96)] if first_bn else []
+        self.classifier = nn.Sequential(*head, nn.Linear(96, 9), nn.BatchNorm1d(9),
+                                        nn.ReLU(inplace=True), nn.Linear(9, 8),
+                                        nn.ReLU(inplace=True), nn.Linear(8, 5))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+@pytest.mark.parametrize("first_bn", [True, False])
+def test_other_classifier_shapes(first_bn):
+    hybrid = check_against_reference(OddHead(first_bn), ["cpu"] * 3, 5, 8)
+    kinds = [type(m).__name__ for m in hybrid.head]
+    assert kinds[:2] == (["_Gather", "BatchNorm1d"] if first_bn else
+                         ["ColumnParallelLinear", "BatchNorm1d"])
+    assert "RowParallelLinear" in kinds
 
 
 def test_batch_norm_in_features_buffers_follow_replica0():
