@@ -2,20 +2,21 @@
 
 A criterion with ``reduction="mean"`` on the global batch is ``sum_i l_i / D`` where ``D`` is
 what it divides by: the sample count for plain cross-entropy, the summed class weights of the
-non-ignored targets when ``weight`` / ``ignore_index`` are used, the element count for an
-elementwise loss such as MSE. Each rank holds part of the batch, so the global loss is
+non-ignored targets when ``weight`` / ``ignore_index`` are used, the element count of the
+unreduced loss for any other torch loss (MSE, margin losses, ...). Each rank holds part of the batch, so the global loss is
 ``sum_r S_r / sum_r D_r`` with ``S_r = local_mean_r * D_r``. Summing ``(S_r, D_r)`` over ranks
 gives exactly the single-process loss, also for uneven or empty shares.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
 from torch import nn
 
-__all__ = ["reduction_of", "local_denominator", "local_sum"]
+__all__ = ["reduction_of", "local_sum"]
 
 
 def reduction_of(criterion: Callable) -> str:
@@ -29,43 +30,52 @@ def reduction_of(criterion: Callable) -> str:
     return reduction
 
 
-def local_denominator(criterion: Callable, outputs: torch.Tensor,
-                      targets: torch.Tensor) -> torch.Tensor:
-    """What ``criterion`` (mean-reduced) divides this rank's summed loss by, as a 0-dim tensor.
-
-    Cross-entropy / NLL with class-index targets: the sum of ``weight[target]`` over targets
-    that are not ``ignore_index`` (the count of such targets without ``weight``). Probability
-    targets, and ``batchmean``: the number of samples. Other losses: the number of output
-    elements (an elementwise mean). ``sum`` reduction: 1.
-    """
-    reduction = reduction_of(criterion)
-    if reduction == "sum":
-        return torch.ones((), device=outputs.device)
-    if reduction == "batchmean":
+def _ce_denominator(criterion, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy / NLL: summed ``weight[target]`` over non-ignored targets (or their count)."""
+    if targets.is_floating_point():  # class probabilities: a mean over samples
         return torch.tensor(float(outputs.shape[0]), device=outputs.device)
-    if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) and not targets.is_floating_point():
-        targets = targets.to(outputs.device)
-        valid = targets != criterion.ignore_index
-        weight = criterion.weight
-        if weight is None:
-            return valid.sum().to(outputs.dtype)
-        picked = weight.to(outputs.device)[targets.masked_fill(~valid, 0)]
-        return (picked * valid).sum().to(outputs.dtype)
-    if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
-        return torch.tensor(float(outputs.shape[0]), device=outputs.device)
-    return torch.tensor(float(outputs.numel()), device=outputs.device)
+    targets = targets.to(outputs.device)
+    valid = targets != criterion.ignore_index
+    if criterion.weight is None:
+        return valid.sum().to(outputs.dtype)
+    picked = criterion.weight.to(outputs.device)[targets.masked_fill(~valid, 0)]
+    return (picked * valid).sum().to(outputs.dtype)
 
 
 def local_sum(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor):
-    """``(S, D)``: this rank's summed loss (with autograd) and its denominator (no grad).
+    """``(S, D)``: this rank's summed loss (with autograd) and what the mean divides it by.
+
+    - cross-entropy / NLL with class-index targets: ``D`` is the sum of ``weight[target]``
+      over targets that are not ``ignore_index`` (their count without ``weight``), which is
+      how torch normalises ``weight``, ``ignore_index`` and ``label_smoothing``; with
+      probability targets, the number of samples;
+    - ``batchmean``: the number of samples;
+    - other torch losses with ``mean``: the loss runs once with ``reduction="none"`` (on a
+      shallow copy) and ``D`` is the number of its elements;
+    - ``sum``: ``D`` is 1 (only ``S`` matters);
+    - a plain function: taken as a mean over samples.
 
     With an empty share (0 samples) ``S`` is ``0 * outputs.sum()``: zero, yet connected to the
     graph, so backward still reaches every parameter and the gradient all-reduce of
-    DistributedDataParallel runs on every rank.
+    DistributedDataParallel runs on every rank. ``D`` is then 0.
     """
+    device = outputs.device
     if outputs.shape[0] == 0:
         zero = outputs.sum() * 0.0
-        return zero, torch.zeros((), device=outputs.device, dtype=zero.dtype)
-    value = criterion(outputs, targets)
-    denominator = local_denominator(criterion, outputs, targets)
-    return value * denominator, denominator.detach()
+        return zero, torch.zeros((), device=device, dtype=zero.dtype)
+    reduction = reduction_of(criterion)
+    if reduction == "sum":
+        return criterion(outputs, targets), torch.ones((), device=device)
+    if reduction == "batchmean":
+        return criterion(outputs, targets) * outputs.shape[0], torch.tensor(
+            float(outputs.shape[0]), device=device)
+    if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
+        denominator = _ce_denominator(criterion, outputs, targets)
+        return criterion(outputs, targets) * denominator, denominator
+    if isinstance(criterion, nn.Module) and hasattr(criterion, "reduction"):
+        unreduced = copy.copy(criterion)
+        unreduced.reduction = "none"
+        losses = unreduced(outputs, targets)
+        return losses.sum(), torch.tensor(float(losses.numel()), device=device)
+    count = float(outputs.shape[0])  # a plain function: a mean over samples
+    return criterion(outputs, targets) * count, torch.tensor(count, device=device)

@@ -1,0 +1,64 @@
+"""``tandem launch``: run a tandem command on N processes per machine, on one or more machines.
+
+A thin front to :func:`tandem.distributed.launch.launch`, which runs ``torch.distributed.run``
+(torchrun). Everything after ``--`` is the tandem command each worker runs::
+
+    tandem launch --nproc-per-node 2 -- train --strategy ddp --data digits --epochs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tandem.distributed.launch import LaunchSpec, launch
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "launch",
+        help="run a tandem command on several processes/machines (torchrun)",
+        description="Run `tandem COMMAND` once per worker with torch.distributed.run "
+                    "(torchrun), e.g. `tandem launch --nproc-per-node 2 -- train --strategy "
+                    "ddp ...`. If a worker fails, every worker is stopped and the exit status "
+                    "is non-zero.",
+    )
+    p.add_argument("--nproc-per-node", type=int, required=True, metavar="N",
+                   help="worker processes on this machine (one per device)")
+    p.add_argument("--nnodes", default="1", metavar="M",
+                   help="number of machines (or MIN:MAX with --rdzv-endpoint)")
+    p.add_argument("--node-rank", type=int, default=0, metavar="R",
+                   help="this machine's index, 0 .. M-1 (node 0 hosts the rendezvous)")
+    p.add_argument("--master-addr", default=None, metavar="ADDR",
+                   help="address of node 0 (default 127.0.0.1 on one machine)")
+    p.add_argument("--master-port", type=int, default=None, metavar="PORT",
+                   help="port on node 0 (default, or 0: a free port, one machine only)")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="dynamic rendezvous endpoint instead of --master-addr/--master-port")
+    p.add_argument("--rdzv-backend", default=None, metavar="NAME",
+                   help="rendezvous backend with --rdzv-endpoint (default c10d)")
+    p.add_argument("--rdzv-id", default=None, metavar="ID",
+                   help="job id shared by every machine with --rdzv-endpoint")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="restart the worker group up to K times after a failure")
+    p.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long a worker waits in a collective for a dead or stuck peer "
+                        "(default: TANDEM_DIST_TIMEOUT or 300)")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- then the tandem command and its flags")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    spec = LaunchSpec(
+        nproc_per_node=args.nproc_per_node, command=command, nnodes=args.nnodes,
+        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+        rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
+        rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
+    )
+    return launch(spec)

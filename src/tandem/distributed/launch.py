@@ -1,0 +1,195 @@
+"""``tandem launch``: run a tandem command on many processes and machines with torchrun.
+
+The engine is ``torch.distributed.run`` (the code behind ``torchrun``), called in this
+process: its elastic agent starts ``python -m tandem <command>`` once per local worker, sets
+their ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT``, watches
+them, and when one fails it stops the others (SIGTERM, then SIGKILL) and reports which rank
+failed. We add only what torchrun leaves to its users:
+
+- a check that the master port is free before the master node starts (a clear one-line
+  error instead of a store traceback), and a free port picked for one-node runs;
+- ``--dist-timeout``, passed to the workers as ``TANDEM_DIST_TIMEOUT``, which bounds how
+  long a worker waits in a collective for a peer that died or hangs;
+- a one-line summary of the failed rank and its exit code, which is also our exit code.
+
+Launching one machine::
+
+    tandem launch --nproc-per-node 2 -- train --strategy ddp --data digits
+
+Two machines (run on each, with its own ``--node-rank``)::
+
+    tandem launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 \\
+        --nproc-per-node 2 -- train --strategy ddp ...
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+
+from .env import TIMEOUT_VAR
+
+__all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "launch"]
+
+_SUBCOMMANDS = ("train", "eval", "bench", "models")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What ``tandem launch`` was asked to run; ``__post_init__`` rejects what cannot work.
+
+    ``command`` is the tandem subcommand and its flags (``["train", "--strategy", "ddp"]``).
+    ``nnodes`` is ``"M"`` or, for elastic jobs with a rendezvous endpoint, ``"MIN:MAX"``.
+    ``master_port`` ``None`` or ``0`` on one node means "pick a free one".
+    """
+
+    nproc_per_node: int
+    command: list[str]
+    nnodes: str = "1"
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    dist_timeout: float | None = None
+    extra_env: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.nproc_per_node < 1:
+            raise ValueError(f"bad --nproc-per-node {self.nproc_per_node}: must be >= 1")
+        if not self.command:
+            raise ValueError("no command to launch: add it after `--`, e.g. "
+                             "`tandem launch --nproc-per-node 2 -- train --strategy ddp`")
+        if self.command[0] not in _SUBCOMMANDS:
+            raise ValueError(f"cannot launch {self.command[0]!r}: the command after `--` must "
+                             f"be a tandem subcommand ({', '.join(_SUBCOMMANDS)})")
+        lo, hi = _parse_nnodes(self.nnodes)
+        if lo != hi and not self.rdzv_endpoint:
+            raise ValueError(f"--nnodes {self.nnodes} (elastic) needs --rdzv-endpoint")
+        if self.max_restarts < 0:
+            raise ValueError(f"bad --max-restarts {self.max_restarts}: must be >= 0")
+        if self.dist_timeout is not None and self.dist_timeout <= 0:
+            raise ValueError(f"bad --dist-timeout {self.dist_timeout}: must be > 0 seconds")
+        if self.master_port is not None and not 0 <= self.master_port < 65536:
+            raise ValueError(f"bad --master-port {self.master_port}: must be 0-65535")
+        if self.rdzv_endpoint:
+            if self.master_addr or self.master_port:
+                raise ValueError("give either --rdzv-endpoint or --master-addr/--master-port, "
+                                 "not both")
+            return
+        if self.rdzv_backend or self.rdzv_id:
+            raise ValueError("--rdzv-backend and --rdzv-id need --rdzv-endpoint")
+        if not 0 <= self.node_rank < hi:
+            raise ValueError(f"bad --node-rank {self.node_rank}: must be in [0, {hi}) "
+                             f"for --nnodes {self.nnodes}")
+        if hi > 1 and (not self.master_addr or not self.master_port):
+            raise ValueError(f"--nnodes {self.nnodes} needs --master-addr and a non-zero "
+                             "--master-port (the address and port of node 0), or "
+                             "--rdzv-endpoint HOST:PORT")
+
+    @property
+    def multi_node(self) -> bool:
+        return _parse_nnodes(self.nnodes)[1] > 1
+
+
+def _parse_nnodes(text: str) -> tuple[int, int]:
+    parts = str(text).split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
+    except ValueError:
+        lo = hi = 0
+    if lo < 1 or hi < lo:
+        raise ValueError(f"bad --nnodes {text!r}: expected M or MIN:MAX with 1 <= MIN <= MAX")
+    return lo, hi
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """Raise a one-line ``ValueError`` when something on this machine listens on ``port``.
+
+    Binds a socket the way the rendezvous store will (every interface, ``SO_REUSEADDR`` so a
+    port in TIME_WAIT still counts as free). There is a small window between this check and
+    torchrun binding the port; a port taken in that window fails in torchrun itself.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(f"port {port} on {addr} is already in use; pick another with "
+                                 "--master-port") from None
+            raise ValueError(f"cannot use port {port} on {addr}: {exc.strerror}") from None
+
+
+def torchrun_argv(spec: LaunchSpec) -> list[str]:
+    """The ``torchrun`` arguments for ``spec``: the workers run ``python -m tandem COMMAND``.
+
+    One node without a port uses torchrun's own choice of a free port (a c10d rendezvous on
+    ``localhost:0``); ``--master-port`` pins it.
+    """
+    argv = ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
+            "--max-restarts", str(spec.max_restarts)]
+    if spec.rdzv_endpoint:
+        argv += ["--rdzv-backend", spec.rdzv_backend or "c10d",
+                 "--rdzv-endpoint", spec.rdzv_endpoint]
+        if spec.rdzv_id:
+            argv += ["--rdzv-id", spec.rdzv_id]
+    else:
+        argv += ["--node-rank", str(spec.node_rank),
+                 "--master-addr", spec.master_addr or "127.0.0.1"]
+        if spec.master_port:
+            argv += ["--master-port", str(spec.master_port)]
+    return argv + ["-m", "tandem", *spec.command]
+
+
+def _exit_code(failure_code: int) -> int:
+    """A worker's exit code as a process exit status (killed by signal N -> 128 + N)."""
+    if failure_code < 0:
+        return 128 - failure_code
+    return failure_code or 1
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def launch(spec: LaunchSpec) -> int:
+    """Run the job described by ``spec`` and return its exit status (0 when every rank did)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    if not spec.rdzv_endpoint and spec.master_port and spec.node_rank == 0:
+        check_port_free(spec.master_addr or "127.0.0.1", spec.master_port)
+    if spec.dist_timeout is not None:
+        os.environ[TIMEOUT_VAR] = str(spec.dist_timeout)
+    if spec.nproc_per_node > 1:
+        # torchrun would set this too (with a banner): one intra-op thread per worker, so N
+        # workers do not fight over the cores. An explicit OMP_NUM_THREADS wins.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.update(spec.extra_env)
+    args = get_args_parser().parse_args(torchrun_argv(spec))
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        print(f"tandem launch: rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) "
+              f"{_describe(failure.exitcode)}; the job was stopped "
+              f"({len(exc.failures)} failed worker(s))", file=sys.stderr, flush=True)
+        return _exit_code(failure.exitcode)
+    except SignalException as exc:
+        print(f"tandem launch: stopped by {exc.sigval.name}; workers were terminated",
+              file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
+    return 0

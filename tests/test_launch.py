@@ -1,0 +1,247 @@
+"""``tandem launch`` end to end: 2 gloo workers on 127.0.0.1, each run with a hard timeout.
+
+- a 2-process ``--strategy ddp --sync-bn`` run, and a 2-"machine" run (two launchers with
+  ``--nnodes 2 --node-rank 0/1`` on loopback), both reach the weights of ``--strategy single``
+  after 3 steps, through a short last batch of 1 sample (rank 1's share is empty);
+- a worker that raises, hangs, or is SIGKILLed stops the whole job with a non-zero status in
+  bounded time, the failed rank named, and no worker process left behind;
+- a SIGKILL of rank 0 (the writer) mid-run leaves a loadable ``checkpoint.pt``, from which
+  every rank of a new job resumes;
+- a busy ``--master-port``, ``--strategy ddp`` outside torchrun, and launch mistakes give one
+  line, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tandem import checkpoint
+from tandem.cli.main import main
+
+TANDEM = [sys.executable, "-m", "tandem"]
+# 11 samples in global batches of 5: 5, 5, 1 -> shares 3+2, 3+2, 1+0 over 2 ranks.
+TRAIN = ["train", "--data", "synthetic", "--synthetic-size", "11", "--image-size", "8",
+         "--num-classes", "3", "--batch-size", "5", "--epochs", "1", "--max-steps", "3",
+         "--no-progress", "--seed", "3"]
+_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TANDEM_INJECT_FAULT")
+
+pytestmark = pytest.mark.slow
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
+    env.update(OMP_NUM_THREADS="1", TANDEM_DIST_TIMEOUT="60", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(args, timeout=150, **env):
+    start = time.monotonic()
+    proc = subprocess.run(TANDEM + args, env=_env(**env), capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, time.monotonic() - start
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains ``marker``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def _assert_no_workers_left(marker: str) -> None:
+    deadline = time.monotonic() + 10  # the agent has already reaped them; allow slack
+    while _pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _pids_with(marker) == [], f"orphan workers: {_pids_with(marker)}"
+
+
+def _weights(path) -> dict:
+    return checkpoint.load(str(path))["state_dict"]
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=2e-5, rtol=1e-4, msg=k)
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    proc, _ = _run(TRAIN + ["--strategy", "single", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+# -- equality with the single-process run ------------------------------------------------------
+def test_launch_ddp_sync_bn_matches_single(single_run, tmp_path):
+    out = tmp_path / "ddp"
+    proc, _ = _run(["launch", "--nproc-per-node", "2", "--", *TRAIN, "--strategy", "ddp",
+                    "--sync-bn", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_same_weights(_weights(out / "checkpoint.pt"), _weights(single_run / "checkpoint.pt"))
+    # Only rank 0 printed the epoch summary and wrote the outputs.
+    assert proc.stdout.count("epoch 1/1 step 3") == 1, proc.stdout
+    ddp_log = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    single_log = [json.loads(line) for line in open(single_run / "metrics.jsonl")]
+    assert len(ddp_log) == 1
+    for key in ("train_loss", "val_loss", "val_acc", "train_acc"):
+        assert abs(ddp_log[0][key] - single_log[0][key]) < 1e-4, key
+
+
+def test_two_nodes_on_loopback_match_single(single_run, tmp_path):
+    out, port = tmp_path / "two_nodes", _free_port()
+    nodes = [subprocess.Popen(
+        TANDEM + ["launch", "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
+                  "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1", "--",
+                  *TRAIN, "--strategy", "ddp", "--sync-bn", "--out", str(out)],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)]
+    try:
+        results = [node.communicate(timeout=150) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, (stdout, stderr) in zip(nodes, results):
+        assert node.returncode == 0, stderr[-4000:]
+    assert "epoch 1/1 step 3" in results[0][0] and "epoch" not in results[1][0]
+    _assert_same_weights(_weights(out / "checkpoint.pt"), _weights(single_run / "checkpoint.pt"))
+
+
+# -- faults ------------------------------------------------------------------------------------
+def test_worker_error_stops_the_job(tmp_path):
+    out = tmp_path / "raise"
+    proc, seconds = _run(["launch", "--nproc-per-node", "2", "--", *TRAIN, "--strategy", "ddp",
+                          "--out", str(out)], TANDEM_INJECT_FAULT="1:2:raise")
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "RuntimeError: injected fault on rank 1 at step 2" in proc.stderr
+    assert "tandem launch: rank 1 (local rank 1" in proc.stderr
+    assert seconds < 120
+    _assert_no_workers_left(str(out))
+
+
+def test_hung_worker_times_out(tmp_path):
+    out = tmp_path / "hang"
+    proc, seconds = _run(["launch", "--nproc-per-node", "2", "--dist-timeout", "5", "--",
+                          *TRAIN, "--strategy", "ddp", "--out", str(out)],
+                         TANDEM_INJECT_FAULT="1:2:hang")
+    # Rank 0 gives up in its collective after 5 s; the agent then stops the hung rank 1.
+    assert proc.returncode != 0, proc.stderr[-4000:]
+    assert "tandem launch: rank 0" in proc.stderr, proc.stderr[-4000:]
+    assert seconds < 120
+    _assert_no_workers_left(str(out))
+
+
+def _worker_pid(marker: str, rank: int) -> int | None:
+    for pid in _pids_with(marker):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        if env.get(b"RANK") == str(rank).encode() and b"TORCHELASTIC_RUN_ID" in env:
+            return pid
+    return None
+
+
+def test_sigkill_of_rank0_keeps_last_checkpoint_and_every_rank_resumes(tmp_path):
+    out = tmp_path / "killed"
+    long_run = ["train", "--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
+                "--num-classes", "3", "--batch-size", "5", "--epochs", "500", "--no-progress",
+                "--strategy", "ddp", "--out", str(out)]
+    launcher = subprocess.Popen(TANDEM + ["launch", "--nproc-per-node", "2", "--", *long_run],
+                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = out / "metrics.jsonl"
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.1)
+        pid = _worker_pid(str(out), 0)
+        assert pid is not None, "rank 0 worker not found"
+        os.kill(pid, signal.SIGKILL)
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGKILL, stderr[-4000:]
+    assert "tandem launch: rank 0 (local rank 0" in stderr and "SIGKILL" in stderr
+    _assert_no_workers_left(str(out))
+    ckpt = checkpoint.load(str(out / "checkpoint.pt"))  # loadable, not torn
+    assert ckpt["epoch"] >= 2
+    # Both ranks of a new job load that file and train on from it.
+    resumed = tmp_path / "resumed"
+    step = ckpt["epoch"] * 4
+    proc, _ = _run(["launch", "--nproc-per-node", "2", "--", *long_run[:-1], str(resumed),
+                    "--resume", str(out / "checkpoint.pt"), "--max-steps", str(step + 2)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert checkpoint.load(str(resumed / "checkpoint.pt"))["epoch"] == ckpt["epoch"]
+
+
+# -- one-line errors ---------------------------------------------------------------------------
+def test_port_in_use_is_one_clear_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc, _ = _run(["launch", "--nproc-per-node", "2", "--master-port", str(port), "--",
+                        *TRAIN, "--strategy", "ddp", "--out", str(tmp_path)], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"tandem: error: port {port} on 127.0.0.1 is already in "
+                                   "use; pick another with --master-port")
+
+
+def test_ddp_without_torchrun_is_one_line(tmp_path):
+    proc, _ = _run([*TRAIN, "--strategy", "ddp", "--out", str(tmp_path)], timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--strategy ddp needs torchrun's environment" in lines[0]
+    assert "tandem launch --nproc-per-node N -- train" in lines[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc-per-node", "2"], "no command to launch"),
+    (["--nproc-per-node", "2", "--", "launch"], "must be a tandem subcommand"),
+    (["--nproc-per-node", "0", "--", "train"], "bad --nproc-per-node 0"),
+    (["--nproc-per-node", "1", "--nnodes", "2", "--", "train"], "needs --master-addr"),
+    (["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", "--master-addr", "h",
+      "--master-port", "9", "--", "train"], "bad --node-rank 2"),
+    (["--nproc-per-node", "1", "--nnodes", "1:2", "--", "train"], "needs --rdzv-endpoint"),
+    (["--nproc-per-node", "1", "--rdzv-endpoint", "h:1", "--master-port", "5", "--", "train"],
+     "not both"),
+    (["--nproc-per-node", "1", "--dist-timeout", "0", "--", "train"], "bad --dist-timeout"),
+])
+def test_launch_mistakes_are_one_line(capsys, argv, message):
+    assert main(["launch", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tandem: error: ") and message in err and "\n" not in err, err
