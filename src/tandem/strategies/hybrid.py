@@ -3,8 +3,11 @@
 :class:`tandem.hybrid.HybridParallel` splits a model with ``.features`` and ``.classifier``
 (AlexNet, VGG): the convolutions run data-parallel over ``devices`` and the classifier's Linear
 layers are split by output columns across them. Its forward equals ``model(x)``, so the update
-equals ``single``'s (with ``sync_bn`` for models that have batch norm in ``features``).
-Checkpoints store the plain, merged model (``tandem.checkpoint`` calls ``plain_state_dict``).
+equals ``single``'s (with ``sync_bn`` for models with batch norm in ``features``; ``buffers``
+applies to the data-parallel trunk). A model without ``.features``/``.classifier`` (a ResNet)
+is a one-line ``ValueError``. Optimizer state lives per shard, so a hybrid checkpoint's
+optimizer resumes under ``hybrid`` only; its weights (merged by ``plain_state_dict``) load
+anywhere.
 """
 
 from __future__ import annotations
@@ -24,10 +27,5 @@ class HybridStrategy(Strategy):
     name = "hybrid"
 
     def setup(self, model: nn.Module) -> nn.Module:
-        if not (hasattr(model, "features") and hasattr(model, "classifier")):
-            raise ValueError(
-                f"strategy 'hybrid' needs a model with .features and .classifier (alexnet, "
-                f"vgg*); {type(model).__name__} has not; use --strategy dp or balanced"
-            )
         return HybridParallel(prepare_replicated(self, model), device_ids=self.devices,
-                              output_device=self.device)
+                              output_device=self.device, buffers=self.buffers)

@@ -1,0 +1,102 @@
+"""`tandem eval`: tandem checkpoints, torch DataParallel (``module.``) checkpoints, and a
+malicious pickle that must be refused without running."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.models import create_model
+
+pytestmark = pytest.mark.slow
+
+DATA = ["--data", "synthetic", "--synthetic-size", "24", "--image-size", "8",
+        "--num-classes", "3"]
+
+
+def tandem(*argv):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "tandem", *argv], capture_output=True,
+                          text=True, timeout=180, env=env)
+
+
+def eval_json(path, *extra):
+    result = tandem("eval", "--resume", str(path), "--devices", "cpu", "--json", *extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_eval_matches_the_validation_of_training(tmp_path):
+    run = tandem("train", *DATA, "-b", "8", "--epochs", "1", "--no-progress", "--devices", "cpu",
+                 "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    # data settings and seed come from the checkpoint's config
+    result = eval_json(tmp_path / "checkpoint.pt")
+    assert result["arch"] == "cifar_resnet20" and result["count"] == 6
+    assert result["acc"] == pytest.approx(logged["val_acc"])
+    assert result["loss"] == pytest.approx(logged["val_loss"], rel=1e-5)
+    # and `train -e` validates the same way
+    text = tandem("train", *DATA, "--devices", "cpu", "-e", "--resume",
+                  str(tmp_path / "checkpoint.pt"))
+    assert text.returncode == 0 and f"acc {logged['val_acc']:.2f}%" in text.stdout
+
+
+def _imagenet_style_checkpoint(path, model, wrap):
+    """What the imagenet example saves: DataParallel's ``module.``-prefixed state dict."""
+    wrapped = nn.DataParallel(model) if wrap else model
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    torch.save({"epoch": 3, "arch": "cifar_resnet20", "state_dict": wrapped.state_dict(),
+                "best_acc1": torch.tensor(12.5), "optimizer": optimizer.state_dict()}, path)
+
+
+def test_torch_dataparallel_checkpoint_evaluates_and_resumes(tmp_path):
+    torch.manual_seed(5)
+    model = create_model("cifar_resnet20", num_classes=3, in_channels=3)
+    with torch.no_grad():  # non-default running stats, so that buffers are checked too
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+    _imagenet_style_checkpoint(tmp_path / "dp.pt", model, wrap=True)
+    assert next(iter(torch.load(tmp_path / "dp.pt")["state_dict"])).startswith("module.")
+    _imagenet_style_checkpoint(tmp_path / "plain.pt", model, wrap=False)
+    from_dp = eval_json(tmp_path / "dp.pt", *DATA)
+    assert from_dp == eval_json(tmp_path / "plain.pt", *DATA)
+    # resuming starts at the saved epoch and writes a plain-keyed tandem checkpoint
+    out = tmp_path / "resumed"
+    run = tandem("train", *DATA, "-b", "8", "--epochs", "4", "--no-progress", "--devices", "cpu",
+                 "--resume", str(tmp_path / "dp.pt"), "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [4]
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["epoch"] == 4 and not any(k.startswith("module.") for k in ckpt["state_dict"])
+
+
+class _Evil:
+    """Unpickling this would create a directory: proof that code ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_malicious_pickle_is_refused_without_running(tmp_path):
+    marker = tmp_path / "pwned"
+    model = create_model("cifar_resnet20", num_classes=3, in_channels=3)
+    torch.save({"arch": "cifar_resnet20", "state_dict": model.state_dict(),
+                "payload": _Evil(str(marker))}, tmp_path / "evil.pt")
+    for argv in (["eval", "--resume", str(tmp_path / "evil.pt")],
+                 ["train", *DATA, "--devices", "cpu", "--out", str(tmp_path / "o"),
+                  "--resume", str(tmp_path / "evil.pt")]):
+        result = tandem(*argv)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.startswith("tandem: error: ") and "evil.pt" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert not marker.exists()

@@ -1,0 +1,117 @@
+"""Every strategy computes the same update as `single`, in process, against a tiny model.
+
+For ``dp``, ``balanced`` and ``hybrid`` over 1, 2 and 3 CPU replicas, with SyncBatchNorm
+(``sync_bn=True``), uneven chunks (7 samples) and a batch smaller than the device count (2 on
+3): the loss, top-1 count, parameters and batch-norm buffers after two SGD steps with momentum
+equal `single`'s, and so does the evaluation-mode step.
+"""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.models import create_model
+from tandem.strategies import create_strategy, strategy_names
+
+CPU = torch.device("cpu")
+
+
+class Tiny(nn.Module):
+    """features / avgpool / classifier, like AlexNet and VGG, with batch norm in features."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
+                                      nn.MaxPool2d(2))
+        self.avgpool = nn.AdaptiveAvgPool2d(2)
+        self.classifier = nn.Sequential(nn.Linear(24, 10), nn.ReLU(), nn.Linear(10, 5))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+def run_steps(strategy, model, batches):
+    """Two SGD(momentum) steps through ``strategy``; returns outputs and the plain state."""
+    wrapped = strategy.setup(model)
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    outs = []
+    wrapped.train()
+    for images, targets in batches:
+        out = strategy.forward_loss(wrapped, criterion, images, targets)
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        outs.append((out.loss.item(), int(out.correct), out.count))
+    wrapped.eval()
+    with torch.no_grad():
+        out = strategy.forward_loss(wrapped, criterion, *batches[0])
+    outs.append((out.loss.item(), int(out.correct), out.count))
+    from tandem.checkpoint import plain_state_dict  # what checkpoints store
+    return outs, {k: v.detach().clone() for k, v in plain_state_dict(wrapped).items()}
+
+
+def make_batches(n):
+    g = torch.Generator().manual_seed(n)
+    return [(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 5, (n,), generator=g))
+            for _ in range(2)]
+
+
+def test_registry_has_every_strategy():
+    assert {"single", "dp", "balanced", "hybrid", "ddp"} <= set(strategy_names())
+
+
+@pytest.mark.parametrize("name", ["dp", "balanced", "hybrid"])
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+@pytest.mark.parametrize("batch", [7, 2])
+def test_strategy_equals_single(name, replicas, batch):
+    torch.manual_seed(0)
+    model = Tiny()
+    batches = make_batches(batch)
+    ref_outs, ref_state = run_steps(create_strategy("single", [CPU]), copy.deepcopy(model),
+                                    batches)
+    strategy = create_strategy(name, [CPU] * replicas, sync_bn=True)
+    outs, state = run_steps(strategy, model, batches)
+    for (loss, correct, count), (ref_loss, ref_correct, ref_count) in zip(outs, ref_outs):
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+        assert (correct, count) == (ref_correct, ref_count)
+    assert state.keys() == ref_state.keys()
+    for key in ref_state:
+        assert torch.allclose(state[key].float(), ref_state[key].float(), atol=1e-5), key
+
+
+def test_dp_without_sync_bn_differs_so_the_test_above_can_fail():
+    torch.manual_seed(0)
+    model = Tiny()
+    batches = make_batches(7)
+    _, ref = run_steps(create_strategy("single", [CPU]), copy.deepcopy(model), batches)
+    _, got = run_steps(create_strategy("dp", [CPU] * 2), model, batches)
+    assert not torch.allclose(got["features.0.weight"], ref["features.0.weight"], atol=1e-5)
+
+
+def test_single_uses_the_first_device_and_warns():
+    with pytest.warns(UserWarning, match="uses only cpu"):
+        s = create_strategy("single", [CPU, CPU])
+    assert s.devices == [CPU] and s.is_main and s.world_size == 1
+
+
+def test_sync_bn_with_single_is_harmless():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = create_strategy("single", [CPU], sync_bn=True)
+    model = Tiny()
+    assert s.setup(model) is model
+
+
+def test_hybrid_refuses_a_model_without_features_and_classifier():
+    strategy = create_strategy("hybrid", [CPU] * 2)
+    with pytest.raises(ValueError, match="features"):
+        strategy.setup(create_model("cifar_resnet20", num_classes=3))
+
+
+def test_unknown_strategy_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="single"):
+        create_strategy("pipeline", [CPU])
