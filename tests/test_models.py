@@ -231,11 +231,13 @@ def test_forward_backward_small_input(name):
 @pytest.mark.parametrize("name", ["alexnet", "vgg11"])
 def test_full_width_classifier_runs(name):
     model = create_model(name, num_classes=5, dropout=0.0)
-    x = torch.randn(2, 3, model_info(name).min_input_size, model_info(name).min_input_size)
-    out = model(x)
+    side = model_info(name).min_input_size
+    out = model(torch.randn(2, 3, side, side))
     out.sum().backward()
-    assert out.shape == (2, 5) and torch.isfinite(model.classifier[0 if name == "vgg11" else 1]
-                                                  .weight.grad).all()
+    assert out.shape == (2, 5)
+    linears = [m for m in model.classifier if isinstance(m, nn.Linear)]
+    assert [m.out_features for m in linears] == [4096, 4096, 5]
+    assert all(torch.isfinite(m.weight.grad).all() for m in linears)
 
 
 @pytest.mark.parametrize("name", list_models())
