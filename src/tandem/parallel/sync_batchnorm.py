@@ -20,6 +20,10 @@ Running stats are updated with the global mean and the unbiased global variance
 the same, full-batch buffers. Replicas whose buffers share storage update them once.
 
 Unlike ``torch.nn.SyncBatchNorm`` it runs on the CPU and between threads of one process.
+
+Cost: in a synchronized forward, each layer is one rendezvous (the last replica to arrive merges
+for all, the others wait) plus a few dozen small per-channel ops; backward has no rendezvous.
+Small, launch-bound models feel this most (see the report of issue 8 for measurements).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ class SyncBatchNorm(_BatchNorm):
     A global batch of one value per channel raises ``ValueError`` like ``nn.BatchNorm``, except
     across processes on an accelerator, where checking would cost a device sync per layer: there
     it normalizes with variance 0 and leaves ``running_var`` unchanged by the unbiased estimate.
+    Double backward (``create_graph=True`` through a synchronized forward) is not supported and
+    raises; the plain-BatchNorm cases above support it as usual.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,

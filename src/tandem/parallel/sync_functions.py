@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 __all__ = ["accumulation_dtype", "local_moments", "merge_moments", "LocalMoments",
@@ -105,6 +106,7 @@ class LocalMoments(torch.autograd.Function):
         return part
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         x, part = ctx.saved_tensors
         if x.numel() == 0:
@@ -151,6 +153,7 @@ class GlobalMoments(torch.autograd.Function):
         return tuple(stats.to(device, copy=True) for device in devices)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, *grads):
         local, merged, total = ctx.saved_tensors
         home = local.device
@@ -191,6 +194,7 @@ class Normalize(torch.autograd.Function):
         return F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         x, mean, var, weight, bias = ctx.saved_tensors
         need_x, need_stats, need_w, need_b = ctx.needs_input_grad[:4]
