@@ -30,6 +30,13 @@ def reduction_of(criterion: Callable) -> str:
     return reduction
 
 
+def _with_reduction(criterion: nn.Module, reduction: str) -> nn.Module:
+    """A shallow copy of ``criterion`` (sharing ``weight``) with another ``reduction``."""
+    other = copy.copy(criterion)
+    other.reduction = reduction
+    return other
+
+
 def _ce_denominator(criterion, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy / NLL: summed ``weight[target]`` over non-ignored targets (or their count)."""
     if targets.is_floating_point():  # class probabilities: a mean over samples
@@ -70,12 +77,11 @@ def local_sum(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor)
         return criterion(outputs, targets) * outputs.shape[0], torch.tensor(
             float(outputs.shape[0]), device=device)
     if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
-        denominator = _ce_denominator(criterion, outputs, targets)
-        return criterion(outputs, targets) * denominator, denominator
+        # The summed loss directly: a share whose targets are all ignored has a NaN mean.
+        summed = _with_reduction(criterion, "sum")(outputs, targets)
+        return summed, _ce_denominator(criterion, outputs, targets)
     if isinstance(criterion, nn.Module) and hasattr(criterion, "reduction"):
-        unreduced = copy.copy(criterion)
-        unreduced.reduction = "none"
-        losses = unreduced(outputs, targets)
+        losses = _with_reduction(criterion, "none")(outputs, targets)
         return losses.sum(), torch.tensor(float(losses.numel()), device=device)
     count = float(outputs.shape[0])  # a plain function: a mean over samples
     return criterion(outputs, targets) * count, torch.tensor(count, device=device)

@@ -89,19 +89,19 @@ class DDPStrategy(Strategy):
     """One torchrun worker per device; see the module docstring for the exactness argument.
 
     Constructing it joins the process group (so ``rank`` and ``world_size`` are known before
-    the loop builds its loaders); :meth:`close` leaves it. ``environ`` and ``timeout``
-    (seconds) are for tests; by default they come from ``os.environ`` and
-    ``TANDEM_DIST_TIMEOUT``.
+    the loop builds its loaders); :meth:`close` leaves it. Rank, world size and the master's
+    address come from torchrun's variables in ``os.environ``; ``timeout`` (seconds) defaults
+    to ``TANDEM_DIST_TIMEOUT``.
     """
 
     name = "ddp"
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
-                 buffers: str = "replica0", environ=None, timeout: float | None = None):
+                 buffers: str = "replica0", timeout: float | None = None):
         super().__init__(devices, sync_bn=sync_bn, buffers=buffers)
         if buffers not in _BUFFER_POLICIES:
             raise ValueError(f"bad --buffers {buffers!r}: choose one of {_BUFFER_POLICIES}")
-        self.env = read_env(environ)
+        self.env = read_env()
         self.rank = self.env.rank
         self.world_size = self.env.world_size
         self._device = pick_device(self.env, self.devices)

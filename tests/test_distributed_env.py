@@ -1,0 +1,227 @@
+"""tandem.distributed without extra processes: env parsing, device choice, loss split, faults,
+the launch argv, and a world-size-1 ddp strategy in this process (gloo on a free port)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.distributed.env import DEFAULT_TIMEOUT, DistEnv, dist_timeout, in_torchrun, read_env
+from tandem.distributed.faults import maybe_inject_fault, parse_fault
+from tandem.distributed.global_loss import local_sum
+from tandem.distributed.launch import LaunchSpec, check_port_free, torchrun_argv
+from tandem.distributed.process_group import backend_for, pick_device
+
+ENV = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+       "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+CPU = torch.device("cpu")
+
+
+# -- env ---------------------------------------------------------------------------------------
+def test_read_env_parses_torchrun_variables():
+    env = read_env(ENV)
+    assert env == DistEnv(1, 4, 1, 2, "10.0.0.1", 29500)
+    assert not env.is_main and in_torchrun(ENV) and not in_torchrun({})
+
+
+def test_local_world_size_defaults_to_world_size():
+    env = {k: v for k, v in ENV.items() if k != "LOCAL_WORLD_SIZE"}
+    assert read_env(env).local_world_size == 4
+
+
+def test_missing_env_names_variables_and_says_how_to_launch():
+    with pytest.raises(ValueError) as info:
+        read_env({"RANK": "0"})
+    message = str(info.value)
+    assert "WORLD_SIZE" in message and "MASTER_PORT" in message and "\n" not in message
+    assert "tandem launch --nproc-per-node N -- train" in message
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("RANK", "4", "RANK=4"), ("RANK", "x", "RANK='x'"), ("WORLD_SIZE", "0", "WORLD_SIZE=0"),
+    ("LOCAL_RANK", "2", "LOCAL_RANK=2"), ("MASTER_PORT", "70000", "MASTER_PORT=70000"),
+    ("LOCAL_WORLD_SIZE", "8", "exceeds WORLD_SIZE"),
+])
+def test_inconsistent_env_is_a_named_error(key, value, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        read_env({**ENV, key: value})
+
+
+def test_dist_timeout():
+    assert dist_timeout({}) == DEFAULT_TIMEOUT
+    assert dist_timeout({"TANDEM_DIST_TIMEOUT": "7.5"}) == 7.5
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(ValueError, match="TANDEM_DIST_TIMEOUT"):
+            dist_timeout({"TANDEM_DIST_TIMEOUT": bad})
+
+
+# -- devices -----------------------------------------------------------------------------------
+def test_pick_device_cpu_and_errors():
+    env = read_env(ENV)
+    assert pick_device(env, [CPU]) == CPU
+    with pytest.raises(ValueError, match="one device per process"):
+        pick_device(env, [CPU, CPU])
+    with pytest.raises(ValueError, match="empty"):
+        pick_device(env, [])
+    assert backend_for(CPU) == "gloo" and backend_for(torch.device("cuda", 0)) == "nccl"
+
+
+def test_pick_device_takes_entry_local_rank_of_an_accelerator_list():
+    # torch.device("cuda", i) can be built without CUDA; pick_device does not touch the GPU.
+    gpus = [torch.device("cuda", i) for i in (2, 3)]
+    assert pick_device(read_env(ENV), gpus) == torch.device("cuda", 3)
+    with pytest.raises(ValueError, match="LOCAL_RANK=1 but --devices lists only 1"):
+        pick_device(read_env(ENV), gpus[:1])
+    one = read_env({**ENV, "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    assert pick_device(one, [torch.device("cuda", 5)]) == torch.device("cuda", 5)
+
+
+# -- loss split --------------------------------------------------------------------------------
+CRITERIA = {
+    "ce": (nn.CrossEntropyLoss(), "index"),
+    "ce_weight_ignore_smooth": (nn.CrossEntropyLoss(weight=torch.rand(5), ignore_index=2,
+                                                    label_smoothing=0.1), "index"),
+    "ce_probabilities": (nn.CrossEntropyLoss(), "probs"),
+    "nll_weight": (nn.NLLLoss(weight=torch.rand(5)), "index"),
+    "ce_sum": (nn.CrossEntropyLoss(reduction="sum"), "index"),
+    "mse": (nn.MSELoss(), "dense"),
+    "multi_margin": (nn.MultiMarginLoss(), "index"),
+    "kl_batchmean": (nn.KLDivLoss(reduction="batchmean"), "dense"),
+    "function": (nn.functional.cross_entropy, "index"),
+}
+
+
+@pytest.mark.parametrize("name", list(CRITERIA))
+@pytest.mark.parametrize("split", [[3, 4], [0, 7], [1, 0, 6], [2, 2, 2, 1]])
+def test_summed_shares_give_the_whole_batch_loss(name, split):
+    criterion, kind = CRITERIA[name]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    t = {"index": torch.tensor([0, 1, 2, 3, 4, 1, 2]),
+         "probs": torch.rand(7, 5, generator=g, dtype=torch.float64).softmax(1),
+         "dense": torch.rand(7, 5, generator=g, dtype=torch.float64)}[kind]
+    if name == "nll_weight":
+        criterion.weight = criterion.weight.double()
+    if name == "ce_weight_ignore_smooth":
+        criterion.weight = criterion.weight.double()
+    whole = criterion(x, t)
+    (whole_grad,) = torch.autograd.grad(whole, x)
+    total, den = 0.0, 0.0
+    for xs, ts in zip(x.split(split), t.split(split)):
+        s, d = local_sum(criterion, xs, ts)
+        total, den = total + s, den + d
+    mean = total if getattr(criterion, "reduction", "mean") == "sum" else total / den
+    (grad,) = torch.autograd.grad(mean, x)
+    torch.testing.assert_close(mean, whole)
+    torch.testing.assert_close(grad, whole_grad)
+
+
+def test_empty_share_is_zero_but_reaches_every_parameter():
+    model = nn.Linear(3, 2)
+    s, d = local_sum(nn.CrossEntropyLoss(), model(torch.empty(0, 3)), torch.empty(0).long())
+    s.backward()
+    assert float(s.detach()) == 0 and float(d) == 0
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_reduction_none_is_refused():
+    with pytest.raises(ValueError, match="reduction='none'"):
+        local_sum(nn.CrossEntropyLoss(reduction="none"), torch.randn(2, 3), torch.tensor([0, 1]))
+
+
+# -- faults ------------------------------------------------------------------------------------
+def test_fault_hook():
+    assert parse_fault("1:2:raise") == (1, 2, "raise")
+    for bad in ("1:2", "a:2:raise", "1:2:explode"):
+        with pytest.raises(ValueError, match="TANDEM_INJECT_FAULT"):
+            parse_fault(bad)
+    env = {"TANDEM_INJECT_FAULT": "1:2:raise"}
+    maybe_inject_fault(0, 2, env)  # other rank: nothing
+    maybe_inject_fault(1, 1, env)  # other step: nothing
+    maybe_inject_fault(1, 2, {})  # unset: nothing
+    with pytest.raises(RuntimeError, match="injected fault on rank 1 at step 2"):
+        maybe_inject_fault(1, 2, env)
+
+
+# -- launch argv and port check ----------------------------------------------------------------
+def test_torchrun_argv_single_node_lets_torchrun_pick_the_port():
+    argv = torchrun_argv(LaunchSpec(nproc_per_node=2, command=["train", "--strategy", "ddp"]))
+    assert "--master-port" not in argv
+    assert argv[-5:] == ["-m", "tandem", "train", "--strategy", "ddp"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+
+
+def test_torchrun_argv_multi_node_and_rendezvous():
+    spec = LaunchSpec(nproc_per_node=4, command=["train"], nnodes="2", node_rank=1,
+                      master_addr="h0", master_port=29400, max_restarts=2)
+    argv = torchrun_argv(spec)
+    for flag, value in [("--nnodes", "2"), ("--node-rank", "1"), ("--master-addr", "h0"),
+                        ("--master-port", "29400"), ("--max-restarts", "2")]:
+        assert argv[argv.index(flag) + 1] == value
+    rdzv = torchrun_argv(LaunchSpec(nproc_per_node=1, command=["train"], nnodes="1:3",
+                                    rdzv_endpoint="h0:29400", rdzv_id="job7"))
+    assert rdzv[rdzv.index("--rdzv-backend") + 1] == "c10d"
+    assert rdzv[rdzv.index("--rdzv-id") + 1] == "job7" and "--master-addr" not in rdzv
+
+
+def test_check_port_free():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is already in use"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # closed again: free
+
+
+# -- the strategy in one process ---------------------------------------------------------------
+def test_ddp_without_torchrun_env_is_one_line(monkeypatch):
+    from tandem.strategies import create_strategy
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="needs torchrun's environment") as info:
+        create_strategy("ddp", [CPU])
+    assert "\n" not in str(info.value)
+
+
+def test_world_size_one_ddp_equals_plain_training(monkeypatch):
+    import torch.distributed as dist
+
+    from tandem.strategies.ddp import DDPStrategy
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    ref = __import__("copy").deepcopy(model)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    strategy = DDPStrategy([CPU], sync_bn=True, timeout=30)
+    try:
+        assert (strategy.rank, strategy.world_size, strategy.is_main) == (0, 1, True)
+        assert strategy.backend == "gloo" and dist.is_initialized()
+        wrapped = strategy.setup(model)
+        out = strategy.forward_loss(wrapped, nn.CrossEntropyLoss(), x, y)
+        out.loss.backward()
+        ref_loss = nn.CrossEntropyLoss()(ref(x), y)
+        ref_loss.backward()
+        torch.testing.assert_close(out.loss.detach(), ref_loss.detach())
+        for p, q in zip(strategy.unwrap(wrapped).parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        total = strategy.all_reduce_sum(torch.tensor([1.0, 2.0]))
+        assert total.tolist() == [1.0, 2.0]
+        strategy.barrier()
+        with strategy.no_sync(wrapped):
+            pass
+    finally:
+        strategy.close()
+    assert not dist.is_initialized()
+    strategy.close()  # twice is fine
