@@ -206,6 +206,27 @@ def test_functional_data_parallel_matches(n):
         torch.testing.assert_close(g, r)
 
 
+def test_replica_error_names_the_replica_and_keeps_its_type():
+    class Picky(nn.Module):
+        def forward(self, x):
+            if x.shape[0] == 1:  # 7 rows over 4 replicas: 2, 2, 2, 1; only replica 3 fails
+                raise IndexError("one row is too few")
+            return x
+
+    with pytest.raises(IndexError, match=r"replica 3 on cpu: one row is too few"):
+        DataParallel(Picky(), ["cpu"] * 4)(torch.randn(7, 2))
+
+
+def test_data_parallel_model_returns_per_device_outputs():
+    from tandem.parallel import DataParallelModel
+
+    model = _model()
+    outs = DataParallelModel(model, ["cpu"] * 4)(torch.randn(3, 3, 8, 8))
+    assert isinstance(outs, list) and [o.shape[0] for o in outs] == [1, 1, 1]
+    single = DataParallelModel(model, ["cpu"])(torch.randn(3, 3, 8, 8))
+    assert isinstance(single, list) and single[0].shape == (3, 5)
+
+
 def test_module_moved_in_place_keeps_parameter_identity():
     model = _model()
     params = list(model.parameters())

@@ -135,7 +135,7 @@ def test_cuda_replica_gradients_flow_back_to_cpu_module():
     for x in xs:
         reference(x.cpu()).square().sum().backward()
     for p, r in zip(net.parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.cuda

@@ -163,8 +163,9 @@ def _raise_named(exc: BaseException, index: int, device: torch.device):
 
 def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
                    devices: Sequence | None = None) -> list:
-    """Apply ``modules[i]`` to ``inputs[i]`` (a tuple of arguments, or one argument) for every i.
+    """Apply ``modules[i]`` to ``inputs[i]`` for every ``i``, each in its own thread.
 
+    ``inputs[i]`` is a tuple (or list) of positional arguments, or one argument;
     ``kwargs_list[i]`` holds keyword arguments; ``devices[i]`` says where replica ``i`` runs
     (inferred from its inputs or parameters when omitted). Returns the outputs in order.
     """

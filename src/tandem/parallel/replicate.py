@@ -41,6 +41,7 @@ import threading
 from typing import Sequence
 
 import torch
+import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 from torch import nn
 
 from . import traffic
@@ -78,7 +79,7 @@ class _Broadcast(torch.autograd.Function):
         ctx.source = _cuda_index(params[0].device)
         ctx.num_targets = len(targets)
         ordinals = [ctx.source] + [_cuda_index(t) for t in targets]
-        copies = torch.cuda.comm.broadcast_coalesced(params, ordinals)[1:]
+        copies = comm.broadcast_coalesced(params, ordinals)[1:]
         flat = tuple(t for per_device in copies for t in per_device)
         frozen = [flat[k * len(params) + j] for k in range(len(targets))
                   for j, needs in enumerate(ctx.needs_input_grad[1:]) if not needs]
@@ -89,7 +90,7 @@ class _Broadcast(torch.autograd.Function):
     def backward(ctx, *grads):
         n = len(grads) // ctx.num_targets
         per_device = [grads[k * n:(k + 1) * n] for k in range(ctx.num_targets)]
-        return (None,) + tuple(torch.cuda.comm.reduce_add_coalesced(per_device, ctx.source))
+        return (None,) + tuple(comm.reduce_add_coalesced(per_device, ctx.source))
 
 
 def _copy_params(params: list[torch.Tensor], targets: list[torch.device]) -> dict:

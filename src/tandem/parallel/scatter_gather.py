@@ -28,6 +28,7 @@ import dataclasses
 from typing import Any, Sequence
 
 import torch
+import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 
 from . import traffic
 
@@ -56,7 +57,7 @@ class _CudaScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, devices, sizes, dim, input):
         ctx.dim, ctx.source = dim, input.device
-        return tuple(torch.cuda.comm.scatter(input, [_cuda_index(d) for d in devices], sizes, dim))
+        return tuple(comm.scatter(input, [_cuda_index(d) for d in devices], sizes, dim))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -75,7 +76,7 @@ class _CudaGather(torch.autograd.Function):
         ctx.dim = dim
         ctx.devices = [t.device for t in inputs]
         ctx.sizes = [t.shape[dim] for t in inputs]
-        return torch.cuda.comm.gather(inputs, dim, _cuda_index(target))
+        return comm.gather(inputs, dim, _cuda_index(target))
 
     @staticmethod
     def backward(ctx, grad):
