@@ -13,7 +13,8 @@ per step), inside
   accelerators, the replica's device index,
 * on CPU, its share of the caller's intra-op threads: with ``n`` CPU replicas each gets
   ``max(1, torch.get_num_threads() // n)``, so replicas do not oversubscribe the cores. The
-  caller's own thread count is never changed.
+  caller's own thread count is never changed. (This needs ATen's OpenMP backend, where the
+  count is per thread; with the native backend the shared pool is left as it is.)
 
 If a replica raises, the group is aborted (replicas waiting at a rendezvous wake with
 ``ReplicaAborted``), every replica is waited for, and the caller gets the first real error
@@ -50,6 +51,10 @@ class _Worker:
             job(self)
             del job  # do not keep the last batch's tensors alive while idle
 
+
+# With ATen's OpenMP backend (torch's Linux builds) the intra-op thread count is per thread;
+# with the native backend it sizes one pool for the whole process, so it is left alone there.
+_PER_THREAD_THREADS = "parallel backend: OpenMP" in torch.__config__.parallel_info()
 
 _idle: list[_Worker] = []
 _idle_lock = threading.Lock()
@@ -114,7 +119,8 @@ class _State:
                 stack.enter_context(torch.cuda.stream(self.streams[device]))
             elif device.type != "cpu" and device.index is not None and _is_accelerator(device):
                 stack.enter_context(torch.accelerator.device_index(device.index))
-            changed = device.type == "cpu" and torch.get_num_threads() != self.cpu_threads
+            changed = (_PER_THREAD_THREADS and device.type == "cpu"
+                       and torch.get_num_threads() != self.cpu_threads)
             if changed:
                 torch.set_num_threads(self.cpu_threads)
             try:
