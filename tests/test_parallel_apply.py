@@ -151,3 +151,26 @@ def test_pool_survives_many_calls_and_errors():
 def test_length_mismatch_is_value_error():
     with pytest.raises(ValueError, match="2 modules but 1 inputs"):
         parallel_apply([nn.Identity()] * 2, [torch.ones(1)])
+
+
+@pytest.mark.timeout(60)
+def test_forked_child_starts_a_fresh_pool():
+    import multiprocessing
+
+    parallel_apply([nn.Identity()] * 2, [torch.ones(1)] * 2)  # the parent's pool has workers
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_runs_parallel_apply, args=(queue,))
+    child.start()
+    try:
+        child.join(30)
+        assert child.exitcode == 0 and queue.get(timeout=5) == [1.0, 2.0]
+    finally:
+        if child.is_alive():  # it hung on the parent's dead pool
+            child.kill()
+            child.join()
+
+
+def _child_runs_parallel_apply(queue):
+    outs = parallel_apply([nn.Identity()] * 2, [torch.ones(1), 2 * torch.ones(1)])
+    queue.put([o.item() for o in outs])

@@ -58,7 +58,16 @@ _PER_THREAD_THREADS = "parallel backend: OpenMP" in torch.__config__.parallel_in
 
 _idle: list[_Worker] = []
 _idle_lock = threading.Lock()
-os.register_at_fork(after_in_child=_idle.clear)  # a forked child has none of these threads
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the pool's threads, and the lock may have been held."""
+    global _idle_lock
+    _idle.clear()
+    _idle_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _take_workers(n: int) -> list[_Worker]:
