@@ -23,7 +23,9 @@ Unlike ``torch.nn.SyncBatchNorm`` it runs on the CPU and between threads of one 
 
 Cost: in a synchronized forward, each layer is one rendezvous (the last replica to arrive merges
 for all, the others wait) plus a few dozen small per-channel ops; backward has no rendezvous.
-Small, launch-bound models feel this most (see the report of issue 8 for measurements).
+Small, launch-bound models feel this most: a 4-conv net at batch 128 (32x32) in DataParallel
+over 2 replicas on one H100 took about 20 ms per step with SyncBatchNorm against about 6 ms with
+plain BatchNorm (the same 3.4 ms for both on one device).
 """
 
 from __future__ import annotations
