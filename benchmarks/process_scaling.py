@@ -126,7 +126,8 @@ def drive(args) -> dict:
     median = {n: statistics.median(v) for n, v in samples.items()}
     return {
         "arch": "cifar_resnet20", "batch_size": args.batch_size, "steps": args.steps,
-        "warmup": args.warmup, "rounds": args.rounds, "cpus": os.cpu_count(),
+        "warmup": args.warmup, "rounds": args.rounds,
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "images_per_sec": samples, "median_images_per_sec": median,
         "scaling_2procs_vs_1proc_1thread": median["2 procs x 1 thread"] / median["1 proc x 1 thread"],
         "scaling_2procs_vs_1proc_2threads": median["2 procs x 1 thread"] / median["1 proc x 2 threads"],

@@ -31,7 +31,7 @@ TANDEM = [sys.executable, "-m", "tandem"]
 # 11 samples in global batches of 5: 5, 5, 1 -> shares 3+2, 3+2, 1+0 over 2 ranks.
 TRAIN = ["train", "--data", "synthetic", "--synthetic-size", "11", "--image-size", "8",
          "--num-classes", "3", "--batch-size", "5", "--epochs", "1", "--max-steps", "3",
-         "--no-progress", "--seed", "3"]
+         "--no-progress", "--seed", "3", "--devices", "cpu"]
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TANDEM_INJECT_FAULT")
 
@@ -176,7 +176,7 @@ def test_sigkill_of_rank0_keeps_last_checkpoint_and_every_rank_resumes(tmp_path)
     out = tmp_path / "killed"
     long_run = ["train", "--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
                 "--num-classes", "3", "--batch-size", "5", "--epochs", "500", "--no-progress",
-                "--strategy", "ddp", "--out", str(out)]
+                "--devices", "cpu", "--strategy", "ddp", "--out", str(out)]
     launcher = subprocess.Popen(TANDEM + ["launch", "--nproc-per-node", "2", "--", *long_run],
                                 env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
