@@ -155,13 +155,13 @@ def test_torchrun_argv_single_node_lets_torchrun_pick_the_port():
 
 
 def test_torchrun_argv_multi_node_and_rendezvous():
-    spec = LaunchSpec(nproc_per_node=4, command=["train"], nnodes="2", node_rank=1,
+    spec = LaunchSpec(nproc_per_node=4, command=["train", "--strategy=ddp"], nnodes="2", node_rank=1,
                       master_addr="h0", master_port=29400, max_restarts=2)
     argv = torchrun_argv(spec)
     for flag, value in [("--nnodes", "2"), ("--node-rank", "1"), ("--master-addr", "h0"),
                         ("--master-port", "29400"), ("--max-restarts", "2")]:
         assert argv[argv.index(flag) + 1] == value
-    rdzv = torchrun_argv(LaunchSpec(nproc_per_node=1, command=["train"], nnodes="1:3",
+    rdzv = torchrun_argv(LaunchSpec(nproc_per_node=1, command=["eval"], nnodes="1:3",
                                     rdzv_endpoint="h0:29400", rdzv_id="job7"))
     assert rdzv[rdzv.index("--rdzv-backend") + 1] == "c10d"
     assert rdzv[rdzv.index("--rdzv-id") + 1] == "job7" and "--master-addr" not in rdzv

@@ -229,17 +229,22 @@ def test_ddp_without_torchrun_is_one_line(tmp_path):
     assert "tandem launch --nproc-per-node N -- train" in lines[0]
 
 
+DDP = ["train", "--strategy=ddp"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--nproc-per-node", "2"], "no command to launch"),
     (["--nproc-per-node", "2", "--", "launch"], "must be a tandem subcommand"),
-    (["--nproc-per-node", "0", "--", "train"], "bad --nproc-per-node 0"),
-    (["--nproc-per-node", "1", "--nnodes", "2", "--", "train"], "needs --master-addr"),
+    (["--nproc-per-node", "2", "--", "train"], "needs --strategy ddp"),
+    (["--nproc-per-node", "2", "--", "train", "--strategy", "dp"], "needs --strategy ddp"),
+    (["--nproc-per-node", "0", "--", *DDP], "bad --nproc-per-node 0"),
+    (["--nproc-per-node", "1", "--nnodes", "2", "--", *DDP], "needs --master-addr"),
     (["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", "--master-addr", "h",
-      "--master-port", "9", "--", "train"], "bad --node-rank 2"),
-    (["--nproc-per-node", "1", "--nnodes", "1:2", "--", "train"], "needs --rdzv-endpoint"),
-    (["--nproc-per-node", "1", "--rdzv-endpoint", "h:1", "--master-port", "5", "--", "train"],
+      "--master-port", "9", "--", *DDP], "bad --node-rank 2"),
+    (["--nproc-per-node", "1", "--nnodes", "1:2", "--", *DDP], "needs --rdzv-endpoint"),
+    (["--nproc-per-node", "1", "--rdzv-endpoint", "h:1", "--master-port", "5", "--", *DDP],
      "not both"),
-    (["--nproc-per-node", "1", "--dist-timeout", "0", "--", "train"], "bad --dist-timeout"),
+    (["--nproc-per-node", "1", "--dist-timeout", "0", "--", *DDP], "bad --dist-timeout"),
 ])
 def test_launch_mistakes_are_one_line(capsys, argv, message):
     assert main(["launch", *argv]) == 2

@@ -69,6 +69,10 @@ class LaunchSpec:
         if self.command[0] not in _SUBCOMMANDS:
             raise ValueError(f"cannot launch {self.command[0]!r}: the command after `--` must "
                              f"be a tandem subcommand ({', '.join(_SUBCOMMANDS)})")
+        if self.command[0] == "train" and _flag_value(self.command, "--strategy") != "ddp":
+            raise ValueError("`tandem launch -- train` needs --strategy ddp (each process trains "
+                             "its share of every batch; any other strategy would train N "
+                             "independent copies writing the same files)")
         lo, hi = _parse_nnodes(self.nnodes)
         if lo != hi and not self.rdzv_endpoint:
             raise ValueError(f"--nnodes {self.nnodes} (elastic) needs --rdzv-endpoint")
@@ -96,6 +100,17 @@ class LaunchSpec:
     @property
     def multi_node(self) -> bool:
         return _parse_nnodes(self.nnodes)[1] > 1
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last ``flag VALUE`` or ``flag=VALUE`` in ``argv`` (None if absent)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def _parse_nnodes(text: str) -> tuple[int, int]:
