@@ -104,7 +104,7 @@ def test_cli_bench_ddp_runs_under_torchrun(tmp_path):
     proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,ddp", "--devices",
                      "cpu:2", "--baselines", "none", "--batch-size", "4", "--steps", "1",
                      "--warmup", "0", "--image-size", "8", "--dist-timeout", "200",
-                     "--json", str(out)], timeout=300)
+                     "--threads", "2", "--json", str(out)], timeout=300)
     assert proc.returncode == 0, proc.stderr
     results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
     ddp = results["ddp"]
@@ -112,7 +112,7 @@ def test_cli_bench_ddp_runs_under_torchrun(tmp_path):
     assert ddp["status"] == "ok", ddp["reason"]
     assert ddp["phase"] == "torchrun" and ddp["devices"] == ["cpu", "cpu"]
     assert ddp["bytes_per_step"]["uncounted"] == "torch DDP's gradient all-reduce"
-    assert "2 processes" in ddp["notes"][0]
+    assert ddp["notes"] == ["torchrun phase: 2 processes, 1 torch threads each"]  # 2 // 2
 
 
 def test_cli_user_mistakes_are_one_line(capsys):
@@ -132,6 +132,7 @@ def test_cli_user_mistakes_are_one_line(capsys):
     (dict(warmup=-1), "warmup"),
     (dict(baselines="bare,torch_fsdp"), "torch_fsdp"),
     (dict(amp_dtype="fp8"), "amp dtype"),
+    (dict(threads=0), "threads"),
 ])
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):

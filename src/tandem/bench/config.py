@@ -45,8 +45,12 @@ class BenchConfig:
     ``batch_size`` is the global batch: every contestant processes all of it per step, split
     over its devices or processes. ``image_size`` and ``num_classes`` default to the model's
     own (its native input size and class count: 32 and 10 for ``cifar_*``, 224 and 1000 for
-    the ImageNet models). ``warmup`` untimed rounds come
-    before ``steps`` timed ones.
+    the ImageNet models). ``warmup`` untimed rounds come before ``steps`` timed ones.
+    ``baselines`` names the plain-torch contestants to add (those that cannot run here are
+    listed as skipped). ``cudnn_benchmark`` sets ``torch.backends.cudnn.benchmark`` for
+    everyone alike (it only matters on CUDA). ``threads`` (default: torch's own choice) is the
+    CPU thread budget: this process uses that many intra-op threads, and each of N torchrun
+    workers ``threads // N`` (at least 1).
     """
 
     arch: str
@@ -67,6 +71,7 @@ class BenchConfig:
     seed: int = 0
     dist_timeout: float = 900.0
     cudnn_benchmark: bool = True
+    threads: int | None = None
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -88,6 +93,8 @@ class BenchConfig:
             raise ValueError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
         if self.buffers not in ("replica0", "average"):
             raise ValueError(f"bad buffers {self.buffers!r}: choose replica0 or average")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"bad threads {self.threads!r}: must be >= 1")
         if self.dist_timeout <= 0:
             raise ValueError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
         self.device_list = parse_devices_flag(self.devices)

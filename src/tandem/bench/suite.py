@@ -103,6 +103,8 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     from .distributed import distributed_phase
 
     devices = config.device_list
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     machine = machine_info(devices)  # taken before the run: its date and load average
     if model_fn is None:
         from tandem.models import create_model

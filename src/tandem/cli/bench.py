@@ -38,6 +38,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--buffers", choices=["replica0", "average"], default="replica0")
     p.add_argument("--baselines", default="bare,torch_dp,torch_ddp",
                    help="plain-torch contestants to add, or 'none' (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU thread budget: intra-op threads here, split among torchrun "
+                        "workers (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dist-timeout", type=float, default=900.0,
                    help="seconds allowed for the torchrun phase of ddp/torch_ddp")
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
         image_size=args.image_size, num_classes=args.num_classes, amp=args.amp,
         amp_dtype=args.amp_dtype, channels_last=args.channels_last, sync_bn=args.sync_bn,
-        buffers=args.buffers, baselines=args.baselines, seed=args.seed,
+        buffers=args.buffers, baselines=args.baselines, seed=args.seed, threads=args.threads,
         dist_timeout=args.dist_timeout)
     # With --json - the JSON owns stdout, so the table goes to stderr.
     out = sys.stderr if args.json == "-" else sys.stdout
