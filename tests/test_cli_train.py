@@ -93,3 +93,40 @@ def test_mid_epoch_max_steps_stop_then_resume_is_exact(straight, tmp_path):
     assert ckpt["data_position"] == {"epoch": 0, "batch": 3, "step": 3}
     ok("train", *args, "--resume", str(tmp_path / "checkpoint.pt"))
     assert_same_weights(straight / "checkpoint.pt", tmp_path / "checkpoint.pt", atol=1e-6)
+
+
+STEPS = ["--epochs", "2", "--max-steps", "3"]
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    ok("train", *TINY, *STEPS, "--strategy", "single", "--devices", "cpu", "--out", str(out))
+    return out / "checkpoint.pt"
+
+
+@pytest.mark.parametrize("strategy", [
+    ["--strategy", "dp", "--sync-bn", "--devices", "cpu:3"],  # chunks 2+2+2, then 1+1 (short)
+    ["--strategy", "balanced", "--sync-bn", "--devices", "cpu:2"],
+    ["--strategy", "dp", "--sync-bn", "--devices", "cpu:4", "--buffers", "average"],
+])
+def test_strategies_reach_the_same_weights(single_run, strategy, tmp_path):
+    ok("train", *TINY, *STEPS, *strategy, "--out", str(tmp_path))
+    assert_same_weights(single_run, tmp_path / "checkpoint.pt")
+
+
+def test_two_process_ddp_reaches_the_same_weights(single_run, tmp_path):
+    ok("launch", "--nproc-per-node", "2", "--", "train", *TINY, *STEPS, "--strategy", "ddp",
+       "--sync-bn", "--devices", "cpu", "--out", str(tmp_path))
+    assert_same_weights(single_run, tmp_path / "checkpoint.pt")
+
+
+def test_gradient_accumulation_is_strategy_invariant(tmp_path):
+    """--accum-steps 2: two global batches per step, the same under single and dp."""
+    args = [*TINY, "--epochs", "1", "--accum-steps", "2"]
+    ok("train", *args, "--strategy", "single", "--devices", "cpu", "--out", str(tmp_path / "a"))
+    ok("train", *args, "--strategy", "dp", "--sync-bn", "--devices", "cpu:2",
+       "--out", str(tmp_path / "b"))
+    assert_same_weights(tmp_path / "a" / "checkpoint.pt", tmp_path / "b" / "checkpoint.pt")
+    ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    assert ckpt["data_position"]["step"] == 2  # 4 global batches, 2 per optimizer step

@@ -34,7 +34,8 @@ def test_imagenet_flags_map_to_fields():
     assert (cfg.model.arch, cfg.optim.batch_size, cfg.optim.lr, cfg.optim.momentum) == \
         ("resnet18", 64, 0.2, 0.8)
     assert cfg.optim.weight_decay == 1e-3 and cfg.optim.epochs == 3
-    assert (cfg.data.workers, cfg.run.seed, cfg.run.evaluate, cfg.run.resume) == (2, 7, True, "x.pt")
+    assert (cfg.data.workers, cfg.run.seed, cfg.run.evaluate, cfg.run.resume) == \
+        (2, 7, True, "x.pt")
     assert (cfg.parallel.strategy, cfg.parallel.devices, cfg.parallel.sync_bn,
             cfg.parallel.buffers) == ("dp", "cpu:3", True, "average")
     assert (cfg.data.augment, cfg.optim.max_steps, cfg.optim.accum_steps) == ("standard", 9, 2)

@@ -9,8 +9,8 @@ so every strategy sees the same global batches in the same order.
 Only the main process shows progress and writes ``metrics.jsonl``, ``curves.png``,
 ``checkpoint.pt`` (every epoch, and at a ``--max-steps`` stop) and ``best.pt`` (when
 validation accuracy improves). Checkpoints record the position in the data order
-(``data_position = {"epoch", "batch", "step"}``: the epoch under way, batches of it done, optimizer
-steps done), so ``--resume`` restarts at the very next batch with the same RNG state.
+(``data_position = {"epoch", "batch", "step"}``: the epoch under way, batches of it done,
+optimizer steps done), so ``--resume`` restarts at the very next batch with the same RNG state.
 """
 
 from __future__ import annotations

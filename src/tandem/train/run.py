@@ -169,7 +169,9 @@ def train(cfg: TrainConfig) -> int:
 
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
              batch_size: int | None = None, seed: int | None = None) -> dict:
-    """Validate the checkpoint at ``checkpoint_path``; return ``{"arch", "loss", "acc", "count", "is_main"}``.
+    """Validate the checkpoint at ``checkpoint_path``.
+
+    Returns ``{"arch", "loss", "acc", "count", "is_main"}`` (``is_main``: this process reports).
 
     The architecture comes from the checkpoint, and so do the data settings and seed it was
     trained with (its ``config``), each overridden by an entry of ``data`` / ``batch_size`` /
