@@ -14,20 +14,26 @@
 #      timing): 21 classes at 64x64, batch 8, over 2 and 4 replicas.
 # CPU timings depend on the machine's load: run on a quiet machine, and compare ratios within
 # one table (its contestants are interleaved), not absolute numbers across tables.
+#
+# --threads 1 gives every replica (thread or torchrun process) one intra-op thread, so a CPU
+# replica stands for one core, as a GPU replica stands for one GPU. It also keeps OpenMP's
+# barrier stalls off a shared machine: with 2 threads per op under load we saw step times
+# vary 5x. Set THREADS=N to give each replica N threads instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=${1:-runs/bench}
+THREADS=${THREADS:-1}
 mkdir -p "$OUT"
 tandem() { "$PY" -m tandem "$@"; }
 set -x
 tandem bench --arch cifar_resnet20 --strategies single,dp,balanced --devices cpu:2 \
-    --batch-size 64 --steps 20 --warmup 3 --json "$OUT/cpu_strategies.json"
+    --batch-size 64 --steps 20 --warmup 3 --threads "$THREADS" --json "$OUT/cpu_strategies.json"
 tandem bench --arch cifar_resnet20 --strategies single,ddp --devices cpu --baselines bare \
-    --batch-size 64 --steps 20 --warmup 3 --json "$OUT/cpu_ddp_1proc.json"
+    --batch-size 64 --steps 20 --warmup 3 --threads "$THREADS" --json "$OUT/cpu_ddp_1proc.json"
 tandem bench --arch cifar_resnet20 --strategies single,ddp --devices cpu:2 --baselines bare \
-    --batch-size 64 --steps 20 --warmup 3 --json "$OUT/cpu_ddp_2proc.json"
+    --batch-size 64 --steps 20 --warmup 3 --threads "$THREADS" --json "$OUT/cpu_ddp_2proc.json"
 tandem bench --arch alexnet --strategies single,dp,hybrid --devices cpu:2 --baselines bare \
-    --image-size 128 --batch-size 32 --steps 10 --warmup 2 --explain \
+    --image-size 128 --batch-size 32 --steps 10 --warmup 2 --threads "$THREADS" --explain \
     --json "$OUT/cpu_alexnet_hybrid.json"
 "$PY" benchmarks/criterion_bytes.py --replicas 2 4 --json "$OUT/criterion_bytes.json"

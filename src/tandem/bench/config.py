@@ -48,9 +48,10 @@ class BenchConfig:
     the ImageNet models). ``warmup`` untimed rounds come before ``steps`` timed ones.
     ``baselines`` names the plain-torch contestants to add (those that cannot run here are
     listed as skipped). ``cudnn_benchmark`` sets ``torch.backends.cudnn.benchmark`` for
-    everyone alike (it only matters on CUDA). ``threads`` (default: torch's own choice) is the
-    CPU thread budget: this process uses that many intra-op threads, and each of N torchrun
-    workers ``threads // N`` (at least 1).
+    everyone alike (it only matters on CUDA). ``threads`` is the number of intra-op threads per
+    replica: per op in this process (whose replica threads run side by side), and in each
+    torchrun worker. By default this process keeps torch's choice and each of N workers gets
+    this process's threads divided by N.
     """
 
     arch: str

@@ -16,9 +16,9 @@ Run this phase directly with::
 
 The phase is not interleaved with the in-process contestants (another process cannot share
 their rounds), so compare it with them knowing the machine may have changed in between.
-torchrun gives each worker ``OMP_NUM_THREADS`` threads; we set it to the thread budget
-(``--threads``, else this process's torch threads) divided by the worker count, so the CPU is
-not oversubscribed. A user's own ``OMP_NUM_THREADS`` is kept when ``--threads`` is not given.
+torchrun gives each worker ``OMP_NUM_THREADS`` threads: ``--threads`` when given, else the
+user's own ``OMP_NUM_THREADS``, else this process's torch threads divided by the worker count,
+so that the CPU is not oversubscribed.
 """
 
 from __future__ import annotations
@@ -83,9 +83,10 @@ def distributed_phase(config: BenchConfig, names: list[str], custom_model: bool 
 def _launch(config: BenchConfig, names: list[str]) -> list[dict]:
     nproc = len(config.device_list)
     env = dict(os.environ)
-    budget = config.threads or torch.get_num_threads()
-    if config.threads is not None or "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, budget // nproc))
+    if config.threads is not None:
+        env["OMP_NUM_THREADS"] = str(config.threads)
+    elif "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // nproc))
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cfg_path, out_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "out.json")
         with open(cfg_path, "w") as f:

@@ -39,8 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--baselines", default="bare,torch_dp,torch_ddp",
                    help="plain-torch contestants to add, or 'none' (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU thread budget: intra-op threads here, split among torchrun "
-                        "workers (default: torch's choice)")
+                   help="intra-op threads per replica (thread here, or torchrun worker); "
+                        "default: torch's choice, split among workers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dist-timeout", type=float, default=900.0,
                    help="seconds allowed for the torchrun phase of ddp/torch_ddp")
