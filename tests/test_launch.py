@@ -119,20 +119,32 @@ def test_launch_ddp_sync_bn_matches_single(single_run, tmp_path):
 
 def test_two_nodes_on_loopback_match_single(single_run, tmp_path):
     out, port = tmp_path / "two_nodes", _free_port()
+    logs = [open(tmp_path / f"node{rank}.log", "w+") for rank in (0, 1)]
     nodes = [subprocess.Popen(
         TANDEM + ["launch", "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
                   "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1", "--",
                   *TRAIN, "--strategy", "ddp", "--sync-bn", "--out", str(out)],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in (0, 1)]
+        env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+        for rank, log in zip((0, 1), logs)]
+    deadline = time.monotonic() + 150
     try:
-        results = [node.communicate(timeout=150) for node in nodes]
+        for node in nodes:
+            node.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
     finally:
         for node in nodes:
-            node.kill()
-    for node, (stdout, stderr) in zip(nodes, results):
-        assert node.returncode == 0, stderr[-4000:]
-    assert "epoch 1/1 step 3" in results[0][0] and "epoch" not in results[1][0]
+            if node.poll() is None:
+                node.send_signal(signal.SIGTERM)  # the agent stops its workers
+                node.wait(timeout=30)
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, "\n=====\n".join(o[-3000:] for o in outputs)
+    assert "epoch 1/1 step 3" in outputs[0] and "epoch 1/1" not in outputs[1]
     _assert_same_weights(_weights(out / "checkpoint.pt"), _weights(single_run / "checkpoint.pt"))
 
 

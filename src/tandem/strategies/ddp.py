@@ -105,6 +105,8 @@ class DDPStrategy(Strategy):
         self.rank = self.env.rank
         self.world_size = self.env.world_size
         self._device = pick_device(self.env, self.devices)
+        # This process touches only its own device (memory stats, syncs): never the others'.
+        self.devices = [self._device]
         self.backend = init_process_group(self.env, self._device, timeout)
         self._steps = 0
         self._plain_bn: list[_BatchNorm] = []
