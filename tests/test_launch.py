@@ -1,8 +1,9 @@
 """``tandem launch`` end to end: 2 gloo workers on 127.0.0.1, each run with a hard timeout.
 
 - a 2-process ``--strategy ddp --sync-bn`` run, and a 2-"machine" run (two launchers with
-  ``--nnodes 2 --node-rank 0/1`` on loopback), both reach the weights of ``--strategy single``
-  after 3 steps, through a short last batch of 1 sample (rank 1's share is empty);
+  ``--nnodes 2 --node-rank 0/1`` on loopback), both reach the weights and metrics of
+  ``--strategy single`` after 3 steps of 2 accumulated batches, through a short last batch of
+  1 sample (rank 1's share is empty);
 - a worker that raises, hangs, or is SIGKILLed stops the whole job with a non-zero status in
   bounded time, the failed rank named, and no worker process left behind;
 - a SIGKILL of rank 0 (the writer) mid-run leaves a loadable ``checkpoint.pt``, from which
@@ -28,9 +29,12 @@ from tandem import checkpoint
 from tandem.cli.main import main
 
 TANDEM = [sys.executable, "-m", "tandem"]
-# 11 samples in global batches of 5: 5, 5, 1 -> shares 3+2, 3+2, 1+0 over 2 ranks.
+# 11 samples in global batches of 5: 5, 5, 1 -> shares 3+2, 3+2, 1+0 over 2 ranks. Two
+# batches per optimizer step (the first under no_sync), so an epoch is 2 steps, the second a
+# short one of 1 batch; --max-steps 3 stops in epoch 2.
 TRAIN = ["train", "--data", "synthetic", "--synthetic-size", "11", "--image-size", "8",
-         "--num-classes", "3", "--batch-size", "5", "--epochs", "1", "--max-steps", "3",
+         "--num-classes", "3", "--batch-size", "5", "--accum-steps", "2", "--epochs", "2",
+         "--max-steps", "3",
          "--no-progress", "--seed", "3", "--devices", "cpu"]
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TANDEM_INJECT_FAULT")
@@ -109,12 +113,14 @@ def test_launch_ddp_sync_bn_matches_single(single_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     _assert_same_weights(_weights(out / "checkpoint.pt"), _weights(single_run / "checkpoint.pt"))
     # Only rank 0 printed the epoch summary and wrote the outputs.
-    assert proc.stdout.count("epoch 1/1 step 3") == 1, proc.stdout
+    assert proc.stdout.count("epoch 1/2 step 2") == 1, proc.stdout
+    assert proc.stdout.count("epoch 2/2 step 3") == 1, proc.stdout
     ddp_log = [json.loads(line) for line in open(out / "metrics.jsonl")]
     single_log = [json.loads(line) for line in open(single_run / "metrics.jsonl")]
-    assert len(ddp_log) == 1
-    for key in ("train_loss", "val_loss", "val_acc", "train_acc"):
-        assert abs(ddp_log[0][key] - single_log[0][key]) < 1e-4, key
+    assert len(ddp_log) == len(single_log) == 2
+    for ddp_epoch, single_epoch in zip(ddp_log, single_log):
+        for key in ("train_loss", "val_loss", "val_acc", "train_acc"):
+            assert abs(ddp_epoch[key] - single_epoch[key]) < 1e-4, key
 
 
 def test_two_nodes_on_loopback_match_single(single_run, tmp_path):
@@ -144,7 +150,7 @@ def test_two_nodes_on_loopback_match_single(single_run, tmp_path):
         log.close()
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, "\n=====\n".join(o[-3000:] for o in outputs)
-    assert "epoch 1/1 step 3" in outputs[0] and "epoch 1/1" not in outputs[1]
+    assert "epoch 2/2 step 3" in outputs[0] and "epoch 2/2" not in outputs[1]
     _assert_same_weights(_weights(out / "checkpoint.pt"), _weights(single_run / "checkpoint.pt"))
 
 
