@@ -31,6 +31,7 @@ CASES = {
     "localbn_empty_rank_1_over_2": ("bn", False, "replica0", [1], "ce"),
     "localbn_average_buffers_5_over_2": ("bn", False, "average", [5], "ce"),
     "weighted_ignore_ce_uneven_7_over_2": ("plain", False, "replica0", [7], "weighted"),
+    "sum_reduction_empty_rank_5_then_1": ("bn", True, "replica0", [5, 1], "sum"),
 }
 TOL = 1e-9
 
@@ -53,6 +54,8 @@ def _criterion(kind: str) -> nn.Module:
     if kind == "weighted":
         weight = torch.tensor([0.5, 1.0, 2.0, 1.5, 0.25], dtype=torch.float64)
         return nn.CrossEntropyLoss(weight=weight, ignore_index=2, label_smoothing=0.1)
+    if kind == "sum":
+        return nn.CrossEntropyLoss(reduction="sum")
     return nn.CrossEntropyLoss()
 
 

@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tandem.distributed import faults
 from tandem.distributed.env import read_env
-from tandem.distributed.global_loss import local_sum
+from tandem.distributed.global_loss import local_sum, reduction_of
 from tandem.distributed.process_group import (
     all_reduce_sum,
     destroy_process_group,
@@ -157,8 +157,10 @@ class DDPStrategy(Strategy):
                              torch.tensor(float(count), dtype=torch.float64,
                                           device=summed.device)])
         total_sum, total_den, total_count = all_reduce_sum(stats, self._device).tolist()
+        if reduction_of(criterion) == "sum":  # the global loss is the plain sum of S_r
+            total_den = 1.0
         if training and self.buffers == "average":
-            self._average_buffers(wrapped, count, total_count)
+            self._average_buffers(count, total_count)
         mean = summed.new_tensor(total_sum / total_den if total_den else float("nan"))
         if summed.requires_grad:
             # The value is the global mean; the gradient is that of S_r * world / D, which
@@ -170,7 +172,7 @@ class DDPStrategy(Strategy):
         correct = (outputs.argmax(1) == targets).sum() if count else targets.new_zeros(())
         return StepOutput(loss, correct, count)
 
-    def _average_buffers(self, wrapped: nn.Module, count: int, total_count: float) -> None:
+    def _average_buffers(self, count: int, total_count: float) -> None:
         """Replace BN running stats by their sample-count-weighted mean over ranks.
 
         The averaged values are *new* tensors assigned to the buffers, not written in place:
