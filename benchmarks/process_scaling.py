@@ -124,15 +124,18 @@ def drive(args) -> dict:
                 print(f"round {r + 1}/{args.rounds}  {name:<20} {samples[name][-1]:8.1f} img/s",
                       flush=True)
     median = {n: statistics.median(v) for n, v in samples.items()}
+    two_procs, one_thread, two_threads = (median[n] for n in
+                                          ("2 procs x 1 thread", "1 proc x 1 thread",
+                                           "1 proc x 2 threads"))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "arch": "cifar_resnet20", "batch_size": args.batch_size, "steps": args.steps,
         "warmup": args.warmup, "rounds": args.rounds,
         "cpus": cpus,
         "images_per_sec": samples, "median_images_per_sec": median,
-        "scaling_2procs_vs_1proc_1thread": median["2 procs x 1 thread"] / median["1 proc x 1 thread"],
-        "scaling_2procs_vs_1proc_2threads": median["2 procs x 1 thread"] / median["1 proc x 2 threads"],
-        "scaling_2threads_vs_1thread": median["1 proc x 2 threads"] / median["1 proc x 1 thread"],
+        "scaling_2procs_vs_1proc_1thread": two_procs / one_thread,
+        "scaling_2procs_vs_1proc_2threads": two_procs / two_threads,
+        "scaling_2threads_vs_1thread": two_threads / one_thread,
     }
 
 

@@ -155,7 +155,8 @@ def test_torchrun_argv_single_node_lets_torchrun_pick_the_port():
 
 
 def test_torchrun_argv_multi_node_and_rendezvous():
-    spec = LaunchSpec(nproc_per_node=4, command=["train", "--strategy=ddp"], nnodes="2", node_rank=1,
+    spec = LaunchSpec(nproc_per_node=4, command=["train", "--strategy=ddp"], nnodes="2",
+                      node_rank=1,
                       master_addr="h0", master_port=29400, max_restarts=2)
     argv = torchrun_argv(spec)
     for flag, value in [("--nnodes", "2"), ("--node-rank", "1"), ("--master-addr", "h0"),

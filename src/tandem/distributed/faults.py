@@ -28,7 +28,8 @@ _MODES = ("raise", "exit", "hang")
 def parse_fault(text: str) -> tuple[int, int, str]:
     """``"1:2:raise"`` -> ``(1, 2, "raise")``; anything else is a ``ValueError`` naming it."""
     parts = text.split(":")
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in _MODES:
+    if (len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit()
+            or parts[2] not in _MODES):
         raise ValueError(f"{FAULT_VAR}={text!r}: expected RANK:STEP:MODE with MODE in {_MODES}")
     return int(parts[0]), int(parts[1]), parts[2]
 

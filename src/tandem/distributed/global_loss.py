@@ -3,8 +3,9 @@
 A criterion with ``reduction="mean"`` on the global batch is ``sum_i l_i / D`` where ``D`` is
 what it divides by: the sample count for plain cross-entropy, the summed class weights of the
 non-ignored targets when ``weight`` / ``ignore_index`` are used, the element count of the
-unreduced loss for any other torch loss (MSE, margin losses, ...). Each rank holds part of the batch, so the global loss is
-``sum_r S_r / sum_r D_r`` with ``S_r = local_mean_r * D_r``. Summing ``(S_r, D_r)`` over ranks
+unreduced loss for any other torch loss (MSE, margin losses, ...). Each rank holds part of
+the batch, so the global loss is ``sum_r S_r / sum_r D_r`` with ``S_r`` the rank's summed
+loss and ``D_r`` its share of ``D``. Summing ``(S_r, D_r)`` over ranks
 gives exactly the single-process loss, also for uneven or empty shares.
 """
 
