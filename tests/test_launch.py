@@ -268,3 +268,23 @@ def test_launch_mistakes_are_one_line(capsys, argv, message):
     assert main(["launch", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("tandem: error: ") and message in err and "\n" not in err, err
+
+
+# -- CUDA (NCCL) -------------------------------------------------------------------------------
+@pytest.mark.cuda
+def test_ddp_on_cuda_with_nccl_matches_single(tmp_path):
+    """One process per GPU (up to 2), NCCL; cuDNN/TF32 rounding allows a looser tolerance."""
+    nproc = min(2, torch.cuda.device_count())
+    cuda_train = [a if a != "cpu" else "cuda" for a in TRAIN]
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    proc, _ = _run([*cuda_train, "--strategy", "single", "--out", str(single)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc, _ = _run(["launch", "--nproc-per-node", str(nproc), "--", *cuda_train, "--strategy",
+                    "ddp", "--sync-bn", "--out", str(ddp)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    config = json.load(open(ddp / "config.json"))
+    assert config["resolved"]["devices"] == ["cuda:0"]  # rank 0's own device only
+    assert config["resolved"]["world_size"] == nproc
+    a, b = _weights(ddp / "checkpoint.pt"), _weights(single / "checkpoint.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=5e-3, rtol=1e-2, msg=k)
