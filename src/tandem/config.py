@@ -70,7 +70,8 @@ class ModelConfig:
 class DataConfig:
     data: str = opt("digits", "dataset: synthetic, digits, an ImageFolder directory or a "
                     "CIFAR-10 python directory", metavar="NAME|DIR")
-    augment: str = opt("none", "training augmentation", choices=AUGMENTS)
+    augment: str = opt("standard", "training augmentation: random shifts (and flips where the "
+                       "data allows)", choices=AUGMENTS)
     image_size: int | None = opt(None, "resize images to this side (default: the dataset's own)",
                                  metavar="PX")
     num_classes: int | None = opt(None, "classes of the synthetic dataset", metavar="N")
@@ -103,6 +104,7 @@ class OptimConfig:
     lr_step: float = opt(30.0, "step schedule: epochs between decays", metavar="EPOCHS")
     lr_gamma: float = opt(0.1, "step schedule: decay factor", metavar="G")
     warmup_epochs: float = opt(0.0, "linear learning-rate warm-up, in epochs", metavar="EPOCHS")
+    label_smoothing: float = opt(0.1, "cross-entropy label smoothing", metavar="E")
     accum_steps: int = opt(1, "global batches per optimizer step (gradient accumulation)",
                            metavar="K")
     max_steps: int | None = opt(None, "stop after N optimizer steps in all (resumes included), "
@@ -118,6 +120,8 @@ class OptimConfig:
         _check(self.lr_step > 0, f"bad --lr-step {self.lr_step}: must be > 0")
         _check(self.lr_gamma > 0, f"bad --lr-gamma {self.lr_gamma}: must be > 0")
         _check(self.warmup_epochs >= 0, f"bad --warmup-epochs {self.warmup_epochs}: must be >= 0")
+        _check(0.0 <= self.label_smoothing < 1.0,
+               f"bad --label-smoothing {self.label_smoothing}: must be in [0, 1)")
         _check(self.accum_steps >= 1, f"bad --accum-steps {self.accum_steps}: must be >= 1")
         _check(self.max_steps is None or self.max_steps >= 1,
                f"bad --max-steps {self.max_steps}: must be >= 1")

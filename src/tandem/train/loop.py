@@ -170,6 +170,7 @@ class Trainer:
         cfg, s, pos = self.cfg, self.strategy, self.position
         records = log.read() if s.is_main else []
         max_steps = cfg.optim.max_steps
+        trained = False
         while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
             reset_peak_memory(s.devices)
             batches_before = pos.batch
@@ -197,8 +198,13 @@ class Trainer:
                 log.append(record)
                 plot_curves(records, self._out("curves.png"))
                 print(_summary(record, cfg.optim.epochs), flush=True)
+            trained = True
             if stopped:
                 break
+        if s.is_main:
+            print(f"best val acc {self.best_acc1:.2f}%: {self._out('best.pt')}" if trained else
+                  f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
+                  + (f"/{max_steps}" if max_steps else ""), flush=True)
         return records
 
 

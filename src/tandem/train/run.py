@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tandem import checkpoint
-from tandem.config import DataConfig, ModelConfig, ParallelConfig, TrainConfig
+from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import load_dataset, make_loader
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_devices_flag
@@ -35,7 +35,8 @@ from .loop import Position, Trainer
 from .metrics import MetricsLog
 from .schedule import make_scheduler
 
-__all__ = ["train", "evaluate", "build_strategy", "build_data", "build_model", "seed_everything"]
+__all__ = ["train", "evaluate", "build_strategy", "build_data", "build_model", "make_criterion",
+           "seed_everything"]
 
 
 def seed_everything(seed: int) -> None:
@@ -71,6 +72,11 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
     seed_everything(seed)
     return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
                         **kwargs)
+
+
+def make_criterion(cfg: OptimConfig, strategy: Strategy) -> nn.Module:
+    """Cross-entropy, the same in training, validation and ``tandem eval``."""
+    return nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(strategy.device)
 
 
 def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
@@ -133,7 +139,7 @@ def _build_trainer(cfg: TrainConfig, strategy: Strategy) -> tuple[Trainer, dict 
     steps_per_epoch = -(-batches // optim.accum_steps)
     trainer = Trainer(
         cfg=cfg, strategy=strategy, model=wrapped,
-        criterion=nn.CrossEntropyLoss().to(strategy.device),
+        criterion=make_criterion(optim, strategy),
         optimizer=optimizer, scheduler=make_scheduler(optimizer, optim, steps_per_epoch),
         scaler=torch.amp.GradScaler(strategy.device.type, enabled=cfg.parallel.amp),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
@@ -193,7 +199,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
         model = build_model(cfg.model, info, cfg.run.seed)
         checkpoint.load(checkpoint_path, model=model)
         trainer = Trainer(cfg=cfg, strategy=strategy, model=strategy.setup(model),
-                          criterion=nn.CrossEntropyLoss().to(strategy.device), optimizer=None,
+                          criterion=make_criterion(cfg.optim, strategy), optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,
                           batches_per_epoch=0, config_dict={})
         val = trainer.validate()
