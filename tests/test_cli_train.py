@@ -73,6 +73,18 @@ def test_outputs(straight):
     assert any(k.endswith("running_mean") for k in ckpt["state_dict"])
 
 
+def test_resuming_with_the_wrong_arch_is_refused_and_loses_nothing(straight, tmp_path):
+    ckpt = tmp_path / "checkpoint.pt"
+    ckpt.write_bytes((straight / "checkpoint.pt").read_bytes())
+    before = ckpt.read_bytes()
+    result = tandem("train", *TINY, "-a", "cifar_resnet32", "--resume", str(ckpt),
+                    "--epochs", "3", "--out", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("tandem: error: ") and str(ckpt) in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert ckpt.read_bytes() == before and not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_one_epoch_plus_resumed_epoch_equals_two(straight, tmp_path):
     ok("train", *TINY, "--epochs", "1", "--lr-schedule", "step", "--lr-step", "1",
        "--augment", "standard", "--out", str(tmp_path))
