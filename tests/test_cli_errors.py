@@ -3,9 +3,11 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
+from tandem.cli.common import tandem_warnings
 from tandem.cli.main import main
 from tandem.strategies import strategy_names
 
@@ -73,3 +75,20 @@ def test_corrupt_checkpoint_in_train_and_eval(tmp_path):
     assert_one_line_error(tandem("train", *TINY, "--out", str(tmp_path / "o"), "--resume",
                                  str(bad)), str(bad))
     assert_one_line_error(tandem("eval", "--resume", str(bad)), str(bad))
+
+
+def test_single_with_several_devices_warns(tmp_path):
+    with pytest.warns(UserWarning, match="strategy 'single' uses only cpu of the 2 devices"):
+        code = main(["train", *TINY, "--devices", "cpu:2", "--out", str(tmp_path)])
+    assert code == 0
+    assert (tmp_path / "best.pt").exists()  # written at the first validation, even at 0%
+
+
+def test_tandem_warnings_are_one_line_others_keep_their_format():
+    import tandem.strategies.single as ours
+    with tandem_warnings():
+        mine = warnings.formatwarning("careful", UserWarning, ours.__file__, 3)
+        theirs = warnings.formatwarning("careful", UserWarning, warnings.__file__, 3)
+    assert mine == "tandem: warning: careful\n"
+    assert warnings.__file__ in theirs
+    assert warnings.formatwarning("x", UserWarning, ours.__file__, 3) != "tandem: warning: x\n"

@@ -10,11 +10,14 @@ config file or a checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import types
 import typing
+import warnings
 
-__all__ = ["add_config_arguments", "config_from_args", "flag_of"]
+__all__ = ["add_config_arguments", "config_from_args", "flag_of", "tandem_warnings"]
 
 
 def _value_type(annotation) -> type:
@@ -72,3 +75,28 @@ def config_from_args(cls, args: argparse.Namespace, **overrides):
             values[f.name] = getattr(args, f.name)
     values.update(overrides)
     return cls(**values)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextlib.contextmanager
+def tandem_warnings():
+    """Show tandem's own warnings as one line, ``tandem: warning: ...``, while the block runs.
+
+    Warnings from other packages keep Python's usual format (file and line), which is what
+    their users need to find them. ``warnings.formatwarning`` is documented as replaceable;
+    it is restored on exit.
+    """
+    default = warnings.formatwarning
+
+    def short(message, category, filename, lineno, line=None):
+        if os.path.abspath(filename).startswith(_PACKAGE_DIR):
+            return f"tandem: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = short
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default

@@ -11,7 +11,7 @@ import json
 
 from tandem.config import DataConfig, ParallelConfig
 
-from .common import add_config_arguments, config_from_args
+from .common import add_config_arguments, config_from_args, tandem_warnings
 
 __all__ = ["add_parser"]
 
@@ -46,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"bad --batch-size {args.batch_size}: must be >= 1")
     data = {name: getattr(args, name) for name in _DATA_FLAGS if getattr(args, name) is not None}
     DataConfig(**data)  # check the overrides alone, for a message naming the flag
-    result = evaluate(args.resume, parallel=config_from_args(ParallelConfig, args), data=data,
-                      batch_size=args.batch_size, seed=args.seed)
+    with tandem_warnings():
+        result = evaluate(args.resume, parallel=config_from_args(ParallelConfig, args),
+                          data=data, batch_size=args.batch_size, seed=args.seed)
     if not result.pop("is_main"):
         return 0  # under ddp every rank validates its share; rank 0 reports the total
     if args.json:

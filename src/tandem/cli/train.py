@@ -19,7 +19,7 @@ import argparse
 from tandem.config import (DataConfig, ModelConfig, OptimConfig, ParallelConfig, RunConfig,
                            TrainConfig)
 
-from .common import add_config_arguments, config_from_args
+from .common import add_config_arguments, config_from_args, tandem_warnings
 
 __all__ = ["add_parser", "config_from_namespace"]
 
@@ -54,4 +54,5 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     from tandem.train.run import train  # heavy imports only when training
 
-    return train(config_from_namespace(args))
+    with tandem_warnings():
+        return train(config_from_namespace(args))

@@ -179,7 +179,8 @@ class Trainer:
             val = self.validate()
             if not stopped:
                 pos.epoch, pos.batch = pos.epoch + 1, 0
-            is_best = val.acc > self.best_acc1
+            # The first validation of a run directory always writes best.pt (even at 0%).
+            is_best = val.acc > self.best_acc1 or not os.path.exists(self._out("best.pt"))
             self.best_acc1 = max(self.best_acc1, val.acc)
             record = {
                 "epoch": pos.epoch if not stopped else pos.epoch + 1,
