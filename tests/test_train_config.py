@@ -104,3 +104,21 @@ def test_meter_sums_weight_by_count_and_skip_empty_shares():
     r = m.reduced(_TwoProcesses())
     assert (r.count, r.correct) == (12, 6) and r.loss == pytest.approx(2.0)
     assert math.isnan(Meter().loss)
+
+
+def test_optimizer_state_of_another_layout_is_refused():
+    from tandem.train.run import _check_optimizer_shapes
+
+    def sgd(*shapes):
+        params = [torch.nn.Parameter(torch.ones(s)) for s in shapes]
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    saved = sgd((4, 2), (4,))
+    sum(p.sum() for g in saved.param_groups for p in g["params"]).backward()
+    saved.step()  # creates momentum buffers
+    same, other = sgd((4, 2), (4,)), sgd((2, 2), (4,))  # same count, another shape
+    same.load_state_dict(saved.state_dict())
+    _check_optimizer_shapes(same, "ok.pt")
+    other.load_state_dict(saved.state_dict())  # torch accepts it silently
+    with pytest.raises(ValueError, match="bad.pt.*momentum_buffer"):
+        _check_optimizer_shapes(other, "bad.pt")

@@ -110,6 +110,7 @@ def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
     try:
         if ckpt.get("optimizer") is not None:
             trainer.optimizer.load_state_dict(ckpt["optimizer"])
+            _check_optimizer_shapes(trainer.optimizer, path)
         if ckpt.get("scheduler") is not None:
             trainer.scheduler.load_state_dict(ckpt["scheduler"])
         else:  # recompute where the schedule stands
@@ -122,6 +123,22 @@ def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
                          f"{str(exc).splitlines()[0]}") from None
     if ckpt.get("rng") is not None:
         checkpoint.restore_rng(ckpt["rng"])
+
+
+def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Per-parameter state (momentum) must have its parameter's shape.
+
+    ``load_state_dict`` matches parameters by position only; state saved under another layout
+    (e.g. ``hybrid``'s classifier shards) would otherwise fail deep inside the first step.
+    """
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+                    raise ValueError(
+                        f"checkpoint '{path}': optimizer state {name!r} has shape "
+                        f"{tuple(value.shape)} but its parameter {tuple(param.shape)}; was it "
+                        f"saved under another --strategy (hybrid state resumes under hybrid)?")
 
 
 def _build_trainer(cfg: TrainConfig, strategy: Strategy) -> tuple[Trainer, dict | None]:
