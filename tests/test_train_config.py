@@ -55,7 +55,8 @@ def test_parsing_does_not_mutate_args():
     (["--lr", "0"], "--lr"), (["--accum-steps", "0"], "--accum-steps"),
     (["--max-steps", "0"], "--max-steps"), (["--augment", "heavy"], "--augment"),
     (["--buffers", "sum"], "--buffers"), (["--lr-schedule", "poly"], "--lr-schedule"),
-    (["-j", "-1"], "--workers"), (["--label-smoothing", "1"], "--label-smoothing"), (["--image-size", "0"], "--image-size"),
+    (["-j", "-1"], "--workers"), (["--label-smoothing", "1"], "--label-smoothing"),
+    (["--image-size", "0"], "--image-size"),
 ])
 def test_bad_values_are_one_line_value_errors_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as info:

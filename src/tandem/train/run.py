@@ -33,7 +33,7 @@ from tandem.strategies import Strategy, create_strategy
 
 from .loop import Position, Trainer
 from .metrics import MetricsLog
-from .schedule import make_scheduler
+from .schedule import lr_factor, make_scheduler
 
 __all__ = ["train", "evaluate", "build_strategy", "build_data", "build_model", "make_criterion",
            "seed_everything"]
@@ -95,32 +95,38 @@ def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
 def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
     """Optimizer, scheduler, scaler, position, best accuracy and RNG from ``ckpt``.
 
-    A checkpoint in the plain imagenet-example format (no ``data_position``/``scheduler``/``rng``)
-    resumes at the start of epoch ``ckpt['epoch']`` with the schedule recomputed.
+    A checkpoint in the imagenet example's format (no ``data_position``, ``scheduler`` or
+    ``rng``) resumes at the start of epoch ``ckpt['epoch']``, the learning rate recomputed.
     """
     steps_per_epoch = -(-trainer.batches_per_epoch // trainer.cfg.optim.accum_steps)
-    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch", 0)), "batch": 0}
+    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
     trainer.position = Position(int(position["epoch"]), int(position["batch"]),
                                 int(position.get("step", position["epoch"] * steps_per_epoch)))
     if trainer.position.batch % trainer.cfg.optim.accum_steps and \
             trainer.position.batch != trainer.batches_per_epoch:
         raise ValueError(f"checkpoint '{path}' stopped mid-accumulation; resume it with the "
                          f"--accum-steps it was saved with")
-    trainer.best_acc1 = float(ckpt.get("best_acc1", 0.0))
+    trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
     try:
         if ckpt.get("optimizer") is not None:
             trainer.optimizer.load_state_dict(ckpt["optimizer"])
-            _check_optimizer_shapes(trainer.optimizer, path)
         if ckpt.get("scheduler") is not None:
             trainer.scheduler.load_state_dict(ckpt["scheduler"])
-        else:  # recompute where the schedule stands
-            trainer.scheduler.last_epoch = trainer.position.step - 1
-            trainer.scheduler.step()
         if ckpt.get("scaler"):
             trainer.scaler.load_state_dict(ckpt["scaler"])
     except (ValueError, KeyError, RuntimeError) as exc:
         raise ValueError(f"checkpoint '{path}' does not fit this run's optimizer: "
                          f"{str(exc).splitlines()[0]}") from None
+    _check_optimizer_shapes(trainer.optimizer, path)
+    for group in trainer.optimizer.param_groups:  # this run's flags win over the file's
+        group.update(momentum=trainer.cfg.optim.momentum,
+                     weight_decay=trainer.cfg.optim.weight_decay)
+    if ckpt.get("scheduler") is None:  # set the learning rate where the schedule stands
+        step = trainer.position.step
+        factor = lr_factor(step, trainer.cfg.optim, steps_per_epoch)
+        for group, base_lr in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs):
+            group["lr"] = base_lr * factor
+        trainer.scheduler.last_epoch = step
     if ckpt.get("rng") is not None:
         checkpoint.restore_rng(ckpt["rng"])
 
