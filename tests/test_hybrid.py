@@ -263,3 +263,36 @@ def test_zoo_models_on_cuda(arch, devices):
     ref(x).sum().backward()
     torch.testing.assert_close(model.features[0].weight.grad, ref.features[0].weight.grad,
                                rtol=1e-3, atol=1e-4)
+
+
+class BNNet(Small):
+    """BatchNorm2d in ``features`` and BatchNorm1d inside the classifier (train mode)."""
+
+    def __init__(self):
+        super().__init__(bn=True)
+        self.classifier = nn.Sequential(nn.Linear(54, 12), nn.BatchNorm1d(12), nn.ReLU(),
+                                        nn.Linear(12, 10), nn.ReLU(), nn.Dropout(0.0),
+                                        nn.Linear(10, 7))
+
+
+@pytest.mark.parametrize("n,batch", [(2, 5), (3, 7), (4, 3)])
+def test_sync_bn_in_features_and_bn1d_head_match_single_device(n, batch):
+    """With SyncBatchNorm the trunk's batch statistics are the whole batch's, so a model with
+    BN in features and BatchNorm1d in the classifier trains exactly like one device: outputs,
+    gradients, running stats and weights over three momentum steps (uneven chunks, and a
+    batch smaller than the device count)."""
+    from tandem.parallel import convert_sync_batchnorm
+
+    torch.manual_seed(0)
+    hybrid = check_against_reference(convert_sync_batchnorm(BNNet()), ["cpu"] * n, batch, 8,
+                                     steps=3)
+    assert int(hybrid.plain_state_dict()["features.1.num_batches_tracked"]) == 3
+
+
+def test_sync_bn_vgg11_bn_matches_single_device():
+    from tandem.models import create_model
+    from tandem.parallel import convert_sync_batchnorm
+
+    torch.manual_seed(0)
+    model = create_model("vgg11_bn", num_classes=10, dropout=0.0, hidden_features=48)
+    check_against_reference(convert_sync_batchnorm(model), ["cpu"] * 2, 3, 32, steps=2)
