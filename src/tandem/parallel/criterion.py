@@ -5,25 +5,17 @@ scalar partial losses travel to ``output_device``, so no device collects the who
 that is what keeps memory balanced. The result equals ``criterion(whole_output, whole_target)``
 on one device, to float rounding, for uneven chunks too. How each kind of criterion is split:
 
-* torch losses with ``reduction="mean"``, ``"sum"`` or ``"batchmean"``: each chunk runs on a
-  shallow copy of the criterion with ``reduction="sum"`` and the sums are divided by the
-  *global* normaliser, summed from the chunks:
-
-  - ``CrossEntropyLoss`` / ``NLLLoss`` with class-index targets: the sum of ``weight[target]``
-    over targets that are not ``ignore_index`` (their count without ``weight``). This is how
-    torch normalises ``weight``, ``ignore_index`` and ``label_smoothing``; a chunk where every
-    target is ignored adds 0 to both sides. With class-probability targets: the number of
-    samples.
-  - ``KLDivLoss(reduction="batchmean")``: the batch size.
-  - any other ``"mean"`` loss: the number of elements of its unreduced loss (each chunk runs
-    with ``reduction="none"`` to count them, which also covers the margin losses whose mean is
-    over samples rather than input elements).
-  - ``"sum"``: no normaliser.
+* torch losses with ``reduction="mean"``, ``"sum"`` or ``"batchmean"``: each chunk gives its
+  summed loss and its share of the normaliser (:func:`tandem.parallel.loss_terms.loss_terms`,
+  the one home of those rules: summed ``weight[target]`` for CrossEntropy/NLL, the batch size
+  for ``batchmean``, the unreduced element count for other means); the sums of both are
+  divided on ``output_device``.
 * ``reduction="none"``: the per-element losses are concatenated along ``dim`` on
   ``output_device`` (these do travel).
 * any other callable (no ``reduction`` attribute): chunk results are weighted by chunk size,
   ``sum(n_i * loss_i) / N``. This is exact for criteria that are a mean over the batch, and
   *not* for ones normalised otherwise (pass the torch loss module instead of a lambda).
+  Non-scalar results are gathered along ``dim`` instead.
 
 ``CTCLoss`` is not supported (its mean divides each sample by its own target length, and its
 batch is dimension 1 of the log-probabilities); it raises ``ValueError``.
@@ -32,40 +24,18 @@ batch is dimension 1 of the log-probabilities); it raises ``ValueError``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 from . import traffic
 from .devices import resolve_devices, to_device
+from .loss_terms import REDUCTIONS, call_criterion, first_tensor, loss_terms, sample_mean_terms
 from .replicate import replicate
 from .scatter_gather import batch_size, gather, scatter
 
 __all__ = ["DataParallelCriterion"]
-
-_REDUCTIONS = ("mean", "sum", "none", "batchmean")
-
-
-def _first_tensor(obj) -> torch.Tensor | None:
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    if isinstance(obj, dict):
-        return _first_tensor(list(obj.values()))
-    return None
-
-
-def _with_reduction(criterion: nn.Module, reduction: str) -> nn.Module:
-    """A shallow copy of ``criterion`` with another ``reduction`` (the original is untouched)."""
-    copy = criterion.__class__.__new__(criterion.__class__)
-    copy.__dict__ = criterion.__dict__.copy()
-    copy.__dict__["reduction"] = reduction
-    return copy
 
 
 def _device_scope(device: torch.device):
@@ -95,7 +65,7 @@ class DataParallelCriterion(nn.Module):
     def forward(self, outputs, *targets, **kwargs):
         if not isinstance(outputs, list):
             outputs = [outputs]
-        firsts = [_first_tensor(o) for o in outputs]
+        firsts = [first_tensor(o) for o in outputs]
         for i, t in enumerate(firsts):
             if t is None:
                 raise ValueError(f"DataParallelCriterion: output {i} holds no tensor")
@@ -106,70 +76,45 @@ class DataParallelCriterion(nn.Module):
         # targets follow the outputs: same chunk sizes, same devices
         shares = scatter((targets, kwargs), devices, self.dim, chunk_sizes=sizes)
         reduction = getattr(self.criterion, "reduction", None)
-        if isinstance(self.criterion, nn.Module) and reduction in _REDUCTIONS:
+        if isinstance(self.criterion, nn.Module) and reduction in REDUCTIONS:
             return self._reduce_module(outputs, shares, devices, reduction)
         return self._reduce_callable(outputs, shares, devices, sizes)
 
     # -- torch losses ------------------------------------------------------------------------
-    def _copies(self, devices: list[torch.device], reduction: str) -> dict:
-        unique = list(dict.fromkeys(devices))
-        replicas = replicate(self.criterion, unique)
-        return {d: _with_reduction(r, reduction) for d, r in zip(unique, replicas)}
-
     def _reduce_module(self, outputs, shares, devices, reduction: str):
-        class_loss = isinstance(self.criterion, (nn.CrossEntropyLoss, nn.NLLLoss))
-        per_chunk = "none" if reduction == "none" or (reduction == "mean" and not class_loss) else "sum"
-        copies = self._copies(devices, per_chunk)
-        losses, norms = [], []
+        unique = list(dict.fromkeys(devices))
+        replicas = dict(zip(unique, replicate(self.criterion, unique)))  # weight on each device
+        chunks = []
         for out, (tgts, kw), device in zip(outputs, shares, devices):
-            crit = copies[device]
             with _device_scope(device):
-                loss = crit(*out, *tgts, **kw) if isinstance(out, (tuple, list)) else crit(out, *tgts, **kw)
                 if reduction == "none":
-                    losses.append(loss)
-                    continue
-                if per_chunk == "none":  # generic mean: count the unreduced elements
-                    norms.append(loss.numel())
-                    loss = loss.sum()
-                elif reduction == "batchmean":
-                    norms.append(_first_tensor(out).shape[0])
-                elif reduction == "mean":
-                    norms.append(self._class_weight_total(crit, _first_tensor(out), tgts[0]))
-                losses.append(loss)
+                    chunks.append(call_criterion(replicas[device], out, tgts, kw))
+                else:
+                    chunks.append(loss_terms(replicas[device], out, tgts, kw))
         if reduction == "none":
-            return gather(losses, self.output_device, self.dim)
-        total = self._sum_on_output(losses, devices)
-        if reduction == "sum":
-            return total
-        if isinstance(norms[0], torch.Tensor):
-            norm = self._sum_on_output(norms, devices)
-        else:
-            norm = float(sum(norms))
-        return total / norm
-
-    @staticmethod
-    def _class_weight_total(crit, output: torch.Tensor, target: torch.Tensor):
-        """torch's 'mean' denominator of CrossEntropy/NLL for this chunk."""
-        if target.is_floating_point():  # class probabilities: one per sample (and position)
-            return output.numel() // output.shape[1] if output.dim() > 1 else 1
-        valid = target[target != crit.ignore_index]
-        if crit.weight is None:
-            return torch.tensor(float(valid.numel()), device=target.device)
-        return crit.weight[valid].sum()
+            return gather(chunks, self.output_device, self.dim)
+        return self._combine(chunks, devices, reduction == "sum")
 
     # -- arbitrary callables -----------------------------------------------------------------
     def _reduce_callable(self, outputs, shares, devices, sizes):
         losses = []
         for out, (tgts, kw), device in zip(outputs, shares, devices):
             with _device_scope(device):
-                fn = self.criterion
-                losses.append(fn(*out, *tgts, **kw) if isinstance(out, (tuple, list))
-                              else fn(out, *tgts, **kw))
+                losses.append(call_criterion(self.criterion, out, tgts, kw))
         if not all(isinstance(l, torch.Tensor) and l.dim() == 0 for l in losses):
             return gather(losses, self.output_device, self.dim)
-        total = float(sum(sizes))
-        weighted = [l * (n / total) for l, n in zip(losses, sizes)]
-        return self._sum_on_output(weighted, devices)
+        terms = [sample_mean_terms(l, n) for l, n in zip(losses, sizes)]
+        return self._combine(terms, devices, False)
+
+    def _combine(self, terms, devices, plain_sum: bool) -> torch.Tensor:
+        """``sum S / sum D`` on ``output_device`` (``sum S`` alone for ``reduction="sum"``)."""
+        total = self._sum_on_output([t.summed for t in terms], devices)
+        if plain_sum:
+            return total
+        norms = [t.normaliser for t in terms]
+        if isinstance(norms[0], torch.Tensor):  # depends on target values: stays on device
+            return total / self._sum_on_output(norms, devices)
+        return total / float(sum(norms))
 
     def _sum_on_output(self, scalars: list[torch.Tensor], devices) -> torch.Tensor:
         """Move each chunk's scalar to ``output_device`` (recording it) and add them up."""

@@ -1,0 +1,144 @@
+"""Split a loss over a batch into a summed loss and a normaliser that add up over chunks.
+
+A loss that is a mean over the whole batch is ``sum_i l_i / D``, with ``D`` what torch divides
+by. When the batch is split into chunks (devices in :class:`~tandem.parallel.DataParallelCriterion`,
+ranks in the ``ddp`` strategy), each chunk ``c`` yields ``S_c`` (its summed loss) and ``D_c``
+(its share of ``D``); ``sum_c S_c / sum_c D_c`` then equals the single-device loss, for uneven
+chunks too. This module is the one place that knows what ``D`` is:
+
+* ``CrossEntropyLoss`` / ``NLLLoss`` with ``reduction="mean"`` and class-index targets: the sum
+  of ``weight[target]`` over targets that are not ``ignore_index`` (their count without
+  ``weight``). That is how torch normalises ``weight``, ``ignore_index`` and
+  ``label_smoothing``; a chunk whose targets are all ignored gives ``S = D = 0`` (not the NaN
+  of its own mean). With class-probability targets: the number of samples times positions
+  (``output.numel() // output.shape[1]``).
+* ``reduction="batchmean"`` (``KLDivLoss``): the batch size, ``output.shape[0]``.
+* any other torch loss with ``reduction="mean"``: the number of elements of its unreduced loss
+  (it runs once with ``reduction="none"`` to count them; this also covers the margin losses
+  whose mean is over samples rather than input elements).
+* ``reduction="sum"``: ``D`` is 1 and only ``S`` matters.
+* any other callable (no torch ``reduction``): taken as a mean over the ``batch_dim`` samples,
+  ``S = loss * n`` and ``D = n``; exact only for criteria that really are such a mean.
+
+The criterion itself is never modified: other reductions run on shallow copies that share its
+``weight`` (so a changed attribute of the original is seen by the next call).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch import nn
+
+__all__ = ["REDUCTIONS", "LossTerms", "with_reduction", "class_normaliser", "sample_mean_terms",
+           "first_tensor", "call_criterion", "loss_terms"]
+
+# The torch ``reduction`` values whose chunked result tandem reproduces ("none" is concatenated
+# by the caller, not reduced here).
+REDUCTIONS = ("mean", "sum", "none", "batchmean")
+
+
+class LossTerms(NamedTuple):
+    """``summed``: the chunk's summed loss (with autograd). ``normaliser``: its share of ``D``.
+
+    ``normaliser`` is a Python float when shapes alone decide it (no device sync), and a 0-dim
+    floating tensor on the output's device when it depends on target values.
+    """
+
+    summed: torch.Tensor
+    normaliser: torch.Tensor | float
+
+
+def with_reduction(criterion: nn.Module, reduction: str) -> nn.Module:
+    """A shallow copy of ``criterion`` (sharing ``weight``) with another ``reduction``."""
+    other = copy.copy(criterion)
+    other.reduction = reduction
+    return other
+
+
+def first_tensor(obj) -> torch.Tensor | None:
+    """The first tensor in a tensor / (nested) list, tuple or dict, or ``None``."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def class_normaliser(criterion: nn.Module, output: torch.Tensor,
+                     target: torch.Tensor) -> torch.Tensor | float:
+    """torch's ``"mean"`` denominator of a CrossEntropy / NLL ``criterion`` for this chunk.
+
+    Class-index targets: ``sum(weight[t])`` over targets ``t != ignore_index`` (their count
+    without ``weight``), as a 0-dim tensor on ``output``'s device in ``output``'s floating
+    dtype (at least float32, so counts stay exact under half precision); computed without a
+    host sync. Class-probability targets: the float ``output.numel() // output.shape[1]``
+    (1 for an unbatched output).
+    """
+    if target.is_floating_point():  # class probabilities: one per sample (and position)
+        return float(output.numel() // output.shape[1] if output.dim() > 1 else 1)
+    dtype = torch.promote_types(output.dtype, torch.float32)
+    target = target.to(output.device)
+    valid = target != criterion.ignore_index
+    if criterion.weight is None:
+        return valid.sum().to(dtype)
+    # masked_fill keeps ignored indices (possibly out of range, e.g. -100) from indexing weight
+    picked = criterion.weight.to(output.device)[target.masked_fill(~valid, 0)]
+    return (picked * valid).sum().to(dtype)
+
+
+def sample_mean_terms(loss: torch.Tensor, samples: int) -> LossTerms:
+    """Terms of a loss taken as a mean over ``samples`` samples: ``(loss * samples, samples)``."""
+    return LossTerms(loss * samples, float(samples))
+
+
+def call_criterion(criterion: Callable, output, targets: tuple, kwargs: dict):
+    """``criterion(*output, *targets)`` for a tuple output, else ``criterion(output, *targets)``."""
+    if isinstance(output, (tuple, list)):
+        return criterion(*output, *targets, **kwargs)
+    return criterion(output, *targets, **kwargs)
+
+
+def loss_terms(criterion: Callable, output: Any, targets: tuple = (),
+               kwargs: dict | None = None, *, batch_dim: int = 0) -> LossTerms:
+    """``(S, D)`` of ``criterion`` on one chunk; see the module docstring for ``D``.
+
+    ``output`` is a tensor, or a tuple passed unpacked (``criterion(*output, *targets)``);
+    ``targets`` and ``kwargs`` are passed after it. The criterion runs once on this chunk.
+    ``batch_dim`` only matters for a plain callable (its sample count). Raises ``ValueError``
+    for a torch loss with ``reduction="none"`` (nothing to normalise: the caller concatenates)
+    and for a plain callable whose result is not a 0-dim tensor.
+    """
+    kwargs = kwargs or {}
+    first = first_tensor(output)
+    if first is None:
+        raise ValueError(f"loss_terms: the output of {type(criterion).__name__} holds no tensor")
+    reduction = getattr(criterion, "reduction", None)
+    if not (isinstance(criterion, nn.Module) and reduction in REDUCTIONS):
+        loss = call_criterion(criterion, output, targets, kwargs)
+        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+            name = getattr(criterion, "__name__", type(criterion).__name__)
+            raise ValueError(f"loss_terms: criterion {name} returned no scalar tensor (a plain "
+                             "callable is taken as a mean over samples)")
+        return sample_mean_terms(loss, first.shape[batch_dim])
+    if reduction == "none":
+        raise ValueError(f"loss_terms: {type(criterion).__name__} has reduction='none'; "
+                         "there is no mean to split")
+    if reduction == "sum":
+        return LossTerms(call_criterion(criterion, output, targets, kwargs), 1.0)
+    if reduction == "batchmean":
+        summed = call_criterion(with_reduction(criterion, "sum"), output, targets, kwargs)
+        return LossTerms(summed, float(first.shape[0]))
+    if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
+        # The summed loss directly: a chunk whose targets are all ignored has a NaN mean.
+        summed = call_criterion(with_reduction(criterion, "sum"), output, targets, kwargs)
+        return LossTerms(summed, class_normaliser(criterion, first, targets[0]))
+    losses = call_criterion(with_reduction(criterion, "none"), output, targets, kwargs)
+    return LossTerms(losses.sum(), float(losses.numel()))
