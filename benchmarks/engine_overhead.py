@@ -5,8 +5,8 @@ interleaved (every round runs one timed step of every configuration, in a rotati
 load from other processes hits all of them alike; the report gives median seconds per step and
 the ratio to the bare step. Run::
 
-    python benchmarks/engine_overhead.py                # defaults: batch 128, 15 rounds
-    python benchmarks/engine_overhead.py --rounds 30 --json results.json
+    python benchmarks/engine_overhead.py                # defaults: batch 128, 30 rounds
+    python benchmarks/engine_overhead.py --rounds 60 --json results.json
 
 Targets: DataParallel over one device within 5% of the bare step, over two CPU replicas within
 10% (on a 2-core machine the bare step uses both cores through intra-op threads, the two
@@ -24,42 +24,10 @@ import time
 import torch
 from torch import nn
 
+from tandem.models import create_model
 from tandem.parallel import DataParallel
 
-
-def _small_resnet(num_classes: int = 10) -> nn.Module:
-    """Fallback: a ResNet-20-shaped CIFAR net (3 stages of 3 basic blocks, 16/32/64 channels)."""
-
-    class Block(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(cout)
-            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(cout)
-            self.short = (nn.Sequential() if stride == 1 and cin == cout else
-                          nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
-
-        def forward(self, x):
-            out = torch.relu(self.bn1(self.conv1(x)))
-            return torch.relu(self.bn2(self.conv2(out)) + self.short(x))
-
-    layers = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
-    cin = 16
-    for cout, stride in [(16, 1), (32, 2), (64, 2)]:
-        for i in range(3):
-            layers.append(Block(cin, cout, stride if i == 0 else 1))
-            cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes)]
-    return nn.Sequential(*layers)
-
-
-def make_model() -> tuple[nn.Module, str]:
-    try:
-        from tandem.models import create_model
-        return create_model("cifar_resnet20", num_classes=10), "cifar_resnet20"
-    except (ImportError, AttributeError, ValueError, KeyError):
-        return _small_resnet(), "local resnet20-shaped net"
+MODEL = "cifar_resnet20"
 
 
 def make_step(model: nn.Module):
@@ -80,13 +48,13 @@ def make_step(model: nn.Module):
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
-    base, name = make_model()
+    base, name = create_model(MODEL), MODEL  # 10 classes by default
     configs = {
         "bare": copy.deepcopy(base),
         "dp1": DataParallel(copy.deepcopy(base), ["cpu"]),
