@@ -32,6 +32,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import nn
 
+from .scatter_gather import first_tensor
+
 __all__ = ["REDUCTIONS", "LossTerms", "with_reduction", "class_normaliser", "sample_mean_terms",
            "first_tensor", "call_criterion", "loss_terms"]
 
@@ -56,20 +58,6 @@ def with_reduction(criterion: nn.Module, reduction: str) -> nn.Module:
     other = copy.copy(criterion)
     other.reduction = reduction
     return other
-
-
-def first_tensor(obj) -> torch.Tensor | None:
-    """The first tensor in a tensor / (nested) list, tuple or dict, or ``None``."""
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = first_tensor(item)
-            if found is not None:
-                return found
-    return None
 
 
 def class_normaliser(criterion: nn.Module, output: torch.Tensor,

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from .context import ReplicaAborted, ReplicaContext, ReplicaGroup, use
+from .scatter_gather import first_tensor
 
 __all__ = ["parallel_apply"]
 
@@ -81,20 +82,9 @@ def _give_back(worker: _Worker) -> None:
         _idle.append(worker)
 
 
-def _first_tensor(obj) -> torch.Tensor | None:
-    if isinstance(obj, torch.Tensor):
-        return obj
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for item in items:
-        found = _first_tensor(item)
-        if found is not None:
-            return found
-    return None
-
-
 def _infer_device(module, args, kwargs) -> torch.device:
-    t = _first_tensor(args)
-    t = t if t is not None else _first_tensor(kwargs)
+    t = first_tensor(args)
+    t = t if t is not None else first_tensor(kwargs)
     if t is None:
         t = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None
     return t.device if t is not None else torch.device("cpu")

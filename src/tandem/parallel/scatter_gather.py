@@ -32,7 +32,7 @@ import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 
 from . import traffic
 
-__all__ = ["scatter", "scatter_kwargs", "gather", "chunk_sizes", "batch_size"]
+__all__ = ["scatter", "scatter_kwargs", "gather", "chunk_sizes", "batch_size", "first_tensor"]
 
 
 def chunk_sizes(batch: int, num_devices: int) -> list[int]:
@@ -307,3 +307,17 @@ def gather(outputs: Sequence, target_device, dim: int = 0):
     if target.type == "cuda" and target.index is None:
         target = torch.device("cuda", torch.cuda.current_device())
     return _gather(outputs, target, dim)
+
+
+def first_tensor(obj) -> torch.Tensor | None:
+    """The first tensor in a tensor / (nested) list, tuple or dict, or ``None``."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
