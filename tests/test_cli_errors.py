@@ -92,3 +92,148 @@ def test_tandem_warnings_are_one_line_others_keep_their_format():
     assert mine == "tandem: warning: careful\n"
     assert warnings.__file__ in theirs
     assert warnings.formatwarning("x", UserWarning, ours.__file__, 3) != "tandem: warning: x\n"
+
+
+def run_in_process(capsys, *argv):
+    """``main(argv)``'s exit code (argparse's SystemExit included) and its stderr."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def assert_error_line(code, err, *needles):
+    assert code == 2 and "Traceback" not in err, (code, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tandem: error: "), err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--strategy", "dp", "-b", "1", "--devices", "cpu:2"],  # batch < devices: fewer replicas
+    ["--strategy", "balanced", "-b", "3", "--devices", "cpu:4"],
+])
+def test_batch_smaller_than_device_count_trains(argv, tmp_path, capsys):
+    code, err = run_in_process(capsys, "train", *TINY, "--max-steps", "2",
+                               "--out", str(tmp_path), *argv)
+    assert code == 0, err
+    assert (tmp_path / "checkpoint.pt").exists()
+
+
+@pytest.fixture
+def earlier_run(tmp_path):
+    """A run directory whose checkpoint must survive every failed command."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"precious")
+    return run
+
+
+def make_bad_checkpoints(tmp_path):
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "text.pt").write_text("not a checkpoint\n")
+    return [tmp_path / "a_dir", tmp_path / "empty.pt", tmp_path / "text.pt"]
+
+
+def test_bad_resume_files_are_one_line_and_lose_nothing(earlier_run, tmp_path, capsys):
+    for bad in make_bad_checkpoints(tmp_path):
+        for cmd in (["train", *TINY, "--devices", "cpu", "--out", str(earlier_run)], ["eval"]):
+            code, err = run_in_process(capsys, *cmd, "--resume", str(bad))
+            assert_error_line(code, err, str(bad))
+    assert (earlier_run / "checkpoint.pt").read_bytes() == b"precious"
+    assert sorted(p.name for p in earlier_run.iterdir()) == ["checkpoint.pt"]
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--epochs", "0"], ["--epochs"]),
+    (["--lr", "-1"], ["--lr"]),
+    (["--data", "{empty}"], ["{empty}", "empty"]),
+])
+def test_bad_values_lose_nothing(argv, needles, earlier_run, tmp_path, capsys):
+    (tmp_path / "empty_data").mkdir()
+    fill = lambda s: s.replace("{empty}", str(tmp_path / "empty_data"))  # noqa: E731
+    code, err = run_in_process(capsys, "train", *TINY, "--devices", "cpu", "--out",
+                               str(earlier_run), *map(fill, argv))
+    assert_error_line(code, err, *map(fill, needles))  # the error alone, no warning
+    assert (earlier_run / "checkpoint.pt").read_bytes() == b"precious"
+
+
+def test_out_must_be_a_directory(tmp_path, capsys):
+    regular = tmp_path / "notes.txt"
+    regular.write_text("keep me")
+    for out, needles in ((regular, [str(regular), "file"]),
+                         (regular / "sub", [str(regular / "sub")])):
+        code, err = run_in_process(capsys, "train", *TINY, "--devices", "cpu", "--out", str(out))
+        assert_error_line(code, err, *needles)
+    assert regular.read_text() == "keep me"
+
+
+def test_fresh_run_over_an_earlier_one_warns(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"old")
+    with pytest.warns(UserWarning, match="holds an earlier run.*--resume"):
+        assert main(["train", *TINY, "--devices", "cpu", "--out", str(tmp_path)]) == 0
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["eval"], ["--resume"]),
+    ([], ["required"]),
+    (["bench", "-a", "nosuch"], ["nosuch", "vgg11"]),
+])
+def test_missing_or_unknown_commands(argv, needles, capsys):
+    code, err = run_in_process(capsys, *argv)
+    assert code == 2 and "Traceback" not in err, err
+    assert "error:" in err.splitlines()[-1]  # argparse's own errors follow their usage line
+    for needle in needles:
+        assert needle in err.splitlines()[-1], err
+
+
+def test_cuda_on_a_cpu_machine(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, err = run_in_process(capsys, "train", *TINY, "--devices", "cuda", "--out", str(tmp_path))
+    assert_error_line(code, err, "cuda", "CUDA")
+
+
+def default_sigint():
+    """In the child: SIGINT back to its default. A child inherits an *ignored* SIGINT (pytest
+    started in the background by a non-interactive shell, nohup, ...), and Python then keeps
+    ignoring it instead of raising KeyboardInterrupt, as it should for such a user."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_exits_130_and_keeps_a_loadable_checkpoint(tmp_path):
+    import signal
+    import time
+
+    from tandem import checkpoint
+
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "train", *TINY, "--max-steps",
+                             "100000", "--epochs", "100000", "--devices", "cpu", "--out",
+                             str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=env, preexec_fn=default_sigint)
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / "checkpoint.pt").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint within 90 s"
+            time.sleep(0.1)
+        time.sleep(0.5)  # land inside a later epoch (possibly inside a checkpoint write)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["tandem: interrupted"], err
+    ckpt = checkpoint.load(str(out / "checkpoint.pt"))
+    assert ckpt["arch"] and ckpt["epoch"] >= 1

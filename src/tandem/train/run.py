@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -171,9 +172,30 @@ def _build_trainer(cfg: TrainConfig, strategy: Strategy) -> tuple[Trainer, dict 
     return trainer, ckpt
 
 
+def _check_out(out: str) -> None:
+    """Refuse an ``--out`` that is a file before any work is done (nothing is written)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out '{out}' is an existing file, not a directory")
+
+
+def _make_out(out: str, fresh: bool) -> None:
+    """Create the run directory; warn when a fresh run (no ``--resume``) is about to overwrite
+    an earlier run's checkpoint (called only once everything else has been built, so that a
+    failing command prints its error alone)."""
+    earlier = os.path.join(out, "checkpoint.pt")
+    if fresh and os.path.isfile(earlier):
+        warnings.warn(f"--out '{out}' holds an earlier run; this fresh run overwrites its "
+                      f"checkpoint.pt and metrics (continue it with --resume {earlier})")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:  # a parent is a file, no permission, ...
+        raise ValueError(f"cannot create --out '{out}': {exc.strerror or exc}") from None
+
+
 def train(cfg: TrainConfig) -> int:
     """``tandem train``: fit (or, with ``--evaluate``, only validate). Returns an exit code."""
     model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
+    _check_out(cfg.run.out)
     strategy = build_strategy(cfg.parallel)
     try:
         trainer, ckpt = _build_trainer(cfg, strategy)
@@ -185,7 +207,7 @@ def train(cfg: TrainConfig) -> int:
         if ckpt is not None:
             _restore(trainer, ckpt, cfg.run.resume)
         if strategy.is_main:
-            os.makedirs(cfg.run.out, exist_ok=True)
+            _make_out(cfg.run.out, fresh=ckpt is None)
             with open(os.path.join(cfg.run.out, "config.json"), "w", encoding="utf-8") as f:
                 json.dump(trainer.config_dict, f, indent=2)
         log = MetricsLog(os.path.join(cfg.run.out, "metrics.jsonl"), fresh=ckpt is None)
