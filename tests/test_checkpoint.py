@@ -309,13 +309,13 @@ def test_corrupt_missing_and_foreign_files(tmp_path):
     model = make_model()
     good = checkpoint.save(tmp_path / "good.pt", model).read_bytes()
     cases = {
-        "truncated.pt": good[: len(good) // 2],
-        "garbage.pt": b"\x00\x01definitely not a checkpoint" * 20,
-        "empty.pt": b"",
+        "truncated.pt": (good[: len(good) // 2], "corrupt or unreadable"),
+        "garbage.pt": (b"\x00\x01definitely not a checkpoint" * 20, "corrupt or unreadable"),
+        "empty.pt": (b"", r"is empty \(0 bytes\)"),
     }
-    for name, data in cases.items():
+    for name, (data, expected) in cases.items():
         (tmp_path / name).write_bytes(data)
-        with pytest.raises(CheckpointError, match="corrupt or unreadable") as info:
+        with pytest.raises(CheckpointError, match=expected) as info:
             checkpoint.load(tmp_path / name, model)
         one_line(info, tmp_path / name)
     with pytest.raises(CheckpointError, match="does not exist") as info:
@@ -328,7 +328,7 @@ def test_corrupt_missing_and_foreign_files(tmp_path):
     torch.save({"epoch": 3, "lr": 0.1}, tmp_path / "dict.pt")
     with pytest.raises(CheckpointError, match="not a checkpoint.*keys: epoch, lr"):
         checkpoint.load(tmp_path / "dict.pt")
-    with pytest.raises(CheckpointError, match="corrupt or unreadable"):
+    with pytest.raises(CheckpointError, match="is a directory"):
         checkpoint.load(tmp_path, model)  # a directory
     assert issubclass(CheckpointError, ValueError)
 
@@ -475,3 +475,19 @@ def test_cuda_model_and_rng_round_trip(tmp_path):
     checkpoint.load(path, fresh, fresh_opt, map_location="cuda")
     state = next(iter(fresh_opt.state.values()))
     assert state["momentum_buffer"].device.type == "cuda"
+
+
+def test_directory_and_empty_file_get_plain_reasons(tmp_path):
+    from tandem import checkpoint as ckpt_mod
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(ckpt_mod.CheckpointError, match=r"is a directory$"):
+        ckpt_mod.load(run)
+    ckpt_mod.save(run / "checkpoint.pt", torch.nn.Linear(2, 2))
+    with pytest.raises(ckpt_mod.CheckpointError, match=r"did you mean '.*checkpoint\.pt'\?"):
+        ckpt_mod.load(run)
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(ckpt_mod.CheckpointError, match=r"'.*empty\.pt' is empty \(0 bytes\)"):
+        ckpt_mod.load(empty)

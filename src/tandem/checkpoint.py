@@ -287,6 +287,12 @@ def _fit_report(state: dict, model: nn.Module) -> str | None:
 def _read(path: Path, map_location) -> dict:
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
+    if path.is_dir():
+        hint = path / "checkpoint.pt"
+        raise CheckpointError(f"checkpoint '{path}' is a directory"
+                              + (f" (did you mean '{hint}'?)" if hint.is_file() else ""))
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint '{path}' is empty (0 bytes)")
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise for users
             warnings.simplefilter("ignore")
