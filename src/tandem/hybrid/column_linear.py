@@ -114,14 +114,7 @@ class ColumnParallelLinear(_ShardedLinear):
 
     def to_linear(self) -> nn.Linear:
         """A new ``nn.Linear`` on the output device holding a copy of the merged parameters."""
-        weight, bias = self.merged_weight_bias()
-        linear = nn.Linear(self.in_features, self.out_features, bias=bias is not None,
-                           device=self.output_device, dtype=weight.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            if bias is not None:
-                linear.bias.copy_(bias)
-        return linear
+        return _linear_from(*self.merged_weight_bias())
 
     def _inputs(self, x) -> list[torch.Tensor]:
         if isinstance(x, torch.Tensor):  # on the output device: broadcast to every shard
@@ -195,14 +188,7 @@ class RowParallelLinear(_ShardedLinear):
 
     def to_linear(self) -> nn.Linear:
         """A new ``nn.Linear`` on the output device holding a copy of the merged parameters."""
-        weight, bias = self.merged_weight_bias()
-        linear = nn.Linear(self.in_features, self.out_features, bias=bias is not None,
-                           device=self.output_device, dtype=weight.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            if bias is not None:
-                linear.bias.copy_(bias)
-        return linear
+        return _linear_from(*self.merged_weight_bias())
 
     def _inputs(self, xs) -> list[torch.Tensor]:
         if isinstance(xs, torch.Tensor):  # whole input on the output device: split, then send
@@ -243,3 +229,14 @@ class Shardwise(nn.Module):
 
     def forward(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return [self.body(x) for x in xs]
+
+
+def _linear_from(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """A new ``nn.Linear`` holding copies of ``weight`` (out, in) and ``bias``, on their device."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                       device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear
