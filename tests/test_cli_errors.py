@@ -234,6 +234,11 @@ def test_ctrl_c_exits_130_and_keeps_a_loadable_checkpoint(tmp_path):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, err
-    assert err.strip().splitlines() == ["tandem: interrupted"], err
+    assert err.strip().splitlines() == [
+        "tandem: stopping after this step (Ctrl-C again to stop at once)",
+        "tandem: interrupted"], err
     ckpt = checkpoint.load(str(out / "checkpoint.pt"))
     assert ckpt["arch"] and ckpt["epoch"] >= 1
+    # saved at the step where it stopped (not the last epoch end), so --resume goes on from there
+    position = ckpt["data_position"]
+    assert position["step"] >= 2 * ckpt["epoch"] and position["step"] < 100000

@@ -30,6 +30,7 @@ from tandem.data import make_loader
 from tandem.strategies import Strategy
 
 from .curves import plot_curves
+from .interrupt import StopRequest
 from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory
 from .progress import Progress
 
@@ -65,6 +66,7 @@ class Trainer:
     config_dict: dict  # the resolved config, stored in checkpoints
     position: Position = field(default_factory=Position)
     best_acc1: float = 0.0
+    stop: StopRequest = field(default_factory=lambda: StopRequest(enabled=False))
 
     # -- helpers ----------------------------------------------------------------------------
     def _loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
@@ -128,6 +130,8 @@ class Trainer:
                 if max_steps is not None and pos.step >= max_steps:
                     stopped = pos.batch < n
                     break
+                if self.stop.requested:  # Ctrl-C: fit() saves here, then stops
+                    break
         finally:
             progress.close()
         return meter, stopped, time.perf_counter() - start
@@ -165,8 +169,14 @@ class Trainer:
             checkpoint.save(self._out("best.pt"), self.model, self.optimizer, **extra)
 
     # -- the run ----------------------------------------------------------------------------
-    def fit(self, log: MetricsLog) -> list[dict]:
-        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch."""
+    def fit(self, log: MetricsLog, stop: StopRequest | None = None) -> list[dict]:
+        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch.
+
+        ``stop`` (a :class:`StopRequest`) turns Ctrl-C into a stop after the current optimizer
+        step: ``checkpoint.pt`` is written at that exact position (``--resume`` continues from
+        it) and ``KeyboardInterrupt`` is raised. Checkpoint writes are never cut short.
+        """
+        self.stop = stop = stop or self.stop
         cfg, s, pos = self.cfg, self.strategy, self.position
         records = log.read() if s.is_main else []
         max_steps = cfg.optim.max_steps
@@ -175,6 +185,10 @@ class Trainer:
             reset_peak_memory(s.devices)
             batches_before = pos.batch
             train, stopped, seconds = self.train_epoch()
+            if stop.requested:
+                with stop.critical():
+                    self.save(is_best=False)
+                raise KeyboardInterrupt
             train = train.reduced(s)
             val = self.validate()
             if not stopped:
@@ -193,12 +207,13 @@ class Trainer:
                 "seconds": seconds,
                 "peak_memory_mb": peak_memory_mb(s.devices),
             }
-            self.save(is_best)
-            if s.is_main:
-                records.append(record)
-                log.append(record)
-                plot_curves(records, self._out("curves.png"))
-                print(_summary(record, cfg.optim.epochs), flush=True)
+            with stop.critical():
+                self.save(is_best)
+                if s.is_main:
+                    records.append(record)
+                    log.append(record)
+                    plot_curves(records, self._out("curves.png"))
+                    print(_summary(record, cfg.optim.epochs), flush=True)
             trained = True
             if stopped:
                 break

@@ -32,6 +32,7 @@ from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_devices_flag
 from tandem.strategies import Strategy, create_strategy
 
+from .interrupt import StopRequest
 from .loop import Position, Trainer
 from .metrics import MetricsLog
 from .schedule import lr_factor, make_scheduler
@@ -211,7 +212,8 @@ def train(cfg: TrainConfig) -> int:
             with open(os.path.join(cfg.run.out, "config.json"), "w", encoding="utf-8") as f:
                 json.dump(trainer.config_dict, f, indent=2)
         log = MetricsLog(os.path.join(cfg.run.out, "metrics.jsonl"), fresh=ckpt is None)
-        trainer.fit(log)
+        with StopRequest(enabled=strategy.world_size == 1) as stop:
+            trainer.fit(log, stop)
         strategy.barrier()
         return 0
     finally:
