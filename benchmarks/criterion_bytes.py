@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 
 import torch
 from torch import nn
 
 from tandem.parallel import DataParallel, DataParallelCriterion, DataParallelModel
+from tandem.bench import write_json
 from tandem.parallel.traffic import TrafficMeter
 
 __all__ = ["TinyFCN", "measure", "main"]
@@ -133,12 +133,7 @@ def main(argv=None) -> int:
           f"{args.size}x{args.size} (logits {results[0]['output_bytes']:,} bytes)", file=out)
     print(format_rows(results), file=out)
     if args.json:
-        text = json.dumps(results, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+        write_json(results, args.json)
     return 0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from tandem.hybrid import HybridParallel, plan
 from tandem.models import create_model
 from tandem.parallel import DataParallel
 from tandem.parallel.devices import parse_devices_flag
+from tandem.bench import write_json
 from tandem.parallel.traffic import TrafficMeter
 
 __all__ = ["main", "run"]
@@ -147,12 +147,7 @@ def main(argv=None) -> int:
     if args.plan:
         print(res["plan_report"], file=out)
     if args.json:
-        text = json.dumps(res, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+        write_json(res, args.json)
     return 0
 
 

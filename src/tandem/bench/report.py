@@ -84,8 +84,11 @@ def format_table(report: dict) -> str:
 
 
 def write_json(report: dict, path: str, stream: TextIO | None = None) -> None:
-    """Write ``report`` as JSON to ``path``, or to ``stream`` (stdout) when ``path`` is ``-``."""
-    text = json.dumps(report, indent=2, sort_keys=False)
+    """Write ``report`` as JSON to ``path``, or to ``stream`` (stdout) when ``path`` is ``-``.
+
+    Values JSON has no type for (``torch.device``, paths) are written as their ``str``.
+    """
+    text = json.dumps(report, indent=2, sort_keys=False, default=str)
     if path == "-":
         (stream or sys.stdout).write(text + "\n")
     else:
