@@ -88,9 +88,10 @@ def test_resuming_with_the_wrong_arch_is_refused_and_loses_nothing(straight, tmp
 def test_one_epoch_plus_resumed_epoch_equals_two(straight, tmp_path):
     ok("train", *TINY, "--epochs", "1", "--lr-schedule", "step", "--lr-step", "1",
        "--augment", "standard", "--out", str(tmp_path))
-    ok("train", *TINY, "--epochs", "2", "--lr-schedule", "step", "--lr-step", "1",
-       "--augment", "standard", "--out", str(tmp_path),
-       "--resume", str(tmp_path / "checkpoint.pt"))
+    result = ok("train", "--epochs", "2", "--resume", str(tmp_path / "checkpoint.pt"))
+    assert result.stdout.startswith(f"resuming {tmp_path / 'checkpoint.pt'} at epoch 2/2, "
+                                    "step 4 (0/4 batches of the epoch done)"), result.stdout
+    assert "epoch 1/2" not in result.stdout  # epoch 1 was not trained again
     assert_same_weights(straight / "checkpoint.pt", tmp_path / "checkpoint.pt", atol=1e-6)
     epochs = [json.loads(x)["epoch"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2]
@@ -103,8 +104,12 @@ def test_mid_epoch_max_steps_stop_then_resume_is_exact(straight, tmp_path):
     ok("train", *args, "--max-steps", "3")
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ckpt["data_position"] == {"epoch": 0, "batch": 3, "step": 3}
-    ok("train", *args, "--resume", str(tmp_path / "checkpoint.pt"))
+    result = ok("train", *args, "--resume", str(tmp_path / "checkpoint.pt"))
+    assert result.stdout.startswith(f"resuming {tmp_path / 'checkpoint.pt'} at epoch 1/2, "
+                                    "step 3 (3/4 batches of the epoch done)"), result.stdout
     assert_same_weights(straight / "checkpoint.pt", tmp_path / "checkpoint.pt", atol=1e-6)
+    epochs = [json.loads(x)["epoch"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2]  # the partial row of the stop was replaced by the whole epoch's
 
 
 STEPS = ["--epochs", "2", "--max-steps", "3"]

@@ -222,7 +222,8 @@ def worker_main(out_dir: str) -> None:
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp_step")
     env = dict(os.environ, OMP_NUM_THREADS="1", TANDEM_DIST_TIMEOUT="60")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    # --standalone: torchrun picks a free port itself (no fixed 29500 to collide on).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.abspath(__file__), str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"workers failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

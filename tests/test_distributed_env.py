@@ -194,18 +194,24 @@ def test_world_size_one_ddp_equals_plain_training(monkeypatch):
 
     from tandem.strategies.ddp import DDPStrategy
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+           "MASTER_ADDR": "127.0.0.1"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
     ref = __import__("copy").deepcopy(model)
     x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
-    strategy = DDPStrategy([CPU], sync_bn=True, timeout=30)
+    for attempt in range(3):  # a free port may be taken before the store binds it: try another
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
+        try:
+            strategy = DDPStrategy([CPU], sync_bn=True, timeout=30)
+            break
+        except RuntimeError as exc:
+            if "in use" not in str(exc).lower() or attempt == 2:
+                raise
     try:
         assert (strategy.rank, strategy.world_size, strategy.is_main) == (0, 1, True)
         assert strategy.backend == "gloo" and dist.is_initialized()

@@ -6,7 +6,6 @@ saves what it computed and the test compares it with plain BatchNorm on the whol
 """
 
 import os
-import socket
 import time
 from datetime import timedelta
 
@@ -121,14 +120,15 @@ def run_one_value_case(rank, device):
     return None
 
 
-def worker(rank, port, out_dir, backend):
+def worker(rank, out_dir, backend):
     torch.set_num_threads(1)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.allow_tf32 = False  # compared with a float32 CPU reference
         torch.backends.cuda.matmul.allow_tf32 = False
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    # A file store: no port to pick and lose to another program before the workers bind it.
+    dist.init_process_group(backend, init_method=f"file://{out_dir}/store", rank=rank,
                             world_size=WORLD, timeout=timedelta(seconds=60))
     try:
         results = {}
@@ -142,15 +142,9 @@ def worker(rank, port, out_dir, backend):
         dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(backend, out_dir):
     """Run ``worker`` in WORLD processes with a hard deadline; return each rank's results."""
-    ctx = mp.start_processes(worker, args=(free_port(), out_dir, backend), nprocs=WORLD,
+    ctx = mp.start_processes(worker, args=(out_dir, backend), nprocs=WORLD,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE
     try:

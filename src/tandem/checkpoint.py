@@ -42,8 +42,8 @@ from torch import nn
 
 from . import __version__
 
-__all__ = ["save", "load", "unwrap", "plain_state_dict", "load_plain_state_dict",
-           "capture_rng", "restore_rng", "CheckpointError", "FORMAT"]
+__all__ = ["save", "load", "load_model_state", "unwrap", "plain_state_dict",
+           "load_plain_state_dict", "capture_rng", "restore_rng", "CheckpointError", "FORMAT"]
 
 FORMAT = "tandem.checkpoint/1"
 _PREFIX = "module."
@@ -337,14 +337,7 @@ def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu
     path = Path(path)
     ckpt = _read(path, map_location)
     if model is not None:
-        report = _fit_report(ckpt["state_dict"], model)
-        if report:
-            raise CheckpointError(f"checkpoint '{path}' does not fit the model: {report}")
-        try:
-            load_plain_state_dict(model, ckpt["state_dict"])
-        except Exception as exc:
-            raise CheckpointError(f"checkpoint '{path}' does not fit the model: "
-                                  f"{_one_line(exc)}") from None
+        load_model_state(model, ckpt, path)
     if optimizer is not None and ckpt.get("optimizer") is not None:
         try:
             optimizer.load_state_dict(ckpt["optimizer"])
@@ -352,3 +345,15 @@ def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu
             raise CheckpointError(f"checkpoint '{path}': optimizer state does not fit the "
                                   f"optimizer ({_one_line(exc)})") from None
     return ckpt
+
+
+def load_model_state(model: nn.Module, ckpt: dict, path) -> None:
+    """Load the weights of ``ckpt`` (read by :func:`load` from ``path``) into ``model``."""
+    report = _fit_report(ckpt["state_dict"], model)
+    if report:
+        raise CheckpointError(f"checkpoint '{path}' does not fit the model: {report}")
+    try:
+        load_plain_state_dict(model, ckpt["state_dict"])
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint '{path}' does not fit the model: "
+                              f"{_one_line(exc)}") from None

@@ -27,7 +27,8 @@ from typing import Any
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
-    "STRATEGY_NAMES", "SCHEDULES",
+    "STRATEGY_NAMES", "SCHEDULES", "FIXED", "MAY_CHANGE", "PER_CALL",
+    "flag_of",
 ]
 
 # The strategies the CLI documents; the registry in tandem.strategies has the final word.
@@ -37,11 +38,23 @@ AUGMENTS = ("none", "standard")
 BUFFER_POLICIES = ("replica0", "average")
 
 
+# What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
+FIXED = "fixed"          # part of the run: a different value is refused
+MAY_CHANGE = "may_change"  # where/how long it runs: taken from the run unless given, then said
+PER_CALL = "per_call"    # this invocation only: never taken from the run
+
+
 def opt(default: Any, help: str, *flags: str, choices: tuple | None = None,
-        metavar: str | None = None):
-    """A dataclass field carrying its CLI flags and help text in ``metadata``."""
-    meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar}
+        metavar: str | None = None, on_resume: str = FIXED):
+    """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``."""
+    meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,
+            "on_resume": on_resume}
     return field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field) -> tuple[str, ...]:
+    """The flags of field ``f`` (``--batch-size`` for ``batch_size`` unless metadata says)."""
+    return tuple(f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),))
 
 
 def _check(ok: bool, message: str) -> None:
@@ -77,7 +90,7 @@ class DataConfig:
     num_classes: int | None = opt(None, "classes of the synthetic dataset", metavar="N")
     synthetic_size: int | None = opt(None, "samples in the synthetic dataset", metavar="N")
     workers: int = opt(0, "data loading worker processes (seeded)", "-j", "--workers",
-                       metavar="N")
+                       metavar="N", on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         _check(bool(self.data), "--data must not be empty")
@@ -92,7 +105,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     epochs: int = opt(30, "number of epochs (the learning-rate schedule spans them)",
-                      metavar="N")
+                      metavar="N", on_resume=MAY_CHANGE)
     batch_size: int = opt(32, "GLOBAL batch size, over all devices and processes",
                           "-b", "--batch-size", metavar="N")
     lr: float = opt(0.05, "initial learning rate (SGD)", "--lr", "--learning-rate",
@@ -107,8 +120,9 @@ class OptimConfig:
     label_smoothing: float = opt(0.1, "cross-entropy label smoothing", metavar="E")
     accum_steps: int = opt(1, "global batches per optimizer step (gradient accumulation)",
                            metavar="K")
-    max_steps: int | None = opt(None, "stop after N optimizer steps in all (resumes included), "
-                                "then validate and save", metavar="N")
+    max_steps: int | None = opt(None, "stop this invocation once the run has made N optimizer "
+                                "steps in all, then validate and save", metavar="N",
+                                on_resume=PER_CALL)
 
     def __post_init__(self):
         _check(self.epochs >= 1, f"bad --epochs {self.epochs}: must be >= 1")
@@ -130,14 +144,15 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     strategy: str = opt("single", "how to use the devices: " + ", ".join(STRATEGY_NAMES),
-                        metavar="{" + ",".join(STRATEGY_NAMES) + "}")
+                        metavar="{" + ",".join(STRATEGY_NAMES) + "}", on_resume=MAY_CHANGE)
     devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
-                       metavar="SPEC")
+                       metavar="SPEC", on_resume=MAY_CHANGE)
     sync_bn: bool = opt(False, "batch norm over the whole global batch (SyncBatchNorm)")
     buffers: str = opt("replica0", "dp: which replicas' batch-norm running stats to keep",
                        choices=BUFFER_POLICIES)
     amp: bool = opt(False, "mixed precision (float16 autocast + grad scaling); CUDA only")
-    channels_last: bool = opt(False, "channels-last memory format; CUDA only")
+    channels_last: bool = opt(False, "channels-last memory format; CUDA only",
+                              on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         _check(bool(self.strategy), "--strategy must not be empty")
@@ -146,20 +161,30 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    out: str = opt("runs/train", "output directory (checkpoints, metrics, curves)",
-                   metavar="DIR")
+    out: str = opt("runs/train", "run directory (checkpoints, metrics, curves); with --resume: "
+                   "the resumed run's own directory unless given", metavar="DIR",
+                   on_resume=PER_CALL)
     seed: int = opt(0, "seed for model init, data order and augmentation", metavar="S")
-    resume: str | None = opt(None, "checkpoint to resume from (continues exactly)",
-                             metavar="PATH")
+    resume: str | None = opt(None, "continue the run in RUN (a run directory or its "
+                             "checkpoint.pt) with its own settings", metavar="RUN",
+                             on_resume=PER_CALL)
+    overwrite: bool = opt(False, "let a fresh run replace the run already in --out",
+                          on_resume=PER_CALL)
+    save_every: int | None = opt(None, "also save checkpoint.pt every N optimizer steps "
+                                 "(default: at the end of each epoch only)", metavar="N",
+                                 on_resume=MAY_CHANGE)
     evaluate: bool = opt(False, "only validate (the --resume checkpoint, if given)",
-                         "-e", "--evaluate")
-    no_progress: bool = opt(False, "no progress bar (epoch summaries are still printed)")
+                         "-e", "--evaluate", on_resume=PER_CALL)
+    no_progress: bool = opt(False, "no progress bar (epoch summaries are still printed)",
+                            on_resume=MAY_CHANGE)
     print_freq: int = opt(0, "without a progress bar, print a line every N steps (0: never)",
-                          "-p", "--print-freq", metavar="N")
+                          "-p", "--print-freq", metavar="N", on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         _check(bool(self.out), "--out must not be empty")
         _check(self.print_freq >= 0, f"bad --print-freq {self.print_freq}: must be >= 0")
+        _check(self.save_every is None or self.save_every >= 1,
+               f"bad --save-every {self.save_every}: must be >= 1")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,

@@ -174,6 +174,8 @@ def worker_main(argv: list[str] | None = None) -> int:
             result["peak_memory_bytes"] = [peaks[r][i] for r in range(world)]
         with open(args.out, "w") as f:
             json.dump(results, f)
+    # Nobody tears its process group down while a peer may still be talking to it.
+    dist.barrier()
     for contestant in contestants:
         contestant.close()
     if own_group and dist.is_initialized():

@@ -17,7 +17,25 @@ import types
 import typing
 import warnings
 
-__all__ = ["add_config_arguments", "config_from_args", "flag_of", "tandem_warnings"]
+from tandem.config import flag_of
+
+__all__ = ["add_config_arguments", "config_from_args", "flag_of", "given_fields",
+           "tandem_warnings"]
+
+_GIVEN = "given_fields"  # namespace attribute: the dests whose flag was typed
+
+
+class _Recorded(argparse.Action):
+    """Store a flag's value and note that it was given (``--resume`` must know which were)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        setattr(namespace, _GIVEN, set(getattr(namespace, _GIVEN, ())) | {self.dest})
+
+
+def given_fields(args: argparse.Namespace) -> frozenset[str]:
+    """Names of the config fields whose flag appeared on the command line."""
+    return frozenset(getattr(args, _GIVEN, ()))
 
 
 def _value_type(annotation) -> type:
@@ -28,11 +46,6 @@ def _value_type(annotation) -> type:
             raise TypeError(f"cannot derive a flag for {annotation!r}")
         return args[0]
     return annotation
-
-
-def flag_of(f: dataclasses.Field) -> tuple[str, ...]:
-    """The flags of field ``f`` (``--batch-size`` for ``batch_size`` unless metadata says)."""
-    return tuple(f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),))
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | None = None,
@@ -53,15 +66,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | N
         help_text = f.metadata.get("help", "")
         kind = _value_type(hints[f.name])
         if kind is bool:
-            group.add_argument(*flag_of(f), dest=f.name, action="store_true", default=default,
-                               help=help_text)
+            group.add_argument(*flag_of(f), dest=f.name, action=_Recorded, nargs=0, const=True,
+                               default=default, help=help_text)
             continue
         choices = f.metadata.get("choices")
         metavar = f.metadata.get("metavar") or ("{" + ",".join(choices) + "}" if choices else None)
         if default is not None:
             help_text += " (default: %(default)s)"
         group.add_argument(*flag_of(f), dest=f.name, type=kind, default=default,
-                           metavar=metavar, help=help_text)
+                           metavar=metavar, help=help_text, action=_Recorded)
 
 
 def config_from_args(cls, args: argparse.Namespace, **overrides):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 __all__ = ["main", "build_parser", "UsageError"]
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, FileNotFoundError) as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("tandem: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        detail = str(exc)
+        if not getattr(exc, "quiet", False):  # ranks other than 0 leave it to rank 0
+            print("tandem: interrupted" + (f"; {detail}" if detail else ""), file=sys.stderr)
+        return 128 + int(getattr(exc, "signum", signal.SIGINT))

@@ -9,7 +9,8 @@ Examples::
     tandem train -a cifar_resnet20 --data digits --strategy dp --devices cpu:2 --epochs 8
     tandem train -a resnet50 --data /data/imagenet -b 256 --strategy dp --devices cuda --amp
     tandem launch --nproc-per-node 2 -- train -a cifar_resnet20 --data digits --strategy ddp
-    tandem train --resume runs/train/checkpoint.pt --epochs 30      # continue exactly
+    tandem train --resume runs/train                # continue that run, with its settings
+    tandem train --resume runs/train --epochs 40    # ... and extend its schedule to 40 epochs
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 from tandem.config import (DataConfig, ModelConfig, OptimConfig, ParallelConfig, RunConfig,
                            TrainConfig)
 
-from .common import add_config_arguments, config_from_args, tandem_warnings
+from .common import add_config_arguments, config_from_args, given_fields, tandem_warnings
 
 __all__ = ["add_parser", "config_from_namespace"]
 
@@ -55,4 +56,4 @@ def run(args: argparse.Namespace) -> int:
     from tandem.train.run import train  # heavy imports only when training
 
     with tandem_warnings():
-        return train(config_from_namespace(args))
+        return train(config_from_namespace(args), given=given_fields(args))

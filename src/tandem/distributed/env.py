@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import Mapping
 
 __all__ = ["DistEnv", "read_env", "in_torchrun", "dist_timeout", "DEFAULT_TIMEOUT",
-           "TIMEOUT_VAR", "LAUNCH_HINT"]
+           "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "restart_count"]
 
 #: Seconds a collective may wait for the other ranks before it raises (and the job ends).
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_VAR = "TANDEM_DIST_TIMEOUT"
+#: Set by ``tandem launch`` for its workers: one id per launch, the same across restarts.
+LAUNCH_ID_VAR = "TANDEM_LAUNCH_ID"
 LAUNCH_HINT = "run it with `tandem launch --nproc-per-node N -- train ...` or torchrun"
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -123,3 +125,12 @@ def dist_timeout(environ: Mapping[str, str] | None = None) -> float:
     if value <= 0:
         raise ValueError(f"{TIMEOUT_VAR}={text!r} must be > 0 seconds")
     return value
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """How often torchrun has restarted this worker group (0 outside torchrun)."""
+    environ = os.environ if environ is None else environ
+    try:
+        return int(environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0

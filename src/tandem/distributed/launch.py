@@ -10,7 +10,9 @@ failed. We add only what torchrun leaves to its users:
   error instead of a store traceback), and a free port picked for one-node runs;
 - ``--dist-timeout``, passed to the workers as ``TANDEM_DIST_TIMEOUT``, which bounds how
   long a worker waits in a collective for a peer that died or hangs;
-- a one-line summary of the failed rank and its exit code, which is also our exit code.
+- a one-line summary of the failed rank and its exit code, which is also our exit code;
+- ``TANDEM_LAUNCH_ID``, so that workers restarted under ``--max-restarts`` find and resume
+  their own run directory (:mod:`tandem.train.rundir`).
 
 Launching one machine::
 
@@ -25,13 +27,15 @@ Two machines (run on each, with its own ``--node-rank``)::
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import socket
 import sys
+import uuid
 from dataclasses import dataclass, field
 
-from .env import TIMEOUT_VAR
+from .env import LAUNCH_ID_VAR, TIMEOUT_VAR
 
 __all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "launch"]
 
@@ -69,7 +73,7 @@ class LaunchSpec:
         if self.command[0] not in _SUBCOMMANDS:
             raise ValueError(f"cannot launch {self.command[0]!r}: the command after `--` must "
                              f"be a tandem subcommand ({', '.join(_SUBCOMMANDS)})")
-        if self.command[0] == "train" and _flag_value(self.command, "--strategy") != "ddp":
+        if self.command[0] == "train" and _train_strategy(self.command) != "ddp":
             raise ValueError("`tandem launch -- train` needs --strategy ddp (each process trains "
                              "its share of every batch; any other strategy would train N "
                              "independent copies writing the same files)")
@@ -111,6 +115,20 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def _train_strategy(argv: list[str]) -> str | None:
+    """The strategy a ``train`` command will use: its flag, else the resumed run's own."""
+    strategy = _flag_value(argv, "--strategy")
+    resume = _flag_value(argv, "--resume")
+    if strategy or not resume:
+        return strategy
+    run_dir = resume if os.path.isdir(resume) else os.path.dirname(resume) or "."
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            return json.load(f)["parallel"]["strategy"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _parse_nnodes(text: str) -> tuple[int, int]:
@@ -193,6 +211,11 @@ def launch(spec: LaunchSpec) -> int:
         # torchrun would set this too (with a banner): one intra-op thread per worker, so N
         # workers do not fight over the cores. An explicit OMP_NUM_THREADS wins.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # One id for this launch, the same in restarted workers: they continue its run directory.
+    # Every node of a multi-node job must derive the same one.
+    os.environ.setdefault(LAUNCH_ID_VAR, uuid.uuid4().hex if not spec.multi_node else
+                          f"{spec.rdzv_id or ''}@{spec.rdzv_endpoint or spec.master_addr}:"
+                          f"{spec.master_port or ''}")
     os.environ.update(spec.extra_env)
     args = get_args_parser().parse_args(torchrun_argv(spec))
     try:
@@ -204,7 +227,7 @@ def launch(spec: LaunchSpec) -> int:
               f"({len(exc.failures)} failed worker(s))", file=sys.stderr, flush=True)
         return _exit_code(failure.exitcode)
     except SignalException as exc:
-        print(f"tandem launch: stopped by {exc.sigval.name}; workers were terminated",
+        print(f"tandem launch: stopped by {exc.sigval.name}; the workers were passed it on",
               file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     return 0

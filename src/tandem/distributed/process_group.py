@@ -1,10 +1,11 @@
 """Join and leave the torch.distributed process group of a torchrun job, one device per worker.
 
 The backend follows the device: gloo for the CPU, NCCL for CUDA (``cuda:LOCAL_RANK``), and
-torch's default backend for any other accelerator. Every group is created with a timeout
-(``TANDEM_DIST_TIMEOUT``, see :mod:`tandem.distributed.env`), so a collective whose peer died
-or hangs raises after that many seconds instead of blocking forever; the failing worker then
-exits non-zero and torchrun's elastic agent tears the whole job down.
+torch's default backend for any other accelerator. Training collectives run in a *work group*
+whose timeout is ``TANDEM_DIST_TIMEOUT`` (see :mod:`tandem.distributed.env`), so one whose peer
+died or hangs raises after that many seconds; the failing worker then exits non-zero and
+torchrun tears the job down. Joining uses a longer timeout (at least
+:data:`STARTUP_TIMEOUT`): workers that start slowly on a busy machine are not dead peers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import torch.distributed as dist
 from .env import DistEnv, dist_timeout
 
 __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
-           "all_reduce_sum"]
+           "all_reduce_sum", "work_group", "STARTUP_TIMEOUT"]
+
+#: Seconds every worker may take to join the job (importing torch on a loaded machine).
+STARTUP_TIMEOUT = 300.0
+_work_group = None  # the group with the collective timeout (None: the default group)
 
 
 def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
@@ -80,25 +85,36 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
                 f"{dist.get_world_size()}, but torchrun says rank {env.rank} of {env.world_size}"
             )
         return dist.get_backend()
+    global _work_group
     if device.type == "cuda":
         torch.cuda.set_device(device)
     seconds = dist_timeout() if timeout is None else float(timeout)
+    startup = max(seconds, STARTUP_TIMEOUT)
     kwargs = {"device_id": device} if device.type != "cpu" else {}
     try:
         dist.init_process_group(
             backend, init_method="env://", rank=env.rank, world_size=env.world_size,
-            timeout=timedelta(seconds=seconds), **kwargs,
+            timeout=timedelta(seconds=startup), **kwargs,
         )
+        _work_group = None if startup == seconds else dist.new_group(
+            backend=backend, timeout=timedelta(seconds=seconds))
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
         raise RuntimeError(
             f"rank {env.rank} on {device}: could not join the {backend} process group at "
-            f"{env.master_addr}:{env.master_port} within {seconds:.0f}s: {exc}"
+            f"{env.master_addr}:{env.master_port} within {startup:.0f}s: {exc}"
         ) from exc
     return backend
 
 
+def work_group():
+    """The group training collectives use (``None``, the default group, if not set up)."""
+    return _work_group
+
+
 def destroy_process_group() -> None:
     """Leave the process group if there is one (safe to call twice)."""
+    global _work_group
+    _work_group = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -110,5 +126,5 @@ def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     NCCL only reduces CUDA tensors; a CPU tensor on a CUDA worker is copied there and back.
     """
     work = tensor.detach().to(device, copy=True)
-    dist.all_reduce(work, op=dist.ReduceOp.SUM)
+    dist.all_reduce(work, op=dist.ReduceOp.SUM, group=_work_group)
     return work.to(tensor.device)

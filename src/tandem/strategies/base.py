@@ -90,6 +90,14 @@ class Strategy:
     def barrier(self) -> None:
         """Wait for every process. No-op in one process."""
 
+    def any_process(self, flag: bool) -> bool:
+        """True on every process when ``flag`` is true on any (e.g. a stop request)."""
+        return flag
+
+    def resume_command(self, run_dir: str) -> str:
+        """The command that continues the run in ``run_dir`` under this strategy."""
+        return f"tandem train --resume {run_dir}"
+
     def no_sync(self, wrapped: nn.Module):
         """Context that skips gradient synchronisation (for accumulation steps)."""
         return contextlib.nullcontext()

@@ -46,6 +46,7 @@ from tandem.distributed.process_group import (
     destroy_process_group,
     init_process_group,
     pick_device,
+    work_group,
 )
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
@@ -122,7 +123,7 @@ class DDPStrategy(Strategy):
         DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
         """
         if self.sync_bn:
-            model = convert_sync_batchnorm(model)
+            model = convert_sync_batchnorm(model, process_group=work_group())
         model = model.to(self._device)
         self._plain_bn = _plain_batchnorms(model)
         device_ids = [self._device] if self._device.type == "cuda" else None
@@ -130,7 +131,8 @@ class DDPStrategy(Strategy):
         # renamed the flag (buffers are synced at construction either way).
         sync = self.buffers == "replica0"
         flag = "forward_sync_buffers" if _HAS_FORWARD_SYNC else "broadcast_buffers"
-        return DistributedDataParallel(model, device_ids=device_ids, **{flag: sync})
+        return DistributedDataParallel(model, device_ids=device_ids, process_group=work_group(),
+                                       **{flag: sync})
 
     def unwrap(self, wrapped: nn.Module) -> nn.Module:
         return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
@@ -199,7 +201,17 @@ class DDPStrategy(Strategy):
     def barrier(self) -> None:
         import torch.distributed as dist
 
-        dist.barrier()
+        dist.barrier(group=work_group())
+
+    def any_process(self, flag: bool) -> bool:
+        votes = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+        return bool(self.all_reduce_sum(votes).item() > 0)
+
+    def resume_command(self, run_dir: str) -> str:
+        nodes = self.world_size // max(1, self.env.local_world_size)
+        where = "" if nodes <= 1 else f" --nnodes {nodes} (on every node)"
+        return (f"tandem launch --nproc-per-node {self.env.local_world_size}{where} -- "
+                f"train --resume {run_dir}")
 
     def no_sync(self, wrapped: nn.Module):
         """DDP's ``no_sync``: gradients accumulate locally until a step outside it."""

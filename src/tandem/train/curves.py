@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 __all__ = ["plot_curves"]
 
@@ -15,7 +16,8 @@ __all__ = ["plot_curves"]
 def plot_curves(records: list[dict], path: str) -> None:
     """Draw loss (train, val) and accuracy (train, val) per epoch from metrics records.
 
-    Records of a partial epoch (a ``--max-steps`` stop) are plotted at their epoch number.
+    Records of a partial epoch (a ``--max-steps`` stop) are plotted at their epoch number;
+    the x axis has whole-epoch ticks.
     The file is written to a temporary name and renamed, so a reader never sees half a PNG.
     """
     epochs = [r["epoch"] for r in records]
@@ -27,6 +29,7 @@ def plot_curves(records: list[dict], path: str) -> None:
     ax_acc.plot(epochs, [r["val_acc"] for r in records], "o-", label="validation")
     ax_acc.set(xlabel="epoch", ylabel="top-1 accuracy (%)", title="accuracy")
     for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

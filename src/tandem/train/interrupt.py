@@ -1,16 +1,11 @@
-"""Ctrl-C during training: stop between optimizer steps, never inside a checkpoint write.
+"""Ctrl-C and SIGTERM during training: stop between optimizer steps, save, then exit.
 
-Python turns SIGINT into a ``KeyboardInterrupt`` wherever the main thread happens to be. In a
-training loop that can be inside ``torch.save`` (the zip writer then fails with a
-``RuntimeError`` and a traceback) or inside a finalizer such as a weakref callback, where the
-exception is printed as "Exception ignored" and training simply goes on. :class:`StopRequest`
-makes the first Ctrl-C a *request*: the loop notices it after the current optimizer step,
-saves a checkpoint at that exact position and raises ``KeyboardInterrupt`` itself (the CLI
-prints ``tandem: interrupted`` and exits 130). A second Ctrl-C stops at once, except inside a
-:meth:`StopRequest.critical` section (a checkpoint write), which always completes first.
-
-Only single-process runs use it: under torch.distributed every rank must stop at the same
-step or the others wait in a collective, so there the launcher's signal handling applies.
+Python raises ``KeyboardInterrupt`` wherever the main thread happens to be, e.g. inside
+``torch.save`` or a finalizer, where it breaks the write or is swallowed. :class:`StopRequest`
+turns the first SIGINT or SIGTERM into a *request*; the loop asks every process whether any
+got one (so all ranks of a torchrun job stop at the same step), saves there, and raises
+:class:`Interrupted`. A second signal stops at once, except inside :meth:`StopRequest.critical`
+(a checkpoint write), which always completes first.
 """
 
 from __future__ import annotations
@@ -20,44 +15,60 @@ import signal
 import sys
 import threading
 
-__all__ = ["StopRequest"]
+__all__ = ["StopRequest", "Interrupted"]
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on a signal after saving; ``str()`` says where and how to go on."""
+
+    def __init__(self, message: str = "", signum: int = signal.SIGINT, quiet: bool = False):
+        super().__init__(message)
+        self.signum, self.quiet = signum, quiet
 
 
 class StopRequest:
-    """SIGINT handler installed for the duration of a ``with`` block (when ``enabled``).
+    """SIGINT/SIGTERM handlers installed for the duration of a ``with`` block.
 
-    ``requested`` is true once Ctrl-C was pressed. Outside the block, or when disabled (several
-    processes, or not the main thread), it never becomes true and changes nothing.
+    ``requested`` is true once a signal arrived. Outside the block, or when disabled (not the
+    main thread), it never becomes true. ``quiet`` silences the notice (ranks other than 0).
     """
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, quiet: bool = False):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.quiet = quiet
         self.requested = False
+        self.signum = signal.SIGINT
         self._presses = 0
         self._critical = 0
-        self._previous = None
+        self._previous = {}
 
     def __enter__(self) -> "StopRequest":
         if self.enabled:
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._previous = {s: signal.signal(s, self._on_signal) for s in _SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.enabled:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
 
-    def _on_sigint(self, signum, frame) -> None:
+    def _on_signal(self, signum, frame) -> None:
         self._presses += 1
+        if not self.requested:
+            self.signum = signum
         self.requested = True
         if self._presses == 1:
-            print("tandem: stopping after this step (Ctrl-C again to stop at once)",
-                  file=sys.stderr, flush=True)
+            if not self.quiet:
+                print(f"tandem: {signal.Signals(signum).name}: stopping after this step "
+                      "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
         elif not self._critical:
             raise KeyboardInterrupt
 
     @contextlib.contextmanager
     def critical(self):
-        """A section that Ctrl-C never cuts short (e.g. writing a checkpoint)."""
+        """A section that a signal never cuts short (e.g. writing a checkpoint)."""
         self._critical += 1
         try:
             yield

@@ -30,7 +30,7 @@ from tandem.data import make_loader
 from tandem.strategies import Strategy
 
 from .curves import plot_curves
-from .interrupt import StopRequest
+from .interrupt import Interrupted, StopRequest
 from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory
 from .progress import Progress
 
@@ -67,6 +67,9 @@ class Trainer:
     position: Position = field(default_factory=Position)
     best_acc1: float = 0.0
     stop: StopRequest = field(default_factory=lambda: StopRequest(enabled=False))
+    # The epoch under way's train sums (loss_sum, correct, count, seconds) over every process,
+    # saved with a mid-epoch checkpoint so that the resumed epoch still gets one whole row.
+    carried: dict | None = None
 
     # -- helpers ----------------------------------------------------------------------------
     def _loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
@@ -97,8 +100,8 @@ class Trainer:
         """
         cfg, s, pos = self.cfg, self.strategy, self.position
         k, n = cfg.optim.accum_steps, self.batches_per_epoch
-        max_steps = cfg.optim.max_steps
-        meter = Meter()
+        max_steps, save_every = cfg.optim.max_steps, cfg.run.save_every
+        meter, carried_seconds = self._carried_meter()
         progress = Progress(n, pos.batch, f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
                             bar=s.is_main and not cfg.run.no_progress,
                             print_freq=cfg.run.print_freq if s.is_main else 0)
@@ -130,11 +133,24 @@ class Trainer:
                 if max_steps is not None and pos.step >= max_steps:
                     stopped = pos.batch < n
                     break
-                if self.stop.requested:  # Ctrl-C: fit() saves here, then stops
+                if s.any_process(self.stop.requested):  # every rank stops at this step
+                    self.stop.requested = True
                     break
+                if save_every and pos.step % save_every == 0 and pos.batch < n:
+                    seconds = carried_seconds + time.perf_counter() - start
+                    self.save(is_best=False, progress=_progress(meter.reduced(s), seconds))
         finally:
             progress.close()
-        return meter, stopped, time.perf_counter() - start
+        return meter, stopped, carried_seconds + time.perf_counter() - start
+
+    def _carried_meter(self) -> tuple[Meter, float]:
+        """A meter holding the carried sums of this epoch (on the main process only)."""
+        meter, carried, self.carried = Meter(), self.carried, None
+        if not carried or not self.strategy.is_main:
+            return meter, 0.0
+        meter.loss_sum, meter.correct = float(carried["loss_sum"]), int(carried["correct"])
+        meter.count = int(carried["count"])
+        return meter, float(carried["seconds"])
 
     @torch.no_grad()
     def validate(self) -> Meter:
@@ -149,8 +165,11 @@ class Trainer:
         return meter.reduced(self.strategy)
 
     # -- saving -----------------------------------------------------------------------------
-    def save(self, is_best: bool) -> None:
-        """Write ``checkpoint.pt`` (and ``best.pt``) atomically, on the main process only."""
+    def save(self, is_best: bool, progress: dict | None = None) -> None:
+        """Write ``checkpoint.pt`` (and ``best.pt``) atomically, on the main process only.
+
+        ``progress`` is the epoch under way's train sums when saving mid-epoch.
+        """
         if not self.strategy.is_main:
             return
         pos = self.position
@@ -162,6 +181,7 @@ class Trainer:
             scaler=self.scaler.state_dict(),
             rng=checkpoint.capture_rng(),
             data_position=pos.as_dict(),
+            epoch_progress=progress,
             config=self.config_dict,
         )
         checkpoint.save(self._out("checkpoint.pt"), self.model, self.optimizer, **extra)
@@ -169,12 +189,12 @@ class Trainer:
             checkpoint.save(self._out("best.pt"), self.model, self.optimizer, **extra)
 
     # -- the run ----------------------------------------------------------------------------
-    def fit(self, log: MetricsLog, stop: StopRequest | None = None) -> list[dict]:
+    def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
         """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch.
 
-        ``stop`` (a :class:`StopRequest`) turns Ctrl-C into a stop after the current optimizer
-        step: ``checkpoint.pt`` is written at that exact position (``--resume`` continues from
-        it) and ``KeyboardInterrupt`` is raised. Checkpoint writes are never cut short.
+        ``stop`` (a :class:`StopRequest`) turns SIGINT/SIGTERM on any process into a stop after
+        the current optimizer step on every process: ``checkpoint.pt`` is written at that exact
+        position and :class:`Interrupted` is raised. Checkpoint writes are never cut short.
         """
         self.stop = stop = stop or self.stop
         cfg, s, pos = self.cfg, self.strategy, self.position
@@ -183,13 +203,12 @@ class Trainer:
         trained = False
         while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
             reset_peak_memory(s.devices)
-            batches_before = pos.batch
             train, stopped, seconds = self.train_epoch()
+            train = train.reduced(s)
             if stop.requested:
                 with stop.critical():
-                    self.save(is_best=False)
-                raise KeyboardInterrupt
-            train = train.reduced(s)
+                    self.save(is_best=False, progress=_progress(train, seconds))
+                raise Interrupted(self._interrupted_message(), stop.signum, quiet=not s.is_main)
             val = self.validate()
             if not stopped:
                 pos.epoch, pos.batch = pos.epoch + 1, 0
@@ -199,7 +218,7 @@ class Trainer:
             record = {
                 "epoch": pos.epoch if not stopped else pos.epoch + 1,
                 "step": pos.step,
-                "batches": (pos.batch if stopped else self.batches_per_epoch) - batches_before,
+                "batches": pos.batch if stopped else self.batches_per_epoch,
                 "train_loss": train.loss, "train_acc": train.acc,
                 "val_loss": val.loss, "val_acc": val.acc,
                 "lr": self.optimizer.param_groups[0]["lr"],
@@ -208,8 +227,8 @@ class Trainer:
                 "peak_memory_mb": peak_memory_mb(s.devices),
             }
             with stop.critical():
-                self.save(is_best)
-                if s.is_main:
+                self.save(is_best, progress=_progress(train, seconds) if stopped else None)
+                if s.is_main and train.count:  # a row only for an epoch that trained
                     records.append(record)
                     log.append(record)
                     plot_curves(records, self._out("curves.png"))
@@ -222,6 +241,20 @@ class Trainer:
                   f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
                   + (f"/{max_steps}" if max_steps else ""), flush=True)
         return records
+
+    def _interrupted_message(self) -> str:
+        """Where the run stopped and how to continue it (the main process says it)."""
+        if not self.strategy.is_main:
+            return ""
+        pos = self.position
+        return (f"saved {self._out('checkpoint.pt')} at epoch {pos.epoch + 1}, step {pos.step}; "
+                f"continue with: {self.strategy.resume_command(self.cfg.run.out)}")
+
+
+def _progress(meter: Meter, seconds: float) -> dict:
+    """A reduced meter and the seconds spent, as a checkpoint entry."""
+    return {"loss_sum": meter.loss_sum, "correct": meter.correct, "count": meter.count,
+            "seconds": seconds}
 
 
 def _summary(r: dict, epochs: int) -> str:

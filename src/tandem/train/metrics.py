@@ -8,6 +8,7 @@ samples were shared out. Accuracies are percentages (0-100), like the imagenet e
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Iterable
 
@@ -73,16 +74,31 @@ def peak_memory_mb(devices: Iterable[torch.device]) -> dict[str, float] | None:
 
 
 class MetricsLog:
-    """``metrics.jsonl``: one JSON object per line, appended and flushed per epoch."""
+    """``metrics.jsonl``: one JSON object per line, appended and flushed per epoch.
 
-    def __init__(self, path: str, *, fresh: bool):
+    ``keep_epochs`` is ``None`` for a fresh run (the file starts empty), or the epochs a
+    resumed run has completed: rows past them (a stopped epoch's partial row) are dropped, so
+    that the file ends with one row per epoch.
+    """
+
+    def __init__(self, path: str, *, keep_epochs: int | None):
         self.path = path
-        if fresh and os.path.exists(path):
-            os.remove(path)
+        if keep_epochs is None:
+            if os.path.exists(path):
+                os.remove(path)
+            return
+        rows = [r for r in self.read() if r.get("epoch", 0) <= keep_epochs]
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(tmp, path)
 
     def append(self, record: dict) -> None:
+        """Add one row; a non-finite number is written as ``null``, never as NaN."""
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                 for k, v in record.items()}
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=False) + "\n")
+            f.write(json.dumps(clean, sort_keys=False) + "\n")
 
     def read(self) -> list[dict]:
         if not os.path.exists(self.path):

@@ -3,14 +3,15 @@
 The order is fixed and visible, because it is what makes runs reproducible and strategies
 interchangeable:
 
+0. a resume takes the run's own settings from its checkpoint (:mod:`.rundir`);
 1. the strategy (it knows the devices, and the rank and world size of this process);
 2. the data (loaders shard every global batch by rank; order depends on seed and epoch only);
 3. ``torch.manual_seed(seed)``, then the model is created **on the CPU**, so its initial
    weights never depend on the strategy or the devices;
-4. checkpoint weights, when resuming, go into that plain model (``module.`` prefixes from
-   torch's ``DataParallel`` are accepted by :func:`tandem.checkpoint.load`);
+4. checkpoint weights, when resuming, go into that plain model;
 5. ``strategy.setup(model)`` moves/wraps it; the optimizer is built on what it returns, then
-   the optimizer, scheduler, grad-scaler and RNG states are restored.
+   the optimizer, scheduler, grad-scaler and RNG states are restored;
+6. the run directory is checked on every process, then written by the main one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -28,10 +28,12 @@ from torch import nn
 from tandem import checkpoint
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import load_dataset, make_loader
+from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_devices_flag
 from tandem.strategies import Strategy, create_strategy
 
+from . import rundir
 from .interrupt import StopRequest
 from .loop import Position, Trainer
 from .metrics import MetricsLog
@@ -90,6 +92,7 @@ def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
         "dataset": {"name": info.name, "num_classes": info.num_classes,
                     "in_channels": info.in_channels, "image_size": info.image_size},
         "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
+        "launch_id": os.environ.get(LAUNCH_ID_VAR),
     }
     return out
 
@@ -108,6 +111,7 @@ def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
             trainer.position.batch != trainer.batches_per_epoch:
         raise ValueError(f"checkpoint '{path}' stopped mid-accumulation; resume it with the "
                          f"--accum-steps it was saved with")
+    trainer.carried = ckpt.get("epoch_progress") if trainer.position.batch else None
     trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
     try:
         if ckpt.get("optimizer") is not None:
@@ -149,10 +153,11 @@ def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None
                         f"saved under another --strategy (hybrid state resumes under hybrid)?")
 
 
-def _build_trainer(cfg: TrainConfig, strategy: Strategy) -> tuple[Trainer, dict | None]:
+def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> Trainer:
     train_set, val_set, info = build_data(cfg.data, cfg.run.seed)
     model = build_model(cfg.model, info, cfg.run.seed)
-    ckpt = checkpoint.load(cfg.run.resume, model=model) if cfg.run.resume else None
+    if ckpt is not None:
+        checkpoint.load_model_state(model, ckpt, cfg.run.resume)
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
     wrapped = strategy.setup(model)
@@ -170,7 +175,7 @@ def _build_trainer(cfg: TrainConfig, strategy: Strategy) -> tuple[Trainer, dict 
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
         config_dict=_resolved(cfg, strategy, info),
     )
-    return trainer, ckpt
+    return trainer
 
 
 def _check_out(out: str) -> None:
@@ -179,27 +184,76 @@ def _check_out(out: str) -> None:
         raise ValueError(f"--out '{out}' is an existing file, not a directory")
 
 
-def _make_out(out: str, fresh: bool) -> None:
-    """Create the run directory; warn when a fresh run (no ``--resume``) is about to overwrite
-    an earlier run's checkpoint (called only once everything else has been built, so that a
-    failing command prints its error alone)."""
-    earlier = os.path.join(out, "checkpoint.pt")
-    if fresh and os.path.isfile(earlier):
-        warnings.warn(f"--out '{out}' holds an earlier run; this fresh run overwrites its "
-                      f"checkpoint.pt and metrics (continue it with --resume {earlier})")
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as exc:  # a parent is a file, no permission, ...
-        raise ValueError(f"cannot create --out '{out}': {exc.strerror or exc}") from None
+def _resumed_config(cfg: TrainConfig, given: frozenset[str]):
+    """The config to run and the checkpoint to continue (``None`` for a fresh run).
+
+    A torchrun worker restarted under ``--max-restarts`` continues its own launch's run.
+    """
+    restarted = not cfg.run.resume and rundir.restarted_run(cfg.run.out)
+    if restarted:
+        latest = os.path.join(cfg.run.out, "checkpoint.pt")
+        if not os.path.isfile(latest):  # failed before its first save: start it again
+            return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
+        cfg = replace(cfg, run=replace(cfg.run, resume=latest))
+    if not cfg.run.resume:
+        return cfg, None, []
+    path = rundir.checkpoint_path(cfg.run.resume)
+    ckpt = checkpoint.load(path)
+    cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
+    arch = ckpt.get("arch")
+    if "arch" not in given and isinstance(arch, str) and arch:  # a file from elsewhere
+        cfg = replace(cfg, model=replace(cfg.model, arch=arch))
+    if restarted:
+        notes.append(f"(torchrun restart {restart_count()})")
+    return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
 
 
-def train(cfg: TrainConfig) -> int:
-    """``tandem train``: fit (or, with ``--evaluate``, only validate). Returns an exit code."""
+def _prepare_out(cfg: TrainConfig, ckpt: dict | None, strategy: Strategy,
+                 completed_epochs: int) -> int | None:
+    """Check, on every process, what ``--out`` may receive; then create it on the main one.
+
+    Returns the epochs of history that ``metrics.jsonl`` keeps (``None``: a fresh file).
+    """
+    out = cfg.run.out
+    continues = ckpt is not None and isinstance(ckpt.get("config"), dict)
+    source = rundir.run_dir_of(cfg.run.resume) if continues else None
+    same_dir = continues and os.path.abspath(source) == os.path.abspath(out)
+    if not same_dir:
+        rundir.check_fresh(out, cfg.run.overwrite)
+    strategy.barrier()  # every process has looked before the main one writes
+    if strategy.is_main:
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as exc:  # a parent is a file, no permission, ...
+            raise ValueError(f"cannot create --out '{out}': {exc.strerror or exc}") from None
+        if not same_dir:
+            rundir.clear(out)
+            if continues:
+                rundir.fork(source, out, completed_epochs)
+    return completed_epochs if continues else None
+
+
+def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
+    pos = trainer.position
+    print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
+          f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
+          + "".join(f" {n}" for n in notes if n.startswith("(")), flush=True)
+    for note in notes:
+        if not note.startswith("("):
+            print(f"  {note}", flush=True)
+
+
+def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
+    """``tandem train``: fit (or, with ``--evaluate``, only validate). Returns an exit code.
+
+    ``given`` names the config fields typed on the command line (what ``--resume`` checks).
+    """
+    cfg, ckpt, notes = _resumed_config(cfg, given)
     model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
     _check_out(cfg.run.out)
     strategy = build_strategy(cfg.parallel)
     try:
-        trainer, ckpt = _build_trainer(cfg, strategy)
+        trainer = _build_trainer(cfg, strategy, ckpt)
         if cfg.run.evaluate:
             val = trainer.validate()
             if strategy.is_main:
@@ -207,12 +261,15 @@ def train(cfg: TrainConfig) -> int:
             return 0
         if ckpt is not None:
             _restore(trainer, ckpt, cfg.run.resume)
+        keep = _prepare_out(cfg, ckpt, strategy, trainer.position.epoch)
         if strategy.is_main:
-            _make_out(cfg.run.out, fresh=ckpt is None)
+            if ckpt is not None:
+                _say_resuming(trainer, cfg.run.resume, notes)
             with open(os.path.join(cfg.run.out, "config.json"), "w", encoding="utf-8") as f:
                 json.dump(trainer.config_dict, f, indent=2)
-        log = MetricsLog(os.path.join(cfg.run.out, "metrics.jsonl"), fresh=ckpt is None)
-        with StopRequest(enabled=strategy.world_size == 1) as stop:
+        log = (MetricsLog(os.path.join(cfg.run.out, "metrics.jsonl"), keep_epochs=keep)
+               if strategy.is_main else None)
+        with StopRequest(quiet=not strategy.is_main) as stop:
             trainer.fit(log, stop)
         strategy.barrier()
         return 0

@@ -1,0 +1,142 @@
+"""A run directory is the unit of work: what a fresh run, a resume and a restart may do to it.
+
+- A fresh run never replaces a run it finds in ``--out`` unless told to (``--overwrite``).
+- ``--resume RUN`` continues RUN with the settings stored in its checkpoint. A flag given with
+  it may change only where and how long the run goes on (``on_resume`` in
+  :mod:`tandem.config`); one that would change the data order or the update is refused.
+- A torchrun worker restarted under ``--max-restarts`` finds its own launch's run in ``--out``
+  (``TANDEM_LAUNCH_ID`` in ``config.json``) and resumes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, flag_of
+from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
+
+__all__ = ["RUN_FILES", "checkpoint_path", "describe", "check_fresh", "clear",
+           "resume_config", "restarted_run", "read_metrics", "fork"]
+
+RUN_FILES = ("checkpoint.pt", "best.pt", "metrics.jsonl", "config.json", "curves.png")
+
+
+def checkpoint_path(resume: str) -> str:
+    """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from."""
+    if os.path.isdir(resume) and os.path.isfile(os.path.join(resume, "checkpoint.pt")):
+        return os.path.join(resume, "checkpoint.pt")
+    return resume  # checkpoint.load names whatever is wrong with it
+
+
+def run_dir_of(path: str) -> str:
+    return os.path.dirname(path) or "."
+
+
+def read_metrics(out: str) -> list[dict]:
+    """The rows of ``out/metrics.jsonl`` (none when it is missing or unreadable)."""
+    try:
+        with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def describe(out: str) -> str | None:
+    """A few words on the run in ``out`` (``None`` when it holds none)."""
+    present = [name for name in RUN_FILES if os.path.exists(os.path.join(out, name))]
+    if not present:
+        return None
+    rows = read_metrics(out)
+    accs = [r["val_acc"] for r in rows if isinstance(r.get("val_acc"), (int, float))]
+    if not accs:
+        return "its " + ", ".join(present)
+    return f"{rows[-1].get('epoch')} epoch(s), best val acc {max(accs):.2f}%"
+
+
+def check_fresh(out: str, overwrite: bool) -> None:
+    """Refuse a fresh run into a directory that holds a run, unless ``overwrite``."""
+    what = describe(out)
+    if what and not overwrite:
+        raise ValueError(f"--out '{out}' already holds a run ({what}); continue it with "
+                         f"--resume {out}, choose another --out, or replace it with --overwrite")
+
+
+def clear(out: str) -> None:
+    """Remove an earlier run's files from ``out`` (``--overwrite``)."""
+    for name in RUN_FILES:
+        path = os.path.join(out, name)
+        if os.path.isfile(path):
+            os.remove(path)
+
+
+def _show(value) -> str:
+    return "(none)" if value is None else str(value)
+
+
+def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
+                  path: str) -> tuple[TrainConfig, list[str]]:
+    """The config to continue the run whose checkpoint at ``path`` holds ``saved``.
+
+    Returns it and one line per accepted change. ``cfg`` is the command line's config and
+    ``given`` the fields typed on it. Without ``saved`` (a checkpoint from elsewhere, e.g. the
+    imagenet example's) the command line rules and only ``arch`` is taken from the file.
+    """
+    if not isinstance(saved, dict):
+        return cfg, []
+    run = TrainConfig.from_dict(saved)
+    sections, notes = {}, []
+    for name in SECTIONS:
+        mine, theirs = getattr(cfg, name), getattr(run, name)
+        values = {}
+        for f in dataclasses.fields(mine):
+            new, old = getattr(mine, f.name), getattr(theirs, f.name)
+            policy = f.metadata.get("on_resume", FIXED)
+            changed = f.name in given and new != old
+            flag = flag_of(f)[-1]
+            if policy == FIXED and changed:
+                raise ValueError(
+                    f"{flag} {_show(new)} would change the run in '{run_dir_of(path)}', which "
+                    f"has {flag} {_show(old)}: resume without {flag}, or start a new run with "
+                    f"another --out")
+            values[f.name] = new if policy == PER_CALL or changed else old
+            if policy == MAY_CHANGE and changed:
+                notes.append(_change_note(flag, new, old))
+        sections[name] = type(mine)(**values)
+    out = cfg.run.out if "out" in given else run_dir_of(path)
+    if os.path.abspath(out) != os.path.abspath(run_dir_of(path)):
+        notes.append(f"--out {out}: a new run directory, forked from '{run_dir_of(path)}'")
+    sections["run"] = dataclasses.replace(sections["run"], out=out)
+    return TrainConfig(**sections), notes
+
+
+def _change_note(flag: str, new, old) -> str:
+    if flag == "--epochs":
+        return f"--epochs {new}: the learning-rate schedule now spans {new} epochs (was {old})"
+    return f"{flag} {_show(new)} (the run had {_show(old)})"
+
+
+def restarted_run(out: str, environ=None) -> bool:
+    """True in a worker that torchrun restarted when ``out`` holds this launch's own run."""
+    environ = os.environ if environ is None else environ
+    launch = environ.get(LAUNCH_ID_VAR)
+    if restart_count(environ) < 1 or not launch:
+        return False
+    try:
+        with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+            resolved = json.load(f).get("resolved") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return resolved.get("launch_id") == launch
+
+
+def fork(source: str, out: str, completed_epochs: int) -> None:
+    """Start ``out`` as a copy of run ``source``'s history up to ``completed_epochs``."""
+    rows = [r for r in read_metrics(source) if r.get("epoch", 0) <= completed_epochs]
+    with open(os.path.join(out, "metrics.jsonl"), "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    best = os.path.join(source, "best.pt")
+    if os.path.isfile(best):
+        shutil.copyfile(best, os.path.join(out, "best.pt"))

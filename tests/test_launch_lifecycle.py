@@ -1,0 +1,161 @@
+"""Interrupts and restarts of 2-process `tandem launch` jobs, compared with the same job run
+straight through: bitwise equal weights and equal metrics. Also: the bench's torchrun phase
+succeeds every time (it once aborted at teardown about one run in four).
+
+Every subprocess has a hard timeout and no worker is left behind.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import cli_env, run_tandem
+
+pytestmark = pytest.mark.slow
+
+# 160 synthetic samples in global batches of 4: 40 steps an epoch, 2 epochs, over 2 ranks.
+JOB = ["train", "--strategy", "ddp", "--devices", "cpu", "--data", "synthetic",
+       "--synthetic-size", "160", "--image-size", "8", "--num-classes", "3", "-b", "4",
+       "--epochs", "2", "--seed", "5", "--no-progress", "-p", "1"]
+
+
+def launch(*argv):
+    return [sys.executable, "-m", "tandem", "launch", "--nproc-per-node", "2", *map(str, argv)]
+
+
+def assert_bitwise_equal(a, b):
+    sa = torch.load(a, weights_only=True)["state_dict"]
+    sb = torch.load(b, weights_only=True)["state_dict"]
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+def rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_metrics(run, straight):
+    got, want = rows(run), rows(straight)
+    assert [r["epoch"] for r in got] == [r["epoch"] for r in want] == [1, 2]
+    for g, w in zip(got, want):
+        for key in ("step", "batches", "train_acc", "val_loss", "val_acc", "lr"):
+            assert g[key] == w[key], key
+        assert abs(g["train_loss"] - w["train_loss"]) < 1e-9  # sums meet in another order
+
+
+def workers_of(run) -> dict[int, int]:
+    """{RANK: pid} of the live torchrun workers whose command line names ``run``."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if str(run).encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(i.split(b"=", 1) for i in f.read().split(b"\0") if b"=" in i)
+        except OSError:
+            continue
+        if b"TORCHELASTIC_RUN_ID" in env:
+            found[int(env[b"RANK"])] = int(entry)
+    return found
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    proc = subprocess.run(launch("--", *JOB, "--out", out), capture_output=True, text=True,
+                          timeout=300, env=cli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_sigint_to_a_ddp_launch_saves_where_all_ranks_stop_then_resumes_exactly(straight,
+                                                                               tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(launch("--", *JOB, "--out", run), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:  # rank 0 prints a line per step
+            if "[5/40]" in line or time.monotonic() > deadline:
+                break
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the launcher
+        _, err = proc.communicate(timeout=120)
+    finally:
+        stop(proc)
+    assert proc.returncode == 130, err[-3000:]
+    position = torch.load(run / "checkpoint.pt", weights_only=True)["data_position"]
+    assert position["epoch"] == 0 and 5 <= position["batch"] < 40, position
+    assert (f"tandem: interrupted; saved {run / 'checkpoint.pt'} at epoch 1, step "
+            f"{position['step']}; continue with: tandem launch --nproc-per-node 2 -- train "
+            f"--resume {run}") in err, err[-3000:]
+    assert err.count("tandem: interrupted") == 1  # rank 1 leaves it to rank 0
+    assert workers_of(run) == {}
+
+    resumed = subprocess.run(launch("--", "train", "--resume", run), capture_output=True,
+                             text=True, timeout=300, env=cli_env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.startswith(f"resuming {run / 'checkpoint.pt'} at epoch 1/2, step "
+                                     f"{position['step']} ({position['batch']}/40 batches")
+    assert resumed.stdout.count("epoch 1/2 [") == 40 - position["batch"]
+    assert_bitwise_equal(run / "checkpoint.pt", straight / "checkpoint.pt")
+    assert_same_metrics(run, straight)
+
+
+def test_sigkilled_worker_restarted_by_torchrun_finishes_equal_to_the_straight_run(straight,
+                                                                                   tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(launch("--max-restarts", "1", "--", *JOB, "--save-every", "3",
+                                   "--out", run),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env())
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "checkpoint.pt").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.05)
+        pid = workers_of(run).get(1)
+        assert pid is not None, "rank 1 not found"
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err[-3000:]
+    resumed = [line for line in out.splitlines() if line.startswith("resuming ")]
+    assert len(resumed) == 1 and resumed[0].endswith("(torchrun restart 1)"), out[-2000:]
+    assert_bitwise_equal(run / "checkpoint.pt", straight / "checkpoint.pt")
+    assert_same_metrics(run, straight)
+    assert workers_of(run) == {}
+
+
+def test_bench_torchrun_phase_succeeds_twelve_times_in_a_row(tmp_path):
+    from tandem.bench.config import BenchConfig
+    from tandem.bench.distributed import distributed_phase
+
+    config = BenchConfig(arch="cifar_resnet20", strategies="single,ddp", devices="cpu:2",
+                         baselines="none", batch_size=4, steps=1, warmup=0, image_size=8,
+                         dist_timeout=200, threads=1)
+    for attempt in range(12):
+        (result,) = distributed_phase(config, ["ddp"])
+        assert result["status"] == "ok", (attempt, result.get("reason"))
+
+
+def test_resume_of_a_ddp_run_without_launch_says_how(straight, tmp_path):
+    proc = run_tandem("train", "--resume", straight, "--epochs", "3", "--out", tmp_path / "x")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "tandem launch --nproc-per-node N -- train" in lines[0]
