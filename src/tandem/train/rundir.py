@@ -98,8 +98,8 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
             flag = flag_of(f)[-1]
             if policy == FIXED and changed:
                 raise ValueError(
-                    f"{flag} {_show(new)} would change the run in '{run_dir_of(path)}', which "
-                    f"has {flag} {_show(old)}: resume without {flag}, or start a new run with "
+                    f"{flag} {_show(new)} would change the run of '{path}', which has "
+                    f"{flag} {_show(old)}: resume without {flag}, or start a new run with "
                     f"another --out")
             values[f.name] = new if policy == PER_CALL or changed else old
             if policy == MAY_CHANGE and changed:
