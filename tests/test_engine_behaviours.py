@@ -34,14 +34,15 @@ def _assert_all_close(xs, ys):
 
 # -- 1. lazy modules ---------------------------------------------------------------------------
 def _lazy_net():
-    return nn.Sequential(nn.LazyLinear(48), nn.ReLU(), nn.LazyLinear(3))
+    f64 = dict(dtype=torch.float64)
+    return nn.Sequential(nn.LazyLinear(48, **f64), nn.ReLU(), nn.LazyLinear(3, **f64))
 
 
 @pytest.mark.parametrize("n", REPLICAS)
 def test_lazy_modules_initialise_once_like_one_device(n):
     """200 fresh lazy nets: every output and gradient equals the plain net's; never a race."""
     wrong, errors = 0, []
-    x = torch.randn(5, 32)
+    x = torch.randn(5, 32, dtype=torch.float64)
     for seed in range(200):
         torch.manual_seed(seed)
         reference = _lazy_net()
@@ -53,7 +54,7 @@ def test_lazy_modules_initialise_once_like_one_device(n):
         except Exception as exc:  # the race shows as errors as well as wrong values
             errors.append(repr(exc))
             continue
-        if out.shape != ref_out.shape or not torch.allclose(out, ref_out):
+        if out.shape != ref_out.shape or not torch.allclose(out, ref_out, **close):
             wrong += 1
             continue
         if seed % 50 == 0:  # gradients reach the materialised parameters
@@ -65,7 +66,7 @@ def test_lazy_modules_initialise_once_like_one_device(n):
 
 @pytest.mark.parametrize("n", REPLICAS)
 def test_lazy_modules_through_data_parallel_and_model(n):
-    x = torch.randn(4, 6)
+    x = torch.randn(4, 6, dtype=torch.float64)
     torch.manual_seed(1)
     ref_out = _lazy_net()(x)
     torch.manual_seed(1)
@@ -102,7 +103,8 @@ def test_zero_grad_in_a_replica_warns_and_keeps_the_real_gradients(n):
     reference.clear = False  # what the replicas must amount to
     wrapped = DataParallel(model, ["cpu"] * n)
     x1, x2 = torch.randn(5, 4), torch.randn(4, 4)
-    wrapped(x1).square().sum().backward()
+    with pytest.warns(UserWarning, match="no effect"):
+        wrapped(x1).square().sum().backward()
     reference(x1).square().sum().backward()
     before = _grads(reference)
     _assert_all_close(_grads(model), before)
@@ -112,7 +114,7 @@ def test_zero_grad_in_a_replica_warns_and_keeps_the_real_gradients(n):
     out.square().sum().backward()
     reference(x2).square().sum().backward()
     _assert_all_close(_grads(model), _grads(reference))
-    assert not getattr(model, "_is_replica", False)  # the mark is gone after the call
+    assert all("zero_grad" not in m.__dict__ for m in model.modules())  # gone after the call
     model.zero_grad()  # outside a parallel call it works as usual
     assert all(p.grad is None for p in model.parameters())
 
@@ -192,7 +194,7 @@ def test_a_dropped_wrapper_is_freed_by_reference_counting(n, share):
 
     def run_function():
         model = net()
-        data_parallel(model, torch.randn(5, 4), devices).sum().backward()
+        data_parallel(model, torch.randn(8, 4), devices).sum().backward()
         return [weakref.ref(model)]
 
     assert _freed_by_refcount(run_dp)
@@ -292,7 +294,7 @@ def test_copy_path_buffers_match_the_shared_path(n, policy):
     copied = CopiedDP(copied_model, ["cpu"] * n, buffers=policy)
     shared = DataParallel(shared_model, ["cpu"] * n, buffers=policy)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (copied_model, shared_model)]
-    for batch in (7, 4, 9):
+    for batch in (7, 9, 8):  # chunks of 2 or more: batch norm needs them
         x = torch.randn(batch, 3, 5, 5, dtype=torch.float64)
         for opt in opts:
             opt.zero_grad()
