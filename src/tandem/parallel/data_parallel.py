@@ -25,7 +25,8 @@ from .buffers import check_policy, sync_buffers
 from .devices import resolve_devices, to_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate
-from .scatter_gather import batch_size, gather, scatter_kwargs
+from .gather_outputs import gather
+from .scatter_gather import batch_size, scatter_kwargs
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
 
@@ -71,6 +72,8 @@ class DataParallel(nn.Module):
     means every CUDA device, else one CPU. A bad entry is a ``ValueError`` naming it.
     ``output_device`` (default ``device_ids[0]``) receives the gathered outputs. ``buffers`` is
     the buffer policy, ``"replica0"`` or ``"average"`` (see :mod:`tandem.parallel.buffers`).
+    ``gather_dim`` (default ``dim``) is the outputs' gather dim: an int, or one per output in
+    the output's structure, e.g. ``(0, 1)`` for an LSTM's ``(out, (h, c))``.
 
     ``module`` is moved to ``device_ids[0]`` in place at construction (its Parameters keep their
     identity, so an optimizer built before stays valid). With one device, ``forward`` calls
@@ -78,12 +81,13 @@ class DataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
-                 output_device=None, dim: int = 0, buffers: str = "replica0"):
+                 output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None):
         super().__init__()
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
         self.output_device = self.device_ids[0] if output_device is None else to_device(output_device)
         self.dim = dim
+        self.gather_dim = dim if gather_dim is None else gather_dim
         self.module = module.to(self.device_ids[0])
         self.register_state_dict_post_hook(_strip_module_prefix)
         self.register_load_state_dict_pre_hook(_add_module_prefix)
@@ -116,7 +120,7 @@ class DataParallel(nn.Module):
         sync_buffers(self.module, replicas, sizes, self.buffer_policy)
 
     def gather(self, outputs: list, output_device: torch.device):
-        return gather(outputs, output_device, dim=self.dim)
+        return gather(outputs, output_device, dim=self.gather_dim)
 
     def single(self, output):
         """What ``forward`` returns for the module's output when there is one device."""
