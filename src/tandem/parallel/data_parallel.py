@@ -10,8 +10,10 @@ with its own chunk's statistics).
 
 Differences from ``torch.nn.DataParallel``: any device type (``["cpu"] * 3`` runs three CPU
 replicas), a batch smaller than the device count uses fewer replicas, replicas are reused
-across steps, running statistics can be averaged (``buffers="average"``), and the wrapper's
-``state_dict`` has the plain module's keys (``load_state_dict`` takes either form).
+across steps, running statistics can be averaged (``buffers="average"``), the wrapper's
+``state_dict`` has the plain module's keys (``load_state_dict`` takes either form), outputs
+can have a gather dim each, and lazy modules are initialised once, in the caller's thread
+(see :mod:`tandem.parallel.guards`, which also covers calls without inputs and ``zero_grad``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from .devices import resolve_devices, to_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate
 from .gather_outputs import gather
-from .scatter_gather import batch_size, scatter_kwargs
+from .guards import acting_as_replica, initialise_lazy, split_inputs
+from .scatter_gather import batch_size
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
 
@@ -76,8 +79,9 @@ class DataParallel(nn.Module):
     the output's structure, e.g. ``(0, 1)`` for an LSTM's ``(out, (h, c))``.
 
     ``module`` is moved to ``device_ids[0]`` in place at construction (its Parameters keep their
-    identity, so an optimizer built before stays valid). With one device, ``forward`` calls
-    ``module`` directly: no threads, no copies. ``state_dict()`` has the plain module's keys.
+    identity, so an optimizer built before stays valid). With one device, or with nothing to
+    split, ``forward`` runs ``module`` once on the first device; with one device it calls it
+    directly: no threads, no copies. ``state_dict()`` has the plain module's keys.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
@@ -99,15 +103,17 @@ class DataParallel(nn.Module):
         # (B, ...) -> n chunks of about B/n on the first n devices (n <= len(device_ids))
         inputs, kwargs = self.scatter(inputs, kwargs, self.device_ids)
         devices = self.device_ids[: len(inputs)]
+        initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
         replicas = self.replicate(self.module, devices)
-        outputs = self.parallel_apply(replicas, inputs, kwargs, devices)
+        with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
+            outputs = self.parallel_apply(replicas, inputs, kwargs, devices)
         self.sync_buffers(replicas, inputs, kwargs)
         # n outputs of about B/n each -> one output of B on output_device
         return self.gather(outputs, self.output_device)
 
     # -- the steps, one line each, so that subclasses can change one ---------------------------
     def scatter(self, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device]):
-        return scatter_kwargs(inputs, kwargs, device_ids, dim=self.dim)
+        return split_inputs(inputs, kwargs, device_ids, self.dim)
 
     def replicate(self, module: nn.Module, device_ids: Sequence[torch.device]) -> list[nn.Module]:
         return replicate(module, device_ids)
@@ -146,19 +152,23 @@ class DataParallelModel(DataParallel):
 
 
 def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
-                  output_device=None, dim: int = 0, module_kwargs: dict | None = None):
+                  output_device=None, dim: int = 0, module_kwargs: dict | None = None,
+                  gather_dim=None):
     """Evaluate ``module(*inputs, **module_kwargs)`` in parallel over ``device_ids`` and gather.
 
-    ``inputs`` is one argument or a tuple of them. ``module`` stays where it is (replicas are
-    copied to devices it is not on); buffers keep replica 0's updates.
+    ``inputs`` is one argument, a tuple of them, or ``None`` (no inputs: one run on the first
+    device). ``module`` stays where it is (replicas are copied to devices it is not on);
+    buffers keep replica 0's updates. ``gather_dim`` is as for ``DataParallel``.
     """
-    if not isinstance(inputs, tuple):
+    if inputs is not None and not isinstance(inputs, tuple):
         inputs = (inputs,)
     devices = resolve_devices(device_ids)
     output_device = devices[0] if output_device is None else to_device(output_device)
-    inputs, kwargs = scatter_kwargs(inputs, module_kwargs, devices, dim)
+    inputs, kwargs = split_inputs(inputs, module_kwargs, devices, dim)
     used = devices[: len(inputs)]
+    initialise_lazy(module, inputs[0], kwargs[0])
     replicas = replicate(module, used)
-    outputs = parallel_apply(replicas, inputs, kwargs, used)
+    with acting_as_replica(module):
+        outputs = parallel_apply(replicas, inputs, kwargs, used)
     sync_buffers(module, replicas, [1] * len(replicas), "replica0")
-    return gather(outputs, output_device, dim)
+    return gather(outputs, output_device, dim if gather_dim is None else gather_dim)
