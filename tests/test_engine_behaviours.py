@@ -212,11 +212,13 @@ def test_uneven_gather_of_a_batch_in_dim_1_names_the_output(n, batch):
 
 
 @pytest.mark.parametrize("n, batch", [(2, 5), (3, 4)])
-def test_per_output_gather_dim_matches_one_device(n, batch):
+@pytest.mark.parametrize("share", [True, False])
+def test_per_output_gather_dim_matches_one_device(n, batch, share):
     lstm = nn.LSTM(4, 5, batch_first=True).double()
     reference = copy.deepcopy(lstm)
     x = torch.randn(batch, 3, 4, dtype=torch.float64)
-    out, (h, c) = DataParallel(lstm, ["cpu"] * n, gather_dim=(0, 1))(x)
+    wrapper = DataParallel if share else CopiedDP
+    out, (h, c) = wrapper(lstm, ["cpu"] * n, gather_dim=(0, 1))(x)
     ref_out, (ref_h, ref_c) = reference(x)
     _assert_all_close([out, h, c], [ref_out, ref_h, ref_c])
     (out.sum() + h.square().sum() + c.sum()).backward()
@@ -252,6 +254,9 @@ def test_copied_replicas_hold_their_own_differentiable_copies():
             assert mine.requires_grad == original.requires_grad
         assert "Broadcast" in type(r[1].weight.grad_fn).__name__
     assert replicate(net, ["cpu"], share_params=False) == [net]
+    lstm = nn.LSTM(4, 5)  # an RNN computes from its list of flat weights: they must be the copies
+    for r in replicate(lstm, ["cpu"] * 2, share_params=False)[1:]:
+        assert [id(w) for w in r._flat_weights] == [id(p) for p in r.parameters()]
 
 
 def _mlp():
@@ -345,3 +350,31 @@ def test_copy_path_balanced_model_and_criterion_match_one_device(n):
     torch.testing.assert_close(loss, ref_loss, **close)
     loss.backward(), ref_loss.backward()
     _assert_all_close(_grads(model), _grads(reference))
+
+
+# -- the same kinds of bugs elsewhere ----------------------------------------------------------------
+def _two_part_net(lazy: bool):
+    model = nn.Module()
+    model.features = nn.Sequential(nn.LazyConv2d(4, 3) if lazy else nn.Conv2d(3, 4, 3), nn.ReLU())
+    model.classifier = nn.Sequential(nn.Linear(4 * 4 * 4, 8), nn.ReLU(), nn.Linear(8, 3))
+    return model
+
+
+def test_hybrid_parallel_refuses_a_lazy_model_by_name():
+    from tandem.hybrid import HybridParallel
+
+    with pytest.raises(ValueError, match=r"HybridParallel.*features\.0\.weight.*once"):
+        HybridParallel(_two_part_net(lazy=True), ["cpu", "cpu"])
+
+
+@pytest.mark.parametrize("n", REPLICAS)
+def test_a_dropped_hybrid_parallel_is_freed_by_reference_counting(n):
+    from tandem.hybrid import HybridParallel
+
+    def run():
+        model = _two_part_net(lazy=False)
+        wrapped = HybridParallel(model, ["cpu"] * n)
+        wrapped(torch.randn(5, 3, 6, 6)).sum().backward()
+        return [weakref.ref(model), weakref.ref(wrapped)]
+
+    assert _freed_by_refcount(run)

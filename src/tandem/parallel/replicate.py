@@ -196,6 +196,10 @@ class _ReplicaSet:
                     p = md["_parameters"][name]
                     own_params[name] = copies.get((id(p), i), p)
                 rd["_parameters"] = own_params
+                if names and isinstance(m, nn.RNNBase):
+                    # RNNs compute from a list of their weights kept beside _parameters (torch's
+                    # replicate refreshes it too): point it at this replica's copies
+                    rd["_flat_weights"] = [own_params.get(n) for n in md["_flat_weights_names"]]
                 new_buffers = {}
                 for name, b in md["_buffers"].items():
                     if b is not None:
