@@ -41,6 +41,7 @@ from torch import nn
 
 from ..parallel import DataParallelModel, gather
 from ..parallel.devices import resolve_devices, to_device
+from ..parallel.guards import first_lazy
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .layout import classifier_layout
 from .plan import meta_copy, plan
@@ -102,6 +103,11 @@ class HybridParallel(nn.Module):
         if extra:
             raise ValueError(f"HybridParallel runs features -> avgpool -> flatten -> classifier "
                              f"and cannot place {type(model).__name__}.{extra[0]}")
+        lazy = first_lazy(model)
+        if lazy is not None:  # the classifier is split here, before any forward could size it
+            raise ValueError(f"HybridParallel needs an initialised model: {lazy!r} of "
+                             f"{type(model).__name__} is lazy; run the model once on a batch "
+                             f"before wrapping it")
         devices = resolve_devices(device_ids)
         self.devices = devices
         self.output_device = to_device(output_device) if output_device is not None else devices[0]

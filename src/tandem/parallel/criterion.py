@@ -33,7 +33,8 @@ from . import traffic
 from .devices import resolve_devices, to_device
 from .loss_terms import REDUCTIONS, call_criterion, first_tensor, loss_terms, sample_mean_terms
 from .replicate import replicate
-from .scatter_gather import batch_size, gather, scatter
+from .gather_outputs import gather
+from .scatter_gather import batch_size, scatter
 
 __all__ = ["DataParallelCriterion"]
 

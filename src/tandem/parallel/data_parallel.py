@@ -10,8 +10,10 @@ with its own chunk's statistics).
 
 Differences from ``torch.nn.DataParallel``: any device type (``["cpu"] * 3`` runs three CPU
 replicas), a batch smaller than the device count uses fewer replicas, replicas are reused
-across steps, running statistics can be averaged (``buffers="average"``), and the wrapper's
-``state_dict`` has the plain module's keys (``load_state_dict`` takes either form).
+across steps, running statistics can be averaged (``buffers="average"``), the wrapper's
+``state_dict`` has the plain module's keys (``load_state_dict`` takes either form), outputs
+can have a gather dim each, and lazy modules are initialised once, in the caller's thread
+(see :mod:`tandem.parallel.guards`, which also covers calls without inputs and ``zero_grad``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from .buffers import check_policy, sync_buffers
 from .devices import resolve_devices, to_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate
-from .scatter_gather import batch_size, gather, scatter_kwargs
+from .gather_outputs import gather
+from .guards import acting_as_replica, initialise_lazy, split_inputs
+from .scatter_gather import batch_size
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
 
@@ -71,19 +75,23 @@ class DataParallel(nn.Module):
     means every CUDA device, else one CPU. A bad entry is a ``ValueError`` naming it.
     ``output_device`` (default ``device_ids[0]``) receives the gathered outputs. ``buffers`` is
     the buffer policy, ``"replica0"`` or ``"average"`` (see :mod:`tandem.parallel.buffers`).
+    ``gather_dim`` (default ``dim``) is the outputs' gather dim: an int, or one per output in
+    the output's structure, e.g. ``(0, 1)`` for an LSTM's ``(out, (h, c))``.
 
     ``module`` is moved to ``device_ids[0]`` in place at construction (its Parameters keep their
-    identity, so an optimizer built before stays valid). With one device, ``forward`` calls
-    ``module`` directly: no threads, no copies. ``state_dict()`` has the plain module's keys.
+    identity, so an optimizer built before stays valid). With one device, or with nothing to
+    split, ``forward`` runs ``module`` once on the first device; with one device it calls it
+    directly: no threads, no copies. ``state_dict()`` has the plain module's keys.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
-                 output_device=None, dim: int = 0, buffers: str = "replica0"):
+                 output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None):
         super().__init__()
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
         self.output_device = self.device_ids[0] if output_device is None else to_device(output_device)
         self.dim = dim
+        self.gather_dim = dim if gather_dim is None else gather_dim
         self.module = module.to(self.device_ids[0])
         self.register_state_dict_post_hook(_strip_module_prefix)
         self.register_load_state_dict_pre_hook(_add_module_prefix)
@@ -95,15 +103,17 @@ class DataParallel(nn.Module):
         # (B, ...) -> n chunks of about B/n on the first n devices (n <= len(device_ids))
         inputs, kwargs = self.scatter(inputs, kwargs, self.device_ids)
         devices = self.device_ids[: len(inputs)]
+        initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
         replicas = self.replicate(self.module, devices)
-        outputs = self.parallel_apply(replicas, inputs, kwargs, devices)
+        with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
+            outputs = self.parallel_apply(replicas, inputs, kwargs, devices)
         self.sync_buffers(replicas, inputs, kwargs)
         # n outputs of about B/n each -> one output of B on output_device
         return self.gather(outputs, self.output_device)
 
     # -- the steps, one line each, so that subclasses can change one ---------------------------
     def scatter(self, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device]):
-        return scatter_kwargs(inputs, kwargs, device_ids, dim=self.dim)
+        return split_inputs(inputs, kwargs, device_ids, self.dim)
 
     def replicate(self, module: nn.Module, device_ids: Sequence[torch.device]) -> list[nn.Module]:
         return replicate(module, device_ids)
@@ -116,7 +126,7 @@ class DataParallel(nn.Module):
         sync_buffers(self.module, replicas, sizes, self.buffer_policy)
 
     def gather(self, outputs: list, output_device: torch.device):
-        return gather(outputs, output_device, dim=self.dim)
+        return gather(outputs, output_device, dim=self.gather_dim)
 
     def single(self, output):
         """What ``forward`` returns for the module's output when there is one device."""
@@ -142,19 +152,23 @@ class DataParallelModel(DataParallel):
 
 
 def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
-                  output_device=None, dim: int = 0, module_kwargs: dict | None = None):
+                  output_device=None, dim: int = 0, module_kwargs: dict | None = None,
+                  gather_dim=None):
     """Evaluate ``module(*inputs, **module_kwargs)`` in parallel over ``device_ids`` and gather.
 
-    ``inputs`` is one argument or a tuple of them. ``module`` stays where it is (replicas are
-    copied to devices it is not on); buffers keep replica 0's updates.
+    ``inputs`` is one argument, a tuple of them, or ``None`` (no inputs: one run on the first
+    device). ``module`` stays where it is (replicas are copied to devices it is not on);
+    buffers keep replica 0's updates. ``gather_dim`` is as for ``DataParallel``.
     """
-    if not isinstance(inputs, tuple):
+    if inputs is not None and not isinstance(inputs, tuple):
         inputs = (inputs,)
     devices = resolve_devices(device_ids)
     output_device = devices[0] if output_device is None else to_device(output_device)
-    inputs, kwargs = scatter_kwargs(inputs, module_kwargs, devices, dim)
+    inputs, kwargs = split_inputs(inputs, module_kwargs, devices, dim)
     used = devices[: len(inputs)]
+    initialise_lazy(module, inputs[0], kwargs[0])
     replicas = replicate(module, used)
-    outputs = parallel_apply(replicas, inputs, kwargs, used)
+    with acting_as_replica(module):
+        outputs = parallel_apply(replicas, inputs, kwargs, used)
     sync_buffers(module, replicas, [1] * len(replicas), "replica0")
-    return gather(outputs, output_device, dim)
+    return gather(outputs, output_device, dim if gather_dim is None else gather_dim)

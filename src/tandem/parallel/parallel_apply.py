@@ -201,14 +201,19 @@ def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | 
     done: queue.SimpleQueue = queue.SimpleQueue()
 
     def job(i):
+        # The worker keeps ``run`` a moment after ``done``: it must not hold the replica then,
+        # or a module dropped right after this call would outlive its last reference.
+        work = [modules[i], inputs[i], kwargs_list[i]]
+
         def run(worker):
             try:
                 with state.enter(devices[i]), use(ReplicaContext(i, devices[i], group)):
-                    results[i] = _call(modules[i], inputs[i], kwargs_list[i])
+                    results[i] = _call(*work)
             except BaseException as exc:  # every failure must reach the caller
                 errors[i] = exc
                 group.abort(exc)  # wake replicas waiting for this one at a rendezvous
             finally:
+                work.clear()
                 _give_back(worker)
                 done.put(i)
         return run

@@ -7,10 +7,15 @@ What a replica is
 
     * Parameters. A replica on the device where a parameter lives holds *the original
       Parameter itself* (no copy, shared storage): its gradient accumulates straight into
-      ``param.grad``. A replica on another device holds a differentiable copy (``to`` or, between
-      CUDA devices, one coalesced ``torch.cuda.comm.broadcast_coalesced``) whose gradient flows
-      back into the original. Replicas sharing a device share one copy. Either way, gradients
-      of all replicas sum into the original parameters.
+      ``param.grad``. A replica on another device holds a differentiable copy
+      (:mod:`tandem.parallel.broadcast`) whose gradient flows back into the original. Replicas
+      sharing a device share one copy. With ``share_params=False`` every replica but the home
+      one gets its own copy, on any device. Either way, gradients of all replicas sum into the
+      original parameters.
+    * ``zero_grad()`` on a replica warns and does nothing, as with torch's replicas (an
+      instance-level ``zero_grad``; :mod:`tandem.parallel.guards` gives the home replica the
+      same while the replicas run).
+    * Lazy modules (uninitialised parameters) are refused with a ``ValueError``.
     * Buffers. The *home* replica (the first device where all of ``module``'s parameters and
       buffers live) is ``module`` itself, so it updates the original buffers. Every other replica
       gets fresh buffer copies on every call (``clone`` or ``to``), so no two threads ever update
@@ -19,8 +24,10 @@ What a replica is
 
 How replicas are reused
     The shallow copies are cached on ``module`` (attribute ``_tandem_replica_cache``, an object
-    that deep-copies and pickles as an empty cache), keyed by the device tuple and the calling
-    thread. Every call walks ``module``'s tree and builds a fingerprint: the identity of every
+    that deep-copies and pickles as an empty cache), keyed by the device tuple, the sharing
+    option and the calling thread. The cache holds the originals only by weak reference and the
+    copies do not carry it, so it makes no reference cycle: a dropped module (and its wrapper)
+    is freed by reference counting alone. Every call walks ``module``'s tree and builds a fingerprint: the identity of every
     submodule, its number of attributes, the identity and device of every parameter and the
     device of every buffer. When the fingerprint matches the cached one, the copies are kept
     and only refreshed: their attributes are updated from the originals (so ``train()``/
@@ -38,14 +45,17 @@ How replicas are reused
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Sequence
 
 import torch
-import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from . import traffic
+from .broadcast import copy_params
 from .devices import resolve_devices
+from .guards import first_lazy, replica_zero_grad
 
 __all__ = ["replicate", "ReplicaCache"]
 
@@ -67,47 +77,11 @@ class ReplicaCache:
         return (ReplicaCache, ())
 
 
-def _cuda_index(device: torch.device) -> int:
-    return torch.cuda.current_device() if device.index is None else device.index
-
-
-class _Broadcast(torch.autograd.Function):
-    """Copy CUDA ``params`` to other CUDA devices in one coalesced call; backward reduce-adds."""
-
-    @staticmethod
-    def forward(ctx, targets, *params):
-        ctx.source = _cuda_index(params[0].device)
-        ctx.num_targets = len(targets)
-        ordinals = [ctx.source] + [_cuda_index(t) for t in targets]
-        copies = comm.broadcast_coalesced(params, ordinals)[1:]
-        flat = tuple(t for per_device in copies for t in per_device)
-        frozen = [flat[k * len(params) + j] for k in range(len(targets))
-                  for j, needs in enumerate(ctx.needs_input_grad[1:]) if not needs]
-        ctx.mark_non_differentiable(*frozen)
-        return flat
-
-    @staticmethod
-    def backward(ctx, *grads):
-        n = len(grads) // ctx.num_targets
-        per_device = [grads[k * n:(k + 1) * n] for k in range(ctx.num_targets)]
-        return (None,) + tuple(comm.reduce_add_coalesced(per_device, ctx.source))
-
-
-def _copy_params(params: list[torch.Tensor], targets: list[torch.device]) -> dict:
-    """``{(id(param), device): differentiable copy}`` for each param and target device."""
-    out: dict = {}
-    cuda_ok = (params and all(t.type == "cuda" for t in targets)
-               and len({p.device for p in params}) == 1 and params[0].device.type == "cuda")
-    if cuda_ok:
-        flat = _Broadcast.apply(targets, *params)
-        for k, target in enumerate(targets):
-            for j, p in enumerate(params):
-                out[id(p), target] = flat[k * len(params) + j]
-        return out
-    for target in targets:
-        for p in params:
-            out[id(p), target] = p.to(target)
-    return out
+def _lazy_error(root: nn.Module) -> ValueError:
+    return ValueError(
+        f"replicate: {first_lazy(root)!r} of {type(root).__name__} is uninitialised (a lazy "
+        f"module); run the module once on a batch before replicating it, so that every replica "
+        f"does not initialise it at the same time (DataParallel does this for you)")
 
 
 def _walk(root: nn.Module):
@@ -131,10 +105,14 @@ def _walk(root: nn.Module):
         for p in d["_parameters"].values():
             add(id(p))
             if p is not None:
+                if is_lazy(p):
+                    raise _lazy_error(root)
                 device = p.device
                 add(device)
                 where.add(device)
         for b in d["_buffers"].values():
+            if is_lazy(b):
+                raise _lazy_error(root)
             device = None if b is None else b.device
             add(device)
             where.add(device)
@@ -143,11 +121,16 @@ def _walk(root: nn.Module):
 
 
 class _ReplicaSet:
-    """Shallow copies of every module of one tree, for every non-home device."""
+    """Shallow copies of every module of one tree, for every non-home device.
 
-    def __init__(self, modules: list[nn.Module], devices: list[torch.device], home: int | None):
-        self.home = home
-        self.originals = modules  # pins the ids in the fingerprint (the cache lives on the root)
+    Holds the originals only by weak reference, so the cache on ``module`` makes no cycle.
+    """
+
+    def __init__(self, modules: list[nn.Module], devices: list[torch.device], home: int | None,
+                 share: bool):
+        self.home, self.share = home, share
+        # weak: checked with the fingerprint (ids alone could be reused by new modules)
+        self.originals = [weakref.ref(m) for m in modules]
         index = {id(m): j for j, m in enumerate(modules)}
         self.trees: dict[int, list[nn.Module]] = {}
         for i, device in enumerate(devices):
@@ -157,6 +140,7 @@ class _ReplicaSet:
             for m in modules:
                 rep = m.__class__.__new__(m.__class__)
                 rep.__dict__ = m.__dict__.copy()
+                rep.__dict__.pop(_CACHE_ATTR, None)  # the cache must not reach its own replicas
                 copies.append(rep)
             for m, rep in zip(modules, copies):
                 rep.__dict__["_modules"] = {
@@ -166,10 +150,23 @@ class _ReplicaSet:
                 # parameters on this device: the originals themselves, fixed by the fingerprint
                 rep.__dict__["_parameters"] = dict(m.__dict__["_parameters"])
             self.trees[i] = copies
-        # per module: names of parameters that some replica must copy (not on its device)
+        # per module: names of parameters that some replica must copy (all, unless shared)
         self.moved = [[name for name, p in m.__dict__["_parameters"].items()
-                       if p is not None and any(p.device != d for d in devices)]
+                       if p is not None and (not share or any(p.device != d for d in devices))]
                       for m in modules]
+
+    def alive(self, modules: list[nn.Module]) -> bool:
+        return all(ref() is m for ref, m in zip(self.originals, modules))
+
+    def _slots(self, devices: list[torch.device], source: torch.device) -> list:
+        """``[(device, replica indices)]``: one copy per replica, or per device when shared."""
+        if not self.share:
+            return [(devices[i], [i]) for i in self.trees]
+        by_device: dict = {}
+        for i in self.trees:
+            if devices[i] != source:
+                by_device.setdefault(devices[i], []).append(i)
+        return sorted(by_device.items(), key=lambda item: str(item[0]))
 
     def refresh(self, modules: list[nn.Module], devices: list[torch.device]) -> None:
         moving = {}
@@ -177,14 +174,14 @@ class _ReplicaSet:
             for name in names:
                 p = m.__dict__["_parameters"][name]
                 moving[id(p)] = p
-        targets = sorted({devices[i] for i in self.trees}, key=str)
         copies = {}
-        if moving:
-            by_source: dict = {}
-            for p in moving.values():
-                by_source.setdefault(p.device, []).append(p)
-            for source, params in by_source.items():
-                copies.update(_copy_params(params, [t for t in targets if t != source]))
+        by_source: dict = {}
+        for p in moving.values():
+            by_source.setdefault(p.device, []).append(p)
+        for source, params in by_source.items():
+            slots = self._slots(devices, source)
+            if slots:
+                copies.update(copy_params(params, slots))
         for i, reps in self.trees.items():
             device = devices[i]
             buffer_copies: dict = {}
@@ -192,11 +189,17 @@ class _ReplicaSet:
                 md, rd = m.__dict__, rep.__dict__
                 own_modules, own_params = rd["_modules"], rd["_parameters"]
                 rd.update(md)  # training flag, hooks, plain attributes
+                rd.pop(_CACHE_ATTR, None)
+                rd["zero_grad"] = replica_zero_grad  # warns and does nothing, as in torch
                 rd["_modules"] = own_modules
                 for name in names:
                     p = md["_parameters"][name]
-                    own_params[name] = p if p.device == device else copies[id(p), device]
+                    own_params[name] = copies.get((id(p), i), p)
                 rd["_parameters"] = own_params
+                if names and isinstance(m, nn.RNNBase):
+                    # RNNs compute from a list of their weights kept beside _parameters (torch's
+                    # replicate refreshes it too): point it at this replica's copies
+                    rd["_flat_weights"] = [own_params.get(n) for n in md["_flat_weights_names"]]
                 new_buffers = {}
                 for name, b in md["_buffers"].items():
                     if b is not None:
@@ -224,11 +227,14 @@ def _record_traffic(module: nn.Module, devices: list[torch.device], home: int | 
                 traffic.record("reduce", grads, home)
 
 
-def replicate(module: nn.Module, devices: Sequence) -> list[nn.Module]:
+def replicate(module: nn.Module, devices: Sequence, share_params: bool = True) -> list[nn.Module]:
     """One replica of ``module`` per entry of ``devices`` (see the module docstring).
 
     Returns a list as long as ``devices``; the replica on ``module``'s own device (the first,
-    if several) is ``module`` itself. Raises ``ValueError`` naming a bad device.
+    if several) is ``module`` itself. ``share_params=False`` gives every other replica its own
+    differentiable parameter copy even on the module's device: the copy-and-reduce path of
+    distinct GPUs, runnable on CPU. Raises ``ValueError`` naming a bad device or a lazy
+    (uninitialised) parameter.
     """
     devices = resolve_devices(devices)
     cache = module.__dict__.get(_CACHE_ATTR)
@@ -246,10 +252,10 @@ def replicate(module: nn.Module, devices: Sequence) -> list[nn.Module]:
         if traffic.metering():
             _record_traffic(module, devices, home)
         return [module]
-    key = (tuple(devices), threading.get_ident())
+    key = (tuple(devices), bool(share_params), threading.get_ident())
     entry = cache.entries.get(key)
-    if entry is None or entry[0] != fingerprint:
-        entry = (fingerprint, _ReplicaSet(modules, devices, home))
+    if entry is None or entry[0] != fingerprint or not entry[1].alive(modules):
+        entry = (fingerprint, _ReplicaSet(modules, devices, home, bool(share_params)))
         with cache.lock:
             if len(cache.entries) >= _MAX_ENTRIES:
                 cache.entries.pop(next(iter(cache.entries)))

@@ -1,7 +1,8 @@
-"""Split a batch across replicas (``scatter``) and put the replicas' outputs back together (``gather``).
+"""Split a batch across replicas (``scatter``); the structure walking that ``gather`` shares.
 
-Both walk arbitrary nestings of tuples, lists, dicts, namedtuples and dataclasses. Tensors are
-split along ``dim``; ``None`` and every other object are handed to each replica as they are
+The reverse, ``gather``, lives in :mod:`tandem.parallel.gather_outputs`. Both walk arbitrary
+nestings of tuples, lists, dicts, namedtuples and dataclasses. Tensors are split along ``dim``;
+``None`` and every other object are handed to each replica as they are
 (the same object, not a copy). Tensors with too few dimensions to split (0-dim scalars, say)
 are copied to every replica's device.
 
@@ -32,7 +33,7 @@ import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 
 from . import traffic
 
-__all__ = ["scatter", "scatter_kwargs", "gather", "chunk_sizes", "batch_size", "first_tensor"]
+__all__ = ["scatter", "scatter_kwargs", "chunk_sizes", "batch_size", "first_tensor"]
 
 
 def chunk_sizes(batch: int, num_devices: int) -> list[int]:
@@ -232,81 +233,6 @@ def scatter_kwargs(inputs, kwargs, devices: Sequence, dim: int = 0,
     kwargs = dict(kwargs) if kwargs else {}
     pairs = scatter((inputs, kwargs), devices, dim, chunk_sizes)
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
-
-
-def _all_equal(values: Sequence) -> bool:
-    first = values[0]
-    for v in values[1:]:
-        if v is first:
-            continue
-        try:
-            if not bool(v == first):
-                return False
-        except Exception:  # ambiguous or failing comparisons (arrays, odd objects)
-            return False
-    return True
-
-
-def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim: int):
-    if all(t.dim() == 0 for t in tensors):  # scalars become a vector
-        tensors = [t.reshape(1) for t in tensors]
-        dim = 0
-    if traffic.metering():
-        home = _source_index(target, [t.device for t in tensors])
-        for i, t in enumerate(tensors):
-            if i != home:
-                traffic.record("gather", _nbytes(t), home)
-    if target.type == "cuda" and all(t.device.type == "cuda" for t in tensors):
-        return _CudaGather.apply(target, dim, *tensors)
-    if len(tensors) == 1:
-        return tensors[0].to(target)
-    return torch.cat([t.to(target) for t in tensors], dim)
-
-
-def _gather(outputs: list, target: torch.device, dim: int):
-    first = outputs[0]
-    if isinstance(first, torch.Tensor):
-        if not all(isinstance(o, torch.Tensor) for o in outputs):
-            raise ValueError("gather: replicas returned a tensor in some entries and not in others")
-        return _gather_tensors(outputs, target, dim)
-    items = _children(first)
-    if items is None:
-        if first is None and all(o is None for o in outputs):
-            return None
-        # the same object handed to every replica comes back once; differing values as a list
-        return first if _all_equal(outputs) else list(outputs)
-    per_replica = []
-    for i, o in enumerate(outputs):
-        if type(o) is not type(first):
-            raise ValueError(
-                f"gather: replica {i} returned {type(o).__name__}, replica 0 {type(first).__name__}"
-            )
-        if isinstance(o, dict) and o.keys() != first.keys():
-            raise ValueError(f"gather: replica {i} returned keys {list(o)}, replica 0 {list(first)}")
-        children = _children(o)
-        if len(children) != len(items):
-            raise ValueError(
-                f"gather: replica {i} returned {len(children)} items, replica 0 {len(items)}"
-            )
-        per_replica.append(children)
-    gathered = [_gather(list(column), target, dim) for column in zip(*per_replica)]
-    return _rebuild(first, gathered)
-
-
-def gather(outputs: Sequence, target_device, dim: int = 0):
-    """Concatenate the replicas' ``outputs`` along ``dim`` on ``target_device``.
-
-    Rebuilds the replicas' common structure; 0-dim tensors become a vector with one entry per
-    replica; non-tensors equal in every replica come back once (else as a list, one per
-    replica). Differentiable.
-    """
-    outputs = list(outputs)
-    if not outputs:
-        raise ValueError("gather needs at least one replica output")
-    target = target_device if isinstance(target_device, torch.device) else torch.device(target_device)
-    if target.type == "cuda" and target.index is None:
-        target = torch.device("cuda", torch.cuda.current_device())
-    return _gather(outputs, target, dim)
 
 
 def first_tensor(obj) -> torch.Tensor | None:

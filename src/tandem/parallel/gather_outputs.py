@@ -1,0 +1,151 @@
+"""Put the replicas' outputs back together on one device (``gather``), with a dim per output.
+
+``gather`` rebuilds the replicas' common output structure (tuples, lists, dicts, namedtuples,
+dataclasses) and concatenates every tensor along its gather dim. ``dim`` is one int for every
+output, or a structure shaped like the output whose ints apply to everything below them: an
+LSTM returns ``(out, (h, c))`` with the batch of ``h`` and ``c`` in dim 1, so it gathers with
+``dim=(0, 1)``.
+
+Shapes are checked before concatenating. An output whose replicas differ outside its gather
+dim (typically a batch in another dim, split unevenly) is a ``ValueError`` that names the
+output's path, such as ``output[1][0]``, and says how to fix it. An evenly split output with its
+batch elsewhere cannot be told apart from a batch-first one and is concatenated as asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+
+from . import traffic
+from .scatter_gather import _CudaGather, _children, _nbytes, _rebuild, _source_index
+
+__all__ = ["gather"]
+
+
+def _all_equal(values: Sequence) -> bool:
+    first = values[0]
+    for v in values[1:]:
+        if v is first:
+            continue
+        try:
+            if not bool(v == first):
+                return False
+        except Exception:  # ambiguous or failing comparisons (arrays, odd objects)
+            return False
+    return True
+
+
+def _labels(obj) -> list[str]:
+    """How the path to each child of the container ``obj`` is written."""
+    if isinstance(obj, dict):
+        return [f"[{k!r}]" for k in obj]
+    if dataclasses.is_dataclass(obj):
+        return [f".{f.name}" for f in dataclasses.fields(obj)]
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return [f".{name}" for name in obj._fields]
+    return [f"[{i}]" for i in range(len(obj))]
+
+
+def _child_dims(dim, obj, count: int, path: str) -> list:
+    """The gather dim of each child of ``obj``: an int applies to all, a structure is matched."""
+    if isinstance(dim, int):
+        return [dim] * count
+    if isinstance(dim, dict) and isinstance(obj, dict) and dim.keys() == obj.keys():
+        return [dim[k] for k in obj]
+    if isinstance(dim, (tuple, list)) and not isinstance(obj, dict) and len(dim) == count:
+        return list(dim)
+    raise ValueError(f"gather: dim {dim!r} does not match the structure of {path}")
+
+
+def _shape_error(path: str, shapes: list, dim: int, differ: int) -> ValueError:
+    listed = ", ".join(str(tuple(s)) for s in shapes)
+    return ValueError(
+        f"gather: cannot concatenate {path} along dim {dim}: the replicas returned shapes "
+        f"{listed}, which differ in dim {differ}. If its batch is in dim {differ} (an RNN's "
+        f"hidden state is (layers, batch, features)), give it its own gather dim, "
+        f"DataParallel(..., gather_dim=...) or gather(..., dim=...) with {differ} at {path}, "
+        f"or return it batch-first")
+
+
+def _check_shapes(tensors: Sequence[torch.Tensor], dim: int, path: str) -> None:
+    shapes = [t.shape for t in tensors]
+    if any(len(s) != len(shapes[0]) for s in shapes):
+        raise ValueError(f"gather: {path} has shapes {[tuple(s) for s in shapes]} on the "
+                         f"replicas, with different numbers of dimensions")
+    for k in range(len(shapes[0])):
+        if k != dim and any(s[k] != shapes[0][k] for s in shapes):
+            raise _shape_error(path, shapes, dim, k)
+
+
+def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, path: str):
+    if not isinstance(dim, int):
+        raise ValueError(f"gather: {path} is a tensor, so its dim must be an int, not {dim!r}")
+    if all(t.dim() == 0 for t in tensors):  # scalars become a vector
+        tensors = [t.reshape(1) for t in tensors]
+        dim = 0
+    d = dim + tensors[0].dim() if dim < 0 else dim
+    if not 0 <= d < tensors[0].dim():
+        raise ValueError(f"gather: {path} has {tensors[0].dim()} dimensions, no dim {dim}")
+    _check_shapes(tensors, d, path)
+    if traffic.metering():
+        home = _source_index(target, [t.device for t in tensors])
+        for i, t in enumerate(tensors):
+            if i != home:
+                traffic.record("gather", _nbytes(t), home)
+    if target.type == "cuda" and all(t.device.type == "cuda" for t in tensors):
+        return _CudaGather.apply(target, d, *tensors)
+    if len(tensors) == 1:
+        return tensors[0].to(target)
+    return torch.cat([t.to(target) for t in tensors], d)
+
+
+def _gather(outputs: list, target: torch.device, dim, path: str) -> Any:
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(o, torch.Tensor) for o in outputs):
+            raise ValueError(f"gather: replicas returned a tensor at {path} in some entries "
+                             f"and not in others")
+        return _gather_tensors(outputs, target, dim, path)
+    items = _children(first)
+    if items is None:
+        if first is None and all(o is None for o in outputs):
+            return None
+        # the same object handed to every replica comes back once; differing values as a list
+        return first if _all_equal(outputs) else list(outputs)
+    per_replica = []
+    for i, o in enumerate(outputs):
+        if type(o) is not type(first):
+            raise ValueError(f"gather: replica {i} returned {type(o).__name__} at {path}, "
+                             f"replica 0 {type(first).__name__}")
+        if isinstance(o, dict) and o.keys() != first.keys():
+            raise ValueError(f"gather: replica {i} returned keys {list(o)} at {path}, "
+                             f"replica 0 {list(first)}")
+        children = _children(o)
+        if len(children) != len(items):
+            raise ValueError(f"gather: replica {i} returned {len(children)} items at {path}, "
+                             f"replica 0 {len(items)}")
+        per_replica.append(children)
+    dims = _child_dims(dim, first, len(items), path)
+    gathered = [_gather(list(column), target, d, path + label)
+                for column, d, label in zip(zip(*per_replica), dims, _labels(first))]
+    return _rebuild(first, gathered)
+
+
+def gather(outputs: Sequence, target_device, dim=0):
+    """Concatenate the replicas' ``outputs`` along ``dim`` on ``target_device``.
+
+    ``dim`` is an int or a structure of ints shaped like the output (see the module
+    docstring). Rebuilds the replicas' common structure; 0-dim tensors become a vector with
+    one entry per replica; non-tensors equal in every replica come back once (else as a list,
+    one per replica). Differentiable.
+    """
+    outputs = list(outputs)
+    if not outputs:
+        raise ValueError("gather needs at least one replica output")
+    target = target_device if isinstance(target_device, torch.device) else torch.device(target_device)
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    return _gather(outputs, target, dim, "output")
