@@ -25,17 +25,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.parallel.buffers import POLICIES
+
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
-    "STRATEGY_NAMES", "SCHEDULES", "FIXED", "MAY_CHANGE", "PER_CALL",
+    "SCHEDULES", "FIXED", "MAY_CHANGE", "PER_CALL",
     "flag_of",
 ]
 
-# The strategies the CLI documents; the registry in tandem.strategies has the final word.
-STRATEGY_NAMES = ("single", "dp", "balanced", "hybrid", "ddp")
 SCHEDULES = ("cosine", "step", "constant")
 AUGMENTS = ("none", "standard")
-BUFFER_POLICIES = ("replica0", "average")
 
 
 # What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
@@ -55,6 +54,13 @@ def opt(default: Any, help: str, *flags: str, choices: tuple | None = None,
 def flag_of(f: dataclasses.Field) -> tuple[str, ...]:
     """The flags of field ``f`` (``--batch-size`` for ``batch_size`` unless metadata says)."""
     return tuple(f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),))
+
+
+def _strategy_names() -> tuple[str, ...]:
+    """The registered strategies (the registry is the one list of names)."""
+    from tandem.strategies import strategy_names
+
+    return tuple(strategy_names())
 
 
 def _check(ok: bool, message: str) -> None:
@@ -143,20 +149,20 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    strategy: str = opt("single", "how to use the devices: " + ", ".join(STRATEGY_NAMES),
-                        metavar="{" + ",".join(STRATEGY_NAMES) + "}", on_resume=MAY_CHANGE)
+    strategy: str = opt("single", "how to use the devices", choices=_strategy_names,
+                        on_resume=MAY_CHANGE)
     devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
                        metavar="SPEC", on_resume=MAY_CHANGE)
     sync_bn: bool = opt(False, "batch norm over the whole global batch (SyncBatchNorm)")
     buffers: str = opt("replica0", "dp: which replicas' batch-norm running stats to keep",
-                       choices=BUFFER_POLICIES)
+                       choices=POLICIES)
     amp: bool = opt(False, "mixed precision (float16 autocast + grad scaling); CUDA only")
     channels_last: bool = opt(False, "channels-last memory format; CUDA only",
                               on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         _check(bool(self.strategy), "--strategy must not be empty")
-        _check_choice(self.buffers, BUFFER_POLICIES, "--buffers")
+        _check_choice(self.buffers, POLICIES, "--buffers")
 
 
 @dataclass(frozen=True)

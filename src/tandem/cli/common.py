@@ -70,6 +70,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | N
                                default=default, help=help_text)
             continue
         choices = f.metadata.get("choices")
+        if callable(choices):  # asked when the parser is built (e.g. the strategy registry)
+            choices = choices()
         metavar = f.metadata.get("metavar") or ("{" + ",".join(choices) + "}" if choices else None)
         if default is not None:
             help_text += " (default: %(default)s)"

@@ -9,8 +9,11 @@ A thin front to :func:`tandem.distributed.launch.launch`, which runs ``torch.dis
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 from tandem.distributed.launch import LaunchSpec, launch
+from tandem.errors import UsageError
 
 __all__ = ["add_parser", "run"]
 
@@ -61,4 +64,44 @@ def run(args: argparse.Namespace) -> int:
         rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
         rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
     )
+    if spec.command[0] == "train":
+        _check_multiprocess(spec.command)
     return launch(spec)
+
+
+def _check_multiprocess(command: list[str]) -> None:
+    """Refuse to launch a ``train`` whose strategy is not one process per device."""
+    from tandem.strategies import strategy_class, strategy_names
+
+    name = _train_strategy(command)
+    if name is None or not strategy_class(name).multiprocess:
+        multi = " or ".join(n for n in strategy_names() if strategy_class(n).multiprocess)
+        raise UsageError(f"`tandem launch -- train` needs --strategy {multi} (each process "
+                         "trains its share of every batch; any other strategy would train N "
+                         "independent copies writing the same files)")
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last ``flag VALUE`` or ``flag=VALUE`` in ``argv`` (None if absent)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _train_strategy(argv: list[str]) -> str | None:
+    """The strategy a ``train`` command will use: its flag, else the resumed run's own."""
+    strategy = _flag_value(argv, "--strategy")
+    resume = _flag_value(argv, "--resume")
+    if strategy or not resume:
+        return strategy
+    run_dir = resume if os.path.isdir(resume) else os.path.dirname(resume) or "."
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            return json.load(f)["parallel"]["strategy"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+

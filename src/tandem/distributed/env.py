@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Mapping
+from tandem.errors import UsageError
 
 __all__ = ["DistEnv", "read_env", "in_torchrun", "dist_timeout", "DEFAULT_TIMEOUT",
            "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "restart_count"]
@@ -47,24 +48,24 @@ class DistEnv:
 
     def __post_init__(self):
         if self.world_size < 1:
-            raise ValueError(f"WORLD_SIZE={self.world_size} must be >= 1")
+            raise UsageError(f"WORLD_SIZE={self.world_size} must be >= 1")
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"RANK={self.rank} must be in [0, WORLD_SIZE={self.world_size})")
+            raise UsageError(f"RANK={self.rank} must be in [0, WORLD_SIZE={self.world_size})")
         if self.local_world_size < 1:
-            raise ValueError(f"LOCAL_WORLD_SIZE={self.local_world_size} must be >= 1")
+            raise UsageError(f"LOCAL_WORLD_SIZE={self.local_world_size} must be >= 1")
         if not 0 <= self.local_rank < self.local_world_size:
-            raise ValueError(
+            raise UsageError(
                 f"LOCAL_RANK={self.local_rank} must be in [0, LOCAL_WORLD_SIZE="
                 f"{self.local_world_size})"
             )
         if self.local_world_size > self.world_size:
-            raise ValueError(
+            raise UsageError(
                 f"LOCAL_WORLD_SIZE={self.local_world_size} exceeds WORLD_SIZE={self.world_size}"
             )
         if not self.master_addr:
-            raise ValueError("MASTER_ADDR is empty")
+            raise UsageError("MASTER_ADDR is empty")
         if not 0 < self.master_port < 65536:
-            raise ValueError(f"MASTER_PORT={self.master_port} is not a port number (1-65535)")
+            raise UsageError(f"MASTER_PORT={self.master_port} is not a port number (1-65535)")
 
     @property
     def is_main(self) -> bool:
@@ -82,7 +83,7 @@ def _int(environ: Mapping[str, str], name: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"{name}={text!r} is not an integer ({LAUNCH_HINT})") from None
+        raise UsageError(f"{name}={text!r} is not an integer ({LAUNCH_HINT})") from None
 
 
 def read_env(environ: Mapping[str, str] | None = None, *, strategy: str = "ddp") -> DistEnv:
@@ -95,7 +96,7 @@ def read_env(environ: Mapping[str, str] | None = None, *, strategy: str = "ddp")
     environ = os.environ if environ is None else environ
     missing = [name for name in _REQUIRED if name not in environ]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"--strategy {strategy} needs torchrun's environment ({', '.join(missing)} not set); "
             f"{LAUNCH_HINT}"
         )
@@ -121,9 +122,9 @@ def dist_timeout(environ: Mapping[str, str] | None = None) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{TIMEOUT_VAR}={text!r} is not a number of seconds") from None
+        raise UsageError(f"{TIMEOUT_VAR}={text!r} is not a number of seconds") from None
     if value <= 0:
-        raise ValueError(f"{TIMEOUT_VAR}={text!r} must be > 0 seconds")
+        raise UsageError(f"{TIMEOUT_VAR}={text!r} must be > 0 seconds")
     return value
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from tandem.errors import UsageError
 
 __all__ = ["FAULT_VAR", "parse_fault", "maybe_inject_fault"]
 
@@ -30,7 +31,7 @@ def parse_fault(text: str) -> tuple[int, int, str]:
     parts = text.split(":")
     if (len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit()
             or parts[2] not in _MODES):
-        raise ValueError(f"{FAULT_VAR}={text!r}: expected RANK:STEP:MODE with MODE in {_MODES}")
+        raise UsageError(f"{FAULT_VAR}={text!r}: expected RANK:STEP:MODE with MODE in {_MODES}")
     return int(parts[0]), int(parts[1]), parts[2]
 
 

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from tandem.parallel.loss_terms import loss_terms
+from tandem.errors import UsageError
 
 __all__ = ["reduction_of", "local_sum"]
 
@@ -23,7 +24,7 @@ def reduction_of(criterion: Callable) -> str:
     """The criterion's ``reduction`` attribute; a plain function is taken to reduce by mean."""
     reduction = getattr(criterion, "reduction", "mean")
     if reduction not in ("mean", "sum", "batchmean"):
-        raise ValueError(
+        raise UsageError(
             f"criterion {type(criterion).__name__} has reduction={reduction!r}; ddp needs a "
             "scalar loss (reduction 'mean', 'sum' or 'batchmean')"
         )

@@ -27,13 +27,14 @@ Two machines (run on each, with its own ``--node-rank``)::
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
 import socket
 import sys
 import uuid
 from dataclasses import dataclass, field
+
+from tandem.errors import UsageError
 
 from .env import LAUNCH_ID_VAR, TIMEOUT_VAR
 
@@ -66,69 +67,40 @@ class LaunchSpec:
 
     def __post_init__(self):
         if self.nproc_per_node < 1:
-            raise ValueError(f"bad --nproc-per-node {self.nproc_per_node}: must be >= 1")
+            raise UsageError(f"bad --nproc-per-node {self.nproc_per_node}: must be >= 1")
         if not self.command:
-            raise ValueError("no command to launch: add it after `--`, e.g. "
+            raise UsageError("no command to launch: add it after `--`, e.g. "
                              "`tandem launch --nproc-per-node 2 -- train --strategy ddp`")
         if self.command[0] not in _SUBCOMMANDS:
-            raise ValueError(f"cannot launch {self.command[0]!r}: the command after `--` must "
+            raise UsageError(f"cannot launch {self.command[0]!r}: the command after `--` must "
                              f"be a tandem subcommand ({', '.join(_SUBCOMMANDS)})")
-        if self.command[0] == "train" and _train_strategy(self.command) != "ddp":
-            raise ValueError("`tandem launch -- train` needs --strategy ddp (each process trains "
-                             "its share of every batch; any other strategy would train N "
-                             "independent copies writing the same files)")
         lo, hi = _parse_nnodes(self.nnodes)
         if lo != hi and not self.rdzv_endpoint:
-            raise ValueError(f"--nnodes {self.nnodes} (elastic) needs --rdzv-endpoint")
+            raise UsageError(f"--nnodes {self.nnodes} (elastic) needs --rdzv-endpoint")
         if self.max_restarts < 0:
-            raise ValueError(f"bad --max-restarts {self.max_restarts}: must be >= 0")
+            raise UsageError(f"bad --max-restarts {self.max_restarts}: must be >= 0")
         if self.dist_timeout is not None and self.dist_timeout <= 0:
-            raise ValueError(f"bad --dist-timeout {self.dist_timeout}: must be > 0 seconds")
+            raise UsageError(f"bad --dist-timeout {self.dist_timeout}: must be > 0 seconds")
         if self.master_port is not None and not 0 <= self.master_port < 65536:
-            raise ValueError(f"bad --master-port {self.master_port}: must be 0-65535")
+            raise UsageError(f"bad --master-port {self.master_port}: must be 0-65535")
         if self.rdzv_endpoint:
             if self.master_addr or self.master_port:
-                raise ValueError("give either --rdzv-endpoint or --master-addr/--master-port, "
+                raise UsageError("give either --rdzv-endpoint or --master-addr/--master-port, "
                                  "not both")
             return
         if self.rdzv_backend or self.rdzv_id:
-            raise ValueError("--rdzv-backend and --rdzv-id need --rdzv-endpoint")
+            raise UsageError("--rdzv-backend and --rdzv-id need --rdzv-endpoint")
         if not 0 <= self.node_rank < hi:
-            raise ValueError(f"bad --node-rank {self.node_rank}: must be in [0, {hi}) "
+            raise UsageError(f"bad --node-rank {self.node_rank}: must be in [0, {hi}) "
                              f"for --nnodes {self.nnodes}")
         if hi > 1 and (not self.master_addr or not self.master_port):
-            raise ValueError(f"--nnodes {self.nnodes} needs --master-addr and a non-zero "
+            raise UsageError(f"--nnodes {self.nnodes} needs --master-addr and a non-zero "
                              "--master-port (the address and port of node 0), or "
                              "--rdzv-endpoint HOST:PORT")
 
     @property
     def multi_node(self) -> bool:
         return _parse_nnodes(self.nnodes)[1] > 1
-
-
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of the last ``flag VALUE`` or ``flag=VALUE`` in ``argv`` (None if absent)."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
-def _train_strategy(argv: list[str]) -> str | None:
-    """The strategy a ``train`` command will use: its flag, else the resumed run's own."""
-    strategy = _flag_value(argv, "--strategy")
-    resume = _flag_value(argv, "--resume")
-    if strategy or not resume:
-        return strategy
-    run_dir = resume if os.path.isdir(resume) else os.path.dirname(resume) or "."
-    try:
-        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
-            return json.load(f)["parallel"]["strategy"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _parse_nnodes(text: str) -> tuple[int, int]:
@@ -138,7 +110,7 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
     except ValueError:
         lo = hi = 0
     if lo < 1 or hi < lo:
-        raise ValueError(f"bad --nnodes {text!r}: expected M or MIN:MAX with 1 <= MIN <= MAX")
+        raise UsageError(f"bad --nnodes {text!r}: expected M or MIN:MAX with 1 <= MIN <= MAX")
     return lo, hi
 
 
@@ -155,9 +127,9 @@ def check_port_free(addr: str, port: int) -> None:
             sock.bind(("", port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise ValueError(f"port {port} on {addr} is already in use; pick another with "
+                raise UsageError(f"port {port} on {addr} is already in use; pick another with "
                                  "--master-port") from None
-            raise ValueError(f"cannot use port {port} on {addr}: {exc.strerror}") from None
+            raise UsageError(f"cannot use port {port} on {addr}: {exc.strerror}") from None
 
 
 def torchrun_argv(spec: LaunchSpec) -> list[str]:

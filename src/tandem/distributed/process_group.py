@@ -16,6 +16,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from tandem.errors import UsageError
+
 from .env import DistEnv, dist_timeout
 
 __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
@@ -36,13 +38,13 @@ def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
     """
     devices = list(devices)
     if not devices:
-        raise ValueError("--strategy ddp needs a device; got an empty device list")
+        raise UsageError("--strategy ddp needs a device; got an empty device list")
     kinds = {d.type for d in devices}
     if len(kinds) != 1:
-        raise ValueError(f"--strategy ddp needs one kind of device, got {sorted(kinds)}")
+        raise UsageError(f"--strategy ddp needs one kind of device, got {sorted(kinds)}")
     if devices[0].type == "cpu":
         if len(devices) > 1:
-            raise ValueError(
+            raise UsageError(
                 f"--strategy ddp runs one device per process, got {len(devices)} CPU replicas; "
                 "use --devices cpu and more processes (--nproc-per-node N)"
             )
@@ -50,7 +52,7 @@ def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
     if len(devices) == 1 and env.local_world_size == 1:
         return devices[0]
     if env.local_rank >= len(devices):
-        raise ValueError(
+        raise UsageError(
             f"rank {env.rank}: LOCAL_RANK={env.local_rank} but --devices lists only "
             f"{len(devices)} {devices[0].type} device(s) ({', '.join(map(str, devices))}); "
             f"give one device per process on this machine ({env.local_world_size})"
@@ -66,7 +68,7 @@ def backend_for(device: torch.device) -> str:
         return "nccl"
     default = getattr(dist, "get_default_backend_for_device", None)
     if default is None:
-        raise ValueError(f"no torch.distributed backend known for device {device}")
+        raise UsageError(f"no torch.distributed backend known for device {device}")
     return default(device)
 
 

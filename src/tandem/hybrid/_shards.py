@@ -14,8 +14,12 @@ from typing import Sequence
 
 import torch
 
+from tandem.errors import UsageError
+
 from ..parallel import traffic
+from ..parallel.devices import index_of
 from ..parallel.parallel_apply import parallel_apply
+from ..parallel.scatter_gather import chunk_sizes
 
 __all__ = ["split_sizes", "home_index", "move", "run_shards", "ACTIVATIONS", "ACTIVATION_GRADS"]
 
@@ -32,20 +36,15 @@ def split_sizes(total: int, parts: int) -> list[int]:
     a shard never holds an empty slice.
     """
     if total < 1:
-        raise ValueError(f"cannot split {total} features: need at least 1")
+        raise UsageError(f"cannot split {total} features: need at least 1")
     if parts < 1:
-        raise ValueError(f"cannot split over {parts} devices: need at least 1")
-    used = min(total, parts)
-    base, extra = divmod(total, used)
-    return [base + (1 if j < extra else 0) for j in range(used)]
+        raise UsageError(f"cannot split over {parts} devices: need at least 1")
+    return chunk_sizes(total, parts)  # the same balance as a scattered batch
 
 
 def home_index(devices: Sequence[torch.device], output_device: torch.device) -> int | None:
     """The logical slot of ``output_device`` among ``devices`` (first match), or ``None``."""
-    for j, device in enumerate(devices):
-        if device == output_device:
-            return j
-    return None
+    return index_of(output_device, devices)
 
 
 class _Move(torch.autograd.Function):

@@ -26,6 +26,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
+
 from ..parallel.devices import resolve_devices, to_device
 from ._shards import home_index, move, run_shards, split_sizes
 
@@ -34,7 +36,7 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "Shardwise"]
 
 def _check_linear(linear, what: str) -> None:
     if not isinstance(linear, nn.Linear):
-        raise ValueError(f"{what} needs an nn.Linear, got {type(linear).__name__}")
+        raise UsageError(f"{what} needs an nn.Linear, got {type(linear).__name__}")
 
 
 class _ShardedLinear(nn.Module):
@@ -97,12 +99,12 @@ class ColumnParallelLinear(_ShardedLinear):
         """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
-            raise ValueError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
+            raise UsageError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
         for shard, (a, b) in zip(self.shards, self._offsets()):
             shard.weight.copy_(weight[a:b])
             if shard.bias is not None:
                 if bias is None:
-                    raise ValueError("this layer has a bias but none was given")
+                    raise UsageError("this layer has a bias but none was given")
                 shard.bias.copy_(bias[a:b])
 
     def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -174,12 +176,12 @@ class RowParallelLinear(_ShardedLinear):
         """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
-            raise ValueError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
+            raise UsageError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
         for shard, (a, b) in zip(self.shards, self._offsets()):
             shard.weight.copy_(weight[:, a:b])
         if self.bias is not None:
             if bias is None:
-                raise ValueError("this layer has a bias but none was given")
+                raise UsageError("this layer has a bias but none was given")
             self.bias.copy_(bias)
 
     def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -193,13 +195,13 @@ class RowParallelLinear(_ShardedLinear):
     def _inputs(self, xs) -> list[torch.Tensor]:
         if isinstance(xs, torch.Tensor):  # whole input on the output device: split, then send
             if xs.shape[-1] != self.in_features:
-                raise ValueError(f"RowParallelLinear expected {self.in_features} input features, "
+                raise UsageError(f"RowParallelLinear expected {self.in_features} input features, "
                                  f"got {xs.shape[-1]}")
             blocks = torch.split(xs, self.sizes, -1)
             return [move(b, d, self.home, j) for j, (b, d) in enumerate(zip(blocks, self.devices))]
         xs = list(xs)
         if [x.shape[-1] for x in xs] != self.sizes:
-            raise ValueError(f"RowParallelLinear expected input blocks of {self.sizes} features "
+            raise UsageError(f"RowParallelLinear expected input blocks of {self.sizes} features "
                              f"(one per shard), got {[x.shape[-1] for x in xs]}")
         return xs
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
+
 from ..parallel.devices import resolve_devices, to_device
 from ._shards import home_index, move, run_shards
 
@@ -34,7 +36,7 @@ class GroupParallelConv2d(nn.Module):
     def __init__(self, conv: nn.Conv2d, device_ids=None, output_device=None):
         super().__init__()
         if not isinstance(conv, nn.Conv2d):
-            raise ValueError(f"GroupParallelConv2d needs an nn.Conv2d, got {type(conv).__name__}")
+            raise UsageError(f"GroupParallelConv2d needs an nn.Conv2d, got {type(conv).__name__}")
         devices = resolve_devices(device_ids)
         self.groups = conv.groups
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
@@ -66,12 +68,12 @@ class GroupParallelConv2d(nn.Module):
         """Copy a full conv weight ``(O, C/g, kh, kw)`` and bias ``(O,)`` into the shards."""
         expected = (self.out_channels, self.cin_g) + tuple(self.shards[0].kernel_size)
         if tuple(weight.shape) != expected:
-            raise ValueError(f"conv weight has shape {tuple(weight.shape)}, expected {expected}")
+            raise UsageError(f"conv weight has shape {tuple(weight.shape)}, expected {expected}")
         for shard, gs in zip(self.shards, self.groups_of):
             shard.weight.copy_(torch.cat([weight[self._rows(k)] for k in gs]))
             if shard.bias is not None:
                 if bias is None:
-                    raise ValueError("this conv has a bias but none was given")
+                    raise UsageError("this conv has a bias but none was given")
                 shard.bias.copy_(torch.cat([bias[self._rows(k)] for k in gs]))
 
     def _in_group_order(self, per_shard: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -108,7 +110,7 @@ class GroupParallelConv2d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (N, C, H, W) or (C, H, W); channels are dim -3
         if x.dim() not in (3, 4) or x.shape[-3] != self.in_channels:
-            raise ValueError(f"GroupParallelConv2d expected (N, {self.in_channels}, H, W) input, "
+            raise UsageError(f"GroupParallelConv2d expected (N, {self.in_channels}, H, W) input, "
                              f"got {tuple(x.shape)}")
         inputs = []
         for j, (gs, device) in enumerate(zip(self.groups_of, self.devices)):

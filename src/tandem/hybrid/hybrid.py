@@ -39,6 +39,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
+
 from ..parallel import DataParallelModel, gather
 from ..parallel.devices import resolve_devices, to_device
 from ..parallel.guards import first_lazy
@@ -97,15 +99,15 @@ class HybridParallel(nn.Module):
         super().__init__()
         for name in ("features", "classifier"):
             if not isinstance(getattr(model, name, None), nn.Module):
-                raise ValueError(f"HybridParallel needs a model with .features and .classifier; "
+                raise UsageError(f"HybridParallel needs a model with .features and .classifier; "
                                  f"{type(model).__name__} has no .{name}")
         extra = [n for n, _ in model.named_children() if n not in _KNOWN_CHILDREN]
         if extra:
-            raise ValueError(f"HybridParallel runs features -> avgpool -> flatten -> classifier "
+            raise UsageError(f"HybridParallel runs features -> avgpool -> flatten -> classifier "
                              f"and cannot place {type(model).__name__}.{extra[0]}")
         lazy = first_lazy(model)
         if lazy is not None:  # the classifier is split here, before any forward could size it
-            raise ValueError(f"HybridParallel needs an initialised model: {lazy!r} of "
+            raise UsageError(f"HybridParallel needs an initialised model: {lazy!r} of "
                              f"{type(model).__name__} is lazy; run the model once on a batch "
                              f"before wrapping it")
         devices = resolve_devices(device_ids)
@@ -182,7 +184,7 @@ class HybridParallel(nn.Module):
         missing = [k for k in self._keys if k not in state]
         unexpected = [k for k in state if k not in self._keys]
         if strict and (missing or unexpected):
-            raise ValueError(f"plain state dict does not fit {type(self._skeleton).__name__}: "
+            raise UsageError(f"plain state dict does not fit {type(self._skeleton).__name__}: "
                              f"{len(missing)} missing (e.g. {missing[:1]}), "
                              f"{len(unexpected)} unexpected (e.g. {unexpected[:1]})")
         for prefix, module in self._parts:
@@ -190,18 +192,18 @@ class HybridParallel(nn.Module):
             if isinstance(module, _SPLIT):
                 if "weight" not in sub:
                     if strict:
-                        raise ValueError(f"plain state dict has no {prefix}weight")
+                        raise UsageError(f"plain state dict has no {prefix}weight")
                     continue
                 try:
                     module.load_linear(sub["weight"], sub.get("bias"))
                 except ValueError as exc:
-                    raise ValueError(f"{prefix}weight: {exc}") from None
+                    raise UsageError(f"{prefix}weight: {exc}") from None
             else:
                 try:
                     module.load_state_dict(sub, strict=strict)
                 except RuntimeError as exc:
                     first = str(exc).strip().splitlines()
-                    raise ValueError(f"cannot load {prefix}*: {first[-1].strip()}") from None
+                    raise UsageError(f"cannot load {prefix}*: {first[-1].strip()}") from None
 
     def to_model(self) -> nn.Module:
         """A new plain model on the output device holding a copy of the current weights, in

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torch import nn
+from tandem.errors import UsageError
 
 __all__ = ["ELEMENTWISE", "Stage", "classifier_layout", "is_elementwise"]
 
@@ -56,7 +57,7 @@ def classifier_layout(classifier: nn.Module) -> tuple[list[int], list[Stage]]:
     must be reachable one by one to be split).
     """
     if not isinstance(classifier, nn.Sequential):
-        raise ValueError(f"HybridParallel needs model.classifier to be an nn.Sequential, got "
+        raise UsageError(f"HybridParallel needs model.classifier to be an nn.Sequential, got "
                          f"{type(classifier).__name__}")
     mods = list(classifier)
     i = 0

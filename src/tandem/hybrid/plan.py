@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
+
 from ..parallel.devices import resolve_devices
 from ..parallel.scatter_gather import chunk_sizes
 from ._shards import split_sizes
@@ -191,7 +193,7 @@ def _input_shape(input_size) -> tuple:
         return (3, input_size, input_size)
     shape = tuple(int(v) for v in input_size)
     if not shape or any(v < 1 for v in shape):
-        raise ValueError(f"input_size must be a side or a (C, H, W) shape, got {input_size!r}")
+        raise UsageError(f"input_size must be a side or a (C, H, W) shape, got {input_size!r}")
     return shape
 
 
@@ -204,16 +206,16 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     a square side. ``model`` is not run or modified: a meta-device copy is traced once.
     """
     if not (hasattr(model, "features") and hasattr(model, "classifier")):
-        raise ValueError(f"plan needs a model with .features and .classifier; "
+        raise UsageError(f"plan needs a model with .features and .classifier; "
                          f"{type(model).__name__} has not")
     if isinstance(device_ids, int) and not isinstance(device_ids, bool):
         if device_ids < 1:
-            raise ValueError(f"plan needs at least 1 device, got {device_ids}")
+            raise UsageError(f"plan needs at least 1 device, got {device_ids}")
         n = device_ids
     else:
         n = len(resolve_devices(device_ids))
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     shape = _input_shape(input_size)
     leading, stages = classifier_layout(model.classifier)
 

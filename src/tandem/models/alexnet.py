@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from tandem.models.registry import register_model
+from tandem.errors import UsageError
 
 __all__ = ["AlexNet", "make_classifier", "alexnet", "alexnet_grouped"]
 
@@ -85,7 +86,7 @@ class AlexNet(nn.Module):
 
 def _check_dropout(dropout: float) -> None:
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        raise UsageError(f"dropout must be in [0, 1), got {dropout!r}")
 
 
 @register_model(native_input_size=224, min_input_size=63, family="alexnet")

@@ -28,6 +28,7 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tandem.errors import UsageError
 
 __all__ = ["ResNetBuilder", "ResNet", "BasicBlock", "Bottleneck", "ZeroPadShortcut",
            "init_resnet"]
@@ -144,7 +145,7 @@ class ResNetBuilder:
     def __init__(self, in_channels: int = 3, *, shortcut: str = "projection",
                  zero_init_residual: bool = False):
         if shortcut not in ("projection", "zero_pad"):
-            raise ValueError(f"shortcut must be 'projection' or 'zero_pad', got {shortcut!r}")
+            raise UsageError(f"shortcut must be 'projection' or 'zero_pad', got {shortcut!r}")
         self.channels = in_channels
         self.shortcut = shortcut
         self.zero_init_residual = zero_init_residual
@@ -192,14 +193,14 @@ class ResNetBuilder:
     def build(self) -> ResNet:
         """Initialise (see :func:`init_resnet`) and return the model; needs a head."""
         if "fc" not in self._layers:
-            raise ValueError("ResNetBuilder.build(): call add_head(num_classes) first")
+            raise UsageError("ResNetBuilder.build(): call add_head(num_classes) first")
         return init_resnet(ResNet(self._layers), self.zero_init_residual)
 
     # -- internals ------------------------------------------------------------------------
 
     def _append(self, block: nn.Module, cout: int) -> "ResNetBuilder":
         if self._stage is None:
-            raise ValueError("ResNetBuilder: call start_stage() before adding blocks")
+            raise UsageError("ResNetBuilder: call start_stage() before adding blocks")
         self._stage.append(block)
         self.channels = cout
         return self
@@ -217,5 +218,5 @@ class ResNetBuilder:
         if self.shortcut == "projection":
             return nn.Sequential(_conv1x1(cin, cout, stride), nn.BatchNorm2d(cout))
         if cout < cin:
-            raise ValueError(f"zero_pad shortcut cannot shrink channels ({cin} -> {cout})")
+            raise UsageError(f"zero_pad shortcut cannot shrink channels ({cin} -> {cout})")
         return ZeroPadShortcut(stride, cout - cin)

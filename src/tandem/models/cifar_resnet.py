@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from tandem.models.builder import ResNet, ResNetBuilder
 from tandem.models.registry import register_model
+from tandem.errors import UsageError
 
 __all__ = ["DEPTHS", "cifar_resnet", "cifar_resnet20", "cifar_resnet32", "cifar_resnet44",
            "cifar_resnet56", "cifar_resnet110"]
@@ -40,7 +41,7 @@ def cifar_resnet(depth: int, num_classes: int = 10, in_channels: int = 3,
                  zero_init_residual: bool = False) -> ResNet:
     """Build the ``depth``-layer CIFAR ResNet; ``depth`` must be 6n+2."""
     if depth < 8 or (depth - 2) % 6:
-        raise ValueError(f"CIFAR ResNet depth must be 6n+2 (20, 32, 44, ...), got {depth}")
+        raise UsageError(f"CIFAR ResNet depth must be 6n+2 (20, 32, 44, ...), got {depth}")
     n = (depth - 2) // 6
     b = ResNetBuilder(in_channels, shortcut="zero_pad", zero_init_residual=zero_init_residual)
     b.add_stem(WIDTHS[0], kernel_size=3, stride=1, max_pool=False)

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from tandem.errors import UsageError
 
 __all__ = ["count_macs", "mac_breakdown", "count_parameters"]
 
@@ -45,7 +46,7 @@ def mac_breakdown(model: nn.Module, input_size: Sequence[int]) -> dict[str, int]
     """
     shape = tuple(int(s) for s in input_size)
     if not shape or any(s < 1 for s in shape):
-        raise ValueError(f"input_size must be a shape of positive ints, got {input_size!r}")
+        raise UsageError(f"input_size must be a shape of positive ints, got {input_size!r}")
     first = next(model.parameters(), None)
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from torch import nn
+from tandem.errors import UsageError
 
 __all__ = ["ModelInfo", "register_model", "create_model", "list_models", "model_info",
            "native_input_size"]
@@ -62,7 +63,7 @@ def register_model(*, native_input_size: int, min_input_size: int, family: str):
     def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         name = fn.__name__
         if name in _REGISTRY:
-            raise ValueError(f"model {name!r} is registered twice")
+            raise UsageError(f"model {name!r} is registered twice")
         params = inspect.signature(fn).parameters
         for required in ("num_classes", "in_channels"):
             if required not in params or params[required].default is inspect.Parameter.empty:
@@ -89,7 +90,7 @@ def model_info(name: str) -> ModelInfo:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(
+        raise UsageError(
             f"unknown model {name!r}; valid models: {', '.join(list_models())}"
         ) from None
 
@@ -118,7 +119,7 @@ def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Modu
     accepted = info.options
     unknown = sorted(k for k in kwargs if k not in accepted)
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"model {name!r} got unexpected option(s) {', '.join(unknown)}; "
             f"it accepts: {', '.join(accepted)}"
         )
@@ -128,7 +129,7 @@ def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Modu
         if key in kwargs:
             value = kwargs[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"model {name!r}: {key} must be a positive int, got {value!r}")
+                raise UsageError(f"model {name!r}: {key} must be a positive int, got {value!r}")
     return info.fn(**kwargs)
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from tandem.models.registry import register_model
+from tandem.errors import UsageError
 
 __all__ = ["CFGS", "VGG", "make_features", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16",
            "vgg16_bn", "vgg19", "vgg19_bn"]
@@ -57,7 +58,7 @@ class VGG(nn.Module):
                  hidden_features: int):
         super().__init__()
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+            raise UsageError(f"dropout must be in [0, 1), got {dropout!r}")
         self.features = features
         self.avgpool = nn.AdaptiveAvgPool2d(7)
         # ReLUs not in place: see alexnet.make_classifier (hybrid parallelism feeds this).

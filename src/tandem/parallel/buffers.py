@@ -28,6 +28,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
+
 __all__ = ["POLICIES", "check_policy", "sync_buffers"]
 
 POLICIES = ("replica0", "average")
@@ -36,7 +38,7 @@ POLICIES = ("replica0", "average")
 def check_policy(policy: str) -> str:
     """Return ``policy`` if it names a buffer policy, else raise ``ValueError`` listing them."""
     if not isinstance(policy, str) or policy not in POLICIES:
-        raise ValueError(f"unknown buffers policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        raise UsageError(f"unknown buffers policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     return policy
 
 

@@ -29,6 +29,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
+
 from . import traffic
 from .devices import resolve_devices, to_device
 from .loss_terms import REDUCTIONS, call_criterion, first_tensor, loss_terms, sample_mean_terms
@@ -56,7 +58,7 @@ class DataParallelCriterion(nn.Module):
                  output_device=None, dim: int = 0):
         super().__init__()
         if isinstance(criterion, nn.CTCLoss):
-            raise ValueError("DataParallelCriterion does not support CTCLoss (per-sample "
+            raise UsageError("DataParallelCriterion does not support CTCLoss (per-sample "
                              "target-length normalisation, batch in dim 1)")
         self.criterion = criterion
         self.device_ids = resolve_devices(device_ids)
@@ -69,11 +71,11 @@ class DataParallelCriterion(nn.Module):
         firsts = [first_tensor(o) for o in outputs]
         for i, t in enumerate(firsts):
             if t is None:
-                raise ValueError(f"DataParallelCriterion: output {i} holds no tensor")
+                raise UsageError(f"DataParallelCriterion: output {i} holds no tensor")
         devices = [t.device for t in firsts]
         sizes = [batch_size(t, self.dim) for t in firsts]
         if any(s is None for s in sizes):
-            raise ValueError(f"DataParallelCriterion: an output has no dimension {self.dim} to split")
+            raise UsageError(f"DataParallelCriterion: an output has no dimension {self.dim} to split")
         # targets follow the outputs: same chunk sizes, same devices
         shares = scatter((targets, kwargs), devices, self.dim, chunk_sizes=sizes)
         reduction = getattr(self.criterion, "reduction", None)

@@ -12,7 +12,17 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["resolve_devices", "parse_devices_flag", "to_device"]
+from tandem.errors import UsageError
+
+__all__ = ["resolve_devices", "parse_devices_flag", "to_device", "index_of"]
+
+
+def index_of(device: torch.device, devices: Sequence[torch.device]) -> int | None:
+    """The position of ``device`` in ``devices`` (first match), or ``None``."""
+    for i, d in enumerate(devices):
+        if d == device:
+            return i
+    return None
 
 
 def to_device(spec) -> torch.device:
@@ -22,27 +32,27 @@ def to_device(spec) -> torch.device:
     ordinal this machine does not have.
     """
     if isinstance(spec, bool):
-        raise ValueError(f"bad device {spec!r}: expected an int ordinal, a string or torch.device")
+        raise UsageError(f"bad device {spec!r}: expected an int ordinal, a string or torch.device")
     if isinstance(spec, int):
         if spec < 0:
-            raise ValueError(f"bad device {spec!r}: a device ordinal must be >= 0")
+            raise UsageError(f"bad device {spec!r}: a device ordinal must be >= 0")
         device = torch.device("cuda", spec)
     elif isinstance(spec, (str, torch.device)):
         try:
             device = torch.device(spec)
         except (RuntimeError, ValueError) as exc:
-            raise ValueError(f"bad device {spec!r}: {exc}") from None
+            raise UsageError(f"bad device {spec!r}: {exc}") from None
     else:
-        raise ValueError(
+        raise UsageError(
             f"bad device {spec!r}: expected an int ordinal, a string or torch.device, "
             f"got {type(spec).__name__}"
         )
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"bad device {spec!r}: CUDA is not available on this machine")
+            raise UsageError(f"bad device {spec!r}: CUDA is not available on this machine")
         index = 0 if device.index is None else device.index
         if index >= torch.cuda.device_count():
-            raise ValueError(
+            raise UsageError(
                 f"bad device {spec!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
         device = torch.device("cuda", index)
@@ -63,7 +73,7 @@ def resolve_devices(device_ids: Iterable | None) -> list[torch.device]:
         device_ids = [device_ids]
     devices = [to_device(d) for d in device_ids]
     if not devices:
-        raise ValueError("device_ids is empty: give at least one device")
+        raise UsageError("device_ids is empty: give at least one device")
     return devices
 
 
@@ -82,17 +92,17 @@ def parse_devices_flag(flag: str) -> list[torch.device]:
     if text.startswith("cpu:"):
         count = text[4:]
         if not count.isdigit() or int(count) < 1:
-            raise ValueError(f"bad --devices {flag!r}: cpu:N needs N >= 1 (e.g. cpu:2)")
+            raise UsageError(f"bad --devices {flag!r}: cpu:N needs N >= 1 (e.g. cpu:2)")
         return [torch.device("cpu")] * int(count)
     if text == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"bad --devices {flag!r}: CUDA is not available on this machine")
+            raise UsageError(f"bad --devices {flag!r}: CUDA is not available on this machine")
         return resolve_devices(None)
     if text.startswith("cuda:"):
         parts = [p for p in text[5:].split(",")]
         if not parts or not all(p.isdigit() for p in parts):
-            raise ValueError(f"bad --devices {flag!r}: expected cuda:0,1 (a list of ordinals)")
+            raise UsageError(f"bad --devices {flag!r}: expected cuda:0,1 (a list of ordinals)")
         return resolve_devices([int(p) for p in parts])
-    raise ValueError(f"bad --devices {flag!r}: expected cpu, cpu:N, cuda, cuda:0,1 or auto")
+    raise UsageError(f"bad --devices {flag!r}: expected cpu, cpu:N, cuda, cuda:0,1 or auto")
 
 

@@ -19,8 +19,11 @@ from typing import Any, Sequence
 
 import torch
 
+from tandem.errors import UsageError
+
 from . import traffic
-from .scatter_gather import _CudaGather, _children, _nbytes, _rebuild, _source_index
+from .devices import index_of
+from .scatter_gather import _CudaGather, _children, _nbytes, _rebuild
 
 __all__ = ["gather"]
 
@@ -57,7 +60,7 @@ def _child_dims(dim, obj, count: int, path: str) -> list:
         return [dim[k] for k in obj]
     if isinstance(dim, (tuple, list)) and not isinstance(obj, dict) and len(dim) == count:
         return list(dim)
-    raise ValueError(f"gather: dim {dim!r} does not match the structure of {path}")
+    raise UsageError(f"gather: dim {dim!r} does not match the structure of {path}")
 
 
 def _shape_error(path: str, shapes: list, dim: int, differ: int) -> ValueError:
@@ -73,7 +76,7 @@ def _shape_error(path: str, shapes: list, dim: int, differ: int) -> ValueError:
 def _check_shapes(tensors: Sequence[torch.Tensor], dim: int, path: str) -> None:
     shapes = [t.shape for t in tensors]
     if any(len(s) != len(shapes[0]) for s in shapes):
-        raise ValueError(f"gather: {path} has shapes {[tuple(s) for s in shapes]} on the "
+        raise UsageError(f"gather: {path} has shapes {[tuple(s) for s in shapes]} on the "
                          f"replicas, with different numbers of dimensions")
     for k in range(len(shapes[0])):
         if k != dim and any(s[k] != shapes[0][k] for s in shapes):
@@ -82,16 +85,16 @@ def _check_shapes(tensors: Sequence[torch.Tensor], dim: int, path: str) -> None:
 
 def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, path: str):
     if not isinstance(dim, int):
-        raise ValueError(f"gather: {path} is a tensor, so its dim must be an int, not {dim!r}")
+        raise UsageError(f"gather: {path} is a tensor, so its dim must be an int, not {dim!r}")
     if all(t.dim() == 0 for t in tensors):  # scalars become a vector
         tensors = [t.reshape(1) for t in tensors]
         dim = 0
     d = dim + tensors[0].dim() if dim < 0 else dim
     if not 0 <= d < tensors[0].dim():
-        raise ValueError(f"gather: {path} has {tensors[0].dim()} dimensions, no dim {dim}")
+        raise UsageError(f"gather: {path} has {tensors[0].dim()} dimensions, no dim {dim}")
     _check_shapes(tensors, d, path)
     if traffic.metering():
-        home = _source_index(target, [t.device for t in tensors])
+        home = index_of(target, [t.device for t in tensors])
         for i, t in enumerate(tensors):
             if i != home:
                 traffic.record("gather", _nbytes(t), home)
@@ -106,7 +109,7 @@ def _gather(outputs: list, target: torch.device, dim, path: str) -> Any:
     first = outputs[0]
     if isinstance(first, torch.Tensor):
         if not all(isinstance(o, torch.Tensor) for o in outputs):
-            raise ValueError(f"gather: replicas returned a tensor at {path} in some entries "
+            raise UsageError(f"gather: replicas returned a tensor at {path} in some entries "
                              f"and not in others")
         return _gather_tensors(outputs, target, dim, path)
     items = _children(first)
@@ -118,14 +121,14 @@ def _gather(outputs: list, target: torch.device, dim, path: str) -> Any:
     per_replica = []
     for i, o in enumerate(outputs):
         if type(o) is not type(first):
-            raise ValueError(f"gather: replica {i} returned {type(o).__name__} at {path}, "
+            raise UsageError(f"gather: replica {i} returned {type(o).__name__} at {path}, "
                              f"replica 0 {type(first).__name__}")
         if isinstance(o, dict) and o.keys() != first.keys():
-            raise ValueError(f"gather: replica {i} returned keys {list(o)} at {path}, "
+            raise UsageError(f"gather: replica {i} returned keys {list(o)} at {path}, "
                              f"replica 0 {list(first)}")
         children = _children(o)
         if len(children) != len(items):
-            raise ValueError(f"gather: replica {i} returned {len(children)} items at {path}, "
+            raise UsageError(f"gather: replica {i} returned {len(children)} items at {path}, "
                              f"replica 0 {len(items)}")
         per_replica.append(children)
     dims = _child_dims(dim, first, len(items), path)
@@ -144,7 +147,7 @@ def gather(outputs: Sequence, target_device, dim=0):
     """
     outputs = list(outputs)
     if not outputs:
-        raise ValueError("gather needs at least one replica output")
+        raise UsageError("gather needs at least one replica output")
     target = target_device if isinstance(target_device, torch.device) else torch.device(target_device)
     if target.type == "cuda" and target.index is None:
         target = torch.device("cuda", torch.cuda.current_device())

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from tandem.errors import UsageError
+
 from .scatter_gather import batch_size, scatter_kwargs
 
 __all__ = ["split_inputs", "first_lazy", "initialise_lazy", "acting_as_replica",
@@ -70,7 +72,7 @@ def initialise_lazy(module: nn.Module, args, kwargs) -> None:
             m.training = training
     name = first_lazy(module)
     if name is not None:
-        raise ValueError(f"lazy parameter {name!r} is still uninitialised after a forward on "
+        raise UsageError(f"lazy parameter {name!r} is still uninitialised after a forward on "
                          f"the first chunk; initialise the module before wrapping it")
 
 

@@ -32,6 +32,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
+
 from .scatter_gather import first_tensor
 
 __all__ = ["REDUCTIONS", "LossTerms", "with_reduction", "class_normaliser", "sample_mean_terms",
@@ -107,17 +109,17 @@ def loss_terms(criterion: Callable, output: Any, targets: tuple = (),
     kwargs = kwargs or {}
     first = first_tensor(output)
     if first is None:
-        raise ValueError(f"loss_terms: the output of {type(criterion).__name__} holds no tensor")
+        raise UsageError(f"loss_terms: the output of {type(criterion).__name__} holds no tensor")
     reduction = getattr(criterion, "reduction", None)
     if not (isinstance(criterion, nn.Module) and reduction in REDUCTIONS):
         loss = call_criterion(criterion, output, targets, kwargs)
         if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
             name = getattr(criterion, "__name__", type(criterion).__name__)
-            raise ValueError(f"loss_terms: criterion {name} returned no scalar tensor (a plain "
+            raise UsageError(f"loss_terms: criterion {name} returned no scalar tensor (a plain "
                              "callable is taken as a mean over samples)")
         return sample_mean_terms(loss, first.shape[batch_dim])
     if reduction == "none":
-        raise ValueError(f"loss_terms: {type(criterion).__name__} has reduction='none'; "
+        raise UsageError(f"loss_terms: {type(criterion).__name__} has reduction='none'; "
                          "there is no mean to split")
     if reduction == "sum":
         return LossTerms(call_criterion(criterion, output, targets, kwargs), 1.0)

@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 import torch
 
+from tandem.errors import UsageError
+
 from .context import ReplicaAborted, ReplicaContext, ReplicaGroup, use
 from .scatter_gather import first_tensor
 
@@ -176,15 +178,15 @@ def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | 
     """
     n = len(modules)
     if len(inputs) != n:
-        raise ValueError(f"parallel_apply got {n} modules but {len(inputs)} inputs")
+        raise UsageError(f"parallel_apply got {n} modules but {len(inputs)} inputs")
     kwargs_list = [{}] * n if kwargs_list is None else list(kwargs_list)
     if len(kwargs_list) != n:
-        raise ValueError(f"parallel_apply got {n} modules but {len(kwargs_list)} kwargs")
+        raise UsageError(f"parallel_apply got {n} modules but {len(kwargs_list)} kwargs")
     if devices is None:
         devices = [_infer_device(m, a, k) for m, a, k in zip(modules, inputs, kwargs_list)]
     devices = [d if isinstance(d, torch.device) else torch.device(d) for d in devices]
     if len(devices) != n:
-        raise ValueError(f"parallel_apply got {n} modules but {len(devices)} devices")
+        raise UsageError(f"parallel_apply got {n} modules but {len(devices)} devices")
     if n == 0:
         return []
     group = ReplicaGroup(devices)

@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 
+from tandem.errors import UsageError
+
 from . import traffic
+from .devices import index_of
 
 __all__ = ["scatter", "scatter_kwargs", "chunk_sizes", "batch_size", "first_tensor"]
 
@@ -144,13 +147,6 @@ def batch_size(obj, dim: int = 0) -> int | None:
     return found[0] if found else None
 
 
-def _source_index(device: torch.device, devices: Sequence[torch.device]) -> int | None:
-    for i, d in enumerate(devices):
-        if d == device:
-            return i
-    return None
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -167,7 +163,7 @@ def _scatter_tensor(t: torch.Tensor, devices, dim, sizes) -> list[torch.Tensor]:
         else:
             chunks = [c.to(dev) for c, dev in zip(t.split(sizes, d), devices)]
     if traffic.metering():
-        home = _source_index(t.device, devices)
+        home = index_of(t.device, devices)
         for i, chunk in enumerate(chunks):
             if i != home:
                 traffic.record("scatter", _nbytes(chunk), i)
@@ -190,16 +186,16 @@ def _plan(obj, devices: Sequence, dim: int, sizes: Sequence[int] | None) -> tupl
     """The devices used and the chunk sizes to aim for."""
     devices = [torch.device(d) if not isinstance(d, torch.device) else d for d in devices]
     if not devices:
-        raise ValueError("scatter needs at least one device")
+        raise UsageError("scatter needs at least one device")
     if sizes is not None:
         sizes = list(sizes)
         if len(sizes) > len(devices) or any(s < 0 for s in sizes):
-            raise ValueError(f"chunk_sizes {sizes} do not fit {len(devices)} device(s)")
+            raise UsageError(f"chunk_sizes {sizes} do not fit {len(devices)} device(s)")
         found: list[int] = []
         _batch_sizes(obj, dim, found)
         for b in found:
             if b != sum(sizes):
-                raise ValueError(
+                raise UsageError(
                     f"cannot scatter a tensor with {b} entries along dim {dim} into chunks {sizes}"
                 )
         return devices[: len(sizes)], sizes

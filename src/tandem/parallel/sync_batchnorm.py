@@ -38,6 +38,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from tandem.errors import UsageError
+
 from . import context
 from .sync_functions import GlobalMoments, LocalMoments, Normalize
 
@@ -87,9 +89,9 @@ class SyncBatchNorm(_BatchNorm):
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
-            raise ValueError(f"SyncBatchNorm expects an (N, C, ...) input, got {input.dim()}D")
+            raise UsageError(f"SyncBatchNorm expects an (N, C, ...) input, got {input.dim()}D")
         if input.size(1) != self.num_features:
-            raise ValueError(
+            raise UsageError(
                 f"SyncBatchNorm({self.num_features}) got an input with {input.size(1)} channels"
             )
 
@@ -146,7 +148,7 @@ class SyncBatchNorm(_BatchNorm):
 
 def _check_count(count: int, where: str) -> None:
     if count <= 1:
-        raise ValueError("Expected more than 1 value per channel when training, got "
+        raise UsageError("Expected more than 1 value per channel when training, got "
                          f"{count} across {where}")
 
 
@@ -170,7 +172,7 @@ def _merge_replicas(parts: list[_Part], group) -> list[tuple]:
     """
     channels = {p.moments.shape[-1] for p in parts}
     if len(channels) != 1:
-        raise ValueError(f"SyncBatchNorm replicas disagree on channels: {sorted(channels)}")
+        raise UsageError(f"SyncBatchNorm replicas disagree on channels: {sorted(channels)}")
     if group is None:
         _check_count(sum(p.count for p in parts), f"{len(parts)} replicas")
     anchor = _anchor(parts[0].moments) if group is not None else None
@@ -194,7 +196,7 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
     """
     if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
         if isinstance(module.weight, nn.parameter.UninitializedParameter):
-            raise ValueError(f"cannot convert {type(module).__name__} before its first forward "
+            raise UsageError(f"cannot convert {type(module).__name__} before its first forward "
                              "(lazy parameters are uninitialized)")
         new = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
                             module.track_running_stats, process_group,

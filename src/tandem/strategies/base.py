@@ -15,7 +15,10 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-__all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_names"]
+from tandem.errors import UsageError
+
+__all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_class",
+           "strategy_names"]
 
 
 @dataclass
@@ -35,10 +38,25 @@ class StepOutput:
 class Strategy:
     """A way of running a training step on a set of devices.
 
-    Subclasses set ``name`` and override what differs. Defaults describe one process.
+    Subclasses set ``name``, declare what they can do in the class attributes below, and
+    override what differs. Code outside ``strategies/`` asks these abilities, never the name.
+    Defaults describe one process driving every device it is given.
     """
 
     name: ClassVar[str] = ""
+    #: one process per device, started by torchrun (``tandem launch``)
+    multiprocess: ClassVar[bool] = False
+    #: devices one process drives (``None``: as many as it is given)
+    max_devices: ClassVar[int | None] = None
+    #: its optimizer state loads under any other strategy (not so for sharded layers)
+    portable_optimizer_state: ClassVar[bool] = True
+    #: the one-device reference every other strategy must match
+    reference: ClassVar[bool] = False
+
+    @classmethod
+    def check_model(cls, model: nn.Module) -> str | None:
+        """``None`` if this strategy can train ``model``, else what it needs (one line)."""
+        return None
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0"):
@@ -66,8 +84,16 @@ class Strategy:
         return model.to(self.device)
 
     def unwrap(self, wrapped: nn.Module) -> nn.Module:
-        """The plain model inside ``wrapped`` (what checkpoints save)."""
+        """The plain model inside what :meth:`setup` returned."""
         return getattr(wrapped, "module", wrapped)
+
+    def state_dict(self, wrapped: nn.Module) -> dict:
+        """The plain model's state (what checkpoints hold): no wrapper prefix, buffers in."""
+        return self.unwrap(wrapped).state_dict()
+
+    def load_state_dict(self, wrapped: nn.Module, state: dict) -> None:
+        """Load a plain state dict (from :meth:`state_dict` of any strategy) into ``wrapped``."""
+        self.unwrap(wrapped).load_state_dict(state)
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
@@ -112,17 +138,24 @@ _REGISTRY: dict[str, type[Strategy]] = {}
 def register(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator: make ``cls`` selectable by ``cls.name``."""
     if not cls.name or cls.name in _REGISTRY:
-        raise ValueError(f"strategy name {cls.name!r} is empty or already registered")
+        raise UsageError(f"strategy name {cls.name!r} is empty or already registered")
     _REGISTRY[cls.name] = cls
     return cls
 
 
 def strategy_names() -> list[str]:
-    return sorted(_REGISTRY)
+    """Every registered name, in registration order (the order the CLI documents)."""
+    return list(_REGISTRY)
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The class registered as ``name``; an unknown name is an error listing them."""
+    if name not in _REGISTRY:
+        raise UsageError(f"unknown strategy {name!r}; choose one of: "
+                         f"{', '.join(strategy_names())}")
+    return _REGISTRY[name]
 
 
 def create_strategy(name: str, devices: list[torch.device], **kwargs) -> Strategy:
-    """Build the strategy called ``name``; an unknown name is a ``ValueError`` listing them."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(strategy_names())}")
-    return _REGISTRY[name](devices, **kwargs)
+    """Build the strategy called ``name`` on ``devices``."""
+    return strategy_class(name)(devices, **kwargs)

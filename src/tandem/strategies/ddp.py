@@ -48,13 +48,13 @@ from tandem.distributed.process_group import (
     pick_device,
     work_group,
 )
+from tandem.parallel.buffers import check_policy
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register
 
 __all__ = ["DDPStrategy"]
 
-_BUFFER_POLICIES = ("replica0", "average")
 _HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
 
 
@@ -96,12 +96,13 @@ class DDPStrategy(Strategy):
     """
 
     name = "ddp"
+    multiprocess = True
+    max_devices = 1
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", timeout: float | None = None):
         super().__init__(devices, sync_bn=sync_bn, buffers=buffers)
-        if buffers not in _BUFFER_POLICIES:
-            raise ValueError(f"bad --buffers {buffers!r}: choose one of {_BUFFER_POLICIES}")
+        check_policy(buffers)
         self.env = read_env()
         self.rank = self.env.rank
         self.world_size = self.env.world_size

@@ -1,13 +1,7 @@
-"""``hybrid``: Krizhevsky's "one weird trick" — data-parallel features, model-parallel classifier.
+"""``hybrid``: Krizhevsky's "one weird trick": data-parallel features, model-parallel classifier.
 
-:class:`tandem.hybrid.HybridParallel` splits a model with ``.features`` and ``.classifier``
-(AlexNet, VGG): the convolutions run data-parallel over ``devices`` and the classifier's Linear
-layers are split by output columns across them. Its forward equals ``model(x)``, so the update
-equals ``single``'s (with ``sync_bn`` for models with batch norm in ``features``; ``buffers``
-applies to the data-parallel trunk). A model without ``.features``/``.classifier`` (a ResNet)
-is a one-line ``ValueError``. Optimizer state lives per shard, so a hybrid checkpoint's
-optimizer resumes under ``hybrid`` only; its weights (merged by ``plain_state_dict``) load
-anywhere.
+See :class:`tandem.hybrid.HybridParallel`. Optimizer state lives per classifier shard, so it
+resumes under ``hybrid`` only; the weights (merged by ``plain_state_dict``) load anywhere.
 """
 
 from __future__ import annotations
@@ -15,6 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from tandem.hybrid import HybridParallel
+from tandem.models import list_models, model_info
 
 from .base import Strategy, register
 from .dp import prepare_replicated
@@ -25,6 +20,20 @@ __all__ = ["HybridStrategy"]
 @register
 class HybridStrategy(Strategy):
     name = "hybrid"
+    portable_optimizer_state = False
+
+    @classmethod
+    def check_model(cls, model: nn.Module) -> str | None:
+        if hasattr(model, "features") and hasattr(model, "classifier"):
+            return None
+        split = [n for n in list_models() if model_info(n).family in ("alexnet", "vgg")]
+        return f"needs a model with .features and .classifier: {', '.join(split)}"
+
+    def state_dict(self, wrapped: nn.Module) -> dict:
+        return wrapped.plain_state_dict()  # the classifier shards merged back
+
+    def load_state_dict(self, wrapped: nn.Module, state: dict) -> None:
+        wrapped.load_plain_state_dict(state)
 
     def setup(self, model: nn.Module) -> nn.Module:
         return HybridParallel(prepare_replicated(self, model), device_ids=self.devices,

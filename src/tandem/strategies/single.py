@@ -6,6 +6,8 @@ import warnings
 
 import torch
 
+from tandem.errors import UsageError
+
 from .base import Strategy, register
 
 __all__ = ["SingleDevice"]
@@ -21,10 +23,12 @@ class SingleDevice(Strategy):
     """
 
     name = "single"
+    max_devices = 1
+    reference = True
 
     def __init__(self, devices: list[torch.device], **kwargs):
         if not devices:
-            raise ValueError("strategy 'single' needs a device")
+            raise UsageError("strategy 'single' needs a device")
         if len(devices) > 1:
             warnings.warn(
                 f"strategy 'single' uses only {devices[0]} of the {len(devices)} devices given; "

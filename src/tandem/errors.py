@@ -1,0 +1,27 @@
+"""tandem's own errors: mistakes in what it was given, reported by the CLI as one line.
+
+Everything else (a bug in tandem or in torch) keeps its traceback. Each class also derives
+from the built-in error a library caller would expect (``ValueError``, ``FileNotFoundError``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["TandemError", "UsageError", "MissingFileError", "first_line"]
+
+
+class TandemError(Exception):
+    """A mistake of the user's: a bad value, file or combination of settings."""
+
+
+class UsageError(TandemError, ValueError):
+    """A bad value or combination of values; the message names the parameter."""
+
+
+class MissingFileError(TandemError, FileNotFoundError):
+    """A file or directory that was named does not exist."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of ``exc``'s message (at most ``limit`` characters), for one-line errors."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
