@@ -46,11 +46,13 @@ class Normalization:
 def to_device(images: torch.Tensor, device: torch.device, *,
               normalization: Normalization | None = None,
               channels_last: bool = False) -> torch.Tensor:
-    """Copy a batch to ``device``; there, ``uint8`` images are normalised and, when asked,
-    made channels-last (before the float conversion, which keeps the layout: fewer bytes)."""
+    """Copy a batch to ``device``; there, ``uint8`` images are normalised, and put in
+    channels-last layout when asked, else contiguous NCHW (before the float conversion, which
+    keeps the layout: fewer bytes to move)."""
     images = images.to(device, non_blocking=True)
-    if channels_last and images.dim() == 4:
-        images = images.contiguous(memory_format=torch.channels_last)
+    if images.dim() == 4:  # batches may arrive channels-last (ImageFolder's do): fix the layout
+        images = images.contiguous(memory_format=torch.channels_last if channels_last
+                                   else torch.contiguous_format)
     if images.dtype == torch.uint8:
         if normalization is None:
             raise ValueError("a uint8 batch needs its dataset's normalization (mean and std)")

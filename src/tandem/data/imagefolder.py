@@ -149,7 +149,8 @@ class ImageFolderDataset(ImageDataset):
                            f"(first: '{self.samples[0][0]}')")
 
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
-        """``(3, S, S)`` uint8 (a channels-first view; collating makes the batch contiguous)."""
+        """``(3, S, S)`` uint8, a view of the ``(S, S, 3)`` crop (channels-last strides, which
+        :func:`~tandem.data.loader.collate` keeps: no transpose on the CPU)."""
         image, label = self.decode_key(key)
         return torch.from_numpy(image).permute(2, 0, 1), label
 

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
@@ -93,13 +94,23 @@ def resize_box(img: Image.Image, box, out_w: int, out_h: int) -> Image.Image:
     return out if out.mode == "RGB" else out.convert("RGB")
 
 
+def _open(path) -> Image.Image:
+    """Open ``path`` from one read into memory: Pillow then parses and decodes from a buffer
+    rather than through many small file reads (a few percent of the decode). A file object
+    is opened as it is."""
+    if hasattr(path, "read"):
+        return Image.open(path)
+    with open(path, "rb") as f:
+        return Image.open(io.BytesIO(f.read()))
+
+
 def _array(img: Image.Image) -> np.ndarray:
     return np.array(img)  # a writable (H, W, 3) uint8 copy
 
 
 def train_crop(path, size: int, rng: SampleRandom) -> np.ndarray:
     """RandomResizedCrop to ``size x size`` then a horizontal flip with probability 1/2."""
-    with Image.open(path) as img:
+    with _open(path) as img:
         box = random_resized_box(img.width, img.height, rng)
         flip = rng.coin()
         out = resize_box(img, box, size, size)
@@ -113,7 +124,7 @@ def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
     ``size x size``. Resize-then-crop, not a box: Pillow's box resampling rounds a few pixels
     differently, and this crop must equal the textbook one pixel for pixel."""
     resize_to = val_resize(size) if resize_to is None else resize_to
-    with Image.open(path) as img:
+    with _open(path) as img:
         new_w, new_h = shorter_side_size(img.width, img.height, resize_to)
         full = resize_box(img, (0, 0, img.width, img.height), new_w, new_h)
     left, top = (new_w - size) // 2, (new_h - size) // 2

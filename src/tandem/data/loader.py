@@ -99,10 +99,19 @@ class ShardedBatchSampler(Sampler):
 
 def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``(image, label)`` pairs; an empty list gives ``(0, *shape)`` and ``(0,)`` tensors."""
+    """Stack ``(image, label)`` pairs; an empty list gives ``(0, *shape)`` and ``(0,)`` tensors.
+
+    The batch keeps the samples' layout: channels-last samples give a channels-last batch.
+    """
     if not samples:
         return torch.empty((0, *shape), dtype=dtype), torch.empty((0,), dtype=torch.int64)
-    images = torch.stack([s[0] for s in samples])
+    images = [s[0] for s in samples]
+    if all(x.dim() == 3 and x.permute(1, 2, 0).is_contiguous() for x in images):
+        # channels-last samples (ImageFolder's HWC crops seen as CHW): a plain copy into an
+        # (N, C, H, W) batch with channels-last strides, not a transpose per sample
+        images = torch.stack([x.permute(1, 2, 0) for x in images]).permute(0, 3, 1, 2)
+    else:
+        images = torch.stack(images)
     labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
     return images, labels
 
