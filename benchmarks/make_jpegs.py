@@ -2,9 +2,9 @@
 
 Nothing is downloaded. Each image is 500x375 (ImageNet's most common size), saved at JPEG
 quality 90 with 4:2:0 chroma, like most photos. Its content mixes smooth colour fields,
-random shapes with hard edges and fine-grained noise, so that it compresses to about the size
-of a real photo at that resolution (tens of KB to ~100 KB) and decodes at a realistic cost: a
-flat image would decode unrealistically fast, pure noise unrealistically slowly.
+random shapes with hard edges and fine-grained texture, so that it compresses to about the
+size of an average ImageNet JPEG (about 100 KB) and decodes at a realistic cost: a flat image
+would decode unrealistically fast, pure noise unrealistically slowly.
 
     python benchmarks/make_jpegs.py runs/jpegs --classes 4 --per-class 64
     tandem bench --data runs/jpegs -j 1
@@ -43,7 +43,7 @@ def make_image(rng: np.random.Generator, width: int = WIDTH, height: int = HEIGH
         colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=colour)
     arr = np.asarray(img, dtype=np.float32)
-    arr += rng.normal(0, rng.uniform(4, 10), size=arr.shape)  # texture, sensor noise
+    arr += rng.normal(0, rng.uniform(12, 28), size=arr.shape)  # texture, sensor noise
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
 
 

@@ -16,6 +16,11 @@ Per core: this process runs with one intra-op thread (DataLoader workers always 
 ``-j 0`` each pipeline runs on exactly one core and OpenMP's barrier stalls on a busy machine
 do not penalise the reference's float arithmetic.
 
+Two clocks: wall time (``images_per_sec``, what a training job waits for) and CPU time of
+this process and its workers (``images_per_cpu_sec``, read from ``/proc`` on Linux, else
+``None``): images per CPU-second is the per-core throughput, and it barely moves when other
+processes share the machine, which wall time does.
+
 A round is one full pass over the files by each contestant, the order alternating from round
 to round, so load from other processes hits both alike. Workers persist between rounds and a
 pass runs to the end, so no prefetched work of one contestant overlaps the other's timing.
@@ -23,6 +28,9 @@ pass runs to the end, so no prefetched work of one contestant overlaps the other
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,13 +81,27 @@ class ReferenceDataset(torch.utils.data.Dataset):
         return tensor.sub_(mean).div_(std), label
 
 
-def _pass(loader) -> tuple[float, int]:
-    """Seconds and images for one full pass over ``loader``."""
+def _cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process and its live children (Linux), else None."""
+    total = time.process_time()
+    for child in multiprocessing.active_children():  # DataLoader workers
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime+stime
+    return total
+
+
+def _pass(loader) -> tuple[float, float | None, int]:
+    """Wall seconds, CPU seconds (or None) and images of one full pass over ``loader``."""
     images = 0
-    start = clock()
+    cpu, start = _cpu_seconds(), clock()
     for batch, _ in loader:
         images += batch.shape[0]
-    return clock() - start, images
+    wall, cpu_end = clock() - start, _cpu_seconds()
+    return wall, (None if cpu is None or cpu_end is None else cpu_end - cpu), images
 
 
 def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
@@ -106,33 +128,41 @@ def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
         torch.set_num_threads(threads)
     results = []
     for name, ds in contestants.items():
-        ips = summarize(times[name]).as_dict()
+        ips = summarize(times[name]["wall"]).as_dict()
+        cpu = times[name]["cpu"]
         results.append({"name": name, "images": len(train), "images_per_sec": ips,
                         "images_per_sec_per_core": ips["median"] / max(1, workers),
+                        "images_per_cpu_sec": summarize(cpu).as_dict() if cpu else None,
                         "batch_dtype": str(getattr(ds, "dtype", torch.float32))[6:]})
     ratio = results[0]["images_per_sec"]["median"] / results[1]["images_per_sec"]["median"]
+    cpu_ratio = None
+    if all(r["images_per_cpu_sec"] for r in results):
+        cpu_ratio = (results[0]["images_per_cpu_sec"]["median"]
+                     / results[1]["images_per_cpu_sec"]["median"])
     config = {"data": str(root), "image_size": image_size, "workers": workers,
               "batch_size": batch_size, "rounds": rounds, "warmup": warmup, "seed": seed,
               "torch_threads": 1}
     return {"config": config, "machine": machine, "results": results,
-            "ratio_loader_vs_reference": ratio}
+            "ratio_loader_vs_reference": ratio, "cpu_ratio_loader_vs_reference": cpu_ratio}
 
 
 def _race(contestants: dict, batch_size: int, workers: int, rounds: int, warmup: int,
-          seed: int) -> dict[str, list[float]]:
-    """Images per second of every timed pass, per contestant, passes interleaved."""
+          seed: int) -> dict[str, dict[str, list[float]]]:
+    """Images per wall- and per CPU-second of every timed pass, per contestant, interleaved."""
     loaders = {name: make_loader(ds, batch_size, shuffle=True, seed=seed, epoch=0,
                                  workers=workers, persistent=True)
                for name, ds in contestants.items()}
-    times: dict[str, list[float]] = {name: [] for name in loaders}
+    times = {name: {"wall": [], "cpu": []} for name in loaders}
     names = list(loaders)
     for r in range(warmup + rounds):
         order = names if r % 2 == 0 else names[::-1]
         for name in order:
             loaders[name].batch_sampler.set_position(epoch=r)
-            seconds, images = _pass(loaders[name])
+            wall, cpu, images = _pass(loaders[name])
             if r >= warmup:
-                times[name].append(images / seconds)
+                times[name]["wall"].append(images / wall)
+                if cpu:  # None off Linux; 0 when a pass is shorter than a clock tick
+                    times[name]["cpu"].append(images / cpu)
     del loaders  # shuts the persistent workers down
     return times
 
@@ -144,11 +174,15 @@ def format_loader_table(report: dict) -> str:
              f"{c['image_size']}x{c['image_size']}, batch {c['batch_size']}, "
              f"-j {c['workers']}, {c['rounds']} timed passes after {c['warmup']} warm-up; "
              f"torch {m['torch']}, {m['cpu_count']} CPUs, {m['date_utc']}",
-             f"{'pipeline':<10} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'img/s/core':>10}"]
+             f"{'pipeline':<10} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'img/s/core':>10} "
+             f"{'img/CPU-s':>9}"]
     for r in report["results"]:
-        s = r["images_per_sec"]
+        s, cpu = r["images_per_sec"], r["images_per_cpu_sec"]
         lines.append(f"{r['name']:<10} {s['median']:8.1f} {s['iqr']:7.1f} "
-                     f"{s['min']:7.1f}..{s['max']:<7.1f} {r['images_per_sec_per_core']:10.1f}")
-    lines.append(f"loader / reference: {report['ratio_loader_vs_reference']:.2f}x (median img/s; "
-                 f"loader batches are uint8, normalised later on the device)")
+                     f"{s['min']:7.1f}..{s['max']:<7.1f} {r['images_per_sec_per_core']:10.1f} "
+                     f"{cpu['median'] if cpu else float('nan'):9.1f}")
+    cpu_ratio = report["cpu_ratio_loader_vs_reference"]
+    lines.append(f"loader / reference: {report['ratio_loader_vs_reference']:.2f}x img/s, "
+                 f"{'n/a' if cpu_ratio is None else f'{cpu_ratio:.2f}x'} img per CPU-second "
+                 f"(medians; loader batches are uint8, normalised later on the device)")
     return "\n".join(lines)
