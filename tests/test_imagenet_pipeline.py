@@ -265,3 +265,23 @@ def test_standard_augment_on_an_imagefolder_shifts_and_flips_uint8(tmp_path):
     plain = val.__class__(train.samples, image_size=S, augment="none")
     moved = sum(not torch.equal(train[(i, 0, 0)][0], plain[i][0]) for i in range(len(train)))
     assert moved >= 4 and train[0][0].dtype == torch.uint8
+
+
+# -- strategies see the same augmented batches ---------------------------------------------------
+
+def test_strategies_and_workers_reach_the_same_weights_on_imagefolder_data(tmp_path):
+    """single with -j 0 against dp --sync-bn over 2 CPU replicas with -j 2 (persistent workers
+    over 2 epochs): the same uint8 crops, normalised in the step, give the same weights."""
+    from tandem.cli.main import main
+
+    root = write_tree(tmp_path / "d")
+    common = ["train", "--data", str(root), "--image-size", str(S), "-a", "cifar_resnet20",
+              "-b", "4", "--epochs", "2", "--no-progress", "--seed", "1"]
+    assert main([*common, "--out", str(tmp_path / "a"), "-j", "0"]) == 0
+    assert main([*common, "--out", str(tmp_path / "b"), "-j", "2", "--strategy", "dp",
+                 "--devices", "cpu:2", "--sync-bn"]) == 0
+    a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=True) for r in "ab")
+    assert a["config"]["data"]["augment"] == "auto"
+    for key, value in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][key], value, atol=1e-5, rtol=1e-4,
+                                   msg=key)
