@@ -17,7 +17,8 @@ when their extension is in :data:`IMG_EXTENSIONS`.
    from the sample list with one warning. Counts and splits then only include good files.
 2. A file whose header is fine but whose pixels fail to decode (e.g. a truncated JPEG) is
    found only when it is loaded. Then the next sample in index order that decodes (wrapping
-   around) is returned in its place, with its own label, and one warning per file per process
+   around) is returned in its place, with its own label (cropped with the draws of the sample
+   asked for), and one warning per file per process
    (each DataLoader worker warns separately). That substitute makes the sample appear twice in
    that epoch: a known, logged inexactness that only such half-broken files can cause.
 

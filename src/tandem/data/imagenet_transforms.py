@@ -6,13 +6,13 @@
   :class:`~tandem.data.transforms.SampleRandom` keyed by the sample, so a sample gets the same
   box whatever the worker, rank or strategy that loads it.
 * :func:`train_crop` and :func:`val_crop` (resize the shorter side to ``size * 256/224``, then
-  centre-crop ``size``) do the decoding. They are fast because they decode
-  only what is needed: a JPEG whose crop is at least twice the output size is decoded at 1/2,
-  1/4 or 1/8 scale by libjpeg itself (Pillow's ``draft``), and only the box is resampled
-  (``resize(box=...)``, one pass, no intermediate full-size image). Grey and CMYK images are
-  resampled in their own mode and converted to RGB at the output size, which is cheaper.
-  The result is an ``(H, W, 3)`` ``uint8`` array: float conversion and normalisation happen on
-  the device (:mod:`tandem.data.device`).
+  centre-crop ``size``) do the decoding, and decode only what is needed. A JPEG whose crop is
+  at least twice the output size is decoded at 1/2, 1/4 or 1/8 scale by libjpeg itself
+  (Pillow's ``draft``). The training crop resamples only its box (``resize(box=...)``: one
+  pass, no intermediate image). Grey and CMYK images are resampled in their own mode and
+  converted to RGB at the output size, and RGB is never copied by a ``convert``. The result is
+  an ``(H, W, 3)`` ``uint8`` array: float conversion and normalisation happen on the device
+  (:mod:`tandem.data.device`).
 """
 
 from __future__ import annotations
