@@ -23,7 +23,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/tandem train --arch cifar_resnet20 --data digits --strategy dp --devices cpu:2 \
-		--epochs 8 --out runs/demo
+		--epochs 8 --out runs/demo --overwrite
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py

@@ -12,6 +12,8 @@
 #      run in minutes; the --explain plan shows the bytes either way);
 #   4. the balanced criterion's bytes to device 0 vs DataParallel's gather (a count, not a
 #      timing): 21 classes at 64x64, batch 8, over 2 and 4 replicas.
+#   7. the ImageFolder input pipeline against a torchvision-style reference, -j 0, 1 and 2,
+#      on 256 generated 500x375 JPEGs (benchmarks/make_jpegs.py; nothing downloaded).
 # CPU timings depend on the machine's load: run on a quiet machine, and compare ratios within
 # one table (its contestants are interleaved), not absolute numbers across tables.
 #
@@ -37,3 +39,7 @@ tandem bench --arch alexnet --strategies single,dp,hybrid --devices cpu:2 --base
     --image-size 128 --batch-size 32 --steps 10 --warmup 2 --threads "$THREADS" --explain \
     --json "$OUT/cpu_alexnet_hybrid.json"
 "$PY" benchmarks/criterion_bytes.py --replicas 2 4 --json "$OUT/criterion_bytes.json"
+test -d "$OUT/jpegs" || "$PY" benchmarks/make_jpegs.py "$OUT/jpegs" --classes 4 --per-class 64
+for j in 0 1 2; do
+    tandem bench --data "$OUT/jpegs" --image-size 224 -j "$j" --steps 7 --json "$OUT/loader_j$j.json"
+done

@@ -364,3 +364,46 @@ def test_a_broken_setup_is_reported_as_failed_and_the_cli_exits_1(monkeypatch, c
                  "--warmup", "0", "--image-size", "8", "--num-classes", "5"])
     assert code == 1
     assert "dp          failed: setup: ZeroDivisionError" in capsys.readouterr().out
+
+
+# -- tandem bench --data: the input pipeline alone ------------------------------------------
+
+def _jpeg_tree(root, n=6):
+    from PIL import Image
+
+    rng = torch.Generator().manual_seed(0)
+    for i in range(n):
+        path = root / f"c{i % 2}" / f"{i}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pixels = torch.randint(0, 256, (36, 48, 3), generator=rng, dtype=torch.uint8)
+        Image.fromarray(pixels.numpy()).save(path, quality=90)
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_bench_data_json_has_loader_and_reference(tmp_path, workers, capsys):
+    out = tmp_path / "loader.json"
+    code = main(["bench", "--data", str(_jpeg_tree(tmp_path / "jpegs")), "--image-size", "16",
+                 "-j", str(workers), "-b", "2", "--steps", "2", "--warmup", "0",
+                 "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    results = {r["name"]: r for r in report["results"]}
+    assert list(results) == ["loader", "reference"]
+    for r in results.values():
+        assert r["images_per_sec"]["median"] > 0 and r["images_per_sec"]["n"] == 2
+        assert r["images"] == 4  # the training split of the 80/20 split
+        assert "images_per_cpu_sec" in r  # None off Linux or for passes under a clock tick
+    assert (results["loader"]["batch_dtype"], results["reference"]["batch_dtype"]) == \
+        ("uint8", "float32")
+    assert report["config"]["workers"] == workers and report["ratio_loader_vs_reference"] > 0
+    assert "loader / reference" in capsys.readouterr().out
+
+
+def test_bench_data_errors_are_one_line(tmp_path, capsys):
+    assert main(["bench", "--data", str(tmp_path / "missing")]) == 2
+    assert main(["bench", "--data", str(tmp_path), "--arch", "cifar_resnet20"]) == 2
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and "leave out --arch" in err and "needs --arch" in err
+    assert "Traceback" not in err

@@ -63,3 +63,16 @@ def test_gpu_resnet50_script_runs_tiny_on_cpu(tmp_path, capsys):
         assert r["steps"] == 2 and math.isfinite(r["last_loss"])
     printed = capsys.readouterr().out
     assert "tandem single" in printed and "smoke test" in printed
+
+
+def test_make_jpegs_writes_real_size_jpegs(tmp_path):
+    from PIL import Image
+
+    make_jpegs = _load("make_jpegs")
+    assert make_jpegs.main([str(tmp_path / "j"), "--classes", "2", "--per-class", "1"]) == 0
+    files = sorted((tmp_path / "j").rglob("*.jpg"))
+    assert [f.parent.name for f in files] == ["class0", "class1"]
+    for f in files:
+        with Image.open(f) as img:
+            assert (img.format, img.size, img.mode) == ("JPEG", (500, 375), "RGB")
+        assert 40_000 < f.stat().st_size < 200_000  # about a photo's size at quality 90

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
-AUGMENTS = ("none", "standard")
+AUGMENTS = ("auto", "none", "standard", "imagenet")  # tandem.data.load.AUGMENT_CHOICES
 
 
 # What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
@@ -89,8 +89,10 @@ class ModelConfig:
 class DataConfig:
     data: str = opt("digits", "dataset: synthetic, digits, an ImageFolder directory or a "
                     "CIFAR-10 python directory", metavar="NAME|DIR")
-    augment: str = opt("standard", "training augmentation: random shifts (and flips where the "
-                       "data allows)", choices=AUGMENTS)
+    augment: str = opt("auto", "training augmentation. auto (default): imagenet for an ImageFolder "
+                       "directory, standard for digits, synthetic and CIFAR-10; standard: random "
+                       "shifts (and flips where the data allows); imagenet: RandomResizedCrop + "
+                       "flip (ImageFolder only); none", choices=AUGMENTS)
     image_size: int | None = opt(None, "resize images to this side (default: the dataset's own)",
                                  metavar="PX")
     num_classes: int | None = opt(None, "classes of the synthetic dataset", metavar="N")

@@ -4,6 +4,11 @@ Example (CPU, two replica threads)::
 
     tandem bench --arch cifar_resnet20 --strategies single,dp,balanced --devices cpu:2 \\
         --batch-size 64 --steps 20
+
+With ``--data DIR`` and no ``--arch`` it times the input pipeline alone, next to a
+torchvision-style reference on the same files (:mod:`tandem.bench.loader_bench`)::
+
+    tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json
 """
 
 from __future__ import annotations
@@ -19,13 +24,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "bench", help="time training steps of strategies and torch baselines side by side",
         description="Warm up, then time full training steps (forward, loss, backward, SGD) on "
                     "synthetic data, interleaving the strategies round by round.")
-    p.add_argument("-a", "--arch", required=True, help="model name (see `tandem models`)")
+    p.add_argument("-a", "--arch", help="model name (see `tandem models`); required unless "
+                   "--data times the input pipeline")
+    p.add_argument("--data", metavar="DIR", default=None,
+                   help="an ImageFolder directory: time tandem's input pipeline on it, next to "
+                        "a torchvision-style Pillow reference (no model)")
+    p.add_argument("-j", "--workers", type=int, default=0,
+                   help="with --data: loader worker processes (default: %(default)s)")
     p.add_argument("--strategies", default="single,dp,balanced",
                    help="comma list of single,dp,balanced,hybrid,ddp (default: %(default)s)")
     p.add_argument("--devices", default="auto", help="cpu, cpu:N, cuda, cuda:0,1 or auto")
     p.add_argument("-b", "--batch-size", type=int, default=64, help="global batch per step")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per contestant")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed steps per contestant (default 20); with --data, timed passes "
+                        "over the files (default 5)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps first (default 3); with --data, passes (default 1)")
     p.add_argument("--image-size", type=int, default=None,
                    help="square input size (default: 32 for cifar_*, else 224)")
     p.add_argument("--num-classes", type=int, default=None,
@@ -52,12 +66,33 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _run_data(args: argparse.Namespace) -> int:
+    from tandem.bench import write_json
+    from tandem.bench.loader_bench import format_loader_table, run_loader_bench
+
+    report = run_loader_bench(
+        args.data, image_size=args.image_size or 224, workers=args.workers,
+        batch_size=args.batch_size, rounds=5 if args.steps is None else args.steps,
+        warmup=1 if args.warmup is None else args.warmup, seed=args.seed)
+    print(format_loader_table(report), file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        write_json(report, args.json)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from tandem.bench import BenchConfig, explain, format_table, run_bench, write_json
 
+    if args.data is not None:
+        if args.arch is not None:
+            raise ValueError("--data times the input pipeline alone: leave out --arch")
+        return _run_data(args)
+    if args.arch is None:
+        raise ValueError("bench needs --arch (or --data DIR to time the input pipeline)")
     config = BenchConfig(
         arch=args.arch, strategies=args.strategies, devices=args.devices,
-        batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+        batch_size=args.batch_size, steps=20 if args.steps is None else args.steps,
+        warmup=3 if args.warmup is None else args.warmup,
         image_size=args.image_size, num_classes=args.num_classes, amp=args.amp,
         amp_dtype=args.amp_dtype, channels_last=args.channels_last, sync_bn=args.sync_bn,
         buffers=args.buffers, baselines=args.baselines, seed=args.seed, threads=args.threads,

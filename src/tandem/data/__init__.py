@@ -10,9 +10,11 @@ for how global batches are split across ranks.
 
 from .base import DatasetInfo, ImageDataset
 from .load import DATASET_NAMES, load_dataset
-from .loader import ShardedBatchSampler, epoch_order, make_loader, shard_sizes
+from .device import Normalization, to_device
+from .loader import LoaderCache, ShardedBatchSampler, epoch_order, make_loader, shard_sizes
 
 __all__ = [
     "load_dataset", "make_loader", "DatasetInfo", "ImageDataset", "DATASET_NAMES",
-    "ShardedBatchSampler", "shard_sizes", "epoch_order",
+    "ShardedBatchSampler", "shard_sizes", "epoch_order", "LoaderCache", "Normalization",
+    "to_device",
 ]

@@ -8,6 +8,10 @@ rank or strategy loads it. A plain ``int`` index also works and means ``(index, 
 Subclasses implement ``__len__`` and ``raw(index) -> (CHW float32 numpy array, label)``: the
 decoded image at its final size, values in ``[0, 1]`` (or already standardised for
 ``synthetic``), before augmentation and normalisation. ``__getitem__`` returns a torch tensor.
+
+A dataset may instead return ``uint8`` images (``dtype = torch.uint8``, as ImageFolder does)
+and name a ``normalization``; the training step then normalises on the device
+(:func:`tandem.data.device.to_device`). Float datasets have ``normalization = None``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ __all__ = [
     "stratified_split",
 ]
 
-AUGMENT_MODES = ("none", "standard")
+AUGMENT_MODES = ("none", "standard", "imagenet")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class ImageDataset(Dataset):
     sample, normalised. Labels are ints; :func:`make_loader` collates them into a long tensor.
     """
 
+    dtype = torch.float32  # of the images __getitem__ returns
+    normalization = None  # what the device applies to uint8 images (None: already float)
+
     def __init__(self, *, shape: tuple[int, int, int], augment: str, pad: int, flip: bool,
                  mean: Sequence[float], std: Sequence[float]):
         self.shape = tuple(shape)  # (C, H, W) of every sample this dataset returns
@@ -79,12 +86,16 @@ class ImageDataset(Dataset):
     def raw(self, index: int) -> tuple[np.ndarray, int]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def __getitem__(self, key) -> tuple[torch.Tensor, int]:
+    def _split(self, key) -> tuple[int, int, int]:
         index, seed, epoch = split_key(key)
         n = len(self)
         if not 0 <= index < n:
             raise IndexError(f"sample index {index} out of range for {type(self).__name__} "
                              f"of {n} samples")
+        return index, seed, epoch
+
+    def __getitem__(self, key) -> tuple[torch.Tensor, int]:
+        index, seed, epoch = self._split(key)
         image, label = self.raw(index)
         if self.augment == "standard":
             rng = SampleRandom(seed, epoch, index)

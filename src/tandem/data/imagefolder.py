@@ -17,13 +17,19 @@ when their extension is in :data:`IMG_EXTENSIONS`.
    from the sample list with one warning. Counts and splits then only include good files.
 2. A file whose header is fine but whose pixels fail to decode (e.g. a truncated JPEG) is
    found only when it is loaded. Then the next sample in index order that decodes (wrapping
-   around) is returned in its place, with its own label, and one warning per file per process
+   around) is returned in its place, with its own label (cropped with the draws of the sample
+   asked for), and one warning per file per process
    (each DataLoader worker warns separately). That substitute makes the sample appear twice in
    that epoch: a known, logged inexactness that only such half-broken files can cause.
 
-Each sample is resized so its shorter side is ``image_size`` (default 224) and centre-cropped
-to a square, then, with ``augment="standard"``, shifted by up to ``image_size // 8`` pixels
-and flipped, and normalised with the ImageNet mean and std.
+Samples are ``uint8`` ``(3, S, S)`` tensors, ``S = image_size`` (default 224); the training
+step normalises them on the device with the ImageNet mean and std (:attr:`NORMALIZATION`).
+The crops (see :mod:`tandem.data.imagenet_transforms`):
+
+* ``augment="imagenet"`` (the default for this data): RandomResizedCrop to ``S`` + flip;
+* ``augment="none"`` and validation: resize the shorter side to ``S * 256/224``, centre-crop;
+* ``augment="standard"``: that centre crop, shifted by up to ``S // 8`` pixels (zero fill)
+  and flipped, like the CIFAR recipe.
 """
 
 from __future__ import annotations
@@ -35,11 +41,15 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+import torch
+
 from .base import DatasetInfo, ImageDataset, stratified_split
-from .transforms import center_crop_pil, decode, resize_shorter, to_array
+from .device import Normalization
+from .imagenet_transforms import train_crop, val_crop
+from .transforms import SampleRandom, hflip, random_shift
 
 __all__ = ["ImageFolderDataset", "load_imagefolder", "find_images", "IMG_EXTENSIONS",
-           "SPLIT_SEED", "VAL_FRACTION"]
+           "SPLIT_SEED", "VAL_FRACTION", "NORMALIZATION"]
 
 log = logging.getLogger("tandem.data")
 
@@ -50,6 +60,7 @@ VAL_FRACTION = 0.2
 DEFAULT_SIZE = 224
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
+NORMALIZATION = Normalization(MEAN, STD)
 
 _warned: set[str] = set()  # files already reported in this process
 
@@ -91,7 +102,14 @@ def find_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
 
 
 class ImageFolderDataset(ImageDataset):
-    """A list of ``(path, label)`` decoded with Pillow on access (see module doc)."""
+    """A list of ``(path, label)`` decoded with Pillow on access to ``uint8`` (see module doc).
+
+    It replaces the float ``raw`` -> normalise path of :class:`ImageDataset` by its own
+    ``__getitem__``: crops come out of Pillow as ``uint8`` and stay so until the device.
+    """
+
+    dtype = torch.uint8
+    normalization = NORMALIZATION
 
     def __init__(self, samples: list[tuple[str, int]], *, image_size: int, augment: str):
         super().__init__(shape=(3, image_size, image_size), augment=augment,
@@ -103,23 +121,39 @@ class ImageFolderDataset(ImageDataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _decode(self, index: int) -> np.ndarray:
-        img = resize_shorter(decode(self.samples[index][0]), self.image_size)
-        return to_array(center_crop_pil(img, self.image_size))
+    def _decode(self, index: int, rng: SampleRandom) -> np.ndarray:
+        """``(S, S, 3)`` uint8 crop of file ``index``; the draws come from ``rng``."""
+        path = self.samples[index][0]
+        if self.augment == "imagenet":
+            return train_crop(path, self.image_size, rng)
+        image = val_crop(path, self.image_size)
+        if self.augment == "standard":
+            chw = random_shift(image.transpose(2, 0, 1), self.pad, rng)
+            image = np.ascontiguousarray((hflip(chw) if rng.coin() else chw).transpose(1, 2, 0))
+        return image
 
-    def raw(self, index: int) -> tuple[np.ndarray, int]:
+    def decode_key(self, key) -> tuple[np.ndarray, int]:
+        """``(HWC uint8 image, label)`` for a sample key, substituting the next decodable file
+        for a corrupt one (warned once per file per process)."""
+        index, seed, epoch = self._split(key)
         n = len(self.samples)
         for step in range(n):
             i = (index + step) % n
             if i in self._bad:
                 continue
-            try:
-                return self._decode(i), self.samples[i][1]
+            try:  # the draws are keyed by the sample asked for, even for a substitute
+                return self._decode(i, SampleRandom(seed, epoch, index)), self.samples[i][1]
             except Exception as exc:  # corrupt pixels: substitute the next good sample
                 self._bad.add(i)
                 _warn_once(self.samples[i][0], f"{type(exc).__name__}: {exc}")
         raise RuntimeError(f"no image in this ImageFolder split can be decoded "
                            f"(first: '{self.samples[0][0]}')")
+
+    def __getitem__(self, key) -> tuple[torch.Tensor, int]:
+        """``(3, S, S)`` uint8, a view of the ``(S, S, 3)`` crop (channels-last strides, which
+        :func:`~tandem.data.loader.collate` keeps: no transpose on the CPU)."""
+        image, label = self.decode_key(key)
+        return torch.from_numpy(image).permute(2, 0, 1), label
 
 
 def load_imagefolder(root: Path, *, augment: str, image_size: int | None):

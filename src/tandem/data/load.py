@@ -18,11 +18,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .base import check_augment
+from .base import AUGMENT_MODES
 
-__all__ = ["load_dataset", "DATASET_NAMES"]
+__all__ = ["load_dataset", "DATASET_NAMES", "AUGMENT_CHOICES", "DEFAULT_AUGMENT"]
 
 DATASET_NAMES = ("synthetic", "digits")
+# "auto" is each kind of data's own recipe: DEFAULT_AUGMENT["imagefolder"] for ImageFolder
+# directories, DEFAULT_AUGMENT["other"] for digits, synthetic and CIFAR-10.
+AUGMENT_CHOICES = ("auto", *AUGMENT_MODES)
+DEFAULT_AUGMENT = {"imagefolder": "imagenet", "other": "standard"}
+
+
+def _augment_for(augment: str, kind: str, spec: str) -> str:
+    """Resolve ``auto`` for this kind of data; ``imagenet`` needs an ImageFolder directory."""
+    if augment == "auto":
+        return DEFAULT_AUGMENT[kind]
+    if augment == "imagenet" and kind != "imagefolder":
+        raise ValueError(f"augment 'imagenet' (RandomResizedCrop) needs an ImageFolder "
+                         f"directory; data '{spec}' is not one (use 'standard')")
+    return augment
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -35,23 +49,27 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
                  num_classes: int | None = None):
     """Return ``(train_dataset, val_dataset, DatasetInfo)`` for ``spec``.
 
-    ``augment`` (``"none"`` or ``"standard"``) applies to the training split only; validation
-    is never augmented. ``seed`` chooses the ``synthetic`` data; real data splits are fixed
+    ``augment`` (one of :data:`AUGMENT_CHOICES`) applies to the training split only;
+    validation is never augmented (``auto``: the data's own recipe, see
+    :data:`DEFAULT_AUGMENT`). ``seed`` chooses the ``synthetic`` data; real data splits are fixed
     whatever the seed, so the validation set never changes between runs. ``synthetic_size``
     and ``num_classes`` shape the synthetic data; for real data ``num_classes``, when given,
     must match the data's class count.
     """
-    check_augment(augment)
+    if augment not in AUGMENT_CHOICES:
+        raise ValueError(f"unknown augment {augment!r}; choose one of: "
+                         f"{', '.join(AUGMENT_CHOICES)}")
     if not isinstance(spec, (str, os.PathLike)):
         raise ValueError(f"data spec must be a name or a path, got {spec!r}")
     spec = os.fspath(spec)
     if spec == "synthetic":
         from .synthetic import load_synthetic
-        return load_synthetic(augment=augment, seed=seed, image_size=image_size,
-                              size=synthetic_size, num_classes=num_classes)
+        return load_synthetic(augment=_augment_for(augment, "other", spec), seed=seed,
+                              image_size=image_size, size=synthetic_size, num_classes=num_classes)
     if spec == "digits":
         from .digits import load_digits_data
-        result = load_digits_data(augment=augment, image_size=image_size)
+        result = load_digits_data(augment=_augment_for(augment, "other", spec),
+                                  image_size=image_size)
     else:
         path = Path(spec).expanduser()
         if not path.exists():
@@ -67,10 +85,12 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
         from .cifar10 import find_cifar_dir, load_cifar10
         cifar_dir = find_cifar_dir(path)
         if cifar_dir is not None:
-            result = load_cifar10(cifar_dir, augment=augment, image_size=image_size)
+            result = load_cifar10(cifar_dir, augment=_augment_for(augment, "other", spec),
+                                  image_size=image_size)
         else:
             from .imagefolder import load_imagefolder
-            result = load_imagefolder(path, augment=augment, image_size=image_size)
+            result = load_imagefolder(path, augment=_augment_for(augment, "imagefolder", spec),
+                                      image_size=image_size)
     info = result[2]
     if num_classes is not None and num_classes != info.num_classes:
         raise ValueError(f"data '{spec}' has {info.num_classes} classes, but num_classes="

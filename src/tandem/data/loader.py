@@ -22,6 +22,10 @@
   so augmentation does not depend on workers, rank or strategy. Workers get a seeded
   ``worker_init_fn`` (torch, numpy and ``random``), and the DataLoader has its own generator,
   so iterating never consumes the global torch RNG.
+* :class:`LoaderCache` keeps one DataLoader per dataset and moves its sampler to the next
+  epoch (or resume position) instead of building a new one, so **persistent workers** live
+  for the whole run. Workers prefetch :data:`PREFETCH` batches each; batches go to pinned
+  memory when the caller asks (on CUDA), so the copy to the device can overlap compute.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ from torch.utils.data import DataLoader, Sampler
 
 from .transforms import mix_seed
 
-__all__ = ["make_loader", "ShardedBatchSampler", "shard_sizes", "collate", "epoch_order"]
+__all__ = ["make_loader", "ShardedBatchSampler", "shard_sizes", "collate", "epoch_order",
+           "LoaderCache", "PREFETCH"]
+
+PREFETCH = 4  # batches in flight per worker
 
 
 def shard_sizes(batch: int, world_size: int) -> list[int]:
@@ -59,18 +66,23 @@ class ShardedBatchSampler(Sampler):
                  epoch: int, rank: int = 0, world_size: int = 1, start_batch: int = 0):
         _check_int("batch_size", batch_size, 1)
         _check_int("world_size", world_size, 1)
-        _check_int("epoch", epoch, 0)
-        _check_int("start_batch", start_batch, 0)
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.total_batches = -(-num_samples // batch_size)
+        self.shuffle, self.seed = shuffle, seed
+        self.rank, self.world_size = rank, world_size
+        self.set_position(epoch, start_batch)
+
+    def set_position(self, epoch: int, start_batch: int = 0) -> None:
+        """Move to ``epoch``, skipping its first ``start_batch`` global batches."""
+        _check_int("epoch", epoch, 0)
+        _check_int("start_batch", start_batch, 0)
         if start_batch > self.total_batches:
             raise ValueError(f"start_batch {start_batch} is past the end of the epoch "
-                             f"({self.total_batches} batches of {batch_size})")
-        self.shuffle, self.seed, self.epoch = shuffle, seed, epoch
-        self.rank, self.world_size, self.start_batch = rank, world_size, start_batch
+                             f"({self.total_batches} batches of {self.batch_size})")
+        self.epoch, self.start_batch = epoch, start_batch
 
     def __len__(self) -> int:
         return self.total_batches - self.start_batch
@@ -85,11 +97,21 @@ class ShardedBatchSampler(Sampler):
             yield [(i, self.seed, self.epoch) for i in batch[lo:lo + sizes[self.rank]]]
 
 
-def collate(samples: list, *, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``(image, label)`` pairs; an empty list gives ``(0, *shape)`` and ``(0,)`` tensors."""
+def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``(image, label)`` pairs; an empty list gives ``(0, *shape)`` and ``(0,)`` tensors.
+
+    The batch keeps the samples' layout: channels-last samples give a channels-last batch.
+    """
     if not samples:
-        return torch.empty((0, *shape)), torch.empty((0,), dtype=torch.int64)
-    images = torch.stack([s[0] for s in samples])
+        return torch.empty((0, *shape), dtype=dtype), torch.empty((0,), dtype=torch.int64)
+    images = [s[0] for s in samples]
+    if all(x.dim() == 3 and x.permute(1, 2, 0).is_contiguous() for x in images):
+        # channels-last samples (ImageFolder's HWC crops seen as CHW): a plain copy into an
+        # (N, C, H, W) batch with channels-last strides, not a transpose per sample
+        images = torch.stack([x.permute(1, 2, 0) for x in images]).permute(0, 3, 1, 2)
+    else:
+        images = torch.stack(images)
     labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
     return images, labels
 
@@ -108,12 +130,12 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: int,
                 workers: int = 0, rank: int = 0, world_size: int = 1, start_batch: int = 0,
-                pin_memory: bool = False) -> DataLoader:
+                pin_memory: bool = False, persistent: bool = False) -> DataLoader:
     """A DataLoader over this rank's share of the epoch's global batches (see module doc).
 
     ``batch_size`` is the global batch. ``dataset`` must accept ``(index, seed, epoch)`` keys
-    (every tandem dataset does) and have a ``shape`` attribute ``(C, H, W)`` used to shape
-    empty batches.
+    (every tandem dataset does) and have a ``shape`` attribute ``(C, H, W)`` (and optionally a
+    ``dtype``) used to shape empty batches. ``persistent`` keeps the workers between epochs.
     """
     _check_int("workers", workers, 0)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
@@ -124,8 +146,37 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
         dataset,
         batch_sampler=sampler,
         num_workers=workers,
-        collate_fn=functools.partial(collate, shape=tuple(dataset.shape)),
+        collate_fn=functools.partial(collate, shape=tuple(dataset.shape),
+                                     dtype=getattr(dataset, "dtype", torch.float32)),
         worker_init_fn=functools.partial(_seed_worker, base=base) if workers else None,
         generator=torch.Generator().manual_seed(base),  # keeps the global RNG untouched
         pin_memory=pin_memory,
+        persistent_workers=persistent and workers > 0,
+        prefetch_factor=PREFETCH if workers else None,
     )
+
+
+class LoaderCache:
+    """One DataLoader per ``(dataset, settings)``, moved from epoch to epoch.
+
+    ``get`` takes :func:`make_loader`'s arguments. The first call builds the loader with
+    persistent workers; later calls with the same dataset and settings only move its sampler
+    (:meth:`ShardedBatchSampler.set_position`), so the workers, their open files and their
+    record of corrupt images survive. Batches are the same as from a fresh loader: the keys
+    are made in this process, and the workers' own RNGs are never used for augmentation.
+    """
+
+    def __init__(self):
+        self._loaders: dict[tuple, tuple[object, DataLoader]] = {}
+
+    def get(self, dataset, batch_size: int, *, epoch: int, start_batch: int = 0,
+            **settings) -> DataLoader:
+        key = (id(dataset), batch_size, *sorted(settings.items()))
+        if key in self._loaders:
+            loader = self._loaders[key][1]
+            loader.batch_sampler.set_position(epoch, start_batch)
+            return loader
+        loader = make_loader(dataset, batch_size, epoch=epoch, start_batch=start_batch,
+                             persistent=True, **settings)
+        self._loaders[key] = (dataset, loader)  # holding the dataset keeps its id unique
+        return loader

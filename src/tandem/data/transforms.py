@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 __all__ = [
-    "SampleRandom", "mix_seed", "decode", "resize_shorter", "center_crop_pil", "to_array",
+    "SampleRandom", "mix_seed", "decode", "shorter_side_size", "resize_shorter", "center_crop_pil",
+    "to_array",
     "random_shift", "hflip", "normalize", "to_tensor", "resize_array",
 ]
 
@@ -70,6 +71,10 @@ class SampleRandom:
         """A fair coin flip."""
         return bool(self._next() >> 63)
 
+    def uniform(self, low: float, high: float) -> float:
+        """Uniform float in ``[low, high)`` (53 random bits, like ``random.random``)."""
+        return low + (high - low) * ((self._next() >> 11) * 2.0 ** -53)
+
 
 # -- decoding (PIL) ------------------------------------------------------------------------
 
@@ -80,16 +85,19 @@ def decode(path) -> Image.Image:
         return img.convert("RGB")
 
 
+def shorter_side_size(w: int, h: int, size: int) -> tuple[int, int]:
+    """``(w, h)`` scaled so the shorter side is ``size``, the other side rounded."""
+    if w <= h:
+        return size, max(1, round(h * size / w))
+    return max(1, round(w * size / h)), size
+
+
 def resize_shorter(img: Image.Image, size: int) -> Image.Image:
     """Resize so the shorter side is ``size`` pixels, keeping the aspect ratio (bilinear)."""
     w, h = img.size
     if min(w, h) == size:
         return img
-    if w <= h:
-        new = (size, max(1, round(h * size / w)))
-    else:
-        new = (max(1, round(w * size / h)), size)
-    return img.resize(new, Image.BILINEAR)
+    return img.resize(shorter_side_size(w, h, size), Image.BILINEAR)
 
 
 def center_crop_pil(img: Image.Image, size: int) -> Image.Image:

@@ -26,7 +26,7 @@ from torch import nn
 
 from tandem import checkpoint
 from tandem.config import TrainConfig
-from tandem.data import make_loader
+from tandem.data import LoaderCache, to_device
 from tandem.strategies import Strategy
 
 from .curves import plot_curves
@@ -70,19 +70,23 @@ class Trainer:
     # The epoch under way's train sums (loss_sum, correct, count, seconds) over every process,
     # saved with a mid-epoch checkpoint so that the resumed epoch still gets one whole row.
     carried: dict | None = None
+    loaders: LoaderCache = field(default_factory=LoaderCache)  # persistent workers
 
     # -- helpers ----------------------------------------------------------------------------
     def _loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
         s = self.strategy
-        return make_loader(dataset, self.cfg.optim.batch_size, shuffle=train,
-                           seed=self.cfg.run.seed, epoch=epoch, workers=self.cfg.data.workers,
-                           rank=s.rank, world_size=s.world_size, start_batch=start_batch)
+        return self.loaders.get(dataset, self.cfg.optim.batch_size, shuffle=train,
+                                seed=self.cfg.run.seed, epoch=epoch,
+                                workers=self.cfg.data.workers, rank=s.rank,
+                                world_size=s.world_size, start_batch=start_batch,
+                                pin_memory=s.device.type == "cuda")
 
     def _to_device(self, images: torch.Tensor, targets: torch.Tensor):
+        """Copy a batch to the device; uint8 images are normalised there (train and val
+        splits share their normalisation, so the val set's serves both)."""
         device = self.strategy.device
-        images = images.to(device, non_blocking=True)
-        if self.cfg.parallel.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = to_device(images, device, channels_last=self.cfg.parallel.channels_last,
+                           normalization=getattr(self.val_set, "normalization", None))
         return images, targets.to(device, non_blocking=True)
 
     def _autocast(self):

@@ -1,0 +1,199 @@
+"""``tandem bench --data DIR``: the input pipeline alone, next to a torchvision-style reference.
+
+Two contestants read the same files (the ImageFolder's training split) through the same
+sampler, batch size and number of workers, with the same crop boxes (both draw them from the
+per-sample :class:`~tandem.data.transforms.SampleRandom`):
+
+* ``loader``: tandem's ImageFolder training pipeline. JPEG ``draft``, one ``resize(box=...)``,
+  flip, ``uint8`` batches; the float conversion and normalisation belong to the device step
+  and are not timed here (on a GPU they cost the CPU nothing).
+* ``reference``: what a torchvision ImageFolder + ``RandomResizedCrop`` + ``ToTensor`` +
+  ``Normalize`` pipeline does, step for step as torchvision does it, written here in Pillow
+  and torch: open, ``convert("RGB")``, ``resize(box=...)``, flip, to a float tensor in
+  ``[0, 1]``, normalise; float batches.
+
+Per core: this process runs with one intra-op thread (DataLoader workers always do), so with
+``-j 0`` each pipeline runs on exactly one core and OpenMP's barrier stalls on a busy machine
+do not penalise the reference's float arithmetic.
+
+Two clocks: wall time (``images_per_sec``, what a training job waits for) and CPU time of
+this process and its workers (``images_per_cpu_sec``, read from ``/proc`` on Linux, else
+``None``): images per CPU-second is the per-core throughput, and it barely moves when other
+processes share the machine, which wall time does.
+
+A round is one full pass over the files by each contestant, the order alternating from round
+to round, so load from other processes hits both alike. Workers persist between rounds and a
+pass runs to the end, so no prefetched work of one contestant overlaps the other's timing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tandem.data.base import split_key
+from tandem.data.imagefolder import MEAN, STD, load_imagefolder
+from tandem.data.imagenet_transforms import random_resized_box
+from tandem.data.loader import make_loader
+from tandem.data.transforms import SampleRandom
+
+from .suite import machine_info
+from .timing import clock, summarize
+
+__all__ = ["ReferenceDataset", "run_loader_bench", "format_loader_table"]
+
+
+class ReferenceDataset(torch.utils.data.Dataset):
+    """The torchvision-style training transform on ``(path, label)`` samples (see module doc)."""
+
+    def __init__(self, samples: list[tuple[str, int]], image_size: int):
+        self.samples, self.image_size = samples, image_size
+        self.shape = (3, image_size, image_size)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key) -> tuple[torch.Tensor, int]:
+        index, seed, epoch = split_key(key)
+        rng = SampleRandom(seed, epoch, index)
+        path, label = self.samples[index]
+        with open(path, "rb") as f:  # torchvision's pil_loader
+            img = Image.open(f).convert("RGB")
+        box = random_resized_box(img.width, img.height, rng)
+        flip = rng.coin()
+        size = self.image_size
+        img = img.resize((size, size), Image.BILINEAR, box=box)
+        if flip:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        # ToTensor: a writable copy, channels first, float in [0, 1]
+        tensor = torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1).contiguous()
+        tensor = tensor.float().div(255)
+        # Normalize (inplace=False): a clone, then per-channel mean and std made per call
+        tensor = tensor.clone()
+        mean = torch.as_tensor(MEAN, dtype=tensor.dtype).view(-1, 1, 1)
+        std = torch.as_tensor(STD, dtype=tensor.dtype).view(-1, 1, 1)
+        return tensor.sub_(mean).div_(std), label
+
+
+def _cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process and its live children (Linux), else None."""
+    total = time.process_time()
+    for child in multiprocessing.active_children():  # DataLoader workers
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime+stime
+    return total
+
+
+def _pass(loader) -> tuple[float, float | None, int]:
+    """Wall seconds, CPU seconds (or None) and images of one full pass over ``loader``."""
+    images = 0
+    cpu, start = _cpu_seconds(), clock()
+    for batch, _ in loader:
+        images += batch.shape[0]
+    wall, cpu_end = clock() - start, _cpu_seconds()
+    return wall, (None if cpu is None or cpu_end is None else cpu_end - cpu), images
+
+
+def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
+                     batch_size: int = 64, rounds: int = 5, warmup: int = 1,
+                     seed: int = 0) -> dict:
+    """Time both pipelines on ``data``'s training split.
+
+    Returns ``{config, machine, results, ratio_loader_vs_reference,
+    cpu_ratio_loader_vs_reference}``; ``results`` holds ``loader`` then ``reference``, each
+    with ``images_per_sec`` and ``images_per_cpu_sec`` statistics (``median``, ...).
+    """
+    for name, value, low in (("image_size", image_size, 1), ("workers", workers, 0),
+                             ("batch_size", batch_size, 1), ("rounds", rounds, 1),
+                             ("warmup", warmup, 0)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"bad {name} {value!r}: must be an int >= {low}")
+    root = Path(data).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"--data '{data}' is not a directory")
+    train, _, _ = load_imagefolder(root, augment="imagenet", image_size=image_size)
+    contestants = {"loader": train, "reference": ReferenceDataset(train.samples, image_size)}
+    machine = machine_info([torch.device("cpu")])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = _race(contestants, batch_size, workers, rounds, warmup, seed)
+    finally:
+        torch.set_num_threads(threads)
+    results = []
+    for name, ds in contestants.items():
+        ips = summarize(times[name]["wall"]).as_dict()
+        cpu = times[name]["cpu"]
+        results.append({"name": name, "images": len(train), "images_per_sec": ips,
+                        "images_per_sec_per_core": ips["median"] / max(1, workers),
+                        "images_per_cpu_sec": summarize(cpu).as_dict() if cpu else None,
+                        "batch_dtype": str(getattr(ds, "dtype", torch.float32))[6:]})
+    ratio = _paired_ratio(times["loader"]["wall"], times["reference"]["wall"])
+    cpu_ratio = _paired_ratio(times["loader"]["cpu"], times["reference"]["cpu"])
+    config = {"data": str(root), "image_size": image_size, "workers": workers,
+              "batch_size": batch_size, "rounds": rounds, "warmup": warmup, "seed": seed,
+              "torch_threads": 1}
+    return {"config": config, "machine": machine, "results": results,
+            "ratio_loader_vs_reference": ratio, "cpu_ratio_loader_vs_reference": cpu_ratio}
+
+
+def _paired_ratio(ours: list[float], theirs: list[float]) -> float | None:
+    """Median over rounds of ``ours / theirs``: each ratio compares two passes that ran side
+    by side, so it is steadier under load than a ratio of two medians."""
+    if not ours or len(ours) != len(theirs):
+        return None
+    return statistics.median(a / b for a, b in zip(ours, theirs))
+
+
+def _race(contestants: dict, batch_size: int, workers: int, rounds: int, warmup: int,
+          seed: int) -> dict[str, dict[str, list[float]]]:
+    """Images per wall- and per CPU-second of every timed pass, per contestant, interleaved."""
+    loaders = {name: make_loader(ds, batch_size, shuffle=True, seed=seed, epoch=0,
+                                 workers=workers, persistent=True)
+               for name, ds in contestants.items()}
+    times = {name: {"wall": [], "cpu": []} for name in loaders}
+    names = list(loaders)
+    for r in range(warmup + rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            loaders[name].batch_sampler.set_position(epoch=r)
+            wall, cpu, images = _pass(loaders[name])
+            if r >= warmup:
+                times[name]["wall"].append(images / wall)
+                if cpu:  # None off Linux; 0 when a pass is shorter than a clock tick
+                    times[name]["cpu"].append(images / cpu)
+    del loaders  # shuts the persistent workers down
+    return times
+
+
+def format_loader_table(report: dict) -> str:
+    """The human-readable table of :func:`run_loader_bench`'s report."""
+    c, m = report["config"], report["machine"]
+    lines = [f"tandem bench --data: {c['data']}, {report['results'][0]['images']} images, "
+             f"{c['image_size']}x{c['image_size']}, batch {c['batch_size']}, "
+             f"-j {c['workers']}, {c['rounds']} timed passes after {c['warmup']} warm-up; "
+             f"torch {m['torch']}, {m['cpu_count']} CPUs, {m['date_utc']}",
+             f"{'pipeline':<10} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'img/s/core':>10} "
+             f"{'img/CPU-s':>9}"]
+    for r in report["results"]:
+        s, cpu = r["images_per_sec"], r["images_per_cpu_sec"]
+        lines.append(f"{r['name']:<10} {s['median']:8.1f} {s['iqr']:7.1f} "
+                     f"{s['min']:7.1f}..{s['max']:<7.1f} {r['images_per_sec_per_core']:10.1f} "
+                     f"{cpu['median'] if cpu else float('nan'):9.1f}")
+    cpu_ratio = report["cpu_ratio_loader_vs_reference"]
+    lines.append(f"loader / reference: {report['ratio_loader_vs_reference']:.2f}x img/s, "
+                 f"{'n/a' if cpu_ratio is None else f'{cpu_ratio:.2f}x'} img per CPU-second "
+                 f"(median of the rounds' ratios; loader batches are uint8, normalised later "
+                 f"on the device)")
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""The device half of the input pipeline: ``uint8`` batches become normalised floats there.
+
+Decoded images cross the worker pipe and the host-to-device copy as ``uint8`` (a quarter of
+the float32 bytes) and are converted where the model runs, inside the training step, the same
+way for every strategy. :class:`Normalization` does the arithmetic in float32 in the order the
+CPU path of :class:`~tandem.data.base.ImageDataset` uses (``x / 255``, ``- mean``,
+``* (1 / std)``), so a batch normalised on the CPU device is bit-identical to one normalised
+on the CPU in a worker. Datasets whose samples are already float (digits, synthetic,
+CIFAR-10) pass through :func:`to_device` unchanged apart from the copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["Normalization", "to_device"]
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Per-channel ``mean`` and ``std`` of images whose ``uint8`` values map to ``[0, 1]``."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._cache:
+            mean = np.asarray(self.mean, dtype=np.float32).reshape(1, -1, 1, 1)
+            inv_std = 1.0 / np.asarray(self.std, dtype=np.float32).reshape(1, -1, 1, 1)
+            self._cache[device] = (torch.from_numpy(mean).to(device),
+                                   torch.from_numpy(inv_std).to(device))
+        return self._cache[device]
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """``(N, C, H, W)`` ``uint8`` -> normalised float32 on the same device and layout."""
+        if images.dtype != torch.uint8:
+            raise ValueError(f"Normalization expects uint8 images, got {images.dtype}")
+        mean, inv_std = self._constants(images.device)
+        return images.float().div_(255).sub_(mean).mul_(inv_std)
+
+
+def to_device(images: torch.Tensor, device: torch.device, *,
+              normalization: Normalization | None = None,
+              channels_last: bool = False) -> torch.Tensor:
+    """Copy a batch to ``device``; there, ``uint8`` images are normalised, and put in
+    channels-last layout when asked, else contiguous NCHW (before the float conversion, which
+    keeps the layout: fewer bytes to move)."""
+    images = images.to(device, non_blocking=True)
+    if images.dim() == 4:  # batches may arrive channels-last (ImageFolder's do): fix the layout
+        images = images.contiguous(memory_format=torch.channels_last if channels_last
+                                   else torch.contiguous_format)
+    if images.dtype == torch.uint8:
+        if normalization is None:
+            raise ValueError("a uint8 batch needs its dataset's normalization (mean and std)")
+        images = normalization(images)
+    return images

@@ -1,0 +1,137 @@
+"""ImageNet-style crops decoded straight to ``uint8``: RandomResizedCrop + flip, and the val crop.
+
+* :func:`random_resized_box` draws the crop box of the imagenet recipe (area scale 0.08 to 1 of
+  the image, aspect ratio 3/4 to 4/3 drawn log-uniformly, 10 tries, then a centre crop of the
+  whole image clamped to the ratio range). The draws come from a
+  :class:`~tandem.data.transforms.SampleRandom` keyed by the sample, so a sample gets the same
+  box whatever the worker, rank or strategy that loads it.
+* :func:`train_crop` and :func:`val_crop` (resize the shorter side to ``size * 256/224``, then
+  centre-crop ``size``) do the decoding, and decode only what is needed. A JPEG whose crop is
+  at least twice the output size is decoded at 1/2, 1/4 or 1/8 scale by libjpeg itself
+  (Pillow's ``draft``). The training crop resamples only its box (``resize(box=...)``: one
+  pass, no intermediate image). Grey and CMYK images are resampled in their own mode and
+  converted to RGB at the output size, and RGB is never copied by a ``convert``. The result is
+  an ``(H, W, 3)`` ``uint8`` array: float conversion and normalisation happen on the device
+  (:mod:`tandem.data.device`).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+from PIL import Image
+
+from .transforms import SampleRandom, shorter_side_size
+
+__all__ = ["SCALE", "RATIO", "TRIES", "VAL_RESIZE_RATIO", "random_resized_box", "val_resize",
+           "train_crop", "val_crop", "resize_box"]
+
+SCALE = (0.08, 1.0)
+RATIO = (3 / 4, 4 / 3)
+TRIES = 10
+VAL_RESIZE_RATIO = 256 / 224  # val: resize the shorter side to size * 256/224, crop size
+
+
+def random_resized_box(width: int, height: int, rng: SampleRandom, scale=SCALE, ratio=RATIO,
+                       tries: int = TRIES) -> tuple[int, int, int, int]:
+    """``(left, top, right, bottom)`` of a random crop inside a ``width x height`` image.
+
+    Each try draws an area fraction uniformly from ``scale`` and an aspect ratio (w/h)
+    log-uniformly from ``ratio``; the first box that fits is placed uniformly at random.
+    After ``tries`` misses, the largest centred box whose ratio lies in ``ratio`` is used.
+    """
+    area = width * height
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(tries):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            left = rng.randint(width - w + 1)
+            top = rng.randint(height - h + 1)
+            return left, top, left + w, top + h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:  # too tall: full width, height cut to the ratio
+        w, h = width, min(height, max(1, round(width / ratio[0])))
+    elif in_ratio > ratio[1]:  # too wide
+        w, h = min(width, max(1, round(height * ratio[1]))), height
+    else:
+        w, h = width, height
+    left, top = (width - w) // 2, (height - h) // 2
+    return left, top, left + w, top + h
+
+
+def val_resize(size: int) -> int:
+    """The shorter side the val transform resizes to before its centre crop (256 for 224)."""
+    return max(size, round(size * VAL_RESIZE_RATIO))
+
+
+def _draft(img: Image.Image, box, out_w: int, out_h: int):
+    """Ask libjpeg to decode at the smallest 1/2^k scale that still leaves the box at least
+    ``out_w x out_h``; returns the box in the (maybe reduced) image's coordinates."""
+    bw, bh = box[2] - box[0], box[3] - box[1]
+    if img.format != "JPEG" or bw < 2 * out_w or bh < 2 * out_h:
+        return box
+    width, height = img.size
+    # draft picks s <= min(width // req_w, height // req_h) <= min(bw / out_w, bh / out_h)
+    request = (math.ceil(width * out_w / bw), math.ceil(height * out_h / bh))
+    result = img.draft(None, request)
+    if result is None:
+        return box
+    s = width / result[1][2]  # result[1] is the whole image's box at the reduced scale
+    return tuple(c / s for c in box)
+
+
+def resize_box(img: Image.Image, box, out_w: int, out_h: int) -> Image.Image:
+    """Decode (drafting a JPEG when it can) and resample ``box`` to ``out_w x out_h`` RGB."""
+    box = _draft(img, box, out_w, out_h)
+    if img.mode not in ("RGB", "L", "CMYK"):  # palette, alpha, 16-bit...: to RGB first
+        img = img.convert("RGB")
+    out = img.resize((out_w, out_h), Image.BILINEAR, box=box)
+    return out if out.mode == "RGB" else out.convert("RGB")
+
+
+def _open(path) -> Image.Image:
+    """Open ``path`` from one read into memory, to be decoded in one call.
+
+    Pillow then parses from a buffer rather than through many small file reads, and hands the
+    decoder the whole file at once instead of 64 KB blocks, so libjpeg never suspends and
+    resumes mid-scan (each saves about 5% of a JPEG's decode). A file object is opened as is.
+    """
+    if hasattr(path, "read"):
+        return Image.open(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    img = Image.open(io.BytesIO(data))
+    img.decodermaxblock = max(len(data), img.decodermaxblock)  # bytes per decoder call
+    return img
+
+
+def _array(img: Image.Image) -> np.ndarray:
+    return np.array(img)  # a writable (H, W, 3) uint8 copy
+
+
+def train_crop(path, size: int, rng: SampleRandom) -> np.ndarray:
+    """RandomResizedCrop to ``size x size`` then a horizontal flip with probability 1/2."""
+    with _open(path) as img:
+        box = random_resized_box(img.width, img.height, rng)
+        flip = rng.coin()
+        out = resize_box(img, box, size, size)
+    if flip:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return _array(out)
+
+
+def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
+    """Resize the shorter side to ``resize_to`` (default :func:`val_resize`), then centre-crop
+    ``size x size``. Resize-then-crop, not a box: Pillow's box resampling rounds a few pixels
+    differently, and this crop must equal the textbook one pixel for pixel."""
+    resize_to = val_resize(size) if resize_to is None else resize_to
+    with _open(path) as img:
+        new_w, new_h = shorter_side_size(img.width, img.height, resize_to)
+        full = resize_box(img, (0, 0, img.width, img.height), new_w, new_h)
+    left, top = (new_w - size) // 2, (new_h - size) // 2
+    return _array(full.crop((left, top, left + size, top + size)))

@@ -1,0 +1,287 @@
+"""The ImageNet input pipeline against references written here: crop boxes against their ranges,
+the val crop against the same operations in plain Pillow, uint8-then-device against float on
+the CPU, and loaders against each other across worker counts and ranks. No timing here."""
+
+import io
+import logging
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+
+from tandem import config
+from tandem.data import LoaderCache, load_dataset, make_loader, to_device
+from tandem.data import imagefolder
+from tandem.data.imagenet_transforms import (
+    RATIO, SCALE, random_resized_box, resize_box, train_crop, val_resize)
+from tandem.data.load import AUGMENT_CHOICES
+from tandem.data.transforms import SampleRandom
+
+S = 16  # output side in these tests
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    imagefolder._warned.clear()
+
+
+def photo(w, h, seed=0, mode="RGB"):
+    """A smooth random image (JPEG-friendly) with some texture."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([np.sin(x / (5 + 7 * c) + y / (9 + 3 * c) + seed) for c in range(3)], -1)
+    arr = np.clip(128 + 90 * base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
+    return Image.fromarray(arr).convert(mode)
+
+
+def write_tree(root, sizes=((40, 30), (30, 44), (64, 48), (50, 50)), per_class=3):
+    for c in range(2):
+        for i in range(per_class):
+            w, h = sizes[(c + i) % len(sizes)]
+            path = root / "train" / f"c{c}" / f"{i}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            photo(w, h, seed=10 * c + i).save(path, quality=90)
+        (root / "val" / f"c{c}").mkdir(parents=True, exist_ok=True)
+        photo(48, 36, seed=100 + c).save(root / "val" / f"c{c}" / "v.png")
+    return root
+
+
+def _batches(ds, **kw):
+    kw = dict(dict(shuffle=True, seed=3, epoch=1), **kw)
+    return [x for x, _ in make_loader(ds, 5, **kw)]
+
+
+# -- crop boxes ------------------------------------------------------------------------------
+
+def _can_round_into(lo_val, hi_val, lo, hi):
+    """True when [lo_val, hi_val] (a quantity's range over +-0.5 px rounding) meets [lo, hi]."""
+    return hi_val >= lo and lo_val <= hi
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 3000), st.integers(1, 3000), st.integers(0, 2**31), st.integers(0, 99))
+def test_random_resized_box_inside_the_image_and_in_its_ranges(w, h, seed, index):
+    left, top, right, bottom = random_resized_box(w, h, SampleRandom(seed, 0, index))
+    assert 0 <= left < right <= w and 0 <= top < bottom <= h
+    bw, bh = right - left, bottom - top
+    # an integer box is a real-valued draw rounded to whole pixels
+    assert _can_round_into((bw - .5) / (bh + .5), (bw + .5) / max(bh - .5, 1e-9), *RATIO) \
+        or bw == 1 or bh == 1
+    area = (bw - .5) * (bh - .5) / (w * h), (bw + .5) * (bh + .5) / (w * h)
+    if RATIO[0] <= w / h <= RATIO[1]:
+        assert _can_round_into(*area, *SCALE)
+    elif not _can_round_into(*area, *SCALE):  # after 10 misses: the centred fallback box
+        assert (bw == w and top == (h - bh) // 2) or (bh == h and left == (w - bw) // 2)
+
+
+def test_random_resized_box_is_keyed_by_the_sample():
+    a = [random_resized_box(500, 375, SampleRandom(1, 2, i)) for i in range(50)]
+    assert a == [random_resized_box(500, 375, SampleRandom(1, 2, i)) for i in range(50)]
+    assert len(set(a)) > 40  # and differs from sample to sample
+
+
+def test_jpeg_draft_keeps_the_crop_where_it_was(tmp_path):
+    """A big JPEG is decoded at reduced scale; the box must be rescaled to match."""
+    img = photo(800, 640, seed=4)
+    img.save(tmp_path / "big.jpg", quality=95)
+    img.save(tmp_path / "big.png")
+    box = (100, 120, 500, 440)  # >= 4x the output: decoded at 1/4
+    with Image.open(tmp_path / "big.jpg") as jpg:
+        drafted = np.asarray(resize_box(jpg, box, 64, 64), dtype=np.float32)
+        assert jpg.size == (200, 160)  # draft did apply
+    with Image.open(tmp_path / "big.png") as png:
+        exact = np.asarray(resize_box(png, box, 64, 64), dtype=np.float32)
+    assert np.abs(drafted - exact).mean() < 4  # same content; a shifted box differs by ~40
+
+
+# -- determinism across workers, ranks and persistent loaders -------------------------------
+
+def test_same_crops_whatever_the_workers_and_the_rank(tmp_path):
+    train, _, _ = load_dataset(str(write_tree(tmp_path / "d")), image_size=S, augment="auto")
+    assert train.augment == "imagenet"
+    ref = _batches(train)
+    for got in (_batches(train, workers=2), _batches(train, workers=1)):
+        assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+    ranks = [_batches(train, world_size=2, rank=r, workers=r) for r in range(2)]
+    joined = [torch.cat(parts) for parts in zip(*ranks, strict=True)]
+    assert all(torch.equal(a, b) for a, b in zip(ref, joined, strict=True))
+    other_epoch = _batches(train, epoch=2)
+    assert not all(torch.equal(a, b) for a, b in zip(ref, other_epoch))
+
+
+def test_a_persistent_loader_gives_a_fresh_loaders_batches(tmp_path):
+    train, _, _ = load_dataset(str(write_tree(tmp_path / "d")), image_size=S, augment="auto")
+    cache = LoaderCache()
+    for epoch, start in ((0, 0), (1, 1), (2, 0)):
+        loader = cache.get(train, 5, shuffle=True, seed=3, epoch=epoch, start_batch=start,
+                           workers=1)
+        fresh = make_loader(train, 5, shuffle=True, seed=3, epoch=epoch, start_batch=start)
+        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(loader, fresh, strict=True))
+    assert cache.get(train, 5, shuffle=True, seed=3, epoch=0, workers=1) is loader
+
+
+# -- odd inputs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,fmt", [("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"),
+                                      ("P", "PNG"), ("RGB", "PNG"), ("LA", "PNG")])
+def test_grey_cmyk_and_png_inputs_become_rgb(tmp_path, mode, fmt):
+    img = photo(40, 30, seed=7, mode=mode)
+    path = tmp_path / f"x.{fmt.lower()}"
+    img.save(path, format=fmt)
+    out = train_crop(path, S, SampleRandom(0, 0, 0))
+    assert out.shape == (S, S, 3) and out.dtype == np.uint8
+    if mode in ("L", "LA"):
+        assert (out[..., 0] == out[..., 1]).all() and (out[..., 1] == out[..., 2]).all()
+    # the same box resampled from Pillow's own RGB conversion: equal up to JPEG/CMYK rounding
+    with Image.open(path) as src:
+        rgb = src.convert("RGB")
+    box = random_resized_box(40, 30, SampleRandom(0, 0, 0))
+    flip = SampleRandom(0, 0, 0)
+    random_resized_box(40, 30, flip)
+    expect = rgb.resize((S, S), Image.BILINEAR, box=box)
+    if flip.coin():
+        expect = expect.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    assert np.abs(out.astype(int) - np.asarray(expect, dtype=int)).max() <= 3
+
+
+def test_a_corrupt_jpeg_among_good_ones_is_warned_and_substituted(tmp_path, caplog):
+    root = write_tree(tmp_path / "d")
+    bad = root / "train" / "c0" / "1.jpg"
+    photo(200, 150, seed=9).save(bad, quality=90)  # big enough that half keeps the header
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])  # header intact, pixels cut off
+    train, _, _ = load_dataset(str(root), image_size=S, augment="imagenet")
+    assert len(train) == 6  # the header scan keeps it; the decode finds it
+    index = [p for p, _ in train.samples].index(str(bad))
+    with caplog.at_level(logging.WARNING, logger="tandem.data"):
+        x, y = train[(index, 5, 1)]
+        x_again, _ = train[(index, 5, 1)]
+    assert len(caplog.records) == 1 and "1.jpg" in caplog.records[0].getMessage()
+    # the next file in index order, with the draws of the sample asked for
+    path, label = train.samples[index + 1]
+    expect = train_crop(path, S, SampleRandom(5, 1, index))
+    assert torch.equal(x.permute(1, 2, 0), torch.from_numpy(expect)) and y == label
+    assert torch.equal(x, x_again)
+    assert sum(len(b) for b in _batches(train, workers=2)) == 6
+
+
+# -- uint8 through the loader, float on the device ---------------------------------------------
+
+def _cpu_float_reference(ds, keys):
+    """The old CPU path: float32 in [0, 1], then (x - mean) * (1 / std), in numpy."""
+    mean = np.asarray(imagefolder.MEAN, dtype=np.float32).reshape(-1, 1, 1)
+    inv_std = 1.0 / np.asarray(imagefolder.STD, dtype=np.float32).reshape(-1, 1, 1)
+    out = []
+    for key in keys:
+        chw = ds.decode_key(key)[0].transpose(2, 0, 1).astype(np.float32) / 255.0
+        out.append(torch.from_numpy((chw - mean) * inv_std))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_uint8_loader_then_device_equals_float_on_the_cpu(tmp_path, channels_last):
+    train, _, _ = load_dataset(str(write_tree(tmp_path / "d")), image_size=S, augment="auto")
+    loader = make_loader(train, 4, shuffle=True, seed=0, epoch=0, workers=2)
+    for keys, (images, _) in zip(loader.batch_sampler, loader, strict=True):
+        assert images.dtype == torch.uint8 and images.shape == (len(keys), 3, S, S)
+        got = to_device(images, torch.device("cpu"), normalization=train.normalization,
+                        channels_last=channels_last)
+        assert got.dtype == torch.float32
+        assert got.is_contiguous(memory_format=torch.channels_last if channels_last
+                                 else torch.contiguous_format)
+        assert torch.equal(got, _cpu_float_reference(train, keys))
+
+
+@pytest.mark.cuda
+def test_uint8_normalised_on_cuda_matches_the_cpu(tmp_path):
+    train, _, _ = load_dataset(str(write_tree(tmp_path / "d")), image_size=S, augment="auto")
+    images, _ = next(iter(make_loader(train, 6, shuffle=False, seed=0, epoch=0)))
+    cpu = to_device(images, torch.device("cpu"), normalization=train.normalization)
+    for cl in (False, True):
+        gpu = to_device(images.pin_memory(), torch.device("cuda"),
+                        normalization=train.normalization, channels_last=cl)
+        torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1e-6)
+
+
+def test_float_batches_pass_through_the_device_step():
+    x = torch.randn(2, 3, 4, 4)
+    assert torch.equal(to_device(x, torch.device("cpu")), x)
+    with pytest.raises(ValueError, match="normalization"):
+        to_device(x.to(torch.uint8), torch.device("cpu"))
+
+
+# -- the val crop, pixel for pixel -------------------------------------------------------------
+
+def _pillow_val(path, size):
+    """Resize the shorter side to size*256/224, centre-crop: written directly in Pillow."""
+    resize_to = round(size * 256 / 224)
+    with Image.open(path) as img:
+        w, h = img.size
+        new = (resize_to, round(h * resize_to / w)) if w <= h else \
+            (round(w * resize_to / h), resize_to)
+        box = (0, 0, w, h)
+        if img.format == "JPEG" and w >= 2 * new[0] and h >= 2 * new[1]:
+            box = img.draft(None, new)[1]  # decode at 1/2, 1/4 or 1/8 scale
+        resized = img.convert("RGB").resize(new, Image.BILINEAR, box=box)
+    left, top = (new[0] - size) // 2, (new[1] - size) // 2
+    return np.asarray(resized.crop((left, top, left + size, top + size)))
+
+
+@pytest.mark.parametrize("name,w,h,mode", [
+    ("a.png", 48, 36, "RGB"), ("b.png", 30, 57, "RGB"), ("c.jpg", 300, 200, "RGB"),
+    ("d.jpg", 45, 40, "RGB"), ("e.jpg", 200, 330, "L"), ("f.png", 16, 16, "RGB")])
+def test_val_crop_equals_the_same_operations_in_pillow(tmp_path, name, w, h, mode):
+    root = tmp_path / "d"
+    (root / "k").mkdir(parents=True)
+    photo(w, h, seed=w, mode=mode).save(root / "k" / name)
+    photo(20, 20).save(root / "k" / "other.png")
+    train, val, _ = load_dataset(str(root), image_size=S)  # augment "none": the val crop
+    assert val_resize(S) == 18
+    for ds in (train, val):
+        for i, (path, _) in enumerate(ds.samples):
+            got = ds[i][0].permute(1, 2, 0).numpy()
+            np.testing.assert_array_equal(got, _pillow_val(path, S), err_msg=path)
+
+
+# -- --augment ----------------------------------------------------------------------------------
+
+def test_augment_choices_and_defaults(tmp_path):
+    assert config.AUGMENTS == AUGMENT_CHOICES
+    root = write_tree(tmp_path / "d")
+    assert load_dataset(str(root), augment="auto")[0].augment == "imagenet"
+    assert load_dataset(str(root), augment="standard")[0].augment == "standard"
+    assert load_dataset("digits", augment="auto")[0].augment == "standard"
+    with pytest.raises(ValueError, match="ImageFolder"):
+        load_dataset("synthetic", augment="imagenet")
+    help_text = config.DataConfig.__dataclass_fields__["augment"].metadata["help"]
+    assert "imagenet for an ImageFolder" in help_text and "standard for digits" in help_text
+
+
+def test_standard_augment_on_an_imagefolder_shifts_and_flips_uint8(tmp_path):
+    train, val, _ = load_dataset(str(write_tree(tmp_path / "d")), image_size=S,
+                                 augment="standard")
+    plain = val.__class__(train.samples, image_size=S, augment="none")
+    moved = sum(not torch.equal(train[(i, 0, 0)][0], plain[i][0]) for i in range(len(train)))
+    assert moved >= 4 and train[0][0].dtype == torch.uint8
+
+
+# -- strategies see the same augmented batches ---------------------------------------------------
+
+def test_strategies_and_workers_reach_the_same_weights_on_imagefolder_data(tmp_path):
+    """single with -j 0 against dp --sync-bn over 2 CPU replicas with -j 2 (persistent workers
+    over 2 epochs): the same uint8 crops, normalised in the step, give the same weights."""
+    from tandem.cli.main import main
+
+    root = write_tree(tmp_path / "d")
+    common = ["train", "--data", str(root), "--image-size", str(S), "-a", "cifar_resnet20",
+              "-b", "4", "--epochs", "2", "--no-progress", "--seed", "1"]
+    assert main([*common, "--out", str(tmp_path / "a"), "-j", "0"]) == 0
+    assert main([*common, "--out", str(tmp_path / "b"), "-j", "2", "--strategy", "dp",
+                 "--devices", "cpu:2", "--sync-bn"]) == 0
+    a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=True) for r in "ab")
+    assert a["config"]["data"]["augment"] == "auto"
+    for key, value in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][key], value, atol=1e-5, rtol=1e-4,
+                                   msg=key)
