@@ -25,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
 
 __all__ = [
@@ -34,7 +35,6 @@ __all__ = [
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
-AUGMENTS = ("auto", "none", "standard", "imagenet")  # tandem.data.load.AUGMENT_CHOICES
 
 
 # What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
@@ -92,7 +92,7 @@ class DataConfig:
     augment: str = opt("auto", "training augmentation. auto (default): imagenet for an ImageFolder "
                        "directory, standard for digits, synthetic and CIFAR-10; standard: random "
                        "shifts (and flips where the data allows); imagenet: RandomResizedCrop + "
-                       "flip (ImageFolder only); none", choices=AUGMENTS)
+                       "flip (ImageFolder only); none", choices=AUGMENT_CHOICES)
     image_size: int | None = opt(None, "resize images to this side (default: the dataset's own)",
                                  metavar="PX")
     num_classes: int | None = opt(None, "classes of the synthetic dataset", metavar="N")
@@ -102,7 +102,7 @@ class DataConfig:
 
     def __post_init__(self):
         _check(bool(self.data), "--data must not be empty")
-        _check_choice(self.augment, AUGMENTS, "--augment")
+        _check_choice(self.augment, AUGMENT_CHOICES, "--augment")
         for name in ("image_size", "num_classes", "synthetic_size"):
             value = getattr(self, name)
             _check(value is None or value >= 1,
