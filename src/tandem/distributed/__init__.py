@@ -6,7 +6,6 @@
 - :mod:`.global_loss` splits a mean loss into per-rank sums, for exact uneven shares;
 - :mod:`.launch` builds and runs a ``torch.distributed.run`` (torchrun) job: we never write our
   own launcher or rendezvous;
-- :mod:`.faults` is the test hook that makes one worker fail on purpose.
 
 The ``ddp`` strategy itself lives in :mod:`tandem.strategies.ddp`.
 """

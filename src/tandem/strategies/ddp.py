@@ -38,7 +38,6 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
-from tandem.distributed import faults
 from tandem.distributed.env import read_env
 from tandem.distributed.global_loss import local_sum, reduction_of
 from tandem.distributed.process_group import (
@@ -110,7 +109,6 @@ class DDPStrategy(Strategy):
         # This process touches only its own device (memory stats, syncs): never the others'.
         self.devices = [self._device]
         self.backend = init_process_group(self.env, self._device, timeout)
-        self._steps = 0
         self._plain_bn: list[_BatchNorm] = []
 
     @property
@@ -146,9 +144,6 @@ class DDPStrategy(Strategy):
         rank, also in evaluation.
         """
         training = torch.is_grad_enabled() and wrapped.training
-        if training:
-            self._steps += 1
-            faults.maybe_inject_fault(self.rank, self._steps)
         images = images.to(self._device, non_blocking=True)
         targets = targets.to(self._device, non_blocking=True)
         count = int(targets.shape[0])

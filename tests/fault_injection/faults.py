@@ -9,8 +9,8 @@ it). The worker with global rank ``RANK`` then fails when it starts training ste
 - ``hang``: sleep forever, so the other ranks block in their next collective until the
   process-group timeout fires.
 
-Unset (the normal case) it does nothing. It exists so the fault tests drive the real
-``tandem launch -- train`` path rather than a mock of it.
+Unset (the normal case) it does nothing. ``sitecustomize.py`` beside it installs the hook in
+every worker of a launch whose PYTHONPATH starts with this directory.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from tandem.errors import UsageError
 
 __all__ = ["FAULT_VAR", "parse_fault", "maybe_inject_fault"]
 
@@ -31,7 +30,7 @@ def parse_fault(text: str) -> tuple[int, int, str]:
     parts = text.split(":")
     if (len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit()
             or parts[2] not in _MODES):
-        raise UsageError(f"{FAULT_VAR}={text!r}: expected RANK:STEP:MODE with MODE in {_MODES}")
+        raise ValueError(f"{FAULT_VAR}={text!r}: expected RANK:STEP:MODE with MODE in {_MODES}")
     return int(parts[0]), int(parts[1]), parts[2]
 
 
