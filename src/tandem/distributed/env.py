@@ -86,7 +86,8 @@ def _int(environ: Mapping[str, str], name: str) -> int:
         raise UsageError(f"{name}={text!r} is not an integer ({LAUNCH_HINT})") from None
 
 
-def read_env(environ: Mapping[str, str] | None = None, *, strategy: str = "ddp") -> DistEnv:
+def read_env(environ: Mapping[str, str] | None = None, *, who: str = "a multi-process strategy"
+             ) -> DistEnv:
     """Parse torchrun's variables from ``environ`` (default ``os.environ``).
 
     A missing variable is a one-line ``ValueError`` that names it and says how to launch.
@@ -97,7 +98,7 @@ def read_env(environ: Mapping[str, str] | None = None, *, strategy: str = "ddp")
     missing = [name for name in _REQUIRED if name not in environ]
     if missing:
         raise UsageError(
-            f"--strategy {strategy} needs torchrun's environment ({', '.join(missing)} not set); "
+            f"{who} needs torchrun's environment ({', '.join(missing)} not set); "
             f"{LAUNCH_HINT}"
         )
     world_size = _int(environ, "WORLD_SIZE")

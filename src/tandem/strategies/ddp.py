@@ -102,7 +102,7 @@ class DDPStrategy(Strategy):
                  buffers: str = "replica0", timeout: float | None = None):
         super().__init__(devices, sync_bn=sync_bn, buffers=buffers)
         check_policy(buffers)
-        self.env = read_env()
+        self.env = read_env(who=f"--strategy {self.name}")
         self.rank = self.env.rank
         self.world_size = self.env.world_size
         self._device = pick_device(self.env, self.devices)
