@@ -1,16 +1,8 @@
 """A test hook that makes one worker fail on purpose, to check that the job fails as a whole.
 
-Set ``TANDEM_INJECT_FAULT=RANK:STEP:MODE`` in the launcher's environment (every worker inherits
-it). The worker with global rank ``RANK`` then fails when it starts training step ``STEP``
-(counted from 1, one per forward with gradients). ``MODE`` is
-
-- ``raise``: raise ``RuntimeError("injected fault on rank R at step S")`` (a Python error);
-- ``exit``: ``os._exit(3)``, the process vanishes without cleanup (like a crash or OOM kill);
-- ``hang``: sleep forever, so the other ranks block in their next collective until the
-  process-group timeout fires.
-
-Unset (the normal case) it does nothing. It exists so the fault tests drive the real
-``tandem launch -- train`` path rather than a mock of it.
+``TANDEM_INJECT_FAULT=RANK:STEP:MODE`` makes rank ``RANK`` fail at training step ``STEP``
+(from 1) by ``raise``, ``exit`` (``os._exit(3)``, no cleanup) or ``hang`` (until the
+process-group timeout). Unset, it does nothing.
 """
 
 from __future__ import annotations
