@@ -1,4 +1,4 @@
-"""Small pieces shared by the model-parallel layers: splitting a dimension, moving and running shards.
+"""Pieces shared by the model-parallel layers: splitting a dimension, moving and running shards.
 
 Shards are *logical* devices (``["cpu", "cpu"]`` is two shards); the *home* is the first shard
 on the output device, or ``None``. Moves between different shards are counted by
