@@ -1,11 +1,7 @@
 """tandem.data: datasets and loaders whose batches depend only on ``(seed, epoch)``.
 
-    from tandem.data import load_dataset, make_loader
     train_ds, val_ds, info = load_dataset("digits", augment="standard")
     loader = make_loader(train_ds, 128, shuffle=True, seed=0, epoch=0, workers=2)
-
-See :mod:`tandem.data.load` for the accepted ``spec`` values and :mod:`tandem.data.loader`
-for how global batches are split across ranks.
 """
 
 from .base import DatasetInfo, ImageDataset

@@ -1,17 +1,9 @@
 """What every tandem dataset shares: :class:`DatasetInfo`, sample keys, and the augmentation step.
 
-A dataset is indexed by a *sample key* ``(index, seed, epoch)``, which :func:`make_loader`
-produces. The key seeds the augmentation of that one sample (see
-:class:`~tandem.data.transforms.SampleRandom`), so a sample looks the same whichever worker,
-rank or strategy loads it. A plain ``int`` index also works and means ``(index, 0, 0)``.
-
-Subclasses implement ``__len__`` and ``raw(index) -> (CHW float32 numpy array, label)``: the
-decoded image at its final size, values in ``[0, 1]`` (or already standardised for
-``synthetic``), before augmentation and normalisation. ``__getitem__`` returns a torch tensor.
-
-A dataset may instead return ``uint8`` images (``dtype = torch.uint8``, as ImageFolder does)
-and name a ``normalization``; the training step then normalises on the device
-(:func:`tandem.data.device.to_device`). Float datasets have ``normalization = None``.
+A dataset is indexed by a sample key ``(index, seed, epoch)`` (a plain ``int`` means
+``(index, 0, 0)``) that seeds that sample's augmentation, so a sample looks the same whichever
+worker, rank or strategy loads it. Subclasses implement ``__len__`` and ``raw(index)``; a
+``uint8`` dataset names a ``normalization`` that the training step applies on the device.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """CIFAR-10 from its official python-pickle directory (``cifar-10-batches-py``).
 
-The directory holds ``data_batch_1`` .. ``data_batch_5`` (training, 10,000 images each),
-``test_batch`` (used as validation) and optionally ``batches.meta`` (class names). Each batch
-is a pickled dict with ``b"data"``, a ``uint8`` array of shape ``(N, 3072)`` (R, G, B planes of
-a 32x32 image), and ``b"labels"``, N ints in ``0..9``.
-
-The files are unpickled with a restricted unpickler that only rebuilds numpy arrays and plain
-containers, so a tampered file cannot run code; shapes, dtypes and labels are checked, and any
-problem raises ``ValueError`` naming the file. Images stay ``uint8`` in memory (150 MB for the
-full set) and are converted per sample. ``augment="standard"`` is the usual 4-pixel padded
-random crop plus horizontal flip. ``image_size`` other than 32 resizes each sample (bilinear).
+``test_batch`` serves as validation. Files are read with a restricted unpickler (numpy arrays
+and plain containers only), so a tampered file cannot run code; bad contents raise
+``ValueError`` naming the file. Images stay ``uint8`` in memory (150 MB).
 """
 
 from __future__ import annotations

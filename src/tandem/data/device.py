@@ -1,12 +1,8 @@
 """The device half of the input pipeline: ``uint8`` batches become normalised floats there.
 
-Decoded images cross the worker pipe and the host-to-device copy as ``uint8`` (a quarter of
-the float32 bytes) and are converted where the model runs, inside the training step, the same
-way for every strategy. :class:`Normalization` does the arithmetic in float32 in the order the
-CPU path of :class:`~tandem.data.base.ImageDataset` uses (``x / 255``, ``- mean``,
-``* (1 / std)``), so a batch normalised on the CPU device is bit-identical to one normalised
-on the CPU in a worker. Datasets whose samples are already float (digits, synthetic,
-CIFAR-10) pass through :func:`to_device` unchanged apart from the copy.
+Images cross the worker pipe and the host-to-device copy as ``uint8`` (a quarter of the bytes)
+and are normalised inside the training step, in the same float32 order as the CPU path, so
+the results are bit-identical. Float datasets pass through unchanged apart from the copy.
 """
 
 from __future__ import annotations

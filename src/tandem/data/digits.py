@@ -1,13 +1,8 @@
 """``digits``: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes).
 
-Real data that ships inside scikit-learn, so nothing is downloaded. The train/val split is a
-fixed stratified 80/20 split with its own seed (:data:`SPLIT_SEED`), independent of the
-training ``--seed``: the validation set is always the same 360 images.
-
-Pixels (0..16) are scaled to ``[0, 1]`` and, when ``image_size`` is not 8, upsampled once
-(bilinear) when the dataset is built. Normalisation uses the mean and standard deviation of
-the training split. ``augment="standard"`` shifts each image by up to ``image_size // 8``
-pixels (one pixel at 8x8) and never flips: digits are not mirror-symmetric.
+Nothing is downloaded. The 80/20 stratified split uses its own :data:`SPLIT_SEED`, so the
+validation set is always the same 360 images. ``augment="standard"`` shifts but never flips:
+digits are not mirror-symmetric.
 """
 
 from __future__ import annotations

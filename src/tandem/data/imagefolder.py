@@ -1,35 +1,9 @@
 """ImageFolder directories read with Pillow: ``root/<class>/**/<image>``.
 
-Layouts:
-
-* ``root/train/<class>/...`` and ``root/val/<class>/...``: classes come from ``train/``; a
-  class missing under ``val/`` is fine, a class only in ``val/`` is a ``ValueError``.
-* ``root/<class>/...``: split per class 80/20 into train/val with the fixed seed
-  :data:`SPLIT_SEED` (independent of the training seed, so val never changes).
-
-Classes are the sorted non-hidden subdirectory names; files are found recursively and kept
-when their extension is in :data:`IMG_EXTENSIONS`.
-
-**Corrupt images** are skipped with a warning, never a crash, in two places:
-
-1. When the dataset is built, each file's header is opened with Pillow (cheap: no pixel
-   decode). A file that is not a readable image (empty, garbage, wrong format) is dropped
-   from the sample list with one warning. Counts and splits then only include good files.
-2. A file whose header is fine but whose pixels fail to decode (e.g. a truncated JPEG) is
-   found only when it is loaded. Then the next sample in index order that decodes (wrapping
-   around) is returned in its place, with its own label (cropped with the draws of the sample
-   asked for), and one warning per file per process
-   (each DataLoader worker warns separately). That substitute makes the sample appear twice in
-   that epoch: a known, logged inexactness that only such half-broken files can cause.
-
-Samples are ``uint8`` ``(3, S, S)`` tensors, ``S = image_size`` (default 224); the training
-step normalises them on the device with the ImageNet mean and std (:attr:`NORMALIZATION`).
-The crops (see :mod:`tandem.data.imagenet_transforms`):
-
-* ``augment="imagenet"`` (the default for this data): RandomResizedCrop to ``S`` + flip;
-* ``augment="none"`` and validation: resize the shorter side to ``S * 256/224``, centre-crop;
-* ``augment="standard"``: that centre crop, shifted by up to ``S // 8`` pixels (zero fill)
-  and flipped, like the CIFAR recipe.
+Either ``root/train`` and ``root/val``, or one directory split 80/20 per class with the fixed
+:data:`SPLIT_SEED`. Samples are ``uint8`` ``(3, S, S)``, normalised on the device. Warning:
+corrupt images are skipped with a warning, never a crash; a file that only fails to decode
+when loaded is replaced by the next sample that decodes, which then appears twice that epoch.
 """
 
 from __future__ import annotations

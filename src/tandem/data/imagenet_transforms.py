@@ -1,18 +1,9 @@
 """ImageNet-style crops decoded straight to ``uint8``: RandomResizedCrop + flip, and the val crop.
 
-* :func:`random_resized_box` draws the crop box of the imagenet recipe (area scale 0.08 to 1 of
-  the image, aspect ratio 3/4 to 4/3 drawn log-uniformly, 10 tries, then a centre crop of the
-  whole image clamped to the ratio range). The draws come from a
-  :class:`~tandem.data.transforms.SampleRandom` keyed by the sample, so a sample gets the same
-  box whatever the worker, rank or strategy that loads it.
-* :func:`train_crop` and :func:`val_crop` (resize the shorter side to ``size * 256/224``, then
-  centre-crop ``size``) do the decoding, and decode only what is needed. A JPEG whose crop is
-  at least twice the output size is decoded at 1/2, 1/4 or 1/8 scale by libjpeg itself
-  (Pillow's ``draft``). The training crop resamples only its box (``resize(box=...)``: one
-  pass, no intermediate image). Grey and CMYK images are resampled in their own mode and
-  converted to RGB at the output size, and RGB is never copied by a ``convert``. The result is
-  an ``(H, W, 3)`` ``uint8`` array: float conversion and normalisation happen on the device
-  (:mod:`tandem.data.device`).
+The crop box is drawn from a :class:`~tandem.data.transforms.SampleRandom` keyed by the sample,
+so it does not depend on worker, rank or strategy. Decoding does only what is needed: JPEGs
+are decoded at reduced scale when the crop allows (Pillow's ``draft``) and only the box is
+resampled; float conversion happens on the device.
 """
 
 from __future__ import annotations

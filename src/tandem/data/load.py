@@ -1,16 +1,8 @@
 """``load_dataset(spec)``: turn a ``--data`` value into ``(train, val, info)``.
 
-``spec`` is one of the names ``synthetic`` or ``digits`` (names win over a directory of the
-same name; write ``./digits`` to mean the directory), or a path to
-
-* a CIFAR-10 python-pickle directory (recognised by ``data_batch_1`` / ``test_batch``, either
-  in the directory itself or in its ``cifar-10-batches-py`` subdirectory), or
-* an ImageFolder directory: ``train/`` and ``val/`` of class subdirectories, or one directory
-  of class subdirectories split 80/20 per class with a fixed seed.
-
-A spec that looks like a path (it contains a path separator or starts with ``.`` or ``~``)
-and does not exist raises ``FileNotFoundError``; any other unknown word raises ``ValueError``
-listing the valid names.
+``spec`` is ``synthetic``, ``digits`` (names win: write ``./digits`` for a directory), a CIFAR-10
+pickle directory or an ImageFolder directory. A missing path raises ``FileNotFoundError``; an
+unknown word raises ``ValueError`` listing the valid names.
 """
 
 from __future__ import annotations

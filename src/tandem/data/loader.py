@@ -1,31 +1,11 @@
 """Loaders whose global batches depend only on ``(seed, epoch)``.
 
-:func:`make_loader` builds a ``torch.utils.data.DataLoader`` around a
-:class:`ShardedBatchSampler`:
-
-* The epoch's sample order is ``randperm(N)`` from a generator seeded by ``(seed, epoch)``
-  (or ``0..N-1`` without shuffling). Global batch ``b`` is ``order[b*B:(b+1)*B]``; the last one
-  may be short. Nothing is dropped, padded or repeated.
-* With ``world_size > 1``, rank ``r`` loads only its contiguous share of every global batch.
-  Shares follow :func:`shard_sizes`: the first ``B % world_size`` ranks get ``ceil(B/world)``
-  samples, the others ``floor(B/world)``, so no share is empty while ``B >= world_size``.
-  When a (short, last) global batch has fewer samples than ranks, the trailing ranks get an
-  **empty batch**: a ``(0, C, H, W)`` image tensor and a ``(0,)`` label tensor. Every rank thus
-  yields the same number of batches (collectives stay in step) and every sample is counted
-  exactly once across ranks. Callers must cope with a zero-sample step (e.g. weight its loss
-  by its count).
-* ``start_batch`` skips the first global batches of the epoch without loading them, for an
-  exact mid-epoch resume. ``len(loader)`` is the number of batches the loader *yields*:
-  ``num_global_batches - start_batch`` (equal to the number of global batches when
-  ``start_batch == 0``). ``loader.batch_sampler.total_batches`` is the epoch's full count.
-* Each sample is requested as the key ``(index, seed, epoch)``, which seeds its augmentation,
-  so augmentation does not depend on workers, rank or strategy. Workers get a seeded
-  ``worker_init_fn`` (torch, numpy and ``random``), and the DataLoader has its own generator,
-  so iterating never consumes the global torch RNG.
-* :class:`LoaderCache` keeps one DataLoader per dataset and moves its sampler to the next
-  epoch (or resume position) instead of building a new one, so **persistent workers** live
-  for the whole run. Workers prefetch :data:`PREFETCH` batches each; batches go to pinned
-  memory when the caller asks (on CUDA), so the copy to the device can overlap compute.
+Global batch ``b`` is ``order[b*B:(b+1)*B]`` of a permutation seeded by ``(seed, epoch)``;
+nothing is dropped, padded or repeated. With ``world_size > 1`` rank ``r`` loads only its
+contiguous share (:func:`shard_sizes`). Warning: when a last global batch has fewer samples
+than ranks, trailing ranks get an *empty* batch, so every rank yields the same number of
+batches; callers must cope with a zero-sample step. ``start_batch`` resumes mid-epoch, and
+:class:`LoaderCache` keeps persistent workers alive for the whole run.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """``synthetic``: random images generated on demand from a seed, for speed runs and tests.
 
-Sample ``i`` of a split is drawn from its own generator seeded by ``(seed, split, i)``, so the
-data never depends on load order or on the split's size. Each class has a fixed random
-low-resolution (4x4) template, upsampled to the image size; a sample is its class template plus
-unit Gaussian noise. Labels are uniform. The data is therefore learnable (a small net gets well
-above chance) while costing nothing to download.
-
-Generating a sample costs tens of microseconds, too slow to feed a GPU, so a split whose
-images fit in :data:`CACHE_BYTES` is generated once when it is built (the same values,
-just earlier; forked DataLoader workers share them) and larger splits are generated on access.
+Sample ``i`` comes from its own generator seeded by ``(seed, split, i)``: its class's fixed
+low-resolution template plus unit noise, so the data is learnable and independent of load
+order. Splits that fit in :data:`CACHE_BYTES` are generated once, up front.
 """
 
 from __future__ import annotations

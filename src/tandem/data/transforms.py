@@ -1,16 +1,8 @@
 """The few image transforms tandem needs, written on PIL and numpy (no torchvision).
 
-Two halves:
-
-* **Decoding** (PIL): :func:`decode`, :func:`resize_shorter`, :func:`center_crop_pil`,
-  :func:`to_array`. They run once per sample and are deterministic.
-* **Augmentation and normalisation** on CHW ``float32`` numpy arrays: :func:`random_shift`,
-  :func:`hflip`, :func:`normalize`, then :func:`to_tensor`. Numpy, not torch, because these
-  arrays are tiny and a numpy op costs about a microsecond where a torch op costs tens.
-  Randomness comes only from a :class:`SampleRandom`, a tiny counter-based generator keyed by
-  ``(seed, epoch, sample index)``. Because the key is the sample itself and not the process or
-  thread that happens to load it, the augmentation of a sample is the same whatever the
-  number of DataLoader workers, ranks or the strategy.
+Decoding runs on PIL; augmentation on small CHW float32 numpy arrays (a numpy op costs about a
+microsecond, a torch op tens). Randomness comes only from :class:`SampleRandom`, keyed by the
+sample, so augmentation is the same whatever the workers, ranks or strategy.
 """
 
 from __future__ import annotations

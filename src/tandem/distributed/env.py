@@ -1,13 +1,8 @@
-"""Read the environment that ``torchrun`` (``torch.distributed.run``) gives each worker.
+"""Read the environment that ``torchrun`` gives each worker.
 
-torchrun starts every worker with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set. :func:`read_env` turns them into
-a :class:`DistEnv` that checks itself, so a worker started by hand (``tandem train --strategy
-ddp`` without a launcher) fails at once with one line that says how to launch it, instead of
-waiting forever for peers that will never come.
-
-The process-group timeout also comes from here: ``TANDEM_DIST_TIMEOUT`` (seconds, default
-:data:`DEFAULT_TIMEOUT`) bounds how long a collective waits for a dead or stuck peer.
+:func:`read_env` turns torchrun's variables into a :class:`DistEnv` that checks itself, so a
+worker started by hand fails at once with one line saying how to launch it, instead of waiting
+forever for peers. ``TANDEM_DIST_TIMEOUT`` bounds how long a collective waits for a dead peer.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Split a mean-reduced loss into a numerator and a denominator that can be summed over ranks.
+"""A rank's share of the global loss, as ``(S, D)`` tensors ready to all-reduce.
 
-Each rank holds part of the global batch, so the global loss is ``sum_r S_r / sum_r D_r`` with
-``S_r`` the rank's summed loss and ``D_r`` its share of what the mean divides by. Summing
-``(S_r, D_r)`` over ranks gives exactly the single-process loss, also for uneven or empty
-shares. What ``D`` is for each criterion lives in :mod:`tandem.parallel.loss_terms` (shared
-with ``DataParallelCriterion``); this module adds what only ranks need: a ddp-specific refusal
-of ``reduction="none"``, tensors for the all-reduce, and empty shares that stay in the graph.
+The argument for why this is exact lives in :mod:`tandem.parallel.loss_terms`; this module adds
+what only ranks need: a ddp-specific refusal of ``reduction="none"`` and empty shares that stay
+in the graph.
 """
 
 from __future__ import annotations
@@ -34,15 +31,9 @@ def reduction_of(criterion: Callable) -> str:
 def local_sum(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor):
     """``(S, D)``: this rank's summed loss (with autograd) and what the mean divides it by.
 
-    ``S`` and ``D`` are :func:`tandem.parallel.loss_terms.loss_terms` of this rank's share
-    (see there for ``D``: summed ``weight[target]`` over non-ignored targets for cross-entropy
-    / NLL, the batch size for ``batchmean``, the unreduced element count for other torch
-    means, 1 for ``sum``, the sample count for a plain function), with ``D`` as a 0-dim
-    tensor on ``outputs``' device.
-
-    With an empty share (0 samples) ``S`` is ``0 * outputs.sum()``: zero, yet connected to the
-    graph, so backward still reaches every parameter and the gradient all-reduce of
-    DistributedDataParallel runs on every rank. ``D`` is then 0.
+    Both come from :func:`tandem.parallel.loss_terms.loss_terms`, ``D`` as a 0-dim tensor on
+    ``outputs``' device. An empty share gives ``S = 0 * outputs.sum()`` (still in the graph, so
+    DDP's gradient all-reduce runs on every rank) and ``D = 0``.
     """
     device = outputs.device
     if outputs.shape[0] == 0:

@@ -1,11 +1,8 @@
 """Join and leave the torch.distributed process group of a torchrun job, one device per worker.
 
-The backend follows the device: gloo for the CPU, NCCL for CUDA (``cuda:LOCAL_RANK``), and
-torch's default backend for any other accelerator. Training collectives run in a *work group*
-whose timeout is ``TANDEM_DIST_TIMEOUT`` (see :mod:`tandem.distributed.env`), so one whose peer
-died or hangs raises after that many seconds; the failing worker then exits non-zero and
-torchrun tears the job down. Joining uses a longer timeout (at least
-:data:`STARTUP_TIMEOUT`): workers that start slowly on a busy machine are not dead peers.
+The backend follows the device (gloo for CPU, NCCL for CUDA). Training collectives use a work
+group with the ``TANDEM_DIST_TIMEOUT`` timeout, so a dead or hung peer makes the job fail
+instead of hang; joining waits longer (:data:`STARTUP_TIMEOUT`), as slow starters are not dead.
 """
 
 from __future__ import annotations

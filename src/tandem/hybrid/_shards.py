@@ -1,11 +1,8 @@
-"""Small pieces shared by the model-parallel layers: how a dimension is split, how a tensor
-moves between shards (counted by :mod:`tandem.parallel.traffic`), and how shards run.
+"""Pieces shared by the model-parallel layers: splitting a dimension, moving and running shards.
 
-Shards are *logical* devices: shard ``j`` lives on ``devices[j]``, and ``["cpu", "cpu"]`` is two
-shards on one physical device. The *home* is the logical slot of the output device: the first
-shard whose device equals it, or ``None`` when the output device holds no shard. A move from
-slot ``i`` to slot ``j != i`` is recorded as traffic even when both are the same physical
-device, so CPU runs report what the layout would move between real devices.
+Shards are *logical* devices (``["cpu", "cpu"]`` is two shards); the *home* is the first shard
+on the output device, or ``None``. Moves between different shards are counted by
+:mod:`tandem.parallel.traffic` even on one physical device.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Model-parallel Linear layers: split the output features (column) or the input features (row).
 
-``Linear(in, out)`` computes ``y = x W^T + b`` with ``W`` of shape ``(out, in)``.
-
-* :class:`ColumnParallelLinear` gives shard ``j`` the rows ``W[o_j]`` and ``b[o_j]`` of a
-  contiguous block ``o_j`` of output features. Every shard needs all of ``x`` (broadcast) and
-  produces its block of ``y``; with ``gather_output`` the blocks are concatenated on the output
-  device, otherwise the list of blocks is returned, still on the shards.
-* :class:`RowParallelLinear` gives shard ``j`` the columns ``W[:, i_j]`` of a block ``i_j`` of
-  input features. Shard ``j`` takes only its block of ``x`` and computes a partial product;
-  the partials are summed on the output device and the bias is added there, once.
-
-``Column(gather_output=False) -> Shardwise(ReLU, Dropout) -> Row`` is a two-layer MLP that
-moves activations once (the partial sums), because the row layer's input split is exactly the
-column layer's output split (both use :func:`~tandem.hybrid._shards.split_sizes`).
-
-Every shard holds its slices as its *own* ``Parameter`` on its device; the original layer is
-left untouched (and stale once the split one trains). ``to_linear()`` merges a copy back.
-Shards run in parallel threads on the engine's ``parallel_apply``.
+A column layer gives each shard a block of output features (it needs all of ``x``); a row layer
+gives each shard a block of input features and sums the partial products on the output device.
+``Column(gather_output=False) -> Shardwise(ReLU, Dropout) -> Row`` moves activations once,
+since both split with :func:`~tandem.hybrid._shards.split_sizes`. Warning: the shards hold
+their *own* Parameters; the original layer is left untouched and goes stale (``to_linear()``
+merges a copy back).
 """
 
 from __future__ import annotations

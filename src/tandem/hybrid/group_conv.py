@@ -1,15 +1,7 @@
-"""A grouped ``Conv2d`` with its groups placed on different devices.
+"""A grouped ``Conv2d`` with its groups placed on different devices (AlexNet's two towers, 2012).
 
-``Conv2d(C, O, k, groups=g)`` is ``g`` independent convs side by side: group ``k`` sees input
-channels ``[k*C/g, (k+1)*C/g)`` and produces output channels ``[k*O/g, (k+1)*O/g)``; its
-weight is rows ``[k*O/g, (k+1)*O/g)`` of the ``(O, C/g, kh, kw)`` weight. Krizhevsky 2012 ran
-AlexNet's two towers this way, one group per GPU.
-
-:class:`GroupParallelConv2d` deals the groups round-robin over ``device_ids`` (group ``k`` on
-shard ``k % n``). A shard holding several groups keeps them as *one* grouped conv (its groups'
-weights stacked in group order), so it launches one kernel, not one per group. Only
-``min(g, n)`` shards are used. The forward sends each shard its groups' input channels and
-concatenates the outputs in group order on the output device.
+Groups are dealt round-robin over ``device_ids`` (group ``k`` on shard ``k % n``, only
+``min(groups, n)`` shards used); a shard's groups stay one grouped conv, one kernel launch.
 """
 
 from __future__ import annotations

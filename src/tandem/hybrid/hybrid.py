@@ -1,34 +1,13 @@
 """``HybridParallel``: data-parallel features, model-parallel classifier (Krizhevsky 2014).
 
-Conv layers hold most of the compute and few parameters, so they run data-parallel: each
-device runs a replica on its chunk of the batch and only their (few) gradients are reduced.
-FC layers hold most of the parameters and little compute, so they are split by features over
-the same devices: each device holds a slice of each Linear and sees the whole batch, and only
-activations (batch x features) move, never the big FC weights or their gradients.
-
-The model must compute ``classifier(flatten(avgpool(features(x)), 1))`` (``avgpool`` is
-optional), as torchvision's and tandem's AlexNet and VGG do. One step then runs:
-
-1. the *trunk* (``features``, ``avgpool``, flatten and the classifier's leading elementwise
-   layers, e.g. AlexNet's first Dropout) on the engine's ``DataParallelModel``: the batch is
-   scattered, replicas run in threads, nothing is gathered; batch-norm buffers follow
-   ``buffers`` as in ``DataParallel``;
-2. the *head*: every classifier shard collects all replicas' outputs straight from the
-   replicas (no detour through the output device) and the classifier's Linear layers run
-   split as :mod:`tandem.hybrid.layout` describes (Column -> per-shard ReLU/Dropout -> Row
-   pairs, a gathered Column for an odd one out); the logits end on ``output_device``.
-
-Dropout stays correct in training: a leading Dropout runs on each replica's chunk, a Dropout
-between a Column and a Row runs on each shard's block (its mask drawn by that shard's own
-call), one after a Row runs on the whole tensor. Every element is dropped once with
-probability ``p``, as in the original, but the masks are not bit-identical to the plain
-model's under the same seed; with ``p = 0`` or in eval mode the output equals ``model(x)``.
-
-What is shared and what is copied: ``model.features`` (and ``avgpool``, and the classifier's
-non-Linear layers) are *shared*, moved to their devices in place and trained in place, as
-with ``DataParallel``. The classifier's Linear layers are *copied* into per-device shards; the
-originals in ``model`` are left untouched and go stale. Read the trained model back with
-:meth:`plain_state_dict` or :meth:`to_model`.
+Convs hold the compute and few parameters, so they run data-parallel; FC layers hold the
+parameters, so they are split by features and only activations move. The model must compute
+``classifier(flatten(avgpool(features(x)), 1))`` (``avgpool`` optional), as AlexNet and VGG do.
+The classifier's split follows :mod:`tandem.hybrid.layout`. Warnings: ``features`` are shared
+and trained in place, but the classifier's Linear layers are *copied* into shards, so the
+originals go stale (read back with :meth:`plain_state_dict` or :meth:`to_model`). Dropout masks
+differ from the plain model's under the same seed; with ``p = 0`` or in eval the output equals
+``model(x)``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """How ``HybridParallel`` splits a classifier: one home for the pairing rule.
 
-The classifier is an ``nn.Sequential``. Read left to right:
-
-* a leading run of elementwise layers (e.g. AlexNet's first ``Dropout``) joins the
-  data-parallel trunk, so each sample's activations are dropped exactly once, before they are
-  sent to the shards;
-* ``Linear, elementwise..., Linear`` becomes a *pair*: ``ColumnParallelLinear(gather_output=
-  False)``, the elementwise layers applied per shard, then ``RowParallelLinear`` (activations
-  move once, as partial sums);
-* any other ``Linear`` becomes ``ColumnParallelLinear(gather_output=True)``;
-* anything else (elementwise layers after a pair, BatchNorm1d, ...) runs unchanged on the
-  output device.
-
-Elementwise means stateless and per element (:data:`ELEMENTWISE`): only those may run on a
-slice of the features, because slicing commutes with them.
+Left to right over the ``nn.Sequential``: leading elementwise layers join the data-parallel
+trunk; ``Linear, elementwise..., Linear`` becomes a Column/Row pair; any other ``Linear`` a
+gathered Column; anything else runs on the output device. Only stateless per-element layers
+(:data:`ELEMENTWISE`) may run on a slice of the features.
 """
 
 from __future__ import annotations

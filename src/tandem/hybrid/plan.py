@@ -1,38 +1,11 @@
 """When does the "one weird trick" pay? A static cost report, built without running anything.
 
-``plan(model, device_ids, batch_size, input_size)`` counts, for one training step of a model
-with ``.features`` and ``.classifier``:
-
-* parameters and forward MACs of the trunk (features, avgpool, leading elementwise layers)
-  versus the classifier, with ``tandem.models.mac_breakdown`` on a meta-device copy;
-* the bytes that cross between devices under pure data parallel versus hybrid.
-
-Byte formulas (per step, summed over all devices; ``s`` bytes per element of the first
-parameter's dtype; ``m = len(chunk_sizes(B, n))`` replicas used, chunk ``c_i`` on replica
-``i``, replica 0 being the output device; ``rest = B - c_0``)::
-
-    inputs       both:    rest * X * s       X input elements per sample (same for both;
-                                             shown, but left out of the totals and verdict)
-    parameters   DP:      (m-1) * P * s      every parameter broadcast to replicas 1..m-1
-                 hybrid:  (m-1) * P_t * s    only the trunk's parameters P_t
-    buffers      DP:      (m-1) * F * s      floating buffers (BN running stats), broadcast
-                 hybrid:  (m-1) * F_t * s
-    gradients    DP:      (m-1) * P * s      each replica's gradients back to device 0
-                 hybrid:  (m-1) * P_t * s
-    activations  DP:      2 * rest * C * s   logits gathered, and their gradients sent back
-                 hybrid:  2 * sum over the classifier's stages (forward value + its gradient):
-                   first column, from the replicas (k shards):  sum_j (B - c_j) * A * s
-                   column fed from device 0:        (k-1) * B * in * s
-                   column output gathered:          (B * out - B * size_0) * s
-                   row partial sums to device 0:    (k-1) * B * out * s
-                   non-Linear first stage: the trunk output is gathered, rest * A * s
-
-``A`` is the trunk's output per sample, ``k = min(n, features split)`` shards. The DP terms
-add up to ``2(n-1)/n * P * s`` per device for ``n | B``, which is also what a ring all-reduce
-(DDP) sends per device, so the comparison holds for one process and for many. The per-device
-figure is the total divided by ``n``. These are the bytes that
-:class:`~tandem.parallel.traffic.TrafficMeter` counts, except that the engine's scatter and
-gather record only the forward direction.
+:func:`plan` counts parameters and forward MACs of trunk versus classifier (on a meta-device
+copy) and the bytes one training step moves between devices, data parallel versus hybrid
+(formulas in :func:`_bytes`). The DP total equals what a ring all-reduce (DDP) sends, so the
+comparison holds for one process and for many. These are the bytes
+:class:`~tandem.parallel.traffic.TrafficMeter` counts, except that scatter and gather record
+only the forward direction.
 """
 
 from __future__ import annotations
@@ -137,7 +110,12 @@ class HybridPlan:
 
 
 def _bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, stages, mods):
-    """(dp, hybrid) byte dicts for one batch size (see the module docstring)."""
+    """(dp, hybrid) byte dicts for one batch size.
+
+    Replicas 1..m-1 receive parameters and buffers and send gradients (hybrid: the trunk's
+    only); activations count each value and its gradient: DP gathers the logits, hybrid moves
+    what each classifier stage needs (``s`` bytes per element, ``x`` input elements per sample).
+    """
     chunks = chunk_sizes(batch, n)
     m, rest = len(chunks), batch - chunks[0]
     dp = {"inputs": rest * x * s, "parameters": (m - 1) * p_all * s,

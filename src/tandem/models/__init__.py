@@ -1,10 +1,7 @@
 """tandem.models: the model zoo.
 
-``create_model(name, num_classes=None, **kw)`` builds a registered model; ``list_models()``
-names them all. ImageNet: ``alexnet``, ``alexnet_grouped``, ``vgg11/13/16/19[_bn]``,
-``resnet18/34/50/101/152``. CIFAR: ``cifar_resnet20/32/44/56/110`` (10 classes by default).
-Every model takes ``in_channels`` (default 3). ResNets are assembled by
-:class:`ResNetBuilder`; ``count_macs`` counts multiply-accumulates with forward hooks.
+``create_model(name, num_classes=None, **kw)`` builds a registered model and ``list_models()``
+names them all: AlexNet, VGG and ResNet for ImageNet, ResNets for CIFAR (10 classes by default).
 """
 
 from tandem.models.builder import ResNet, ResNetBuilder

@@ -1,40 +1,9 @@
 """AlexNet in two layouts: torchvision's single-tower net and Krizhevsky 2012's two-tower net.
 
-Both are ``features -> avgpool -> flatten -> classifier``, and ``forward`` is exactly
-``classifier(flatten(avgpool(features(x)), 1))``. That lets the "one weird trick" replace
-``model.features`` (data parallel) and ``model.classifier`` (model parallel) in place, as the
-imagenet example does. ``classifier`` is an ``nn.Sequential`` of Dropout / Linear / ReLU with its
-Linear layers directly inside, so hybrid parallelism can split them one by one.
-
-``alexnet`` (torchvision's layout, 61,100,840 parameters at 1000 classes):
-64-192-384-256-256 filters, conv1 11x11 stride 4 padding 2, no LRN, no groups.
-
-``alexnet_grouped`` (Krizhevsky, Sutskever & Hinton 2012, 60,965,224 parameters):
-
-=======  ====================================  ==========  ===========
-layer    config                                output@227  parameters
-=======  ====================================  ==========  ===========
-conv1    96 x 11x11, stride 4, no padding      96x55x55        34,944
-         ReLU, LRN, max-pool 3/2               96x27x27
-conv2    256 x 5x5, padding 2, groups=2        256x27x27      307,456
-         ReLU, LRN, max-pool 3/2               256x13x13
-conv3    384 x 3x3, padding 1 (all of conv2)   384x13x13      885,120
-conv4    384 x 3x3, padding 1, groups=2        384x13x13      663,936
-conv5    256 x 3x3, padding 1, groups=2        256x13x13      442,624
-         ReLU, max-pool 3/2                    256x6x6
-fc6      9216 -> 4096 (dropout before)         4096        37,752,832
-fc7      4096 -> 4096 (dropout before)         4096        16,781,312
-fc8      4096 -> 1000                          1000         4,097,000
-=======  ====================================  ==========  ===========
-
-``groups=2`` is the paper's two-GPU split: each tower's kernels see only the maps on its own
-GPU. conv1 (each tower sees the whole image), conv3 and the FC layers connect across towers,
-so they are ungrouped. LRN uses the paper's k=2, n=5, alpha=1e-4, beta=0.75; torch's
-``LocalResponseNorm`` divides alpha by n, so it gets ``alpha=5e-4`` to compute the paper's
-formula. An ``AdaptiveAvgPool2d(6)`` (the identity at 227x227, no parameters) lets inputs down
-to 67x67 work; ``alexnet`` takes 63x63 and up.
-
-Weights use torch's default initialisation (as torchvision's AlexNet does).
+``forward`` is exactly ``classifier(flatten(avgpool(features(x)), 1))`` with the Linear layers
+directly in ``classifier``, so hybrid parallelism can run ``features`` data-parallel and split
+the classifier. ``alexnet_grouped`` uses ``groups=2`` where the paper's towers stay on their own
+GPU (conv2, conv4, conv5) and the paper's LRN. Weights use torch's default initialisation.
 """
 
 from __future__ import annotations
@@ -114,6 +83,7 @@ def alexnet_grouped(num_classes: int = 1000, in_channels: int = 3, dropout: floa
     _check_dropout(dropout)
 
     def lrn() -> nn.LocalResponseNorm:
+        # the paper's k=2, n=5, alpha=1e-4, beta=0.75; torch divides alpha by n
         return nn.LocalResponseNorm(size=5, alpha=5e-4, beta=0.75, k=2.0)
 
     features = nn.Sequential(

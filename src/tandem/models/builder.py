@@ -1,24 +1,9 @@
 """A small ResNet builder in the spirit of caffe2's ``ResNetBuilder``.
 
-caffe2 builds a ResNet by calling ``add_conv``/``add_spatial_bn``/``add_bottleneck`` on a
-builder that remembers the previous blob and its channel count. Here the builder remembers
-the current channel count and appends modules, so a whole ResNet is a short table plus a loop::
-
-    b = ResNetBuilder(in_channels=3)
-    b.add_stem(64, kernel_size=7, stride=2, max_pool=True)
-    for stage, (blocks, width) in enumerate(zip([3, 4, 6, 3], [64, 128, 256, 512])):
-        b.start_stage()
-        for i in range(blocks):
-            b.add_bottleneck(width, stride=2 if stage > 0 and i == 0 else 1)
-    b.add_head(num_classes=1000)
-    model = b.build()
-
-Module names follow torchvision (``conv1``, ``bn1``, ``layer1.0.conv1``, ``layer1.0.downsample.0``,
-``fc``), so state dicts line up key for key with torchvision's ResNets.
-
-Shortcuts where the shape changes are either ``"projection"`` (1x1 conv + BN, He et al.'s
-option B, used by the ImageNet nets) or ``"zero_pad"`` (option A: stride-2 subsampling plus
-zero-filled extra channels, no parameters, used by the CIFAR nets).
+The builder remembers the current channel count and appends modules, so a ResNet is a short
+table plus a loop (see :mod:`tandem.models.resnet`). Module names follow torchvision, so state
+dicts line up key for key. Shortcuts are ``"projection"`` (1x1 conv + BN, ImageNet) or
+``"zero_pad"`` (stride-2 subsampling plus zero channels, no parameters, CIFAR).
 """
 
 from __future__ import annotations

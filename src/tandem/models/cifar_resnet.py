@@ -1,26 +1,7 @@
-"""CIFAR ResNets from He et al. 2015, section 4.2.
+"""CIFAR ResNets from He et al. 2015, section 4.2: 6n+2 layers, widths 16, 32, 64.
 
-6n+2 weighted layers: a 3x3 conv with 16 filters, three stages of n basic blocks with 16, 32
-and 64 filters (the first block of stages 2 and 3 halves the resolution), global average
-pooling and a Linear classifier. Shortcuts are option A: identity, or stride-2 subsampling
-plus zero-filled channels where the shape changes, so shortcuts add no parameters.
-
-With 10 classes the parameter count is ``97,216 n - 21,926``:
-
-=================  ===  ==========
-model                n  parameters
-=================  ===  ==========
-cifar_resnet20       3     269,722
-cifar_resnet32       5     464,154
-cifar_resnet44       7     658,586
-cifar_resnet56       9     853,018
-cifar_resnet110     18   1,727,962
-=================  ===  ==========
-
-(Each block of 2 convs at width w has 18 w^2 + 4 w parameters; the formula sums them with the
-16-filter stem, the two widening blocks and the 64 x 10 + 10 classifier.) ``num_classes``
-defaults to 10 here, not 1000, because these are CIFAR-10 nets. They take any input of at least
-1x1; 8x8 digits give 8x8, 4x4 and 2x2 feature maps in the three stages.
+Shortcuts are option A (zero-padded, no parameters), so with 10 classes a net has
+``97,216 n - 21,926`` parameters. ``num_classes`` defaults to 10; any input of at least 1x1 works.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Count multiply-accumulates (MACs) with forward hooks, and parameters.
 
-What is counted, per call of each layer (a layer called twice counts twice):
-
-- ``nn.Conv1d/2d/3d``: ``output.numel() * (in_channels / groups) * prod(kernel_size)``, i.e.
-  one MAC per weight tap per output element. Grouped convs therefore cost 1/groups of the
-  ungrouped conv.
-- ``nn.Linear``: ``output.numel() * in_features``.
-
-Not counted: biases, BatchNorm, ReLU, pooling, LRN, dropout, residual additions and other
-element-wise work (together well under 1% of the conv/linear MACs for the models here). These
-are the conventions behind torchvision's published "GFLOPS" (e.g. resnet50 4.09 G, alexnet
-0.71 G, vgg16 15.47 G at 224x224).
-
-The count runs one forward pass on a zero input of the given shape, in eval mode and without
-autograd. Build the model on the meta device to count a large model in milliseconds without
-computing anything: ``with torch.device("meta"): m = create_model("vgg19")``.
+Convs and Linears only, one MAC per weight tap per output element (a grouped conv costs
+1/groups); biases, norms, activations and pooling are not counted. These are the conventions
+behind torchvision's published "GFLOPS". Runs one forward on zeros in eval mode without
+autograd; build on the meta device to count a large model in milliseconds.
 """
 
 from __future__ import annotations

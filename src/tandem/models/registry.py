@@ -1,18 +1,9 @@
 """The model registry: small entry points, looked up by name.
 
-Each model is a plain function (``def resnet50(num_classes=1000, in_channels=3, ...)``)
-decorated with :func:`register_model`, which records metadata next to it:
-
-- ``native_input_size``: the image side the architecture was designed for (224 for the
-  ImageNet models, 227 for ``alexnet_grouped``, 32 for CIFAR). ``tandem models`` counts MACs
-  at this size.
-- ``min_input_size``: the smallest square input the model accepts (pooling layers without
-  padding stop smaller inputs). Callers such as the training CLI can check a data set against
-  it before building anything.
-
-:func:`create_model` validates keyword arguments against the entry point's signature, so a
-misspelt option is a one-line ``ValueError`` naming the model and the options it accepts,
-never a silent default.
+Each model is a function decorated with :func:`register_model`, which records its
+``native_input_size`` (where ``tandem models`` counts MACs) and ``min_input_size`` (what a data
+set is checked against). :func:`create_model` checks keyword arguments against the entry point's
+signature, so a misspelt option is an error naming the accepted ones, never a silent default.
 """
 
 from __future__ import annotations
@@ -103,17 +94,9 @@ def native_input_size(name: str) -> int:
 def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
     """Build model ``name`` with freshly initialised weights.
 
-    ``num_classes=None`` means the model's own default: 1000 for the ImageNet models and 10
-    for the ``cifar_*`` models, so ``create_model("cifar_resnet20")`` is He et al.'s 10-class
-    net. Pass ``num_classes`` explicitly to override it for any model. Every model accepts
-    ``in_channels`` (default 3); other options depend on the family (``zero_init_residual``
-    for ResNets, ``dropout`` and ``hidden_features`` for AlexNet and VGG).
-
-    To count parameters without allocating memory, build on the meta device:
-    ``with torch.device("meta"): model = create_model("vgg19")``.
-
-    Raises ``ValueError`` for an unknown name (listing the valid ones), an unknown option
-    (listing the accepted ones) or a bad ``num_classes`` / ``in_channels``.
+    ``num_classes=None`` means the model's own default (1000 for ImageNet, 10 for ``cifar_*``).
+    Every model accepts ``in_channels`` (default 3); other options depend on the family. Raises
+    ``ValueError`` for an unknown name or option (listing the valid ones) or a bad value.
     """
     info = model_info(name)
     accepted = info.options

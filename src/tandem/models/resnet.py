@@ -1,12 +1,8 @@
 """ImageNet ResNets (He et al. 2015), laid out exactly as torchvision's.
 
-Each variant is a row of :data:`LAYOUTS`: the block type and how many blocks each of the four
-stages holds (widths 64, 128, 256, 512). The stem is a 7x7 stride-2 conv and a stride-2
-max-pool; stages 2-4 halve the resolution in their first block, with the stride on the 3x3
-conv of the bottleneck ("v1.5") and a 1x1-conv + BN projection wherever the shape changes.
-The head pools adaptively, so any input of at least 1x1 works. Parameter counts (1000 classes)
-equal torchvision's: resnet18 11,689,512; resnet34 21,797,672; resnet50 25,557,032;
-resnet101 44,549,160; resnet152 60,192,808.
+Each variant is a row of :data:`LAYOUTS`; the stride sits on the bottleneck's 3x3 conv ("v1.5")
+and parameter counts equal torchvision's. The head pools adaptively, so any input of at least
+1x1 works.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """VGG (Simonyan & Zisserman 2014) from a config table, in torchvision's layout.
 
-A row of :data:`CFGS` lists the conv widths in order, ``"M"`` marking a 2x2 max-pool. Every conv
-is 3x3 with padding 1 and a bias; the ``_bn`` variants put a BatchNorm after each conv (the
-conv keeps its bias, as in torchvision, so the counts match). ``features`` is the conv stack,
-``avgpool`` an ``AdaptiveAvgPool2d(7)`` and ``classifier`` Linear/ReLU/Dropout x2 + Linear, with
-``forward(x) = classifier(flatten(avgpool(features(x)), 1))``. Five pools need inputs of at
-least 32x32.
-
-Parameters at 1000 classes (torchvision's published numbers): vgg11 132,863,336;
-vgg11_bn 132,868,840; vgg13 133,047,848; vgg13_bn 133,053,736; vgg16 138,357,544;
-vgg16_bn 138,365,992; vgg19 143,667,240; vgg19_bn 143,678,248.
-
-Init: Kaiming-normal (fan_out) convs with zero bias, BN weight 1 bias 0, Linear N(0, 0.01)
-with zero bias.
+A row of :data:`CFGS` lists the conv widths, ``"M"`` a max-pool; ``_bn`` variants add BatchNorm
+after each conv (keeping its bias, as torchvision does, so parameter counts match). ``forward``
+is ``classifier(flatten(avgpool(features(x)), 1))``; inputs must be at least 32x32.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """tandem.parallel: the single-process parallel engine (any device type).
 
-Layers, each in its own file: ``scatter_gather`` and ``gather_outputs`` (split and rebuild
-batches), ``replicate`` (cached, autograd-connected module replicas), ``parallel_apply`` (one
-thread per replica), ``guards`` (lazy modules, zero-input calls, ``zero_grad`` in replicas),
-``buffers`` (what happens to replicas' running statistics), ``data_parallel`` (the wrappers)
-and ``criterion`` (the balanced loss).
+Layered like ``torch.nn.parallel``: scatter/gather, replicate, parallel_apply, then the
+``DataParallel`` wrappers and the balanced ``DataParallelCriterion``.
 """
 
 from .criterion import DataParallelCriterion

@@ -1,11 +1,7 @@
 """Differentiable parameter copies for replicas: broadcast forward, reduce-add backward.
 
-``copy_params`` copies parameters that live on one device to a list of target devices inside
-one autograd Function, ``_Broadcast``, whose backward sums every copy's gradient back onto the
-source device. Between distinct CUDA devices both directions are single coalesced
-``torch.cuda.comm`` calls; anywhere else (CPU, several copies on one device) each copy is a
-``to(copy=True)`` and the sum runs on the source device. That is what lets the tests run the
-multi-GPU copy-and-reduce path on CPU (``replicate(..., share_params=False)``).
+Between distinct CUDA devices both directions are coalesced ``torch.cuda.comm`` calls; anywhere
+else each copy is a ``to(copy=True)``, which lets tests run the copy-and-reduce path on CPU.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """What happens to the replicas' buffers (batch-norm running statistics) after a parallel forward.
 
-Every replica but the home one (``module`` itself, see :mod:`tandem.parallel.replicate`)
-updates its own copy of each buffer, and those copies are dropped at the next step. A policy
-decides what reaches the original buffers:
-
-``"replica0"``
-    Replica 0's updates, as ``torch.nn.DataParallel`` keeps them. Running statistics then
-    follow chunk 0 only: replica 0's running mean is the one plain batch norm computes on chunk
-    0, and the other chunks' statistics are lost.
-``"average"``
-    Every floating-point buffer becomes the chunk-size-weighted mean of all replicas' updated
-    values, ``b0 + sum_i (n_i / N) * (b_i - b0)``. For batch norm's running mean this is the
-    full-batch running mean (the update is linear in the batch mean; for the running variance
-    it is the weighted mean of the chunks' unbiased variances, not the full-batch variance,
-    which also holds the spread between chunk means). Integer buffers such as
-    ``num_batches_tracked`` count steps, not replicas, so they keep replica 0's value.
-
-Buffers equal in every replica (``SyncBatchNorm``'s, or buffers no replica touched) are exact
-under both policies: the average is written as ``b0`` plus zero differences, which is ``b0``
-bit for bit.
+Every replica but the home one updates its own copy of each buffer, dropped at the next step.
+``"replica0"`` keeps replica 0's updates, as ``torch.nn.DataParallel`` does: the other chunks'
+statistics are lost. ``"average"`` writes the chunk-size-weighted mean of all replicas'
+floating-point buffers (the full-batch running mean; the variance ignores the spread between
+chunk means); integer buffers such as ``num_batches_tracked`` keep replica 0's value.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Per-thread replica context and the rendezvous that replica threads share.
 
-``parallel_apply`` runs each replica in its own thread and, inside that thread, installs a
-:class:`ReplicaContext` (see :func:`use`). Layers that must cooperate across replicas, such as
-:class:`~tandem.parallel.SyncBatchNorm`, read it with :func:`current` and meet the other
-replicas through the shared :class:`ReplicaGroup`.
-
-The group never blocks forever: when a replica fails, ``parallel_apply`` calls
-:meth:`ReplicaGroup.abort`, which wakes every waiting replica with :class:`ReplicaAborted`;
-the caller then re-raises the first *real* error. A wait also ends after ``timeout`` seconds.
+``parallel_apply`` installs a :class:`ReplicaContext` in each replica thread; layers such as
+:class:`~tandem.parallel.SyncBatchNorm` read it with :func:`current` and meet through the shared
+:class:`ReplicaGroup`, which never blocks forever (``abort`` on failure, or ``timeout``).
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """``DataParallelCriterion``: each device computes its share of the loss where its output lives.
 
-Paired with :class:`~tandem.parallel.DataParallelModel` (outputs left on their devices), only
-scalar partial losses travel to ``output_device``, so no device collects the whole output:
-that is what keeps memory balanced. The result equals ``criterion(whole_output, whole_target)``
-on one device, to float rounding, for uneven chunks too. How each kind of criterion is split:
-
-* torch losses with ``reduction="mean"``, ``"sum"`` or ``"batchmean"``: each chunk gives its
-  summed loss and its share of the normaliser (:func:`tandem.parallel.loss_terms.loss_terms`,
-  the one home of those rules: summed ``weight[target]`` for CrossEntropy/NLL, the batch size
-  for ``batchmean``, the unreduced element count for other means); the sums of both are
-  divided on ``output_device``.
-* ``reduction="none"``: the per-element losses are concatenated along ``dim`` on
-  ``output_device`` (these do travel).
-* any other callable (no ``reduction`` attribute): chunk results are weighted by chunk size,
-  ``sum(n_i * loss_i) / N``. This is exact for criteria that are a mean over the batch, and
-  *not* for ones normalised otherwise (pass the torch loss module instead of a lambda).
-  Non-scalar results are gathered along ``dim`` instead.
-
-``CTCLoss`` is not supported (its mean divides each sample by its own target length, and its
-batch is dimension 1 of the log-probabilities); it raises ``ValueError``.
+Paired with :class:`~tandem.parallel.DataParallelModel`, only scalar partial losses travel to
+``output_device``, which keeps memory balanced. The result equals the single-device loss for
+uneven chunks (see :mod:`tandem.parallel.loss_terms`). ``reduction="none"`` concatenates the
+per-element losses on ``output_device``; a callable with a non-scalar result is gathered.
+``CTCLoss`` is refused (per-sample normalisation, batch in dimension 1).
 """
 
 from __future__ import annotations

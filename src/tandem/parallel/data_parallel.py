@@ -1,19 +1,11 @@
 """Data parallelism in one process: ``DataParallel``, ``DataParallelModel`` and ``data_parallel``.
 
-A step scatters the batch along ``dim`` (:func:`scatter_kwargs`), replicates the module on the
-devices the batch needs (:func:`replicate`, cached across steps), runs the replicas in threads
-(:func:`parallel_apply`), applies the buffer policy (:mod:`tandem.parallel.buffers`) and gathers
-the outputs on ``output_device`` (:func:`gather`). Gradients of every replica sum into the
-original parameters, so one optimizer on ``module.parameters()`` sees the same update as one
-device on the whole batch (batch norm aside: without ``SyncBatchNorm`` each replica normalises
-with its own chunk's statistics).
-
-Differences from ``torch.nn.DataParallel``: any device type (``["cpu"] * 3`` runs three CPU
-replicas), a batch smaller than the device count uses fewer replicas, replicas are reused
-across steps, running statistics can be averaged (``buffers="average"``), the wrapper's
-``state_dict`` has the plain module's keys (``load_state_dict`` takes either form), outputs
-can have a gather dim each, and lazy modules are initialised once, in the caller's thread
-(see :mod:`tandem.parallel.guards`, which also covers calls without inputs and ``zero_grad``).
+A step scatters the batch, replicates the module (cached across steps), runs the replicas in
+threads, applies the buffer policy and gathers the outputs, so one optimizer on
+``module.parameters()`` sees the update of one device on the whole batch (batch norm aside:
+without ``SyncBatchNorm`` each replica normalises with its own chunk). Unlike
+``torch.nn.DataParallel`` it runs on any device type, uses fewer replicas for a small batch,
+and its ``state_dict`` has the plain module's keys.
 """
 
 from __future__ import annotations
@@ -71,17 +63,11 @@ def _to_device(obj, device: torch.device):
 class DataParallel(nn.Module):
     """Run ``module`` on chunks of the batch on several devices and gather the outputs.
 
-    ``device_ids``: CUDA ordinals, strings or ``torch.device`` (``"cpu"`` may repeat); ``None``
-    means every CUDA device, else one CPU. A bad entry is a ``ValueError`` naming it.
-    ``output_device`` (default ``device_ids[0]``) receives the gathered outputs. ``buffers`` is
-    the buffer policy, ``"replica0"`` or ``"average"`` (see :mod:`tandem.parallel.buffers`).
-    ``gather_dim`` (default ``dim``) is the outputs' gather dim: an int, or one per output in
-    the output's structure, e.g. ``(0, 1)`` for an LSTM's ``(out, (h, c))``.
-
-    ``module`` is moved to ``device_ids[0]`` in place at construction (its Parameters keep their
-    identity, so an optimizer built before stays valid). With one device, or with nothing to
-    split, ``forward`` runs ``module`` once on the first device; with one device it calls it
-    directly: no threads, no copies. ``state_dict()`` has the plain module's keys.
+    ``device_ids``: see :mod:`tandem.parallel.devices`. ``output_device`` (default
+    ``device_ids[0]``) receives the outputs. ``buffers``: ``"replica0"`` or ``"average"``
+    (:mod:`tandem.parallel.buffers`). ``gather_dim`` (default ``dim``): an int, or one per
+    output, e.g. ``(0, 1)`` for an LSTM. ``module`` is moved to ``device_ids[0]`` in place (an
+    optimizer built before stays valid); with one device it is called directly.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,

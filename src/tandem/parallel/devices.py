@@ -1,9 +1,7 @@
 """One home for turning user device specs into ``torch.device`` lists.
 
-``device_ids`` entries may be CUDA ordinals (``0``), strings (``"cpu"``, ``"cuda:1"``) or
-``torch.device`` objects, and ``"cpu"`` may repeat: ``["cpu", "cpu", "cpu"]`` means three
-replicas on the CPU, each run in its own thread. ``None`` means every CUDA device, or one CPU
-when there is none. A bad entry raises ``ValueError`` naming it.
+Entries may be CUDA ordinals, strings or ``torch.device``; ``"cpu"`` may repeat (one replica
+thread each). ``None`` means every CUDA device, or one CPU. A bad entry raises ``ValueError``.
 """
 
 from __future__ import annotations

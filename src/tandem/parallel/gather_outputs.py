@@ -1,15 +1,8 @@
 """Put the replicas' outputs back together on one device (``gather``), with a dim per output.
 
-``gather`` rebuilds the replicas' common output structure (tuples, lists, dicts, namedtuples,
-dataclasses) and concatenates every tensor along its gather dim. ``dim`` is one int for every
-output, or a structure shaped like the output whose ints apply to everything below them: an
-LSTM returns ``(out, (h, c))`` with the batch of ``h`` and ``c`` in dim 1, so it gathers with
-``dim=(0, 1)``.
-
-Shapes are checked before concatenating. An output whose replicas differ outside its gather
-dim (typically a batch in another dim, split unevenly) is a ``ValueError`` that names the
-output's path, such as ``output[1][0]``, and says how to fix it. An evenly split output with its
-batch elsewhere cannot be told apart from a batch-first one and is concatenated as asked.
+``dim`` is one int, or a structure shaped like the output: an LSTM's ``(out, (h, c))`` gathers
+with ``dim=(0, 1)``. Replicas whose shapes differ outside the gather dim raise ``ValueError``
+naming the output's path (``output[1][0]``).
 """
 
 from __future__ import annotations

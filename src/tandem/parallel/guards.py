@@ -1,17 +1,9 @@
 """What the wrappers do so that a module behaves in replicas as it does alone.
 
-* No inputs. A call with no tensor to split (``model()``, ``data_parallel(m, None, ...)``)
-  runs the module once, on the first device, instead of once per replica.
-* Lazy modules. Uninitialised parameters would be materialised by every replica thread at
-  once (a race). Before replicating, the wrappers run one dry forward on the first chunk in the
-  caller's thread, in eval mode and without grad, so shapes are inferred exactly once and
-  running statistics and dropout draws are untouched. ``replicate`` itself refuses a module
-  that is still lazy.
-* ``zero_grad`` in a replica warns and does nothing, as in torch. torch's replicas hold
-  parameter copies, so their ``zero_grad`` has no gradients to clear; ours hold the original
-  Parameters, so every replica gets an instance-level ``zero_grad`` that only warns, and the
-  module itself, which runs as replica 0, gets it only while the replicas run. Its real
-  gradients (say, of earlier accumulated batches) survive the forward.
+A call with no tensor to split runs the module once, on the first device. A lazy module gets
+one dry forward on the first chunk in the caller's thread (eval mode, no grad), so replica
+threads never race to materialise it. ``zero_grad`` in a replica warns and does nothing, as in
+torch; the module itself (replica 0) gets that only while the replicas run.
 """
 
 from __future__ import annotations

@@ -1,27 +1,31 @@
-"""Split a loss over a batch into a summed loss and a normaliser that add up over chunks.
+"""Split a loss into a summed part and a normaliser that add up exactly over chunks.
 
-A loss that is a mean over the whole batch is ``sum_i l_i / D``, with ``D`` what torch divides
-by. When the batch is split into chunks (devices in :class:`~tandem.parallel.DataParallelCriterion`,
-ranks in the ``ddp`` strategy), each chunk ``c`` yields ``S_c`` (its summed loss) and ``D_c``
-(its share of ``D``); ``sum_c S_c / sum_c D_c`` then equals the single-device loss, for uneven
-chunks too. This module is the one place that knows what ``D`` is:
+The one home of the exact-loss argument (``DataParallelCriterion``, :mod:`tandem.distributed.
+global_loss` and the ``ddp`` strategy point here). A mean loss is ``sum_i l_i / D``, with ``D``
+what torch divides by. When the batch is split into chunks (devices, or ranks), chunk ``c``
+gives ``S_c`` (its summed loss) and ``D_c`` (its share of ``D``). Both are additive, so
+``sum_c S_c / sum_c D_c`` equals the single-device loss, for uneven chunks too; averaging the
+chunks' own means would not. ``D`` for each criterion:
 
-* ``CrossEntropyLoss`` / ``NLLLoss`` with ``reduction="mean"`` and class-index targets: the sum
-  of ``weight[target]`` over targets that are not ``ignore_index`` (their count without
-  ``weight``). That is how torch normalises ``weight``, ``ignore_index`` and
-  ``label_smoothing``; a chunk whose targets are all ignored gives ``S = D = 0`` (not the NaN
-  of its own mean). With class-probability targets: the number of samples times positions
+* ``CrossEntropyLoss`` / ``NLLLoss``, ``reduction="mean"``, class-index targets: the sum of
+  ``weight[target]`` over targets that are not ``ignore_index`` (their count without
+  ``weight``), which is how torch normalises ``weight``, ``ignore_index`` and
+  ``label_smoothing``. A chunk whose targets are all ignored gives ``S = D = 0``, not the NaN of
+  its own mean. Class-probability targets: samples times positions
   (``output.numel() // output.shape[1]``).
 * ``reduction="batchmean"`` (``KLDivLoss``): the batch size, ``output.shape[0]``.
-* any other torch loss with ``reduction="mean"``: the number of elements of its unreduced loss
-  (it runs once with ``reduction="none"`` to count them; this also covers the margin losses
-  whose mean is over samples rather than input elements).
-* ``reduction="sum"``: ``D`` is 1 and only ``S`` matters.
-* any other callable (no torch ``reduction``): taken as a mean over the ``batch_dim`` samples,
-  ``S = loss * n`` and ``D = n``; exact only for criteria that really are such a mean.
+* any other torch loss with ``reduction="mean"``: the element count of its unreduced loss (it
+  runs once with ``reduction="none"``; this also covers margin losses that average over samples).
+* ``reduction="sum"``: ``D`` is 1.
+* any other callable: taken as a mean over the ``batch_dim`` samples, ``S = loss * n``,
+  ``D = n``; exact only for criteria that really are such a mean.
 
-The criterion itself is never modified: other reductions run on shallow copies that share its
-``weight`` (so a changed attribute of the original is seen by the next call).
+Over ranks, DDP *averages* gradients, so each rank back-propagates ``S_r * world_size / D``
+with ``D = sum_r D_r`` all-reduced every step; the average is ``sum_r S_r / D``, the gradient
+of the global mean. A rank with an empty share uses ``S = 0 * output.sum()`` and ``D = 0``:
+zero, yet in the graph, so its backward and DDP's gradient all-reduce still run.
+
+The criterion is never modified: other reductions run on shallow copies sharing its ``weight``.
 """
 
 from __future__ import annotations

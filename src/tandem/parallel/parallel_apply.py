@@ -1,26 +1,11 @@
 """Run replicas side by side: one thread per replica, a single replica inline.
 
-``parallel_apply(modules, inputs)`` calls ``modules[i](*inputs[i], **kwargs_list[i])`` for every
-``i`` at once and returns the outputs in replica order. Each replica runs in a thread of a
-small persistent pool (threads are reused across calls, so no thread or OpenMP team is started
-per step), inside
-
-* a :class:`~tandem.parallel.context.ReplicaContext` (index, device, and one
-  :class:`~tandem.parallel.context.ReplicaGroup` shared by the call's replicas: what
-  ``SyncBatchNorm`` meets at),
-* the caller's grad mode, inference mode and autocast state (these are per thread),
-* on CUDA, the replica's device and the caller's current stream on that device; on other
-  accelerators, the replica's device index,
-* on CPU, its share of the caller's intra-op threads: with ``n`` CPU replicas each gets
-  ``max(1, torch.get_num_threads() // n)``, so replicas do not oversubscribe the cores. The
-  caller's own thread count is never changed. (This needs ATen's OpenMP backend, where the
-  count is per thread; with the native backend the shared pool is left as it is.)
-
-If a replica raises, the group is aborted (replicas waiting at a rendezvous wake with
-``ReplicaAborted``), every replica is waited for, and the caller gets the first real error
-(a non-``ReplicaAborted`` one if any) re-raised with its type kept and ``replica N on DEVICE``
-at the front of its message; the original is its ``__cause__``. An exception type that cannot
-be built from one message is re-raised itself, with the replica named in its args and a note.
+Threads come from a small persistent pool. Each replica runs in a
+:class:`~tandem.parallel.context.ReplicaContext`, with the caller's grad, inference and autocast
+modes, on its device (and the caller's current CUDA stream), and on CPU with
+``max(1, torch.get_num_threads() // n)`` intra-op threads. If a replica raises, the group is
+aborted, every replica is waited for, and the first real error is re-raised with
+``replica N on DEVICE`` at the front of its message.
 """
 
 from __future__ import annotations

@@ -1,45 +1,14 @@
 """Replicas of a module, one per device, connected to autograd and reused across steps.
 
-What a replica is
-    A tree of *shallow* module copies mirroring ``module``'s tree: each copy has the original's
-    attributes (training flag, hooks, plain attributes, attribute tensors are the same objects)
-    and its own ``_modules``, ``_parameters`` and ``_buffers`` dicts.
+A replica is a tree of shallow module copies with their own parameter and buffer dicts. On a
+parameter's own device it holds the original Parameter; elsewhere a differentiable copy
+(:mod:`tandem.parallel.broadcast`). Gradients of all replicas sum into the originals. The home
+replica is ``module`` itself and updates its buffers; the others get fresh buffer copies on
+every call (what happens to their updates: :mod:`tandem.parallel.buffers`).
 
-    * Parameters. A replica on the device where a parameter lives holds *the original
-      Parameter itself* (no copy, shared storage): its gradient accumulates straight into
-      ``param.grad``. A replica on another device holds a differentiable copy
-      (:mod:`tandem.parallel.broadcast`) whose gradient flows back into the original. Replicas
-      sharing a device share one copy. With ``share_params=False`` every replica but the home
-      one gets its own copy, on any device. Either way, gradients of all replicas sum into the
-      original parameters.
-    * ``zero_grad()`` on a replica warns and does nothing, as with torch's replicas (an
-      instance-level ``zero_grad``; :mod:`tandem.parallel.guards` gives the home replica the
-      same while the replicas run).
-    * Lazy modules (uninitialised parameters) are refused with a ``ValueError``.
-    * Buffers. The *home* replica (the first device where all of ``module``'s parameters and
-      buffers live) is ``module`` itself, so it updates the original buffers. Every other replica
-      gets fresh buffer copies on every call (``clone`` or ``to``), so no two threads ever update
-      one ``running_mean``. What happens to the other replicas' updates is the caller's policy
-      (see :mod:`tandem.parallel.buffers`).
-
-How replicas are reused
-    The shallow copies are cached on ``module`` (attribute ``_tandem_replica_cache``, an object
-    that deep-copies and pickles as an empty cache), keyed by the device tuple, the sharing
-    option and the calling thread. The cache holds the originals only by weak reference and the
-    copies do not carry it, so it makes no reference cycle: a dropped module (and its wrapper)
-    is freed by reference counting alone. Every call walks ``module``'s tree and builds a fingerprint: the identity of every
-    submodule, its number of attributes, the identity and device of every parameter and the
-    device of every buffer. When the fingerprint matches the cached one, the copies are kept
-    and only refreshed: their attributes are updated from the originals (so ``train()``/
-    ``eval()``, ``dropout.p = ...`` and replaced hooks are seen), parameter copies for other
-    devices are made anew and buffers are copied anew. When it differs (a submodule or
-    parameter was replaced, added or moved), the copies are rebuilt. A parameter changed in
-    place (an optimizer step, ``load_state_dict``) keeps its identity and needs no rebuild:
-    same-device replicas share it, other-device copies are remade every call.
-
-    The same thread gets the same replica objects from the next call, so finish one forward
-    before calling ``replicate`` again; graphs of earlier forwards stay valid (their tensors
-    are never modified, only replaced). Calls from different threads never share replicas.
+Warning: the copies are cached on ``module`` (weakly, per device tuple and thread) and reused
+while its structure is unchanged, so the same thread gets the same replica objects next call:
+finish one forward before calling ``replicate`` again.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Split a batch across replicas (``scatter``); the structure walking that ``gather`` shares.
 
-The reverse, ``gather``, lives in :mod:`tandem.parallel.gather_outputs`. Both walk arbitrary
-nestings of tuples, lists, dicts, namedtuples and dataclasses. Tensors are split along ``dim``;
-``None`` and every other object are handed to each replica as they are
-(the same object, not a copy). Tensors with too few dimensions to split (0-dim scalars, say)
-are copied to every replica's device.
-
-Chunks are balanced: a batch of ``B`` over ``k`` devices uses ``n = min(k, B)`` replicas whose
-chunk sizes differ by at most one, larger chunks first (10 over 4 gives 3, 3, 2, 2). No replica
-ever gets an empty chunk: a batch of 2 over 4 devices gives 2 entries. When the tensors of one
-call disagree on their batch size, the smallest decides ``n`` and every tensor is split into
-``n`` balanced chunks of its own size. A batch of size 0 gives one entry (the empty batch);
-a call with no tensor to split gives one entry per device.
-
-Both directions are differentiable: gradients of the chunks flow back into the scattered
-tensor, gradients of a gathered tensor flow back to each replica's output, across devices.
-CUDA-only transfers go through ``torch.cuda.comm`` inside two small autograd Functions
-(``_CudaScatter``, ``_CudaGather``); everything else uses ``split``, ``cat`` and ``to``, which
-autograd already differentiates. Bytes moved are reported to :mod:`tandem.parallel.traffic`,
-counted logically: chunk ``i`` is free only when ``i`` is the first replica on the tensor's own
-device.
+Nested tuples, lists, dicts, namedtuples and dataclasses are walked; tensors are split along
+``dim`` and other objects are handed to every replica as they are (the same object, not a
+copy). Chunks are balanced, larger first (10 over 4 gives 3, 3, 2, 2), and no replica gets an
+empty chunk: a batch of 2 over 4 devices gives 2 entries. Both directions are differentiable;
+bytes moved are reported to :mod:`tandem.parallel.traffic`.
 """
 
 from __future__ import annotations

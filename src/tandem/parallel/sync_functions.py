@@ -1,28 +1,10 @@
 """The autograd Functions behind SyncBatchNorm: local moments, their global merge, normalization.
 
-A *part* is one replica's share of a batch, summarised per channel as a ``(3, C)`` tensor of
-rows ``[count, mean, m2]``, where ``m2`` is the sum of squared deviations from the part's own
-mean. Parts are merged with Chan et al.'s pairwise formula::
-
-    n    = sum n_p
-    mean = sum n_p * mean_p / n
-    m2   = sum m2_p + sum n_p * (mean_p - mean) ** 2
-
-This is the same information as (count, sum, sum of squares), but it never subtracts two large
-sums of squares, so a channel whose mean is large next to its spread keeps its precision.
-
-A forward is three nodes per replica, with one of them shared:
-
-1. :class:`LocalMoments` (per replica): ``x -> part``;
-2. :class:`GlobalMoments` (ONE node for all replicas): every part in, the global
-   ``[count, mean, var, unbiased var]`` out, one copy per replica device. Replicas that share a
-   device also share one autograd thread, so a barrier in backward would deadlock; with one
-   node the engine sums the replicas' gradients into it and runs it once. Across processes it
-   all-gathers parts in forward and all-reduces the gradient in backward;
-3. :class:`Normalize` (per replica): ``F.batch_norm`` in inference form with the global
-   statistics (one fused kernel), whose backward also returns the gradient of those statistics.
-
-Each per-replica node saves only ``x`` itself, as plain BatchNorm does.
+Each replica's share is summarised per channel as ``[count, mean, m2]`` (``m2``: squared
+deviations from its own mean) and merged with Chan et al.'s pairwise formula, which keeps
+precision where sums of squares would cancel. :class:`LocalMoments` and :class:`Normalize` run
+per replica; :class:`GlobalMoments` is ONE node for all replicas, because replicas sharing a
+device share an autograd thread and a barrier in backward would deadlock.
 """
 
 from __future__ import annotations

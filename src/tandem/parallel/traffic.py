@@ -1,14 +1,8 @@
 """Counting the bytes the engine moves between replicas.
 
-Every transfer the engine makes on behalf of a replica (scattered inputs, broadcast
-parameters and buffers, reduced gradients, gathered outputs, criterion losses) is reported with
-:func:`record`. A :class:`TrafficMeter` used as a context manager sums what is recorded while it
-is open, by kind and by destination replica.
-
-Counts are *logical*: a transfer between replica ``i`` and replica ``j != i`` is counted even
-when both replicas live on the same physical device (``["cpu", "cpu"]``), so that CPU runs
-report what the same layout would move between real devices. Recording costs nothing when no
-meter is open.
+Transfers are reported with :func:`record` and summed, by kind and destination replica, by an
+open :class:`TrafficMeter`. Counts are *logical*: replicas ``i != j`` on one physical device
+still count, so CPU runs report what real devices would move. Free when no meter is open.
 """
 
 from __future__ import annotations

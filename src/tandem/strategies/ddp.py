@@ -1,30 +1,12 @@
 """``ddp``: one process per device, gradients averaged by torch's DistributedDataParallel.
 
-Start it with ``tandem launch --nproc-per-node N -- train --strategy ddp ...`` or plain
-``torchrun --nproc-per-node N -m tandem train --strategy ddp ...``; every worker reads its rank
-from torchrun's environment (:mod:`tandem.distributed.env`). Without that environment the
-strategy refuses to start, with one line that says how to launch it.
-
-The update equals one device training on the whole global batch:
-
-- the loop's loader gives each rank its contiguous share of every global batch, and shares
-  may be uneven or empty (a global batch of 5 over 2 ranks is 3 + 2; of 1 is 1 + 0);
-- DDP *averages* gradients over ranks, so each rank back-propagates
-  ``S_r * world_size / D`` where ``S_r`` is its summed per-sample loss and ``D`` the global
-  denominator (all-reduced every step). The average is then ``sum_r S_r / D``: the gradient of
-  the global mean loss, whatever the shares. ``StepOutput.loss`` *shows* that global mean (the
-  same value on every rank) while carrying the scaled gradient; ``count`` is the local count;
-- a rank with an empty share still runs forward and backward, so DDP's gradient all-reduce and
-  SyncBatchNorm's collectives meet on every rank and nobody hangs. Its plain (non-sync)
-  BatchNorm layers run that one forward in eval mode, because batch statistics of 0 samples
-  would write NaN into the running stats; SyncBatchNorm stays in training mode and simply
-  contributes 0 samples.
-
-Batch-norm running stats (``--buffers``): ``replica0`` broadcasts rank 0's buffers at every
-forward (torch DDP's default), so checkpoints carry the stats of rank 0's share; ``average``
-replaces them after every training forward by the sample-count-weighted mean over ranks, which
-makes ``running_mean`` the full-batch running mean (the variance average ignores between-rank
-spread). With ``--sync-bn`` every rank already holds the full-batch stats.
+Launch with ``tandem launch --nproc-per-node N -- train --strategy ddp ...`` (or ``torchrun``);
+without torchrun's environment it refuses to start. Each rank's loss is scaled so that DDP's
+average equals one device on the whole global batch, for uneven or empty shares (the argument:
+:mod:`tandem.parallel.loss_terms`). A rank with an empty share still runs forward and backward
+so collectives meet; its plain BatchNorm layers run that forward in eval mode. ``--buffers
+replica0`` broadcasts rank 0's BN stats every forward; ``average`` replaces them after each
+training forward by the sample-weighted mean over ranks.
 """
 
 from __future__ import annotations
@@ -86,7 +68,7 @@ def _frozen_batchnorm(layers: list[_BatchNorm]):
 
 @register
 class DDPStrategy(Strategy):
-    """One torchrun worker per device; see the module docstring for the exactness argument.
+    """One torchrun worker per device; the exact-loss argument: :mod:`tandem.parallel.loss_terms`.
 
     Constructing it joins the process group (so ``rank`` and ``world_size`` are known before
     the loop builds its loaders); :meth:`close` leaves it. Rank, world size and the master's
