@@ -21,23 +21,23 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
               "TANDEM_INJECT_FAULT", "TANDEM_LAUNCH_ID")
 
 
 def cli_env(**extra) -> dict:
     """The environment for a `tandem` subprocess: one intra-op thread, no torchrun leftovers."""
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TANDEM_DIST_TIMEOUT="60")
     env.update(extra)
     return env
 
 
-def run_tandem(*argv, timeout=300, **env) -> subprocess.CompletedProcess:
+def run_tandem(*argv, timeout=300, cwd=None, **env) -> subprocess.CompletedProcess:
     """Run `python -m tandem ARGV` to completion (text output captured, hard timeout)."""
     return subprocess.run([sys.executable, "-m", "tandem", *map(str, argv)], capture_output=True,
-                          text=True, timeout=timeout, env=cli_env(**env))
+                          text=True, timeout=timeout, env=cli_env(**env), cwd=cwd)
 
 
 def default_sigint():

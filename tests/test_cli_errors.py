@@ -1,11 +1,9 @@
 """A user's mistake is one line `tandem: error: ...` on stderr, exit status 2, no traceback."""
 
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
+from conftest import run_tandem
 
 from tandem.cli.common import tandem_warnings
 from tandem.cli.main import main
@@ -18,9 +16,7 @@ TINY = ["--data", "synthetic", "--synthetic-size", "8", "--image-size", "8", "--
 
 
 def tandem(*argv, cwd=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "tandem", *argv], capture_output=True,
-                          text=True, timeout=120, env=env, cwd=cwd)
+    return run_tandem(*argv, timeout=120, cwd=cwd)
 
 
 def assert_one_line_error(result, *needles):

@@ -3,12 +3,11 @@ malicious pickle that must be refused without running."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch import nn
+from conftest import run_tandem
 
 from tandem.cli.main import main
 from tandem.models import create_model
@@ -20,9 +19,7 @@ DATA = ["--data", "synthetic", "--synthetic-size", "24", "--image-size", "8",
 
 
 def tandem(*argv):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "tandem", *argv], capture_output=True,
-                          text=True, timeout=180, env=env)
+    return run_tandem(*argv, timeout=180)
 
 
 def eval_json(path, *extra):

@@ -1,8 +1,8 @@
 """`tandem models`, run as a subprocess the way a user runs it."""
 
 import json
-import subprocess
-import sys
+
+from conftest import run_tandem
 
 from tandem.models import list_models
 
@@ -11,8 +11,7 @@ PARAMS = {"alexnet": 61_100_840, "cifar_resnet20": 269_722, "resnet50": 25_557_0
 
 
 def tandem(*args):
-    return subprocess.run([sys.executable, "-m", "tandem", "models", *args],
-                          capture_output=True, text=True, timeout=120)
+    return run_tandem("models", *args, timeout=120)
 
 
 def test_table_lists_every_model():

@@ -4,12 +4,10 @@ Runs are tiny (synthetic 8x8 images, a few steps) so that each takes a few secon
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import run_tandem
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +17,7 @@ TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
 
 
 def tandem(*argv, timeout=240):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "tandem", *argv], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return run_tandem(*argv, timeout=timeout, PYTHONWARNINGS="ignore")
 
 
 def ok(*argv):

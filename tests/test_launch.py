@@ -24,6 +24,7 @@ import time
 
 import pytest
 import torch
+from conftest import DIST_VARS, cli_env
 
 from tandem import checkpoint
 from tandem.cli.main import main
@@ -38,17 +39,11 @@ TRAIN = ["train", "--data", "synthetic", "--synthetic-size", "11", "--image-size
          "--augment", "standard", "--num-classes", "3", "--batch-size", "5",
          "--accum-steps", "2", "--epochs", "2", "--max-steps", "3",
          "--no-progress", "--seed", "3", "--devices", "cpu"]
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-              "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TANDEM_INJECT_FAULT")
 
 pytestmark = pytest.mark.slow
 
 
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
-    env.update(OMP_NUM_THREADS="1", TANDEM_DIST_TIMEOUT="60", PYTHONUNBUFFERED="1")
-    env.update(extra)
-    return env
+_env = cli_env  # one intra-op thread, TANDEM_DIST_TIMEOUT=60, no torchrun variables
 
 
 def _free_port() -> int:
@@ -262,7 +257,7 @@ def test_port_in_use_is_one_clear_line(tmp_path):
 
 
 def test_ddp_without_torchrun_is_one_line(tmp_path, capsys, monkeypatch):
-    for var in _DIST_VARS:
+    for var in DIST_VARS:
         monkeypatch.delenv(var, raising=False)
     assert main([*TRAIN, "--strategy", "ddp", "--out", str(tmp_path)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
