@@ -68,10 +68,24 @@ def workers_of(run) -> dict[int, int]:
     return found
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, run) -> None:
+    """End a launch and every worker of it, even after a failed assertion.
+
+    Workers live in their own sessions (torchrun starts them so) and hold the launcher's
+    pipes: they are killed by name too, or reading the pipes would wait for them forever.
+    """
     if proc.poll() is None:
-        proc.kill()
-    proc.communicate()
+        proc.send_signal(signal.SIGTERM)  # the agent passes it on and reaps the workers
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for pid in workers_of(run).values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -83,20 +97,26 @@ def straight(tmp_path_factory):
     return out
 
 
+def wait_for(predicate, proc, what: str, seconds: float = 240) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert proc.poll() is None, f"the launch ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.05)
+
+
 def test_sigint_to_a_ddp_launch_saves_where_all_ranks_stop_then_resumes_exactly(straight,
                                                                                tmp_path):
-    run = tmp_path / "run"
-    proc = subprocess.Popen(launch("--", *JOB, "--out", run), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=cli_env())
+    run, log = tmp_path / "run", tmp_path / "stdout.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(launch("--", *JOB, "--out", run), stdout=out,
+                                stderr=subprocess.PIPE, text=True, env=cli_env())
     try:
-        deadline = time.monotonic() + 180
-        for line in proc.stdout:  # rank 0 prints a line per step
-            if "[5/40]" in line or time.monotonic() > deadline:
-                break
+        wait_for(lambda: "[5/40]" in log.read_text(), proc, "step 5")  # a line per step
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the launcher
         _, err = proc.communicate(timeout=120)
     finally:
-        stop(proc)
+        stop(proc, run)
     assert proc.returncode == 130, err[-3000:]
     position = torch.load(run / "checkpoint.pt", weights_only=True)["data_position"]
     assert position["epoch"] == 0 and 5 <= position["batch"] < 40, position
@@ -124,16 +144,13 @@ def test_sigkilled_worker_restarted_by_torchrun_finishes_equal_to_the_straight_r
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=cli_env())
     try:
-        deadline = time.monotonic() + 180
-        while not (run / "checkpoint.pt").exists() and proc.poll() is None:
-            assert time.monotonic() < deadline, "no checkpoint within 180 s"
-            time.sleep(0.05)
+        wait_for((run / "checkpoint.pt").exists, proc, "checkpoint")
         pid = workers_of(run).get(1)
         assert pid is not None, "rank 1 not found"
         os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=400)
     finally:
-        stop(proc)
+        stop(proc, run)
     assert proc.returncode == 0, err[-3000:]
     resumed = [line for line in out.splitlines() if line.startswith("resuming ")]
     assert len(resumed) == 1 and resumed[0].endswith("(torchrun restart 1)"), out[-2000:]

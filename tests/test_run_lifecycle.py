@@ -168,17 +168,18 @@ def test_save_every_writes_mid_epoch_checkpoints(tmp_path):
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_saves_mid_epoch_and_says_how_to_continue(tmp_path):
     """Ctrl-C after a few steps of a long epoch: saved at that step, not at an epoch end."""
-    run = tmp_path / "run"
+    run, log = tmp_path / "run", tmp_path / "stdout.log"
     long_epoch = [*TINY[:3], "6000", *TINY[4:], "-p", "1"]  # 1000 batches per epoch
-    proc = subprocess.Popen([sys.executable, "-m", "tandem", "train", *long_epoch, "--devices",
-                             "cpu", "--out", str(run)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=cli_env(),
-                            preexec_fn=default_sigint)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tandem", "train", *long_epoch,
+                                 "--devices", "cpu", "--out", str(run)], stdout=out,
+                                stderr=subprocess.PIPE, text=True, env=cli_env(),
+                                preexec_fn=default_sigint)
     try:
-        deadline = time.monotonic() + 120
-        for line in proc.stdout:  # wait until step 3 has been trained
-            if "[3/1000]" in line or time.monotonic() > deadline:
-                break
+        deadline = time.monotonic() + 240
+        while "[3/1000]" not in log.read_text():  # step 3 has been trained
+            assert proc.poll() is None and time.monotonic() < deadline, "no step 3"
+            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
