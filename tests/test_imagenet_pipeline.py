@@ -248,7 +248,7 @@ def test_val_crop_equals_the_same_operations_in_pillow(tmp_path, name, w, h, mod
 # -- --augment ----------------------------------------------------------------------------------
 
 def test_augment_choices_and_defaults(tmp_path):
-    assert config.AUGMENTS == AUGMENT_CHOICES
+    assert config.DataConfig.__dataclass_fields__["augment"].metadata["choices"] == AUGMENT_CHOICES
     root = write_tree(tmp_path / "d")
     assert load_dataset(str(root), augment="auto")[0].augment == "imagenet"
     assert load_dataset(str(root), augment="standard")[0].augment == "standard"

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from tandem.errors import UsageError
+
 from .transforms import SampleRandom, hflip, random_shift, to_tensor
 
 __all__ = [
@@ -38,7 +40,7 @@ class DatasetInfo:
 
 def check_augment(augment: str) -> str:
     if augment not in AUGMENT_MODES:
-        raise ValueError(f"unknown augment {augment!r}; choose one of: {', '.join(AUGMENT_MODES)}")
+        raise UsageError(f"unknown augment {augment!r}; choose one of: {', '.join(AUGMENT_MODES)}")
     return augment
 
 

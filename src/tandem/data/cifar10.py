@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tandem.errors import MissingFileError, UsageError
+
 from .base import DatasetInfo, ImageDataset
 from .transforms import resize_array
 
@@ -56,25 +58,25 @@ def read_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
         with open(file, "rb") as f:
             batch = _ArraysOnly(f, encoding="bytes").load()
     except FileNotFoundError:
-        raise FileNotFoundError(f"CIFAR-10 file '{file}' is missing") from None
+        raise MissingFileError(f"CIFAR-10 file '{file}' is missing") from None
     except Exception as exc:  # truncated, not a pickle, refused class...
-        raise ValueError(f"CIFAR-10 file '{file}' is corrupt or not a CIFAR batch "
+        raise UsageError(f"CIFAR-10 file '{file}' is corrupt or not a CIFAR batch "
                          f"({type(exc).__name__}: {exc})") from None
     if not isinstance(batch, dict):
-        raise ValueError(f"CIFAR-10 file '{file}' holds a {type(batch).__name__}, not a dict")
+        raise UsageError(f"CIFAR-10 file '{file}' holds a {type(batch).__name__}, not a dict")
     data = batch.get(b"data", batch.get("data"))
     labels = batch.get(b"labels", batch.get("labels"))
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
             or data.shape[1] != 3 * 32 * 32:
         found = getattr(data, "shape", type(data).__name__)
-        raise ValueError(f"CIFAR-10 file '{file}': 'data' must be a uint8 array of shape "
+        raise UsageError(f"CIFAR-10 file '{file}': 'data' must be a uint8 array of shape "
                          f"(N, 3072), found {found}")
     labels = np.asarray(labels if labels is not None else [], dtype=np.int64).reshape(-1)
     if labels.shape[0] != data.shape[0]:
-        raise ValueError(f"CIFAR-10 file '{file}': {data.shape[0]} images but "
+        raise UsageError(f"CIFAR-10 file '{file}': {data.shape[0]} images but "
                          f"{labels.shape[0]} labels")
     if labels.size and (labels.min() < 0 or labels.max() > 9):
-        raise ValueError(f"CIFAR-10 file '{file}': labels must be in 0..9, found "
+        raise UsageError(f"CIFAR-10 file '{file}': labels must be in 0..9, found "
                          f"{labels.min()}..{labels.max()}")
     return data.reshape(-1, 3, 32, 32), labels
 
@@ -111,7 +113,7 @@ def load_cifar10(directory: Path, *, augment: str, image_size: int | None):
     """``(train, val, info)``: the five training batches and ``test_batch`` as validation."""
     size = 32 if image_size is None else image_size
     if not isinstance(size, int) or size < 1:
-        raise ValueError(f"CIFAR-10: image_size must be a positive int, got {image_size!r}")
+        raise UsageError(f"CIFAR-10: image_size must be a positive int, got {image_size!r}")
     train = [read_batch(directory / f) for f in TRAIN_FILES]
     test_images, test_labels = read_batch(directory / TEST_FILE)
     train_images = np.concatenate([t[0] for t in train])

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tandem.errors import UsageError
 
 __all__ = ["Normalization", "to_device"]
 
@@ -34,7 +35,7 @@ class Normalization:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """``(N, C, H, W)`` ``uint8`` -> normalised float32 on the same device and layout."""
         if images.dtype != torch.uint8:
-            raise ValueError(f"Normalization expects uint8 images, got {images.dtype}")
+            raise UsageError(f"Normalization expects uint8 images, got {images.dtype}")
         mean, inv_std = self._constants(images.device)
         return images.float().div_(255).sub_(mean).mul_(inv_std)
 
@@ -51,6 +52,6 @@ def to_device(images: torch.Tensor, device: torch.device, *,
                                    else torch.contiguous_format)
     if images.dtype == torch.uint8:
         if normalization is None:
-            raise ValueError("a uint8 batch needs its dataset's normalization (mean and std)")
+            raise UsageError("a uint8 batch needs its dataset's normalization (mean and std)")
         images = normalization(images)
     return images

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tandem.errors import UsageError
+
 from .base import DatasetInfo, ImageDataset, stratified_split
 from .transforms import resize_array
 
@@ -42,7 +44,7 @@ def load_digits_data(*, augment: str, image_size: int | None):
 
     size = 8 if image_size is None else image_size
     if not isinstance(size, int) or size < 1:
-        raise ValueError(f"digits: image_size must be a positive int, got {image_size!r}")
+        raise UsageError(f"digits: image_size must be a positive int, got {image_size!r}")
     bunch = load_digits()
     images = bunch.images.astype(np.float32)[:, None] / 16.0
     if size != 8:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tandem.errors import MissingFileError, UsageError
+
 from .base import AUGMENT_MODES
 
 __all__ = ["load_dataset", "DATASET_NAMES", "AUGMENT_CHOICES", "DEFAULT_AUGMENT"]
@@ -26,7 +28,7 @@ def _augment_for(augment: str, kind: str, spec: str) -> str:
     if augment == "auto":
         return DEFAULT_AUGMENT[kind]
     if augment == "imagenet" and kind != "imagefolder":
-        raise ValueError(f"augment 'imagenet' (RandomResizedCrop) needs an ImageFolder "
+        raise UsageError(f"augment 'imagenet' (RandomResizedCrop) needs an ImageFolder "
                          f"directory; data '{spec}' is not one (use 'standard')")
     return augment
 
@@ -49,10 +51,10 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
     must match the data's class count.
     """
     if augment not in AUGMENT_CHOICES:
-        raise ValueError(f"unknown augment {augment!r}; choose one of: "
+        raise UsageError(f"unknown augment {augment!r}; choose one of: "
                          f"{', '.join(AUGMENT_CHOICES)}")
     if not isinstance(spec, (str, os.PathLike)):
-        raise ValueError(f"data spec must be a name or a path, got {spec!r}")
+        raise UsageError(f"data spec must be a name or a path, got {spec!r}")
     spec = os.fspath(spec)
     if spec == "synthetic":
         from .synthetic import load_synthetic
@@ -66,14 +68,14 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
         path = Path(spec).expanduser()
         if not path.exists():
             if _looks_like_path(spec):
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"data path '{spec}' does not exist (expected an ImageFolder or CIFAR-10 "
                     f"directory)")
-            raise ValueError(
+            raise UsageError(
                 f"unknown dataset {spec!r}: not one of {', '.join(DATASET_NAMES)}, and no such "
                 f"path (give a path to an ImageFolder or CIFAR-10 python directory)")
         if not path.is_dir():
-            raise ValueError(f"data path '{spec}' is not a directory")
+            raise UsageError(f"data path '{spec}' is not a directory")
         from .cifar10 import find_cifar_dir, load_cifar10
         cifar_dir = find_cifar_dir(path)
         if cifar_dir is not None:
@@ -85,6 +87,6 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
                                       image_size=image_size)
     info = result[2]
     if num_classes is not None and num_classes != info.num_classes:
-        raise ValueError(f"data '{spec}' has {info.num_classes} classes, but num_classes="
+        raise UsageError(f"data '{spec}' has {info.num_classes} classes, but num_classes="
                          f"{num_classes} was asked for")
     return result

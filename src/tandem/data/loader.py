@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from tandem.errors import UsageError
+
 from .transforms import mix_seed
 
 __all__ = ["make_loader", "ShardedBatchSampler", "shard_sizes", "collate", "epoch_order",
@@ -47,7 +49,7 @@ class ShardedBatchSampler(Sampler):
         _check_int("batch_size", batch_size, 1)
         _check_int("world_size", world_size, 1)
         if not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+            raise UsageError(f"rank must be in [0, {world_size}), got {rank!r}")
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.total_batches = -(-num_samples // batch_size)
@@ -60,7 +62,7 @@ class ShardedBatchSampler(Sampler):
         _check_int("epoch", epoch, 0)
         _check_int("start_batch", start_batch, 0)
         if start_batch > self.total_batches:
-            raise ValueError(f"start_batch {start_batch} is past the end of the epoch "
+            raise UsageError(f"start_batch {start_batch} is past the end of the epoch "
                              f"({self.total_batches} batches of {self.batch_size})")
         self.epoch, self.start_batch = epoch, start_batch
 
@@ -105,7 +107,7 @@ def _seed_worker(worker_id: int, *, base: int) -> None:
 
 def _check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise UsageError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: int,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tandem.errors import UsageError
+
 from .base import DatasetInfo, ImageDataset
 from .transforms import mix_seed
 
@@ -67,7 +69,7 @@ def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int
     for name, value in (("synthetic_size", size), ("num_classes", num_classes),
                         ("image_size", image_size)):
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"synthetic data: {name} must be a positive int, got {value!r}")
+            raise UsageError(f"synthetic data: {name} must be a positive int, got {value!r}")
     common = dict(num_classes=num_classes, in_channels=channels, image_size=image_size, seed=seed)
     train = SyntheticDataset(size, split=0, augment=augment, **common)
     val = SyntheticDataset(max(1, size // 4), split=1, augment="none", **common)

@@ -17,6 +17,7 @@ import shutil
 
 from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, flag_of
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
+from tandem.errors import UsageError
 
 __all__ = ["RUN_FILES", "checkpoint_path", "describe", "check_fresh", "clear",
            "resume_config", "restarted_run", "read_metrics", "fork"]
@@ -60,7 +61,7 @@ def check_fresh(out: str, overwrite: bool) -> None:
     """Refuse a fresh run into a directory that holds a run, unless ``overwrite``."""
     what = describe(out)
     if what and not overwrite:
-        raise ValueError(f"--out '{out}' already holds a run ({what}); continue it with "
+        raise UsageError(f"--out '{out}' already holds a run ({what}); continue it with "
                          f"--resume {out}, choose another --out, or replace it with --overwrite")
 
 
@@ -97,7 +98,7 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
             changed = f.name in given and new != old
             flag = flag_of(f)[-1]
             if policy == FIXED and changed:
-                raise ValueError(
+                raise UsageError(
                     f"{flag} {_show(new)} would change the run of '{path}', which has "
                     f"{flag} {_show(old)}: resume without {flag}, or start a new run with "
                     f"another --out")
