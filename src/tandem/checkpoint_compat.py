@@ -35,17 +35,30 @@ def is_tandem(ckpt: dict) -> bool:
 
 
 def strip_wrappers(state: dict) -> dict:
-    """Drop every ``module`` path component that a DataParallel/DDP wrapper put in the keys.
+    """Drop the ``module`` path components that DataParallel/DDP wrappers put in the keys.
 
     ``module.fc.weight`` -> ``fc.weight``; ``features.module.0.weight`` -> ``features.0.weight``.
-    Left unchanged when stripping would make two keys collide (a model that really has a
-    submodule called ``module``).
+    ``P.module.`` is a wrapper only when *every* key under ``P.`` goes through it (a wrapper
+    has no other child); a real submodule called ``module`` next to others is kept.
     """
+    keys = list(state)
+    if not all(isinstance(k, str) for k in keys):
+        return state
+    verdicts: dict[str, bool] = {}
+
+    def wrapped(prefix: str) -> bool:
+        if prefix not in verdicts:
+            verdicts[prefix] = all(k.startswith(prefix + _WRAPPER + ".")
+                                   for k in keys if k.startswith(prefix))
+        return verdicts[prefix]
+
     renamed = OrderedDict()
     for key, value in state.items():
-        if not isinstance(key, str):
-            return state
-        renamed[".".join(p for p in key.split(".") if p != _WRAPPER)] = value
+        parts = key.split(".")
+        kept = [p for i, p in enumerate(parts) if not (
+            p == _WRAPPER and i < len(parts) - 1
+            and wrapped("".join(q + "." for q in parts[:i])))]
+        renamed[".".join(kept)] = value
     return renamed if len(renamed) == len(state) else state
 
 
