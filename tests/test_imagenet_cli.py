@@ -71,7 +71,7 @@ def test_bench_help_shows_defaults_and_no_bare_dest_names():
     text = " ".join(run_tandem("bench", "--help").stdout.split())  # wrapping aside
     assert "(default: 64)" in text and "(default: single,dp,balanced)" in text
     for dest in ("ARCH ARCH", "STRATEGIES", "BATCH_SIZE", "STEPS", "WARMUP", "IMAGE_SIZE",
-                 "NUM_CLASSES", "BASELINES", "THREADS", "SEED", "DIST_TIMEOUT", "JSON"):
+                 "NUM_CLASSES", "BASELINES", "THREADS", "SEED", "DIST_TIMEOUT", "--json JSON"):
         assert dest not in text
 
 
