@@ -50,7 +50,7 @@ from tandem.distributed.process_group import (
 )
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
-from .base import StepOutput, Strategy, register
+from .base import StepOutput, Strategy, register, top5_hits
 
 __all__ = ["DDPStrategy"]
 
