@@ -46,3 +46,18 @@ def default_sigint():
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def make_image_folder(root, classes=("cat", "dog", "fox"), per_class=8, size=32):
+    """A tiny ImageFolder of JPEGs (``root/<class>/<i>.jpg``), each class its own brightness."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(classes):
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.random((size, size, 3)) * 60 + c * 90
+            Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}.jpg", quality=90)
+    return root

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import __version__
+from . import __version__, checkpoint_compat
 
 __all__ = ["save", "load", "load_model_state", "unwrap", "plain_state_dict",
            "load_plain_state_dict", "capture_rng", "restore_rng", "CheckpointError", "FORMAT"]
@@ -321,15 +321,15 @@ def _read(path: Path, map_location) -> dict:
     if not isinstance(ckpt["state_dict"], dict):
         raise CheckpointError(f"checkpoint '{path}': 'state_dict' is a "
                               f"{type(ckpt['state_dict']).__name__}, not a dict")
-    ckpt["state_dict"] = _strip_prefix(ckpt["state_dict"])
-    return ckpt
+    return checkpoint_compat.normalise(ckpt)  # wrapper prefixes anywhere, best_prec1
 
 
 def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu") -> dict:
     """Read a checkpoint safely; load it into ``model`` and ``optimizer`` when given.
 
-    Accepts tandem checkpoints, imagenet-example dicts and bare state dicts, with or without
-    torch DataParallel's ``module.`` prefix (stripped in the returned ``state_dict``). The
+    Accepts tandem checkpoints, imagenet-example dicts (old and new) and bare state dicts;
+    DataParallel's ``module.`` in the keys, on the model or any submodule, is stripped in the
+    returned ``state_dict`` and ``best_acc1`` is a float (see :mod:`tandem.checkpoint_compat`). The
     model may be wrapped (DataParallel, DDP, HybridParallel...). A checkpoint without
     optimizer state leaves ``optimizer`` untouched. Returns the checkpoint dict; RNG states
     are *not* restored here (call :func:`restore_rng` with ``ckpt["rng"]`` when resuming).

@@ -31,7 +31,7 @@ from tandem.parallel.buffers import POLICIES
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
     "SCHEDULES", "FIXED", "MAY_CHANGE", "PER_CALL",
-    "flag_of",
+    "flag_of", "NO_WEIGHTS_FILE",
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
@@ -44,10 +44,14 @@ PER_CALL = "per_call"    # this invocation only: never taken from the run
 
 
 def opt(default: Any, help: str, *flags: str, choices: tuple | None = None,
-        metavar: str | None = None, on_resume: str = FIXED):
-    """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``."""
+        metavar: str | None = None, on_resume: str = FIXED, nargs: str | None = None,
+        const: Any = None):
+    """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``.
+
+    ``nargs="?"`` with ``const`` lets a flag be typed without its value (``--pretrained``).
+    """
     meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,
-            "on_resume": on_resume}
+            "on_resume": on_resume, "nargs": nargs, "const": const}
     return field(default=default, metadata=meta)
 
 
@@ -61,6 +65,11 @@ def _strategy_names() -> tuple[str, ...]:
     from tandem.strategies import strategy_names
 
     return tuple(strategy_names())
+
+
+NO_WEIGHTS_FILE = ("--pretrained needs a FILE: tandem never downloads weights; save a "
+                    "torchvision state dict (e.g. resnet18-f37072fd.pth) or a checkpoint and "
+                    "pass --pretrained FILE (alias --weights FILE)")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -78,9 +87,15 @@ class ModelConfig:
                     "-a", "--arch", metavar="ARCH")
     dropout: float | None = opt(None, "dropout probability for models with dropout "
                                 "(default: the model's own)", metavar="P")
+    # Only the fresh run reads the file; a resumed run's weights come from its checkpoint.
+    pretrained: str | None = opt(None, "start from these weights: a torchvision state-dict file "
+                                 "or a checkpoint; nothing is downloaded (a classifier of "
+                                 "another size is re-initialised)", "--pretrained", "--weights",
+                                 metavar="FILE", on_resume=PER_CALL, nargs="?", const="")
 
     def __post_init__(self):
         _check(bool(self.arch), "--arch must not be empty")
+        _check(self.pretrained != "", NO_WEIGHTS_FILE)
         _check(self.dropout is None or 0.0 <= self.dropout < 1.0,
                f"bad --dropout {self.dropout}: must be in [0, 1)")
 

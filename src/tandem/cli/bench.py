@@ -19,44 +19,57 @@ import sys
 __all__ = ["add_parser", "run"]
 
 
+class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's help ends with its default, except where there is none to show."""
+
+    def _get_help_string(self, action):
+        if action.required or action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="time training steps of strategies and torch baselines side by side",
+        formatter_class=_ShowDefaults,
         description="Warm up, then time full training steps (forward, loss, backward, SGD) on "
                     "synthetic data, interleaving the strategies round by round.")
-    p.add_argument("-a", "--arch", help="model name (see `tandem models`); required unless "
-                   "--data times the input pipeline")
+    p.add_argument("-a", "--arch", metavar="ARCH", help="model name (see `tandem models`); "
+                   "required unless --data times the input pipeline")
     p.add_argument("--data", metavar="DIR", default=None,
                    help="an ImageFolder directory: time tandem's input pipeline on it, next to "
                         "a torchvision-style Pillow reference (no model)")
-    p.add_argument("-j", "--workers", type=int, default=0,
-                   help="with --data: loader worker processes (default: %(default)s)")
-    p.add_argument("--strategies", default="single,dp,balanced",
-                   help="comma list of single,dp,balanced,hybrid,ddp (default: %(default)s)")
-    p.add_argument("--devices", default="auto", help="cpu, cpu:N, cuda, cuda:0,1 or auto")
-    p.add_argument("-b", "--batch-size", type=int, default=64, help="global batch per step")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("-j", "--workers", type=int, default=0, metavar="N",
+                   help="with --data: loader worker processes")
+    p.add_argument("--strategies", default="single,dp,balanced", metavar="LIST",
+                   help="comma list of single,dp,balanced,hybrid,ddp")
+    p.add_argument("--devices", default="auto", metavar="SPEC",
+                   help="cpu, cpu:N, cuda, cuda:0,1 or auto")
+    p.add_argument("-b", "--batch-size", type=int, default=64, metavar="N",
+                   help="global batch per step")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="timed steps per contestant (default 20); with --data, timed passes "
                         "over the files (default 5)")
-    p.add_argument("--warmup", type=int, default=None,
+    p.add_argument("--warmup", type=int, default=None, metavar="N",
                    help="untimed steps first (default 3); with --data, passes (default 1)")
-    p.add_argument("--image-size", type=int, default=None,
+    p.add_argument("--image-size", type=int, default=None, metavar="PX",
                    help="square input size (default: 32 for cifar_*, else 224)")
-    p.add_argument("--num-classes", type=int, default=None,
-                   help="default: 10 for cifar_*, else 1000")
+    p.add_argument("--num-classes", type=int, default=None, metavar="K",
+                   help="classifier outputs (default: 10 for cifar_*, else 1000)")
     p.add_argument("--amp", action="store_true", help="autocast (see --amp-dtype)")
     p.add_argument("--amp-dtype", choices=["bf16", "fp16"], default="fp16",
-                   help="fp16 adds a GradScaler (default: %(default)s)")
+                   help="fp16 adds a GradScaler")
     p.add_argument("--channels-last", action="store_true", help="NHWC model and inputs")
     p.add_argument("--sync-bn", action="store_true", help="strategies use SyncBatchNorm")
-    p.add_argument("--buffers", choices=["replica0", "average"], default="replica0")
-    p.add_argument("--baselines", default="bare,torch_dp,torch_ddp",
-                   help="plain-torch contestants to add, or 'none' (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--buffers", choices=["replica0", "average"], default="replica0",
+                   help="dp: which replicas' batch-norm running stats to keep")
+    p.add_argument("--baselines", default="bare,torch_dp,torch_ddp", metavar="LIST",
+                   help="plain-torch contestants to add, or 'none'")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads per replica (thread here, or torchrun worker); "
                         "default: torch's choice, split among workers")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dist-timeout", type=float, default=900.0,
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed for model and data")
+    p.add_argument("--dist-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="seconds allowed for the torchrun phase of ddp/torch_ddp")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write every field as JSON to PATH ('-' for stdout)")

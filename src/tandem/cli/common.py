@@ -75,8 +75,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | N
         metavar = f.metadata.get("metavar") or ("{" + ",".join(choices) + "}" if choices else None)
         if default is not None:
             help_text += " (default: %(default)s)"
+        extra = ({"nargs": f.metadata["nargs"], "const": f.metadata.get("const")}
+                 if f.metadata.get("nargs") else {})
         group.add_argument(*flag_of(f), dest=f.name, type=kind, default=default,
-                           metavar=metavar, help=help_text, action=_Recorded)
+                           metavar=metavar, help=help_text, action=_Recorded, **extra)
 
 
 def config_from_args(cls, args: argparse.Namespace, **overrides):

@@ -34,7 +34,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help="seed (matters for synthetic data only)")
     add_config_arguments(parser, ParallelConfig, title="parallelism",
                          only=("strategy", "devices", "sync_bn", "amp", "channels_last"))
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (arch, loss, acc1, acc5, count; acc = acc1)")
     parser.set_defaults(func=run)
     return parser
 
@@ -55,5 +56,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(f"{args.resume}: {result['arch']} val loss {result['loss']:.4f} "
-              f"acc {result['acc']:.2f}% ({result['count']} images)")
+              f"acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}% ({result['count']} images)")
     return 0

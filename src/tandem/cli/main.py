@@ -23,9 +23,12 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tandem import __version__
+
     parser = argparse.ArgumentParser(
         prog="tandem", description="Train convolutional networks on several devices at once."
     )
+    parser.add_argument("--version", action="version", version=f"tandem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
     for name in SUBCOMMANDS:
@@ -41,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # as typed, for messages that echo a command (imagenet_flags)
     try:
         return int(args.func(args) or 0)
     except (UsageError, ValueError, FileNotFoundError) as exc:

@@ -11,6 +11,8 @@ Examples::
     tandem launch --nproc-per-node 2 -- train -a cifar_resnet20 --data digits --strategy ddp
     tandem train --resume runs/train                # continue that run, with its settings
     tandem train --resume runs/train --epochs 40    # ... and extend its schedule to 40 epochs
+    tandem train -a resnet18 --pretrained resnet18-f37072fd.pth /data/flowers  # fine-tune
+    tandem train -a resnet18 --resume checkpoint.pth.tar /data/imagenet  # the example's file
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tandem.config import (DataConfig, ModelConfig, OptimConfig, ParallelConfig,
                            TrainConfig)
 
 from .common import add_config_arguments, config_from_args, given_fields, tandem_warnings
+from .imagenet_flags import add_example_arguments, example_overrides
 
 __all__ = ["add_parser", "config_from_namespace"]
 
@@ -39,21 +42,30 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     for title, cls in SECTIONS:
         add_config_arguments(parser, cls, title=title)
+    add_example_arguments(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
-    """Read (never modify) ``args`` into a checked :class:`TrainConfig`."""
+    """Read (never modify) ``args`` into a checked :class:`TrainConfig`.
+
+    The imagenet example's ``DIR`` and ``--gpu N`` become ``--data`` and ``--devices``.
+    """
+    values, _ = example_overrides(args)
+    data = {k: values[k] for k in ("data",) if k in values}
+    devices = {k: values[k] for k in ("devices",) if k in values}
     return TrainConfig(model=config_from_args(ModelConfig, args),
-                       data=config_from_args(DataConfig, args),
+                       data=config_from_args(DataConfig, args, **data),
                        optim=config_from_args(OptimConfig, args),
-                       parallel=config_from_args(ParallelConfig, args),
+                       parallel=config_from_args(ParallelConfig, args, **devices),
                        run=config_from_args(RunConfig, args))
 
 
 def run(args: argparse.Namespace) -> int:
     from tandem.train.run import train  # heavy imports only when training
 
+    cfg = config_from_namespace(args)
+    given = given_fields(args) | example_overrides(args)[1]
     with tandem_warnings():
-        return train(config_from_namespace(args), given=given_fields(args))
+        return train(cfg, given=given)

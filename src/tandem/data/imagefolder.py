@@ -1,9 +1,10 @@
 """ImageFolder directories read with Pillow: ``root/<class>/**/<image>``.
 
 Either ``root/train`` and ``root/val``, or one directory split 80/20 per class with the fixed
-:data:`SPLIT_SEED`. Samples are ``uint8`` ``(3, S, S)``, normalised on the device. Warning:
-corrupt images are skipped with a warning, never a crash; a file that only fails to decode
-when loaded is replaced by the next sample that decodes, which then appears twice that epoch.
+:data:`SPLIT_SEED`. Samples are ``uint8`` ``(3, S, S)`` (``S``: ``image_size``, default the
+images' own size), normalised on the device. Warning: corrupt images are skipped with a
+warning, never a crash; a file that only fails to decode when loaded is replaced by the next
+sample that decodes, which then appears twice that epoch.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
                   ".gif")
 SPLIT_SEED = 0
 VAL_FRACTION = 0.2
-DEFAULT_SIZE = 224
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 NORMALIZATION = Normalization(MEAN, STD)
@@ -132,8 +132,7 @@ class ImageFolderDataset(ImageDataset):
 
 def load_imagefolder(root: Path, *, augment: str, image_size: int | None):
     """``(train, val, info)`` for an ImageFolder directory (either layout)."""
-    size = DEFAULT_SIZE if image_size is None else image_size
-    if not isinstance(size, int) or size < 1:
+    if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"ImageFolder: image_size must be a positive int, got {image_size!r}")
     train_dir, val_dir = root / "train", root / "val"
     if train_dir.is_dir():
@@ -157,10 +156,17 @@ def load_imagefolder(root: Path, *, augment: str, image_size: int | None):
         if not val_samples:
             raise ValueError(f"ImageFolder '{root}' is too small to split off a validation set "
                              f"(needs a class with at least 2 images)")
+    size = _own_size(train_samples or val_samples) if image_size is None else image_size
     info = DatasetInfo(root.name or str(root), len(classes), 3, size, classes)
     return (ImageFolderDataset(train_samples, image_size=size, augment=augment),
             ImageFolderDataset(val_samples, image_size=size, augment="none"),
             info)
+
+
+def _own_size(samples: list) -> int:
+    """The shorter side of the first image (its header only): the dataset's own size."""
+    with Image.open(samples[0][0]) as img:
+        return min(img.size)
 
 
 def _check_classes(root: Path, classes: list[str]) -> None:

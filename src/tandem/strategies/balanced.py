@@ -18,7 +18,7 @@ from torch import nn
 
 from tandem.parallel import DataParallelCriterion, DataParallelModel, scatter
 
-from .base import StepOutput, Strategy, register
+from .base import StepOutput, Strategy, register, top5_hits
 from .dp import prepare_replicated
 
 __all__ = ["BalancedStrategy"]
@@ -58,4 +58,5 @@ class BalancedStrategy(Strategy):
             (out.argmax(1) == tgt.to(out.device)).sum().to(self.device)
             for out, tgt in zip(outputs, chunks)
         )
-        return StepOutput(loss, correct, targets.shape[0])
+        correct5 = sum(top5_hits(out, tgt).to(self.device) for out, tgt in zip(outputs, chunks))
+        return StepOutput(loss, correct, targets.shape[0], correct5)

@@ -18,7 +18,7 @@ from torch import nn
 from tandem.errors import UsageError
 
 __all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_class",
-           "strategy_names"]
+           "strategy_names", "top5_hits"]
 
 
 @dataclass
@@ -27,12 +27,22 @@ class StepOutput:
 
     ``loss`` is the scalar to call ``backward`` on (the mean over the samples this process
     holds, so that it equals the single-device loss on the same samples). ``correct`` is the
-    number of top-1 hits as a 0-dim tensor and ``count`` the number of samples it counted.
+    number of top-1 hits as a 0-dim tensor, ``correct5`` the top-5 hits (``None`` when not
+    counted) and ``count`` the number of samples it counted.
     """
 
     loss: torch.Tensor
     correct: torch.Tensor
     count: int
+    correct5: torch.Tensor | None = None
+
+
+def top5_hits(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Samples whose target is among the 5 highest outputs (all of them with < 5 classes)."""
+    if outputs.shape[0] == 0:
+        return torch.zeros((), dtype=torch.long, device=outputs.device)
+    top = outputs.topk(min(5, outputs.shape[1]), dim=1).indices
+    return (top == targets.to(outputs.device)[:, None]).any(1).sum()
 
 
 class Strategy:
@@ -101,7 +111,7 @@ class Strategy:
         outputs = wrapped(images)
         loss = criterion(outputs, targets)
         correct = (outputs.argmax(1) == targets.to(outputs.device)).sum()
-        return StepOutput(loss, correct, targets.shape[0])
+        return StepOutput(loss, correct, targets.shape[0], top5_hits(outputs, targets))
 
     # -- data -------------------------------------------------------------------------------
     # The loop builds its loaders with ``rank`` and ``world_size`` above: each process loads

@@ -32,7 +32,7 @@ from tandem.distributed.process_group import (
 from tandem.parallel.buffers import check_policy
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
-from .base import StepOutput, Strategy, register
+from .base import StepOutput, Strategy, register, top5_hits
 
 __all__ = ["DDPStrategy"]
 
@@ -150,7 +150,7 @@ class DDPStrategy(Strategy):
         else:
             loss = mean
         correct = (outputs.argmax(1) == targets).sum() if count else targets.new_zeros(())
-        return StepOutput(loss, correct, count)
+        return StepOutput(loss, correct, count, top5_hits(outputs, targets))
 
     def _average_buffers(self, count: int, total_count: float) -> None:
         """Replace BN running stats by their sample-count-weighted mean over ranks.

@@ -14,7 +14,7 @@ __all__ = ["plot_curves"]
 
 
 def plot_curves(records: list[dict], path: str) -> None:
-    """Draw loss (train, val) and accuracy (train, val) per epoch from metrics records.
+    """Draw loss (train, val) and accuracy (train, val top-1, val top-5) per epoch.
 
     Records of a partial epoch (a ``--max-steps`` stop) are plotted at their epoch number;
     the x axis has whole-epoch ticks.
@@ -26,8 +26,11 @@ def plot_curves(records: list[dict], path: str) -> None:
     ax_loss.plot(epochs, [r["val_loss"] for r in records], "o-", label="validation")
     ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
     ax_acc.plot(epochs, [r.get("train_acc") for r in records], "o-", label="train")
-    ax_acc.plot(epochs, [r["val_acc"] for r in records], "o-", label="validation")
-    ax_acc.set(xlabel="epoch", ylabel="top-1 accuracy (%)", title="accuracy")
+    ax_acc.plot(epochs, [r["val_acc"] for r in records], "o-", label="validation top-1")
+    if any(r.get("val_acc5") is not None for r in records):  # rows before top-5 have none
+        ax_acc.plot(epochs, [r.get("val_acc5") for r in records], "s--",
+                    label="validation top-5")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
     for ax in (ax_loss, ax_acc):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
         ax.grid(alpha=0.3)

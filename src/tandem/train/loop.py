@@ -125,8 +125,8 @@ class Trainer:
                     with self._autocast():
                         out = s.forward_loss(self.model, self.criterion, images, targets)
                     self.scaler.scale(out.loss / group_size).backward()
-                meter.update(out.loss, out.correct, out.count)
-                progress.update(out.count * s.world_size, meter.loss, meter.acc)
+                meter.update(out.loss, out.correct, out.count, out.correct5)
+                progress.update(out.count * s.world_size, meter.loss, meter.acc, meter.acc5)
                 if not last_micro:
                     continue
                 self.scaler.step(self.optimizer)
@@ -153,19 +153,19 @@ class Trainer:
         if not carried or not self.strategy.is_main:
             return meter, 0.0
         meter.loss_sum, meter.correct = float(carried["loss_sum"]), int(carried["correct"])
-        meter.count = int(carried["count"])
+        meter.count, meter.correct5 = int(carried["count"]), int(carried.get("correct5", 0))
         return meter, float(carried["seconds"])
 
     @torch.no_grad()
     def validate(self) -> Meter:
-        """Loss and top-1 over the whole validation set, every sample counted once."""
+        """Loss, top-1 and top-5 over the whole validation set, every sample counted once."""
         self.model.eval()
         meter = Meter()
         for images, targets in self._loader(self.val_set, train=False, epoch=0):
             images, targets = self._to_device(images, targets)
             with self._autocast():
                 out = self.strategy.forward_loss(self.model, self.criterion, images, targets)
-            meter.update(out.loss, out.correct, out.count)
+            meter.update(out.loss, out.correct, out.count, out.correct5)
         return meter.reduced(self.strategy)
 
     # -- saving -----------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class Trainer:
                 "step": pos.step,
                 "batches": pos.batch if stopped else self.batches_per_epoch,
                 "train_loss": train.loss, "train_acc": train.acc,
-                "val_loss": val.loss, "val_acc": val.acc,
+                "val_loss": val.loss, "val_acc": val.acc, "val_acc5": val.acc5,
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "images_per_sec": train.count / seconds if seconds > 0 else None,
                 "seconds": seconds,
@@ -258,11 +258,12 @@ class Trainer:
 def _progress(meter: Meter, seconds: float) -> dict:
     """A reduced meter and the seconds spent, as a checkpoint entry."""
     return {"loss_sum": meter.loss_sum, "correct": meter.correct, "count": meter.count,
-            "seconds": seconds}
+            "correct5": meter.correct5, "seconds": seconds}
 
 
 def _summary(r: dict, epochs: int) -> str:
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     return (f"epoch {r['epoch']}/{epochs} step {r['step']}: train loss {r['train_loss']:.4f} "
             f"acc {r['train_acc']:.2f}% | val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
+            f"acc5 {r['val_acc5']:.2f}% "
             f"| {rate} {r['seconds']:.1f}s")

@@ -18,19 +18,22 @@ __all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory"]
 
 
 class Meter:
-    """Sum of per-sample loss, top-1 hits and sample count on this process."""
+    """Sum of per-sample loss, top-1 and top-5 hits and sample count on this process."""
 
     def __init__(self):
         self.loss_sum = 0.0
         self.correct = 0
+        self.correct5 = 0
         self.count = 0
 
-    def update(self, loss: torch.Tensor, correct: torch.Tensor, count: int) -> None:
+    def update(self, loss: torch.Tensor, correct: torch.Tensor, count: int,
+               correct5: torch.Tensor | None = None) -> None:
         """Add a batch whose *mean* loss is ``loss`` over ``count`` samples (syncs once)."""
         if count == 0:  # an empty share of a short last batch: nothing to count
             return
         self.loss_sum += float(loss.detach().float()) * count
         self.correct += int(correct)
+        self.correct5 += int(correct if correct5 is None else correct5)
         self.count += count
 
     @property
@@ -41,13 +44,18 @@ class Meter:
     def acc(self) -> float:
         return 100.0 * self.correct / self.count if self.count else float("nan")
 
+    @property
+    def acc5(self) -> float:
+        return 100.0 * self.correct5 / self.count if self.count else float("nan")
+
     def reduced(self, strategy) -> "Meter":
         """A new meter holding the sums over every process (one ``all_reduce_sum``)."""
-        totals = torch.tensor([self.loss_sum, self.correct, self.count], dtype=torch.float64,
-                              device=strategy.device)
+        totals = torch.tensor([self.loss_sum, self.correct, self.count, self.correct5],
+                              dtype=torch.float64, device=strategy.device)
         totals = strategy.all_reduce_sum(totals).cpu()
         out = Meter()
         out.loss_sum, out.correct, out.count = float(totals[0]), int(totals[1]), int(totals[2])
+        out.correct5 = int(totals[3])
         return out
 
 

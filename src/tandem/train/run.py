@@ -25,12 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from tandem import checkpoint
+from tandem import checkpoint, checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import load_dataset, make_loader
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_devices_flag
+from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy, create_strategy
 
 from . import rundir
@@ -97,11 +98,12 @@ def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
     return out
 
 
-def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
+def _restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
     """Optimizer, scheduler, scaler, position, best accuracy and RNG from ``ckpt``.
 
-    A checkpoint in the imagenet example's format (no ``data_position``, ``scheduler`` or
-    ``rng``) resumes at the start of epoch ``ckpt['epoch']``, the learning rate recomputed.
+    A checkpoint in the imagenet example's format (no ``data_position`` or ``rng``, another
+    scheduler's state or none) resumes at the start of epoch ``ckpt['epoch']``, the learning
+    rate recomputed by tandem's own schedule. Returns the lines to say about it.
     """
     steps_per_epoch = -(-trainer.batches_per_epoch // trainer.cfg.optim.accum_steps)
     position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
@@ -113,10 +115,11 @@ def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
                          f"--accum-steps it was saved with")
     trainer.carried = ckpt.get("epoch_progress") if trainer.position.batch else None
     trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
+    foreign = checkpoint_compat.foreign_scheduler(ckpt)
     try:
         if ckpt.get("optimizer") is not None:
             trainer.optimizer.load_state_dict(ckpt["optimizer"])
-        if ckpt.get("scheduler") is not None:
+        if ckpt.get("scheduler") is not None and not foreign:
             trainer.scheduler.load_state_dict(ckpt["scheduler"])
         if ckpt.get("scaler"):
             trainer.scaler.load_state_dict(ckpt["scaler"])
@@ -127,7 +130,7 @@ def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
     for group in trainer.optimizer.param_groups:  # this run's flags win over the file's
         group.update(momentum=trainer.cfg.optim.momentum,
                      weight_decay=trainer.cfg.optim.weight_decay)
-    if ckpt.get("scheduler") is None:  # set the learning rate where the schedule stands
+    if ckpt.get("scheduler") is None or foreign:  # set the lr where tandem's schedule stands
         step = trainer.position.step
         factor = lr_factor(step, trainer.cfg.optim, steps_per_epoch)
         for group, base_lr in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs):
@@ -135,6 +138,11 @@ def _restore(trainer: Trainer, ckpt: dict, path: str) -> None:
         trainer.scheduler.last_epoch = step
     if ckpt.get("rng") is not None:
         checkpoint.restore_rng(ckpt["rng"])
+    if not foreign:
+        return []
+    return [f"its {foreign} state is not tandem's: tandem's --lr-schedule "
+            f"{trainer.cfg.optim.lr_schedule} resumes at epoch {trainer.position.epoch + 1} "
+            f"(lr {trainer.optimizer.param_groups[0]['lr']:.4g})"]
 
 
 def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:
@@ -153,11 +161,27 @@ def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None
                         f"saved under another --strategy (hybrid state resumes under hybrid)?")
 
 
+def _fit_classes(info, ckpt: dict | None):
+    """A file from elsewhere keeps its classifier when that is larger than the data's classes.
+
+    The imagenet example's models always have 1000 outputs; labels 0..C-1 of a smaller
+    dataset index the first C of them.
+    """
+    if ckpt is None or isinstance(ckpt.get("config"), dict):
+        return info
+    layer = checkpoint_compat.final_layer(ckpt["state_dict"])
+    return replace(info, num_classes=layer[1]) if layer and layer[1] > info.num_classes else info
+
+
 def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> Trainer:
     train_set, val_set, info = build_data(cfg.data, cfg.run.seed)
-    model = build_model(cfg.model, info, cfg.run.seed)
+    model = build_model(cfg.model, _fit_classes(info, ckpt), cfg.run.seed)
     if ckpt is not None:
         checkpoint.load_model_state(model, ckpt, cfg.run.resume)
+    elif cfg.model.pretrained:
+        line = load_pretrained(model, cfg.model.pretrained, cfg.model.arch)
+        if strategy.is_main:
+            print(line, flush=True)
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
     wrapped = strategy.setup(model)
@@ -197,6 +221,9 @@ def _resumed_config(cfg: TrainConfig, given: frozenset[str]):
         cfg = replace(cfg, run=replace(cfg.run, resume=latest))
     if not cfg.run.resume:
         return cfg, None, []
+    if cfg.model.pretrained and not restarted:
+        raise ValueError("--pretrained starts a new run from a weights file and --resume "
+                         "continues a run from its checkpoint: give one of them")
     path = rundir.checkpoint_path(cfg.run.resume)
     ckpt = checkpoint.load(path)
     cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
@@ -257,10 +284,11 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
         if cfg.run.evaluate:
             val = trainer.validate()
             if strategy.is_main:
-                print(f"val loss {val.loss:.4f} acc {val.acc:.2f}% ({val.count} images)")
+                print(f"val loss {val.loss:.4f} acc {val.acc:.2f}% acc5 {val.acc5:.2f}% "
+                      f"({val.count} images)")
             return 0
         if ckpt is not None:
-            _restore(trainer, ckpt, cfg.run.resume)
+            notes += _restore(trainer, ckpt, cfg.run.resume)
         keep = _prepare_out(cfg, ckpt, strategy, trainer.position.epoch)
         if strategy.is_main:
             if ckpt is not None:
@@ -281,7 +309,8 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
              batch_size: int | None = None, seed: int | None = None) -> dict:
     """Validate the checkpoint at ``checkpoint_path``.
 
-    Returns ``{"arch", "loss", "acc", "count", "is_main"}`` (``is_main``: this process reports).
+    Returns ``{"arch", "loss", "acc", "acc1", "acc5", "count", "is_main"}`` (``acc`` is
+    ``acc1``, top-1; ``is_main``: this process reports).
 
     The architecture comes from the checkpoint, and so do the data settings and seed it was
     trained with (its ``config``), each overridden by an entry of ``data`` / ``batch_size`` /
@@ -300,14 +329,14 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     strategy = build_strategy(cfg.parallel)
     try:
         _, val_set, info = build_data(cfg.data, cfg.run.seed)
-        model = build_model(cfg.model, info, cfg.run.seed)
+        model = build_model(cfg.model, _fit_classes(info, ckpt), cfg.run.seed)
         checkpoint.load(checkpoint_path, model=model)
         trainer = Trainer(cfg=cfg, strategy=strategy, model=strategy.setup(model),
                           criterion=make_criterion(cfg.optim, strategy), optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,
                           batches_per_epoch=0, config_dict={})
         val = trainer.validate()
-        return {"arch": arch, "loss": val.loss, "acc": val.acc, "count": val.count,
-                "is_main": strategy.is_main}
+        return {"arch": arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
+                "acc5": val.acc5, "count": val.count, "is_main": strategy.is_main}
     finally:
         strategy.close()

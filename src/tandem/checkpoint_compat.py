@@ -1,0 +1,107 @@
+"""Reading checkpoints that other programs wrote, chiefly the PyTorch imagenet example.
+
+The example saves ``{"epoch", "arch", "state_dict", "best_acc1", "optimizer", "scheduler"}``
+(older versions: ``best_prec1`` and no ``scheduler``), with ``best_acc1`` often a 0-dim tensor
+and keys carrying DataParallel's ``module.`` wherever a submodule was wrapped: the whole model
+(``module.conv1.weight``) or only AlexNet/VGG's features (``features.module.0.weight``).
+:func:`normalise` turns such a dict into what tandem expects; nothing here is tandem-format
+specific, so :mod:`tandem.checkpoint` calls it on every file it reads.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+__all__ = ["normalise", "strip_wrappers", "best_accuracy", "foreign_scheduler", "final_layer",
+           "is_tandem"]
+
+_WRAPPER = "module"  # the attribute DataParallel / DistributedDataParallel keep the model in
+
+# A scheduler's class, told from the keys of its state dict (first match wins).
+_SCHEDULER_KEYS = (
+    ("lr_lambdas", "LambdaLR"), ("_schedulers", "SequentialLR/ChainedScheduler"),
+    ("step_size", "StepLR"), ("milestones", "MultiStepLR"), ("T_0", "CosineAnnealingWarmRestarts"),
+    ("T_max", "CosineAnnealingLR"), ("total_steps", "OneCycleLR"), ("max_lrs", "CyclicLR"),
+    ("patience", "ReduceLROnPlateau"), ("power", "PolynomialLR"), ("start_factor", "LinearLR"),
+    ("factor", "ConstantLR"), ("gamma", "ExponentialLR"),
+)
+
+
+def is_tandem(ckpt: dict) -> bool:
+    """True when tandem wrote ``ckpt`` (it then carries tandem's ``format`` tag)."""
+    return str(ckpt.get("format", "")).startswith("tandem.checkpoint/")
+
+
+def strip_wrappers(state: dict) -> dict:
+    """Drop the ``module`` path components that DataParallel/DDP wrappers put in the keys.
+
+    ``module.fc.weight`` -> ``fc.weight``; ``features.module.0.weight`` -> ``features.0.weight``.
+    ``P.module.`` is a wrapper only when *every* key under ``P.`` goes through it (a wrapper
+    has no other child); a real submodule called ``module`` next to others is kept.
+    """
+    keys = list(state)
+    if not all(isinstance(k, str) for k in keys):
+        return state
+    verdicts: dict[str, bool] = {}
+
+    def wrapped(prefix: str) -> bool:
+        if prefix not in verdicts:
+            verdicts[prefix] = all(k.startswith(prefix + _WRAPPER + ".")
+                                   for k in keys if k.startswith(prefix))
+        return verdicts[prefix]
+
+    renamed = OrderedDict()
+    for key, value in state.items():
+        parts = key.split(".")
+        kept = [p for i, p in enumerate(parts) if not (
+            p == _WRAPPER and i < len(parts) - 1
+            and wrapped("".join(q + "." for q in parts[:i])))]
+        renamed[".".join(kept)] = value
+    return renamed if len(renamed) == len(state) else state
+
+
+def best_accuracy(ckpt: dict) -> float | None:
+    """``best_acc1`` (or the older ``best_prec1``) as a float; a tensor is read out."""
+    value = ckpt.get("best_acc1")
+    if value is None:
+        value = ckpt.get("best_prec1")
+    if torch.is_tensor(value):
+        value = value.float().item() if value.numel() == 1 else None
+    return None if value is None else float(value)
+
+
+def foreign_scheduler(ckpt: dict) -> str | None:
+    """The kind of a scheduler state tandem cannot load (another program's), else ``None``.
+
+    tandem's own schedule is one ``LambdaLR`` whose state is loadable only from tandem's
+    checkpoints; anything else (the example's StepLR, ...) is named here so that a resume can
+    say it recomputes its own schedule instead.
+    """
+    state = ckpt.get("scheduler")
+    if not isinstance(state, dict) or (is_tandem(ckpt) and "lr_lambdas" in state):
+        return None
+    for key, name in _SCHEDULER_KEYS:
+        if key in state:
+            return name
+    return "unknown scheduler"
+
+
+def final_layer(state: dict) -> tuple[str, int] | None:
+    """``(prefix, outputs)`` of the last 2-D ``*.weight`` (the classifier), e.g. ``("fc", 1000)``."""
+    last = None
+    for key, value in state.items():
+        if isinstance(key, str) and key.endswith(".weight") and torch.is_tensor(value) \
+                and value.dim() == 2:
+            last = (key[:-len(".weight")], int(value.shape[0]))
+    return last
+
+
+def normalise(ckpt: dict) -> dict:
+    """A checkpoint dict with plain model keys and ``best_acc1`` a float (or ``None``)."""
+    ckpt = dict(ckpt)
+    ckpt["state_dict"] = strip_wrappers(ckpt["state_dict"])
+    if "best_acc1" in ckpt or "best_prec1" in ckpt:
+        ckpt["best_acc1"] = best_accuracy(ckpt)
+    return ckpt

@@ -1,0 +1,108 @@
+"""The imagenet example's own command line, as typed, on ``tandem train``.
+
+``tandem train -a resnet18 -b 256 --lr 0.1 --gpu 0 /data/imagenet`` means what it means to
+``python main.py``: the positional ``DIR`` is ``--data DIR`` and ``--gpu N`` is
+``--devices cuda:N``. Both count as given for ``--resume``'s checks. The example's
+distributed flags have no place in one tandem process: they are refused with the equivalent
+``tandem launch`` command. ``--start-epoch`` is refused too: the epoch comes from ``--resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from urllib.parse import urlparse
+
+from tandem.config import NO_WEIGHTS_FILE
+
+__all__ = ["add_example_arguments", "example_overrides", "launch_command"]
+
+_DIST = ("dist_url", "dist_backend", "world_size", "rank", "multiprocessing_distributed")
+# Flags the launch command drops or replaces, with whether they take a value.
+_DROPPED = {"--dist-url": True, "--dist-backend": True, "--world-size": True, "--rank": True,
+            "--multiprocessing-distributed": False, "--gpu": True, "--devices": True,
+            "--strategy": True}
+
+
+def add_example_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``DIR``, ``--gpu`` and the example's flags that tandem answers with an error."""
+    parser.add_argument("data_dir", nargs="?", default=None, metavar="DIR",
+                        help="dataset directory, as in the imagenet example (same as --data DIR)")
+    group = parser.add_argument_group("imagenet example compatibility")
+    group.add_argument("--gpu", type=int, default=None, metavar="N",
+                       help="the example's --gpu N: same as --devices cuda:N")
+    group.add_argument("--start-epoch", type=int, default=None, metavar="N",
+                       help="not supported: --resume FILE continues at the epoch stored in FILE")
+    for flag, meta in (("--dist-url", "URL"), ("--dist-backend", "NAME"),
+                       ("--world-size", "N"), ("--rank", "R")):
+        group.add_argument(flag, default=None, metavar=meta,
+                           help="refused: prints the equivalent `tandem launch` command")
+    group.add_argument("--multiprocessing-distributed", action="store_true",
+                       help="refused: prints the equivalent `tandem launch` command")
+
+
+def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
+    """Config values implied by the example's flags, and the field names they count as given.
+
+    Raises ``ValueError`` (one line) for the flags tandem does not take and for conflicts.
+    """
+    if any(getattr(args, name, None) not in (None, False) for name in _DIST):
+        raise ValueError("tandem runs several processes through `tandem launch`, not with "
+                         "--dist-url/--world-size/--rank/--multiprocessing-distributed; run: "
+                         + launch_command(args))
+    if args.start_epoch is not None:
+        raise ValueError("--start-epoch is not supported: --resume FILE continues at the epoch "
+                         "stored in FILE, and a fresh run starts at epoch 1")
+    given = set(getattr(args, "given_fields", ()))
+    values: dict = {}
+    if args.data_dir is not None:
+        if "data" in given and args.data != args.data_dir:
+            raise ValueError(f"two datasets given: DIR {args.data_dir} and --data {args.data}")
+        values["data"] = args.data_dir
+    if args.gpu is not None:
+        if args.gpu < 0:
+            raise ValueError(f"bad --gpu {args.gpu}: must be >= 0")
+        if "devices" in given and args.devices != f"cuda:{args.gpu}":
+            raise ValueError(f"--gpu {args.gpu} and --devices {args.devices} disagree: give one")
+        values["devices"] = f"cuda:{args.gpu}"
+    pretrained = getattr(args, "pretrained", None)
+    if pretrained and os.path.isdir(pretrained) and args.data_dir is None:
+        # `--pretrained DIR`, the example's habit: the flag took the data directory
+        raise ValueError(f"{NO_WEIGHTS_FILE}; '{pretrained}' is a directory (put the data "
+                         f"directory before --pretrained or use --data)")
+    return values, set(values)
+
+
+def _train_args(argv: list[str]) -> list[str]:
+    """``argv`` after ``train``, without the flags the launch command drops or replaces."""
+    out, skip = [], False
+    for token in argv[argv.index("train") + 1 if "train" in argv else 0:]:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in _DROPPED:
+            skip = _DROPPED[name] and "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+def launch_command(args: argparse.Namespace) -> str:
+    """The ``tandem launch`` command that runs what the example's distributed flags asked for."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cmd = ["tandem", "launch", "--nproc-per-node", str(gpus or 1)]
+    nodes = int(args.world_size) if str(args.world_size or "").isdigit() else 1
+    if nodes > 1:
+        cmd += ["--nnodes", str(nodes), "--node-rank", str(args.rank or 0)]
+        url = urlparse(args.dist_url or "")
+        if url.hostname:
+            cmd += ["--master-addr", url.hostname]
+        if url.port:
+            cmd += ["--master-port", str(url.port)]
+    rest = _train_args(list(getattr(args, "argv", None) or []))
+    cmd += ["--", "train", *rest, "--strategy", "ddp", "--devices", "cuda" if gpus else "cpu"]
+    return shlex.join(cmd)

@@ -1,0 +1,70 @@
+"""``--pretrained FILE``: start a model from published weights. Nothing is ever downloaded.
+
+``FILE`` is a torchvision-format state dict (what torchvision publishes, e.g.
+``resnet50-0676ba61.pth``; tandem's models share its keys) or any checkpoint
+:func:`tandem.checkpoint.load` reads. Every tensor must fit, except that the final classifier
+layer may have another number of outputs: fine-tuning to ``--num-classes`` or a dataset's
+classes keeps that layer's fresh initialisation and says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from . import checkpoint, checkpoint_compat
+from .config import NO_WEIGHTS_FILE
+
+__all__ = ["load_pretrained", "PretrainedError", "NO_FILE"]
+
+NO_FILE = NO_WEIGHTS_FILE  # one wording, kept with the flag's check
+
+
+class PretrainedError(ValueError):
+    """The weights file does not fit the model; the message names the file and the layer."""
+
+
+def _shape(t) -> str:
+    return "x".join(str(d) for d in t.shape) or "scalar"
+
+
+def load_pretrained(model: nn.Module, path: str, arch: str = "the model") -> str:
+    """Load the weights in ``path`` into ``model`` (plain or wrapped); return one line.
+
+    The classifier (the last 2-D ``*.weight`` and its bias) is left out when only its number of
+    outputs differs; anything else that does not fit is a :class:`PretrainedError`.
+    """
+    if not path:
+        raise PretrainedError(NO_FILE)
+    if Path(path).is_dir():
+        raise PretrainedError(f"--pretrained '{path}' is a directory; {NO_FILE} (a data "
+                              f"directory goes after the flags or in --data)")
+    state = checkpoint.load(path)["state_dict"]
+    expected = checkpoint.plain_state_dict(model)
+    head = checkpoint_compat.final_layer(expected)
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        what = (f"{len(missing)} missing key(s) (e.g. {missing[0]})" if missing else
+                f"{len(unexpected)} unexpected key(s) (e.g. {unexpected[0]})")
+        raise PretrainedError(f"--pretrained '{path}' does not fit --arch {arch}: {what}")
+    skipped = []
+    for key, want in expected.items():
+        have = state[key]
+        if getattr(have, "shape", None) == getattr(want, "shape", None):
+            continue
+        if head and key.rsplit(".", 1)[0] == head[0]:
+            skipped.append(key)
+            continue
+        raise PretrainedError(f"--pretrained '{path}' does not fit --arch {arch}: {key} is "
+                              f"{_shape(have)} in the file but {_shape(want)} in the model")
+    merged = {k: (want if k in skipped else state[k]) for k, want in expected.items()}
+    checkpoint.load_plain_state_dict(model, merged)
+    loaded = len(expected) - len(skipped)
+    if not skipped:
+        return f"pretrained: {loaded} tensors from '{path}'"
+    classes = checkpoint_compat.final_layer(state)
+    return (f"pretrained: {loaded} tensors from '{path}'; left out {', '.join(skipped)} "
+            f"({classes[1] if classes else '?'} classes in the file, {head[1]} here: "
+            f"re-initialised)")

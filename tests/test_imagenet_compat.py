@@ -1,0 +1,141 @@
+# Compares against the PyTorch imagenet example's own checkpoints, built here as it saves them.
+"""The example's files load in checkpoint.load, `tandem eval --resume` and `train --resume`.
+
+The example saves ``{"epoch", "arch", "state_dict", "best_acc1", "optimizer", "scheduler"}``
+(older versions ``best_prec1`` and no scheduler), after wrapping AlexNet/VGG's ``features`` in
+``torch.nn.DataParallel`` and any other model whole. tandem's models share torchvision's keys,
+so these dicts are what the example writes for the same architecture.
+"""
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_image_folder, run_tandem
+from tandem import checkpoint
+from tandem.checkpoint_compat import final_layer, foreign_scheduler, strip_wrappers
+from tandem.config import TrainConfig
+from tandem.models import create_model
+
+
+def example_checkpoint(path, arch, fmt="new", wrap=True, num_classes=1000):
+    """Train one step as the example does, then ``torch.save`` its dict; return the plain model."""
+    torch.manual_seed(1)
+    plain = create_model(arch, num_classes=num_classes)
+    model = plain
+    if wrap and arch.startswith(("alexnet", "vgg")):
+        model.features = torch.nn.DataParallel(model.features)
+    elif wrap:
+        model = torch.nn.DataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+    model(torch.randn(2, 3, 64, 64)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    ckpt = {"epoch": 3, "arch": arch, "state_dict": model.state_dict(),
+            "optimizer": optimizer.state_dict()}
+    if fmt == "new":
+        ckpt.update(best_acc1=torch.tensor(41.5), scheduler=scheduler.state_dict())
+    else:
+        ckpt.update(best_prec1=41.5)
+    torch.save(ckpt, path)
+    if wrap and arch.startswith(("alexnet", "vgg")):
+        plain.features = plain.features.module
+    return plain, optimizer
+
+
+def _same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_strip_wrappers_on_any_submodule():
+    alexnet = {"features.module.0.weight": 1, "classifier.1.weight": 2}
+    assert list(strip_wrappers(alexnet)) == ["features.0.weight", "classifier.1.weight"]
+    resnet = {"module.conv1.weight": 1, "module.fc.bias": 2}
+    assert list(strip_wrappers(resnet)) == ["conv1.weight", "fc.bias"]
+    nested = {"module.module.a": 1, "module.module.b": 2}
+    assert list(strip_wrappers(nested)) == ["a", "b"]
+    real = {"module.weight": 1, "head.weight": 2}  # a real child called "module": left alone
+    assert list(strip_wrappers(real)) == ["module.weight", "head.weight"]
+
+
+def test_foreign_scheduler_is_named_and_tandems_own_is_not():
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    multi = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[3])
+    assert foreign_scheduler({"scheduler": multi.state_dict()}) == "MultiStepLR"
+    own = {"format": checkpoint.FORMAT, "scheduler": {"lr_lambdas": [None], "last_epoch": 1}}
+    assert foreign_scheduler(own) is None
+    assert foreign_scheduler({"scheduler": None}) is None
+
+
+def test_alexnet_with_dataparallel_features_loads(tmp_path):
+    path = tmp_path / "checkpoint.pth.tar"
+    trained, _ = example_checkpoint(path, "alexnet", num_classes=10)
+    assert any(k.startswith("features.module.") for k in torch.load(path)["state_dict"])
+    model = create_model("alexnet", num_classes=10)
+    ckpt = checkpoint.load(path, model=model)
+    _same_weights(model, trained)
+    assert ckpt["best_acc1"] == pytest.approx(41.5) and isinstance(ckpt["best_acc1"], float)
+    assert ckpt["arch"] == "alexnet" and ckpt["epoch"] == 3
+
+
+@pytest.mark.parametrize("fmt,wrap", [("new", True), ("old", True), ("new", False)])
+def test_resnet18_checkpoints_load_with_optimizer(tmp_path, fmt, wrap):
+    path = tmp_path / "checkpoint.pth.tar"
+    trained, example_opt = example_checkpoint(path, "resnet18", fmt=fmt, wrap=wrap)
+    model = create_model("resnet18")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ckpt = checkpoint.load(path, model=model, optimizer=optimizer)
+    _same_weights(model, trained)
+    assert ckpt["best_acc1"] == pytest.approx(41.5)
+    mine = [optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+    theirs = [example_opt.state[p]["momentum_buffer"] for p in example_opt.param_groups[0]["params"]]
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    assert final_layer(ckpt["state_dict"]) == ("fc", 1000)
+
+
+def test_train_resume_takes_arch_epoch_and_optimizer(tmp_path):
+    """In process: the run built from the example's file, before it trains."""
+    from tandem.train import run
+
+    data = make_image_folder(tmp_path / "imgs")
+    path = tmp_path / "checkpoint.pth.tar"
+    _, example_opt = example_checkpoint(path, "resnet18")
+    cfg = TrainConfig.from_dict({"data": {"data": str(data)}, "optim": {"batch_size": 8},
+                                 "run": {"resume": str(path), "out": str(tmp_path / "out")}})
+    cfg, ckpt, _ = run._resumed_config(cfg, frozenset({"data", "batch_size", "resume", "out"}))
+    assert cfg.model.arch == "resnet18"
+    strategy = run.build_strategy(cfg.parallel)
+    trainer = run._build_trainer(cfg, strategy, ckpt)
+    notes = run._restore(trainer, ckpt, cfg.run.resume)
+    assert trainer.position.epoch == 3 and trainer.best_acc1 == pytest.approx(41.5)
+    assert len(notes) == 1 and "StepLR" in notes[0] and "resumes at epoch 4" in notes[0]
+    params = example_opt.param_groups[0]["params"]
+    for mine, theirs in zip(trainer.model.parameters(), params):
+        assert torch.equal(trainer.optimizer.state[mine]["momentum_buffer"],
+                           example_opt.state[theirs]["momentum_buffer"])
+    strategy.close()
+
+
+def test_cli_eval_and_train_resume_of_example_files(tmp_path):
+    data = make_image_folder(tmp_path / "imgs")
+    alex = tmp_path / "alexnet.pth.tar"
+    example_checkpoint(alex, "alexnet")
+    proc = run_tandem("eval", "--resume", alex, "--data", data, "--image-size", 64, "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["arch"] == "alexnet" and result["count"] > 0
+    assert {"acc1", "acc5"} <= set(result) and result["acc1"] <= result["acc5"]
+
+    r18 = tmp_path / "resnet18.pth.tar"
+    example_checkpoint(r18, "resnet18", fmt="new")
+    out = tmp_path / "run"
+    proc = run_tandem("train", "--resume", r18, data, "-b", 8, "--epochs", 4, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming" in proc.stdout and "at epoch 4/4" in proc.stdout
+    assert "StepLR state is not tandem's" in proc.stdout
+    saved = checkpoint.load(out / "checkpoint.pt")
+    assert saved["arch"] == "resnet18" and saved["epoch"] == 4
