@@ -14,7 +14,7 @@ import torch
 
 from conftest import make_image_folder, run_tandem
 from tandem import checkpoint
-from tandem.checkpoint_compat import final_layer, foreign_scheduler, strip_wrappers
+from tandem.checkpoint.compat import final_layer, foreign_scheduler, strip_wrappers
 from tandem.config import TrainConfig
 from tandem.models import create_model
 

@@ -6,7 +6,7 @@ from the built-in error a library caller would expect (``ValueError``, ``FileNot
 
 from __future__ import annotations
 
-__all__ = ["TandemError", "UsageError", "MissingFileError", "first_line"]
+__all__ = ["TandemError", "UsageError", "MissingFileError", "CheckpointError", "first_line"]
 
 
 class TandemError(Exception):
@@ -19,6 +19,10 @@ class UsageError(TandemError, ValueError):
 
 class MissingFileError(TandemError, FileNotFoundError):
     """A file or directory that was named does not exist."""
+
+
+class CheckpointError(TandemError, ValueError):
+    """A checkpoint cannot be read or does not fit; the message names the file."""
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:

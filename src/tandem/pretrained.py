@@ -13,7 +13,8 @@ from pathlib import Path
 
 from torch import nn
 
-from . import checkpoint, checkpoint_compat
+from . import checkpoint
+from .checkpoint import compat as checkpoint_compat
 from .config import NO_WEIGHTS_FILE
 
 __all__ = ["load_pretrained", "PretrainedError", "NO_FILE"]

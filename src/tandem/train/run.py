@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tandem import checkpoint, checkpoint_compat
+from tandem import checkpoint
+from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import load_dataset, make_loader
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count

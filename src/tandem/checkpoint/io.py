@@ -1,0 +1,191 @@
+"""Writing a checkpoint atomically and reading one safely.
+
+:func:`save` stores only tensors, numbers, strings and plain containers (anything else is a
+``TypeError`` naming the key), in a temporary file that is fsynced and renamed onto ``path``:
+an interrupted save leaves the previous checkpoint intact. Who writes (rank 0) is the
+caller's choice. :func:`load` reads with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import tempfile
+import warnings
+from collections import Counter, OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tandem import __version__
+from tandem.errors import CheckpointError
+
+from . import compat
+from .model_state import load_model_state, plain_state_dict, reason
+from .rng import capture_rng
+
+__all__ = ["FORMAT", "save", "load"]
+
+FORMAT = "tandem.checkpoint/1"
+
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+            torch.Size)
+
+
+def _plain(obj: Any, where: str) -> Any:
+    """``obj`` made loadable by ``weights_only=True``, or ``TypeError`` naming ``where``."""
+    if isinstance(obj, _SCALARS) or torch.is_tensor(obj):
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
+    elif isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    elif isinstance(obj, np.generic):
+        return obj.item()
+    elif isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    elif hasattr(obj, "__dict__") and type(obj).__name__ == "Namespace":  # argparse
+        obj = vars(obj)
+    if isinstance(obj, dict):
+        out = {k: _plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
+        kind = type(obj)
+        return kind(out) if kind in (OrderedDict, Counter) else out
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = [_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return type(obj)(items) if type(obj) in (list, tuple, set) else list(items)
+    raise TypeError(f"cannot store {where} in a checkpoint: {type(obj).__name__} is not a "
+                    f"tensor, number, string or plain container")
+
+
+def _state_of(obj: Any) -> Any:
+    return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
+
+
+def save(path, model: nn.Module, optimizer=None, *, epoch: int | None = None,
+         arch: str | None = None, best_acc1: float | None = None, scheduler=None,
+         config=None, data_position=None, rng: bool | dict = True, **extra) -> Path:
+    """Atomically write a checkpoint of the unwrapped ``model`` to ``path``; return the path.
+
+    ``rng=True`` captures the RNG states now, a dict stores the states given (captured
+    earlier), ``False`` stores none. Parent directories are created.
+    """
+    path = Path(path)
+    ckpt: dict[str, Any] = {
+        "format": FORMAT, "tandem_version": __version__,
+        "epoch": epoch, "arch": arch, "best_acc1": best_acc1,
+        "state_dict": plain_state_dict(model),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "scheduler": None if scheduler is None else _state_of(scheduler),
+    }
+    if rng is True:
+        ckpt["rng"] = capture_rng()
+    elif isinstance(rng, dict):
+        ckpt["rng"] = rng
+    if data_position is not None:
+        ckpt["data_position"] = data_position
+    if config is not None:
+        ckpt["config"] = config
+    reserved = set(ckpt) | {"rng", "data_position", "config"}
+    for key, value in extra.items():
+        if key in reserved:
+            raise TypeError(f"checkpoint key {key!r} is reserved")
+        ckpt[key] = value
+    ckpt = {k: _plain(v, k) for k, v in ckpt.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable (best effort: not every OS/filesystem allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path, map_location) -> dict:
+    if not path.exists():
+        raise CheckpointError(f"checkpoint '{path}' does not exist")
+    if path.is_dir():
+        hint = path / "checkpoint.pt"
+        raise CheckpointError(f"checkpoint '{path}' is a directory"
+                              + (f" (did you mean '{hint}'?)" if hint.is_file() else ""))
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint '{path}' is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise for users
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "global" in str(exc).lower():  # a class or function the safe loader will not build
+            raise CheckpointError(
+                f"checkpoint '{path}' was refused: it holds objects other than tensors and "
+                f"plain data, which could run code ({reason(exc)})") from None
+        raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable "
+                              f"(UnpicklingError: {reason(exc)})") from None
+    except Exception as exc:  # truncated zip, garbage bytes, EOF, a directory...
+        raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable "
+                              f"({type(exc).__name__}: {reason(exc)})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"checkpoint '{path}' holds a {type(obj).__name__}, not a "
+                              f"checkpoint dict or state dict")
+    if "state_dict" in obj:
+        ckpt = dict(obj)
+    elif obj and all(isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items()):
+        ckpt = {"state_dict": obj}  # a bare state dict, e.g. torch.save(model.state_dict())
+    else:
+        keys = ", ".join(str(k) for k in list(obj)[:5]) or "none"
+        raise CheckpointError(f"checkpoint '{path}' is not a checkpoint: no 'state_dict' and not "
+                              f"a state dict (keys: {keys})")
+    if not isinstance(ckpt["state_dict"], dict):
+        raise CheckpointError(f"checkpoint '{path}': 'state_dict' is a "
+                              f"{type(ckpt['state_dict']).__name__}, not a dict")
+    return compat.normalise(ckpt)  # wrapper prefixes anywhere, best_prec1
+
+
+def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu") -> dict:
+    """Read a checkpoint safely; load it into ``model`` and ``optimizer`` when given.
+
+    Accepts tandem checkpoints, imagenet-example dicts (old and new) and bare state dicts;
+    DataParallel's ``module.`` in the keys, on the model or any submodule, is stripped in the
+    returned ``state_dict`` and ``best_acc1`` is a float (see :mod:`tandem.checkpoint.compat`). The
+    model may be wrapped (DataParallel, DDP, HybridParallel...). A checkpoint without
+    optimizer state leaves ``optimizer`` untouched. Returns the checkpoint dict; RNG states
+    are *not* restored here (call :func:`restore_rng` with ``ckpt["rng"]`` when resuming).
+    """
+    path = Path(path)
+    ckpt = _read(path, map_location)
+    if model is not None:
+        load_model_state(model, ckpt, path)
+    if optimizer is not None and ckpt.get("optimizer") is not None:
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint '{path}': optimizer state does not fit the "
+                                  f"optimizer ({reason(exc)})") from None
+    return ckpt

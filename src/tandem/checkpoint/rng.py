@@ -1,0 +1,53 @@
+"""Every random-number state a training run uses, captured and restored (for exact resume)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["capture_rng", "restore_rng"]
+
+
+def capture_rng() -> dict:
+    """Every RNG state a training run uses, as tensors and plain Python values.
+
+    CUDA states are captured only when CUDA is already initialised, so saving never creates
+    a CUDA context on every device.
+    """
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, py_state, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": int(version), "state": torch.tensor(py_state, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    """Restore what :func:`capture_rng` captured. Missing parts are left alone.
+
+    CUDA states are restored for as many devices as both the state and this machine have.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"RNG state must be a dict, got {type(state).__name__}")
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        s = state["numpy"]
+        np.random.set_state((s["kind"], np.asarray(s["keys"], dtype=np.int64).astype(np.uint32),
+                             int(s["pos"]), int(s["has_gauss"]), float(s["cached_gaussian"])))
+    if "python" in state:
+        s = state["python"]
+        values = s["state"].tolist() if torch.is_tensor(s["state"]) else list(s["state"])
+        random.setstate((int(s["version"]), tuple(int(v) for v in values), s["gauss_next"]))
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        for i, s in enumerate(cuda[:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
