@@ -39,6 +39,9 @@ class Strategy:
     """
 
     name: ClassVar[str] = ""
+    # Why ``--compile`` cannot be used with this strategy, or ``None`` when it can: the model
+    # handed to :meth:`setup` may then have its ``__call__`` compiled (``nn.Module.compile``).
+    compile_unsupported: ClassVar[str | None] = None
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0"):

@@ -32,7 +32,9 @@ from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_devices_flag
 from tandem.strategies import Strategy, create_strategy
+from tandem.strategies.compile import check_compile, compile_model
 
+from . import compile as compiling
 from . import rundir
 from .interrupt import StopRequest
 from .loop import Position, Trainer
@@ -58,7 +60,25 @@ def build_strategy(cfg: ParallelConfig) -> Strategy:
             strategy.close()
             raise ValueError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
                              f"{strategy.device}")
+    if cfg.compile:
+        try:
+            check_compile(strategy, strategy.device.type)
+        except ValueError:
+            strategy.close()
+            raise
     return strategy
+
+
+def _setup(strategy: Strategy, model: nn.Module, cfg: ParallelConfig) -> nn.Module:
+    """``strategy.setup(model)``, the model's call compiled first with ``--compile``."""
+    if cfg.compile:
+        model = compile_model(strategy, model, cfg.compile_mode)
+    return strategy.setup(model)
+
+
+def _warm_up(trainer: Trainer, train: bool) -> float | None:
+    """With ``--compile``: compile now, before any clock runs; the seconds it took, else None."""
+    return compiling.warm_up(trainer, train=train) if trainer.cfg.parallel.compile else None
 
 
 def build_data(cfg: DataConfig, seed: int):
@@ -160,7 +180,7 @@ def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> T
         checkpoint.load_model_state(model, ckpt, cfg.run.resume)
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    wrapped = strategy.setup(model)
+    wrapped = _setup(strategy, model, cfg.parallel)
     optim = cfg.optim
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
                                 weight_decay=optim.weight_decay)
@@ -254,6 +274,9 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     strategy = build_strategy(cfg.parallel)
     try:
         trainer = _build_trainer(cfg, strategy, ckpt)
+        seconds = _warm_up(trainer, train=not cfg.run.evaluate)
+        if seconds is not None and strategy.is_main:
+            print(compiling.describe(seconds, cfg.parallel.compile_mode), flush=True)
         if cfg.run.evaluate:
             val = trainer.validate()
             if strategy.is_main:
@@ -281,7 +304,8 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
              batch_size: int | None = None, seed: int | None = None) -> dict:
     """Validate the checkpoint at ``checkpoint_path``.
 
-    Returns ``{"arch", "loss", "acc", "count", "is_main"}`` (``is_main``: this process reports).
+    Returns ``{"arch", "loss", "acc", "count", "compile_seconds", "is_main"}`` (``is_main``:
+    this process reports; ``compile_seconds``: with ``--compile``, else ``None``).
 
     The architecture comes from the checkpoint, and so do the data settings and seed it was
     trained with (its ``config``), each overridden by an entry of ``data`` / ``batch_size`` /
@@ -302,12 +326,13 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
         _, val_set, info = build_data(cfg.data, cfg.run.seed)
         model = build_model(cfg.model, info, cfg.run.seed)
         checkpoint.load(checkpoint_path, model=model)
-        trainer = Trainer(cfg=cfg, strategy=strategy, model=strategy.setup(model),
+        trainer = Trainer(cfg=cfg, strategy=strategy, model=_setup(strategy, model, parallel),
                           criterion=make_criterion(cfg.optim, strategy), optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,
                           batches_per_epoch=0, config_dict={})
+        seconds = _warm_up(trainer, train=False)
         val = trainer.validate()
         return {"arch": arch, "loss": val.loss, "acc": val.acc, "count": val.count,
-                "is_main": strategy.is_main}
+                "compile_seconds": seconds, "is_main": strategy.is_main}
     finally:
         strategy.close()
