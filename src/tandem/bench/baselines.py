@@ -11,7 +11,7 @@
   (:mod:`tandem.bench.distributed`).
 
 With ``--compile`` each gets a ``+compile`` twin whose model is compiled with plain
-``nn.Module.compile`` (torch's ``nn.DataParallel`` is not compiled: its replicas copy the
+``torch.compile`` (torch's ``nn.DataParallel`` is not compiled: its replicas copy the
 module each step). None of them records bytes with tandem's engine: "not counted".
 """
 
@@ -29,9 +29,7 @@ BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 
 def _compiled(model: nn.Module, compiled: bool, mode: str | None) -> nn.Module:
-    if compiled:
-        model.compile(mode=None if mode == "default" else mode)
-    return model
+    return torch.compile(model, mode=None if mode == "default" else mode) if compiled else model
 
 
 def bare_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Amp,

@@ -39,8 +39,8 @@ class Strategy:
     """
 
     name: ClassVar[str] = ""
-    # Why ``--compile`` cannot be used with this strategy, or ``None`` when it can: the model
-    # handed to :meth:`setup` may then have its ``__call__`` compiled (``nn.Module.compile``).
+    # Why ``--compile`` cannot be used with this strategy, or ``None`` when it can: then the
+    # model handed to :meth:`setup` may be compiled (see :mod:`tandem.strategies.compile`).
     compile_unsupported: ClassVar[str | None] = None
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
