@@ -325,6 +325,7 @@ def test_table_and_json_output(capsys):
 
 @pytest.mark.skipif(not shutil.which("g++") and not shutil.which("clang++"),
                     reason="torch.compile on the CPU needs a C++ compiler")
+@pytest.mark.timeout(900)
 def test_compile_races_a_twin_of_every_contestant(capsys):
     config = BenchConfig(arch="cifar_resnet20", strategies="single,dp", devices="cpu:2",
                          baselines="bare,torch_dp", batch_size=4, steps=2, warmup=1,

@@ -97,6 +97,7 @@ def test_compile_with_dp_is_a_one_line_error(tmp_path, capsys):
 
 @needs_cxx
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # a cold compile of cifar_resnet20 takes minutes on a busy 2-core CPU
 def test_cli_train_compile_then_load_and_eval_uncompiled(tmp_path):
     out = tmp_path / "run"
     common = ["--data", "synthetic", "--image-size", "8", "--synthetic-size", "24",
