@@ -1,15 +1,14 @@
 """Compiling before the clock starts, so that compile time never counts as training time.
 
 ``torch.compile`` compiles lazily, in the first call of each kind. :func:`warm_up` makes those
-first calls on purpose before training: one forward and backward on a training batch and one
+first calls on purpose before training: forward and backward on a training batch and an
 evaluation forward on a validation batch, each on this process's share and under the run's
-autocast. It then puts back everything they touched (weights, batch-norm running stats and
-counters, gradients, RNG state, train/eval mode), so the run computes exactly what it would
-have without the warm-up. The compile time is printed on its own line and never enters
-``images_per_sec``.
-
-What it does not cover: a batch of another size (the epoch's last, smaller batch) compiles
-once more when it comes, inside the epoch's time.
+autocast. Each is made twice, the second time one sample short, because a second batch size
+makes torch.compile build a graph for any batch size; so the epoch's last, smaller batch does
+not compile again inside the epoch's time. Then everything the calls touched is put back
+(weights, batch-norm running stats and counters, gradients, RNG state, train/eval mode), so
+the run computes exactly what it would have without the warm-up. The compile time is printed
+on its own line and never enters ``images_per_sec``.
 """
 
 from __future__ import annotations
@@ -39,11 +38,14 @@ def _run(trainer: Trainer, dataset, train: bool) -> None:
         return
     s, model = trainer.strategy, trainer.model
     model.train(train)
-    with torch.set_grad_enabled(train), s.no_sync(model), trainer._autocast():
-        out = s.forward_loss(model, trainer.criterion, *batch)
-    if train:
-        with s.no_sync(model):  # a rehearsal: no gradient all-reduce between processes
-            out.loss.backward()
+    # The same decision on every process (a ddp forward is a collective): from the config.
+    shorter = trainer.cfg.optim.batch_size >= 3 * s.world_size  # every share keeps >= 2
+    for images, targets in [batch, tuple(t[:-1] for t in batch)][:1 + shorter]:
+        with torch.set_grad_enabled(train), s.no_sync(model), trainer._autocast():
+            out = s.forward_loss(model, trainer.criterion, images, targets)
+        if train:
+            with s.no_sync(model):  # a rehearsal: no gradient all-reduce between processes
+                out.loss.backward()
 
 
 def warm_up(trainer: Trainer, train: bool = True) -> float:
