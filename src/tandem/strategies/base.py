@@ -50,6 +50,9 @@ class Strategy:
     """
 
     name: ClassVar[str] = ""
+    # Why ``--compile`` cannot be used with this strategy, or ``None`` when it can: then the
+    # model handed to :meth:`setup` may be compiled (see :mod:`tandem.strategies.compile`).
+    compile_unsupported: ClassVar[str | None] = None
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0"):

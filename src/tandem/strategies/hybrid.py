@@ -25,6 +25,7 @@ __all__ = ["HybridStrategy"]
 @register
 class HybridStrategy(Strategy):
     name = "hybrid"
+    compile_unsupported = "its features and classifier shards would each need compiling"
 
     def setup(self, model: nn.Module) -> nn.Module:
         return HybridParallel(prepare_replicated(self, model), device_ids=self.devices,
