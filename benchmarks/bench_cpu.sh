@@ -11,7 +11,10 @@
 #   3. hybrid vs dp on alexnet (2 CPU replicas; reduced image size and steps to keep a CPU
 #      run in minutes; the --explain plan shows the bytes either way);
 #   4. the balanced criterion's bytes to device 0 vs DataParallel's gather (a count, not a
-#      timing): 21 classes at 64x64, batch 8, over 2 and 4 replicas.
+#      timing): 21 classes at 64x64, batch 8, over 2 and 4 replicas;
+#   5. eager and torch.compile side by side (issue 12): bare, single, dp, balanced, ddp and
+#      torch's DDP, each with its "+compile" twin (cifar_resnet20, global batch 128), and
+#      the torch.profiler breakdown of an eager and a compiled step;
 #   7. the ImageFolder input pipeline against a torchvision-style reference, -j 0, 1 and 2,
 #      on 256 generated 500x375 JPEGs (benchmarks/make_jpegs.py; nothing downloaded).
 # CPU timings depend on the machine's load: run on a quiet machine, and compare ratios within
@@ -39,6 +42,11 @@ tandem bench --arch alexnet --strategies single,dp,hybrid --devices cpu:2 --base
     --image-size 128 --batch-size 32 --steps 10 --warmup 2 --threads "$THREADS" --explain \
     --json "$OUT/cpu_alexnet_hybrid.json"
 "$PY" benchmarks/criterion_bytes.py --replicas 2 4 --json "$OUT/criterion_bytes.json"
+tandem bench --arch cifar_resnet20 --strategies single,dp,balanced,ddp --devices cpu:2 \
+    --batch-size 128 --steps 10 --warmup 2 --threads "$THREADS" --compile --dist-timeout 1800 \
+    --json "$OUT/cpu_compile.json"
+"$PY" benchmarks/profile_compile.py --batch-size 128 --threads "$THREADS" --steps 3 \
+    > "$OUT/profile_compile.txt"
 test -d "$OUT/jpegs" || "$PY" benchmarks/make_jpegs.py "$OUT/jpegs" --classes 4 --per-class 64
 for j in 0 1 2; do
     tandem bench --data "$OUT/jpegs" --image-size 224 -j "$j" --steps 7 --json "$OUT/loader_j$j.json"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -57,8 +58,8 @@ def _check_result_shape(r: dict, batch: int, steps: int):
 def test_cli_bench_json_every_field(tmp_path):
     out = tmp_path / "bench.json"
     proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,dp,balanced,hybrid",
-                     "--devices", "cpu:2", "--batch-size", "4", "--steps", "2", "--warmup", "1",
-                     "--image-size", "16", "--json", str(out)])
+                     "--devices", "cpu:2", "--baselines", "bare,torch_dp", "--batch-size", "4",
+                     "--steps", "2", "--warmup", "1", "--image-size", "16", "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert set(report) == {"config", "machine", "results"}
@@ -69,8 +70,7 @@ def test_cli_bench_json_every_field(tmp_path):
         assert key in report["machine"]
 
     results = {r["name"]: r for r in report["results"]}
-    assert list(results) == ["bare", "single", "dp", "balanced", "hybrid", "torch_dp",
-                             "torch_ddp"]
+    assert list(results) == ["bare", "single", "dp", "balanced", "hybrid", "torch_dp"]
     for r in results.values():
         _check_result_shape(r, batch=4, steps=2)
         assert r["peak_memory_bytes"] == [None] * len(r["devices"])  # the CPU reports none
@@ -90,19 +90,18 @@ def test_cli_bench_json_every_field(tmp_path):
             assert traffic["total"] > 0 and traffic["total"] == sum(traffic["by_kind"].values())
     assert results["hybrid"]["status"] == "skipped"  # cifar_resnet20 has no features/classifier
     assert "CUDA" in results["torch_dp"]["reason"]
-    assert "CUDA" in results["torch_ddp"]["reason"]
     # the table went to stdout and names every contestant
     for name in results:
         assert name in proc.stdout
 
 
 @pytest.mark.slow
-def test_cli_bench_ddp_runs_under_torchrun(tmp_path):
+def test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu(tmp_path):
     if "ddp" not in registered_strategies():
         pytest.skip("ddp strategy not registered")
     out = tmp_path / "ddp.json"
     proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,ddp", "--devices",
-                     "cpu:2", "--baselines", "none", "--batch-size", "4", "--steps", "1",
+                     "cpu:2", "--baselines", "torch_ddp", "--batch-size", "4", "--steps", "1",
                      "--warmup", "0", "--image-size", "8", "--dist-timeout", "200",
                      "--threads", "1", "--json", str(out)], timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -113,6 +112,22 @@ def test_cli_bench_ddp_runs_under_torchrun(tmp_path):
     assert ddp["phase"] == "torchrun" and ddp["devices"] == ["cpu", "cpu"]
     assert ddp["bytes_per_step"]["uncounted"] == "torch DDP's gradient all-reduce"
     assert ddp["notes"] == ["torchrun phase: 2 processes, 1 torch threads each"]
+    # torch's own DDP (gloo, plain BatchNorm) ran beside it on the CPU, in the same phase
+    peer = results["torch_ddp"]
+    _check_result_shape(peer, batch=4, steps=1)
+    assert peer["status"] == "ok", peer["reason"]
+    assert peer["phase"] == "torchrun" and peer["devices"] == ["cpu", "cpu"]
+    assert peer["bytes_per_step"] is None and peer["notes"] == ddp["notes"]
+
+
+def test_torch_ddp_with_sync_bn_on_cpu_says_why_it_cannot_run():
+    from tandem.bench.distributed import distributed_phase
+
+    config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu:2",
+                         baselines="torch_ddp", sync_bn=True)
+    [result] = distributed_phase(config, ["torch_ddp"])  # skipped before any torchrun
+    assert result["status"] == "skipped"
+    assert result["reason"] == "--sync-bn needs CUDA here (torch's nn.SyncBatchNorm is CUDA-only)"
 
 
 def test_cli_user_mistakes_are_one_line(capsys):
@@ -133,6 +148,9 @@ def test_cli_user_mistakes_are_one_line(capsys):
     (dict(baselines="bare,torch_fsdp"), "torch_fsdp"),
     (dict(amp_dtype="fp8"), "amp dtype"),
     (dict(threads=0), "threads"),
+    (dict(compile_mode="max-autotune"), "--compile-mode needs --compile"),
+    (dict(compile=True, compile_mode="fast"), "bad compile mode"),
+    (dict(compile=True, warmup=0), "the first step compiles"),
 ])
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -275,7 +293,7 @@ def test_run_bench_amp_channels_last_in_process(amp_dtype):
     report = run_bench(config, model_fn=lambda: TinySplitNet(5))
     results = {r["name"]: r for r in report["results"]}
     assert results["bare"]["status"] == results["single"]["status"] == "ok"
-    assert "CUDA" in results["torch_ddp"]["reason"]
+    assert "custom model" in results["torch_ddp"]["reason"]
     if "ddp" in registered_strategies():
         assert "custom model" in results["ddp"]["reason"]  # cannot go to torchrun workers
     assert math.isfinite(results["single"]["last_loss"])
@@ -303,6 +321,35 @@ def test_table_and_json_output(capsys):
     assert "n/a" in table and "not counted" in table
     write_json(report, "-")
     assert json.loads(capsys.readouterr().out)["config"]["arch"] == "cifar_resnet20"
+
+
+@pytest.mark.skipif(not shutil.which("g++") and not shutil.which("clang++"),
+                    reason="torch.compile on the CPU needs a C++ compiler")
+@pytest.mark.timeout(900)
+def test_compile_races_a_twin_of_every_contestant(capsys):
+    config = BenchConfig(arch="cifar_resnet20", strategies="single,dp", devices="cpu:2",
+                         baselines="bare,torch_dp", batch_size=4, steps=2, warmup=1,
+                         image_size=8, num_classes=5, compile=True)
+    report = run_bench(config, model_fn=lambda: TinySplitNet(5))
+    results = {r["name"]: r for r in report["results"]}
+    assert list(results) == ["bare", "bare+compile", "single", "single+compile", "dp",
+                             "dp+compile", "torch_dp", "torch_dp+compile"]
+    for name in ("bare", "single", "dp"):
+        for twin in (name, name + "+compile"):
+            _check_result_shape(results[twin], batch=4, steps=2)
+    for name in ("bare", "single"):
+        twin = results[name + "+compile"]
+        assert twin["status"] == "ok", twin["reason"]
+        assert twin["first_step_s"] > 0 and twin["speedup_vs_eager"] > 0
+        assert twin["notes"] == results[name]["notes"]  # raced in the same rounds
+        assert twin["last_loss"] == pytest.approx(results[name]["last_loss"], rel=1e-3)
+    assert results["single"]["speedup_vs_eager"] is None
+    assert results["dp+compile"]["status"] == "skipped"
+    assert results["dp+compile"]["reason"].startswith("--compile does not work with --strategy dp")
+    assert "CUDA" in results["torch_dp+compile"]["reason"]
+    table = format_table(report)
+    assert "single+compile" in table and "compile (first, untimed step" in table
+    assert report["config"]["compile"] is True
 
 
 def test_explain_prints_the_hybrid_plan_or_says_why_not():

@@ -30,11 +30,12 @@ from tandem.parallel.buffers import POLICIES
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
-    "SCHEDULES", "FIXED", "MAY_CHANGE", "PER_CALL",
+    "SCHEDULES", "COMPILE_MODES", "FIXED", "MAY_CHANGE", "PER_CALL",
     "flag_of", "NO_WEIGHTS_FILE",
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 # What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
@@ -176,10 +177,18 @@ class ParallelConfig:
     amp: bool = opt(False, "mixed precision (float16 autocast + grad scaling); CUDA only")
     channels_last: bool = opt(False, "channels-last memory format; CUDA only",
                               on_resume=MAY_CHANGE)
+    # Compiling changes how the step runs, not what it computes: a run may change it on resume.
+    compile: bool = opt(False, "compile the model with torch.compile (single, ddp); the "
+                        "compile time is reported apart from step times", on_resume=MAY_CHANGE)
+    compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
+                                   choices=COMPILE_MODES, on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         _check(bool(self.strategy), "--strategy must not be empty")
         _check_choice(self.buffers, POLICIES, "--buffers")
+        if self.compile_mode is not None:
+            _check_choice(self.compile_mode, COMPILE_MODES, "--compile-mode")
+            _check(self.compile, f"--compile-mode {self.compile_mode} needs --compile")
 
 
 @dataclass(frozen=True)

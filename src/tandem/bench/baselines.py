@@ -5,11 +5,14 @@
   (which includes the top-1 count every strategy's ``forward_loss`` returns to the loop).
 - ``torch_dp``: ``torch.nn.DataParallel`` over the CUDA devices. It runs only on CUDA with two
   or more distinct GPUs; elsewhere it is listed as skipped.
-- ``torch_ddp``: ``DistributedDataParallel`` with ``torch.nn.SyncBatchNorm``, one process per
-  device. torch's SyncBatchNorm runs only on CUDA, so it is skipped elsewhere. It needs a
-  process group, so it is built inside the torchrun phase (:mod:`tandem.bench.distributed`).
+- ``torch_ddp``: plain ``DistributedDataParallel``, one process per device (gloo on the CPU,
+  NCCL on CUDA), with ``torch.nn.SyncBatchNorm`` only when ``--sync-bn`` is asked, which torch
+  supports on CUDA only. It needs a process group, so it is built inside the torchrun phase
+  (:mod:`tandem.bench.distributed`).
 
-None of them records bytes with tandem's engine, so their bytes per step are "not counted".
+With ``--compile`` each gets a ``+compile`` twin whose model is compiled with plain
+``torch.compile`` (torch's ``nn.DataParallel`` is not compiled: its replicas copy the
+module each step). None of them records bytes with tandem's engine: "not counted".
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .contestants import Amp, Contestant, TrainStep, place, module_tensors, skipped
+from .contestants import COMPILED, Amp, Contestant, TrainStep, place, module_tensors, skipped
 
 __all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_contestant",
            "torch_dp_skip_reason", "torch_ddp_skip_reason"]
@@ -25,16 +28,23 @@ __all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_con
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 
+def _compiled(model: nn.Module, compiled: bool, mode: str | None) -> nn.Module:
+    return torch.compile(model, mode=None if mode == "default" else mode) if compiled else model
+
+
 def bare_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Amp,
-                    lr: float, channels_last: bool = False) -> Contestant:
+                    lr: float, channels_last: bool = False, compiled: bool = False,
+                    compile_mode: str | None = None) -> Contestant:
     """The whole global batch through ``model`` on ``devices[0]``, written by hand."""
     device = devices[0]
     model, images, targets = place(model.to(device), *batch, device, channels_last)
+    model = _compiled(model, compiled, compile_mode)
     criterion = nn.CrossEntropyLoss()
     step = TrainStep(lambda: criterion(model(images), targets), model.parameters(), device,
                      amp, lr)
     return Contestant(
-        name="bare", kind="baseline", devices=[device], step=step,
+        name="bare" + (COMPILED if compiled else ""), kind="baseline", devices=[device],
+        step=step,
         own_tensors=lambda: module_tensors(model, step.optimizer, images, targets),
     )
 
@@ -43,10 +53,12 @@ def _distinct(devices: list[torch.device]) -> list[torch.device]:
     return [d for i, d in enumerate(devices) if d not in devices[:i]]
 
 
-def torch_dp_skip_reason(devices: list[torch.device]) -> str | None:
+def torch_dp_skip_reason(devices: list[torch.device], compiled: bool = False) -> str | None:
     """Why ``torch.nn.DataParallel`` cannot run on ``devices``, or ``None`` when it can."""
     if not all(d.type == "cuda" for d in devices) or len(_distinct(devices)) < 2:
         return "needs CUDA (>=2 GPUs)"
+    if compiled:
+        return "not compiled: torch's nn.DataParallel copies the module into each replica"
     return None
 
 
@@ -68,11 +80,13 @@ def torch_dp_contestant(model: nn.Module, devices: list[torch.device], batch, *,
     )
 
 
-def torch_ddp_skip_reason(devices: list[torch.device]) -> str | None:
-    """Why torch DDP + SyncBatchNorm cannot run on ``devices``, or ``None`` when it can."""
-    if not all(d.type == "cuda" for d in devices):
-        return "needs CUDA (torch's SyncBatchNorm is CUDA-only)"
-    if len(_distinct(devices)) != len(devices):
+def torch_ddp_skip_reason(devices: list[torch.device], sync_bn: bool = False) -> str | None:
+    """Why torch DDP (+ SyncBatchNorm with ``sync_bn``) cannot run on ``devices``, or ``None``."""
+    if sync_bn and not all(d.type == "cuda" for d in devices):
+        return "--sync-bn needs CUDA here (torch's nn.SyncBatchNorm is CUDA-only)"
+    if len({d.type for d in devices}) != 1:
+        return "needs one device type for every process"
+    if devices[0].type != "cpu" and len(_distinct(devices)) != len(devices):
         return "needs one distinct GPU per process"
     if not torch.distributed.is_available():
         return "torch.distributed is not available in this build"
@@ -80,20 +94,26 @@ def torch_ddp_skip_reason(devices: list[torch.device]) -> str | None:
 
 
 def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: Amp, lr: float,
-                         channels_last: bool = False) -> Contestant:
-    """This process's share of ``DistributedDataParallel`` with ``nn.SyncBatchNorm``.
+                         channels_last: bool = False, sync_bn: bool = False,
+                         compiled: bool = False, compile_mode: str | None = None) -> Contestant:
+    """This process's share of ``DistributedDataParallel`` (``nn.SyncBatchNorm`` if ``sync_bn``).
 
-    Must run inside an initialised process group; ``batch`` is this process's shard.
+    Must run inside an initialised process group; ``batch`` is this process's shard. The
+    compiled twin compiles the model inside DDP.
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    model = nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device)
-    model, images, targets = place(model, *batch, device, channels_last)
-    wrapped = DistributedDataParallel(model, device_ids=[device.index])
+    if sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model, images, targets = place(model.to(device), *batch, device, channels_last)
+    model = _compiled(model, compiled, compile_mode)
+    device_ids = [device.index] if device.type == "cuda" else None
+    wrapped = DistributedDataParallel(model, device_ids=device_ids)
     criterion = nn.CrossEntropyLoss()
     step = TrainStep(lambda: criterion(wrapped(images), targets), wrapped.parameters(), device,
                      amp, lr)
     return Contestant(
-        name="torch_ddp", kind="baseline", devices=[device], step=step,
+        name="torch_ddp" + (COMPILED if compiled else ""), kind="baseline", devices=[device],
+        step=step,
         own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
     )

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from tandem.config import COMPILE_MODES
 from tandem.parallel.devices import parse_devices_flag
 
 __all__ = ["STRATEGIES", "BASELINES", "BenchConfig", "parse_names"]
@@ -51,7 +52,8 @@ class BenchConfig:
     everyone alike (it only matters on CUDA). ``threads`` is the number of intra-op threads per
     replica: per op in this process (whose replica threads run side by side), and in each
     torchrun worker. By default this process keeps torch's choice and each of N workers gets
-    this process's threads divided by N.
+    this process's threads divided by N. ``compile`` adds a ``<name>+compile`` twin of every
+    contestant, its model compiled with ``compile_mode``; its first (warm-up) step compiles.
     """
 
     arch: str
@@ -73,6 +75,8 @@ class BenchConfig:
     dist_timeout: float = 900.0
     cudnn_benchmark: bool = True
     threads: int | None = None
+    compile: bool = False
+    compile_mode: str | None = None
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -96,6 +100,13 @@ class BenchConfig:
             raise ValueError(f"bad buffers {self.buffers!r}: choose replica0 or average")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"bad threads {self.threads!r}: must be >= 1")
+        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"bad compile mode {self.compile_mode!r}: choose one of "
+                             f"{', '.join(COMPILE_MODES)}")
+        if self.compile_mode is not None and not self.compile:
+            raise ValueError("--compile-mode needs --compile")
+        if self.compile and self.warmup < 1:
+            raise ValueError("--compile needs --warmup >= 1 (the first step compiles)")
         if self.dist_timeout <= 0:
             raise ValueError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
         self.device_list = parse_devices_flag(self.devices)

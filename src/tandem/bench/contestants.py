@@ -19,8 +19,10 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-__all__ = ["Amp", "Contestant", "TrainStep", "synthetic_batch", "module_tensors",
+__all__ = ["COMPILED", "Amp", "Contestant", "TrainStep", "synthetic_batch", "module_tensors",
            "strategy_contestant", "skipped", "place"]
+
+COMPILED = "+compile"  # suffix of a contestant's compiled twin ("single+compile")
 
 
 @dataclass(frozen=True)
@@ -151,16 +153,21 @@ def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
 def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device],
                         batch: tuple[torch.Tensor, torch.Tensor], *, amp: Amp, lr: float,
                         channels_last: bool = False, sync_bn: bool = False,
-                        buffers: str = "replica0") -> Contestant:
+                        buffers: str = "replica0", compiled: bool = False,
+                        compile_mode: str | None = None) -> Contestant:
     """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over).
 
     Uses only the strategy interface: ``create_strategy``, ``setup`` and ``forward_loss``; the
-    optimizer gets the parameters of what ``setup`` returned.
+    optimizer gets the parameters of what ``setup`` returned. ``compiled`` builds the twin
+    ``<name>+compile``: the model is compiled as ``tandem train --compile`` does.
     """
     from tandem.strategies.base import create_strategy
+    from tandem.strategies.compile import compile_model
 
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers)
     model, images, targets = place(model, *batch, strategy.device, channels_last)
+    if compiled:
+        model = compile_model(strategy, model, compile_mode)
     wrapped = strategy.setup(model)
     criterion = nn.CrossEntropyLoss()
 
@@ -174,7 +181,7 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
     if isinstance(wrapped, nn.parallel.DistributedDataParallel) and strategy.world_size > 1:
         uncounted = "torch DDP's gradient all-reduce"
     return Contestant(
-        name=name, kind="strategy", devices=timed_on, step=step,
+        name=name + (COMPILED if compiled else ""), kind="strategy", devices=timed_on, step=step,
         own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
         counts_traffic=True, uncounted_traffic=uncounted, close=strategy.close,
     )

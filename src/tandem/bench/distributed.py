@@ -1,4 +1,5 @@
-"""The torchrun phase: ``ddp`` and ``torch_ddp`` timed with one process per device.
+"""The torchrun phase: ``ddp`` and ``torch_ddp`` (and ``+compile`` twins) timed with one process
+per device.
 
 Both need a process group, so the bench starts ``python -m torch.distributed.run`` (the
 engine behind ``torchrun`` and ``tandem launch``) with one worker per entry of ``--devices``,
@@ -7,6 +8,7 @@ rendezvous on 127.0.0.1 at a free port, and a timeout. Every worker runs this mo
 takes its contiguous shard of the batch, and races its contestants interleaved (the two DDP
 flavours alternate round by round, in the same order on every rank so their collectives pair
 up). Rank 0 writes the results; images/s uses the *global* batch and rank 0's step times.
+``torch_ddp`` is plain DDP (gloo on the CPU), with ``nn.SyncBatchNorm`` only for ``--sync-bn``.
 
 Run this phase directly with::
 
@@ -35,10 +37,14 @@ import torch
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .config import BenchConfig
-from .contestants import Amp, Contestant, strategy_contestant, synthetic_batch
+from .contestants import COMPILED, Amp, Contestant, strategy_contestant, synthetic_batch
 from .runner import empty_result, race
 
 __all__ = ["distributed_phase", "worker_main"]
+
+
+def _kind(name: str) -> str:
+    return "baseline" if name.startswith("torch_ddp") else "strategy"
 
 
 def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | None:
@@ -46,17 +52,16 @@ def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | No
     devices = config.device_list
     if not torch.distributed.is_available():
         return "torch.distributed is not available in this build"
-    if name == "torch_ddp":
-        reason = torch_ddp_skip_reason(devices)
+    if _kind(name) == "baseline":
+        reason = torch_ddp_skip_reason(devices, config.sync_bn)
         if reason is None and config.batch_size < len(devices):
-            # tandem's ddp handles empty shares; torch's SyncBatchNorm is not asked to
+            # tandem's ddp handles empty shares; torch's DDP is not asked to
             reason = f"batch {config.batch_size} is smaller than the {len(devices)} processes"
     else:
-        from .suite import registered_strategies
+        from .suite import strategy_skip_reason
 
-        reason = None
-        if "ddp" not in registered_strategies():
-            reason = "strategy 'ddp' is not available (not registered in tandem.strategies)"
+        reason = strategy_skip_reason("ddp", None, config.arch, name.endswith(COMPILED),
+                                      devices[0].type)
     if reason is None and custom_model:
         reason = "a custom model cannot be rebuilt in torchrun workers"
     return reason
@@ -64,11 +69,11 @@ def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | No
 
 def distributed_phase(config: BenchConfig, names: list[str], custom_model: bool = False,
                       ) -> list[dict]:
-    """Time ``names`` (a subset of ``ddp``, ``torch_ddp``) under torchrun; one result each."""
+    """Time ``names`` (``ddp``, ``torch_ddp``, their twins) under torchrun; one result each."""
     devices = config.device_list
     results, runnable = {}, []
     for name in names:
-        kind = "strategy" if name == "ddp" else "baseline"
+        kind = _kind(name)
         reason = _skip_reason(name, config, custom_model)
         if reason:
             results[name] = empty_result(name, kind, devices, "skipped", reason)
@@ -106,8 +111,8 @@ def _launch(config: BenchConfig, names: list[str]) -> list[dict]:
         if error is None and not os.path.exists(out_path):
             error = "torchrun phase wrote no results"
         if error is not None:
-            return [empty_result(n, "strategy" if n == "ddp" else "baseline",
-                                 config.device_list, "failed", error, "torchrun") for n in names]
+            return [empty_result(n, _kind(n), config.device_list, "failed", error, "torchrun")
+                    for n in names]
         with open(out_path) as f:
             return json.load(f)
 
@@ -147,19 +152,26 @@ def worker_main(argv: list[str] | None = None) -> int:
     amp = Amp(config.amp, config.amp_dtype)
     names = args.names.split(",")
     contestants: list[Contestant] = []
-    if "ddp" in names:  # the strategy may create the process group itself
-        # The strategy picks its own device: entry LOCAL_RANK of an accelerator list, or the
-        # one shared "cpu" (see tandem.distributed.process_group.pick_device).
-        ddp_devices = [device] if device.type == "cpu" else config.device_list
-        contestants.append(strategy_contestant(
-            "ddp", copy.deepcopy(template), ddp_devices, shard, amp=amp, lr=config.lr,
-            channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers))
-    own_group = not dist.is_initialized()
-    if own_group:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if "torch_ddp" in names:
-        contestants.append(torch_ddp_contestant(copy.deepcopy(template), device, shard, amp=amp,
-                                                lr=config.lr, channels_last=config.channels_last))
+    # The strategy picks its own device: entry LOCAL_RANK of an accelerator list, or the one
+    # shared "cpu" (see tandem.distributed.process_group.pick_device).
+    ddp_devices = [device] if device.type == "cpu" else config.device_list
+    own_group = None
+    for name in names:  # in this order on every rank, so that collectives pair up
+        compiled = name.endswith(COMPILED)
+        if _kind(name) == "strategy":  # the strategy may create the process group itself
+            contestants.append(strategy_contestant(
+                "ddp", copy.deepcopy(template), ddp_devices, shard, amp=amp, lr=config.lr,
+                channels_last=config.channels_last, sync_bn=config.sync_bn,
+                buffers=config.buffers, compiled=compiled, compile_mode=config.compile_mode))
+            continue
+        if own_group is None:
+            own_group = not dist.is_initialized()
+            if own_group:
+                dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        contestants.append(torch_ddp_contestant(
+            copy.deepcopy(template), device, shard, amp=amp, lr=config.lr,
+            channels_last=config.channels_last, sync_bn=config.sync_bn, compiled=compiled,
+            compile_mode=config.compile_mode))
     threads = torch.get_num_threads()
     for contestant in contestants:
         contestant.notes.append(f"torchrun phase: {world} processes, {threads} torch threads each")
@@ -178,7 +190,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     dist.barrier()
     for contestant in contestants:
         contestant.close()
-    if own_group and dist.is_initialized():
+    if own_group and dist.is_initialized():  # else the ddp strategy's close() left it
         dist.destroy_process_group()
     return 0
 

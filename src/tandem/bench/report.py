@@ -3,7 +3,9 @@
 The table shows, per contestant: median step time with its interquartile range and min..max,
 median images/s, speed-up against ``single`` and against the ``bare`` torch step, the bytes
 tandem's engine moved per step (total and by kind), and peak memory per device ("n/a" where
-the device reports none, "-" where nothing ran). The JSON holds every field unrounded.
+the device reports none, "-" where nothing ran). With ``--compile`` two more lines give each
+compiled twin's first-step (compile) time and its speed-up over its eager original. The JSON
+holds every field unrounded.
 """
 
 from __future__ import annotations
@@ -76,10 +78,18 @@ def format_table(report: dict) -> str:
             lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
     lines.append("* baseline in plain torch. Ratios are median step times (>1 is faster). "
                  "Bytes are tandem-engine transfers per step (logical, between replicas).")
+    compiled = [r for r in report["results"] if r["name"].endswith("+compile")
+                and r["status"] == "ok" and r.get("first_step_s") is not None]
+    if compiled:
+        lines.append("compile (first, untimed step; not in step ms or img/s): " + ", ".join(
+            f"{r['name']} {r['first_step_s']:.1f}s" for r in compiled))
+        lines.append("compiled vs eager: " + ", ".join(
+            f"{r['name']} {r['speedup_vs_eager']:.2f}x" for r in compiled
+            if r.get("speedup_vs_eager") is not None))
     phases = {r["phase"] for r in report["results"] if r["status"] == "ok"}
     if "torchrun" in phases:
-        lines.append("ddp/torch_ddp were timed in a separate torchrun phase, not interleaved "
-                     "with the others.")
+        lines.append("ddp/torch_ddp (and their twins) were timed in a separate torchrun phase, "
+                     "not interleaved with the others.")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from tandem.parallel.traffic import TrafficMeter
 
-from .contestants import Contestant
+from .contestants import COMPILED, Contestant
 from .timing import MemoryProbe, clock, summarize, synchronize
 
 __all__ = ["RESULT_FIELDS", "race", "empty_result", "add_ratios"]
@@ -37,6 +37,8 @@ RESULT_FIELDS = (
     "images_per_sec",     # {median, q1, q3}: batch / step time at the time's median, q3, q1
     "speedup_vs_single",  # single's median step time / this one's (> 1 is faster)
     "speedup_vs_bare",    # bare's median step time / this one's
+    "speedup_vs_eager",   # for a "<name>+compile" twin: <name>'s median step time / this one's
+    "first_step_s",       # the first, untimed step: for a compiled twin, mostly compile time
     "bytes_per_step",     # {total, by_kind, by_dst, uncounted}: tandem's engine count, else None
     "peak_memory_bytes",  # one entry per device; None where the device reports nothing
     "last_loss",          # loss of the last step (a finite number means it trained)
@@ -64,6 +66,7 @@ class _Lane:
     probe: MemoryProbe | None = None
     loss: torch.Tensor | None = None
     failure: str | None = None
+    first_s: float | None = None  # the first step (untimed; it compiles a compiled twin)
 
 
 def _step_once(lane: _Lane, timed: bool) -> None:
@@ -77,6 +80,8 @@ def _step_once(lane: _Lane, timed: bool) -> None:
         lane.loss = contestant.step()
         synchronize(contestant.devices)
         elapsed = clock() - start
+    if lane.first_s is None:
+        lane.first_s = elapsed
     if timed:
         lane.probe.stop()
         lane.times.append(elapsed)
@@ -103,7 +108,9 @@ def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size:
     for lane in lanes:  # devices that report memory: one untimed priming step each
         if lane.probe.active:
             try:
+                start = clock()
                 lane.loss = lane.probe.prime(lane.contestant.step, lane.contestant.own_tensors())
+                lane.first_s = clock() - start
             except Exception as exc:
                 if not catch:
                     raise
@@ -147,6 +154,7 @@ def _result(contestant: Contestant, lane: _Lane | None, steps: int, batch_size: 
                         "q3": batch_size / stats.q1},
         peak_memory_bytes=lane.probe.per_device(),
         last_loss=float(lane.loss.float().item()),
+        first_step_s=lane.first_s,
         notes=list(c.notes),
     )
     if c.counts_traffic:
@@ -162,7 +170,7 @@ def _result(contestant: Contestant, lane: _Lane | None, steps: int, batch_size: 
 
 
 def add_ratios(results: list[dict]) -> list[dict]:
-    """Fill ``speedup_vs_single`` and ``speedup_vs_bare`` from the references' median times."""
+    """Fill ``speedup_vs_single``, ``_vs_bare`` and (twins) ``_vs_eager`` from median times."""
     medians = {r["name"]: r["step_time_s"]["median"] for r in results if r["status"] == "ok"}
     for result in results:
         if result["status"] != "ok":
@@ -171,4 +179,7 @@ def add_ratios(results: list[dict]) -> list[dict]:
         for ref in ("single", "bare"):
             if ref in medians:
                 result[f"speedup_vs_{ref}"] = medians[ref] / own
+        eager = result["name"].removesuffix(COMPILED)
+        if eager != result["name"] and eager in medians:
+            result["speedup_vs_eager"] = medians[eager] / own
     return results

@@ -10,6 +10,10 @@ Order of events:
    interleaved with each other, in a torchrun subprocess (:mod:`tandem.bench.distributed`);
 4. speed-ups against ``single`` and ``bare`` are filled in.
 
+With ``compile`` every contestant gets a compiled twin named ``<name>+compile``, raced in the
+same phase and the same rounds; its first (warm-up) step compiles, so compile time stays out
+of the timed steps and is reported as ``first_step_s``.
+
 A contestant that cannot run here is reported as skipped with its reason; one that breaks is
 reported as failed with its error. Neither stops the others.
 """
@@ -29,10 +33,12 @@ from torch import nn
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .config import BenchConfig
-from .contestants import Amp, Contestant, skipped, strategy_contestant, synthetic_batch
+from .contestants import (COMPILED, Amp, Contestant, skipped, strategy_contestant,
+                          synthetic_batch)
 from .runner import add_ratios, race
 
-__all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason"]
+__all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason",
+           "result_order"]
 
 
 def registered_strategies() -> list[str]:
@@ -43,12 +49,17 @@ def registered_strategies() -> list[str]:
     return strategy_names()
 
 
-def strategy_skip_reason(name: str, model: nn.Module, arch: str) -> str | None:
-    """Why tandem strategy ``name`` cannot run with ``model``, or ``None`` when it can."""
+def strategy_skip_reason(name: str, model: nn.Module, arch: str, compiled: bool = False,
+                         device_type: str = "cpu") -> str | None:
+    """Why tandem strategy ``name`` (compiled if ``compiled``) cannot run with ``model``."""
     if name not in registered_strategies():
         return f"strategy {name!r} is not available (not registered in tandem.strategies)"
     if name == "hybrid" and not (hasattr(model, "features") and hasattr(model, "classifier")):
         return f"{arch} has no .features/.classifier split (hybrid needs both)"
+    if compiled:
+        from tandem.strategies.compile import compile_skip_reason
+
+        return compile_skip_reason(name, device_type)
     return None
 
 
@@ -83,15 +94,28 @@ def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Co
 
 
 def _strategy(name: str, template: nn.Module, config: BenchConfig, batch,
-              amp: Amp) -> Contestant:
+              amp: Amp, compiled: bool = False) -> Contestant:
     # ``single`` is one device by definition; give it only the first (it would warn otherwise).
     devices = config.device_list[:1] if name == "single" else config.device_list
-    reason = strategy_skip_reason(name, template, config.arch)
+    reason = strategy_skip_reason(name, template, config.arch, compiled, devices[0].type)
+    label = name + (COMPILED if compiled else "")
     if reason:
-        return skipped(name, "strategy", devices, reason)
-    return _build(name, "strategy", devices, lambda: strategy_contestant(
+        return skipped(label, "strategy", devices, reason)
+    return _build(label, "strategy", devices, lambda: strategy_contestant(
         name, copy.deepcopy(template), devices, batch, amp=amp, lr=config.lr,
-        channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers))
+        channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers,
+        compiled=compiled, compile_mode=config.compile_mode))
+
+
+def _twins(config: BenchConfig) -> tuple[bool, ...]:
+    """``(False,)``, or ``(False, True)`` with ``--compile``: eager, then the compiled twin."""
+    return (False, True) if config.compile else (False,)
+
+
+def result_order(config: BenchConfig) -> list[str]:
+    """Every contestant's name in table order, each compiled twin right after its original."""
+    names = ["bare", *config.strategies, "torch_dp", "torch_ddp"]
+    return [n + (COMPILED if c else "") for n in names for c in _twins(config)]
 
 
 def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
@@ -126,16 +150,20 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
 
     local: list[Contestant] = []
-    if "bare" in config.baselines:
-        local.append(_build("bare", "baseline", devices[:1], lambda: bare_contestant(
-            copy.deepcopy(template), devices, batch, **kw)))
+    twins = _twins(config)
+    for c in twins if "bare" in config.baselines else ():
+        local.append(_build("bare" + COMPILED * c, "baseline", devices[:1],
+                            lambda c=c: bare_contestant(copy.deepcopy(template), devices, batch,
+                                                        compiled=c,
+                                                        compile_mode=config.compile_mode, **kw)))
     for name in config.strategies:
         if name != "ddp":
-            local.append(_strategy(name, template, config, batch, amp))
-    if "torch_dp" in config.baselines:
-        reason = torch_dp_skip_reason(devices)
-        local.append(skipped("torch_dp", "baseline", devices, reason) if reason else _build(
-            "torch_dp", "baseline", devices, lambda: torch_dp_contestant(
+            local += [_strategy(name, template, config, batch, amp, c) for c in twins]
+    for c in twins if "torch_dp" in config.baselines else ():
+        reason = torch_dp_skip_reason(devices, c)
+        label = "torch_dp" + COMPILED * c
+        local.append(skipped(label, "baseline", devices, reason) if reason else _build(
+            label, "baseline", devices, lambda: torch_dp_contestant(
                 copy.deepcopy(template), devices, batch, **kw)))
     threads = f"{torch.get_num_threads()} torch threads"
     for contestant in local:
@@ -153,9 +181,10 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
 
     remote = (["ddp"] if "ddp" in config.strategies else [])
     remote += (["torch_ddp"] if "torch_ddp" in config.baselines else [])
+    remote = [name + COMPILED * c for name in remote for c in twins]
     if remote:
         results += distributed_phase(config, remote, custom_model=custom)
-    order = ["bare", *config.strategies, "torch_dp", "torch_ddp"]
+    order = result_order(config)
     results.sort(key=lambda r: order.index(r["name"]))
     return {"config": config.to_dict(), "machine": machine,
             "results": add_ratios(results)}

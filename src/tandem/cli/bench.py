@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tandem.config import COMPILE_MODES
+
 __all__ = ["add_parser", "run"]
 
 
@@ -68,6 +70,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads per replica (thread here, or torchrun worker); "
                         "default: torch's choice, split among workers")
+    p.add_argument("--compile", action="store_true",
+                   help="also race a compiled twin (<name>+compile) of every contestant")
+    p.add_argument("--compile-mode", default=None, choices=COMPILE_MODES,
+                   help="torch.compile mode (with --compile; default: torch's)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed for model and data")
     p.add_argument("--dist-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="seconds allowed for the torchrun phase of ddp/torch_ddp")
@@ -109,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         image_size=args.image_size, num_classes=args.num_classes, amp=args.amp,
         amp_dtype=args.amp_dtype, channels_last=args.channels_last, sync_bn=args.sync_bn,
         buffers=args.buffers, baselines=args.baselines, seed=args.seed, threads=args.threads,
-        dist_timeout=args.dist_timeout)
+        dist_timeout=args.dist_timeout, compile=args.compile, compile_mode=args.compile_mode)
     # With --json - the JSON owns stdout, so the table goes to stderr.
     out = sys.stderr if args.json == "-" else sys.stdout
     if args.explain:

@@ -33,7 +33,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     group.add_argument("--seed", type=int, default=None, metavar="S",
                        help="seed (matters for synthetic data only)")
     add_config_arguments(parser, ParallelConfig, title="parallelism",
-                         only=("strategy", "devices", "sync_bn", "amp", "channels_last"))
+                         only=("strategy", "devices", "sync_bn", "amp", "channels_last",
+                               "compile", "compile_mode"))
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (arch, loss, acc1, acc5, count; acc = acc1)")
     parser.set_defaults(func=run)
@@ -54,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
         return 0  # under ddp every rank validates its share; rank 0 reports the total
     if args.json:
         print(json.dumps(result))
-    else:
-        print(f"{args.resume}: {result['arch']} val loss {result['loss']:.4f} "
-              f"acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}% ({result['count']} images)")
+        return 0
+    if result["compile_seconds"] is not None:
+        from tandem.train.compile import describe
+
+        print(describe(result["compile_seconds"], args.compile_mode))
+    print(f"{args.resume}: {result['arch']} val loss {result['loss']:.4f} "
+          f"acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}% ({result['count']} images)")
     return 0

@@ -19,7 +19,7 @@ from torch import nn
 from tandem.parallel import DataParallelCriterion, DataParallelModel, scatter
 
 from .base import StepOutput, Strategy, register, top5_hits
-from .dp import prepare_replicated
+from .dp import REPLICAS_NOT_COMPILED, prepare_replicated
 
 __all__ = ["BalancedStrategy"]
 
@@ -27,6 +27,7 @@ __all__ = ["BalancedStrategy"]
 @register
 class BalancedStrategy(Strategy):
     name = "balanced"
+    compile_unsupported = REPLICAS_NOT_COMPILED
 
     def __init__(self, devices, **kwargs):
         super().__init__(devices, **kwargs)

@@ -67,6 +67,8 @@ class Strategy:
     def check_model(cls, model: nn.Module) -> str | None:
         """``None`` if this strategy can train ``model``, else what it needs (one line)."""
         return None
+    #: why ``--compile`` cannot be used with it (``None``: the model it is given may be compiled)
+    compile_unsupported: ClassVar[str | None] = None
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0"):

@@ -17,7 +17,11 @@ from tandem.parallel import DataParallel, convert_sync_batchnorm
 
 from .base import Strategy, register
 
-__all__ = ["DataParallelStrategy", "prepare_replicated"]
+__all__ = ["DataParallelStrategy", "prepare_replicated", "REPLICAS_NOT_COMPILED"]
+
+# Replicas copy the model's attributes, so a compiled ``__call__`` would still run the
+# original module; each replica would need its own compiled graph, which is not built yet.
+REPLICAS_NOT_COMPILED = "its replica threads would each need their own compiled copy of the model"
 
 
 def prepare_replicated(strategy: Strategy, model: nn.Module) -> nn.Module:
@@ -30,6 +34,7 @@ def prepare_replicated(strategy: Strategy, model: nn.Module) -> nn.Module:
 @register
 class DataParallelStrategy(Strategy):
     name = "dp"
+    compile_unsupported = REPLICAS_NOT_COMPILED
 
     def setup(self, model: nn.Module) -> nn.Module:
         return DataParallel(prepare_replicated(self, model), device_ids=self.devices,

@@ -21,6 +21,7 @@ __all__ = ["HybridStrategy"]
 class HybridStrategy(Strategy):
     name = "hybrid"
     portable_optimizer_state = False
+    compile_unsupported = "its features and classifier shards would each need compiling"
 
     @classmethod
     def check_model(cls, model: nn.Module) -> str | None:

@@ -34,7 +34,9 @@ from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_devices_flag
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy, create_strategy
+from tandem.strategies.compile import check_compile, compile_model
 
+from . import compile as compiling
 from . import rundir
 from .interrupt import StopRequest
 from .loop import Position, Trainer
@@ -60,7 +62,25 @@ def build_strategy(cfg: ParallelConfig) -> Strategy:
             strategy.close()
             raise ValueError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
                              f"{strategy.device}")
+    if cfg.compile:
+        try:
+            check_compile(strategy, strategy.device.type)
+        except ValueError:
+            strategy.close()
+            raise
     return strategy
+
+
+def _setup(strategy: Strategy, model: nn.Module, cfg: ParallelConfig) -> nn.Module:
+    """``strategy.setup(model)``, the model's call compiled first with ``--compile``."""
+    if cfg.compile:
+        model = compile_model(strategy, model, cfg.compile_mode)
+    return strategy.setup(model)
+
+
+def _warm_up(trainer: Trainer, train: bool) -> float | None:
+    """With ``--compile``: compile now, before any clock runs; the seconds it took, else None."""
+    return compiling.warm_up(trainer, train=train) if trainer.cfg.parallel.compile else None
 
 
 def build_data(cfg: DataConfig, seed: int):
@@ -185,7 +205,7 @@ def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> T
             print(line, flush=True)
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    wrapped = strategy.setup(model)
+    wrapped = _setup(strategy, model, cfg.parallel)
     optim = cfg.optim
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
                                 weight_decay=optim.weight_decay)
@@ -282,6 +302,9 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     strategy = build_strategy(cfg.parallel)
     try:
         trainer = _build_trainer(cfg, strategy, ckpt)
+        seconds = _warm_up(trainer, train=not cfg.run.evaluate)
+        if seconds is not None and strategy.is_main:
+            print(compiling.describe(seconds, cfg.parallel.compile_mode), flush=True)
         if cfg.run.evaluate:
             val = trainer.validate()
             if strategy.is_main:
@@ -310,8 +333,9 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
              batch_size: int | None = None, seed: int | None = None) -> dict:
     """Validate the checkpoint at ``checkpoint_path``.
 
-    Returns ``{"arch", "loss", "acc", "acc1", "acc5", "count", "is_main"}`` (``acc`` is
-    ``acc1``, top-1; ``is_main``: this process reports).
+    Returns ``{"arch", "loss", "acc", "acc1", "acc5", "count", "compile_seconds", "is_main"}``
+    (``acc`` is ``acc1``, top-1; ``compile_seconds``: with ``--compile``, else ``None``;
+    ``is_main``: this process reports).
 
     The architecture comes from the checkpoint, and so do the data settings and seed it was
     trained with (its ``config``), each overridden by an entry of ``data`` / ``batch_size`` /
@@ -332,12 +356,14 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
         _, val_set, info = build_data(cfg.data, cfg.run.seed)
         model = build_model(cfg.model, _fit_classes(info, ckpt), cfg.run.seed)
         checkpoint.load(checkpoint_path, model=model)
-        trainer = Trainer(cfg=cfg, strategy=strategy, model=strategy.setup(model),
+        trainer = Trainer(cfg=cfg, strategy=strategy, model=_setup(strategy, model, parallel),
                           criterion=make_criterion(cfg.optim, strategy), optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,
                           batches_per_epoch=0, config_dict={})
+        seconds = _warm_up(trainer, train=False)
         val = trainer.validate()
         return {"arch": arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
-                "acc5": val.acc5, "count": val.count, "is_main": strategy.is_main}
+                "acc5": val.acc5, "count": val.count, "compile_seconds": seconds,
+                "is_main": strategy.is_main}
     finally:
         strategy.close()

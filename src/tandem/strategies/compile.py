@@ -1,0 +1,96 @@
+"""``--compile``: compile a model with ``torch.compile`` before a strategy sets it up.
+
+``torch.compile(model)`` returns an ``OptimizedModule`` that holds the model as ``_orig_mod``
+and shares its parameters. Its ``state_dict`` would name every key ``_orig_mod.x``; two hooks
+(as :class:`tandem.parallel.DataParallel` does for ``module.``) make it save plain keys and
+accept them on load, so checkpoints of a compiled run are ordinary and load uncompiled.
+(``nn.Module.compile()``, which keeps plain keys, is not used: it cannot trace a model whose
+``forward`` is torch's own, such as an ``nn.Sequential`` ResNet, as one graph; dynamo then
+compiles each block alone and runs out of recompiles.) Compiling is lazy: the first call of
+each kind (training, evaluation, a new batch shape) pays for it.
+
+A strategy that cannot run a compiled model says why in ``compile_unsupported``; asking for
+``--compile`` with it is a one-line ``ValueError`` naming the strategies that can.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+from torch import nn
+
+from tandem.config import COMPILE_MODES
+
+from .base import _REGISTRY, Strategy
+
+__all__ = ["COMPILE_MODES", "compiled", "compile_model", "compiling_strategies", "check_compile",
+           "compile_skip_reason"]
+
+
+def compiling_strategies() -> list[str]:
+    """Names of the registered strategies that can run a compiled model."""
+    return sorted(name for name, cls in _REGISTRY.items() if cls.compile_unsupported is None)
+
+
+def check_compile(strategy: Strategy | type[Strategy], device_type: str = "cpu") -> None:
+    """Raise a one-line ``ValueError`` when ``--compile`` cannot work here.
+
+    Checks the strategy's declared ability, and on the CPU that a C++ compiler exists
+    (torch.compile's CPU backend generates and builds C++).
+    """
+    reason = strategy.compile_unsupported
+    if reason:
+        raise ValueError(f"--compile does not work with --strategy {strategy.name}: {reason}; "
+                         f"use --strategy {' or '.join(compiling_strategies())}")
+    if device_type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise ValueError("--compile on the CPU needs a C++ compiler (g++ or clang++) on PATH")
+
+
+def compile_skip_reason(name: str, device_type: str = "cpu") -> str | None:
+    """The one-line reason why registered strategy ``name`` cannot compile, else ``None``."""
+    try:
+        check_compile(_REGISTRY[name], device_type)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+_INNER = "_orig_mod."  # where OptimizedModule keeps the model
+
+
+def _save_plain_keys(module, state_dict, prefix, local_metadata) -> None:
+    """state_dict post-hook: ``<prefix>_orig_mod.x`` -> ``<prefix>x``."""
+    inner = prefix + _INNER
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    for key in [k for k in (metadata or {}) if k.startswith(inner[:-1])]:
+        metadata[(prefix + key[len(inner):]) if key != inner[:-1] else prefix[:-1]] = \
+            metadata.pop(key)
+
+
+def _load_plain_keys(module, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook: accept ``<prefix>x`` for ``<prefix>_orig_mod.x``."""
+    inner = prefix + _INNER
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+
+
+def compiled(model: nn.Module, mode: str | None = None) -> nn.Module:
+    """``torch.compile(model, mode=mode)`` whose state dict has the plain model's keys."""
+    if mode not in (None, *COMPILE_MODES):
+        raise ValueError(f"bad --compile-mode {mode!r}: choose one of {', '.join(COMPILE_MODES)}")
+    module = torch.compile(model, mode=None if mode == "default" else mode)
+    module.register_state_dict_post_hook(_save_plain_keys)
+    module.register_load_state_dict_pre_hook(_load_plain_keys)
+    return module
+
+
+def compile_model(strategy: Strategy, model: nn.Module, mode: str | None = None) -> nn.Module:
+    """Check that ``strategy`` can run a compiled model, then return :func:`compiled` ``model``.
+
+    ``mode`` is one of :data:`COMPILE_MODES` (``None``/``"default"``: torch's default).
+    """
+    check_compile(strategy, strategy.device.type)
+    return compiled(model, mode)

@@ -1,0 +1,77 @@
+"""Compiling before the clock starts, so that compile time never counts as training time.
+
+``torch.compile`` compiles lazily, in the first call of each kind. :func:`warm_up` makes those
+first calls on purpose before training: forward and backward on a training batch and an
+evaluation forward on a validation batch, each on this process's share and under the run's
+autocast. Each is made twice, the second time one sample short, because a second batch size
+makes torch.compile build a graph for any batch size; so the epoch's last, smaller batch does
+not compile again inside the epoch's time. Then everything the calls touched is put back
+(weights, batch-norm running stats and counters, gradients, RNG state, train/eval mode), so
+the run computes exactly what it would have without the warm-up. The compile time is printed
+on its own line and never enters ``images_per_sec``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tandem import checkpoint
+
+from .loop import Trainer
+
+__all__ = ["warm_up", "describe"]
+
+
+def _first_batch(trainer: Trainer, dataset, train: bool):
+    """This process's share of the first global batch (maybe empty under ddp, as in the loop)."""
+    loader = trainer._loader(dataset, train=train, epoch=trainer.position.epoch)
+    for images, targets in loader:
+        return trainer._to_device(images, targets)
+    return None
+
+
+def _run(trainer: Trainer, dataset, train: bool) -> None:
+    batch = _first_batch(trainer, dataset, train) if dataset is not None else None
+    if batch is None:
+        return
+    s, model = trainer.strategy, trainer.model
+    model.train(train)
+    # The same decision on every process (a ddp forward is a collective): from the config.
+    shorter = trainer.cfg.optim.batch_size >= 3 * s.world_size  # every share keeps >= 2
+    for images, targets in [batch, tuple(t[:-1] for t in batch)][:1 + shorter]:
+        with torch.set_grad_enabled(train), s.no_sync(model), trainer._autocast():
+            out = s.forward_loss(model, trainer.criterion, images, targets)
+        if train:
+            with s.no_sync(model):  # a rehearsal: no gradient all-reduce between processes
+                out.loss.backward()
+
+
+def warm_up(trainer: Trainer, train: bool = True) -> float:
+    """Compile the training (if ``train``) and evaluation calls now; return the seconds taken.
+
+    Every process must call it (a ddp forward still all-reduces its loss).
+    """
+    model = trainer.model
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    rng, mode = checkpoint.capture_rng(), model.training
+    start = time.perf_counter()
+    try:
+        if train:
+            _run(trainer, trainer.train_set, train=True)
+        _run(trainer, trainer.val_set, train=False)
+    finally:
+        with torch.no_grad():
+            model.load_state_dict(saved)
+        for param in model.parameters():
+            param.grad = None
+        checkpoint.restore_rng(rng)
+        model.train(mode)
+    return time.perf_counter() - start
+
+
+def describe(seconds: float, mode: str | None) -> str:
+    """The line that reports compile time, apart from step times."""
+    return (f"compiled the model in {seconds:.1f}s (torch.compile, mode {mode or 'default'}); "
+            f"not counted in step times or img/s")

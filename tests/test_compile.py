@@ -1,0 +1,122 @@
+"""`--compile` against eager: same training on the same seed, and ordinary checkpoints.
+
+torch.compile on the CPU builds C++ with the system compiler, so these tests compile for real
+(small models, 8px images, few steps); nothing is timed here.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from tandem import checkpoint
+from tandem.cli.main import main
+from tandem.config import ParallelConfig
+from tandem.models import create_model
+from tandem.strategies import create_strategy
+from tandem.strategies.compile import compile_model, compile_skip_reason, compiling_strategies
+
+from conftest import run_tandem
+
+needs_cxx = pytest.mark.skipif(not shutil.which("g++") and not shutil.which("clang++"),
+                               reason="torch.compile on the CPU needs a C++ compiler")
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.classifier = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def _train(compiled: bool, steps: int = 3) -> tuple[nn.Module, list[float]]:
+    torch.manual_seed(0)
+    model = TinyNet()
+    strategy = create_strategy("single", [torch.device("cpu")])
+    if compiled:
+        model = compile_model(strategy, model)
+    wrapped = strategy.setup(model)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    criterion = nn.CrossEntropyLoss()
+    images = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    targets = torch.tensor([0, 1, 2, 0, 1, 2])
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        out = strategy.forward_loss(wrapped, criterion, images, targets)
+        out.loss.backward()
+        opt.step()
+        losses.append(out.loss.item())
+    return strategy.unwrap(wrapped), losses
+
+
+@needs_cxx
+def test_compiled_training_matches_eager_and_keeps_plain_keys():
+    eager, eager_losses = _train(False)
+    compiled, compiled_losses = _train(True)
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-4, abs=1e-5)
+    state = compiled.state_dict()
+    assert not any("_orig_mod" in k for k in state)
+    assert state.keys() == eager.state_dict().keys()
+    for key, value in eager.state_dict().items():
+        torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5)
+
+
+def test_strategies_declare_whether_they_compile():
+    assert compiling_strategies() == ["ddp", "single"]
+    for name in ("dp", "balanced", "hybrid"):
+        reason = compile_skip_reason(name)
+        assert reason.startswith(f"--compile does not work with --strategy {name}: ")
+        assert "use --strategy ddp or single" in reason and "\n" not in reason
+
+
+def test_compile_flags_in_the_config():
+    assert ParallelConfig(compile=True, compile_mode="max-autotune").compile_mode == "max-autotune"
+    with pytest.raises(ValueError, match="--compile-mode max-autotune needs --compile"):
+        ParallelConfig(compile_mode="max-autotune")
+    with pytest.raises(ValueError, match="bad --compile-mode"):
+        ParallelConfig(compile=True, compile_mode="fast")
+
+
+def test_compile_with_dp_is_a_one_line_error(tmp_path, capsys):
+    code = main(["train", "--strategy", "dp", "--devices", "cpu:2", "--compile", "--data",
+                 "synthetic", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err == ("tandem: error: --compile does not work with --strategy dp: its replica "
+                   "threads would each need their own compiled copy of the model; use "
+                   "--strategy ddp or single")
+    assert not (tmp_path / "run").exists()
+
+
+@needs_cxx
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # a cold compile of cifar_resnet20 takes minutes on a busy 2-core CPU
+def test_cli_train_compile_then_load_and_eval_uncompiled(tmp_path):
+    out = tmp_path / "run"
+    common = ["--data", "synthetic", "--image-size", "8", "--synthetic-size", "24",
+              "--num-classes", "3", "-b", "8"]
+    proc = run_tandem("train", "-a", "cifar_resnet20", *common, "--epochs", "1",
+                      "--max-steps", "2", "--compile", "--no-progress", "--out", out,
+                      timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    compile_lines = [l for l in proc.stdout.splitlines() if l.startswith("compiled the model")]
+    assert len(compile_lines) == 1 and "not counted in step times or img/s" in compile_lines[0]
+    assert json.loads((out / "config.json").read_text())["parallel"]["compile"] is True
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert not any("_orig_mod" in k for k in ckpt["state_dict"])
+    model = create_model("cifar_resnet20", num_classes=3)
+    checkpoint.load(out / "checkpoint.pt", model=model)  # strict, into an uncompiled model
+    # The uncompiled model evaluates the checkpoint as the compiled run did.
+    proc = run_tandem("eval", "--resume", out / "checkpoint.pt", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["compile_seconds"] is None and result["count"] > 0
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert result["acc"] == pytest.approx(metrics[-1]["val_acc"], abs=1e-6)
