@@ -27,6 +27,9 @@ from typing import Any
 
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
+from tandem.strategies import strategy_names
+from tandem.strategies.compile import COMPILE_MODES
+from tandem.errors import UsageError
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
@@ -35,7 +38,6 @@ __all__ = [
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 # What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
@@ -63,9 +65,11 @@ def flag_of(f: dataclasses.Field) -> tuple[str, ...]:
 
 def _strategy_names() -> tuple[str, ...]:
     """The registered strategies (the registry is the one list of names)."""
-    from tandem.strategies import strategy_names
-
     return tuple(strategy_names())
+
+
+# The default strategy: the one-device reference every other one must match.
+_REFERENCE = strategy_names(reference=True)[0]
 
 
 NO_WEIGHTS_FILE = ("--pretrained needs a FILE: tandem never downloads weights; save a "
@@ -75,7 +79,7 @@ NO_WEIGHTS_FILE = ("--pretrained needs a FILE: tandem never downloads weights; s
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
-        raise ValueError(message)
+        raise UsageError(message)
 
 
 def _check_choice(value: str, choices: tuple, flag: str) -> None:
@@ -167,7 +171,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    strategy: str = opt("single", "how to use the devices", choices=_strategy_names,
+    strategy: str = opt(_REFERENCE, "how to use the devices", choices=_strategy_names,
                         on_resume=MAY_CHANGE)
     devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
                        metavar="SPEC", on_resume=MAY_CHANGE)

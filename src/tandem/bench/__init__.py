@@ -4,10 +4,10 @@
 prints it and ``write_json`` saves it. ``tandem bench`` is the command-line front end.
 """
 
-from .config import BASELINES, STRATEGIES, BenchConfig, parse_names
+from .config import BASELINES, BenchConfig, default_strategies, parse_names
 from .report import explain, format_table, write_json
 from .runner import RESULT_FIELDS
 from .suite import run_bench
 
-__all__ = ["STRATEGIES", "BASELINES", "BenchConfig", "parse_names", "run_bench", "format_table",
+__all__ = ["default_strategies", "BASELINES", "BenchConfig", "parse_names", "run_bench", "format_table",
            "write_json", "explain", "RESULT_FIELDS"]

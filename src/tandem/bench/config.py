@@ -8,11 +8,20 @@ import torch
 
 from tandem.config import COMPILE_MODES
 from tandem.parallel.devices import parse_devices_flag
+from tandem.errors import UsageError
 
-__all__ = ["STRATEGIES", "BASELINES", "BenchConfig", "parse_names"]
+__all__ = ["BASELINES", "BenchConfig", "parse_names", "default_strategies"]
 
-# Every strategy the bench knows how to run (ddp runs in a separate torchrun phase).
-STRATEGIES = ("single", "dp", "balanced", "hybrid", "ddp")
+
+
+def default_strategies() -> tuple[str, ...]:
+    """Every single-process strategy that takes any model (multi-process ones need torchrun)."""
+    from tandem.strategies import Strategy, strategy_class, strategy_names
+
+    return tuple(n for n in strategy_names(multiprocess=False)
+                 if strategy_class(n).check_model.__func__ is Strategy.check_model.__func__)
+
+
 # Plain-torch baselines (see tandem.bench.baselines); torch_ddp also runs under torchrun.
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 
@@ -30,12 +39,12 @@ def parse_names(text, valid: tuple[str, ...], flag: str, allow_empty: bool = Fal
     if names == ("none",):
         names = ()
     if not names and not allow_empty:
-        raise ValueError(f"bad {flag} {text!r}: give at least one of {', '.join(valid)}")
+        raise UsageError(f"bad {flag} {text!r}: give at least one of {', '.join(valid)}")
     for name in names:
         if name not in valid:
-            raise ValueError(f"unknown name {name!r} in {flag}; choose from {', '.join(valid)}")
+            raise UsageError(f"unknown name {name!r} in {flag}; choose from {', '.join(valid)}")
     if len(set(names)) != len(names):
-        raise ValueError(f"bad {flag} {text!r}: a name is listed twice")
+        raise UsageError(f"bad {flag} {text!r}: a name is listed twice")
     return names
 
 
@@ -57,7 +66,7 @@ class BenchConfig:
     """
 
     arch: str
-    strategies: tuple[str, ...] = ("single", "dp", "balanced")
+    strategies: tuple[str, ...] | None = None  # None: default_strategies()
     devices: str = "auto"
     batch_size: int = 64
     steps: int = 20
@@ -80,7 +89,11 @@ class BenchConfig:
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.strategies = parse_names(self.strategies, STRATEGIES, "--strategies")
+        from tandem.strategies import strategy_names
+
+        if self.strategies is None:
+            self.strategies = default_strategies()
+        self.strategies = parse_names(self.strategies, tuple(strategy_names()), "--strategies")
         self.baselines = parse_names(self.baselines, BASELINES, "--baselines", allow_empty=True)
         from tandem.models import model_info
 
@@ -91,24 +104,24 @@ class BenchConfig:
             self.num_classes = info.default_num_classes
         for name in ("batch_size", "steps", "image_size", "num_classes"):
             if getattr(self, name) < 1:
-                raise ValueError(f"bad {name} {getattr(self, name)!r}: must be >= 1")
+                raise UsageError(f"bad {name} {getattr(self, name)!r}: must be >= 1")
         if self.warmup < 0:
-            raise ValueError(f"bad warmup {self.warmup!r}: must be >= 0")
+            raise UsageError(f"bad warmup {self.warmup!r}: must be >= 0")
         if self.amp_dtype not in ("bf16", "fp16"):
-            raise ValueError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
+            raise UsageError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
         if self.buffers not in ("replica0", "average"):
-            raise ValueError(f"bad buffers {self.buffers!r}: choose replica0 or average")
+            raise UsageError(f"bad buffers {self.buffers!r}: choose replica0 or average")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"bad threads {self.threads!r}: must be >= 1")
+            raise UsageError(f"bad threads {self.threads!r}: must be >= 1")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
-            raise ValueError(f"bad compile mode {self.compile_mode!r}: choose one of "
+            raise UsageError(f"bad compile mode {self.compile_mode!r}: choose one of "
                              f"{', '.join(COMPILE_MODES)}")
         if self.compile_mode is not None and not self.compile:
-            raise ValueError("--compile-mode needs --compile")
+            raise UsageError("--compile-mode needs --compile")
         if self.compile and self.warmup < 1:
-            raise ValueError("--compile needs --warmup >= 1 (the first step compiles)")
+            raise UsageError("--compile needs --warmup >= 1 (the first step compiles)")
         if self.dist_timeout <= 0:
-            raise ValueError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
+            raise UsageError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
         self.device_list = parse_devices_flag(self.devices)
 
     def to_dict(self) -> dict:

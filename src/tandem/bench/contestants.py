@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
+from tandem.errors import UsageError
 
 __all__ = ["COMPILED", "Amp", "Contestant", "TrainStep", "synthetic_batch", "module_tensors",
            "strategy_contestant", "skipped", "place"]
@@ -38,7 +39,7 @@ class Amp:
 
     def __post_init__(self):
         if self.dtype not in ("bf16", "fp16"):
-            raise ValueError(f"bad amp dtype {self.dtype!r}: choose bf16 or fp16")
+            raise UsageError(f"bad amp dtype {self.dtype!r}: choose bf16 or fp16")
 
     @property
     def torch_dtype(self) -> torch.dtype:

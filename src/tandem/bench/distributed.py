@@ -60,7 +60,8 @@ def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | No
     else:
         from .suite import strategy_skip_reason
 
-        reason = strategy_skip_reason("ddp", None, config.arch, name.endswith(COMPILED),
+        reason = strategy_skip_reason(name.removesuffix(COMPILED), None, config.arch,
+                                      name.endswith(COMPILED),
                                       devices[0].type)
     if reason is None and custom_model:
         reason = "a custom model cannot be rebuilt in torchrun workers"
@@ -160,7 +161,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         compiled = name.endswith(COMPILED)
         if _kind(name) == "strategy":  # the strategy may create the process group itself
             contestants.append(strategy_contestant(
-                "ddp", copy.deepcopy(template), ddp_devices, shard, amp=amp, lr=config.lr,
+                name.removesuffix(COMPILED), copy.deepcopy(template), ddp_devices, shard, amp=amp, lr=config.lr,
                 channels_last=config.channels_last, sync_bn=config.sync_bn,
                 buffers=config.buffers, compiled=compiled, compile_mode=config.compile_mode))
             continue

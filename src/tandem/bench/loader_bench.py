@@ -43,6 +43,7 @@ from tandem.data.imagefolder import MEAN, STD, load_imagefolder
 from tandem.data.imagenet_transforms import random_resized_box
 from tandem.data.loader import make_loader
 from tandem.data.transforms import SampleRandom
+from tandem.errors import MissingFileError, UsageError
 
 from .suite import machine_info
 from .timing import clock, summarize
@@ -118,10 +119,10 @@ def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
                              ("batch_size", batch_size, 1), ("rounds", rounds, 1),
                              ("warmup", warmup, 0)):
         if not isinstance(value, int) or value < low:
-            raise ValueError(f"bad {name} {value!r}: must be an int >= {low}")
+            raise UsageError(f"bad {name} {value!r}: must be an int >= {low}")
     root = Path(data).expanduser()
     if not root.is_dir():
-        raise FileNotFoundError(f"--data '{data}' is not a directory")
+        raise MissingFileError(f"--data '{data}' is not a directory")
     train, _, _ = load_imagefolder(root, augment="imagenet", image_size=image_size)
     contestants = {"loader": train, "reference": ReferenceDataset(train.samples, image_size)}
     machine = machine_info([torch.device("cpu")])

@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from tandem.parallel.traffic import TrafficMeter
+from tandem.strategies import strategy_names
 
 from .contestants import COMPILED, Contestant
 from .timing import MemoryProbe, clock, summarize, synchronize
@@ -176,7 +177,7 @@ def add_ratios(results: list[dict]) -> list[dict]:
         if result["status"] != "ok":
             continue
         own = result["step_time_s"]["median"]
-        for ref in ("single", "bare"):
+        for ref in (*strategy_names(reference=True), "bare"):
             if ref in medians:
                 result[f"speedup_vs_{ref}"] = medians[ref] / own
         eager = result["name"].removesuffix(COMPILED)

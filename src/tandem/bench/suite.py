@@ -31,6 +31,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tandem.strategies import strategy_class
+
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .config import BenchConfig
 from .contestants import (COMPILED, Amp, Contestant, skipped, strategy_contestant,
@@ -54,8 +56,9 @@ def strategy_skip_reason(name: str, model: nn.Module, arch: str, compiled: bool 
     """Why tandem strategy ``name`` (compiled if ``compiled``) cannot run with ``model``."""
     if name not in registered_strategies():
         return f"strategy {name!r} is not available (not registered in tandem.strategies)"
-    if name == "hybrid" and not (hasattr(model, "features") and hasattr(model, "classifier")):
-        return f"{arch} has no .features/.classifier split (hybrid needs both)"
+    problem = None if model is None else strategy_class(name).check_model(model)
+    if problem:
+        return f"{arch}: {name} {problem}"
     if compiled:
         from tandem.strategies.compile import compile_skip_reason
 
@@ -95,8 +98,8 @@ def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Co
 
 def _strategy(name: str, template: nn.Module, config: BenchConfig, batch,
               amp: Amp, compiled: bool = False) -> Contestant:
-    # ``single`` is one device by definition; give it only the first (it would warn otherwise).
-    devices = config.device_list[:1] if name == "single" else config.device_list
+    # A strategy that drives fewer devices gets only the first ones (it would warn otherwise).
+    devices = config.device_list[:strategy_class(name).max_devices]
     reason = strategy_skip_reason(name, template, config.arch, compiled, devices[0].type)
     label = name + (COMPILED if compiled else "")
     if reason:
@@ -157,7 +160,7 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
                                                         compiled=c,
                                                         compile_mode=config.compile_mode, **kw)))
     for name in config.strategies:
-        if name != "ddp":
+        if not strategy_class(name).multiprocess:
             local += [_strategy(name, template, config, batch, amp, c) for c in twins]
     for c in twins if "torch_dp" in config.baselines else ():
         reason = torch_dp_skip_reason(devices, c)
@@ -179,7 +182,7 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     if any(d.type == "cuda" for d in devices):
         torch.cuda.empty_cache()
 
-    remote = (["ddp"] if "ddp" in config.strategies else [])
+    remote = [n for n in config.strategies if strategy_class(n).multiprocess]
     remote += (["torch_ddp"] if "torch_ddp" in config.baselines else [])
     remote = [name + COMPILED * c for name in remote for c in twins]
     if remote:

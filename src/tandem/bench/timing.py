@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 import torch
+from tandem.errors import UsageError
 
 __all__ = [
     "synchronize",
@@ -81,7 +82,7 @@ def summarize(samples: Sequence[float]) -> Stats:
     Raises ``ValueError`` for an empty sample. One sample gives zero spread.
     """
     if not samples:
-        raise ValueError("no timed steps to summarize")
+        raise UsageError("no timed steps to summarize")
     values = sorted(float(s) for s in samples)
     if len(values) == 1:
         q1 = q3 = values[0]

@@ -15,7 +15,7 @@ import tempfile
 import warnings
 from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -66,10 +66,12 @@ def _state_of(obj: Any) -> Any:
     return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
 
 
-def save(path, model: nn.Module, optimizer=None, *, epoch: int | None = None,
+def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None = None,
          arch: str | None = None, best_acc1: float | None = None, scheduler=None,
          config=None, data_position=None, rng: bool | dict = True, **extra) -> Path:
     """Atomically write a checkpoint of the unwrapped ``model`` to ``path``; return the path.
+
+    ``model`` may also be a plain state dict (a strategy's ``state_dict`` of its wrapper).
 
     ``rng=True`` captures the RNG states now, a dict stores the states given (captured
     earlier), ``False`` stores none. Parent directories are created.
@@ -78,7 +80,7 @@ def save(path, model: nn.Module, optimizer=None, *, epoch: int | None = None,
     ckpt: dict[str, Any] = {
         "format": FORMAT, "tandem_version": __version__,
         "epoch": epoch, "arch": arch, "best_acc1": best_acc1,
-        "state_dict": plain_state_dict(model),
+        "state_dict": dict(model) if isinstance(model, Mapping) else plain_state_dict(model),
         "optimizer": None if optimizer is None else optimizer.state_dict(),
         "scheduler": None if scheduler is None else _state_of(scheduler),
     }

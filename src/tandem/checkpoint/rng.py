@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import torch
+from tandem.errors import UsageError
 
 __all__ = ["capture_rng", "restore_rng"]
 
@@ -36,7 +37,7 @@ def restore_rng(state: dict) -> None:
     CUDA states are restored for as many devices as both the state and this machine have.
     """
     if not isinstance(state, dict):
-        raise ValueError(f"RNG state must be a dict, got {type(state).__name__}")
+        raise UsageError(f"RNG state must be a dict, got {type(state).__name__}")
     if "torch" in state:
         torch.set_rng_state(state["torch"])
     if "numpy" in state:

@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from tandem.config import COMPILE_MODES
+from tandem.errors import UsageError
 
 __all__ = ["add_parser", "run"]
 
@@ -104,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.data is not None:
         if args.arch is not None:
-            raise ValueError("--data times the input pipeline alone: leave out --arch")
+            raise UsageError("--data times the input pipeline alone: leave out --arch")
         return _run_data(args)
     if args.arch is None:
-        raise ValueError("bench needs --arch (or --data DIR to time the input pipeline)")
+        raise UsageError("bench needs --arch (or --data DIR to time the input pipeline)")
     config = BenchConfig(
         arch=args.arch, strategies=args.strategies, devices=args.devices,
         batch_size=args.batch_size, steps=20 if args.steps is None else args.steps,

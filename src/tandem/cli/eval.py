@@ -10,6 +10,7 @@ import argparse
 import json
 
 from tandem.config import DataConfig, ParallelConfig
+from tandem.errors import UsageError
 
 from .common import add_config_arguments, config_from_args, tandem_warnings
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from tandem.train.run import evaluate
 
     if args.batch_size is not None and args.batch_size < 1:
-        raise ValueError(f"bad --batch-size {args.batch_size}: must be >= 1")
+        raise UsageError(f"bad --batch-size {args.batch_size}: must be >= 1")
     data = {name: getattr(args, name) for name in _DATA_FLAGS if getattr(args, name) is not None}
     DataConfig(**data)  # check the overrides alone, for a message naming the flag
     with tandem_warnings():

@@ -15,6 +15,7 @@ import shlex
 from urllib.parse import urlparse
 
 from tandem.config import NO_WEIGHTS_FILE
+from tandem.errors import UsageError
 
 __all__ = ["add_example_arguments", "example_overrides", "launch_command"]
 
@@ -48,28 +49,28 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
     Raises ``ValueError`` (one line) for the flags tandem does not take and for conflicts.
     """
     if any(getattr(args, name, None) not in (None, False) for name in _DIST):
-        raise ValueError("tandem runs several processes through `tandem launch`, not with "
+        raise UsageError("tandem runs several processes through `tandem launch`, not with "
                          "--dist-url/--world-size/--rank/--multiprocessing-distributed; run: "
                          + launch_command(args))
     if args.start_epoch is not None:
-        raise ValueError("--start-epoch is not supported: --resume FILE continues at the epoch "
+        raise UsageError("--start-epoch is not supported: --resume FILE continues at the epoch "
                          "stored in FILE, and a fresh run starts at epoch 1")
     given = set(getattr(args, "given_fields", ()))
     values: dict = {}
     if args.data_dir is not None:
         if "data" in given and args.data != args.data_dir:
-            raise ValueError(f"two datasets given: DIR {args.data_dir} and --data {args.data}")
+            raise UsageError(f"two datasets given: DIR {args.data_dir} and --data {args.data}")
         values["data"] = args.data_dir
     if args.gpu is not None:
         if args.gpu < 0:
-            raise ValueError(f"bad --gpu {args.gpu}: must be >= 0")
+            raise UsageError(f"bad --gpu {args.gpu}: must be >= 0")
         if "devices" in given and args.devices != f"cuda:{args.gpu}":
-            raise ValueError(f"--gpu {args.gpu} and --devices {args.devices} disagree: give one")
+            raise UsageError(f"--gpu {args.gpu} and --devices {args.devices} disagree: give one")
         values["devices"] = f"cuda:{args.gpu}"
     pretrained = getattr(args, "pretrained", None)
     if pretrained and os.path.isdir(pretrained) and args.data_dir is None:
         # `--pretrained DIR`, the example's habit: the flag took the data directory
-        raise ValueError(f"{NO_WEIGHTS_FILE}; '{pretrained}' is a directory (put the data "
+        raise UsageError(f"{NO_WEIGHTS_FILE}; '{pretrained}' is a directory (put the data "
                          f"directory before --pretrained or use --data)")
     return values, set(values)
 
@@ -104,5 +105,8 @@ def launch_command(args: argparse.Namespace) -> str:
         if url.port:
             cmd += ["--master-port", str(url.port)]
     rest = _train_args(list(getattr(args, "argv", None) or []))
-    cmd += ["--", "train", *rest, "--strategy", "ddp", "--devices", "cuda" if gpus else "cpu"]
+    from tandem.strategies import strategy_names
+
+    multi = strategy_names(multiprocess=True)[0]  # one process per device, like the example
+    cmd += ["--", "train", *rest, "--strategy", multi, "--devices", "cuda" if gpus else "cpu"]
     return shlex.join(cmd)

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``; the parser it
 adds sets ``func`` to a callable taking the parsed args and returning an exit code. A user's
-mistake (``UsageError``, ``ValueError``, ``FileNotFoundError``) becomes a one-line
+mistake (a :class:`tandem.errors.TandemError`) becomes a one-line
 ``tandem: error: ...`` on stderr and exit status 2, never a traceback.
 """
 
@@ -13,13 +13,11 @@ import importlib
 import signal
 import sys
 
-__all__ = ["main", "build_parser", "UsageError"]
+from tandem.errors import TandemError
+
+__all__ = ["main", "build_parser"]
 
 SUBCOMMANDS = ["train", "eval", "bench", "launch", "models"]
-
-
-class UsageError(Exception):
-    """A mistake of the user's: reported as one line, exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # as typed, for messages that echo a command (imagenet_flags)
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as exc:
+    except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:

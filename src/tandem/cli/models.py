@@ -12,6 +12,7 @@ import json
 
 import torch
 
+from tandem.errors import UsageError
 from tandem.models import count_macs, count_parameters, create_model, list_models, model_info
 
 __all__ = ["add_parser", "run", "model_rows"]
@@ -42,7 +43,7 @@ def model_rows(names: list[str], input_size: int | None = None, num_classes: int
         info = model_info(name)  # ValueError listing valid names when unknown
         size = info.native_input_size if input_size is None else input_size
         if size < info.min_input_size:
-            raise ValueError(f"model {name!r} needs inputs of at least "
+            raise UsageError(f"model {name!r} needs inputs of at least "
                              f"{info.min_input_size}x{info.min_input_size}, got {size}x{size}")
         with torch.device("meta"):
             model = create_model(name, num_classes=num_classes, in_channels=in_channels)

@@ -18,6 +18,8 @@ from PIL import Image
 
 import torch
 
+from tandem.errors import UsageError
+
 from .base import DatasetInfo, ImageDataset, stratified_split
 from .device import Normalization
 from .imagenet_transforms import train_crop, val_crop
@@ -133,15 +135,15 @@ class ImageFolderDataset(ImageDataset):
 def load_imagefolder(root: Path, *, augment: str, image_size: int | None):
     """``(train, val, info)`` for an ImageFolder directory (either layout)."""
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
-        raise ValueError(f"ImageFolder: image_size must be a positive int, got {image_size!r}")
+        raise UsageError(f"ImageFolder: image_size must be a positive int, got {image_size!r}")
     train_dir, val_dir = root / "train", root / "val"
     if train_dir.is_dir():
         if not val_dir.is_dir():
-            raise ValueError(f"ImageFolder '{root}' has train/ but no val/ directory")
+            raise UsageError(f"ImageFolder '{root}' has train/ but no val/ directory")
         classes = _classes(train_dir)
         extra = sorted(set(_classes(val_dir)) - set(classes))
         if extra:
-            raise ValueError(f"ImageFolder '{val_dir}' has classes not in train/: "
+            raise UsageError(f"ImageFolder '{val_dir}' has classes not in train/: "
                              f"{', '.join(extra[:5])}")
         _check_classes(train_dir, classes)
         train_samples = _check_samples(train_dir, find_images(train_dir, classes))
@@ -154,7 +156,7 @@ def load_imagefolder(root: Path, *, augment: str, image_size: int | None):
         train_samples = [samples[i] for i in train_idx]
         val_samples = [samples[i] for i in val_idx]
         if not val_samples:
-            raise ValueError(f"ImageFolder '{root}' is too small to split off a validation set "
+            raise UsageError(f"ImageFolder '{root}' is too small to split off a validation set "
                              f"(needs a class with at least 2 images)")
     size = _own_size(train_samples or val_samples) if image_size is None else image_size
     info = DatasetInfo(root.name or str(root), len(classes), 3, size, classes)
@@ -171,11 +173,11 @@ def _own_size(samples: list) -> int:
 
 def _check_classes(root: Path, classes: list[str]) -> None:
     if not classes:
-        raise ValueError(f"ImageFolder '{root}' is empty: expected one subdirectory per class")
+        raise UsageError(f"ImageFolder '{root}' is empty: expected one subdirectory per class")
 
 
 def _check_samples(root: Path, samples: list) -> list:
     if not samples:
-        raise ValueError(f"ImageFolder '{root}' has no readable images "
+        raise UsageError(f"ImageFolder '{root}' has no readable images "
                          f"(extensions: {' '.join(IMG_EXTENSIONS)})")
     return samples

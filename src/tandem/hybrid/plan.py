@@ -94,7 +94,7 @@ class HybridPlan:
                            ("classifier (split)", self.params_classifier, self.macs_classifier)):
             lines.append(f"{name:<22}{p:>14,}{p / p_all:>8.1%}{m:>18,}{m / m_all:>8.1%}")
         lines += ["classifier layout:"] + [f"  {row}" for row in self.layout]
-        lines.append(f"{'MB per step':<22}{'data parallel':>16}{'hybrid':>12}")
+        lines.append(f"{'MB per step':<22}{'data parallel':>16}{'split':>12}")
         for kind in ("inputs", "parameters", "buffers", "gradients", "activations"):
             lines.append(f"  {kind:<20}{self.dp_bytes.get(kind, 0) / mb:>16.2f}"
                          f"{self.hybrid_bytes.get(kind, 0) / mb:>12.2f}")

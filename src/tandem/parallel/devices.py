@@ -85,7 +85,7 @@ def parse_devices_flag(flag: str) -> list[torch.device]:
     text = flag.strip().lower()
     kinds = sorted({part.split(":")[0].strip() for part in text.split(",")} & {"cpu", "cuda"})
     if "," in text and len(kinds) > 1:
-        raise ValueError(f"bad --devices {flag!r}: one run uses one device type, not "
+        raise UsageError(f"bad --devices {flag!r}: one run uses one device type, not "
                          f"{' and '.join(kinds)} together (e.g. cpu:2 or cuda:0,1)")
     if text == "auto":
         return resolve_devices(None)

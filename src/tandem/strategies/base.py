@@ -155,9 +155,11 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     return cls
 
 
-def strategy_names() -> list[str]:
-    """Every registered name, in registration order (the order the CLI documents)."""
-    return list(_REGISTRY)
+def strategy_names(**abilities) -> list[str]:
+    """Registered names in registration order; ``abilities`` keeps those whose class
+    attributes have the given values (``strategy_names(multiprocess=True)``)."""
+    return [name for name, cls in _REGISTRY.items()
+            if all(getattr(cls, k) == v for k, v in abilities.items())]
 
 
 def strategy_class(name: str) -> type[Strategy]:

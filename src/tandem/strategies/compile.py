@@ -20,12 +20,15 @@ import shutil
 import torch
 from torch import nn
 
-from tandem.config import COMPILE_MODES
+from tandem.errors import UsageError
 
 from .base import _REGISTRY, Strategy
 
-__all__ = ["COMPILE_MODES", "compiled", "compile_model", "compiling_strategies", "check_compile",
+__all__ = ["COMPILE_MODES", "COMPILE_MODES", "compiled", "compile_model", "compiling_strategies", "check_compile",
            "compile_skip_reason"]
+
+#: torch.compile's modes (``None``: torch's default)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def compiling_strategies() -> list[str]:
@@ -41,10 +44,10 @@ def check_compile(strategy: Strategy | type[Strategy], device_type: str = "cpu")
     """
     reason = strategy.compile_unsupported
     if reason:
-        raise ValueError(f"--compile does not work with --strategy {strategy.name}: {reason}; "
+        raise UsageError(f"--compile does not work with --strategy {strategy.name}: {reason}; "
                          f"use --strategy {' or '.join(compiling_strategies())}")
     if device_type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        raise ValueError("--compile on the CPU needs a C++ compiler (g++ or clang++) on PATH")
+        raise UsageError("--compile on the CPU needs a C++ compiler (g++ or clang++) on PATH")
 
 
 def compile_skip_reason(name: str, device_type: str = "cpu") -> str | None:
@@ -80,7 +83,7 @@ def _load_plain_keys(module, state_dict, prefix, *args) -> None:
 def compiled(model: nn.Module, mode: str | None = None) -> nn.Module:
     """``torch.compile(model, mode=mode)`` whose state dict has the plain model's keys."""
     if mode not in (None, *COMPILE_MODES):
-        raise ValueError(f"bad --compile-mode {mode!r}: choose one of {', '.join(COMPILE_MODES)}")
+        raise UsageError(f"bad --compile-mode {mode!r}: choose one of {', '.join(COMPILE_MODES)}")
     module = torch.compile(model, mode=None if mode == "default" else mode)
     module.register_state_dict_post_hook(_save_plain_keys)
     module.register_load_state_dict_pre_hook(_load_plain_keys)

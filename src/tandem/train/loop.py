@@ -57,9 +57,9 @@ class Trainer:
     strategy: Strategy
     model: nn.Module  # what the strategy's setup returned (maybe a wrapper)
     criterion: Callable
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
+    optimizer: torch.optim.Optimizer | None  # None when the trainer only validates
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    scaler: torch.amp.GradScaler | None
     train_set: object
     val_set: object
     batches_per_epoch: int
@@ -188,9 +188,10 @@ class Trainer:
             epoch_progress=progress,
             config=self.config_dict,
         )
-        checkpoint.save(self._out("checkpoint.pt"), self.model, self.optimizer, **extra)
+        state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
+        checkpoint.save(self._out("checkpoint.pt"), state, self.optimizer, **extra)
         if is_best:
-            checkpoint.save(self._out("best.pt"), self.model, self.optimizer, **extra)
+            checkpoint.save(self._out("best.pt"), state, self.optimizer, **extra)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:

@@ -29,19 +29,20 @@ from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import load_dataset, make_loader
-from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
+from tandem.distributed.env import LAUNCH_ID_VAR
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_devices_flag
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy, create_strategy
 from tandem.strategies.compile import check_compile, compile_model
+from tandem.errors import UsageError
 
 from . import compile as compiling
-from . import rundir
 from .interrupt import StopRequest
-from .loop import Position, Trainer
+from .loop import Trainer
 from .metrics import MetricsLog
-from .schedule import lr_factor, make_scheduler
+from .resume import prepare_out, restore, resumed_config, say_resuming
+from .schedule import make_scheduler
 
 __all__ = ["train", "evaluate", "build_strategy", "build_data", "build_model", "make_criterion",
            "seed_everything"]
@@ -60,7 +61,7 @@ def build_strategy(cfg: ParallelConfig) -> Strategy:
     for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
         if on and strategy.device.type != "cuda":
             strategy.close()
-            raise ValueError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
+            raise UsageError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
                              f"{strategy.device}")
     if cfg.compile:
         try:
@@ -73,6 +74,9 @@ def build_strategy(cfg: ParallelConfig) -> Strategy:
 
 def _setup(strategy: Strategy, model: nn.Module, cfg: ParallelConfig) -> nn.Module:
     """``strategy.setup(model)``, the model's call compiled first with ``--compile``."""
+    problem = strategy.check_model(model)
+    if problem:
+        raise UsageError(f"--strategy {cfg.strategy} {problem}")
     if cfg.compile:
         model = compile_model(strategy, model, cfg.compile_mode)
     return strategy.setup(model)
@@ -92,7 +96,7 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
     """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
     minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
     if info.image_size < minimum:
-        raise ValueError(f"--arch {cfg.arch} needs images of at least {minimum}px, but "
+        raise UsageError(f"--arch {cfg.arch} needs images of at least {minimum}px, but "
                          f"{info.name} gives {info.image_size}px (set --image-size)")
     kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
     seed_everything(seed)
@@ -117,69 +121,6 @@ def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
         "launch_id": os.environ.get(LAUNCH_ID_VAR),
     }
     return out
-
-
-def _restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
-    """Optimizer, scheduler, scaler, position, best accuracy and RNG from ``ckpt``.
-
-    A checkpoint in the imagenet example's format (no ``data_position`` or ``rng``, another
-    scheduler's state or none) resumes at the start of epoch ``ckpt['epoch']``, the learning
-    rate recomputed by tandem's own schedule. Returns the lines to say about it.
-    """
-    steps_per_epoch = -(-trainer.batches_per_epoch // trainer.cfg.optim.accum_steps)
-    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
-    trainer.position = Position(int(position["epoch"]), int(position["batch"]),
-                                int(position.get("step", position["epoch"] * steps_per_epoch)))
-    if trainer.position.batch % trainer.cfg.optim.accum_steps and \
-            trainer.position.batch != trainer.batches_per_epoch:
-        raise ValueError(f"checkpoint '{path}' stopped mid-accumulation; resume it with the "
-                         f"--accum-steps it was saved with")
-    trainer.carried = ckpt.get("epoch_progress") if trainer.position.batch else None
-    trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
-    foreign = checkpoint_compat.foreign_scheduler(ckpt)
-    try:
-        if ckpt.get("optimizer") is not None:
-            trainer.optimizer.load_state_dict(ckpt["optimizer"])
-        if ckpt.get("scheduler") is not None and not foreign:
-            trainer.scheduler.load_state_dict(ckpt["scheduler"])
-        if ckpt.get("scaler"):
-            trainer.scaler.load_state_dict(ckpt["scaler"])
-    except (ValueError, KeyError, RuntimeError) as exc:
-        raise ValueError(f"checkpoint '{path}' does not fit this run's optimizer: "
-                         f"{str(exc).splitlines()[0]}") from None
-    _check_optimizer_shapes(trainer.optimizer, path)
-    for group in trainer.optimizer.param_groups:  # this run's flags win over the file's
-        group.update(momentum=trainer.cfg.optim.momentum,
-                     weight_decay=trainer.cfg.optim.weight_decay)
-    if ckpt.get("scheduler") is None or foreign:  # set the lr where tandem's schedule stands
-        step = trainer.position.step
-        factor = lr_factor(step, trainer.cfg.optim, steps_per_epoch)
-        for group, base_lr in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs):
-            group["lr"] = base_lr * factor
-        trainer.scheduler.last_epoch = step
-    if ckpt.get("rng") is not None:
-        checkpoint.restore_rng(ckpt["rng"])
-    if not foreign:
-        return []
-    return [f"its {foreign} state is not tandem's: tandem's --lr-schedule "
-            f"{trainer.cfg.optim.lr_schedule} resumes at epoch {trainer.position.epoch + 1} "
-            f"(lr {trainer.optimizer.param_groups[0]['lr']:.4g})"]
-
-
-def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:
-    """Per-parameter state (momentum) must have its parameter's shape.
-
-    ``load_state_dict`` matches parameters by position only; state saved under another layout
-    (e.g. ``hybrid``'s classifier shards) would otherwise fail deep inside the first step.
-    """
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            for name, value in optimizer.state.get(param, {}).items():
-                if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
-                    raise ValueError(
-                        f"checkpoint '{path}': optimizer state {name!r} has shape "
-                        f"{tuple(value.shape)} but its parameter {tuple(param.shape)}; was it "
-                        f"saved under another --strategy (hybrid state resumes under hybrid)?")
 
 
 def _fit_classes(info, ckpt: dict | None):
@@ -226,69 +167,7 @@ def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> T
 def _check_out(out: str) -> None:
     """Refuse an ``--out`` that is a file before any work is done (nothing is written)."""
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out '{out}' is an existing file, not a directory")
-
-
-def _resumed_config(cfg: TrainConfig, given: frozenset[str]):
-    """The config to run and the checkpoint to continue (``None`` for a fresh run).
-
-    A torchrun worker restarted under ``--max-restarts`` continues its own launch's run.
-    """
-    restarted = not cfg.run.resume and rundir.restarted_run(cfg.run.out)
-    if restarted:
-        latest = os.path.join(cfg.run.out, "checkpoint.pt")
-        if not os.path.isfile(latest):  # failed before its first save: start it again
-            return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
-        cfg = replace(cfg, run=replace(cfg.run, resume=latest))
-    if not cfg.run.resume:
-        return cfg, None, []
-    if cfg.model.pretrained and not restarted:
-        raise ValueError("--pretrained starts a new run from a weights file and --resume "
-                         "continues a run from its checkpoint: give one of them")
-    path = rundir.checkpoint_path(cfg.run.resume)
-    ckpt = checkpoint.load(path)
-    cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
-    arch = ckpt.get("arch")
-    if "arch" not in given and isinstance(arch, str) and arch:  # a file from elsewhere
-        cfg = replace(cfg, model=replace(cfg.model, arch=arch))
-    if restarted:
-        notes.append(f"(torchrun restart {restart_count()})")
-    return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
-
-
-def _prepare_out(cfg: TrainConfig, ckpt: dict | None, strategy: Strategy,
-                 completed_epochs: int) -> int | None:
-    """Check, on every process, what ``--out`` may receive; then create it on the main one.
-
-    Returns the epochs of history that ``metrics.jsonl`` keeps (``None``: a fresh file).
-    """
-    out = cfg.run.out
-    continues = ckpt is not None and isinstance(ckpt.get("config"), dict)
-    source = rundir.run_dir_of(cfg.run.resume) if continues else None
-    same_dir = continues and os.path.abspath(source) == os.path.abspath(out)
-    if not same_dir:
-        rundir.check_fresh(out, cfg.run.overwrite)
-    strategy.barrier()  # every process has looked before the main one writes
-    if strategy.is_main:
-        try:
-            os.makedirs(out, exist_ok=True)
-        except OSError as exc:  # a parent is a file, no permission, ...
-            raise ValueError(f"cannot create --out '{out}': {exc.strerror or exc}") from None
-        if not same_dir:
-            rundir.clear(out)
-            if continues:
-                rundir.fork(source, out, completed_epochs)
-    return completed_epochs if continues else None
-
-
-def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
-    pos = trainer.position
-    print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
-          f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
-          + "".join(f" {n}" for n in notes if n.startswith("(")), flush=True)
-    for note in notes:
-        if not note.startswith("("):
-            print(f"  {note}", flush=True)
+        raise UsageError(f"--out '{out}' is an existing file, not a directory")
 
 
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
@@ -296,7 +175,7 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
 
     ``given`` names the config fields typed on the command line (what ``--resume`` checks).
     """
-    cfg, ckpt, notes = _resumed_config(cfg, given)
+    cfg, ckpt, notes = resumed_config(cfg, given)
     model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
     _check_out(cfg.run.out)
     strategy = build_strategy(cfg.parallel)
@@ -312,11 +191,11 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
                       f"({val.count} images)")
             return 0
         if ckpt is not None:
-            notes += _restore(trainer, ckpt, cfg.run.resume)
-        keep = _prepare_out(cfg, ckpt, strategy, trainer.position.epoch)
+            notes += restore(trainer, ckpt, cfg.run.resume)
+        keep = prepare_out(cfg, ckpt, strategy, trainer.position.epoch)
         if strategy.is_main:
             if ckpt is not None:
-                _say_resuming(trainer, cfg.run.resume, notes)
+                say_resuming(trainer, cfg.run.resume, notes)
             with open(os.path.join(cfg.run.out, "config.json"), "w", encoding="utf-8") as f:
                 json.dump(trainer.config_dict, f, indent=2)
         log = (MetricsLog(os.path.join(cfg.run.out, "metrics.jsonl"), keep_epochs=keep)
@@ -345,7 +224,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     ckpt = checkpoint.load(checkpoint_path)
     arch = ckpt.get("arch")
     if not isinstance(arch, str) or not arch:
-        raise ValueError(f"checkpoint '{checkpoint_path}' names no architecture ('arch')")
+        raise UsageError(f"checkpoint '{checkpoint_path}' names no architecture ('arch')")
     saved = TrainConfig.from_dict(ckpt.get("config") or {})
     optim = saved.optim if batch_size is None else replace(saved.optim, batch_size=batch_size)
     cfg = TrainConfig(model=replace(saved.model, arch=arch),

@@ -1,0 +1,161 @@
+"""Continuing a run: its settings, its optimizer, schedule, position and RNG, its directory.
+
+:func:`resumed_config` turns ``--resume RUN`` (or a torchrun restart) into the config to run
+and the checkpoint to continue (see :mod:`.rundir` for what may change); :func:`restore` puts
+the checkpoint's state into a built trainer; :func:`prepare_out` checks and creates ``--out``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+
+from tandem import checkpoint
+from tandem.checkpoint import compat as checkpoint_compat
+from tandem.config import TrainConfig
+from tandem.distributed.env import restart_count
+from tandem.errors import UsageError, first_line
+from tandem.strategies import Strategy, strategy_class
+
+from . import rundir
+from .loop import Position, Trainer
+from .schedule import lr_factor
+
+__all__ = ["resumed_config", "restore", "prepare_out", "say_resuming"]
+
+
+def resumed_config(cfg: TrainConfig, given: frozenset[str]):
+    """The config to run and the checkpoint to continue (``None`` for a fresh run).
+
+    A torchrun worker restarted under ``--max-restarts`` continues its own launch's run.
+    """
+    restarted = not cfg.run.resume and rundir.restarted_run(cfg.run.out)
+    if restarted:
+        latest = os.path.join(cfg.run.out, "checkpoint.pt")
+        if not os.path.isfile(latest):  # failed before its first save: start it again
+            return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
+        cfg = replace(cfg, run=replace(cfg.run, resume=latest))
+    if not cfg.run.resume:
+        return cfg, None, []
+    if cfg.model.pretrained and not restarted:
+        raise UsageError("--pretrained starts a new run from a weights file and --resume "
+                         "continues a run from its checkpoint: give one of them")
+    path = rundir.checkpoint_path(cfg.run.resume)
+    ckpt = checkpoint.load(path)
+    cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
+    _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
+    arch = ckpt.get("arch")
+    if "arch" not in given and isinstance(arch, str) and arch:  # a file from elsewhere
+        cfg = replace(cfg, model=replace(cfg.model, arch=arch))
+    if restarted:
+        notes.append(f"(torchrun restart {restart_count()})")
+    return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
+
+
+def prepare_out(cfg: TrainConfig, ckpt: dict | None, strategy: Strategy,
+                 completed_epochs: int) -> int | None:
+    """Check, on every process, what ``--out`` may receive; then create it on the main one.
+
+    Returns the epochs of history that ``metrics.jsonl`` keeps (``None``: a fresh file).
+    """
+    out = cfg.run.out
+    continues = ckpt is not None and isinstance(ckpt.get("config"), dict)
+    source = rundir.run_dir_of(cfg.run.resume) if continues else None
+    same_dir = continues and os.path.abspath(source) == os.path.abspath(out)
+    if not same_dir:
+        rundir.check_fresh(out, cfg.run.overwrite)
+    strategy.barrier()  # every process has looked before the main one writes
+    if strategy.is_main:
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as exc:  # a parent is a file, no permission, ...
+            raise UsageError(f"cannot create --out '{out}': {exc.strerror or exc}") from None
+        if not same_dir:
+            rundir.clear(out)
+            if continues:
+                rundir.fork(source, out, completed_epochs)
+    return completed_epochs if continues else None
+
+
+def say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
+    pos = trainer.position
+    print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
+          f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
+          + "".join(f" {n}" for n in notes if n.startswith("(")), flush=True)
+    for note in notes:
+        if not note.startswith("("):
+            print(f"  {note}", flush=True)
+
+
+def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
+    """Optimizer, scheduler, scaler, position, best accuracy and RNG from ``ckpt``.
+
+    A checkpoint in the imagenet example's format (no ``data_position`` or ``rng``, another
+    scheduler's state or none) resumes at the start of epoch ``ckpt['epoch']``, the learning
+    rate recomputed by tandem's own schedule. Returns the lines to say about it.
+    """
+    steps_per_epoch = -(-trainer.batches_per_epoch // trainer.cfg.optim.accum_steps)
+    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
+    trainer.position = Position(int(position["epoch"]), int(position["batch"]),
+                                int(position.get("step", position["epoch"] * steps_per_epoch)))
+    if trainer.position.batch % trainer.cfg.optim.accum_steps and \
+            trainer.position.batch != trainer.batches_per_epoch:
+        raise UsageError(f"checkpoint '{path}' stopped mid-accumulation; resume it with the "
+                         f"--accum-steps it was saved with")
+    trainer.carried = ckpt.get("epoch_progress") if trainer.position.batch else None
+    trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
+    foreign = checkpoint_compat.foreign_scheduler(ckpt)
+    try:
+        if ckpt.get("optimizer") is not None:
+            trainer.optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scheduler") is not None and not foreign:
+            trainer.scheduler.load_state_dict(ckpt["scheduler"])
+        if ckpt.get("scaler"):
+            trainer.scaler.load_state_dict(ckpt["scaler"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise UsageError(f"checkpoint '{path}' does not fit this run's optimizer: "
+                         f"{first_line(exc)}") from None
+    _check_optimizer_shapes(trainer.optimizer, path)
+    for group in trainer.optimizer.param_groups:  # this run's flags win over the file's
+        group.update(momentum=trainer.cfg.optim.momentum,
+                     weight_decay=trainer.cfg.optim.weight_decay)
+    if ckpt.get("scheduler") is None or foreign:  # set the lr where tandem's schedule stands
+        step = trainer.position.step
+        factor = lr_factor(step, trainer.cfg.optim, steps_per_epoch)
+        for group, base_lr in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs):
+            group["lr"] = base_lr * factor
+        trainer.scheduler.last_epoch = step
+    if ckpt.get("rng") is not None:
+        checkpoint.restore_rng(ckpt["rng"])
+    if not foreign:
+        return []
+    return [f"its {foreign} state is not tandem's: tandem's --lr-schedule "
+            f"{trainer.cfg.optim.lr_schedule} resumes at epoch {trainer.position.epoch + 1} "
+            f"(lr {trainer.optimizer.param_groups[0]['lr']:.4g})"]
+
+
+def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Per-parameter state (momentum) must have its parameter's shape.
+
+    ``load_state_dict`` matches parameters by position only; state saved under another layout
+    (sharded layers) would otherwise fail deep inside the first step.
+    """
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+                    raise UsageError(
+                        f"checkpoint '{path}': optimizer state {name!r} has shape "
+                        f"{tuple(value.shape)} but its parameter {tuple(param.shape)}; was it "
+                        f"saved under another --strategy with sharded layers (it resumes only under that one)?")
+
+
+def _check_portable(saved: dict | None, strategy: str, path: str) -> None:
+    """Refuse to move a run to another strategy when its optimizer state cannot follow."""
+    old = ((saved or {}).get("parallel") or {}).get("strategy")
+    if old and old != strategy and not strategy_class(old).portable_optimizer_state:
+        raise UsageError(f"--strategy {strategy}: the optimizer state in '{path}' was saved by "
+                         f"--strategy {old}, and only that strategy can load it; resume "
+                         f"without --strategy")
