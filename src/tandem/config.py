@@ -1,22 +1,9 @@
 """The training configuration: a few typed, frozen dataclasses that check themselves.
 
-The ``tandem train`` command line is *derived* from these classes (see
-``tandem.cli.common``): every field becomes one flag, its help text comes from the field's
-metadata, and the parsed values are turned back into a :class:`TrainConfig` once. Nothing
-downstream reads or mutates ``argparse`` namespaces. The resolved config (``to_dict``) is
-written to ``OUT/config.json`` and into every checkpoint.
-
-Meaning of the numbers that are easy to get wrong:
-
-* ``batch_size`` is the **global** batch: the samples one forward/backward pass sees over every
-  device and every process together. Each device or process gets its share of it.
-* ``accum_steps = K`` makes one optimizer step consume **K global batches** (K forward/backward
-  passes whose gradients are summed, each loss scaled by ``1/K``). The effective batch per
-  update is ``K * batch_size``; ``batch_size`` keeps its meaning. Every strategy accumulates the
-  same way, so strategies stay interchangeable.
-* ``max_steps`` counts optimizer steps since the start of training (resumed runs included); it
-  stops the run early but never changes the learning-rate schedule, which is laid out over
-  ``epochs``.
+The CLI is derived from them (``tandem.cli.common``); the resolved config is written to
+``OUT/config.json`` and every checkpoint. ``batch_size`` is the **global** batch;
+``accum_steps = K`` makes one optimizer step consume K global batches; ``max_steps`` counts
+optimizer steps and stops early without changing the schedule.
 """
 
 from __future__ import annotations
@@ -49,10 +36,7 @@ PER_CALL = "per_call"    # this invocation only: never taken from the run
 def opt(default: Any, help: str, *flags: str, choices: tuple | None = None,
         metavar: str | None = None, on_resume: str = FIXED, nargs: str | None = None,
         const: Any = None):
-    """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``.
-
-    ``nargs="?"`` with ``const`` lets a flag be typed without its value (``--pretrained``).
-    """
+    """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``."""
     meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,
             "on_resume": on_resume, "nargs": nargs, "const": const}
     return field(default=default, metadata=meta)

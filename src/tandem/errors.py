@@ -1,7 +1,6 @@
 """tandem's own errors: mistakes in what it was given, reported by the CLI as one line.
 
-Everything else (a bug in tandem or in torch) keeps its traceback. Each class also derives
-from the built-in error a library caller would expect (``ValueError``, ``FileNotFoundError``).
+Each also derives from the built-in error a caller expects (``ValueError``, ...).
 """
 
 from __future__ import annotations

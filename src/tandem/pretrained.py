@@ -1,10 +1,7 @@
 """``--pretrained FILE``: start a model from published weights. Nothing is ever downloaded.
 
-``FILE`` is a torchvision-format state dict (what torchvision publishes, e.g.
-``resnet50-0676ba61.pth``; tandem's models share its keys) or any checkpoint
-:func:`tandem.checkpoint.load` reads. Every tensor must fit, except that the final classifier
-layer may have another number of outputs: fine-tuning to ``--num-classes`` or a dataset's
-classes keeps that layer's fresh initialisation and says so.
+``FILE`` is a torchvision state dict or any checkpoint :func:`tandem.checkpoint.load` reads.
+Only the final classifier may differ (in outputs): it then keeps its fresh initialisation.
 """
 
 from __future__ import annotations
@@ -31,11 +28,7 @@ def _shape(t) -> str:
 
 
 def load_pretrained(model: nn.Module, path: str, arch: str = "the model") -> str:
-    """Load the weights in ``path`` into ``model`` (plain or wrapped); return one line.
-
-    The classifier (the last 2-D ``*.weight`` and its bias) is left out when only its number of
-    outputs differs; anything else that does not fit is a :class:`PretrainedError`.
-    """
+    """Load the weights in ``path`` into ``model`` (plain or wrapped); return one line."""
     if not path:
         raise PretrainedError(NO_FILE)
     if Path(path).is_dir():

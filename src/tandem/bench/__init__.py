@@ -1,7 +1,6 @@
 """Benchmarks: race tandem's strategies against each other and plain-torch baselines.
 
-``run_bench(BenchConfig(...))`` returns a dict (config, machine, results); ``format_table``
-prints it and ``write_json`` saves it. ``tandem bench`` is the command-line front end.
+``run_bench(BenchConfig(...))`` returns a dict; ``format_table`` prints it, ``write_json`` saves it.
 """
 
 from .config import BASELINES, BenchConfig, default_strategies, parse_names

@@ -1,18 +1,9 @@
-"""Baselines written with plain torch and no tandem code, timed next to tandem's strategies.
+"""Plain-torch baselines (no tandem code), timed next to tandem's strategies.
 
-- ``bare``: a hand-written step on the first device (model, cross-entropy, SGD). It is what
-  ``single`` would cost with no engine at all, so ``single / bare`` is the engine's overhead
-  (which includes the top-1 count every strategy's ``forward_loss`` returns to the loop).
-- ``torch_dp``: ``torch.nn.DataParallel`` over the CUDA devices. It runs only on CUDA with two
-  or more distinct GPUs; elsewhere it is listed as skipped.
-- ``torch_ddp``: plain ``DistributedDataParallel``, one process per device (gloo on the CPU,
-  NCCL on CUDA), with ``torch.nn.SyncBatchNorm`` only when ``--sync-bn`` is asked, which torch
-  supports on CUDA only. It needs a process group, so it is built inside the torchrun phase
-  (:mod:`tandem.bench.distributed`).
-
-With ``--compile`` each gets a ``+compile`` twin whose model is compiled with plain
-``torch.compile`` (torch's ``nn.DataParallel`` is not compiled: its replicas copy the
-module each step). None of them records bytes with tandem's engine: "not counted".
+``bare`` is a hand-written step on the first device, so ``single / bare`` is the engine's
+overhead. ``torch_dp`` is ``nn.DataParallel`` (CUDA, two or more GPUs only; else skipped).
+``torch_ddp`` is plain DDP, one process per device, built in the torchrun phase
+(:mod:`tandem.bench.distributed`). Their bytes moved are "not counted".
 """
 
 from __future__ import annotations
@@ -98,8 +89,7 @@ def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: 
                          compiled: bool = False, compile_mode: str | None = None) -> Contestant:
     """This process's share of ``DistributedDataParallel`` (``nn.SyncBatchNorm`` if ``sync_bn``).
 
-    Must run inside an initialised process group; ``batch`` is this process's shard. The
-    compiled twin compiles the model inside DDP.
+    Must run inside an initialised process group; ``batch`` is this process's shard.
     """
     from torch.nn.parallel import DistributedDataParallel
 

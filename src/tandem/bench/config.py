@@ -30,8 +30,8 @@ def parse_names(text, valid: tuple[str, ...], flag: str, allow_empty: bool = Fal
                 ) -> tuple[str, ...]:
     """``"single,dp"`` (or a sequence) -> ``("single", "dp")``, checked against ``valid``.
 
-    An unknown or repeated name is a ``ValueError`` naming ``flag``; ``"none"`` (or nothing)
-    is the empty tuple when ``allow_empty``.
+    Unknown or repeated names are a ``ValueError`` naming ``flag``; ``"none"`` is ``()`` when
+    ``allow_empty``.
     """
     if not isinstance(text, str):
         text = ",".join(text)
@@ -52,17 +52,10 @@ def parse_names(text, valid: tuple[str, ...], flag: str, allow_empty: bool = Fal
 class BenchConfig:
     """What to race and how.
 
-    ``batch_size`` is the global batch: every contestant processes all of it per step, split
-    over its devices or processes. ``image_size`` and ``num_classes`` default to the model's
-    own (its native input size and class count: 32 and 10 for ``cifar_*``, 224 and 1000 for
-    the ImageNet models). ``warmup`` untimed rounds come before ``steps`` timed ones.
-    ``baselines`` names the plain-torch contestants to add (those that cannot run here are
-    listed as skipped). ``cudnn_benchmark`` sets ``torch.backends.cudnn.benchmark`` for
-    everyone alike (it only matters on CUDA). ``threads`` is the number of intra-op threads per
-    replica: per op in this process (whose replica threads run side by side), and in each
-    torchrun worker. By default this process keeps torch's choice and each of N workers gets
-    this process's threads divided by N. ``compile`` adds a ``<name>+compile`` twin of every
-    contestant, its model compiled with ``compile_mode``; its first (warm-up) step compiles.
+    ``batch_size`` is the global batch, split over each contestant's devices or processes.
+    ``image_size``/``num_classes`` default to the model's own. ``threads`` is intra-op threads
+    per replica (default: torch's choice here, divided by N in each of N torchrun workers).
+    ``compile`` adds a ``<name>+compile`` twin of every contestant; its warm-up step compiles.
     """
 
     arch: str

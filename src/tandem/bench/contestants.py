@@ -1,13 +1,8 @@
-"""What the benchmark times: a :class:`Contestant` is one way of running a training step.
+"""A :class:`Contestant` is one way of running a full training step, timed by the benchmark.
 
-A contestant is either one of tandem's strategies (built only through the public strategy
-interface, :func:`tandem.strategies.base.create_strategy`) or a baseline written with plain
-torch (see :mod:`tandem.bench.baselines`). Every contestant owns its own copy of the model,
-its own optimizer and its own copy of the synthetic batch on its devices, so contestants can
-be interleaved step by step without sharing state.
-
-One step is always the whole of training: ``zero_grad``, forward and loss (under autocast
-with ``amp``), backward (through a ``GradScaler`` for fp16), and ``SGD.step``.
+Either a tandem strategy (built through :func:`tandem.strategies.base.create_strategy` only)
+or a plain-torch baseline. Each owns its copy of the model, optimizer and batch, so
+contestants can be interleaved step by step without sharing state.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ COMPILED = "+compile"  # suffix of a contestant's compiled twin ("single+compile
 class Amp:
     """Mixed precision: ``enabled`` turns on autocast with ``dtype`` (``"bf16"`` or ``"fp16"``).
 
-    fp16 (the default, as in ``tandem train --amp``) also scales the loss with
-    ``torch.amp.GradScaler``; bf16 has fp32's range and needs no scaling.
+    fp16 (the default) also scales the loss with a ``GradScaler``; bf16 needs no scaling.
     """
 
     enabled: bool = False
@@ -53,12 +47,9 @@ class Amp:
 class Contestant:
     """One column of the race: ``step()`` runs a full training step and returns its loss.
 
-    ``skipped`` holds the reason when the contestant cannot run on this machine, and
-    ``failure`` the error when building it broke; in both cases ``step`` is ``None``.
-    ``counts_traffic`` is true for tandem strategies, whose engine records the bytes it moves
-    (torch's own wrappers record nothing); ``uncounted_traffic`` names traffic the strategy
-    leaves to torch, which that count therefore misses. ``own_tensors()`` lists what the
-    contestant holds before its first step, for :meth:`~tandem.bench.timing.MemoryProbe.prime`.
+    ``step`` is ``None`` when ``skipped`` (why it cannot run here) or ``failure`` (why building
+    broke). ``counts_traffic``: tandem's engine records the bytes moved; ``uncounted_traffic``
+    names traffic left to torch, which that count misses.
     """
 
     name: str
@@ -81,10 +72,9 @@ def skipped(name: str, kind: str, devices, reason: str) -> Contestant:
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int,
                     seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed random batch on the CPU: images ``(B, 3, S, S)`` and integer class targets.
+    """A fixed random CPU batch, images ``(B, 3, S, S)`` and class targets, reused every step.
 
-    The same batch is reused for every step, so the benchmark times the training step and not
-    a data loader; every contestant gets an identical copy.
+    The benchmark thus times the training step, not a data loader.
     """
     generator = torch.Generator().manual_seed(seed)
     images = torch.randn(batch_size, 3, image_size, image_size, generator=generator)
@@ -107,10 +97,7 @@ def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
 
 
 class TrainStep:
-    """A full training step around ``forward_loss()`` (a callable returning the scalar loss).
-
-    The optimizer is SGD with momentum 0.9 and weight decay 1e-4, as in the imagenet example.
-    """
+    """A full training step around ``forward_loss()``; SGD, momentum 0.9, weight decay 1e-4."""
 
     def __init__(self, forward_loss: Callable[[], torch.Tensor], params, device: torch.device,
                  amp: Amp, lr: float):
@@ -158,9 +145,7 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
                         compile_mode: str | None = None) -> Contestant:
     """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over).
 
-    Uses only the strategy interface: ``create_strategy``, ``setup`` and ``forward_loss``; the
-    optimizer gets the parameters of what ``setup`` returned. ``compiled`` builds the twin
-    ``<name>+compile``: the model is compiled as ``tandem train --compile`` does.
+    ``compiled`` builds the ``<name>+compile`` twin, compiled as ``tandem train --compile`` does.
     """
     from tandem.strategies.base import create_strategy
     from tandem.strategies.compile import compile_model

@@ -1,26 +1,13 @@
-"""The torchrun phase: ``ddp`` and ``torch_ddp`` (and ``+compile`` twins) timed with one process
-per device.
+"""The torchrun phase: ``ddp`` and ``torch_ddp`` (and twins), one process per device.
 
-Both need a process group, so the bench starts ``python -m torch.distributed.run`` (the
-engine behind ``torchrun`` and ``tandem launch``) with one worker per entry of ``--devices``,
-rendezvous on 127.0.0.1 at a free port, and a timeout. Every worker runs this module's
-:func:`worker_main`: it rebuilds the same template model and global batch from the seed,
-takes its contiguous shard of the batch, and races its contestants interleaved (the two DDP
-flavours alternate round by round, in the same order on every rank so their collectives pair
-up). Rank 0 writes the results; images/s uses the *global* batch and rank 0's step times.
-``torch_ddp`` is plain DDP (gloo on the CPU), with ``nn.SyncBatchNorm`` only for ``--sync-bn``.
-
-Run this phase directly with::
+The bench runs ``python -m torch.distributed.run`` with one worker per device; each worker
+rebuilds the model and batch from the seed, takes its shard and races its contestants in the
+same order on every rank, so collectives pair up. Rank 0 writes the results. This phase is not
+interleaved with the in-process one, so the machine may have changed in between. Directly::
 
     python -m torch.distributed.run --nnodes 1 --nproc-per-node N \\
         --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \\
         -m tandem.bench.distributed --config CONFIG.json --names ddp,torch_ddp --out OUT.json
-
-The phase is not interleaved with the in-process contestants (another process cannot share
-their rounds), so compare it with them knowing the machine may have changed in between.
-torchrun gives each worker ``OMP_NUM_THREADS`` threads: ``--threads`` when given, else the
-user's own ``OMP_NUM_THREADS``, else this process's torch threads divided by the worker count,
-so that the CPU is not oversubscribed.
 """
 
 from __future__ import annotations

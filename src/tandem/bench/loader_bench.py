@@ -1,29 +1,10 @@
 """``tandem bench --data DIR``: the input pipeline alone, next to a torchvision-style reference.
 
-Two contestants read the same files (the ImageFolder's training split) through the same
-sampler, batch size and number of workers, with the same crop boxes (both draw them from the
-per-sample :class:`~tandem.data.transforms.SampleRandom`):
-
-* ``loader``: tandem's ImageFolder training pipeline. JPEG ``draft``, one ``resize(box=...)``,
-  flip, ``uint8`` batches; the float conversion and normalisation belong to the device step
-  and are not timed here (on a GPU they cost the CPU nothing).
-* ``reference``: what a torchvision ImageFolder + ``RandomResizedCrop`` + ``ToTensor`` +
-  ``Normalize`` pipeline does, step for step as torchvision does it, written here in Pillow
-  and torch: open, ``convert("RGB")``, ``resize(box=...)``, flip, to a float tensor in
-  ``[0, 1]``, normalise; float batches.
-
-Per core: this process runs with one intra-op thread (DataLoader workers always do), so with
-``-j 0`` each pipeline runs on exactly one core and OpenMP's barrier stalls on a busy machine
-do not penalise the reference's float arithmetic.
-
-Two clocks: wall time (``images_per_sec``, what a training job waits for) and CPU time of
-this process and its workers (``images_per_cpu_sec``, read from ``/proc`` on Linux, else
-``None``): images per CPU-second is the per-core throughput, and it barely moves when other
-processes share the machine, which wall time does.
-
-A round is one full pass over the files by each contestant, the order alternating from round
-to round, so load from other processes hits both alike. Workers persist between rounds and a
-pass runs to the end, so no prefetched work of one contestant overlaps the other's timing.
+Both read the ImageFolder's training split with the same sampler, workers and crop boxes.
+``loader`` is tandem's pipeline (uint8 batches; normalising belongs to the device step and is
+not timed); ``reference`` does what torchvision's ``RandomResizedCrop``/``ToTensor``/``Normalize``
+do, in Pillow and torch. Reported per wall-second and per CPU-second (``/proc``, Linux only);
+rounds alternate the order so load from other processes hits both alike.
 """
 
 from __future__ import annotations
@@ -109,12 +90,7 @@ def _pass(loader) -> tuple[float, float | None, int]:
 def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
                      batch_size: int = 64, rounds: int = 5, warmup: int = 1,
                      seed: int = 0) -> dict:
-    """Time both pipelines on ``data``'s training split.
-
-    Returns ``{config, machine, results, ratio_loader_vs_reference,
-    cpu_ratio_loader_vs_reference}``; ``results`` holds ``loader`` then ``reference``, each
-    with ``images_per_sec`` and ``images_per_cpu_sec`` statistics (``median``, ...).
-    """
+    """Time both pipelines on ``data``'s training split; ``results`` holds loader, reference."""
     for name, value, low in (("image_size", image_size, 1), ("workers", workers, 0),
                              ("batch_size", batch_size, 1), ("rounds", rounds, 1),
                              ("warmup", warmup, 0)):

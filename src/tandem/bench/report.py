@@ -1,11 +1,7 @@
 """Turning a bench report (the dict from :func:`~tandem.bench.suite.run_bench`) into text.
 
-The table shows, per contestant: median step time with its interquartile range and min..max,
-median images/s, speed-up against ``single`` and against the ``bare`` torch step, the bytes
-tandem's engine moved per step (total and by kind), and peak memory per device ("n/a" where
-the device reports none, "-" where nothing ran). With ``--compile`` two more lines give each
-compiled twin's first-step (compile) time and its speed-up over its eager original. The JSON
-holds every field unrounded.
+Per contestant: median step time and spread, images/s, speed-ups against ``single`` and
+``bare``, bytes moved and peak memory ("n/a": the device reports none). The JSON is unrounded.
 """
 
 from __future__ import annotations
@@ -94,10 +90,7 @@ def format_table(report: dict) -> str:
 
 
 def write_json(report: dict, path: str, stream: TextIO | None = None) -> None:
-    """Write ``report`` as JSON to ``path``, or to ``stream`` (stdout) when ``path`` is ``-``.
-
-    Values JSON has no type for (``torch.device``, paths) are written as their ``str``.
-    """
+    """Write ``report`` as JSON to ``path`` (stdout for ``-``); other values as their ``str``."""
     text = json.dumps(report, indent=2, sort_keys=False, default=str)
     if path == "-":
         (stream or sys.stdout).write(text + "\n")

@@ -1,12 +1,8 @@
 """The race: warm up every contestant, then time them interleaved, round by round.
 
-In each round every contestant runs one step, and the order rotates from round to round
-(round r starts with contestant r mod n). Machine noise (other processes, thermal limits,
-allocator growth) therefore hits every contestant alike instead of whichever ran last. The
-clock is read only after :func:`~tandem.bench.timing.synchronize` on the contestant's devices.
-
-Each contestant's result is one dict with the same keys (:data:`RESULT_FIELDS`) whether it ran,
-was skipped or failed, so the JSON is uniform and a reader never needs to guess.
+The order rotates every round, so machine noise hits every contestant alike; the clock is read
+only after :func:`~tandem.bench.timing.synchronize`. Every result has the keys in
+:data:`RESULT_FIELDS`, whether it ran, was skipped or failed.
 """
 
 from __future__ import annotations
@@ -97,12 +93,9 @@ def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size:
          phase: str = "interleaved", catch: bool = True) -> list[dict]:
     """Run ``warmup`` untimed then ``steps`` timed rounds; return one result per contestant.
 
-    On devices that report memory, each contestant first runs one more untimed step on its
-    own, which :class:`~tandem.bench.timing.MemoryProbe` uses to learn its resident bytes.
-
-    With ``catch`` a contestant whose step raises is marked ``failed`` (with the error) and
-    leaves the race while the others go on; without it the error propagates (the torchrun
-    phase needs that, since a rank that stops would leave the others waiting).
+    Where memory is reported, each contestant runs one extra untimed step alone first
+    (:class:`~tandem.bench.timing.MemoryProbe`). With ``catch`` a failing contestant is marked
+    ``failed`` and the others go on; without it the error propagates (torchrun ranks need that).
     """
     lanes = [_Lane(c, probe=MemoryProbe(c.devices)) for c in contestants
              if c.skipped is None and c.failure is None]

@@ -1,21 +1,9 @@
 """``run_bench``: build every contestant, race them, and return the whole report as a dict.
 
-Order of events:
-
-1. one template model is built from ``config.seed``; every contestant gets a deep copy, so
-   all start from the same weights, and a fixed synthetic batch (the same for everyone);
-2. the in-process contestants (``bare``, tandem's single/dp/balanced/hybrid, ``torch_dp``)
-   are warmed up and timed interleaved (:func:`~tandem.bench.runner.race`);
-3. ``ddp`` and ``torch_ddp`` need one process per device; they are warmed up and timed,
-   interleaved with each other, in a torchrun subprocess (:mod:`tandem.bench.distributed`);
-4. speed-ups against ``single`` and ``bare`` are filled in.
-
-With ``compile`` every contestant gets a compiled twin named ``<name>+compile``, raced in the
-same phase and the same rounds; its first (warm-up) step compiles, so compile time stays out
-of the timed steps and is reported as ``first_step_s``.
-
-A contestant that cannot run here is reported as skipped with its reason; one that breaks is
-reported as failed with its error. Neither stops the others.
+Every contestant gets a deep copy of one seeded template model and the same batch. In-process
+contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``torch_ddp`` in a
+torchrun subprocess. ``+compile`` twins compile in their warm-up step (``first_step_s``).
+A skipped or failed contestant is reported with its reason and never stops the others.
 """
 
 from __future__ import annotations
@@ -124,8 +112,7 @@ def result_order(config: BenchConfig) -> list[str]:
 def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
     """Race the strategies and baselines of ``config``; return ``{config, machine, results}``.
 
-    ``model_fn`` builds the model (default: ``create_model(config.arch, num_classes=...)``);
-    a custom one cannot be sent to torchrun workers, so it skips ``ddp`` and ``torch_ddp``.
+    A custom ``model_fn`` cannot be sent to torchrun workers, so it skips ``ddp`` and ``torch_ddp``.
     """
     from .distributed import distributed_phase
 

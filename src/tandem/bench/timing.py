@@ -1,12 +1,7 @@
 """Clocks, summary statistics and memory readings for the benchmark harness.
 
-Accelerators run asynchronously: a step "returns" long before its kernels finish. Every
-reading of the clock is therefore preceded by :func:`synchronize` on the devices the step
-used, so a step's time covers its kernels and not only their launch.
-
-Peak memory is read from the device's own allocator statistics (CUDA and device types that
-expose the same ``max_memory_allocated`` API). The CPU reports nothing, and its entries are
-``None`` ("n/a" in the table) rather than a guess.
+Accelerators run asynchronously, so every clock reading follows :func:`synchronize`. Peak
+memory comes from the device allocator; the CPU reports none (``None``, not a guess).
 """
 
 from __future__ import annotations
@@ -77,10 +72,7 @@ class Stats:
 
 
 def summarize(samples: Sequence[float]) -> Stats:
-    """Median, quartiles (inclusive method), min, max and mean of ``samples``.
-
-    Raises ``ValueError`` for an empty sample. One sample gives zero spread.
-    """
+    """Median, quartiles (inclusive), min, max and mean; an empty sample is a ``ValueError``."""
     if not samples:
         raise UsageError("no timed steps to summarize")
     values = sorted(float(s) for s in samples)
@@ -122,20 +114,9 @@ def resident_bytes(tensors: Iterable[torch.Tensor]) -> dict[torch.device, int]:
 class MemoryProbe:
     """Peak memory of one contestant's steps on each device, net of the other contestants.
 
-    Several contestants share each device during an interleaved run, so the allocator's raw
-    peak includes the other contestants' models. The probe therefore works in two parts:
-
-    * :meth:`prime` runs the contestant's *first* step and records what it keeps resident
-      afterwards: the bytes of its tensors before that step (parameters, buffers, input batch)
-      plus whatever the step left allocated (gradients, optimizer state, cached replicas, ...).
-      Measuring the allocator, rather than listing tensors, also catches state the engine keeps
-      internally.
-    * :meth:`start` / :meth:`stop` around each timed step record
-      ``peak during the step - allocated before it`` (the step's working memory: activations,
-      replicas, gathered outputs) and add the resident bytes from :meth:`prime`.
-
-    The result is what the contestant would peak at if it ran alone, up to allocator rounding.
-    ``backend_for(device)`` (default: ``torch.cuda`` for CUDA, ...) is injectable for tests.
+    :meth:`prime` runs the contestant's first step and records what it keeps resident;
+    :meth:`start`/:meth:`stop` add each step's working memory (peak minus allocated before).
+    The result is what it would peak at alone. ``backend_for`` is injectable for tests.
     """
 
     def __init__(self, devices: Sequence[torch.device], backend_for=None):

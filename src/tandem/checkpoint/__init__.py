@@ -1,11 +1,8 @@
 """One checkpoint writer and reader for every strategy.
 
-A checkpoint is a dict, a superset of the PyTorch imagenet example's (``epoch``, ``arch``,
-``state_dict``, ``best_acc1``, ``optimizer``, ``scheduler``) plus ``format``, ``rng``,
-``data_position`` and the resolved ``config``. ``state_dict`` is always the unwrapped model's,
-batch-norm buffers in, no ``module.`` prefix. Writes are atomic; reads never unpickle code
-(``weights_only=True``) and turn every failure into a one-line :class:`CheckpointError`
-naming the file.
+A superset of the imagenet example's dict; ``state_dict`` is the unwrapped model's, with no
+``module.``. Writes are atomic; reads are ``weights_only`` and fail as one-line
+:class:`CheckpointError`.
 """
 
 from tandem.errors import CheckpointError

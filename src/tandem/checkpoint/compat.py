@@ -1,11 +1,7 @@
 """Reading checkpoints that other programs wrote, chiefly the PyTorch imagenet example.
 
-The example saves ``{"epoch", "arch", "state_dict", "best_acc1", "optimizer", "scheduler"}``
-(older versions: ``best_prec1`` and no ``scheduler``), with ``best_acc1`` often a 0-dim tensor
-and keys carrying DataParallel's ``module.`` wherever a submodule was wrapped: the whole model
-(``module.conv1.weight``) or only AlexNet/VGG's features (``features.module.0.weight``).
-:func:`normalise` turns such a dict into what tandem expects; nothing here is tandem-format
-specific, so :mod:`tandem.checkpoint` calls it on every file it reads.
+:func:`normalise` strips DataParallel's ``module.`` from keys, and makes ``best_acc1`` (or the
+older ``best_prec1``) a float; :mod:`tandem.checkpoint` calls it on every file it reads.
 """
 
 from __future__ import annotations
@@ -37,9 +33,7 @@ def is_tandem(ckpt: dict) -> bool:
 def strip_wrappers(state: dict) -> dict:
     """Drop the ``module`` path components that DataParallel/DDP wrappers put in the keys.
 
-    ``module.fc.weight`` -> ``fc.weight``; ``features.module.0.weight`` -> ``features.0.weight``.
-    ``P.module.`` is a wrapper only when *every* key under ``P.`` goes through it (a wrapper
-    has no other child); a real submodule called ``module`` next to others is kept.
+    ``P.module.`` is a wrapper only when *every* key under ``P.`` goes through it.
     """
     keys = list(state)
     if not all(isinstance(k, str) for k in keys):
@@ -73,12 +67,7 @@ def best_accuracy(ckpt: dict) -> float | None:
 
 
 def foreign_scheduler(ckpt: dict) -> str | None:
-    """The kind of a scheduler state tandem cannot load (another program's), else ``None``.
-
-    tandem's own schedule is one ``LambdaLR`` whose state is loadable only from tandem's
-    checkpoints; anything else (the example's StepLR, ...) is named here so that a resume can
-    say it recomputes its own schedule instead.
-    """
+    """The kind of a scheduler state tandem cannot load (another program's), else ``None``."""
     state = ckpt.get("scheduler")
     if not isinstance(state, dict) or (is_tandem(ckpt) and "lr_lambdas" in state):
         return None

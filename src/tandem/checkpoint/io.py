@@ -1,9 +1,7 @@
 """Writing a checkpoint atomically and reading one safely.
 
-:func:`save` stores only tensors, numbers, strings and plain containers (anything else is a
-``TypeError`` naming the key), in a temporary file that is fsynced and renamed onto ``path``:
-an interrupted save leaves the previous checkpoint intact. Who writes (rank 0) is the
-caller's choice. :func:`load` reads with ``weights_only=True``.
+:func:`save` stores only plain data, fsyncs a temporary file and renames it onto ``path``, so an
+interrupted save leaves the previous checkpoint intact. :func:`load` uses ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -69,12 +67,9 @@ def _state_of(obj: Any) -> Any:
 def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None = None,
          arch: str | None = None, best_acc1: float | None = None, scheduler=None,
          config=None, data_position=None, rng: bool | dict = True, **extra) -> Path:
-    """Atomically write a checkpoint of the unwrapped ``model`` to ``path``; return the path.
+    """Atomically write a checkpoint of the unwrapped ``model`` (or a state dict) to ``path``.
 
-    ``model`` may also be a plain state dict (a strategy's ``state_dict`` of its wrapper).
-
-    ``rng=True`` captures the RNG states now, a dict stores the states given (captured
-    earlier), ``False`` stores none. Parent directories are created.
+    ``rng``: ``True`` captures now, a dict stores those states, ``False`` none.
     """
     path = Path(path)
     ckpt: dict[str, Any] = {
@@ -173,12 +168,8 @@ def _read(path: Path, map_location) -> dict:
 def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu") -> dict:
     """Read a checkpoint safely; load it into ``model`` and ``optimizer`` when given.
 
-    Accepts tandem checkpoints, imagenet-example dicts (old and new) and bare state dicts;
-    DataParallel's ``module.`` in the keys, on the model or any submodule, is stripped in the
-    returned ``state_dict`` and ``best_acc1`` is a float (see :mod:`tandem.checkpoint.compat`). The
-    model may be wrapped (DataParallel, DDP, HybridParallel...). A checkpoint without
-    optimizer state leaves ``optimizer`` untouched. Returns the checkpoint dict; RNG states
-    are *not* restored here (call :func:`restore_rng` with ``ckpt["rng"]`` when resuming).
+    Takes tandem, imagenet-example and bare state dicts (:mod:`tandem.checkpoint.compat`).
+    RNG states are *not* restored here (call :func:`restore_rng` with ``ckpt["rng"]``).
     """
     path = Path(path)
     ckpt = _read(path, map_location)

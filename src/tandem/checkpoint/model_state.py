@@ -31,11 +31,9 @@ def _strip_prefix(state: dict) -> dict:
 
 
 def plain_state_dict(model: nn.Module) -> dict:
-    """The state dict of the plain model inside ``model``, whatever wraps it.
+    """The state dict of the plain model inside ``model``, buffers in, no ``module.`` prefix.
 
-    An object with ``plain_state_dict()`` (HybridParallel, which merges its split layers) is
-    asked for it; otherwise ``.module`` is followed and ``state_dict()`` taken. Buffers
-    (batch-norm running stats) are included; keys carry no ``module.`` prefix.
+    Uses the model's ``plain_state_dict()`` when it has one, else follows ``.module``.
     """
     m = model
     while True:

@@ -12,11 +12,7 @@ __all__ = ["capture_rng", "restore_rng"]
 
 
 def capture_rng() -> dict:
-    """Every RNG state a training run uses, as tensors and plain Python values.
-
-    CUDA states are captured only when CUDA is already initialised, so saving never creates
-    a CUDA context on every device.
-    """
+    """Every RNG state a training run uses; CUDA's only when CUDA is already initialised."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, py_state, gauss_next = random.getstate()
     state = {
@@ -32,10 +28,7 @@ def capture_rng() -> dict:
 
 
 def restore_rng(state: dict) -> None:
-    """Restore what :func:`capture_rng` captured. Missing parts are left alone.
-
-    CUDA states are restored for as many devices as both the state and this machine have.
-    """
+    """Restore what :func:`capture_rng` captured; missing parts are left alone."""
     if not isinstance(state, dict):
         raise UsageError(f"RNG state must be a dict, got {type(state).__name__}")
     if "torch" in state:

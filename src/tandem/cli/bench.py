@@ -1,14 +1,10 @@
 """``tandem bench``: time training steps of several strategies side by side.
 
-Example (CPU, two replica threads)::
+Example::
 
     tandem bench --arch cifar_resnet20 --strategies single,dp,balanced --devices cpu:2 \\
         --batch-size 64 --steps 20
-
-With ``--data DIR`` and no ``--arch`` it times the input pipeline alone, next to a
-torchvision-style reference on the same files (:mod:`tandem.bench.loader_bench`)::
-
-    tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json
+    tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json  # input pipeline
 """
 
 from __future__ import annotations

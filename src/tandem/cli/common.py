@@ -1,10 +1,8 @@
 """Deriving ``argparse`` flags from the config dataclasses, and back.
 
-Each dataclass field becomes one flag: its flags and help come from the field's ``metadata``
-(see ``tandem.config.opt``), ``bool`` fields become ``store_true`` switches, ``X | None`` fields
-take an ``X``. Choices are *not* enforced by argparse but by the dataclass itself, so a bad
-value gives the same one-line ``tandem: error: ...`` whether it came from the command line, a
-config file or a checkpoint.
+Each field's flags and help come from its ``metadata`` (``tandem.config.opt``). Choices are
+checked by the dataclass, not argparse, so a bad value gives the same one-line error from the
+command line, a config file or a checkpoint.
 """
 
 from __future__ import annotations
@@ -51,11 +49,7 @@ def _value_type(annotation) -> type:
 def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | None = None,
                          only: typing.Iterable[str] | None = None,
                          defaults: dict | None = None) -> None:
-    """Add one flag per field of dataclass ``cls`` (or of the fields named in ``only``).
-
-    ``defaults`` overrides field defaults for this parser (used by ``tandem eval`` to leave
-    data settings unset so that they come from the checkpoint).
-    """
+    """Add one flag per field of ``cls`` (or of ``only``); ``defaults`` overrides field defaults."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(title) if title else parser
     wanted = set(only) if only is not None else None
@@ -82,10 +76,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | N
 
 
 def config_from_args(cls, args: argparse.Namespace, **overrides):
-    """Build dataclass ``cls`` from the namespace attributes named like its fields.
-
-    Attributes that are absent keep the field default. ``args`` is only read.
-    """
+    """Build ``cls`` from the attributes of ``args`` named like its fields (absent: default)."""
     values = {}
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name):
@@ -101,9 +92,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def tandem_warnings():
     """Show tandem's own warnings as one line, ``tandem: warning: ...``, while the block runs.
 
-    Warnings from other packages keep Python's usual format (file and line), which is what
-    their users need to find them. ``warnings.formatwarning`` is documented as replaceable;
-    it is restored on exit.
+    Other packages' warnings keep their file and line; the formatter is restored on exit.
     """
     default = warnings.formatwarning
 

@@ -1,7 +1,6 @@
 """``tandem eval --resume PATH``: validate a checkpoint and print its loss and accuracy.
 
-The architecture, data settings and seed come from the checkpoint; a flag given here
-overrides the checkpoint's value (e.g. ``--data`` to validate on another copy of the data).
+Architecture, data settings and seed come from the checkpoint; a flag given here overrides them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The imagenet example's own command line, as typed, on ``tandem train``.
 
-``tandem train -a resnet18 -b 256 --lr 0.1 --gpu 0 /data/imagenet`` means what it means to
-``python main.py``: the positional ``DIR`` is ``--data DIR`` and ``--gpu N`` is
-``--devices cuda:N``. Both count as given for ``--resume``'s checks. The example's
-distributed flags have no place in one tandem process: they are refused with the equivalent
-``tandem launch`` command. ``--start-epoch`` is refused too: the epoch comes from ``--resume``.
+The positional ``DIR`` is ``--data DIR`` and ``--gpu N`` is ``--devices cuda:N``. The
+example's distributed flags are refused with the equivalent ``tandem launch`` command, and
+``--start-epoch`` because the epoch comes from ``--resume``.
 """
 
 from __future__ import annotations
@@ -44,10 +42,7 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
-    """Config values implied by the example's flags, and the field names they count as given.
-
-    Raises ``ValueError`` (one line) for the flags tandem does not take and for conflicts.
-    """
+    """Config values implied by the example's flags, and the field names they count as given."""
     if any(getattr(args, name, None) not in (None, False) for name in _DIST):
         raise UsageError("tandem runs several processes through `tandem launch`, not with "
                          "--dist-url/--world-size/--rank/--multiprocessing-distributed; run: "

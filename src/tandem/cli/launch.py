@@ -1,7 +1,6 @@
-"""``tandem launch``: run a tandem command on N processes per machine, on one or more machines.
+"""``tandem launch``: run a tandem command on N processes per machine (torchrun).
 
-A thin front to :func:`tandem.distributed.launch.launch`, which runs ``torch.distributed.run``
-(torchrun). Everything after ``--`` is the tandem command each worker runs::
+Everything after ``--`` is the command each worker runs::
 
     tandem launch --nproc-per-node 2 -- train --strategy ddp --data digits --epochs 8
 """

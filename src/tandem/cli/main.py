@@ -1,9 +1,7 @@
 """`tandem` command line: ``train | eval | bench | launch | models``.
 
-Each subcommand lives in its own module exposing ``add_parser(subparsers)``; the parser it
-adds sets ``func`` to a callable taking the parsed args and returning an exit code. A user's
-mistake (a :class:`tandem.errors.TandemError`) becomes a one-line
-``tandem: error: ...`` on stderr and exit status 2, never a traceback.
+Each subcommand module has ``add_parser(subparsers)``, which sets ``func``. A
+:class:`tandem.errors.TandemError` becomes one line on stderr and exit status 2.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``tandem models``: list every model with its parameters and MACs at its native input size.
 
-Models are built on the meta device, so nothing is allocated or computed: parameter counts come
-from the shapes and MACs from one shape-only forward pass through the hook counter
-(``tandem.models.count_macs``). The whole table takes a few seconds, mostly importing torch.
+Models are built on the meta device, so nothing is allocated or computed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``tandem train``: the imagenet example's flags plus strategies, devices and run control.
 
-Every flag is derived from a field of the config dataclasses in :mod:`tandem.config`; this
-module only groups them and hands one :class:`~tandem.config.TrainConfig` to
-:func:`tandem.train.run.train`.
+Every flag comes from a field of :mod:`tandem.config`.
 
 Examples::
 
@@ -48,10 +46,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
-    """Read (never modify) ``args`` into a checked :class:`TrainConfig`.
-
-    The imagenet example's ``DIR`` and ``--gpu N`` become ``--data`` and ``--devices``.
-    """
+    """Read (never modify) ``args`` into a checked :class:`TrainConfig`."""
     values, _ = example_overrides(args)
     data = {k: values[k] for k in ("data",) if k in values}
     devices = {k: values[k] for k in ("devices",) if k in values}

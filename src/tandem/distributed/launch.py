@@ -1,24 +1,8 @@
 """``tandem launch``: run a tandem command on many processes and machines with torchrun.
 
-The engine is ``torch.distributed.run`` (the code behind ``torchrun``), called in this
-process: its elastic agent starts ``python -m tandem <command>`` once per local worker, sets
-their ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT``, watches
-them, and when one fails it stops the others (SIGTERM, then SIGKILL) and reports which rank
-failed. We add only what torchrun leaves to its users:
-
-- a check that the master port is free before the master node starts (a clear one-line
-  error instead of a store traceback), and a free port picked for one-node runs;
-- ``--dist-timeout``, passed to the workers as ``TANDEM_DIST_TIMEOUT``, which bounds how
-  long a worker waits in a collective for a peer that died or hangs;
-- a one-line summary of the failed rank and its exit code, which is also our exit code;
-- ``TANDEM_LAUNCH_ID``, so that workers restarted under ``--max-restarts`` find and resume
-  their own run directory (:mod:`tandem.train.rundir`).
-
-Launching one machine::
-
-    tandem launch --nproc-per-node 2 -- train --strategy ddp --data digits
-
-Two machines (run on each, with its own ``--node-rank``)::
+``torch.distributed.run`` starts and watches the workers; we add a free-port check,
+``--dist-timeout`` (``TANDEM_DIST_TIMEOUT``), a one-line failure summary and
+``TANDEM_LAUNCH_ID`` so restarted workers resume their own run. Two machines::
 
     tandem launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 \\
         --nproc-per-node 2 -- train --strategy ddp ...
@@ -47,9 +31,8 @@ _SUBCOMMANDS = ("train", "eval", "bench", "models")
 class LaunchSpec:
     """What ``tandem launch`` was asked to run; ``__post_init__`` rejects what cannot work.
 
-    ``command`` is the tandem subcommand and its flags (``["train", "--strategy", "ddp"]``).
-    ``nnodes`` is ``"M"`` or, for elastic jobs with a rendezvous endpoint, ``"MIN:MAX"``.
-    ``master_port`` ``None`` or ``0`` on one node means "pick a free one".
+    ``nnodes`` is ``"M"`` or ``"MIN:MAX"`` (elastic); ``master_port`` ``None``/``0`` on one node
+    picks a free one.
     """
 
     nproc_per_node: int
@@ -117,9 +100,7 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
 def check_port_free(addr: str, port: int) -> None:
     """Raise a one-line ``ValueError`` when something on this machine listens on ``port``.
 
-    Binds a socket the way the rendezvous store will (every interface, ``SO_REUSEADDR`` so a
-    port in TIME_WAIT still counts as free). There is a small window between this check and
-    torchrun binding the port; a port taken in that window fails in torchrun itself.
+    Racy by nature: a port taken after this check fails in torchrun itself.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -133,11 +114,7 @@ def check_port_free(addr: str, port: int) -> None:
 
 
 def torchrun_argv(spec: LaunchSpec) -> list[str]:
-    """The ``torchrun`` arguments for ``spec``: the workers run ``python -m tandem COMMAND``.
-
-    One node without a port uses torchrun's own choice of a free port (a c10d rendezvous on
-    ``localhost:0``); ``--master-port`` pins it.
-    """
+    """The ``torchrun`` arguments for ``spec``: the workers run ``python -m tandem COMMAND``."""
     argv = ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
             "--max-restarts", str(spec.max_restarts)]
     if spec.rdzv_endpoint:

@@ -1,8 +1,6 @@
 """Training strategies: one small class each, selected by name through one registry.
 
-Importing this package registers every strategy; the registry is the one list of names. Code
-outside this package asks a strategy's declared abilities (``multiprocess``, ``max_devices``,
-``check_model`` ...), never its name.
+Code outside this package asks a strategy's declared abilities, never its name.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """``balanced``: model *and* criterion parallel, so outputs never pile up on device 0.
 
-:class:`tandem.parallel.DataParallelModel` returns one output per device instead of gathering
-them, and :class:`tandem.parallel.DataParallelCriterion` computes each device's share of the
-loss where its output lives and combines the shares into the exact whole-batch loss (weighted
-by chunk size, so uneven chunks are right). Only scalars travel to device 0.
-
-Top-1 hits are counted on each device against the matching slice of the targets (split with
-the same :func:`tandem.parallel.scatter` the model used) and summed.
+Each device computes its share of the loss where its output lives; only scalars travel to
+device 0, combined into the exact whole-batch loss (:mod:`tandem.parallel.loss_terms`).
 """
 
 from __future__ import annotations

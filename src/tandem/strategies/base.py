@@ -1,9 +1,7 @@
 """The one interface every training strategy implements, and the registry that selects one.
 
-The training loop knows strategies only through :class:`Strategy`; it has no
-``if strategy == ...`` branches. Single-process strategies implement the collectives
-(:meth:`Strategy.all_reduce_sum`, :meth:`Strategy.barrier`) as no-ops, so the loop is the same
-for one device, many replica threads, or many processes.
+Single-process strategies implement the collectives as no-ops, so the loop is the same for one
+device, many replica threads, or many processes.
 """
 
 from __future__ import annotations
@@ -25,10 +23,8 @@ __all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_cl
 class StepOutput:
     """What one forward+loss returns to the loop.
 
-    ``loss`` is the scalar to call ``backward`` on (the mean over the samples this process
-    holds, so that it equals the single-device loss on the same samples). ``correct`` is the
-    number of top-1 hits as a 0-dim tensor, ``correct5`` the top-5 hits (``None`` when not
-    counted) and ``count`` the number of samples it counted.
+    ``loss`` is the mean over this process's samples; ``correct``/``correct5`` are top-1/top-5
+    hits (``correct5`` may be ``None``) over ``count`` samples.
     """
 
     loss: torch.Tensor
@@ -48,9 +44,8 @@ def top5_hits(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class Strategy:
     """A way of running a training step on a set of devices.
 
-    Subclasses set ``name``, declare what they can do in the class attributes below, and
-    override what differs. Code outside ``strategies/`` asks these abilities, never the name.
-    Defaults describe one process driving every device it is given.
+    Subclasses set ``name`` and declare their abilities below; defaults describe one process
+    driving every device it is given.
     """
 
     name: ClassVar[str] = ""

@@ -1,16 +1,8 @@
 """``--compile``: compile a model with ``torch.compile`` before a strategy sets it up.
 
-``torch.compile(model)`` returns an ``OptimizedModule`` that holds the model as ``_orig_mod``
-and shares its parameters. Its ``state_dict`` would name every key ``_orig_mod.x``; two hooks
-(as :class:`tandem.parallel.DataParallel` does for ``module.``) make it save plain keys and
-accept them on load, so checkpoints of a compiled run are ordinary and load uncompiled.
-(``nn.Module.compile()``, which keeps plain keys, is not used: it cannot trace a model whose
-``forward`` is torch's own, such as an ``nn.Sequential`` ResNet, as one graph; dynamo then
-compiles each block alone and runs out of recompiles.) Compiling is lazy: the first call of
-each kind (training, evaluation, a new batch shape) pays for it.
-
-A strategy that cannot run a compiled model says why in ``compile_unsupported``; asking for
-``--compile`` with it is a one-line ``ValueError`` naming the strategies that can.
+Two state-dict hooks drop ``_orig_mod.`` from the keys, so checkpoints of a compiled run load
+uncompiled. (``nn.Module.compile()`` is not used: it cannot trace an ``nn.Sequential`` ResNet
+as one graph.) A strategy that cannot run a compiled model says why in ``compile_unsupported``.
 """
 
 from __future__ import annotations
@@ -37,11 +29,7 @@ def compiling_strategies() -> list[str]:
 
 
 def check_compile(strategy: Strategy | type[Strategy], device_type: str = "cpu") -> None:
-    """Raise a one-line ``ValueError`` when ``--compile`` cannot work here.
-
-    Checks the strategy's declared ability, and on the CPU that a C++ compiler exists
-    (torch.compile's CPU backend generates and builds C++).
-    """
+    """Raise a one-line ``ValueError`` when ``--compile`` can't work (CPU: needs a C++ compiler)."""
     reason = strategy.compile_unsupported
     if reason:
         raise UsageError(f"--compile does not work with --strategy {strategy.name}: {reason}; "
@@ -91,9 +79,6 @@ def compiled(model: nn.Module, mode: str | None = None) -> nn.Module:
 
 
 def compile_model(strategy: Strategy, model: nn.Module, mode: str | None = None) -> nn.Module:
-    """Check that ``strategy`` can run a compiled model, then return :func:`compiled` ``model``.
-
-    ``mode`` is one of :data:`COMPILE_MODES` (``None``/``"default"``: torch's default).
-    """
+    """Check that ``strategy`` can run a compiled model, then return :func:`compiled` ``model``."""
     check_compile(strategy, strategy.device.type)
     return compiled(model, mode)

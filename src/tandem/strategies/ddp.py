@@ -1,12 +1,9 @@
 """``ddp``: one process per device, gradients averaged by torch's DistributedDataParallel.
 
-Launch with ``tandem launch --nproc-per-node N -- train --strategy ddp ...`` (or ``torchrun``);
-without torchrun's environment it refuses to start. Each rank's loss is scaled so that DDP's
-average equals one device on the whole global batch, for uneven or empty shares (the argument:
-:mod:`tandem.parallel.loss_terms`). A rank with an empty share still runs forward and backward
-so collectives meet; its plain BatchNorm layers run that forward in eval mode. ``--buffers
-replica0`` broadcasts rank 0's BN stats every forward; ``average`` replaces them after each
-training forward by the sample-weighted mean over ranks.
+Launch with ``tandem launch`` or ``torchrun``. Losses are scaled so DDP's average is exact for
+uneven or empty shares (:mod:`tandem.parallel.loss_terms`); an empty share still runs forward
+and backward, BatchNorm in eval mode, so collectives meet. ``--buffers replica0`` broadcasts rank
+0's BN stats every forward; ``average`` replaces them by the sample-weighted mean over ranks.
 """
 
 from __future__ import annotations
@@ -49,11 +46,7 @@ def _plain_batchnorms(model: nn.Module) -> list[_BatchNorm]:
 
 @contextlib.contextmanager
 def _frozen_batchnorm(layers: list[_BatchNorm]):
-    """Run ``layers`` in eval mode for one forward of an empty share, then restore them.
-
-    ``num_batches_tracked`` is still advanced, as a training forward would have done, so the
-    counter stays equal on every rank.
-    """
+    """Run ``layers`` in eval mode for one empty-share forward; ``num_batches_tracked`` advances."""
     training = [m.training for m in layers]
     for m in layers:
         m.eval()
@@ -68,12 +61,9 @@ def _frozen_batchnorm(layers: list[_BatchNorm]):
 
 @register
 class DDPStrategy(Strategy):
-    """One torchrun worker per device; the exact-loss argument: :mod:`tandem.parallel.loss_terms`.
+    """One torchrun worker per device; creating it joins the process group, :meth:`close` leaves.
 
-    Constructing it joins the process group (so ``rank`` and ``world_size`` are known before
-    the loop builds its loaders); :meth:`close` leaves it. Rank, world size and the master's
-    address come from torchrun's variables in ``os.environ``; ``timeout`` (seconds) defaults
-    to ``TANDEM_DIST_TIMEOUT``.
+    ``timeout`` (seconds) defaults to ``TANDEM_DIST_TIMEOUT``.
     """
 
     name = "ddp"
@@ -99,10 +89,7 @@ class DDPStrategy(Strategy):
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """Move ``model`` to this rank's device, convert BN if ``sync_bn``, wrap it in DDP.
-
-        DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
-        """
+        """Move ``model`` to this rank's device, convert BN if ``sync_bn``, wrap it in DDP."""
         if self.sync_bn:
             model = convert_sync_batchnorm(model, process_group=work_group())
         model = model.to(self._device)
@@ -120,11 +107,7 @@ class DDPStrategy(Strategy):
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
-        """Forward this rank's share; return a loss whose gradient, averaged by DDP, is exact.
-
-        Runs one small all-reduce (loss sum, denominator, sample count) per call, on every
-        rank, also in evaluation.
-        """
+        """Forward this rank's share; one small all-reduce per call on every rank, in eval too."""
         training = torch.is_grad_enabled() and wrapped.training
         images = images.to(self._device, non_blocking=True)
         targets = targets.to(self._device, non_blocking=True)
@@ -153,11 +136,9 @@ class DDPStrategy(Strategy):
         return StepOutput(loss, correct, count, top5_hits(outputs, targets))
 
     def _average_buffers(self, count: int, total_count: float) -> None:
-        """Replace BN running stats by their sample-count-weighted mean over ranks.
+        """Replace BN running stats by their sample-weighted mean over ranks.
 
-        The averaged values are *new* tensors assigned to the buffers, not written in place:
-        the training forward just saved the old running-stat tensors for backward (unused
-        there, but autograd's version check would reject an in-place write).
+        New tensors are assigned, not written in place: autograd saved the old ones for backward.
         """
         layers = [m for m in self._plain_bn if m.track_running_stats and m.running_mean is not None]
         if not layers or not total_count:

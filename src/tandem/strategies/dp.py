@@ -1,12 +1,7 @@
 """``dp``: one process, the model replicated on every device, outputs gathered on device 0.
 
-Built on :class:`tandem.parallel.DataParallel`: the global batch is scattered over
-``devices``, each replica runs in its own thread, the outputs are gathered on ``devices[0]``
-where the loss is computed, and gradients from every replica sum into the one set of
-parameters. With ``sync_bn`` every ``BatchNorm`` becomes :class:`~tandem.parallel.SyncBatchNorm`
-(statistics over the whole global batch), which makes the update equal to ``single``'s.
-``buffers`` picks whose batch-norm running statistics survive a step (``replica0`` or a
-chunk-weighted ``average``).
+Built on :class:`tandem.parallel.DataParallel`. With ``sync_bn`` the update equals ``single``'s;
+``buffers`` picks whose BN running stats survive a step (``replica0`` or ``average``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""``hybrid``: Krizhevsky's "one weird trick": data-parallel features, model-parallel classifier.
+"""``hybrid``: data-parallel features, model-parallel classifier.
 
-See :class:`tandem.hybrid.HybridParallel`. Optimizer state lives per classifier shard, so it
-resumes under ``hybrid`` only; the weights (merged by ``plain_state_dict``) load anywhere.
+See :class:`tandem.hybrid.HybridParallel`. Optimizer state is per classifier shard, so it
+resumes under ``hybrid`` only; the weights load anywhere.
 """
 
 from __future__ import annotations

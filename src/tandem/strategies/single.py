@@ -15,12 +15,7 @@ __all__ = ["SingleDevice"]
 
 @register
 class SingleDevice(Strategy):
-    """Train on ``devices[0]``.
-
-    When more than one device is given (``--devices cpu:2``) only the first is used and a
-    warning says so; the result is the same update, just on one device. ``sync_bn`` and
-    ``buffers`` change nothing here: one device always sees the whole batch.
-    """
+    """Train on ``devices[0]``; other devices given are ignored, with a warning."""
 
     name = "single"
     max_devices = 1

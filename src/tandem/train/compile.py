@@ -1,14 +1,8 @@
 """Compiling before the clock starts, so that compile time never counts as training time.
 
-``torch.compile`` compiles lazily, in the first call of each kind. :func:`warm_up` makes those
-first calls on purpose before training: forward and backward on a training batch and an
-evaluation forward on a validation batch, each on this process's share and under the run's
-autocast. Each is made twice, the second time one sample short, because a second batch size
-makes torch.compile build a graph for any batch size; so the epoch's last, smaller batch does
-not compile again inside the epoch's time. Then everything the calls touched is put back
-(weights, batch-norm running stats and counters, gradients, RNG state, train/eval mode), so
-the run computes exactly what it would have without the warm-up. The compile time is printed
-on its own line and never enters ``images_per_sec``.
+:func:`warm_up` makes ``torch.compile``'s first calls on purpose (train and eval, each twice,
+the second one sample short so any batch size compiles), then restores everything they touched
+(weights, BN stats, grads, RNG, mode): the run computes exactly what it would have without it.
 """
 
 from __future__ import annotations

@@ -14,11 +14,9 @@ __all__ = ["plot_curves"]
 
 
 def plot_curves(records: list[dict], path: str) -> None:
-    """Draw loss (train, val) and accuracy (train, val top-1, val top-5) per epoch.
+    """Draw loss and accuracy per epoch; a partial epoch is plotted at its epoch number.
 
-    Records of a partial epoch (a ``--max-steps`` stop) are plotted at their epoch number;
-    the x axis has whole-epoch ticks.
-    The file is written to a temporary name and renamed, so a reader never sees half a PNG.
+    Written to a temporary name and renamed, so a reader never sees half a PNG.
     """
     epochs = [r["epoch"] for r in records]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))

@@ -1,11 +1,8 @@
 """Ctrl-C and SIGTERM during training: stop between optimizer steps, save, then exit.
 
-Python raises ``KeyboardInterrupt`` wherever the main thread happens to be, e.g. inside
-``torch.save`` or a finalizer, where it breaks the write or is swallowed. :class:`StopRequest`
-turns the first SIGINT or SIGTERM into a *request*; the loop asks every process whether any
-got one (so all ranks of a torchrun job stop at the same step), saves there, and raises
-:class:`Interrupted`. A second signal stops at once, except inside :meth:`StopRequest.critical`
-(a checkpoint write), which always completes first.
+:class:`StopRequest` turns the first signal into a request that every rank sees at the same
+step; the loop saves there and raises :class:`Interrupted`. A second signal stops at once,
+except inside :meth:`StopRequest.critical` (a checkpoint write), which always completes first.
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ class Interrupted(KeyboardInterrupt):
 class StopRequest:
     """SIGINT/SIGTERM handlers installed for the duration of a ``with`` block.
 
-    ``requested`` is true once a signal arrived. Outside the block, or when disabled (not the
-    main thread), it never becomes true. ``quiet`` silences the notice (ranks other than 0).
+    ``requested`` never becomes true outside the block or off the main thread. ``quiet``
+    silences the notice (ranks other than 0).
     """
 
     def __init__(self, enabled: bool = True, quiet: bool = False):

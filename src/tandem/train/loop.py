@@ -1,16 +1,9 @@
 """The training loop. It knows strategies only through their interface (no strategy names).
 
-One optimizer step consumes ``accum_steps`` global batches; on every batch but the last of a
-step the backward runs inside ``strategy.no_sync`` so that processes synchronise gradients once
-per step. Each process loads only its share of every global batch (``rank``/``world_size``
-given to :func:`tandem.data.make_loader`), in an order that depends only on ``(seed, epoch)``,
-so every strategy sees the same global batches in the same order.
-
-Only the main process shows progress and writes ``metrics.jsonl``, ``curves.png``,
-``checkpoint.pt`` (every epoch, and at a ``--max-steps`` stop) and ``best.pt`` (when
-validation accuracy improves). Checkpoints record the position in the data order
-(``data_position = {"epoch", "batch", "step"}``: the epoch under way, batches of it done,
-optimizer steps done), so ``--resume`` restarts at the very next batch with the same RNG state.
+One optimizer step consumes ``accum_steps`` global batches (all but the last under
+``strategy.no_sync``). Each process loads its share of every batch in an order set by
+``(seed, epoch)`` only. The main process alone logs and writes checkpoints, which record
+``data_position`` so ``--resume`` restarts at the very next batch with the same RNG state.
 """
 
 from __future__ import annotations
@@ -98,10 +91,7 @@ class Trainer:
 
     # -- one epoch --------------------------------------------------------------------------
     def train_epoch(self) -> tuple[Meter, bool, float]:
-        """Train from the current position to the end of the epoch or ``--max-steps``.
-
-        Returns this process's meter, whether ``--max-steps`` stopped it, and the seconds.
-        """
+        """Train to the end of the epoch or ``--max-steps``; return meter, stopped?, seconds."""
         cfg, s, pos = self.cfg, self.strategy, self.position
         k, n = cfg.optim.accum_steps, self.batches_per_epoch
         max_steps, save_every = cfg.optim.max_steps, cfg.run.save_every
@@ -197,9 +187,8 @@ class Trainer:
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
         """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch.
 
-        ``stop`` (a :class:`StopRequest`) turns SIGINT/SIGTERM on any process into a stop after
-        the current optimizer step on every process: ``checkpoint.pt`` is written at that exact
-        position and :class:`Interrupted` is raised. Checkpoint writes are never cut short.
+        A signal on any process (``stop``) stops every process after the current optimizer
+        step, saves ``checkpoint.pt`` there and raises :class:`Interrupted`.
         """
         self.stop = stop = stop or self.stop
         cfg, s, pos = self.cfg, self.strategy, self.position

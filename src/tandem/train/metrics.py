@@ -1,8 +1,7 @@
 """Running sums for loss/accuracy, their reduction over processes, the JSONL log, peak memory.
 
-Sums, not means, are accumulated (``loss * count``, hits, count) so that one reduction over
-processes gives the exact mean over every sample, each counted once, however unevenly the
-samples were shared out. Accuracies are percentages (0-100), like the imagenet example's acc1.
+Sums, not means, are kept, so one reduction gives the exact mean however unevenly samples
+were shared out. Accuracies are percentages (0-100).
 """
 
 from __future__ import annotations
@@ -84,9 +83,7 @@ def peak_memory_mb(devices: Iterable[torch.device]) -> dict[str, float] | None:
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per line, appended and flushed per epoch.
 
-    ``keep_epochs`` is ``None`` for a fresh run (the file starts empty), or the epochs a
-    resumed run has completed: rows past them (a stopped epoch's partial row) are dropped, so
-    that the file ends with one row per epoch.
+    ``keep_epochs`` (a resumed run's completed epochs) drops rows past them; ``None`` starts empty.
     """
 
     def __init__(self, path: str, *, keep_epochs: int | None):

@@ -13,9 +13,8 @@ __all__ = ["Progress"]
 class Progress:
     """Shows loss, accuracy and images/s while an epoch trains.
 
-    ``bar=True`` draws a tqdm bar on stderr when it is a terminal. Otherwise, with ``print_freq > 0``, a line is
-    printed every ``print_freq`` batches; with neither, nothing is shown. ``images`` passed to
-    :meth:`update` are global (all processes), so images/s is the whole job's rate.
+    ``bar=True`` draws a tqdm bar on a terminal, else a line every ``print_freq`` batches.
+    ``images`` passed to :meth:`update` are global, so images/s is the whole job's rate.
     """
 
     def __init__(self, total: int, initial: int, desc: str, *, bar: bool, print_freq: int = 0):

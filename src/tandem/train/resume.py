@@ -1,8 +1,7 @@
 """Continuing a run: its settings, its optimizer, schedule, position and RNG, its directory.
 
-:func:`resumed_config` turns ``--resume RUN`` (or a torchrun restart) into the config to run
-and the checkpoint to continue (see :mod:`.rundir` for what may change); :func:`restore` puts
-the checkpoint's state into a built trainer; :func:`prepare_out` checks and creates ``--out``.
+:func:`resumed_config` finds the config and checkpoint to continue (:mod:`.rundir`),
+:func:`restore` loads state into a trainer, :func:`prepare_out` checks and creates ``--out``.
 """
 
 from __future__ import annotations
@@ -27,10 +26,7 @@ __all__ = ["resumed_config", "restore", "prepare_out", "say_resuming"]
 
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str]):
-    """The config to run and the checkpoint to continue (``None`` for a fresh run).
-
-    A torchrun worker restarted under ``--max-restarts`` continues its own launch's run.
-    """
+    """The config to run and the checkpoint to continue (``None`` for a fresh run)."""
     restarted = not cfg.run.resume and rundir.restarted_run(cfg.run.out)
     if restarted:
         latest = os.path.join(cfg.run.out, "checkpoint.pt")
@@ -56,7 +52,7 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
 
 def prepare_out(cfg: TrainConfig, ckpt: dict | None, strategy: Strategy,
                  completed_epochs: int) -> int | None:
-    """Check, on every process, what ``--out`` may receive; then create it on the main one.
+    """Check ``--out`` on every process, create it on the main one.
 
     Returns the epochs of history that ``metrics.jsonl`` keeps (``None``: a fresh file).
     """
@@ -92,9 +88,8 @@ def say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
 def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
     """Optimizer, scheduler, scaler, position, best accuracy and RNG from ``ckpt``.
 
-    A checkpoint in the imagenet example's format (no ``data_position`` or ``rng``, another
-    scheduler's state or none) resumes at the start of epoch ``ckpt['epoch']``, the learning
-    rate recomputed by tandem's own schedule. Returns the lines to say about it.
+    An imagenet-example checkpoint resumes at the start of epoch ``ckpt['epoch']`` with tandem's
+    own schedule. Returns the lines to say about it.
     """
     steps_per_epoch = -(-trainer.batches_per_epoch // trainer.cfg.optim.accum_steps)
     position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
@@ -137,11 +132,7 @@ def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
 
 
 def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:
-    """Per-parameter state (momentum) must have its parameter's shape.
-
-    ``load_state_dict`` matches parameters by position only; state saved under another layout
-    (sharded layers) would otherwise fail deep inside the first step.
-    """
+    """Per-parameter state must have its parameter's shape (matched by order only)."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             for name, value in optimizer.state.get(param, {}).items():

@@ -1,17 +1,9 @@
 """Assembling a run from a :class:`~tandem.config.TrainConfig`: ``train`` and ``evaluate``.
 
-The order is fixed and visible, because it is what makes runs reproducible and strategies
-interchangeable:
-
-0. a resume takes the run's own settings from its checkpoint (:mod:`.rundir`);
-1. the strategy (it knows the devices, and the rank and world size of this process);
-2. the data (loaders shard every global batch by rank; order depends on seed and epoch only);
-3. ``torch.manual_seed(seed)``, then the model is created **on the CPU**, so its initial
-   weights never depend on the strategy or the devices;
-4. checkpoint weights, when resuming, go into that plain model;
-5. ``strategy.setup(model)`` moves/wraps it; the optimizer is built on what it returns, then
-   the optimizer, scheduler, grad-scaler and RNG states are restored;
-6. the run directory is checked on every process, then written by the main one.
+The order is fixed, for reproducibility: resume settings, strategy, data, then the model is
+seeded and built **on the CPU** (initial weights never depend on devices), checkpoint weights
+loaded into it, ``strategy.setup``, the optimizer on what setup returned, restored states,
+and finally the run directory.
 """
 
 from __future__ import annotations
@@ -124,11 +116,7 @@ def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
 
 
 def _fit_classes(info, ckpt: dict | None):
-    """A file from elsewhere keeps its classifier when that is larger than the data's classes.
-
-    The imagenet example's models always have 1000 outputs; labels 0..C-1 of a smaller
-    dataset index the first C of them.
-    """
+    """A file from elsewhere keeps its classifier when that is larger than the data's classes."""
     if ckpt is None or isinstance(ckpt.get("config"), dict):
         return info
     layer = checkpoint_compat.final_layer(ckpt["state_dict"])
@@ -171,10 +159,7 @@ def _check_out(out: str) -> None:
 
 
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
-    """``tandem train``: fit (or, with ``--evaluate``, only validate). Returns an exit code.
-
-    ``given`` names the config fields typed on the command line (what ``--resume`` checks).
-    """
+    """``tandem train``: fit (or only validate). ``given``: fields typed on the command line."""
     cfg, ckpt, notes = resumed_config(cfg, given)
     model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
     _check_out(cfg.run.out)
@@ -210,16 +195,10 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
 
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
              batch_size: int | None = None, seed: int | None = None) -> dict:
-    """Validate the checkpoint at ``checkpoint_path``.
+    """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
-    Returns ``{"arch", "loss", "acc", "acc1", "acc5", "count", "compile_seconds", "is_main"}``
-    (``acc`` is ``acc1``, top-1; ``compile_seconds``: with ``--compile``, else ``None``;
-    ``is_main``: this process reports).
-
-    The architecture comes from the checkpoint, and so do the data settings and seed it was
-    trained with (its ``config``), each overridden by an entry of ``data`` / ``batch_size`` /
-    ``seed`` that is given. A checkpoint without a config (e.g. the imagenet example's) uses
-    the defaults. Validation never augments.
+    Architecture, data settings and seed come from the checkpoint's config (defaults without
+    one), each overridden by ``data`` / ``batch_size`` / ``seed`` when given. Never augments.
     """
     ckpt = checkpoint.load(checkpoint_path)
     arch = ckpt.get("arch")

@@ -1,11 +1,8 @@
 """A run directory is the unit of work: what a fresh run, a resume and a restart may do to it.
 
-- A fresh run never replaces a run it finds in ``--out`` unless told to (``--overwrite``).
-- ``--resume RUN`` continues RUN with the settings stored in its checkpoint. A flag given with
-  it may change only where and how long the run goes on (``on_resume`` in
-  :mod:`tandem.config`); one that would change the data order or the update is refused.
-- A torchrun worker restarted under ``--max-restarts`` finds its own launch's run in ``--out``
-  (``TANDEM_LAUNCH_ID`` in ``config.json``) and resumes it.
+A fresh run replaces one in ``--out`` only with ``--overwrite``. ``--resume RUN`` keeps the
+stored settings; flags may change only where and how long it goes on (``on_resume`` in
+:mod:`tandem.config`). A torchrun restart resumes its own launch's run (``TANDEM_LAUNCH_ID``).
 """
 
 from __future__ import annotations
@@ -81,9 +78,8 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
                   path: str) -> tuple[TrainConfig, list[str]]:
     """The config to continue the run whose checkpoint at ``path`` holds ``saved``.
 
-    Returns it and one line per accepted change. ``cfg`` is the command line's config and
-    ``given`` the fields typed on it. Without ``saved`` (a checkpoint from elsewhere, e.g. the
-    imagenet example's) the command line rules and only ``arch`` is taken from the file.
+    Returns it and one line per accepted change. Without ``saved`` (a foreign checkpoint) the
+    command line rules and only ``arch`` comes from the file.
     """
     if not isinstance(saved, dict):
         return cfg, []

@@ -1,12 +1,7 @@
 """The learning-rate schedule: one ``LambdaLR`` stepped once per optimizer step.
 
-* ``cosine``: from ``lr`` down to 0 over ``epochs * steps_per_epoch`` steps;
-* ``step``: multiply by ``lr_gamma`` every ``lr_step`` epochs (the imagenet example's StepLR,
-  counted in steps so that a mid-epoch resume lands on the same value);
-* ``constant``.
-
-An optional linear warm-up over ``warmup_epochs`` multiplies any of them. The total never
-depends on ``--max-steps``, so stopping early and resuming reproduces the straight run.
+``cosine``, ``step`` (counted in steps, so a mid-epoch resume lands on the same value) or
+``constant``, times an optional linear warm-up. ``--max-steps`` never changes it.
 """
 
 from __future__ import annotations
