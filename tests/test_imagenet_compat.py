@@ -99,18 +99,18 @@ def test_resnet18_checkpoints_load_with_optimizer(tmp_path, fmt, wrap):
 
 def test_train_resume_takes_arch_epoch_and_optimizer(tmp_path):
     """In process: the run built from the example's file, before it trains."""
-    from tandem.train import run
+    from tandem.train import resume, run
 
     data = make_image_folder(tmp_path / "imgs")
     path = tmp_path / "checkpoint.pth.tar"
     _, example_opt = example_checkpoint(path, "resnet18")
     cfg = TrainConfig.from_dict({"data": {"data": str(data)}, "optim": {"batch_size": 8},
                                  "run": {"resume": str(path), "out": str(tmp_path / "out")}})
-    cfg, ckpt, _ = run._resumed_config(cfg, frozenset({"data", "batch_size", "resume", "out"}))
+    cfg, ckpt, _ = resume.resumed_config(cfg, frozenset({"data", "batch_size", "resume", "out"}))
     assert cfg.model.arch == "resnet18"
     strategy = run.build_strategy(cfg.parallel)
     trainer = run._build_trainer(cfg, strategy, ckpt)
-    notes = run._restore(trainer, ckpt, cfg.run.resume)
+    notes = resume.restore(trainer, ckpt, cfg.run.resume)
     assert trainer.position.epoch == 3 and trainer.best_acc1 == pytest.approx(41.5)
     assert len(notes) == 1 and "StepLR" in notes[0] and "resumes at epoch 4" in notes[0]
     params = example_opt.param_groups[0]["params"]

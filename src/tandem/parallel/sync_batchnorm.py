@@ -122,7 +122,8 @@ class SyncBatchNorm(_BatchNorm):
 
 def _check_count(count: int, where: str) -> None:
     if count <= 1:
-        raise UsageError("Expected more than 1 value per channel when training, got "
+        # ValueError with BatchNorm's own words: code that handles BatchNorm's error handles ours
+        raise ValueError("Expected more than 1 value per channel when training, got "
                          f"{count} across {where}")
 
 
