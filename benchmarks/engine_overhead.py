@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
 
 import torch
 from torch import nn
 
+from tandem.bench import write_json
 from tandem.models import create_model
 from tandem.parallel import DataParallel
 
@@ -89,8 +89,7 @@ def main(argv=None) -> dict:
     print(f"  overhead: 1 device {100 * (result['ratio_dp1'] - 1):+.1f}% (target <= 5%), "
           f"2 replicas {100 * (result['ratio_dp2'] - 1):+.1f}% (target <= 10%)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(result, args.json)
     return result
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from tandem.hybrid import HybridParallel, plan
 from tandem.models import create_model
 from tandem.parallel import DataParallel
-from tandem.parallel.devices import parse_devices_flag
+from tandem.parallel.devices import parse_device_spec
 from tandem.bench import write_json
 from tandem.parallel.traffic import TrafficMeter
 
@@ -54,7 +54,7 @@ def _step(wrapped: nn.Module, opt, x, y) -> float:
 
 def run(arch="alexnet", devices="cpu:2", batch=16, size=64, classes=1000, rounds=10, warmup=2,
         seed=0) -> dict:
-    devs = parse_devices_flag(devices)
+    devs = parse_device_spec(devices)
     torch.manual_seed(seed)
     base = create_model(arch, num_classes=classes, dropout=0.0)
     contestants = {

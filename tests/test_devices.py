@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tandem.parallel.devices import parse_devices_flag, resolve_devices, to_device
+from tandem.parallel.devices import parse_device_spec, resolve_devices, to_device
 
 
 def test_repeated_cpu_kept():
@@ -31,10 +31,10 @@ def test_cuda_ordinal_without_cuda():
 
 @pytest.mark.parametrize("flag,n", [("cpu", 1), ("cpu:3", 3), ("CPU:2", 2)])
 def test_flag(flag, n):
-    assert parse_devices_flag(flag) == [torch.device("cpu")] * n
+    assert parse_device_spec(flag, "--devices") == [torch.device("cpu")] * n
 
 
 @pytest.mark.parametrize("flag", ["cpu:0", "cpu:x", "tpu", "cuda:a"])
 def test_bad_flag(flag):
     with pytest.raises(ValueError, match="bad --devices"):
-        parse_devices_flag(flag)
+        parse_device_spec(flag, "--devices")

@@ -11,7 +11,7 @@ from tandem.cli.main import build_parser
 from tandem.cli.train import config_from_namespace
 from tandem.cli.common import given_fields
 from tandem.cli.imagenet_flags import example_overrides
-from tandem.parallel.devices import parse_devices_flag
+from tandem.parallel.devices import parse_device_spec
 
 
 def test_example_command_line_on_jpegs(tmp_path):
@@ -77,4 +77,4 @@ def test_bench_help_shows_defaults_and_no_bare_dest_names():
 
 def test_devices_refuses_mixed_types():
     with pytest.raises(ValueError, match="one device type, not cpu and cuda"):
-        parse_devices_flag("cpu:2,cuda")
+        parse_device_spec("cpu:2,cuda", "--devices")

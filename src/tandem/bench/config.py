@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from tandem.config import COMPILE_MODES
-from tandem.parallel.devices import parse_devices_flag
+from tandem.parallel.buffers import POLICIES
+from tandem.parallel.devices import parse_device_spec
 from tandem.errors import UsageError
 
 __all__ = ["BASELINES", "BenchConfig", "parse_names", "default_strategies"]
@@ -102,7 +103,7 @@ class BenchConfig:
             raise UsageError(f"bad warmup {self.warmup!r}: must be >= 0")
         if self.amp_dtype not in ("bf16", "fp16"):
             raise UsageError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
-        if self.buffers not in ("replica0", "average"):
+        if self.buffers not in POLICIES:
             raise UsageError(f"bad buffers {self.buffers!r}: choose replica0 or average")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"bad threads {self.threads!r}: must be >= 1")
@@ -115,7 +116,7 @@ class BenchConfig:
             raise UsageError("--compile needs --warmup >= 1 (the first step compiles)")
         if self.dist_timeout <= 0:
             raise UsageError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
-        self.device_list = parse_devices_flag(self.devices)
+        self.device_list = parse_device_spec(self.devices, "--devices")
 
     def to_dict(self) -> dict:
         """JSON-ready settings, with the resolved devices."""

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from tandem.errors import first_line
 from tandem.parallel.traffic import TrafficMeter
 from tandem.strategies import strategy_names
 
@@ -86,7 +87,7 @@ def _step_once(lane: _Lane, timed: bool) -> None:
 
 def _describe(exc: BaseException) -> str:
     """``"Type: first line of the message"`` (a table cell, not a traceback)."""
-    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return f"{type(exc).__name__}: {first_line(exc)}"
 
 
 def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size: int, *,

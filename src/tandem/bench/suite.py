@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tandem.errors import first_line
 from tandem.strategies import strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
@@ -81,7 +82,7 @@ def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Co
         return build()
     except Exception as exc:
         return Contestant(name=name, kind=kind, devices=list(devices),
-                          failure=f"setup: {type(exc).__name__}: {exc}".splitlines()[0])
+                          failure=f"setup: {type(exc).__name__}: {first_line(exc)}")
 
 
 def _strategy(name: str, template: nn.Module, config: BenchConfig, batch,

@@ -26,7 +26,7 @@ from . import compat
 from .model_state import load_model_state, plain_state_dict, reason
 from .rng import capture_rng
 
-__all__ = ["FORMAT", "save", "load"]
+__all__ = ["FORMAT", "save", "load", "load_optimizer_state"]
 
 FORMAT = "tandem.checkpoint/1"
 
@@ -175,10 +175,17 @@ def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu
     ckpt = _read(path, map_location)
     if model is not None:
         load_model_state(model, ckpt, path)
-    if optimizer is not None and ckpt.get("optimizer") is not None:
-        try:
-            optimizer.load_state_dict(ckpt["optimizer"])
-        except Exception as exc:
-            raise CheckpointError(f"checkpoint '{path}': optimizer state does not fit the "
-                                  f"optimizer ({reason(exc)})") from None
+    if optimizer is not None:
+        load_optimizer_state(optimizer, ckpt, path)
     return ckpt
+
+
+def load_optimizer_state(optimizer, ckpt: dict, path) -> None:
+    """Load ``ckpt``'s optimizer state (read from ``path``) into ``optimizer``, if it has one."""
+    if ckpt.get("optimizer") is None:
+        return
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint '{path}': optimizer state does not fit the "
+                              f"optimizer ({reason(exc)})") from None

@@ -14,6 +14,7 @@ import sys
 
 from tandem.config import COMPILE_MODES
 from tandem.errors import UsageError
+from tandem.parallel.buffers import POLICIES
 
 __all__ = ["add_parser", "run"]
 
@@ -60,7 +61,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="fp16 adds a GradScaler")
     p.add_argument("--channels-last", action="store_true", help="NHWC model and inputs")
     p.add_argument("--sync-bn", action="store_true", help="strategies use SyncBatchNorm")
-    p.add_argument("--buffers", choices=["replica0", "average"], default="replica0",
+    p.add_argument("--buffers", choices=POLICIES, default=POLICIES[0],
                    help="dp: which replicas' batch-norm running stats to keep")
     p.add_argument("--baselines", default="bare,torch_dp,torch_ddp", metavar="LIST",
                    help="plain-torch contestants to add, or 'none'")

@@ -12,7 +12,7 @@ import torch
 
 from tandem.errors import UsageError
 
-__all__ = ["resolve_devices", "parse_devices_flag", "to_device", "index_of"]
+__all__ = ["resolve_devices", "parse_device_spec", "to_device", "index_of"]
 
 
 def index_of(device: torch.device, devices: Sequence[torch.device]) -> int | None:
@@ -75,17 +75,17 @@ def resolve_devices(device_ids: Iterable | None) -> list[torch.device]:
     return devices
 
 
-def parse_devices_flag(flag: str) -> list[torch.device]:
-    """Parse the CLI ``--devices`` value.
+def parse_device_spec(spec: str, name: str = "device spec") -> list[torch.device]:
+    """Parse a device spec (the CLI's ``--devices``); errors call it ``name``.
 
     Accepted forms: ``cpu`` (one CPU replica), ``cpu:N`` (N CPU replicas, N >= 1), ``cuda``
     (every CUDA device), ``cuda:0,1`` (those CUDA devices), ``auto`` (every CUDA device, else
     one CPU). Raises ``ValueError`` with a one-line message for anything else.
     """
-    text = flag.strip().lower()
+    text = spec.strip().lower()
     kinds = sorted({part.split(":")[0].strip() for part in text.split(",")} & {"cpu", "cuda"})
     if "," in text and len(kinds) > 1:
-        raise UsageError(f"bad --devices {flag!r}: one run uses one device type, not "
+        raise UsageError(f"bad {name} {spec!r}: one run uses one device type, not "
                          f"{' and '.join(kinds)} together (e.g. cpu:2 or cuda:0,1)")
     if text == "auto":
         return resolve_devices(None)
@@ -94,17 +94,17 @@ def parse_devices_flag(flag: str) -> list[torch.device]:
     if text.startswith("cpu:"):
         count = text[4:]
         if not count.isdigit() or int(count) < 1:
-            raise UsageError(f"bad --devices {flag!r}: cpu:N needs N >= 1 (e.g. cpu:2)")
+            raise UsageError(f"bad {name} {spec!r}: cpu:N needs N >= 1 (e.g. cpu:2)")
         return [torch.device("cpu")] * int(count)
     if text == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError(f"bad --devices {flag!r}: CUDA is not available on this machine")
+            raise UsageError(f"bad {name} {spec!r}: CUDA is not available on this machine")
         return resolve_devices(None)
     if text.startswith("cuda:"):
         parts = [p for p in text[5:].split(",")]
         if not parts or not all(p.isdigit() for p in parts):
-            raise UsageError(f"bad --devices {flag!r}: expected cuda:0,1 (a list of ordinals)")
+            raise UsageError(f"bad {name} {spec!r}: expected cuda:0,1 (a list of ordinals)")
         return resolve_devices([int(p) for p in parts])
-    raise UsageError(f"bad --devices {flag!r}: expected cpu, cpu:N, cuda, cuda:0,1 or auto")
+    raise UsageError(f"bad {name} {spec!r}: expected cpu, cpu:N, cuda, cuda:0,1 or auto")
 
 

@@ -102,15 +102,14 @@ def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
     trainer.carried = ckpt.get("epoch_progress") if trainer.position.batch else None
     trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
     foreign = checkpoint_compat.foreign_scheduler(ckpt)
+    checkpoint.load_optimizer_state(trainer.optimizer, ckpt, path)
     try:
-        if ckpt.get("optimizer") is not None:
-            trainer.optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt.get("scheduler") is not None and not foreign:
             trainer.scheduler.load_state_dict(ckpt["scheduler"])
         if ckpt.get("scaler"):
             trainer.scaler.load_state_dict(ckpt["scaler"])
     except (ValueError, KeyError, RuntimeError) as exc:
-        raise UsageError(f"checkpoint '{path}' does not fit this run's optimizer: "
+        raise UsageError(f"checkpoint '{path}' does not fit this run's scheduler or scaler: "
                          f"{first_line(exc)}") from None
     _check_optimizer_shapes(trainer.optimizer, path)
     for group in trainer.optimizer.param_groups:  # this run's flags win over the file's

@@ -23,7 +23,7 @@ from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, 
 from tandem.data import load_dataset, make_loader
 from tandem.distributed.env import LAUNCH_ID_VAR
 from tandem.models import create_model, model_info
-from tandem.parallel.devices import parse_devices_flag
+from tandem.parallel.devices import parse_device_spec
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy, create_strategy
 from tandem.strategies.compile import check_compile, compile_model
@@ -48,7 +48,7 @@ def seed_everything(seed: int) -> None:
 
 def build_strategy(cfg: ParallelConfig) -> Strategy:
     """The strategy named in ``cfg`` on the parsed ``--devices``; checks CUDA-only options."""
-    strategy = create_strategy(cfg.strategy, parse_devices_flag(cfg.devices),
+    strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
                                sync_bn=cfg.sync_bn, buffers=cfg.buffers)
     for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
         if on and strategy.device.type != "cuda":
