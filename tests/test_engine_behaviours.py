@@ -275,14 +275,21 @@ def test_copy_path_sgd_steps_match_one_device(n):
     ref_opt = torch.optim.SGD(trainable(reference), lr=0.1, momentum=0.9)
     for batch in (7, 5, 2, 8):  # uneven chunks and a batch smaller than the replica count
         x = torch.randn(batch, 6, dtype=torch.float64)
-        opt.zero_grad(), ref_opt.zero_grad()
-        out, ref_out = wrapped(x), reference(x)
-        torch.testing.assert_close(out, ref_out, **close)
-        out.square().mean().backward()
-        ref_out.square().mean().backward()
-        _assert_all_close(_grads(model), _grads(reference))
-        opt.step(), ref_opt.step()
-        _assert_all_close(list(model.parameters()), list(reference.parameters()))
+        _step_alongside(wrapped, model, reference, (opt, ref_opt), x)
+
+
+def _step_alongside(wrapped, model, reference, opts, x):
+    """One SGD step of ``wrapped`` and of ``reference`` on ``x``: outputs, grads, weights equal."""
+    for opt in opts:
+        opt.zero_grad()
+    out, ref_out = wrapped(x), reference(x)
+    torch.testing.assert_close(out, ref_out, **close)
+    out.square().mean().backward()
+    ref_out.square().mean().backward()
+    _assert_all_close(_grads(model), _grads(reference))
+    for opt in opts:
+        opt.step()
+    _assert_all_close(list(model.parameters()), list(reference.parameters()))
 
 
 def _bn_net():
@@ -322,14 +329,7 @@ def test_copy_path_sync_batchnorm_matches_one_device(n):
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for batch in (7, 5, 3):
         x = torch.randn(batch, 3, 5, 5, dtype=torch.float64)
-        opt.zero_grad(), ref_opt.zero_grad()
-        out, ref_out = wrapped(x), reference(x)
-        torch.testing.assert_close(out, ref_out, **close)
-        out.square().mean().backward()
-        ref_out.square().mean().backward()
-        _assert_all_close(_grads(model), _grads(reference))
-        opt.step(), ref_opt.step()
-        _assert_all_close(list(model.parameters()), list(reference.parameters()))
+        _step_alongside(wrapped, model, reference, (opt, ref_opt), x)
         _assert_all_close(list(model.buffers()), list(reference.buffers()))
 
 
