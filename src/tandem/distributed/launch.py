@@ -165,6 +165,11 @@ def launch(spec: LaunchSpec) -> int:
     os.environ.setdefault(LAUNCH_ID_VAR, uuid.uuid4().hex if not spec.multi_node else
                           f"{spec.rdzv_id or ''}@{spec.rdzv_endpoint or spec.master_addr}:"
                           f"{spec.master_port or ''}")
+    if spec.max_restarts > 0:
+        # torchrun's shared rendezvous store outlives a restart, and the restarted workers'
+        # process group would then read the dead workers' addresses from it and hang in
+        # gloo's connect. A store of their own per attempt has no stale keys.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ.update(spec.extra_env)
     args = get_args_parser().parse_args(torchrun_argv(spec))
     try:
