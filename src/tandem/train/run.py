@@ -123,18 +123,25 @@ def _fit_classes(info, ckpt: dict | None):
     return replace(info, num_classes=layer[1]) if layer and layer[1] > info.num_classes else info
 
 
-def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> Trainer:
-    train_set, val_set, info = build_data(cfg.data, cfg.run.seed)
+def _prepared_model(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None, info,
+                    path: str | None) -> nn.Module:
+    """The model of ``cfg`` with its weights (``ckpt`` read from ``path``, or --pretrained),
+    set up by ``strategy``: the same for training and for validation."""
     model = build_model(cfg.model, _fit_classes(info, ckpt), cfg.run.seed)
     if ckpt is not None:
-        checkpoint.load_model_state(model, ckpt, cfg.run.resume)
+        checkpoint.load_model_state(model, ckpt, path)
     elif cfg.model.pretrained:
         line = load_pretrained(model, cfg.model.pretrained, cfg.model.arch)
         if strategy.is_main:
             print(line, flush=True)
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    wrapped = _setup(strategy, model, cfg.parallel)
+    return _setup(strategy, model, cfg.parallel)
+
+
+def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> Trainer:
+    train_set, val_set, info = build_data(cfg.data, cfg.run.seed)
+    wrapped = _prepared_model(cfg, strategy, ckpt, info, cfg.run.resume)
     optim = cfg.optim
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
                                 weight_decay=optim.weight_decay)
@@ -162,19 +169,19 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     """``tandem train``: fit (or only validate). ``given``: fields typed on the command line."""
     cfg, ckpt, notes = resumed_config(cfg, given)
     model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
+    if cfg.run.evaluate:
+        result = _validate(cfg, ckpt, cfg.run.resume)
+        if result["is_main"]:
+            print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
+                  f"{result['acc5']:.2f}% ({result['count']} images)")
+        return 0
     _check_out(cfg.run.out)
     strategy = build_strategy(cfg.parallel)
     try:
         trainer = _build_trainer(cfg, strategy, ckpt)
-        seconds = _warm_up(trainer, train=not cfg.run.evaluate)
+        seconds = _warm_up(trainer, train=True)
         if seconds is not None and strategy.is_main:
             print(compiling.describe(seconds, cfg.parallel.compile_mode), flush=True)
-        if cfg.run.evaluate:
-            val = trainer.validate()
-            if strategy.is_main:
-                print(f"val loss {val.loss:.4f} acc {val.acc:.2f}% acc5 {val.acc5:.2f}% "
-                      f"({val.count} images)")
-            return 0
         if ckpt is not None:
             notes += restore(trainer, ckpt, cfg.run.resume)
         keep = prepare_out(cfg, ckpt, strategy, trainer.position.epoch)
@@ -209,18 +216,23 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     cfg = TrainConfig(model=replace(saved.model, arch=arch),
                       data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
                       run=saved.run if seed is None else replace(saved.run, seed=seed))
+    return _validate(cfg, ckpt, checkpoint_path)
+
+
+def _validate(cfg: TrainConfig, ckpt: dict | None, path: str | None) -> dict:
+    """Validate ``cfg``'s model (with ``ckpt``'s weights from ``path``, if any): one pass over
+    the validation set, the same for ``tandem eval`` and ``tandem train -e``."""
     strategy = build_strategy(cfg.parallel)
     try:
         _, val_set, info = build_data(cfg.data, cfg.run.seed)
-        model = build_model(cfg.model, _fit_classes(info, ckpt), cfg.run.seed)
-        checkpoint.load(checkpoint_path, model=model)
-        trainer = Trainer(cfg=cfg, strategy=strategy, model=_setup(strategy, model, parallel),
+        trainer = Trainer(cfg=cfg, strategy=strategy,
+                          model=_prepared_model(cfg, strategy, ckpt, info, path),
                           criterion=make_criterion(cfg.optim, strategy), optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,
                           batches_per_epoch=0, config_dict={})
         seconds = _warm_up(trainer, train=False)
         val = trainer.validate()
-        return {"arch": arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
+        return {"arch": cfg.model.arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
                 "acc5": val.acc5, "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main}
     finally:
