@@ -71,7 +71,7 @@ def prepare_out(cfg: TrainConfig, ckpt: dict | None, strategy: Strategy,
         if not same_dir:
             rundir.clear(out)
             if continues:
-                rundir.fork(source, out, completed_epochs)
+                rundir.fork(source, out)
     return completed_epochs if continues else None
 
 

@@ -129,11 +129,9 @@ def restarted_run(out: str, environ=None) -> bool:
     return resolved.get("launch_id") == launch
 
 
-def fork(source: str, out: str, completed_epochs: int) -> None:
-    """Start ``out`` as a copy of run ``source``'s history up to ``completed_epochs``."""
-    rows = [r for r in read_metrics(source) if r.get("epoch", 0) <= completed_epochs]
-    with open(os.path.join(out, "metrics.jsonl"), "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    best = os.path.join(source, "best.pt")
-    if os.path.isfile(best):
-        shutil.copyfile(best, os.path.join(out, "best.pt"))
+def fork(source: str, out: str) -> None:
+    """Start ``out`` with run ``source``'s history (``metrics.jsonl``, ``best.pt``); the
+    metrics log then keeps the rows up to the resumed checkpoint (``MetricsLog``)."""
+    for name in ("metrics.jsonl", "best.pt"):
+        if os.path.isfile(os.path.join(source, name)):
+            shutil.copyfile(os.path.join(source, name), os.path.join(out, name))
