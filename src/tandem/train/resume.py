@@ -45,8 +45,6 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
     arch = ckpt.get("arch")
     if "arch" not in given and isinstance(arch, str) and arch:  # a file from elsewhere
         cfg = replace(cfg, model=replace(cfg.model, arch=arch))
-    if restarted:
-        notes.append(f"(torchrun restart {restart_count()})")
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
 
 
@@ -76,13 +74,13 @@ def prepare_out(cfg: TrainConfig, ckpt: dict | None, strategy: Strategy,
 
 
 def say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
-    pos = trainer.position
+    """The ``resuming`` line (naming a torchrun restart), then one line per accepted change."""
+    pos, restarts = trainer.position, restart_count()
     print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
           f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
-          + "".join(f" {n}" for n in notes if n.startswith("(")), flush=True)
+          + (f" (torchrun restart {restarts})" if restarts else ""), flush=True)
     for note in notes:
-        if not note.startswith("("):
-            print(f"  {note}", flush=True)
+        print(f"  {note}", flush=True)
 
 
 def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
