@@ -308,15 +308,7 @@ def test_copy_path_buffers_match_the_shared_path(n, policy):
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (copied_model, shared_model)]
     for batch in (7, 9, 8):  # chunks of 2 or more: batch norm needs them
         x = torch.randn(batch, 3, 5, 5, dtype=torch.float64)
-        for opt in opts:
-            opt.zero_grad()
-        out, ref_out = copied(x), shared(x)
-        torch.testing.assert_close(out, ref_out, **close)
-        out.square().mean().backward()
-        ref_out.square().mean().backward()
-        _assert_all_close(_grads(copied_model), _grads(shared_model))
-        for opt in opts:
-            opt.step()
+        _step_alongside(copied, copied_model, shared, opts, x)  # the wrapper holds shared_model
         _assert_all_close(list(copied_model.buffers()), list(shared_model.buffers()))
 
 
