@@ -16,6 +16,7 @@ from torch import nn
 
 from tandem import checkpoint
 from tandem.checkpoint import CheckpointError
+from tandem.distributed.process_group import release_ddp
 
 
 def make_model(in_ch=1):
@@ -222,16 +223,22 @@ def test_distributed_data_parallel_is_unwrapped(tmp_path):
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
                             world_size=1, timeout=timedelta(seconds=60))
+    wrappers = []
     try:
         model = make_model()
         ddp = nn.parallel.DistributedDataParallel(model)
+        wrappers.append(ddp)
         train_steps(ddp, sgd(ddp), 1)
         checkpoint.save(tmp_path / "ddp.pt", ddp)
         fresh = make_model()
         nn.init.zeros_(fresh[0].weight)
-        checkpoint.load(tmp_path / "ddp.pt", nn.parallel.DistributedDataParallel(fresh))
+        fresh_ddp = nn.parallel.DistributedDataParallel(fresh)
+        wrappers.append(fresh_ddp)
+        checkpoint.load(tmp_path / "ddp.pt", fresh_ddp)
         assert_same_state(model, fresh)
     finally:
+        for wrapped in wrappers:
+            release_ddp(wrapped)  # before the group goes (see release_ddp)
         dist.destroy_process_group()
     assert not any(k.startswith("module.")
                    for k in torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"])

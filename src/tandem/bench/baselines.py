@@ -93,6 +93,8 @@ def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: 
     """
     from torch.nn.parallel import DistributedDataParallel
 
+    from tandem.distributed.process_group import release_ddp
+
     if sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model, images, targets = place(model.to(device), *batch, device, channels_last)
@@ -106,4 +108,5 @@ def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: 
         name="torch_ddp" + (COMPILED if compiled else ""), kind="baseline", devices=[device],
         step=step,
         own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
+        close=lambda: release_ddp(wrapped),
     )

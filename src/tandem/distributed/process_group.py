@@ -18,7 +18,7 @@ from tandem.errors import UsageError
 from .env import DistEnv, dist_timeout
 
 __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
-           "all_reduce_sum", "work_group", "STARTUP_TIMEOUT"]
+           "release_ddp", "all_reduce_sum", "work_group", "STARTUP_TIMEOUT"]
 
 #: Seconds every worker may take to join the job (importing torch on a loaded machine).
 STARTUP_TIMEOUT = 300.0
@@ -108,6 +108,20 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
 def work_group():
     """The group training collectives use (``None``, the default group, if not set up)."""
     return _work_group
+
+
+def release_ddp(wrapped) -> None:
+    """Free a ``DistributedDataParallel``'s C++ reducer now, before its groups are destroyed.
+
+    Freed later, the reducer can hold a gloo group's last reference; its destructor then joins
+    gloo's worker threads while holding the GIL, and a worker that needs the GIL to free a
+    finished collective's tensors waits forever (seen at exit under load). Freed here, the
+    group's registry still holds it, and ``destroy_process_group`` frees it without the GIL.
+    The wrapper cannot train afterwards. Safe on anything else (no-op) and twice.
+    """
+    state = getattr(wrapped, "__dict__", {})
+    for name in ("logger", "reducer"):  # the logger holds the reducer too
+        state.pop(name, None)
 
 
 def destroy_process_group() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 from typing import Callable
 
 import torch
@@ -24,6 +25,7 @@ from tandem.distributed.process_group import (
     destroy_process_group,
     init_process_group,
     pick_device,
+    release_ddp,
     work_group,
 )
 from tandem.parallel.buffers import check_policy
@@ -82,6 +84,7 @@ class DDPStrategy(Strategy):
         self.devices = [self._device]
         self.backend = init_process_group(self.env, self._device, timeout)
         self._plain_bn: list[_BatchNorm] = []
+        self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
 
     @property
     def device(self) -> torch.device:
@@ -99,8 +102,10 @@ class DDPStrategy(Strategy):
         # renamed the flag (buffers are synced at construction either way).
         sync = self.buffers == "replica0"
         flag = "forward_sync_buffers" if _HAS_FORWARD_SYNC else "broadcast_buffers"
-        return DistributedDataParallel(model, device_ids=device_ids, process_group=work_group(),
-                                       **{flag: sync})
+        wrapped = DistributedDataParallel(model, device_ids=device_ids,
+                                          process_group=work_group(), **{flag: sync})
+        self._wrappers.append(weakref.ref(wrapped))
+        return wrapped
 
     def unwrap(self, wrapped: nn.Module) -> nn.Module:
         return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
@@ -178,4 +183,8 @@ class DDPStrategy(Strategy):
             contextlib.nullcontext())
 
     def close(self) -> None:
+        """Free the DDP wrappers' reducers, then leave the process group (see release_ddp)."""
+        for ref in self._wrappers:
+            release_ddp(ref())
+        self._wrappers.clear()
         destroy_process_group()
