@@ -26,18 +26,71 @@ DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
               "TANDEM_INJECT_FAULT", "TANDEM_LAUNCH_ID")
 
 
+HOOKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_hooks")
+
+
 def cli_env(**extra) -> dict:
-    """The environment for a `tandem` subprocess: one intra-op thread, no torchrun leftovers."""
+    """The environment for a `tandem` subprocess: one intra-op thread, no torchrun leftovers,
+    and the test hooks of ``child_hooks`` (stack dumps on SIGUSR1, injected faults)."""
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TANDEM_DIST_TIMEOUT="60")
+    path = os.pathsep.join(p for p in (HOOKS_DIR, env.get("PYTHONPATH")) if p)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TANDEM_DIST_TIMEOUT="60",
+               PYTHONPATH=path)
     env.update(extra)
     return env
 
 
+def run_bounded(cmd, timeout, env, cwd=None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to completion; past ``timeout`` seconds, fail the test
+    with every process's Python stacks (SIGUSR1, see child_hooks) and kill all of them, so
+    a hang is diagnosable and leaves nothing behind."""
+    import signal
+    import time
+
+    import pytest
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        everyone = [proc.pid, *descendants(proc.pid)]  # torchrun's workers: own sessions
+        for sig in (signal.SIGUSR1, signal.SIGKILL):
+            for pid in everyone:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:  # it ended meanwhile
+                    pass
+            time.sleep(3 if sig == signal.SIGUSR1 else 0)  # time to write the stacks
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd[2:]))} did not end within {timeout}s; its "
+                    f"output:\n{out[-3000:]}\nits stderr, with every process's stacks:\n"
+                    f"{err[-12000:]}", pytrace=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children first), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        found.append(todo.pop(0))
+        todo += children.get(found[-1], [])
+    return found
+
+
 def run_tandem(*argv, timeout=300, cwd=None, **env) -> subprocess.CompletedProcess:
     """Run `python -m tandem ARGV` to completion (text output captured, hard timeout)."""
-    return subprocess.run([sys.executable, "-m", "tandem", *map(str, argv)], capture_output=True,
-                          text=True, timeout=timeout, env=cli_env(**env), cwd=cwd)
+    return run_bounded([sys.executable, "-m", "tandem", *map(str, argv)], timeout,
+                       cli_env(**env), cwd=cwd)
 
 
 def default_sigint():

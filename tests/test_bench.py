@@ -11,12 +11,13 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 import torch
 from torch import nn
+
+from conftest import cli_env, run_bounded
 
 from tandem.bench import RESULT_FIELDS, BenchConfig, explain, format_table, run_bench, write_json
 from tandem.bench.contestants import Contestant
@@ -29,9 +30,8 @@ STEP_KEYS = {"median", "q1", "q3", "iqr", "min", "max", "mean", "n"}
 
 
 def _run_cli(args, timeout=240):
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "tandem", "bench", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=cli_env()["PYTHONPATH"])
+    return run_bounded([sys.executable, "-m", "tandem", "bench", *args], timeout, env)
 
 
 def _check_result_shape(r: dict, batch: int, steps: int):

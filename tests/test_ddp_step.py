@@ -13,7 +13,6 @@ import contextlib
 import copy
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -220,12 +219,15 @@ def worker_main(out_dir: str) -> None:
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
+    from conftest import cli_env, run_bounded
+
     out = tmp_path_factory.mktemp("ddp_step")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TANDEM_DIST_TIMEOUT="60")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TANDEM_DIST_TIMEOUT="60",
+               PYTHONPATH=cli_env()["PYTHONPATH"])
     # --standalone: torchrun picks a free port itself (no fixed 29500 to collide on).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.abspath(__file__), str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_bounded(cmd, 240, env)
     assert proc.returncode == 0, f"workers failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return [json.load(open(out / f"rank{r}.json")) for r in range(2)]
 

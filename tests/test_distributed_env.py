@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from tandem.distributed.env import DEFAULT_TIMEOUT, DistEnv, dist_timeout, in_torchrun, read_env
-from fault_injection.faults import maybe_inject_fault, parse_fault
+from child_hooks.faults import maybe_inject_fault, parse_fault
 from tandem.distributed.global_loss import local_sum
 from tandem.distributed.launch import LaunchSpec, check_port_free, torchrun_argv
 from tandem.distributed.process_group import backend_for, pick_device

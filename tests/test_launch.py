@@ -24,7 +24,7 @@ import time
 
 import pytest
 import torch
-from conftest import DIST_VARS, cli_env
+from conftest import DIST_VARS, cli_env, run_bounded
 
 from tandem import checkpoint
 from tandem.cli.main import main
@@ -52,19 +52,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-FAULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_injection")
-
-
-def _with_faults(**env) -> dict:
-    """Environment for a launch whose workers get the test-only fault hook (sitecustomize)."""
-    path = os.pathsep.join(p for p in (FAULTS_DIR, os.environ.get("PYTHONPATH")) if p)
-    return dict(env, PYTHONPATH=path)
-
-
 def _run(args, timeout=150, **env):
     start = time.monotonic()
-    proc = subprocess.run(TANDEM + args, env=_env(**env), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = run_bounded(TANDEM + args, timeout, _env(**env))
     return proc, time.monotonic() - start
 
 
@@ -177,7 +167,7 @@ def _two_nodes(tmp_path, port):
 def test_worker_error_stops_the_job(tmp_path):
     out = tmp_path / "raise"
     proc, _ = _run(["launch", "--nproc-per-node", "2", "--", *TRAIN, "--strategy", "ddp",
-                          "--out", str(out)], **_with_faults(TANDEM_INJECT_FAULT="1:2:raise"))
+                    "--out", str(out)], TANDEM_INJECT_FAULT="1:2:raise")
     assert proc.returncode != 0, proc.stderr[-4000:]
     assert "RuntimeError: injected fault on rank 1 at step 2" in proc.stderr
     # torch names whichever rank failed first: rank 1, or rank 0 whose peer vanished.
@@ -188,8 +178,7 @@ def test_worker_error_stops_the_job(tmp_path):
 def test_hung_worker_times_out(tmp_path):
     out = tmp_path / "hang"
     proc, _ = _run(["launch", "--nproc-per-node", "2", "--dist-timeout", "5", "--",
-                          *TRAIN, "--strategy", "ddp", "--out", str(out)],
-                         **_with_faults(TANDEM_INJECT_FAULT="1:2:hang"))
+                    *TRAIN, "--strategy", "ddp", "--out", str(out)], TANDEM_INJECT_FAULT="1:2:hang")
     # Rank 0 gives up in its collective after 5 s; the agent then stops the hung rank 1.
     assert proc.returncode != 0, proc.stderr[-4000:]
     assert "tandem launch: rank " in proc.stderr, proc.stderr[-4000:]

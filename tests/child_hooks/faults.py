@@ -10,7 +10,7 @@ it). The worker with global rank ``RANK`` then fails when it starts training ste
   process-group timeout fires.
 
 Unset (the normal case) it does nothing. ``sitecustomize.py`` beside it installs the hook in
-every worker of a launch whose PYTHONPATH starts with this directory.
+every `tandem` subprocess of the tests (see ``conftest.cli_env``).
 """
 
 from __future__ import annotations
