@@ -96,6 +96,7 @@ def test_cli_bench_json_every_field(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu(tmp_path):
     if "ddp" not in registered_strategies():
         pytest.skip("ddp strategy not registered")
@@ -378,6 +379,7 @@ def test_run_bench_on_cuda_reports_peak_memory():
 
 @pytest.mark.cuda
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_cli_bench_ddp_and_torch_ddp_on_cuda(tmp_path):
     out = tmp_path / "ddp.json"
     proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,ddp", "--devices",

@@ -218,6 +218,7 @@ def _save_plain(tmp_path, model):
     return checkpoint.save(tmp_path / "plain.pt", model, rng=False)
 
 
+@pytest.mark.distributed
 def test_distributed_data_parallel_is_unwrapped(tmp_path):
     from datetime import timedelta
 

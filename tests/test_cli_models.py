@@ -1,9 +1,11 @@
-"""`tandem models`, run as a subprocess the way a user runs it."""
+"""`tandem models`: the table as a subprocess, the way a user runs it; options and errors
+in this process (the same ``main``, without a second start-up)."""
 
 import json
 
 from conftest import run_tandem
 
+from tandem.cli.main import main
 from tandem.models import list_models
 
 PARAMS = {"alexnet": 61_100_840, "cifar_resnet20": 269_722, "resnet50": 25_557_032,
@@ -26,11 +28,10 @@ def test_table_lists_every_model():
     assert rows["cifar_resnet20"][3:] == ["32x32", "10"]
 
 
-def test_json_and_options():
-    proc = tandem("cifar_resnet20", "alexnet", "--json", "--num-classes", "7",
-                  "--input-size", "64")
-    assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+def test_json_and_options(capsys):
+    assert main(["models", "cifar_resnet20", "alexnet", "--json", "--num-classes", "7",
+                 "--input-size", "64"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["name"] for r in rows] == ["cifar_resnet20", "alexnet"]
     assert rows[0]["num_classes"] == 7 and rows[0]["input_size"] == 64
     assert rows[0]["params"] == 269_722 - 3 * 65  # 3 fewer outputs of a 64-input fc
@@ -38,10 +39,10 @@ def test_json_and_options():
     assert rows[0]["macs"] == 4 * (40_551_040 - 640) + 64 * 7
 
 
-def test_errors_are_one_line():
-    proc = tandem("resnet9")
-    assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("tandem: error: unknown model 'resnet9'")
-    assert "cifar_resnet20" in proc.stderr and "Traceback" not in proc.stderr
-    proc = tandem("vgg11", "--input-size", "16")
-    assert proc.returncode == 2 and "at least 32x32" in proc.stderr
+def test_errors_are_one_line(capsys):
+    assert main(["models", "resnet9"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().startswith("tandem: error: unknown model 'resnet9'")
+    assert "cifar_resnet20" in err and len(err.strip().splitlines()) == 1
+    assert main(["models", "vgg11", "--input-size", "16"]) == 2
+    assert "at least 32x32" in capsys.readouterr().err

@@ -128,6 +128,7 @@ def test_strategies_reach_the_same_weights(single_run, strategy, tmp_path):
     assert_same_weights(single_run, tmp_path / "checkpoint.pt")
 
 
+@pytest.mark.distributed
 def test_two_process_ddp_reaches_the_same_weights(single_run, tmp_path):
     ok("launch", "--nproc-per-node", "2", "--", "train", *TINY, *STEPS, "--strategy", "ddp",
        "--sync-bn", "--devices", "cpu", "--out", str(tmp_path))

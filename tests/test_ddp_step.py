@@ -217,6 +217,9 @@ def worker_main(out_dir: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # pytest side
 # ---------------------------------------------------------------------------------------------
+pytestmark = pytest.mark.distributed
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     from conftest import cli_env, run_bounded

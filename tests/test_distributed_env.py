@@ -189,6 +189,7 @@ def test_ddp_without_torchrun_env_is_one_line(monkeypatch):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.distributed
 def test_world_size_one_ddp_equals_plain_training(monkeypatch):
     import torch.distributed as dist
 

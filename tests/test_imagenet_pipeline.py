@@ -2,7 +2,6 @@
 the val crop against the same operations in plain Pillow, uint8-then-device against float on
 the CPU, and loaders against each other across worker counts and ranks. No timing here."""
 
-import io
 import logging
 
 import numpy as np

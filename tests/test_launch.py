@@ -40,7 +40,7 @@ TRAIN = ["train", "--data", "synthetic", "--synthetic-size", "11", "--image-size
          "--accum-steps", "2", "--epochs", "2", "--max-steps", "3",
          "--no-progress", "--seed", "3", "--devices", "cpu"]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
 _env = cli_env  # one intra-op thread, TANDEM_DIST_TIMEOUT=60, no torchrun variables

@@ -1,6 +1,7 @@
 """Interrupts and restarts of 2-process `tandem launch` jobs, compared with the same job run
 straight through: bitwise equal weights and equal metrics. Also: the bench's torchrun phase
-succeeds every time (it once aborted at teardown about one run in four).
+succeeds in a row (it once aborted or hung at teardown about one run in four; ``scripts/
+stress_mp.sh`` repeats these tests many times, also beside busy CPU loops).
 
 Every subprocess has a hard timeout and no worker is left behind.
 """
@@ -14,9 +15,9 @@ import time
 
 import pytest
 import torch
-from conftest import cli_env, run_tandem
+from conftest import cli_env, run_bounded, run_tandem
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 # 160 synthetic samples in global batches of 4: 40 steps an epoch, 2 epochs, over 2 ranks.
 JOB = ["train", "--strategy", "ddp", "--devices", "cpu", "--data", "synthetic",
@@ -91,8 +92,7 @@ def stop(proc: subprocess.Popen, run) -> None:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
-    proc = subprocess.run(launch("--", *JOB, "--out", out), capture_output=True, text=True,
-                          timeout=300, env=cli_env())
+    proc = run_bounded(launch("--", *JOB, "--out", out), 300, cli_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -126,8 +126,7 @@ def test_sigint_to_a_ddp_launch_saves_where_all_ranks_stop_then_resumes_exactly(
     assert err.count("tandem: interrupted") == 1  # rank 1 leaves it to rank 0
     assert workers_of(run) == {}
 
-    resumed = subprocess.run(launch("--", "train", "--resume", run), capture_output=True,
-                             text=True, timeout=300, env=cli_env())
+    resumed = run_bounded(launch("--", "train", "--resume", run), 300, cli_env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.startswith(f"resuming {run / 'checkpoint.pt'} at epoch 1/2, step "
                                      f"{position['step']} ({position['batch']}/40 batches")
@@ -159,14 +158,14 @@ def test_sigkilled_worker_restarted_by_torchrun_finishes_equal_to_the_straight_r
     assert workers_of(run) == {}
 
 
-def test_bench_torchrun_phase_succeeds_twelve_times_in_a_row(tmp_path):
+def test_bench_torchrun_phase_succeeds_three_times_in_a_row(tmp_path):
     from tandem.bench.config import BenchConfig
     from tandem.bench.distributed import distributed_phase
 
     config = BenchConfig(arch="cifar_resnet20", strategies="single,ddp", devices="cpu:2",
                          baselines="none", batch_size=4, steps=1, warmup=0, image_size=8,
                          dist_timeout=200, threads=1)
-    for attempt in range(12):
+    for attempt in range(3):
         (result,) = distributed_phase(config, ["ddp"])
         assert result["status"] == "ok", (attempt, result.get("reason"))
 

@@ -29,6 +29,16 @@ def ok(*argv):
     return proc
 
 
+def in_process(capsys, *argv) -> tuple[int, str, str]:
+    """`tandem ARGV` in this process: exit code, stdout, stderr. For commands refused before
+    any training (saves a subprocess's start-up); the real CLI process is tested elsewhere."""
+    from tandem.cli.main import main
+
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def state(path) -> dict:
     return torch.load(path, weights_only=True)
 
@@ -48,8 +58,7 @@ def snapshot(run) -> dict:
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.iterdir())}
 
 
-STRATEGIES = {
-    "dp": ["--strategy", "dp", "--devices", "cpu:2"],
+STRATEGIES = {  # plain dp is the accum2 case's path with one batch per step
     "balanced": ["--strategy", "balanced", "--devices", "cpu:2"],
     "dp-accum2": ["--strategy", "dp", "--devices", "cpu:2", "--accum-steps", "2"],
 }
@@ -83,7 +92,7 @@ def test_no_flag_resume_equals_the_straight_run(name, tmp_path):
             assert g[key] == w[key], key
 
 
-def test_refused_changes_leave_the_run_untouched(tmp_path):
+def test_refused_changes_leave_the_run_untouched(tmp_path, capsys):
     run = tmp_path / "run"
     ok("train", *TINY, "--strategy", "dp", "--devices", "cpu:2", "--max-steps", "2",
        "--out", run)
@@ -91,9 +100,9 @@ def test_refused_changes_leave_the_run_untouched(tmp_path):
     for flag, value, old in (("-b", "8", "6"), ("--accum-steps", "2", "1"),
                              ("--seed", "4", "3"), ("--data", "digits", "synthetic"),
                              ("-a", "cifar_resnet32", "cifar_resnet20")):
-        proc = run_tandem("train", "--resume", run, flag, value)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        code, _, err = in_process(capsys, "train", "--resume", run, flag, value)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, err
         long_flag = {"-b": "--batch-size", "-a": "--arch"}.get(flag, flag)
         assert lines[0].startswith(f"tandem: error: {long_flag} {value} would change the run")
         assert f"which has {long_flag} {old}" in lines[0] and "another --out" in lines[0]
@@ -127,17 +136,18 @@ def test_fork_into_a_new_directory_keeps_the_original(tmp_path):
     assert state(fork / "checkpoint.pt")["data_position"]["epoch"] == 2
 
 
-def test_fresh_run_into_a_run_directory_is_refused_and_best_pt_survives(tmp_path):
+def test_fresh_run_into_a_run_directory_is_refused_and_best_pt_survives(tmp_path, capsys):
     run = tmp_path / "run"
     ok("train", *TINY, "--out", run, "--devices", "cpu")
     best = (run / "best.pt").read_bytes()
     before = snapshot(run)
     acc = max(r["val_acc"] for r in rows(run))
-    proc = run_tandem("train", *TINY, "--lr", "0.5", "--out", run, "--devices", "cpu")
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert f"already holds a run (2 epoch(s), best val acc {acc:.2f}%)" in proc.stderr
+    code, _, err = in_process(capsys, "train", *TINY, "--lr", "0.5", "--out", run, "--devices",
+                              "cpu")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"already holds a run (2 epoch(s), best val acc {acc:.2f}%)" in err
     for choice in (f"--resume {run}", "another --out", "--overwrite"):
-        assert choice in proc.stderr
+        assert choice in err
     assert snapshot(run) == before
     # --overwrite replaces it: a new history, written from scratch.
     ok("train", *TINY, "--epochs", "1", "--out", run, "--devices", "cpu", "--overwrite")

@@ -158,6 +158,9 @@ def spawn(backend, out_dir):
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(WORLD)]
 
 
+pytestmark = pytest.mark.distributed
+
+
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory):
     return spawn("gloo", str(tmp_path_factory.mktemp("syncbn_gloo")))

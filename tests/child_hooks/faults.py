@@ -16,6 +16,7 @@ every `tandem` subprocess of the tests (see ``conftest.cli_env``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -49,5 +50,8 @@ def maybe_inject_fault(rank: int, step: int, environ=None) -> None:
     print(f"tandem: {message} ({mode})", file=sys.stderr, flush=True)
     if mode == "exit":
         os._exit(3)
+    # A worker stuck in a collective never gets back to Python to run tandem's SIGTERM handler,
+    # so torchrun SIGKILLs it after a 30 s grace; this one dies of the SIGTERM at once instead.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while True:  # hang: the peers' collectives must time out
         time.sleep(60)
