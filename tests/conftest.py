@@ -93,6 +93,32 @@ def run_tandem(*argv, timeout=300, cwd=None, **env) -> subprocess.CompletedProce
                        cli_env(**env), cwd=cwd)
 
 
+def run_in_process(*argv) -> subprocess.CompletedProcess:
+    """`tandem ARGV` through the CLI's ``main`` in this process, with one intra-op thread as
+    ``run_tandem`` gives: the same code without a new interpreter's start-up (seconds each).
+    For runs that need no signals, torchrun or a fresh process (those use ``run_tandem``)."""
+    import contextlib
+    import io
+
+    import torch
+
+    from tandem.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in argv])
+            except SystemExit as exc:  # argparse
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(["tandem", *map(str, argv)], code, out.getvalue(),
+                                       err.getvalue())
+
+
 def default_sigint():
     """preexec_fn: SIGINT back to its default (a child inherits an *ignored* SIGINT when pytest
     runs in the background of a non-interactive shell, and Python then never raises it)."""

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 from torch import nn
-from conftest import run_tandem
+from conftest import run_in_process
 
 from tandem.cli.main import main
 from tandem.models import create_model
@@ -19,7 +19,7 @@ DATA = ["--data", "synthetic", "--synthetic-size", "24", "--image-size", "8",
 
 
 def tandem(*argv):
-    return run_tandem(*argv, timeout=180)
+    return run_in_process(*argv)
 
 
 def eval_json(path, *extra):

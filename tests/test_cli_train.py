@@ -1,4 +1,5 @@
-"""`tandem train` end to end, as subprocesses: outputs, exact resume, strategy invariance, errors.
+"""`tandem train` end to end through the CLI: outputs, exact resume, strategy invariance,
+errors. Runs go through ``main`` in this process; `tandem launch` runs as a real subprocess.
 
 Runs are tiny (synthetic 8x8 images, a few steps) so that each takes a few seconds.
 """
@@ -7,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_tandem
+from conftest import run_in_process, run_tandem
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +18,9 @@ TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
 
 
 def tandem(*argv, timeout=240):
-    return run_tandem(*argv, timeout=timeout, PYTHONWARNINGS="ignore")
+    if argv[0] == "launch":
+        return run_tandem(*argv, timeout=timeout, PYTHONWARNINGS="ignore")
+    return run_in_process(*argv)
 
 
 def ok(*argv):

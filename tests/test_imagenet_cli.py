@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import make_image_folder, run_tandem
+from conftest import make_image_folder, run_in_process
 from tandem.cli.main import build_parser
 from tandem.cli.train import config_from_namespace
 from tandem.cli.common import given_fields
@@ -17,7 +17,7 @@ from tandem.parallel.devices import parse_device_spec
 def test_example_command_line_on_jpegs(tmp_path):
     data = make_image_folder(tmp_path / "imgs", size=32)
     out = tmp_path / "run"
-    proc = run_tandem("train", "-a", "resnet18", "-b", 8, "--lr", 0.01, "--momentum", 0.9,
+    proc = run_in_process("train", "-a", "resnet18", "-b", 8, "--lr", 0.01, "--momentum", 0.9,
                       "--wd", 1e-4, "-j", 0, "--epochs", 1, "-p", 1, "--seed", 0,
                       "--out", out, data)
     assert proc.returncode == 0, proc.stderr
@@ -47,7 +47,7 @@ def test_dir_and_gpu_map_onto_data_and_devices_and_count_as_given():
 
 
 def test_distributed_flags_print_the_launch_command():
-    proc = run_tandem("train", "-a", "resnet50", "--dist-url", "tcp://10.1.1.1:23456",
+    proc = run_in_process("train", "-a", "resnet50", "--dist-url", "tcp://10.1.1.1:23456",
                       "--dist-backend", "nccl", "--multiprocessing-distributed",
                       "--world-size", 2, "--rank", 1, "-b", 256, "/data/imagenet")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
@@ -58,17 +58,17 @@ def test_distributed_flags_print_the_launch_command():
 
 
 def test_one_line_errors_and_version():
-    proc = run_tandem("train", "--start-epoch", 5, "/data/imagenet")
+    proc = run_in_process("train", "--start-epoch", 5, "/data/imagenet")
     assert proc.returncode == 2 and "--start-epoch is not supported" in proc.stderr
     assert proc.stderr.count("\n") == 1
-    proc = run_tandem("train", "-a", "resnet18", "--pretrained", "/")
+    proc = run_in_process("train", "-a", "resnet18", "--pretrained", "/")
     assert proc.returncode == 2 and "never downloads" in proc.stderr
-    proc = run_tandem("--version")
+    proc = run_in_process("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("tandem ")
 
 
 def test_bench_help_shows_defaults_and_no_bare_dest_names():
-    text = " ".join(run_tandem("bench", "--help").stdout.split())  # wrapping aside
+    text = " ".join(run_in_process("bench", "--help").stdout.split())  # wrapping aside
     assert "(default: 64)" in text and "(default: single,dp,balanced)" in text
     for dest in ("ARCH ARCH", "STRATEGIES", "BATCH_SIZE", "STEPS", "WARMUP", "IMAGE_SIZE",
                  "NUM_CLASSES", "BASELINES", "THREADS", "SEED", "DIST_TIMEOUT", "--json JSON"):

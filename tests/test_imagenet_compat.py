@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_image_folder, run_tandem
+from conftest import make_image_folder, run_in_process
 from tandem import checkpoint
 from tandem.checkpoint.compat import final_layer, foreign_scheduler, strip_wrappers
 from tandem.config import TrainConfig
@@ -124,7 +124,7 @@ def test_cli_eval_and_train_resume_of_example_files(tmp_path):
     data = make_image_folder(tmp_path / "imgs")
     alex = tmp_path / "alexnet.pth.tar"
     example_checkpoint(alex, "alexnet")
-    proc = run_tandem("eval", "--resume", alex, "--data", data, "--image-size", 64, "--json")
+    proc = run_in_process("eval", "--resume", alex, "--data", data, "--image-size", 64, "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["arch"] == "alexnet" and result["count"] > 0
@@ -133,7 +133,7 @@ def test_cli_eval_and_train_resume_of_example_files(tmp_path):
     r18 = tmp_path / "resnet18.pth.tar"
     example_checkpoint(r18, "resnet18", fmt="new")
     out = tmp_path / "run"
-    proc = run_tandem("train", "--resume", r18, data, "-b", 8, "--epochs", 4, "--out", out)
+    proc = run_in_process("train", "--resume", r18, data, "-b", 8, "--epochs", 4, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert "resuming" in proc.stdout and "at epoch 4/4" in proc.stdout
     assert "StepLR state is not tandem's" in proc.stdout

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from conftest import run_tandem
+from conftest import run_in_process
 from tandem import checkpoint
 from tandem.models import create_model
 from tandem.pretrained import PretrainedError, load_pretrained
@@ -68,12 +68,12 @@ def test_cli_fine_tune_and_refusals(tmp_path):
     path = tmp_path / "gray.pth"  # digits are 1-channel images
     torch.save(create_model("cifar_resnet20", num_classes=100, in_channels=1).state_dict(), path)
     out = tmp_path / "run"
-    proc = run_tandem("train", "-a", "cifar_resnet20", "--data", "digits", "--weights", path,
+    proc = run_in_process("train", "-a", "cifar_resnet20", "--data", "digits", "--weights", path,
                       "--epochs", 1, "--max-steps", 2, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert "left out fc.weight, fc.bias (100 classes in the file, 10 here" in proc.stdout
-    proc = run_tandem("train", "--resume", out, "--pretrained", path)
+    proc = run_in_process("train", "--resume", out, "--pretrained", path)
     assert proc.returncode == 2 and "give one of them" in proc.stderr
-    proc = run_tandem("train", "-a", "cifar_resnet20", "--pretrained")
+    proc = run_in_process("train", "-a", "cifar_resnet20", "--pretrained")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "never downloads" in proc.stderr and "--pretrained FILE" in proc.stderr

@@ -2,7 +2,8 @@
 
 Resumes take their settings from the checkpoint; a resume must show (and is checked for) where
 it continued: the `resuming` line, the batches it trained, one metrics row per epoch. Refused
-commands and fresh runs into a run directory must leave every byte of it as it was.
+commands and fresh runs into a run directory must leave every byte of it as it was. Runs go
+through the CLI's ``main`` in this process; the Ctrl-C test runs a real subprocess.
 """
 
 import json
@@ -14,7 +15,7 @@ import time
 
 import pytest
 import torch
-from conftest import cli_env, default_sigint, run_tandem
+from conftest import cli_env, default_sigint, run_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -24,19 +25,9 @@ TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8", "-
 
 
 def ok(*argv):
-    proc = run_tandem(*argv)
+    proc = run_in_process(*argv)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
-
-
-def in_process(capsys, *argv) -> tuple[int, str, str]:
-    """`tandem ARGV` in this process: exit code, stdout, stderr. For commands refused before
-    any training (saves a subprocess's start-up); the real CLI process is tested elsewhere."""
-    from tandem.cli.main import main
-
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def state(path) -> dict:
@@ -92,7 +83,7 @@ def test_no_flag_resume_equals_the_straight_run(name, tmp_path):
             assert g[key] == w[key], key
 
 
-def test_refused_changes_leave_the_run_untouched(tmp_path, capsys):
+def test_refused_changes_leave_the_run_untouched(tmp_path):
     run = tmp_path / "run"
     ok("train", *TINY, "--strategy", "dp", "--devices", "cpu:2", "--max-steps", "2",
        "--out", run)
@@ -100,9 +91,9 @@ def test_refused_changes_leave_the_run_untouched(tmp_path, capsys):
     for flag, value, old in (("-b", "8", "6"), ("--accum-steps", "2", "1"),
                              ("--seed", "4", "3"), ("--data", "digits", "synthetic"),
                              ("-a", "cifar_resnet32", "cifar_resnet20")):
-        code, _, err = in_process(capsys, "train", "--resume", run, flag, value)
-        lines = err.strip().splitlines()
-        assert code == 2 and len(lines) == 1, err
+        proc = run_in_process("train", "--resume", run, flag, value)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
         long_flag = {"-b": "--batch-size", "-a": "--arch"}.get(flag, flag)
         assert lines[0].startswith(f"tandem: error: {long_flag} {value} would change the run")
         assert f"which has {long_flag} {old}" in lines[0] and "another --out" in lines[0]
@@ -136,18 +127,17 @@ def test_fork_into_a_new_directory_keeps_the_original(tmp_path):
     assert state(fork / "checkpoint.pt")["data_position"]["epoch"] == 2
 
 
-def test_fresh_run_into_a_run_directory_is_refused_and_best_pt_survives(tmp_path, capsys):
+def test_fresh_run_into_a_run_directory_is_refused_and_best_pt_survives(tmp_path):
     run = tmp_path / "run"
     ok("train", *TINY, "--out", run, "--devices", "cpu")
     best = (run / "best.pt").read_bytes()
     before = snapshot(run)
     acc = max(r["val_acc"] for r in rows(run))
-    code, _, err = in_process(capsys, "train", *TINY, "--lr", "0.5", "--out", run, "--devices",
-                              "cpu")
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"already holds a run (2 epoch(s), best val acc {acc:.2f}%)" in err
+    proc = run_in_process("train", *TINY, "--lr", "0.5", "--out", run, "--devices", "cpu")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"already holds a run (2 epoch(s), best val acc {acc:.2f}%)" in proc.stderr
     for choice in (f"--resume {run}", "another --out", "--overwrite"):
-        assert choice in err
+        assert choice in proc.stderr
     assert snapshot(run) == before
     # --overwrite replaces it: a new history, written from scratch.
     ok("train", *TINY, "--epochs", "1", "--out", run, "--devices", "cpu", "--overwrite")
