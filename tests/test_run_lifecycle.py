@@ -49,7 +49,8 @@ def snapshot(run) -> dict:
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.iterdir())}
 
 
-STRATEGIES = {  # plain dp is the accum2 case's path with one batch per step
+STRATEGIES = {
+    "dp": ["--strategy", "dp", "--devices", "cpu:2"],
     "balanced": ["--strategy", "balanced", "--devices", "cpu:2"],
     "dp-accum2": ["--strategy", "dp", "--devices", "cpu:2", "--accum-steps", "2"],
 }
