@@ -158,6 +158,7 @@ def test_sigkilled_worker_restarted_by_torchrun_finishes_equal_to_the_straight_r
     assert workers_of(run) == {}
 
 
+@pytest.mark.timeout(900)  # 12 torchrun jobs: minutes on a busy 2-core machine
 def test_bench_torchrun_phase_succeeds_twelve_times_in_a_row(tmp_path):
     from tandem.bench.config import BenchConfig
     from tandem.bench.distributed import distributed_phase
