@@ -29,15 +29,20 @@ DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 HOOKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_hooks")
 
 
+def with_hooks(env: dict) -> dict:
+    """``env`` with ``child_hooks`` first on PYTHONPATH: its subprocesses dump their stacks on
+    SIGUSR1 (see ``run_bounded``) and take injected faults."""
+    path = os.pathsep.join(p for p in (HOOKS_DIR, env.get("PYTHONPATH")) if p)
+    return dict(env, PYTHONPATH=path)
+
+
 def cli_env(**extra) -> dict:
     """The environment for a `tandem` subprocess: one intra-op thread, no torchrun leftovers,
-    and the test hooks of ``child_hooks`` (stack dumps on SIGUSR1, injected faults)."""
+    and the test hooks (``with_hooks``)."""
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    path = os.pathsep.join(p for p in (HOOKS_DIR, env.get("PYTHONPATH")) if p)
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TANDEM_DIST_TIMEOUT="60",
-               PYTHONPATH=path)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TANDEM_DIST_TIMEOUT="60")
     env.update(extra)
-    return env
+    return with_hooks(env)
 
 
 def run_bounded(cmd, timeout, env, cwd=None) -> subprocess.CompletedProcess:
@@ -55,13 +60,9 @@ def run_bounded(cmd, timeout, env, cwd=None) -> subprocess.CompletedProcess:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         everyone = [proc.pid, *descendants(proc.pid)]  # torchrun's workers: own sessions
-        for sig in (signal.SIGUSR1, signal.SIGKILL):
-            for pid in everyone:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:  # it ended meanwhile
-                    pass
-            time.sleep(3 if sig == signal.SIGUSR1 else 0)  # time to write the stacks
+        _signal_all(everyone, signal.SIGUSR1)
+        time.sleep(3)  # time to write the stacks
+        _signal_all(everyone, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(map(str, cmd[2:]))} did not end within {timeout}s; its "
                     f"output:\n{out[-3000:]}\nits stderr, with every process's stacks:\n"
@@ -69,17 +70,36 @@ def run_bounded(cmd, timeout, env, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def _signal_all(pids: list[int], sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # it ended meanwhile
+            pass
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs (exists and is not a zombie)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
 def descendants(pid: int) -> list[int]:
     """The live processes below ``pid`` (children first), read from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
+        fields = proc_stat(int(entry)) if entry.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = [], list(children.get(pid, []))
     while todo:
         found.append(todo.pop(0))

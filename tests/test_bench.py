@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import cli_env, run_bounded
+from conftest import run_bounded, with_hooks
 
 from tandem.bench import RESULT_FIELDS, BenchConfig, explain, format_table, run_bench, write_json
 from tandem.bench.contestants import Contestant
@@ -30,7 +30,7 @@ STEP_KEYS = {"median", "q1", "q3", "iqr", "min", "max", "mean", "n"}
 
 
 def _run_cli(args, timeout=240):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=cli_env()["PYTHONPATH"])
+    env = with_hooks(dict(os.environ, PYTHONWARNINGS="ignore"))
     return run_bounded([sys.executable, "-m", "tandem", "bench", *args], timeout, env)
 
 

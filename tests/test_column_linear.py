@@ -1,6 +1,5 @@
 """ColumnParallelLinear / RowParallelLinear / Shardwise against one nn.Linear on one device."""
 
-
 import pytest
 import torch
 from torch import nn

@@ -225,8 +225,7 @@ def ranks(tmp_path_factory):
     from conftest import cli_env, run_bounded
 
     out = tmp_path_factory.mktemp("ddp_step")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TANDEM_DIST_TIMEOUT="60",
-               PYTHONPATH=cli_env()["PYTHONPATH"])
+    env = cli_env()  # one intra-op thread, TANDEM_DIST_TIMEOUT=60, the test hooks
     # --standalone: torchrun picks a free port itself (no fixed 29500 to collide on).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.abspath(__file__), str(out)]

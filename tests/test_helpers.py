@@ -5,7 +5,7 @@ import sys
 import time
 
 import pytest
-from conftest import cli_env, run_bounded
+from conftest import alive, cli_env, run_bounded
 
 HANG = """
 import subprocess, sys, time
@@ -18,14 +18,6 @@ wait_forever()
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_hung_job_fails_with_its_stacks_and_leaves_no_process():
     with pytest.raises(pytest.fail.Exception) as failed:
         run_bounded([sys.executable, "-c", HANG], 5, cli_env())
@@ -34,9 +26,9 @@ def test_a_hung_job_fails_with_its_stacks_and_leaves_no_process():
     assert "in wait_forever" in message  # faulthandler's dump of the main process
     worker = int(message.split("worker pid: ", 1)[1].split()[0])
     deadline = time.monotonic() + 10
-    while _alive(worker) and time.monotonic() < deadline:
+    while alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(worker), f"process {worker} of the hung job is still running"
+    assert not alive(worker), f"process {worker} of the hung job is still running"
 
 
 def test_a_finished_job_returns_its_output():

@@ -18,8 +18,8 @@ def test_example_command_line_on_jpegs(tmp_path):
     data = make_image_folder(tmp_path / "imgs", size=32)
     out = tmp_path / "run"
     proc = run_in_process("train", "-a", "resnet18", "-b", 8, "--lr", 0.01, "--momentum", 0.9,
-                      "--wd", 1e-4, "-j", 0, "--epochs", 1, "-p", 1, "--seed", 0,
-                      "--out", out, data)
+                          "--wd", 1e-4, "-j", 0, "--epochs", 1, "-p", 1, "--seed", 0,
+                          "--out", out, data)
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stdout + proc.stderr  # not a terminal: no bar frames
     assert "epoch 1/1 [1/3] loss" in proc.stdout and "acc5" in proc.stdout
@@ -48,8 +48,8 @@ def test_dir_and_gpu_map_onto_data_and_devices_and_count_as_given():
 
 def test_distributed_flags_print_the_launch_command():
     proc = run_in_process("train", "-a", "resnet50", "--dist-url", "tcp://10.1.1.1:23456",
-                      "--dist-backend", "nccl", "--multiprocessing-distributed",
-                      "--world-size", 2, "--rank", 1, "-b", 256, "/data/imagenet")
+                          "--dist-backend", "nccl", "--multiprocessing-distributed",
+                          "--world-size", 2, "--rank", 1, "-b", 256, "/data/imagenet")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "tandem launch --nproc-per-node" in proc.stderr
     assert "--nnodes 2 --node-rank 1 --master-addr 10.1.1.1 --master-port 23456" in proc.stderr

@@ -24,7 +24,7 @@ import time
 
 import pytest
 import torch
-from conftest import DIST_VARS, cli_env, run_bounded
+from conftest import DIST_VARS, alive, cli_env, run_bounded
 
 from tandem import checkpoint
 from tandem.cli.main import main
@@ -67,11 +67,9 @@ def _pids_with(marker: str) -> list[int]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker in cmdline and state != "Z":
+        if marker in cmdline and alive(int(entry)):
             pids.append(int(entry))
     return pids
 

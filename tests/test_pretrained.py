@@ -68,8 +68,8 @@ def test_cli_fine_tune_and_refusals(tmp_path):
     path = tmp_path / "gray.pth"  # digits are 1-channel images
     torch.save(create_model("cifar_resnet20", num_classes=100, in_channels=1).state_dict(), path)
     out = tmp_path / "run"
-    proc = run_in_process("train", "-a", "cifar_resnet20", "--data", "digits", "--weights", path,
-                      "--epochs", 1, "--max-steps", 2, "--out", out)
+    proc = run_in_process("train", "-a", "cifar_resnet20", "--data", "digits", "--weights",
+                          path, "--epochs", 1, "--max-steps", 2, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert "left out fc.weight, fc.bias (100 classes in the file, 10 here" in proc.stdout
     proc = run_in_process("train", "--resume", out, "--pretrained", path)
