@@ -1,7 +1,13 @@
-"""Differentiable parameter copies for replicas: broadcast forward, reduce-add backward.
+"""Differentiable parameter copies for replicas: broadcast forward, reduce-add backward in a
+fixed order.
 
-Between distinct CUDA devices both directions are coalesced ``torch.cuda.comm`` calls; anywhere
-else each copy is a ``to(copy=True)``, which lets tests run the copy-and-reduce path on CPU.
+Every replica gets its own output tensor per parameter, so autograd hands all of their
+gradients to ONE backward call, which sums them in replica order. Left to autograd, replicas
+that use the same tensor would be summed in the order their backward branches finish, which
+depends on thread timing: the same run twice would not give the same bits. Replicas that share
+storage (on the parameter's own device, or one copy per device) get views, so sharing costs no
+memory. Between distinct CUDA devices the copies and the per-device sums are coalesced
+``torch.cuda.comm`` calls; elsewhere a ``to(copy=True)`` per copy, so tests run it on CPU.
 """
 
 from __future__ import annotations
@@ -24,52 +30,74 @@ def _coalesced(source: torch.device, targets: list[torch.device]) -> bool:
     return len(set(ordinals)) == len(ordinals)
 
 
-class _Broadcast(torch.autograd.Function):
-    """Copy ``params`` (all on one device) to each of ``targets``; backward sums the grads back.
+def _copies(params, devices: list[torch.device], share: bool) -> list[list[torch.Tensor]]:
+    """One list of tensors per entry of ``devices`` (the per-copy storage, before views)."""
+    source = params[0].device
+    if not share:
+        return [[p.to(d, copy=True) for p in params] for d in devices]
+    distinct = list(dict.fromkeys(d for d in devices if d != source))
+    moved = {}
+    if distinct and _coalesced(source, distinct):
+        ordinals = [_cuda_index(source)] + [_cuda_index(d) for d in distinct]
+        moved = dict(zip(distinct, comm.broadcast_coalesced(params, ordinals)[1:]))
+    else:
+        moved = {d: [p.to(d, copy=True) for p in params] for d in distinct}
+    return [list(params) if d == source else moved[d] for d in devices]
 
-    One coalesced ``comm.broadcast_coalesced`` / ``comm.reduce_add_coalesced`` between CUDA
-    devices; elsewhere (CPU, or several copies on one device) a ``to(copy=True)`` per copy and
-    a sum on the source device, so the same Function, and its bookkeeping, runs on CPU too.
+
+class _Broadcast(torch.autograd.Function):
+    """``apply(devices, share, *params)``: one output per (replica, parameter), replica-major.
+
+    Backward sums each parameter's replica gradients on the parameter's device in replica
+    order: per device first, then over devices (coalesced between distinct CUDA devices).
     """
 
     @staticmethod
-    def forward(ctx, targets, *params):
-        ctx.source = params[0].device
-        ctx.num_targets = len(targets)
-        ctx.coalesced = _coalesced(ctx.source, targets)
-        if ctx.coalesced:
-            ordinals = [_cuda_index(ctx.source)] + [_cuda_index(t) for t in targets]
-            copies = comm.broadcast_coalesced(params, ordinals)[1:]
-        else:
-            copies = [[p.to(t, copy=True) for p in params] for t in targets]
-        flat = tuple(t for per_target in copies for t in per_target)
-        frozen = [flat[k * len(params) + j] for k in range(len(targets))
-                  for j, needs in enumerate(ctx.needs_input_grad[1:]) if not needs]
+    def forward(ctx, devices, share, *params):
+        ctx.source, ctx.devices = params[0].device, list(devices)
+        per_replica = _copies(params, ctx.devices, share)
+        # a view per replica: autograd keeps one gradient per output instead of summing them
+        flat = tuple(t.view_as(t) for tensors in per_replica for t in tensors)
+        n = len(params)
+        frozen = [flat[k * n + j] for k in range(len(ctx.devices))
+                  for j, needs in enumerate(ctx.needs_input_grad[2:]) if not needs]
         ctx.mark_non_differentiable(*frozen)
         return flat
 
     @staticmethod
     def backward(ctx, *grads):
-        n = len(grads) // ctx.num_targets
-        per_target = [grads[k * n:(k + 1) * n] for k in range(ctx.num_targets)]
-        if ctx.coalesced:
-            return (None,) + tuple(comm.reduce_add_coalesced(per_target, _cuda_index(ctx.source)))
-        summed = []
-        for column in zip(*per_target):
-            total = column[0].to(ctx.source, copy=True)
-            for g in column[1:]:
-                total.add_(g.to(ctx.source))
-            summed.append(total)
-        return (None,) + tuple(summed)
+        n = len(grads) // len(ctx.devices)
+        by_device: dict = {}
+        for k, device in enumerate(ctx.devices):
+            by_device.setdefault(device, []).append(grads[k * n:(k + 1) * n])
+        sums = {device: [_ordered_sum(column) for column in zip(*rows)]
+                for device, rows in by_device.items()}
+        targets = list(sums)
+        if _coalesced(ctx.source, [d for d in targets if d != ctx.source]) and len(targets) > 1:
+            total = comm.reduce_add_coalesced([sums[d] for d in targets], _cuda_index(ctx.source))
+        else:
+            total = [_ordered_sum([sums[d][j] for d in targets], ctx.source) for j in range(n)]
+        return (None, None) + tuple(total)
 
 
-def copy_params(params: list[torch.Tensor], slots: list) -> dict:
-    """``{(id(param), replica index): differentiable copy}``; ``slots`` pairs each target
-    device with the replicas that share its copy."""
+def _ordered_sum(tensors, device=None) -> torch.Tensor:
+    """``((t0 + t1) + t2) + ...`` on ``device`` (default: the first's), always in this order."""
+    first = tensors[0] if device is None else tensors[0].to(device)
+    if len(tensors) == 1:
+        return first
+    total = first.clone() if first is tensors[0] else first
+    for t in tensors[1:]:
+        total.add_(t if device is None else t.to(device))
+    return total
+
+
+def copy_params(params: list[torch.Tensor], replicas: list[tuple], share: bool = False) -> dict:
+    """``{(id(param), replica index): differentiable tensor}`` for ``replicas``, a list of
+    ``(replica index, device)``. ``share``: replicas on one device share one copy's storage,
+    and those on the parameters' own device share the parameters' storage."""
     out: dict = {}
-    flat = _Broadcast.apply([device for device, _ in slots], *params)
-    for k, (_, replicas) in enumerate(slots):
+    flat = _Broadcast.apply([device for _, device in replicas], share, *params)
+    for k, (i, _) in enumerate(replicas):
         for j, p in enumerate(params):
-            for i in replicas:
-                out[id(p), i] = flat[k * len(params) + j]
+            out[id(p), i] = flat[k * len(params) + j]
     return out

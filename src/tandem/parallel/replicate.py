@@ -1,10 +1,11 @@
 """Replicas of a module, one per device, connected to autograd and reused across steps.
 
-A replica is a tree of shallow module copies with their own parameter and buffer dicts. On a
-parameter's own device it holds the original Parameter; elsewhere a differentiable copy
-(:mod:`tandem.parallel.broadcast`). Gradients of all replicas sum into the originals. The home
-replica is ``module`` itself and updates its buffers; the others get fresh buffer copies on
-every call (what happens to their updates: :mod:`tandem.parallel.buffers`).
+A replica is a tree of shallow module copies with their own parameter and buffer dicts. Each
+holds a differentiable view of the original Parameter on its own device, or of a copy elsewhere
+(:mod:`tandem.parallel.broadcast`), whose gradients sum into the original in replica order, so
+the same call twice gives the same bits. The home replica is ``module`` itself and updates its
+buffers; the others get fresh buffer copies on every call (what happens to their updates:
+:mod:`tandem.parallel.buffers`).
 
 Warning: the copies are cached on ``module`` (weakly, per device tuple and thread) and reused
 while its structure is unchanged, so the same thread gets the same replica objects next call:
@@ -119,23 +120,12 @@ class _ReplicaSet:
                 # parameters on this device: the originals themselves, fixed by the fingerprint
                 rep.__dict__["_parameters"] = dict(m.__dict__["_parameters"])
             self.trees[i] = copies
-        # per module: names of parameters that some replica must copy (all, unless shared)
-        self.moved = [[name for name, p in m.__dict__["_parameters"].items()
-                       if p is not None and (not share or any(p.device != d for d in devices))]
+        # per module: names of its parameters; every replica gets each through copy_params
+        self.moved = [[name for name, p in m.__dict__["_parameters"].items() if p is not None]
                       for m in modules]
 
     def alive(self, modules: list[nn.Module]) -> bool:
         return all(ref() is m for ref, m in zip(self.originals, modules))
-
-    def _slots(self, devices: list[torch.device], source: torch.device) -> list:
-        """``[(device, replica indices)]``: one copy per replica, or per device when shared."""
-        if not self.share:
-            return [(devices[i], [i]) for i in self.trees]
-        by_device: dict = {}
-        for i in self.trees:
-            if devices[i] != source:
-                by_device.setdefault(devices[i], []).append(i)
-        return sorted(by_device.items(), key=lambda item: str(item[0]))
 
     def refresh(self, modules: list[nn.Module], devices: list[torch.device]) -> None:
         moving = {}
@@ -147,10 +137,10 @@ class _ReplicaSet:
         by_source: dict = {}
         for p in moving.values():
             by_source.setdefault(p.device, []).append(p)
-        for source, params in by_source.items():
-            slots = self._slots(devices, source)
-            if slots:
-                copies.update(copy_params(params, slots))
+        targets = [(i, devices[i]) for i in self.trees]
+        for params in by_source.values():
+            if targets:
+                copies.update(copy_params(params, targets, self.share))
         for i, reps in self.trees.items():
             device = devices[i]
             buffer_copies: dict = {}
