@@ -20,11 +20,12 @@ from tandem.errors import UsageError
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
-    "SCHEDULES", "COMPILE_MODES", "FIXED", "MAY_CHANGE", "PER_CALL",
+    "SCHEDULES", "DTYPES", "COMPILE_MODES", "FIXED", "MAY_CHANGE", "PER_CALL",
     "flag_of", "NO_WEIGHTS_FILE",
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
+DTYPES = ("float32", "float64")
 
 
 # What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
@@ -163,6 +164,9 @@ class ParallelConfig:
     buffers: str = opt("replica0", "dp: which replicas' batch-norm running stats to keep",
                        choices=POLICIES)
     amp: bool = opt(False, "mixed precision (float16 autocast + grad scaling); CUDA only")
+    dtype: str = opt("float32", "weights and activations: float64 is for checking exactness, "
+                     "where every strategy matches single to about 1e-12 instead of float32's "
+                     "rounding (several times slower)", choices=DTYPES)
     channels_last: bool = opt(False, "channels-last memory format; CUDA only",
                               on_resume=MAY_CHANGE)
     # Compiling changes how the step runs, not what it computes: a run may change it on resume.
@@ -174,6 +178,9 @@ class ParallelConfig:
     def __post_init__(self):
         _check(bool(self.strategy), "--strategy must not be empty")
         _check_choice(self.buffers, POLICIES, "--buffers")
+        _check_choice(self.dtype, DTYPES, "--dtype")
+        _check(not (self.amp and self.dtype != "float32"),
+               f"--amp mixes float16 into float32 work; it cannot run with --dtype {self.dtype}")
         if self.compile_mode is not None:
             _check_choice(self.compile_mode, COMPILE_MODES, "--compile-mode")
             _check(self.compile, f"--compile-mode {self.compile_mode} needs --compile")

@@ -33,7 +33,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     group.add_argument("--seed", type=int, default=None, metavar="S",
                        help="seed (matters for synthetic data only)")
     add_config_arguments(parser, ParallelConfig, title="parallelism",
-                         only=("strategy", "devices", "sync_bn", "amp", "channels_last",
+                         only=("strategy", "devices", "sync_bn", "amp", "dtype", "channels_last",
                                "compile", "compile_mode"))
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (arch, loss, acc1, acc5, count; acc = acc1)")

@@ -80,6 +80,8 @@ class Trainer:
         device = self.strategy.device
         images = to_device(images, device, channels_last=self.cfg.parallel.channels_last,
                            normalization=getattr(self.val_set, "normalization", None))
+        if images.is_floating_point():  # --dtype float64: after the float32 normalisation
+            images = images.to(getattr(torch, self.cfg.parallel.dtype))
         return images, targets.to(device, non_blocking=True)
 
     def _autocast(self):

@@ -134,6 +134,7 @@ def _prepared_model(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None, inf
         line = load_pretrained(model, cfg.model.pretrained, cfg.model.arch)
         if strategy.is_main:
             print(line, flush=True)
+    model = model.to(getattr(torch, cfg.parallel.dtype))
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return _setup(strategy, model, cfg.parallel)
