@@ -6,8 +6,10 @@ differently). So the claim is checked in float64 (``--dtype float64``) at ``TOL6
 controls that make the test fail only for a reason:
 
 - noise floor: the float32 run's distance from the float64 run of the same strategy, divided by
-  float32's epsilon, is how much this config amplifies rounding. Times float64's epsilon it
-  must stay far below ``TOL64``, else the config is ill-posed for the claim and the test says so.
+  float32's epsilon, bounds how much this config amplifies rounding (float32 also crosses
+  thresholds, ReLU and max-pool ties, that float64 rarely meets, so it over-estimates). Times
+  float64's epsilon it must stay below ``TOL64 / 2``, else the config is ill-posed for the claim
+  and the test says so instead of failing on a difference of rounding.
 - negative control: a run that must differ (``dp`` without ``--sync-bn``, say) is at least
   ``1000 * TOL64`` away, so the comparison can see a real difference.
 """
@@ -41,7 +43,7 @@ def check_invariance(reference64, candidates: dict, *, reference32, negative64) 
     ref64 = state(reference64)
     amplification = max_diff(state(reference32), ref64) / EPS32
     floor = amplification * EPS64
-    assert floor < TOL64 / 100, (
+    assert floor < TOL64 / 2, (
         f"ill-posed: this config amplifies rounding {amplification:.3g}x, so float64 noise "
         f"({floor:.3g}) is not far below the tolerance {TOL64}")
     figures = {"amplification": amplification, "float64 noise floor": floor}
@@ -54,6 +56,7 @@ def check_invariance(reference64, candidates: dict, *, reference32, negative64) 
     assert negative > 1000 * TOL64, (
         f"negative control only {negative:.3g} from the reference: the comparison cannot "
         f"tell a different update apart")
+    print("invariance figures:", {k: f"{v:.3g}" for k, v in figures.items()})  # pytest -s
     return figures
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from conftest import run_in_process, run_tandem
+from exact import check_invariance
 
 pytestmark = pytest.mark.slow
 
@@ -112,13 +113,26 @@ def test_mid_epoch_max_steps_stop_then_resume_is_exact(straight, tmp_path):
 
 
 STEPS = ["--epochs", "2", "--max-steps", "3"]
+F64 = ["--dtype", "float64"]  # well-posed comparisons: see tests/exact.py
 
 
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory):
+    """single in float64, with the two controls of tests/exact.py: the same run in float32
+    (noise floor) and dp without --sync-bn (a different update)."""
     out = tmp_path_factory.mktemp("single")
-    ok("train", *TINY, *STEPS, "--strategy", "single", "--devices", "cpu", "--out", str(out))
-    return out / "checkpoint.pt"
+    ok("train", *TINY, *STEPS, *F64, "--strategy", "single", "--devices", "cpu",
+       "--out", str(out / "f64"))
+    ok("train", *TINY, *STEPS, "--strategy", "single", "--devices", "cpu", "--out", str(out / "f32"))
+    ok("train", *TINY, *STEPS, *F64, "--strategy", "dp", "--devices", "cpu:3",
+       "--out", str(out / "negative"))
+    return out
+
+
+def assert_matches_single(single_run, candidate):
+    check_invariance(single_run / "f64" / "checkpoint.pt", {"candidate": candidate},
+                     reference32=single_run / "f32" / "checkpoint.pt",
+                     negative64=single_run / "negative" / "checkpoint.pt")
 
 
 @pytest.mark.parametrize("strategy", [
@@ -127,23 +141,27 @@ def single_run(tmp_path_factory):
     ["--strategy", "dp", "--sync-bn", "--devices", "cpu:4", "--buffers", "average"],
 ])
 def test_strategies_reach_the_same_weights(single_run, strategy, tmp_path):
-    ok("train", *TINY, *STEPS, *strategy, "--out", str(tmp_path))
-    assert_same_weights(single_run, tmp_path / "checkpoint.pt")
+    ok("train", *TINY, *STEPS, *F64, *strategy, "--out", str(tmp_path))
+    assert_matches_single(single_run, tmp_path / "checkpoint.pt")
 
 
 @pytest.mark.distributed
 def test_two_process_ddp_reaches_the_same_weights(single_run, tmp_path):
-    ok("launch", "--nproc-per-node", "2", "--", "train", *TINY, *STEPS, "--strategy", "ddp",
+    ok("launch", "--nproc-per-node", "2", "--", "train", *TINY, *STEPS, *F64, "--strategy", "ddp",
        "--sync-bn", "--devices", "cpu", "--out", str(tmp_path))
-    assert_same_weights(single_run, tmp_path / "checkpoint.pt")
+    assert_matches_single(single_run, tmp_path / "checkpoint.pt")
 
 
 def test_gradient_accumulation_is_strategy_invariant(tmp_path):
     """--accum-steps 2: two global batches per step, the same under single and dp."""
     args = [*TINY, "--epochs", "1", "--accum-steps", "2"]
-    ok("train", *args, "--strategy", "single", "--devices", "cpu", "--out", str(tmp_path / "a"))
-    ok("train", *args, "--strategy", "dp", "--sync-bn", "--devices", "cpu:2",
-       "--out", str(tmp_path / "b"))
-    assert_same_weights(tmp_path / "a" / "checkpoint.pt", tmp_path / "b" / "checkpoint.pt")
+    for name, extra in {"a": ["--strategy", "single", "--devices", "cpu", *F64],
+                        "a32": ["--strategy", "single", "--devices", "cpu"],
+                        "b": ["--strategy", "dp", "--sync-bn", "--devices", "cpu:2", *F64],
+                        "negative": ["--strategy", "dp", "--devices", "cpu:2", *F64]}.items():
+        ok("train", *args, *extra, "--out", str(tmp_path / name))
+    check_invariance(tmp_path / "a" / "checkpoint.pt", {"dp": tmp_path / "b" / "checkpoint.pt"},
+                     reference32=tmp_path / "a32" / "checkpoint.pt",
+                     negative64=tmp_path / "negative" / "checkpoint.pt")
     ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
     assert ckpt["data_position"]["step"] == 2  # 4 global batches, 2 per optimizer step

@@ -25,6 +25,7 @@ import time
 import pytest
 import torch
 from conftest import DIST_VARS, alive, cli_env, run_bounded
+from exact import check_invariance
 
 from tandem import checkpoint
 from tandem.cli.main import main
@@ -85,27 +86,35 @@ def _weights(path) -> dict:
     return checkpoint.load(str(path))["state_dict"]
 
 
-def _assert_same_weights(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=2e-5, rtol=1e-4, msg=k)
+F64 = ["--dtype", "float64"]  # well-posed comparisons: see tests/exact.py
+
+
+def _assert_matches_single(single_run, candidate) -> None:
+    check_invariance(single_run / "checkpoint.pt", {"candidate": candidate},
+                     reference32=single_run / "f32" / "checkpoint.pt",
+                     negative64=single_run / "negative" / "checkpoint.pt")
 
 
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory):
+    """single in float64, and in it the controls: float32 (f32/) and dp without --sync-bn
+    (negative/)."""
     out = tmp_path_factory.mktemp("single")
-    proc, _ = _run(TRAIN + ["--strategy", "single", "--out", str(out)])
-    assert proc.returncode == 0, proc.stderr
+    for args in (["--strategy", "single", *F64, "--out", str(out)],
+                 ["--strategy", "single", "--out", str(out / "f32")],
+                 ["--strategy", "dp", "--devices", "cpu:2", *F64, "--out", str(out / "negative")]):
+        proc, _ = _run(TRAIN + args)
+        assert proc.returncode == 0, proc.stderr
     return out
 
 
 # -- equality with the single-process run ------------------------------------------------------
 def test_launch_ddp_sync_bn_matches_single(single_run, tmp_path):
     out = tmp_path / "ddp"
-    proc, _ = _run(["launch", "--nproc-per-node", "2", "--", *TRAIN, "--strategy", "ddp",
+    proc, _ = _run(["launch", "--nproc-per-node", "2", "--", *TRAIN, *F64, "--strategy", "ddp",
                     "--sync-bn", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-4000:]
-    _assert_same_weights(_weights(out / "checkpoint.pt"), _weights(single_run / "checkpoint.pt"))
+    _assert_matches_single(single_run, out / "checkpoint.pt")
     # Only rank 0 printed the epoch summary and wrote the outputs.
     assert proc.stdout.count("epoch 1/2 step 2") == 1, proc.stdout
     assert proc.stdout.count("epoch 2/2 step 3") == 1, proc.stdout
@@ -128,7 +137,7 @@ def test_two_nodes_on_loopback_match_single(single_run, tmp_path):
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, "\n=====\n".join(o[-3000:] for o in outputs)
     assert "epoch 2/2 step 3" in outputs[0] and "epoch 2/2" not in outputs[1]
-    _assert_same_weights(_weights(out / "checkpoint.pt"), _weights(single_run / "checkpoint.pt"))
+    _assert_matches_single(single_run, out / "checkpoint.pt")
 
 
 def _two_nodes(tmp_path, port):
@@ -139,7 +148,7 @@ def _two_nodes(tmp_path, port):
     nodes = [subprocess.Popen(
         TANDEM + ["launch", "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
                   "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1", "--",
-                  *TRAIN, "--strategy", "ddp", "--sync-bn", "--out", str(out)],
+                  *TRAIN, *F64, "--strategy", "ddp", "--sync-bn", "--out", str(out)],
         env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
         for rank, log in zip((0, 1), logs)]
     deadline = time.monotonic() + 150

@@ -83,6 +83,27 @@ def test_strategy_equals_single(name, replicas, batch):
         assert torch.allclose(state[key].float(), ref_state[key].float(), atol=1e-5), key
 
 
+@pytest.mark.parametrize("name", ["dp", "balanced", "hybrid"])
+@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("batch", [7, 2])
+def test_strategy_equals_single_in_float64(name, replicas, batch):
+    """The float64 twin of the test above, at 1e-12; its noise-floor control: float32 single
+    is within 1e-6 of float64 single, so this config barely amplifies rounding and the
+    float32 tolerance above (1e-5) cannot be reached by rounding alone."""
+    torch.manual_seed(0)
+    model = Tiny()
+    batches = make_batches(batch)
+    _, ref32 = run_steps(create_strategy("single", [CPU]), copy.deepcopy(model), batches)
+    batches = [(x.double(), y) for x, y in batches]
+    model = model.double()
+    _, ref = run_steps(create_strategy("single", [CPU]), copy.deepcopy(model), batches)
+    _, state = run_steps(create_strategy(name, [CPU] * replicas, sync_bn=True), model, batches)
+    for key in ref:
+        if ref[key].is_floating_point():
+            assert (ref32[key].double() - ref[key]).abs().max() < 1e-6, key  # noise floor
+            assert (state[key] - ref[key]).abs().max() < 1e-12, key
+
+
 def test_dp_without_sync_bn_differs_so_the_test_above_can_fail():
     torch.manual_seed(0)
     model = Tiny()
