@@ -60,8 +60,9 @@ def run_bounded(cmd, timeout, env, cwd=None) -> subprocess.CompletedProcess:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         everyone = [proc.pid, *descendants(proc.pid)]  # torchrun's workers: own sessions
-        _signal_all(everyone, signal.SIGUSR1)
-        time.sleep(3)  # time to write the stacks
+        for pid in everyone:  # one at a time: dumps written together interleave in the pipe
+            _signal_all([pid], signal.SIGUSR1)
+            time.sleep(1)  # time to write its stacks
         _signal_all(everyone, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(map(str, cmd[2:]))} did not end within {timeout}s; its "
