@@ -156,14 +156,45 @@ def test_metrics_never_hold_nan_and_curves_use_whole_epochs(tmp_path):
     assert json.loads(text) == {"epoch": 1, "train_loss": None, "val_acc": None}
 
 
-def test_save_every_writes_mid_epoch_checkpoints(tmp_path):
-    run = tmp_path / "run"
-    ok("train", *TINY, "--epochs", "1", "--save-every", "1", "--max-steps", "3", "--out", run,
-       "--devices", "cpu")
-    ckpt = state(run / "checkpoint.pt")
-    assert ckpt["data_position"] == {"epoch": 0, "batch": 3, "step": 3}
-    # The epoch's train sums so far travel with it (18 samples in 3 batches of 6).
-    assert ckpt["epoch_progress"]["count"] == 18
+def test_save_every_writes_mid_epoch_checkpoints(tmp_path, monkeypatch):
+    """--save-every N: the Trainer writes checkpoint.pt at steps N, 2N, ... inside an epoch.
+
+    Every write the Trainer makes goes through ``tandem.checkpoint.save``; a spy records each
+    one, with the file as written. Without --save-every (the control) only the epoch ends
+    write, so the mid-epoch writes are the flag's own doing (an epoch end or a --max-steps stop
+    would write a checkpoint just as well).
+    """
+    import tandem.checkpoint
+
+    real_save, writes = tandem.checkpoint.save, []
+
+    def spy(path, *args, **kwargs):
+        written = real_save(path, *args, **kwargs)
+        ckpt = state(path)
+        progress = ckpt.get("epoch_progress")
+        writes.append((os.path.basename(path), ckpt["data_position"],
+                       progress and progress["count"]))
+        return written
+
+    monkeypatch.setattr(tandem.checkpoint, "save", spy)
+
+    def checkpoint_writes(run, *flags):
+        writes.clear()
+        ok("train", *TINY, *flags, "--out", run, "--devices", "cpu")
+        return [(pos["epoch"], pos["batch"], pos["step"], count)
+                for name, pos, count in writes if name == "checkpoint.pt"]
+
+    # 2 epochs of 4 batches, --save-every 2: mid-epoch at steps 2 and 6 (step 4 and step 8
+    # are epoch ends, written once each), each with the epoch's train sums so far (2 batches
+    # of 6 samples).
+    assert checkpoint_writes(tmp_path / "every2", "--save-every", "2") == [
+        (0, 2, 2, 12), (1, 0, 4, None), (1, 2, 6, 12), (2, 0, 8, None)]
+    # --save-every 1 with a --max-steps stop at step 3: steps 1 and 2, then the stop's own.
+    assert checkpoint_writes(tmp_path / "every1", "--epochs", "1", "--save-every", "1",
+                             "--max-steps", "3") == [
+        (0, 1, 1, 6), (0, 2, 2, 12), (0, 3, 3, 18)]
+    # The control: without the flag, only the epoch ends write.
+    assert checkpoint_writes(tmp_path / "never") == [(1, 0, 4, None), (2, 0, 8, None)]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
