@@ -292,12 +292,36 @@ def test_augment_choices_and_defaults(tmp_path):
     assert "imagenet for an ImageFolder" in help_text and "standard for digits" in help_text
 
 
+def _shifted(chw, dy, dx):
+    """``chw`` moved so that output (y, x) shows source (y + dy, x + dx); zeros uncovered."""
+    h, w = chw.shape[-2:]
+    p = max(abs(dy), abs(dx))
+    padded = torch.nn.functional.pad(chw, (p, p, p, p))
+    return padded[:, p + dy:p + dy + h, p + dx:p + dx + w]
+
+
 def test_standard_augment_on_an_imagefolder_shifts_and_flips_uint8(tmp_path):
+    """Each augmented sample is the plain val crop, maybe mirrored, moved by at most
+    ``S // 8`` pixels (zeros uncovered); over 18 draws, both a mirrored sample and a moved one
+    are seen, each found on its own, so the test fails if either transform is missing."""
     train, val, _ = load_dataset(str(write_tree(tmp_path / "d")), image_size=S,
                                  augment="standard")
     plain = val.__class__(train.samples, image_size=S, augment="none")
-    moved = sum(not torch.equal(train[(i, 0, 0)][0], plain[i][0]) for i in range(len(train)))
-    assert moved >= 4 and train[0][0].dtype == torch.uint8
+    pad = S // 8
+    moves = [(dy, dx) for dy in range(-pad, pad + 1) for dx in range(-pad, pad + 1)]
+    seen = []
+    for i in range(len(train)):
+        still = plain[i][0]
+        for epoch in range(3):
+            got = train[(i, 0, epoch)][0]
+            assert got.dtype == torch.uint8
+            found = [(flip, move) for flip in (False, True) for move in moves
+                     if torch.equal(got, _shifted(still.flip(-1) if flip else still, *move))]
+            assert len(found) == 1, (i, epoch, found)  # exactly one explanation
+            seen.append(found[0])
+    assert any(flip for flip, _ in seen) and not all(flip for flip, _ in seen), seen
+    assert any(move != (0, 0) for _, move in seen), seen
+    assert len({move for _, move in seen}) >= 5, seen  # moves of several sizes and ways
 
 
 # -- strategies see the same augmented batches ---------------------------------------------------
