@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -177,9 +178,14 @@ def test_hung_worker_times_out(tmp_path):
     out = tmp_path / "hang"
     proc, _ = _run(["launch", "--nproc-per-node", "2", "--dist-timeout", "5", "--",
                     *TRAIN, "--strategy", "ddp", "--out", str(out)], TANDEM_INJECT_FAULT="1:2:hang")
-    # Rank 0 gives up in its collective after 5 s; the agent then stops the hung rank 1.
-    assert proc.returncode != 0, proc.stderr[-4000:]
-    assert "tandem launch: rank " in proc.stderr, proc.stderr[-4000:]
+    # Rank 0 gives up in its collective after --dist-timeout's 5 s (not the environment's 60 s),
+    # exits with 1; the agent then stops the hung rank 1 and names rank 0, the first to fail.
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert re.search(r"^\[rank0\]: RuntimeError: .*Timed out waiting 5000ms for (recv|send) "
+                     r"operation", proc.stderr, re.M), proc.stderr[-4000:]
+    assert re.search(r"^tandem launch: rank 0 \(local rank 0, pid \d+\) exited with code 1; "
+                     r"the job was stopped \(2 failed worker\(s\)\)$", proc.stderr, re.M), \
+        proc.stderr[-4000:]
     _assert_no_workers_left(str(out))
 
 
