@@ -61,6 +61,25 @@ def test_the_strategies_raced_here_are_registered():
     assert {"single", "dp", "balanced", "hybrid", "ddp"} <= set(registered_strategies())
 
 
+def test_the_default_strategies_come_from_the_registrys_abilities(monkeypatch):
+    """`tandem bench` without --strategies races every single-process strategy that takes any
+    model, asked of the registry: a new one joins the default, a multi-process one or one
+    with model needs (hybrid's split) does not."""
+    from tandem.bench.config import default_strategies
+    from tandem.cli.main import build_parser
+    from tandem.strategies import Strategy, base
+
+    assert build_parser().parse_args(["bench", "-a", "cifar_resnet20"]).strategies is None
+    assert BenchConfig(arch="cifar_resnet20").strategies == default_strategies() == (
+        "single", "dp", "balanced")
+    registry = dict(base._REGISTRY)
+    monkeypatch.setattr(base, "_REGISTRY", registry)
+    for name, abilities in (("fresh", {}), ("fresh_mp", {"multiprocess": True}),
+                            ("fresh_split", {"check_model": classmethod(lambda cls, m: "no")})):
+        base.register(type(name, (Strategy,), {"name": name, **abilities}))
+    assert default_strategies() == ("single", "dp", "balanced", "fresh")
+
+
 def test_cli_bench_json_every_field(tmp_path):
     out = tmp_path / "bench.json"
     proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,dp,balanced,hybrid",

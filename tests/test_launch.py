@@ -282,6 +282,41 @@ def test_launch_mistakes_are_one_line(capsys, argv, message):
     assert err.startswith("tandem: error: ") and message in err and "\n" not in err, err
 
 
+def test_launch_reads_the_strategy_as_the_workers_parse_it(tmp_path, monkeypatch, capsys):
+    """The launcher takes the strategy from the workers' own parser and config: ``--strat ddp``
+    (argparse's abbreviation), ``--strategy=ddp`` and a later flag winning are ``--strategy
+    ddp``; ``--strat dp`` is refused; a resumed run without the flag keeps its own. torchrun is
+    replaced by a spy: only the launcher's decision is checked here."""
+    import tandem.cli.launch as cli_launch
+    from tandem.cli.main import build_parser
+    from tandem.cli.train import config_from_namespace
+    from tandem.config import ParallelConfig, TrainConfig
+
+    launched = []
+    monkeypatch.setattr(cli_launch, "launch", lambda spec: launched.append(spec.command) or 0)
+    out = ["--out", str(tmp_path / "run")]
+    for flags in (["--strat", "ddp"], ["--strategy=ddp"], ["--strategy", "dp", "--strat", "ddp"]):
+        command = [*TRAIN, *flags, *out]
+        assert main(["launch", "--nproc-per-node", "2", "--", *command]) == 0, \
+            capsys.readouterr().err
+        assert launched.pop() == command  # handed to the workers as typed
+        # ... where it is what the workers' train parses, as --strategy ddp is
+        assert config_from_namespace(build_parser().parse_args(command)).parallel.strategy \
+            == "ddp"
+    assert main(["launch", "--nproc-per-node", "2", "--", *TRAIN, "--strat", "dp", *out]) == 2
+    assert "needs --strategy ddp" in capsys.readouterr().err
+
+    run = tmp_path / "resumed"
+    run.mkdir()
+    for strategy, code in (("ddp", 0), ("single", 2)):
+        saved = TrainConfig(parallel=ParallelConfig(strategy=strategy)).to_dict()
+        (run / "config.json").write_text(json.dumps(saved))
+        assert main(["launch", "--nproc-per-node", "2", "--", "train", "--resume",
+                     str(run)]) == code, strategy
+    assert "needs --strategy ddp" in capsys.readouterr().err
+    assert launched == [["train", "--resume", str(run)]]
+
+
 # -- CUDA (NCCL) -------------------------------------------------------------------------------
 @pytest.mark.cuda
 def test_ddp_on_cuda_with_nccl_matches_single(tmp_path):
