@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 __all__ = [
-    "SampleRandom", "mix_seed", "decode", "shorter_side_size", "resize_shorter", "center_offset", "center_crop_pil",
+    "SampleRandom", "mix_seed", "decode", "shorter_side_size", "resize_shorter", "center_offset",
+    "center_crop_pil",
     "to_array",
     "random_shift", "hflip", "normalize", "to_tensor", "resize_array",
 ]
