@@ -55,6 +55,31 @@ def _check_result_shape(r: dict, batch: int, steps: int):
     assert isinstance(r["notes"], list)
 
 
+def test_the_strategies_raced_here_are_registered():
+    """The tests below name these strategies and expect results from them: a strategy that
+    drops out of the registry fails here (and there), rather than turning them into skips."""
+    assert {"single", "dp", "balanced", "hybrid", "ddp"} <= set(registered_strategies())
+
+
+def test_the_default_strategies_come_from_the_registrys_abilities(monkeypatch):
+    """`tandem bench` without --strategies races every single-process strategy that takes any
+    model, asked of the registry: a new one joins the default, a multi-process one or one
+    with model needs (hybrid's split) does not."""
+    from tandem.bench.config import default_strategies
+    from tandem.cli.main import build_parser
+    from tandem.strategies import Strategy, base
+
+    assert build_parser().parse_args(["bench", "-a", "cifar_resnet20"]).strategies is None
+    assert BenchConfig(arch="cifar_resnet20").strategies == default_strategies() == (
+        "single", "dp", "balanced")
+    registry = dict(base._REGISTRY)
+    monkeypatch.setattr(base, "_REGISTRY", registry)
+    for name, abilities in (("fresh", {}), ("fresh_mp", {"multiprocess": True}),
+                            ("fresh_split", {"check_model": classmethod(lambda cls, m: "no")})):
+        base.register(type(name, (Strategy,), {"name": name, **abilities}))
+    assert default_strategies() == ("single", "dp", "balanced", "fresh")
+
+
 def test_cli_bench_json_every_field(tmp_path):
     out = tmp_path / "bench.json"
     proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,dp,balanced,hybrid",
@@ -76,8 +101,7 @@ def test_cli_bench_json_every_field(tmp_path):
         assert r["peak_memory_bytes"] == [None] * len(r["devices"])  # the CPU reports none
         if r["status"] == "ok":
             assert r["speedup_vs_bare"] > 0 and r["speedup_vs_single"] > 0
-    for name in ["bare", "single"] + [n for n in ("dp", "balanced")
-                                      if n in registered_strategies()]:
+    for name in ("bare", "single", "dp", "balanced"):
         assert results[name]["status"] == "ok", results[name]["reason"]
     assert results["single"]["devices"] == ["cpu"]
     assert results["single"]["speedup_vs_single"] == 1.0
@@ -98,8 +122,6 @@ def test_cli_bench_json_every_field(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu(tmp_path):
-    if "ddp" not in registered_strategies():
-        pytest.skip("ddp strategy not registered")
     out = tmp_path / "ddp.json"
     proc = _run_cli(["--arch", "cifar_resnet20", "--strategies", "single,ddp", "--devices",
                      "cpu:2", "--baselines", "torch_ddp", "--batch-size", "4", "--steps", "1",
@@ -295,15 +317,12 @@ def test_run_bench_amp_channels_last_in_process(amp_dtype):
     results = {r["name"]: r for r in report["results"]}
     assert results["bare"]["status"] == results["single"]["status"] == "ok"
     assert "custom model" in results["torch_ddp"]["reason"]
-    if "ddp" in registered_strategies():
-        assert "custom model" in results["ddp"]["reason"]  # cannot go to torchrun workers
+    assert "custom model" in results["ddp"]["reason"]  # cannot go to torchrun workers
     assert math.isfinite(results["single"]["last_loss"])
     assert f"amp {amp_dtype}, channels_last" in format_table(report)
 
 
 def test_run_bench_hybrid_on_a_split_model():
-    if "hybrid" not in registered_strategies():
-        pytest.skip("hybrid strategy not registered")
     config = BenchConfig(arch="alexnet", strategies="single,dp,hybrid", devices="cpu:2",
                          baselines="bare", batch_size=3, steps=1, warmup=0, image_size=8,
                          num_classes=5)

@@ -52,17 +52,50 @@ def _imagenet_style_checkpoint(path, model, wrap):
                 "best_acc1": torch.tensor(12.5), "optimizer": optimizer.state_dict()}, path)
 
 
+def _val_loss(model) -> tuple[float, int]:
+    """Mean cross-entropy of ``model`` over DATA's validation set, computed here with eval's
+    defaults for a checkpoint without a config (seed 0, the default label smoothing)."""
+    from tandem.config import OptimConfig
+    from tandem.data import load_dataset, to_device
+
+    _, val, _ = load_dataset("synthetic", synthetic_size=24, image_size=8, num_classes=3, seed=0)
+    images = torch.stack([val[i][0] for i in range(len(val))])
+    targets = torch.tensor([int(val[i][1]) for i in range(len(val))])
+    images = to_device(images, torch.device("cpu"), normalization=val.normalization)
+    model.eval()
+    with torch.no_grad():
+        loss = nn.functional.cross_entropy(model(images), targets, reduction="sum",
+                                           label_smoothing=OptimConfig().label_smoothing).item()
+    return loss / len(val), len(val)
+
+
 def test_torch_dataparallel_checkpoint_evaluates_and_resumes(tmp_path, capsys):
+    """The weights of a ``module.``-keyed file are the ones evaluated: eval's loss is the one
+    computed here from those weights, far from the loss of the seeded initialisation that eval
+    would have evaluated had it loaded nothing."""
+    from tandem.config import ModelConfig
+    from tandem.data import load_dataset
+    from tandem.train.run import build_model
+
     torch.manual_seed(5)
     model = create_model("cifar_resnet20", num_classes=3, in_channels=3)
-    with torch.no_grad():  # non-default running stats, so that buffers are checked too
+    with torch.no_grad():  # weights and running stats far from any seeded initialisation
+        for p in model.parameters():
+            p.mul_(1 + 0.5 * torch.randn_like(p))
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 2.0)
+    want, count = _val_loss(model)
+    info = load_dataset("synthetic", synthetic_size=24, image_size=8, num_classes=3)[2]
+    init, _ = _val_loss(build_model(ModelConfig(arch="cifar_resnet20"), info, seed=0))
+    assert abs(want - init) > 0.1, (want, init)
     _imagenet_style_checkpoint(tmp_path / "dp.pt", model, wrap=True)
     assert next(iter(torch.load(tmp_path / "dp.pt")["state_dict"])).startswith("module.")
     _imagenet_style_checkpoint(tmp_path / "plain.pt", model, wrap=False)
     from_dp = eval_json(tmp_path / "dp.pt", *DATA)
+    assert from_dp["count"] == count
+    assert from_dp["loss"] == pytest.approx(want, rel=1e-5)
     assert main(["eval", "--resume", str(tmp_path / "plain.pt"), "--devices", "cpu", "--json",
                  *DATA]) == 0
     assert from_dp == json.loads(capsys.readouterr().out)

@@ -58,8 +58,18 @@ def _train(compiled: bool, steps: int = 3) -> tuple[nn.Module, list[float]]:
 
 @needs_cxx
 def test_compiled_training_matches_eager_and_keeps_plain_keys():
+    """The compiled run matches eager, and it was compiled: dynamo captured the whole forward as
+    one graph (its counters, reset first), and AOTAutograd built the backward for it. A
+    ``compile_model`` that handed the model back unchanged would leave the counters at zero."""
+    from torch._dynamo.utils import counters
+
     eager, eager_losses = _train(False)
+    torch._dynamo.reset()
+    counters.clear()
     compiled, compiled_losses = _train(True)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert counters["frames"]["ok"] == 1 and not counters["graph_break"], dict(counters)
+    assert counters["aot_autograd"]["total"] >= 1, dict(counters["aot_autograd"])
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-4, abs=1e-5)
     state = compiled.state_dict()
     assert not any("_orig_mod" in k for k in state)

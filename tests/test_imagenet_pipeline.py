@@ -1,6 +1,7 @@
 """The ImageNet input pipeline against references written here: crop boxes against their ranges,
-the val crop against the same operations in plain Pillow, uint8-then-device against float on
-the CPU, and loaders against each other across worker counts and ranks. No timing here."""
+the val crop against torchvision's Resize + CenterCrop definitions, uint8-then-device against
+float on the CPU, and loaders against each other across worker counts and ranks. No timing
+here."""
 
 import logging
 
@@ -14,9 +15,9 @@ from tandem import config
 from tandem.data import LoaderCache, load_dataset, make_loader, to_device
 from tandem.data import imagefolder
 from tandem.data.imagenet_transforms import (
-    RATIO, SCALE, random_resized_box, resize_box, train_crop, val_resize)
+    RATIO, SCALE, random_resized_box, resize_box, train_crop, val_crop, val_resize)
 from tandem.data.load import AUGMENT_CHOICES
-from tandem.data.transforms import SampleRandom
+from tandem.data.transforms import SampleRandom, center_offset, shorter_side_size
 
 S = 16  # output side in these tests
 
@@ -213,35 +214,68 @@ def test_float_batches_pass_through_the_device_step():
 
 # -- the val crop, pixel for pixel -------------------------------------------------------------
 
-def _pillow_val(path, size):
-    """Resize the shorter side to size*256/224, centre-crop: written directly in Pillow."""
-    resize_to = round(size * 256 / 224)
-    with Image.open(path) as img:
-        w, h = img.size
-        new = (resize_to, round(h * resize_to / w)) if w <= h else \
-            (round(w * resize_to / h), resize_to)
-        box = (0, 0, w, h)
-        if img.format == "JPEG" and w >= 2 * new[0] and h >= 2 * new[1]:
-            box = img.draft(None, new)[1]  # decode at 1/2, 1/4 or 1/8 scale
-        resized = img.convert("RGB").resize(new, Image.BILINEAR, box=box)
-    left, top = (new[0] - size) // 2, (new[1] - size) // 2
-    return np.asarray(resized.crop((left, top, left + size, top + size)))
+def _torchvision_val(path, size, resize_to):
+    """``Resize(resize_to)`` + ``CenterCrop(size)`` on torchvision's loader's image, written here
+    from torchvision's definitions (torchvision itself is not a dependency):
+    - ``pil_loader``: ``Image.open(f).convert("RGB")``, the full decode;
+    - ``Resize(int)``: the shorter side to ``resize_to``, the longer side to
+      ``int(resize_to * long / short)``; the image is returned as is when that is its size,
+      else ``img.resize((w, h), BILINEAR)``;
+    - ``CenterCrop``: top ``int(round((h - size) / 2.0))``, left ``int(round((w - size) / 2.0))``.
+    """
+    with Image.open(path) as f:
+        img = f.convert("RGB")
+    w, h = img.size
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = resize_to, int(resize_to * long / short)
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    if (new_w, new_h) != (w, h):
+        img = img.resize((new_w, new_h), Image.BILINEAR)
+    top, left = int(round((new_h - size) / 2.0)), int(round((new_w - size) / 2.0))
+    return np.asarray(img.crop((left, top, left + size, top + size)))
 
 
 @pytest.mark.parametrize("name,w,h,mode", [
     ("a.png", 48, 36, "RGB"), ("b.png", 30, 57, "RGB"), ("c.jpg", 300, 200, "RGB"),
-    ("d.jpg", 45, 40, "RGB"), ("e.jpg", 200, 330, "L"), ("f.png", 16, 16, "RGB")])
-def test_val_crop_equals_the_same_operations_in_pillow(tmp_path, name, w, h, mode):
+    ("d.jpg", 45, 40, "RGB"), ("e.jpg", 200, 330, "L"), ("f.png", 16, 16, "RGB"),
+    ("g.jpg", 640, 427, "RGB"), ("h.jpg", 35, 18, "CMYK")])
+def test_val_crop_equals_torchvisions_resize_and_center_crop(tmp_path, name, w, h, mode):
+    """The val crop is torchvision's ``Resize`` + ``CenterCrop`` pixel for pixel, against the
+    definitions written in ``_torchvision_val``. tandem used to round the longer side, centre
+    with a floor and decode big JPEGs at reduced scale (``draft``): a 640x427 photo became 384
+    columns, not torchvision's 383, and an odd excess put the crop one pixel left of
+    torchvision's. tandem now follows the definitions instead of listing deviations: users
+    from the imagenet example compare validation accuracy with its main.py, which must then
+    see the same pixels; the val pass is one per epoch, and at 224 px ``draft`` would apply
+    only to photos with a shorter side of 512 or more."""
     root = tmp_path / "d"
     (root / "k").mkdir(parents=True)
-    photo(w, h, seed=w, mode=mode).save(root / "k" / name)
+    img = photo(w, h, seed=w, mode=mode if mode != "CMYK" else "RGB")
+    (img.convert(mode) if mode == "CMYK" else img).save(root / "k" / name)
     photo(20, 20).save(root / "k" / "other.png")
     train, val, _ = load_dataset(str(root), image_size=S)  # augment "none": the val crop
     assert val_resize(S) == 18
     for ds in (train, val):
         for i, (path, _) in enumerate(ds.samples):
             got = ds[i][0].permute(1, 2, 0).numpy()
-            np.testing.assert_array_equal(got, _pillow_val(path, S), err_msg=path)
+            np.testing.assert_array_equal(got, _torchvision_val(path, S, 18), err_msg=path)
+    # ... and at ImageNet's 224 (resize 256), where these photos are upsampled.
+    path = root / "k" / name
+    np.testing.assert_array_equal(val_crop(path, 224), _torchvision_val(path, 224, 256))
+
+
+def test_val_crop_sizes_and_offsets_are_torchvisions():
+    """The cases where tandem's old choices and torchvision's definitions part, spelled out."""
+    assert val_resize(224) == 256
+    # 640x427 at 256: 256 * 640 / 427 = 383.7, truncated (round() gave 384)
+    assert shorter_side_size(640, 427, 256) == (383, 256)
+    assert shorter_side_size(427, 640, 256) == (256, 383)
+    # 16 px (resize 18) of the same photo: 26.98 -> 26 (round() gave 27)
+    assert shorter_side_size(640, 427, 18) == (26, 18)
+    # The excess 383 - 224 = 159 halves to 79.5: rounded half to even, 80 (a floor gave 79);
+    # 381 - 224 = 157 halves to 78.5: 78; 26 - 16 = 10: 5.
+    assert [center_offset(n, 224) for n in (383, 381, 256, 224)] == [80, 78, 16, 0]
+    assert center_offset(26, 16) == 5 and center_offset(27, 16) == 6
 
 
 # -- --augment ----------------------------------------------------------------------------------
@@ -258,12 +292,36 @@ def test_augment_choices_and_defaults(tmp_path):
     assert "imagenet for an ImageFolder" in help_text and "standard for digits" in help_text
 
 
+def _shifted(chw, dy, dx):
+    """``chw`` moved so that output (y, x) shows source (y + dy, x + dx); zeros uncovered."""
+    h, w = chw.shape[-2:]
+    p = max(abs(dy), abs(dx))
+    padded = torch.nn.functional.pad(chw, (p, p, p, p))
+    return padded[:, p + dy:p + dy + h, p + dx:p + dx + w]
+
+
 def test_standard_augment_on_an_imagefolder_shifts_and_flips_uint8(tmp_path):
+    """Each augmented sample is the plain val crop, maybe mirrored, moved by at most
+    ``S // 8`` pixels (zeros uncovered); over 18 draws, both a mirrored sample and a moved one
+    are seen, each found on its own, so the test fails if either transform is missing."""
     train, val, _ = load_dataset(str(write_tree(tmp_path / "d")), image_size=S,
                                  augment="standard")
     plain = val.__class__(train.samples, image_size=S, augment="none")
-    moved = sum(not torch.equal(train[(i, 0, 0)][0], plain[i][0]) for i in range(len(train)))
-    assert moved >= 4 and train[0][0].dtype == torch.uint8
+    pad = S // 8
+    moves = [(dy, dx) for dy in range(-pad, pad + 1) for dx in range(-pad, pad + 1)]
+    seen = []
+    for i in range(len(train)):
+        still = plain[i][0]
+        for epoch in range(3):
+            got = train[(i, 0, epoch)][0]
+            assert got.dtype == torch.uint8
+            found = [(flip, move) for flip in (False, True) for move in moves
+                     if torch.equal(got, _shifted(still.flip(-1) if flip else still, *move))]
+            assert len(found) == 1, (i, epoch, found)  # exactly one explanation
+            seen.append(found[0])
+    assert any(flip for flip, _ in seen) and not all(flip for flip, _ in seen), seen
+    assert any(move != (0, 0) for _, move in seen), seen
+    assert len({move for _, move in seen}) >= 5, seen  # moves of several sizes and ways
 
 
 # -- strategies see the same augmented batches ---------------------------------------------------

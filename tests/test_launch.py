@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -186,9 +187,14 @@ def test_hung_worker_times_out(tmp_path):
     out = tmp_path / "hang"
     proc, _ = _run(["launch", "--nproc-per-node", "2", "--dist-timeout", "5", "--",
                     *TRAIN, "--strategy", "ddp", "--out", str(out)], TANDEM_INJECT_FAULT="1:2:hang")
-    # Rank 0 gives up in its collective after 5 s; the agent then stops the hung rank 1.
-    assert proc.returncode != 0, proc.stderr[-4000:]
-    assert "tandem launch: rank " in proc.stderr, proc.stderr[-4000:]
+    # Rank 0 gives up in its collective after --dist-timeout's 5 s (not the environment's 60 s),
+    # exits with 1; the agent then stops the hung rank 1 and names rank 0, the first to fail.
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert re.search(r"^\[rank0\]: RuntimeError: .*Timed out waiting 5000ms for (recv|send) "
+                     r"operation", proc.stderr, re.M), proc.stderr[-4000:]
+    assert re.search(r"^tandem launch: rank 0 \(local rank 0, pid \d+\) exited with code 1; "
+                     r"the job was stopped \(2 failed worker\(s\)\)$", proc.stderr, re.M), \
+        proc.stderr[-4000:]
     _assert_no_workers_left(str(out))
 
 
@@ -283,6 +289,41 @@ def test_launch_mistakes_are_one_line(capsys, argv, message):
     assert main(["launch", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("tandem: error: ") and message in err and "\n" not in err, err
+
+
+def test_launch_reads_the_strategy_as_the_workers_parse_it(tmp_path, monkeypatch, capsys):
+    """The launcher takes the strategy from the workers' own parser and config: ``--strat ddp``
+    (argparse's abbreviation), ``--strategy=ddp`` and a later flag winning are ``--strategy
+    ddp``; ``--strat dp`` is refused; a resumed run without the flag keeps its own. torchrun is
+    replaced by a spy: only the launcher's decision is checked here."""
+    import tandem.cli.launch as cli_launch
+    from tandem.cli.main import build_parser
+    from tandem.cli.train import config_from_namespace
+    from tandem.config import ParallelConfig, TrainConfig
+
+    launched = []
+    monkeypatch.setattr(cli_launch, "launch", lambda spec: launched.append(spec.command) or 0)
+    out = ["--out", str(tmp_path / "run")]
+    for flags in (["--strat", "ddp"], ["--strategy=ddp"], ["--strategy", "dp", "--strat", "ddp"]):
+        command = [*TRAIN, *flags, *out]
+        assert main(["launch", "--nproc-per-node", "2", "--", *command]) == 0, \
+            capsys.readouterr().err
+        assert launched.pop() == command  # handed to the workers as typed
+        # ... where it is what the workers' train parses, as --strategy ddp is
+        assert config_from_namespace(build_parser().parse_args(command)).parallel.strategy \
+            == "ddp"
+    assert main(["launch", "--nproc-per-node", "2", "--", *TRAIN, "--strat", "dp", *out]) == 2
+    assert "needs --strategy ddp" in capsys.readouterr().err
+
+    run = tmp_path / "resumed"
+    run.mkdir()
+    for strategy, code in (("ddp", 0), ("single", 2)):
+        saved = TrainConfig(parallel=ParallelConfig(strategy=strategy)).to_dict()
+        (run / "config.json").write_text(json.dumps(saved))
+        assert main(["launch", "--nproc-per-node", "2", "--", "train", "--resume",
+                     str(run)]) == code, strategy
+    assert "needs --strategy ddp" in capsys.readouterr().err
+    assert launched == [["train", "--resume", str(run)]]
 
 
 # -- CUDA (NCCL) -------------------------------------------------------------------------------

@@ -156,14 +156,80 @@ def test_metrics_never_hold_nan_and_curves_use_whole_epochs(tmp_path):
     assert json.loads(text) == {"epoch": 1, "train_loss": None, "val_acc": None}
 
 
-def test_save_every_writes_mid_epoch_checkpoints(tmp_path):
-    run = tmp_path / "run"
-    ok("train", *TINY, "--epochs", "1", "--save-every", "1", "--max-steps", "3", "--out", run,
-       "--devices", "cpu")
+def test_save_every_writes_mid_epoch_checkpoints(tmp_path, monkeypatch):
+    """--save-every N: the Trainer writes checkpoint.pt at steps N, 2N, ... inside an epoch.
+
+    Every write the Trainer makes goes through ``tandem.checkpoint.save``; a spy records each
+    one, with the file as written. Without --save-every (the control) only the epoch ends
+    write, so the mid-epoch writes are the flag's own doing (an epoch end or a --max-steps stop
+    would write a checkpoint just as well).
+    """
+    import tandem.checkpoint
+
+    real_save, writes = tandem.checkpoint.save, []
+
+    def spy(path, *args, **kwargs):
+        written = real_save(path, *args, **kwargs)
+        ckpt = state(path)
+        progress = ckpt.get("epoch_progress")
+        writes.append((os.path.basename(path), ckpt["data_position"],
+                       progress and progress["count"]))
+        return written
+
+    monkeypatch.setattr(tandem.checkpoint, "save", spy)
+
+    def checkpoint_writes(run, *flags):
+        writes.clear()
+        ok("train", *TINY, *flags, "--out", run, "--devices", "cpu")
+        return [(pos["epoch"], pos["batch"], pos["step"], count)
+                for name, pos, count in writes if name == "checkpoint.pt"]
+
+    # 2 epochs of 4 batches, --save-every 2: mid-epoch at steps 2 and 6 (step 4 and step 8
+    # are epoch ends, written once each), each with the epoch's train sums so far (2 batches
+    # of 6 samples).
+    assert checkpoint_writes(tmp_path / "every2", "--save-every", "2") == [
+        (0, 2, 2, 12), (1, 0, 4, None), (1, 2, 6, 12), (2, 0, 8, None)]
+    # --save-every 1 with a --max-steps stop at step 3: steps 1 and 2, then the stop's own.
+    assert checkpoint_writes(tmp_path / "every1", "--epochs", "1", "--save-every", "1",
+                             "--max-steps", "3") == [
+        (0, 1, 1, 6), (0, 2, 2, 12), (0, 3, 3, 18)]
+    # The control: without the flag, only the epoch ends write.
+    assert checkpoint_writes(tmp_path / "never") == [(1, 0, 4, None), (2, 0, 8, None)]
+
+
+def test_resume_restores_the_global_rng_that_dropout_draws_from(tmp_path):
+    """Interrupted and resumed == the straight run, bitwise, where the steps after the resume
+    draw from torch's global RNG: alexnet's dropout masks (the cheapest model with dropout, at
+    its 63 px minimum; `single`, as dropout in CPU replica threads is not bit-reproducible).
+
+    The data cannot carry this: the sampler and the augmentation are keyed by seed, epoch and
+    sample. The control resumes the same checkpoint without its ``rng`` entry: the masks after
+    the resume are then drawn from the state the model's seeded initialisation left, and the
+    weights differ, so the comparison depends on the RNG restore.
+    """
+    args = ["--data", "synthetic", "--synthetic-size", "8", "--image-size", "64",
+            "--num-classes", "4", "-a", "alexnet", "--dropout", "0.5", "-b", "4", "--seed", "3",
+            "--epochs", "1", "--no-progress", "--strategy", "single", "--devices", "cpu"]
+    straight, run, no_rng = tmp_path / "straight", tmp_path / "run", tmp_path / "no_rng"
+    ok("train", *args, "--out", straight)
+    ok("train", *args, "--max-steps", "1", "--out", run)
     ckpt = state(run / "checkpoint.pt")
-    assert ckpt["data_position"] == {"epoch": 0, "batch": 3, "step": 3}
-    # The epoch's train sums so far travel with it (18 samples in 3 batches of 6).
-    assert ckpt["epoch_progress"]["count"] == 18
+    assert ckpt["data_position"] == {"epoch": 0, "batch": 1, "step": 1}
+    del ckpt["rng"]
+    no_rng.mkdir()
+    torch.save(ckpt, no_rng / "stopped.pt")
+    del ckpt
+    (run / "best.pt").unlink()  # not needed (and 0.5 GB)
+
+    proc = ok("train", "--resume", run)
+    assert proc.stdout.startswith(f"resuming {run / 'checkpoint.pt'} at epoch 1/1, step 1 ")
+    assert_bitwise_equal(straight / "checkpoint.pt", run / "checkpoint.pt")
+
+    ok("train", "--resume", no_rng / "stopped.pt", "--out", no_rng / "run")
+    a = state(straight / "checkpoint.pt")["state_dict"]
+    b = state(no_rng / "run" / "checkpoint.pt")["state_dict"]
+    assert state(no_rng / "run" / "checkpoint.pt")["data_position"]["step"] == 2
+    assert not torch.equal(a["classifier.1.weight"], b["classifier.1.weight"])
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

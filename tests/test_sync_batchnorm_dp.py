@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from tandem.parallel import (
     DataParallel,
+    DataParallelCriterion,
     DataParallelModel,
     SyncBatchNorm,
     context,
@@ -102,15 +103,12 @@ def test_data_parallel_model_with_per_device_losses(n):
     assert_same(got, want, model, ref)
 
 
-def test_data_parallel_criterion_if_available():
-    parallel = pytest.importorskip("tandem.parallel")
-    if not hasattr(parallel, "DataParallelCriterion"):
-        pytest.skip("DataParallelCriterion has not landed")
+def test_data_parallel_criterion():
     torch.manual_seed(0)
     ref = conv_net().double()
     model = convert_sync_batchnorm(copy.deepcopy(ref))
     wrapped = DataParallelModel(model, ["cpu"] * 3)
-    criterion = parallel.DataParallelCriterion(nn.CrossEntropyLoss(), ["cpu"] * 3)
+    criterion = DataParallelCriterion(nn.CrossEntropyLoss(), ["cpu"] * 3)
 
     def forward(x, y):
         outs = wrapped(x)

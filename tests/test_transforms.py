@@ -92,10 +92,20 @@ def test_pil_pipeline(tmp_path):
 
 
 def test_decode_corrupt_file_raises(tmp_path):
+    """Not an image: Pillow's UnidentifiedImageError naming the file. A JPEG cut in half (its
+    header intact): OSError from the decode that ``decode`` forces now, not at a later use."""
+    from PIL import UnidentifiedImageError
+
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"not an image")
-    with pytest.raises(Exception):
+    with pytest.raises(UnidentifiedImageError, match=f"cannot identify image file '{bad}'"):
         decode(bad)
+    cut = tmp_path / "cut.jpg"
+    noise = np.random.default_rng(0).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(cut, quality=90)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    with pytest.raises(OSError, match=r"^image file is truncated"):
+        decode(cut)
 
 
 def test_resize_array():

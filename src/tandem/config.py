@@ -15,7 +15,7 @@ from typing import Any
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
 from tandem.strategies import strategy_names
-from tandem.strategies.compile import COMPILE_MODES
+from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
 from tandem.errors import UsageError
 
 __all__ = [
@@ -170,8 +170,9 @@ class ParallelConfig:
     channels_last: bool = opt(False, "channels-last memory format; CUDA only",
                               on_resume=MAY_CHANGE)
     # Compiling changes how the step runs, not what it computes: a run may change it on resume.
-    compile: bool = opt(False, "compile the model with torch.compile (single, ddp); the "
-                        "compile time is reported apart from step times", on_resume=MAY_CHANGE)
+    compile: bool = opt(False, f"compile the model with torch.compile (with "
+                        f"{' or '.join(compiling_strategies())}); the compile time is reported "
+                        f"apart from step times", on_resume=MAY_CHANGE)
     compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
                                    choices=COMPILE_MODES, on_resume=MAY_CHANGE)
 

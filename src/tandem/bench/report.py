@@ -82,9 +82,10 @@ def format_table(report: dict) -> str:
         lines.append("compiled vs eager: " + ", ".join(
             f"{r['name']} {r['speedup_vs_eager']:.2f}x" for r in compiled
             if r.get("speedup_vs_eager") is not None))
-    phases = {r["phase"] for r in report["results"] if r["status"] == "ok"}
-    if "torchrun" in phases:
-        lines.append("ddp/torch_ddp (and their twins) were timed in a separate torchrun phase, "
+    torchrun = [r["name"] for r in report["results"]
+                if r["status"] == "ok" and r["phase"] == "torchrun"]
+    if torchrun:
+        lines.append(f"{', '.join(torchrun)} were timed in a separate torchrun phase, "
                      "not interleaved with the others.")
     return "\n".join(lines)
 

@@ -29,6 +29,9 @@ class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from tandem.bench.config import default_strategies
+    from tandem.strategies import strategy_names
+
     p = subparsers.add_parser(
         "bench", help="time training steps of strategies and torch baselines side by side",
         formatter_class=_ShowDefaults,
@@ -41,8 +44,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "a torchvision-style Pillow reference (no model)")
     p.add_argument("-j", "--workers", type=int, default=0, metavar="N",
                    help="with --data: loader worker processes")
-    p.add_argument("--strategies", default="single,dp,balanced", metavar="LIST",
-                   help="comma list of single,dp,balanced,hybrid,ddp")
+    # The names and the default come from the registry (see default_strategies).
+    p.add_argument("--strategies", default=None, metavar="LIST",
+                   help=f"comma list of {', '.join(strategy_names())}; by default every "
+                        f"single-process strategy that takes any model (default: "
+                        f"{','.join(default_strategies())})")
     p.add_argument("--devices", default="auto", metavar="SPEC",
                    help="cpu, cpu:N, cuda, cuda:0,1 or auto")
     p.add_argument("-b", "--batch-size", type=int, default=64, metavar="N",
@@ -74,7 +80,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="torch.compile mode (with --compile; default: torch's)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed for model and data")
     p.add_argument("--dist-timeout", type=float, default=900.0, metavar="SECONDS",
-                   help="seconds allowed for the torchrun phase of ddp/torch_ddp")
+                   help="seconds allowed for the torchrun phase (the multi-process "
+                        "strategies and torch_ddp)")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write every field as JSON to PATH ('-' for stdout)")
     p.add_argument("--explain", action="store_true",

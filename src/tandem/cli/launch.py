@@ -72,35 +72,32 @@ def _check_multiprocess(command: list[str]) -> None:
     """Refuse to launch a ``train`` whose strategy is not one process per device."""
     from tandem.strategies import strategy_class, strategy_names
 
-    name = _train_strategy(command)
-    if name is None or not strategy_class(name).multiprocess:
+    if not strategy_class(_train_strategy(command)).multiprocess:
         multi = " or ".join(n for n in strategy_names() if strategy_class(n).multiprocess)
         raise UsageError(f"`tandem launch -- train` needs --strategy {multi} (each process "
                          "trains its share of every batch; any other strategy would train N "
                          "independent copies writing the same files)")
 
 
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of the last ``flag VALUE`` or ``flag=VALUE`` in ``argv`` (None if absent)."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
+def _train_strategy(command: list[str]) -> str:
+    """The strategy the workers' ``train ...`` will use, read as they will read it: their
+    parser (so ``--strategy=ddp`` and argparse's abbreviations such as ``--strat ddp`` count)
+    and their config. Without the flag, a resumed run keeps its own (its ``config.json``)."""
+    from tandem.config import TrainConfig
 
+    from .common import given_fields
+    from .main import build_parser
+    from .train import config_from_namespace
 
-def _train_strategy(argv: list[str]) -> str | None:
-    """The strategy a ``train`` command will use: its flag, else the resumed run's own."""
-    strategy = _flag_value(argv, "--strategy")
-    resume = _flag_value(argv, "--resume")
-    if strategy or not resume:
-        return strategy
+    args = build_parser().parse_args(command)  # a bad flag: the error the workers would give
+    args.argv = list(command)
+    cfg = config_from_namespace(args)
+    resume = cfg.run.resume
+    if "strategy" in given_fields(args) or not resume:
+        return cfg.parallel.strategy
     run_dir = resume if os.path.isdir(resume) else os.path.dirname(resume) or "."
     try:
         with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
-            return json.load(f)["parallel"]["strategy"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
+            return TrainConfig.from_dict(json.load(f)).parallel.strategy
+    except (OSError, ValueError, TypeError, AttributeError):  # no run's config: the default
+        return cfg.parallel.strategy

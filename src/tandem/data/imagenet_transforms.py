@@ -1,9 +1,10 @@
 """ImageNet-style crops decoded straight to ``uint8``: RandomResizedCrop + flip, and the val crop.
 
 The crop box is drawn from a :class:`~tandem.data.transforms.SampleRandom` keyed by the sample,
-so it does not depend on worker, rank or strategy. Decoding does only what is needed: JPEGs
-are decoded at reduced scale when the crop allows (Pillow's ``draft``) and only the box is
-resampled; float conversion happens on the device.
+so it does not depend on worker, rank or strategy. Training crops decode only what is needed:
+JPEGs are decoded at reduced scale when the crop allows (Pillow's ``draft``) and only the box is
+resampled. The val crop is torchvision's ``Resize`` + ``CenterCrop``, pixel for pixel. Float
+conversion happens on the device.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import numpy as np
 from PIL import Image
 
-from .transforms import SampleRandom, shorter_side_size
+from .transforms import SampleRandom, center_offset, shorter_side_size
 
 __all__ = ["SCALE", "RATIO", "TRIES", "VAL_RESIZE_RATIO", "random_resized_box", "val_resize",
            "train_crop", "val_crop", "resize_box"]
@@ -117,12 +118,19 @@ def train_crop(path, size: int, rng: SampleRandom) -> np.ndarray:
 
 
 def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
-    """Resize the shorter side to ``resize_to`` (default :func:`val_resize`), then centre-crop
-    ``size x size``. Resize-then-crop, not a box: Pillow's box resampling rounds a few pixels
-    differently, and this crop must equal the textbook one pixel for pixel."""
+    """torchvision's ``Resize(resize_to)`` then ``CenterCrop(size)`` (``resize_to`` defaults
+    to :func:`val_resize`), pixel for pixel: the shorter side to ``resize_to``, the longer to
+    ``int(resize_to * long / short)``, bilinear over the whole decoded image, then the crop at
+    ``int(round(excess / 2.0))``. Validation accuracy is then the imagenet example's for the
+    same weights, so no ``draft`` here: a reduced-scale decode gives other pixels (and at 224 px
+    it applies only to photos with a shorter side of 512 or more)."""
     resize_to = val_resize(size) if resize_to is None else resize_to
     with _open(path) as img:
-        new_w, new_h = shorter_side_size(img.width, img.height, resize_to)
-        full = resize_box(img, (0, 0, img.width, img.height), new_w, new_h)
-    left, top = (new_w - size) // 2, (new_h - size) // 2
+        # torchvision's loader converts to RGB first; "L" resized then converted is the same.
+        full = img if img.mode in ("RGB", "L") else img.convert("RGB")
+        new_w, new_h = shorter_side_size(full.width, full.height, resize_to)
+        full = full.resize((new_w, new_h), Image.BILINEAR)
+    if full.mode != "RGB":
+        full = full.convert("RGB")
+    left, top = center_offset(new_w, size), center_offset(new_h, size)
     return _array(full.crop((left, top, left + size, top + size)))

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 __all__ = [
-    "SampleRandom", "mix_seed", "decode", "shorter_side_size", "resize_shorter", "center_crop_pil",
+    "SampleRandom", "mix_seed", "decode", "shorter_side_size", "resize_shorter", "center_offset",
+    "center_crop_pil",
     "to_array",
     "random_shift", "hflip", "normalize", "to_tensor", "resize_array",
 ]
@@ -78,10 +79,11 @@ def decode(path) -> Image.Image:
 
 
 def shorter_side_size(w: int, h: int, size: int) -> tuple[int, int]:
-    """``(w, h)`` scaled so the shorter side is ``size``, the other side rounded."""
-    if w <= h:
-        return size, max(1, round(h * size / w))
-    return max(1, round(w * size / h)), size
+    """``(w, h)`` scaled so the shorter side is ``size``: torchvision's ``Resize(size)``, whose
+    longer side is ``int(size * long / short)`` (truncated, not rounded)."""
+    short, long = (w, h) if w <= h else (h, w)
+    new_long = max(1, int(size * long / short))
+    return (size, new_long) if w <= h else (new_long, size)
 
 
 def resize_shorter(img: Image.Image, size: int) -> Image.Image:
@@ -92,10 +94,17 @@ def resize_shorter(img: Image.Image, size: int) -> Image.Image:
     return img.resize(shorter_side_size(w, h, size), Image.BILINEAR)
 
 
+def center_offset(length: int, size: int) -> int:
+    """Where torchvision's ``CenterCrop`` starts a ``size`` crop of ``length``: the excess
+    halved, rounded half to even (``int(round((length - size) / 2.0))``)."""
+    return int(round((length - size) / 2.0))
+
+
 def center_crop_pil(img: Image.Image, size: int) -> Image.Image:
-    """Crop the central ``size x size`` square (the image must be at least that big)."""
+    """Crop the central ``size x size`` square (the image must be at least that big), placed
+    as torchvision's ``CenterCrop``: offsets ``int(round(excess / 2.0))``."""
     w, h = img.size
-    left, top = (w - size) // 2, (h - size) // 2
+    left, top = center_offset(w, size), center_offset(h, size)
     return img.crop((left, top, left + size, top + size))
 
 
