@@ -8,6 +8,8 @@ so these dicts are what the example writes for the same architecture.
 """
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -139,3 +141,18 @@ def test_cli_eval_and_train_resume_of_example_files(tmp_path):
     assert "StepLR state is not tandem's" in proc.stdout
     saved = checkpoint.load(out / "checkpoint.pt")
     assert saved["arch"] == "resnet18" and saved["epoch"] == 4
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_checkpoint_file_mode_follows_the_umask(tmp_path, umask):
+    """As ``open()`` gives config.json: 0666 less the umask (mkstemp's 0600 hid files)."""
+    old = os.umask(umask)
+    try:
+        path = checkpoint.save(tmp_path / "c.pt", create_model("cifar_resnet20"), epoch=1)
+        with open(tmp_path / "config.json", "w") as f:
+            f.write("{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE((tmp_path / "config.json").stat().st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["c.pt", "config.json"]  # no temporary file left
