@@ -9,6 +9,7 @@ so these dicts are what the example writes for the same architecture.
 
 import json
 import os
+import shutil
 import stat
 
 import pytest
@@ -156,3 +157,42 @@ def test_checkpoint_file_mode_follows_the_umask(tmp_path, umask):
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
     assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE((tmp_path / "config.json").stat().st_mode)
     assert sorted(os.listdir(tmp_path)) == ["c.pt", "config.json"]  # no temporary file left
+
+
+SYNTHETIC = ("--data", "synthetic", "--synthetic-size", 24, "--image-size", 8, "--num-classes", 3,
+             "-b", 8, "--devices", "cpu", "--no-progress")
+
+
+def test_tandem_checkpoint_keeps_the_examples_steplr_right(tmp_path):
+    """main.py loads ``checkpoint['scheduler']`` into its StepLR(30, 0.1) unconditionally."""
+    run = tmp_path / "run"
+    proc = run_in_process("train", *SYNTHETIC, "--epochs", 2, "--out", run)
+    assert proc.returncode == 0, proc.stderr
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    model = create_model("cifar_resnet20", num_classes=3)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+    example = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+    fields = set(example.state_dict())
+    optimizer.load_state_dict(ckpt["optimizer"])
+    example.load_state_dict(ckpt["scheduler"])
+    assert ckpt["epoch"] == 2 and example.last_epoch == ckpt["epoch"]
+    assert not hasattr(example, "lr_lambdas") and set(example.state_dict()) == fields
+    assert (example.step_size, example.gamma) == (30, 0.1)
+    lr = optimizer.param_groups[0]["lr"]
+    example.step()  # epoch 3: no decay before epoch 30
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(lr)
+    assert "lr_lambdas" in ckpt["tandem_scheduler"]  # tandem's own per-step schedule
+
+    # a checkpoint written before `tandem_scheduler` (LambdaLR under `scheduler`) still resumes
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    legacy = dict(ckpt, scheduler=ckpt["tandem_scheduler"])
+    del legacy["tandem_scheduler"]
+    torch.save(legacy, old / "checkpoint.pt")
+    for directory in (run, old):
+        proc = run_in_process("train", "--resume", directory, "--epochs", 3)
+        assert proc.returncode == 0, proc.stderr
+        assert "not tandem's" not in proc.stdout
+    new, legacy = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (run, old))
+    assert new["tandem_scheduler"] == legacy["tandem_scheduler"]
+    assert all(torch.equal(new["state_dict"][k], v) for k, v in legacy["state_dict"].items())

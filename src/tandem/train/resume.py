@@ -100,10 +100,11 @@ def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
     trainer.carried = ckpt.get("epoch_progress") if trainer.position.batch else None
     trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
     foreign = checkpoint_compat.foreign_scheduler(ckpt)
+    own_schedule = checkpoint_compat.tandem_scheduler(ckpt)
     checkpoint.load_optimizer_state(trainer.optimizer, ckpt, path)
     try:
-        if ckpt.get("scheduler") is not None and not foreign:
-            trainer.scheduler.load_state_dict(ckpt["scheduler"])
+        if own_schedule is not None:
+            trainer.scheduler.load_state_dict(own_schedule)
         if ckpt.get("scaler"):
             trainer.scaler.load_state_dict(ckpt["scaler"])
     except (ValueError, KeyError, RuntimeError) as exc:
@@ -113,7 +114,7 @@ def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
     for group in trainer.optimizer.param_groups:  # this run's flags win over the file's
         group.update(momentum=trainer.cfg.optim.momentum,
                      weight_decay=trainer.cfg.optim.weight_decay)
-    if ckpt.get("scheduler") is None or foreign:  # set the lr where tandem's schedule stands
+    if own_schedule is None:  # set the lr where tandem's schedule stands
         step = trainer.position.step
         factor = lr_factor(step, trainer.cfg.optim, steps_per_epoch)
         for group, base_lr in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs):
