@@ -196,3 +196,89 @@ def test_tandem_checkpoint_keeps_the_examples_steplr_right(tmp_path):
     new, legacy = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (run, old))
     assert new["tandem_scheduler"] == legacy["tandem_scheduler"]
     assert all(torch.equal(new["state_dict"][k], v) for k, v in legacy["state_dict"].items())
+
+
+def _resume_in_process(tmp_path, path, given, **optim):
+    """The run ``train --resume PATH DATA -b 8`` builds from an example file, before it trains."""
+    from tandem.train import resume, run
+
+    data = make_image_folder(tmp_path / "imgs")
+    cfg = TrainConfig.from_dict({"data": {"data": str(data)},
+                                 "optim": {"batch_size": 8, **optim},
+                                 "run": {"resume": str(path), "out": str(tmp_path / "out")}})
+    cfg, ckpt, notes = resume.resumed_config(
+        cfg, frozenset({"data", "batch_size", "resume", "out", *given}))
+    strategy = run.build_strategy(cfg.parallel)
+    try:
+        trainer = run._build_trainer(cfg, strategy, ckpt)
+        notes += resume.restore(trainer, ckpt, cfg.run.resume)
+    finally:
+        strategy.close()
+    return trainer, notes
+
+
+def test_resume_keeps_the_files_lr_momentum_weight_decay_and_nesterov(tmp_path):
+    path = tmp_path / "checkpoint.pth.tar"
+    example_checkpoint(path, "resnet18")  # SGD lr 0.1, momentum 0.9, weight decay 1e-4
+    saved = torch.load(path)
+    saved["optimizer"]["param_groups"][0].update(nesterov=True, momentum=0.8)
+    torch.save(saved, path)
+    trainer, notes = _resume_in_process(tmp_path, path, given=())
+    optim = trainer.cfg.optim
+    assert (optim.lr, optim.momentum, optim.weight_decay, optim.nesterov) == (0.1, 0.8, 1e-4, True)
+    group = trainer.optimizer.param_groups[0]
+    assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.8, 1e-4, True)
+    assert group["initial_lr"] == 0.1 and 0 < group["lr"] < 0.1  # cosine, at epoch 4 of 30
+    assert trainer.config_dict["optim"]["lr"] == 0.1  # what config.json and checkpoints keep
+    assert notes[0] == (f"'{path}' is not a tandem run; from it: arch resnet18, epoch 3, lr 0.1, "
+                        f"momentum 0.8, weight decay 0.0001, nesterov on")
+
+    trainer, notes = _resume_in_process(tmp_path, path, given=("weight_decay", "lr"),
+                                        weight_decay=5e-4, lr=0.1)
+    assert trainer.cfg.optim.weight_decay == 5e-4 and trainer.cfg.optim.momentum == 0.8
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == 5e-4
+    assert notes[1] == "--wd 0.0005 overrides the file's weight decay 0.0001"
+    assert not any("--lr" in n for n in notes[1:2])  # the same value is no override
+
+
+def test_resumed_example_file_says_what_it_took_and_reloads(tmp_path):
+    """main.py's 1000-way file on a 3-class folder: the run keeps 1000 outputs and reloads."""
+    data = make_image_folder(tmp_path / "imgs")
+    path = tmp_path / "checkpoint.pth.tar"
+    example_checkpoint(path, "resnet18")
+    out = tmp_path / "run"
+    proc = run_in_process("train", "--resume", path, data, "-b", 8, "--epochs", 4,
+                          "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "from it: arch resnet18, epoch 3, lr 0.1, momentum 0.9, weight decay 0.0001, " \
+           "nesterov off" in lines[1]
+    block = lines[lines.index("  not in the file, so this run takes:"):][:6]
+    assert block[1:] == ["    global batch 8 (as given)", "    epochs 4 (as given)",
+                         "    image size 32px (the data's own; --image-size to change)",
+                         "    lr schedule cosine (tandem's default; --lr-schedule to change)",
+                         "    label smoothing 0.1 (tandem's default; --label-smoothing to change)"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["data"]["num_classes"] == 1000  # the built model's, not the data's 3
+    assert config["resolved"]["dataset"]["num_classes"] == 3
+    proc = run_in_process("eval", "--resume", out / "best.pt", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["count"] == 6 and proc.stderr == ""  # a tandem run: no note
+    proc = run_in_process("train", "--resume", out, "--epochs", 5)
+    assert proc.returncode == 0, proc.stderr
+    assert "at epoch 5/5" in proc.stdout and "not a tandem run" not in proc.stdout
+    assert torch.load(out / "checkpoint.pt")["state_dict"]["fc.weight"].shape == (1000, 512)
+
+
+def test_num_classes_for_real_data_keeps_a_larger_head(tmp_path):
+    data = make_image_folder(tmp_path / "imgs")
+    out = tmp_path / "run"
+    proc = run_in_process("train", "-a", "cifar_resnet20", data, "--num-classes", 1000, "-b", 8,
+                          "--epochs", 1, "--max-steps", 1, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert torch.load(out / "checkpoint.pt")["state_dict"]["fc.weight"].shape == (1000, 64)
+    proc = run_in_process("train", "-a", "cifar_resnet20", data, "--num-classes", 2,
+                          "--out", tmp_path / "other")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "has 3 classes, more than num_classes=2" in proc.stderr
+

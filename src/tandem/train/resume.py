@@ -18,7 +18,7 @@ from tandem.distributed.env import restart_count
 from tandem.errors import UsageError, first_line
 from tandem.strategies import Strategy, strategy_class
 
-from . import rundir
+from . import foreign, rundir
 from .loop import Position, Trainer
 from .schedule import lr_factor
 
@@ -40,11 +40,11 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
                          "continues a run from its checkpoint: give one of them")
     path = rundir.checkpoint_path(cfg.run.resume)
     ckpt = checkpoint.load(path)
-    cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
-    _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
-    arch = ckpt.get("arch")
-    if "arch" not in given and isinstance(arch, str) and arch:  # a file from elsewhere
-        cfg = replace(cfg, model=replace(cfg.model, arch=arch))
+    if foreign.is_foreign(ckpt):
+        cfg, notes = foreign.file_settings(cfg, given, ckpt, path)
+    else:
+        cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
+        _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
 
 
@@ -113,12 +113,13 @@ def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
     _check_optimizer_shapes(trainer.optimizer, path)
     for group in trainer.optimizer.param_groups:  # this run's flags win over the file's
         group.update(momentum=trainer.cfg.optim.momentum,
-                     weight_decay=trainer.cfg.optim.weight_decay)
+                     weight_decay=trainer.cfg.optim.weight_decay,
+                     nesterov=trainer.cfg.optim.nesterov)
     if own_schedule is None:  # set the lr where tandem's schedule stands
         step = trainer.position.step
         factor = lr_factor(step, trainer.cfg.optim, steps_per_epoch)
         for group, base_lr in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs):
-            group["lr"] = base_lr * factor
+            group.update(lr=base_lr * factor, initial_lr=base_lr)
         trainer.scheduler.last_epoch = step
     if ckpt.get("rng") is not None:
         checkpoint.restore_rng(ckpt["rng"])
