@@ -282,3 +282,61 @@ def test_num_classes_for_real_data_keeps_a_larger_head(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "has 3 classes, more than num_classes=2" in proc.stderr
 
+
+def _val_images(root):
+    """An ImageFolder with train/ and val/; val images 60x40, so resize 256 gives 384x256."""
+    import numpy as np
+    from PIL import Image
+
+    make_image_folder(root / "train")
+    rng = np.random.default_rng(1)
+    for c, name in enumerate(("cat", "dog", "fox")):
+        (root / "val" / name).mkdir(parents=True)
+        for i in range(2):
+            pixels = rng.random((40, 60, 3)) * 200 + c * 20
+            Image.fromarray(pixels.astype(np.uint8)).save(root / "val" / name / f"{i}.png")
+    return root
+
+
+def _plain_ce_at_224(model, root):
+    """The example's val transform (Resize 256, CenterCrop 224, Normalize) and plain CE."""
+    import numpy as np
+    from PIL import Image
+
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    images, labels = [], []
+    for c, name in enumerate(sorted(p.name for p in (root / "val").iterdir())):
+        for file in sorted((root / "val" / name).iterdir()):
+            img = Image.open(file).convert("RGB").resize((384, 256), Image.BILINEAR)
+            img = img.crop((80, 16, 304, 240))  # centre 224x224 of 384x256
+            x = torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255
+            images.append((x - mean[:, None, None]) / std[:, None, None])
+            labels.append(c)
+    with torch.no_grad():
+        logits = model.eval()(torch.stack(images))
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(labels)).item()
+
+
+def test_example_file_evaluates_with_plain_cross_entropy_at_224(tmp_path):
+    root = _val_images(tmp_path / "imgs")
+    torch.manual_seed(4)
+    model = create_model("resnet18")
+    wrapped = torch.nn.DataParallel(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+    torch.save({"epoch": 1, "arch": "resnet18", "state_dict": wrapped.state_dict(),
+                "best_acc1": torch.tensor(0.0), "optimizer": optimizer.state_dict()},
+               tmp_path / "model_best.pth.tar")
+    proc = run_in_process("eval", "--resume", tmp_path / "model_best.pth.tar", "--data", root,
+                          "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["count"] == 6
+    assert result["loss"] == pytest.approx(_plain_ce_at_224(model, root), rel=1e-5)
+    assert proc.stderr.strip() == (
+        f"'{tmp_path / 'model_best.pth.tar'}' is not a tandem run: evaluated as its source "
+        f"would, with plain cross-entropy at resnet18's native 224px (--label-smoothing and "
+        f"--image-size to change)")
+    proc = run_in_process("eval", "--resume", tmp_path / "model_best.pth.tar", "--data", root,
+                          "--json", "--label-smoothing", 0.1, "--image-size", 224)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert abs(json.loads(proc.stdout)["loss"] - result["loss"]) > 0.01  # smoothing counted
