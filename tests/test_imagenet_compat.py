@@ -331,7 +331,8 @@ def test_example_file_evaluates_with_plain_cross_entropy_at_224(tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["count"] == 6
-    assert result["loss"] == pytest.approx(_plain_ce_at_224(model, root), rel=1e-5)
+    expected = _plain_ce_at_224(model, root)
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
     assert proc.stderr.strip() == (
         f"'{tmp_path / 'model_best.pth.tar'}' is not a tandem run: evaluated as its source "
         f"would, with plain cross-entropy at resnet18's native 224px (--label-smoothing and "
@@ -340,3 +341,9 @@ def test_example_file_evaluates_with_plain_cross_entropy_at_224(tmp_path):
                           "--json", "--label-smoothing", 0.1, "--image-size", 224)
     assert proc.returncode == 0 and proc.stderr == ""
     assert abs(json.loads(proc.stdout)["loss"] - result["loss"]) > 0.01  # smoothing counted
+    # typed as for main.py: `-e --resume FILE DIR` evaluates the same way
+    proc = run_in_process("train", "-a", "resnet18", "-e", "--resume",
+                          tmp_path / "model_best.pth.tar", root)
+    assert proc.returncode == 0, proc.stderr
+    assert "is not a tandem run: evaluated as its source would" in proc.stdout
+    assert f"val loss {expected:.4f} " in proc.stdout

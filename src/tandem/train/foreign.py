@@ -4,7 +4,8 @@ Such a file gives its ``arch``, ``epoch`` and, in its optimizer's ``param_groups
 momentum, weight decay and nesterov: they become the run's unless a flag overrides them, and
 each override is said (:func:`file_settings`). What the file does not say (global batch,
 epochs, image size, schedule, label smoothing) tandem assumes, and :func:`assumed` says so in
-one block. Nothing changes silently.
+one block. It is evaluated as the example evaluates it (:func:`eval_settings`). Nothing
+changes silently.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tandem.config import TrainConfig
+from tandem.models import native_input_size
 
-__all__ = ["is_foreign", "file_settings", "assumed"]
+__all__ = ["is_foreign", "file_settings", "assumed", "eval_settings"]
 
 # OptimConfig field, the words for it, its flag; read from the file's first param group.
 _FROM_OPTIMIZER = (("lr", "lr", "--lr"), ("momentum", "momentum", "--momentum"),
@@ -30,8 +32,9 @@ def _show(value) -> str:
 
 
 def _param_group(ckpt: dict) -> dict | None:
-    groups = (ckpt.get("optimizer") or {}).get("param_groups") if isinstance(
-        ckpt.get("optimizer"), dict) else None
+    """The first param group of the file's optimizer state (``None`` without one)."""
+    optimizer = ckpt.get("optimizer")
+    groups = optimizer.get("param_groups") if isinstance(optimizer, dict) else None
     return groups[0] if groups and isinstance(groups[0], dict) else None
 
 
@@ -93,3 +96,27 @@ def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict) -> list[str
             source = f"tandem's default; {flag} to change"
         lines.append(f"  {words} {value} ({source})")
     return lines
+
+
+def eval_settings(cfg: TrainConfig, given: frozenset[str],
+                  path: str) -> tuple[TrainConfig, str | None]:
+    """``cfg`` to evaluate the foreign file at ``path`` as the imagenet example's ``-e`` does.
+
+    Plain cross-entropy, and the arch's native size (an ImageFolder is resized to 256 and
+    centre-cropped to 224 for a 224-pixel arch), each unless ``given``; with the line saying
+    so (``None`` when both were given).
+    """
+    said, flags = [], []
+    if "label_smoothing" not in given:
+        cfg = replace(cfg, optim=replace(cfg.optim, label_smoothing=0.0))
+        said.append("plain cross-entropy")
+        flags.append("--label-smoothing")
+    if "image_size" not in given:
+        size = native_input_size(cfg.model.arch)
+        cfg = replace(cfg, data=replace(cfg.data, image_size=size))
+        said.append(f"{cfg.model.arch}'s native {size}px")
+        flags.append("--image-size")
+    if not said:
+        return cfg, None
+    return cfg, (f"'{path}' is not a tandem run: evaluated as its source would, with "
+                 f"{' at '.join(said)} ({' and '.join(flags)} to change)")

@@ -22,7 +22,7 @@ from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import load_dataset, make_loader
 from tandem.distributed.env import LAUNCH_ID_VAR
-from tandem.models import create_model, model_info, native_input_size
+from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy, create_strategy
@@ -180,8 +180,13 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     cfg, ckpt, notes = resumed_config(cfg, given)
     model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
     if cfg.run.evaluate:
+        note = None
+        if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
+            cfg, note = foreign.eval_settings(cfg, given, cfg.run.resume)
         result = _validate(cfg, ckpt, cfg.run.resume)
         if result["is_main"]:
+            if note:
+                print(note)
             print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
                   f"{result['acc5']:.2f}% ({result['count']} images)")
         return 0
@@ -227,34 +232,17 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     if not isinstance(arch, str) or not arch:
         raise UsageError(f"checkpoint '{checkpoint_path}' names no architecture ('arch')")
     saved = TrainConfig.from_dict(ckpt.get("config") or {})
-    data, note = dict(data or {}), None
-    if foreign.is_foreign(ckpt):
-        label_smoothing, note = _as_its_source(checkpoint_path, arch, data, label_smoothing)
     optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
                                                        ("label_smoothing", label_smoothing))
                                     if v is not None})
     cfg = TrainConfig(model=replace(saved.model, arch=arch),
-                      data=replace(saved.data, **data), optim=optim, parallel=parallel,
+                      data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
                       run=saved.run if seed is None else replace(saved.run, seed=seed))
+    note = None
+    if foreign.is_foreign(ckpt):
+        given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
+        cfg, note = foreign.eval_settings(cfg, frozenset(given), checkpoint_path)
     return dict(_validate(cfg, ckpt, checkpoint_path), note=note)
-
-
-def _as_its_source(path: str, arch: str, data: dict, label_smoothing: float | None):
-    """A foreign file's eval defaults, as the imagenet example's ``-e``: plain cross-entropy
-    and the arch's native size (resize 256, centre crop 224 for an ImageFolder). Fills
-    ``data['image_size']`` unless given; returns the label smoothing and the line saying so."""
-    said, flags = [], []
-    if label_smoothing is None:
-        label_smoothing = 0.0
-        said.append("plain cross-entropy")
-        flags.append("--label-smoothing")
-    if data.get("image_size") is None:
-        data["image_size"] = native_input_size(arch)
-        said.append(f"{arch}'s native {data['image_size']}px")
-        flags.append("--image-size")
-    note = (f"'{path}' is not a tandem run: evaluated as its source would, with "
-            f"{' at '.join(said)} ({' and '.join(flags)} to change)") if said else None
-    return label_smoothing, note
 
 
 def _validate(cfg: TrainConfig, ckpt: dict | None, path: str | None) -> dict:
