@@ -154,8 +154,8 @@ def test_checkpoint_file_mode_follows_the_umask(tmp_path, umask):
             f.write("{}")
     finally:
         os.umask(old)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
-    assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE((tmp_path / "config.json").stat().st_mode)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    assert mode == 0o666 & ~umask == stat.S_IMODE((tmp_path / "config.json").stat().st_mode)
     assert sorted(os.listdir(tmp_path)) == ["c.pt", "config.json"]  # no temporary file left
 
 
@@ -239,6 +239,18 @@ def test_resume_keeps_the_files_lr_momentum_weight_decay_and_nesterov(tmp_path):
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 5e-4
     assert notes[1] == "--wd 0.0005 overrides the file's weight decay 0.0001"
     assert not any("--lr" in n for n in notes[1:2])  # the same value is no override
+
+
+def test_a_file_without_optimizer_state_says_so():
+    from tandem.train.foreign import file_settings
+
+    cfg = TrainConfig.from_dict({"optim": {"lr": 0.2}})
+    kept, said = file_settings(cfg, frozenset({"lr"}), {"arch": "resnet18", "epoch": 2,
+                                                        "state_dict": {}}, "bare.pth")
+    assert kept.optim == cfg.optim and kept.model.arch == "resnet18"
+    assert said == ["'bare.pth' is not a tandem run; from it: arch resnet18, epoch 2",
+                    "it holds no optimizer state: lr, momentum, weight decay and nesterov are "
+                    "this run's (--lr, --momentum, --wd, --nesterov)"]
 
 
 def test_resumed_example_file_says_what_it_took_and_reloads(tmp_path):

@@ -49,9 +49,9 @@ def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
     if "arch" not in given and isinstance(arch, str) and arch:
         cfg = replace(cfg, model=replace(cfg.model, arch=arch))
     taken = [f"arch {cfg.model.arch}", f"epoch {int(ckpt.get('epoch') or 0)}"]
-    group, values, overrides = _param_group(ckpt), {}, []
+    group, values, said = _param_group(ckpt), {}, []
     if group is None:
-        overrides.append("it holds no optimizer state: lr, momentum, weight decay and "
+        said.append("it holds no optimizer state: lr, momentum, weight decay and "
                          "nesterov are this run's (--lr, --momentum, --wd, --nesterov)")
     for name, words, flag in _FROM_OPTIMIZER if group is not None else ():
         theirs = group.get("initial_lr", group.get("lr")) if name == "lr" else group.get(name)
@@ -64,11 +64,11 @@ def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
         else:
             taken.append(f"{words} {_show(theirs)}")
         if name in given and mine != theirs:
-            overrides.append(f"{flag} {_show(mine)} overrides the file's {words} {_show(theirs)}")
+            said.append(f"{flag} {_show(mine)} overrides the file's {words} {_show(theirs)}")
         else:
             values[name] = theirs
     cfg = replace(cfg, optim=replace(cfg.optim, **values))
-    return cfg, [f"'{path}' is not a tandem run; from it: " + ", ".join(taken), *overrides]
+    return cfg, [f"'{path}' is not a tandem run; from it: " + ", ".join(taken), *said]
 
 
 def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict) -> list[str]:

@@ -26,7 +26,9 @@ __all__ = ["resumed_config", "restore", "prepare_out", "say_resuming"]
 
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str]):
-    """The config to run and the checkpoint to continue (``None`` for a fresh run)."""
+    """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
+    saying what was taken: a tandem run's settings (:mod:`.rundir`) or what a file from
+    elsewhere holds (:mod:`.foreign`)."""
     restarted = not cfg.run.resume and rundir.restarted_run(cfg.run.out)
     if restarted:
         latest = os.path.join(cfg.run.out, "checkpoint.pt")
