@@ -25,7 +25,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "eval", help="validate a checkpoint",
         description="Validate a checkpoint (tandem's, or the imagenet example's, including "
-                    "module.-prefixed ones from torch's DataParallel).")
+                    "module.-prefixed ones from torch's DataParallel). A file without "
+                    "tandem's config is evaluated as the example does: plain cross-entropy at "
+                    "the arch's native size, unless --label-smoothing or --image-size say "
+                    "otherwise.")
     parser.add_argument("--resume", "--checkpoint", dest="resume", required=True,
                         metavar="PATH", help="checkpoint to validate")
     group = parser.add_argument_group("data (default: as the checkpoint was trained)")
