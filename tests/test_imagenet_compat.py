@@ -8,6 +8,9 @@ so these dicts are what the example writes for the same architecture.
 """
 
 import json
+import os
+import shutil
+import stat
 
 import pytest
 import torch
@@ -139,3 +142,220 @@ def test_cli_eval_and_train_resume_of_example_files(tmp_path):
     assert "StepLR state is not tandem's" in proc.stdout
     saved = checkpoint.load(out / "checkpoint.pt")
     assert saved["arch"] == "resnet18" and saved["epoch"] == 4
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_checkpoint_file_mode_follows_the_umask(tmp_path, umask):
+    """As ``open()`` gives config.json: 0666 less the umask (mkstemp's 0600 hid files)."""
+    old = os.umask(umask)
+    try:
+        path = checkpoint.save(tmp_path / "c.pt", create_model("cifar_resnet20"), epoch=1)
+        with open(tmp_path / "config.json", "w") as f:
+            f.write("{}")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    assert mode == 0o666 & ~umask == stat.S_IMODE((tmp_path / "config.json").stat().st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["c.pt", "config.json"]  # no temporary file left
+
+
+SYNTHETIC = ("--data", "synthetic", "--synthetic-size", 24, "--image-size", 8, "--num-classes", 3,
+             "-b", 8, "--devices", "cpu", "--no-progress")
+
+
+def test_tandem_checkpoint_keeps_the_examples_steplr_right(tmp_path):
+    """main.py loads ``checkpoint['scheduler']`` into its StepLR(30, 0.1) unconditionally."""
+    run = tmp_path / "run"
+    proc = run_in_process("train", *SYNTHETIC, "--epochs", 2, "--out", run)
+    assert proc.returncode == 0, proc.stderr
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    model = create_model("cifar_resnet20", num_classes=3)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+    example = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+    fields = set(example.state_dict())
+    optimizer.load_state_dict(ckpt["optimizer"])
+    example.load_state_dict(ckpt["scheduler"])
+    assert ckpt["epoch"] == 2 and example.last_epoch == ckpt["epoch"]
+    assert not hasattr(example, "lr_lambdas") and set(example.state_dict()) == fields
+    assert (example.step_size, example.gamma) == (30, 0.1)
+    lr = optimizer.param_groups[0]["lr"]
+    example.step()  # epoch 3: no decay before epoch 30
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(lr)
+    assert "lr_lambdas" in ckpt["tandem_scheduler"]  # tandem's own per-step schedule
+
+    # a checkpoint written before `tandem_scheduler` (LambdaLR under `scheduler`) still resumes
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    legacy = dict(ckpt, scheduler=ckpt["tandem_scheduler"])
+    del legacy["tandem_scheduler"]
+    torch.save(legacy, old / "checkpoint.pt")
+    for directory in (run, old):
+        proc = run_in_process("train", "--resume", directory, "--epochs", 3)
+        assert proc.returncode == 0, proc.stderr
+        assert "not tandem's" not in proc.stdout
+    new, legacy = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (run, old))
+    assert new["tandem_scheduler"] == legacy["tandem_scheduler"]
+    assert all(torch.equal(new["state_dict"][k], v) for k, v in legacy["state_dict"].items())
+
+
+def _resume_in_process(tmp_path, path, given, **optim):
+    """The run ``train --resume PATH DATA -b 8`` builds from an example file, before it trains."""
+    from tandem.train import resume, run
+
+    data = make_image_folder(tmp_path / "imgs")
+    cfg = TrainConfig.from_dict({"data": {"data": str(data)},
+                                 "optim": {"batch_size": 8, **optim},
+                                 "run": {"resume": str(path), "out": str(tmp_path / "out")}})
+    cfg, ckpt, notes = resume.resumed_config(
+        cfg, frozenset({"data", "batch_size", "resume", "out", *given}))
+    strategy = run.build_strategy(cfg.parallel)
+    try:
+        trainer = run._build_trainer(cfg, strategy, ckpt)
+        notes += resume.restore(trainer, ckpt, cfg.run.resume)
+    finally:
+        strategy.close()
+    return trainer, notes
+
+
+def test_resume_keeps_the_files_lr_momentum_weight_decay_and_nesterov(tmp_path):
+    path = tmp_path / "checkpoint.pth.tar"
+    example_checkpoint(path, "resnet18")  # SGD lr 0.1, momentum 0.9, weight decay 1e-4
+    saved = torch.load(path)
+    saved["optimizer"]["param_groups"][0].update(nesterov=True, momentum=0.8)
+    torch.save(saved, path)
+    trainer, notes = _resume_in_process(tmp_path, path, given=())
+    optim = trainer.cfg.optim
+    assert (optim.lr, optim.momentum, optim.weight_decay, optim.nesterov) == (0.1, 0.8, 1e-4, True)
+    group = trainer.optimizer.param_groups[0]
+    assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.8, 1e-4, True)
+    assert group["initial_lr"] == 0.1 and 0 < group["lr"] < 0.1  # cosine, at epoch 4 of 30
+    assert trainer.config_dict["optim"]["lr"] == 0.1  # what config.json and checkpoints keep
+    assert notes[0] == (f"'{path}' is not a tandem run; from it: arch resnet18, epoch 3, lr 0.1, "
+                        f"momentum 0.8, weight decay 0.0001, nesterov on")
+
+    trainer, notes = _resume_in_process(tmp_path, path, given=("weight_decay", "lr"),
+                                        weight_decay=5e-4, lr=0.1)
+    assert trainer.cfg.optim.weight_decay == 5e-4 and trainer.cfg.optim.momentum == 0.8
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == 5e-4
+    assert notes[1] == "--wd 0.0005 overrides the file's weight decay 0.0001"
+    assert not any("--lr" in n for n in notes[1:2])  # the same value is no override
+
+
+def test_a_file_without_optimizer_state_says_so():
+    from tandem.train.foreign import file_settings
+
+    cfg = TrainConfig.from_dict({"optim": {"lr": 0.2}})
+    kept, said = file_settings(cfg, frozenset({"lr"}), {"arch": "resnet18", "epoch": 2,
+                                                        "state_dict": {}}, "bare.pth")
+    assert kept.optim == cfg.optim and kept.model.arch == "resnet18"
+    assert said == ["'bare.pth' is not a tandem run; from it: arch resnet18, epoch 2",
+                    "it holds no optimizer state: lr, momentum, weight decay and nesterov are "
+                    "this run's (--lr, --momentum, --wd, --nesterov)"]
+
+
+def test_resumed_example_file_says_what_it_took_and_reloads(tmp_path):
+    """main.py's 1000-way file on a 3-class folder: the run keeps 1000 outputs and reloads."""
+    data = make_image_folder(tmp_path / "imgs")
+    path = tmp_path / "checkpoint.pth.tar"
+    example_checkpoint(path, "resnet18")
+    out = tmp_path / "run"
+    proc = run_in_process("train", "--resume", path, data, "-b", 8, "--epochs", 4,
+                          "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "from it: arch resnet18, epoch 3, lr 0.1, momentum 0.9, weight decay 0.0001, " \
+           "nesterov off" in lines[1]
+    block = lines[lines.index("  not in the file, so this run takes:"):][:6]
+    assert block[1:] == ["    global batch 8 (as given)", "    epochs 4 (as given)",
+                         "    image size 32px (the data's own; --image-size to change)",
+                         "    lr schedule cosine (tandem's default; --lr-schedule to change)",
+                         "    label smoothing 0.1 (tandem's default; --label-smoothing to change)"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["data"]["num_classes"] == 1000  # the built model's, not the data's 3
+    assert config["resolved"]["dataset"]["num_classes"] == 3
+    proc = run_in_process("eval", "--resume", out / "best.pt", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["count"] == 6 and proc.stderr == ""  # a tandem run: no note
+    proc = run_in_process("train", "--resume", out, "--epochs", 5)
+    assert proc.returncode == 0, proc.stderr
+    assert "at epoch 5/5" in proc.stdout and "not a tandem run" not in proc.stdout
+    assert torch.load(out / "checkpoint.pt")["state_dict"]["fc.weight"].shape == (1000, 512)
+
+
+def test_num_classes_for_real_data_keeps_a_larger_head(tmp_path):
+    data = make_image_folder(tmp_path / "imgs")
+    out = tmp_path / "run"
+    proc = run_in_process("train", "-a", "cifar_resnet20", data, "--num-classes", 1000, "-b", 8,
+                          "--epochs", 1, "--max-steps", 1, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert torch.load(out / "checkpoint.pt")["state_dict"]["fc.weight"].shape == (1000, 64)
+    proc = run_in_process("train", "-a", "cifar_resnet20", data, "--num-classes", 2,
+                          "--out", tmp_path / "other")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "has 3 classes, more than num_classes=2" in proc.stderr
+
+
+def _val_images(root):
+    """An ImageFolder with train/ and val/; val images 60x40, so resize 256 gives 384x256."""
+    import numpy as np
+    from PIL import Image
+
+    make_image_folder(root / "train")
+    rng = np.random.default_rng(1)
+    for c, name in enumerate(("cat", "dog", "fox")):
+        (root / "val" / name).mkdir(parents=True)
+        for i in range(2):
+            pixels = rng.random((40, 60, 3)) * 200 + c * 20
+            Image.fromarray(pixels.astype(np.uint8)).save(root / "val" / name / f"{i}.png")
+    return root
+
+
+def _plain_ce_at_224(model, root):
+    """The example's val transform (Resize 256, CenterCrop 224, Normalize) and plain CE."""
+    import numpy as np
+    from PIL import Image
+
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    images, labels = [], []
+    for c, name in enumerate(sorted(p.name for p in (root / "val").iterdir())):
+        for file in sorted((root / "val" / name).iterdir()):
+            img = Image.open(file).convert("RGB").resize((384, 256), Image.BILINEAR)
+            img = img.crop((80, 16, 304, 240))  # centre 224x224 of 384x256
+            x = torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255
+            images.append((x - mean[:, None, None]) / std[:, None, None])
+            labels.append(c)
+    with torch.no_grad():
+        logits = model.eval()(torch.stack(images))
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(labels)).item()
+
+
+def test_example_file_evaluates_with_plain_cross_entropy_at_224(tmp_path):
+    root = _val_images(tmp_path / "imgs")
+    torch.manual_seed(4)
+    model = create_model("resnet18")
+    wrapped = torch.nn.DataParallel(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+    torch.save({"epoch": 1, "arch": "resnet18", "state_dict": wrapped.state_dict(),
+                "best_acc1": torch.tensor(0.0), "optimizer": optimizer.state_dict()},
+               tmp_path / "model_best.pth.tar")
+    proc = run_in_process("eval", "--resume", tmp_path / "model_best.pth.tar", "--data", root,
+                          "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["count"] == 6
+    expected = _plain_ce_at_224(model, root)
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
+    assert proc.stderr.strip() == (
+        f"'{tmp_path / 'model_best.pth.tar'}' is not a tandem run: evaluated as its source "
+        f"would, with plain cross-entropy at resnet18's native 224px (--label-smoothing and "
+        f"--image-size to change)")
+    proc = run_in_process("eval", "--resume", tmp_path / "model_best.pth.tar", "--data", root,
+                          "--json", "--label-smoothing", 0.1, "--image-size", 224)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert abs(json.loads(proc.stdout)["loss"] - result["loss"]) > 0.01  # smoothing counted
+    # typed as for main.py: `-e --resume FILE DIR` evaluates the same way
+    proc = run_in_process("train", "-a", "resnet18", "-e", "--resume",
+                          tmp_path / "model_best.pth.tar", root)
+    assert proc.returncode == 0, proc.stderr
+    assert "is not a tandem run: evaluated as its source would" in proc.stdout
+    assert f"val loss {expected:.4f} " in proc.stdout

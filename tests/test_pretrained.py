@@ -77,3 +77,21 @@ def test_cli_fine_tune_and_refusals(tmp_path):
     proc = run_in_process("train", "-a", "cifar_resnet20", "--pretrained")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "never downloads" in proc.stderr and "--pretrained FILE" in proc.stderr
+
+
+@pytest.mark.parametrize("mistake", ["another_arch", "channels"])
+def test_cli_pretrained_mistakes_are_one_line_and_exit_2(tmp_path, mistake):
+    """Through the CLI: a file of another arch, and a 3-channel file on 1-channel digits."""
+    path = tmp_path / "weights.pth"
+    if mistake == "another_arch":  # a cifar_resnet20 file for --arch cifar_resnet32
+        torch.save(create_model("cifar_resnet20", in_channels=1).state_dict(), path)
+        arch, expect = "cifar_resnet32", "missing key"
+    else:  # a 3-channel file for 1-channel digits
+        torch.save(create_model("cifar_resnet20", in_channels=3).state_dict(), path)
+        arch, expect = "cifar_resnet20", "conv1.weight is 16x3x3x3 in the file but 16x1x3x3"
+    proc = run_in_process("train", "-a", arch, "--data", "digits", "--pretrained", path,
+                          "--epochs", 1, "--max-steps", 1, "--out", tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("tandem: error: --pretrained") and expect in proc.stderr
+    assert str(path) in proc.stderr and not (tmp_path / "run").exists()

@@ -100,7 +100,10 @@ class DataConfig:
                        "flip (ImageFolder only); none", choices=AUGMENT_CHOICES)
     image_size: int | None = opt(None, "resize images to this side (default: the dataset's own)",
                                  metavar="PX")
-    num_classes: int | None = opt(None, "classes of the synthetic dataset", metavar="N")
+    num_classes: int | None = opt(None, "classes the model outputs; real data needs at least "
+                                  "its own (e.g. 1000 keeps the imagenet example's head); "
+                                  "synthetic data makes that many (default: the data's, or a "
+                                  "resumed file's larger classifier)", metavar="N")
     synthetic_size: int | None = opt(None, "samples in the synthetic dataset", metavar="N")
     workers: int = opt(0, "data loading worker processes (seeded)", "-j", "--workers",
                        metavar="N", on_resume=MAY_CHANGE)
@@ -125,6 +128,7 @@ class OptimConfig:
                     metavar="LR")
     momentum: float = opt(0.9, "SGD momentum", metavar="M")
     weight_decay: float = opt(5e-4, "weight decay", "--wd", "--weight-decay", metavar="W")
+    nesterov: bool = opt(False, "Nesterov momentum (SGD)")
     lr_schedule: str = opt("cosine", "learning-rate schedule, stepped every optimizer step",
                            choices=SCHEDULES)
     lr_step: float = opt(30.0, "step schedule: epochs between decays", metavar="EPOCHS")
@@ -143,6 +147,8 @@ class OptimConfig:
         _check(self.lr > 0, f"bad --lr {self.lr}: must be > 0")
         _check(self.momentum >= 0, f"bad --momentum {self.momentum}: must be >= 0")
         _check(self.weight_decay >= 0, f"bad --weight-decay {self.weight_decay}: must be >= 0")
+        _check(not self.nesterov or self.momentum > 0,
+               f"--nesterov needs a --momentum above 0, not {self.momentum}")
         _check_choice(self.lr_schedule, SCHEDULES, "--lr-schedule")
         _check(self.lr_step > 0, f"bad --lr-step {self.lr_step}: must be > 0")
         _check(self.lr_gamma > 0, f"bad --lr-gamma {self.lr_gamma}: must be > 0")

@@ -13,14 +13,17 @@ from torch import nn
 from . import checkpoint
 from .checkpoint import compat as checkpoint_compat
 from .config import NO_WEIGHTS_FILE
+from .errors import TandemError
 
 __all__ = ["load_pretrained", "PretrainedError", "NO_FILE"]
 
 NO_FILE = NO_WEIGHTS_FILE  # one wording, kept with the flag's check
 
 
-class PretrainedError(ValueError):
-    """The weights file does not fit the model; the message names the file and the layer."""
+class PretrainedError(TandemError, ValueError):
+    """The weights file does not fit the model; the message names the file and the layer.
+
+    A :class:`TandemError`, so the CLI reports it as one line and exit status 2."""
 
 
 def _shape(t) -> str:

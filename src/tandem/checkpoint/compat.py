@@ -11,7 +11,7 @@ from collections import OrderedDict
 import torch
 
 __all__ = ["normalise", "strip_wrappers", "best_accuracy", "foreign_scheduler", "final_layer",
-           "is_tandem"]
+           "is_tandem", "tandem_scheduler"]
 
 _WRAPPER = "module"  # the attribute DataParallel / DistributedDataParallel keep the model in
 
@@ -66,10 +66,24 @@ def best_accuracy(ckpt: dict) -> float | None:
     return None if value is None else float(value)
 
 
+def tandem_scheduler(ckpt: dict) -> dict | None:
+    """tandem's own per-step schedule state: ``tandem_scheduler``, or ``scheduler`` in files
+    written before that key existed (a LambdaLR state, with ``lr_lambdas``)."""
+    if not is_tandem(ckpt):
+        return None
+    state = ckpt.get("tandem_scheduler")
+    if state is None and isinstance(ckpt.get("scheduler"), dict) \
+            and "lr_lambdas" in ckpt["scheduler"]:
+        state = ckpt["scheduler"]
+    return state
+
+
 def foreign_scheduler(ckpt: dict) -> str | None:
-    """The kind of a scheduler state tandem cannot load (another program's), else ``None``."""
+    """The kind of a scheduler state tandem cannot load (another program's), else ``None``.
+
+    tandem's own files are never foreign: their ``scheduler`` is an epoch view for others."""
     state = ckpt.get("scheduler")
-    if not isinstance(state, dict) or (is_tandem(ckpt) and "lr_lambdas" in state):
+    if not isinstance(state, dict) or is_tandem(ckpt):
         return None
     for key, name in _SCHEDULER_KEYS:
         if key in state:

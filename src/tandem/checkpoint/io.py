@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import tempfile
+import secrets
 import warnings
 from collections import Counter, OrderedDict
 from pathlib import Path
@@ -94,7 +94,7 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
         ckpt[key] = value
     ckpt = {k: _plain(v, k) for k, v in ckpt.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(ckpt, f)
@@ -109,6 +109,22 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new, empty temporary file beside ``path``, opened for writing.
+
+    Created with mode 0666 less the umask, as ``open()`` makes ``config.json``: ``mkstemp``
+    would give 0600, and teammates on a shared cluster could not read the checkpoint.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(path.parent, f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside '{path}'")
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -47,8 +47,8 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
     validation is never augmented (``auto``: the data's own recipe, see
     :data:`DEFAULT_AUGMENT`). ``seed`` chooses the ``synthetic`` data; real data splits are fixed
     whatever the seed, so the validation set never changes between runs. ``synthetic_size``
-    and ``num_classes`` shape the synthetic data; for real data ``num_classes``, when given,
-    must match the data's class count.
+    and ``num_classes`` shape the synthetic data; for real data ``num_classes`` is the model's
+    outputs, so it must be at least the data's class count (labels index the first outputs).
     """
     if augment not in AUGMENT_CHOICES:
         raise UsageError(f"unknown augment {augment!r}; choose one of: "
@@ -86,7 +86,7 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
             result = load_imagefolder(path, augment=_augment_for(augment, "imagefolder", spec),
                                       image_size=image_size)
     info = result[2]
-    if num_classes is not None and num_classes != info.num_classes:
-        raise UsageError(f"data '{spec}' has {info.num_classes} classes, but num_classes="
-                         f"{num_classes} was asked for")
+    if num_classes is not None and num_classes < info.num_classes:
+        raise UsageError(f"data '{spec}' has {info.num_classes} classes, more than num_classes="
+                         f"{num_classes}: the model needs an output for each class")
     return result

@@ -26,6 +26,7 @@ from .curves import plot_curves
 from .interrupt import Interrupted, StopRequest
 from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory
 from .progress import Progress
+from .schedule import epoch_state
 
 __all__ = ["Position", "Trainer"]
 
@@ -173,7 +174,8 @@ class Trainer:
             epoch=pos.epoch,  # epochs completed, as in the imagenet example
             arch=self.cfg.model.arch,
             best_acc1=self.best_acc1,
-            scheduler=self.scheduler.state_dict(),
+            scheduler=epoch_state(self.optimizer, pos.epoch),  # what StepLR & co. can load
+            tandem_scheduler=self.scheduler.state_dict(),  # tandem's own, per step
             scaler=self.scaler.state_dict(),
             rng=checkpoint.capture_rng(),
             data_position=pos.as_dict(),

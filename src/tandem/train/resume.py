@@ -18,7 +18,7 @@ from tandem.distributed.env import restart_count
 from tandem.errors import UsageError, first_line
 from tandem.strategies import Strategy, strategy_class
 
-from . import rundir
+from . import foreign, rundir
 from .loop import Position, Trainer
 from .schedule import lr_factor
 
@@ -26,7 +26,9 @@ __all__ = ["resumed_config", "restore", "prepare_out", "say_resuming"]
 
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str]):
-    """The config to run and the checkpoint to continue (``None`` for a fresh run)."""
+    """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
+    saying what was taken: a tandem run's settings (:mod:`.rundir`) or what a file from
+    elsewhere holds (:mod:`.foreign`)."""
     restarted = not cfg.run.resume and rundir.restarted_run(cfg.run.out)
     if restarted:
         latest = os.path.join(cfg.run.out, "checkpoint.pt")
@@ -40,11 +42,11 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
                          "continues a run from its checkpoint: give one of them")
     path = rundir.checkpoint_path(cfg.run.resume)
     ckpt = checkpoint.load(path)
-    cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
-    _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
-    arch = ckpt.get("arch")
-    if "arch" not in given and isinstance(arch, str) and arch:  # a file from elsewhere
-        cfg = replace(cfg, model=replace(cfg.model, arch=arch))
+    if foreign.is_foreign(ckpt):
+        cfg, notes = foreign.file_settings(cfg, given, ckpt, path)
+    else:
+        cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
+        _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
 
 
@@ -100,10 +102,11 @@ def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
     trainer.carried = ckpt.get("epoch_progress") if trainer.position.batch else None
     trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
     foreign = checkpoint_compat.foreign_scheduler(ckpt)
+    own_schedule = checkpoint_compat.tandem_scheduler(ckpt)
     checkpoint.load_optimizer_state(trainer.optimizer, ckpt, path)
     try:
-        if ckpt.get("scheduler") is not None and not foreign:
-            trainer.scheduler.load_state_dict(ckpt["scheduler"])
+        if own_schedule is not None:
+            trainer.scheduler.load_state_dict(own_schedule)
         if ckpt.get("scaler"):
             trainer.scaler.load_state_dict(ckpt["scaler"])
     except (ValueError, KeyError, RuntimeError) as exc:
@@ -112,12 +115,13 @@ def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
     _check_optimizer_shapes(trainer.optimizer, path)
     for group in trainer.optimizer.param_groups:  # this run's flags win over the file's
         group.update(momentum=trainer.cfg.optim.momentum,
-                     weight_decay=trainer.cfg.optim.weight_decay)
-    if ckpt.get("scheduler") is None or foreign:  # set the lr where tandem's schedule stands
+                     weight_decay=trainer.cfg.optim.weight_decay,
+                     nesterov=trainer.cfg.optim.nesterov)
+    if own_schedule is None:  # set the lr where tandem's schedule stands
         step = trainer.position.step
         factor = lr_factor(step, trainer.cfg.optim, steps_per_epoch)
         for group, base_lr in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs):
-            group["lr"] = base_lr * factor
+            group.update(lr=base_lr * factor, initial_lr=base_lr)
         trainer.scheduler.last_epoch = step
     if ckpt.get("rng") is not None:
         checkpoint.restore_rng(ckpt["rng"])

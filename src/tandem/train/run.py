@@ -30,6 +30,7 @@ from tandem.strategies.compile import check_compile, compile_model
 from tandem.errors import UsageError
 
 from . import compile as compiling
+from . import foreign
 from .interrupt import StopRequest
 from .loop import Trainer
 from .metrics import MetricsLog
@@ -115,19 +116,27 @@ def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
     return out
 
 
-def _fit_classes(info, ckpt: dict | None):
-    """A file from elsewhere keeps its classifier when that is larger than the data's classes."""
-    if ckpt is None or isinstance(ckpt.get("config"), dict):
-        return info
-    layer = checkpoint_compat.final_layer(ckpt["state_dict"])
-    return replace(info, num_classes=layer[1]) if layer and layer[1] > info.num_classes else info
+def _with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig:
+    """``cfg`` with ``data.num_classes`` set to the classes the model will output.
+
+    ``--num-classes`` when given; else a checkpoint's classifier when it is larger than the
+    data's classes (the imagenet example's files always have 1000); else the data's. The
+    run's config records it, so its checkpoints rebuild the same model for eval and resume.
+    """
+    classes = cfg.data.num_classes
+    if classes is None:
+        layer = checkpoint_compat.final_layer(ckpt["state_dict"]) if ckpt is not None else None
+        classes = layer[1] if layer and layer[1] > info.num_classes else info.num_classes
+    return replace(cfg, data=replace(cfg.data, num_classes=classes))
 
 
 def _prepared_model(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None, info,
                     path: str | None) -> nn.Module:
-    """The model of ``cfg`` with its weights (``ckpt`` read from ``path``, or --pretrained),
-    set up by ``strategy``: the same for training and for validation."""
-    model = build_model(cfg.model, _fit_classes(info, ckpt), cfg.run.seed)
+    """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`_with_model_classes`)
+    with its weights (``ckpt`` read from ``path``, or --pretrained), set up by ``strategy``:
+    the same for training and for validation."""
+    model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),
+                        cfg.run.seed)
     if ckpt is not None:
         checkpoint.load_model_state(model, ckpt, path)
     elif cfg.model.pretrained:
@@ -142,10 +151,11 @@ def _prepared_model(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None, inf
 
 def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> Trainer:
     train_set, val_set, info = build_data(cfg.data, cfg.run.seed)
+    cfg = _with_model_classes(cfg, info, ckpt)
     wrapped = _prepared_model(cfg, strategy, ckpt, info, cfg.run.resume)
     optim = cfg.optim
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
-                                weight_decay=optim.weight_decay)
+                                weight_decay=optim.weight_decay, nesterov=optim.nesterov)
     batches = make_loader(train_set, optim.batch_size, shuffle=True, seed=cfg.run.seed,
                           epoch=0).batch_sampler.total_batches
     steps_per_epoch = -(-batches // optim.accum_steps)
@@ -171,8 +181,13 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     cfg, ckpt, notes = resumed_config(cfg, given)
     model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
     if cfg.run.evaluate:
+        note = None
+        if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
+            cfg, note = foreign.eval_settings(cfg, given, cfg.run.resume)
         result = _validate(cfg, ckpt, cfg.run.resume)
         if result["is_main"]:
+            if note:
+                print(note)
             print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
                   f"{result['acc5']:.2f}% ({result['count']} images)")
         return 0
@@ -185,6 +200,8 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
             print(compiling.describe(seconds, cfg.parallel.compile_mode), flush=True)
         if ckpt is not None:
             notes += restore(trainer, ckpt, cfg.run.resume)
+            if foreign.is_foreign(ckpt):
+                notes += foreign.assumed(trainer.cfg, given, trainer.config_dict)
         keep = prepare_out(cfg, ckpt, strategy, trainer.position.epoch)
         if strategy.is_main:
             if ckpt is not None:
@@ -202,22 +219,31 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
 
 
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
-             batch_size: int | None = None, seed: int | None = None) -> dict:
+             batch_size: int | None = None, seed: int | None = None,
+             label_smoothing: float | None = None) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
-    Architecture, data settings and seed come from the checkpoint's config (defaults without
-    one), each overridden by ``data`` / ``batch_size`` / ``seed`` when given. Never augments.
+    Architecture, data settings, loss and seed come from the checkpoint's config, each
+    overridden by ``data`` / ``batch_size`` / ``label_smoothing`` / ``seed`` when given. A file
+    without tandem's config is evaluated as the imagenet example does (plain cross-entropy at
+    the arch's native size); ``note`` in the result then says so. Never augments.
     """
     ckpt = checkpoint.load(checkpoint_path)
     arch = ckpt.get("arch")
     if not isinstance(arch, str) or not arch:
         raise UsageError(f"checkpoint '{checkpoint_path}' names no architecture ('arch')")
     saved = TrainConfig.from_dict(ckpt.get("config") or {})
-    optim = saved.optim if batch_size is None else replace(saved.optim, batch_size=batch_size)
+    optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
+                                                       ("label_smoothing", label_smoothing))
+                                    if v is not None})
     cfg = TrainConfig(model=replace(saved.model, arch=arch),
                       data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
                       run=saved.run if seed is None else replace(saved.run, seed=seed))
-    return _validate(cfg, ckpt, checkpoint_path)
+    note = None
+    if foreign.is_foreign(ckpt):
+        given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
+        cfg, note = foreign.eval_settings(cfg, frozenset(given), checkpoint_path)
+    return dict(_validate(cfg, ckpt, checkpoint_path), note=note)
 
 
 def _validate(cfg: TrainConfig, ckpt: dict | None, path: str | None) -> dict:
@@ -226,6 +252,7 @@ def _validate(cfg: TrainConfig, ckpt: dict | None, path: str | None) -> dict:
     strategy = build_strategy(cfg.parallel)
     try:
         _, val_set, info = build_data(cfg.data, cfg.run.seed)
+        cfg = _with_model_classes(cfg, info, ckpt)
         trainer = Trainer(cfg=cfg, strategy=strategy,
                           model=_prepared_model(cfg, strategy, ckpt, info, path),
                           criterion=make_criterion(cfg.optim, strategy), optimizer=None,

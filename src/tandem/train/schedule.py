@@ -2,6 +2,8 @@
 
 ``cosine``, ``step`` (counted in steps, so a mid-epoch resume lands on the same value) or
 ``constant``, times an optional linear warm-up. ``--max-steps`` never changes it.
+Checkpoints keep its state under ``tandem_scheduler``; ``scheduler`` holds
+:func:`epoch_state`, what the imagenet example's per-epoch StepLR can load.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from tandem.config import OptimConfig
 
-__all__ = ["make_scheduler", "lr_factor"]
+__all__ = ["make_scheduler", "lr_factor", "epoch_state"]
 
 
 def lr_factor(step: int, cfg: OptimConfig, steps_per_epoch: int) -> float:
@@ -38,3 +40,15 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
         return lr_factor(step, cfg, steps_per_epoch)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def epoch_state(optimizer: torch.optim.Optimizer, epoch: int) -> dict:
+    """A scheduler state counted in epochs, for programs that step once per epoch.
+
+    The imagenet example loads ``checkpoint['scheduler']`` into its ``StepLR`` whatever wrote
+    it; this state sets only the fields every scheduler has, so its StepLR stands at
+    ``epoch`` with its own step size and gamma, from the optimizer's current learning rate.
+    """
+    return {"last_epoch": epoch, "_step_count": epoch + 1,
+            "base_lrs": [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups],
+            "_last_lr": [group["lr"] for group in optimizer.param_groups]}

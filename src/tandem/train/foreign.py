@@ -1,0 +1,122 @@
+"""Continuing a file from elsewhere (no tandem config), such as the imagenet example's.
+
+Such a file gives its ``arch``, ``epoch`` and, in its optimizer's ``param_groups``, the lr,
+momentum, weight decay and nesterov: they become the run's unless a flag overrides them, and
+each override is said (:func:`file_settings`). What the file does not say (global batch,
+epochs, image size, schedule, label smoothing) tandem assumes, and :func:`assumed` says so in
+one block. It is evaluated as the example evaluates it (:func:`eval_settings`). Nothing
+changes silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tandem.config import TrainConfig
+from tandem.models import native_input_size
+
+__all__ = ["is_foreign", "file_settings", "assumed", "eval_settings"]
+
+# OptimConfig field, the words for it, its flag; read from the file's first param group.
+_FROM_OPTIMIZER = (("lr", "lr", "--lr"), ("momentum", "momentum", "--momentum"),
+                   ("weight_decay", "weight decay", "--wd"), ("nesterov", "nesterov", "--nesterov"))
+
+
+def is_foreign(ckpt: dict) -> bool:
+    """True for a checkpoint without tandem's run config (another program wrote it)."""
+    return not isinstance(ckpt.get("config"), dict)
+
+
+def _show(value) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}"
+
+
+def _param_group(ckpt: dict) -> dict | None:
+    """The first param group of the file's optimizer state (``None`` without one)."""
+    optimizer = ckpt.get("optimizer")
+    groups = optimizer.get("param_groups") if isinstance(optimizer, dict) else None
+    return groups[0] if groups and isinstance(groups[0], dict) else None
+
+
+def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
+                  path: str) -> tuple[TrainConfig, list[str]]:
+    """``cfg`` with what the foreign file at ``path`` holds, and the lines that say it.
+
+    The lr is the schedule's base (``initial_lr``, which torch's schedulers keep) when the
+    file has one, else its current lr. A flag in ``given`` wins over the file, and is said.
+    """
+    arch = ckpt.get("arch")
+    if "arch" not in given and isinstance(arch, str) and arch:
+        cfg = replace(cfg, model=replace(cfg.model, arch=arch))
+    taken = [f"arch {cfg.model.arch}", f"epoch {int(ckpt.get('epoch') or 0)}"]
+    group, values, said = _param_group(ckpt), {}, []
+    if group is None:
+        said.append("it holds no optimizer state: lr, momentum, weight decay and "
+                         "nesterov are this run's (--lr, --momentum, --wd, --nesterov)")
+    for name, words, flag in _FROM_OPTIMIZER if group is not None else ():
+        theirs = group.get("initial_lr", group.get("lr")) if name == "lr" else group.get(name)
+        if theirs is None:
+            continue
+        mine = getattr(cfg.optim, name)
+        theirs = type(mine)(theirs)  # bool or float, as the config holds it
+        if name == "lr" and group.get("lr") is not None and float(group["lr"]) != theirs:
+            taken.append(f"lr {_show(theirs)} (its schedule's base; {_show(group['lr'])} now)")
+        else:
+            taken.append(f"{words} {_show(theirs)}")
+        if name in given and mine != theirs:
+            said.append(f"{flag} {_show(mine)} overrides the file's {words} {_show(theirs)}")
+        else:
+            values[name] = theirs
+    cfg = replace(cfg, optim=replace(cfg.optim, **values))
+    return cfg, [f"'{path}' is not a tandem run; from it: " + ", ".join(taken), *said]
+
+
+def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict) -> list[str]:
+    """The block of lines saying what the run uses that a foreign file does not say.
+
+    ``resolved`` is the run's resolved config (``image_size`` is the data's when not given).
+    """
+    optim = cfg.optim
+    size = resolved["resolved"]["dataset"]["image_size"]
+    schedule = optim.lr_schedule + (f" (every {optim.lr_step:g} epochs x{optim.lr_gamma:g})"
+                                    if optim.lr_schedule == "step" else "")
+    items = (("global batch", optim.batch_size, "batch_size", "-b"),
+             ("epochs", optim.epochs, "epochs", "--epochs"),
+             ("image size", f"{size}px", "image_size", "--image-size"),
+             ("lr schedule", schedule, "lr_schedule", "--lr-schedule"),
+             ("label smoothing", f"{optim.label_smoothing:g}", "label_smoothing",
+              "--label-smoothing"))
+    lines = ["not in the file, so this run takes:"]
+    for words, value, name, flag in items:
+        if name in given:
+            source = "as given"
+        elif name == "image_size":
+            source = f"the data's own; {flag} to change"
+        else:
+            source = f"tandem's default; {flag} to change"
+        lines.append(f"  {words} {value} ({source})")
+    return lines
+
+
+def eval_settings(cfg: TrainConfig, given: frozenset[str],
+                  path: str) -> tuple[TrainConfig, str | None]:
+    """``cfg`` to evaluate the foreign file at ``path`` as the imagenet example's ``-e`` does.
+
+    Plain cross-entropy, and the arch's native size (an ImageFolder is resized to 256 and
+    centre-cropped to 224 for a 224-pixel arch), each unless ``given``; with the line saying
+    so (``None`` when both were given).
+    """
+    said, flags = [], []
+    if "label_smoothing" not in given:
+        cfg = replace(cfg, optim=replace(cfg.optim, label_smoothing=0.0))
+        said.append("plain cross-entropy")
+        flags.append("--label-smoothing")
+    if "image_size" not in given:
+        size = native_input_size(cfg.model.arch)
+        cfg = replace(cfg, data=replace(cfg.data, image_size=size))
+        said.append(f"{cfg.model.arch}'s native {size}px")
+        flags.append("--image-size")
+    if not said:
+        return cfg, None
+    return cfg, (f"'{path}' is not a tandem run: evaluated as its source would, with "
+                 f"{' at '.join(said)} ({' and '.join(flags)} to change)")
