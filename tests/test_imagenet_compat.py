@@ -182,6 +182,9 @@ def test_tandem_checkpoint_keeps_the_examples_steplr_right(tmp_path):
     example.step()  # epoch 3: no decay before epoch 30
     assert optimizer.param_groups[0]["lr"] == pytest.approx(lr)
     assert "lr_lambdas" in ckpt["tandem_scheduler"]  # tandem's own per-step schedule
+    # main.py's resume with --gpu N runs `best_acc1.to(N)`: a tensor, as the example saves it
+    best = ckpt["best_acc1"]
+    assert isinstance(best, torch.Tensor) and best.dim() == 0 and best.to("cpu").item() >= 0
 
     # a checkpoint written before `tandem_scheduler` (LambdaLR under `scheduler`) still resumes
     old = tmp_path / "old"

@@ -74,7 +74,9 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
     path = Path(path)
     ckpt: dict[str, Any] = {
         "format": FORMAT, "tandem_version": __version__,
-        "epoch": epoch, "arch": arch, "best_acc1": best_acc1,
+        # a 0-dim tensor, as the imagenet example saves it: its --gpu resume calls .to(gpu)
+        "epoch": epoch, "arch": arch,
+        "best_acc1": None if best_acc1 is None else torch.tensor(float(best_acc1)),
         "state_dict": dict(model) if isinstance(model, Mapping) else plain_state_dict(model),
         "optimizer": None if optimizer is None else optimizer.state_dict(),
         "scheduler": None if scheduler is None else _state_of(scheduler),
