@@ -91,7 +91,7 @@ def test_fewer_epochs_than_done_is_refused_and_writes_nothing(complete, tmp_path
     ok("train", *TINY, "--devices", "cpu", "--max-steps", "6", "--out", mid)
     before = snapshot(mid)
     line = refused("train", "--resume", mid, "--epochs", "1")
-    assert "(1 epochs and 2 batches of epoch 2); give --epochs 2 or more" in line
+    assert "(1 epoch and 2 batches of epoch 2); give --epochs 2 or more" in line
     assert snapshot(mid) == before
     ok("train", "--resume", mid, "--epochs", "2")  # what it advises is accepted
     assert position(mid) == {"epoch": 2, "batch": 0, "step": 8}
@@ -185,3 +185,21 @@ def test_a_ddp_run_resumed_without_launch_says_how(tmp_path):
                       PYTHONWARNINGS="ignore")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert position(tmp_path / "copy") == {"epoch": 2, "batch": 0, "step": 8}
+
+
+def test_max_steps_behind_a_file_from_elsewhere_is_refused(tmp_path):
+    """Item 3 for a file without tandem's position (the imagenet example's, at epoch 3): its
+    steps are known once the data is, and --max-steps behind them is refused all the same."""
+    from tandem.models import create_model
+
+    model = create_model("cifar_resnet20", num_classes=4)
+    torch.save({"arch": "cifar_resnet20", "epoch": 3, "state_dict": model.state_dict()},
+               tmp_path / "file.pth.tar")
+    args = [*TINY, "--epochs", "4", "--resume", tmp_path / "file.pth.tar", "--out",
+            tmp_path / "out"]
+    line = refused("train", *args, "--max-steps", "2")
+    assert line.startswith(f"tandem: error: --max-steps 2: '{tmp_path / 'file.pth.tar'}' has "
+                           f"already made 12 optimizer steps"), line
+    assert not (tmp_path / "out").exists()
+    ok("train", *args, "--max-steps", "13")
+    assert position(tmp_path / "out") == {"epoch": 3, "batch": 1, "step": 13}

@@ -25,8 +25,8 @@ from . import foreign, rundir
 from .loop import Position, Trainer
 from .schedule import lr_factor
 
-__all__ = ["resumed_config", "complete_line", "check_launched", "restore", "prepare_out",
-           "say_resuming"]
+__all__ = ["resumed_config", "complete_line", "check_max_steps", "check_launched", "restore",
+           "prepare_out", "say_resuming"]
 
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str]):
@@ -67,12 +67,11 @@ def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> str | 
     epochs (``None`` while it has not). ``--epochs`` and ``--max-steps`` behind where it
     stands are refused: the one would shorten what is done, the other would stop before it."""
     epoch, batch, step = _saved_position(ckpt)
-    path, epochs, max_steps = cfg.run.resume, cfg.optim.epochs, cfg.optim.max_steps
-    saved = ckpt.get("config")
-    target = rundir.target_of(path) if isinstance(saved, dict) else path
-    name = f"run '{target}'" if target != path else f"'{path}'"
+    path, epochs, saved = cfg.run.resume, cfg.optim.epochs, ckpt.get("config")
+    target, name = _named(path, ckpt)
     if "epochs" in given and epochs < epoch + (1 if batch else 0):
-        done = f"{epoch} epochs" + (f" and {batch} batches of epoch {epoch + 1}" if batch else "")
+        done = (f"{epoch} epoch{'' if epoch == 1 else 's'}"
+                + (f" and {batch} batches of epoch {epoch + 1}" if batch else ""))
         raise UsageError(f"--epochs {epochs} is fewer than {name} has done ({done}); give "
                          f"--epochs {epoch + 1} or more to train it further")
     if epoch >= epochs:
@@ -82,11 +81,28 @@ def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> str | 
                  if isinstance(saved, dict) else f"tandem train --resume {path} ...")
         return (f"{name} is complete ({where}); to train it further, give it more epochs: "
                 f"{again} --epochs N (N > {epoch})")
-    if max_steps is not None and step is not None and max_steps <= step:
-        raise UsageError(f"--max-steps {max_steps}: {name} has already made {step} optimizer "
-                         f"steps (--max-steps counts them from the run's start); give more, e.g. "
-                         f"--max-steps {step + max_steps} for {max_steps} more")
+    if step is not None:
+        check_max_steps(cfg, ckpt, step)
     return None
+
+
+def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int) -> None:
+    """Refuse a ``--max-steps`` that the resumed run, at optimizer step ``step``, has reached
+    (it counts the run's steps from its start, not this invocation's). A torchrun restart
+    runs the command line that reached it: there the loop says there is nothing to train."""
+    max_steps = cfg.optim.max_steps
+    if max_steps is not None and max_steps <= step and not restart_count():
+        raise UsageError(f"--max-steps {max_steps}: {_named(cfg.run.resume, ckpt)[1]} has "
+                         f"already made {step} optimizer steps (--max-steps counts them from "
+                         f"the run's start); give more, e.g. --max-steps {step + max_steps} "
+                         f"for {max_steps} more")
+
+
+def _named(path: str, ckpt: dict) -> tuple[str, str]:
+    """What to give ``--resume`` for ``path`` and what to call it: ``run 'RUN'`` for a run's
+    latest checkpoint, else the file."""
+    target = rundir.target_of(path) if isinstance(ckpt.get("config"), dict) else path
+    return target, (f"run '{target}'" if target != path else f"'{path}'")
 
 
 def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> None:
@@ -103,14 +119,16 @@ def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> None:
     alone = [n for n in strategy_names(multiprocess=False, portable_optimizer_state=True)
              if not cfg.parallel.compile or strategy_class(n).compile_unsupported is None]
     alone.sort(key=lambda n: strategy_class(n).max_devices is not None)  # all devices first
-    most = strategy_class(alone[0]).max_devices or processes
-    count = min(most, processes)
+    launch = (f"run '{target}' ran as {processes} {cls.name} process"
+              f"{'' if processes == 1 else 'es'}: continue it with "
+              f"`{rundir.command(saved, target, out)}`")
+    if not alone:
+        raise UsageError(launch)
+    count = min(strategy_class(alone[0]).max_devices or processes, processes)
     devices = _device_spec([torch.device("cpu")] * count if kind == "cpu" else
                            [torch.device(kind, i) for i in range(count)])
-    raise UsageError(f"run '{target}' ran as {processes} {cls.name} processes: continue it with "
-                     f"`{rundir.command(saved, target, out)}`, or in this one process with "
-                     f"`tandem train --resume {target}{out} --strategy {alone[0]} --devices "
-                     f"{devices}`")
+    raise UsageError(f"{launch}, or in this one process with `tandem train --resume {target}"
+                     f"{out} --strategy {alone[0]} --devices {devices}`")
 
 
 def _device_spec(devices: list[torch.device]) -> str:

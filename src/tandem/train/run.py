@@ -34,8 +34,8 @@ from . import foreign
 from .interrupt import StopRequest
 from .loop import Trainer
 from .metrics import MetricsLog
-from .resume import (check_launched, complete_line, prepare_out, restore, resumed_config,
-                     say_resuming)
+from .resume import (check_launched, check_max_steps, complete_line, prepare_out, restore,
+                     resumed_config, say_resuming)
 from .schedule import make_scheduler
 
 __all__ = ["train", "evaluate", "build_strategy", "build_data", "build_model", "make_criterion",
@@ -208,6 +208,7 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
             print(compiling.describe(seconds, cfg.parallel.compile_mode), flush=True)
         if ckpt is not None:
             notes += restore(trainer, ckpt, cfg.run.resume)
+            check_max_steps(cfg, ckpt, trainer.position.step)  # a file from elsewhere's
             if foreign.is_foreign(ckpt):
                 notes += foreign.assumed(trainer.cfg, given, trainer.config_dict)
         keep = prepare_out(cfg, ckpt, strategy, trainer.position.epoch)

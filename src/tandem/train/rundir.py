@@ -2,7 +2,8 @@
 
 A fresh run replaces one in ``--out`` only with ``--overwrite``. ``--resume RUN`` keeps the
 stored settings; flags may change only where and how long it goes on (``on_resume`` in
-:mod:`tandem.config`). A torchrun restart resumes its own launch's run (``TANDEM_LAUNCH_ID``).
+:mod:`tandem.config`); an earlier checkpoint of it (``best.pt``) goes on only in another
+directory. A torchrun restart resumes its own launch's run (``TANDEM_LAUNCH_ID``).
 """
 
 from __future__ import annotations
