@@ -44,11 +44,11 @@ def busy_loops(n: int = 2):
 
 def _checkpoint(out) -> dict:
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
-    # wall-clock seconds of the partial epoch and the launch's id are not results
+    # wall-clock seconds of the partial epoch and the launch's id are not results (the run's
+    # directory is not in its settings: --out is per call)
     if ckpt.get("epoch_progress"):
         ckpt["epoch_progress"].pop("seconds")
     ckpt["config"]["resolved"].pop("launch_id")
-    ckpt["config"]["run"].pop("out")
     return ckpt
 
 

@@ -239,6 +239,17 @@ class TrainConfig:
         """Plain nested dict of str/int/float/bool/None (JSON- and weights_only-safe)."""
         return dataclasses.asdict(self)
 
+    def settings(self) -> dict:
+        """:meth:`to_dict` without the ``PER_CALL`` fields: the run's own settings, as
+        ``config.json`` and checkpoints keep them (``--max-steps`` or ``--out`` belong to one
+        invocation, and a later one must neither see nor inherit them)."""
+        saved = self.to_dict()
+        for name, section in SECTIONS.items():
+            for f in dataclasses.fields(section):
+                if f.metadata.get("on_resume", FIXED) == PER_CALL:
+                    del saved[name][f.name]
+        return saved
+
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
         """Rebuild from :meth:`to_dict` output; unknown keys (older/newer files) are ignored."""

@@ -127,9 +127,15 @@ class Strategy:
         """True on every process when ``flag`` is true on any (e.g. a stop request)."""
         return flag
 
+    @classmethod
+    def resume_command_for(cls, target: str, processes: int = 1, nodes: int = 1) -> str:
+        """The command that continues ``target`` (a run directory or checkpoint) under this
+        strategy, run by ``processes`` processes on ``nodes`` machines; flags may follow."""
+        return f"tandem train --resume {target}"
+
     def resume_command(self, run_dir: str) -> str:
         """The command that continues the run in ``run_dir`` under this strategy."""
-        return f"tandem train --resume {run_dir}"
+        return self.resume_command_for(run_dir, self.world_size)
 
     def no_sync(self, wrapped: nn.Module):
         """Context that skips gradient synchronisation (for accumulation steps)."""

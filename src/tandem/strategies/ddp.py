@@ -171,11 +171,15 @@ class DDPStrategy(Strategy):
         votes = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
         return bool(self.all_reduce_sum(votes).item() > 0)
 
+    @classmethod
+    def resume_command_for(cls, target: str, processes: int = 1, nodes: int = 1) -> str:
+        where = "" if nodes <= 1 else f" --nnodes {nodes} (on every node)"
+        return (f"tandem launch --nproc-per-node {processes // max(1, nodes)}{where} -- "
+                f"train --resume {target}")
+
     def resume_command(self, run_dir: str) -> str:
         nodes = self.world_size // max(1, self.env.local_world_size)
-        where = "" if nodes <= 1 else f" --nnodes {nodes} (on every node)"
-        return (f"tandem launch --nproc-per-node {self.env.local_world_size}{where} -- "
-                f"train --resume {run_dir}")
+        return self.resume_command_for(run_dir, self.world_size, nodes)
 
     def no_sync(self, wrapped: nn.Module):
         """DDP's ``no_sync``: gradients accumulate locally until a step outside it."""

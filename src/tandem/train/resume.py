@@ -1,7 +1,9 @@
 """Continuing a run: its settings, its optimizer, schedule, position and RNG, its directory.
 
 :func:`resumed_config` finds the config and checkpoint to continue (:mod:`.rundir`),
-:func:`restore` loads state into a trainer, :func:`prepare_out` checks and creates ``--out``.
+:func:`complete_line` and :func:`check_launched` stop, before anything is built, a resume that
+has nothing to do or needs its launcher, :func:`restore` loads state into a trainer,
+:func:`prepare_out` checks and creates ``--out``.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import torch
 from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import TrainConfig
-from tandem.distributed.env import restart_count
+from tandem.distributed.env import in_torchrun, restart_count
 from tandem.errors import UsageError, first_line
-from tandem.strategies import Strategy, strategy_class
+from tandem.parallel.devices import parse_device_spec
+from tandem.strategies import Strategy, strategy_class, strategy_names
 
 from . import foreign, rundir
 from .loop import Position, Trainer
 from .schedule import lr_factor
 
-__all__ = ["resumed_config", "restore", "prepare_out", "say_resuming"]
+__all__ = ["resumed_config", "complete_line", "check_max_steps", "check_launched", "restore",
+           "prepare_out", "say_resuming"]
 
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str]):
@@ -47,7 +51,105 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
     else:
         cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
         _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
+        if "devices" not in given:
+            cfg, notes = _fit_devices(cfg, notes)
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
+
+
+def _saved_position(ckpt: dict) -> tuple[int, int, int | None]:
+    """Epochs done, batches of the next one done and optimizer steps (``None``: not saved)."""
+    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
+    return int(position["epoch"]), int(position["batch"]), position.get("step")
+
+
+def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> str | None:
+    """The one line to print, instead of training, when the resumed run has done all its
+    epochs (``None`` while it has not). ``--epochs`` and ``--max-steps`` behind where it
+    stands are refused: the one would shorten what is done, the other would stop before it."""
+    epoch, batch, step = _saved_position(ckpt)
+    path, epochs, saved = cfg.run.resume, cfg.optim.epochs, ckpt.get("config")
+    target, name = _named(path, ckpt)
+    if "epochs" in given and epochs < epoch + (1 if batch else 0):
+        done = (f"{epoch} epoch{'' if epoch == 1 else 's'}"
+                + (f" and {batch} batches of epoch {epoch + 1}" if batch else ""))
+        raise UsageError(f"--epochs {epochs} is fewer than {name} has done ({done}); give "
+                         f"--epochs {epoch + 1} or more to train it further")
+    if epoch >= epochs:
+        where = ", ".join([f"{epoch}/{epochs} epochs"] + ([f"step {step}"] if step else []) +
+                          [f"best val acc {float(ckpt.get('best_acc1') or 0.0):.2f}%"])
+        again = (rundir.command(saved, target, f" --out {cfg.run.out}" if "out" in given else "")
+                 if isinstance(saved, dict) else f"tandem train --resume {path} ...")
+        return (f"{name} is complete ({where}); to train it further, give it more epochs: "
+                f"{again} --epochs N (N > {epoch})")
+    if step is not None:
+        check_max_steps(cfg, ckpt, step)
+    return None
+
+
+def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int) -> None:
+    """Refuse a ``--max-steps`` that the resumed run, at optimizer step ``step``, has reached
+    (it counts the run's steps from its start, not this invocation's). A torchrun restart
+    runs the command line that reached it: there the loop says there is nothing to train."""
+    max_steps = cfg.optim.max_steps
+    if max_steps is not None and max_steps <= step and not restart_count():
+        raise UsageError(f"--max-steps {max_steps}: {_named(cfg.run.resume, ckpt)[1]} has "
+                         f"already made {step} optimizer steps (--max-steps counts them from "
+                         f"the run's start); give more, e.g. --max-steps {step + max_steps} "
+                         f"for {max_steps} more")
+
+
+def _named(path: str, ckpt: dict) -> tuple[str, str]:
+    """What to give ``--resume`` for ``path`` and what to call it: ``run 'RUN'`` for a run's
+    latest checkpoint, else the file."""
+    target = rundir.target_of(path) if isinstance(ckpt.get("config"), dict) else path
+    return target, (f"run '{target}'" if target != path else f"'{path}'")
+
+
+def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> None:
+    """A multi-process run resumed outside its launcher: say how many processes it ran, the
+    command that launches them, and a strategy that continues it in this one process."""
+    saved, cls = ckpt.get("config"), strategy_class(cfg.parallel.strategy)
+    if not isinstance(saved, dict) or "strategy" in given or not cls.multiprocess or \
+            in_torchrun():
+        return
+    target = rundir.target_of(cfg.run.resume)
+    out = f" --out {cfg.run.out}" if "out" in given else ""
+    processes = int((saved.get("resolved") or {}).get("world_size") or 1)
+    kind = str(((saved.get("resolved") or {}).get("devices") or ["cpu"])[0]).split(":")[0]
+    alone = [n for n in strategy_names(multiprocess=False, portable_optimizer_state=True)
+             if not cfg.parallel.compile or strategy_class(n).compile_unsupported is None]
+    alone.sort(key=lambda n: strategy_class(n).max_devices is not None)  # all devices first
+    launch = (f"run '{target}' ran as {processes} {cls.name} process"
+              f"{'' if processes == 1 else 'es'}: continue it with "
+              f"`{rundir.command(saved, target, out)}`")
+    if not alone:
+        raise UsageError(launch)
+    count = min(strategy_class(alone[0]).max_devices or processes, processes)
+    devices = _device_spec([torch.device("cpu")] * count if kind == "cpu" else
+                           [torch.device(kind, i) for i in range(count)])
+    raise UsageError(f"{launch}, or in this one process with `tandem train --resume {target}"
+                     f"{out} --strategy {alone[0]} --devices {devices}`")
+
+
+def _device_spec(devices: list[torch.device]) -> str:
+    """The ``--devices`` spec that gives ``devices``."""
+    if devices[0].type == "cpu":
+        return "cpu" if len(devices) == 1 else f"cpu:{len(devices)}"
+    return f"{devices[0].type}:" + ",".join(str(d.index or 0) for d in devices)
+
+
+def _fit_devices(cfg: TrainConfig, notes: list[str]) -> tuple[TrainConfig, list[str]]:
+    """The run's devices, less those its (new) strategy cannot drive, with a note saying so."""
+    cls = strategy_class(cfg.parallel.strategy)
+    if cls.multiprocess or cls.max_devices is None:
+        return cfg, notes
+    devices = parse_device_spec(cfg.parallel.devices, "--devices")
+    if len(devices) <= cls.max_devices:
+        return cfg, notes
+    spec = _device_spec(devices[:cls.max_devices])
+    note = (f"--devices {spec} (the run had {cfg.parallel.devices}; --strategy {cls.name} "
+            f"drives {cls.max_devices} device{'s' if cls.max_devices > 1 else ''})")
+    return replace(cfg, parallel=replace(cfg.parallel, devices=spec)), [*notes, note]
 
 
 def prepare_out(cfg: TrainConfig, ckpt: dict | None, strategy: Strategy,

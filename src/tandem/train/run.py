@@ -34,7 +34,8 @@ from . import foreign
 from .interrupt import StopRequest
 from .loop import Trainer
 from .metrics import MetricsLog
-from .resume import prepare_out, restore, resumed_config, say_resuming
+from .resume import (check_launched, check_max_steps, complete_line, prepare_out, restore,
+                     resumed_config, say_resuming)
 from .schedule import make_scheduler
 
 __all__ = ["train", "evaluate", "build_strategy", "build_data", "build_model", "make_criterion",
@@ -103,8 +104,8 @@ def make_criterion(cfg: OptimConfig, strategy: Strategy) -> nn.Module:
 
 
 def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
-    """The config as given plus what it resolved to (written to config.json and checkpoints)."""
-    out = cfg.to_dict()
+    """The run's settings plus what they resolved to (written to config.json and checkpoints)."""
+    out = cfg.settings()
     out["resolved"] = {
         "devices": [str(d) for d in strategy.devices],
         "world_size": strategy.world_size,
@@ -191,6 +192,13 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
             print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
                   f"{result['acc5']:.2f}% ({result['count']} images)")
         return 0
+    if ckpt is not None:  # before anything is built or written
+        line = complete_line(cfg, ckpt, given)
+        if line is not None:
+            if os.environ.get("RANK", "0") == "0":  # one line, from the first process
+                print(line, flush=True)
+            return 0
+        check_launched(cfg, ckpt, given)
     _check_out(cfg.run.out)
     strategy = build_strategy(cfg.parallel)
     try:
@@ -200,6 +208,7 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
             print(compiling.describe(seconds, cfg.parallel.compile_mode), flush=True)
         if ckpt is not None:
             notes += restore(trainer, ckpt, cfg.run.resume)
+            check_max_steps(cfg, ckpt, trainer.position.step)  # a file from elsewhere's
             if foreign.is_foreign(ckpt):
                 notes += foreign.assumed(trainer.cfg, given, trainer.config_dict)
         keep = prepare_out(cfg, ckpt, strategy, trainer.position.epoch)

@@ -2,7 +2,8 @@
 
 A fresh run replaces one in ``--out`` only with ``--overwrite``. ``--resume RUN`` keeps the
 stored settings; flags may change only where and how long it goes on (``on_resume`` in
-:mod:`tandem.config`). A torchrun restart resumes its own launch's run (``TANDEM_LAUNCH_ID``).
+:mod:`tandem.config`); an earlier checkpoint of it (``best.pt``) goes on only in another
+directory. A torchrun restart resumes its own launch's run (``TANDEM_LAUNCH_ID``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import shutil
 from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, flag_of
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.errors import UsageError
+from tandem.strategies import strategy_class
 
-__all__ = ["RUN_FILES", "checkpoint_path", "describe", "check_fresh", "clear",
-           "resume_config", "restarted_run", "read_metrics", "fork"]
+__all__ = ["RUN_FILES", "checkpoint_path", "target_of", "command", "describe", "check_fresh",
+           "clear", "resume_config", "restarted_run", "read_metrics", "fork"]
 
 RUN_FILES = ("checkpoint.pt", "best.pt", "metrics.jsonl", "config.json", "curves.png")
 
@@ -31,6 +33,20 @@ def checkpoint_path(resume: str) -> str:
 
 def run_dir_of(path: str) -> str:
     return os.path.dirname(path) or "."
+
+
+def target_of(path: str) -> str:
+    """What to give ``--resume`` for the checkpoint at ``path``: its run directory when it is
+    the run's latest (``checkpoint.pt``), else the file."""
+    return run_dir_of(path) if os.path.basename(path) == "checkpoint.pt" else path
+
+
+def command(saved: dict, target: str, extra: str = "") -> str:
+    """The command that continues ``target`` as the run that saved ``saved`` ran (its
+    strategy, its number of processes), then ``extra``: what a message tells the user."""
+    strategy = TrainConfig.from_dict(saved).parallel.strategy
+    processes = int((saved.get("resolved") or {}).get("world_size") or 1)
+    return strategy_class(strategy).resume_command_for(target, processes) + extra
 
 
 def read_metrics(out: str) -> list[dict]:
@@ -103,10 +119,26 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
                 notes.append(_change_note(flag, new, old))
         sections[name] = type(mine)(**values)
     out = cfg.run.out if "out" in given else run_dir_of(path)
+    _check_rollback(path, out, saved)
     if os.path.abspath(out) != os.path.abspath(run_dir_of(path)):
         notes.append(f"--out {out}: a new run directory, forked from '{run_dir_of(path)}'")
     sections["run"] = dataclasses.replace(sections["run"], out=out)
     return TrainConfig(**sections), notes
+
+
+def _check_rollback(path: str, out: str, saved: dict) -> None:
+    """Refuse to continue an earlier checkpoint of a run (``best.pt``) in that run's directory:
+    it would roll the run back and overwrite its latest ``checkpoint.pt``."""
+    run = run_dir_of(path)
+    latest = os.path.join(run, "checkpoint.pt")
+    same = os.path.abspath(path) == os.path.abspath(latest)
+    if same or not os.path.isfile(latest) or os.path.abspath(out) != os.path.abspath(run):
+        return
+    name = os.path.basename(path)
+    raise UsageError(f"--resume {path} would roll run '{run}' back to {name} and overwrite its "
+                     f"latest checkpoint.pt: continue the latest with "
+                     f"`{command(saved, run)}`, or fork from {name} with "
+                     f"`{command(saved, path, ' --out NEWDIR')}`")
 
 
 def _change_note(flag: str, new, old) -> str:
