@@ -4,7 +4,8 @@ This file is both the pytest module and the worker program: the fixture starts i
 ``python -m torch.distributed.run --nproc-per-node 2`` (torchrun, on 127.0.0.1, free port),
 every rank runs all the cases below against a single-process reference it computes itself,
 writes its measurements to ``rank{R}.json``, and the tests check them. Models and data are
-float64, so "equal" means to 1e-9.
+float64, so "equal" means to 1e-9. One more case (``_layout_case``, float32) checks that DDP gets
+gradients in their parameters' strides, bit for bit as torch's own DDP computes them.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@
   bounded time, the failed rank named, and no worker process left behind;
 - a SIGKILL of rank 0 (the writer) mid-run leaves a loadable ``checkpoint.pt``, from which
   every rank of a new job resumes;
+- the README's launch on digits prints no warning (none of DDP's "Grad strides"), and a failed
+  worker's job shows torchrun's error line but not its warnings about stopping the others;
 - a busy ``--master-port``, ``--strategy ddp`` outside torchrun, and launch mistakes give one
   line, no traceback.
 """

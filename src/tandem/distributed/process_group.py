@@ -3,6 +3,7 @@
 The backend follows the device (gloo for CPU, NCCL for CUDA). Training collectives use a work
 group with the ``TANDEM_DIST_TIMEOUT`` timeout, so a dead or hung peer makes the job fail
 instead of hang; joining waits longer (:data:`STARTUP_TIMEOUT`), as slow starters are not dead.
+Also two helpers for torch's DDP: free its reducer in time, hand it gradients in its layout.
 """
 
 from __future__ import annotations
