@@ -4,7 +4,8 @@ This file is both the pytest module and the worker program: the fixture starts i
 ``python -m torch.distributed.run --nproc-per-node 2`` (torchrun, on 127.0.0.1, free port),
 every rank runs all the cases below against a single-process reference it computes itself,
 writes its measurements to ``rank{R}.json``, and the tests check them. Models and data are
-float64, so "equal" means to 1e-9.
+float64, so "equal" means to 1e-9. One more case (``_layout_case``, float32) checks that DDP gets
+gradients in their parameters' strides, bit for bit as torch's own DDP computes them.
 """
 
 from __future__ import annotations
@@ -202,11 +203,47 @@ def _eval_reference(ref_params, init, x, kind, sync_bn, buffers, rank, model):
         return ref(x)
 
 
+def _layout_case() -> dict:
+    """A 1-channel float32 conv on input in channels-last strides, as digits' batches are: on
+    the CPU its weight's gradient comes back with strides (9, 1, 3, 1), the weight's being
+    (9, 9, 3, 1) (the same memory for a size-1 dim). Wrapped by ``DDPStrategy.setup`` and by
+    torch's own DDP, in that order: torch warns once per process, so the control runs second.
+    """
+    import warnings
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from tandem.distributed.process_group import release_ddp
+    from tandem.strategies.ddp import DDPStrategy
+
+    torch.manual_seed(0)
+    init = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 6 * 6, 5))
+    x = torch.randn(4, 6, 6, 1).permute(0, 3, 1, 2)  # (N, 1, H, W), channels-last strides
+    y = torch.randint(0, 5, (4,))
+
+    def backward(wrapped):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            nn.functional.cross_entropy(wrapped(x), y).backward()
+        params = list(wrapped.module.parameters())
+        release_ddp(wrapped)
+        return params, any("Grad strides" in str(w.message) for w in caught)
+
+    ours, warned = backward(DDPStrategy([torch.device("cpu")]).setup(copy.deepcopy(init)))
+    theirs, control_warned = backward(DistributedDataParallel(copy.deepcopy(init)))
+    return {"warned": warned, "control_warned": control_warned,
+            "same_grads": all(torch.equal(p.grad, q.grad) for p, q in zip(ours, theirs)),
+            "in_param_strides": all(p.grad.stride() == p.stride() for p in ours),
+            "control_conv_grad_strides": list(theirs[0].grad.stride())}
+
+
 def worker_main(out_dir: str) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     only = os.environ.get("DDP_CASES")
     results = {name: _run_case(name, spec, rank, world) for name, spec in CASES.items()
                if not only or name in only.split(",")}
+    results["layout"] = _layout_case()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     import torch.distributed as dist
@@ -254,6 +291,16 @@ def test_ddp_step_equals_single_process_step(ranks, case):
             for i in range(len(sizes))] == sizes
     tracked = ranks[0][case]["tracked"]
     assert tracked == ranks[1][case]["tracked"] and all(t == len(sizes) for t in tracked)
+
+
+def test_ddp_gets_gradients_in_parameter_strides_bit_for_bit(ranks):
+    """Issue 25 item 13: the layout behind "Grad strides do not match bucket view strides" on
+    digits. ``setup`` hands DDP conv1's gradient in the weight's strides, so DDP does not warn;
+    the values are torch's own DDP's bit for bit; torch's own DDP, the control, warns."""
+    for rank, results in enumerate(ranks):
+        r = results["layout"]
+        assert r["control_warned"] and r["control_conv_grad_strides"] == [9, 1, 3, 1], (rank, r)
+        assert not r["warned"] and r["in_param_strides"] and r["same_grads"], (rank, r)
 
 
 if __name__ == "__main__":

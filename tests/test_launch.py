@@ -8,6 +8,8 @@
   bounded time, the failed rank named, and no worker process left behind;
 - a SIGKILL of rank 0 (the writer) mid-run leaves a loadable ``checkpoint.pt``, from which
   every rank of a new job resumes;
+- the README's launch on digits prints no warning (none of DDP's "Grad strides"), and a failed
+  worker's job shows torchrun's error line but not its warnings about stopping the others;
 - a busy ``--master-port``, ``--strategy ddp`` outside torchrun, and launch mistakes give one
   line, no traceback.
 """
@@ -127,6 +129,20 @@ def test_launch_ddp_sync_bn_matches_single(single_run, tmp_path):
             assert abs(ddp_epoch[key] - single_epoch[key]) < 1e-4, key
 
 
+def test_readme_launch_on_digits_prints_no_warning(tmp_path):
+    """Issue 25 item 13: the README's headline launch (``ddp --sync-bn`` on digits, whose
+    1-channel conv1 once got its gradient in other strides than DDP's bucket, and every rank
+    printed "Grad strides do not match bucket view strides"), shortened, with Python's
+    warnings shown: no warning. ``tests/test_ddp_step.py`` checks the gradients' bits."""
+    out = tmp_path / "digits"
+    proc, _ = _run(["launch", "--nproc-per-node", "2", "--", "train", "--strategy", "ddp",
+                    "--sync-bn", "--data", "digits", "--max-steps", "2", "-b", "10",
+                    "--no-progress", "--out", str(out)], PYTHONWARNINGS="default")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-4000:]
+    assert "epoch 1/" in proc.stdout and (out / "checkpoint.pt").exists()
+
+
 def test_two_nodes_on_loopback_match_single(single_run, tmp_path):
     # The port must be named to both nodes; one taken by another program in between is
     # reported as in use, and then the nodes try another one.
@@ -180,6 +196,9 @@ def test_worker_error_stops_the_job(tmp_path):
     assert "RuntimeError: injected fault on rank 1 at step 2" in proc.stderr
     # torch names whichever rank failed first: rank 1, or rank 0 whose peer vanished.
     assert "tandem launch: rank " in proc.stderr and "the job was stopped" in proc.stderr
+    # torchrun's error line stays; its warnings about stopping the other worker do not.
+    assert re.search(r"^E\d{4} .* failed \(exitcode: ", proc.stderr, re.M), proc.stderr[-4000:]
+    assert not re.search(r"^W\d{4} |closing signal", proc.stderr, re.M), proc.stderr[-4000:]
     _assert_no_workers_left(str(out))
 
 

@@ -8,6 +8,7 @@ Every subprocess has a hard timeout and no worker is left behind.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,17 +108,25 @@ def wait_for(predicate, proc, what: str, seconds: float = 240) -> None:
 
 def test_sigint_to_a_ddp_launch_saves_where_all_ranks_stop_then_resumes_exactly(straight,
                                                                                tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the launch's process group): tandem's own lines,
+    none of torchrun's log lines (issue 25 item 14), and a resume that ends bit for bit equal."""
     run, log = tmp_path / "run", tmp_path / "stdout.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(launch("--", *JOB, "--out", run), stdout=out,
-                                stderr=subprocess.PIPE, text=True, env=cli_env())
+                                stderr=subprocess.PIPE, text=True, env=cli_env(),
+                                start_new_session=True)  # its own group, as a shell's job
     try:
         wait_for(lambda: "[5/40]" in log.read_text(), proc, "step 5")  # a line per step
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the launcher
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends the foreground job
         _, err = proc.communicate(timeout=120)
     finally:
         stop(proc, run)
     assert proc.returncode == 130, err[-3000:]
+    # torchrun's own lines ("W1123 12:00:00.000 ... Received 2 death signal, shutting down
+    # workers", "Sending process N closing signal SIGINT") would repeat what tandem says.
+    assert not re.search(r"^[IWE]\d{4} |death signal|closing signal", err, re.M), err[-3000:]
+    assert err.rstrip().endswith("tandem launch: stopped by SIGINT; the workers were passed it "
+                                 "on"), err[-3000:]
     position = torch.load(run / "checkpoint.pt", weights_only=True)["data_position"]
     assert position["epoch"] == 0 and 5 <= position["batch"] < 40, position
     assert (f"tandem: interrupted; saved {run / 'checkpoint.pt'} at epoch 1, step "

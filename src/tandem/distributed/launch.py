@@ -2,7 +2,9 @@
 
 ``torch.distributed.run`` starts and watches the workers; we add a free-port check,
 ``--dist-timeout`` (``TANDEM_DIST_TIMEOUT``), a one-line failure summary and
-``TANDEM_LAUNCH_ID`` so restarted workers resume their own run. Two machines::
+``TANDEM_LAUNCH_ID`` so restarted workers resume their own run, and keeps torchrun's own
+warnings about what tandem reports itself (a Ctrl-C, stopping the workers) off the terminal
+(:func:`quiet_agent`). Two machines::
 
     tandem launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 \\
         --nproc-per-node 2 -- train --strategy ddp ...
@@ -10,7 +12,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import signal
 import socket
@@ -22,9 +26,21 @@ from tandem.errors import UsageError
 
 from .env import LAUNCH_ID_VAR, TIMEOUT_VAR
 
-__all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "launch"]
+__all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "quiet_agent", "launch"]
 
 _SUBCOMMANDS = ("train", "eval", "bench", "models")
+
+# What torchrun's agent logs as warnings while it stops the workers: a signal it passes on and
+# each worker it stops. tandem says both itself ("stopped by SIGINT ...", "the job was
+# stopped"), so these lines ("W1123 12:00:00.000 ... Received 2 death signal, shutting down
+# workers") are noise. Matched by their message templates: anything else it logs still shows.
+_AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api",
+                  "torch.distributed.elastic.multiprocessing.api")
+_AGENT_NOISE = frozenset({
+    "Received %s death signal, shutting down workers",
+    "Got termination signal: %s",
+    "Sending process %s closing signal %s",
+})
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,28 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
+class _DropAgentNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno < logging.ERROR and record.msg in _AGENT_NOISE)
+
+
+@contextlib.contextmanager
+def quiet_agent():
+    """Drop torchrun's agent warnings in :data:`_AGENT_NOISE` in this process meanwhile.
+
+    Its errors (a failed worker, one that would not stop) and every other message still show.
+    """
+    noise = _DropAgentNoise()
+    loggers = [logging.getLogger(name) for name in _AGENT_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(noise)
+
+
 def launch(spec: LaunchSpec) -> int:
     """Run the job described by ``spec`` and return its exit status (0 when every rank did)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -173,7 +211,8 @@ def launch(spec: LaunchSpec) -> int:
     os.environ.update(spec.extra_env)
     args = get_args_parser().parse_args(torchrun_argv(spec))
     try:
-        run(args)
+        with quiet_agent():
+            run(args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         print(f"tandem launch: rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) "

@@ -3,6 +3,7 @@
 The backend follows the device (gloo for CPU, NCCL for CUDA). Training collectives use a work
 group with the ``TANDEM_DIST_TIMEOUT`` timeout, so a dead or hung peer makes the job fail
 instead of hang; joining waits longer (:data:`STARTUP_TIMEOUT`), as slow starters are not dead.
+Also two helpers for torch's DDP: free its reducer in time, hand it gradients in its layout.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tandem.errors import UsageError
 from .env import DistEnv, dist_timeout
 
 __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
-           "release_ddp", "all_reduce_sum", "work_group", "STARTUP_TIMEOUT"]
+           "release_ddp", "grads_in_param_strides", "all_reduce_sum", "work_group",
+           "STARTUP_TIMEOUT"]
 
 #: Seconds every worker may take to join the job (importing torch on a loaded machine).
 STARTUP_TIMEOUT = 300.0
@@ -122,6 +124,28 @@ def release_ddp(wrapped) -> None:
     state = getattr(wrapped, "__dict__", {})
     for name in ("logger", "reducer"):  # the logger holds the reducer too
         state.pop(name, None)
+
+
+def grads_in_param_strides(model: torch.nn.Module) -> list:
+    """Hand DDP every gradient of ``model`` in its parameter's strides; returns hook handles.
+
+    Autograd may store a gradient whose strides differ from its parameter's on size-1 dims,
+    the same memory layout: conv1's ``[16, 1, 3, 3]`` weight on 1-channel input in
+    channels-last strides (digits) gets ``(9, 1, 3, 1)`` where the weight has ``(9, 9, 3, 1)``.
+    DDP's bucket views take the parameter's strides and DDP compares strides exactly, so it
+    warns "Grad strides do not match bucket view strides". A hook that runs as the gradient is
+    stored, before DDP reads it, re-views it in the parameter's strides: no copy, same values.
+    """
+    return [p.register_post_accumulate_grad_hook(_restride_grad)
+            for p in model.parameters() if p.requires_grad and 1 in p.shape]
+
+
+def _restride_grad(param: torch.Tensor) -> None:
+    grad = param.grad
+    if grad is None or grad.layout != torch.strided or grad.stride() == param.stride():
+        return
+    if all(a == b or n == 1 for a, b, n in zip(grad.stride(), param.stride(), param.shape)):
+        param.grad = grad.as_strided(param.shape, param.stride(), grad.storage_offset())
 
 
 def destroy_process_group() -> None:

@@ -23,6 +23,7 @@ from tandem.distributed.global_loss import local_sum, reduction_of
 from tandem.distributed.process_group import (
     all_reduce_sum,
     destroy_process_group,
+    grads_in_param_strides,
     init_process_group,
     pick_device,
     release_ddp,
@@ -85,6 +86,7 @@ class DDPStrategy(Strategy):
         self.backend = init_process_group(self.env, self._device, timeout)
         self._plain_bn: list[_BatchNorm] = []
         self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
+        self._grad_hooks: list = []  # see grads_in_param_strides, removed by close()
 
     @property
     def device(self) -> torch.device:
@@ -92,11 +94,16 @@ class DDPStrategy(Strategy):
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """Move ``model`` to this rank's device, convert BN if ``sync_bn``, wrap it in DDP."""
+        """Move ``model`` to this rank's device, convert BN if ``sync_bn``, wrap it in DDP.
+
+        Its gradients reach DDP in their parameters' strides (:func:`grads_in_param_strides`).
+        """
         if self.sync_bn:
             model = convert_sync_batchnorm(model, process_group=work_group())
         model = model.to(self._device)
         self._plain_bn = _plain_batchnorms(model)
+        # Gradients in their parameters' strides, as DDP's buckets have them (digits' conv1).
+        self._grad_hooks += grads_in_param_strides(model)
         device_ids = [self._device] if self._device.type == "cuda" else None
         # Rank 0's buffers are broadcast at every forward under "replica0" only; newer torch
         # renamed the flag (buffers are synced at construction either way).
@@ -191,4 +198,7 @@ class DDPStrategy(Strategy):
         for ref in self._wrappers:
             release_ddp(ref())
         self._wrappers.clear()
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks.clear()
         destroy_process_group()
