@@ -57,3 +57,41 @@ def test_train_on_a_cifar10_directory(tmp_path):
     assert row["epoch"] == 1 and row["train_loss"] > 0
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert str(root) in json.dumps(config)
+
+
+def test_a_flat_imagefolder_says_how_it_is_split_once_in_the_main_process(tmp_path, capsys,
+                                                                          monkeypatch):
+    """No train/ and val/: one line says the 80/20 split per class, its counts and its fixed
+    seed, whatever --seed; a torchrun worker other than rank 0 does not repeat it."""
+    from conftest import make_image_folder
+    from tandem.cli.common import tandem_warnings
+    from tandem.data import load_dataset
+
+    root = make_image_folder(tmp_path / "flat", per_class=10, size=16)
+    line = (f"ImageFolder '{root}' has no train/ and val/: each class is split 80/20, 24 "
+            f"images to train and 6 to validate, by a shuffle with the fixed seed 0 (the same "
+            f"split whatever --seed)")
+    for seed in ("0", "7"):
+        assert _train(root, tmp_path / f"run{seed}", "--seed", seed) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out.count(line) == 1 and out[0] == line, out
+    assert main(["eval", "--resume", str(tmp_path / "run7" / "best.pt"), "--devices", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == line and out[-1].endswith("(6 images)"), out
+    assert main(["eval", "--resume", str(tmp_path / "run7" / "best.pt"), "--devices", "cpu",
+                 "--json"]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)["count"] == 6 and said.err.splitlines() == [line]
+
+    for rank, said in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with tandem_warnings():
+            load_dataset(str(root))
+        assert (capsys.readouterr().out == line + "\n") is said
+    split = tmp_path / "split"
+    make_image_folder(split / "train", per_class=4, size=16)
+    make_image_folder(split / "val", per_class=1, size=16)
+    with tandem_warnings():
+        load_dataset(str(split))
+    assert capsys.readouterr().out == ""  # its own train/ and val/: nothing to say

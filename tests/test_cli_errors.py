@@ -29,7 +29,8 @@ def assert_one_line_error(result, *needles):
 
 
 @pytest.mark.parametrize("argv, needles", [
-    (["--arch", "resnet_nope"], ["resnet_nope", "cifar_resnet20", "vgg11"]),  # lists valid ones
+    (["--arch", "resnet_nope"], ["resnet_nope", "did you mean", "`tandem models`"]),
+    (["--arch", "zzz"], ["zzz", "cifar_resnet20", "vgg11"]),  # nothing close: lists them all
     (["--devices", "cpu:0"], ["cpu:0"]),
     (["--strategy", "nope"], ["nope", *strategy_names()]),  # lists the registered ones
 ])

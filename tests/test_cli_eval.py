@@ -52,12 +52,13 @@ def _imagenet_style_checkpoint(path, model, wrap):
                 "best_acc1": torch.tensor(12.5), "optimizer": optimizer.state_dict()}, path)
 
 
-def _val_loss(model) -> tuple[float, int]:
-    """Mean cross-entropy of ``model`` over DATA's validation set, computed here as eval
-    treats a file from elsewhere (seed 0, plain cross-entropy: no label smoothing)."""
+def _val_loss(model, data="synthetic", **options) -> tuple[float, int]:
+    """Mean cross-entropy of ``model`` over a validation set (default: DATA's), computed here
+    as eval treats a file from elsewhere (seed 0, plain cross-entropy: no label smoothing)."""
     from tandem.data import load_dataset, to_device
 
-    _, val, _ = load_dataset("synthetic", synthetic_size=24, image_size=8, num_classes=3, seed=0)
+    options = options or {"synthetic_size": 24, "image_size": 8, "num_classes": 3}
+    _, val, _ = load_dataset(data, seed=0, **options)
     images = torch.stack([val[i][0] for i in range(len(val))])
     targets = torch.tensor([int(val[i][1]) for i in range(len(val))])
     images = to_device(images, torch.device("cpu"), normalization=val.normalization)
@@ -65,6 +66,20 @@ def _val_loss(model) -> tuple[float, int]:
     with torch.no_grad():
         loss = nn.functional.cross_entropy(model(images), targets, reduction="sum").item()
     return loss / len(val), len(val)
+
+
+def _perturbed_model(**kwargs) -> nn.Module:
+    """cifar_resnet20 with weights and running stats far from any seeded initialisation."""
+    torch.manual_seed(5)
+    model = create_model("cifar_resnet20", **kwargs)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + 0.5 * torch.randn_like(p))
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 2.0)
+    return model
 
 
 def test_torch_dataparallel_checkpoint_evaluates_and_resumes(tmp_path, capsys):
@@ -75,15 +90,7 @@ def test_torch_dataparallel_checkpoint_evaluates_and_resumes(tmp_path, capsys):
     from tandem.data import load_dataset
     from tandem.train.run import build_model
 
-    torch.manual_seed(5)
-    model = create_model("cifar_resnet20", num_classes=3, in_channels=3)
-    with torch.no_grad():  # weights and running stats far from any seeded initialisation
-        for p in model.parameters():
-            p.mul_(1 + 0.5 * torch.randn_like(p))
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.1, 0.1)
-                m.running_var.uniform_(0.5, 2.0)
+    model = _perturbed_model(num_classes=3, in_channels=3)
     want, count = _val_loss(model)
     info = load_dataset("synthetic", synthetic_size=24, image_size=8, num_classes=3)[2]
     init, _ = _val_loss(build_model(ModelConfig(arch="cifar_resnet20"), info, seed=0))
@@ -132,3 +139,51 @@ def test_malicious_pickle_is_refused_without_running(tmp_path, capsys):
     assert main(["train", *DATA, "--devices", "cpu", "--out", str(tmp_path / "o"),
                  "--resume", str(tmp_path / "evil.pt")]) == 2
     assert "evil.pt" in capsys.readouterr().err and not marker.exists()
+
+
+def test_a_bare_state_dict_evaluates_with_a(tmp_path):
+    """`torch.save(model.state_dict())` names no arch: eval says to give -a, and with -a it
+    evaluates those weights (the loss computed here from them, at the arch's native 32px, far
+    from the seeded initialisation's). An -a that contradicts a file's own arch is one line."""
+    from tandem.config import ModelConfig
+    from tandem.data import load_dataset
+    from tandem.train.run import build_model
+
+    model = _perturbed_model(num_classes=10, in_channels=1)
+    path = tmp_path / "plain_state_dict.pt"
+    torch.save(model.state_dict(), path)
+    want, count = _val_loss(model, "digits", image_size=32)
+    info = load_dataset("digits", image_size=32)[2]
+    init, _ = _val_loss(build_model(ModelConfig(arch="cifar_resnet20"), info, seed=0),
+                        "digits", image_size=32)
+    assert abs(want - init) > 0.1, (want, init)
+
+    proc = tandem("eval", "--resume", path, "--data", "digits")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    assert "names no architecture" in proc.stderr and "-a ARCH" in proc.stderr
+
+    result = eval_json(path, "-a", "cifar_resnet20", "--data", "digits")
+    assert result["arch"] == "cifar_resnet20" and result["count"] == count == 359
+    assert result["loss"] == pytest.approx(want, rel=1e-5)
+
+    _imagenet_style_checkpoint(tmp_path / "named.pt", _perturbed_model(num_classes=3),
+                               wrap=False)  # names cifar_resnet20
+    proc = tandem("eval", "--resume", tmp_path / "named.pt", "-a", "resnet18", *DATA)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "-a resnet18 does not match" in proc.stderr and "names cifar_resnet20" in proc.stderr
+    assert eval_json(tmp_path / "named.pt", "-a", "cifar_resnet20", *DATA)["count"] == 6
+
+
+def test_eval_under_ddp_without_torchrun_prints_the_eval_launch_command(tmp_path, monkeypatch):
+    from conftest import DIST_VARS
+
+    for name in DIST_VARS:
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "plain.pt"
+    torch.save(create_model("cifar_resnet20", num_classes=3).state_dict(), path)
+    proc = tandem("eval", "--resume", path, "-a", "cifar_resnet20", *DATA, "--strategy", "ddp",
+                  "--devices", "cpu")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert (f"`tandem launch --nproc-per-node N -- eval --resume {path} -a cifar_resnet20 "
+            f"{' '.join(DATA)} --strategy ddp --devices cpu`") in proc.stderr
+    assert "-- train" not in proc.stderr

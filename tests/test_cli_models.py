@@ -40,9 +40,34 @@ def test_json_and_options(capsys):
 
 
 def test_errors_are_one_line(capsys):
-    assert main(["models", "resnet9"]) == 2
+    assert main(["models", "zzz"]) == 2  # nothing close to it: every name
     err = capsys.readouterr().err
-    assert err.strip().startswith("tandem: error: unknown model 'resnet9'")
+    assert err.strip().startswith("tandem: error: unknown model 'zzz'")
     assert "cifar_resnet20" in err and len(err.strip().splitlines()) == 1
     assert main(["models", "vgg11", "--input-size", "16"]) == 2
     assert "at least 32x32" in capsys.readouterr().err
+
+
+def test_a_mistyped_arch_gets_the_closest_names_wherever_a_flag_takes_one(tmp_path):
+    """`train -a`, `eval -a`, `bench -a` and `models NAME`: one line, the closest names first
+    (not all 20), and where to see them all; nothing is written."""
+    import torch
+    from conftest import run_in_process
+    from tandem.models import create_model
+
+    torch.save(create_model("cifar_resnet20").state_dict(), tmp_path / "plain.pt")
+    out = tmp_path / "run"
+    cases = [
+        (("train", "-a", "resnt50", "--out", out), "resnet50?"),
+        (("eval", "--resume", tmp_path / "plain.pt", "-a", "resnet_18"), "resnet18?"),
+        (("bench", "-a", "cifar_resnet21", "--devices", "cpu"),
+         "cifar_resnet20, cifar_resnet32 or cifar_resnet110?"),
+        (("models", "vgg16bn"), "vgg16_bn?"),
+    ]
+    for argv, guess in cases:
+        proc = run_in_process(*argv)
+        err = proc.stderr.strip()
+        assert proc.returncode == 2 and len(err.splitlines()) == 1, (argv, proc.stderr)
+        assert f": did you mean {guess} (`tandem models`" in err, err
+        assert "alexnet_grouped" not in err and "Traceback" not in err
+    assert not out.exists()

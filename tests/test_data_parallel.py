@@ -246,3 +246,55 @@ def test_cuda_replicas_match_reference():
     reference(x).sum().backward()
     for p, r in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad.cpu(), r.grad, rtol=1e-4, atol=1e-5)
+
+
+class _MeanOut(nn.Module):
+    """Returns its per-sample rows and a scalar: their mean over the batch (or chunk)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, per_sample=False):
+        out = self.lin(x)
+        return out if per_sample else (out, out.mean())
+
+
+@pytest.mark.parametrize("n, batch", [(1, 7), (2, 7), (3, 7), (3, 2), (3, 1)])
+def test_a_scalar_output_is_the_batch_s_value_or_refused(n, batch):
+    """Chunks of 4 and 3 (2 replicas), of 3, 2 and 2, and a batch below the device count:
+    where the scalar came from one chunk it is the plain model's; from several, whose mean is
+    not the batch's, it is refused naming it. Per-sample outputs reduced after gathering, as
+    the message says, match the plain model."""
+    model = _MeanOut()
+    reference = copy.deepcopy(model)
+    wrapped = DataParallel(model, ["cpu"] * n)
+    x = torch.randn(batch, 3) * 3 + 1
+    chunks = min(n, batch)
+    if chunks == 1:
+        out, scalar = wrapped(x)
+        ref_out, ref_scalar = reference(x)
+        assert scalar.dim() == 0
+        torch.testing.assert_close(scalar, ref_scalar)
+    else:
+        with pytest.raises(ValueError) as info:
+            wrapped(x)
+        message = str(info.value)
+        assert message.startswith(f"DataParallel: output[1] is a scalar on each of the "
+                                  f"{chunks} replicas") and "\n" not in message
+        assert "DataParallelModel + DataParallelCriterion" in message
+        if (n, batch) == (2, 7):  # what torch returns instead, averaged: not the batch's mean
+            per_replica = torch.stack([reference(c)[1] for c in x.split(4)])
+            assert not torch.allclose(per_replica.mean(), reference(x)[1], atol=1e-3)
+        out = wrapped(x, per_sample=True)
+        ref_out = reference(x, per_sample=True)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(out.mean(), ref_out.mean())
+
+
+def test_functional_data_parallel_refuses_scalars_too():
+    model = _MeanOut()
+    x = torch.randn(7, 3)
+    with pytest.raises(ValueError, match=r"output\[1\] is a scalar on each of the 2 replicas"):
+        data_parallel(model, x, ["cpu", "cpu"])
+    torch.testing.assert_close(data_parallel(model, x, ["cpu"])[1], model(x)[1])

@@ -52,9 +52,16 @@ def test_list_models_names_every_model():
     assert list_models().index("cifar_resnet20") < list_models().index("cifar_resnet110")
 
 
-def test_unknown_model_lists_valid_names():
-    with pytest.raises(ValueError, match="unknown model 'resnet9'.*alexnet_grouped.*vgg19_bn"):
-        create_model("resnet9")
+def test_unknown_model_suggests_the_closest_names_else_lists_them_all():
+    for typo, first in (("resnt50", "resnet50"), ("resnet_18", "resnet18"),
+                        ("cifar_resnet21", "cifar_resnet20"), ("VGG16-bn", "vgg16_bn")):
+        with pytest.raises(ValueError) as info:
+            create_model(typo)
+        message = str(info.value)
+        assert message.startswith(f"unknown model {typo!r}: did you mean {first}")
+        assert "`tandem models`" in message and "alexnet_grouped" not in message
+    with pytest.raises(ValueError, match="unknown model 'zzz'; valid models: alexnet, .*vgg19_bn"):
+        create_model("zzz")  # nothing close: every name
 
 
 def test_unknown_option_names_it_and_the_accepted_ones():

@@ -19,22 +19,12 @@ from tandem.parallel.buffers import POLICIES
 __all__ = ["add_parser", "run"]
 
 
-class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
-    """Every flag's help ends with its default, except where there is none to show."""
-
-    def _get_help_string(self, action):
-        if action.required or action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from tandem.bench.config import default_strategies
     from tandem.strategies import strategy_names
 
     p = subparsers.add_parser(
         "bench", help="time training steps of strategies and torch baselines side by side",
-        formatter_class=_ShowDefaults,
         description="Warm up, then time full training steps (forward, loss, backward, SGD) on "
                     "synthetic data, interleaving the strategies round by round.")
     p.add_argument("-a", "--arch", metavar="ARCH", help="model name (see `tandem models`); "

@@ -10,15 +10,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
+import sys
 import types
 import typing
 import warnings
 
 from tandem.config import flag_of
+from tandem.distributed.env import in_torchrun
 
 __all__ = ["add_config_arguments", "config_from_args", "flag_of", "given_fields",
-           "tandem_warnings"]
+           "tandem_warnings", "ShowDefaults", "TandemParser"]
 
 _GIVEN = "given_fields"  # namespace attribute: the dests whose flag was typed
 
@@ -29,6 +32,32 @@ class _Recorded(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
         setattr(namespace, _GIVEN, set(getattr(namespace, _GIVEN, ())) | {self.dest})
+
+
+class ShowDefaults:
+    """Formatter mix-in: an option's help ends with ``(default: X)`` when it has a default.
+
+    Left alone: options that take no value (``--amp``), a default of ``None``, and help that
+    already says its default in words (``--dropout``: "default: the model's own").
+    """
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and action.nargs != 0 and action.default is not None
+                and action.default is not argparse.SUPPRESS and "default" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
+class TandemParser(argparse.ArgumentParser):
+    """``ArgumentParser`` whose help shows every default (:class:`ShowDefaults`), on top of
+    whatever ``formatter_class`` it is given; its subcommands' parsers are built the same way."""
+
+    def __init__(self, *args, formatter_class=argparse.HelpFormatter, **kwargs):
+        if not issubclass(formatter_class, ShowDefaults):
+            formatter_class = type(f"ShowDefaults{formatter_class.__name__}",
+                                   (ShowDefaults, formatter_class), {})
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
 def given_fields(args: argparse.Namespace) -> frozenset[str]:
@@ -67,8 +96,6 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | N
         if callable(choices):  # asked when the parser is built (e.g. the strategy registry)
             choices = choices()
         metavar = f.metadata.get("metavar") or ("{" + ",".join(choices) + "}" if choices else None)
-        if default is not None:
-            help_text += " (default: %(default)s)"
         extra = ({"nargs": f.metadata["nargs"], "const": f.metadata.get("const")}
                  if f.metadata.get("nargs") else {})
         group.add_argument(*flag_of(f), dest=f.name, type=kind, default=default,
@@ -88,11 +115,33 @@ def config_from_args(cls, args: argparse.Namespace, **overrides):
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@contextlib.contextmanager
-def tandem_warnings():
-    """Show tandem's own warnings as one line, ``tandem: warning: ...``, while the block runs.
+class _LogLines(logging.Handler):
+    """tandem's log records as bare lines: INFO on stdout (stderr with ``to_stderr``), in the
+    main process only (under torchrun every rank loads the data); WARNING and above on stderr
+    in every process, as Python prints them without a handler."""
 
-    Other packages' warnings keep their file and line; the formatter is restored on exit.
+    def __init__(self, to_stderr: bool):
+        super().__init__()
+        self.to_stderr = to_stderr
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if record.levelno >= logging.WARNING:
+                print(record.getMessage(), file=sys.stderr)
+            elif not in_torchrun() or os.environ.get("RANK") == "0":
+                print(record.getMessage(), file=sys.stderr if self.to_stderr else sys.stdout,
+                      flush=True)
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def tandem_warnings(*, notes_to_stderr: bool = False):
+    """Show tandem's own warnings as one line, ``tandem: warning: ...``, while the block runs,
+    and its log lines (``tandem.*`` loggers, e.g. how an ImageFolder was split) as bare lines,
+    on stdout unless ``notes_to_stderr`` (when stdout is for JSON).
+
+    Other packages' warnings keep their file and line; everything is restored on exit.
     """
     default = warnings.formatwarning
 
@@ -102,7 +151,13 @@ def tandem_warnings():
         return default(message, category, filename, lineno, line)
 
     warnings.formatwarning = short
+    logger, handler = logging.getLogger("tandem"), _LogLines(notes_to_stderr)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     try:
         yield
     finally:
         warnings.formatwarning = default
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -1,7 +1,8 @@
 """``tandem eval --resume PATH``: validate a checkpoint and print its loss and accuracy.
 
 Architecture, data settings, loss and seed come from the checkpoint; a flag given here
-overrides them. A file from elsewhere is evaluated as the imagenet example does (plain
+overrides them, except ``-a``, which names the architecture of a file that names none (a bare
+state dict). A file from elsewhere is evaluated as the imagenet example does (plain
 cross-entropy at the arch's native size), and one line says so.
 """
 
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
-from tandem.config import DataConfig, OptimConfig, ParallelConfig
+from tandem.config import DataConfig, OptimConfig, ParallelConfig, RunConfig
+from tandem.distributed.env import in_torchrun
 from tandem.errors import UsageError
+from tandem.models import model_info
+from tandem.strategies import strategy_class
 
 from .common import add_config_arguments, config_from_args, tandem_warnings
 
@@ -28,16 +33,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "module.-prefixed ones from torch's DataParallel). A file without "
                     "tandem's config is evaluated as the example does: plain cross-entropy at "
                     "the arch's native size, unless --label-smoothing or --image-size say "
-                    "otherwise.")
+                    "otherwise. A bare state dict names no arch: give it with -a.")
     parser.add_argument("--resume", "--checkpoint", dest="resume", required=True,
                         metavar="PATH", help="checkpoint to validate")
+    model = parser.add_argument_group("model")
+    model.add_argument("-a", "--arch", default=None, metavar="ARCH",
+                       help="architecture of a file that names none, such as a bare "
+                            "torch.save(model.state_dict()) (default: the file's 'arch'; see "
+                            "`tandem models`)")
     group = parser.add_argument_group("data (default: as the checkpoint was trained)")
     add_config_arguments(group, DataConfig, only=_DATA_FLAGS,
                          defaults={name: None for name in _DATA_FLAGS})
     group.add_argument("-b", "--batch-size", type=int, default=None, metavar="N",
-                       help="global validation batch size")
+                       help=f"global validation batch size (default: the run's --batch-size; "
+                            f"{OptimConfig.batch_size} for a file from elsewhere)")
     group.add_argument("--seed", type=int, default=None, metavar="S",
-                       help="seed (matters for synthetic data only)")
+                       help=f"seed, which matters for synthetic data only (default: the run's "
+                            f"--seed; {RunConfig.seed} for a file from elsewhere)")
     add_config_arguments(group, OptimConfig, only=("label_smoothing",),
                          defaults={"label_smoothing": None})
     add_config_arguments(parser, ParallelConfig, title="parallelism",
@@ -58,10 +70,14 @@ def run(args: argparse.Namespace) -> int:
         OptimConfig(label_smoothing=args.label_smoothing)  # its check, naming the flag
     data = {name: getattr(args, name) for name in _DATA_FLAGS if getattr(args, name) is not None}
     DataConfig(**data)  # check the overrides alone, for a message naming the flag
-    with tandem_warnings():
-        result = evaluate(args.resume, parallel=config_from_args(ParallelConfig, args),
-                          data=data, batch_size=args.batch_size, seed=args.seed,
-                          label_smoothing=args.label_smoothing)
+    if args.arch is not None:
+        model_info(args.arch)  # a typo: the closest names, before any file is read
+    parallel = config_from_args(ParallelConfig, args)
+    _check_launched(parallel, args)
+    with tandem_warnings(notes_to_stderr=args.json):  # stdout stays one JSON object
+        result = evaluate(args.resume, parallel=parallel, data=data,
+                          batch_size=args.batch_size, seed=args.seed,
+                          label_smoothing=args.label_smoothing, arch=args.arch)
     note = result.pop("note")
     if not result.pop("is_main"):
         return 0  # under ddp every rank validates its share; rank 0 reports the total
@@ -77,3 +93,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.resume}: {result['arch']} val loss {result['loss']:.4f} "
           f"acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}% ({result['count']} images)")
     return 0
+
+
+def _check_launched(parallel: ParallelConfig, args: argparse.Namespace) -> None:
+    """A multi-process strategy outside torchrun: the ``tandem launch`` command that runs
+    this very ``eval`` (the strategy's own hint names ``train``)."""
+    if in_torchrun() or not strategy_class(parallel.strategy).multiprocess:
+        return
+    typed = " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or ["eval", "..."])
+    raise UsageError(f"--strategy {parallel.strategy} runs one process per device; run it "
+                     f"with `tandem launch --nproc-per-node N -- {typed}` or torchrun")

@@ -13,6 +13,8 @@ import sys
 
 from tandem.errors import TandemError
 
+from .common import TandemParser
+
 __all__ = ["main", "build_parser"]
 
 SUBCOMMANDS = ["train", "eval", "bench", "launch", "models"]
@@ -21,7 +23,9 @@ SUBCOMMANDS = ["train", "eval", "bench", "launch", "models"]
 def build_parser() -> argparse.ArgumentParser:
     from tandem import __version__
 
-    parser = argparse.ArgumentParser(
+    # Every subcommand's parser is a TandemParser too (argparse builds them with this class):
+    # each option with a default shows it in --help.
+    parser = TandemParser(
         prog="tandem", description="Train convolutional networks on several devices at once."
     )
     parser.add_argument("--version", action="version", version=f"tandem {__version__}")

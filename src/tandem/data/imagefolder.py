@@ -1,7 +1,8 @@
 """ImageFolder directories read with Pillow: ``root/<class>/**/<image>``.
 
 Either ``root/train`` and ``root/val``, or one directory split 80/20 per class with the fixed
-:data:`SPLIT_SEED`. Samples are ``uint8`` ``(3, S, S)`` (``S``: ``image_size``, default the
+:data:`SPLIT_SEED`, whatever the run's seed; that split is logged (``tandem.data``, INFO: the CLI
+prints it once). Samples are ``uint8`` ``(3, S, S)`` (``S``: ``image_size``, default the
 images' own size), normalised on the device. Warning: corrupt images are skipped with a
 warning, never a crash; a file that only fails to decode when loaded is replaced by the next
 sample that decodes, which then appears twice that epoch.
@@ -158,6 +159,10 @@ def load_imagefolder(root: Path, *, augment: str, image_size: int | None):
         if not val_samples:
             raise UsageError(f"ImageFolder '{root}' is too small to split off a validation set "
                              f"(needs a class with at least 2 images)")
+        log.info("ImageFolder '%s' has no train/ and val/: each class is split %d/%d, %d images "
+                 "to train and %d to validate, by a shuffle with the fixed seed %d (the same "
+                 "split whatever --seed)", root, round(100 * (1 - VAL_FRACTION)),
+                 round(100 * VAL_FRACTION), len(train_samples), len(val_samples), SPLIT_SEED)
     size = _own_size(train_samples or val_samples) if image_size is None else image_size
     info = DatasetInfo(root.name or str(root), len(classes), 3, size, classes)
     return (ImageFolderDataset(train_samples, image_size=size, augment=augment),

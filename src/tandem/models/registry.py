@@ -8,6 +8,7 @@ signature, so a misspelt option is an error naming the accepted ones, never a si
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from torch import nn
 from tandem.errors import UsageError
 
 __all__ = ["ModelInfo", "register_model", "create_model", "list_models", "model_info",
-           "native_input_size"]
+           "native_input_size", "closest_names", "unknown_model_message"]
 
 
 @dataclass(frozen=True)
@@ -76,14 +77,52 @@ def _natural_key(name: str) -> list:
 
 
 def model_info(name: str) -> ModelInfo:
-    """The :class:`ModelInfo` for ``name``; ``ValueError`` listing valid names if unknown."""
+    """The :class:`ModelInfo` for ``name``; an unknown name is a ``UsageError`` suggesting the
+    closest names (or, with none close, listing every one)."""
     _load_builtin_models()
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise UsageError(
-            f"unknown model {name!r}; valid models: {', '.join(list_models())}"
-        ) from None
+        raise UsageError(unknown_model_message(name)) from None
+
+
+def unknown_model_message(name: str) -> str:
+    """What to say about an unknown model ``name``: the closest names first."""
+    names = list_models()
+    close = closest_names(name, names)
+    if not close:
+        return f"unknown model {name!r}; valid models: {', '.join(names)}"
+    guess = close[0] if len(close) == 1 else ", ".join(close[:-1]) + " or " + close[-1]
+    return (f"unknown model {name!r}: did you mean {guess}? (`tandem models` or list_models() "
+            f"lists all {len(names)})")
+
+
+def closest_names(name: str, names: list[str], limit: int = 3) -> list[str]:
+    """Up to ``limit`` of ``names`` that look like ``name`` (difflib), best first.
+
+    Case, ``_`` and ``-`` are ignored (``ResNet_18`` is ``resnet18``); names scoring within
+    0.1 of the best are kept (only the best when it differs from ``name`` in just those),
+    ties going to the nearer depth (``cifar_resnet21``: ``cifar_resnet20`` first).
+    """
+    def plain(s: str) -> str:
+        return re.sub(r"[_\-]", "", s.lower())
+
+    def depth(s: str) -> int | None:
+        digits = re.findall(r"\d+", s)
+        return int(digits[0]) if digits else None
+
+    typed, typed_depth = plain(name), depth(name)
+    scored = []
+    for candidate in names:
+        ratio = difflib.SequenceMatcher(None, typed, plain(candidate)).ratio()
+        if ratio >= 0.6:
+            own = depth(candidate)
+            gap = abs(own - typed_depth) if own is not None and typed_depth is not None else 0
+            scored.append((-round(ratio, 6), gap, candidate))
+    scored.sort()
+    best = -scored[0][0] if scored else 0.0
+    margin = 0.0 if best == 1.0 else 0.1
+    return [c for r, _, c in scored if -r >= best - margin][:limit]
 
 
 def native_input_size(name: str) -> int:
@@ -96,7 +135,8 @@ def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Modu
 
     ``num_classes=None`` means the model's own default (1000 for ImageNet, 10 for ``cifar_*``).
     Every model accepts ``in_channels`` (default 3); other options depend on the family. Raises
-    ``ValueError`` for an unknown name or option (listing the valid ones) or a bad value.
+    ``ValueError`` for an unknown name (suggesting the closest ones), an unknown option (listing
+    the accepted ones) or a bad value.
     """
     info = model_info(name)
     accepted = info.options

@@ -5,7 +5,8 @@ threads, applies the buffer policy and gathers the outputs, so one optimizer on
 ``module.parameters()`` sees the update of one device on the whole batch (batch norm aside:
 without ``SyncBatchNorm`` each replica normalises with its own chunk). Unlike
 ``torch.nn.DataParallel`` it runs on any device type, uses fewer replicas for a small batch,
-and its ``state_dict`` has the plain module's keys.
+its ``state_dict`` has the plain module's keys, and a model that returns a scalar (a loss) is
+refused where torch returns one value per replica, whose mean is wrong for uneven chunks.
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ class DataParallel(nn.Module):
     (:mod:`tandem.parallel.buffers`). ``gather_dim`` (default ``dim``): an int, or one per
     output, e.g. ``(0, 1)`` for an LSTM. ``module`` is moved to ``device_ids[0]`` in place (an
     optimizer built before stays valid); with one device it is called directly.
+
+    Warning: a scalar output from several replicas (a 0-dim tensor anywhere in the output,
+    such as a loss computed in ``forward``) is a ``UsageError`` naming it, because no gather of
+    per-chunk scalars is the whole batch's value (a mean is exact only weighted by chunk
+    sizes, a sum never): return per-sample values, or use :class:`DataParallelModel` +
+    :class:`~tandem.parallel.DataParallelCriterion`. One device, or a batch of one chunk,
+    returns the scalar itself.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
@@ -112,7 +120,7 @@ class DataParallel(nn.Module):
         sync_buffers(self.module, replicas, sizes, self.buffer_policy)
 
     def gather(self, outputs: list, output_device: torch.device):
-        return gather(outputs, output_device, dim=self.gather_dim)
+        return gather(outputs, output_device, dim=self.gather_dim, scalars="refuse")
 
     def single(self, output):
         """What ``forward`` returns for the module's output when there is one device."""
@@ -144,7 +152,8 @@ def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
 
     ``inputs`` is one argument, a tuple of them, or ``None`` (no inputs: one run on the first
     device). ``module`` stays where it is (replicas are copied to devices it is not on);
-    buffers keep replica 0's updates. ``gather_dim`` is as for ``DataParallel``.
+    buffers keep replica 0's updates. ``gather_dim`` and the refusal of scalar outputs are as
+    for ``DataParallel``.
     """
     if inputs is not None and not isinstance(inputs, tuple):
         inputs = (inputs,)
@@ -157,4 +166,5 @@ def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
     with acting_as_replica(module):
         outputs = parallel_apply(replicas, inputs, kwargs, used)
     sync_buffers(module, replicas, [1] * len(replicas), "replica0")
-    return gather(outputs, output_device, dim if gather_dim is None else gather_dim)
+    return gather(outputs, output_device, dim if gather_dim is None else gather_dim,
+                  scalars="refuse")

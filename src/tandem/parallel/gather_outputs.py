@@ -2,7 +2,9 @@
 
 ``dim`` is one int, or a structure shaped like the output: an LSTM's ``(out, (h, c))`` gathers
 with ``dim=(0, 1)``. Replicas whose shapes differ outside the gather dim raise ``ValueError``
-naming the output's path (``output[1][0]``).
+naming the output's path (``output[1][0]``). A scalar per replica becomes a vector, or, with
+``scalars="refuse"`` (``DataParallel``), an error: no gather of per-chunk scalars is the whole
+batch's value in general (see :data:`SCALAR_REFUSED`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ from . import traffic
 from .devices import index_of
 from .scatter_gather import _CudaGather, _children, _nbytes, _rebuild
 
-__all__ = ["gather"]
+__all__ = ["gather", "SCALAR_REFUSED"]
+
+#: Why a scalar output is refused; a mean over the chunk is exact only weighted by chunk sizes,
+#: and a sum, a max or a mean over non-ignored targets not even then.
+SCALAR_REFUSED = (
+    "DataParallel: {path} is a scalar on each of the {n} replicas, and no gather of per-chunk "
+    "scalars is the whole batch's value (a mean of chunk means is wrong for uneven chunks; a "
+    "sum or a max is no mean at all): return one value per sample (e.g. reduction='none') and "
+    "reduce after DataParallel, or compute the loss with DataParallelModel + "
+    "DataParallelCriterion, which is exact for uneven chunks")
 
 
 def _all_equal(values: Sequence) -> bool:
@@ -76,9 +87,14 @@ def _check_shapes(tensors: Sequence[torch.Tensor], dim: int, path: str) -> None:
             raise _shape_error(path, shapes, dim, k)
 
 
-def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, path: str):
+def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, path: str,
+                    scalars: str):
     if not isinstance(dim, int):
         raise UsageError(f"gather: {path} is a tensor, so its dim must be an int, not {dim!r}")
+    if all(t.dim() == 0 for t in tensors) and scalars == "refuse":
+        if len(tensors) > 1:
+            raise UsageError(SCALAR_REFUSED.format(path=path, n=len(tensors)))
+        return tensors[0].to(target)  # one chunk: its scalar is the whole batch's
     if all(t.dim() == 0 for t in tensors):  # scalars become a vector
         tensors = [t.reshape(1) for t in tensors]
         dim = 0
@@ -98,13 +114,13 @@ def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, 
     return torch.cat([t.to(target) for t in tensors], d)
 
 
-def _gather(outputs: list, target: torch.device, dim, path: str) -> Any:
+def _gather(outputs: list, target: torch.device, dim, path: str, scalars: str) -> Any:
     first = outputs[0]
     if isinstance(first, torch.Tensor):
         if not all(isinstance(o, torch.Tensor) for o in outputs):
             raise UsageError(f"gather: replicas returned a tensor at {path} in some entries "
                              f"and not in others")
-        return _gather_tensors(outputs, target, dim, path)
+        return _gather_tensors(outputs, target, dim, path, scalars)
     items = _children(first)
     if items is None:
         if first is None and all(o is None for o in outputs):
@@ -125,23 +141,26 @@ def _gather(outputs: list, target: torch.device, dim, path: str) -> Any:
                              f"replica 0 {len(items)}")
         per_replica.append(children)
     dims = _child_dims(dim, first, len(items), path)
-    gathered = [_gather(list(column), target, d, path + label)
+    gathered = [_gather(list(column), target, d, path + label, scalars)
                 for column, d, label in zip(zip(*per_replica), dims, _labels(first))]
     return _rebuild(first, gathered)
 
 
-def gather(outputs: Sequence, target_device, dim=0):
+def gather(outputs: Sequence, target_device, dim=0, *, scalars: str = "stack"):
     """Concatenate the replicas' ``outputs`` along ``dim`` on ``target_device``.
 
     ``dim`` is an int or a structure of ints shaped like the output (see the module
     docstring). Rebuilds the replicas' common structure; 0-dim tensors become a vector with
-    one entry per replica; non-tensors equal in every replica come back once (else as a list,
+    one entry per replica (``scalars="stack"``), or a ``UsageError`` naming the output
+    (``scalars="refuse"``; one replica's scalar is the batch's own and passes); non-tensors equal in every replica come back once (else as a list,
     one per replica). Differentiable.
     """
     outputs = list(outputs)
     if not outputs:
         raise UsageError("gather needs at least one replica output")
+    if scalars not in ("stack", "refuse"):
+        raise UsageError(f"gather: scalars must be 'stack' or 'refuse', not {scalars!r}")
     target = target_device if isinstance(target_device, torch.device) else torch.device(target_device)
     if target.type == "cuda" and target.index is None:
         target = torch.device("cuda", torch.cuda.current_device())
-    return _gather(outputs, target, dim, "output")
+    return _gather(outputs, target, dim, "output", scalars)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tandem.config import TrainConfig
-from tandem.models import native_input_size
+from tandem.errors import UsageError
+from tandem.models import model_info, native_input_size
 
-__all__ = ["is_foreign", "file_settings", "assumed", "eval_settings"]
+__all__ = ["is_foreign", "file_settings", "assumed", "eval_settings", "checkpoint_arch"]
 
 # OptimConfig field, the words for it, its flag; read from the file's first param group.
 _FROM_OPTIMIZER = (("lr", "lr", "--lr"), ("momentum", "momentum", "--momentum"),
@@ -120,3 +121,19 @@ def eval_settings(cfg: TrainConfig, given: frozenset[str],
         return cfg, None
     return cfg, (f"'{path}' is not a tandem run: evaluated as its source would, with "
                  f"{' at '.join(said)} ({' and '.join(flags)} to change)")
+
+
+def checkpoint_arch(ckpt: dict, arch: str | None, path: str) -> str:
+    """The architecture to rebuild for the file at ``path``: the one it names, else ``arch``
+    (``-a``, for a bare state dict). An ``arch`` that differs from the file's is refused."""
+    if arch is not None:
+        model_info(arch)  # a typo: the closest names
+    named = ckpt.get("arch")
+    named = named if isinstance(named, str) and named else None
+    if named is not None and arch is not None and arch != named:
+        raise UsageError(f"-a {arch} does not match checkpoint '{path}', which names {named} "
+                         f"(leave out -a)")
+    if named is None and arch is None:
+        raise UsageError(f"checkpoint '{path}' names no architecture ('arch'): say which it "
+                         f"is with -a ARCH (see `tandem models`)")
+    return named or arch

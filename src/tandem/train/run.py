@@ -229,18 +229,18 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
 
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
              batch_size: int | None = None, seed: int | None = None,
-             label_smoothing: float | None = None) -> dict:
+             label_smoothing: float | None = None, arch: str | None = None) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
     Architecture, data settings, loss and seed come from the checkpoint's config, each
-    overridden by ``data`` / ``batch_size`` / ``label_smoothing`` / ``seed`` when given. A file
-    without tandem's config is evaluated as the imagenet example does (plain cross-entropy at
-    the arch's native size); ``note`` in the result then says so. Never augments.
+    overridden by ``data`` / ``batch_size`` / ``label_smoothing`` / ``seed`` when given;
+    ``arch`` is for a file that names none (a bare state dict) and must match one that does.
+    A file without tandem's config is evaluated as the imagenet example does (plain
+    cross-entropy at the arch's native size); ``note`` in the result then says so. Never
+    augments.
     """
     ckpt = checkpoint.load(checkpoint_path)
-    arch = ckpt.get("arch")
-    if not isinstance(arch, str) or not arch:
-        raise UsageError(f"checkpoint '{checkpoint_path}' names no architecture ('arch')")
+    arch = foreign.checkpoint_arch(ckpt, arch, checkpoint_path)
     saved = TrainConfig.from_dict(ckpt.get("config") or {})
     optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
                                                        ("label_smoothing", label_smoothing))
