@@ -42,8 +42,8 @@ def figures(monkeypatch):
 
     drawn, build = [], curves.build_figure
 
-    def spy(records, title=""):
-        drawn.append(build(records, title))
+    def spy(*args, **kwargs):
+        drawn.append(build(*args, **kwargs))
         return drawn[-1]
 
     monkeypatch.setattr(curves, "build_figure", spy)
@@ -76,7 +76,7 @@ def test_rows_a_resume_drops_leave_curves_png_at_once(tmp_path, figures):
     kept = rows(run)
     assert [r["epoch"] for r in kept] == [1]
     [fig] = figures  # redrawn from the row that remains, before any training
-    for ax in fig.axes:
+    for ax in fig.axes[:2]:
         assert all(x == [kept[0]["step"]] for x in xdata(ax)), ax.get_title()
     assert (run / "curves.png").read_bytes() != before
 
@@ -90,16 +90,22 @@ def test_a_one_epoch_run_plots_steps_from_0_with_the_runs_name_lr_and_log_loss(t
     fig = figures[-1]
     assert fig.get_suptitle() == "my-run"
     loss, acc, lr = fig.axes
-    assert [ax.get_title() for ax in fig.axes] == ["loss", "accuracy",
-                                                   "learning rate (at the row's step)"]
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "accuracy", "learning rate"]
+    for ax in (loss, acc):
+        assert all(x == [row["step"]] for x in xdata(ax))
     for ax in fig.axes:
         assert ax.get_xlabel() == "step" and ax.get_xlim()[0] == 0
-        assert all(x == [row["step"]] for x in xdata(ax))
     assert loss.get_yscale() == "log"
     assert [list(line.get_ydata()) for line in loss.get_lines()] == [[row["train_loss"]],
                                                                      [row["val_loss"]]]
-    assert [line.get_label() for line in lr.get_lines()] == ["learning rate"]
-    assert list(lr.get_lines()[0].get_ydata()) == [row["lr"]]
+    # The cosine schedule at every step from 0 (lr 0.05) to the row's, where the row's lr sits.
+    schedule, at_row = lr.get_lines()
+    assert (schedule.get_label(), at_row.get_label()) == ("schedule", "at each row")
+    assert list(schedule.get_xdata()) == list(range(row["step"] + 1))
+    lrs = list(schedule.get_ydata())
+    assert lrs[0] == pytest.approx(0.05) and lrs == sorted(lrs, reverse=True)
+    assert list(at_row.get_xdata()) == [row["step"]] and lrs[-1] == pytest.approx(row["lr"])
+    assert list(at_row.get_ydata()) == [row["lr"]]
 
 
 def test_two_epochs_and_a_partial_one_plot_epochs(tmp_path, figures):
@@ -110,7 +116,9 @@ def test_two_epochs_and_a_partial_one_plot_epochs(tmp_path, figures):
     train, val, partial = loss.get_lines()
     assert list(train.get_xdata()) == [1, 2, 2.5]  # the partial epoch at the half trained
     assert partial.get_label() == "partial epoch" and set(partial.get_xdata()) == {2.5}
-    assert list(fig.axes[2].get_lines()[0].get_ydata()) == [r["lr"] for r in rows(tmp_path)]
+    schedule, at_row = fig.axes[2].get_lines()
+    assert list(at_row.get_ydata()) == [r["lr"] for r in rows(tmp_path)]
+    assert list(schedule.get_xdata()) == pytest.approx([t / 4 for t in range(11)])  # to step 10
 
 
 # -- item 18: TensorBoard -----------------------------------------------------------------------

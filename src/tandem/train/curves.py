@@ -4,17 +4,23 @@
 writes it. With rows of fewer than 2 epochs the x-axis is the optimizer step, from 0, so that
 a one-epoch run is not one point on an axis a tenth of an epoch wide; otherwise it is the
 epoch, a partial epoch's row placed at the fraction of it that was trained. Loss is drawn on a
-log scale, so that the first epoch's high loss does not flatten the rest.
+log scale, so that the first epoch's high loss does not flatten the rest. The learning rate
+is drawn at every step up to the last row's, from the run's schedule (the host knows it: no
+per-step record is needed), with each row's value on it.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-__all__ = ["build_figure", "plot_curves", "positions"]
+__all__ = ["build_figure", "plot_curves", "positions", "Schedule"]
+
+# The learning rate at optimizer steps 0, 1, ...: (steps per epoch, lr of step -> float).
+Schedule = tuple[int, Callable[[int], float]]
 
 
 def positions(records: list[dict]) -> tuple[list[float], str]:
@@ -41,7 +47,17 @@ def _line(ax, xs, records, key, style, label):
         ax.plot(*zip(*pairs), style, label=label)
 
 
-def build_figure(records: list[dict], title: str = "") -> Figure:
+def _schedule_line(ax, schedule: Schedule, last_step: int, unit: str) -> None:
+    """The learning rate of every step up to ``last_step`` (at most ~500 points drawn)."""
+    per_epoch, lr_of = schedule
+    stride = max(1, last_step // 500)
+    steps = list(range(0, last_step + 1, stride))
+    xs = steps if unit == "step" else [t / max(1, per_epoch) for t in steps]
+    ax.plot(xs, [lr_of(t) for t in steps], "-", color="grey", label="schedule")
+
+
+def build_figure(records: list[dict], title: str = "",
+                 schedule: Schedule | None = None) -> Figure:
     """Three panels (loss, accuracy, learning rate) of ``records``, titled ``title``."""
     xs, unit = positions(records)
     fig = Figure(figsize=(14, 4))
@@ -58,8 +74,11 @@ def build_figure(records: list[dict], title: str = "") -> Figure:
     _line(ax_acc, xs, records, "val_acc", "o-", "validation top-1")
     _line(ax_acc, xs, records, "val_acc5", "s--", "validation top-5")
     ax_acc.set(ylabel="accuracy (%)", title="accuracy")
-    _line(ax_lr, xs, records, "lr", "o-", "learning rate")
-    ax_lr.set(ylabel="learning rate", title="learning rate (at the row's step)")
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+    if schedule is not None and steps:
+        _schedule_line(ax_lr, schedule, max(steps), unit)
+    _line(ax_lr, xs, records, "lr", "o", "at each row")
+    ax_lr.set(ylabel="learning rate", title="learning rate")
     partial = [(x, r[k]) for x, r in zip(xs, records) if r.get("partial")
                for k in ("train_loss", "val_loss") if r.get(k) is not None]
     if partial:  # rings: rows of epochs stopped part-way (--max-steps)
@@ -77,7 +96,8 @@ def build_figure(records: list[dict], title: str = "") -> Figure:
     return fig
 
 
-def plot_curves(records: list[dict], path: str, title: str | None = None) -> None:
+def plot_curves(records: list[dict], path: str, title: str | None = None,
+                schedule: Schedule | None = None) -> None:
     """Write :func:`build_figure` of ``records`` to ``path``; no rows removes ``path``.
 
     ``title`` defaults to the name of the run directory holding ``path``. Written to a
@@ -89,7 +109,7 @@ def plot_curves(records: list[dict], path: str, title: str | None = None) -> Non
         return
     if title is None:
         title = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    fig = build_figure(records, title)
+    fig = build_figure(records, title, schedule)
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
     os.replace(tmp, path)

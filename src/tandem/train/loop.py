@@ -29,7 +29,7 @@ from .curves import plot_curves
 from .interrupt import Interrupted, StopRequest
 from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory
 from .progress import Progress
-from .schedule import epoch_state
+from .schedule import epoch_state, lr_factor
 from .tensorboard import TensorBoard
 
 __all__ = ["Position", "Trainer"]
@@ -223,7 +223,7 @@ class Trainer:
         board = None
         if s.is_main and log is not None:
             if log.dropped:  # rows a resume dropped leave the figure at once
-                plot_curves(records, self._out("curves.png"))
+                self._plot(records)
             board = TensorBoard.open(self.cfg.run.out, records)
         try:
             self._epochs(log, records, board)
@@ -270,7 +270,7 @@ class Trainer:
                 if s.is_main and train.count:  # a row only for an epoch that trained
                     records.append(record)
                     log.append(record)
-                    plot_curves(records, self._out("curves.png"))
+                    self._plot(records)
                     if board is not None:
                         board.add_row(record)
                     print(_summary(record, cfg.optim.epochs, self.batches_per_epoch), flush=True)
@@ -281,6 +281,13 @@ class Trainer:
             print(f"best val acc {self.best_acc1:.2f}%: {self._out('best.pt')}" if trained else
                   f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
                   + (f"/{max_steps}" if max_steps else ""), flush=True)
+
+    def _plot(self, records: list[dict]) -> None:
+        """``curves.png`` of ``records``, with the learning rate of every step (host-side)."""
+        per_epoch = -(-self.batches_per_epoch // self.cfg.optim.accum_steps)
+        base = self.scheduler.base_lrs[0]
+        plot_curves(records, self._out("curves.png"), schedule=(
+            per_epoch, lambda t: base * lr_factor(t, self.cfg.optim, per_epoch)))
 
     def _interrupted_message(self) -> str:
         """Where the run stopped and how to continue it (the main process says it)."""
