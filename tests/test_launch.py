@@ -122,6 +122,7 @@ def test_launch_ddp_sync_bn_matches_single(single_run, tmp_path):
     ddp_log = [json.loads(line) for line in open(out / "metrics.jsonl")]
     single_log = [json.loads(line) for line in open(single_run / "metrics.jsonl")]
     assert len(ddp_log) == len(single_log) == 2
+    assert len(list((out / "tb").iterdir())) == 1  # TensorBoard: rank 0's events file only
     for ddp_epoch, single_epoch in zip(ddp_log, single_log):
         for key in ("train_loss", "val_loss", "val_acc", "train_acc"):
             assert abs(ddp_epoch[key] - single_epoch[key]) < 1e-4, key

@@ -27,7 +27,7 @@ from tandem.strategies import Strategy
 from . import diverged
 from .curves import plot_curves
 from .interrupt import Interrupted, StopRequest
-from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory
+from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory, summary_line
 from .progress import Progress
 from .schedule import epoch_state, lr_factor
 from .tensorboard import TensorBoard
@@ -273,7 +273,8 @@ class Trainer:
                     self._plot(records)
                     if board is not None:
                         board.add_row(record)
-                    print(_summary(record, cfg.optim.epochs, self.batches_per_epoch), flush=True)
+                    print(summary_line(record, cfg.optim.epochs, self.batches_per_epoch),
+                          flush=True)
             trained = True
             if stopped:
                 break
@@ -302,13 +303,3 @@ def _progress(meter: Meter, seconds: float) -> dict:
     """A reduced meter and the seconds spent, as a checkpoint entry."""
     return {"loss_sum": meter.loss_sum, "correct": meter.correct, "count": meter.count,
             "correct5": meter.correct5, "seconds": seconds}
-
-
-def _summary(r: dict, epochs: int, batches: int) -> str:
-    rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
-    part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
-    return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: "
-            f"train loss {r['train_loss']:.4f} "
-            f"acc {r['train_acc']:.2f}% | val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
-            f"acc5 {r['val_acc5']:.2f}% "
-            f"| {rate} {r['seconds']:.1f}s")

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory"]
+__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "summary_line"]
 
 
 class Meter:
@@ -158,3 +158,14 @@ class MetricsLog:
             return []
         with open(self.path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
+
+
+def summary_line(r: dict, epochs: int, batches: int) -> str:
+    """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so."""
+    rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
+    part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
+    return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: "
+            f"train loss {r['train_loss']:.4f} "
+            f"acc {r['train_acc']:.2f}% | val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
+            f"acc5 {r['val_acc5']:.2f}% "
+            f"| {rate} {r['seconds']:.1f}s")
