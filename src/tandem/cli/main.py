@@ -1,7 +1,8 @@
 """`tandem` command line: ``train | eval | bench | launch | models``.
 
 Each subcommand module has ``add_parser(subparsers)``, which sets ``func``. A
-:class:`tandem.errors.TandemError` becomes one line on stderr and exit status 2.
+:class:`tandem.errors.TandemError` becomes one line on stderr and exit status 2 (3 when
+training diverged: :class:`tandem.errors.TrainingDiverged`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
-        print(f"tandem: error: {exc}", file=sys.stderr)
-        return 2
+        if not exc.quiet:  # ranks other than 0 leave it to rank 0
+            print(f"tandem: error: {exc}", file=sys.stderr)
+        return exc.exit_status
     except KeyboardInterrupt as exc:
         detail = str(exc)
         if not getattr(exc, "quiet", False):  # ranks other than 0 leave it to rank 0
