@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tandem.data import load_dataset, make_loader, to_device
+from tandem.data import batch_to_device, load_dataset, make_loader
 from tandem.data import imagefolder
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def test_imagefolder_train_val_layout(split_tree):
     assert x.shape == (3, 8, 8) and x.dtype == torch.uint8 and y == 1
     assert (x[0].int() - 101).abs().max() <= 2  # a solid colour (the val image is a JPEG)
     # the device step normalises: decode -> resize -> crop -> uint8 -> float -> normalise
-    x = to_device(x[None], torch.device("cpu"), normalization=val.normalization)[0]
+    x = batch_to_device(x[None], torch.device("cpu"), normalization=val.normalization)[0]
     red = x[0] * imagefolder.STD[0] + imagefolder.MEAN[0]
     assert torch.allclose(red, x.new_full((8, 8), 101 / 255), atol=1e-2)
 
