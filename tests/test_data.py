@@ -5,7 +5,8 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from tandem.data import DatasetInfo, epoch_order, load_dataset, make_loader, shard_sizes
+from tandem.data import (DatasetInfo, batches_per_epoch, epoch_order, load_dataset, make_loader,
+                         shard_sizes)
 from tandem.data.base import stratified_split
 from tandem.data.digits import SPLIT_SEED, VAL_FRACTION
 
@@ -228,6 +229,15 @@ def test_short_last_batch_gives_empty_batches_to_trailing_ranks():
     assert sizes == [[2, 2, 1], [1, 1, 0], [1, 1, 0]]
     x, y = list(make_loader(ds, 4, shuffle=True, seed=0, epoch=0, rank=2, world_size=3))[-1]
     assert x.shape == (0, 3, 8, 8) and y.shape == (0,) and y.dtype == torch.int64
+
+
+@pytest.mark.parametrize("n, batch", [(23, 4), (24, 4), (1, 4), (5, 1), (3, 8)])
+def test_batches_per_epoch_is_what_the_loader_yields_without_building_one(n, batch):
+    ds = small_synth(n, augment="none")
+    assert batches_per_epoch(ds, batch) == len(list(make_loader(ds, batch, shuffle=True, seed=0,
+                                                                epoch=0))) == -(-n // batch)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        batches_per_epoch(ds, 0)
 
 
 @pytest.mark.parametrize("world", [1, 3])

@@ -20,7 +20,7 @@ from torch import nn
 from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
-from tandem.data import load_dataset, make_loader
+from tandem.data import batches_per_epoch, load_dataset
 from tandem.distributed.env import LAUNCH_ID_VAR
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
@@ -157,8 +157,7 @@ def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> T
     optim = cfg.optim
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
                                 weight_decay=optim.weight_decay, nesterov=optim.nesterov)
-    batches = make_loader(train_set, optim.batch_size, shuffle=True, seed=cfg.run.seed,
-                          epoch=0).batch_sampler.total_batches
+    batches = batches_per_epoch(train_set, optim.batch_size)
     steps_per_epoch = -(-batches // optim.accum_steps)
     trainer = Trainer(
         cfg=cfg, strategy=strategy, model=wrapped,
