@@ -56,6 +56,22 @@ def test_bad_augment_and_num_classes():
         load_dataset("synthetic", synthetic_size=0)
 
 
+@pytest.mark.parametrize("spec, options", [("synthetic", {"synthetic_size": 40}),
+                                           ("digits", {})])
+def test_splits_builds_only_the_split_asked_for(spec, options):
+    """``splits=("val",)`` (eval's) gives no training set and the same validation set."""
+    _, val, info = load_dataset(spec, image_size=8, **options)
+    train_only, none, info_t = load_dataset(spec, image_size=8, splits=("train",), **options)
+    none2, val_only, info_v = load_dataset(spec, image_size=8, splits=("val",), **options)
+    assert none is None and none2 is None and train_only is not None
+    assert info_v == info_t == info and len(val_only) == len(val)
+    assert all(torch.equal(val_only[i][0], val[i][0]) and val_only[i][1] == val[i][1]
+               for i in range(len(val)))
+    for bad in ((), ("test",), ("val", "bogus")):
+        with pytest.raises(ValueError, match="splits must name one or more of train, val"):
+            load_dataset(spec, splits=bad, **options)
+
+
 # -- synthetic -----------------------------------------------------------------------------
 
 def test_synthetic_defaults_and_options():

@@ -153,7 +153,7 @@ def test_a_corrupt_jpeg_among_good_ones_is_warned_and_substituted(tmp_path, capl
     data = bad.read_bytes()
     bad.write_bytes(data[: len(data) // 2])  # header intact, pixels cut off
     train, _, _ = load_dataset(str(root), image_size=S, augment="imagenet")
-    assert len(train) == 6  # the header scan keeps it; the decode finds it
+    assert len(train) == 6  # listed like the others; the decode finds it
     index = [p for p, _ in train.samples].index(str(bad))
     with caplog.at_level(logging.WARNING, logger="tandem.data"):
         x, y = train[(index, 5, 1)]

@@ -81,9 +81,10 @@ def _warm_up(trainer: Trainer, train: bool) -> float | None:
     return compiling.warm_up(trainer, train=train) if trainer.cfg.parallel.compile else None
 
 
-def build_data(cfg: DataConfig, seed: int):
+def build_data(cfg: DataConfig, seed: int, splits: tuple[str, ...] = ("train", "val")):
     return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
-                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes)
+                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
+                        splits=splits)
 
 
 def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
@@ -259,7 +260,7 @@ def _validate(cfg: TrainConfig, ckpt: dict | None, path: str | None) -> dict:
     the validation set, the same for ``tandem eval`` and ``tandem train -e``."""
     strategy = build_strategy(cfg.parallel)
     try:
-        _, val_set, info = build_data(cfg.data, cfg.run.seed)
+        _, val_set, info = build_data(cfg.data, cfg.run.seed, splits=("val",))
         cfg = _with_model_classes(cfg, info, ckpt)
         trainer = Trainer(cfg=cfg, strategy=strategy,
                           model=_prepared_model(cfg, strategy, ckpt, info, path),
