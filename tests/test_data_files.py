@@ -101,6 +101,7 @@ def test_imagefolder_corrupt_files_warned_once_when_loaded_and_substituted(split
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 2
     assert any("empty.png" in m for m in warned) and any("junk.jpg" in m for m in warned)
+    assert not any("BytesIO" in m for m in warned)  # the file named, not Pillow's buffer
     names = [os.path.basename(p) for p, _ in train.samples]
     assert names[6:] == ["empty.png", "junk.jpg"]  # the last two: the next good one is the first
     for bad in (6, 7):
