@@ -40,12 +40,14 @@ def test_train_on_an_imagefolder_tree_with_a_corrupt_image(tmp_path, capsys, cap
     (root / "train" / "star" / "broken.png").write_bytes(b"\x89PNG not really")
     write_truncated_png(root / "train" / "circle" / "cut.png")
 
-    assert _train(root, tmp_path / "run", "--image-size", "16") == 0
+    # the whole epoch (14 images, batches of 4), so that every image is loaded
+    assert _train(root, tmp_path / "run", "--image-size", "16", "--max-steps", "4") == 0
     (row,) = _metrics(tmp_path / "run")
-    assert row["epoch"] == 1 and 0.0 <= row["val_acc"] <= 100.0
+    assert row["epoch"] == row["step"] // 4 == 1 and 0.0 <= row["val_acc"] <= 100.0
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert any("broken.png" in m for m in warned) and any("cut.png" in m for m in warned)
+    assert [m for m in warned if "broken.png" in m] and [m for m in warned if "cut.png" in m]
+    assert len(warned) == 2, warned  # once each
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -95,3 +97,49 @@ def test_a_flat_imagefolder_says_how_it_is_split_once_in_the_main_process(tmp_pa
     with tandem_warnings():
         load_dataset(str(split))
     assert capsys.readouterr().out == ""  # its own train/ and val/: nothing to say
+
+
+def test_eval_opens_no_training_image(tmp_path, capsys, caplog, monkeypatch):
+    """`tandem eval --resume F --data DIR` and `train -e` read only DIR/val: a corrupt file in
+    DIR/train gives no warning, and no path under DIR/train is opened or walked (a spy on
+    ``open``, which Pillow opens files with too, and on ``os.walk``)."""
+    import builtins
+    import os
+
+    root = tmp_path / "shapes"
+    for c, name in enumerate(["circle", "square"]):
+        for i in range(3):
+            write_image(root / "train" / name / f"{i}.png", 40 * c + i, size=(20, 18))
+        write_image(root / "val" / name / "v.png", 40 * c + 7, size=(20, 18))
+    assert _train(root, tmp_path / "run", "--image-size", "16", "--max-steps", "1") == 0
+    (root / "train" / "circle" / "0-broken.png").write_bytes(b"\x89PNG not really")
+    capsys.readouterr()
+    caplog.clear()
+
+    opened, walked = [], []
+    real_open, real_walk = builtins.open, os.walk
+
+    def spy_open(file, *args, **kwargs):
+        opened.append(os.fspath(file) if isinstance(file, (str, os.PathLike)) else "")
+        return real_open(file, *args, **kwargs)
+
+    def spy_walk(top, *args, **kwargs):
+        walked.append(os.fspath(top))
+        return real_walk(top, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(os, "walk", spy_walk)
+    ckpt = str(tmp_path / "run" / "checkpoint.pt")
+    assert main(["eval", "--resume", ckpt, "--data", str(root), "--devices", "cpu",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 2
+    assert main(["train", "-e", "--resume", ckpt, "--data", str(root), "--devices", "cpu"]) == 0
+    monkeypatch.undo()
+
+    said = capsys.readouterr()
+    assert said.out.strip().endswith("(2 images)"), said.out
+    in_train = str(root / "train")
+    assert not [p for p in opened + walked if p.startswith(in_train)]
+    assert [p for p in opened if p.startswith(str(root / "val"))]  # the spy sees image opens
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "broken" not in said.err

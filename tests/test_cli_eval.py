@@ -55,13 +55,13 @@ def _imagenet_style_checkpoint(path, model, wrap):
 def _val_loss(model, data="synthetic", **options) -> tuple[float, int]:
     """Mean cross-entropy of ``model`` over a validation set (default: DATA's), computed here
     as eval treats a file from elsewhere (seed 0, plain cross-entropy: no label smoothing)."""
-    from tandem.data import load_dataset, to_device
+    from tandem.data import batch_to_device, load_dataset
 
     options = options or {"synthetic_size": 24, "image_size": 8, "num_classes": 3}
     _, val, _ = load_dataset(data, seed=0, **options)
     images = torch.stack([val[i][0] for i in range(len(val))])
     targets = torch.tensor([int(val[i][1]) for i in range(len(val))])
-    images = to_device(images, torch.device("cpu"), normalization=val.normalization)
+    images = batch_to_device(images, torch.device("cpu"), normalization=val.normalization)
     model.eval()
     with torch.no_grad():
         loss = nn.functional.cross_entropy(model(images), targets, reduction="sum").item()

@@ -5,7 +5,8 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from tandem.data import DatasetInfo, epoch_order, load_dataset, make_loader, shard_sizes
+from tandem.data import (DatasetInfo, batches_per_epoch, epoch_order, load_dataset, make_loader,
+                         shard_sizes)
 from tandem.data.base import stratified_split
 from tandem.data.digits import SPLIT_SEED, VAL_FRACTION
 
@@ -53,6 +54,22 @@ def test_bad_augment_and_num_classes():
         load_dataset("digits", num_classes=5)
     with pytest.raises(ValueError, match="synthetic_size"):
         load_dataset("synthetic", synthetic_size=0)
+
+
+@pytest.mark.parametrize("spec, options", [("synthetic", {"synthetic_size": 40}),
+                                           ("digits", {})])
+def test_splits_builds_only_the_split_asked_for(spec, options):
+    """``splits=("val",)`` (eval's) gives no training set and the same validation set."""
+    _, val, info = load_dataset(spec, image_size=8, **options)
+    train_only, none, info_t = load_dataset(spec, image_size=8, splits=("train",), **options)
+    none2, val_only, info_v = load_dataset(spec, image_size=8, splits=("val",), **options)
+    assert none is None and none2 is None and train_only is not None
+    assert info_v == info_t == info and len(val_only) == len(val)
+    assert all(torch.equal(val_only[i][0], val[i][0]) and val_only[i][1] == val[i][1]
+               for i in range(len(val)))
+    for bad in ((), ("test",), ("val", "bogus")):
+        with pytest.raises(ValueError, match="splits must name one or more of train, val"):
+            load_dataset(spec, splits=bad, **options)
 
 
 # -- synthetic -----------------------------------------------------------------------------
@@ -228,6 +245,15 @@ def test_short_last_batch_gives_empty_batches_to_trailing_ranks():
     assert sizes == [[2, 2, 1], [1, 1, 0], [1, 1, 0]]
     x, y = list(make_loader(ds, 4, shuffle=True, seed=0, epoch=0, rank=2, world_size=3))[-1]
     assert x.shape == (0, 3, 8, 8) and y.shape == (0,) and y.dtype == torch.int64
+
+
+@pytest.mark.parametrize("n, batch", [(23, 4), (24, 4), (1, 4), (5, 1), (3, 8)])
+def test_batches_per_epoch_is_what_the_loader_yields_without_building_one(n, batch):
+    ds = small_synth(n, augment="none")
+    assert batches_per_epoch(ds, batch) == len(list(make_loader(ds, batch, shuffle=True, seed=0,
+                                                                epoch=0))) == -(-n // batch)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        batches_per_epoch(ds, 0)
 
 
 @pytest.mark.parametrize("world", [1, 3])

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from PIL import Image
 
 from tandem import config
-from tandem.data import LoaderCache, load_dataset, make_loader, to_device
+from tandem.data import LoaderCache, batch_to_device, load_dataset, make_loader
 from tandem.data import imagefolder
 from tandem.data.imagenet_transforms import (
     RATIO, SCALE, random_resized_box, resize_box, train_crop, val_crop, val_resize)
@@ -153,7 +153,7 @@ def test_a_corrupt_jpeg_among_good_ones_is_warned_and_substituted(tmp_path, capl
     data = bad.read_bytes()
     bad.write_bytes(data[: len(data) // 2])  # header intact, pixels cut off
     train, _, _ = load_dataset(str(root), image_size=S, augment="imagenet")
-    assert len(train) == 6  # the header scan keeps it; the decode finds it
+    assert len(train) == 6  # listed like the others; the decode finds it
     index = [p for p, _ in train.samples].index(str(bad))
     with caplog.at_level(logging.WARNING, logger="tandem.data"):
         x, y = train[(index, 5, 1)]
@@ -186,8 +186,8 @@ def test_uint8_loader_then_device_equals_float_on_the_cpu(tmp_path, channels_las
     loader = make_loader(train, 4, shuffle=True, seed=0, epoch=0, workers=2)
     for keys, (images, _) in zip(loader.batch_sampler, loader, strict=True):
         assert images.dtype == torch.uint8 and images.shape == (len(keys), 3, S, S)
-        got = to_device(images, torch.device("cpu"), normalization=train.normalization,
-                        channels_last=channels_last)
+        got = batch_to_device(images, torch.device("cpu"), normalization=train.normalization,
+                              channels_last=channels_last)
         assert got.dtype == torch.float32
         assert got.is_contiguous(memory_format=torch.channels_last if channels_last
                                  else torch.contiguous_format)
@@ -198,18 +198,18 @@ def test_uint8_loader_then_device_equals_float_on_the_cpu(tmp_path, channels_las
 def test_uint8_normalised_on_cuda_matches_the_cpu(tmp_path):
     train, _, _ = load_dataset(str(write_tree(tmp_path / "d")), image_size=S, augment="auto")
     images, _ = next(iter(make_loader(train, 6, shuffle=False, seed=0, epoch=0)))
-    cpu = to_device(images, torch.device("cpu"), normalization=train.normalization)
+    cpu = batch_to_device(images, torch.device("cpu"), normalization=train.normalization)
     for cl in (False, True):
-        gpu = to_device(images.pin_memory(), torch.device("cuda"),
-                        normalization=train.normalization, channels_last=cl)
+        gpu = batch_to_device(images.pin_memory(), torch.device("cuda"),
+                              normalization=train.normalization, channels_last=cl)
         torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1e-6)
 
 
 def test_float_batches_pass_through_the_device_step():
     x = torch.randn(2, 3, 4, 4)
-    assert torch.equal(to_device(x, torch.device("cpu")), x)
+    assert torch.equal(batch_to_device(x, torch.device("cpu")), x)
     with pytest.raises(ValueError, match="normalization"):
-        to_device(x.to(torch.uint8), torch.device("cpu"))
+        batch_to_device(x.to(torch.uint8), torch.device("cpu"))
 
 
 # -- the val crop, pixel for pixel -------------------------------------------------------------

@@ -6,11 +6,12 @@
 
 from .base import DatasetInfo, ImageDataset
 from .load import DATASET_NAMES, load_dataset
-from .device import Normalization, to_device
-from .loader import LoaderCache, ShardedBatchSampler, epoch_order, make_loader, shard_sizes
+from .device import Normalization, batch_to_device
+from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order, make_loader,
+                     shard_sizes)
 
 __all__ = [
     "load_dataset", "make_loader", "DatasetInfo", "ImageDataset", "DATASET_NAMES",
     "ShardedBatchSampler", "shard_sizes", "epoch_order", "LoaderCache", "Normalization",
-    "to_device",
+    "batch_to_device", "batches_per_epoch",
 ]

@@ -21,10 +21,11 @@ from .transforms import SampleRandom, hflip, random_shift, to_tensor
 
 __all__ = [
     "DatasetInfo", "ImageDataset", "AUGMENT_MODES", "check_augment", "split_key",
-    "stratified_split",
+    "stratified_split", "SPLITS",
 ]
 
 AUGMENT_MODES = ("none", "standard", "imagenet")
+SPLITS = ("train", "val")  # what every loader returns, in this order, then the DatasetInfo
 
 
 @dataclass(frozen=True)

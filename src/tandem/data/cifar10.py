@@ -14,7 +14,7 @@ import numpy as np
 
 from tandem.errors import MissingFileError, UsageError
 
-from .base import DatasetInfo, ImageDataset
+from .base import SPLITS, DatasetInfo, ImageDataset
 from .transforms import resize_array
 
 __all__ = ["Cifar10Dataset", "load_cifar10", "find_cifar_dir", "read_batch", "CIFAR10_CLASSES"]
@@ -109,16 +109,20 @@ class Cifar10Dataset(ImageDataset):
         return resize_array(image, self.image_size), int(self.labels[index])
 
 
-def load_cifar10(directory: Path, *, augment: str, image_size: int | None):
-    """``(train, val, info)``: the five training batches and ``test_batch`` as validation."""
+def load_cifar10(directory: Path, *, augment: str, image_size: int | None,
+                 splits: tuple[str, ...] = SPLITS):
+    """``(train, val, info)``: the five training batches and ``test_batch`` as validation; a
+    split not in ``splits`` is None and its files are not read."""
     size = 32 if image_size is None else image_size
     if not isinstance(size, int) or size < 1:
         raise UsageError(f"CIFAR-10: image_size must be a positive int, got {image_size!r}")
-    train = [read_batch(directory / f) for f in TRAIN_FILES]
-    test_images, test_labels = read_batch(directory / TEST_FILE)
-    train_images = np.concatenate([t[0] for t in train])
-    train_labels = np.concatenate([t[1] for t in train])
-    info = DatasetInfo("cifar10", 10, 3, size, _read_classes(directory))
-    return (Cifar10Dataset(train_images, train_labels, augment=augment, image_size=size),
-            Cifar10Dataset(test_images, test_labels, augment="none", image_size=size),
-            info)
+    train = val = None
+    if "train" in splits:
+        batches = [read_batch(directory / f) for f in TRAIN_FILES]
+        train = Cifar10Dataset(np.concatenate([b[0] for b in batches]),
+                               np.concatenate([b[1] for b in batches]), augment=augment,
+                               image_size=size)
+    if "val" in splits:
+        val = Cifar10Dataset(*read_batch(directory / TEST_FILE), augment="none",
+                             image_size=size)
+    return train, val, DatasetInfo("cifar10", 10, 3, size, _read_classes(directory))

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tandem.errors import UsageError
 
-__all__ = ["Normalization", "to_device"]
+__all__ = ["Normalization", "batch_to_device"]
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,9 @@ class Normalization:
         return images.float().div_(255).sub_(mean).mul_(inv_std)
 
 
-def to_device(images: torch.Tensor, device: torch.device, *,
-              normalization: Normalization | None = None,
-              channels_last: bool = False) -> torch.Tensor:
+def batch_to_device(images: torch.Tensor, device: torch.device, *,
+                    normalization: Normalization | None = None,
+                    channels_last: bool = False) -> torch.Tensor:
     """Copy a batch to ``device``; there, ``uint8`` images are normalised, and put in
     channels-last layout when asked, else contiguous NCHW (before the float conversion, which
     keeps the layout: fewer bytes to move)."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from tandem.errors import UsageError
 
-from .base import DatasetInfo, ImageDataset, stratified_split
+from .base import SPLITS, DatasetInfo, ImageDataset, stratified_split
 from .transforms import resize_array
 
 __all__ = ["DigitsDataset", "load_digits_data", "SPLIT_SEED", "VAL_FRACTION"]
@@ -38,8 +38,10 @@ class DigitsDataset(ImageDataset):
         return self.images[index], int(self.labels[index])
 
 
-def load_digits_data(*, augment: str, image_size: int | None):
-    """``(train, val, info)`` for the digits data at ``image_size`` (default 8)."""
+def load_digits_data(*, augment: str, image_size: int | None,
+                     splits: tuple[str, ...] = SPLITS):
+    """``(train, val, info)`` for the digits data at ``image_size`` (default 8); a split not
+    in ``splits`` is None (both are in memory: the training images set the normalisation)."""
     from sklearn.datasets import load_digits  # imported here: scikit-learn is slow to import
 
     size = 8 if image_size is None else image_size
@@ -56,4 +58,4 @@ def load_digits_data(*, augment: str, image_size: int | None):
     train = DigitsDataset(train_images, labels[train_idx], augment=augment, mean=mean, std=std)
     val = DigitsDataset(images[val_idx], labels[val_idx], augment="none", mean=mean, std=std)
     info = DatasetInfo("digits", 10, 1, size, [str(d) for d in range(10)])
-    return train, val, info
+    return (train if "train" in splits else None), (val if "val" in splits else None), info

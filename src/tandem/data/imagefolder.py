@@ -2,10 +2,12 @@
 
 Either ``root/train`` and ``root/val``, or one directory split 80/20 per class with the fixed
 :data:`SPLIT_SEED`, whatever the run's seed; that split is logged (``tandem.data``, INFO: the CLI
-prints it once). Samples are ``uint8`` ``(3, S, S)`` (``S``: ``image_size``, default the
-images' own size), normalised on the device. Warning: corrupt images are skipped with a
-warning, never a crash; a file that only fails to decode when loaded is replaced by the next
-sample that decodes, which then appears twice that epoch.
+prints it once). Samples are ``uint8`` ``(3, S, S)`` (``S``: ``image_size``, default the shorter
+side of the first validation image, which training and eval both read), normalised on the
+device. Loading lists files without opening them: only the split asked for, and in it only the
+first image's header, to fail early on a split with no readable image. Warning: a corrupt image
+is found when it is loaded, warned about once and replaced by the next sample that decodes,
+which then appears twice that epoch; it never crashes the run.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ import torch
 
 from tandem.errors import UsageError
 
-from .base import DatasetInfo, ImageDataset, stratified_split
+from .base import SPLITS, DatasetInfo, ImageDataset, stratified_split
 from .device import Normalization
 from .imagenet_transforms import train_crop, val_crop
 from .transforms import SampleRandom, hflip, random_shift
 
-__all__ = ["ImageFolderDataset", "load_imagefolder", "find_images", "IMG_EXTENSIONS",
+__all__ = ["ImageFolderDataset", "load_imagefolder", "list_images", "IMG_EXTENSIONS",
            "SPLIT_SEED", "VAL_FRACTION", "NORMALIZATION"]
 
 log = logging.getLogger("tandem.data")
@@ -48,21 +50,26 @@ def _warn_once(path: str, why: str) -> None:
         log.warning("skipping unreadable image '%s': %s", path, why)
 
 
-def _header_ok(path: str) -> bool:
-    try:
-        with Image.open(path):
-            return True
-    except Exception as exc:  # PIL raises several types for bad files
-        _warn_once(path, f"{type(exc).__name__}: {exc}")
-        return False
+def _readable_size(samples: list[tuple[str, int]]) -> int | None:
+    """The shorter side of the first sample whose header opens (each one before it that does
+    not is warned about), or None when none does. One header in the usual case."""
+    for path, _ in samples:
+        try:
+            with Image.open(path) as img:
+                return min(img.size)
+        except Exception as exc:  # PIL raises several types for bad files
+            _warn_once(path, f"{type(exc).__name__}: {exc}")
+    return None
 
 
 def _classes(root: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
 
 
-def find_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """Sorted ``(path, class index)`` of readable images under ``root/<class>/``."""
+def list_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """Sorted ``(path, class index)`` of the image files under ``root/<class>/``, by extension;
+    none is opened (a corrupt one is found when loaded, see
+    :meth:`ImageFolderDataset.decode_key`)."""
     samples = []
     for label, name in enumerate(classes):
         class_dir = root / name
@@ -70,11 +77,8 @@ def find_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
             continue
         for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
             dirnames.sort()
-            for fname in sorted(filenames):
-                if fname.lower().endswith(IMG_EXTENSIONS):
-                    path = os.path.join(dirpath, fname)
-                    if _header_ok(path):
-                        samples.append((path, label))
+            samples.extend((os.path.join(dirpath, fname), label) for fname in sorted(filenames)
+                           if fname.lower().endswith(IMG_EXTENSIONS))
     return samples
 
 
@@ -133,10 +137,14 @@ class ImageFolderDataset(ImageDataset):
         return torch.from_numpy(image).permute(2, 0, 1), label
 
 
-def load_imagefolder(root: Path, *, augment: str, image_size: int | None):
-    """``(train, val, info)`` for an ImageFolder directory (either layout)."""
+def load_imagefolder(root: Path, *, augment: str, image_size: int | None,
+                     splits: tuple[str, ...] = SPLITS):
+    """``(train, val, info)`` for an ImageFolder directory (either layout). A split not in
+    ``splits`` is None and none of its files is opened (but the first validation image's
+    header when it gives the size); a train/ left out is not even listed."""
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
         raise UsageError(f"ImageFolder: image_size must be a positive int, got {image_size!r}")
+    wanted = [s for s in SPLITS if s in splits or (s == "val" and image_size is None)]
     train_dir, val_dir = root / "train", root / "val"
     if train_dir.is_dir():
         if not val_dir.is_dir():
@@ -147,33 +155,35 @@ def load_imagefolder(root: Path, *, augment: str, image_size: int | None):
             raise UsageError(f"ImageFolder '{val_dir}' has classes not in train/: "
                              f"{', '.join(extra[:5])}")
         _check_classes(train_dir, classes)
-        train_samples = _check_samples(train_dir, find_images(train_dir, classes))
-        val_samples = _check_samples(val_dir, find_images(val_dir, classes))
+        found = {split: (f"'{where}'", _check_listed(where, list_images(where, classes)))
+                 for split, where in (("train", train_dir), ("val", val_dir)) if split in wanted}
     else:
         classes = _classes(root)
         _check_classes(root, classes)
-        samples = _check_samples(root, find_images(root, classes))
-        train_idx, val_idx = stratified_split([s[1] for s in samples], VAL_FRACTION, SPLIT_SEED)
-        train_samples = [samples[i] for i in train_idx]
-        val_samples = [samples[i] for i in val_idx]
-        if not val_samples:
-            raise UsageError(f"ImageFolder '{root}' is too small to split off a validation set "
-                             f"(needs a class with at least 2 images)")
-        log.info("ImageFolder '%s' has no train/ and val/: each class is split %d/%d, %d images "
-                 "to train and %d to validate, by a shuffle with the fixed seed %d (the same "
-                 "split whatever --seed)", root, round(100 * (1 - VAL_FRACTION)),
-                 round(100 * VAL_FRACTION), len(train_samples), len(val_samples), SPLIT_SEED)
-    size = _own_size(train_samples or val_samples) if image_size is None else image_size
+        both = zip(SPLITS, _split_flat(root, _check_listed(root, list_images(root, classes))))
+        found = {split: (f"'{root}' ({split} split)", samples) for split, samples in both
+                 if split in wanted}
+    sizes = {split: _check_readable(where, samples) for split, (where, samples) in found.items()}
+    size = sizes["val"] if image_size is None else image_size
     info = DatasetInfo(root.name or str(root), len(classes), 3, size, classes)
-    return (ImageFolderDataset(train_samples, image_size=size, augment=augment),
-            ImageFolderDataset(val_samples, image_size=size, augment="none"),
-            info)
+    augments = {"train": augment, "val": "none"}
+    train, val = (ImageFolderDataset(found[split][1], image_size=size, augment=augments[split])
+                  if split in splits else None for split in SPLITS)
+    return train, val, info
 
 
-def _own_size(samples: list) -> int:
-    """The shorter side of the first image (its header only): the dataset's own size."""
-    with Image.open(samples[0][0]) as img:
-        return min(img.size)
+def _split_flat(root: Path, samples: list) -> tuple[list, list]:
+    """``(train, val)`` samples of a directory without train/ and val/ (logged, see module doc)."""
+    train_idx, val_idx = stratified_split([s[1] for s in samples], VAL_FRACTION, SPLIT_SEED)
+    if not val_idx:
+        _check_readable(f"'{root}'", samples)  # none readable: the more useful message
+        raise UsageError(f"ImageFolder '{root}' is too small to split off a validation set "
+                         f"(needs a class with at least 2 images)")
+    log.info("ImageFolder '%s' has no train/ and val/: each class is split %d/%d, %d images "
+             "to train and %d to validate, by a shuffle with the fixed seed %d (the same "
+             "split whatever --seed)", root, round(100 * (1 - VAL_FRACTION)),
+             round(100 * VAL_FRACTION), len(train_idx), len(val_idx), SPLIT_SEED)
+    return [samples[i] for i in train_idx], [samples[i] for i in val_idx]
 
 
 def _check_classes(root: Path, classes: list[str]) -> None:
@@ -181,8 +191,17 @@ def _check_classes(root: Path, classes: list[str]) -> None:
         raise UsageError(f"ImageFolder '{root}' is empty: expected one subdirectory per class")
 
 
-def _check_samples(root: Path, samples: list) -> list:
+def _check_listed(root: Path, samples: list) -> list:
     if not samples:
-        raise UsageError(f"ImageFolder '{root}' has no readable images "
+        raise UsageError(f"ImageFolder '{root}' has no image files "
                          f"(extensions: {' '.join(IMG_EXTENSIONS)})")
     return samples
+
+
+def _check_readable(where: str, samples: list) -> int:
+    """The shorter side of the first readable image of ``samples``; refused if none opens."""
+    size = _readable_size(samples)
+    if size is None:
+        raise UsageError(f"ImageFolder {where} has no readable images: all {len(samples)} "
+                         f"image files fail to open")
+    return size

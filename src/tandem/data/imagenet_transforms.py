@@ -13,7 +13,7 @@ import io
 import math
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .transforms import SampleRandom, center_offset, shorter_side_size
 
@@ -92,12 +92,16 @@ def _open(path) -> Image.Image:
     Pillow then parses from a buffer rather than through many small file reads, and hands the
     decoder the whole file at once instead of 64 KB blocks, so libjpeg never suspends and
     resumes mid-scan (each saves about 5% of a JPEG's decode). A file object is opened as is.
+    Not an image: Pillow's ``UnidentifiedImageError``, naming ``path`` (not the buffer).
     """
     if hasattr(path, "read"):
         return Image.open(path)
     with open(path, "rb") as f:
         data = f.read()
-    img = Image.open(io.BytesIO(data))
+    try:
+        img = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise UnidentifiedImageError(f"cannot identify image file '{path}'") from None
     img.decodermaxblock = max(len(data), img.decodermaxblock)  # bytes per decoder call
     return img
 

@@ -1,5 +1,8 @@
 """``load_dataset(spec)``: turn a ``--data`` value into ``(train, val, info)``.
 
+``splits`` names the splits a command uses (eval: ``("val",)``); the others come back None and
+are never read from disk.
+
 ``spec`` is ``synthetic``, ``digits`` (names win: write ``./digits`` for a directory), a CIFAR-10
 pickle directory or an ImageFolder directory. A missing path raises ``FileNotFoundError``; an
 unknown word raises ``ValueError`` listing the valid names.
@@ -12,9 +15,9 @@ from pathlib import Path
 
 from tandem.errors import MissingFileError, UsageError
 
-from .base import AUGMENT_MODES
+from .base import AUGMENT_MODES, SPLITS
 
-__all__ = ["load_dataset", "DATASET_NAMES", "AUGMENT_CHOICES", "DEFAULT_AUGMENT"]
+__all__ = ["load_dataset", "DATASET_NAMES", "AUGMENT_CHOICES", "DEFAULT_AUGMENT", "SPLITS"]
 
 DATASET_NAMES = ("synthetic", "digits")
 # "auto" is each kind of data's own recipe: DEFAULT_AUGMENT["imagefolder"] for ImageFolder
@@ -33,6 +36,16 @@ def _augment_for(augment: str, kind: str, spec: str) -> str:
     return augment
 
 
+def _check_splits(splits) -> tuple[str, ...]:
+    """``splits`` as a tuple, refused unless it is a non-empty part of :data:`SPLITS`."""
+    if isinstance(splits, str):
+        splits = (splits,)
+    splits = tuple(splits)
+    if not splits or not set(splits) <= set(SPLITS):
+        raise UsageError(f"splits must name one or more of {', '.join(SPLITS)}, got {splits!r}")
+    return splits
+
+
 def _looks_like_path(spec: str) -> bool:
     return (os.sep in spec or (os.altsep is not None and os.altsep in spec)
             or spec.startswith((".", "~")))
@@ -40,8 +53,11 @@ def _looks_like_path(spec: str) -> bool:
 
 def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
                  image_size: int | None = None, synthetic_size: int | None = None,
-                 num_classes: int | None = None):
+                 num_classes: int | None = None, splits: tuple[str, ...] = SPLITS):
     """Return ``(train_dataset, val_dataset, DatasetInfo)`` for ``spec``.
+
+    ``splits`` (a non-empty part of :data:`SPLITS`) are the datasets to build; the other is
+    None, and none of its files is read.
 
     ``augment`` (one of :data:`AUGMENT_CHOICES`) applies to the training split only;
     validation is never augmented (``auto``: the data's own recipe, see
@@ -56,14 +72,16 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
     if not isinstance(spec, (str, os.PathLike)):
         raise UsageError(f"data spec must be a name or a path, got {spec!r}")
     spec = os.fspath(spec)
+    splits = _check_splits(splits)
     if spec == "synthetic":
         from .synthetic import load_synthetic
         return load_synthetic(augment=_augment_for(augment, "other", spec), seed=seed,
-                              image_size=image_size, size=synthetic_size, num_classes=num_classes)
+                              image_size=image_size, size=synthetic_size, num_classes=num_classes,
+                              splits=splits)
     if spec == "digits":
         from .digits import load_digits_data
         result = load_digits_data(augment=_augment_for(augment, "other", spec),
-                                  image_size=image_size)
+                                  image_size=image_size, splits=splits)
     else:
         path = Path(spec).expanduser()
         if not path.exists():
@@ -80,11 +98,11 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
         cifar_dir = find_cifar_dir(path)
         if cifar_dir is not None:
             result = load_cifar10(cifar_dir, augment=_augment_for(augment, "other", spec),
-                                  image_size=image_size)
+                                  image_size=image_size, splits=splits)
         else:
             from .imagefolder import load_imagefolder
             result = load_imagefolder(path, augment=_augment_for(augment, "imagefolder", spec),
-                                      image_size=image_size)
+                                      image_size=image_size, splits=splits)
     info = result[2]
     if num_classes is not None and num_classes < info.num_classes:
         raise UsageError(f"data '{spec}' has {info.num_classes} classes, more than num_classes="

@@ -22,7 +22,7 @@ from tandem.errors import UsageError
 from .transforms import mix_seed
 
 __all__ = ["make_loader", "ShardedBatchSampler", "shard_sizes", "collate", "epoch_order",
-           "LoaderCache", "PREFETCH"]
+           "LoaderCache", "PREFETCH", "batches_per_epoch"]
 
 PREFETCH = 4  # batches in flight per worker
 
@@ -31,6 +31,13 @@ def shard_sizes(batch: int, world_size: int) -> list[int]:
     """Per-rank sample counts of a global batch of ``batch`` samples (sum is ``batch``)."""
     base, extra = divmod(batch, world_size)
     return [base + (1 if r < extra else 0) for r in range(world_size)]
+
+
+def batches_per_epoch(dataset, batch_size: int) -> int:
+    """Global batches in one epoch of ``dataset``: ``ceil(len / batch_size)``, the last one
+    short, none dropped (what :func:`make_loader` yields); no loader is built to know it."""
+    _check_int("batch_size", batch_size, 1)
+    return -(-len(dataset) // batch_size)
 
 
 def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
@@ -52,7 +59,7 @@ class ShardedBatchSampler(Sampler):
             raise UsageError(f"rank must be in [0, {world_size}), got {rank!r}")
         self.num_samples = num_samples
         self.batch_size = batch_size
-        self.total_batches = -(-num_samples // batch_size)
+        self.total_batches = batches_per_epoch(range(num_samples), batch_size)
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.set_position(epoch, start_batch)

@@ -11,7 +11,7 @@ import numpy as np
 
 from tandem.errors import UsageError
 
-from .base import DatasetInfo, ImageDataset
+from .base import SPLITS, DatasetInfo, ImageDataset
 from .transforms import mix_seed
 
 __all__ = ["SyntheticDataset", "load_synthetic", "SYNTHETIC_DEFAULTS"]
@@ -60,8 +60,9 @@ class SyntheticDataset(ImageDataset):
 
 
 def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int | None,
-                   num_classes: int | None):
-    """Train split of ``size`` samples (default 1024) and a val split of ``size // 4`` (>= 1)."""
+                   num_classes: int | None, splits: tuple[str, ...] = SPLITS):
+    """Train split of ``size`` samples (default 1024) and a val split of ``size // 4`` (>= 1);
+    a split not in ``splits`` is None (not generated)."""
     size = SYNTHETIC_DEFAULTS["size"] if size is None else size
     num_classes = SYNTHETIC_DEFAULTS["num_classes"] if num_classes is None else num_classes
     image_size = SYNTHETIC_DEFAULTS["image_size"] if image_size is None else image_size
@@ -71,8 +72,10 @@ def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int
         if not isinstance(value, int) or value < 1:
             raise UsageError(f"synthetic data: {name} must be a positive int, got {value!r}")
     common = dict(num_classes=num_classes, in_channels=channels, image_size=image_size, seed=seed)
-    train = SyntheticDataset(size, split=0, augment=augment, **common)
-    val = SyntheticDataset(max(1, size // 4), split=1, augment="none", **common)
+    train = (SyntheticDataset(size, split=0, augment=augment, **common)
+             if "train" in splits else None)
+    val = (SyntheticDataset(max(1, size // 4), split=1, augment="none", **common)
+           if "val" in splits else None)
     info = DatasetInfo("synthetic", num_classes, channels, image_size,
                        [str(c) for c in range(num_classes)])
     return train, val, info

@@ -1,13 +1,12 @@
 """The few image transforms tandem needs, written on PIL and numpy (no torchvision).
 
-Decoding runs on PIL; augmentation on small CHW float32 numpy arrays (a numpy op costs about a
-microsecond, a torch op tens). Randomness comes only from :class:`SampleRandom`, keyed by the
+torchvision's resize and crop geometry (the crops that decode files are in
+:mod:`~tandem.data.imagenet_transforms`); augmentation on small CHW float32 numpy arrays (a
+numpy op costs about a microsecond, a torch op tens). Randomness comes only from :class:`SampleRandom`, keyed by the
 sample, so augmentation is the same whatever the workers, ranks or strategy.
 """
 
 from __future__ import annotations
-
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -15,10 +14,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 __all__ = [
-    "SampleRandom", "mix_seed", "decode", "shorter_side_size", "resize_shorter", "center_offset",
-    "center_crop_pil",
-    "to_array",
-    "random_shift", "hflip", "normalize", "to_tensor", "resize_array",
+    "SampleRandom", "mix_seed", "shorter_side_size", "center_offset", "to_array",
+    "random_shift", "hflip", "to_tensor", "resize_array",
 ]
 
 _MASK = (1 << 64) - 1
@@ -69,14 +66,7 @@ class SampleRandom:
         return low + (high - low) * ((self._next() >> 11) * 2.0 ** -53)
 
 
-# -- decoding (PIL) ------------------------------------------------------------------------
-
-def decode(path) -> Image.Image:
-    """Open and fully decode an image file as RGB (``OSError`` or a PIL error if corrupt)."""
-    with Image.open(path) as img:
-        img.load()  # force the decode now, inside the caller's error handling
-        return img.convert("RGB")
-
+# -- sizes and PIL conversion --------------------------------------------------------------
 
 def shorter_side_size(w: int, h: int, size: int) -> tuple[int, int]:
     """``(w, h)`` scaled so the shorter side is ``size``: torchvision's ``Resize(size)``, whose
@@ -86,26 +76,10 @@ def shorter_side_size(w: int, h: int, size: int) -> tuple[int, int]:
     return (size, new_long) if w <= h else (new_long, size)
 
 
-def resize_shorter(img: Image.Image, size: int) -> Image.Image:
-    """Resize so the shorter side is ``size`` pixels, keeping the aspect ratio (bilinear)."""
-    w, h = img.size
-    if min(w, h) == size:
-        return img
-    return img.resize(shorter_side_size(w, h, size), Image.BILINEAR)
-
-
 def center_offset(length: int, size: int) -> int:
     """Where torchvision's ``CenterCrop`` starts a ``size`` crop of ``length``: the excess
     halved, rounded half to even (``int(round((length - size) / 2.0))``)."""
     return int(round((length - size) / 2.0))
-
-
-def center_crop_pil(img: Image.Image, size: int) -> Image.Image:
-    """Crop the central ``size x size`` square (the image must be at least that big), placed
-    as torchvision's ``CenterCrop``: offsets ``int(round(excess / 2.0))``."""
-    w, h = img.size
-    left, top = center_offset(w, size), center_offset(h, size)
-    return img.crop((left, top, left + size, top + size))
 
 
 def to_array(img: Image.Image) -> np.ndarray:
@@ -149,14 +123,6 @@ def random_shift(img: np.ndarray, padding: int, rng: SampleRandom) -> np.ndarray
 def hflip(img: np.ndarray) -> np.ndarray:
     """Mirror a CHW array left to right (a view)."""
     return img[..., ::-1]
-
-
-def normalize(img: np.ndarray, mean: Sequence[float] | np.ndarray,
-              std: Sequence[float] | np.ndarray) -> np.ndarray:
-    """``(img - mean) / std`` per channel; returns a new ``float32`` array."""
-    m = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
-    s = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
-    return (img - m) / s
 
 
 def to_tensor(img: np.ndarray | Image.Image) -> torch.Tensor:

@@ -21,7 +21,7 @@ from torch import nn
 
 from tandem import checkpoint
 from tandem.config import TrainConfig
-from tandem.data import LoaderCache, to_device
+from tandem.data import LoaderCache, batch_to_device
 from tandem.strategies import Strategy
 
 from . import diverged
@@ -86,8 +86,8 @@ class Trainer:
         """Copy a batch to the device; uint8 images are normalised there (train and val
         splits share their normalisation, so the val set's serves both)."""
         device = self.strategy.device
-        images = to_device(images, device, channels_last=self.cfg.parallel.channels_last,
-                           normalization=getattr(self.val_set, "normalization", None))
+        images = batch_to_device(images, device, channels_last=self.cfg.parallel.channels_last,
+                                 normalization=getattr(self.val_set, "normalization", None))
         if images.is_floating_point():  # --dtype float64: after the float32 normalisation
             images = images.to(getattr(torch, self.cfg.parallel.dtype))
         return images, targets.to(device, non_blocking=True)

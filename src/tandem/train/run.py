@@ -20,7 +20,7 @@ from torch import nn
 from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
-from tandem.data import load_dataset, make_loader
+from tandem.data import batches_per_epoch, load_dataset
 from tandem.distributed.env import LAUNCH_ID_VAR
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
@@ -81,9 +81,10 @@ def _warm_up(trainer: Trainer, train: bool) -> float | None:
     return compiling.warm_up(trainer, train=train) if trainer.cfg.parallel.compile else None
 
 
-def build_data(cfg: DataConfig, seed: int):
+def build_data(cfg: DataConfig, seed: int, splits: tuple[str, ...] = ("train", "val")):
     return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
-                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes)
+                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
+                        splits=splits)
 
 
 def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
@@ -157,8 +158,7 @@ def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> T
     optim = cfg.optim
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
                                 weight_decay=optim.weight_decay, nesterov=optim.nesterov)
-    batches = make_loader(train_set, optim.batch_size, shuffle=True, seed=cfg.run.seed,
-                          epoch=0).batch_sampler.total_batches
+    batches = batches_per_epoch(train_set, optim.batch_size)
     steps_per_epoch = -(-batches // optim.accum_steps)
     trainer = Trainer(
         cfg=cfg, strategy=strategy, model=wrapped,
@@ -260,7 +260,7 @@ def _validate(cfg: TrainConfig, ckpt: dict | None, path: str | None) -> dict:
     the validation set, the same for ``tandem eval`` and ``tandem train -e``."""
     strategy = build_strategy(cfg.parallel)
     try:
-        _, val_set, info = build_data(cfg.data, cfg.run.seed)
+        _, val_set, info = build_data(cfg.data, cfg.run.seed, splits=("val",))
         cfg = _with_model_classes(cfg, info, ckpt)
         trainer = Trainer(cfg=cfg, strategy=strategy,
                           model=_prepared_model(cfg, strategy, ckpt, info, path),
