@@ -7,17 +7,20 @@ Each subcommand module has ``add_parser(subparsers)``, which sets ``func``. A
 from __future__ import annotations
 
 import argparse
-import importlib
 import signal
 import sys
 
 from tandem.errors import TandemError
 
+from . import bench, launch, models, train
+from . import eval as eval_command
 from .common import TandemParser
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
-SUBCOMMANDS = ["train", "eval", "bench", "launch", "models"]
+_MODULES = {"train": train, "eval": eval_command, "bench": bench, "launch": launch,
+            "models": models}
+SUBCOMMANDS = list(_MODULES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,13 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tandem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"tandem.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"tandem.cli.{name}":
-                raise
-            continue  # subcommand not built yet
+    for module in _MODULES.values():
         module.add_parser(sub)
     return parser
 
