@@ -10,7 +10,7 @@ import argparse
 import signal
 import sys
 
-from tandem.errors import TandemError
+from tandem.errors import TandemError, first_line
 
 from . import bench, launch, models, train
 from . import eval as eval_command
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
-        print(f"tandem: error: {exc}", file=sys.stderr)
+        # one line, also when the message carries a library's many-line text
+        print(f"tandem: error: {first_line(exc, limit=None)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         detail = str(exc)
