@@ -236,3 +236,38 @@ def test_world_size_one_ddp_equals_plain_training(monkeypatch):
     # last reference (freeing it later joins gloo's threads with the GIL held: a deadlock).
     assert "reducer" not in vars(wrapped) and "logger" not in vars(wrapped)
     strategy.close()  # twice is fine
+
+
+_EXIT_PROBE = """
+import atexit, sys
+atexit.register(lambda: print("finalized", flush=True))
+sys.argv = ["tandem", *sys.argv[1:]]
+import runpy
+runpy.run_module("tandem", run_name="__main__")
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy, finalizes", [("ddp", False), ("single", True)])
+def test_a_process_that_joined_a_group_exits_without_finalizing(strategy, finalizes, tmp_path):
+    """`python -m tandem` in a torchrun worker ends with os._exit once flushed: gloo threads
+    still freeing a collective's tensors when the interpreter finalizes abort the process
+    (SIGABRT, 'terminate called without an active exception'). Control: a process that never
+    joined a group exits normally (its atexit handler runs)."""
+    import sys
+
+    from conftest import cli_env, run_bounded
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = cli_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cmd = [sys.executable, "-c", _EXIT_PROBE, "train", "--data", "digits", "--strategy",
+           strategy, "--devices", "cpu", "-b", "64", "--epochs", "1", "--max-steps", "1",
+           "--no-progress", "--out", str(tmp_path / "run")]
+    result = run_bounded(cmd, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "best val acc" in result.stdout  # printed and flushed before the exit
+    assert ("finalized" in result.stdout) == finalizes, result.stdout
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()

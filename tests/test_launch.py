@@ -104,10 +104,11 @@ def test_launch_ddp_sync_bn_matches_single(single_run, tmp_path):
     _assert_matches_single(single_run, out / "checkpoint.pt")
     # Only rank 0 printed the epoch summary and wrote the outputs.
     assert proc.stdout.count("epoch 1/2 step 2") == 1, proc.stdout
-    assert proc.stdout.count("epoch 2/2 step 3") == 1, proc.stdout
+    assert proc.stdout.count("epoch 2/2 (partial: 2/3 batches) step 3") == 1, proc.stdout
     ddp_log = [json.loads(line) for line in open(out / "metrics.jsonl")]
     single_log = [json.loads(line) for line in open(single_run / "metrics.jsonl")]
     assert len(ddp_log) == len(single_log) == 2
+    assert len(list((out / "tb").iterdir())) == 1  # TensorBoard: rank 0's events file only
     for ddp_epoch, single_epoch in zip(ddp_log, single_log):
         for key in ("train_loss", "val_loss", "val_acc", "train_acc"):
             assert abs(ddp_epoch[key] - single_epoch[key]) < 1e-4, key
@@ -137,7 +138,8 @@ def test_two_nodes_on_loopback_match_single(single_run, tmp_path):
     out = tmp_path / f"try{attempt}" / "two_nodes"
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, "\n=====\n".join(o[-3000:] for o in outputs)
-    assert "epoch 2/2 step 3" in outputs[0] and "epoch 2/2" not in outputs[1]
+    assert "epoch 2/2 (partial: 2/3 batches) step 3" in outputs[0]
+    assert "epoch 2/2" not in outputs[1]
     _assert_matches_single(single_run, out / "checkpoint.pt")
 
 

@@ -46,7 +46,9 @@ def rows(run) -> list[dict]:
 
 
 def snapshot(run) -> dict:
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.iterdir())}
+    """Every file under ``run`` (``tb/`` too): its bytes and modification time."""
+    return {str(p.relative_to(run)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(run.rglob("*")) if p.is_file()}
 
 
 STRATEGIES = {

@@ -5,11 +5,18 @@ Each also derives from the built-in error a caller expects (``ValueError``, ...)
 
 from __future__ import annotations
 
-__all__ = ["TandemError", "UsageError", "MissingFileError", "CheckpointError", "first_line"]
+__all__ = ["TandemError", "UsageError", "MissingFileError", "CheckpointError",
+           "TrainingDiverged", "first_line"]
 
 
 class TandemError(Exception):
-    """A mistake of the user's: a bad value, file or combination of settings."""
+    """A mistake of the user's: a bad value, file or combination of settings.
+
+    The CLI prints it as one line (none where ``quiet``) and exits with ``exit_status``.
+    """
+
+    exit_status = 2
+    quiet = False
 
 
 class UsageError(TandemError, ValueError):
@@ -22,6 +29,17 @@ class MissingFileError(TandemError, FileNotFoundError):
 
 class CheckpointError(TandemError, ValueError):
     """A checkpoint cannot be read or does not fit; the message names the file."""
+
+
+class TrainingDiverged(TandemError, FloatingPointError):
+    """Training met a non-finite loss or weights and stopped, keeping the last finite
+    checkpoint; exit status 3, so that scripts can tell it from a bad command (2)."""
+
+    exit_status = 3
+
+    def __init__(self, message: str, *, quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet
 
 
 def first_line(exc: BaseException, limit: int | None = 200) -> str:

@@ -1,12 +1,14 @@
 """`tandem` command line: ``train | eval | bench | launch | models``.
 
 Each subcommand module has ``add_parser(subparsers)``, which sets ``func``. A
-:class:`tandem.errors.TandemError` becomes one line on stderr and exit status 2.
+:class:`tandem.errors.TandemError` becomes one line on stderr and exit status 2 (3 when
+training diverged: :class:`tandem.errors.TrainingDiverged`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -16,7 +18,7 @@ from . import bench, launch, models, train
 from . import eval as eval_command
 from .common import TandemParser
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+__all__ = ["main", "entry", "build_parser", "SUBCOMMANDS"]
 
 _MODULES = {"train": train, "eval": eval_command, "bench": bench, "launch": launch,
             "models": models}
@@ -47,11 +49,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
-        # one line, also when the message carries a library's many-line text
-        print(f"tandem: error: {first_line(exc, limit=None)}", file=sys.stderr)
-        return 2
+        if not exc.quiet:  # ranks other than 0 leave it to rank 0
+            # one line, also when the message carries a library's many-line text
+            print(f"tandem: error: {first_line(exc, limit=None)}", file=sys.stderr)
+        return exc.exit_status
     except KeyboardInterrupt as exc:
         detail = str(exc)
         if not getattr(exc, "quiet", False):  # ranks other than 0 leave it to rank 0
             print("tandem: interrupted" + (f"; {detail}" if detail else ""), file=sys.stderr)
         return 128 + int(getattr(exc, "signum", signal.SIGINT))
+
+
+def entry() -> None:
+    """``tandem`` and ``python -m tandem``: :func:`main`, then exit with its status.
+
+    A process that joined a process group ends with ``os._exit`` once its output is flushed.
+    Its files are closed by then (checkpoints are written atomically), but gloo's worker
+    threads may still be freeing a finished collective's tensors, which takes the GIL; torch
+    keeps references to its groups after ``destroy_process_group``, so those threads are not
+    joined, and a thread that asks for the GIL while the interpreter finalizes is ended by
+    CPython mid-C++ ("terminate called without an active exception", SIGABRT: about one
+    2-process ddp run in 20 under load). Skipping finalization leaves nothing to race.
+    """
+    code = main()
+    group = sys.modules.get("tandem.distributed.process_group")
+    if group is not None and group.joined_a_group():
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+    sys.exit(code)

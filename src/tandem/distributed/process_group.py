@@ -19,12 +19,13 @@ from tandem.errors import UsageError
 from .env import DistEnv, dist_timeout
 
 __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
-           "release_ddp", "grads_in_param_strides", "all_reduce_sum", "work_group",
+           "release_ddp", "grads_in_param_strides", "joined_a_group", "all_reduce_sum", "work_group",
            "STARTUP_TIMEOUT"]
 
 #: Seconds every worker may take to join the job (importing torch on a loaded machine).
 STARTUP_TIMEOUT = 300.0
 _work_group = None  # the group with the collective timeout (None: the default group)
+_joined = False  # this process has joined a process group (see joined_a_group)
 
 
 def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
@@ -99,12 +100,19 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
         )
         _work_group = None if startup == seconds else dist.new_group(
             backend=backend, timeout=timedelta(seconds=seconds))
+        global _joined
+        _joined = True
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
         raise RuntimeError(
             f"rank {env.rank} on {device}: could not join the {backend} process group at "
             f"{env.master_addr}:{env.master_port} within {startup:.0f}s: {exc}"
         ) from exc
     return backend
+
+
+def joined_a_group() -> bool:
+    """True once this process has joined a process group (its gloo threads may outlive it)."""
+    return _joined
 
 
 def work_group():

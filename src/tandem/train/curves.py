@@ -1,40 +1,115 @@
-"""``curves.png``: training and validation loss, and validation accuracy, against epoch."""
+"""``curves.png``: loss, accuracy and learning rate from the rows of ``metrics.jsonl``.
+
+:func:`build_figure` makes the matplotlib Figure (tests look at its axes), :func:`plot_curves`
+writes it. With rows of fewer than 2 epochs the x-axis is the optimizer step, from 0, so that
+a one-epoch run is not one point on an axis a tenth of an epoch wide; otherwise it is the
+epoch, a partial epoch's row placed at the fraction of it that was trained. Loss is drawn on a
+log scale, so that the first epoch's high loss does not flatten the rest. The learning rate
+is drawn at every step up to the last row's, from the run's schedule (the host knows it: no
+per-step record is needed), with each row's value on it.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
-import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-matplotlib.use("Agg")  # files only: never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+__all__ = ["build_figure", "plot_curves", "positions", "Schedule"]
 
-__all__ = ["plot_curves"]
+# The learning rate at optimizer steps 0, 1, ...: (steps per epoch, lr of step -> float).
+Schedule = tuple[int, Callable[[int], float]]
 
 
-def plot_curves(records: list[dict], path: str) -> None:
-    """Draw loss and accuracy per epoch; a partial epoch is plotted at its epoch number.
+def positions(records: list[dict]) -> tuple[list[float], str]:
+    """The x of each row and the axis' label: epochs, a partial epoch's row at the fraction
+    of it trained; steps instead while the rows cover fewer than 2 epochs."""
+    whole = [r["batches"] for r in records if not r.get("partial") and r.get("batches")]
+    per_epoch = max(whole) if whole else None
 
-    Written to a temporary name and renamed, so a reader never sees half a PNG.
-    """
-    epochs = [r["epoch"] for r in records]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_loss.plot(epochs, [r["train_loss"] for r in records], "o-", label="train")
-    ax_loss.plot(epochs, [r["val_loss"] for r in records], "o-", label="validation")
-    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
-    ax_acc.plot(epochs, [r.get("train_acc") for r in records], "o-", label="train")
-    ax_acc.plot(epochs, [r["val_acc"] for r in records], "o-", label="validation top-1")
-    if any(r.get("val_acc5") is not None for r in records):  # rows before top-5 have none
-        ax_acc.plot(epochs, [r.get("val_acc5") for r in records], "s--",
-                    label="validation top-5")
-    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
-    for ax in (ax_loss, ax_acc):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
+    def epochs(r: dict) -> float:
+        if r.get("partial") and per_epoch:
+            return r["epoch"] - 1 + r["batches"] / per_epoch
+        return r["epoch"] - (1 if r.get("partial") else 0)  # unknown fraction: its start
+
+    xs = [epochs(r) for r in records]
+    if max(xs, default=0) < 2:
+        return [r.get("step", r["epoch"]) for r in records], "step"
+    return xs, "epoch"
+
+
+def _line(ax, xs, records, key, style, label):
+    """Plot ``key`` against ``xs``; missing values (older rows, nulls) are left out."""
+    pairs = [(x, r.get(key)) for x, r in zip(xs, records) if r.get(key) is not None]
+    if pairs:
+        ax.plot(*zip(*pairs), style, label=label)
+
+
+def _schedule_line(ax, schedule: Schedule, last_step: int, unit: str) -> None:
+    """The learning rate of every step up to ``last_step`` (at most ~500 points drawn)."""
+    per_epoch, lr_of = schedule
+    stride = max(1, last_step // 500)
+    steps = list(range(0, last_step + 1, stride))
+    xs = steps if unit == "step" else [t / max(1, per_epoch) for t in steps]
+    ax.plot(xs, [lr_of(t) for t in steps], "-", color="grey", label="schedule")
+
+
+def build_figure(records: list[dict], title: str = "",
+                 schedule: Schedule | None = None) -> Figure:
+    """Three panels (loss, accuracy, learning rate) of ``records``, titled ``title``."""
+    xs, unit = positions(records)
+    fig = Figure(figsize=(14, 4))
+    ax_loss, ax_acc, ax_lr = fig.subplots(1, 3)
+    _line(ax_loss, xs, records, "train_loss", "o-", "train")
+    _line(ax_loss, xs, records, "val_loss", "o-", "validation")
+    ax_loss.set(ylabel="loss (log scale)", title="loss")
+    if any(r.get(k) for r in records for k in ("train_loss", "val_loss")):
+        ax_loss.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.5, not 5x10^-1
+        ax_loss.yaxis.set_major_formatter(plain)
+        ax_loss.yaxis.set_minor_formatter(plain)
+    _line(ax_acc, xs, records, "train_acc", "o-", "train")
+    _line(ax_acc, xs, records, "val_acc", "o-", "validation top-1")
+    _line(ax_acc, xs, records, "val_acc5", "s--", "validation top-5")
+    ax_acc.set(ylabel="accuracy (%)", title="accuracy")
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+    if schedule is not None and steps:
+        _schedule_line(ax_lr, schedule, max(steps), unit)
+    _line(ax_lr, xs, records, "lr", "o", "at each row")
+    ax_lr.set(ylabel="learning rate", title="learning rate")
+    partial = [(x, r[k]) for x, r in zip(xs, records) if r.get("partial")
+               for k in ("train_loss", "val_loss") if r.get(k) is not None]
+    if partial:  # rings: rows of epochs stopped part-way (--max-steps)
+        ax_loss.plot(*zip(*partial), "o", mfc="none", ms=12, color="grey",
+                     label="partial epoch")
+    for ax in (ax_loss, ax_acc, ax_lr):
+        ax.set_xlabel(unit)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(left=0)  # training starts at step 0, epoch 0
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_curves(records: list[dict], path: str, title: str | None = None,
+                schedule: Schedule | None = None) -> None:
+    """Write :func:`build_figure` of ``records`` to ``path``; no rows removes ``path``.
+
+    ``title`` defaults to the name of the run directory holding ``path``. Written to a
+    temporary name and renamed, so a reader never sees half a PNG.
+    """
+    if not records:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    if title is None:
+        title = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    fig = build_figure(records, title, schedule)
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
-    plt.close(fig)
     os.replace(tmp, path)

@@ -4,6 +4,8 @@ One optimizer step consumes ``accum_steps`` global batches (all but the last und
 ``strategy.no_sync``). Each process loads its share of every batch in an order set by
 ``(seed, epoch)`` only. The main process alone logs and writes checkpoints, which record
 ``data_position`` so ``--resume`` restarts at the very next batch with the same RNG state.
+A step never reads the device: losses are summed there (:class:`Meter`) and read when printed,
+saved or at the end of an epoch, where a non-finite one stops the run (:mod:`.diverged`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -22,11 +24,13 @@ from tandem.config import TrainConfig
 from tandem.data import LoaderCache, to_device
 from tandem.strategies import Strategy
 
+from . import diverged
 from .curves import plot_curves
 from .interrupt import Interrupted, StopRequest
-from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory
+from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory, summary_line
 from .progress import Progress
-from .schedule import epoch_state
+from .schedule import epoch_state, lr_factor
+from .tensorboard import TensorBoard
 
 __all__ = ["Position", "Trainer"]
 
@@ -65,6 +69,9 @@ class Trainer:
     # saved with a mid-epoch checkpoint so that the resumed epoch still gets one whole row.
     carried: dict | None = None
     loaders: LoaderCache = field(default_factory=LoaderCache)  # persistent workers
+    # The step of the checkpoint.pt this run saved last (see diverged.kept_step).
+    saved_step: int | None = None
+    started_at: Position = field(default_factory=Position)  # where this invocation began
 
     # -- helpers ----------------------------------------------------------------------------
     def _loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
@@ -98,13 +105,14 @@ class Trainer:
         cfg, s, pos = self.cfg, self.strategy, self.position
         k, n = cfg.optim.accum_steps, self.batches_per_epoch
         max_steps, save_every = cfg.optim.max_steps, cfg.run.save_every
+        print_freq = cfg.run.print_freq
         meter, carried_seconds = self._carried_meter()
         progress = Progress(n, pos.batch, f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
                             bar=s.is_main and not cfg.run.no_progress,
-                            print_freq=cfg.run.print_freq if s.is_main else 0)
+                            print_freq=print_freq if s.is_main else 0)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        stopped = False
+        stopped = look = False  # look: the meter was read since the last look at the loss
         start = time.perf_counter()
         loader = self._loader(self.train_set, train=True, epoch=pos.epoch, start_batch=pos.batch)
         try:
@@ -118,8 +126,11 @@ class Trainer:
                     with self._autocast():
                         out = s.forward_loss(self.model, self.criterion, images, targets)
                     self.scaler.scale(out.loss / group_size).backward()
-                meter.update(out.loss, out.correct, out.count, out.correct5)
-                progress.update(out.count * s.world_size, meter.loss, meter.acc, meter.acc5)
+                meter.update(out.loss, out.correct, out.count, out.correct5)  # no host sync
+                shown = progress.update(out.count * s.world_size, meter)
+                # Every process reads at --print-freq batches; a bar's refresh only the main one.
+                look |= (shown and s.world_size == 1) or (
+                    print_freq > 0 and (index + 1) % print_freq == 0)
                 if not last_micro:
                     continue
                 self.scaler.step(self.optimizer)
@@ -127,6 +138,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.scheduler.step()
                 pos.batch, pos.step = index + 1, pos.step + 1
+                if look:
+                    look = False
+                    self._check_finite(meter)
                 if max_steps is not None and pos.step >= max_steps:
                     stopped = pos.batch < n
                     break
@@ -135,19 +149,25 @@ class Trainer:
                     break
                 if save_every and pos.step % save_every == 0 and pos.batch < n:
                     seconds = carried_seconds + time.perf_counter() - start
-                    self.save(is_best=False, progress=_progress(meter.reduced(s), seconds))
+                    sums = meter.reduced(s)
+                    self._check_finite(sums, weights=True)
+                    self.save(is_best=False, progress=_progress(sums, seconds))
         finally:
             progress.close()
         return meter, stopped, carried_seconds + time.perf_counter() - start
 
     def _carried_meter(self) -> tuple[Meter, float]:
         """A meter holding the carried sums of this epoch (on the main process only)."""
-        meter, carried, self.carried = Meter(), self.carried, None
+        carried, self.carried = self.carried, None
         if not carried or not self.strategy.is_main:
-            return meter, 0.0
-        meter.loss_sum, meter.correct = float(carried["loss_sum"]), int(carried["correct"])
-        meter.count, meter.correct5 = int(carried["count"]), int(carried.get("correct5", 0))
-        return meter, float(carried["seconds"])
+            return Meter(), 0.0
+        return Meter.from_sums(carried["loss_sum"], carried["correct"], carried["count"],
+                               carried.get("correct5", 0)), float(carried["seconds"])
+
+    def _check_finite(self, meter: Meter | None, *, weights: bool = False,
+                      what: str = "train loss") -> None:
+        """See :func:`.diverged.check` (raises :class:`TrainingDiverged` on every process)."""
+        diverged.check(self, meter, weights=weights, what=what)
 
     @torch.no_grad()
     def validate(self) -> Meter:
@@ -184,6 +204,7 @@ class Trainer:
         )
         state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
         checkpoint.save(self._out("checkpoint.pt"), state, self.optimizer, **extra)
+        self.saved_step = pos.step
         if is_best:
             checkpoint.save(self._out("best.pt"), state, self.optimizer, **extra)
 
@@ -192,22 +213,41 @@ class Trainer:
         """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch.
 
         A signal on any process (``stop``) stops every process after the current optimizer
-        step, saves ``checkpoint.pt`` there and raises :class:`Interrupted`.
+        step, saves ``checkpoint.pt`` there and raises :class:`Interrupted`. A non-finite
+        loss or weights raise :class:`~tandem.errors.TrainingDiverged` and save nothing.
         """
         self.stop = stop = stop or self.stop
-        cfg, s, pos = self.cfg, self.strategy, self.position
+        s = self.strategy
+        self.started_at = replace(self.position)
         records = log.read() if s.is_main else []
+        board = None
+        if s.is_main and log is not None:
+            if log.dropped:  # rows a resume dropped leave the figure at once
+                self._plot(records)
+            board = TensorBoard.open(self.cfg.run.out, records)
+        try:
+            self._epochs(log, records, board)
+        finally:
+            if board is not None:
+                board.close()
+        return records
+
+    def _epochs(self, log: MetricsLog | None, records: list[dict],
+                board: TensorBoard | None) -> None:
+        cfg, s, pos, stop = self.cfg, self.strategy, self.position, self.stop
         max_steps = cfg.optim.max_steps
         trained = False
         while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
             reset_peak_memory(s.devices)
             train, stopped, seconds = self.train_epoch()
             train = train.reduced(s)
+            self._check_finite(train, weights=True)  # nothing non-finite is ever saved
             if stop.requested:
                 with stop.critical():
                     self.save(is_best=False, progress=_progress(train, seconds))
                 raise Interrupted(self._interrupted_message(), stop.signum, quiet=not s.is_main)
             val = self.validate()
+            self._check_finite(val, what="val loss")
             if not stopped:
                 pos.epoch, pos.batch = pos.epoch + 1, 0
             # The first validation of a run directory always writes best.pt (even at 0%).
@@ -217,7 +257,8 @@ class Trainer:
                 "epoch": pos.epoch if not stopped else pos.epoch + 1,
                 "step": pos.step,
                 "batches": pos.batch if stopped else self.batches_per_epoch,
-                "train_loss": train.loss, "train_acc": train.acc,
+                "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
+                "train_loss": train.loss, "train_acc": train.acc, "train_acc5": train.acc5,
                 "val_loss": val.loss, "val_acc": val.acc, "val_acc5": val.acc5,
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "images_per_sec": train.count / seconds if seconds > 0 else None,
@@ -229,8 +270,11 @@ class Trainer:
                 if s.is_main and train.count:  # a row only for an epoch that trained
                     records.append(record)
                     log.append(record)
-                    plot_curves(records, self._out("curves.png"))
-                    print(_summary(record, cfg.optim.epochs), flush=True)
+                    self._plot(records)
+                    if board is not None:
+                        board.add_row(record)
+                    print(summary_line(record, cfg.optim.epochs, self.batches_per_epoch),
+                          flush=True)
             trained = True
             if stopped:
                 break
@@ -238,7 +282,13 @@ class Trainer:
             print(f"best val acc {self.best_acc1:.2f}%: {self._out('best.pt')}" if trained else
                   f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
                   + (f"/{max_steps}" if max_steps else ""), flush=True)
-        return records
+
+    def _plot(self, records: list[dict]) -> None:
+        """``curves.png`` of ``records``, with the learning rate of every step (host-side)."""
+        per_epoch = -(-self.batches_per_epoch // self.cfg.optim.accum_steps)
+        base = self.scheduler.base_lrs[0]
+        plot_curves(records, self._out("curves.png"), schedule=(
+            per_epoch, lambda t: base * lr_factor(t, self.cfg.optim, per_epoch)))
 
     def _interrupted_message(self) -> str:
         """Where the run stopped and how to continue it (the main process says it)."""
@@ -253,11 +303,3 @@ def _progress(meter: Meter, seconds: float) -> dict:
     """A reduced meter and the seconds spent, as a checkpoint entry."""
     return {"loss_sum": meter.loss_sum, "correct": meter.correct, "count": meter.count,
             "correct5": meter.correct5, "seconds": seconds}
-
-
-def _summary(r: dict, epochs: int) -> str:
-    rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
-    return (f"epoch {r['epoch']}/{epochs} step {r['step']}: train loss {r['train_loss']:.4f} "
-            f"acc {r['train_acc']:.2f}% | val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
-            f"acc5 {r['val_acc5']:.2f}% "
-            f"| {rate} {r['seconds']:.1f}s")

@@ -13,27 +13,72 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory"]
+__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "summary_line"]
 
 
 class Meter:
-    """Sum of per-sample loss, top-1 and top-5 hits and sample count on this process."""
+    """Sums of per-sample loss, top-1 and top-5 hits, and the sample count, on this process.
+
+    The sums stay on the device the losses are on, so :meth:`update` never waits for it;
+    reading them (:meth:`read`, the properties) costs one host sync, made when printing,
+    saving or ending an epoch. A non-finite loss leaves ``loss_sum`` non-finite for good:
+    :attr:`finite` is the divergence flag, read with the rest.
+    """
 
     def __init__(self):
-        self.loss_sum = 0.0
-        self.correct = 0
-        self.correct5 = 0
-        self.count = 0
+        self.count = 0  # samples: a Python int, known without asking the device
+        self._sums: torch.Tensor | None = None  # float64 [loss_sum, correct, correct5]
+        self._host: tuple[float, float, float] | None = None  # the last read, until an update
+
+    @classmethod
+    def from_sums(cls, loss_sum: float, correct: float, count: int,
+                  correct5: float = 0.0) -> "Meter":
+        """A meter holding sums read elsewhere (a reduction, a checkpoint's epoch progress)."""
+        meter = cls()
+        meter.count = int(count)
+        meter._host = (float(loss_sum), float(correct), float(correct5))
+        meter._sums = torch.tensor(meter._host, dtype=torch.float64)
+        return meter
 
     def update(self, loss: torch.Tensor, correct: torch.Tensor, count: int,
                correct5: torch.Tensor | None = None) -> None:
-        """Add a batch whose *mean* loss is ``loss`` over ``count`` samples (syncs once)."""
+        """Add a batch whose *mean* loss is ``loss`` over ``count`` samples; no host sync."""
         if count == 0:  # an empty share of a short last batch: nothing to count
             return
-        self.loss_sum += float(loss.detach().float()) * count
-        self.correct += int(correct)
-        self.correct5 += int(correct if correct5 is None else correct5)
+        loss = loss.detach()
+        hits = [torch.as_tensor(c, device=loss.device) for c in
+                (correct, correct if correct5 is None else correct5)]
+        batch = torch.stack([loss.double() * count, *(h.double() for h in hits)])
+        if self._sums is None:
+            self._sums = batch
+        else:
+            self._sums = self._sums.to(batch.device) + batch
         self.count += count
+        self._host = None
+
+    def read(self) -> tuple[float, float, float]:
+        """``(loss_sum, correct, correct5)`` on the host: one sync, then cached until an update."""
+        if self._host is None:
+            self._host = ((0.0, 0.0, 0.0) if self._sums is None
+                          else tuple(self._sums.tolist()))
+        return self._host
+
+    @property
+    def loss_sum(self) -> float:
+        return self.read()[0]
+
+    @property
+    def correct(self) -> int:
+        return round(self.read()[1])
+
+    @property
+    def correct5(self) -> int:
+        return round(self.read()[2])
+
+    @property
+    def finite(self) -> bool:
+        """False once any counted loss was NaN or infinite."""
+        return math.isfinite(self.loss_sum)
 
     @property
     def loss(self) -> float:
@@ -48,14 +93,13 @@ class Meter:
         return 100.0 * self.correct5 / self.count if self.count else float("nan")
 
     def reduced(self, strategy) -> "Meter":
-        """A new meter holding the sums over every process (one ``all_reduce_sum``)."""
-        totals = torch.tensor([self.loss_sum, self.correct, self.count, self.correct5],
-                              dtype=torch.float64, device=strategy.device)
-        totals = strategy.all_reduce_sum(totals).cpu()
-        out = Meter()
-        out.loss_sum, out.correct, out.count = float(totals[0]), int(totals[1]), int(totals[2])
-        out.correct5 = int(totals[3])
-        return out
+        """A new meter holding the sums over every process (one ``all_reduce_sum``, one sync)."""
+        sums = (torch.zeros(3, dtype=torch.float64) if self._sums is None else self._sums)
+        totals = torch.cat([sums.to(strategy.device),
+                            torch.tensor([float(self.count)], dtype=torch.float64,
+                                         device=strategy.device)])
+        loss_sum, correct, correct5, count = strategy.all_reduce_sum(totals).tolist()
+        return Meter.from_sums(loss_sum, correct, round(count), correct5)
 
 
 def _cuda_devices(devices: Iterable[torch.device]) -> list[torch.device]:
@@ -84,15 +128,19 @@ class MetricsLog:
     """``metrics.jsonl``: one JSON object per line, appended and flushed per epoch.
 
     ``keep_epochs`` (a resumed run's completed epochs) drops rows past them; ``None`` starts empty.
+    ``dropped`` counts the rows it dropped, so that ``curves.png`` can follow at once.
     """
 
     def __init__(self, path: str, *, keep_epochs: int | None):
         self.path = path
+        self.dropped = 0
         if keep_epochs is None:
             if os.path.exists(path):
                 os.remove(path)
             return
-        rows = [r for r in self.read() if r.get("epoch", 0) <= keep_epochs]
+        before = self.read()
+        rows = [r for r in before if r.get("epoch", 0) <= keep_epochs]
+        self.dropped = len(before) - len(rows)
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -110,3 +158,14 @@ class MetricsLog:
             return []
         with open(self.path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
+
+
+def summary_line(r: dict, epochs: int, batches: int) -> str:
+    """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so."""
+    rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
+    part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
+    return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: "
+            f"train loss {r['train_loss']:.4f} "
+            f"acc {r['train_acc']:.2f}% | val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
+            f"acc5 {r['val_acc5']:.2f}% "
+            f"| {rate} {r['seconds']:.1f}s")

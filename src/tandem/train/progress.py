@@ -1,4 +1,9 @@
-"""The per-epoch progress bar (tqdm) and the plain-text fallback for logs."""
+"""The per-epoch progress bar (tqdm) and the plain-text fallback for logs.
+
+Counting a batch never reads the device. The running loss and accuracies are read from the
+meter only when they are shown: every ``print_freq`` batches, or when the bar's text is due
+for a refresh (the first and last batch, and every ``refresh`` seconds between).
+"""
 
 from __future__ import annotations
 
@@ -17,12 +22,15 @@ class Progress:
     ``images`` passed to :meth:`update` are global, so images/s is the whole job's rate.
     """
 
-    def __init__(self, total: int, initial: int, desc: str, *, bar: bool, print_freq: int = 0):
+    def __init__(self, total: int, initial: int, desc: str, *, bar: bool, print_freq: int = 0,
+                 refresh: float = 1.0):
         self.desc = desc
         self.total = total
         self.print_freq = print_freq
+        self.refresh = refresh
         self.images = 0
         self.start = time.perf_counter()
+        self.shown = float("-inf")  # the bar shows values from the first batch on
         # A bar redraws itself with \r: only a terminal shows that, a log file would keep
         # every frame. Off a terminal, --print-freq lines and the epoch lines remain.
         bar = bar and sys.stderr.isatty()
@@ -30,17 +38,32 @@ class Progress:
                         leave=True, file=sys.stderr) if bar else None
         self.batch = initial
 
-    def update(self, images: int, loss: float, acc: float, acc5: float | None = None) -> None:
+    def update(self, images: int, meter) -> bool:
+        """Count one batch of ``images``; show ``meter``'s running values when due.
+
+        Returns True when it read them (one host sync), so the caller may look at
+        ``meter.finite`` for free.
+        """
         self.images += images
         self.batch += 1
-        rate = self.images / max(time.perf_counter() - self.start, 1e-9)
-        accs = f"acc {acc:.2f}%" + ("" if acc5 is None else f" acc5 {acc5:.2f}%")
+        now = time.perf_counter()
         if self.bar is not None:
-            self.bar.set_postfix_str(f"loss {loss:.4f} {accs} {rate:.0f} img/s", refresh=False)
-            self.bar.update(1)
-        elif self.print_freq and self.batch % self.print_freq == 0:
-            print(f"{self.desc} [{self.batch}/{self.total}] loss {loss:.4f} {accs} "
-                  f"{rate:.0f} img/s", flush=True)
+            self.bar.update(1)  # the count: tqdm redraws it at its own pace
+            if now - self.shown < self.refresh and self.batch < self.total:
+                return False
+            self.shown = now
+            self.bar.set_postfix_str(self._values(meter, now), refresh=False)
+            return True
+        if self.print_freq and self.batch % self.print_freq == 0:
+            print(f"{self.desc} [{self.batch}/{self.total}] {self._values(meter, now)}",
+                  flush=True)
+            return True
+        return False
+
+    def _values(self, meter, now: float) -> str:
+        rate = self.images / max(now - self.start, 1e-9)
+        return (f"loss {meter.loss:.4f} acc {meter.acc:.2f}% acc5 {meter.acc5:.2f}% "
+                f"{rate:.0f} img/s")
 
     def close(self) -> None:
         if self.bar is not None:

@@ -1,0 +1,76 @@
+"""TensorBoard scalars in ``RUN/tb``, written when the ``tensorboard`` package is installed.
+
+Each metrics row becomes scalars at the row's optimizer ``step`` (the global step): the same
+numbers as ``metrics.jsonl``, which stays the record. Without the package nothing is written
+and nothing is said (``pip install 'tandem[tensorboard]'`` adds it). Only the main process
+writes. A run, fresh or resumed, rewrites ``RUN/tb`` from the rows it keeps and then appends
+its own, so a resume never leaves a step twice or a dropped row's step behind; its first event
+asks a TensorBoard already showing the directory to forget what it had read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+__all__ = ["TensorBoard", "TAGS"]
+
+# metrics.jsonl key -> TensorBoard tag; dict-valued entries (peak memory per device, the
+# devices' shares of the batch) become one scalar per key, under their own name.
+TAGS = {
+    "train_loss": "loss/train", "val_loss": "loss/val",
+    "train_acc": "top1/train", "val_acc": "top1/val",
+    "train_acc5": "top5/train", "val_acc5": "top5/val",
+    "lr": "lr", "images_per_sec": "images_per_sec", "seconds": "epoch_seconds",
+}
+
+
+def _number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+class TensorBoard:
+    """A ``SummaryWriter`` on ``RUN/tb`` fed one metrics row at a time, opened at the first."""
+
+    def __init__(self, writer_class, path: str):
+        self._writer_class, self.path = writer_class, path
+        self.writer = None
+
+    @classmethod
+    def open(cls, out: str, rows: list[dict]) -> "TensorBoard | None":
+        """The writer for the run in ``out``, holding its kept ``rows`` already; ``None``
+        without the ``tensorboard`` package. Earlier event files in ``out/tb`` are replaced."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # the optional extra is not installed: say nothing, write nothing
+            return None
+        path = os.path.join(out, "tb")
+        if os.path.isdir(path):
+            for name in os.listdir(path):
+                if name.startswith("events.out.tfevents."):
+                    os.remove(os.path.join(path, name))
+        board = cls(SummaryWriter, path)
+        for row in rows:
+            board.add_row(row)
+        return board
+
+    def add_row(self, row: dict) -> None:
+        """Write ``row``'s numbers at its ``step``; missing or non-finite ones are left out."""
+        if self.writer is None:  # purge_step 0: a live TensorBoard drops what it had read
+            self.writer = self._writer_class(self.path, purge_step=0)
+        step = row.get("step")
+        if not isinstance(step, int):
+            return
+        for key, value in row.items():
+            if key in TAGS and _number(value):
+                self.writer.add_scalar(TAGS[key], value, global_step=step)
+            elif isinstance(value, dict):
+                for name, number in value.items():
+                    if _number(number):
+                        self.writer.add_scalar(f"{key}/{name}", number, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
