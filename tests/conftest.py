@@ -21,6 +21,8 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
+import psutil  # noqa: E402
+
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
               "TANDEM_INJECT_FAULT", "TANDEM_LAUNCH_ID")
@@ -79,32 +81,44 @@ def _signal_all(pids: list[int], sig) -> None:
             pass
 
 
-def proc_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state, ppid, ...); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
 def alive(pid: int) -> bool:
     """``pid`` runs (exists and is not a zombie)."""
-    fields = proc_stat(pid)
-    return fields is not None and fields[0] != "Z"
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def descendants(pid: int) -> list[int]:
-    """The live processes below ``pid`` (children first), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        fields = proc_stat(int(entry)) if entry.isdigit() else None
-        if fields is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        found.append(todo.pop(0))
-        todo += children.get(found[-1], [])
+    """The processes below ``pid`` (each after its parent); [] if ``pid`` is gone."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live (non-zombie) processes other than this one whose command line contains
+    ``marker``."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.info["pid"] == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if marker in " ".join(p.info["cmdline"] or ()):
+            found.append(p.info["pid"])
+    return found
+
+
+def torchrun_workers(marker: str) -> dict[int, int]:
+    """{RANK: pid} of the live torchrun workers whose command line contains ``marker``."""
+    found = {}
+    for pid in processes_with(marker):
+        try:
+            env = psutil.Process(pid).environ()
+        except psutil.Error:  # ended meanwhile, or not ours
+            continue
+        if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
+            found[int(env["RANK"])] = pid
     return found
 
 

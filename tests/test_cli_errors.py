@@ -91,6 +91,22 @@ def test_tandem_warnings_are_one_line_others_keep_their_format():
     assert warnings.formatwarning("x", UserWarning, ours.__file__, 3) != "tandem: warning: x\n"
 
 
+def test_a_message_of_many_lines_is_printed_as_its_first(capsys, monkeypatch):
+    """A message that wraps a library's text (torch's run over several lines) is still one
+    line, in full (not cut at the 200 characters of a bench's failure reason)."""
+    from tandem.cli import models
+    from tandem.errors import UsageError
+
+    long = "could not join the job at 10.0.0.1:29500: " + "x" * 300
+
+    def fail(args):
+        raise UsageError(f"{long}\n  (torch's own detail)\nand more")
+
+    monkeypatch.setattr(models, "run", fail)
+    code, err = run_in_process(capsys, "models")
+    assert_error_line(code, err, long)
+
+
 def run_in_process(capsys, *argv):
     """``main(argv)``'s exit code (argparse's SystemExit included) and its stderr."""
     try:

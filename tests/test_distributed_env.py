@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 def test_read_env_parses_torchrun_variables():
     env = read_env(ENV)
     assert env == DistEnv(1, 4, 1, 2, "10.0.0.1", 29500)
-    assert not env.is_main and in_torchrun(ENV) and not in_torchrun({})
+    assert in_torchrun(ENV) and not in_torchrun({})
 
 
 def test_local_world_size_defaults_to_world_size():

@@ -3,6 +3,7 @@
 fixes (--version, no progress-bar frames in logs, bench --help, ImageFolder size, --devices)."""
 
 import json
+import shlex
 
 import pytest
 
@@ -55,6 +56,23 @@ def test_distributed_flags_print_the_launch_command():
     assert "--nnodes 2 --node-rank 1 --master-addr 10.1.1.1 --master-port 23456" in proc.stderr
     assert "-- train -a resnet50 -b 256 /data/imagenet --strategy ddp" in proc.stderr
     assert "--dist-url" not in proc.stderr.split("run:")[1]
+
+
+def test_the_launch_command_drops_the_flags_it_replaces_however_typed():
+    """Abbreviated and ``--flag=value`` forms, as argparse reads them, are dropped too: the
+    printed command runs, instead of being refused again."""
+    proc = run_in_process("train", "-a", "resnet50", "--dist-ur", "tcp://10.1.1.1:23456",
+                          "--multiproc", "--world-size=2", "--rank", 1, "--gpu=0", "--dev", "cpu",
+                          "--strat", "dp", "-b", 256, "/data/imagenet")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    command = shlex.split(proc.stderr.split("run: ", 1)[1])
+    assert "--nnodes 2 --node-rank 1 --master-addr 10.1.1.1 --master-port 23456" in \
+        shlex.join(command)
+    train = command[command.index("--") + 1:]
+    assert train[:7] == ["train", "-a", "resnet50", "-b", "256", "/data/imagenet", "--strategy"]
+    args = build_parser().parse_args(train)  # the launch command's workers parse it so
+    assert (args.dist_url, args.world_size, args.rank, args.gpu) == (None,) * 4
+    assert not args.multiprocessing_distributed and args.strategy == "ddp"
 
 
 def test_one_line_errors_and_version():

@@ -27,7 +27,7 @@ import time
 
 import pytest
 import torch
-from conftest import DIST_VARS, alive, cli_env, run_bounded
+from conftest import DIST_VARS, cli_env, processes_with, run_bounded, torchrun_workers
 from exact import check_invariance
 
 from tandem import checkpoint
@@ -62,27 +62,11 @@ def _run(args, timeout=150, **env):
     return proc, time.monotonic() - start
 
 
-def _pids_with(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose command line contains ``marker``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline and alive(int(entry)):
-            pids.append(int(entry))
-    return pids
-
-
 def _assert_no_workers_left(marker: str) -> None:
     deadline = time.monotonic() + 10  # the agent has already reaped them; allow slack
-    while _pids_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _pids_with(marker) == [], f"orphan workers: {_pids_with(marker)}"
+    assert processes_with(marker) == [], f"orphan workers: {processes_with(marker)}"
 
 
 def _weights(path) -> dict:
@@ -219,18 +203,6 @@ def test_hung_worker_times_out(tmp_path):
     _assert_no_workers_left(str(out))
 
 
-def _worker_pid(marker: str, rank: int) -> int | None:
-    for pid in _pids_with(marker):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-        except OSError:
-            continue
-        if env.get(b"RANK") == str(rank).encode() and b"TORCHELASTIC_RUN_ID" in env:
-            return pid
-    return None
-
-
 def test_sigkill_of_rank0_keeps_last_checkpoint_and_every_rank_resumes(tmp_path):
     out = tmp_path / "killed"
     long_run = ["train", "--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
@@ -246,7 +218,7 @@ def test_sigkill_of_rank0_keeps_last_checkpoint_and_every_rank_resumes(tmp_path)
             if metrics.exists() and metrics.read_text().strip():
                 break
             time.sleep(0.1)
-        pid = _worker_pid(str(out), 0)
+        pid = torchrun_workers(str(out)).get(0)
         assert pid is not None, "rank 0 worker not found"
         os.kill(pid, signal.SIGKILL)
         _, stderr = launcher.communicate(timeout=60)

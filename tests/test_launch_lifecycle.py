@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from conftest import cli_env, run_bounded, run_tandem
+from conftest import cli_env, run_bounded, run_tandem, torchrun_workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -51,25 +51,6 @@ def assert_same_metrics(run, straight):
         assert abs(g["train_loss"] - w["train_loss"]) < 1e-9  # sums meet in another order
 
 
-def workers_of(run) -> dict[int, int]:
-    """{RANK: pid} of the live torchrun workers whose command line names ``run``."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if str(run).encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = dict(i.split(b"=", 1) for i in f.read().split(b"\0") if b"=" in i)
-        except OSError:
-            continue
-        if b"TORCHELASTIC_RUN_ID" in env:
-            found[int(env[b"RANK"])] = int(entry)
-    return found
-
-
 def stop(proc: subprocess.Popen, run) -> None:
     """End a launch and every worker of it, even after a failed assertion.
 
@@ -82,7 +63,7 @@ def stop(proc: subprocess.Popen, run) -> None:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    for pid in workers_of(run).values():
+    for pid in torchrun_workers(str(run)).values():
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -133,7 +114,7 @@ def test_sigint_to_a_ddp_launch_saves_where_all_ranks_stop_then_resumes_exactly(
             f"{position['step']}; continue with: tandem launch --nproc-per-node 2 -- train "
             f"--resume {run}") in err, err[-3000:]
     assert err.count("tandem: interrupted") == 1  # rank 1 leaves it to rank 0
-    assert workers_of(run) == {}
+    assert torchrun_workers(str(run)) == {}
 
     resumed = run_bounded(launch("--", "train", "--resume", run), 300, cli_env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -153,7 +134,7 @@ def test_sigkilled_worker_restarted_by_torchrun_finishes_equal_to_the_straight_r
                             env=cli_env())
     try:
         wait_for((run / "checkpoint.pt").exists, proc, "checkpoint")
-        pid = workers_of(run).get(1)
+        pid = torchrun_workers(str(run)).get(1)
         assert pid is not None, "rank 1 not found"
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=400)
@@ -164,7 +145,7 @@ def test_sigkilled_worker_restarted_by_torchrun_finishes_equal_to_the_straight_r
     assert len(resumed) == 1 and resumed[0].endswith("(torchrun restart 1)"), out[-2000:]
     assert_bitwise_equal(run / "checkpoint.pt", straight / "checkpoint.pt")
     assert_same_metrics(run, straight)
-    assert workers_of(run) == {}
+    assert torchrun_workers(str(run)) == {}
 
 
 @pytest.mark.timeout(900)  # 12 torchrun jobs: minutes on a busy 2-core machine

@@ -1,4 +1,4 @@
-"""The forward-hook MAC counter against hand counts and torchvision's published numbers."""
+"""The MAC counter (FlopCounterMode) against hand counts and torchvision's published numbers."""
 
 import pytest
 import torch

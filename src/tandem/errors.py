@@ -42,7 +42,8 @@ class TrainingDiverged(TandemError, FloatingPointError):
         self.quiet = quiet
 
 
-def first_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of ``exc``'s message (at most ``limit`` characters), for one-line errors."""
+def first_line(exc: BaseException, limit: int | None = 200) -> str:
+    """The first line of ``exc``'s message (at most ``limit`` characters, ``None``: all), for
+    one-line errors; the exception's type name when the message is empty."""
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:limit]

@@ -12,16 +12,14 @@ import os
 import shlex
 from urllib.parse import urlparse
 
-from tandem.config import NO_WEIGHTS_FILE
+from tandem.config import NO_WEIGHTS_FILE, ParallelConfig
 from tandem.errors import UsageError
+
+from .common import add_config_arguments
 
 __all__ = ["add_example_arguments", "example_overrides", "launch_command"]
 
 _DIST = ("dist_url", "dist_backend", "world_size", "rank", "multiprocessing_distributed")
-# Flags the launch command drops or replaces, with whether they take a value.
-_DROPPED = {"--dist-url": True, "--dist-backend": True, "--world-size": True, "--rank": True,
-            "--multiprocessing-distributed": False, "--gpu": True, "--devices": True,
-            "--strategy": True}
 
 
 def add_example_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,10 +27,18 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data_dir", nargs="?", default=None, metavar="DIR",
                         help="dataset directory, as in the imagenet example (same as --data DIR)")
     group = parser.add_argument_group("imagenet example compatibility")
-    group.add_argument("--gpu", type=int, default=None, metavar="N",
-                       help="the example's --gpu N: same as --devices cuda:N")
+    _add_gpu(group)
     group.add_argument("--start-epoch", type=int, default=None, metavar="N",
                        help="not supported: --resume FILE continues at the epoch stored in FILE")
+    _add_distributed(group)
+
+
+def _add_gpu(group) -> None:
+    group.add_argument("--gpu", type=int, default=None, metavar="N",
+                       help="the example's --gpu N: same as --devices cuda:N")
+
+
+def _add_distributed(group) -> None:
     for flag, meta in (("--dist-url", "URL"), ("--dist-backend", "NAME"),
                        ("--world-size", "N"), ("--rank", "R")):
         group.add_argument(flag, default=None, metavar=meta,
@@ -71,18 +77,17 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
 
 
 def _train_args(argv: list[str]) -> list[str]:
-    """``argv`` after ``train``, without the flags the launch command drops or replaces."""
-    out, skip = [], False
-    for token in argv[argv.index("train") + 1 if "train" in argv else 0:]:
-        if skip:
-            skip = False
-            continue
-        name = token.split("=", 1)[0]
-        if name in _DROPPED:
-            skip = _DROPPED[name] and "=" not in token
-            continue
-        out.append(token)
-    return out
+    """``argv`` after ``train``, without the flags the launch command drops or replaces, found by
+    argparse from their own definitions (``--dist-ur X``, ``--gpu=0`` and ``--strat`` too): the
+    rest is what argparse leaves unknown, in the order typed."""
+    replaced = argparse.ArgumentParser(add_help=False)
+    _add_gpu(replaced)
+    _add_distributed(replaced)
+    add_config_arguments(replaced, ParallelConfig, only=("devices", "strategy"))
+    # argv has been parsed by train's parser, a superset of these flags: an abbreviation it
+    # read as one of them is unique here too, and one it read as another flag matches none
+    # here (no train flag is a prefix of these).
+    return replaced.parse_known_args(argv[1:] if argv[:1] == ["train"] else argv)[1]
 
 
 def launch_command(args: argparse.Namespace) -> str:

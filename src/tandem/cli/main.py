@@ -8,18 +8,21 @@ training diverged: :class:`tandem.errors.TrainingDiverged`).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
 
-from tandem.errors import TandemError
+from tandem.errors import TandemError, first_line
 
+from . import bench, launch, models, train
+from . import eval as eval_command
 from .common import TandemParser
 
-__all__ = ["main", "entry", "build_parser"]
+__all__ = ["main", "entry", "build_parser", "SUBCOMMANDS"]
 
-SUBCOMMANDS = ["train", "eval", "bench", "launch", "models"]
+_MODULES = {"train": train, "eval": eval_command, "bench": bench, "launch": launch,
+            "models": models}
+SUBCOMMANDS = list(_MODULES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tandem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"tandem.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"tandem.cli.{name}":
-                raise
-            continue  # subcommand not built yet
+    for module in _MODULES.values():
         module.add_parser(sub)
     return parser
 
@@ -53,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
-            print(f"tandem: error: {exc}", file=sys.stderr)
+            # one line, also when the message carries a library's many-line text
+            print(f"tandem: error: {first_line(exc, limit=None)}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt as exc:
         detail = str(exc)

@@ -62,10 +62,6 @@ class DistEnv:
         if not 0 < self.master_port < 65536:
             raise UsageError(f"MASTER_PORT={self.master_port} is not a port number (1-65535)")
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 def in_torchrun(environ: Mapping[str, str] | None = None) -> bool:
     """True when this process looks like a torchrun worker (``RANK`` and ``WORLD_SIZE`` set)."""

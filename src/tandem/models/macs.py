@@ -1,9 +1,14 @@
-"""Count multiply-accumulates (MACs) with forward hooks, and parameters.
+"""Count multiply-accumulates (MACs) with torch's ``FlopCounterMode``, and parameters.
 
 Convs and Linears only, one MAC per weight tap per output element (a grouped conv costs
 1/groups); biases, norms, activations and pooling are not counted. These are the conventions
 behind torchvision's published "GFLOPS". Runs one forward on zeros in eval mode without
 autograd; build on the meta device to count a large model in milliseconds.
+
+``FlopCounterMode`` counts 2 FLOPs per MAC for convolutions and matrix products, per module;
+only the Conv/Linear modules' own counts are kept, so a matmul written in some other module's
+``forward`` is not counted. Checked equal to the forward-hook counter this replaced for every
+model in ``list_models()`` (1 and 3 input channels, native and 64-pixel inputs).
 """
 
 from __future__ import annotations
@@ -12,18 +17,12 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 from tandem.errors import UsageError
 
 __all__ = ["count_macs", "mac_breakdown", "count_parameters"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-def _layer_macs(module: nn.Module, output: torch.Tensor) -> int:
-    if isinstance(module, _CONVS):
-        # weight: out_channels, in_channels / groups, *kernel_size
-        return output.numel() * module.weight[0].numel()
-    return output.numel() * module.in_features  # nn.Linear
 
 
 def mac_breakdown(model: nn.Module, input_size: Sequence[int]) -> dict[str, int]:
@@ -40,23 +39,21 @@ def mac_breakdown(model: nn.Module, input_size: Sequence[int]) -> dict[str, int]
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32
 
-    counts: dict[str, int] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, _CONVS + (nn.Linear,)):
-            def hook(mod, inputs, output, name=name):
-                counts[name] = counts.get(name, 0) + _layer_macs(mod, output)
-            handles.append(module.register_forward_hook(hook))
-
     was_training = model.training
     try:
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
             model(torch.zeros(shape, device=device, dtype=dtype))
     finally:
         model.train(was_training)
-        for h in handles:
-            h.remove()
+    # The counter keys modules by path from the root's class name: "ResNet.layer1.0.conv1".
+    flops = counter.get_flop_counts()
+    root = type(model).__name__
+    counts = {}
+    for name, module in model.named_modules():
+        key = f"{root}.{name}" if name else root
+        if isinstance(module, _CONVS + (nn.Linear,)) and key in flops:
+            counts[name] = sum(flops[key].values()) // 2
     return counts
 
 
