@@ -175,3 +175,9 @@ def make_image_folder(root, classes=("cat", "dog", "fox"), per_class=8, size=32)
             pixels = rng.random((size, size, 3)) * 60 + c * 90
             Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}.jpg", quality=90)
     return root
+
+
+def snapshot(run) -> dict:
+    """Every file under the run directory ``run`` (``tb/`` too): its bytes and mtime."""
+    return {str(p.relative_to(run)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(run.rglob("*")) if p.is_file()}

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import run_in_process, run_tandem
+from conftest import run_in_process, run_tandem, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +34,6 @@ def refused(*argv) -> str:
     assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stderr)
     assert lines[0].startswith("tandem: error: ") and proc.stdout == "", proc.stdout
     return lines[0]
-
-
-def snapshot(run) -> dict:
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.iterdir())}
 
 
 def position(run) -> dict:

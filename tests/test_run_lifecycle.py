@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from conftest import cli_env, default_sigint, run_in_process
+from conftest import cli_env, default_sigint, run_in_process, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +43,6 @@ def assert_bitwise_equal(a, b):
 
 def rows(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def snapshot(run) -> dict:
-    """Every file under ``run`` (``tb/`` too): its bytes and modification time."""
-    return {str(p.relative_to(run)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(run.rglob("*")) if p.is_file()}
 
 
 STRATEGIES = {
