@@ -14,6 +14,7 @@ from . import checkpoint
 from .checkpoint import compat as checkpoint_compat
 from .config import NO_WEIGHTS_FILE
 from .errors import TandemError
+from .model_state import load_plain_state_dict, plain_state_dict
 
 __all__ = ["load_pretrained", "PretrainedError", "NO_FILE"]
 
@@ -30,15 +31,16 @@ def _shape(t) -> str:
     return "x".join(str(d) for d in t.shape) or "scalar"
 
 
-def load_pretrained(model: nn.Module, path: str, arch: str = "the model") -> str:
-    """Load the weights in ``path`` into ``model`` (plain or wrapped); return one line."""
+def load_pretrained(model: nn.Module, path: str, arch: str = "the model", strategy=None) -> str:
+    """Load the weights in ``path`` into ``model`` (plain or wrapped; with ``strategy``, what
+    its ``setup`` returned, read and loaded by it); return one line saying what loaded."""
     if not path:
         raise PretrainedError(NO_FILE)
     if Path(path).is_dir():
         raise PretrainedError(f"--pretrained '{path}' is a directory; {NO_FILE} (a data "
                               f"directory goes after the flags or in --data)")
     state = checkpoint.load(path)["state_dict"]
-    expected = checkpoint.plain_state_dict(model)
+    expected = strategy.state_dict(model) if strategy else plain_state_dict(model)
     head = checkpoint_compat.final_layer(expected)
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -57,7 +59,8 @@ def load_pretrained(model: nn.Module, path: str, arch: str = "the model") -> str
         raise PretrainedError(f"--pretrained '{path}' does not fit --arch {arch}: {key} is "
                               f"{_shape(have)} in the file but {_shape(want)} in the model")
     merged = {k: (want if k in skipped else state[k]) for k, want in expected.items()}
-    checkpoint.load_plain_state_dict(model, merged)
+    checkpoint.load_weights(model, merged, path,
+                            strategy.load_state_dict if strategy else load_plain_state_dict)
     loaded = len(expected) - len(skipped)
     if not skipped:
         return f"pretrained: {loaded} tensors from '{path}'"

@@ -13,7 +13,7 @@ import secrets
 import warnings
 from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -21,12 +21,12 @@ from torch import nn
 
 from tandem import __version__
 from tandem.errors import CheckpointError
+from tandem.model_state import load_plain_state_dict, plain_state_dict
 
 from . import compat
-from .model_state import load_model_state, plain_state_dict, reason
 from .rng import capture_rng
 
-__all__ = ["FORMAT", "save", "load", "load_optimizer_state"]
+__all__ = ["FORMAT", "save", "load", "load_optimizer_state", "load_weights"]
 
 FORMAT = "tandem.checkpoint/1"
 
@@ -147,9 +147,9 @@ def _read(path: Path, map_location) -> dict:
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     if path.is_dir():
-        hint = path / "checkpoint.pt"
+        inside = sorted(p.name for p in path.glob("*.pt*") if p.is_file())[:4]
         raise CheckpointError(f"checkpoint '{path}' is a directory"
-                              + (f" (did you mean '{hint}'?)" if hint.is_file() else ""))
+                              + (f" (it holds {', '.join(inside)})" if inside else ""))
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint '{path}' is empty (0 bytes)")
     try:
@@ -192,10 +192,34 @@ def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu
     path = Path(path)
     ckpt = _read(path, map_location)
     if model is not None:
-        load_model_state(model, ckpt, path)
+        load_weights(model, ckpt["state_dict"], path)
     if optimizer is not None:
         load_optimizer_state(optimizer, ckpt, path)
     return ckpt
+
+
+def load_weights(model: nn.Module, state: dict, path,
+                 load: Callable[[nn.Module, dict], None] = load_plain_state_dict) -> None:
+    """``load(model, state)`` (by default into the plain model inside ``model``); a state from
+    ``path`` that does not fit is a :class:`CheckpointError` naming the file."""
+    try:
+        load(model, state)
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint '{path}' does not fit the model: {exc}") from None
+
+
+def reason(exc: BaseException) -> str:
+    """A short one-line reason from a (possibly long, multi-line) exception message."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for ln in lines:  # torch's weights_only refusal hides the reason among advice
+        low = ln.lower()
+        if "unsupported global" in low or "unsupported operand" in low:
+            return ln[:200]
+    if not lines:
+        return type(exc).__name__
+    first = lines[0]
+    cut = first.find(". ")
+    return (first[:cut] if cut > 0 else first)[:200]
 
 
 def load_optimizer_state(optimizer, ckpt: dict, path) -> None:

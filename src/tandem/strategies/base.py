@@ -13,6 +13,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
+from tandem import model_state
 from tandem.errors import UsageError
 
 __all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_class",
@@ -85,22 +86,40 @@ class Strategy:
         """Where the loop puts inputs, targets and the model before :meth:`setup`."""
         return self.devices[0]
 
+    # -- lifetime ---------------------------------------------------------------------------
+    # Construction has no side effects: a run checks everything first (``RunPlan``), then
+    # launches. ``with strategy:`` launches and always closes.
+    def launch(self) -> "Strategy":
+        """Join what the strategy runs on (a process group); :meth:`close` leaves it."""
+        return self
+
+    def close(self) -> None:
+        """Release process groups or other resources."""
+
+    def __enter__(self) -> "Strategy":
+        return self.launch()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
         """Move/wrap ``model`` for training; return what the loop calls. Default: move it."""
         return model.to(self.device)
 
     def unwrap(self, wrapped: nn.Module) -> nn.Module:
-        """The plain model inside what :meth:`setup` returned."""
-        return getattr(wrapped, "module", wrapped)
+        """The plain model inside what :meth:`setup` returned (:func:`tandem.model_state.unwrap`)."""
+        return model_state.unwrap(wrapped)
 
     def state_dict(self, wrapped: nn.Module) -> dict:
-        """The plain model's state (what checkpoints hold): no wrapper prefix, buffers in."""
-        return self.unwrap(wrapped).state_dict()
+        """The plain model's state (what checkpoints hold): no wrapper prefix, buffers in,
+        split layers merged."""
+        return model_state.plain_state_dict(wrapped)
 
     def load_state_dict(self, wrapped: nn.Module, state: dict) -> None:
-        """Load a plain state dict (from :meth:`state_dict` of any strategy) into ``wrapped``."""
-        self.unwrap(wrapped).load_state_dict(state)
+        """Load a plain state dict (from :meth:`state_dict` of any strategy) into what
+        :meth:`setup` returned; a state that does not fit is a ``ValueError`` saying how."""
+        model_state.load_plain_state_dict(wrapped, state)
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
@@ -140,9 +159,6 @@ class Strategy:
     def no_sync(self, wrapped: nn.Module):
         """Context that skips gradient synchronisation (for accumulation steps)."""
         return contextlib.nullcontext()
-
-    def close(self) -> None:
-        """Release process groups or other resources."""
 
 
 _REGISTRY: dict[str, type[Strategy]] = {}

@@ -64,7 +64,8 @@ def _frozen_batchnorm(layers: list[_BatchNorm]):
 
 @register
 class DDPStrategy(Strategy):
-    """One torchrun worker per device; creating it joins the process group, :meth:`close` leaves.
+    """One torchrun worker per device. Creating it only reads torchrun's environment;
+    :meth:`launch` joins the process group and :meth:`close` leaves it.
 
     ``timeout`` (seconds) defaults to ``TANDEM_DIST_TIMEOUT``.
     """
@@ -83,7 +84,8 @@ class DDPStrategy(Strategy):
         self._device = pick_device(self.env, self.devices)
         # This process touches only its own device (memory stats, syncs): never the others'.
         self.devices = [self._device]
-        self.backend = init_process_group(self.env, self._device, timeout)
+        self.timeout = timeout
+        self.backend: str | None = None  # set by launch()
         self._plain_bn: list[_BatchNorm] = []
         self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
         self._grad_hooks: list = []  # see grads_in_param_strides, removed by close()
@@ -91,6 +93,12 @@ class DDPStrategy(Strategy):
     @property
     def device(self) -> torch.device:
         return self._device
+
+    def launch(self) -> "DDPStrategy":
+        """Join the process group (every rank meets here; see init_process_group)."""
+        if self.backend is None:
+            self.backend = init_process_group(self.env, self._device, self.timeout)
+        return self
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
@@ -113,9 +121,6 @@ class DDPStrategy(Strategy):
                                           process_group=work_group(), **{flag: sync})
         self._wrappers.append(weakref.ref(wrapped))
         return wrapped
-
-    def unwrap(self, wrapped: nn.Module) -> nn.Module:
-        return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
@@ -201,4 +206,6 @@ class DDPStrategy(Strategy):
         for handle in self._grad_hooks:
             handle.remove()
         self._grad_hooks.clear()
-        destroy_process_group()
+        if self.backend is not None:
+            destroy_process_group()
+            self.backend = None

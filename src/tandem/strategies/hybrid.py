@@ -30,12 +30,6 @@ class HybridStrategy(Strategy):
         split = [n for n in list_models() if model_info(n).family in ("alexnet", "vgg")]
         return f"needs a model with .features and .classifier: {', '.join(split)}"
 
-    def state_dict(self, wrapped: nn.Module) -> dict:
-        return wrapped.plain_state_dict()  # the classifier shards merged back
-
-    def load_state_dict(self, wrapped: nn.Module, state: dict) -> None:
-        wrapped.load_plain_state_dict(state)
-
     def setup(self, model: nn.Module) -> nn.Module:
         return HybridParallel(prepare_replicated(self, model), device_ids=self.devices,
                               output_device=self.device, buffers=self.buffers)

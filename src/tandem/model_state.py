@@ -1,0 +1,85 @@
+"""A model's plain state dict, whatever wraps it, and loading one back with a clear report.
+
+The one home of "unwrap": strategies save and load through these (``Strategy.state_dict``,
+``Strategy.load_state_dict``), and so does the library's ``checkpoint.save(path, model)``.
+A wrapper that splits layers (hybrid) answers ``plain_state_dict`` / ``load_plain_state_dict``;
+any other is followed through ``.module`` (DataParallel, DDP, torch.compile's is handled by
+its state-dict hooks).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from tandem.errors import first_line
+
+__all__ = ["unwrap", "plain_state_dict", "load_plain_state_dict", "fit_report"]
+
+_PREFIX = "module."
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The innermost model: what answers ``plain_state_dict``, else ``.module`` followed."""
+    seen = set()
+    while not callable(getattr(model, "plain_state_dict", None)) and \
+            isinstance(getattr(model, "module", None), nn.Module) and id(model) not in seen:
+        seen.add(id(model))
+        model = model.module
+    return model
+
+
+def _strip_prefix(state: dict) -> dict:
+    """Drop ``module.`` prefixes, but only when *every* key has one (as DataParallel saves)."""
+    while state and all(isinstance(k, str) and k.startswith(_PREFIX) for k in state):
+        state = OrderedDict((k[len(_PREFIX):], v) for k, v in state.items())
+    return state
+
+
+def plain_state_dict(model: nn.Module) -> dict:
+    """The state dict of the plain model inside ``model``, buffers in, no ``module.`` prefix."""
+    inner = unwrap(model)
+    if callable(getattr(inner, "plain_state_dict", None)):
+        return _strip_prefix(inner.plain_state_dict())
+    return _strip_prefix(inner.state_dict())
+
+
+def fit_report(state: dict, expected: dict) -> str | None:
+    """``None`` when ``state`` has ``expected``'s keys and shapes, else a one-line summary."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [k for k in expected if k in state and torch.is_tensor(expected[k])
+                  and (not torch.is_tensor(state[k]) or state[k].shape != expected[k].shape)]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key{'s' * (len(missing) > 1)} (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key{'s' * (len(unexpected) > 1)} "
+                     f"(e.g. {unexpected[0]})")
+    if mismatched:
+        k = mismatched[0]
+        parts.append(f"{len(mismatched)} shape mismatch{'es' * (len(mismatched) > 1)} "
+                     f"({k}: checkpoint {_shape(state[k])} vs model {_shape(expected[k])})")
+    return ", ".join(parts) or None
+
+
+def _shape(t) -> str:
+    return "[" + ",".join(str(d) for d in t.shape) + "]" if torch.is_tensor(t) else type(t).__name__
+
+
+def load_plain_state_dict(model: nn.Module, state: dict) -> None:
+    """Load a plain state dict into ``model`` or the model it wraps (strict). One that does
+    not fit is a ``ValueError`` whose one line says what is missing, extra or misshapen."""
+    report = fit_report(state, plain_state_dict(model))
+    if report:
+        raise ValueError(report)
+    inner = unwrap(model)
+    try:
+        if callable(getattr(inner, "load_plain_state_dict", None)):
+            inner.load_plain_state_dict(state)
+        else:
+            inner.load_state_dict(state, strict=True)
+    except Exception as exc:  # dtype trouble and the like, after the key check
+        raise ValueError(first_line(exc)) from None
