@@ -50,7 +50,7 @@ def measure(args) -> None:
     from tandem.strategies import create_strategy
 
     distributed = "WORLD_SIZE" in os.environ
-    strategy = create_strategy("ddp" if distributed else "single", [torch.device("cpu")])
+    strategy = create_strategy("ddp" if distributed else "single", [torch.device("cpu")]).launch()
     try:
         g = torch.Generator().manual_seed(0)
         images = torch.randn(args.batch_size, 3, 32, 32, generator=g)

@@ -208,7 +208,7 @@ def test_world_size_one_ddp_equals_plain_training(monkeypatch):
             s.bind(("127.0.0.1", 0))
             monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
         try:
-            strategy = DDPStrategy([CPU], sync_bn=True, timeout=30)
+            strategy = DDPStrategy([CPU], sync_bn=True, timeout=30).launch()
             break
         except RuntimeError as exc:
             if "in use" not in str(exc).lower() or attempt == 2:

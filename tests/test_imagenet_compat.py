@@ -19,6 +19,8 @@ from conftest import make_image_folder, run_in_process
 from tandem import checkpoint
 from tandem.checkpoint.compat import final_layer, foreign_scheduler, strip_wrappers
 from tandem.config import TrainConfig
+from tandem.train.loop import Trainer
+from tandem.train.plan import plan_train
 from tandem.models import create_model
 
 
@@ -109,18 +111,20 @@ def test_train_resume_takes_arch_epoch_and_optimizer(tmp_path):
     _, example_opt = example_checkpoint(path, "resnet18")
     cfg = TrainConfig.from_dict({"data": {"data": str(data)}, "optim": {"batch_size": 8},
                                  "run": {"resume": str(path), "out": str(tmp_path / "out")}})
-    cfg, ckpt, _ = resume.resumed_config(cfg, frozenset({"data", "batch_size", "resume", "out"}))
-    assert cfg.model.arch == "resnet18"
-    strategy = run.build_strategy(cfg.parallel)
-    trainer = run._build_trainer(cfg, strategy, ckpt)
-    notes = resume.restore(trainer, ckpt, cfg.run.resume)
+    plan = plan_train(cfg, frozenset({"data", "batch_size", "resume", "out"}))
+    assert plan.cfg.model.arch == "resnet18"
+    with plan.strategy:
+        parts = run._build(plan)
+        start, notes = resume.restore(plan.checkpoint, plan.resume_path, parts["cfg"],
+                                      parts["batches_per_epoch"], parts["optimizer"],
+                                      parts["scheduler"], parts["scaler"])
+        trainer = Trainer(**parts, **start)
     assert trainer.position.epoch == 3 and trainer.best_acc1 == pytest.approx(41.5)
     assert len(notes) == 1 and "StepLR" in notes[0] and "resumes at epoch 4" in notes[0]
     params = example_opt.param_groups[0]["params"]
     for mine, theirs in zip(trainer.model.parameters(), params):
         assert torch.equal(trainer.optimizer.state[mine]["momentum_buffer"],
                            example_opt.state[theirs]["momentum_buffer"])
-    strategy.close()
 
 
 def test_cli_eval_and_train_resume_of_example_files(tmp_path):
@@ -203,21 +207,17 @@ def test_tandem_checkpoint_keeps_the_examples_steplr_right(tmp_path):
 
 def _resume_in_process(tmp_path, path, given, **optim):
     """The run ``train --resume PATH DATA -b 8`` builds from an example file, before it trains."""
-    from tandem.train import resume, run
+    from tandem.train import run
 
     data = make_image_folder(tmp_path / "imgs")
     cfg = TrainConfig.from_dict({"data": {"data": str(data)},
                                  "optim": {"batch_size": 8, **optim},
                                  "run": {"resume": str(path), "out": str(tmp_path / "out")}})
-    cfg, ckpt, notes = resume.resumed_config(
-        cfg, frozenset({"data", "batch_size", "resume", "out", *given}))
-    strategy = run.build_strategy(cfg.parallel)
-    try:
-        trainer = run._build_trainer(cfg, strategy, ckpt)
-        notes += resume.restore(trainer, ckpt, cfg.run.resume)
-    finally:
-        strategy.close()
-    return trainer, notes
+    plan = plan_train(cfg, frozenset({"data", "batch_size", "resume", "out", *given}))
+    with plan.strategy:
+        parts = run._build(plan)
+        start, notes = run._restore(plan, parts)
+    return Trainer(**parts, **start), notes
 
 
 def test_resume_keeps_the_files_lr_momentum_weight_decay_and_nesterov(tmp_path):

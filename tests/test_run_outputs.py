@@ -69,16 +69,16 @@ def test_rows_a_resume_drops_leave_curves_png_at_once(tmp_path, figures):
     ok("train", *TINY, "--epochs", "3", "--max-steps", "6", "--out", run)
     before = (run / "curves.png").read_bytes()
     assert [len(x) for x in xdata(figures[-1].axes[0])][:2] == [2, 2]  # train, val loss
-    # Resumed at step 6 and stopped there at once: the partial row of epoch 2 is dropped.
+    # Resumed at step 6 (--max-steps 6 there is refused: it is reached): the partial row of
+    # epoch 2 is dropped, and the figure follows at once, before the one step trained.
+    epoch1 = rows(run)[0]
     figures.clear()
-    result = ok("train", "--resume", run, "--max-steps", "6")
-    assert "nothing to train" in result.stdout
-    kept = rows(run)
-    assert [r["epoch"] for r in kept] == [1]
-    [fig] = figures  # redrawn from the row that remains, before any training
-    for ax in fig.axes[:2]:
-        assert all(x == [kept[0]["step"]] for x in xdata(ax)), ax.get_title()
-    assert (run / "curves.png").read_bytes() != before
+    ok("train", "--resume", run, "--max-steps", "7")
+    assert [(r["epoch"], r["partial"]) for r in rows(run)] == [(1, False), (2, True)]
+    first = figures[0]  # redrawn from the row that remains, before any training
+    for ax in first.axes[:2]:
+        assert all(x == [epoch1["step"]] for x in xdata(ax)), ax.get_title()
+    assert len(figures) == 2 and (run / "curves.png").read_bytes() != before
 
 
 # -- item 15: curves.png for a short run ------------------------------------------------------

@@ -8,7 +8,6 @@ Everything after ``--`` is the command each worker runs::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from tandem.distributed.launch import LaunchSpec, launch
@@ -87,6 +86,8 @@ def _train_strategy(command: list[str]) -> str:
 
     from .common import given_fields
     from .main import build_parser
+    from tandem.train.rundir import RunDir
+
     from .train import config_from_namespace
 
     args = build_parser().parse_args(command)  # a bad flag: the error the workers would give
@@ -95,9 +96,8 @@ def _train_strategy(command: list[str]) -> str:
     resume = cfg.run.resume
     if "strategy" in given_fields(args) or not resume:
         return cfg.parallel.strategy
-    run_dir = resume if os.path.isdir(resume) else os.path.dirname(resume) or "."
+    run = RunDir(resume) if os.path.isdir(resume) else RunDir.of(resume)
     try:
-        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
-            return TrainConfig.from_dict(json.load(f)).parallel.strategy
-    except (OSError, ValueError, TypeError, AttributeError):  # no run's config: the default
+        return TrainConfig.from_dict(run.read_config()).parallel.strategy
+    except (ValueError, TypeError, AttributeError):  # no run's config: the default
         return cfg.parallel.strategy

@@ -18,6 +18,8 @@ from torch import nn
 from tandem.config import MAY_CHANGE, OptimConfig
 from tandem.errors import TrainingDiverged
 
+from .rundir import RunDir
+
 __all__ = ["check", "weights_finite", "message", "lr_may_change", "kept_step"]
 
 
@@ -42,7 +44,7 @@ def kept_step(trainer) -> int | None:
     from (the only checkpoint.pt a run directory can hold at its start); ``None``: none."""
     if trainer.saved_step is not None:
         return trainer.saved_step
-    exists = os.path.exists(os.path.join(trainer.cfg.run.out, "checkpoint.pt"))
+    exists = os.path.exists(trainer.run_dir.latest)
     return trainer.started_at.step if exists else None
 
 
@@ -71,10 +73,11 @@ def message(what: str, epoch: int, step: int, lr: float, out: str, kept_step: in
     if kept_step is None:
         return (f"{head} before any checkpoint was saved; start the run again with a lower "
                 f"--lr (e.g. --lr {lower}) and --overwrite")
-    ckpt = os.path.join(out, "checkpoint.pt")
+    run = RunDir(out)
+    ckpt = run.latest
     kept = f"{head}, keeping {ckpt} from step {kept_step} (finite weights)"
     if lr_may_change():
         return f"{kept}; go on from it with a lower --lr: {resume_command} --lr {lower}"
     return (f"{kept}; --resume keeps a run's --lr, so to go on from those weights with a lower "
             f"one start a new run with --pretrained {ckpt} --lr {lower} --out NEW_DIR and the "
-            f"run's other flags (in {os.path.join(out, 'config.json')})")
+            f"run's other flags (in {run.file(run.CONFIG)})")

@@ -29,6 +29,7 @@ from .curves import plot_curves
 from .interrupt import Interrupted, StopRequest
 from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory, summary_line
 from .progress import Progress
+from .rundir import RunDir
 from .schedule import epoch_state, lr_factor
 from .tensorboard import TensorBoard
 
@@ -96,8 +97,9 @@ class Trainer:
         return torch.autocast(self.strategy.device.type, dtype=torch.float16,
                               enabled=self.cfg.parallel.amp)
 
-    def _out(self, name: str) -> str:
-        return os.path.join(self.cfg.run.out, name)
+    @property
+    def run_dir(self) -> RunDir:
+        return RunDir(self.cfg.run.out)
 
     # -- one epoch --------------------------------------------------------------------------
     def train_epoch(self) -> tuple[Meter, bool, float]:
@@ -203,10 +205,10 @@ class Trainer:
             config=self.config_dict,
         )
         state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
-        checkpoint.save(self._out("checkpoint.pt"), state, self.optimizer, **extra)
+        checkpoint.save(self.run_dir.latest, state, self.optimizer, **extra)
         self.saved_step = pos.step
         if is_best:
-            checkpoint.save(self._out("best.pt"), state, self.optimizer, **extra)
+            checkpoint.save(self.run_dir.best, state, self.optimizer, **extra)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
@@ -224,7 +226,7 @@ class Trainer:
         if s.is_main and log is not None:
             if log.dropped:  # rows a resume dropped leave the figure at once
                 self._plot(records)
-            board = TensorBoard.open(self.cfg.run.out, records)
+            board = TensorBoard.open(self.run_dir.tensorboard, records)
         try:
             self._epochs(log, records, board)
         finally:
@@ -251,7 +253,7 @@ class Trainer:
             if not stopped:
                 pos.epoch, pos.batch = pos.epoch + 1, 0
             # The first validation of a run directory always writes best.pt (even at 0%).
-            is_best = val.acc > self.best_acc1 or not os.path.exists(self._out("best.pt"))
+            is_best = val.acc > self.best_acc1 or not os.path.exists(self.run_dir.best)
             self.best_acc1 = max(self.best_acc1, val.acc)
             record = {
                 "epoch": pos.epoch if not stopped else pos.epoch + 1,
@@ -279,7 +281,7 @@ class Trainer:
             if stopped:
                 break
         if s.is_main:
-            print(f"best val acc {self.best_acc1:.2f}%: {self._out('best.pt')}" if trained else
+            print(f"best val acc {self.best_acc1:.2f}%: {self.run_dir.best}" if trained else
                   f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
                   + (f"/{max_steps}" if max_steps else ""), flush=True)
 
@@ -287,7 +289,7 @@ class Trainer:
         """``curves.png`` of ``records``, with the learning rate of every step (host-side)."""
         per_epoch = -(-self.batches_per_epoch // self.cfg.optim.accum_steps)
         base = self.scheduler.base_lrs[0]
-        plot_curves(records, self._out("curves.png"), schedule=(
+        plot_curves(records, self.run_dir.curves, schedule=(
             per_epoch, lambda t: base * lr_factor(t, self.cfg.optim, per_epoch)))
 
     def _interrupted_message(self) -> str:
@@ -295,7 +297,7 @@ class Trainer:
         if not self.strategy.is_main:
             return ""
         pos = self.position
-        return (f"saved {self._out('checkpoint.pt')} at epoch {pos.epoch + 1}, step {pos.step}; "
+        return (f"saved {self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}; "
                 f"continue with: {self.strategy.resume_command(self.cfg.run.out)}")
 
 

@@ -154,9 +154,14 @@ class MetricsLog:
             f.write(json.dumps(clean, sort_keys=False) + "\n")
 
     def read(self) -> list[dict]:
-        if not os.path.exists(self.path):
+        return self.read_rows(self.path)
+
+    @staticmethod
+    def read_rows(path: str) -> list[dict]:
+        """The rows of the log at ``path`` (none when there is no file)."""
+        if not os.path.exists(path):
             return []
-        with open(self.path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
 
 

@@ -1,9 +1,9 @@
-"""Continuing a run: its settings, its optimizer, schedule, position and RNG, its directory.
+"""Continuing a run: its settings, then its optimizer, schedule, position and RNG.
 
-:func:`resumed_config` finds the config and checkpoint to continue (:mod:`.rundir`),
+:func:`resumed_config` finds the config and checkpoint to continue (:mod:`.rundir`);
 :func:`complete_line` and :func:`check_launched` stop, before anything is built, a resume that
-has nothing to do or needs its launcher, :func:`restore` loads state into a trainer,
-:func:`prepare_out` checks and creates ``--out``.
+has nothing to do or needs its launcher (both called by the run's plan); :func:`restore` loads
+the built optimizer, schedule and scaler and says where the trainer starts.
 """
 
 from __future__ import annotations
@@ -16,26 +16,27 @@ import torch
 from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import TrainConfig
-from tandem.distributed.env import in_torchrun, restart_count
+from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun, restart_count
 from tandem.errors import UsageError, first_line
 from tandem.parallel.devices import parse_device_spec
-from tandem.strategies import Strategy, strategy_class, strategy_names
+from tandem.strategies import strategy_class, strategy_names
 
 from . import foreign, rundir
-from .loop import Position, Trainer
+from .loop import Position
 from .schedule import lr_factor
 
-__all__ = ["resumed_config", "complete_line", "check_max_steps", "check_launched", "restore",
-           "prepare_out", "say_resuming"]
+__all__ = ["resumed_config", "complete_line", "check_max_steps", "check_launched", "restore"]
 
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str]):
     """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
     saying what was taken: a tandem run's settings (:mod:`.rundir`) or what a file from
     elsewhere holds (:mod:`.foreign`)."""
-    restarted = not cfg.run.resume and rundir.restarted_run(cfg.run.out)
+    run = rundir.RunDir(cfg.run.out)
+    restarted = not cfg.run.resume and restart_count() > 0 and \
+        run.launched_by(os.environ.get(LAUNCH_ID_VAR))  # torchrun restarted this launch's run
     if restarted:
-        latest = os.path.join(cfg.run.out, "checkpoint.pt")
+        latest = run.latest
         if not os.path.isfile(latest):  # failed before its first save: start it again
             return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
         cfg = replace(cfg, run=replace(cfg.run, resume=latest))
@@ -152,86 +153,49 @@ def _fit_devices(cfg: TrainConfig, notes: list[str]) -> tuple[TrainConfig, list[
     return replace(cfg, parallel=replace(cfg.parallel, devices=spec)), [*notes, note]
 
 
-def prepare_out(cfg: TrainConfig, ckpt: dict | None, strategy: Strategy,
-                 completed_epochs: int) -> int | None:
-    """Check ``--out`` on every process, create it on the main one.
+def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, optimizer,
+            scheduler, scaler) -> tuple[dict, list[str]]:
+    """Load ``ckpt``'s optimizer, scheduler, scaler and RNG into those built for the run.
 
-    Returns the epochs of history that ``metrics.jsonl`` keeps (``None``: a fresh file).
+    Returns where the trainer starts (``position``, ``best_acc1``, ``carried``: its fields)
+    and the lines to say about it. An imagenet-example checkpoint resumes at the start of
+    epoch ``ckpt['epoch']`` with tandem's own schedule.
     """
-    out = cfg.run.out
-    continues = ckpt is not None and isinstance(ckpt.get("config"), dict)
-    source = rundir.run_dir_of(cfg.run.resume) if continues else None
-    same_dir = continues and os.path.abspath(source) == os.path.abspath(out)
-    if not same_dir:
-        rundir.check_fresh(out, cfg.run.overwrite)
-    strategy.barrier()  # every process has looked before the main one writes
-    if strategy.is_main:
-        try:
-            os.makedirs(out, exist_ok=True)
-        except OSError as exc:  # a parent is a file, no permission, ...
-            raise UsageError(f"cannot create --out '{out}': {exc.strerror or exc}") from None
-        if not same_dir:
-            rundir.clear(out)
-            if continues:
-                rundir.fork(source, out)
-    return completed_epochs if continues else None
-
-
-def say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
-    """The ``resuming`` line (naming a torchrun restart), then one line per accepted change."""
-    pos, restarts = trainer.position, restart_count()
-    print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
-          f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
-          + (f" (torchrun restart {restarts})" if restarts else ""), flush=True)
-    for note in notes:
-        print(f"  {note}", flush=True)
-
-
-def restore(trainer: Trainer, ckpt: dict, path: str) -> list[str]:
-    """Optimizer, scheduler, scaler, position, best accuracy and RNG from ``ckpt``.
-
-    An imagenet-example checkpoint resumes at the start of epoch ``ckpt['epoch']`` with tandem's
-    own schedule. Returns the lines to say about it.
-    """
-    steps_per_epoch = -(-trainer.batches_per_epoch // trainer.cfg.optim.accum_steps)
-    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
-    trainer.position = Position(int(position["epoch"]), int(position["batch"]),
-                                int(position.get("step", position["epoch"] * steps_per_epoch)))
-    if trainer.position.batch % trainer.cfg.optim.accum_steps and \
-            trainer.position.batch != trainer.batches_per_epoch:
+    steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
+    epoch, batch, step = _saved_position(ckpt)
+    position = Position(epoch, batch, epoch * steps_per_epoch if step is None else int(step))
+    if batch % cfg.optim.accum_steps and batch != batches_per_epoch:
         raise UsageError(f"checkpoint '{path}' stopped mid-accumulation; resume it with the "
                          f"--accum-steps it was saved with")
-    trainer.carried = ckpt.get("epoch_progress") if trainer.position.batch else None
-    trainer.best_acc1 = float(ckpt.get("best_acc1") or 0.0)  # a tensor in imagenet files
-    foreign = checkpoint_compat.foreign_scheduler(ckpt)
+    foreign_schedule = checkpoint_compat.foreign_scheduler(ckpt)
     own_schedule = checkpoint_compat.tandem_scheduler(ckpt)
-    checkpoint.load_optimizer_state(trainer.optimizer, ckpt, path)
+    checkpoint.load_optimizer_state(optimizer, ckpt, path)
     try:
         if own_schedule is not None:
-            trainer.scheduler.load_state_dict(own_schedule)
+            scheduler.load_state_dict(own_schedule)
         if ckpt.get("scaler"):
-            trainer.scaler.load_state_dict(ckpt["scaler"])
+            scaler.load_state_dict(ckpt["scaler"])
     except (ValueError, KeyError, RuntimeError) as exc:
         raise UsageError(f"checkpoint '{path}' does not fit this run's scheduler or scaler: "
                          f"{first_line(exc)}") from None
-    _check_optimizer_shapes(trainer.optimizer, path)
-    for group in trainer.optimizer.param_groups:  # this run's flags win over the file's
-        group.update(momentum=trainer.cfg.optim.momentum,
-                     weight_decay=trainer.cfg.optim.weight_decay,
-                     nesterov=trainer.cfg.optim.nesterov)
+    _check_optimizer_shapes(optimizer, path)
+    for group in optimizer.param_groups:  # this run's flags win over the file's
+        group.update(momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay,
+                     nesterov=cfg.optim.nesterov)
     if own_schedule is None:  # set the lr where tandem's schedule stands
-        step = trainer.position.step
-        factor = lr_factor(step, trainer.cfg.optim, steps_per_epoch)
-        for group, base_lr in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs):
+        factor = lr_factor(position.step, cfg.optim, steps_per_epoch)
+        for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
             group.update(lr=base_lr * factor, initial_lr=base_lr)
-        trainer.scheduler.last_epoch = step
+        scheduler.last_epoch = position.step
     if ckpt.get("rng") is not None:
         checkpoint.restore_rng(ckpt["rng"])
-    if not foreign:
-        return []
-    return [f"its {foreign} state is not tandem's: tandem's --lr-schedule "
-            f"{trainer.cfg.optim.lr_schedule} resumes at epoch {trainer.position.epoch + 1} "
-            f"(lr {trainer.optimizer.param_groups[0]['lr']:.4g})"]
+    start = {"position": position, "best_acc1": float(ckpt.get("best_acc1") or 0.0),
+             "carried": ckpt.get("epoch_progress") if position.batch else None}
+    if not foreign_schedule:
+        return start, []
+    return start, [f"its {foreign_schedule} state is not tandem's: tandem's --lr-schedule "
+                   f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} "
+                   f"(lr {optimizer.param_groups[0]['lr']:.4g})"]
 
 
 def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:

@@ -1,14 +1,14 @@
 """Assembling a run from a :class:`~tandem.config.TrainConfig`: ``train`` and ``evaluate``.
 
-The order is fixed, for reproducibility: resume settings, strategy, data, then the model is
-seeded and built **on the CPU** (initial weights never depend on devices), checkpoint weights
-loaded into it, ``strategy.setup``, the optimizer on what setup returned, restored states,
-and finally the run directory.
+``train`` reads top to bottom: the plan (every check, :mod:`.plan`), then the strategy is
+launched and the run built: data, the model seeded and built **on the CPU** (initial weights
+never depend on devices), set up by the strategy and given its weights by it, the optimizer
+on what setup returned; then the checkpoint's states restored, the run directory made ready,
+and the fit.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import replace
@@ -21,25 +21,24 @@ from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
-from tandem.distributed.env import LAUNCH_ID_VAR
-from tandem.models import create_model, model_info
-from tandem.parallel.devices import parse_device_spec
-from tandem.pretrained import load_pretrained
-from tandem.strategies import Strategy, create_strategy
-from tandem.strategies.compile import check_compile, compile_model
+from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.errors import UsageError
+from tandem.models import create_model, model_info
+from tandem.pretrained import load_pretrained
+from tandem.strategies import Strategy
+from tandem.strategies.compile import compiled
 
 from . import compile as compiling
 from . import foreign
 from .interrupt import StopRequest
 from .loop import Trainer
 from .metrics import MetricsLog
-from .resume import (check_launched, check_max_steps, complete_line, prepare_out, restore,
-                     resumed_config, say_resuming)
+from .plan import EVALUATE, FORKED, FRESH, RESUMED, RunPlan, plan_eval, plan_train
+from .resume import check_max_steps, restore
+from .rundir import checkpoint_path as checkpoint_path_of
 from .schedule import make_scheduler
 
-__all__ = ["train", "evaluate", "build_strategy", "build_data", "build_model", "make_criterion",
-           "seed_everything"]
+__all__ = ["train", "evaluate", "build_data", "build_model", "make_criterion", "seed_everything"]
 
 
 def seed_everything(seed: int) -> None:
@@ -48,37 +47,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def build_strategy(cfg: ParallelConfig) -> Strategy:
-    """The strategy named in ``cfg`` on the parsed ``--devices``; checks CUDA-only options."""
-    strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
-                               sync_bn=cfg.sync_bn, buffers=cfg.buffers)
-    for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
-        if on and strategy.device.type != "cuda":
-            strategy.close()
-            raise UsageError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
-                             f"{strategy.device}")
-    if cfg.compile:
-        try:
-            check_compile(strategy, strategy.device.type)
-        except ValueError:
-            strategy.close()
-            raise
-    return strategy
-
-
-def _setup(strategy: Strategy, model: nn.Module, cfg: ParallelConfig) -> nn.Module:
-    """``strategy.setup(model)``, the model's call compiled first with ``--compile``."""
-    problem = strategy.check_model(model)
-    if problem:
-        raise UsageError(f"--strategy {cfg.strategy} {problem}")
-    if cfg.compile:
-        model = compile_model(strategy, model, cfg.compile_mode)
-    return strategy.setup(model)
-
-
 def _warm_up(trainer: Trainer, train: bool) -> float | None:
-    """With ``--compile``: compile now, before any clock runs; the seconds it took, else None."""
-    return compiling.warm_up(trainer, train=train) if trainer.cfg.parallel.compile else None
+    """With ``--compile``: compile now, before any clock runs (saying how long it took on the
+    main process); the seconds it took, else None."""
+    if not trainer.cfg.parallel.compile:
+        return None
+    seconds = compiling.warm_up(trainer, train=train)
+    if train and trainer.strategy.is_main:
+        print(compiling.describe(seconds, trainer.cfg.parallel.compile_mode), flush=True)
+    return seconds
 
 
 def build_data(cfg: DataConfig, seed: int, splits: tuple[str, ...] = ("train", "val")):
@@ -132,99 +109,121 @@ def _with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfi
     return replace(cfg, data=replace(cfg.data, num_classes=classes))
 
 
-def _prepared_model(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None, info,
-                    path: str | None) -> nn.Module:
+def _prepared_model(plan: RunPlan, cfg: TrainConfig, info) -> nn.Module:
     """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`_with_model_classes`)
-    with its weights (``ckpt`` read from ``path``, or --pretrained), set up by ``strategy``:
-    the same for training and for validation."""
+    set up by the plan's strategy, then given its weights by it (the checkpoint's, or
+    ``--pretrained``): the same for training and for validation."""
+    strategy, ckpt = plan.strategy, plan.checkpoint
     model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),
                         cfg.run.seed)
-    if ckpt is not None:
-        checkpoint.load_model_state(model, ckpt, path)
-    elif cfg.model.pretrained:
-        line = load_pretrained(model, cfg.model.pretrained, cfg.model.arch)
-        if strategy.is_main:
-            print(line, flush=True)
     model = model.to(getattr(torch, cfg.parallel.dtype))
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return _setup(strategy, model, cfg.parallel)
+    if cfg.parallel.compile:
+        model = compiled(model, cfg.parallel.compile_mode)
+    wrapped = strategy.setup(model)
+    if ckpt is not None:
+        checkpoint.load_weights(wrapped, ckpt["state_dict"], cfg.run.resume,
+                                strategy.load_state_dict)
+    elif cfg.model.pretrained:
+        line = load_pretrained(wrapped, cfg.model.pretrained, cfg.model.arch, strategy)
+        if strategy.is_main:
+            print(line, flush=True)
+    return wrapped
 
 
-def _build_trainer(cfg: TrainConfig, strategy: Strategy, ckpt: dict | None) -> Trainer:
-    train_set, val_set, info = build_data(cfg.data, cfg.run.seed)
-    cfg = _with_model_classes(cfg, info, ckpt)
-    wrapped = _prepared_model(cfg, strategy, ckpt, info, cfg.run.resume)
+def _build(plan: RunPlan) -> dict:
+    """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
+    schedule and scaler, and the resolved config (the keyword arguments of :class:`Trainer`)."""
+    strategy = plan.strategy
+    train_set, val_set, info = build_data(plan.cfg.data, plan.cfg.run.seed)
+    cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
+    wrapped = _prepared_model(plan, cfg, info)
     optim = cfg.optim
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
                                 weight_decay=optim.weight_decay, nesterov=optim.nesterov)
     batches = batches_per_epoch(train_set, optim.batch_size)
-    steps_per_epoch = -(-batches // optim.accum_steps)
-    trainer = Trainer(
-        cfg=cfg, strategy=strategy, model=wrapped,
-        criterion=make_criterion(optim, strategy),
-        optimizer=optimizer, scheduler=make_scheduler(optimizer, optim, steps_per_epoch),
+    return dict(
+        cfg=cfg, strategy=strategy, model=wrapped, criterion=make_criterion(optim, strategy),
+        optimizer=optimizer,
+        scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
         scaler=torch.amp.GradScaler(strategy.device.type, enabled=cfg.parallel.amp),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
-        config_dict=_resolved(cfg, strategy, info),
-    )
-    return trainer
+        config_dict=_resolved(cfg, strategy, info))
 
 
-def _check_out(out: str) -> None:
-    """Refuse an ``--out`` that is a file before any work is done (nothing is written)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(f"--out '{out}' is an existing file, not a directory")
+def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
+    """Where the trainer starts (the checkpoint's position, best accuracy, RNG, with its
+    optimizer, schedule and scaler loaded into ``parts``) and the lines to say about it."""
+    if plan.checkpoint is None:
+        return {}, []
+    ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
+    start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], parts["optimizer"],
+                           parts["scheduler"], parts["scaler"])
+    if foreign.is_foreign(ckpt):
+        check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
+        notes += foreign.assumed(cfg, plan.given, parts["config_dict"])
+    return start, [*plan.notes, *notes]
+
+
+def _open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsLog | None:
+    """Make the plan's run directory what the run needs (the main process writes); say how
+    a resume goes on; the metrics log to append to (``None`` on other processes)."""
+    strategy, run = plan.strategy, plan.run_dir
+    strategy.barrier()  # every process has checked --out before the main one writes there
+    if not strategy.is_main:
+        return None
+    run.create()
+    if plan.mode != RESUMED:
+        run.clear()
+    if plan.mode == FORKED:
+        run.fork_from(plan.source)
+    if plan.checkpoint is not None:
+        _say_resuming(trainer, plan.resume_path, notes)
+    run.write_config(trainer.config_dict)
+    return run.metrics_log(keep_epochs=None if plan.mode == FRESH else trainer.position.epoch)
+
+
+def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
+    """The ``resuming`` line (naming a torchrun restart), then one line per accepted change."""
+    pos, restarts = trainer.position, restart_count()
+    print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
+          f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
+          + (f" (torchrun restart {restarts})" if restarts else ""), flush=True)
+    for note in notes:
+        print(f"  {note}", flush=True)
 
 
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     """``tandem train``: fit (or only validate). ``given``: fields typed on the command line."""
-    cfg, ckpt, notes = resumed_config(cfg, given)
-    model_info(cfg.model.arch)  # a bad --arch fails before any data is loaded
-    if cfg.run.evaluate:
-        note = None
-        if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
-            cfg, note = foreign.eval_settings(cfg, given, cfg.run.resume)
-        result = _validate(cfg, ckpt, cfg.run.resume)
-        if result["is_main"]:
-            if note:
-                print(note)
-            print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
-                  f"{result['acc5']:.2f}% ({result['count']} images)")
+    plan = plan_train(cfg, given)  # every check, before anything is joined, read or written
+    if isinstance(plan, str):  # a complete run: one line, from the first process
+        if os.environ.get("RANK", "0") == "0":
+            print(plan, flush=True)
         return 0
-    if ckpt is not None:  # before anything is built or written
-        line = complete_line(cfg, ckpt, given)
-        if line is not None:
-            if os.environ.get("RANK", "0") == "0":  # one line, from the first process
-                print(line, flush=True)
-            return 0
-        check_launched(cfg, ckpt, given)
-    _check_out(cfg.run.out)
-    strategy = build_strategy(cfg.parallel)
-    try:
-        trainer = _build_trainer(cfg, strategy, ckpt)
-        seconds = _warm_up(trainer, train=True)
-        if seconds is not None and strategy.is_main:
-            print(compiling.describe(seconds, cfg.parallel.compile_mode), flush=True)
-        if ckpt is not None:
-            notes += restore(trainer, ckpt, cfg.run.resume)
-            check_max_steps(cfg, ckpt, trainer.position.step)  # a file from elsewhere's
-            if foreign.is_foreign(ckpt):
-                notes += foreign.assumed(trainer.cfg, given, trainer.config_dict)
-        keep = prepare_out(cfg, ckpt, strategy, trainer.position.epoch)
-        if strategy.is_main:
-            if ckpt is not None:
-                say_resuming(trainer, cfg.run.resume, notes)
-            with open(os.path.join(cfg.run.out, "config.json"), "w", encoding="utf-8") as f:
-                json.dump(trainer.config_dict, f, indent=2)
-        log = (MetricsLog(os.path.join(cfg.run.out, "metrics.jsonl"), keep_epochs=keep)
-               if strategy.is_main else None)
+    if plan.mode == EVALUATE:
+        return _print_validation(plan)
+    with plan.strategy as strategy:  # joins the process group (ddp); always leaves it
+        parts = _build(plan)
+        start, notes = _restore(plan, parts)
+        trainer = Trainer(**parts, **start)
+        _warm_up(trainer, train=True)
+        log = _open_run_dir(plan, trainer, notes)
         with StopRequest(quiet=not strategy.is_main) as stop:
             trainer.fit(log, stop)
         strategy.barrier()
-        return 0
-    finally:
-        strategy.close()
+    return 0
+
+
+def _print_validation(plan: RunPlan) -> int:
+    """``train -e``: validate and print one line (and what a file from elsewhere assumed)."""
+    result = _validate(plan)
+    if result["is_main"]:
+        for note in plan.notes:
+            print(note)
+        print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
+              f"{result['acc5']:.2f}% ({result['count']} images)")
+    return 0
 
 
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
@@ -239,6 +238,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     cross-entropy at the arch's native size); ``note`` in the result then says so. Never
     augments.
     """
+    checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)
     arch = foreign.checkpoint_arch(ckpt, arch, checkpoint_path)
     saved = TrainConfig.from_dict(ckpt.get("config") or {})
@@ -252,18 +252,17 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     if foreign.is_foreign(ckpt):
         given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
         cfg, note = foreign.eval_settings(cfg, frozenset(given), checkpoint_path)
-    return dict(_validate(cfg, ckpt, checkpoint_path), note=note)
+    cfg = replace(cfg, run=replace(cfg.run, resume=checkpoint_path))
+    return dict(_validate(plan_eval(cfg, ckpt)), note=note)
 
 
-def _validate(cfg: TrainConfig, ckpt: dict | None, path: str | None) -> dict:
-    """Validate ``cfg``'s model (with ``ckpt``'s weights from ``path``, if any): one pass over
-    the validation set, the same for ``tandem eval`` and ``tandem train -e``."""
-    strategy = build_strategy(cfg.parallel)
-    try:
-        _, val_set, info = build_data(cfg.data, cfg.run.seed, splits=("val",))
-        cfg = _with_model_classes(cfg, info, ckpt)
-        trainer = Trainer(cfg=cfg, strategy=strategy,
-                          model=_prepared_model(cfg, strategy, ckpt, info, path),
+def _validate(plan: RunPlan) -> dict:
+    """One pass over the validation set of the plan's model (with its checkpoint's weights,
+    if any), the same for ``tandem eval`` and ``tandem train -e``."""
+    with plan.strategy as strategy:
+        _, val_set, info = build_data(plan.cfg.data, plan.cfg.run.seed, splits=("val",))
+        cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
+        trainer = Trainer(cfg=cfg, strategy=strategy, model=_prepared_model(plan, cfg, info),
                           criterion=make_criterion(cfg.optim, strategy), optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,
                           batches_per_epoch=0, config_dict={})
@@ -272,5 +271,3 @@ def _validate(cfg: TrainConfig, ckpt: dict | None, path: str | None) -> dict:
         return {"arch": cfg.model.arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
                 "acc5": val.acc5, "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main}
-    finally:
-        strategy.close()

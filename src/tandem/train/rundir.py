@@ -14,31 +14,149 @@ import os
 import shutil
 
 from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, flag_of
-from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.errors import UsageError
 from tandem.strategies import strategy_class
 
-__all__ = ["RUN_FILES", "checkpoint_path", "target_of", "command", "describe", "check_fresh",
-           "clear", "resume_config", "restarted_run", "read_metrics", "fork"]
+from .metrics import MetricsLog
+from .tensorboard import TensorBoard
 
-RUN_FILES = ("checkpoint.pt", "best.pt", "metrics.jsonl", "config.json", "curves.png")
+__all__ = ["RunDir", "checkpoint_path", "target_of", "command", "resume_config"]
+
+
+class RunDir:
+    """The directory of one run: the only code that knows its files' names.
+
+    ``config.json`` (the resolved settings), ``checkpoint.pt`` (the latest), ``best.pt``,
+    ``metrics.jsonl`` (a row per epoch), ``curves.png`` and ``tb/`` (TensorBoard events).
+    """
+
+    CONFIG, LATEST, BEST = "config.json", "checkpoint.pt", "best.pt"
+    METRICS, CURVES, TENSORBOARD = "metrics.jsonl", "curves.png", "tb"
+    FILES = (LATEST, BEST, METRICS, CONFIG, CURVES)
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @classmethod
+    def of(cls, checkpoint_file: str) -> "RunDir":
+        """The run directory a checkpoint file lies in."""
+        return cls(os.path.dirname(checkpoint_file) or ".")
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def latest(self) -> str:
+        return self.file(self.LATEST)
+
+    @property
+    def best(self) -> str:
+        return self.file(self.BEST)
+
+    @property
+    def metrics(self) -> str:
+        return self.file(self.METRICS)
+
+    @property
+    def curves(self) -> str:
+        return self.file(self.CURVES)
+
+    @property
+    def tensorboard(self) -> str:
+        return self.file(self.TENSORBOARD)
+
+    def same(self, other: "RunDir") -> bool:
+        return os.path.abspath(self.path) == os.path.abspath(other.path)
+
+    def is_latest(self, path: str) -> bool:
+        """True when ``path`` is this run's ``checkpoint.pt``."""
+        return os.path.abspath(path) == os.path.abspath(self.latest)
+
+    # -- reading ----------------------------------------------------------------------------
+    def read_config(self) -> dict | None:
+        """``config.json`` as written (``None`` when missing or unreadable)."""
+        try:
+            with open(self.file(self.CONFIG), encoding="utf-8") as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return saved if isinstance(saved, dict) else None
+
+    def read_metrics(self) -> list[dict]:
+        """The rows of ``metrics.jsonl`` (none when it is missing or unreadable)."""
+        try:
+            return MetricsLog.read_rows(self.metrics)
+        except (OSError, ValueError):
+            return []
+
+    def describe(self) -> str | None:
+        """A few words on the run here (``None`` when it holds none)."""
+        present = [name for name in self.FILES if os.path.exists(self.file(name))]
+        if not present:
+            return None
+        rows = self.read_metrics()
+        accs = [r["val_acc"] for r in rows if isinstance(r.get("val_acc"), (int, float))]
+        if not accs:
+            return "its " + ", ".join(present)
+        return f"{rows[-1].get('epoch')} epoch(s), best val acc {max(accs):.2f}%"
+
+    def check_fresh(self, overwrite: bool) -> None:
+        """Refuse a fresh run here when one is here already, unless ``overwrite``."""
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise UsageError(f"--out '{self.path}' is an existing file, not a directory")
+        what = self.describe()
+        if what and not overwrite:
+            raise UsageError(f"--out '{self.path}' already holds a run ({what}); continue it "
+                             f"with --resume {self.path}, choose another --out, or replace it "
+                             f"with --overwrite")
+
+    def launched_by(self, launch: str | None) -> bool:
+        """True when the run here was started by the launch ``launch`` (a torchrun restart)."""
+        resolved = (self.read_config() or {}).get("resolved")
+        return bool(launch) and isinstance(resolved, dict) and resolved.get("launch_id") == launch
+
+    # -- writing (the main process only) ----------------------------------------------------
+    def create(self) -> None:
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:  # a parent is a file, no permission, ...
+            raise UsageError(f"cannot create --out '{self.path}': {exc.strerror or exc}") from None
+
+    def clear(self) -> None:
+        """Remove an earlier run's files (``--overwrite``), its TensorBoard events too."""
+        for name in self.FILES:
+            if os.path.isfile(self.file(name)):
+                os.remove(self.file(name))
+        TensorBoard.clear(self.tensorboard)
+
+    def fork_from(self, source: "RunDir") -> None:
+        """Start with run ``source``'s history (``metrics.jsonl``, ``best.pt``); the metrics
+        log then keeps the rows up to the resumed checkpoint (``MetricsLog``)."""
+        for name in (self.METRICS, self.BEST):
+            if os.path.isfile(source.file(name)):
+                shutil.copyfile(source.file(name), self.file(name))
+
+    def write_config(self, resolved: dict) -> None:
+        with open(self.file(self.CONFIG), "w", encoding="utf-8") as f:
+            json.dump(resolved, f, indent=2)
+
+    def metrics_log(self, keep_epochs: int | None) -> MetricsLog:
+        return MetricsLog(self.metrics, keep_epochs=keep_epochs)
 
 
 def checkpoint_path(resume: str) -> str:
     """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from."""
-    if os.path.isdir(resume) and os.path.isfile(os.path.join(resume, "checkpoint.pt")):
-        return os.path.join(resume, "checkpoint.pt")
+    run = RunDir(resume)
+    if os.path.isdir(resume) and os.path.isfile(run.latest):
+        return run.latest
     return resume  # checkpoint.load names whatever is wrong with it
-
-
-def run_dir_of(path: str) -> str:
-    return os.path.dirname(path) or "."
 
 
 def target_of(path: str) -> str:
     """What to give ``--resume`` for the checkpoint at ``path``: its run directory when it is
     the run's latest (``checkpoint.pt``), else the file."""
-    return run_dir_of(path) if os.path.basename(path) == "checkpoint.pt" else path
+    run = RunDir.of(path)
+    return run.path if run.is_latest(path) else path
 
 
 def command(saved: dict, target: str, extra: str = "") -> str:
@@ -47,43 +165,6 @@ def command(saved: dict, target: str, extra: str = "") -> str:
     strategy = TrainConfig.from_dict(saved).parallel.strategy
     processes = int((saved.get("resolved") or {}).get("world_size") or 1)
     return strategy_class(strategy).resume_command_for(target, processes) + extra
-
-
-def read_metrics(out: str) -> list[dict]:
-    """The rows of ``out/metrics.jsonl`` (none when it is missing or unreadable)."""
-    try:
-        with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        return []
-
-
-def describe(out: str) -> str | None:
-    """A few words on the run in ``out`` (``None`` when it holds none)."""
-    present = [name for name in RUN_FILES if os.path.exists(os.path.join(out, name))]
-    if not present:
-        return None
-    rows = read_metrics(out)
-    accs = [r["val_acc"] for r in rows if isinstance(r.get("val_acc"), (int, float))]
-    if not accs:
-        return "its " + ", ".join(present)
-    return f"{rows[-1].get('epoch')} epoch(s), best val acc {max(accs):.2f}%"
-
-
-def check_fresh(out: str, overwrite: bool) -> None:
-    """Refuse a fresh run into a directory that holds a run, unless ``overwrite``."""
-    what = describe(out)
-    if what and not overwrite:
-        raise UsageError(f"--out '{out}' already holds a run ({what}); continue it with "
-                         f"--resume {out}, choose another --out, or replace it with --overwrite")
-
-
-def clear(out: str) -> None:
-    """Remove an earlier run's files from ``out`` (``--overwrite``)."""
-    for name in RUN_FILES:
-        path = os.path.join(out, name)
-        if os.path.isfile(path):
-            os.remove(path)
 
 
 def _show(value) -> str:
@@ -118,26 +199,25 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
             if policy == MAY_CHANGE and changed:
                 notes.append(_change_note(flag, new, old))
         sections[name] = type(mine)(**values)
-    out = cfg.run.out if "out" in given else run_dir_of(path)
-    _check_rollback(path, out, saved)
-    if os.path.abspath(out) != os.path.abspath(run_dir_of(path)):
-        notes.append(f"--out {out}: a new run directory, forked from '{run_dir_of(path)}'")
+    source = RunDir.of(path)
+    out = cfg.run.out if "out" in given else source.path
+    _check_rollback(path, RunDir(out), saved)
+    if not RunDir(out).same(source):
+        notes.append(f"--out {out}: a new run directory, forked from '{source.path}'")
     sections["run"] = dataclasses.replace(sections["run"], out=out)
     return TrainConfig(**sections), notes
 
 
-def _check_rollback(path: str, out: str, saved: dict) -> None:
+def _check_rollback(path: str, out: RunDir, saved: dict) -> None:
     """Refuse to continue an earlier checkpoint of a run (``best.pt``) in that run's directory:
-    it would roll the run back and overwrite its latest ``checkpoint.pt``."""
-    run = run_dir_of(path)
-    latest = os.path.join(run, "checkpoint.pt")
-    same = os.path.abspath(path) == os.path.abspath(latest)
-    if same or not os.path.isfile(latest) or os.path.abspath(out) != os.path.abspath(run):
+    it would roll the run back and overwrite its latest checkpoint."""
+    run = RunDir.of(path)
+    if run.is_latest(path) or not os.path.isfile(run.latest) or not out.same(run):
         return
     name = os.path.basename(path)
-    raise UsageError(f"--resume {path} would roll run '{run}' back to {name} and overwrite its "
-                     f"latest checkpoint.pt: continue the latest with "
-                     f"`{command(saved, run)}`, or fork from {name} with "
+    raise UsageError(f"--resume {path} would roll run '{run.path}' back to {name} and overwrite "
+                     f"its latest {RunDir.LATEST}: continue the latest with "
+                     f"`{command(saved, run.path)}`, or fork from {name} with "
                      f"`{command(saved, path, ' --out NEWDIR')}`")
 
 
@@ -145,25 +225,3 @@ def _change_note(flag: str, new, old) -> str:
     if flag == "--epochs":
         return f"--epochs {new}: the learning-rate schedule now spans {new} epochs (was {old})"
     return f"{flag} {_show(new)} (the run had {_show(old)})"
-
-
-def restarted_run(out: str, environ=None) -> bool:
-    """True in a worker that torchrun restarted when ``out`` holds this launch's own run."""
-    environ = os.environ if environ is None else environ
-    launch = environ.get(LAUNCH_ID_VAR)
-    if restart_count(environ) < 1 or not launch:
-        return False
-    try:
-        with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
-            resolved = json.load(f).get("resolved") or {}
-    except (OSError, ValueError, AttributeError):
-        return False
-    return resolved.get("launch_id") == launch
-
-
-def fork(source: str, out: str) -> None:
-    """Start ``out`` with run ``source``'s history (``metrics.jsonl``, ``best.pt``); the
-    metrics log then keeps the rows up to the resumed checkpoint (``MetricsLog``)."""
-    for name in ("metrics.jsonl", "best.pt"):
-        if os.path.isfile(os.path.join(source, name)):
-            shutil.copyfile(os.path.join(source, name), os.path.join(out, name))

@@ -37,19 +37,23 @@ class TensorBoard:
         self._writer_class, self.path = writer_class, path
         self.writer = None
 
-    @classmethod
-    def open(cls, out: str, rows: list[dict]) -> "TensorBoard | None":
-        """The writer for the run in ``out``, holding its kept ``rows`` already; ``None``
-        without the ``tensorboard`` package. Earlier event files in ``out/tb`` are replaced."""
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # the optional extra is not installed: say nothing, write nothing
-            return None
-        path = os.path.join(out, "tb")
+    @staticmethod
+    def clear(path: str) -> None:
+        """Remove the event files in ``path`` (nothing else there)."""
         if os.path.isdir(path):
             for name in os.listdir(path):
                 if name.startswith("events.out.tfevents."):
                     os.remove(os.path.join(path, name))
+
+    @classmethod
+    def open(cls, path: str, rows: list[dict]) -> "TensorBoard | None":
+        """The writer on the directory ``path``, holding the run's kept ``rows`` already;
+        ``None`` without the ``tensorboard`` package. Earlier event files there are replaced."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # the optional extra is not installed: say nothing, write nothing
+            return None
+        cls.clear(path)
         board = cls(SummaryWriter, path)
         for row in rows:
             board.add_row(row)
