@@ -150,7 +150,7 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
     from tandem.strategies.base import create_strategy
     from tandem.strategies.compile import compile_model
 
-    strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers)
+    strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers).launch()
     model, images, targets = place(model, *batch, strategy.device, channels_last)
     if compiled:
         model = compile_model(strategy, model, compile_mode)
