@@ -165,4 +165,7 @@ def test_resume_of_a_ddp_run_without_launch_says_how(straight, tmp_path):
     proc = run_tandem("train", "--resume", straight, "--epochs", "3", "--out", tmp_path / "x")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert "tandem launch --nproc-per-node N -- train" in lines[0]
+    # the run's own process count, its launch command, and this process's alternative
+    assert "ran as 2 ddp processes" in lines[0], lines[0]
+    assert f"tandem launch --nproc-per-node 2 -- train --resume {straight}" in lines[0]
+    assert "--strategy dp --devices cpu:2" in lines[0]
