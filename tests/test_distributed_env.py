@@ -168,6 +168,15 @@ def test_torchrun_argv_multi_node_and_rendezvous():
     assert rdzv[rdzv.index("--rdzv-id") + 1] == "job7" and "--master-addr" not in rdzv
 
 
+def test_torchrun_argv_for_another_module():
+    """The bench's workers run a module of their own; only tandem's needs a subcommand."""
+    spec = LaunchSpec(nproc_per_node=2, command=["--out", "o.json"], module="pkg.worker",
+                      rdzv_endpoint="127.0.0.1:0")
+    assert torchrun_argv(spec)[-4:] == ["-m", "pkg.worker", "--out", "o.json"]
+    with pytest.raises(ValueError, match="must be a tandem subcommand"):
+        LaunchSpec(nproc_per_node=2, command=["--out", "o.json"])
+
+
 def test_check_port_free():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

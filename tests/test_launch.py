@@ -238,6 +238,24 @@ def test_sigkill_of_rank0_keeps_last_checkpoint_and_every_rank_resumes(tmp_path)
     assert checkpoint.load(str(resumed / "checkpoint.pt"))["epoch"] == ckpt["epoch"]
 
 
+@pytest.mark.slow
+def test_run_captured_runs_a_module_on_every_worker_and_returns_its_output(tmp_path):
+    """The bench's way in (tandem.distributed.launch.run_captured): torchrun in a child, its
+    workers' output captured, ``extra_env`` added to what this process has."""
+    from tandem.distributed.launch import LaunchSpec, run_captured
+
+    (tmp_path / "probe_worker.py").write_text(
+        "import os, sys\nprint('rank', os.environ['RANK'], os.environ['WORLD_SIZE'], "
+        "os.environ['PROBE'], sys.argv[1:])\n")
+    spec = LaunchSpec(nproc_per_node=2, command=["--flag"], module="probe_worker",
+                      rdzv_endpoint="127.0.0.1:0",
+                      extra_env={"PYTHONPATH": str(tmp_path), "PROBE": "yes"})
+    proc = run_captured(spec, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0 2 yes ['--flag']", "rank 1 2 yes ['--flag']"]
+
+
 # -- one-line errors ---------------------------------------------------------------------------
 def test_port_in_use_is_one_clear_line(tmp_path):
     with socket.socket() as busy:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
@@ -21,7 +21,7 @@ from tandem.errors import UsageError
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
     "SCHEDULES", "DTYPES", "COMPILE_MODES", "FIXED", "MAY_CHANGE", "PER_CALL",
-    "flag_of", "NO_WEIGHTS_FILE",
+    "flag_of", "opt", "NO_WEIGHTS_FILE",
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
@@ -34,10 +34,14 @@ MAY_CHANGE = "may_change"  # where/how long it runs: taken from the run unless g
 PER_CALL = "per_call"    # this invocation only: never taken from the run
 
 
-def opt(default: Any, help: str, *flags: str, choices: tuple | None = None,
+def opt(default: Any, help: str | Callable[[], str], *flags: str, choices: tuple | None = None,
         metavar: str | None = None, on_resume: str = FIXED, nargs: str | None = None,
         const: Any = None):
-    """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``."""
+    """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``.
+
+    ``help`` may be a callable, asked when the parser is built (as ``choices`` may);
+    ``default`` may be ``dataclasses.MISSING`` for a required field, whose flag defaults to None.
+    """
     meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,
             "on_resume": on_resume, "nargs": nargs, "const": const}
     return field(default=default, metadata=meta)

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 
 import torch
 
-from tandem.config import COMPILE_MODES
+from tandem.config import COMPILE_MODES, opt
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.devices import parse_device_spec
 from tandem.errors import UsageError
 
-__all__ = ["BASELINES", "BenchConfig", "parse_names", "default_strategies"]
-
+__all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_strategies"]
 
 
 def default_strategies() -> tuple[str, ...]:
@@ -25,6 +24,7 @@ def default_strategies() -> tuple[str, ...]:
 
 # Plain-torch baselines (see tandem.bench.baselines); torch_ddp also runs under torchrun.
 BASELINES = ("bare", "torch_dp", "torch_ddp")
+AMP_DTYPES = ("bf16", "fp16")
 
 
 def parse_names(text, valid: tuple[str, ...], flag: str, allow_empty: bool = False
@@ -49,9 +49,17 @@ def parse_names(text, valid: tuple[str, ...], flag: str, allow_empty: bool = Fal
     return names
 
 
+def _strategies_help() -> str:
+    """Asked when the parser is built: the registry's names and the default they give."""
+    from tandem.strategies import strategy_names
+
+    return (f"comma list of {', '.join(strategy_names())}; by default every single-process "
+            f"strategy that takes any model (default: {','.join(default_strategies())})")
+
+
 @dataclass
 class BenchConfig:
-    """What to race and how.
+    """What to race and how; each field carries its ``tandem bench`` flag (``tandem.config.opt``).
 
     ``batch_size`` is the global batch, split over each contestant's devices or processes.
     ``image_size``/``num_classes`` default to the model's own. ``threads`` is intra-op threads
@@ -59,27 +67,39 @@ class BenchConfig:
     ``compile`` adds a ``<name>+compile`` twin of every contestant; its warm-up step compiles.
     """
 
-    arch: str
-    strategies: tuple[str, ...] | None = None  # None: default_strategies()
-    devices: str = "auto"
-    batch_size: int = 64
-    steps: int = 20
-    warmup: int = 3
-    image_size: int | None = None
-    num_classes: int | None = None
-    amp: bool = False
-    amp_dtype: str = "fp16"
-    channels_last: bool = False
-    sync_bn: bool = False
-    buffers: str = "replica0"
-    baselines: tuple[str, ...] = BASELINES
-    lr: float = 0.01
-    seed: int = 0
-    dist_timeout: float = 900.0
-    cudnn_benchmark: bool = True
-    threads: int | None = None
-    compile: bool = False
-    compile_mode: str | None = None
+    arch: str = opt(MISSING, "model name (see `tandem models`); required unless --data times "
+                    "the input pipeline", "-a", "--arch", metavar="ARCH")
+    strategies: tuple[str, ...] | None = opt(None, _strategies_help, metavar="LIST")
+    devices: str = opt("auto", "cpu, cpu:N, cuda, cuda:0,1 or auto", metavar="SPEC")
+    batch_size: int = opt(64, "global batch per step", "-b", "--batch-size", metavar="N")
+    steps: int = opt(20, "timed steps per contestant (with --data: timed passes over the "
+                     "files, 5 unless given)", metavar="N")
+    warmup: int = opt(3, "untimed steps first (with --data: passes, 1 unless given)",
+                      metavar="N")
+    image_size: int | None = opt(None, "square input size (default: 32 for cifar_*, else 224)",
+                                 metavar="PX")
+    num_classes: int | None = opt(None, "classifier outputs (default: 10 for cifar_*, else "
+                                  "1000)", metavar="K")
+    amp: bool = opt(False, "autocast (see --amp-dtype)")
+    amp_dtype: str = opt("fp16", "fp16 adds a GradScaler", choices=AMP_DTYPES)
+    channels_last: bool = opt(False, "NHWC model and inputs")
+    sync_bn: bool = opt(False, "strategies use SyncBatchNorm")
+    buffers: str = opt(POLICIES[0], "dp: which replicas' batch-norm running stats to keep",
+                       choices=POLICIES)
+    baselines: tuple[str, ...] = opt(BASELINES, "plain-torch contestants to add, or 'none'",
+                                     metavar="LIST")
+    lr: float = opt(0.01, "SGD learning rate of every contestant", metavar="LR")
+    seed: int = opt(0, "seed for model and data", metavar="S")
+    dist_timeout: float = opt(900.0, "seconds allowed for the torchrun phase (the "
+                              "multi-process strategies and torch_ddp)", metavar="SECONDS")
+    cudnn_benchmark: bool = opt(True, "leave cuDNN's autotuner off (CUDA)",
+                                "--no-cudnn-benchmark")
+    threads: int | None = opt(None, "intra-op threads per replica (thread here, or torchrun "
+                              "worker); default: torch's choice, split among workers",
+                              metavar="N")
+    compile: bool = opt(False, "also race a compiled twin (<name>+compile) of every contestant")
+    compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
+                                   choices=COMPILE_MODES)
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -101,7 +121,7 @@ class BenchConfig:
                 raise UsageError(f"bad {name} {getattr(self, name)!r}: must be >= 1")
         if self.warmup < 0:
             raise UsageError(f"bad warmup {self.warmup!r}: must be >= 0")
-        if self.amp_dtype not in ("bf16", "fp16"):
+        if self.amp_dtype not in AMP_DTYPES:
             raise UsageError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
         if self.buffers not in POLICIES:
             raise UsageError(f"bad buffers {self.buffers!r}: choose replica0 or average")

@@ -1,9 +1,10 @@
 """The torchrun phase: ``ddp`` and ``torch_ddp`` (and twins), one process per device.
 
-The bench runs ``python -m torch.distributed.run`` with one worker per device; each worker
-rebuilds the model and batch from the seed, takes its shard and races its contestants in the
-same order on every rank, so collectives pair up. Rank 0 writes the results. This phase is not
-interleaved with the in-process one, so the machine may have changed in between. Directly::
+The bench runs torchrun (:func:`tandem.distributed.launch.run_captured`) with one worker per
+device; each worker rebuilds the model and batch from the seed, takes its shard and races its
+contestants in the same order on every rank, so collectives pair up. Rank 0 writes the
+results. This phase is not interleaved with the in-process one, so the machine may have changed
+in between. Directly::
 
     python -m torch.distributed.run --nnodes 1 --nproc-per-node N \\
         --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \\
@@ -17,10 +18,13 @@ import copy
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
 import torch
+
+from tandem.distributed import launch
+from tandem.distributed.env import read_env
+from tandem.distributed.process_group import backend_for
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .config import BenchConfig
@@ -75,23 +79,20 @@ def distributed_phase(config: BenchConfig, names: list[str], custom_model: bool 
 
 def _launch(config: BenchConfig, names: list[str]) -> list[dict]:
     nproc = len(config.device_list)
-    env = dict(os.environ)
-    if config.threads is not None:
-        env["OMP_NUM_THREADS"] = str(config.threads)
-    elif "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // nproc))
+    threads = config.threads
+    if threads is None and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, torch.get_num_threads() // nproc)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cfg_path, out_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "out.json")
         with open(cfg_path, "w") as f:
             json.dump(config.to_dict(), f)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-               "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "0",
-               "-m", "tandem.bench.distributed", "--config", cfg_path,
-               "--names", ",".join(names), "--out", out_path]
+        spec = launch.LaunchSpec(
+            nproc_per_node=nproc, module="tandem.bench.distributed",
+            command=["--config", cfg_path, "--names", ",".join(names), "--out", out_path],
+            rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+            extra_env={} if threads is None else {"OMP_NUM_THREADS": str(threads)})
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                  timeout=config.dist_timeout)
+            proc = launch.run_captured(spec, timeout=config.dist_timeout)
             error = None if proc.returncode == 0 else (
                 f"torchrun phase exited with {proc.returncode}: {_last_error(proc.stderr)}")
         except subprocess.TimeoutExpired:
@@ -126,8 +127,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with open(args.config) as f:
         config = BenchConfig.from_dict(json.load(f))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = config.device_list[int(os.environ["LOCAL_RANK"])]
+    env = read_env(who="tandem.bench.distributed")
+    rank, world = env.rank, env.world_size
+    device = config.device_list[env.local_rank]
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
@@ -155,7 +157,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         if own_group is None:
             own_group = not dist.is_initialized()
             if own_group:
-                dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+                dist.init_process_group(backend_for(device))
         contestants.append(torch_ddp_contestant(
             copy.deepcopy(template), device, shard, amp=amp, lr=config.lr,
             channels_last=config.channels_last, sync_bn=config.sync_bn, compiled=compiled,

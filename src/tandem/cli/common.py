@@ -66,31 +66,38 @@ def given_fields(args: argparse.Namespace) -> frozenset[str]:
 
 
 def _value_type(annotation) -> type:
-    """``int | None`` -> ``int``; plain types pass through."""
+    """``int | None`` -> ``int``; ``tuple[str, ...]`` -> ``str`` (a comma list the dataclass
+    splits and checks); plain types pass through."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) != 1:
             raise TypeError(f"cannot derive a flag for {annotation!r}")
-        return args[0]
-    return annotation
+        annotation = args[0]
+    return str if typing.get_origin(annotation) is tuple else annotation
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | None = None,
                          only: typing.Iterable[str] | None = None,
                          defaults: dict | None = None) -> None:
-    """Add one flag per field of ``cls`` (or of ``only``); ``defaults`` overrides field defaults."""
+    """Add one flag per field of ``cls`` (or of ``only``); ``defaults`` overrides field defaults.
+
+    Fields outside ``__init__`` get none. A bool field's flag sets the opposite of its default.
+    """
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(title) if title else parser
     wanted = set(only) if only is not None else None
     for f in dataclasses.fields(cls):
-        if wanted is not None and f.name not in wanted:
+        if not f.init or (wanted is not None and f.name not in wanted):
             continue
         default = (defaults or {}).get(f.name, f.default)
+        default = None if default is dataclasses.MISSING else default
         help_text = f.metadata.get("help", "")
+        if callable(help_text):  # asked when the parser is built, as choices may be
+            help_text = help_text()
         kind = _value_type(hints[f.name])
         if kind is bool:
-            group.add_argument(*flag_of(f), dest=f.name, action=_Recorded, nargs=0, const=True,
-                               default=default, help=help_text)
+            group.add_argument(*flag_of(f), dest=f.name, action=_Recorded, nargs=0,
+                               const=not f.default, default=default, help=help_text)
             continue
         choices = f.metadata.get("choices")
         if callable(choices):  # asked when the parser is built (e.g. the strategy registry)

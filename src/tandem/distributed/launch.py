@@ -4,7 +4,8 @@
 ``--dist-timeout`` (``TANDEM_DIST_TIMEOUT``), a one-line failure summary and
 ``TANDEM_LAUNCH_ID`` so restarted workers resume their own run, and keeps torchrun's own
 warnings about what tandem reports itself (a Ctrl-C, stopping the workers) off the terminal
-(:func:`quiet_agent`). Two machines::
+(:func:`quiet_agent`). :func:`run_captured` runs a job in a child process and returns its
+output instead (the bench's torchrun phase). Two machines::
 
     tandem launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 \\
         --nproc-per-node 2 -- train --strategy ddp ...
@@ -18,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -26,7 +28,8 @@ from tandem.errors import UsageError
 
 from .env import LAUNCH_ID_VAR, TIMEOUT_VAR
 
-__all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "quiet_agent", "launch"]
+__all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "quiet_agent", "launch",
+           "run_captured"]
 
 _SUBCOMMANDS = ("train", "eval", "bench", "models")
 
@@ -48,7 +51,8 @@ class LaunchSpec:
     """What ``tandem launch`` was asked to run; ``__post_init__`` rejects what cannot work.
 
     ``nnodes`` is ``"M"`` or ``"MIN:MAX"`` (elastic); ``master_port`` ``None``/``0`` on one node
-    picks a free one.
+    picks a free one. The workers run ``python -m MODULE COMMAND``; with the default module,
+    ``tandem``, the command must be one of its subcommands.
     """
 
     nproc_per_node: int
@@ -63,6 +67,7 @@ class LaunchSpec:
     max_restarts: int = 0
     dist_timeout: float | None = None
     extra_env: dict = field(default_factory=dict)
+    module: str = "tandem"
 
     def __post_init__(self):
         if self.nproc_per_node < 1:
@@ -70,7 +75,7 @@ class LaunchSpec:
         if not self.command:
             raise UsageError("no command to launch: add it after `--`, e.g. "
                              "`tandem launch --nproc-per-node 2 -- train --strategy ddp`")
-        if self.command[0] not in _SUBCOMMANDS:
+        if self.module == "tandem" and self.command[0] not in _SUBCOMMANDS:
             raise UsageError(f"cannot launch {self.command[0]!r}: the command after `--` must "
                              f"be a tandem subcommand ({', '.join(_SUBCOMMANDS)})")
         lo, hi = _parse_nnodes(self.nnodes)
@@ -130,7 +135,7 @@ def check_port_free(addr: str, port: int) -> None:
 
 
 def torchrun_argv(spec: LaunchSpec) -> list[str]:
-    """The ``torchrun`` arguments for ``spec``: the workers run ``python -m tandem COMMAND``."""
+    """The ``torchrun`` arguments for ``spec``: the workers run ``python -m MODULE COMMAND``."""
     argv = ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
             "--max-restarts", str(spec.max_restarts)]
     if spec.rdzv_endpoint:
@@ -143,7 +148,7 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
                  "--master-addr", spec.master_addr or "127.0.0.1"]
         if spec.master_port:
             argv += ["--master-port", str(spec.master_port)]
-    return argv + ["-m", "tandem", *spec.command]
+    return argv + ["-m", spec.module, *spec.command]
 
 
 def _exit_code(failure_code: int) -> int:
@@ -224,3 +229,15 @@ def launch(spec: LaunchSpec) -> int:
               file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     return 0
+
+
+def run_captured(spec: LaunchSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run ``spec`` under torchrun in a child process; return its exit status and text output.
+
+    The child gets this process's environment plus ``spec.extra_env``, and none of
+    :func:`launch`'s additions. Past ``timeout`` seconds torchrun is killed and
+    ``subprocess.TimeoutExpired`` raised.
+    """
+    argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(spec)]
+    return subprocess.run(argv, env={**os.environ, **spec.extra_env}, capture_output=True,
+                          text=True, timeout=timeout)

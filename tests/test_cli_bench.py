@@ -1,0 +1,167 @@
+"""tandem bench's flags against BenchConfig's fields, its torchrun phase against
+tandem.distributed.launch (spied on, never run here). Nothing is timed."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+from collections import Counter
+
+import pytest
+
+from tandem.bench import BenchConfig, loader_bench
+from tandem.bench.distributed import distributed_phase, worker_main
+from tandem.cli.common import config_from_args
+from tandem.cli.main import build_parser, main
+from tandem.distributed import launch
+from tandem.errors import UsageError
+
+
+# Every flag `tandem bench` had before it was derived from BenchConfig, short forms included.
+_FLAGS_BEFORE = {
+    "-h", "--help", "-a", "--arch", "--data", "-j", "--workers", "--strategies", "--devices",
+    "-b", "--batch-size", "--steps", "--warmup", "--image-size", "--num-classes", "--amp",
+    "--amp-dtype", "--channels-last", "--sync-bn", "--buffers", "--baselines", "--threads",
+    "--compile", "--compile-mode", "--seed", "--dist-timeout", "--json", "--explain",
+}
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices["bench"]
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", *argv])
+
+
+def test_every_config_field_has_exactly_one_flag():
+    dests = Counter(a.dest for a in _bench_parser()._actions if a.option_strings)
+    for f in dataclasses.fields(BenchConfig):
+        assert dests[f.name] == (1 if f.init else 0), f.name
+
+
+def test_the_flags_are_the_ones_it_had_plus_the_fields_that_had_none():
+    flags = {s for a in _bench_parser()._actions for s in a.option_strings}
+    assert flags == _FLAGS_BEFORE | {"--lr", "--no-cudnn-benchmark"}
+
+
+def test_parsing_the_defaults_gives_the_default_config():
+    assert config_from_args(BenchConfig, _parse("-a", "cifar_resnet20")) == \
+        BenchConfig(arch="cifar_resnet20")
+
+
+def test_every_flag_reaches_its_field():
+    args = _parse("-a", "resnet18", "--strategies", "single,dp", "--devices", "cpu:2", "-b", "8",
+                  "--steps", "2", "--warmup", "1", "--image-size", "16", "--num-classes", "5",
+                  "--amp", "--amp-dtype", "bf16", "--channels-last", "--sync-bn", "--buffers",
+                  "average", "--baselines", "none", "--lr", "0.5", "--seed", "3",
+                  "--dist-timeout", "10", "--no-cudnn-benchmark", "--threads", "2", "--compile",
+                  "--compile-mode", "max-autotune")
+    assert config_from_args(BenchConfig, args) == BenchConfig(
+        arch="resnet18", strategies=("single", "dp"), devices="cpu:2", batch_size=8, steps=2,
+        warmup=1, image_size=16, num_classes=5, amp=True, amp_dtype="bf16", channels_last=True,
+        sync_bn=True, buffers="average", baselines=(), lr=0.5, seed=3, dist_timeout=10.0,
+        cudnn_benchmark=False, threads=2, compile=True, compile_mode="max-autotune")
+
+
+def test_a_bad_choice_is_the_configs_one_line(capsys):
+    assert main(["bench", "-a", "cifar_resnet20", "--devices", "cpu", "--amp-dtype", "fp8"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "tandem: error: bad amp dtype 'fp8': choose bf16 or fp16"
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("argv, passes", [
+    ([], {}),  # run_loader_bench's own defaults, not the race's --steps 20 --warmup 3
+    (["--steps", "20", "--warmup", "0"], {"rounds": 20, "warmup": 0}),
+    (["--image-size", "16", "-j", "2"], {"image_size": 16, "workers": 2}),
+])
+def test_data_counts_passes_with_the_loader_benchs_defaults(monkeypatch, tmp_path, argv, passes):
+    seen = {}
+
+    def spy(data, **kwargs):
+        seen.update(kwargs, data=data)
+        raise _Stop
+
+    monkeypatch.setattr(loader_bench, "run_loader_bench", spy)
+    with pytest.raises(_Stop):
+        main(["bench", "--data", str(tmp_path), *argv])
+    assert seen == {"data": str(tmp_path), "workers": 0, "batch_size": 64, "seed": 0, **passes}
+
+
+# -- the torchrun phase goes through tandem.distributed.launch ------------------------------
+
+def _config(**kw) -> BenchConfig:
+    return BenchConfig(arch="cifar_resnet20", strategies="single,ddp", devices="cpu:2",
+                       baselines="none", dist_timeout=7, **kw)
+
+
+def _spy_launcher(monkeypatch, returncode=0, stderr="", write=True, expire=False) -> list:
+    """Replace launch.run_captured; it records its calls and acts as torchrun would have."""
+    calls = []
+
+    def run_captured(spec, timeout=None):
+        calls.append((spec, timeout))
+        if expire:
+            raise subprocess.TimeoutExpired(launch.torchrun_argv(spec), timeout)
+        command = spec.command
+        if write:
+            names = command[command.index("--names") + 1].split(",")
+            with open(command[command.index("--out") + 1], "w") as f:
+                json.dump([{"name": n, "status": "ok"} for n in names], f)
+        return subprocess.CompletedProcess(launch.torchrun_argv(spec), returncode, "", stderr)
+
+    monkeypatch.setattr(launch, "run_captured", run_captured)
+    return calls
+
+
+def test_the_torchrun_phase_runs_through_launch_run_captured(monkeypatch):
+    calls = _spy_launcher(monkeypatch)
+    assert distributed_phase(_config(threads=1), ["ddp"]) == [{"name": "ddp", "status": "ok"}]
+    [(spec, timeout)] = calls
+    assert timeout == 7 and spec.nproc_per_node == 2 and spec.max_restarts == 0
+    assert spec.extra_env == {"OMP_NUM_THREADS": "1"}
+    argv = launch.torchrun_argv(spec)
+    assert argv[argv.index("-m") + 1:argv.index("-m") + 3] == ["tandem.bench.distributed",
+                                                               "--config"]
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
+
+
+def test_without_threads_the_workers_split_torchs_or_keep_omp(monkeypatch):
+    calls = _spy_launcher(monkeypatch)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    distributed_phase(_config(), ["ddp"])
+    assert calls[-1][0].extra_env == {}  # the caller's OMP_NUM_THREADS reaches the workers
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr("torch.get_num_threads", lambda: 8)
+    distributed_phase(_config(), ["ddp"])
+    assert calls[-1][0].extra_env == {"OMP_NUM_THREADS": "4"}
+
+
+@pytest.mark.parametrize("spy, reason", [
+    (dict(returncode=1, stderr="noise\nRuntimeError: boom\nmore noise\n"),
+     "torchrun phase exited with 1: RuntimeError: boom"),
+    (dict(expire=True), "torchrun phase timed out after 7s"),
+    (dict(write=False), "torchrun phase wrote no results"),
+])
+def test_a_failed_torchrun_phase_fails_each_contestant_with_one_reason(monkeypatch, spy,
+                                                                       reason):
+    _spy_launcher(monkeypatch, **spy)
+    [result] = distributed_phase(_config(), ["ddp"])
+    assert (result["status"], result["reason"], result["phase"]) == ("failed", reason,
+                                                                     "torchrun")
+
+
+def test_a_worker_started_by_hand_says_how_to_launch(monkeypatch, tmp_path):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_config().to_dict()))
+    with pytest.raises(UsageError, match="tandem.bench.distributed needs torchrun's environment"):
+        worker_main(["--config", str(config), "--names", "ddp", "--out", str(tmp_path / "o")])
