@@ -51,14 +51,14 @@ def resolve(reference: str, what: str) -> Callable:
     if not is_reference(reference):
         raise UsageError(f"{what} '{reference}' is not of the form package.module:function")
     module_name, _, attr = reference.partition(":")
-    found = _import(module_name, reference, what)
+    found, owner = _import(module_name, reference, what), module_name
     for part in attr.split("."):
         if not hasattr(found, part):
             names = [n for n in dir(found) if not n.startswith("_")]
             close = difflib.get_close_matches(part, names, n=3)
             hint = f": did you mean {', '.join(close)}?" if close else ""
-            raise UsageError(f"{what} '{reference}': {module_name} has no {part!r}{hint}")
-        found = getattr(found, part)
+            raise UsageError(f"{what} '{reference}': {owner} has no {part!r}{hint}")
+        found, owner = getattr(found, part), part
     if not callable(found):
         raise UsageError(f"{what} '{reference}' is a {type(found).__name__}, not a function")
     return found
