@@ -5,7 +5,19 @@ Layers (data flows down; nothing imports upward)::
     cli -> train -> strategies -> parallel / hybrid / distributed -> models, data
 
 Every strategy computes the same update as one device training on the whole batch.
+``tandem.fit(model, train_data, val_data, **settings)`` trains a model of your own
+(:mod:`tandem.api`).
 """
 
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = ["__version__", "fit"]
+
+
+def __getattr__(name: str):
+    # ``tandem.fit`` is imported on first use: `import tandem` (and `tandem --version`) stay
+    # light, without torch.
+    if name == "fit":
+        from tandem.api import fit
+
+        return fit
+    raise AttributeError(f"module 'tandem' has no attribute {name!r}")

@@ -9,6 +9,8 @@ optimizer steps and stops early without changing the schedule.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -77,7 +79,9 @@ def _check_choice(value: str, choices: tuple, flag: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str = opt("cifar_resnet20", "model architecture (see `tandem models`)",
+    arch: str = opt("cifar_resnet20", "model architecture (see `tandem models`), or "
+                    "package.module:function building your own (called with num_classes= and "
+                    "in_channels= when it takes them)",
                     "-a", "--arch", metavar="ARCH")
     dropout: float | None = opt(None, "dropout probability for models with dropout "
                                 "(default: the model's own)", metavar="P")
@@ -96,8 +100,9 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    data: str = opt("digits", "dataset: synthetic, digits, an ImageFolder directory or a "
-                    "CIFAR-10 python directory. An ImageFolder without train/ and val/ is split "
+    data: str = opt("digits", "dataset: synthetic, digits, an ImageFolder directory, a "
+                    "CIFAR-10 python directory, or package.module:function returning your own "
+                    "(train, val[, class_names]). An ImageFolder without train/ and val/ is split "
                     "80/20 per class by a fixed shuffle, the same whatever --seed (one line "
                     "says so)", metavar="NAME|DIR")
     augment: str = opt("auto", "training augmentation. auto (default): imagenet for an ImageFolder "
@@ -141,6 +146,8 @@ class OptimConfig:
     lr_gamma: float = opt(0.1, "step schedule: decay factor", metavar="G")
     warmup_epochs: float = opt(0.0, "linear learning-rate warm-up, in epochs", metavar="EPOCHS")
     label_smoothing: float = opt(0.1, "cross-entropy label smoothing", metavar="E")
+    ignore_index: int = opt(-100, "cross-entropy: targets of this class add nothing to the "
+                            "loss (e.g. 255 for unlabelled pixels)", metavar="C")
     accum_steps: int = opt(1, "global batches per optimizer step (gradient accumulation)",
                            metavar="K")
     max_steps: int | None = opt(None, "stop this invocation once the run has made N optimizer "
@@ -227,6 +234,19 @@ class RunConfig:
                f"bad --save-every {self.save_every}: must be >= 1")
 
 
+def _check_type(section, name: str, value) -> None:
+    """``value`` has field ``name``'s type (an int is a float too; a bool is no int)."""
+    hint = typing.get_type_hints(section)[name]
+    allowed = tuple(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+    if value is None and type(None) in typing.get_args(hint):
+        return
+    ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+    if not ok and float in allowed:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    _check(ok, f"bad {name} {value!r}: must be {' or '.join(t.__name__ for t in allowed)}"
+               f"{' or None' if type(None) in typing.get_args(hint) else ''}")
+
+
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
             "parallel": ParallelConfig, "run": RunConfig}
 
@@ -255,6 +275,23 @@ class TrainConfig:
                 if f.metadata.get("on_resume", FIXED) == PER_CALL:
                     del saved[name][f.name]
         return saved
+
+    @classmethod
+    def from_settings(cls, settings: dict, caller: str = "tandem.fit()") -> "TrainConfig":
+        """Build from flat field names (``batch_size=64, strategy="dp"``), each checked as
+        from the command line. An unknown name is an error suggesting close ones."""
+        where = {f.name: name for name, section in SECTIONS.items()
+                 for f in dataclasses.fields(section)}
+        values: dict[str, dict] = {name: {} for name in SECTIONS}
+        for key, value in settings.items():
+            if key not in where:
+                close = difflib.get_close_matches(key, list(where), n=3, cutoff=0.6)
+                hint = f": did you mean {' or '.join(close)}?" if close else \
+                    " (the settings are the `tandem train` flags' names, e.g. batch_size)"
+                raise UsageError(f"{caller} got an unknown setting {key!r}{hint}")
+            _check_type(SECTIONS[where[key]], key, value)
+            values[where[key]][key] = value
+        return cls(**{name: SECTIONS[name](**v) for name, v in values.items()})
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":

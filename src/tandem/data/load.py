@@ -4,8 +4,9 @@
 are never read from disk.
 
 ``spec`` is ``synthetic``, ``digits`` (names win: write ``./digits`` for a directory), a CIFAR-10
-pickle directory or an ImageFolder directory. A missing path raises ``FileNotFoundError``; an
-unknown word raises ``ValueError`` listing the valid names.
+pickle directory, an ImageFolder directory, or ``package.module:function`` returning data sets
+of the user's own (:mod:`.given`; a path of that name wins). A missing path raises
+``FileNotFoundError``; an unknown word raises ``ValueError`` listing the valid names.
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import os
 from pathlib import Path
 
 from tandem.errors import MissingFileError, UsageError
+from tandem.factory import is_reference
 
 from .base import AUGMENT_MODES, SPLITS
 
-__all__ = ["load_dataset", "DATASET_NAMES", "AUGMENT_CHOICES", "DEFAULT_AUGMENT", "SPLITS"]
+__all__ = ["load_dataset", "DATASET_NAMES", "GIVEN_DATA", "AUGMENT_CHOICES", "DEFAULT_AUGMENT",
+           "SPLITS"]
 
 DATASET_NAMES = ("synthetic", "digits")
 # "auto" is each kind of data's own recipe: DEFAULT_AUGMENT["imagefolder"] for ImageFolder
 # directories, DEFAULT_AUGMENT["other"] for digits, synthetic and CIFAR-10.
 AUGMENT_CHOICES = ("auto", *AUGMENT_MODES)
 DEFAULT_AUGMENT = {"imagefolder": "imagenet", "other": "standard"}
+#: what a run's config records for data sets handed to ``tandem.fit`` (nothing to load again)
+GIVEN_DATA = "given-to-tandem.fit"
 
 
 def _augment_for(augment: str, kind: str, spec: str) -> str:
@@ -73,12 +78,20 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
         raise UsageError(f"data spec must be a name or a path, got {spec!r}")
     spec = os.fspath(spec)
     splits = _check_splits(splits)
-    if spec == "synthetic":
+    if spec == GIVEN_DATA:
+        raise UsageError(f"this run's data sets were given to tandem.fit, and tandem cannot "
+                         f"load them again: give the data (a name, directory or "
+                         f"package.module:function)")
+    if is_reference(spec) and not os.path.exists(spec):
+        from .given import load_factory
+        result = load_factory(spec, splits=splits, augment=augment, image_size=image_size,
+                              num_classes=num_classes)
+    elif spec == "synthetic":
         from .synthetic import load_synthetic
         return load_synthetic(augment=_augment_for(augment, "other", spec), seed=seed,
                               image_size=image_size, size=synthetic_size, num_classes=num_classes,
                               splits=splits)
-    if spec == "digits":
+    elif spec == "digits":
         from .digits import load_digits_data
         result = load_digits_data(augment=_augment_for(augment, "other", spec),
                                   image_size=image_size, splits=splits)
@@ -91,7 +104,8 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
                     f"directory)")
             raise UsageError(
                 f"unknown dataset {spec!r}: not one of {', '.join(DATASET_NAMES)}, and no such "
-                f"path (give a path to an ImageFolder or CIFAR-10 python directory)")
+                f"path (give a path to an ImageFolder or CIFAR-10 python directory, or "
+                f"package.module:function returning your own)")
         if not path.is_dir():
             raise UsageError(f"data path '{spec}' is not a directory")
         from .cifar10 import find_cifar_dir, load_cifar10

@@ -4,6 +4,9 @@ Each model is a function decorated with :func:`register_model`, which records it
 ``native_input_size`` (where ``tandem models`` counts MACs) and ``min_input_size`` (what a data
 set is checked against). :func:`create_model` checks keyword arguments against the entry point's
 signature, so a misspelt option is an error naming the accepted ones, never a silent default.
+A name of the form ``package.module:function`` is a model factory of the user's own
+(:mod:`tandem.factory`): it is imported, and called with ``num_classes`` and ``in_channels``
+when its signature takes them.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from torch import nn
+from tandem import factory
 from tandem.errors import UsageError
 
-__all__ = ["ModelInfo", "register_model", "create_model", "list_models", "model_info",
+__all__ = ["ModelInfo", "FACTORY", "register_model", "create_model", "list_models", "model_info",
            "native_input_size", "closest_names", "unknown_model_message"]
 
 
@@ -33,8 +37,10 @@ class ModelInfo:
 
     @property
     def default_num_classes(self) -> int:
-        """The entry point's own ``num_classes`` default (1000 ImageNet, 10 CIFAR)."""
-        return inspect.signature(self.fn).parameters["num_classes"].default
+        """The entry point's own ``num_classes`` default (1000 ImageNet, 10 CIFAR; ``None``
+        for a factory without one)."""
+        param = inspect.signature(self.fn).parameters.get("num_classes")
+        return None if param is None or param.default is param.empty else param.default
 
     @property
     def options(self) -> list[str]:
@@ -43,6 +49,9 @@ class ModelInfo:
 
 
 _REGISTRY: dict[str, ModelInfo] = {}
+
+#: the ``family`` of a ``package.module:function`` model (sizes unknown: 0 native, 1 minimum)
+FACTORY = "factory"
 
 
 def register_model(*, native_input_size: int, min_input_size: int, family: str):
@@ -78,7 +87,10 @@ def _natural_key(name: str) -> list:
 
 def model_info(name: str) -> ModelInfo:
     """The :class:`ModelInfo` for ``name``; an unknown name is a ``UsageError`` suggesting the
-    closest names (or, with none close, listing every one)."""
+    closest names (or, with none close, listing every one). A ``package.module:function``
+    name is imported (a failure is one line naming it)."""
+    if factory.is_reference(name):
+        return ModelInfo(name, factory.resolve(name, "model factory"), 0, 1, FACTORY)
     _load_builtin_models()
     try:
         return _REGISTRY[name]
@@ -139,6 +151,8 @@ def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Modu
     the accepted ones) or a bad value.
     """
     info = model_info(name)
+    if info.family == FACTORY:
+        return _from_factory(info, num_classes, kwargs)
     accepted = info.options
     unknown = sorted(k for k in kwargs if k not in accepted)
     if unknown:
@@ -154,6 +168,17 @@ def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Modu
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"model {name!r}: {key} must be a positive int, got {value!r}")
     return info.fn(**kwargs)
+
+
+def _from_factory(info: ModelInfo, num_classes: int | None, kwargs: dict) -> nn.Module:
+    """Call a model factory: ``num_classes`` and ``in_channels`` when it takes them, any other
+    option always; what it returns must be a module."""
+    offered = {"num_classes": num_classes, "in_channels": kwargs.pop("in_channels", None)}
+    model = factory.call(info.name, info.fn, "model factory", offered=offered, required=kwargs)
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"model factory '{info.name}' returned a {type(model).__name__}, not "
+                         f"a torch.nn.Module")
+    return model
 
 
 _loaded = False

@@ -173,9 +173,12 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> Meter:
-        """Loss, top-1 and top-5 over the whole validation set, every sample counted once."""
-        self.model.eval()
+        """Loss, top-1 and top-5 over the whole validation set, every sample counted once
+        (none without one: ``tandem.fit(..., val_data=None)``)."""
         meter = Meter()
+        if self.val_set is None:
+            return meter
+        self.model.eval()
         for images, targets in self._loader(self.val_set, train=False, epoch=0):
             images, targets = self._to_device(images, targets)
             with self._autocast():

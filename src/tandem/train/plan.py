@@ -4,16 +4,22 @@
 pick the devices and the strategy, check what the strategy can do (``--amp``,
 ``--channels-last``, ``--compile``, the model) and what may happen to ``--out``. A refusal
 comes before any process group is joined, any data read or anything compiled or written.
+``tandem.fit`` hands over its model, data sets and criterion as :class:`Supplied`; the plan
+and the build then take them instead of building what the config names. A
+``package.module:function`` model is checked by its strategy once it is built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
+from torch import nn
 
 from tandem.config import ParallelConfig, TrainConfig
 from tandem.errors import UsageError
+from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
 from tandem.strategies import Strategy, create_strategy
@@ -23,11 +29,22 @@ from . import foreign
 from .resume import check_launched, complete_line, resumed_config
 from .rundir import RunDir
 
-__all__ = ["RunPlan", "plan_train", "plan_eval", "FRESH", "RESUMED", "FORKED", "EVALUATE"]
+__all__ = ["RunPlan", "Supplied", "check_model", "plan_train", "plan_eval", "FRESH", "RESUMED",
+           "FORKED", "EVALUATE"]
 
 #: what a run does to its directory: starts it, continues it there, continues it in a new one,
 #: or writes nothing (validation only)
 FRESH, RESUMED, FORKED, EVALUATE = "fresh", "resumed", "forked", "evaluate"
+
+
+@dataclass(frozen=True)
+class Supplied:
+    """What a caller hands over instead of the config's names (``tandem.fit``): a model,
+    the data sets ``(train, val, info)`` and a criterion; ``None``: built as configured."""
+
+    model: nn.Module | None = field(default=None, repr=False)
+    data: tuple | None = field(default=None, repr=False)
+    criterion: Callable | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,7 @@ class RunPlan:
     checkpoint: dict | None = field(default=None, repr=False)  # what --resume names, read
     notes: tuple[str, ...] = ()  # what the resume took or changed, one line each
     given: frozenset[str] = frozenset()  # fields typed on the command line
+    supplied: Supplied = field(default_factory=Supplied)
 
     @property
     def resume_path(self) -> str | None:
@@ -60,21 +78,24 @@ class RunPlan:
         return self.strategy.rank
 
 
-def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> RunPlan | str:
-    """The plan of ``tandem train``; or, for a complete run, the one line to print instead."""
+def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
+               supplied: Supplied = Supplied()) -> RunPlan | str:
+    """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
+    complete run, the one line to print instead."""
     cfg, ckpt, notes = resumed_config(cfg, given)
-    model_info(cfg.model.arch)  # a mistyped --arch, before anything else
+    if supplied.model is None:
+        model_info(cfg.model.arch)  # a mistyped --arch (or a factory that fails to import)
     if cfg.run.evaluate:  # notes: only what a file from elsewhere is evaluated as
         note = None
         if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
             cfg, note = foreign.eval_settings(cfg, given, cfg.run.resume)
-        return plan_eval(cfg, ckpt, [note] if note else [])
+        return plan_eval(cfg, ckpt, [note] if note else [], supplied)
     if ckpt is not None:
         line = complete_line(cfg, ckpt, given)
         if line is not None:
             return line
         check_launched(cfg, ckpt, given)
-    strategy = _strategy(cfg.parallel, cfg.model.arch)
+    strategy = _strategy(cfg.parallel, cfg.model.arch, supplied.model)
     run, source = RunDir(cfg.run.out), None
     continues = ckpt is not None and not foreign.is_foreign(ckpt)
     if continues:
@@ -82,18 +103,26 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> RunPlan
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
     if mode != RESUMED:
         run.check_fresh(cfg.run.overwrite)
-    return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given)
+    return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied)
 
 
-def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=()) -> RunPlan:
+def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
+              supplied: Supplied = Supplied()) -> RunPlan:
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing."""
-    return RunPlan(cfg, _strategy(cfg.parallel, cfg.model.arch), EVALUATE, checkpoint=ckpt,
-                   notes=tuple(notes))
+    return RunPlan(cfg, _strategy(cfg.parallel, cfg.model.arch, supplied.model), EVALUATE,
+                   checkpoint=ckpt, notes=tuple(notes), supplied=supplied)
 
 
-def _strategy(cfg: ParallelConfig, arch: str) -> Strategy:
+def check_model(strategy: Strategy, model: nn.Module) -> None:
+    """Refuse a model ``strategy`` cannot train, in one line."""
+    problem = strategy.check_model(model)
+    if problem:
+        raise UsageError(f"--strategy {strategy.name} {problem}")
+
+
+def _strategy(cfg: ParallelConfig, arch: str, model: nn.Module | None = None) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
-    ``arch`` with the options asked for."""
+    ``model`` (else ``arch``) with the options asked for."""
     strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
                                sync_bn=cfg.sync_bn, buffers=cfg.buffers)
     for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
@@ -102,9 +131,10 @@ def _strategy(cfg: ParallelConfig, arch: str) -> Strategy:
                              f"{strategy.device}")
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
-    with torch.device("meta"):  # the model's structure, no memory and no weights
-        problem = strategy.check_model(create_model(arch))
-    if problem:
-        raise UsageError(f"--strategy {cfg.strategy} {problem}")
+    if model is None and not is_reference(arch):  # a factory's: once built (train.run)
+        with torch.device("meta"):  # the model's structure, no memory and no weights
+            model = create_model(arch)
+    if model is not None:
+        check_model(strategy, model)
     return strategy
 

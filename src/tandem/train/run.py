@@ -4,7 +4,8 @@
 launched and the run built: data, the model seeded and built **on the CPU** (initial weights
 never depend on devices), set up by the strategy and given its weights by it, the optimizer
 on what setup returned; then the checkpoint's states restored, the run directory made ready,
-and the fit.
+and the fit. ``tandem.fit`` runs the same path with the model, data sets and criterion it was
+handed (:class:`~.plan.Supplied`) in place of those the config names.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, 
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.errors import UsageError
+from tandem.model_state import load_plain_state_dict
 from tandem.models import create_model, model_info
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy
@@ -33,12 +35,14 @@ from . import foreign
 from .interrupt import StopRequest
 from .loop import Trainer
 from .metrics import MetricsLog
-from .plan import EVALUATE, FORKED, FRESH, RESUMED, RunPlan, plan_eval, plan_train
+from .plan import (EVALUATE, FORKED, FRESH, RESUMED, RunPlan, check_model, plan_eval,
+                   plan_train)
 from .resume import check_max_steps, restore
 from .rundir import checkpoint_path as checkpoint_path_of
 from .schedule import make_scheduler
 
-__all__ = ["train", "evaluate", "build_data", "build_model", "make_criterion", "seed_everything"]
+__all__ = ["train", "execute", "evaluate", "build_data", "build_model", "make_criterion",
+           "seed_everything"]
 
 
 def seed_everything(seed: int) -> None:
@@ -64,6 +68,14 @@ def build_data(cfg: DataConfig, seed: int, splits: tuple[str, ...] = ("train", "
                         splits=splits)
 
 
+def _data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
+    """``(train, val, info)``: the data sets handed over, else those the config names."""
+    if plan.supplied.data is None:
+        return build_data(plan.cfg.data, plan.cfg.run.seed, splits)
+    train_set, val_set, info = plan.supplied.data
+    return (train_set if "train" in splits else None), val_set, info
+
+
 def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
     """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
     minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
@@ -76,9 +88,13 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
                         **kwargs)
 
 
-def make_criterion(cfg: OptimConfig, strategy: Strategy) -> nn.Module:
-    """Cross-entropy, the same in training, validation and ``tandem eval``."""
-    return nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(strategy.device)
+def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Module:
+    """Cross-entropy, the same in training, validation and ``tandem eval``; or the criterion
+    handed to ``tandem.fit`` (``given``), moved to the strategy's device."""
+    if given is not None:
+        return given.to(strategy.device) if isinstance(given, nn.Module) else given
+    return nn.CrossEntropyLoss(ignore_index=cfg.ignore_index,
+                               label_smoothing=cfg.label_smoothing).to(strategy.device)
 
 
 def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
@@ -113,9 +129,14 @@ def _prepared_model(plan: RunPlan, cfg: TrainConfig, info) -> nn.Module:
     """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`_with_model_classes`)
     set up by the plan's strategy, then given its weights by it (the checkpoint's, or
     ``--pretrained``): the same for training and for validation."""
-    strategy, ckpt = plan.strategy, plan.checkpoint
-    model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),
-                        cfg.run.seed)
+    strategy, ckpt, given = plan.strategy, plan.checkpoint, plan.supplied.model
+    if given is None:
+        model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),
+                            cfg.run.seed)
+        check_model(strategy, model)  # a factory's model, seen for the first time
+    else:  # the user's model, its weights as they are; the RNG where a built one starts
+        seed_everything(cfg.run.seed)
+        model = given
     model = model.to(getattr(torch, cfg.parallel.dtype))
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -136,7 +157,7 @@ def _build(plan: RunPlan) -> dict:
     """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
     schedule and scaler, and the resolved config (the keyword arguments of :class:`Trainer`)."""
     strategy = plan.strategy
-    train_set, val_set, info = build_data(plan.cfg.data, plan.cfg.run.seed)
+    train_set, val_set, info = _data(plan)
     cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
     wrapped = _prepared_model(plan, cfg, info)
     optim = cfg.optim
@@ -144,7 +165,8 @@ def _build(plan: RunPlan) -> dict:
                                 weight_decay=optim.weight_decay, nesterov=optim.nesterov)
     batches = batches_per_epoch(train_set, optim.batch_size)
     return dict(
-        cfg=cfg, strategy=strategy, model=wrapped, criterion=make_criterion(optim, strategy),
+        cfg=cfg, strategy=strategy, model=wrapped,
+        criterion=make_criterion(optim, strategy, plan.supplied.criterion),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
         scaler=torch.amp.GradScaler(strategy.device.type, enabled=cfg.parallel.amp),
@@ -196,11 +218,18 @@ def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
 
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     """``tandem train``: fit (or only validate). ``given``: fields typed on the command line."""
-    plan = plan_train(cfg, given)  # every check, before anything is joined, read or written
+    execute(plan_train(cfg, given))  # the plan: every check, before anything is done
+    return 0
+
+
+def execute(plan: RunPlan | str) -> dict | None:
+    """Run ``plan`` (:func:`~.plan.plan_train`'s): fit, or validate only; return the last
+    metrics row (the validation's figures with ``-e``), on the main process, else ``None``.
+    A supplied model is left holding the final weights."""
     if isinstance(plan, str):  # a complete run: one line, from the first process
         if os.environ.get("RANK", "0") == "0":
             print(plan, flush=True)
-        return 0
+        return None
     if plan.mode == EVALUATE:
         return _print_validation(plan)
     with plan.strategy as strategy:  # joins the process group (ddp); always leaves it
@@ -210,20 +239,24 @@ def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
         _warm_up(trainer, train=True)
         log = _open_run_dir(plan, trainer, notes)
         with StopRequest(quiet=not strategy.is_main) as stop:
-            trainer.fit(log, stop)
+            records = trainer.fit(log, stop)
+        if plan.supplied.model is not None:
+            load_plain_state_dict(plan.supplied.model, strategy.state_dict(trainer.model))
         strategy.barrier()
-    return 0
+    return records[-1] if records and strategy.is_main else None
 
 
-def _print_validation(plan: RunPlan) -> int:
+def _print_validation(plan: RunPlan) -> dict | None:
     """``train -e``: validate and print one line (and what a file from elsewhere assumed)."""
     result = _validate(plan)
-    if result["is_main"]:
-        for note in plan.notes:
-            print(note)
-        print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
-              f"{result['acc5']:.2f}% ({result['count']} images)")
-    return 0
+    if not result["is_main"]:
+        return None
+    for note in plan.notes:
+        print(note)
+    print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
+          f"{result['acc5']:.2f}% ({result['count']} images)")
+    return {"val_loss": result["loss"], "val_acc": result["acc1"],
+            "val_acc5": result["acc5"], "count": result["count"]}
 
 
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
@@ -260,10 +293,13 @@ def _validate(plan: RunPlan) -> dict:
     """One pass over the validation set of the plan's model (with its checkpoint's weights,
     if any), the same for ``tandem eval`` and ``tandem train -e``."""
     with plan.strategy as strategy:
-        _, val_set, info = build_data(plan.cfg.data, plan.cfg.run.seed, splits=("val",))
+        _, val_set, info = _data(plan, splits=("val",))
+        if val_set is None:
+            raise UsageError("no validation data to evaluate on (val_data is None)")
         cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
         trainer = Trainer(cfg=cfg, strategy=strategy, model=_prepared_model(plan, cfg, info),
-                          criterion=make_criterion(cfg.optim, strategy), optimizer=None,
+                          criterion=make_criterion(cfg.optim, strategy, plan.supplied.criterion),
+                          optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,
                           batches_per_epoch=0, config_dict={})
         seconds = _warm_up(trainer, train=False)

@@ -1,0 +1,95 @@
+"""``tandem.fit``: train a model and data sets of your own, as ``tandem train`` does.
+
+    import tandem
+    row = tandem.fit(model, train_data, val_data, strategy="balanced", devices="cpu:3",
+                     batch_size=64, epochs=10, out="runs/mine", sync_bn=True)
+
+It runs the CLI's own path (:func:`tandem.train.run.execute`: plan, build, restore, fit) with
+what it is handed in place of what ``--arch`` and ``--data`` name, so it writes the same run
+directory and ``resume=`` continues it exactly. Under torchrun (``tandem launch``) the same
+call is one rank of a multi-process job.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Callable
+
+from torch import nn
+
+from tandem.config import TrainConfig
+from tandem.data.given import given_data
+from tandem.data.load import GIVEN_DATA
+from tandem.distributed.env import in_torchrun
+from tandem.errors import UsageError
+from tandem.parallel.devices import parse_device_spec
+from tandem.strategies import strategy_class, strategy_names
+from tandem.train.plan import Supplied, plan_train
+from tandem.train.rundir import RunDir, checkpoint_path
+from tandem.train.run import execute
+
+__all__ = ["fit"]
+
+
+def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callable | None = None,
+        classes=None, **settings) -> dict | None:
+    """Train ``model`` on ``train_data``, validating on ``val_data`` after every epoch.
+
+    ``train_data`` and ``val_data`` are map-style data sets of ``(input, target)`` pairs,
+    floating-point inputs and class-index targets (``val_data`` may be ``None``: no
+    validation); ``classes``, their names. ``settings`` are ``tandem train``'s, under the
+    config's field names (``batch_size=64``, ``strategy="dp"``, ``resume="runs/mine"``), with
+    the same checks and one-line errors (:class:`~tandem.errors.UsageError`). ``criterion``
+    defaults to cross-entropy with ``ignore_index`` and ``label_smoothing``; it is not saved,
+    so a resume is handed it again. ``model=None`` builds ``arch`` and ``train_data=None``
+    loads ``data``, as the CLI does.
+
+    Returns the last metrics row (a ``metrics.jsonl`` row; with ``evaluate=True`` the
+    validation's figures), on the main process; ``None`` on the other ranks of a launch. The
+    model is left holding the final weights; they are also in ``out``/``checkpoint.pt``.
+    Warning: the model's initial weights are used as they are (seed them yourself), and with
+    several processes, rank 0's. Under torchrun a one-process ``strategy`` becomes one process
+    per device (``ddp``), and one line says so.
+    """
+    cfg = TrainConfig.from_settings(settings)
+    given = frozenset(settings)
+    if model is not None and "arch" in settings:
+        raise UsageError("tandem.fit() got a model and arch=: give one of them")
+    if train_data is not None and "data" in settings:
+        raise UsageError("tandem.fit() got train_data and data=: give one of them")
+    if model is not None and not isinstance(model, nn.Module):
+        raise UsageError(f"tandem.fit(): model is a {type(model).__name__}, not a "
+                         f"torch.nn.Module")
+    cfg, given = _multiprocess(cfg, given)
+    if model is not None:  # what the run's config says built it (re-importable if a module's)
+        arch = f"{type(model).__module__}:{type(model).__qualname__}"
+        cfg = replace(cfg, model=replace(cfg.model, arch=arch))
+    data = None
+    if train_data is not None:
+        data = given_data(train_data, val_data, classes, name="tandem.fit()",
+                          augment=cfg.data.augment, image_size=cfg.data.image_size,
+                          num_classes=cfg.data.num_classes)
+        cfg = replace(cfg, data=replace(cfg.data, data=GIVEN_DATA))
+    elif val_data is not None or classes is not None:
+        raise UsageError("tandem.fit() got val_data or classes without train_data")
+    plan = plan_train(cfg, given, Supplied(model, data, criterion))
+    row = execute(plan)
+    if isinstance(plan, str) and os.environ.get("RANK", "0") == "0":  # complete already
+        rows = RunDir.of(checkpoint_path(cfg.run.resume)).read_metrics()
+        return rows[-1] if rows else None
+    return row
+
+
+def _multiprocess(cfg: TrainConfig, given: frozenset[str]):
+    """Under torchrun, a one-process strategy becomes the multi-process one, one device per
+    process (of the kind asked for); one line says so on rank 0."""
+    if not in_torchrun() or strategy_class(cfg.parallel.strategy).multiprocess:
+        return cfg, given
+    name = strategy_names(multiprocess=True)[0]
+    kind = parse_device_spec(cfg.parallel.devices, "devices")[0].type
+    if os.environ.get("RANK") == "0":
+        print(f"under torchrun: strategy {name} on {kind}, one process per device "
+              f"(instead of {cfg.parallel.strategy} on {cfg.parallel.devices})", flush=True)
+    parallel = replace(cfg.parallel, strategy=name, devices=kind)
+    return replace(cfg, parallel=parallel), given | {"strategy", "devices"}

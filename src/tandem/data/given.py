@@ -1,0 +1,119 @@
+"""Data sets of the user's own: map-style ``(input, target)`` data sets, as ``tandem.fit`` takes
+them or a ``--data package.module:function`` factory returns them.
+
+:class:`GivenDataset` lets one be read like tandem's own: by sample key ``(index, seed, epoch)``
+(only the index is used: the data set does its own augmentation, if any), with the ``shape``
+that empty batches take. Targets must be class indices. :func:`given_data` is the one place that
+checks such a pair and says what a model needs to know about it (:class:`DatasetInfo`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from tandem import factory
+from tandem.errors import UsageError
+
+from .base import SPLITS, DatasetInfo, split_key
+
+__all__ = ["GivenDataset", "given_data", "load_factory"]
+
+
+class GivenDataset(Dataset):
+    """A user's map-style data set read by sample key; inputs become tensors, targets ints."""
+
+    def __init__(self, dataset, name: str):
+        if isinstance(dataset, IterableDataset) or not (
+                hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise UsageError(f"{name} is a {type(dataset).__name__}, not a map-style data set "
+                             f"(with __len__ and __getitem__ giving (input, target) pairs)")
+        if len(dataset) == 0:
+            raise UsageError(f"{name} is empty")
+        self.dataset, self.name = dataset, name
+        first = self.sample(0)[0]
+        if not first.is_floating_point():
+            raise UsageError(f"{name}[0] has a {first.dtype} input: give floating-point inputs "
+                             f"(normalised as the model expects)")
+        self.shape = tuple(first.shape)  # of every input: what an empty batch takes
+        self.dtype = first.dtype
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def sample(self, index: int) -> tuple[torch.Tensor, int]:
+        item = self.dataset[index]
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise UsageError(f"{self.name}[{index}] is a {type(item).__name__}, not an "
+                             f"(input, target) pair")
+        inputs, target = item
+        try:
+            return torch.as_tensor(inputs), int(target)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise UsageError(f"{self.name}[{index}]: the input must be a tensor or array and "
+                             f"the target a class index ({type(exc).__name__}: {exc})") from None
+
+    def __getitem__(self, key) -> tuple[torch.Tensor, int]:
+        return self.sample(split_key(key)[0])
+
+    def labels(self) -> np.ndarray:
+        """Every target: the data set's ``targets`` when it has them, else read one by one."""
+        targets = getattr(self.dataset, "targets", None)
+        if targets is not None and len(targets) == len(self):
+            return np.asarray([int(t) for t in targets])
+        return np.asarray([self.sample(i)[1] for i in range(len(self))])
+
+
+def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] = SPLITS,
+               augment: str = "auto", image_size: int | None = None,
+               num_classes: int | None = None):
+    """``(train, val, info)`` of a user's data sets (``val`` may be None), as
+    :func:`~tandem.data.load_dataset` returns them; a split not in ``splits`` is None.
+
+    ``classes`` (names) gives the class count; without it the targets are read (max + 1).
+    ``augment`` and ``image_size`` act on tandem's own data sets only: a user's data set does
+    its own, and asking for them here is refused."""
+    if augment not in ("auto", "none"):
+        raise UsageError(f"augment {augment!r} applies to tandem's own data sets; {name} does "
+                         f"its own augmentation (leave augment at auto or none)")
+    if image_size is not None:
+        raise UsageError(f"image_size {image_size} resizes tandem's own data sets; {name} "
+                         f"gives its inputs at their own size")
+    if train is None and "train" in splits:
+        raise UsageError(f"{name} gives no training data")
+    sets = {"train": GivenDataset(train, f"{name} train data") if "train" in splits else None,
+            "val": GivenDataset(val, f"{name} val data")
+            if val is not None and "val" in splits else None}
+    present = [d for d in sets.values() if d is not None]
+    if not present:
+        raise UsageError(f"{name} gives no validation data")
+    shapes = {d.shape for d in present}
+    if len(shapes) > 1:
+        raise UsageError(f"{name}: train and val inputs differ in shape "
+                         f"({' vs '.join(map(str, shapes))})")
+    shape = present[0].shape
+    if classes is not None:
+        classes = [str(c) for c in classes]
+        count = len(classes)
+    elif num_classes is not None:
+        count = num_classes
+    else:
+        count = max(int(d.labels().max()) for d in present) + 1
+    info = DatasetInfo(name, count, shape[0] if len(shape) > 1 else 1,
+                       shape[-1] if shape else 1, classes)
+    return sets["train"], sets["val"], info
+
+
+def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS, augment: str = "auto",
+                 image_size: int | None = None, num_classes: int | None = None):
+    """``--data package.module:function``: call it (no arguments) for ``(train, val)`` or
+    ``(train, val, class_names)``, then :func:`given_data`."""
+    fn = factory.resolve(reference, "data factory")
+    result = factory.call(reference, fn, "data factory")
+    if not (isinstance(result, (tuple, list)) and len(result) in (2, 3)):
+        raise UsageError(f"data factory '{reference}' returned a {type(result).__name__}, not "
+                         f"(train, val) or (train, val, class_names)")
+    train, val, classes = (*result, None)[:3]
+    return given_data(train, val, classes, name=reference, splits=splits, augment=augment,
+                      image_size=image_size, num_classes=num_classes)

@@ -1,0 +1,86 @@
+"""``package.module:function`` references: a model or data set of the user's own, by name.
+
+``-a pkg.mod:make_net`` and ``--data pkg.mod:load`` name a function; the run's config keeps
+the string, so ``tandem eval``, ``--resume`` and every rank of a launch import it again. The
+current directory goes first on ``sys.path``, as with ``python -m``, so ``examples.x:f`` works
+from a repository's root. A reference that does not import, names nothing, or cannot be called
+with what tandem offers is one line naming it (:class:`~tandem.errors.UsageError`); an error
+raised *inside* the function is the user's code's and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import re
+import sys
+from typing import Callable
+
+from tandem.errors import UsageError, first_line
+
+__all__ = ["is_reference", "resolve", "call"]
+
+_NAME = r"[A-Za-z_]\w*"
+_REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")
+
+
+def is_reference(text) -> bool:
+    """True when ``text`` has the form ``package.module:function`` (``a.b:C.make`` too)."""
+    return isinstance(text, str) and _REFERENCE.match(text) is not None
+
+
+def _import(module_name: str, reference: str, what: str):
+    if module_name == "__main__":
+        raise UsageError(f"{what} '{reference}' was defined in a script run as __main__, "
+                         f"which cannot be imported again: move it into a module and name it "
+                         f"as module:function")
+    cwd = os.getcwd()
+    if cwd not in sys.path:  # what `python -m` does; the `tandem` script alone would not
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or anything the module raised while importing
+        raise UsageError(f"{what} '{reference}': importing {module_name} failed: "
+                         f"{type(exc).__name__}: {first_line(exc)}") from None
+
+
+def resolve(reference: str, what: str) -> Callable:
+    """The callable ``reference`` names (``what``: "model factory", "data factory")."""
+    if not is_reference(reference):
+        raise UsageError(f"{what} '{reference}' is not of the form package.module:function")
+    module_name, _, attr = reference.partition(":")
+    found, owner = _import(module_name, reference, what), module_name
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            names = [n for n in dir(found) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3)
+            hint = f": did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(f"{what} '{reference}': {owner} has no {part!r}{hint}")
+        found, owner = getattr(found, part), part
+    if not callable(found):
+        raise UsageError(f"{what} '{reference}' is a {type(found).__name__}, not a function")
+    return found
+
+
+def call(reference: str, fn: Callable, what: str, *, offered: dict | None = None,
+         required: dict | None = None):
+    """``fn(**kwargs)``: the ``offered`` keywords (not None) that its signature takes, and every
+    ``required`` one. Arguments that do not fit are one line naming ``reference``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: offer nothing
+        params = {}
+    any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in (offered or {}).items()
+              if v is not None and (any_keyword or k in params)}
+    kwargs.update(required or {})
+    try:
+        if params:
+            inspect.signature(fn).bind(**kwargs)
+    except TypeError as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no arguments"
+        raise UsageError(f"{what} '{reference}' cannot be called with {given}: "
+                         f"{first_line(exc)}") from None
+    return fn(**kwargs)

@@ -1,0 +1,103 @@
+"""`-a package.module:function` and `--data package.module:function` (tests/own_model.py) run as
+the zoo does: train, eval in a fresh process, resume, and a 2-process launch import them again
+from the run's config; a reference that fails is one line naming it (exit 2, no traceback)."""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+from conftest import run_in_process, run_tandem
+
+from tandem.factory import resolve
+from tandem.errors import UsageError
+
+pytestmark = pytest.mark.slow
+
+TESTS = os.path.dirname(os.path.abspath(__file__))  # own_model.py: the cwd of subprocesses
+OWN = ["-a", "own_model:make_net", "--data", "own_model:pairs", "-b", "7", "--no-progress",
+       "--seed", "3"]
+
+
+def ok(result):
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("own") / "run"
+    ok(run_in_process("train", *OWN, "--epochs", "2", "--max-steps", "3", "--out", out))
+    return out
+
+
+def test_train_records_both_references(run):
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["arch"] == "own_model:make_net"
+    assert config["data"]["data"] == "own_model:pairs"
+    assert config["resolved"]["dataset"] == {"name": "own_model:pairs", "num_classes": 3,
+                                             "in_channels": 1, "image_size": 8}
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert state["arch"] == "own_model:make_net"
+    assert state["state_dict"]["classifier.3.weight"].shape == (3, 12)  # num_classes=3 given
+
+
+def test_eval_and_resume_import_them_again(run, tmp_path):
+    result = ok(run_tandem("eval", "--resume", run, cwd=TESTS))  # a fresh interpreter
+    assert f"{run}: own_model:make_net val loss" in result.stdout and "(11 images)" in result.stdout
+    result = ok(run_tandem("train", "--resume", run, "--out", tmp_path / "more", cwd=TESTS))
+    assert "step 5:" in result.stdout and "epoch 2/2 step 10:" in result.stdout
+
+
+@pytest.mark.distributed
+def test_launch_imports_them_on_every_rank(tmp_path):
+    result = ok(run_tandem("launch", "--nproc-per-node", "2", "--", "train", *OWN,
+                           "--epochs", "1", "--strategy", "ddp", "--devices", "cpu", "--sync-bn",
+                           "--out", tmp_path, cwd=TESTS, timeout=240, PYTHONWARNINGS="ignore"))
+    assert "epoch 1/1 step 5:" in result.stdout
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["resolved"]["world_size"] == 2 and config["model"]["arch"] == "own_model:make_net"
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["-a", "no_such_module:make"], "tandem: error: model factory 'no_such_module:make': "
+                                    "importing no_such_module failed: ModuleNotFoundError"),
+    (["-a", "own_model:make_nett"], "tandem: error: model factory 'own_model:make_nett': "
+                                    "own_model has no 'make_nett': did you mean make_net"),
+    (["-a", "own_model:not_a_model"], "tandem: error: model factory 'own_model:not_a_model' "
+                                      "returned a str, not a torch.nn.Module"),
+    (["-a", "own_model:needs_depth"], "tandem: error: model factory 'own_model:needs_depth' "
+                                      "cannot be called with num_classes=3"),
+    (["-a", "own_model:Pairs.nothing"], "tandem: error: model factory "
+                                        "'own_model:Pairs.nothing': Pairs has no 'nothing'"),
+    (["--data", "own_model:not_data"], "tandem: error: data factory 'own_model:not_data' "
+                                       "returned a int, not (train, val)"),
+    (["--data", "own_model:nope"], "tandem: error: data factory 'own_model:nope': own_model "
+                                   "has no 'nope'"),
+])
+def test_a_reference_that_fails_is_one_line(flags, line, tmp_path):
+    args = ["-a", "own_model:make_net", "--data", "own_model:pairs", *flags]
+    result = run_in_process("train", *args, "--epochs", "1", "--out", tmp_path / "r")
+    assert result.returncode == 2 and result.stderr.startswith(line), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_eval_of_a_reference_that_no_longer_imports_is_one_line(run, tmp_path):
+    result = run_tandem("eval", "--resume", run, cwd=tmp_path)  # own_model.py is not here
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("tandem: error: data factory 'own_model:pairs': importing "
+                                    "own_model failed: ModuleNotFoundError")
+    assert "Traceback" not in result.stderr
+
+
+def test_the_working_directory_goes_on_sys_path(tmp_path, monkeypatch):
+    (tmp_path / "cwd_only_module.py").write_text("def make():\n    return 1\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "cwd_only_module", raising=False)
+    assert resolve("cwd_only_module:make", "model factory")() == 1
+    assert sys.path[0] == str(tmp_path)
+    with pytest.raises(UsageError, match="not of the form package.module:function"):
+        resolve("digits", "data factory")
