@@ -1,8 +1,8 @@
 """``--compile``: compile a model with ``torch.compile`` before a strategy sets it up.
 
-Two state-dict hooks drop ``_orig_mod.`` from the keys, so checkpoints of a compiled run load
-uncompiled. (``nn.Module.compile()`` is not used: it cannot trace an ``nn.Sequential`` ResNet
-as one graph.) A strategy that cannot run a compiled model says why in ``compile_unsupported``.
+Its state dict drops ``_orig_mod.`` from the keys (:mod:`tandem.state_keys`), so checkpoints
+of a compiled run load uncompiled. (``nn.Module.compile()`` is not used: it cannot trace an
+``nn.Sequential`` ResNet as one graph.) A strategy that cannot run a compiled model says why in ``compile_unsupported``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from tandem.errors import UsageError
+from tandem.state_keys import register_plain_keys
 
 from .base import _REGISTRY, Strategy
 
@@ -47,34 +48,12 @@ def compile_skip_reason(name: str, device_type: str = "cpu") -> str | None:
     return None
 
 
-_INNER = "_orig_mod."  # where OptimizedModule keeps the model
-
-
-def _save_plain_keys(module, state_dict, prefix, local_metadata) -> None:
-    """state_dict post-hook: ``<prefix>_orig_mod.x`` -> ``<prefix>x``."""
-    inner = prefix + _INNER
-    for key in [k for k in state_dict if k.startswith(inner)]:
-        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
-    metadata = getattr(state_dict, "_metadata", None)
-    for key in [k for k in (metadata or {}) if k.startswith(inner[:-1])]:
-        metadata[(prefix + key[len(inner):]) if key != inner[:-1] else prefix[:-1]] = \
-            metadata.pop(key)
-
-
-def _load_plain_keys(module, state_dict, prefix, *args) -> None:
-    """load_state_dict pre-hook: accept ``<prefix>x`` for ``<prefix>_orig_mod.x``."""
-    inner = prefix + _INNER
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
-        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
-
-
 def compiled(model: nn.Module, mode: str | None = None) -> nn.Module:
     """``torch.compile(model, mode=mode)`` whose state dict has the plain model's keys."""
     if mode not in (None, *COMPILE_MODES):
         raise UsageError(f"bad --compile-mode {mode!r}: choose one of {', '.join(COMPILE_MODES)}")
     module = torch.compile(model, mode=None if mode == "default" else mode)
-    module.register_state_dict_post_hook(_save_plain_keys)
-    module.register_load_state_dict_pre_hook(_load_plain_keys)
+    register_plain_keys(module, "_orig_mod")  # where OptimizedModule keeps the model
     return module
 
 
