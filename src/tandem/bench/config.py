@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from tandem.config import COMPILE_MODES
+from tandem.strategies.compile import COMPILE_MODES
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.devices import parse_device_spec
 from tandem.errors import UsageError

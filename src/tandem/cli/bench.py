@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tandem.config import COMPILE_MODES
+from tandem.strategies.compile import COMPILE_MODES
 from tandem.errors import UsageError
 from tandem.parallel.buffers import POLICIES
 
