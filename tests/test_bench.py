@@ -372,6 +372,45 @@ def test_compile_races_a_twin_of_every_contestant(capsys):
     assert report["config"]["compile"] is True
 
 
+def _stepped_model(contestant: Contestant) -> nn.Module:
+    """The module a baseline's step calls: the one with parameters in its step's closure."""
+    cells = [c.cell_contents for c in contestant.step.forward_loss.__closure__]
+    return next(m for m in cells if isinstance(m, nn.Module) and list(m.parameters()))
+
+
+@pytest.mark.distributed
+def test_compiled_baselines_save_the_plain_models_keys(tmp_path):
+    """The torch baselines' ``+compile`` twins go through tandem's one ``compiled``, so their
+    state dicts have no ``_orig_mod.``. Building a contestant compiles nothing yet."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tandem.bench.baselines import bare_contestant, torch_ddp_contestant
+    from tandem.bench.contestants import Amp
+
+    plain = list(TinySplitNet(5).state_dict())
+    batch = (torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+    bare = bare_contestant(TinySplitNet(5), [torch.device("cpu")], batch, amp=Amp(), lr=0.1,
+                           compiled=True)
+    model = _stepped_model(bare)
+    assert isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+    assert list(model.state_dict()) == plain
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1, timeout=timedelta(seconds=60))
+    try:
+        ddp = torch_ddp_contestant(TinySplitNet(5), torch.device("cpu"), batch, amp=Amp(),
+                                   lr=0.1, compiled=True)
+        try:
+            inner = _stepped_model(ddp).module
+            assert isinstance(inner, torch._dynamo.eval_frame.OptimizedModule)
+            assert list(inner.state_dict()) == plain
+        finally:
+            ddp.close()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_explain_prints_the_hybrid_plan_or_says_why_not():
     text = explain(TinySplitNet(5), ["cpu", "cpu"], batch_size=8, image_size=8)
     assert text.startswith("hybrid plan:")

@@ -16,7 +16,8 @@ from tandem.cli.main import main
 from tandem.config import ParallelConfig
 from tandem.models import create_model
 from tandem.strategies import create_strategy
-from tandem.strategies.compile import compile_model, compile_skip_reason, compiling_strategies
+from tandem.strategies import compile as compiling
+from tandem.strategies.compile import compile_skip_reason, compiling_strategies
 
 from conftest import run_tandem
 
@@ -40,7 +41,7 @@ def _train(compiled: bool, steps: int = 3) -> tuple[nn.Module, list[float]]:
     model = TinyNet()
     strategy = create_strategy("single", [torch.device("cpu")])
     if compiled:
-        model = compile_model(strategy, model)
+        model = compiling.compiled(model)
     wrapped = strategy.setup(model)
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
@@ -60,7 +61,7 @@ def _train(compiled: bool, steps: int = 3) -> tuple[nn.Module, list[float]]:
 def test_compiled_training_matches_eager_and_keeps_plain_keys():
     """The compiled run matches eager, and it was compiled: dynamo captured the whole forward as
     one graph (its counters, reset first), and AOTAutograd built the backward for it. A
-    ``compile_model`` that handed the model back unchanged would leave the counters at zero."""
+    ``compiled`` that handed the model back unchanged would leave the counters at zero."""
     from torch._dynamo.utils import counters
 
     eager, eager_losses = _train(False)
@@ -84,6 +85,18 @@ def test_strategies_declare_whether_they_compile():
         reason = compile_skip_reason(name)
         assert reason.startswith(f"--compile does not work with --strategy {name}: ")
         assert "use --strategy ddp or single" in reason and "\n" not in reason
+
+
+def test_compiling_checks_only_the_mode(monkeypatch):
+    """Whether a run can compile is checked once, up front (``check_compile``); compiling does
+    not check again (``compiled`` compiles what it is given)."""
+    calls = []
+    monkeypatch.setattr(compiling, "check_compile", lambda *args: calls.append(args))
+    assert type(compiling.compiled(TinyNet())).__name__ == "OptimizedModule"
+    assert type(compiling.compiled(TinyNet(), "max-autotune")).__name__ == "OptimizedModule"
+    assert calls == []
+    with pytest.raises(ValueError, match="bad --compile-mode 'fast'"):
+        compiling.compiled(TinyNet(), "fast")
 
 
 def test_compile_flags_in_the_config():

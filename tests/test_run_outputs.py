@@ -319,7 +319,7 @@ class _Reads(TorchDispatchMode):
             names = [(f.name, f.filename) for f in traceback.extract_stack()]
             in_step = (torch.is_grad_enabled() if self.in_replica else
                        any(n == "train_epoch" for n, _ in names)
-                       and not any(n == "_loader" or "torch/utils/data" in p for n, p in names))
+                       and not any(n == "loader" or "torch/utils/data" in p for n, p in names))
             if in_step:
                 self.tally["in steps"] += 1
                 self.tally.setdefault("where", []).append(traceback.format_stack()[-6:-1])

@@ -22,7 +22,7 @@ from tandem.errors import UsageError
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
-    "SCHEDULES", "DTYPES", "COMPILE_MODES", "FIXED", "MAY_CHANGE", "PER_CALL",
+    "SCHEDULES", "DTYPES", "FIXED", "MAY_CHANGE", "PER_CALL",
     "flag_of", "opt", "NO_WEIGHTS_FILE",
 ]
 

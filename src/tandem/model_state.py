@@ -9,12 +9,11 @@ its state-dict hooks).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 from torch import nn
 
 from tandem.errors import first_line
+from tandem.state_keys import strip_prefix
 
 __all__ = ["unwrap", "plain_state_dict", "load_plain_state_dict", "fit_report"]
 
@@ -34,7 +33,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 def _strip_prefix(state: dict) -> dict:
     """Drop ``module.`` prefixes, but only when *every* key has one (as DataParallel saves)."""
     while state and all(isinstance(k, str) and k.startswith(_PREFIX) for k in state):
-        state = OrderedDict((k[len(_PREFIX):], v) for k, v in state.items())
+        state = strip_prefix(state, _PREFIX)
     return state
 
 

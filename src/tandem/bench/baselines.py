@@ -1,4 +1,5 @@
-"""Plain-torch baselines (no tandem code), timed next to tandem's strategies.
+"""Plain-torch baselines (no tandem code but :func:`~tandem.strategies.compile.compiled` for
+their ``+compile`` twins), timed next to tandem's strategies.
 
 ``bare`` is a hand-written step on the first device, so ``single / bare`` is the engine's
 overhead. ``torch_dp`` is ``nn.DataParallel`` (CUDA, two or more GPUs only; else skipped).
@@ -11,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.strategies import compile as compiling
+
 from .contestants import COMPILED, Amp, Contestant, TrainStep, place, module_tensors, skipped
 
 __all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_contestant",
@@ -19,17 +22,13 @@ __all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_con
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 
-def _compiled(model: nn.Module, compiled: bool, mode: str | None) -> nn.Module:
-    return torch.compile(model, mode=None if mode == "default" else mode) if compiled else model
-
-
 def bare_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Amp,
                     lr: float, channels_last: bool = False, compiled: bool = False,
                     compile_mode: str | None = None) -> Contestant:
     """The whole global batch through ``model`` on ``devices[0]``, written by hand."""
     device = devices[0]
     model, images, targets = place(model.to(device), *batch, device, channels_last)
-    model = _compiled(model, compiled, compile_mode)
+    model = compiling.compiled(model, compile_mode) if compiled else model
     criterion = nn.CrossEntropyLoss()
     step = TrainStep(lambda: criterion(model(images), targets), model.parameters(), device,
                      amp, lr)
@@ -98,7 +97,7 @@ def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: 
     if sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model, images, targets = place(model.to(device), *batch, device, channels_last)
-    model = _compiled(model, compiled, compile_mode)
+    model = compiling.compiled(model, compile_mode) if compiled else model
     device_ids = [device.index] if device.type == "cuda" else None
     wrapped = DistributedDataParallel(model, device_ids=device_ids)
     criterion = nn.CrossEntropyLoss()

@@ -6,7 +6,8 @@ from dataclasses import MISSING, asdict, dataclass, field
 
 import torch
 
-from tandem.config import COMPILE_MODES, opt
+from tandem.config import opt
+from tandem.strategies.compile import COMPILE_MODES
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.devices import parse_device_spec
 from tandem.errors import UsageError

@@ -148,12 +148,13 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
     ``compiled`` builds the ``<name>+compile`` twin, compiled as ``tandem train --compile`` does.
     """
     from tandem.strategies.base import create_strategy
-    from tandem.strategies.compile import compile_model
+    from tandem.strategies import compile as compiling
 
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers).launch()
     model, images, targets = place(model, *batch, strategy.device, channels_last)
     if compiled:
-        model = compile_model(strategy, model, compile_mode)
+        compiling.check_compile(strategy, strategy.device.type)
+        model = compiling.compiled(model, compile_mode)
     wrapped = strategy.setup(model)
     criterion = nn.CrossEntropyLoss()
 

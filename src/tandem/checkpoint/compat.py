@@ -6,9 +6,9 @@ older ``best_prec1``) a float; :mod:`tandem.checkpoint` calls it on every file i
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
+
+from tandem.state_keys import replace_prefix
 
 __all__ = ["normalise", "strip_wrappers", "best_accuracy", "foreign_scheduler", "final_layer",
            "is_tandem", "tandem_scheduler"]
@@ -38,21 +38,13 @@ def strip_wrappers(state: dict) -> dict:
     keys = list(state)
     if not all(isinstance(k, str) for k in keys):
         return state
-    verdicts: dict[str, bool] = {}
-
-    def wrapped(prefix: str) -> bool:
-        if prefix not in verdicts:
-            verdicts[prefix] = all(k.startswith(prefix + _WRAPPER + ".")
-                                   for k in keys if k.startswith(prefix))
-        return verdicts[prefix]
-
-    renamed = OrderedDict()
-    for key, value in state.items():
-        parts = key.split(".")
-        kept = [p for i, p in enumerate(parts) if not (
-            p == _WRAPPER and i < len(parts) - 1
-            and wrapped("".join(q + "." for q in parts[:i])))]
-        renamed[".".join(kept)] = value
+    marker = _WRAPPER + "."
+    paths = {k[:i] for k in keys for i in range(len(k))  # each P where some key goes on P.module.
+             if k.startswith(marker, i) and (i == 0 or k[i - 1] == ".")}
+    wrapped = [p for p in paths if all(k.startswith(p + marker) for k in keys if k.startswith(p))]
+    renamed = state
+    for path in sorted(wrapped, key=len, reverse=True):  # inner first: outer paths stay put
+        renamed = replace_prefix(renamed, path + marker, path)
     return renamed if len(renamed) == len(state) else state
 
 

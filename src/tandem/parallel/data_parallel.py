@@ -16,6 +16,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from tandem.state_keys import register_plain_keys
+
 from .buffers import check_policy, sync_buffers
 from .devices import resolve_devices, to_device
 from .parallel_apply import parallel_apply
@@ -25,25 +27,6 @@ from .guards import acting_as_replica, initialise_lazy, split_inputs
 from .scatter_gather import batch_size
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
-
-
-def _strip_module_prefix(module, state_dict, prefix, local_metadata) -> None:
-    """state_dict post-hook: ``<prefix>module.x`` -> ``<prefix>x`` (keys and metadata)."""
-    inner = prefix + "module."
-    for key in [k for k in state_dict if k.startswith(inner)]:
-        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
-    metadata = getattr(state_dict, "_metadata", None)
-    if metadata is not None:
-        for key in [k for k in metadata if k == inner[:-1] or k.startswith(inner)]:
-            metadata[prefix[:-1] if key == inner[:-1] else prefix + key[len(inner):]] = metadata.pop(key)
-
-
-def _add_module_prefix(module, state_dict, prefix, local_metadata, strict, missing_keys,
-                       unexpected_keys, error_msgs) -> None:
-    """load_state_dict pre-hook: accept plain keys by renaming ``<prefix>x`` to ``<prefix>module.x``."""
-    inner = prefix + "module."
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
-        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
 
 
 def _to_device(obj, device: torch.device):
@@ -87,8 +70,7 @@ class DataParallel(nn.Module):
         self.dim = dim
         self.gather_dim = dim if gather_dim is None else gather_dim
         self.module = module.to(self.device_ids[0])
-        self.register_state_dict_post_hook(_strip_module_prefix)
-        self.register_load_state_dict_pre_hook(_add_module_prefix)
+        register_plain_keys(self, "module")
 
     def forward(self, *inputs: Any, **kwargs: Any):
         if len(self.device_ids) == 1:  # one device: the module itself, nothing in between

@@ -1,8 +1,10 @@
 """``--compile``: compile a model with ``torch.compile`` before a strategy sets it up.
 
-Two state-dict hooks drop ``_orig_mod.`` from the keys, so checkpoints of a compiled run load
-uncompiled. (``nn.Module.compile()`` is not used: it cannot trace an ``nn.Sequential`` ResNet
-as one graph.) A strategy that cannot run a compiled model says why in ``compile_unsupported``.
+:func:`check_compile` is the validation (a run calls it once, up front); :func:`compiled` only
+compiles. The compiled module saves and loads the plain model's keys (no ``_orig_mod.``), so
+checkpoints of a compiled run load uncompiled. (``nn.Module.compile()`` is not used: it cannot
+trace an ``nn.Sequential`` ResNet as one graph.) A strategy that cannot run a compiled model
+says why in ``compile_unsupported``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import torch
 from torch import nn
 
 from tandem.errors import UsageError
+from tandem.state_keys import register_plain_keys
 
-from .base import _REGISTRY, Strategy
+from .base import Strategy, strategy_class, strategy_names
 
-__all__ = ["COMPILE_MODES", "COMPILE_MODES", "compiled", "compile_model", "compiling_strategies", "check_compile",
+__all__ = ["COMPILE_MODES", "compiled", "compiling_strategies", "check_compile",
            "compile_skip_reason"]
 
 #: torch.compile's modes (``None``: torch's default)
@@ -25,11 +28,11 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 def compiling_strategies() -> list[str]:
     """Names of the registered strategies that can run a compiled model."""
-    return sorted(name for name, cls in _REGISTRY.items() if cls.compile_unsupported is None)
+    return sorted(strategy_names(compile_unsupported=None))
 
 
 def check_compile(strategy: Strategy | type[Strategy], device_type: str = "cpu") -> None:
-    """Raise a one-line ``ValueError`` when ``--compile`` can't work (CPU: needs a C++ compiler)."""
+    """Raise a one-line ``UsageError`` when ``--compile`` can't work (CPU: needs a C++ compiler)."""
     reason = strategy.compile_unsupported
     if reason:
         raise UsageError(f"--compile does not work with --strategy {strategy.name}: {reason}; "
@@ -41,44 +44,18 @@ def check_compile(strategy: Strategy | type[Strategy], device_type: str = "cpu")
 def compile_skip_reason(name: str, device_type: str = "cpu") -> str | None:
     """The one-line reason why registered strategy ``name`` cannot compile, else ``None``."""
     try:
-        check_compile(_REGISTRY[name], device_type)
+        check_compile(strategy_class(name), device_type)
     except ValueError as exc:
         return str(exc)
     return None
 
 
-_INNER = "_orig_mod."  # where OptimizedModule keeps the model
-
-
-def _save_plain_keys(module, state_dict, prefix, local_metadata) -> None:
-    """state_dict post-hook: ``<prefix>_orig_mod.x`` -> ``<prefix>x``."""
-    inner = prefix + _INNER
-    for key in [k for k in state_dict if k.startswith(inner)]:
-        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
-    metadata = getattr(state_dict, "_metadata", None)
-    for key in [k for k in (metadata or {}) if k.startswith(inner[:-1])]:
-        metadata[(prefix + key[len(inner):]) if key != inner[:-1] else prefix[:-1]] = \
-            metadata.pop(key)
-
-
-def _load_plain_keys(module, state_dict, prefix, *args) -> None:
-    """load_state_dict pre-hook: accept ``<prefix>x`` for ``<prefix>_orig_mod.x``."""
-    inner = prefix + _INNER
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
-        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
-
-
 def compiled(model: nn.Module, mode: str | None = None) -> nn.Module:
-    """``torch.compile(model, mode=mode)`` whose state dict has the plain model's keys."""
+    """``torch.compile(model, mode=mode)`` whose state dict has the plain model's keys.
+
+    It checks only ``mode``: whether the run can compile at all is :func:`check_compile`'s."""
     if mode not in (None, *COMPILE_MODES):
         raise UsageError(f"bad --compile-mode {mode!r}: choose one of {', '.join(COMPILE_MODES)}")
     module = torch.compile(model, mode=None if mode == "default" else mode)
-    module.register_state_dict_post_hook(_save_plain_keys)
-    module.register_load_state_dict_pre_hook(_load_plain_keys)
+    register_plain_keys(module, "_orig_mod")  # where OptimizedModule keeps the model
     return module
-
-
-def compile_model(strategy: Strategy, model: nn.Module, mode: str | None = None) -> nn.Module:
-    """Check that ``strategy`` can run a compiled model, then return :func:`compiled` ``model``."""
-    check_compile(strategy, strategy.device.type)
-    return compiled(model, mode)

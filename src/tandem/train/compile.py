@@ -20,9 +20,9 @@ __all__ = ["warm_up", "describe"]
 
 def _first_batch(trainer: Trainer, dataset, train: bool):
     """This process's share of the first global batch (maybe empty under ddp, as in the loop)."""
-    loader = trainer._loader(dataset, train=train, epoch=trainer.position.epoch)
+    loader = trainer.loader(dataset, train=train, epoch=trainer.position.epoch)
     for images, targets in loader:
-        return trainer._to_device(images, targets)
+        return trainer.to_device(images, targets)
     return None
 
 
@@ -35,7 +35,7 @@ def _run(trainer: Trainer, dataset, train: bool) -> None:
     # The same decision on every process (a ddp forward is a collective): from the config.
     shorter = trainer.cfg.optim.batch_size >= 3 * s.world_size  # every share keeps >= 2
     for images, targets in [batch, tuple(t[:-1] for t in batch)][:1 + shorter]:
-        with torch.set_grad_enabled(train), s.no_sync(model), trainer._autocast():
+        with torch.set_grad_enabled(train), s.no_sync(model), trainer.autocast():
             out = s.forward_loss(model, trainer.criterion, images, targets)
         if train:
             with s.no_sync(model):  # a rehearsal: no gradient all-reduce between processes

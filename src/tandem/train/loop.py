@@ -75,7 +75,7 @@ class Trainer:
     started_at: Position = field(default_factory=Position)  # where this invocation began
 
     # -- helpers ----------------------------------------------------------------------------
-    def _loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
+    def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
         s = self.strategy
         return self.loaders.get(dataset, self.cfg.optim.batch_size, shuffle=train,
                                 seed=self.cfg.run.seed, epoch=epoch,
@@ -83,7 +83,7 @@ class Trainer:
                                 world_size=s.world_size, start_batch=start_batch,
                                 pin_memory=s.device.type == "cuda")
 
-    def _to_device(self, images: torch.Tensor, targets: torch.Tensor):
+    def to_device(self, images: torch.Tensor, targets: torch.Tensor):
         """Copy a batch to the device; uint8 images are normalised there (train and val
         splits share their normalisation, so the val set's serves both)."""
         device = self.strategy.device
@@ -93,7 +93,7 @@ class Trainer:
             images = images.to(getattr(torch, self.cfg.parallel.dtype))
         return images, targets.to(device, non_blocking=True)
 
-    def _autocast(self):
+    def autocast(self):
         return torch.autocast(self.strategy.device.type, dtype=torch.float16,
                               enabled=self.cfg.parallel.amp)
 
@@ -116,16 +116,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stopped = look = False  # look: the meter was read since the last look at the loss
         start = time.perf_counter()
-        loader = self._loader(self.train_set, train=True, epoch=pos.epoch, start_batch=pos.batch)
+        loader = self.loader(self.train_set, train=True, epoch=pos.epoch, start_batch=pos.batch)
         try:
             for index, (images, targets) in enumerate(loader, start=pos.batch):
                 group_start = index - index % k
                 group_size = min(k, n - group_start)  # the epoch's last step may be shorter
                 last_micro = index == group_start + group_size - 1
-                images, targets = self._to_device(images, targets)
+                images, targets = self.to_device(images, targets)
                 sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
                 with sync:
-                    with self._autocast():
+                    with self.autocast():
                         out = s.forward_loss(self.model, self.criterion, images, targets)
                     self.scaler.scale(out.loss / group_size).backward()
                 meter.update(out.loss, out.correct, out.count, out.correct5)  # no host sync
@@ -179,9 +179,9 @@ class Trainer:
         if self.val_set is None:
             return meter
         self.model.eval()
-        for images, targets in self._loader(self.val_set, train=False, epoch=0):
-            images, targets = self._to_device(images, targets)
-            with self._autocast():
+        for images, targets in self.loader(self.val_set, train=False, epoch=0):
+            images, targets = self.to_device(images, targets)
+            with self.autocast():
                 out = self.strategy.forward_loss(self.model, self.criterion, images, targets)
             meter.update(out.loss, out.correct, out.count, out.correct5)
         return meter.reduced(self.strategy)

@@ -1,0 +1,73 @@
+"""A wrapper's prefix in state-dict keys (``module.``, ``_orig_mod.``): dropped on save, put back
+on load. The one home of that renaming, for wrappers and checkpoint readers alike.
+
+It imports nothing from tandem or torch, so every layer may use it. Prefixes end with a dot.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from functools import partial
+
+__all__ = ["strip_prefix", "replace_prefix", "register_plain_keys"]
+
+
+def _moved(key, old: str, new: str):
+    """``key`` with ``old`` in front replaced by ``new``. ``old`` less its dot is a module path
+    in ``_metadata`` (the wrapped module itself): it becomes ``new`` less its dot."""
+    if not isinstance(key, str):
+        return key
+    if key + "." == old:
+        return new[:-1]
+    return new + key[len(old):] if key.startswith(old) else key
+
+
+def _rename(mapping: dict, old: str, new: str) -> None:
+    """In place, keeping the order; where two keys meet, the later one's value wins."""
+    items = [(_moved(k, old, new), v) for k, v in mapping.items()]
+    mapping.clear()
+    mapping.update(items)
+
+
+def _rename_state(state: dict, old: str, new: str) -> None:
+    _rename(state, old, new)
+    metadata = getattr(state, "_metadata", None)
+    if metadata is not None:  # module versions, by module path (read by load_state_dict)
+        _rename(metadata, old, new)
+
+
+def replace_prefix(state: dict, old: str, new: str) -> dict:
+    """A copy of ``state`` whose keys that start with ``old`` start with ``new`` instead, in
+    the same order; its ``_metadata`` (copied) is renamed alike. ``state`` is left as it was."""
+    out = OrderedDict(state)
+    if getattr(state, "_metadata", None) is not None:
+        out._metadata = OrderedDict(state._metadata)
+    _rename_state(out, old, new)
+    return out
+
+
+def strip_prefix(state: dict, prefix: str) -> dict:
+    """A copy of ``state`` without ``prefix`` in front of the keys that have it (``_metadata``
+    too). Keys without it are kept, so a caller that wants all-or-nothing checks first."""
+    return replace_prefix(state, prefix, "")
+
+
+def _save_plain(inner: str, module, state_dict, prefix, local_metadata) -> None:
+    """state_dict post-hook: ``<prefix><inner>x`` -> ``<prefix>x`` (keys and metadata)."""
+    _rename_state(state_dict, prefix + inner, prefix)
+
+
+def _load_plain(inner: str, module, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook: accept ``<prefix>x`` for ``<prefix><inner>x``. The metadata is
+    left alone: load_state_dict shares it with the caller's dict."""
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + inner)]:
+        state_dict[prefix + inner + key[len(prefix):]] = state_dict.pop(key)
+
+
+def register_plain_keys(module, attribute: str) -> None:
+    """Make ``module``, which keeps the wrapped model in ``module.<attribute>``, save the wrapped
+    model's keys (no ``<attribute>.``) and load them as well as its own prefixed ones."""
+    inner = attribute + "."
+    # partials of module-level functions, so a wrapper with these hooks still pickles
+    module.register_state_dict_post_hook(partial(_save_plain, inner))
+    module.register_load_state_dict_pre_hook(partial(_load_plain, inner))
