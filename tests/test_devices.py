@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tandem.parallel.devices import parse_device_spec, resolve_devices, to_device
+from tandem.parallel.devices import parse_device_spec, resolve_devices, as_device
 
 
 def test_repeated_cpu_kept():
@@ -26,7 +26,7 @@ def test_cuda_ordinal_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("machine has CUDA")
     with pytest.raises(ValueError, match="CUDA is not available"):
-        to_device(0)
+        as_device(0)
 
 
 @pytest.mark.parametrize("flag,n", [("cpu", 1), ("cpu:3", 3), ("CPU:2", 2)])

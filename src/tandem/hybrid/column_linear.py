@@ -17,7 +17,7 @@ from torch import nn
 
 from tandem.errors import UsageError
 
-from ..parallel.devices import resolve_devices, to_device
+from ..parallel.devices import resolve_devices, as_device
 from ._shards import home_index, move, run_shards, split_sizes
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "Shardwise"]
@@ -37,7 +37,7 @@ class _ShardedLinear(nn.Module):
         devices = resolve_devices(device_ids)
         self.sizes = split_sizes(split, len(devices))
         self.devices = devices[: len(self.sizes)]  # only as many shards as features
-        self.output_device = to_device(output_device) if output_device is not None else devices[0]
+        self.output_device = as_device(output_device) if output_device is not None else devices[0]
         self.home = home_index(self.devices, self.output_device)
         self.shards = nn.ModuleList()
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from tandem.errors import UsageError
 
-from ..parallel.devices import resolve_devices, to_device
+from ..parallel.devices import resolve_devices, as_device
 from ._shards import home_index, move, run_shards
 
 __all__ = ["GroupParallelConv2d"]
@@ -37,7 +37,7 @@ class GroupParallelConv2d(nn.Module):
         self.devices = devices[:n]
         #: groups_of[j]: the groups on shard j, in group order (j, j+n, j+2n, ...).
         self.groups_of = [list(range(j, self.groups, n)) for j in range(n)]
-        self.output_device = to_device(output_device) if output_device is not None else devices[0]
+        self.output_device = as_device(output_device) if output_device is not None else devices[0]
         self.home = home_index(self.devices, self.output_device)
         self.shards = nn.ModuleList(
             nn.Conv2d(len(gs) * self.cin_g, len(gs) * self.cout_g, conv.kernel_size, conv.stride,

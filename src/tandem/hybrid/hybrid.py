@@ -21,7 +21,7 @@ from torch import nn
 from tandem.errors import UsageError
 
 from ..parallel import DataParallelModel, gather
-from ..parallel.devices import resolve_devices, to_device
+from ..parallel.devices import resolve_devices, as_device
 from ..parallel.guards import first_lazy
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .layout import classifier_layout
@@ -91,7 +91,7 @@ class HybridParallel(nn.Module):
                              f"before wrapping it")
         devices = resolve_devices(device_ids)
         self.devices = devices
-        self.output_device = to_device(output_device) if output_device is not None else devices[0]
+        self.output_device = as_device(output_device) if output_device is not None else devices[0]
         leading, stages = classifier_layout(model.classifier)
         mods = list(model.classifier)
 

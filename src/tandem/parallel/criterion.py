@@ -18,7 +18,7 @@ from torch import nn
 from tandem.errors import UsageError
 
 from . import traffic
-from .devices import resolve_devices, to_device
+from .devices import resolve_devices, as_device
 from .loss_terms import REDUCTIONS, call_criterion, first_tensor, loss_terms, sample_mean_terms
 from .replicate import replicate
 from .gather_outputs import gather
@@ -48,7 +48,7 @@ class DataParallelCriterion(nn.Module):
                              "target-length normalisation, batch in dim 1)")
         self.criterion = criterion
         self.device_ids = resolve_devices(device_ids)
-        self.output_device = self.device_ids[0] if output_device is None else to_device(output_device)
+        self.output_device = self.device_ids[0] if output_device is None else as_device(output_device)
         self.dim = dim
 
     def forward(self, outputs, *targets, **kwargs):

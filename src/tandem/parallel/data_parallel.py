@@ -19,7 +19,7 @@ from torch import nn
 from tandem.state_keys import register_plain_keys
 
 from .buffers import check_policy, sync_buffers
-from .devices import resolve_devices, to_device
+from .devices import resolve_devices, as_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate
 from .gather_outputs import gather
@@ -29,17 +29,17 @@ from .scatter_gather import batch_size
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
 
 
-def _to_device(obj, device: torch.device):
+def _move_to(obj, device: torch.device):
     """``obj`` with its tensors on ``device``; the same object when they already are."""
     if isinstance(obj, torch.Tensor):
         return obj if obj.device == device else obj.to(device)
     if isinstance(obj, (tuple, list)) and not hasattr(obj, "_fields"):
-        moved = [_to_device(x, device) for x in obj]
+        moved = [_move_to(x, device) for x in obj]
         if all(a is b for a, b in zip(moved, obj)):
             return obj
         return type(obj)(moved) if type(obj) in (tuple, list) else moved
     if type(obj) is dict:
-        moved = {k: _to_device(v, device) for k, v in obj.items()}
+        moved = {k: _move_to(v, device) for k, v in obj.items()}
         return obj if all(moved[k] is obj[k] for k in obj) else moved
     return obj
 
@@ -66,7 +66,7 @@ class DataParallel(nn.Module):
         super().__init__()
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
-        self.output_device = self.device_ids[0] if output_device is None else to_device(output_device)
+        self.output_device = self.device_ids[0] if output_device is None else as_device(output_device)
         self.dim = dim
         self.gather_dim = dim if gather_dim is None else gather_dim
         self.module = module.to(self.device_ids[0])
@@ -75,7 +75,7 @@ class DataParallel(nn.Module):
     def forward(self, *inputs: Any, **kwargs: Any):
         if len(self.device_ids) == 1:  # one device: the module itself, nothing in between
             home = self.device_ids[0]
-            return self.single(self.module(*_to_device(inputs, home), **_to_device(kwargs, home)))
+            return self.single(self.module(*_move_to(inputs, home), **_move_to(kwargs, home)))
         # (B, ...) -> n chunks of about B/n on the first n devices (n <= len(device_ids))
         inputs, kwargs = self.scatter(inputs, kwargs, self.device_ids)
         devices = self.device_ids[: len(inputs)]
@@ -140,7 +140,7 @@ def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
     if inputs is not None and not isinstance(inputs, tuple):
         inputs = (inputs,)
     devices = resolve_devices(device_ids)
-    output_device = devices[0] if output_device is None else to_device(output_device)
+    output_device = devices[0] if output_device is None else as_device(output_device)
     inputs, kwargs = split_inputs(inputs, module_kwargs, devices, dim)
     used = devices[: len(inputs)]
     initialise_lazy(module, inputs[0], kwargs[0])

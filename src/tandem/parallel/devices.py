@@ -12,7 +12,7 @@ import torch
 
 from tandem.errors import UsageError
 
-__all__ = ["resolve_devices", "parse_device_spec", "to_device", "index_of"]
+__all__ = ["resolve_devices", "parse_device_spec", "as_device", "index_of"]
 
 
 def index_of(device: torch.device, devices: Sequence[torch.device]) -> int | None:
@@ -23,7 +23,7 @@ def index_of(device: torch.device, devices: Sequence[torch.device]) -> int | Non
     return None
 
 
-def to_device(spec) -> torch.device:
+def as_device(spec) -> torch.device:
     """Turn one device spec (int ordinal, string or ``torch.device``) into a ``torch.device``.
 
     Raises ``ValueError`` naming ``spec`` when it is not a device, or when it names a CUDA
@@ -69,7 +69,7 @@ def resolve_devices(device_ids: Iterable | None) -> list[torch.device]:
         return [torch.device("cpu")]
     if isinstance(device_ids, (str, int, torch.device)):
         device_ids = [device_ids]
-    devices = [to_device(d) for d in device_ids]
+    devices = [as_device(d) for d in device_ids]
     if not devices:
         raise UsageError("device_ids is empty: give at least one device")
     return devices

@@ -22,7 +22,7 @@ def _first_batch(trainer: Trainer, dataset, train: bool):
     """This process's share of the first global batch (maybe empty under ddp, as in the loop)."""
     loader = trainer.loader(dataset, train=train, epoch=trainer.position.epoch)
     for images, targets in loader:
-        return trainer.to_device(images, targets)
+        return trainer.device_batch(images, targets)
     return None
 
 

@@ -83,7 +83,7 @@ class Trainer:
                                 world_size=s.world_size, start_batch=start_batch,
                                 pin_memory=s.device.type == "cuda")
 
-    def to_device(self, images: torch.Tensor, targets: torch.Tensor):
+    def device_batch(self, images: torch.Tensor, targets: torch.Tensor):
         """Copy a batch to the device; uint8 images are normalised there (train and val
         splits share their normalisation, so the val set's serves both)."""
         device = self.strategy.device
@@ -122,7 +122,7 @@ class Trainer:
                 group_start = index - index % k
                 group_size = min(k, n - group_start)  # the epoch's last step may be shorter
                 last_micro = index == group_start + group_size - 1
-                images, targets = self.to_device(images, targets)
+                images, targets = self.device_batch(images, targets)
                 sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
                 with sync:
                     with self.autocast():
@@ -180,7 +180,7 @@ class Trainer:
             return meter
         self.model.eval()
         for images, targets in self.loader(self.val_set, train=False, epoch=0):
-            images, targets = self.to_device(images, targets)
+            images, targets = self.device_batch(images, targets)
             with self.autocast():
                 out = self.strategy.forward_loss(self.model, self.criterion, images, targets)
             meter.update(out.loss, out.correct, out.count, out.correct5)
