@@ -227,7 +227,7 @@ def overflow(monkeypatch):
                 return loss * math.inf if part == "loss" else _InfGrad.apply(loss)
 
         monkeypatch.setattr(run_module, "make_criterion",
-                            lambda cfg, strategy: Overflowing(make(cfg, strategy)))
+                            lambda *args: Overflowing(make(*args)))
 
     patch.off = monkeypatch.undo
     yield patch
