@@ -108,11 +108,12 @@ def head_problem(model: nn.Module, head: str | None = None) -> str | None:
             f"found .{found[0]}, {why}; it must be an nn.Linear or an nn.Sequential holding one")
 
 
-def find_head(model: nn.Module, head: str | None = None) -> str:
-    """The attribute holding ``model``'s head (see :func:`head_problem`, raised as an error)."""
+def find_head(model: nn.Module, head: str | None = None, who: str = "HybridParallel") -> str:
+    """The attribute holding ``model``'s head (see :func:`head_problem`, raised as an error
+    that ``who`` says)."""
     problem = head_problem(model, head)
     if problem is not None:
-        raise UsageError(f"HybridParallel {problem}")
+        raise UsageError(f"{who} {problem}")
     return head or next(n for n in HEADS if hasattr(model, n))
 
 

@@ -188,7 +188,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     a square side. ``head`` names the classifier as for :class:`HybridParallel`. ``model`` is
     not run or modified: a meta-device copy is traced once.
     """
-    name = find_head(model, head)
+    name = find_head(model, head, who="plan")
     classifier = getattr(model, name)
     if isinstance(device_ids, int) and not isinstance(device_ids, bool):
         if device_ids < 1:
