@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tandem.config import ParallelConfig, TrainConfig
+from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.errors import UsageError
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
@@ -74,7 +74,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> RunPlan
         if line is not None:
             return line
         check_launched(cfg, ckpt, given)
-    strategy = _strategy(cfg.parallel, cfg.model.arch)
+    strategy = _strategy(cfg.parallel, cfg.model)
     run, source = RunDir(cfg.run.out), None
     continues = ckpt is not None and not foreign.is_foreign(ckpt)
     if continues:
@@ -87,15 +87,16 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> RunPlan
 
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=()) -> RunPlan:
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing."""
-    return RunPlan(cfg, _strategy(cfg.parallel, cfg.model.arch), EVALUATE, checkpoint=ckpt,
+    return RunPlan(cfg, _strategy(cfg.parallel, cfg.model), EVALUATE, checkpoint=ckpt,
                    notes=tuple(notes))
 
 
-def _strategy(cfg: ParallelConfig, arch: str) -> Strategy:
+def _strategy(cfg: ParallelConfig, model: ModelConfig) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
-    ``arch`` with the options asked for."""
+    ``model.arch`` with the options asked for."""
     strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
-                               sync_bn=cfg.sync_bn, buffers=cfg.buffers)
+                               sync_bn=cfg.sync_bn, buffers=cfg.buffers,
+                               output_key=model.output_key, hybrid_head=model.hybrid_head)
     for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
         if on and strategy.device.type != "cuda":
             raise UsageError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
@@ -103,7 +104,7 @@ def _strategy(cfg: ParallelConfig, arch: str) -> Strategy:
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
     with torch.device("meta"):  # the model's structure, no memory and no weights
-        problem = strategy.check_model(create_model(arch))
+        problem = strategy.check_model(create_model(model.arch), model.hybrid_head)
     if problem:
         raise UsageError(f"--strategy {cfg.strategy} {problem}")
     return strategy

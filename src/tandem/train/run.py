@@ -78,7 +78,8 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
 
 def make_criterion(cfg: OptimConfig, strategy: Strategy) -> nn.Module:
     """Cross-entropy, the same in training, validation and ``tandem eval``."""
-    return nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(strategy.device)
+    return nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing,
+                               ignore_index=cfg.ignore_index).to(strategy.device)
 
 
 def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
