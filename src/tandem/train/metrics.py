@@ -17,7 +17,7 @@ import torch
 from tandem.strategies.outputs import mean_iou, pixel_accuracy
 
 __all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "summary_line",
-           "score_fields"]
+           "score_fields", "eval_scores"]
 
 
 class Meter:
@@ -245,3 +245,11 @@ def score_fields(prefix: str, meter: Meter) -> dict:
         if prefix == "val":
             row["val_miou"] = meter.miou
     return row
+
+
+def eval_scores(result: dict) -> str:
+    """The scores of a validation pass's result (``acc1``, ``acc5``, and ``miou`` when dense)
+    as ``tandem eval`` and ``train -e`` print them."""
+    if result.get("miou") is not None:
+        return f"pixel acc {result['acc1']:.2f}% mIoU {result['miou']:.2f}%"
+    return f"acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}%"
