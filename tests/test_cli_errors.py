@@ -46,7 +46,8 @@ def test_train_usage_errors(argv, needles, tmp_path):
     (["--amp"], ["--amp", "CUDA"]),
     (["--channels-last"], ["--channels-last", "CUDA"]),
     (["--resume", "no/such/checkpoint.pt"], ["no/such/checkpoint.pt"]),
-    (["--strategy", "hybrid", "--devices", "cpu:2"], ["features"]),  # a ResNet cannot be split
+    (["--strategy", "hybrid", "--devices", "cpu:2", "--hybrid-head", "head"],
+     ["--strategy hybrid", "looked for .head on ResNet", "(its children: "]),
 ])
 def test_more_usage_errors_in_process(argv, needles, tmp_path, capsys):
     """The same path as above (cli.main), without paying a process start per case."""

@@ -225,7 +225,8 @@ def test_measured_traffic_matches_plan(n, batch):
 
 
 def test_bad_models_are_clear_errors():
-    with pytest.raises(ValueError, match="no .features"):
+    with pytest.raises(ValueError, match=r"looked for .classifier or .fc on Sequential and found "
+                                         r"no such attribute \(its children: 0\)"):
         HybridParallel(nn.Sequential(nn.Linear(2, 2)), ["cpu"])
 
     class NotSequential(Small):
@@ -236,13 +237,16 @@ def test_bad_models_are_clear_errors():
     with pytest.raises(ValueError, match="nn.Sequential"):
         HybridParallel(NotSequential(), ["cpu"])
 
-    class Extra(Small):
+    class Extra(Small):  # does more after its classifier: refused at the first forward
         def __init__(self):
             super().__init__()
             self.head2 = nn.Linear(7, 7)
 
-    with pytest.raises(ValueError, match="head2"):
-        HybridParallel(Extra(), ["cpu"])
+        def forward(self, x):
+            return self.head2(super().forward(x))
+
+    with pytest.raises(ValueError, match=r"Extra.forward does more after .classifier"):
+        HybridParallel(Extra(), ["cpu", "cpu"])(torch.randn(2, 3, 6, 6))
 
 
 @pytest.mark.cuda

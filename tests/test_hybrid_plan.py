@@ -83,7 +83,8 @@ def test_model_is_not_touched_and_bad_args():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     plan(model, 2, 8, 5)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    with pytest.raises(ValueError, match="features"):
+    with pytest.raises(ValueError, match="plan needs a Linear head to split: looked for "
+                                         ".classifier or .fc on Linear"):
         plan(nn.Linear(2, 2), 2)
     with pytest.raises(ValueError, match="batch_size"):
         plan(model, 2, 0)

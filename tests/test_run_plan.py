@@ -73,7 +73,6 @@ def test_the_same_command_into_a_new_directory_reaches_data_and_launch(tmp_path,
     ("parallel", {"channels_last": True}, "--channels-last needs a CUDA device"),
     ("parallel", {"compile": True, "strategy": "dp", "devices": "cpu:2"},
      "--compile does not work with --strategy dp"),
-    ("parallel", {"strategy": "hybrid", "devices": "cpu:2"}, "needs a model with .features"),
     ("parallel", {"devices": "tpu:3"}, "--devices"),
     ("run", {"out": "FILE"}, "is an existing file, not a directory"),
 ])

@@ -90,12 +90,18 @@ class ModelConfig:
                                  "or a checkpoint; nothing is downloaded (a classifier of "
                                  "another size is re-initialised)", "--pretrained", "--weights",
                                  metavar="FILE", on_resume=PER_CALL, nargs="?", const="")
+    output_key: str | None = opt(None, "the logits in a model that returns a dict (its key) or a "
+                                 "tuple (its index)", metavar="KEY")
+    hybrid_head: str | None = opt(None, "hybrid: the attribute holding the Linear head to split "
+                                  "(default: classifier, else fc)", metavar="ATTR")
 
     def __post_init__(self):
         _check(bool(self.arch), "--arch must not be empty")
         _check(self.pretrained != "", NO_WEIGHTS_FILE)
         _check(self.dropout is None or 0.0 <= self.dropout < 1.0,
                f"bad --dropout {self.dropout}: must be in [0, 1)")
+        _check(self.output_key != "", "--output-key must not be empty")
+        _check(self.hybrid_head != "", "--hybrid-head must not be empty")
 
 
 @dataclass(frozen=True)
@@ -146,8 +152,8 @@ class OptimConfig:
     lr_gamma: float = opt(0.1, "step schedule: decay factor", metavar="G")
     warmup_epochs: float = opt(0.0, "linear learning-rate warm-up, in epochs", metavar="EPOCHS")
     label_smoothing: float = opt(0.1, "cross-entropy label smoothing", metavar="E")
-    ignore_index: int = opt(-100, "cross-entropy: targets of this class add nothing to the "
-                            "loss (e.g. 255 for unlabelled pixels)", metavar="C")
+    ignore_index: int = opt(-100, "target value the loss and the scores skip (e.g. 255 for "
+                            "segmentation borders)", metavar="I")
     accum_steps: int = opt(1, "global batches per optimizer step (gradient accumulation)",
                            metavar="K")
     max_steps: int | None = opt(None, "stop this invocation once the run has made N optimizer "

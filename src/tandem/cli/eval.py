@@ -62,6 +62,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tandem.train.metrics import eval_scores
     from tandem.train.run import evaluate
 
     if args.batch_size is not None and args.batch_size < 1:
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(describe(result["compile_seconds"], args.compile_mode))
     print(f"{args.resume}: {result['arch']} val loss {result['loss']:.4f} "
-          f"acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}% ({result['count']} images)")
+          f"{eval_scores(result)} ({result['count']} images)")
     return 0
 
 

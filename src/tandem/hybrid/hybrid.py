@@ -3,7 +3,8 @@
 Convs hold the compute and few parameters, so they run data-parallel; FC layers hold the
 parameters, so they are split by features and only activations move. The model must compute
 ``classifier(flatten(avgpool(features(x)), 1))`` (``avgpool`` optional), as AlexNet and VGG do.
-The classifier's split follows :mod:`tandem.hybrid.layout`. Warnings: ``features`` are shared
+The classifier's split follows :mod:`tandem.hybrid.layout`; another model
+whose head is its last call is split the same way (``head=``, see :class:`HybridParallel`). Warnings: ``features`` are shared
 and trained in place, but the classifier's Linear layers are *copied* into shards, so the
 originals go stale (read back with :meth:`plain_state_dict` or :meth:`to_model`). Dropout masks
 differ from the plain model's under the same seed; with ``p = 0`` or in eval the output equals
@@ -24,7 +25,7 @@ from ..parallel import DataParallelModel, gather
 from ..parallel.devices import resolve_devices, as_device
 from ..parallel.guards import first_lazy
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
-from .layout import classifier_layout
+from .layout import classifier_layout, find_head, head_sequential
 from .plan import meta_copy, plan
 
 __all__ = ["HybridParallel"]
@@ -60,6 +61,62 @@ class _Gather(nn.Module):
         return gather(list(chunks), self.output_device)
 
 
+class _HeadInput(nn.Identity):
+    """Stands in for the head inside the body: passes its input on and remembers it."""
+
+    def forward(self, x):
+        self.seen = x  # on this replica's own instance: replicas are separate objects
+        return x
+
+
+class _Body(nn.Module):
+    """The model with its head replaced by :class:`_HeadInput`, then the head's leading
+    elementwise layers: what the model's forward feeds its head. The copy shares every
+    submodule and parameter with ``model``.
+
+    Each forward checks that the model returned exactly what it fed its head, so a model that
+    does anything after its head is an error, never a silently different result."""
+
+    def __init__(self, model: nn.Module, head: str, leading: list[nn.Module]):
+        super().__init__()
+        body = copy.copy(model)
+        body._modules = dict(model._modules)  # its own child table; the children are shared
+        setattr(body, head, _HeadInput())
+        self.body = body
+        self.head = head
+        self.leading = nn.Sequential(*leading)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        placeholder = getattr(self.body, self.head)
+        placeholder.seen = None
+        name = type(self.body).__name__
+        try:
+            out = self.body(x)  # N, A: the head's input
+        except Exception as exc:  # what came after the head got the head's input instead
+            if placeholder.seen is None:
+                raise
+            raise UsageError(self._not_last(name, f"does more after .{self.head} "
+                                                  f"({exc})")) from exc
+        seen, placeholder.seen = placeholder.seen, None
+        if seen is None or out is not seen:
+            raise UsageError(self._not_last(name, "never calls it" if seen is None else
+                                            f"does more after .{self.head}"))
+        if out.dim() != 2:
+            raise UsageError(f"HybridParallel: {name}.{self.head} gets a {out.dim()}-D input "
+                             f"{tuple(out.shape)}; it must get (N, features)")
+        return self.leading(out)
+
+    def _not_last(self, name: str, what: str) -> str:
+        return (f"HybridParallel splits {name}.{self.head} as its last layer, but {name}.forward "
+                f"{what}; name the last Linear layer with hybrid_head= (--hybrid-head)")
+
+
+def _features_layout(model: nn.Module, head: str) -> bool:
+    """True for the AlexNet/VGG shape: ``features -> avgpool -> flatten -> classifier``."""
+    return (head == "classifier" and isinstance(getattr(model, "features", None), nn.Module)
+            and all(n in _KNOWN_CHILDREN for n, _ in model.named_children()))
+
+
 class HybridParallel(nn.Module):
     """Run ``model`` with data-parallel features and a model-parallel classifier.
 
@@ -69,21 +126,20 @@ class HybridParallel(nn.Module):
     ``train()``/``eval()`` reach every part, and :meth:`parameters` yields each trainable tensor
     once (the trunk's shared parameters and the shards' own), so any optimizer steps it. The
     optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`.
+
+    ``head`` names the attribute holding the classifier (default: ``classifier``, else ``fc``;
+    see :mod:`.layout`). A model with only ``features``, ``avgpool`` and ``classifier`` runs as
+    AlexNet does; any other model must call its head last, on ``(N, features)``, so that
+    ``model(x) == head(rest(x))``: the rest runs data-parallel with the head replaced by
+    ``nn.Identity``.
     """
 
     plan = staticmethod(plan)
 
     def __init__(self, model: nn.Module, device_ids=None, output_device=None,
-                 buffers: str = "replica0"):
+                 buffers: str = "replica0", head: str | None = None):
         super().__init__()
-        for name in ("features", "classifier"):
-            if not isinstance(getattr(model, name, None), nn.Module):
-                raise UsageError(f"HybridParallel needs a model with .features and .classifier; "
-                                 f"{type(model).__name__} has no .{name}")
-        extra = [n for n, _ in model.named_children() if n not in _KNOWN_CHILDREN]
-        if extra:
-            raise UsageError(f"HybridParallel runs features -> avgpool -> flatten -> classifier "
-                             f"and cannot place {type(model).__name__}.{extra[0]}")
+        name = find_head(model, head)
         lazy = first_lazy(model)
         if lazy is not None:  # the classifier is split here, before any forward could size it
             raise UsageError(f"HybridParallel needs an initialised model: {lazy!r} of "
@@ -92,17 +148,28 @@ class HybridParallel(nn.Module):
         devices = resolve_devices(device_ids)
         self.devices = devices
         self.output_device = as_device(output_device) if output_device is not None else devices[0]
-        leading, stages = classifier_layout(model.classifier)
-        mods = list(model.classifier)
+        self.head_name = name
+        head_module = getattr(model, name)
+        leading, stages = classifier_layout(head_sequential(head_module))
+        mods = list(head_sequential(head_module))
+        split = isinstance(head_module, nn.Sequential)
 
-        trunk = _Trunk(model.features, getattr(model, "avgpool", None), [mods[i] for i in leading])
+        def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
+            return f"{name}.{i}." if split else f"{name}."
+
+        if _features_layout(model, name):
+            trunk = _Trunk(model.features, getattr(model, "avgpool", None),
+                           [mods[i] for i in leading])
+            # (prefix in the plain state dict, module holding that state): the merge/split map
+            self._parts = [("features.", trunk.features)]
+            if trunk.avgpool is not None:
+                self._parts.append(("avgpool.", trunk.avgpool))
+        else:
+            trunk = _Body(model, name, [mods[i] for i in leading])
+            self._parts = [("", trunk.body)]  # every key but the head's
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
                                        buffers=buffers)
-        # (prefix in the plain state dict, module holding that state): the merge/split map
-        self._parts = [("features.", trunk.features)]
-        if trunk.avgpool is not None:
-            self._parts.append(("avgpool.", trunk.avgpool))
-        self._parts += [(f"classifier.{i}.", mods[i]) for i in leading]
+        self._parts += [(key(i), mods[i]) for i in leading]
 
         head: list[nn.Module] = []
         if not stages or stages[0].kind == "local":
@@ -111,24 +178,31 @@ class HybridParallel(nn.Module):
             first, last = stage.indices[0], stage.indices[-1]
             if stage.kind == "local":
                 head.append(mods[first].to(self.output_device))
-                self._parts.append((f"classifier.{first}.", head[-1]))
+                self._parts.append((key(first), head[-1]))
                 continue
             column = ColumnParallelLinear.from_linear(
                 mods[first], devices, gather_output=stage.kind == "column",
                 output_device=self.output_device)
             head.append(column)
-            self._parts.append((f"classifier.{first}.", column))
+            self._parts.append((key(first), column))
             if stage.kind == "pair":
                 head.append(Shardwise(*[mods[i] for i in stage.indices[1:-1]]))
-                self._parts += [(f"classifier.{i}.", mods[i]) for i in stage.indices[1:-1]]
+                self._parts += [(key(i), mods[i]) for i in stage.indices[1:-1]]
                 head.append(RowParallelLinear.from_linear(mods[last], devices,
                                                           output_device=self.output_device))
-                self._parts.append((f"classifier.{last}.", head[-1]))
+                self._parts.append((key(last), head[-1]))
         self.head = nn.Sequential(*head)
         self._keys = list(model.state_dict().keys())
         # A parameter-free copy of the model's structure for to_model(); hidden from the module
         # tree so that it adds no parameters, buffers or state-dict keys.
         object.__setattr__(self, "_skeleton", meta_copy(model))
+
+    def _share(self, state: dict, prefix: str) -> dict:
+        """The entries of a plain ``state`` that belong to the part at ``prefix``, unprefixed
+        (the body's part, prefix ``""``, holds every key but the head's)."""
+        if prefix:
+            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        return {k: v for k, v in state.items() if not k.startswith(self.head_name + ".")}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         chunks = self.trunk(x)  # [replica i: (b_i, A) on devices[i]]
@@ -167,7 +241,7 @@ class HybridParallel(nn.Module):
                              f"{len(missing)} missing (e.g. {missing[:1]}), "
                              f"{len(unexpected)} unexpected (e.g. {unexpected[:1]})")
         for prefix, module in self._parts:
-            sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            sub = self._share(state, prefix)
             if isinstance(module, _SPLIT):
                 if "weight" not in sub:
                     if strict:

@@ -1,4 +1,7 @@
-"""How ``HybridParallel`` splits a classifier: one home for the pairing rule.
+"""How ``HybridParallel`` finds and splits a classifier: one home for the head and pairing rules.
+
+The head is the attribute named by ``head=`` (``hybrid_head`` / ``--hybrid-head``), else the
+first of :data:`HEADS` the model has; it is an ``nn.Linear`` or an ``nn.Sequential`` holding one.
 
 Left to right over the ``nn.Sequential``: leading elementwise layers join the data-parallel
 trunk; ``Linear, elementwise..., Linear`` becomes a Column/Row pair; any other ``Linear`` a
@@ -13,7 +16,11 @@ from dataclasses import dataclass, field
 from torch import nn
 from tandem.errors import UsageError
 
-__all__ = ["ELEMENTWISE", "Stage", "classifier_layout", "is_elementwise"]
+__all__ = ["ELEMENTWISE", "HEADS", "Stage", "classifier_layout", "is_elementwise", "find_head",
+           "head_problem", "head_sequential"]
+
+#: Attributes looked for, in order, when no head is named: torchvision's AlexNet/VGG, ResNet.
+HEADS = ("classifier", "fc")
 
 #: Layers that act on each element alone and hold no parameters or buffers.
 ELEMENTWISE = (nn.Identity, nn.Dropout, nn.AlphaDropout, nn.ReLU, nn.ReLU6, nn.LeakyReLU,
@@ -70,3 +77,46 @@ def classifier_layout(classifier: nn.Module) -> tuple[list[int], list[Stage]]:
             stages.append(Stage("local", [i]))
         i += 1
     return leading, stages
+
+
+def _splittable(module) -> str | None:
+    """Why ``module`` cannot be split as a head (``None``: it can)."""
+    if isinstance(module, nn.Linear):
+        return None
+    if isinstance(module, nn.Sequential):
+        if any(isinstance(m, nn.Linear) for m in module):
+            return None
+        return "an nn.Sequential without an nn.Linear"
+    return f"a {type(module).__name__}" if isinstance(module, nn.Module) else (
+        f"a {type(module).__name__}, not a module")
+
+
+def head_problem(model: nn.Module, head: str | None = None) -> str | None:
+    """``None`` if ``model`` has a head to split, else what was looked for and what was found."""
+    names = (head,) if head else HEADS
+    looked = " or ".join(f".{n}" for n in names)
+    found = [n for n in names if hasattr(model, n)]
+    if not found:
+        children = ", ".join(n for n, _ in model.named_children()) or "none"
+        hint = "" if head else "; name yours with hybrid_head= (--hybrid-head)"
+        return (f"needs a Linear head to split: looked for {looked} on {type(model).__name__} "
+                f"and found no such attribute (its children: {children}){hint}")
+    why = _splittable(getattr(model, found[0]))
+    if why is None:
+        return None
+    return (f"needs a Linear head to split: looked for {looked} on {type(model).__name__} and "
+            f"found .{found[0]}, {why}; it must be an nn.Linear or an nn.Sequential holding one")
+
+
+def find_head(model: nn.Module, head: str | None = None, who: str = "HybridParallel") -> str:
+    """The attribute holding ``model``'s head (see :func:`head_problem`, raised as an error
+    that ``who`` says)."""
+    problem = head_problem(model, head)
+    if problem is not None:
+        raise UsageError(f"{who} {problem}")
+    return head or next(n for n in HEADS if hasattr(model, n))
+
+
+def head_sequential(module: nn.Module) -> nn.Sequential:
+    """The head as an ``nn.Sequential`` (a bare ``Linear`` becomes a sequence of one)."""
+    return module if isinstance(module, nn.Sequential) else nn.Sequential(module)

@@ -21,7 +21,7 @@ from tandem.errors import UsageError
 from ..parallel.devices import resolve_devices
 from ..parallel.scatter_gather import chunk_sizes
 from ._shards import split_sizes
-from .layout import classifier_layout
+from .layout import classifier_layout, find_head, head_sequential
 
 __all__ = ["HybridPlan", "plan", "meta_copy"]
 
@@ -144,24 +144,28 @@ def _bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, 
     return dp, hybrid
 
 
-def _layout_rows(classifier: nn.Sequential, leading, stages, n: int) -> list[str]:
-    mods = list(classifier)
-    rows = [f"classifier.{i} {type(mods[i]).__name__}: per batch chunk, data parallel"
+def _layout_rows(head: nn.Module, name: str, leading, stages, n: int) -> list[str]:
+    mods = list(head_sequential(head))
+
+    def at(i: int) -> str:  # the layer's name in the model
+        return f"{name}.{i}" if isinstance(head, nn.Sequential) else name
+
+    rows = [f"{at(i)} {type(mods[i]).__name__}: per batch chunk, data parallel"
             for i in leading]
     for stage in stages:
         i = stage.indices[0]
         if stage.kind == "local":
-            rows.append(f"classifier.{i} {type(mods[i]).__name__}: whole batch on device 0")
+            rows.append(f"{at(i)} {type(mods[i]).__name__}: whole batch on device 0")
             continue
         lin = mods[i]
         sizes = split_sizes(lin.out_features, n)
-        rows.append(f"classifier.{i} Linear {lin.in_features}->{lin.out_features}: column over "
+        rows.append(f"{at(i)} Linear {lin.in_features}->{lin.out_features}: column over "
                     f"{sizes}{', gathered' if stage.kind == 'column' else ', kept split'}")
         if stage.kind == "pair":
             for j in stage.indices[1:-1]:
-                rows.append(f"classifier.{j} {type(mods[j]).__name__}: per shard")
+                rows.append(f"{at(j)} {type(mods[j]).__name__}: per shard")
             row = mods[stage.indices[-1]]
-            rows.append(f"classifier.{stage.indices[-1]} Linear {row.in_features}->"
+            rows.append(f"{at(stage.indices[-1])} Linear {row.in_features}->"
                         f"{row.out_features}: row over {sizes}, partial sums to device 0")
     return rows
 
@@ -176,16 +180,16 @@ def _input_shape(input_size) -> tuple:
 
 
 def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
-         input_size=(3, 224, 224)) -> HybridPlan:
+         input_size=(3, 224, 224), head: str | None = None) -> HybridPlan:
     """Cost report for training ``model`` hybrid versus data parallel (see the module doc).
 
     ``device_ids`` is a device list as everywhere in tandem, or an int count (to plan for
     devices this machine does not have). ``input_size`` is one sample's shape ``(C, H, W)`` or
-    a square side. ``model`` is not run or modified: a meta-device copy is traced once.
+    a square side. ``head`` names the classifier as for :class:`HybridParallel`. ``model`` is
+    not run or modified: a meta-device copy is traced once.
     """
-    if not (hasattr(model, "features") and hasattr(model, "classifier")):
-        raise UsageError(f"plan needs a model with .features and .classifier; "
-                         f"{type(model).__name__} has not")
+    name = find_head(model, head, who="plan")
+    classifier = getattr(model, name)
     if isinstance(device_ids, int) and not isinstance(device_ids, bool):
         if device_ids < 1:
             raise UsageError(f"plan needs at least 1 device, got {device_ids}")
@@ -195,7 +199,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     if batch_size < 1:
         raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     shape = _input_shape(input_size)
-    leading, stages = classifier_layout(model.classifier)
+    leading, stages = classifier_layout(head_sequential(classifier))
 
     meta = meta_copy(model)
     seen: dict = {}
@@ -203,7 +207,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     def sizes_hook(mod, args, out):  # per-sample sizes of the trunk output and the logits
         seen["act"], seen["out"] = args[0][0].numel(), out[0].numel()
 
-    hooks = [meta.classifier.register_forward_hook(sizes_hook)]
+    hooks = [getattr(meta, name).register_forward_hook(sizes_hook)]
     try:
         from ..models import mac_breakdown
 
@@ -211,19 +215,19 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     finally:
         for h in hooks:
             h.remove()
-    mac_cls = sum(v for k, v in macs.items() if k.startswith("classifier."))
+    mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
     mac_trunk = sum(macs.values()) - mac_cls
 
     def count(tensors):
         return sum(t.numel() for t in tensors if t.is_floating_point())
 
-    p_all, p_cls = count(model.parameters()), count(model.classifier.parameters())
-    f_all, f_cls = count(model.buffers()), count(model.classifier.buffers())
+    p_all, p_cls = count(model.parameters()), count(classifier.parameters())
+    f_all, f_cls = count(model.buffers()), count(classifier.buffers())
     first = next(model.parameters(), None)
     s = first.element_size() if first is not None else 4
     common = dict(n=n, s=s, x=int(torch.Size(shape).numel()), out_classes=seen["out"],
                   p_all=p_all, f_all=f_all, p_trunk=p_all - p_cls, f_trunk=f_all - f_cls,
-                  act=seen["act"], stages=stages, mods=list(model.classifier))
+                  act=seen["act"], stages=stages, mods=list(head_sequential(classifier)))
     dp, hybrid = _bytes(batch=batch_size, **common)
 
     def hybrid_cheaper(b: int) -> bool:
@@ -245,5 +249,5 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
         model=type(model).__name__, batch_size=batch_size, num_devices=n, input_size=shape,
         bytes_per_element=s, params_trunk=p_all - p_cls, params_classifier=p_cls,
         macs_trunk=mac_trunk * batch_size, macs_classifier=mac_cls * batch_size,
-        layout=_layout_rows(model.classifier, leading, stages, n),
+        layout=_layout_rows(classifier, name, leading, stages, n),
         dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=break_even)

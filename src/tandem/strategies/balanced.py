@@ -1,7 +1,9 @@
 """``balanced``: model *and* criterion parallel, so outputs never pile up on device 0.
 
 Each device computes its share of the loss where its output lives; only scalars travel to
-device 0, combined into the exact whole-batch loss (:mod:`tandem.parallel.loss_terms`).
+device 0, combined into the exact whole-batch loss (:mod:`tandem.parallel.loss_terms`). Each
+device counts its own hits too; one small vector each (two counts, or a dense output's
+``classes x classes`` confusion matrix) travels to device 0, recorded as ``metrics`` traffic.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from tandem.parallel import DataParallelCriterion, DataParallelModel, scatter
+from tandem.parallel import DataParallelCriterion, DataParallelModel, scatter, traffic
 
-from .base import StepOutput, Strategy, register, top5_hits
+from .base import StepOutput, Strategy, register
 from .dp import REPLICAS_NOT_COMPILED, prepare_replicated
 
 __all__ = ["BalancedStrategy"]
@@ -43,16 +45,31 @@ class BalancedStrategy(Strategy):
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
-        outputs = wrapped(images)  # list: one [chunk, classes] tensor per used device
+        outputs = [self.logits(o) for o in wrapped(images)]  # one chunk per used device
         loss = self._parallel_criterion(criterion)(outputs, targets)
         chunks = scatter(targets, [o.device for o in outputs])
         if len(chunks) != len(outputs):
             raise RuntimeError(
                 f"balanced: {len(outputs)} output chunks but targets split into {len(chunks)}"
             )
-        correct = sum(
-            (out.argmax(1) == tgt.to(out.device)).sum().to(self.device)
-            for out, tgt in zip(outputs, chunks)
-        )
-        correct5 = sum(top5_hits(out, tgt).to(self.device) for out, tgt in zip(outputs, chunks))
-        return StepOutput(loss, correct, targets.shape[0], correct5)
+        scores = [self.score(criterion, out, tgt, tgt.shape[0])
+                  for out, tgt in zip(outputs, chunks)]
+        return StepOutput(loss, *self._sum_scores(scores, [o.device for o in outputs]))
+
+    def _sum_scores(self, scores: list[tuple], devices: list[torch.device]) -> tuple:
+        """Each device's ``(correct, count, correct5, confusion)`` summed on device 0: one
+        flat vector from each device, whatever the batch or image size."""
+        dense = scores[0][3] is not None
+        total = None
+        for i, ((correct, _, correct5, confusion), device) in enumerate(zip(scores, devices)):
+            flat = (torch.cat([correct.reshape(1), confusion.reshape(-1)]) if dense
+                    else torch.stack([correct, correct5]))
+            if i and traffic.metering():  # logical replicas: chunk 0 is already on device 0
+                traffic.record("metrics", flat.numel() * flat.element_size(), 0)
+            flat = flat.to(self.device)
+            total = flat if total is None else total + flat
+        count = sum(s[1] for s in scores)
+        if dense:
+            classes = scores[0][3].shape[0]
+            return total[0], count, None, total[1:].reshape(classes, classes)
+        return total[0], count, total[1], None

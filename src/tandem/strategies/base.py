@@ -16,6 +16,8 @@ from torch import nn
 from tandem import model_state
 from tandem.errors import UsageError
 
+from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, top5_hits
+
 __all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_class",
            "strategy_names", "top5_hits"]
 
@@ -25,21 +27,16 @@ class StepOutput:
     """What one forward+loss returns to the loop.
 
     ``loss`` is the mean over this process's samples; ``correct``/``correct5`` are top-1/top-5
-    hits (``correct5`` may be ``None``) over ``count`` samples.
+    hits (``correct5`` may be ``None``) over ``count`` samples. Dense outputs (segmentation)
+    give ``confusion``, the ``classes x classes`` counts of this process's positions
+    (:mod:`.outputs`), and ``correct`` counts positions.
     """
 
     loss: torch.Tensor
     correct: torch.Tensor
     count: int
     correct5: torch.Tensor | None = None
-
-
-def top5_hits(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Samples whose target is among the 5 highest outputs (all of them with < 5 classes)."""
-    if outputs.shape[0] == 0:
-        return torch.zeros((), dtype=torch.long, device=outputs.device)
-    top = outputs.topk(min(5, outputs.shape[1]), dim=1).indices
-    return (top == targets.to(outputs.device)[:, None]).any(1).sum()
+    confusion: torch.Tensor | None = None
 
 
 class Strategy:
@@ -60,17 +57,21 @@ class Strategy:
     reference: ClassVar[bool] = False
 
     @classmethod
-    def check_model(cls, model: nn.Module) -> str | None:
-        """``None`` if this strategy can train ``model``, else what it needs (one line)."""
+    def check_model(cls, model: nn.Module, hybrid_head: str | None = None) -> str | None:
+        """``None`` if this strategy can train ``model``, else what it needs (one line).
+        ``hybrid_head`` is the attribute holding the head, for strategies that split it."""
         return None
     #: why ``--compile`` cannot be used with it (``None``: the model it is given may be compiled)
     compile_unsupported: ClassVar[str | None] = None
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
-                 buffers: str = "replica0"):
+                 buffers: str = "replica0", output_key: str | int | None = None,
+                 hybrid_head: str | None = None):
         self.devices = list(devices)
         self.sync_bn = sync_bn
         self.buffers = buffers
+        self.output_key = output_key  # picks the logits of a dict or tuple output
+        self.hybrid_head = hybrid_head  # the head's attribute, for strategies that split it
 
     # -- topology ---------------------------------------------------------------------------
     rank: int = 0
@@ -124,10 +125,23 @@ class Strategy:
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
         """Run the model and the criterion on this process's share of the batch."""
-        outputs = wrapped(images)
+        outputs = self.logits(wrapped(images))
         loss = criterion(outputs, targets)
-        correct = (outputs.argmax(1) == targets.to(outputs.device)).sum()
-        return StepOutput(loss, correct, targets.shape[0], top5_hits(outputs, targets))
+        return StepOutput(loss, *self.score(criterion, outputs, targets, targets.shape[0]))
+
+    def logits(self, output) -> torch.Tensor:
+        """The logits in what the model returned (``output_key`` picks them from a dict or a
+        tuple)."""
+        return pick_output(output, self.output_key)
+
+    @staticmethod
+    def score(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor,
+              count: int) -> tuple:
+        """``(correct, count, correct5, confusion)`` of one chunk, as :class:`StepOutput`
+        orders them; dense outputs skip the criterion's ``ignore_index``."""
+        ignore = getattr(criterion, "ignore_index", DEFAULT_IGNORE_INDEX)
+        correct, correct5, confusion = hits(outputs, targets, ignore)
+        return correct, count, correct5, confusion
 
     # -- data -------------------------------------------------------------------------------
     # The loop builds its loaders with ``rank`` and ``world_size`` above: each process loads

@@ -32,7 +32,7 @@ from tandem.distributed.process_group import (
 from tandem.parallel.buffers import check_policy
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
-from .base import StepOutput, Strategy, register, top5_hits
+from .base import StepOutput, Strategy, register
 
 __all__ = ["DDPStrategy"]
 
@@ -75,8 +75,8 @@ class DDPStrategy(Strategy):
     max_devices = 1
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
-                 buffers: str = "replica0", timeout: float | None = None):
-        super().__init__(devices, sync_bn=sync_bn, buffers=buffers)
+                 buffers: str = "replica0", timeout: float | None = None, **kwargs):
+        super().__init__(devices, sync_bn=sync_bn, buffers=buffers, **kwargs)
         check_policy(buffers)
         self.env = read_env(who=f"--strategy {self.name}")
         self.rank = self.env.rank
@@ -131,7 +131,7 @@ class DDPStrategy(Strategy):
         count = int(targets.shape[0])
         frozen = self._plain_bn if (count == 0 and wrapped.training) else []
         with _frozen_batchnorm(frozen):
-            outputs = wrapped(images)
+            outputs = self.logits(wrapped(images))
         summed, denominator = local_sum(criterion, outputs, targets)
         stats = torch.stack([summed.detach().double(), denominator.double(),
                              torch.tensor(float(count), dtype=torch.float64,
@@ -149,8 +149,7 @@ class DDPStrategy(Strategy):
             loss = scaled + (mean - scaled).detach()
         else:
             loss = mean
-        correct = (outputs.argmax(1) == targets).sum() if count else targets.new_zeros(())
-        return StepOutput(loss, correct, count, top5_hits(outputs, targets))
+        return StepOutput(loss, *self.score(criterion, outputs, targets, count))
 
     def _average_buffers(self, count: int, total_count: float) -> None:
         """Replace BN running stats by their sample-weighted mean over ranks.

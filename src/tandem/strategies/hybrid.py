@@ -1,6 +1,7 @@
 """``hybrid``: data-parallel features, model-parallel classifier.
 
-See :class:`tandem.hybrid.HybridParallel`. Optimizer state is per classifier shard, so it
+See :class:`tandem.hybrid.HybridParallel`: any model whose Linear head it finds (``classifier``,
+``fc``, or the attribute ``hybrid_head`` names) and which calls that head last. Optimizer state is per classifier shard, so it
 resumes under ``hybrid`` only; the weights load anywhere.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from tandem.hybrid import HybridParallel
-from tandem.models import list_models, model_info
+from tandem.hybrid.layout import head_problem
 
 from .base import Strategy, register
 from .dp import prepare_replicated
@@ -24,12 +25,10 @@ class HybridStrategy(Strategy):
     compile_unsupported = "its features and classifier shards would each need compiling"
 
     @classmethod
-    def check_model(cls, model: nn.Module) -> str | None:
-        if hasattr(model, "features") and hasattr(model, "classifier"):
-            return None
-        split = [n for n in list_models() if model_info(n).family in ("alexnet", "vgg")]
-        return f"needs a model with .features and .classifier: {', '.join(split)}"
+    def check_model(cls, model: nn.Module, hybrid_head: str | None = None) -> str | None:
+        return head_problem(model, hybrid_head)
 
     def setup(self, model: nn.Module) -> nn.Module:
         return HybridParallel(prepare_replicated(self, model), device_ids=self.devices,
-                              output_device=self.device, buffers=self.buffers)
+                              output_device=self.device, buffers=self.buffers,
+                              head=self.hybrid_head)

@@ -73,6 +73,7 @@ def build_figure(records: list[dict], title: str = "",
     _line(ax_acc, xs, records, "train_acc", "o-", "train")
     _line(ax_acc, xs, records, "val_acc", "o-", "validation top-1")
     _line(ax_acc, xs, records, "val_acc5", "s--", "validation top-5")
+    _line(ax_acc, xs, records, "val_miou", "d-", "validation mIoU")
     ax_acc.set(ylabel="accuracy (%)", title="accuracy")
     steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
     if schedule is not None and steps:

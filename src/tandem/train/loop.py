@@ -27,7 +27,8 @@ from tandem.strategies import Strategy
 from . import diverged
 from .curves import plot_curves
 from .interrupt import Interrupted, StopRequest
-from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory, summary_line
+from .metrics import (Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score_fields,
+                      summary_line)
 from .progress import Progress
 from .rundir import RunDir
 from .schedule import epoch_state, lr_factor
@@ -128,7 +129,7 @@ class Trainer:
                     with self.autocast():
                         out = s.forward_loss(self.model, self.criterion, images, targets)
                     self.scaler.scale(out.loss / group_size).backward()
-                meter.update(out.loss, out.correct, out.count, out.correct5)  # no host sync
+                meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)  # no host sync
                 shown = progress.update(out.count * s.world_size, meter)
                 # Every process reads at --print-freq batches; a bar's refresh only the main one.
                 look |= (shown and s.world_size == 1) or (
@@ -164,7 +165,8 @@ class Trainer:
         if not carried or not self.strategy.is_main:
             return Meter(), 0.0
         return Meter.from_sums(carried["loss_sum"], carried["correct"], carried["count"],
-                               carried.get("correct5", 0)), float(carried["seconds"])
+                               carried.get("correct5", 0), carried.get("confusion")), \
+            float(carried["seconds"])
 
     def _check_finite(self, meter: Meter | None, *, weights: bool = False,
                       what: str = "train loss") -> None:
@@ -173,8 +175,9 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> Meter:
-        """Loss, top-1 and top-5 over the whole validation set, every sample counted once
-        (none without one: ``tandem.fit(..., val_data=None)``)."""
+        """Loss, top-1 and top-5 (pixel accuracy and mean IoU for dense outputs) over the whole
+        validation set, every sample counted once (none without one: ``tandem.fit(...,
+        val_data=None)``)."""
         meter = Meter()
         if self.val_set is None:
             return meter
@@ -183,7 +186,7 @@ class Trainer:
             images, targets = self.device_batch(images, targets)
             with self.autocast():
                 out = self.strategy.forward_loss(self.model, self.criterion, images, targets)
-            meter.update(out.loss, out.correct, out.count, out.correct5)
+            meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
         return meter.reduced(self.strategy)
 
     # -- saving -----------------------------------------------------------------------------
@@ -263,8 +266,8 @@ class Trainer:
                 "step": pos.step,
                 "batches": pos.batch if stopped else self.batches_per_epoch,
                 "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
-                "train_loss": train.loss, "train_acc": train.acc, "train_acc5": train.acc5,
-                "val_loss": val.loss, "val_acc": val.acc, "val_acc5": val.acc5,
+                "train_loss": train.loss, **score_fields("train", train),
+                "val_loss": val.loss, **score_fields("val", val),
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "images_per_sec": train.count / seconds if seconds > 0 else None,
                 "seconds": seconds,
@@ -306,5 +309,4 @@ class Trainer:
 
 def _progress(meter: Meter, seconds: float) -> dict:
     """A reduced meter and the seconds spent, as a checkpoint entry."""
-    return {"loss_sum": meter.loss_sum, "correct": meter.correct, "count": meter.count,
-            "correct5": meter.correct5, "seconds": seconds}
+    return {**meter.progress(), "seconds": seconds}

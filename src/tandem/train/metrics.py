@@ -1,7 +1,8 @@
 """Running sums for loss/accuracy, their reduction over processes, the JSONL log, peak memory.
 
 Sums, not means, are kept, so one reduction gives the exact mean however unevenly samples
-were shared out. Accuracies are percentages (0-100).
+were shared out. Accuracies are percentages (0-100). Dense outputs (segmentation) add a
+confusion matrix, summed the same way, so pixel accuracy and mean IoU are exact over the set.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "summary_line"]
+from tandem.strategies.outputs import mean_iou, pixel_accuracy
+
+__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "summary_line",
+           "score_fields", "eval_scores"]
 
 
 class Meter:
@@ -22,33 +26,51 @@ class Meter:
     The sums stay on the device the losses are on, so :meth:`update` never waits for it;
     reading them (:meth:`read`, the properties) costs one host sync, made when printing,
     saving or ending an epoch. A non-finite loss leaves ``loss_sum`` non-finite for good:
-    :attr:`finite` is the divergence flag, read with the rest.
+    :attr:`finite` is the divergence flag, read with the rest. A meter fed dense outputs
+    (:attr:`dense`) also sums their confusion matrices: :attr:`acc` is then pixel accuracy,
+    :attr:`miou` mean IoU, and :attr:`acc5` NaN.
     """
 
     def __init__(self):
         self.count = 0  # samples: a Python int, known without asking the device
-        self._sums: torch.Tensor | None = None  # float64 [loss_sum, correct, correct5]
-        self._host: tuple[float, float, float] | None = None  # the last read, until an update
+        self._sums: torch.Tensor | None = None  # float64 [loss_sum, correct, correct5, *cm]
+        self._host: tuple | None = None  # the last read, until an update
+        self.classes: int | None = None  # dense outputs: the confusion matrix's side
+
+    @property
+    def dense(self) -> bool:
+        return self.classes is not None
 
     @classmethod
     def from_sums(cls, loss_sum: float, correct: float, count: int,
-                  correct5: float = 0.0) -> "Meter":
-        """A meter holding sums read elsewhere (a reduction, a checkpoint's epoch progress)."""
+                  correct5: float = 0.0, confusion=None) -> "Meter":
+        """A meter holding sums read elsewhere (a reduction, a checkpoint's epoch progress);
+        ``confusion`` is a dense meter's matrix (nested lists or a tensor)."""
         meter = cls()
         meter.count = int(count)
-        meter._host = (float(loss_sum), float(correct), float(correct5))
+        sums = [float(loss_sum), float(correct), float(correct5)]
+        if confusion is not None:
+            cm = torch.as_tensor(confusion, dtype=torch.float64)
+            meter.classes = cm.shape[0]
+            sums += cm.reshape(-1).tolist()
+        meter._host = tuple(sums)
         meter._sums = torch.tensor(meter._host, dtype=torch.float64)
         return meter
 
     def update(self, loss: torch.Tensor, correct: torch.Tensor, count: int,
-               correct5: torch.Tensor | None = None) -> None:
+               correct5: torch.Tensor | None = None,
+               confusion: torch.Tensor | None = None) -> None:
         """Add a batch whose *mean* loss is ``loss`` over ``count`` samples; no host sync."""
+        if confusion is not None:  # even for an empty share: reductions need its side
+            self.classes = confusion.shape[0]
         if count == 0:  # an empty share of a short last batch: nothing to count
             return
         loss = loss.detach()
         hits = [torch.as_tensor(c, device=loss.device) for c in
                 (correct, correct if correct5 is None else correct5)]
         batch = torch.stack([loss.double() * count, *(h.double() for h in hits)])
+        if confusion is not None:
+            batch = torch.cat([batch, confusion.to(loss.device).reshape(-1).double()])
         if self._sums is None:
             self._sums = batch
         else:
@@ -56,12 +78,26 @@ class Meter:
         self.count += count
         self._host = None
 
-    def read(self) -> tuple[float, float, float]:
-        """``(loss_sum, correct, correct5)`` on the host: one sync, then cached until an update."""
+    def read(self) -> tuple:
+        """``(loss_sum, correct, correct5, *confusion)`` on the host: one sync, then cached
+        until an update."""
         if self._host is None:
             self._host = ((0.0, 0.0, 0.0) if self._sums is None
                           else tuple(self._sums.tolist()))
         return self._host
+
+    @property
+    def confusion(self) -> torch.Tensor | None:
+        """A dense meter's summed confusion matrix (rows: target, columns: prediction)."""
+        if not self.dense:
+            return None
+        return torch.tensor(self.read()[3:], dtype=torch.float64).reshape(self.classes,
+                                                                         self.classes)
+
+    @property
+    def miou(self) -> float:
+        """Mean IoU in percent over the counted positions (NaN for classification)."""
+        return mean_iou(self.confusion) if self.dense else float("nan")
 
     @property
     def loss_sum(self) -> float:
@@ -86,20 +122,39 @@ class Meter:
 
     @property
     def acc(self) -> float:
+        """Top-1 accuracy; pixel accuracy for dense outputs."""
+        if self.dense:
+            return pixel_accuracy(self.confusion)
         return 100.0 * self.correct / self.count if self.count else float("nan")
 
     @property
     def acc5(self) -> float:
+        if self.dense:
+            return float("nan")
         return 100.0 * self.correct5 / self.count if self.count else float("nan")
 
-    def reduced(self, strategy) -> "Meter":
-        """A new meter holding the sums over every process (one ``all_reduce_sum``, one sync)."""
-        sums = (torch.zeros(3, dtype=torch.float64) if self._sums is None else self._sums)
+    def reduced(self, strategy, classes: int | None = None) -> "Meter":
+        """A new meter holding the sums over every process (one ``all_reduce_sum``, one sync).
+
+        Every process must hold the same kind of sums: a process that saw no dense batch
+        (an empty share) is given the side of the matrix with ``classes``."""
+        classes = self.classes if classes is None else classes
+        width = 3 + (classes * classes if classes else 0)
+        sums = (torch.zeros(width, dtype=torch.float64) if self._sums is None else self._sums)
         totals = torch.cat([sums.to(strategy.device),
                             torch.tensor([float(self.count)], dtype=torch.float64,
                                          device=strategy.device)])
-        loss_sum, correct, correct5, count = strategy.all_reduce_sum(totals).tolist()
-        return Meter.from_sums(loss_sum, correct, round(count), correct5)
+        *values, count = strategy.all_reduce_sum(totals).tolist()
+        confusion = (torch.tensor(values[3:]).reshape(classes, classes) if classes else None)
+        return Meter.from_sums(*values[:2], round(count), values[2], confusion)
+
+    def progress(self) -> dict:
+        """The sums as a checkpoint entry (``from_sums(**meter.progress())`` rebuilds it)."""
+        entry = {"loss_sum": self.loss_sum, "correct": self.correct, "count": self.count,
+                 "correct5": self.correct5}
+        if self.dense:
+            entry["confusion"] = self.confusion.tolist()
+        return entry
 
 
 def _cuda_devices(devices: Iterable[torch.device]) -> list[torch.device]:
@@ -169,8 +224,32 @@ def summary_line(r: dict, epochs: int, batches: int) -> str:
     """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so."""
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
-    return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: "
-            f"train loss {r['train_loss']:.4f} "
-            f"acc {r['train_acc']:.2f}% | val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
-            f"acc5 {r['val_acc5']:.2f}% "
+    if "val_miou" in r:  # dense outputs
+        scores = (f"train loss {r['train_loss']:.4f} pixel acc {r['train_pixel_acc']:.2f}% | "
+                  f"val loss {r['val_loss']:.4f} pixel acc {r['val_pixel_acc']:.2f}% "
+                  f"mIoU {r['val_miou']:.2f}% ")
+    else:
+        scores = (f"train loss {r['train_loss']:.4f} acc {r['train_acc']:.2f}% | "
+                  f"val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
+                  f"acc5 {r['val_acc5']:.2f}% ")
+    return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: {scores}"
             f"| {rate} {r['seconds']:.1f}s")
+
+
+def score_fields(prefix: str, meter: Meter) -> dict:
+    """A metrics row's scores of ``meter``: ``{prefix}_acc`` and ``_acc5``, and for dense
+    outputs ``_pixel_acc`` (which ``_acc`` repeats, for what reads any run) and ``_miou``."""
+    row = {f"{prefix}_acc": meter.acc, f"{prefix}_acc5": meter.acc5}
+    if meter.dense:
+        row[f"{prefix}_pixel_acc"] = meter.acc
+        if prefix == "val":
+            row["val_miou"] = meter.miou
+    return row
+
+
+def eval_scores(result: dict) -> str:
+    """The scores of a validation pass's result (``acc1``, ``acc5``, and ``miou`` when dense)
+    as ``tandem eval`` and ``train -e`` print them."""
+    if result.get("miou") is not None:
+        return f"pixel acc {result['acc1']:.2f}% mIoU {result['miou']:.2f}%"
+    return f"acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}%"

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from tandem.config import ParallelConfig, TrainConfig
+from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.errors import UsageError
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
@@ -95,7 +95,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         if line is not None:
             return line
         check_launched(cfg, ckpt, given)
-    strategy = _strategy(cfg.parallel, cfg.model.arch, supplied.model)
+    strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
     run, source = RunDir(cfg.run.out), None
     continues = ckpt is not None and not foreign.is_foreign(ckpt)
     if continues:
@@ -109,31 +109,34 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
               supplied: Supplied = Supplied()) -> RunPlan:
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing."""
-    return RunPlan(cfg, _strategy(cfg.parallel, cfg.model.arch, supplied.model), EVALUATE,
+    return RunPlan(cfg, _strategy(cfg.parallel, cfg.model, supplied.model), EVALUATE,
                    checkpoint=ckpt, notes=tuple(notes), supplied=supplied)
 
 
 def check_model(strategy: Strategy, model: nn.Module) -> None:
     """Refuse a model ``strategy`` cannot train, in one line."""
-    problem = strategy.check_model(model)
+    problem = strategy.check_model(model, strategy.hybrid_head)
     if problem:
         raise UsageError(f"--strategy {strategy.name} {problem}")
 
 
-def _strategy(cfg: ParallelConfig, arch: str, model: nn.Module | None = None) -> Strategy:
+def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
+              model: nn.Module | None = None) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
-    ``model`` (else ``arch``) with the options asked for."""
+    ``model`` (else ``model_cfg.arch``) with the options asked for."""
     strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
-                               sync_bn=cfg.sync_bn, buffers=cfg.buffers)
+                               sync_bn=cfg.sync_bn, buffers=cfg.buffers,
+                               output_key=model_cfg.output_key,
+                               hybrid_head=model_cfg.hybrid_head)
     for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
         if on and strategy.device.type != "cuda":
             raise UsageError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
                              f"{strategy.device}")
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
-    if model is None and not is_reference(arch):  # a factory's: once built (train.run)
+    if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (run)
         with torch.device("meta"):  # the model's structure, no memory and no weights
-            model = create_model(arch)
+            model = create_model(model_cfg.arch)
     if model is not None:
         check_model(strategy, model)
     return strategy

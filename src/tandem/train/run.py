@@ -34,7 +34,7 @@ from . import compile as compiling
 from . import foreign
 from .interrupt import StopRequest
 from .loop import Trainer
-from .metrics import MetricsLog
+from .metrics import MetricsLog, eval_scores
 from .plan import (EVALUATE, FORKED, FRESH, RESUMED, RunPlan, check_model, plan_eval,
                    plan_train)
 from .resume import check_max_steps, restore
@@ -253,8 +253,7 @@ def _print_validation(plan: RunPlan) -> dict | None:
         return None
     for note in plan.notes:
         print(note)
-    print(f"val loss {result['loss']:.4f} acc {result['acc1']:.2f}% acc5 "
-          f"{result['acc5']:.2f}% ({result['count']} images)")
+    print(f"val loss {result['loss']:.4f} {eval_scores(result)} ({result['count']} images)")
     return {"val_loss": result["loss"], "val_acc": result["acc1"],
             "val_acc5": result["acc5"], "count": result["count"]}
 
@@ -305,5 +304,6 @@ def _validate(plan: RunPlan) -> dict:
         seconds = _warm_up(trainer, train=False)
         val = trainer.validate()
         return {"arch": cfg.model.arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
-                "acc5": val.acc5, "count": val.count, "compile_seconds": seconds,
+                "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
+                "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main}

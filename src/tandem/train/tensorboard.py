@@ -21,6 +21,8 @@ TAGS = {
     "train_loss": "loss/train", "val_loss": "loss/val",
     "train_acc": "top1/train", "val_acc": "top1/val",
     "train_acc5": "top5/train", "val_acc5": "top5/val",
+    "train_pixel_acc": "pixel_acc/train", "val_pixel_acc": "pixel_acc/val",
+    "val_miou": "miou/val",
     "lr": "lr", "images_per_sec": "images_per_sec", "seconds": "epoch_seconds",
 }
 
