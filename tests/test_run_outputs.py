@@ -351,3 +351,27 @@ def test_training_steps_that_print_nothing_read_nothing_from_the_device(tmp_path
     # The counter saw the end of the epoch's reads, and the replica threads where there are.
     assert tally["reads"] > 0
     assert (tally["replica ops"] > 0) == threads
+
+
+def test_a_ddp_step_reads_nothing_but_its_stop_vote_every_few_steps(tmp_path, monkeypatch):
+    """ddp in one process (world 1, gloo): its loss all-reduce stays on the device; the only
+    read in 9 steps that print nothing is the stop vote at step 8 (``STOP_VOTE_EVERY``)."""
+    import socket
+
+    from tandem.strategies.ddp import DDPStrategy
+
+    assert DDPStrategy.STOP_VOTE_EVERY == 8
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "t"}.items():
+        monkeypatch.setenv(key, value)
+    tally = {"reads": 0, "in steps": 0, "replica ops": 0}
+    with _Reads(tally):
+        ok("train", *TINY, "--strategy", "ddp", "--devices", "cpu", "--epochs", "3",
+           "--max-steps", "9", "--print-freq", "0", "--out", tmp_path)
+    where = ["".join(w) for w in tally.get("where", [])]
+    assert tally["in steps"] == 1 and "stop_vote" in where[0], "".join(where)
+    assert [r["step"] for r in rows(tmp_path)] == [4, 8, 9]

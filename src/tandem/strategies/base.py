@@ -160,6 +160,15 @@ class Strategy:
         """True on every process when ``flag`` is true on any (e.g. a stop request)."""
         return flag
 
+    #: when a stop request takes effect, as the signal's line says it (see stop_vote)
+    stops_when: ClassVar[str] = "after this step"
+
+    def stop_vote(self, flag: bool) -> bool:
+        """Whether every process stops after this optimizer step, for a stop request
+        (``flag``) on any. A multi-process strategy may vote only every few steps, so that a
+        step reads nothing from the device; the loop calls it once per step on every process."""
+        return self.any_process(flag)
+
     @classmethod
     def resume_command_for(cls, target: str, processes: int = 1, nodes: int = 1) -> str:
         """The command that continues ``target`` (a run directory or checkpoint) under this

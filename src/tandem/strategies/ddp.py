@@ -89,6 +89,7 @@ class DDPStrategy(Strategy):
         self._plain_bn: list[_BatchNorm] = []
         self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
         self._grad_hooks: list = []  # see grads_in_param_strides, removed by close()
+        self._stop_calls = 0  # see stop_vote
 
     @property
     def device(self) -> torch.device:
@@ -124,7 +125,8 @@ class DDPStrategy(Strategy):
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
-        """Forward this rank's share; one small all-reduce per call on every rank, in eval too."""
+        """Forward this rank's share; one small all-reduce per call on every rank, in eval too,
+        and no read of the device."""
         training = torch.is_grad_enabled() and wrapped.training
         images = images.to(self._device, non_blocking=True)
         targets = targets.to(self._device, non_blocking=True)
@@ -133,34 +135,41 @@ class DDPStrategy(Strategy):
         with _frozen_batchnorm(frozen):
             outputs = self.logits(wrapped(images))
         summed, denominator = local_sum(criterion, outputs, targets)
+        # One all-reduce of (S_r, D_r, n_r); its results stay on the device, read by nobody
+        # here: the step makes no host sync (the loop reads its sums when it prints).
         stats = torch.stack([summed.detach().double(), denominator.double(),
-                             torch.tensor(float(count), dtype=torch.float64,
-                                          device=summed.device)])
-        total_sum, total_den, total_count = all_reduce_sum(stats, self._device).tolist()
+                             torch.full((), float(count), dtype=torch.float64,
+                                        device=summed.device)])
+        total_sum, total_den, total_count = all_reduce_sum(stats, self._device).unbind()
         if reduction_of(criterion) == "sum":  # the global loss is the plain sum of S_r
-            total_den = 1.0
+            total_den = torch.ones_like(total_den)
         if training and self.buffers == "average":
             self._average_buffers(count, total_count)
-        mean = summed.new_tensor(total_sum / total_den if total_den else float("nan"))
+        mean = (total_sum / total_den).to(summed.dtype)  # 0/0: nan, as no samples anywhere
         if summed.requires_grad:
             # The value is the global mean; the gradient is that of S_r * world / D, which
             # DDP's average over ranks turns into the gradient of the global mean.
-            scaled = summed * (self.world_size / total_den) if total_den else summed
+            scale = torch.where(total_den != 0, self.world_size / total_den,
+                                torch.ones_like(total_den))
+            scaled = summed * scale.to(summed.dtype)
             loss = scaled + (mean - scaled).detach()
         else:
             loss = mean
         return StepOutput(loss, *self.score(criterion, outputs, targets, count))
 
-    def _average_buffers(self, count: int, total_count: float) -> None:
-        """Replace BN running stats by their sample-weighted mean over ranks.
+    def _average_buffers(self, count: int, total_count: torch.Tensor) -> None:
+        """Replace BN running stats by their sample-weighted mean over ranks (kept as they
+        are when no rank had a sample); ``total_count`` stays on the device.
 
         New tensors are assigned, not written in place: autograd saved the old ones for backward.
         """
         layers = [m for m in self._plain_bn if m.track_running_stats and m.running_mean is not None]
-        if not layers or not total_count:
+        if not layers:
             return
         flat = torch.cat([torch.cat([m.running_mean, m.running_var]) for m in layers])
-        flat = all_reduce_sum(flat * count, self._device) / total_count
+        total = total_count.to(flat.dtype)
+        summed = all_reduce_sum(flat * count, self._device)
+        flat = torch.where(total > 0, summed / total.clamp(min=1), flat)
         offset = 0
         for m in layers:
             n = m.running_mean.numel()
@@ -181,6 +190,16 @@ class DDPStrategy(Strategy):
     def any_process(self, flag: bool) -> bool:
         votes = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
         return bool(self.all_reduce_sum(votes).item() > 0)
+
+    #: optimizer steps between two stop votes: a vote reads one number back from the device
+    STOP_VOTE_EVERY = 8
+    stops_when = f"at the processes' next vote (within {STOP_VOTE_EVERY} steps)"
+
+    def stop_vote(self, flag: bool) -> bool:
+        """Vote every :attr:`STOP_VOTE_EVERY` calls only (every rank calls it once a step, so
+        the ranks count alike and stop at the same step); a signal waits for the next vote."""
+        self._stop_calls += 1
+        return self._stop_calls % self.STOP_VOTE_EVERY == 0 and self.any_process(flag)
 
     @classmethod
     def resume_command_for(cls, target: str, processes: int = 1, nodes: int = 1) -> str:

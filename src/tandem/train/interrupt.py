@@ -32,9 +32,10 @@ class StopRequest:
     silences the notice (ranks other than 0).
     """
 
-    def __init__(self, enabled: bool = True, quiet: bool = False):
+    def __init__(self, enabled: bool = True, quiet: bool = False, when: str = "after this step"):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.quiet = quiet
+        self.when = when  # when the run stops, as the first signal's line says it
         self.requested = False
         self.signum = signal.SIGINT
         self._presses = 0
@@ -58,7 +59,7 @@ class StopRequest:
         self.requested = True
         if self._presses == 1:
             if not self.quiet:
-                print(f"tandem: {signal.Signals(signum).name}: stopping after this step "
+                print(f"tandem: {signal.Signals(signum).name}: stopping {self.when} "
                       "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
         elif not self._critical:
             raise KeyboardInterrupt

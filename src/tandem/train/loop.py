@@ -147,7 +147,7 @@ class Trainer:
                 if max_steps is not None and pos.step >= max_steps:
                     stopped = pos.batch < n
                     break
-                if s.any_process(self.stop.requested):  # every rank stops at this step
+                if s.stop_vote(self.stop.requested):  # every rank stops at this step
                     self.stop.requested = True
                     break
                 if save_every and pos.step % save_every == 0 and pos.batch < n:

@@ -238,7 +238,7 @@ def execute(plan: RunPlan | str) -> dict | None:
         trainer = Trainer(**parts, **start)
         _warm_up(trainer, train=True)
         log = _open_run_dir(plan, trainer, notes)
-        with StopRequest(quiet=not strategy.is_main) as stop:
+        with StopRequest(quiet=not strategy.is_main, when=strategy.stops_when) as stop:
             records = trainer.fit(log, stop)
         if plan.supplied.model is not None:
             load_plain_state_dict(plan.supplied.model, strategy.state_dict(trainer.model))
