@@ -137,17 +137,20 @@ def measure(data_dir: str, image_size: int = 224, rounds: int = 7, seed: int = 0
     blobs = [open(f, "rb").read() for f in files]
     boxes = [random_resized_box(*_header(d), SampleRandom(seed, 0, i))
              for i, d in enumerate(blobs)]
-    decoded = {name: [way(d, b, image_size) for d, b in zip(blobs, boxes)]
-               for name, way in DECODE_WAYS.items()}
-    crops = {name: [resized_crop(a, b, s, image_size, False).astype(np.int16)
-                    for (a, s), b in zip(out, boxes)] for name, out in decoded.items()}
-    base = crops["pillow (draft)"]
+    base, diffs, scales = None, {}, {}
+    for name, way in DECODE_WAYS.items():  # one way's arrays at a time: a few MB, not a GB
+        out = [way(d, b, image_size) for d, b in zip(blobs, boxes)]
+        crops = [resized_crop(a, b, s, image_size, False).astype(np.int16)
+                 for (a, s), b in zip(out, boxes)]
+        base = crops if base is None else base  # the first way, Pillow's
+        diffs[name] = [np.abs(c - r) for c, r in zip(crops, base)]
+        scales[name] = [s for _, s in out]
     size = image_size
     decode_t = _rounds(DECODE_WAYS, lambda way, i: way(blobs[i], boxes[i], size),
                        len(blobs), rounds)
-    ref_image, ref_scale = zip(*decoded["simplejpeg"])
+    ref = [_simplejpeg(d, b, size) for d, b in zip(blobs, boxes)]
     resample_t = _rounds(RESAMPLE_WAYS,
-                         lambda way, i: way(ref_image[i], boxes[i], ref_scale[i], size),
+                         lambda way, i: way(ref[i][0], boxes[i], ref[i][1], size),
                          len(blobs), rounds)
     rows = []
     for stage, times, first in (("decode", decode_t, "pillow (draft)"),
@@ -156,10 +159,9 @@ def measure(data_dir: str, image_size: int = 224, rounds: int = 7, seed: int = 0
             row = {"stage": stage, "way": name, "ms_per_image": statistics.median(ms),
                    "vs_first": statistics.median(a / b for a, b in zip(times[first], ms))}
             if stage == "decode":
-                diffs = [np.abs(c - r) for c, r in zip(crops[name], base)]
-                row["crop_diff_mean"] = float(np.mean([d.mean() for d in diffs]))
-                row["crop_diff_max"] = int(max(d.max() for d in diffs))
-                row["reduced_scale_share"] = sum(s > 1 for _, s in decoded[name]) / len(blobs)
+                row["crop_diff_mean"] = float(np.mean([d.mean() for d in diffs[name]]))
+                row["crop_diff_max"] = int(max(d.max() for d in diffs[name]))
+                row["reduced_scale_share"] = sum(s > 1 for s in scales[name]) / len(blobs)
             rows.append(row)
     return {"config": {"data": data_dir, "images": len(blobs), "image_size": image_size,
                        "rounds": rounds, "seed": seed, "torch_threads": torch.get_num_threads(),
