@@ -100,6 +100,20 @@ def test_jpeg_draft_keeps_the_crop_where_it_was(tmp_path, decoder):
     assert np.abs(drafted - exact).mean() < 4  # same content; a shifted box differs by ~40
 
 
+@pytest.mark.parametrize("box", [(0, 0, 80, 60), (7, 3, 50, 41), (20, 10, 29, 22), (1, 1, 17, 17)])
+@pytest.mark.parametrize("flip", [False, True])
+def test_full_scale_resample_is_pillows_crop_then_resize(box, flip):
+    """torch's uint8 antialiased bilinear against ``img.crop(box).resize(...)`` (torchvision's
+    PIL RandomResizedCrop), down- and upsampling: within 1 per pixel (rounding)."""
+    img = photo(80, 60, seed=5)
+    expect = img.crop(box).resize((S, S), Image.BILINEAR)
+    if flip:
+        expect = expect.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    out = resized_crop(np.array(img), box, 1, S, flip)
+    assert out.shape == (S, S, 3) and out.dtype == np.uint8 and out.flags.writeable
+    assert np.abs(out.astype(int) - np.asarray(expect, dtype=int)).max() <= 1
+
+
 # -- determinism across workers, ranks and persistent loaders -------------------------------
 
 def test_same_crops_whatever_the_workers_and_the_rank(tmp_path):

@@ -70,8 +70,9 @@ def resized_crop(image: np.ndarray, box, scale: float, size: int, flip: bool) ->
 
     At full scale the box is cut out, then resized with antialiasing, as torchvision's
     ``RandomResizedCrop`` does on a PIL image (``crop`` then ``resize``). That runs in torch's
-    uint8 kernel, which matches Pillow's ``resize`` within 1 per pixel at about a third of its
-    time and needs no Pillow image in between. At reduced scale the box has fractional corners,
+    uint8 kernel, which matches Pillow's ``resize`` within 1 per pixel, needs no Pillow image
+    in between, and takes about a fifth of the time of Pillow's with its conversions
+    (``benchmarks/jpeg_decoders.py``). At reduced scale the box has fractional corners,
     so Pillow resamples it in place (``resize(box=...)``, which may read pixels just outside).
     """
     if scale == 1:
