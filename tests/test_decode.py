@@ -32,17 +32,22 @@ def photo(w, h, seed):
 def jpegs(tmp_path_factory):
     root = tmp_path_factory.mktemp("jpegs")
     paths = []
-    for i, (w, h) in enumerate([(500, 375), (375, 500), (333, 250), (1024, 768)]):
+    kinds = [((500, 375), "RGB", {}), ((375, 500), "RGB", {"progressive": True}),
+             ((333, 250), "RGB", {"subsampling": "4:4:4"}), ((1024, 768), "RGB", {}),
+             ((300, 280), "L", {})]
+    for i, ((w, h), mode, options) in enumerate(kinds):
         paths.append(root / f"{i}.jpg")
-        photo(w, h, i).save(paths[-1], quality=90, subsampling="4:2:0")
+        photo(w, h, i).convert(mode).save(paths[-1], quality=90, **options)
     return paths
 
 
 @needs_simplejpeg
 @pytest.mark.parametrize("size", [224, 64])  # 64: most boxes are decoded at reduced scale
 def test_simplejpeg_and_pillow_crops_agree(jpegs, size):
+    """Baseline 4:2:0, progressive, 4:4:4, large, and greyscale JPEGs."""
     scales = set()
     for path in jpegs:
+        assert isinstance(open_image(path, "simplejpeg"), SimpleJpegImage)  # no fallback
         for index in range(12):
             draws = {}
             for decoder in ("simplejpeg", "pillow"):
