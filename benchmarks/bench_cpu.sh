@@ -16,7 +16,8 @@
 #      torch's DDP, each with its "+compile" twin (cifar_resnet20, global batch 128), and
 #      the torch.profiler breakdown of an eager and a compiled step;
 #   7. the ImageFolder input pipeline against a torchvision-style reference, -j 0, 1 and 2,
-#      on 256 generated 500x375 JPEGs (benchmarks/make_jpegs.py; nothing downloaded).
+#      on 256 generated 500x375 JPEGs (benchmarks/make_jpegs.py; nothing downloaded), and
+#      the JPEG decoders alone: benchmarks/bench_loader.sh.
 # CPU timings depend on the machine's load: run on a quiet machine, and compare ratios within
 # one table (its contestants are interleaved), not absolute numbers across tables.
 #
@@ -47,7 +48,4 @@ tandem bench --arch cifar_resnet20 --strategies single,dp,balanced,ddp --devices
     --json "$OUT/cpu_compile.json"
 "$PY" benchmarks/profile_compile.py --batch-size 128 --threads "$THREADS" --steps 3 \
     > "$OUT/profile_compile.txt"
-test -d "$OUT/jpegs" || "$PY" benchmarks/make_jpegs.py "$OUT/jpegs" --classes 4 --per-class 64
-for j in 0 1 2; do
-    tandem bench --data "$OUT/jpegs" --image-size 224 -j "$j" --steps 7 --json "$OUT/loader_j$j.json"
-done
+PYTHON="$PY" benchmarks/bench_loader.sh "$OUT"  # table 8: its own script, runnable alone

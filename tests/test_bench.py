@@ -25,6 +25,7 @@ from tandem.bench.runner import race
 from tandem.bench.suite import registered_strategies
 from tandem.bench.timing import MemoryProbe, resident_bytes, summarize
 from tandem.cli.main import main
+from tandem.data.decode import default_decoder
 
 STEP_KEYS = {"median", "q1", "q3", "iqr", "min", "max", "mean", "n"}
 
@@ -496,7 +497,9 @@ def test_bench_data_json_has_loader_and_reference(tmp_path, workers, capsys):
     assert code == 0
     report = json.loads(out.read_text())
     results = {r["name"]: r for r in report["results"]}
-    assert list(results) == ["loader", "reference"]
+    pillow_too = ["loader-pillow"] if default_decoder() != "pillow" else []
+    assert list(results) == ["loader", *pillow_too, "reference"]
+    assert results["loader"]["decoder"] == default_decoder()
     for r in results.values():
         assert r["images_per_sec"]["median"] > 0 and r["images_per_sec"]["n"] == 2
         assert r["images"] == 4  # the training split of the 80/20 split
@@ -504,6 +507,7 @@ def test_bench_data_json_has_loader_and_reference(tmp_path, workers, capsys):
     assert (results["loader"]["batch_dtype"], results["reference"]["batch_dtype"]) == \
         ("uint8", "float32")
     assert report["config"]["workers"] == workers and report["ratio_loader_vs_reference"] > 0
+    assert report["ratio_loader_vs_reference"] == results["loader"]["ratio_vs_reference"]
     assert "loader / reference" in capsys.readouterr().out
 
 

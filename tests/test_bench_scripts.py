@@ -76,3 +76,21 @@ def test_make_jpegs_writes_real_size_jpegs(tmp_path):
         with Image.open(f) as img:
             assert (img.format, img.size, img.mode) == ("JPEG", (500, 375), "RGB")
         assert 40_000 < f.stat().st_size < 200_000  # about a photo's size at quality 90
+
+
+def test_jpeg_decoders_script_runs_every_way(tmp_path, capsys):
+    pytest.importorskip("simplejpeg")
+    make_jpegs, jpeg_decoders = _load("make_jpegs"), _load("jpeg_decoders")
+    make_jpegs.main([str(tmp_path / "j"), "--classes", "1", "--per-class", "3"])
+    out = tmp_path / "decoders.json"
+    assert jpeg_decoders.main([str(tmp_path / "j"), "--image-size", "64", "--rounds", "1",
+                               "--json", str(out)]) == 0
+    rows = {(r["stage"], r["way"]): r for r in json.loads(out.read_text())["rows"]}
+    assert {way for stage, way in rows if stage == "decode"} == set(jpeg_decoders.DECODE_WAYS)
+    assert {way for stage, way in rows if stage == "resample"} == set(
+        jpeg_decoders.RESAMPLE_WAYS)
+    # Pillow's crops within test_decode.py's bounds (identical here), rows cut or not
+    for way in ("simplejpeg", "simplejpeg rows to the box"):
+        assert rows["decode", way]["crop_diff_mean"] < 0.5
+        assert rows["decode", way]["crop_diff_max"] <= 8
+    assert "simplejpeg" in capsys.readouterr().out

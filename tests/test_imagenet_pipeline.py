@@ -15,11 +15,13 @@ from tandem import config
 from tandem.data import LoaderCache, batch_to_device, load_dataset, make_loader
 from tandem.data import imagefolder
 from tandem.data.imagenet_transforms import (
-    RATIO, SCALE, random_resized_box, resize_box, train_crop, val_crop, val_resize)
+    RATIO, SCALE, random_resized_box, resized_crop, train_crop, val_crop, val_resize)
+from tandem.data.decode import open_image, simplejpeg
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.data.transforms import SampleRandom, center_offset, shorter_side_size
 
 S = 16  # output side in these tests
+DECODERS_HERE = ["pillow"] + (["simplejpeg"] if simplejpeg is not None else [])
 
 
 @pytest.fixture(autouse=True)
@@ -82,18 +84,34 @@ def test_random_resized_box_is_keyed_by_the_sample():
     assert len(set(a)) > 40  # and differs from sample to sample
 
 
-def test_jpeg_draft_keeps_the_crop_where_it_was(tmp_path):
+@pytest.mark.parametrize("decoder", DECODERS_HERE)
+def test_jpeg_draft_keeps_the_crop_where_it_was(tmp_path, decoder):
     """A big JPEG is decoded at reduced scale; the box must be rescaled to match."""
     img = photo(800, 640, seed=4)
     img.save(tmp_path / "big.jpg", quality=95)
     img.save(tmp_path / "big.png")
     box = (100, 120, 500, 440)  # >= 4x the output: decoded at 1/4
-    with Image.open(tmp_path / "big.jpg") as jpg:
-        drafted = np.asarray(resize_box(jpg, box, 64, 64), dtype=np.float32)
-        assert jpg.size == (200, 160)  # draft did apply
-    with Image.open(tmp_path / "big.png") as png:
-        exact = np.asarray(resize_box(png, box, 64, 64), dtype=np.float32)
+    image, scale = open_image(tmp_path / "big.jpg", decoder).decode(box, 64, 64)
+    assert image.shape == (160, 200, 3) and scale == 4  # the reduced decode did apply
+    drafted = resized_crop(image, box, scale, 64, False).astype(np.float32)
+    image, scale = open_image(tmp_path / "big.png", decoder).decode(box, 64, 64)
+    assert scale == 1
+    exact = resized_crop(image, box, scale, 64, False).astype(np.float32)
     assert np.abs(drafted - exact).mean() < 4  # same content; a shifted box differs by ~40
+
+
+@pytest.mark.parametrize("box", [(0, 0, 80, 60), (7, 3, 50, 41), (20, 10, 29, 22), (1, 1, 17, 17)])
+@pytest.mark.parametrize("flip", [False, True])
+def test_full_scale_resample_is_pillows_crop_then_resize(box, flip):
+    """torch's uint8 antialiased bilinear against ``img.crop(box).resize(...)`` (torchvision's
+    PIL RandomResizedCrop), down- and upsampling: within 1 per pixel (rounding)."""
+    img = photo(80, 60, seed=5)
+    expect = img.crop(box).resize((S, S), Image.BILINEAR)
+    if flip:
+        expect = expect.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    out = resized_crop(np.array(img), box, 1, S, flip)
+    assert out.shape == (S, S, 3) and out.dtype == np.uint8 and out.flags.writeable
+    assert np.abs(out.astype(int) - np.asarray(expect, dtype=int)).max() <= 1
 
 
 # -- determinism across workers, ranks and persistent loaders -------------------------------
@@ -134,13 +152,14 @@ def test_grey_cmyk_and_png_inputs_become_rgb(tmp_path, mode, fmt):
     assert out.shape == (S, S, 3) and out.dtype == np.uint8
     if mode in ("L", "LA"):
         assert (out[..., 0] == out[..., 1]).all() and (out[..., 1] == out[..., 2]).all()
-    # the same box resampled from Pillow's own RGB conversion: equal up to JPEG/CMYK rounding
+    # the same box cut from Pillow's own RGB conversion and resized (torchvision's PIL
+    # RandomResizedCrop): equal up to JPEG/CMYK rounding and torch's against Pillow's (1)
     with Image.open(path) as src:
         rgb = src.convert("RGB")
     box = random_resized_box(40, 30, SampleRandom(0, 0, 0))
     flip = SampleRandom(0, 0, 0)
     random_resized_box(40, 30, flip)
-    expect = rgb.resize((S, S), Image.BILINEAR, box=box)
+    expect = rgb.crop(box).resize((S, S), Image.BILINEAR)
     if flip.coin():
         expect = expect.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     assert np.abs(out.astype(int) - np.asarray(expect, dtype=int)).max() <= 3

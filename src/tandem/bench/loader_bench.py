@@ -1,8 +1,9 @@
 """``tandem bench --data DIR``: the input pipeline alone, next to a torchvision-style reference.
 
-Both read the ImageFolder's training split with the same sampler, workers and crop boxes.
+All read the ImageFolder's training split with the same sampler, workers and crop boxes.
 ``loader`` is tandem's pipeline (uint8 batches; normalising belongs to the device step and is
-not timed); ``reference`` does what torchvision's ``RandomResizedCrop``/``ToTensor``/``Normalize``
+not timed), with simplejpeg decoding the JPEGs when it is installed; ``loader-pillow`` is the same
+pipeline with Pillow's decoder (raced only when the two differ); ``reference`` does what torchvision's ``RandomResizedCrop``/``ToTensor``/``Normalize``
 do, in Pillow and torch. Reported per wall-second and per CPU-second (``/proc``, Linux only);
 rounds alternate the order so load from other processes hits both alike.
 """
@@ -20,7 +21,8 @@ import torch
 from PIL import Image
 
 from tandem.data.base import split_key
-from tandem.data.imagefolder import MEAN, STD, load_imagefolder
+from tandem.data.decode import default_decoder
+from tandem.data.imagefolder import MEAN, STD, ImageFolderDataset, load_imagefolder
 from tandem.data.imagenet_transforms import random_resized_box
 from tandem.data.loader import make_loader
 from tandem.data.transforms import SampleRandom
@@ -90,7 +92,9 @@ def _pass(loader) -> tuple[float, float | None, int]:
 def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
                      batch_size: int = 64, rounds: int = 5, warmup: int = 1,
                      seed: int = 0) -> dict:
-    """Time both pipelines on ``data``'s training split; ``results`` holds loader, reference."""
+    """Time the pipelines on ``data``'s training split; ``results`` holds loader,
+    loader-pillow (when simplejpeg is installed) and reference, each with its ratios to the
+    reference; the top-level ratios are the loader's."""
     for name, value, low in (("image_size", image_size, 1), ("workers", workers, 0),
                              ("batch_size", batch_size, 1), ("rounds", rounds, 1),
                              ("warmup", warmup, 0)):
@@ -100,7 +104,11 @@ def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
     if not root.is_dir():
         raise MissingFileError(f"--data '{data}' is not a directory")
     train, _, _ = load_imagefolder(root, augment="imagenet", image_size=image_size)
-    contestants = {"loader": train, "reference": ReferenceDataset(train.samples, image_size)}
+    contestants = {"loader": train}
+    if default_decoder() != "pillow":
+        contestants["loader-pillow"] = ImageFolderDataset(train.samples, image_size=image_size,
+                                                          augment="imagenet", decoder="pillow")
+    contestants["reference"] = ReferenceDataset(train.samples, image_size)
     machine = machine_info([torch.device("cpu")])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -115,9 +123,14 @@ def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
         results.append({"name": name, "images": len(train), "images_per_sec": ips,
                         "images_per_sec_per_core": ips["median"] / max(1, workers),
                         "images_per_cpu_sec": summarize(cpu).as_dict() if cpu else None,
-                        "batch_dtype": str(getattr(ds, "dtype", torch.float32))[6:]})
-    ratio = _paired_ratio(times["loader"]["wall"], times["reference"]["wall"])
-    cpu_ratio = _paired_ratio(times["loader"]["cpu"], times["reference"]["cpu"])
+                        "batch_dtype": str(getattr(ds, "dtype", torch.float32))[6:],
+                        "decoder": ("pillow" if name == "reference"
+                                    else ds.decoder or default_decoder()),
+                        "ratio_vs_reference": _paired_ratio(times[name]["wall"],
+                                                            times["reference"]["wall"]),
+                        "cpu_ratio_vs_reference": _paired_ratio(times[name]["cpu"],
+                                                                times["reference"]["cpu"])})
+    ratio, cpu_ratio = results[0]["ratio_vs_reference"], results[0]["cpu_ratio_vs_reference"]
     config = {"data": str(root), "image_size": image_size, "workers": workers,
               "batch_size": batch_size, "rounds": rounds, "warmup": warmup, "seed": seed,
               "torch_threads": 1}
@@ -161,13 +174,16 @@ def format_loader_table(report: dict) -> str:
              f"{c['image_size']}x{c['image_size']}, batch {c['batch_size']}, "
              f"-j {c['workers']}, {c['rounds']} timed passes after {c['warmup']} warm-up; "
              f"torch {m['torch']}, {m['cpu_count']} CPUs, {m['date_utc']}",
-             f"{'pipeline':<10} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'img/s/core':>10} "
-             f"{'img/CPU-s':>9}"]
+             f"{'pipeline':<13} {'decoder':<10} {'img/s':>8} {'IQR':>7} {'min..max':>15} "
+             f"{'img/s/core':>10} {'img/CPU-s':>9} {'/ref wall':>9} {'/ref CPU':>8}"]
     for r in report["results"]:
         s, cpu = r["images_per_sec"], r["images_per_cpu_sec"]
-        lines.append(f"{r['name']:<10} {s['median']:8.1f} {s['iqr']:7.1f} "
+        ratios = (r["ratio_vs_reference"], r["cpu_ratio_vs_reference"])
+        lines.append(f"{r['name']:<13} {r['decoder']:<10} {s['median']:8.1f} {s['iqr']:7.1f} "
                      f"{s['min']:7.1f}..{s['max']:<7.1f} {r['images_per_sec_per_core']:10.1f} "
-                     f"{cpu['median'] if cpu else float('nan'):9.1f}")
+                     f"{cpu['median'] if cpu else float('nan'):9.1f} "
+                     + " ".join(f"{'n/a' if x is None else f'{x:.2f}x':>{w}}"
+                                for x, w in zip(ratios, (9, 8))))
     cpu_ratio = report["cpu_ratio_loader_vs_reference"]
     lines.append(f"loader / reference: {report['ratio_loader_vs_reference']:.2f}x img/s, "
                  f"{'n/a' if cpu_ratio is None else f'{cpu_ratio:.2f}x'} img per CPU-second "

@@ -1,4 +1,5 @@
-"""ImageFolder directories read with Pillow: ``root/<class>/**/<image>``.
+"""ImageFolder directories: ``root/<class>/**/<image>``, read with Pillow (training JPEGs with
+simplejpeg when it is installed, see :mod:`~tandem.data.decode`).
 
 Either ``root/train`` and ``root/val``, or one directory split 80/20 per class with the fixed
 :data:`SPLIT_SEED`, whatever the run's seed; that split is logged (``tandem.data``, INFO: the CLI
@@ -83,20 +84,24 @@ def list_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
 
 
 class ImageFolderDataset(ImageDataset):
-    """A list of ``(path, label)`` decoded with Pillow on access to ``uint8`` (see module doc).
+    """A list of ``(path, label)`` decoded on access to ``uint8`` (see module doc).
 
-    It replaces the float ``raw`` -> normalise path of :class:`ImageDataset` by its own
-    ``__getitem__``: crops come out of Pillow as ``uint8`` and stay so until the device.
+    ``decoder`` picks the training crops' JPEG decoder (None: simplejpeg if installed, see
+    :func:`~tandem.data.decode.open_image`); boxes and flips do not depend on it. It replaces
+    the float ``raw`` -> normalise path of :class:`ImageDataset` by its own ``__getitem__``:
+    crops come out of the decoder as ``uint8`` and stay so until the device.
     """
 
     dtype = torch.uint8
     normalization = NORMALIZATION
 
-    def __init__(self, samples: list[tuple[str, int]], *, image_size: int, augment: str):
+    def __init__(self, samples: list[tuple[str, int]], *, image_size: int, augment: str,
+                 decoder: str | None = None):
         super().__init__(shape=(3, image_size, image_size), augment=augment,
                          pad=image_size // 8, flip=True, mean=MEAN, std=STD)
         self.samples = samples
         self.image_size = image_size
+        self.decoder = decoder
         self._bad: set[int] = set()
 
     def __len__(self) -> int:
@@ -106,7 +111,7 @@ class ImageFolderDataset(ImageDataset):
         """``(S, S, 3)`` uint8 crop of file ``index``; the draws come from ``rng``."""
         path = self.samples[index][0]
         if self.augment == "imagenet":
-            return train_crop(path, self.image_size, rng)
+            return train_crop(path, self.image_size, rng, self.decoder)
         image = val_crop(path, self.image_size)
         if self.augment == "standard":
             chw = random_shift(image.transpose(2, 0, 1), self.pad, rng)

@@ -1,24 +1,27 @@
 """ImageNet-style crops decoded straight to ``uint8``: RandomResizedCrop + flip, and the val crop.
 
 The crop box is drawn from a :class:`~tandem.data.transforms.SampleRandom` keyed by the sample,
-so it does not depend on worker, rank or strategy. Training crops decode only what is needed:
-JPEGs are decoded at reduced scale when the crop allows (Pillow's ``draft``) and only the box is
-resampled. The val crop is torchvision's ``Resize`` + ``CenterCrop``, pixel for pixel. Float
-conversion happens on the device.
+so it does not depend on worker, rank or strategy, nor on the decoder. Training crops decode
+JPEGs with simplejpeg when it is installed, at reduced scale when the crop allows (see
+:mod:`~tandem.data.decode`), and resample only the box, in torch. The val crop is
+torchvision's ``Resize`` + ``CenterCrop``, pixel for pixel, in Pillow. Float conversion happens
+on the device.
 """
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+import torch
+import torch.nn.functional as F
+from PIL import Image
 
+from .decode import open_image, open_pillow, read_bytes
 from .transforms import SampleRandom, center_offset, shorter_side_size
 
 __all__ = ["SCALE", "RATIO", "TRIES", "VAL_RESIZE_RATIO", "random_resized_box", "val_resize",
-           "train_crop", "val_crop", "resize_box"]
+           "train_crop", "val_crop", "resized_crop"]
 
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
@@ -61,64 +64,42 @@ def val_resize(size: int) -> int:
     return max(size, round(size * VAL_RESIZE_RATIO))
 
 
-def _draft(img: Image.Image, box, out_w: int, out_h: int):
-    """Ask libjpeg to decode at the smallest 1/2^k scale that still leaves the box at least
-    ``out_w x out_h``; returns the box in the (maybe reduced) image's coordinates."""
-    bw, bh = box[2] - box[0], box[3] - box[1]
-    if img.format != "JPEG" or bw < 2 * out_w or bh < 2 * out_h:
-        return box
-    width, height = img.size
-    # draft picks s <= min(width // req_w, height // req_h) <= min(bw / out_w, bh / out_h)
-    request = (math.ceil(width * out_w / bw), math.ceil(height * out_h / bh))
-    result = img.draft(None, request)
-    if result is None:
-        return box
-    s = width / result[1][2]  # result[1] is the whole image's box at the reduced scale
-    return tuple(c / s for c in box)
+def resized_crop(image: np.ndarray, box, scale: float, size: int, flip: bool) -> np.ndarray:
+    """``box`` (full-scale pixels) of ``image`` (decoded at ``1/scale``) resampled bilinearly to
+    ``size x size``, flipped left-right if ``flip``: an ``(S, S, 3)`` uint8 array.
 
-
-def resize_box(img: Image.Image, box, out_w: int, out_h: int) -> Image.Image:
-    """Decode (drafting a JPEG when it can) and resample ``box`` to ``out_w x out_h`` RGB."""
-    box = _draft(img, box, out_w, out_h)
-    if img.mode not in ("RGB", "L", "CMYK"):  # palette, alpha, 16-bit...: to RGB first
-        img = img.convert("RGB")
-    out = img.resize((out_w, out_h), Image.BILINEAR, box=box)
-    return out if out.mode == "RGB" else out.convert("RGB")
-
-
-def _open(path) -> Image.Image:
-    """Open ``path`` from one read into memory, to be decoded in one call.
-
-    Pillow then parses from a buffer rather than through many small file reads, and hands the
-    decoder the whole file at once instead of 64 KB blocks, so libjpeg never suspends and
-    resumes mid-scan (each saves about 5% of a JPEG's decode). A file object is opened as is.
-    Not an image: Pillow's ``UnidentifiedImageError``, naming ``path`` (not the buffer).
+    At full scale the box is cut out, then resized with antialiasing, as torchvision's
+    ``RandomResizedCrop`` does on a PIL image (``crop`` then ``resize``). That runs in torch's
+    uint8 kernel, which matches Pillow's ``resize`` within 1 per pixel, needs no Pillow image
+    in between, and takes about a fifth of the time of Pillow's with its conversions
+    (``benchmarks/jpeg_decoders.py``). At reduced scale the box has fractional corners,
+    so Pillow resamples it in place (``resize(box=...)``, which may read pixels just outside).
     """
-    if hasattr(path, "read"):
-        return Image.open(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        img = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError:
-        raise UnidentifiedImageError(f"cannot identify image file '{path}'") from None
-    img.decodermaxblock = max(len(data), img.decodermaxblock)  # bytes per decoder call
-    return img
-
-
-def _array(img: Image.Image) -> np.ndarray:
-    return np.array(img)  # a writable (H, W, 3) uint8 copy
-
-
-def train_crop(path, size: int, rng: SampleRandom) -> np.ndarray:
-    """RandomResizedCrop to ``size x size`` then a horizontal flip with probability 1/2."""
-    with _open(path) as img:
-        box = random_resized_box(img.width, img.height, rng)
-        flip = rng.coin()
-        out = resize_box(img, box, size, size)
+    if scale == 1:
+        left, top, right, bottom = box
+        crop = torch.from_numpy(image[top:bottom, left:right]).permute(2, 0, 1)[None]
+        crop = crop.contiguous(memory_format=torch.channels_last)  # the kernel's fast layout
+        out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
+                            align_corners=False)  # (1, 3, S, S), channels-last
+        if flip:
+            out = out.flip(3)
+        return out[0].permute(1, 2, 0).numpy()  # (S, S, 3) with contiguous strides
+    out = Image.fromarray(image).resize((size, size), Image.BILINEAR,
+                                        box=tuple(c / scale for c in box))
     if flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return _array(out)
+    return np.array(out)  # a writable (S, S, 3) uint8 copy
+
+
+def train_crop(path, size: int, rng: SampleRandom, decoder: str | None = None) -> np.ndarray:
+    """RandomResizedCrop to ``size x size`` then a horizontal flip with probability 1/2.
+    ``decoder``: see :func:`~tandem.data.decode.open_image`; the box and the flip do not
+    depend on it."""
+    img = open_image(path, decoder)
+    box = random_resized_box(img.width, img.height, rng)
+    flip = rng.coin()
+    image, scale = img.decode(box, size, size)
+    return resized_crop(image, box, scale, size, flip)
 
 
 def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
@@ -129,7 +110,7 @@ def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
     same weights, so no ``draft`` here: a reduced-scale decode gives other pixels (and at 224 px
     it applies only to photos with a shorter side of 512 or more)."""
     resize_to = val_resize(size) if resize_to is None else resize_to
-    with _open(path) as img:
+    with open_pillow(read_bytes(path), path) as img:
         # torchvision's loader converts to RGB first; "L" resized then converted is the same.
         full = img if img.mode in ("RGB", "L") else img.convert("RGB")
         new_w, new_h = shorter_side_size(full.width, full.height, resize_to)
@@ -137,4 +118,4 @@ def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
     if full.mode != "RGB":
         full = full.convert("RGB")
     left, top = center_offset(new_w, size), center_offset(new_h, size)
-    return _array(full.crop((left, top, left + size, top + size)))
+    return np.array(full.crop((left, top, left + size, top + size)))
