@@ -280,3 +280,22 @@ def test_a_process_that_joined_a_group_exits_without_finalizing(strategy, finali
     assert "best val acc" in result.stdout  # printed and flushed before the exit
     assert ("finalized" in result.stdout) == finalizes, result.stdout
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
+
+
+def test_tandem_exit_skips_finalization_only_after_joining_a_group(tmp_path):
+    """``tandem.exit``: a plain process exits normally (atexit handlers run); one that joined
+    a process group ends with os._exit (no finalization racing gloo's threads)."""
+    import subprocess
+    import sys
+
+    script = ("import atexit, sys, tandem\n"
+              "from tandem.distributed import process_group\n"
+              "process_group._joined = sys.argv[1] == 'joined'\n"
+              "atexit.register(lambda: print('finalized', flush=True))\n"
+              "print('bye', flush=True)\n"
+              "tandem.exit(3)\n")
+    for joined, finalized in (("plain", True), ("joined", False)):
+        proc = subprocess.run([sys.executable, "-c", script, joined], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stdout.split() == (["bye", "finalized"] if finalized else ["bye"])

@@ -10,14 +10,18 @@ Every strategy computes the same update as one device training on the whole batc
 """
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "fit"]
+__all__ = ["__version__", "fit", "exit"]
 
 
 def __getattr__(name: str):
-    # ``tandem.fit`` is imported on first use: `import tandem` (and `tandem --version`) stay
-    # light, without torch.
+    # ``tandem.fit`` and ``tandem.exit`` are imported on first use: `import tandem` (and
+    # `tandem --version`) stay light, without torch.
     if name == "fit":
         from tandem.api import fit
 
         return fit
+    if name == "exit":
+        from tandem.distributed.process_group import exit_process
+
+        return exit_process
     raise AttributeError(f"module 'tandem' has no attribute {name!r}")

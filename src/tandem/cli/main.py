@@ -8,7 +8,6 @@ training diverged: :class:`tandem.errors.TrainingDiverged`).
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 
@@ -61,20 +60,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """``tandem`` and ``python -m tandem``: :func:`main`, then exit with its status.
-
-    A process that joined a process group ends with ``os._exit`` once its output is flushed.
-    Its files are closed by then (checkpoints are written atomically), but gloo's worker
-    threads may still be freeing a finished collective's tensors, which takes the GIL; torch
-    keeps references to its groups after ``destroy_process_group``, so those threads are not
-    joined, and a thread that asks for the GIL while the interpreter finalizes is ended by
-    CPython mid-C++ ("terminate called without an active exception", SIGABRT: about one
-    2-process ddp run in 20 under load). Skipping finalization leaves nothing to race.
-    """
+    """``tandem`` and ``python -m tandem``: :func:`main`, then exit with its status, without
+    finalizing a process that joined a process group (see ``exit_process``)."""
     code = main()
     group = sys.modules.get("tandem.distributed.process_group")
-    if group is not None and group.joined_a_group():
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(code)
+    if group is not None:
+        group.exit_process(code)
     sys.exit(code)
