@@ -8,25 +8,26 @@ logits where they are and sends device 0 only the loss terms and a 3x3 confusion
     python examples/segmentation.py                                  # balanced over cpu:3
     python examples/segmentation.py --strategy single --devices cpu
     python examples/segmentation.py --strategy dp --devices cuda:0,1
+    tandem launch --nproc-per-node 2 -- train -a examples.segmentation:make_net \
+        --data examples.segmentation:make_data --strategy ddp --devices cpu --sync-bn \
+        --ignore-index 255 --label-smoothing 0 --out runs/segmentation-ddp
 
-``make_net`` and ``make_data`` are the factories a run needs, at module level so that
-``tandem.fit`` / ``tandem train -a examples.segmentation:make_net`` can call them.
+``make_net`` and ``make_data`` are the factories: this script hands what they make to
+``tandem.fit``; the command line names them (from the repository's root).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
-from tandem.parallel.devices import parse_device_spec
-from tandem.strategies import create_strategy
-from tandem.train.metrics import Meter
+import tandem
 
-__all__ = ["NUM_CLASSES", "IGNORE", "draw_shapes", "make_data", "make_net", "SegNet", "train"]
+__all__ = ["NUM_CLASSES", "IGNORE", "CLASSES", "draw_shapes", "make_data", "make_net", "SegNet",
+           "train"]
 
 NUM_CLASSES = 3  # background, circle, square
 IGNORE = 255  # shape outlines: neither inside nor outside
@@ -59,11 +60,15 @@ def draw_shapes(count: int, size: int = 32, seed: int = 0) -> tuple[torch.Tensor
     return images, masks
 
 
+CLASSES = ("background", "circle", "square")
+
+
 def make_data(train: int = 768, val: int = 128, size: int = 32, seed: int = 0):
-    """``(train, val)`` datasets of ``(image, mask)`` pairs (drawn, deterministic)."""
+    """The data factory: ``(train, val, class names)``, data sets of ``(image, mask)`` pairs
+    (drawn, deterministic); the names tell tandem the class count (masks also hold 255)."""
     train_set = TensorDataset(*draw_shapes(train, size, seed))
     val_set = TensorDataset(*draw_shapes(val, size, seed + 1))
-    return train_set, val_set
+    return train_set, val_set, CLASSES
 
 
 def _block(cin: int, cout: int, **kw) -> list[nn.Module]:
@@ -97,50 +102,17 @@ def make_net(num_classes: int = NUM_CLASSES, in_channels: int = 3) -> nn.Module:
 
 def train(strategy: str = "balanced", devices: str = "cpu:3", epochs: int = 12,
           batch_size: int = 32, lr: float = 0.1, sync_bn: bool = True, seed: int = 0,
-          verbose: bool = True) -> dict:
-    """Train ``make_net()`` on ``make_data()``; returns the last validation's loss, pixel
-    accuracy and mean IoU (percent), each over the whole validation set."""
+          out: str = "runs/segmentation") -> dict:
+    """Train ``make_net()`` on ``make_data()`` with ``tandem.fit`` into ``out`` (replaced);
+    returns the last validation's loss, pixel accuracy and mean IoU (percent), each over the
+    whole validation set."""
     torch.manual_seed(seed)
-    train_set, val_set = make_data()
-    criterion = nn.CrossEntropyLoss(ignore_index=IGNORE)
-    with create_strategy(strategy, parse_device_spec(devices, "devices"),
-                         sync_bn=sync_bn) as s:
-        wrapped = s.setup(make_net(NUM_CLASSES, 3))
-        optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr, momentum=0.9,
-                                    weight_decay=1e-4)
-        order = torch.Generator().manual_seed(seed)
-        loader = DataLoader(train_set, batch_size, shuffle=True, generator=order)
-        steps = epochs * len(loader)
-        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=steps)
-        for epoch in range(epochs):
-            start = time.perf_counter()
-            wrapped.train()
-            seen = Meter()
-            for images, masks in loader:
-                out = s.forward_loss(wrapped, criterion, images.to(s.device), masks.to(s.device))
-                optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
-                optimizer.step()
-                schedule.step()
-                seen.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
-            val = validate(s, wrapped, criterion, val_set, batch_size)
-            if verbose:
-                print(f"epoch {epoch + 1}/{epochs}: train loss {seen.loss:.4f} pixel acc "
-                      f"{seen.acc:.2f}% | val loss {val.loss:.4f} pixel acc {val.acc:.2f}% "
-                      f"mIoU {val.miou:.2f}% | {time.perf_counter() - start:.1f}s", flush=True)
-    return {"loss": val.loss, "pixel_acc": val.acc, "miou": val.miou}
-
-
-@torch.no_grad()
-def validate(strategy, wrapped: nn.Module, criterion, dataset, batch_size: int) -> Meter:
-    """Loss, pixel accuracy and mean IoU over ``dataset`` (one confusion matrix, summed)."""
-    wrapped.eval()
-    meter = Meter()
-    for images, masks in DataLoader(dataset, batch_size):
-        out = strategy.forward_loss(wrapped, criterion, images.to(strategy.device),
-                                    masks.to(strategy.device))
-        meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
-    return meter.reduced(strategy)
+    train_set, val_set, classes = make_data()
+    row = tandem.fit(make_net(len(classes), 3), train_set, val_set, classes=classes,
+                     strategy=strategy, devices=devices, sync_bn=sync_bn, epochs=epochs,
+                     batch_size=batch_size, lr=lr, seed=seed, ignore_index=IGNORE,
+                     label_smoothing=0.0, out=out, overwrite=True, no_progress=True)
+    return {"loss": row["val_loss"], "pixel_acc": row["val_acc"], "miou": row["val_miou"]}
 
 
 def main(argv=None) -> dict:
@@ -152,9 +124,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--no-sync-bn", dest="sync_bn", action="store_false")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/segmentation")
     args = parser.parse_args(argv)
     final = train(args.strategy, args.devices, args.epochs, args.batch_size, args.lr,
-                  args.sync_bn, args.seed)
+                  args.sync_bn, args.seed, args.out)
     print(f"final: val loss {final['loss']:.4f} pixel acc {final['pixel_acc']:.2f}% "
           f"mIoU {final['miou']:.2f}%")
     return final

@@ -149,3 +149,26 @@ def test_data_that_is_not_pairs_is_refused(tmp_path):
         tandem.fit(Net(), torch.zeros(4, 1, 8, 8), out=str(tmp_path))
     with pytest.raises(UsageError, match="int64 input: give floating-point inputs"):
         tandem.fit(Net(), [(torch.zeros(1, 8, 8, dtype=torch.long), 0)], out=str(tmp_path))
+
+
+def test_dense_targets_need_named_classes_and_batch_as_tensors():
+    """A data set of (image, mask) pairs: its batches stack the masks (an empty share gives a
+    (0, H, W) batch), and a class count is never guessed from mask values (255 is ignored)."""
+    from torch.utils.data import TensorDataset
+
+    from tandem.data.given import given_data
+    from tandem.data.loader import collate
+    from tandem.errors import UsageError
+
+    masks = torch.randint(0, 3, (5, 4, 4))
+    masks[:, 0] = 255
+    data = TensorDataset(torch.rand(5, 3, 4, 4), masks)
+    with pytest.raises(UsageError, match=r"gives dense targets \(4, 4\): name the classes"):
+        given_data(data, data, name="mine")
+    train, _, info = given_data(data, data, ("a", "b", "c"), name="mine")
+    assert info.num_classes == 3 and train.target_shape == (4, 4)
+    images, targets = collate([train[(i, 0, 0)] for i in range(2)], shape=train.shape,
+                              target_shape=train.target_shape)
+    assert targets.dtype == torch.int64 and torch.equal(targets, masks[:2])
+    _, empty = collate([], shape=train.shape, target_shape=train.target_shape)
+    assert empty.shape == (0, 4, 4)

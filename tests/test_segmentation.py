@@ -212,14 +212,42 @@ def test_output_key_errors_say_what_there_is():
         create_strategy("single", [CPU], output_key="logits").forward_loss(net, _criterion(), x, y)
 
 
-def test_example_runs_and_prints_its_scores():
+def test_example_runs_and_prints_its_scores(tmp_path):
     from conftest import cli_env, run_bounded
 
-    proc = run_bounded([sys.executable, EXAMPLE, "--epochs", "3"], 120, cli_env())
+    out = tmp_path / "seg"
+    proc = run_bounded([sys.executable, EXAMPLE, "--epochs", "1", "--out", str(out)], 300,
+                       cli_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = proc.stdout.strip().splitlines()[-1]
     assert final.startswith("final: val loss ") and "pixel acc" in final and "mIoU" in final
     assert float(final.split("pixel acc ")[1].split("%")[0]) > 80
+    [row] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert f"mIoU {row['val_miou']:.2f}%" in final  # tandem.fit's run directory, as the CLI's
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_example_s_factories_under_launch_then_eval(tmp_path):
+    """The README's command line: the example's net and data named as factories, 2 ddp
+    processes (imported again in each), then ``tandem eval`` of the run (imported again)."""
+    from conftest import run_tandem
+
+    root = os.path.join(HERE, os.pardir)
+    out = tmp_path / "ddp"
+    proc = run_tandem("launch", "--nproc-per-node", "2", "--", "train", "-a",
+                      "examples.segmentation:make_net", "--data",
+                      "examples.segmentation:make_data", "--strategy", "ddp", "--devices",
+                      "cpu", "--sync-bn", "--ignore-index", "255", "--label-smoothing", "0",
+                      "--epochs", "1", "--max-steps", "3", "--no-progress", "--out", out,
+                      timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 3 and 0 <= row["val_miou"] <= 100
+    ev = run_tandem("eval", "--resume", out, "--json", timeout=300, cwd=root)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    result = json.loads(ev.stdout)
+    assert result["miou"] == pytest.approx(row["val_miou"], abs=1e-6)
 
 
 # -- ddp: 2 gloo processes (this file is their worker program) --------------------------------

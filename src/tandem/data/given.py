@@ -38,21 +38,32 @@ class GivenDataset(Dataset):
                              f"(normalised as the model expects)")
         self.shape = tuple(first.shape)  # of every input: what an empty batch takes
         self.dtype = first.dtype
+        target = self.sample(0)[1]
+        # () for a class index; (H, W) for a dense target (segmentation masks)
+        self.target_shape = tuple(target.shape) if torch.is_tensor(target) else ()
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def sample(self, index: int) -> tuple[torch.Tensor, int]:
+    def sample(self, index: int) -> tuple[torch.Tensor, int | torch.Tensor]:
+        """Input and target of sample ``index``: an int class index, or an int64 tensor of
+        class indices (a dense target, e.g. an ``(H, W)`` mask)."""
         item = self.dataset[index]
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise UsageError(f"{self.name}[{index}] is a {type(item).__name__}, not an "
                              f"(input, target) pair")
         inputs, target = item
         try:
+            target = torch.as_tensor(target)
+            if target.is_floating_point() or target.is_complex():
+                raise TypeError(f"a {target.dtype} target")
+            if target.dim() > 0:
+                return torch.as_tensor(inputs), target.to(torch.int64)
             return torch.as_tensor(inputs), int(target)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise UsageError(f"{self.name}[{index}]: the input must be a tensor or array and "
-                             f"the target a class index ({type(exc).__name__}: {exc})") from None
+                             f"the target a class index or a tensor of them "
+                             f"({type(exc).__name__}: {exc})") from None
 
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
         return self.sample(split_key(key)[0])
@@ -98,6 +109,9 @@ def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] =
         count = len(classes)
     elif num_classes is not None:
         count = num_classes
+    elif present[0].target_shape:  # a mask's values include the ignored ones (e.g. 255)
+        raise UsageError(f"{name} gives dense targets {present[0].target_shape}: name the "
+                         f"classes (a third element, or classes=) or give num_classes")
     else:
         count = max(int(d.labels().max()) for d in present) + 1
     info = DatasetInfo(name, count, shape[0] if len(shape) > 1 else 1,

@@ -86,14 +86,16 @@ class ShardedBatchSampler(Sampler):
             yield [(i, self.seed, self.epoch) for i in batch[lo:lo + sizes[self.rank]]]
 
 
-def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``(image, label)`` pairs; an empty list gives ``(0, *shape)`` and ``(0,)`` tensors.
+def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+            target_shape: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``(image, label)`` pairs; an empty list gives ``(0, *shape)`` and
+    ``(0, *target_shape)`` tensors (labels are class indices, or tensors of them).
 
     The batch keeps the samples' layout: channels-last samples give a channels-last batch.
     """
     if not samples:
-        return torch.empty((0, *shape), dtype=dtype), torch.empty((0,), dtype=torch.int64)
+        return (torch.empty((0, *shape), dtype=dtype),
+                torch.empty((0, *target_shape), dtype=torch.int64))
     images = [s[0] for s in samples]
     if all(x.dim() == 3 and x.permute(1, 2, 0).is_contiguous() for x in images):
         # channels-last samples (ImageFolder's HWC crops seen as CHW): a plain copy into an
@@ -101,6 +103,8 @@ def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch
         images = torch.stack([x.permute(1, 2, 0) for x in images]).permute(0, 3, 1, 2)
     else:
         images = torch.stack(images)
+    if target_shape:  # dense targets: one tensor of class indices per sample
+        return images, torch.stack([torch.as_tensor(s[1], dtype=torch.int64) for s in samples])
     labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
     return images, labels
 
@@ -124,7 +128,7 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
 
     ``batch_size`` is the global batch. ``dataset`` must accept ``(index, seed, epoch)`` keys
     (every tandem dataset does) and have a ``shape`` attribute ``(C, H, W)`` (and optionally a
-    ``dtype``) used to shape empty batches. ``persistent`` keeps the workers between epochs.
+    ``dtype`` and a ``target_shape``) used to shape empty batches. ``persistent`` keeps the workers between epochs.
     """
     _check_int("workers", workers, 0)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
@@ -136,7 +140,8 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
         batch_sampler=sampler,
         num_workers=workers,
         collate_fn=functools.partial(collate, shape=tuple(dataset.shape),
-                                     dtype=getattr(dataset, "dtype", torch.float32)),
+                                     dtype=getattr(dataset, "dtype", torch.float32),
+                                     target_shape=tuple(getattr(dataset, "target_shape", ()))),
         worker_init_fn=functools.partial(_seed_worker, base=base) if workers else None,
         generator=torch.Generator().manual_seed(base),  # keeps the global RNG untouched
         pin_memory=pin_memory,
