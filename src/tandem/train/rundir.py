@@ -45,25 +45,12 @@ class RunDir:
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    @property
-    def latest(self) -> str:
-        return self.file(self.LATEST)
-
-    @property
-    def best(self) -> str:
-        return self.file(self.BEST)
-
-    @property
-    def metrics(self) -> str:
-        return self.file(self.METRICS)
-
-    @property
-    def curves(self) -> str:
-        return self.file(self.CURVES)
-
-    @property
-    def tensorboard(self) -> str:
-        return self.file(self.TENSORBOARD)
+    # the paths of its files
+    latest = property(lambda self: self.file(self.LATEST))
+    best = property(lambda self: self.file(self.BEST))
+    metrics = property(lambda self: self.file(self.METRICS))
+    curves = property(lambda self: self.file(self.CURVES))
+    tensorboard = property(lambda self: self.file(self.TENSORBOARD))
 
     def same(self, other: "RunDir") -> bool:
         return os.path.abspath(self.path) == os.path.abspath(other.path)
