@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import math
 import os
 import statistics
@@ -33,6 +32,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
+from tandem.bench import write_json
 from tandem.data.decode import PillowImage, SimpleJpegImage, reduction
 from tandem.data.imagenet_transforms import random_resized_box, resized_crop
 from tandem.data.transforms import SampleRandom
@@ -198,8 +198,7 @@ def main(argv=None) -> int:
     report = measure(args.data, args.image_size, args.rounds, args.seed, args.limit)
     print(format_rows(report))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(report, args.json)
     return 0
 
 

@@ -174,8 +174,9 @@ def main(argv=None) -> int:
     print()
     print(report(res))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+        from tandem.bench import write_json
+
+        write_json(res, args.json)
     return 0
 
 
