@@ -68,13 +68,14 @@ class HybridParallel(nn.Module):
     drop-in ``nn.Module``: ``forward(x)`` returns the logits on ``output_device``,
     ``train()``/``eval()`` reach every part, and :meth:`parameters` yields each trainable tensor
     once (the trunk's shared parameters and the shards' own), so any optimizer steps it. The
-    optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`.
+    optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`. ``split`` and
+    ``max_share`` set the trunk's batch shares, as for ``DataParallel``.
     """
 
     plan = staticmethod(plan)
 
     def __init__(self, model: nn.Module, device_ids=None, output_device=None,
-                 buffers: str = "replica0"):
+                 buffers: str = "replica0", split=None, max_share: int | None = None):
         super().__init__()
         for name in ("features", "classifier"):
             if not isinstance(getattr(model, name, None), nn.Module):
@@ -97,7 +98,7 @@ class HybridParallel(nn.Module):
 
         trunk = _Trunk(model.features, getattr(model, "avgpool", None), [mods[i] for i in leading])
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
-                                       buffers=buffers)
+                                       buffers=buffers, split=split, max_share=max_share)
         # (prefix in the plain state dict, module holding that state): the merge/split map
         self._parts = [("features.", trunk.features)]
         if trunk.avgpool is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 import weakref
 from typing import Callable
 
@@ -30,6 +31,7 @@ from tandem.distributed.process_group import (
     work_group,
 )
 from tandem.parallel.buffers import check_policy
+from tandem.parallel.split import AUTO, AutoSplit, capped, check_weights, measured
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register, top5_hits
@@ -73,10 +75,13 @@ class DDPStrategy(Strategy):
     name = "ddp"
     multiprocess = True
     max_devices = 1
+    splits_batch = True
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
-                 buffers: str = "replica0", timeout: float | None = None):
-        super().__init__(devices, sync_bn=sync_bn, buffers=buffers)
+                 buffers: str = "replica0", timeout: float | None = None, split=None,
+                 max_share: int | None = None):
+        super().__init__(devices, sync_bn=sync_bn, buffers=buffers, split=split,
+                         max_share=max_share)
         check_policy(buffers)
         self.env = read_env(who=f"--strategy {self.name}")
         self.rank = self.env.rank
@@ -89,6 +94,51 @@ class DDPStrategy(Strategy):
         self._plain_bn: list[_BatchNorm] = []
         self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
         self._grad_hooks: list = []  # see grads_in_param_strides, removed by close()
+        # --split: each rank loads its share of every global batch (data_split); under auto
+        # the shares change from a given batch on, the same on every rank (_schedule)
+        self.auto = AutoSplit(self.world_size) if split == AUTO else None
+        if split is not None and split != AUTO:
+            self.split = check_weights(split, self.world_size)
+        self._schedule: list[tuple[int, int, tuple[float, ...]]] = []
+
+    # -- batch shares -----------------------------------------------------------------------
+    @property
+    def share_count(self) -> int:
+        return self.world_size
+
+    @property
+    def data_split(self):
+        """What the loader splits a global batch by (see ``make_loader``'s ``split``)."""
+        return self._sizes_at if self.auto is not None else self.split
+
+    def _sizes_at(self, epoch: int, batch: int, size: int) -> list[int]:
+        """The ranks' shares of global batch ``batch`` of ``epoch`` (``size`` samples)."""
+        weights = (1.0,) * self.world_size
+        for where_epoch, where_batch, w in self._schedule:
+            if (where_epoch, where_batch) <= (epoch, batch):
+                weights = w
+        return capped(size, weights, self.max_share)
+
+    def shares(self, wrapped: nn.Module) -> tuple[float, ...] | None:
+        return tuple(self.auto.weights) if self.auto is not None else self.split
+
+    def rebalance(self, wrapped: nn.Module, epoch: int, batch: int, ahead: int) -> bool:
+        """Every rank has observed the same times (forward_loss's all-reduce), so every rank
+        takes the same decision; the loader has drawn ``ahead`` batches already."""
+        if self.auto is None or not self.auto.adjust():
+            return False
+        self._schedule.append((epoch, batch + ahead, tuple(self.auto.weights)))
+        return True
+
+    def split_state(self, wrapped: nn.Module) -> dict | None:
+        if self.auto is None:
+            return None
+        return {"auto": self.auto.state_dict(), "schedule": [list(e) for e in self._schedule]}
+
+    def load_split_state(self, wrapped: nn.Module, state: dict | None) -> None:
+        if state and self.auto is not None:
+            self.auto.load_state_dict(state["auto"])
+            self._schedule = [(int(e), int(b), tuple(w)) for e, b, w in state["schedule"]]
 
     @property
     def device(self) -> torch.device:
@@ -126,6 +176,7 @@ class DDPStrategy(Strategy):
                      targets: torch.Tensor) -> StepOutput:
         """Forward this rank's share; one small all-reduce per call on every rank, in eval too."""
         training = torch.is_grad_enabled() and wrapped.training
+        start = time.perf_counter()
         images = images.to(self._device, non_blocking=True)
         targets = targets.to(self._device, non_blocking=True)
         count = int(targets.shape[0])
@@ -136,7 +187,18 @@ class DDPStrategy(Strategy):
         stats = torch.stack([summed.detach().double(), denominator.double(),
                              torch.tensor(float(count), dtype=torch.float64,
                                           device=summed.device)])
-        total_sum, total_den, total_count = all_reduce_sum(stats, self._device).tolist()
+        timed = training and self.auto is not None
+        if timed:  # --split auto: every rank's samples and seconds ride on the same all-reduce
+            mine = torch.zeros(2 * self.world_size, dtype=torch.float64, device=summed.device)
+            mine[self.rank] = count
+            mine[self.world_size + self.rank] = measured(self.rank, count,
+                                                         time.perf_counter() - start)
+            stats = torch.cat([stats, mine])
+        reduced = all_reduce_sum(stats, self._device).tolist()
+        total_sum, total_den, total_count = reduced[:3]
+        if timed:
+            w = self.world_size
+            self.auto.observe([int(n) for n in reduced[3:3 + w]], reduced[3 + w:])
         if reduction_of(criterion) == "sum":  # the global loss is the plain sum of S_r
             total_den = 1.0
         if training and self.buffers == "average":

@@ -11,14 +11,14 @@ from torch import nn
 from tandem.hybrid import HybridParallel
 from tandem.models import list_models, model_info
 
-from .base import Strategy, register
-from .dp import prepare_replicated
+from .base import register
+from .dp import ReplicatedStrategy, prepare_replicated
 
 __all__ = ["HybridStrategy"]
 
 
 @register
-class HybridStrategy(Strategy):
+class HybridStrategy(ReplicatedStrategy):
     name = "hybrid"
     portable_optimizer_state = False
     compile_unsupported = "its features and classifier shards would each need compiling"
@@ -31,5 +31,4 @@ class HybridStrategy(Strategy):
         return f"needs a model with .features and .classifier: {', '.join(split)}"
 
     def setup(self, model: nn.Module) -> nn.Module:
-        return HybridParallel(prepare_replicated(self, model), device_ids=self.devices,
-                              output_device=self.device, buffers=self.buffers)
+        return HybridParallel(prepare_replicated(self, model), **self.wrapper_options())
