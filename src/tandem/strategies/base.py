@@ -58,6 +58,8 @@ class Strategy:
     portable_optimizer_state: ClassVar[bool] = True
     #: the one-device reference every other strategy must match
     reference: ClassVar[bool] = False
+    #: ``--split`` sets how much of each batch its devices (or ranks) take
+    splits_batch: ClassVar[bool] = False
 
     @classmethod
     def check_model(cls, model: nn.Module) -> str | None:
