@@ -100,6 +100,15 @@ class DDPStrategy(Strategy):
         if split is not None and split != AUTO:
             self.split = check_weights(split, self.world_size)
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []
+        # this rank's own work since the last rebalance: its forwards up to the loss, and its
+        # backwards up to the first parameter's gradient (the last computed), no waiting
+        self._busy, self._samples, self._backward_start = 0.0, 0, 0.0
+
+    def _backward_starts(self, grad):
+        self._backward_start = time.perf_counter()
+
+    def _backward_done(self, param):
+        self._busy += time.perf_counter() - self._backward_start
 
     # -- batch shares -----------------------------------------------------------------------
     @property
@@ -123,9 +132,18 @@ class DDPStrategy(Strategy):
         return tuple(self.auto.weights) if self.auto is not None else self.split
 
     def rebalance(self, wrapped: nn.Module, epoch: int, batch: int, ahead: int) -> bool:
-        """Every rank has observed the same times (forward_loss's all-reduce), so every rank
-        takes the same decision; the loader has drawn ``ahead`` batches already."""
-        if self.auto is None or not self.auto.adjust():
+        """One small all-reduce gives every rank every rank's samples and seconds of the step,
+        so every rank takes the same decision; the loader has drawn ``ahead`` batches already."""
+        if self.auto is None:
+            return False
+        w = self.world_size
+        mine = torch.zeros(2 * w, dtype=torch.float64)
+        mine[self.rank] = self._samples
+        mine[w + self.rank] = measured(self.rank, self._samples, self._busy)
+        both = all_reduce_sum(mine, self._device).tolist()
+        self._busy, self._samples = 0.0, 0
+        self.auto.observe([int(n) for n in both[:w]], both[w:])
+        if not self.auto.adjust():
             return False
         self._schedule.append((epoch, batch + ahead, tuple(self.auto.weights)))
         return True
@@ -162,6 +180,9 @@ class DDPStrategy(Strategy):
         self._plain_bn = _plain_batchnorms(model)
         # Gradients in their parameters' strides, as DDP's buckets have them (digits' conv1).
         self._grad_hooks += grads_in_param_strides(model)
+        first = next((p for p in model.parameters() if p.requires_grad), None)
+        if self.auto is not None and first is not None:  # its gradient comes last
+            self._grad_hooks.append(first.register_post_accumulate_grad_hook(self._backward_done))
         device_ids = [self._device] if self._device.type == "cuda" else None
         # Rank 0's buffers are broadcast at every forward under "replica0" only; newer torch
         # renamed the flag (buffers are synced at construction either way).
@@ -176,7 +197,7 @@ class DDPStrategy(Strategy):
                      targets: torch.Tensor) -> StepOutput:
         """Forward this rank's share; one small all-reduce per call on every rank, in eval too."""
         training = torch.is_grad_enabled() and wrapped.training
-        start = time.perf_counter()
+        start = time.perf_counter()  # --split auto times this rank's own work (_busy)
         images = images.to(self._device, non_blocking=True)
         targets = targets.to(self._device, non_blocking=True)
         count = int(targets.shape[0])
@@ -187,18 +208,12 @@ class DDPStrategy(Strategy):
         stats = torch.stack([summed.detach().double(), denominator.double(),
                              torch.tensor(float(count), dtype=torch.float64,
                                           device=summed.device)])
-        timed = training and self.auto is not None
-        if timed:  # --split auto: every rank's samples and seconds ride on the same all-reduce
-            mine = torch.zeros(2 * self.world_size, dtype=torch.float64, device=summed.device)
-            mine[self.rank] = count
-            mine[self.world_size + self.rank] = measured(self.rank, count,
-                                                         time.perf_counter() - start)
-            stats = torch.cat([stats, mine])
-        reduced = all_reduce_sum(stats, self._device).tolist()
-        total_sum, total_den, total_count = reduced[:3]
-        if timed:
-            w = self.world_size
-            self.auto.observe([int(n) for n in reduced[3:3 + w]], reduced[3 + w:])
+        if training and self.auto is not None:  # before the all-reduce waits for the others
+            self._busy += time.perf_counter() - start
+            self._samples += count
+            if summed.requires_grad:
+                summed.register_hook(self._backward_starts)
+        total_sum, total_den, total_count = all_reduce_sum(stats, self._device).tolist()
         if reduction_of(criterion) == "sum":  # the global loss is the plain sum of S_r
             total_den = 1.0
         if training and self.buffers == "average":
