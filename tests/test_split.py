@@ -206,6 +206,7 @@ def _checkpoint(path) -> dict:
     if ckpt.get("epoch_progress"):
         ckpt["epoch_progress"].pop("seconds")
     ckpt["config"]["resolved"].pop("launch_id")
+    ckpt.pop("best_acc1")  # the stopped run validated once more, at its stop
     return ckpt
 
 
