@@ -17,7 +17,7 @@ from typing import Sequence
 from tandem.errors import UsageError
 
 __all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
-           "AUTO", "format_shares", "measured", "CLOCK_VAR"]
+           "AUTO", "format_shares", "measured", "CLOCK_VAR", "split_report"]
 
 AUTO = "auto"
 #: per-sample seconds per device (``"2,1"``) that replace what ``--split auto`` measures: for
@@ -115,6 +115,33 @@ def capped(batch: int, weights: Sequence[float], max_share: int | None) -> list[
 
 def format_shares(values: Sequence[float]) -> str:
     return ",".join(f"{v:g}" for v in values)
+
+
+def split_report(batch: int, devices: int, weights: Sequence[float] | None = None,
+                 per_sample: Sequence[float] | None = None, sample_bytes: int = 0,
+                 unit: str | None = None) -> list[str]:
+    """What a split costs, one line each: the shares, the input bytes sent to devices other
+    than device 0, and the expected step time, ``max_i(share_i * per_sample_i)`` (the slowest
+    device sets the pace), next to the even and the ideal split's. ``per_sample``: each
+    device's time per sample, in seconds unless ``unit`` says (default 1 each: the time of one
+    sample on one device)."""
+    weights = tuple(weights) if weights is not None else (1.0,) * devices
+    times = list(per_sample) if per_sample is not None else [1.0] * devices
+    if len(times) != devices:
+        raise UsageError(f"per_sample has {len(times)} entries for {devices} device(s)")
+
+    def pace(sizes):
+        return max(n * t for n, t in zip(sizes, times))
+
+    sizes = shares(batch, weights)
+    ideal = shares(batch, [1.0 / t for t in times])
+    unit = unit or ("s" if per_sample is not None else " sample-times")
+    return [f"split {format_shares(sizes)} of {batch} (weights {format_shares(weights)}): "
+            f"{(batch - sizes[0]) * sample_bytes / 1e6:.2f} MB of inputs leave device 0",
+            f"expected step (slowest device): {pace(sizes):g}{unit}; even split "
+            f"{format_shares(shares(batch, [1.0] * devices))}: "
+            f"{pace(shares(batch, [1.0] * devices)):g}{unit}; ideal split "
+            f"{format_shares(ideal)}: {pace(ideal):g}{unit}"]
 
 
 class AutoSplit:
