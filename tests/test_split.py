@@ -18,7 +18,8 @@ from exact import check_invariance, same_bits
 from torch import nn
 
 from tandem.errors import UsageError
-from tandem.parallel import DataParallel, DataParallelCriterion, DataParallelModel
+from tandem.parallel import (DataParallel, DataParallelCriterion, DataParallelModel,
+                             convert_sync_batchnorm)
 from tandem.parallel.split import AutoSplit, capped, check_max_share, parse_split, shares
 
 CPU = "cpu"
@@ -257,3 +258,52 @@ def test_split_errors_are_one_line(argv, needles, tmp_path):
     for needle in needles:
         assert needle in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_auto_adjusts_once_a_new_epoch_begins():
+    auto = AutoSplit(2, threshold=10.0)
+    for epoch, step in ((0, 0), (0, 1), (0, 2), (0, 3)):
+        auto.at_epoch(epoch)
+        auto.observe([4, 4], [4.0, 4.0 * (1 if step < 2 else 3)])  # device 1 slows down
+        auto.adjust()
+    assert auto.weights == [0.5, 0.5]  # below the threshold: nothing moved within the epoch
+    auto.at_epoch(1)
+    assert auto.adjust() and shares(8, auto.weights)[0] > 4
+
+
+# -- bench --handicap ------------------------------------------------------------------------
+def test_handicap_is_extra_work_on_one_replica_only():
+    from tandem.bench.contestants import Handicap
+
+    torch.manual_seed(0)
+    net = convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)))
+    slow = Handicap(net, 1, 2.5)
+    extra = []
+    slow._shadow.register_forward_pre_hook(lambda m, args: extra.append(args[0].shape[0]))
+    dp = DataParallel(slow, [CPU, CPU], split=(1, 1))
+    x = torch.randn(8, 4)
+    expected = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    expected.load_state_dict(net.state_dict())
+    torch.testing.assert_close(dp(x), expected(x), rtol=0, atol=1e-5)
+    assert sorted(extra) == [2, 4]  # replica 1's 4 samples once, then half of them
+    torch.testing.assert_close(net[1].running_mean, expected[1].running_mean)  # untouched
+
+
+@pytest.mark.slow
+def test_bench_races_equal_auto_and_ideal_splits():
+    from tandem.bench import BenchConfig, run_bench
+
+    config = BenchConfig(arch="cifar_resnet20", strategies="dp", devices="cpu:2", batch_size=12,
+                         steps=2, warmup=3, baselines="none", handicap="1:3", threads=1)
+    assert config.ideal_split() == (1.0, 1 / 3)
+    results = {r["name"]: r for r in run_bench(config)["results"]}
+    assert list(results) == ["dp", "dp/auto", "dp/ideal"]
+    assert all(r["status"] == "ok" for r in results.values())
+
+
+@pytest.mark.parametrize("handicap", ["2:2", "1", "1:0.5", "x:2"])
+def test_bad_handicap_is_one_usage_error(handicap):
+    from tandem.bench import BenchConfig
+
+    with pytest.raises(UsageError, match="--handicap"):
+        BenchConfig(arch="cifar_resnet20", devices="cpu:2", handicap=handicap)

@@ -150,9 +150,9 @@ class AutoSplit:
     :meth:`observe` takes each device's seconds for its chunk of one step; the per-sample
     time of each device is a running mean of what it measured (a device with an empty chunk
     keeps its estimate). :meth:`adjust` sets the weights to the speeds (1 / time per sample)
-    after ``warmup`` observed steps, then every ``every`` steps, and whenever a step's
-    imbalance (slowest over fastest chunk time, minus 1) passes ``threshold``; it returns
-    True when the weights changed. The state is a plain dict (:meth:`state_dict`), saved in
+    after ``warmup`` observed steps, then every ``every`` steps, at the first step of a new
+    epoch (:meth:`at_epoch`), and whenever a step's imbalance (slowest over fastest chunk
+    time, minus 1) passes ``threshold``; it returns True when the weights changed. The state is a plain dict (:meth:`state_dict`), saved in
     checkpoints so that a resumed run takes the same shares.
     """
 
@@ -164,6 +164,14 @@ class AutoSplit:
         self.seen = 0  # steps observed
         self.since = 0  # steps since the last adjustment
         self.imbalance = 0.0  # of the last observed step
+        self.epoch: int | None = None  # the epoch under way (at_epoch)
+        self.force = False  # adjust at the next chance (a new epoch began)
+
+    def at_epoch(self, epoch: int) -> None:
+        """Say which epoch is under way; a new one makes the next :meth:`adjust` due."""
+        if self.epoch is not None and epoch != self.epoch:
+            self.force = True
+        self.epoch = epoch
 
     def observe(self, sizes: Sequence[int], seconds: Sequence[float]) -> None:
         """One step: ``sizes[i]`` samples took device ``i`` ``seconds[i]``."""
@@ -190,11 +198,13 @@ class AutoSplit:
     def adjust(self, batch: int | None = None) -> bool:
         """Move the weights to the speeds when it is time (see the class doc); with
         ``batch``, only when that changes the batch's :func:`shares`."""
+        later = self.seen > self.warmup
         due = (self.seen == self.warmup
-               or (self.seen > self.warmup and self.every and self.since >= self.every)
-               or (self.seen > self.warmup and self.imbalance > self.threshold))
+               or (later and self.every and self.since >= self.every)
+               or (later and (self.force or self.imbalance > self.threshold)))
         if not due:
             return False
+        self.force = False
         target = self.target()
         total = sum(target)
         new = [round(t / total, 6) for t in target]
@@ -207,7 +217,8 @@ class AutoSplit:
 
     def state_dict(self) -> dict:
         return {"weights": list(self.weights), "per_sample": list(self.per_sample),
-                "seen": self.seen, "since": self.since, "imbalance": self.imbalance}
+                "seen": self.seen, "since": self.since, "imbalance": self.imbalance,
+                "epoch": self.epoch, "force": self.force}
 
     def load_state_dict(self, state: dict) -> None:
         if len(state["weights"]) != len(self.weights):
@@ -217,3 +228,4 @@ class AutoSplit:
         self.per_sample = list(state["per_sample"])
         self.seen, self.since = int(state["seen"]), int(state["since"])
         self.imbalance = float(state["imbalance"])
+        self.epoch, self.force = state.get("epoch"), bool(state.get("force", False))

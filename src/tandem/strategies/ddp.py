@@ -143,6 +143,7 @@ class DDPStrategy(Strategy):
         both = all_reduce_sum(mine, self._device).tolist()
         self._busy, self._samples = 0.0, 0
         self.auto.observe([int(n) for n in both[:w]], both[w:])
+        self.auto.at_epoch(epoch)
         if not self.auto.adjust():
             return False
         self._schedule.append((epoch, batch + ahead, tuple(self.auto.weights)))

@@ -52,6 +52,8 @@ class ReplicatedStrategy(Strategy):
     def rebalance(self, wrapped: nn.Module, epoch: int, batch: int, ahead: int) -> bool:
         # DataParallel adjusts after each timed forward; report a change once, here
         dp = replicas_of(wrapped)
+        if dp is not None and dp.auto is not None:
+            dp.auto.at_epoch(epoch)  # a new epoch: adjust after its first forward
         now = None if dp is None else dp.weights()
         moved = now != getattr(self, "_shown", now)
         self._shown = now
