@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
 from tandem.state_keys import register_plain_keys
 
 from .buffers import check_policy, sync_buffers
@@ -119,6 +120,9 @@ class DataParallel(nn.Module):
         weights = self.weights()
         if weights is None and self.max_share is None:
             return None
+        if self.max_share is not None and batch > self.max_share * len(self.device_ids):
+            raise UsageError(f"a batch of {batch} does not fit max_share={self.max_share} on "
+                             f"{len(self.device_ids)} device(s)")
         return capped(batch, weights or (1.0,) * len(self.device_ids), self.max_share)
 
     def placement(self, inputs: tuple, kwargs: dict):
