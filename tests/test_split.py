@@ -307,3 +307,29 @@ def test_bad_handicap_is_one_usage_error(handicap):
 
     with pytest.raises(UsageError, match="--handicap"):
         BenchConfig(arch="cifar_resnet20", devices="cpu:2", handicap=handicap)
+
+
+@pytest.mark.parametrize("name, split", [("dp", (3, 1)), ("balanced", (1, 0, 2)),
+                                         ("hybrid", (3, 1)), ("hybrid", (0, 1))])
+@pytest.mark.parametrize("batch", [7, 2])
+def test_strategies_with_a_split_equal_single_in_process(name, split, batch):
+    """The library path (no CLI): outputs, loss and state after two steps, as in
+    tests/test_strategies.py, with the shares given to the strategy."""
+    import copy
+
+    from test_strategies import Tiny, make_batches, run_steps
+
+    from tandem.strategies import create_strategy
+
+    torch.manual_seed(0)
+    model = Tiny()
+    batches = make_batches(batch)
+    ref_outs, ref_state = run_steps(create_strategy("single", [torch.device(CPU)]),
+                                    copy.deepcopy(model), batches)
+    strategy = create_strategy(name, [torch.device(CPU)] * len(split), sync_bn=True, split=split)
+    outs, state = run_steps(strategy, model, batches)
+    for (loss, correct, count), (ref_loss, ref_correct, ref_count) in zip(outs, ref_outs):
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
+        assert (correct, count) == (ref_correct, ref_count)
+    for key in ref_state:
+        torch.testing.assert_close(state[key], ref_state[key], rtol=1e-4, atol=1e-5)
