@@ -201,6 +201,27 @@ def test_ddp_split_reaches_single_weights(single_run, split, tmp_path):
         assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["split"]["schedule"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ddp_auto_with_loader_workers_changes_shares_on_every_rank_alike(tmp_path):
+    """With -j 1 the loader has drawn 4 batches ahead: shares move 4 batches after the
+    decision, on both ranks (else samples would be lost or doubled, and the weights differ)."""
+    steps = ["--epochs", "2", "--max-steps", "7"]  # the move decided at step 2 lands in epoch 2
+    for name, extra in {"f64": ["--strategy", "single", *F64],
+                        "f32": ["--strategy", "single"],
+                        "negative": ["--strategy", "dp", "--devices", "cpu:2", *F64]}.items():
+        ok("train", *TINY, *steps, *extra, "--out", str(tmp_path / name))
+    result = ok("launch", "--nproc-per-node", "2", "--", "train", *TINY, *steps, *F64,
+                "--strategy", "ddp", "--devices", "cpu", "--sync-bn", "--split", "auto",
+                "-j", "1", "--out", str(tmp_path / "ddp"), TANDEM_SPLIT_CLOCK="1,3")
+    assert "step 2: split 5,1" in result.stdout
+    ckpt = torch.load(tmp_path / "ddp" / "checkpoint.pt", weights_only=True)
+    assert ckpt["split"]["schedule"] == [[0, 6, [0.75, 0.25]]]  # batch 2 + 4 drawn ahead
+    check_invariance(tmp_path / "f64" / "checkpoint.pt", {"ddp": tmp_path / "ddp" / "checkpoint.pt"},
+                     reference32=tmp_path / "f32" / "checkpoint.pt",
+                     negative64=tmp_path / "negative" / "checkpoint.pt")
+
+
 # -- resume: the shares come back, and so do the bits ----------------------------------------
 def _checkpoint(path) -> dict:
     ckpt = torch.load(path, weights_only=True)

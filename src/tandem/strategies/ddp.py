@@ -152,7 +152,8 @@ class DDPStrategy(Strategy):
     def split_state(self, wrapped: nn.Module) -> dict | None:
         if self.auto is None:
             return None
-        return {"auto": self.auto.state_dict(), "schedule": [list(e) for e in self._schedule]}
+        return {"auto": self.auto.state_dict(),
+                "schedule": [[e, b, list(w)] for e, b, w in self._schedule]}
 
     def load_split_state(self, wrapped: nn.Module, state: dict | None) -> None:
         if state and self.auto is not None:
