@@ -217,7 +217,8 @@ def test_ddp_auto_with_loader_workers_changes_shares_on_every_rank_alike(tmp_pat
     assert "step 2: split 5,1" in result.stdout
     ckpt = torch.load(tmp_path / "ddp" / "checkpoint.pt", weights_only=True)
     assert ckpt["split"]["schedule"] == [[0, 6, [0.75, 0.25]]]  # batch 2 + 4 drawn ahead
-    check_invariance(tmp_path / "f64" / "checkpoint.pt", {"ddp": tmp_path / "ddp" / "checkpoint.pt"},
+    check_invariance(tmp_path / "f64" / "checkpoint.pt",
+                     {"ddp": tmp_path / "ddp" / "checkpoint.pt"},
                      reference32=tmp_path / "f32" / "checkpoint.pt",
                      negative64=tmp_path / "negative" / "checkpoint.pt")
 
@@ -266,7 +267,8 @@ ERR = ["--data", "synthetic", "--synthetic-size", "8", "--image-size", "8", "--n
     (["--strategy", "dp", "--devices", "cpu:2", "--split", "0,0"], ["--split", "above 0"]),
     (["--strategy", "dp", "--devices", "cpu:2", "--split", "fast"], ["--split", "auto"]),
     (["--strategy", "single", "--devices", "cpu", "--split", "1"], ["--split", "dp"]),
-    (["--strategy", "dp", "--devices", "cpu:2", "--max-share", "2"], ["--max-share 2", "at most 4"]),
+    (["--strategy", "dp", "--devices", "cpu:2", "--max-share", "2"],
+     ["--max-share 2", "at most 4"]),
     (["--strategy", "dp", "--devices", "cpu:2", "--split", "5,1", "--max-share", "4"],
      ["--split 5,1", "device 0", "--max-share 4"]),
     (["--strategy", "dp", "--devices", "cpu:2", "--max-share", "0"], ["--max-share"]),

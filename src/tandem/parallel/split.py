@@ -152,15 +152,17 @@ class AutoSplit:
     keeps its estimate). :meth:`adjust` sets the weights to the speeds (1 / time per sample)
     after ``warmup`` observed steps, then every ``every`` steps, at the first step of a new
     epoch (:meth:`at_epoch`), and whenever a step's imbalance (slowest over fastest chunk
-    time, minus 1) passes ``threshold``; it returns True when the weights changed. The state is a plain dict (:meth:`state_dict`), saved in
-    checkpoints so that a resumed run takes the same shares.
+    time, minus 1) passes ``threshold``; it returns True when the weights changed. The state
+    is a plain dict (:meth:`state_dict`), saved in checkpoints so that a resumed run takes
+    the same shares.
     """
 
     def __init__(self, devices: int, *, warmup: int = 2, every: int | None = None,
                  threshold: float = 0.25, smoothing: float = 0.5):
         self.weights = [1.0] * devices
         self.per_sample: list[float | None] = [None] * devices
-        self.warmup, self.every, self.threshold, self.smoothing = warmup, every, threshold, smoothing
+        self.warmup, self.every = warmup, every
+        self.threshold, self.smoothing = threshold, smoothing
         self.seen = 0  # steps observed
         self.since = 0  # steps since the last adjustment
         self.imbalance = 0.0  # of the last observed step
