@@ -356,3 +356,38 @@ def test_strategies_with_a_split_equal_single_in_process(name, split, batch):
         assert (correct, count) == (ref_correct, ref_count)
     for key in ref_state:
         torch.testing.assert_close(state[key], ref_state[key], rtol=1e-4, atol=1e-5)
+
+
+def test_loader_shares_keep_every_batch_and_its_keys():
+    """Ranks' shares by weight cover each global batch exactly, with the same keys (sample,
+    seed, epoch) in the same order as the even split: data order and augmentation stay."""
+    from tandem.data.loader import ShardedBatchSampler
+
+    def batches(world, split=None):
+        per_rank = [list(ShardedBatchSampler(23, 6, shuffle=True, seed=4, epoch=1, rank=r,
+                                             world_size=world, split=split))
+                    for r in range(world)]
+        return [sum(parts, []) for parts in zip(*per_rank)], per_rank
+
+    even, _ = batches(1)
+    weighted, per_rank = batches(3, lambda epoch, b, size: shares(size, (3, 0, 1)))
+    assert weighted == even
+    assert [len(k) for k in per_rank[0]] == [5, 5, 5, 4]  # 6, 6, 6, then the short 5
+    assert all(not k for k in per_rank[1])  # weight 0: an empty share every batch
+
+
+def test_plan_reports_a_split():
+    from tandem.hybrid import HybridParallel
+    from tandem.models import create_model
+
+    with torch.device("meta"):
+        model = create_model("alexnet")
+    even = HybridParallel.plan(model, 2, batch_size=64)
+    one = HybridParallel.plan(model, 2, batch_size=64, split=(1, 0))
+    assert one.dp_bytes["inputs"] == 0 and one.dp_bytes["parameters"] == 0  # no replica
+    assert even.dp_bytes["inputs"] > 0
+    plan = HybridParallel.plan(model, 2, batch_size=64, split=(2, 1), per_sample=(1.0, 2.0))
+    report = plan.report()
+    assert "split 43,21 of 64" in report
+    assert "expected step (slowest device): 43s; even split 32,32: 64s; ideal split 43,21: 43s" \
+        in report

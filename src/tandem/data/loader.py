@@ -2,7 +2,7 @@
 
 Global batch ``b`` is ``order[b*B:(b+1)*B]`` of a permutation seeded by ``(seed, epoch)``;
 nothing is dropped, padded or repeated. With ``world_size > 1`` rank ``r`` loads only its
-contiguous share (:func:`shard_sizes`, or by weight: ``split``). Warning: when a last global batch has fewer samples
+contiguous share (:func:`shard_sizes`, or as ``split`` says). Warning: when a last global batch has fewer samples
 than ranks, trailing ranks get an *empty* batch, so every rank yields the same number of
 batches; callers must cope with a zero-sample step. ``start_batch`` resumes mid-epoch, and
 :class:`LoaderCache` keeps persistent workers alive for the whole run.
@@ -19,8 +19,6 @@ from torch.utils.data import DataLoader, Sampler
 
 from tandem.errors import UsageError
 
-from tandem.parallel.split import shares
-
 from .transforms import mix_seed
 
 __all__ = ["make_loader", "ShardedBatchSampler", "shard_sizes", "collate", "epoch_order",
@@ -29,11 +27,8 @@ __all__ = ["make_loader", "ShardedBatchSampler", "shard_sizes", "collate", "epoc
 PREFETCH = 4  # batches in flight per worker
 
 
-def shard_sizes(batch: int, world_size: int, weights=None) -> list[int]:
-    """Per-rank sample counts of a global batch of ``batch`` samples (sum is ``batch``):
-    even, or by ``weights`` (:func:`tandem.parallel.split.shares`)."""
-    if weights is not None:
-        return shares(batch, weights)
+def shard_sizes(batch: int, world_size: int) -> list[int]:
+    """Per-rank sample counts of a global batch of ``batch`` samples (sum is ``batch``)."""
     base, extra = divmod(batch, world_size)
     return [base + (1 if r < extra else 0) for r in range(world_size)]
 
@@ -56,8 +51,8 @@ def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> to
 class ShardedBatchSampler(Sampler):
     """Yields, per global batch, this rank's list of sample keys ``(index, seed, epoch)``.
 
-    ``split``: the ranks' weights, or a callable ``(epoch, batch, size) -> sizes`` asked as
-    each batch is drawn (``--split auto``); ``None``: even shares. The keys do not depend on it.
+    ``split``: ``None`` (even shares), or a callable ``(epoch, batch, size) -> sizes`` (one
+    per rank) asked as each batch is drawn (``--split``). The keys do not depend on it.
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int,
@@ -92,10 +87,8 @@ class ShardedBatchSampler(Sampler):
                             epoch=self.epoch).tolist()
         for b in range(self.start_batch, self.total_batches):
             batch = order[b * self.batch_size:(b + 1) * self.batch_size]
-            if callable(self.split):
-                sizes = self.split(self.epoch, b, len(batch))
-            else:
-                sizes = shard_sizes(len(batch), self.world_size, self.split)
+            sizes = (shard_sizes(len(batch), self.world_size) if self.split is None
+                     else self.split(self.epoch, b, len(batch)))
             lo = sum(sizes[:self.rank])
             yield [(i, self.seed, self.epoch) for i in batch[lo:lo + sizes[self.rank]]]
 

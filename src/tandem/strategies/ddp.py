@@ -118,11 +118,11 @@ class DDPStrategy(Strategy):
     @property
     def data_split(self):
         """What the loader splits a global batch by (see ``make_loader``'s ``split``)."""
-        return self._sizes_at if self.auto is not None else self.split
+        return None if self.split is None and self.auto is None else self._sizes_at
 
     def _sizes_at(self, epoch: int, batch: int, size: int) -> list[int]:
         """The ranks' shares of global batch ``batch`` of ``epoch`` (``size`` samples)."""
-        weights = (1.0,) * self.world_size
+        weights = self.split or (1.0,) * self.world_size
         for where_epoch, where_batch, w in self._schedule:
             if (where_epoch, where_batch) <= (epoch, batch):
                 weights = w
