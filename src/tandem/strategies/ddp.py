@@ -122,7 +122,7 @@ class DDPStrategy(Strategy):
 
     def _sizes_at(self, epoch: int, batch: int, size: int) -> list[int]:
         """The ranks' shares of global batch ``batch`` of ``epoch`` (``size`` samples)."""
-        weights = self.split or (1.0,) * self.world_size
+        weights = self.split if self.auto is None else (1.0,) * self.world_size
         for where_epoch, where_batch, w in self._schedule:
             if (where_epoch, where_batch) <= (epoch, batch):
                 weights = w
