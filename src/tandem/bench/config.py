@@ -102,7 +102,7 @@ class BenchConfig:
     compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
                                    choices=COMPILE_MODES)
     handicap: str | None = opt(None, "I:F: replica or rank I takes F times as long per sample "
-                               "(extra forward passes over its own chunk, not a sleep); each "
+                               "(extra passes over its own chunk, not a sleep); each "
                                "strategy that splits the batch then races with an equal "
                                "split, --split auto and the ideal split", metavar="I:F")
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)

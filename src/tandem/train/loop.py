@@ -23,7 +23,7 @@ from tandem import checkpoint
 from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
-from tandem.parallel.split import format_shares, shares
+from tandem.parallel.split import capped, format_shares
 from tandem.strategies import Strategy
 
 from . import diverged
@@ -164,10 +164,12 @@ class Trainer:
 
     def batch_shares(self) -> dict | None:
         """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""
-        weights = self.strategy.shares(self.model)
+        s = self.strategy
+        weights = s.shares(self.model)
         if weights is None:
             return None
-        return {str(i): n for i, n in enumerate(shares(self.cfg.optim.batch_size, weights))}
+        sizes = capped(self.cfg.optim.batch_size, weights, s.max_share)
+        return {str(i): n for i, n in enumerate(sizes)}
 
     def _rebalance(self, progress: Progress) -> None:
         """``--split auto``: let the strategy move the shares; say so when they moved."""
