@@ -17,7 +17,10 @@
 #      the torch.profiler breakdown of an eager and a compiled step;
 #   7. the ImageFolder input pipeline against a torchvision-style reference, -j 0, 1 and 2,
 #      on 256 generated 500x375 JPEGs (benchmarks/make_jpegs.py; nothing downloaded), and
-#      the JPEG decoders alone: benchmarks/bench_loader.sh.
+#      the JPEG decoders alone: benchmarks/bench_loader.sh;
+#   9. mixed-speed devices (issue 22): replica/rank 1 handicapped 2x, dp (2 replica threads)
+#      and ddp (2 processes x 1 thread), each with an equal split, --split auto and the ideal
+#      split, interleaved round by round.
 # CPU timings depend on the machine's load: run on a quiet machine, and compare ratios within
 # one table (its contestants are interleaved), not absolute numbers across tables.
 #
@@ -42,6 +45,9 @@ tandem bench --arch cifar_resnet20 --strategies single,ddp --devices cpu:2 --bas
 tandem bench --arch alexnet --strategies single,dp,hybrid --devices cpu:2 --baselines bare \
     --image-size 128 --batch-size 32 --steps 10 --warmup 2 --threads "$THREADS" --explain \
     --json "$OUT/cpu_alexnet_hybrid.json"
+tandem bench --arch cifar_resnet20 --strategies dp,ddp --devices cpu:2 --handicap 1:2 \
+    --baselines none --batch-size 64 --steps 30 --warmup 5 --threads "$THREADS" --explain \
+    --json "$OUT/cpu_split_handicap.json"
 "$PY" benchmarks/criterion_bytes.py --replicas 2 4 --json "$OUT/criterion_bytes.json"
 tandem bench --arch cifar_resnet20 --strategies single,dp,balanced,ddp --devices cpu:2 \
     --batch-size 128 --steps 10 --warmup 2 --threads "$THREADS" --compile --dist-timeout 1800 \

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
+from tandem.parallel.split import parse_split
 from tandem.strategies import strategy_names
 from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
 from tandem.errors import UsageError
@@ -200,6 +201,14 @@ class ParallelConfig:
                         f"apart from step times", on_resume=MAY_CHANGE)
     compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
                                    choices=COMPILE_MODES, on_resume=MAY_CHANGE)
+    # Shares change how long a step takes, not what it computes: a resume may change them.
+    split: str | None = opt(None, "dp, balanced, hybrid, ddp: each device's (or rank's) share "
+                            "of every batch, as weights (3,1: three quarters to the first) or "
+                            "auto (follow the measured speeds); the update is the same "
+                            "(default: even shares)", metavar="W,W|auto", on_resume=MAY_CHANGE)
+    max_share: int | None = opt(None, "the most samples any one device (or rank) may take of a "
+                                "batch; a batch or --split that needs more is refused at once",
+                                metavar="N", on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         _check(bool(self.strategy), "--strategy must not be empty")
@@ -207,6 +216,10 @@ class ParallelConfig:
         _check_choice(self.dtype, DTYPES, "--dtype")
         _check(not (self.amp and self.dtype != "float32"),
                f"--amp mixes float16 into float32 work; it cannot run with --dtype {self.dtype}")
+        if self.split is not None:
+            parse_split(self.split)
+        _check(self.max_share is None or self.max_share >= 1,
+               f"bad --max-share {self.max_share}: must be >= 1")
         if self.compile_mode is not None:
             _check_choice(self.compile_mode, COMPILE_MODES, "--compile-mode")
             _check(self.compile, f"--compile-mode {self.compile_mode} needs --compile")

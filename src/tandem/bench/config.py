@@ -101,6 +101,10 @@ class BenchConfig:
     compile: bool = opt(False, "also race a compiled twin (<name>+compile) of every contestant")
     compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
                                    choices=COMPILE_MODES)
+    handicap: str | None = opt(None, "I:F: replica or rank I takes F times as long per sample "
+                               "(extra passes over its own chunk, not a sleep); each "
+                               "strategy that splits the batch then races with an equal "
+                               "split, --split auto and the ideal split", metavar="I:F")
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -138,6 +142,30 @@ class BenchConfig:
         if self.dist_timeout <= 0:
             raise UsageError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
         self.device_list = parse_device_spec(self.devices, "--devices")
+        self.handicap_spec()  # a bad --handicap is refused here
+
+    def handicap_spec(self) -> tuple[int, float] | None:
+        """``--handicap I:F`` as ``(I, F)``, checked against the devices; ``None`` without."""
+        if self.handicap is None:
+            return None
+        try:
+            index, factor = self.handicap.split(":")
+            index, factor = int(index), float(factor)
+        except ValueError:
+            raise UsageError(f"bad --handicap {self.handicap!r}: give I:F, e.g. 1:2") from None
+        if not 0 <= index < len(self.device_list):
+            raise UsageError(f"bad --handicap {self.handicap}: index {index} is not one of the "
+                             f"{len(self.device_list)} device(s)")
+        if not factor >= 1:
+            raise UsageError(f"bad --handicap {self.handicap}: F must be >= 1")
+        return index, factor
+
+    def ideal_split(self) -> tuple[float, ...] | None:
+        """The shares that even out ``--handicap``'s speeds (1 / F for the slow one)."""
+        spec = self.handicap_spec()
+        if spec is None:
+            return None
+        return tuple(1 / spec[1] if i == spec[0] else 1.0 for i in range(len(self.device_list)))
 
     def to_dict(self) -> dict:
         """JSON-ready settings, with the resolved devices."""

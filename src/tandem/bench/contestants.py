@@ -8,6 +8,7 @@ contestants can be interleaved step by step without sharing state.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -15,10 +16,69 @@ import torch
 from torch import nn
 from tandem.errors import UsageError
 
-__all__ = ["COMPILED", "Amp", "Contestant", "TrainStep", "synthetic_batch", "module_tensors",
-           "strategy_contestant", "skipped", "place"]
+__all__ = ["COMPILED", "SPLITS", "Amp", "Contestant", "Handicap", "TrainStep", "synthetic_batch",
+           "module_tensors", "strategy_contestant", "skipped", "place", "split_of"]
 
 COMPILED = "+compile"  # suffix of a contestant's compiled twin ("single+compile")
+# --handicap races every strategy that splits the batch three ways: "dp" (equal shares),
+# "dp/auto" (--split auto) and "dp/ideal" (the shares that even the handicap out)
+SPLITS = ("", "/auto", "/ideal")
+
+
+def split_of(name: str, ideal) -> tuple[str, object]:
+    """``"dp/auto"`` -> ``("dp", "auto")``; ``"dp/ideal"`` -> ``("dp", ideal)``; else None."""
+    base, _, kind = name.partition("/")
+    return base, {"": None, "auto": "auto", "ideal": ideal}[kind]
+
+
+class Handicap(nn.Module):
+    """``model``, made ``factor`` times as slow per sample on replica or rank ``index``.
+
+    The extra work is real and proportional to the chunk: ``factor - 1`` more passes over the
+    replica's own chunk (a fraction of a pass over part of it) through a private copy of the
+    model in eval mode, so the real model's batch-norm statistics, synchronisation and
+    gradients are untouched. ``backward``: each pass is a forward and a backward (a rank of
+    ``ddp`` runs both in parallel with the others); else a forward only (``dp`` on CPU runs
+    the replicas' forwards in parallel threads but every backward in one autograd thread).
+    """
+
+    def __init__(self, model: nn.Module, index: int, factor: float, backward: bool = False):
+        super().__init__()
+        self.model, self.index, self.factor, self.backward = model, index, factor, backward
+        # hidden from the module tree: no conversion to SyncBatchNorm, no state, no DDP
+        object.__setattr__(self, "_shadow", copy.deepcopy(model).eval())
+
+    def forward(self, x):
+        out = self.model(x)
+        if self.factor > 1 and x.shape[0] and _replica_index() == self.index:
+            self._extra_work(x.detach())
+        return out
+
+    def _extra_work(self, x: torch.Tensor) -> None:
+        shadow = self._shadow
+        ref = next(shadow.parameters())
+        if ref.device != x.device or ref.dtype != x.dtype:
+            shadow.to(x.device, x.dtype)
+        whole, part = divmod(self.factor - 1, 1.0)
+        chunks = [x] * int(whole) + [x[:round(part * x.shape[0])]]
+        params = [p for p in shadow.parameters() if p.requires_grad]
+        for chunk in (c for c in chunks if c.shape[0]):
+            if self.backward:
+                with torch.enable_grad():
+                    torch.autograd.grad(shadow(chunk).float().sum(), params, allow_unused=True)
+            else:
+                with torch.no_grad():
+                    shadow(chunk)
+
+
+def _replica_index() -> int:
+    """This replica thread's index, else this process's rank (0 outside torchrun)."""
+    import os
+
+    from tandem.parallel import context
+
+    here = context.current()
+    return here.index if here is not None else int(os.environ.get("RANK", "0"))
 
 
 @dataclass(frozen=True)
@@ -142,15 +202,22 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
                         batch: tuple[torch.Tensor, torch.Tensor], *, amp: Amp, lr: float,
                         channels_last: bool = False, sync_bn: bool = False,
                         buffers: str = "replica0", compiled: bool = False,
-                        compile_mode: str | None = None) -> Contestant:
+                        compile_mode: str | None = None, split=None,
+                        handicap: tuple[int, float] | None = None) -> Contestant:
     """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over).
 
     ``compiled`` builds the ``<name>+compile`` twin, compiled as ``tandem train --compile`` does.
+    ``split`` is the strategy's ``--split``; ``handicap`` ``(I, F)`` wraps the model in
+    :class:`Handicap`. ``batch`` is the global batch: a rank of a multi-process strategy
+    takes its share of it at every step, as the strategy's shares say at that step.
     """
     from tandem.strategies.base import create_strategy
     from tandem.strategies import compile as compiling
 
-    strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers).launch()
+    extra = {} if split is None else {"split": split}
+    strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, **extra).launch()
+    if handicap is not None:
+        model = Handicap(model, *handicap, backward=strategy.multiprocess)
     model, images, targets = place(model, *batch, strategy.device, channels_last)
     if compiled:
         compiling.check_compile(strategy, strategy.device.type)
@@ -159,9 +226,22 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
     criterion = nn.CrossEntropyLoss()
 
     def forward_loss() -> torch.Tensor:
-        return strategy.forward_loss(wrapped, criterion, images, targets).loss
+        x, y = images, targets
+        if strategy.world_size > 1:  # this rank's share of the global batch, now
+            from tandem.parallel.split import shares
 
-    step = TrainStep(forward_loss, wrapped.parameters(), strategy.device, amp, lr)
+            sizes = shares(len(y), strategy.shares(wrapped) or (1.0,) * strategy.world_size)
+            lo = sum(sizes[:strategy.rank])
+            x, y = x[lo:lo + sizes[strategy.rank]], y[lo:lo + sizes[strategy.rank]]
+        return strategy.forward_loss(wrapped, criterion, x, y).loss
+
+    train_step = TrainStep(forward_loss, wrapped.parameters(), strategy.device, amp, lr)
+
+    def step() -> torch.Tensor:
+        loss = train_step()
+        strategy.rebalance(wrapped, 0, 0, 0)  # --split auto: every rank decides alike
+        return loss
+
     # A ddp worker holds one device of the list; the others are other processes' business.
     timed_on = list(strategy.devices) if strategy.world_size == 1 else [strategy.device]
     uncounted = None
@@ -169,6 +249,6 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
         uncounted = "torch DDP's gradient all-reduce"
     return Contestant(
         name=name + (COMPILED if compiled else ""), kind="strategy", devices=timed_on, step=step,
-        own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
+        own_tensors=lambda: module_tensors(wrapped, train_step.optimizer, images, targets),
         counts_traffic=True, uncounted_traffic=uncounted, close=strategy.close,
     )

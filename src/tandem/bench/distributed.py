@@ -28,7 +28,8 @@ from tandem.distributed.process_group import backend_for
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .config import BenchConfig
-from .contestants import COMPILED, Amp, Contestant, strategy_contestant, synthetic_batch
+from .contestants import (COMPILED, Amp, Contestant, split_of, strategy_contestant,
+                          synthetic_batch)
 from .runner import empty_result, race
 
 __all__ = ["distributed_phase", "worker_main"]
@@ -51,7 +52,8 @@ def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | No
     else:
         from .suite import strategy_skip_reason
 
-        reason = strategy_skip_reason(name.removesuffix(COMPILED), None, config.arch,
+        reason = strategy_skip_reason(split_of(name.removesuffix(COMPILED), None)[0], None,
+                                      config.arch,
                                       name.endswith(COMPILED),
                                       devices[0].type)
     if reason is None and custom_model:
@@ -139,6 +141,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     images, targets = synthetic_batch(config.batch_size, config.image_size, config.num_classes,
                                       config.seed)
     shard = (images.tensor_split(world)[rank], targets.tensor_split(world)[rank])
+    handicap = config.handicap_spec()
     amp = Amp(config.amp, config.amp_dtype)
     names = args.names.split(",")
     contestants: list[Contestant] = []
@@ -149,10 +152,15 @@ def worker_main(argv: list[str] | None = None) -> int:
     for name in names:  # in this order on every rank, so that collectives pair up
         compiled = name.endswith(COMPILED)
         if _kind(name) == "strategy":  # the strategy may create the process group itself
-            contestants.append(strategy_contestant(
-                name.removesuffix(COMPILED), copy.deepcopy(template), ddp_devices, shard, amp=amp, lr=config.lr,
-                channels_last=config.channels_last, sync_bn=config.sync_bn,
-                buffers=config.buffers, compiled=compiled, compile_mode=config.compile_mode))
+            # each rank takes its share of the global batch at every step (the split's)
+            base, split = split_of(name.removesuffix(COMPILED), config.ideal_split())
+            contestant = strategy_contestant(
+                base, copy.deepcopy(template), ddp_devices, (images, targets), amp=amp,
+                lr=config.lr, channels_last=config.channels_last, sync_bn=config.sync_bn,
+                buffers=config.buffers, compiled=compiled, compile_mode=config.compile_mode,
+                split=split, handicap=handicap)
+            contestant.name = name
+            contestants.append(contestant)
             continue
         if own_group is None:
             own_group = not dist.is_initialized()

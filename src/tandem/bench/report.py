@@ -100,13 +100,27 @@ def write_json(report: dict, path: str, stream: TextIO | None = None) -> None:
             f.write(text + "\n")
 
 
-def explain(model, devices, batch_size: int, image_size: int) -> str:
-    """tandem.hybrid's cost report (``plan(...).report()``) for ``model``, or why there is none."""
+def explain(model, devices, batch_size: int, image_size: int, split=None,
+            per_sample=None) -> str:
+    """tandem.hybrid's cost report (``plan(...).report()``) for ``model``, or why there is none;
+    with ``split``/``per_sample`` (``--handicap``) it includes what that split costs, and says
+    so for a model that has no hybrid plan too (:func:`tandem.parallel.split.split_report`)."""
+    from tandem.parallel.split import split_report
+
     try:
         from tandem.hybrid import plan
     except ImportError:
         return "--explain: tandem.hybrid has no plan() in this build"
     if not (hasattr(model, "features") and hasattr(model, "classifier")):
-        return (f"--explain: {type(model).__name__} has no .features/.classifier split; "
+        line = (f"--explain: {type(model).__name__} has no .features/.classifier split; "
                 "hybrid does not apply")
-    return plan(model, devices, batch_size=batch_size, input_size=image_size).report()
+        if per_sample is None:
+            return line
+        sample = 3 * image_size * image_size * next(model.parameters()).element_size()
+        return "\n".join([line, *split_report(batch_size, len(devices), split, per_sample,
+                                                sample, unit=UNIT)])
+    return plan(model, devices, batch_size=batch_size, input_size=image_size, split=split,
+                per_sample=per_sample, unit=None if per_sample is None else UNIT).report()
+
+
+UNIT = " sample-times"  # one sample on a device without the handicap

@@ -20,12 +20,12 @@ import torch
 from torch import nn
 
 from tandem.errors import first_line
-from tandem.strategies import strategy_class
+from tandem.strategies import Strategy, strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .config import BenchConfig
-from .contestants import (COMPILED, Amp, Contestant, skipped, strategy_contestant,
-                          synthetic_batch)
+from .contestants import (COMPILED, SPLITS, Amp, Contestant, skipped, split_of,
+                          strategy_contestant, synthetic_batch)
 from .runner import add_ratios, race
 
 __all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason",
@@ -85,18 +85,36 @@ def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Co
                           failure=f"setup: {type(exc).__name__}: {first_line(exc)}")
 
 
-def _strategy(name: str, template: nn.Module, config: BenchConfig, batch,
+def split_names(config: BenchConfig, name: str) -> list[str]:
+    """``name``, and with ``--handicap`` its ``/auto`` and ``/ideal`` variants when it splits
+    the batch (a model it must split itself, such as hybrid's, is raced as it is)."""
+    cls = strategy_class(name)
+    if config.handicap is None or not cls.splits_batch or \
+            cls.check_model.__func__ is not Strategy.check_model.__func__:
+        return [name]
+    return [name + kind for kind in SPLITS]
+
+
+def _strategy(label: str, template: nn.Module, config: BenchConfig, batch,
               amp: Amp, compiled: bool = False) -> Contestant:
+    name, split = split_of(label, config.ideal_split())
     # A strategy that drives fewer devices gets only the first ones (it would warn otherwise).
     devices = config.device_list[:strategy_class(name).max_devices]
     reason = strategy_skip_reason(name, template, config.arch, compiled, devices[0].type)
-    label = name + (COMPILED if compiled else "")
+    label = label + (COMPILED if compiled else "")
     if reason:
         return skipped(label, "strategy", devices, reason)
-    return _build(label, "strategy", devices, lambda: strategy_contestant(
-        name, copy.deepcopy(template), devices, batch, amp=amp, lr=config.lr,
-        channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers,
-        compiled=compiled, compile_mode=config.compile_mode))
+    handicap = config.handicap_spec() if split_names(config, name) != [name] else None
+
+    def build() -> Contestant:
+        contestant = strategy_contestant(
+            name, copy.deepcopy(template), devices, batch, amp=amp, lr=config.lr,
+            channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers,
+            compiled=compiled, compile_mode=config.compile_mode, split=split, handicap=handicap)
+        contestant.name = label  # "dp/auto+compile"
+        return contestant
+
+    return _build(label, "strategy", devices, build)
 
 
 def _twins(config: BenchConfig) -> tuple[bool, ...]:
@@ -106,7 +124,8 @@ def _twins(config: BenchConfig) -> tuple[bool, ...]:
 
 def result_order(config: BenchConfig) -> list[str]:
     """Every contestant's name in table order, each compiled twin right after its original."""
-    names = ["bare", *config.strategies, "torch_dp", "torch_ddp"]
+    names = ["bare", *[n for s in config.strategies for n in split_names(config, s)],
+             "torch_dp", "torch_ddp"]
     return [n + (COMPILED if c else "") for n in names for c in _twins(config)]
 
 
@@ -149,7 +168,8 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
                                                         compile_mode=config.compile_mode, **kw)))
     for name in config.strategies:
         if not strategy_class(name).multiprocess:
-            local += [_strategy(name, template, config, batch, amp, c) for c in twins]
+            local += [_strategy(label, template, config, batch, amp, c)
+                      for label in split_names(config, name) for c in twins]
     for c in twins if "torch_dp" in config.baselines else ():
         reason = torch_dp_skip_reason(devices, c)
         label = "torch_dp" + COMPILED * c
@@ -170,7 +190,8 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     if any(d.type == "cuda" for d in devices):
         torch.cuda.empty_cache()
 
-    remote = [n for n in config.strategies if strategy_class(n).multiprocess]
+    remote = [label for n in config.strategies if strategy_class(n).multiprocess
+              for label in split_names(config, n)]
     remote += (["torch_ddp"] if "torch_ddp" in config.baselines else [])
     remote = [name + COMPILED * c for name in remote for c in twins]
     if remote:

@@ -78,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
         from tandem.models import create_model
 
         model = create_model(config.arch, num_classes=config.num_classes)
-        print(explain(model, config.device_list, config.batch_size, config.image_size), file=out)
+        spec = config.handicap_spec()  # per-sample times of a handicap: 1, or F for device I
+        per_sample = None if spec is None else [
+            spec[1] if i == spec[0] else 1.0 for i in range(len(config.device_list))]
+        print(explain(model, config.device_list, config.batch_size, config.image_size,
+                      config.ideal_split(), per_sample), file=out)
     report = run_bench(config)
     print(format_table(report), file=out)
     if args.json:

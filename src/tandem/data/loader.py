@@ -2,7 +2,7 @@
 
 Global batch ``b`` is ``order[b*B:(b+1)*B]`` of a permutation seeded by ``(seed, epoch)``;
 nothing is dropped, padded or repeated. With ``world_size > 1`` rank ``r`` loads only its
-contiguous share (:func:`shard_sizes`). Warning: when a last global batch has fewer samples
+contiguous share (:func:`shard_sizes`, or as ``split`` says). Warning: when a last global batch has fewer samples
 than ranks, trailing ranks get an *empty* batch, so every rank yields the same number of
 batches; callers must cope with a zero-sample step. ``start_batch`` resumes mid-epoch, and
 :class:`LoaderCache` keeps persistent workers alive for the whole run.
@@ -49,10 +49,15 @@ def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> to
 
 
 class ShardedBatchSampler(Sampler):
-    """Yields, per global batch, this rank's list of sample keys ``(index, seed, epoch)``."""
+    """Yields, per global batch, this rank's list of sample keys ``(index, seed, epoch)``.
+
+    ``split``: ``None`` (even shares), or a callable ``(epoch, batch, size) -> sizes`` (one
+    per rank) asked as each batch is drawn (``--split``). The keys do not depend on it.
+    """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int,
-                 epoch: int, rank: int = 0, world_size: int = 1, start_batch: int = 0):
+                 epoch: int, rank: int = 0, world_size: int = 1, start_batch: int = 0,
+                 split=None):
         _check_int("batch_size", batch_size, 1)
         _check_int("world_size", world_size, 1)
         if not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -62,6 +67,7 @@ class ShardedBatchSampler(Sampler):
         self.total_batches = batches_per_epoch(range(num_samples), batch_size)
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
+        self.split = split
         self.set_position(epoch, start_batch)
 
     def set_position(self, epoch: int, start_batch: int = 0) -> None:
@@ -81,7 +87,8 @@ class ShardedBatchSampler(Sampler):
                             epoch=self.epoch).tolist()
         for b in range(self.start_batch, self.total_batches):
             batch = order[b * self.batch_size:(b + 1) * self.batch_size]
-            sizes = shard_sizes(len(batch), self.world_size)
+            sizes = (shard_sizes(len(batch), self.world_size) if self.split is None
+                     else self.split(self.epoch, b, len(batch)))
             lo = sum(sizes[:self.rank])
             yield [(i, self.seed, self.epoch) for i in batch[lo:lo + sizes[self.rank]]]
 
@@ -123,7 +130,7 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: int,
                 workers: int = 0, rank: int = 0, world_size: int = 1, start_batch: int = 0,
-                pin_memory: bool = False, persistent: bool = False) -> DataLoader:
+                pin_memory: bool = False, persistent: bool = False, split=None) -> DataLoader:
     """A DataLoader over this rank's share of the epoch's global batches (see module doc).
 
     ``batch_size`` is the global batch. ``dataset`` must accept ``(index, seed, epoch)`` keys
@@ -133,7 +140,7 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
     _check_int("workers", workers, 0)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
                                   epoch=epoch, rank=rank, world_size=world_size,
-                                  start_batch=start_batch)
+                                  start_batch=start_batch, split=split)
     base = mix_seed(seed, epoch, 104729)
     return DataLoader(
         dataset,

@@ -125,7 +125,8 @@ class HybridParallel(nn.Module):
     drop-in ``nn.Module``: ``forward(x)`` returns the logits on ``output_device``,
     ``train()``/``eval()`` reach every part, and :meth:`parameters` yields each trainable tensor
     once (the trunk's shared parameters and the shards' own), so any optimizer steps it. The
-    optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`.
+    optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`. ``split`` and
+    ``max_share`` set the trunk's batch shares, as for ``DataParallel``.
 
     ``head`` names the attribute holding the classifier (default: ``classifier``, else ``fc``;
     see :mod:`.layout`). A model with only ``features``, ``avgpool`` and ``classifier`` runs as
@@ -137,7 +138,8 @@ class HybridParallel(nn.Module):
     plan = staticmethod(plan)
 
     def __init__(self, model: nn.Module, device_ids=None, output_device=None,
-                 buffers: str = "replica0", head: str | None = None):
+                 buffers: str = "replica0", head: str | None = None, split=None,
+                 max_share: int | None = None):
         super().__init__()
         name = find_head(model, head)
         lazy = first_lazy(model)
@@ -152,10 +154,10 @@ class HybridParallel(nn.Module):
         head_module = getattr(model, name)
         leading, stages = classifier_layout(head_sequential(head_module))
         mods = list(head_sequential(head_module))
-        split = isinstance(head_module, nn.Sequential)
+        indexed = isinstance(head_module, nn.Sequential)  # keys name.i. (else name.)
 
         def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
-            return f"{name}.{i}." if split else f"{name}."
+            return f"{name}.{i}." if indexed else f"{name}."
 
         if _features_layout(model, name):
             trunk = _Trunk(model.features, getattr(model, "avgpool", None),
@@ -168,7 +170,7 @@ class HybridParallel(nn.Module):
             trunk = _Body(model, name, [mods[i] for i in leading])
             self._parts = [("", trunk.body)]  # every key but the head's
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
-                                       buffers=buffers)
+                                       buffers=buffers, split=split, max_share=max_share)
         self._parts += [(key(i), mods[i]) for i in leading]
 
         head: list[nn.Module] = []

@@ -19,7 +19,7 @@ from torch import nn
 from tandem.errors import UsageError
 
 from ..parallel.devices import resolve_devices
-from ..parallel.scatter_gather import chunk_sizes
+from ..parallel.split import check_weights, shares, split_report
 from ._shards import split_sizes
 from .layout import classifier_layout, find_head, head_sequential
 
@@ -53,6 +53,7 @@ class HybridPlan:
     dp_bytes: dict[str, int] = field(default_factory=dict)
     hybrid_bytes: dict[str, int] = field(default_factory=dict)
     break_even_batch: int | None = None  # largest batch at which hybrid still moves less
+    split: list[str] = field(default_factory=list)  # the trunk's shares: bytes, expected time
 
     @property
     def dp_total(self) -> int:
@@ -103,21 +104,23 @@ class HybridPlan:
                      f"{self.hybrid_total / mb:>12.2f}")
         lines.append(f"  {'per device':<20}{self.dp_total / n / mb:>16.2f}"
                      f"{self.hybrid_total / n / mb:>12.2f}")
+        lines += self.split
         lines.append(f"verdict: {self.verdict}")
         return "\n".join(lines)
 
     __str__ = report
 
 
-def _bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, stages, mods):
+def _bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, stages, mods,
+           weights=None):
     """(dp, hybrid) byte dicts for one batch size.
 
     Replicas 1..m-1 receive parameters and buffers and send gradients (hybrid: the trunk's
     only); activations count each value and its gradient: DP gathers the logits, hybrid moves
     what each classifier stage needs (``s`` bytes per element, ``x`` input elements per sample).
     """
-    chunks = chunk_sizes(batch, n)
-    m, rest = len(chunks), batch - chunks[0]
+    chunks = shares(batch, weights or (1.0,) * n)  # one per device, some maybe 0
+    m, rest = 1 + sum(1 for c in chunks[1:] if c), batch - chunks[0]
     dp = {"inputs": rest * x * s, "parameters": (m - 1) * p_all * s,
           "buffers": (m - 1) * f_all * s, "gradients": (m - 1) * p_all * s,
           "activations": 2 * rest * out_classes * s}
@@ -131,7 +134,7 @@ def _bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, 
             sizes = split_sizes(lin.out_features, n)
             k = len(sizes)
             if first:  # every shard gathers the chunks of the other replicas
-                moved += sum(batch - (chunks[j] if j < m else 0) for j in range(k)) * lin.in_features
+                moved += sum(batch - chunks[j] for j in range(k)) * lin.in_features
             else:
                 moved += (k - 1) * batch * lin.in_features
             if stage.kind == "column":
@@ -180,8 +183,13 @@ def _input_shape(input_size) -> tuple:
 
 
 def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
-         input_size=(3, 224, 224), head: str | None = None) -> HybridPlan:
+         input_size=(3, 224, 224), head: str | None = None, split=None, per_sample=None,
+         unit: str | None = None) -> HybridPlan:
     """Cost report for training ``model`` hybrid versus data parallel (see the module doc).
+
+    ``split``: the trunk's batch weights, as ``HybridParallel(split=)`` takes them (default
+    even); ``per_sample``: each device's seconds per sample, for the expected step time of
+    the split (default: 1 sample-time each; see :func:`tandem.parallel.split.split_report`).
 
     ``device_ids`` is a device list as everywhere in tandem, or an int count (to plan for
     devices this machine does not have). ``input_size`` is one sample's shape ``(C, H, W)`` or
@@ -199,6 +207,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     if batch_size < 1:
         raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     shape = _input_shape(input_size)
+    weights = None if split is None else check_weights(split, n)
     leading, stages = classifier_layout(head_sequential(classifier))
 
     meta = meta_copy(model)
@@ -227,7 +236,8 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     s = first.element_size() if first is not None else 4
     common = dict(n=n, s=s, x=int(torch.Size(shape).numel()), out_classes=seen["out"],
                   p_all=p_all, f_all=f_all, p_trunk=p_all - p_cls, f_trunk=f_all - f_cls,
-                  act=seen["act"], stages=stages, mods=list(head_sequential(classifier)))
+                  act=seen["act"], stages=stages, mods=list(head_sequential(classifier)),
+                  weights=weights)
     dp, hybrid = _bytes(batch=batch_size, **common)
 
     def hybrid_cheaper(b: int) -> bool:
@@ -250,4 +260,6 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
         bytes_per_element=s, params_trunk=p_all - p_cls, params_classifier=p_cls,
         macs_trunk=mac_trunk * batch_size, macs_classifier=mac_cls * batch_size,
         layout=_layout_rows(classifier, name, leading, stages, n),
-        dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=break_even)
+        dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=break_even,
+        split=split_report(batch_size, n, weights, per_sample,
+                           int(torch.Size(shape).numel()) * s, unit))

@@ -11,11 +11,13 @@ refused where torch returns one value per replica, whose mean is wrong for uneve
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
+from tandem.errors import UsageError
 from tandem.state_keys import register_plain_keys
 
 from .buffers import check_policy, sync_buffers
@@ -24,7 +26,8 @@ from .parallel_apply import parallel_apply
 from .replicate import replicate
 from .gather_outputs import gather
 from .guards import acting_as_replica, initialise_lazy, split_inputs
-from .scatter_gather import batch_size
+from .scatter_gather import batch_size, chunk_sizes, scatter_kwargs
+from .split import AUTO, AutoSplit, capped, check_weights, measured
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
 
@@ -59,13 +62,26 @@ class DataParallel(nn.Module):
     sizes, a sum never): return per-sample values, or use :class:`DataParallelModel` +
     :class:`~tandem.parallel.DataParallelCriterion`. One device, or a batch of one chunk,
     returns the scalar itself.
+
+    ``split`` sets each device's share of a batch: weights such as ``(3, 1)`` (see
+    :mod:`tandem.parallel.split`; a device may get none), or ``"auto"``, which times each
+    replica's forward in training and moves the weights toward the speeds
+    (:class:`~tandem.parallel.split.AutoSplit`, in ``self.auto``). ``max_share`` caps any
+    device's chunk. The update is the same whatever the shares. ``last_shares`` holds the
+    chunk sizes of the last forward, one per device.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
-                 output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None):
+                 output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None,
+                 split=None, max_share: int | None = None):
         super().__init__()
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
+        n = len(self.device_ids)
+        self.auto = AutoSplit(n) if split == AUTO else None
+        self.split = None if split is None or split == AUTO else check_weights(split, n)
+        self.max_share = max_share
+        self.last_shares: list[int] | None = None
         self.output_device = self.device_ids[0] if output_device is None else as_device(output_device)
         self.dim = dim
         self.gather_dim = dim if gather_dim is None else gather_dim
@@ -76,20 +92,57 @@ class DataParallel(nn.Module):
         if len(self.device_ids) == 1:  # one device: the module itself, nothing in between
             home = self.device_ids[0]
             return self.single(self.module(*_move_to(inputs, home), **_move_to(kwargs, home)))
-        # (B, ...) -> n chunks of about B/n on the first n devices (n <= len(device_ids))
-        inputs, kwargs = self.scatter(inputs, kwargs, self.device_ids)
-        devices = self.device_ids[: len(inputs)]
+        # (B, ...) -> chunks of the split's shares (default about B/n) on the devices used
+        devices, sizes = self.placement(inputs, kwargs)
+        inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
+        devices = devices[: len(inputs)]
         initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
         replicas = self.replicate(self.module, devices)
+        timed = self.auto is not None and self.training and torch.is_grad_enabled()
+        runs = [_Timed(r) for r in replicas] if timed else replicas
         with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
-            outputs = self.parallel_apply(replicas, inputs, kwargs, devices)
+            outputs = self.parallel_apply(runs, inputs, kwargs, devices)
+        if timed:
+            seconds = iter(r.seconds for r in runs)
+            self.auto.observe(self.last_shares, [measured(i, n, next(seconds)) if n else 0.0
+                                                 for i, n in enumerate(self.last_shares)])
+            self.auto.adjust(sum(self.last_shares))  # the next batch takes the new shares
         self.sync_buffers(replicas, inputs, kwargs)
         # n outputs of about B/n each -> one output of B on output_device
         return self.gather(outputs, self.output_device)
 
+    def weights(self) -> tuple[float, ...] | None:
+        """The split's weights now (``None``: balanced chunks)."""
+        return tuple(self.auto.weights) if self.auto is not None else self.split
+
+    def shares(self, batch: int) -> list[int] | None:
+        """Chunk sizes per device for ``batch`` samples (``None``: balanced chunks)."""
+        weights = self.weights()
+        if weights is None and self.max_share is None:
+            return None
+        if self.max_share is not None and batch > self.max_share * len(self.device_ids):
+            raise UsageError(f"a batch of {batch} does not fit max_share={self.max_share} on "
+                             f"{len(self.device_ids)} device(s)")
+        return capped(batch, weights or (1.0,) * len(self.device_ids), self.max_share)
+
+    def placement(self, inputs: tuple, kwargs: dict):
+        """``(devices, chunk_sizes)``: the devices with samples and their chunk sizes
+        (``None``: balanced), also kept as ``last_shares`` (one per device)."""
+        batch = batch_size((() if inputs is None else tuple(inputs), kwargs or {}), self.dim)
+        sizes = None if batch is None else self.shares(batch)
+        if sizes is None:
+            self.last_shares = None if batch is None else _balanced(batch, len(self.device_ids))
+            return self.device_ids, None
+        self.last_shares = sizes
+        used = [d for d, n in zip(self.device_ids, sizes) if n]
+        return used or self.device_ids[:1], [n for n in sizes if n] or [0]
+
     # -- the steps, one line each, so that subclasses can change one ---------------------------
-    def scatter(self, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device]):
-        return split_inputs(inputs, kwargs, device_ids, self.dim)
+    def scatter(self, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device],
+                chunk_sizes: Sequence[int] | None = None):
+        if chunk_sizes is None:
+            return split_inputs(inputs, kwargs, device_ids, self.dim)
+        return scatter_kwargs(inputs, kwargs, device_ids, self.dim, chunk_sizes)
 
     def replicate(self, module: nn.Module, device_ids: Sequence[torch.device]) -> list[nn.Module]:
         return replicate(module, device_ids)
@@ -110,7 +163,28 @@ class DataParallel(nn.Module):
 
     def extra_repr(self) -> str:
         devices = ", ".join(str(d) for d in self.device_ids)
-        return f"device_ids=[{devices}], output_device={self.output_device}, buffers={self.buffer_policy!r}"
+        split = "" if self.weights() is None else f", split={self.weights()}"
+        return (f"device_ids=[{devices}], output_device={self.output_device}, "
+                f"buffers={self.buffer_policy!r}{split}")
+
+
+class _Timed:
+    """Call a replica and keep the seconds it took (``--split auto`` measures speeds)."""
+
+    def __init__(self, module):
+        self.module, self.seconds = module, 0.0
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.module(*args, **kwargs)
+        finally:
+            self.seconds = time.perf_counter() - start
+
+
+def _balanced(batch: int, devices: int) -> list[int]:
+    sizes = chunk_sizes(batch, devices)
+    return sizes + [0] * (devices - len(sizes))
 
 
 class DataParallelModel(DataParallel):

@@ -15,16 +15,15 @@ from torch import nn
 
 from tandem.parallel import DataParallelCriterion, DataParallelModel, scatter, traffic
 
-from .base import StepOutput, Strategy, register
-from .dp import REPLICAS_NOT_COMPILED, prepare_replicated
+from .base import StepOutput, register
+from .dp import ReplicatedStrategy, prepare_replicated
 
 __all__ = ["BalancedStrategy"]
 
 
 @register
-class BalancedStrategy(Strategy):
+class BalancedStrategy(ReplicatedStrategy):
     name = "balanced"
-    compile_unsupported = REPLICAS_NOT_COMPILED
 
     def __init__(self, devices, **kwargs):
         super().__init__(devices, **kwargs)
@@ -32,8 +31,7 @@ class BalancedStrategy(Strategy):
         self._criteria: dict[int, tuple[Callable, DataParallelCriterion]] = {}
 
     def setup(self, model: nn.Module) -> nn.Module:
-        return DataParallelModel(prepare_replicated(self, model), device_ids=self.devices,
-                                 output_device=self.device, buffers=self.buffers)
+        return DataParallelModel(prepare_replicated(self, model), **self.wrapper_options())
 
     def _parallel_criterion(self, criterion: Callable) -> DataParallelCriterion:
         key = id(criterion)
@@ -47,7 +45,8 @@ class BalancedStrategy(Strategy):
                      targets: torch.Tensor) -> StepOutput:
         outputs = [self.logits(o) for o in wrapped(images)]  # one chunk per used device
         loss = self._parallel_criterion(criterion)(outputs, targets)
-        chunks = scatter(targets, [o.device for o in outputs])
+        chunks = scatter(targets, [o.device for o in outputs],
+                         chunk_sizes=[o.shape[0] for o in outputs])  # the outputs' shares
         if len(chunks) != len(outputs):
             raise RuntimeError(
                 f"balanced: {len(outputs)} output chunks but targets split into {len(chunks)}"

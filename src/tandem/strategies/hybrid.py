@@ -12,14 +12,14 @@ from torch import nn
 from tandem.hybrid import HybridParallel
 from tandem.hybrid.layout import head_problem
 
-from .base import Strategy, register
-from .dp import prepare_replicated
+from .base import register
+from .dp import ReplicatedStrategy, prepare_replicated
 
 __all__ = ["HybridStrategy"]
 
 
 @register
-class HybridStrategy(Strategy):
+class HybridStrategy(ReplicatedStrategy):
     name = "hybrid"
     portable_optimizer_state = False
     compile_unsupported = "its features and classifier shards would each need compiling"
@@ -29,6 +29,5 @@ class HybridStrategy(Strategy):
         return head_problem(model, hybrid_head)
 
     def setup(self, model: nn.Module) -> nn.Module:
-        return HybridParallel(prepare_replicated(self, model), device_ids=self.devices,
-                              output_device=self.device, buffers=self.buffers,
-                              head=self.hybrid_head)
+        return HybridParallel(prepare_replicated(self, model), head=self.hybrid_head,
+                              **self.wrapper_options())

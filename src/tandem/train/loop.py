@@ -22,6 +22,8 @@ from torch import nn
 from tandem import checkpoint
 from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
+from tandem.data.loader import PREFETCH
+from tandem.parallel.split import capped, format_shares
 from tandem.strategies import Strategy
 
 from . import diverged
@@ -82,7 +84,8 @@ class Trainer:
                                 seed=self.cfg.run.seed, epoch=epoch,
                                 workers=self.cfg.data.workers, rank=s.rank,
                                 world_size=s.world_size, start_batch=start_batch,
-                                pin_memory=s.device.type == "cuda")
+                                pin_memory=s.device.type == "cuda",
+                                split=s.data_split if train else None)
 
     def device_batch(self, images: torch.Tensor, targets: torch.Tensor):
         """Copy a batch to the device; uint8 images are normalised there (train and val
@@ -141,6 +144,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.scheduler.step()
                 pos.batch, pos.step = index + 1, pos.step + 1
+                self._rebalance(progress)
                 if look:
                     look = False
                     self._check_finite(meter)
@@ -158,6 +162,24 @@ class Trainer:
         finally:
             progress.close()
         return meter, stopped, carried_seconds + time.perf_counter() - start
+
+    def batch_shares(self) -> dict | None:
+        """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""
+        s = self.strategy
+        weights = s.shares(self.model)
+        if weights is None:
+            return None
+        sizes = capped(self.cfg.optim.batch_size, weights, s.max_share)
+        return {str(i): n for i, n in enumerate(sizes)}
+
+    def _rebalance(self, progress: Progress) -> None:
+        """``--split auto``: let the strategy move the shares; say so when they moved."""
+        s, pos = self.strategy, self.position
+        ahead = self.cfg.data.workers * PREFETCH  # batches the loader has drawn already
+        if s.rebalance(self.model, pos.epoch, pos.batch, ahead) and s.is_main:
+            progress.shares = format_shares(self.batch_shares().values())
+            progress.note(f"step {pos.step}: split {progress.shares} "
+                          f"(samples per device of {self.cfg.optim.batch_size})")
 
     def _carried_meter(self) -> tuple[Meter, float]:
         """A meter holding the carried sums of this epoch (on the main process only)."""
@@ -208,6 +230,7 @@ class Trainer:
             rng=checkpoint.capture_rng(),
             data_position=pos.as_dict(),
             epoch_progress=progress,
+            split=self.strategy.split_state(self.model),
             config=self.config_dict,
         )
         state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
@@ -273,6 +296,8 @@ class Trainer:
                 "seconds": seconds,
                 "peak_memory_mb": peak_memory_mb(s.devices),
             }
+            if self.batch_shares() is not None:
+                record["split"] = self.batch_shares()
             with stop.critical():
                 self.save(is_best, progress=_progress(train, seconds) if stopped else None)
                 if s.is_main and train.count:  # a row only for an epoch that trained

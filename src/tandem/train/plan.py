@@ -22,7 +22,8 @@ from tandem.errors import UsageError
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
-from tandem.strategies import Strategy, create_strategy
+from tandem.parallel.split import check_max_share, check_weights, parse_split
+from tandem.strategies import Strategy, create_strategy, strategy_names
 from tandem.strategies.compile import check_compile
 
 from . import foreign
@@ -96,6 +97,8 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
             return line
         check_launched(cfg, ckpt, given)
     strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+    check_max_share(cfg.optim.batch_size, strategy.split or "auto", strategy.share_count,
+                    cfg.parallel.max_share)
     run, source = RunDir(cfg.run.out), None
     continues = ckpt is not None and not foreign.is_foreign(ckpt)
     if continues:
@@ -120,6 +123,14 @@ def check_model(strategy: Strategy, model: nn.Module) -> None:
         raise UsageError(f"--strategy {strategy.name} {problem}")
 
 
+def _split(cfg: ParallelConfig) -> dict:
+    """The strategy's ``split`` and ``max_share`` keywords (none when not asked for)."""
+    if cfg.split is None and cfg.max_share is None:
+        return {}
+    return {"split": None if cfg.split is None else parse_split(cfg.split),
+            "max_share": cfg.max_share}
+
+
 def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
               model: nn.Module | None = None) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
@@ -127,7 +138,14 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
     strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
                                sync_bn=cfg.sync_bn, buffers=cfg.buffers,
                                output_key=model_cfg.output_key,
-                               hybrid_head=model_cfg.hybrid_head)
+                               hybrid_head=model_cfg.hybrid_head, **_split(cfg))
+    if (cfg.split or cfg.max_share) and not strategy.splits_batch:
+        flag = "--split" if cfg.split else "--max-share"
+        raise UsageError(f"{flag} needs a strategy that splits the batch "
+                         f"({', '.join(strategy_names(splits_batch=True))}), not --strategy "
+                         f"{cfg.strategy}")
+    if strategy.split not in (None, "auto"):
+        check_weights(strategy.split, strategy.share_count, "--split")
     for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
         if on and strategy.device.type != "cuda":
             raise UsageError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "

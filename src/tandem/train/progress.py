@@ -37,6 +37,14 @@ class Progress:
         self.bar = tqdm(total=total, initial=initial, desc=desc, unit="batch", dynamic_ncols=True,
                         leave=True, file=sys.stderr) if bar else None
         self.batch = initial
+        self.shares = ""  # the devices' shares of a batch, once --split auto moved them
+
+    def note(self, line: str) -> None:
+        """Print ``line`` now (above the bar when there is one); ``shares`` shows it after."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, flush=True)
 
     def update(self, images: int, meter) -> bool:
         """Count one batch of ``images``; show ``meter``'s running values when due.
@@ -62,8 +70,9 @@ class Progress:
 
     def _values(self, meter, now: float) -> str:
         rate = self.images / max(now - self.start, 1e-9)
+        shares = f" split {self.shares}" if self.shares else ""
         return (f"loss {meter.loss:.4f} acc {meter.acc:.2f}% acc5 {meter.acc5:.2f}% "
-                f"{rate:.0f} img/s")
+                f"{rate:.0f} img/s{shares}")
 
     def close(self) -> None:
         if self.bar is not None:

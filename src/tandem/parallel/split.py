@@ -1,0 +1,233 @@
+"""Batch shares by weight: how many samples of a batch each device (or rank) takes.
+
+``shares(batch, weights)`` gives each device its proportional share of ``batch``, rounded by
+largest remainder so that they sum to ``batch`` (ties go to the lower index, so it is
+deterministic). A device may get 0 samples: weight 0, or a batch smaller than the device
+count. The update does not depend on the shares (every wrapper computes the whole-batch
+loss); only the time a step takes does. :class:`AutoSplit` moves the weights toward measured
+speeds (``--split auto``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Sequence
+
+from tandem.errors import UsageError
+
+__all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
+           "AUTO", "format_shares", "measured", "CLOCK_VAR", "split_report"]
+
+AUTO = "auto"
+#: per-sample seconds per device (``"2,1"``) that replace what ``--split auto`` measures: for
+#: tests and demos that must decide the same shares on every run
+CLOCK_VAR = "TANDEM_SPLIT_CLOCK"
+
+
+def measured(index: int, samples: int, seconds: float) -> float:
+    """``seconds``, or what :data:`CLOCK_VAR` says device ``index`` takes for ``samples``."""
+    fake = os.environ.get(CLOCK_VAR)
+    if not fake:
+        return seconds
+    per_sample = [float(v) for v in fake.split(",")]
+    return samples * per_sample[index % len(per_sample)]
+
+
+def parse_split(text: str, flag: str = "--split") -> tuple[float, ...] | str:
+    """``"3,1"`` -> ``(3.0, 1.0)``; ``"auto"`` -> ``"auto"``; anything else a one-line error."""
+    text = text.strip()
+    if text == AUTO:
+        return AUTO
+    try:
+        weights = tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise UsageError(f"bad {flag} {text!r}: give weights like 3,1 (one per device) "
+                         f"or auto") from None
+    return check_weights(weights, None, flag)
+
+
+def check_weights(weights: Sequence[float], devices: int | None, name: str = "split"
+                  ) -> tuple[float, ...]:
+    """``weights`` as a tuple of floats, once known to be one finite, non-negative weight per
+    device (``devices``; ``None``: any count) and not all zero."""
+    weights = tuple(float(w) for w in weights)
+    shown = ",".join(f"{w:g}" for w in weights)
+    if devices is not None and len(weights) != devices:
+        raise UsageError(f"bad {name} {shown}: {len(weights)} weight(s) for {devices} "
+                         f"device(s); give one per device")
+    if not weights or any(not math.isfinite(w) or w < 0 for w in weights):
+        raise UsageError(f"bad {name} {shown}: weights must be finite and >= 0")
+    if not any(weights):
+        raise UsageError(f"bad {name} {shown}: at least one weight must be above 0")
+    return weights
+
+
+def shares(batch: int, weights: Sequence[float]) -> list[int]:
+    """Samples per device for ``batch``: proportional to ``weights``, largest remainder."""
+    total = float(sum(weights))
+    exact = [batch * w / total for w in weights]
+    out = [math.floor(x) for x in exact]
+    left = batch - sum(out)
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - out[i]), i))
+    for i in order[:left]:
+        out[i] += 1
+    return out
+
+
+def check_max_share(batch: int, weights: Sequence[float] | str, devices: int,
+                    max_share: int | None, what: str = "--batch-size") -> None:
+    """Refuse, in one line, a batch whose shares would give a device more than ``max_share``
+    samples (``weights`` may be ``"auto"``: then the batch must fit the caps at all)."""
+    if max_share is None:
+        return
+    if batch > max_share * devices:
+        raise UsageError(f"{what} {batch} does not fit --max-share {max_share} on {devices} "
+                         f"device(s): at most {max_share * devices}")
+    if weights == AUTO:
+        return
+    sizes = shares(batch, weights)
+    worst = max(range(len(sizes)), key=lambda i: sizes[i])
+    if sizes[worst] > max_share:
+        raise UsageError(f"--split {format_shares(weights)} gives device {worst} "
+                         f"{sizes[worst]} of {batch} samples, over --max-share {max_share}")
+
+
+def capped(batch: int, weights: Sequence[float], max_share: int | None) -> list[int]:
+    """:func:`shares`, with what is over ``max_share`` moved to the devices under it (in
+    proportion to their weights); the caps must hold ``batch`` (see :func:`check_max_share`)."""
+    sizes = shares(batch, weights)
+    if max_share is None:
+        return sizes
+    fixed = [s >= max_share for s in sizes]
+    while True:
+        free = [w if not f else 0.0 for w, f in zip(weights, fixed)]
+        rest = batch - max_share * sum(fixed)
+        if not any(free):
+            free = [0.0 if f else 1.0 for f in fixed]
+        part = shares(rest, free) if any(free) else [0] * len(weights)
+        sizes = [max_share if f else p for f, p in zip(fixed, part)]
+        over = [not f and s > max_share for f, s in zip(fixed, sizes)]
+        if not any(over):
+            return sizes
+        fixed = [f or o for f, o in zip(fixed, over)]
+
+
+def format_shares(values: Sequence[float]) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def split_report(batch: int, devices: int, weights: Sequence[float] | None = None,
+                 per_sample: Sequence[float] | None = None, sample_bytes: int = 0,
+                 unit: str | None = None) -> list[str]:
+    """What a split costs, one line each: the shares, the input bytes sent to devices other
+    than device 0, and the expected step time, ``max_i(share_i * per_sample_i)`` (the slowest
+    device sets the pace), next to the even and the ideal split's. ``per_sample``: each
+    device's time per sample, in seconds unless ``unit`` says (default 1 each: the time of one
+    sample on one device)."""
+    weights = tuple(weights) if weights is not None else (1.0,) * devices
+    times = list(per_sample) if per_sample is not None else [1.0] * devices
+    if len(times) != devices:
+        raise UsageError(f"per_sample has {len(times)} entries for {devices} device(s)")
+
+    def pace(sizes):
+        return max(n * t for n, t in zip(sizes, times))
+
+    sizes = shares(batch, weights)
+    ideal = shares(batch, [1.0 / t for t in times])
+    unit = unit or ("s" if per_sample is not None else " sample-times")
+    return [f"split {format_shares(sizes)} of {batch} (weights {format_shares(weights)}): "
+            f"{(batch - sizes[0]) * sample_bytes / 1e6:.2f} MB of inputs leave device 0",
+            f"expected step (slowest device): {pace(sizes):g}{unit}; even split "
+            f"{format_shares(shares(batch, [1.0] * devices))}: "
+            f"{pace(shares(batch, [1.0] * devices)):g}{unit}; ideal split "
+            f"{format_shares(ideal)}: {pace(ideal):g}{unit}"]
+
+
+class AutoSplit:
+    """Weights that follow the devices' measured speeds (``--split auto``).
+
+    :meth:`observe` takes each device's seconds for its chunk of one step; the per-sample
+    time of each device is a running mean of what it measured (a device with an empty chunk
+    keeps its estimate). :meth:`adjust` sets the weights to the speeds (1 / time per sample)
+    after ``warmup`` observed steps, then every ``every`` steps, at the first step of a new
+    epoch (:meth:`at_epoch`), and whenever a step's imbalance (slowest over fastest chunk
+    time, minus 1) passes ``threshold``; it returns True when the weights changed. The state
+    is a plain dict (:meth:`state_dict`), saved in checkpoints so that a resumed run takes
+    the same shares.
+    """
+
+    def __init__(self, devices: int, *, warmup: int = 2, every: int | None = None,
+                 threshold: float = 0.25, smoothing: float = 0.5):
+        self.weights = [1.0] * devices
+        self.per_sample: list[float | None] = [None] * devices
+        self.warmup, self.every = warmup, every
+        self.threshold, self.smoothing = threshold, smoothing
+        self.seen = 0  # steps observed
+        self.since = 0  # steps since the last adjustment
+        self.imbalance = 0.0  # of the last observed step
+        self.epoch: int | None = None  # the epoch under way (at_epoch)
+        self.force = False  # adjust at the next chance (a new epoch began)
+
+    def at_epoch(self, epoch: int) -> None:
+        """Say which epoch is under way; a new one makes the next :meth:`adjust` due."""
+        if self.epoch is not None and epoch != self.epoch:
+            self.force = True
+        self.epoch = epoch
+
+    def observe(self, sizes: Sequence[int], seconds: Sequence[float]) -> None:
+        """One step: ``sizes[i]`` samples took device ``i`` ``seconds[i]``."""
+        times = []
+        for i, (n, t) in enumerate(zip(sizes, seconds)):
+            if n <= 0:
+                continue
+            times.append(t)
+            now = t / n
+            old = self.per_sample[i]
+            self.per_sample[i] = now if old is None else (
+                self.smoothing * old + (1 - self.smoothing) * now)
+        fastest = min(times) if times else 0.0
+        self.imbalance = max(times) / fastest - 1 if fastest > 0 else 0.0
+        self.seen += 1
+        self.since += 1
+
+    def target(self) -> list[float]:
+        """Speeds (samples per second); an unmeasured device is taken as fast as the mean."""
+        known = [1.0 / p for p in self.per_sample if p]
+        mean = sum(known) / len(known) if known else 1.0
+        return [1.0 / p if p else mean for p in self.per_sample]
+
+    def adjust(self, batch: int | None = None) -> bool:
+        """Move the weights to the speeds when it is time (see the class doc); with
+        ``batch``, only when that changes the batch's :func:`shares`."""
+        later = self.seen > self.warmup
+        due = (self.seen == self.warmup
+               or (later and self.every and self.since >= self.every)
+               or (later and (self.force or self.imbalance > self.threshold)))
+        if not due:
+            return False
+        self.force = False
+        target = self.target()
+        total = sum(target)
+        new = [round(t / total, 6) for t in target]
+        self.since = 0
+        if new == self.weights or (batch is not None
+                                   and shares(batch, new) == shares(batch, self.weights)):
+            return False
+        self.weights = new
+        return True
+
+    def state_dict(self) -> dict:
+        return {"weights": list(self.weights), "per_sample": list(self.per_sample),
+                "seen": self.seen, "since": self.since, "imbalance": self.imbalance,
+                "epoch": self.epoch, "force": self.force}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["weights"]) != len(self.weights):
+            raise UsageError(f"the checkpoint's split has {len(state['weights'])} shares for "
+                             f"{len(self.weights)} device(s)")
+        self.weights = [float(w) for w in state["weights"]]
+        self.per_sample = list(state["per_sample"])
+        self.seen, self.since = int(state["seen"]), int(state["since"])
+        self.imbalance = float(state["imbalance"])
+        self.epoch, self.force = state.get("epoch"), bool(state.get("force", False))
