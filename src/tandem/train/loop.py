@@ -22,6 +22,7 @@ from torch import nn
 from tandem import checkpoint
 from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
+from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 
 from . import diverged
@@ -94,8 +95,8 @@ class Trainer:
         return images, targets.to(device, non_blocking=True)
 
     def _autocast(self):
-        return torch.autocast(self.strategy.device.type, dtype=torch.float16,
-                              enabled=self.cfg.parallel.amp)
+        p = self.cfg.parallel
+        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype).autocast()
 
     @property
     def run_dir(self) -> RunDir:

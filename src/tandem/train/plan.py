@@ -22,6 +22,7 @@ from tandem.errors import UsageError
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
+from tandem.precision import amp_precision
 from tandem.strategies import Strategy, create_strategy
 from tandem.strategies.compile import check_compile
 
@@ -125,10 +126,7 @@ def _strategy(cfg: ParallelConfig, arch: str, model: nn.Module | None = None) ->
     ``model`` (else ``arch``) with the options asked for."""
     strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
                                sync_bn=cfg.sync_bn, buffers=cfg.buffers)
-    for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
-        if on and strategy.device.type != "cuda":
-            raise UsageError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
-                             f"{strategy.device}")
+    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype)  # one line where it cannot run
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
     if model is None and not is_reference(arch):  # a factory's: once built (train.run)
