@@ -45,7 +45,7 @@ def test_every_config_field_has_exactly_one_flag():
 
 def test_the_flags_are_the_ones_it_had_plus_the_fields_that_had_none():
     flags = {s for a in _bench_parser()._actions for s in a.option_strings}
-    assert flags == _FLAGS_BEFORE | {"--lr", "--no-cudnn-benchmark"}
+    assert flags == _FLAGS_BEFORE | {"--lr", "--no-cudnn-benchmark", "--variants"}
 
 
 def test_parsing_the_defaults_gives_the_default_config():
