@@ -172,3 +172,14 @@ def test_bench_variants_replace_the_amp_and_channels_last_flags(capsys):
     assert main(["bench", "-a", "cifar_resnet20", "--devices", "cpu", "--variants", "amp",
                  "--amp"]) == 2
     assert "leave out --amp and --channels-last" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+def test_bench_variants_reach_the_torchrun_phase():
+    config = BenchConfig(arch="cifar_resnet20", strategies="ddp", devices="cpu:2",
+                         baselines="torch_ddp", batch_size=4, steps=1, warmup=1, image_size=8,
+                         num_classes=5, variants="fp32,amp+cl")
+    results = {r["name"]: r for r in run_bench(config)["results"]}
+    assert list(results) == ["ddp", "ddp+amp+cl", "torch_ddp", "torch_ddp+amp+cl"]
+    for name, r in results.items():
+        assert r["status"] == "ok" and r["phase"] == "torchrun", (name, r["reason"])
