@@ -65,6 +65,7 @@ class BenchConfig:
     ``image_size``/``num_classes`` default to the model's own. ``threads`` is intra-op threads
     per replica (default: torch's choice here, divided by N in each of N torchrun workers).
     ``compile`` adds a ``<name>+compile`` twin of every contestant; its warm-up step compiles.
+    ``variants`` races ``<name>+cl``, ``+amp`` and ``+amp+cl`` twins (:mod:`.variants`).
     """
 
     arch: str = opt(MISSING, "model name (see `tandem models`); required unless --data times "

@@ -2,7 +2,8 @@
 
 Every contestant gets a deep copy of one seeded template model and the same batch. In-process
 contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``torch_ddp`` in a
-torchrun subprocess. ``+compile`` twins compile in their warm-up step (``first_step_s``).
+torchrun subprocess. ``--variants`` twins (:mod:`~tandem.bench.variants`) race next to each
+other; ``+compile`` twins compile in their warm-up step (``first_step_s``).
 A skipped or failed contestant is reported with its reason and never stops the others.
 """
 
