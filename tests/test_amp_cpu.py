@@ -183,3 +183,14 @@ def test_bench_variants_reach_the_torchrun_phase():
     assert list(results) == ["ddp", "ddp+amp+cl", "torch_ddp", "torch_ddp+amp+cl"]
     for name, r in results.items():
         assert r["status"] == "ok" and r["phase"] == "torchrun", (name, r["reason"])
+
+
+@pytest.mark.slow
+def test_with_compile_it_trains_and_evaluates(tmp_path):
+    """--compile --amp --channels-last: compiled under bf16 autocast (minutes cold, seconds
+    with inductor's cache warm)."""
+    ok(run_in_process("train", *TINY, "--devices", "cpu", *FAST, "--compile", "--max-steps", "2",
+                      "--out", tmp_path))
+    result = ok(run_in_process("eval", "--resume", tmp_path / "checkpoint.pt", "--devices", "cpu",
+                               *FAST, "--compile", "--json"))
+    assert json.loads(result.stdout.strip().splitlines()[-1])["count"] > 0
