@@ -43,8 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=50, help="timed steps per contestant")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--amp-dtype", choices=["bf16", "fp16"], default="fp16",
-                   help="fp16 (with a GradScaler, as `tandem train --amp`) or bf16")
+    p.add_argument("--amp-dtype", choices=["bf16", "fp16"], default=None,
+                   help="fp16 (with a GradScaler) or bf16; default: as `tandem train --amp` "
+                        "on the device (fp16 on CUDA, bf16 on the CPU)")
     p.add_argument("--no-amp", action="store_true")
     p.add_argument("--no-channels-last", action="store_true")
     p.add_argument("--json", metavar="PATH", help="write the full report ('-' for stdout)")

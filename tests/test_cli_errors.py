@@ -43,8 +43,8 @@ def test_train_usage_errors(argv, needles, tmp_path):
 @pytest.mark.parametrize("argv, needles", [
     (["--devices", "tpu"], ["tpu"]),
     (["-b", "0"], ["--batch-size"]),
-    (["--amp"], ["--amp", "CUDA"]),
-    (["--channels-last"], ["--channels-last", "CUDA"]),
+    (["--amp", "--amp-dtype", "fp16"], ["--amp-dtype fp16", "CUDA"]),  # the CPU's is bf16
+    (["--amp-dtype", "bf16"], ["--amp-dtype bf16 needs --amp"]),
     (["--resume", "no/such/checkpoint.pt"], ["no/such/checkpoint.pt"]),
     (["--strategy", "hybrid", "--devices", "cpu:2", "--hybrid-head", "head"],
      ["--strategy hybrid", "looked for .head on ResNet", "(its children: "]),

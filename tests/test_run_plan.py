@@ -69,8 +69,7 @@ def test_the_same_command_into_a_new_directory_reaches_data_and_launch(tmp_path,
 
 
 @pytest.mark.parametrize("section, values, message", [
-    ("parallel", {"amp": True}, "--amp needs a CUDA device"),
-    ("parallel", {"channels_last": True}, "--channels-last needs a CUDA device"),
+    ("parallel", {"amp": True, "amp_dtype": "fp16"}, "--amp-dtype fp16 is for CUDA"),
     ("parallel", {"compile": True, "strategy": "dp", "devices": "cpu:2"},
      "--compile does not work with --strategy dp"),
     ("parallel", {"devices": "tpu:3"}, "--devices"),

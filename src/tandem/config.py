@@ -17,6 +17,7 @@ from typing import Any, Callable
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.split import parse_split
+from tandem.precision import AMP_DTYPES
 from tandem.strategies import strategy_names
 from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
 from tandem.errors import UsageError
@@ -189,11 +190,16 @@ class ParallelConfig:
     sync_bn: bool = opt(False, "batch norm over the whole global batch (SyncBatchNorm)")
     buffers: str = opt("replica0", "dp: which replicas' batch-norm running stats to keep",
                        choices=POLICIES)
-    amp: bool = opt(False, "mixed precision (float16 autocast + grad scaling); CUDA only")
+    amp: bool = opt(False, "mixed precision: bf16 autocast on a CPU with bf16 instructions; "
+                    "on CUDA fp16 autocast + grad scaling (see --amp-dtype). Weights and "
+                    "checkpoints stay float32")
+    amp_dtype: str | None = opt(None, "with --amp: bf16 or fp16 (default: the device's, bf16 "
+                                "on the CPU, fp16 + grad scaling on CUDA)", choices=AMP_DTYPES)
     dtype: str = opt("float32", "weights and activations: float64 is for checking exactness, "
                      "where every strategy matches single to about 1e-12 instead of float32's "
                      "rounding (several times slower)", choices=DTYPES)
-    channels_last: bool = opt(False, "channels-last memory format; CUDA only",
+    channels_last: bool = opt(False, "channels-last (NHWC) memory format for the model and "
+                              "its inputs",
                               on_resume=MAY_CHANGE)
     # Compiling changes how the step runs, not what it computes: a run may change it on resume.
     compile: bool = opt(False, f"compile the model with torch.compile (with "
@@ -215,7 +221,10 @@ class ParallelConfig:
         _check_choice(self.buffers, POLICIES, "--buffers")
         _check_choice(self.dtype, DTYPES, "--dtype")
         _check(not (self.amp and self.dtype != "float32"),
-               f"--amp mixes float16 into float32 work; it cannot run with --dtype {self.dtype}")
+               f"--amp mixes bf16/fp16 into float32 work; it cannot run with --dtype {self.dtype}")
+        if self.amp_dtype is not None:
+            _check_choice(self.amp_dtype, AMP_DTYPES, "--amp-dtype")
+            _check(self.amp, f"--amp-dtype {self.amp_dtype} needs --amp")
         if self.split is not None:
             parse_split(self.split)
         _check(self.max_share is None or self.max_share >= 1,

@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.precision import Precision
 from tandem.strategies import compile as compiling
 
-from .contestants import COMPILED, Amp, Contestant, TrainStep, place, module_tensors, skipped
+from .contestants import COMPILED, Contestant, TrainStep, place, module_tensors, skipped
 
 __all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_contestant",
            "torch_dp_skip_reason", "torch_ddp_skip_reason"]
@@ -22,7 +23,7 @@ __all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_con
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 
-def bare_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Amp,
+def bare_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Precision,
                     lr: float, channels_last: bool = False, compiled: bool = False,
                     compile_mode: str | None = None) -> Contestant:
     """The whole global batch through ``model`` on ``devices[0]``, written by hand."""
@@ -52,7 +53,7 @@ def torch_dp_skip_reason(devices: list[torch.device], compiled: bool = False) ->
     return None
 
 
-def torch_dp_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Amp,
+def torch_dp_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp: Precision,
                         lr: float, channels_last: bool = False) -> Contestant:
     """``torch.nn.DataParallel`` over the distinct CUDA ``devices``, gathering on the first."""
     reason = torch_dp_skip_reason(devices)
@@ -83,7 +84,7 @@ def torch_ddp_skip_reason(devices: list[torch.device], sync_bn: bool = False) ->
     return None
 
 
-def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: Amp, lr: float,
+def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: Precision, lr: float,
                          channels_last: bool = False, sync_bn: bool = False,
                          compiled: bool = False, compile_mode: str | None = None) -> Contestant:
     """This process's share of ``DistributedDataParallel`` (``nn.SyncBatchNorm`` if ``sync_bn``).

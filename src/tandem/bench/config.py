@@ -11,6 +11,7 @@ from tandem.strategies.compile import COMPILE_MODES
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.devices import parse_device_spec
 from tandem.errors import UsageError
+from tandem.precision import AMP_DTYPES, amp_precision
 
 __all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_strategies"]
 
@@ -25,7 +26,6 @@ def default_strategies() -> tuple[str, ...]:
 
 # Plain-torch baselines (see tandem.bench.baselines); torch_ddp also runs under torchrun.
 BASELINES = ("bare", "torch_dp", "torch_ddp")
-AMP_DTYPES = ("bf16", "fp16")
 
 
 def parse_names(text, valid: tuple[str, ...], flag: str, allow_empty: bool = False
@@ -66,6 +66,7 @@ class BenchConfig:
     ``image_size``/``num_classes`` default to the model's own. ``threads`` is intra-op threads
     per replica (default: torch's choice here, divided by N in each of N torchrun workers).
     ``compile`` adds a ``<name>+compile`` twin of every contestant; its warm-up step compiles.
+    ``variants`` races ``<name>+cl``, ``+amp`` and ``+amp+cl`` twins (:mod:`.variants`).
     """
 
     arch: str = opt(MISSING, "model name (see `tandem models`); required unless --data times "
@@ -81,9 +82,15 @@ class BenchConfig:
                                  metavar="PX")
     num_classes: int | None = opt(None, "classifier outputs (default: 10 for cifar_*, else "
                                   "1000)", metavar="K")
-    amp: bool = opt(False, "autocast (see --amp-dtype)")
-    amp_dtype: str = opt("fp16", "fp16 adds a GradScaler", choices=AMP_DTYPES)
+    amp: bool = opt(False, "autocast as `tandem train --amp`: bf16 on the CPU, fp16 + "
+                    "GradScaler on CUDA (see --amp-dtype)")
+    amp_dtype: str | None = opt(None, "bf16, or fp16 (adds a GradScaler; CUDA only); default: "
+                                "the device's", choices=AMP_DTYPES)
     channels_last: bool = opt(False, "NHWC model and inputs")
+    variants: tuple[str, ...] | None = opt(
+        None, "race these twins of every contestant, interleaved: comma list of "
+        "fp32,cl,amp,amp+cl (cl: channels-last; amp: as --amp); instead of --amp and "
+        "--channels-last", metavar="LIST")
     sync_bn: bool = opt(False, "strategies use SyncBatchNorm")
     buffers: str = opt(POLICIES[0], "dp: which replicas' batch-norm running stats to keep",
                        choices=POLICIES)
@@ -126,8 +133,15 @@ class BenchConfig:
                 raise UsageError(f"bad {name} {getattr(self, name)!r}: must be >= 1")
         if self.warmup < 0:
             raise UsageError(f"bad warmup {self.warmup!r}: must be >= 0")
-        if self.amp_dtype not in AMP_DTYPES:
+        if self.amp_dtype is not None and self.amp_dtype not in AMP_DTYPES:
             raise UsageError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
+        if self.variants is not None:
+            from .variants import VARIANTS
+
+            self.variants = parse_names(self.variants, VARIANTS, "--variants")
+            if self.amp or self.channels_last:
+                raise UsageError("--variants names each twin's precision and layout; leave out "
+                                 "--amp and --channels-last")
         if self.buffers not in POLICIES:
             raise UsageError(f"bad buffers {self.buffers!r}: choose replica0 or average")
         if self.threads is not None and self.threads < 1:
@@ -142,6 +156,8 @@ class BenchConfig:
         if self.dist_timeout <= 0:
             raise UsageError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
         self.device_list = parse_device_spec(self.devices, "--devices")
+        if self.amp or any("amp" in v for v in self.variants or ()):  # one line where it can't
+            amp_precision(self.device_list[0].type, True, self.amp_dtype)
         self.handicap_spec()  # a bad --handicap is refused here
 
     def handicap_spec(self) -> tuple[int, float] | None:
@@ -172,6 +188,8 @@ class BenchConfig:
         data = asdict(self)
         data["strategies"] = list(self.strategies)
         data["baselines"] = list(self.baselines)
+        if self.variants is not None:
+            data["variants"] = list(self.variants)
         data["device_list"] = [str(d) for d in self.device_list]
         return data
 

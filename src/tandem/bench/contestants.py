@@ -7,16 +7,15 @@ contestants can be interleaved step by step without sharing state.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
 from torch import nn
-from tandem.errors import UsageError
+from tandem.precision import Precision
 
-__all__ = ["COMPILED", "SPLITS", "Amp", "Contestant", "Handicap", "TrainStep", "synthetic_batch",
+__all__ = ["COMPILED", "SPLITS", "Contestant", "Handicap", "TrainStep", "synthetic_batch",
            "module_tensors", "strategy_contestant", "skipped", "place", "split_of"]
 
 COMPILED = "+compile"  # suffix of a contestant's compiled twin ("single+compile")
@@ -81,28 +80,6 @@ def _replica_index() -> int:
     return here.index if here is not None else int(os.environ.get("RANK", "0"))
 
 
-@dataclass(frozen=True)
-class Amp:
-    """Mixed precision: ``enabled`` turns on autocast with ``dtype`` (``"bf16"`` or ``"fp16"``).
-
-    fp16 (the default) also scales the loss with a ``GradScaler``; bf16 needs no scaling.
-    """
-
-    enabled: bool = False
-    dtype: str = "fp16"
-
-    def __post_init__(self):
-        if self.dtype not in ("bf16", "fp16"):
-            raise UsageError(f"bad amp dtype {self.dtype!r}: choose bf16 or fp16")
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.dtype == "bf16" else torch.float16
-
-    def describe(self) -> str:
-        return f"amp {self.dtype}" if self.enabled else "fp32"
-
-
 @dataclass
 class Contestant:
     """One column of the race: ``step()`` runs a full training step and returns its loss.
@@ -157,25 +134,19 @@ def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
 
 
 class TrainStep:
-    """A full training step around ``forward_loss()``; SGD, momentum 0.9, weight decay 1e-4."""
+    """A full training step around ``forward_loss()``; SGD, momentum 0.9, weight decay 1e-4,
+    in ``amp``'s autocast (with a ``GradScaler`` where it scales)."""
 
     def __init__(self, forward_loss: Callable[[], torch.Tensor], params, device: torch.device,
-                 amp: Amp, lr: float):
+                 amp: Precision, lr: float):
         self.forward_loss = forward_loss
         self.optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
-        self.device_type = device.type
-        self.amp = amp
-        use_scaler = amp.enabled and amp.dtype == "fp16"
-        self.scaler = torch.amp.GradScaler(device.type) if use_scaler else None
-
-    def _autocast(self):
-        if not self.amp.enabled:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.amp.torch_dtype)
+        self.amp = amp  # as in tandem train: tandem.precision decides dtype and scaling
+        self.scaler = amp.scaler() if amp.scaled else None
 
     def __call__(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        with self._autocast():
+        with self.amp.autocast():
             loss = self.forward_loss()
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -199,7 +170,7 @@ def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
 
 
 def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device],
-                        batch: tuple[torch.Tensor, torch.Tensor], *, amp: Amp, lr: float,
+                        batch: tuple[torch.Tensor, torch.Tensor], *, amp: Precision, lr: float,
                         channels_last: bool = False, sync_bn: bool = False,
                         buffers: str = "replica0", compiled: bool = False,
                         compile_mode: str | None = None, split=None,

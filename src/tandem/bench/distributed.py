@@ -28,9 +28,9 @@ from tandem.distributed.process_group import backend_for
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .config import BenchConfig
-from .contestants import (COMPILED, Amp, Contestant, split_of, strategy_contestant,
-                          synthetic_batch)
+from .contestants import Contestant, split_of, strategy_contestant, synthetic_batch
 from .runner import empty_result, race
+from .variants import split_name
 
 __all__ = ["distributed_phase", "worker_main"]
 
@@ -52,9 +52,8 @@ def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | No
     else:
         from .suite import strategy_skip_reason
 
-        reason = strategy_skip_reason(split_of(name.removesuffix(COMPILED), None)[0], None,
-                                      config.arch,
-                                      name.endswith(COMPILED),
+        label, _, compiled = split_name(name, config)
+        reason = strategy_skip_reason(split_of(label, None)[0], None, config.arch, compiled,
                                       devices[0].type)
     if reason is None and custom_model:
         reason = "a custom model cannot be rebuilt in torchrun workers"
@@ -142,7 +141,6 @@ def worker_main(argv: list[str] | None = None) -> int:
                                       config.seed)
     shard = (images.tensor_split(world)[rank], targets.tensor_split(world)[rank])
     handicap = config.handicap_spec()
-    amp = Amp(config.amp, config.amp_dtype)
     names = args.names.split(",")
     contestants: list[Contestant] = []
     # The strategy picks its own device: entry LOCAL_RANK of an accelerator list, or the one
@@ -150,13 +148,14 @@ def worker_main(argv: list[str] | None = None) -> int:
     ddp_devices = [device] if device.type == "cpu" else config.device_list
     own_group = None
     for name in names:  # in this order on every rank, so that collectives pair up
-        compiled = name.endswith(COMPILED)
+        label, variant, compiled = split_name(name, config)  # "dp/auto", "+amp+cl", compiled
+        amp = variant.precision(device, config.amp_dtype)
         if _kind(name) == "strategy":  # the strategy may create the process group itself
             # each rank takes its share of the global batch at every step (the split's)
-            base, split = split_of(name.removesuffix(COMPILED), config.ideal_split())
+            base, split = split_of(label, config.ideal_split())
             contestant = strategy_contestant(
                 base, copy.deepcopy(template), ddp_devices, (images, targets), amp=amp,
-                lr=config.lr, channels_last=config.channels_last, sync_bn=config.sync_bn,
+                lr=config.lr, channels_last=variant.channels_last, sync_bn=config.sync_bn,
                 buffers=config.buffers, compiled=compiled, compile_mode=config.compile_mode,
                 split=split, handicap=handicap)
             contestant.name = name
@@ -168,8 +167,9 @@ def worker_main(argv: list[str] | None = None) -> int:
                 dist.init_process_group(backend_for(device))
         contestants.append(torch_ddp_contestant(
             copy.deepcopy(template), device, shard, amp=amp, lr=config.lr,
-            channels_last=config.channels_last, sync_bn=config.sync_bn, compiled=compiled,
+            channels_last=variant.channels_last, sync_bn=config.sync_bn, compiled=compiled,
             compile_mode=config.compile_mode))
+        contestants[-1].name = name
     threads = torch.get_num_threads()
     for contestant in contestants:
         contestant.notes.append(f"torchrun phase: {world} processes, {threads} torch threads each")

@@ -52,14 +52,30 @@ HEADER = ["contestant", "step ms", "IQR ms", "min..max ms", "img/s", "vs single"
           "engine bytes/step", "peak mem/device"]
 
 
+def _yes() -> bool:  # a report describes the machine it ran on, which had bf16 if it used it
+    return True
+
+
+def _precision(c: dict) -> str:
+    """The run's --amp or --variants, as ``tandem.precision`` resolves them on its device."""
+    from tandem.precision import amp_precision
+
+    device_type = c["device_list"][0].split(":")[0]
+    if c.get("variants"):
+        amp = amp_precision(device_type, True, c["amp_dtype"], has_bf16=_yes).describe() if any(
+            "amp" in v for v in c["variants"]) else ""
+        return f"variants {','.join(c['variants'])}" + (f" (amp: {amp.removeprefix('amp ')})"
+                                                        if amp else "")
+    return amp_precision(device_type, c["amp"], c["amp_dtype"], has_bf16=_yes).describe()
+
+
 def format_table(report: dict) -> str:
     """The human-readable table, with a title line describing the run."""
     c, m = report["config"], report["machine"]
     title = (f"tandem bench: {c['arch']}, global batch {c['batch_size']}, "
              f"{c['image_size']}x{c['image_size']}, devices {c['devices']} "
              f"({len(c['device_list'])}), {c['steps']} timed steps after {c['warmup']} warm-up, "
-             f"{('amp ' + c['amp_dtype']) if c['amp'] else 'fp32'}"
-             f"{', channels_last' if c['channels_last'] else ''}"
+             f"{_precision(c)}{', channels_last' if c['channels_last'] else ''}"
              f"{', sync-bn' if c['sync_bn'] else ''}; torch {m['torch']}, "
              f"{m['cpu_count']} CPUs, {m['date_utc']}")
     rows = [_row(r) for r in report["results"]]
@@ -82,6 +98,11 @@ def format_table(report: dict) -> str:
         lines.append("compiled vs eager: " + ", ".join(
             f"{r['name']} {r['speedup_vs_eager']:.2f}x" for r in compiled
             if r.get("speedup_vs_eager") is not None))
+    variants = [r for r in report["results"]
+                if "+" in r["name"].removesuffix("+compile") and r.get("speedup_vs_plain")]
+    if variants:
+        lines.append("vs its fp32 eager twin: " + ", ".join(
+            f"{r['name']} {r['speedup_vs_plain']:.2f}x" for r in variants))
     torchrun = [r["name"] for r in report["results"]
                 if r["status"] == "ok" and r["phase"] == "torchrun"]
     if torchrun:

@@ -36,6 +36,7 @@ RESULT_FIELDS = (
     "speedup_vs_single",  # single's median step time / this one's (> 1 is faster)
     "speedup_vs_bare",    # bare's median step time / this one's
     "speedup_vs_eager",   # for a "<name>+compile" twin: <name>'s median step time / this one's
+    "speedup_vs_plain",   # for a "<base>+..." twin (--variants, +compile): <base>'s / this one's
     "first_step_s",       # the first, untimed step: for a compiled twin, mostly compile time
     "bytes_per_step",     # {total, by_kind, by_dst, uncounted}: tandem's engine count, else None
     "peak_memory_bytes",  # one entry per device; None where the device reports nothing
@@ -165,7 +166,8 @@ def _result(contestant: Contestant, lane: _Lane | None, steps: int, batch_size: 
 
 
 def add_ratios(results: list[dict]) -> list[dict]:
-    """Fill ``speedup_vs_single``, ``_vs_bare`` and (twins) ``_vs_eager`` from median times."""
+    """Fill ``speedup_vs_single``, ``_vs_bare`` and (twins) ``_vs_eager`` and ``_vs_plain``
+    from median times."""
     medians = {r["name"]: r["step_time_s"]["median"] for r in results if r["status"] == "ok"}
     for result in results:
         if result["status"] != "ok":
@@ -177,4 +179,7 @@ def add_ratios(results: list[dict]) -> list[dict]:
         eager = result["name"].removesuffix(COMPILED)
         if eager != result["name"] and eager in medians:
             result["speedup_vs_eager"] = medians[eager] / own
+        plain = result["name"].partition("+")[0]  # fp32, contiguous, eager
+        if plain != result["name"] and plain in medians:
+            result["speedup_vs_plain"] = medians[plain] / own
     return results

@@ -2,7 +2,8 @@
 
 Every contestant gets a deep copy of one seeded template model and the same batch. In-process
 contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``torch_ddp`` in a
-torchrun subprocess. ``+compile`` twins compile in their warm-up step (``first_step_s``).
+torchrun subprocess. ``--variants`` twins (:mod:`~tandem.bench.variants`) race next to each
+other; ``+compile`` twins compile in their warm-up step (``first_step_s``).
 A skipped or failed contestant is reported with its reason and never stops the others.
 """
 
@@ -24,9 +25,10 @@ from tandem.strategies import Strategy, strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .config import BenchConfig
-from .contestants import (COMPILED, SPLITS, Amp, Contestant, skipped, split_of,
+from .contestants import (COMPILED, SPLITS, Contestant, skipped, split_of,
                           strategy_contestant, synthetic_batch)
 from .runner import add_ratios, race
+from .variants import Variant, variants_of
 
 __all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason",
            "result_order"]
@@ -76,10 +78,12 @@ def machine_info(devices: list[torch.device]) -> dict:
 
 
 def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Contestant:
-    """``build()``, or a ``failed`` contestant carrying the error: a broken setup is a result to
-    report, not a reason to stop the other contestants."""
+    """``build()`` named ``name``, or a ``failed`` contestant carrying the error: a broken
+    setup is a result to report, not a reason to stop the other contestants."""
     try:
-        return build()
+        contestant = build()
+        contestant.name = name  # with its variant's suffix
+        return contestant
     except Exception as exc:
         return Contestant(name=name, kind=kind, devices=list(devices),
                           failure=f"setup: {type(exc).__name__}: {first_line(exc)}")
@@ -96,37 +100,35 @@ def split_names(config: BenchConfig, name: str) -> list[str]:
 
 
 def _strategy(label: str, template: nn.Module, config: BenchConfig, batch,
-              amp: Amp, compiled: bool = False) -> Contestant:
+              variant: Variant, compiled: bool = False) -> Contestant:
+    """Strategy contestant ``label`` ("dp", "dp/auto", ...) in ``variant``, maybe compiled."""
     name, split = split_of(label, config.ideal_split())
     # A strategy that drives fewer devices gets only the first ones (it would warn otherwise).
     devices = config.device_list[:strategy_class(name).max_devices]
     reason = strategy_skip_reason(name, template, config.arch, compiled, devices[0].type)
-    label = label + (COMPILED if compiled else "")
+    label = label + variant.suffix + (COMPILED if compiled else "")
     if reason:
         return skipped(label, "strategy", devices, reason)
     handicap = config.handicap_spec() if split_names(config, name) != [name] else None
-
-    def build() -> Contestant:
-        contestant = strategy_contestant(
-            name, copy.deepcopy(template), devices, batch, amp=amp, lr=config.lr,
-            channels_last=config.channels_last, sync_bn=config.sync_bn, buffers=config.buffers,
-            compiled=compiled, compile_mode=config.compile_mode, split=split, handicap=handicap)
-        contestant.name = label  # "dp/auto+compile"
-        return contestant
-
-    return _build(label, "strategy", devices, build)
+    return _build(label, "strategy", devices, lambda: strategy_contestant(
+        name, copy.deepcopy(template), devices, batch,
+        amp=variant.precision(devices[0], config.amp_dtype), lr=config.lr,
+        channels_last=variant.channels_last, sync_bn=config.sync_bn, buffers=config.buffers,
+        compiled=compiled, compile_mode=config.compile_mode, split=split, handicap=handicap))
 
 
-def _twins(config: BenchConfig) -> tuple[bool, ...]:
-    """``(False,)``, or ``(False, True)`` with ``--compile``: eager, then the compiled twin."""
-    return (False, True) if config.compile else (False,)
+def _twins(config: BenchConfig) -> list[tuple[Variant, bool]]:
+    """Every (variant, compiled) pair to race, each compiled twin right after its original."""
+    return [(v, c) for v in variants_of(config) for c in ((False, True) if config.compile
+                                                          else (False,))]
 
 
 def result_order(config: BenchConfig) -> list[str]:
-    """Every contestant's name in table order, each compiled twin right after its original."""
+    """Every contestant's name in table order: per contestant (and split), its variants and
+    their compiled twins."""
     names = ["bare", *[n for s in config.strategies for n in split_names(config, s)],
              "torch_dp", "torch_ddp"]
-    return [n + (COMPILED if c else "") for n in names for c in _twins(config)]
+    return [n + v.suffix + (COMPILED if c else "") for n in names for v, c in _twins(config)]
 
 
 def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
@@ -153,29 +155,31 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     template = model_fn()
     batch = synthetic_batch(config.batch_size, config.image_size, config.num_classes,
                             config.seed)
-    amp = Amp(config.amp, config.amp_dtype)
-    kw = dict(amp=amp, lr=config.lr, channels_last=config.channels_last)
+
+    def kw(variant: Variant) -> dict:
+        return dict(amp=variant.precision(devices[0], config.amp_dtype), lr=config.lr,
+                    channels_last=variant.channels_last)
 
     if any(d.type == "cuda" for d in devices):
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
 
     local: list[Contestant] = []
     twins = _twins(config)
-    for c in twins if "bare" in config.baselines else ():
-        local.append(_build("bare" + COMPILED * c, "baseline", devices[:1],
-                            lambda c=c: bare_contestant(copy.deepcopy(template), devices, batch,
-                                                        compiled=c,
-                                                        compile_mode=config.compile_mode, **kw)))
+    for v, c in twins if "bare" in config.baselines else ():
+        local.append(_build("bare" + v.suffix + COMPILED * c, "baseline", devices[:1],
+                            lambda v=v, c=c: bare_contestant(
+                                copy.deepcopy(template), devices, batch, compiled=c,
+                                compile_mode=config.compile_mode, **kw(v))))
     for name in config.strategies:
         if not strategy_class(name).multiprocess:
-            local += [_strategy(label, template, config, batch, amp, c)
-                      for label in split_names(config, name) for c in twins]
-    for c in twins if "torch_dp" in config.baselines else ():
+            local += [_strategy(label, template, config, batch, v, c)
+                      for label in split_names(config, name) for v, c in twins]
+    for v, c in twins if "torch_dp" in config.baselines else ():
         reason = torch_dp_skip_reason(devices, c)
-        label = "torch_dp" + COMPILED * c
+        label = "torch_dp" + v.suffix + COMPILED * c
         local.append(skipped(label, "baseline", devices, reason) if reason else _build(
-            label, "baseline", devices, lambda: torch_dp_contestant(
-                copy.deepcopy(template), devices, batch, **kw)))
+            label, "baseline", devices, lambda v=v: torch_dp_contestant(
+                copy.deepcopy(template), devices, batch, **kw(v))))
     threads = f"{torch.get_num_threads()} torch threads"
     for contestant in local:
         contestant.notes.append(f"interleaved in one process ({threads})")
@@ -193,7 +197,7 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     remote = [label for n in config.strategies if strategy_class(n).multiprocess
               for label in split_names(config, n)]
     remote += (["torch_ddp"] if "torch_ddp" in config.baselines else [])
-    remote = [name + COMPILED * c for name in remote for c in twins]
+    remote = [name + v.suffix + COMPILED * c for name in remote for v, c in twins]
     if remote:
         results += distributed_phase(config, remote, custom_model=custom)
     order = result_order(config)

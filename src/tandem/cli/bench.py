@@ -7,6 +7,8 @@ Example::
 
     tandem bench --arch cifar_resnet20 --strategies single,dp,balanced --devices cpu:2 \\
         --batch-size 64 --steps 20
+    tandem bench -a resnet50 --image-size 112 -b 16 --strategies single --devices cpu \
+        --baselines none --variants fp32,cl,amp,amp+cl --compile  # bf16 and NHWC on the CPU
     tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json  # input pipeline
 """
 

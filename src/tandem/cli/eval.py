@@ -53,8 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_config_arguments(group, OptimConfig, only=("label_smoothing",),
                          defaults={"label_smoothing": None})
     add_config_arguments(parser, ParallelConfig, title="parallelism",
-                         only=("strategy", "devices", "sync_bn", "amp", "dtype", "channels_last",
-                               "compile", "compile_mode"))
+                         only=("strategy", "devices", "sync_bn", "amp", "amp_dtype", "dtype",
+                               "channels_last", "compile", "compile_mode"))
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (arch, loss, acc1, acc5, count; acc = acc1)")
     parser.set_defaults(func=run)

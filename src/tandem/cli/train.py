@@ -6,6 +6,7 @@ Examples::
 
     tandem train -a cifar_resnet20 --data digits --strategy dp --devices cpu:2 --epochs 8
     tandem train -a resnet50 --data /data/imagenet -b 256 --strategy dp --devices cuda --amp
+    tandem train -a cifar_resnet20 --data digits --devices cpu --amp --channels-last  # bf16 CPU
     tandem launch --nproc-per-node 2 -- train -a cifar_resnet20 --data digits --strategy ddp
     tandem train --resume runs/train                # continue that run, with its settings
     tandem train --resume runs/train --epochs 40    # ... and extend its schedule to 40 epochs

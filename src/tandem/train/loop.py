@@ -24,6 +24,7 @@ from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
 from tandem.parallel.split import capped, format_shares
+from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 
 from . import diverged
@@ -98,8 +99,8 @@ class Trainer:
         return images, targets.to(device, non_blocking=True)
 
     def autocast(self):
-        return torch.autocast(self.strategy.device.type, dtype=torch.float16,
-                              enabled=self.cfg.parallel.amp)
+        p = self.cfg.parallel
+        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype).autocast()
 
     @property
     def run_dir(self) -> RunDir:

@@ -23,6 +23,7 @@ from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
 from tandem.parallel.split import check_max_share, check_weights, parse_split
+from tandem.precision import amp_precision
 from tandem.strategies import Strategy, create_strategy, strategy_names
 from tandem.strategies.compile import check_compile
 
@@ -146,10 +147,7 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
                          f"{cfg.strategy}")
     if strategy.split not in (None, "auto"):
         check_weights(strategy.split, strategy.share_count, "--split")
-    for flag, on in (("--amp", cfg.amp), ("--channels-last", cfg.channels_last)):
-        if on and strategy.device.type != "cuda":
-            raise UsageError(f"{flag} needs a CUDA device, but --devices {cfg.devices} gives "
-                             f"{strategy.device}")
+    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype)  # one line where it cannot run
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
     if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (run)

@@ -27,6 +27,7 @@ from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.models import create_model, model_info
 from tandem.pretrained import load_pretrained
+from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 from tandem.strategies.compile import compiled
 
@@ -169,7 +170,8 @@ def _build(plan: RunPlan) -> dict:
         criterion=make_criterion(optim, strategy, plan.supplied.criterion),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
-        scaler=torch.amp.GradScaler(strategy.device.type, enabled=cfg.parallel.amp),
+        scaler=amp_precision(strategy.device.type, cfg.parallel.amp,
+                             cfg.parallel.amp_dtype).scaler(),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
         config_dict=_resolved(cfg, strategy, info))
 

@@ -1,0 +1,96 @@
+"""What ``--amp`` means on a device: the one home of that decision (train, eval and bench).
+
+On the CPU, ``--amp`` is bfloat16 autocast with no loss scaling, and only on a CPU with native
+bf16 instructions (``avx512_bf16`` or ``amx_bf16``; elsewhere bf16 is emulated and slower than
+float32, and float16 autocast on the CPU slower still). On CUDA it is float16 autocast with a
+``GradScaler``, or bfloat16 without one (``amp_dtype="bf16"``). Weights, gradients, optimizer
+state and checkpoints stay float32 either way: autocast only lowers the matmuls and convolutions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from tandem.errors import UsageError
+
+__all__ = ["AMP_DTYPES", "CPU_BF16_FLAGS", "Precision", "amp_precision", "cpu_has_bf16",
+           "cpu_flags"]
+
+AMP_DTYPES = ("bf16", "fp16")
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 (AVX-512, AMX); aarch64 ("bf16")
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):  # x86, aarch64
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (so bf16 autocast beats float32)."""
+    return any(flag in cpu_flags() for flag in CPU_BF16_FLAGS)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a step runs on ``device_type``: autocast to ``dtype`` (``None``: float32 throughout),
+    with the loss scaled by a ``GradScaler`` when ``scaled``."""
+
+    device_type: str
+    dtype: torch.dtype | None = None
+    scaled: bool = False
+
+    def autocast(self):
+        """The context a forward (and its loss) runs in."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def scaler(self) -> torch.amp.GradScaler:
+        """A ``GradScaler`` (a pass-through one when the loss is not scaled)."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.scaled)
+
+    def describe(self) -> str:
+        if self.dtype is None:
+            return "fp32"
+        name = "bf16" if self.dtype == torch.bfloat16 else "fp16"
+        return f"amp {name}" + (" + grad scaling" if self.scaled else "")
+
+
+def amp_precision(device_type: str, amp: bool, amp_dtype: str | None = None, *,
+                  has_bf16: Callable[[], bool] | None = None) -> Precision:
+    """What ``--amp`` (``amp``) with ``--amp-dtype`` (``amp_dtype``, ``None``: the device's
+    choice) means on ``device_type``; a one-line :class:`UsageError` where it cannot run.
+
+    ``has_bf16`` answers whether the CPU has bf16 instructions (default :func:`cpu_has_bf16`).
+    """
+    if not amp:
+        return Precision(device_type)
+    if amp_dtype is not None and amp_dtype not in AMP_DTYPES:
+        raise UsageError(f"bad --amp-dtype {amp_dtype!r}: choose bf16 or fp16")
+    if device_type == "cuda":
+        dtype = amp_dtype or "fp16"
+        return Precision(device_type, _TORCH_DTYPES[dtype], scaled=dtype == "fp16")
+    if device_type != "cpu":
+        raise UsageError(f"--amp needs a CUDA device or a CPU, not {device_type}")
+    if amp_dtype == "fp16":
+        raise UsageError("--amp-dtype fp16 is for CUDA; --amp on the CPU is bf16 (leave "
+                         "--amp-dtype out)")
+    if not (has_bf16 or cpu_has_bf16)():
+        raise UsageError("--amp on the CPU needs bf16 instructions (avx512_bf16 or amx_bf16), "
+                         "which this CPU lacks; run without --amp (float32 is faster here)")
+    return Precision(device_type, torch.bfloat16, scaled=False)
