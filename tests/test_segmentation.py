@@ -309,4 +309,7 @@ def test_ddp_matches_single(tmp_path):
 
 
 if __name__ == "__main__":
+    import tandem
+
     worker_main(sys.argv[1])
+    tandem.exit(0)  # a process that joined a gloo group: no finalization racing its threads

@@ -140,6 +140,9 @@ def worker(rank, out_dir, backend):
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    # Joined a gloo group (directly, not through tandem): end without the interpreter's
+    # finalization, which gloo's threads may race (see tandem.exit / exit_process).
+    os._exit(0)
 
 
 def spawn(backend, out_dir):

@@ -194,4 +194,9 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(worker_main())
+    # A worker that joined a process group must not finalize the interpreter while gloo's
+    # threads may still free tensors (SIGABRT at exit, about 1 run in 20 under load): see
+    # tandem.distributed.process_group.exit_process, the way the tandem command ends too.
+    from tandem.distributed.process_group import exit_process
+
+    exit_process(worker_main())
