@@ -391,11 +391,11 @@ def test_compiled_baselines_save_the_plain_models_keys(tmp_path):
     import torch.distributed as dist
 
     from tandem.bench.baselines import bare_contestant, torch_ddp_contestant
-    from tandem.bench.contestants import Amp
+    from tandem.precision import amp_precision
 
     plain = list(TinySplitNet(5).state_dict())
     batch = (torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
-    bare = bare_contestant(TinySplitNet(5), [torch.device("cpu")], batch, amp=Amp(), lr=0.1,
+    bare = bare_contestant(TinySplitNet(5), [torch.device("cpu")], batch, amp=amp_precision("cpu", False), lr=0.1,
                            compiled=True)
     model = _stepped_model(bare)
     assert isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
@@ -403,7 +403,7 @@ def test_compiled_baselines_save_the_plain_models_keys(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
                             world_size=1, timeout=timedelta(seconds=60))
     try:
-        ddp = torch_ddp_contestant(TinySplitNet(5), torch.device("cpu"), batch, amp=Amp(),
+        ddp = torch_ddp_contestant(TinySplitNet(5), torch.device("cpu"), batch, amp=amp_precision("cpu", False),
                                    lr=0.1, compiled=True)
         try:
             inner = _stepped_model(ddp).module

@@ -208,10 +208,11 @@ class ParallelConfig:
     compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
                                    choices=COMPILE_MODES, on_resume=MAY_CHANGE)
     # Shares change how long a step takes, not what it computes: a resume may change them.
-    split: str | None = opt(None, "dp, balanced, hybrid, ddp: each device's (or rank's) share "
-                            "of every batch, as weights (3,1: three quarters to the first) or "
-                            "auto (follow the measured speeds); the update is the same "
-                            "(default: even shares)", metavar="W,W|auto", on_resume=MAY_CHANGE)
+    split: str | None = opt(None, f"with {', '.join(strategy_names(splits_batch=True))}: each "
+                            "device's (or rank's) share of every batch, as weights (3,1: three "
+                            "quarters to the first) or auto (follow the measured speeds); the "
+                            "update is the same (default: even shares)", metavar="W,W|auto",
+                            on_resume=MAY_CHANGE)
     max_share: int | None = opt(None, "the most samples any one device (or rank) may take of a "
                                 "batch; a batch or --split that needs more is refused at once",
                                 metavar="N", on_resume=MAY_CHANGE)
