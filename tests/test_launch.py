@@ -253,7 +253,8 @@ def test_run_captured_runs_a_module_on_every_worker_and_returns_its_output(tmp_p
     proc = run_captured(spec, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
-    assert lines == ["rank 0 2 yes ['--flag']", "rank 1 2 yes ['--flag']"]
+    assert lines == ["rank 0 2 yes ['--flag']", "rank 1 2 yes ['--flag']"], \
+        (proc.stdout[-2000:], proc.stderr[-4000:])  # what torchrun said, if a line is missing
 
 
 # -- one-line errors ---------------------------------------------------------------------------
