@@ -80,7 +80,8 @@ def test_fit_under_torchrun_is_one_rank_of_ddp(single, tmp_path):
         "torch.manual_seed(0)\n"
         f"row = tandem.fit(Net(), Pairs(30, seed=0), Pairs(11, seed=1), out={str(tmp_path / 'run')!r},"
         f" strategy='dp', devices='cpu:2', sync_bn=True, dtype='float64', **{STEPS!r})\n"
-        "print('rank', os.environ['RANK'], 'row', None if row is None else row['step'])\n"
+        # one string, one write: the ranks share torchrun's pipe
+        "print(f\"rank {os.environ['RANK']} row {None if row is None else row['step']}\")\n"
         "tandem.exit(0)  # as `tandem` ends: no interpreter finalization racing gloo's threads\n")
     result = run_bounded([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node", "2", str(script)], 240,

@@ -244,9 +244,11 @@ def test_run_captured_runs_a_module_on_every_worker_and_returns_its_output(tmp_p
     workers' output captured, ``extra_env`` added to what this process has."""
     from tandem.distributed.launch import LaunchSpec, run_captured
 
+    # One write per worker: the two share torchrun's pipe, and print()'s pieces, unbuffered,
+    # interleaved there ("rank 0rank 2  yes1 ...") once in a few runs.
     (tmp_path / "probe_worker.py").write_text(
-        "import os, sys\nprint('rank', os.environ['RANK'], os.environ['WORLD_SIZE'], "
-        "os.environ['PROBE'], sys.argv[1:])\n")
+        "import os, sys\nline = ' '.join(['rank', os.environ['RANK'], os.environ['WORLD_SIZE'], "
+        "os.environ['PROBE'], str(sys.argv[1:])])\nos.write(1, (line + '\\n').encode())\n")
     spec = LaunchSpec(nproc_per_node=2, command=["--flag"], module="probe_worker",
                       rdzv_endpoint="127.0.0.1:0",
                       extra_env={"PYTHONPATH": str(tmp_path), "PROBE": "yes"})
