@@ -3,7 +3,7 @@ them or a ``--data package.module:function`` factory returns them.
 
 :class:`GivenDataset` lets one be read like tandem's own: by sample key ``(index, seed, epoch)``
 (only the index is used: the data set does its own augmentation, if any), with the ``shape``
-that empty batches take. Targets must be class indices. :func:`given_data` is the one place that
+that empty batches take. Targets are class indices, or tensors of them (masks). :func:`given_data` is the one place that
 checks such a pair and says what a model needs to know about it (:class:`DatasetInfo`).
 """
 
@@ -32,13 +32,12 @@ class GivenDataset(Dataset):
         if len(dataset) == 0:
             raise UsageError(f"{name} is empty")
         self.dataset, self.name = dataset, name
-        first = self.sample(0)[0]
+        first, target = self.sample(0)
         if not first.is_floating_point():
             raise UsageError(f"{name}[0] has a {first.dtype} input: give floating-point inputs "
                              f"(normalised as the model expects)")
         self.shape = tuple(first.shape)  # of every input: what an empty batch takes
         self.dtype = first.dtype
-        target = self.sample(0)[1]
         # () for a class index; (H, W) for a dense target (segmentation masks)
         self.target_shape = tuple(target.shape) if torch.is_tensor(target) else ()
 

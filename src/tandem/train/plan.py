@@ -51,7 +51,8 @@ class Supplied:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """One run, resolved and checked. ``strategy`` is built but not launched (``with``)."""
+    """One run, resolved and checked. ``strategy`` is built but not launched (``with``); it
+    holds the devices, world size, rank and this process's device."""
 
     cfg: TrainConfig
     strategy: Strategy
@@ -67,17 +68,6 @@ class RunPlan:
     def resume_path(self) -> str | None:
         return self.cfg.run.resume if self.checkpoint is not None else None
 
-    @property
-    def devices(self) -> list[torch.device]:
-        return self.strategy.devices
-
-    @property
-    def world_size(self) -> int:
-        return self.strategy.world_size
-
-    @property
-    def rank(self) -> int:
-        return self.strategy.rank
 
 
 def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),

@@ -24,6 +24,7 @@ from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, 
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.errors import UsageError
+from tandem.factory import is_reference
 from tandem.model_state import load_plain_state_dict
 from tandem.models import create_model, model_info
 from tandem.pretrained import load_pretrained
@@ -134,7 +135,8 @@ def _prepared_model(plan: RunPlan, cfg: TrainConfig, info) -> nn.Module:
     if given is None:
         model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),
                             cfg.run.seed)
-        check_model(strategy, model)  # a factory's model, seen for the first time
+        if is_reference(cfg.model.arch):  # a factory's model, seen for the first time (the
+            check_model(strategy, model)  # plan checked a zoo model on the meta device)
     else:  # the user's model, its weights as they are; the RNG where a built one starts
         seed_everything(cfg.run.seed)
         model = given
