@@ -307,9 +307,15 @@ def test_handicap_is_extra_work_on_one_replica_only():
     x = torch.randn(8, 4)
     expected = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
     expected.load_state_dict(net.state_dict())
-    torch.testing.assert_close(dp(x), expected(x), rtol=0, atol=1e-5)
+    extra_backward = []
+    next(slow._shadow.parameters()).register_hook(lambda g: extra_backward.append(g.shape))
+    out = dp(x)
+    torch.testing.assert_close(out, expected(x), rtol=0, atol=1e-5)
     assert sorted(extra) == [2, 4]  # replica 1's 4 samples once, then half of them
     torch.testing.assert_close(net[1].running_mean, expected[1].running_mean)  # untouched
+    assert extra_backward == []  # the extra passes' backward waits for the replica's own
+    out.sum().backward()
+    assert len(extra_backward) == 1
 
 
 @pytest.mark.slow

@@ -36,38 +36,56 @@ class Handicap(nn.Module):
     The extra work is real and proportional to the chunk: ``factor - 1`` more passes over the
     replica's own chunk (a fraction of a pass over part of it) through a private copy of the
     model in eval mode, so the real model's batch-norm statistics, synchronisation and
-    gradients are untouched. ``backward``: each pass is a forward and a backward (a rank of
-    ``ddp`` runs both in parallel with the others); else a forward only (``dp`` on CPU runs
-    the replicas' forwards in parallel threads but every backward in one autograd thread).
+    gradients are untouched. Each phase is slowed where it runs: the extra forwards in the
+    replica's forward, their backward in the replica's backward (its own thread for ``dp``
+    replicas, see :mod:`tandem.parallel.threaded_backward`), so a forward timed by
+    ``--split auto`` is ``factor`` times as long too.
     """
 
-    def __init__(self, model: nn.Module, index: int, factor: float, backward: bool = False):
+    def __init__(self, model: nn.Module, index: int, factor: float):
         super().__init__()
-        self.model, self.index, self.factor, self.backward = model, index, factor, backward
+        self.model, self.index, self.factor = model, index, factor
         # hidden from the module tree: no conversion to SyncBatchNorm, no state, no DDP
         object.__setattr__(self, "_shadow", copy.deepcopy(model).eval())
 
     def forward(self, x):
         out = self.model(x)
         if self.factor > 1 and x.shape[0] and _replica_index() == self.index:
-            self._extra_work(x.detach())
+            extra = self._extra_forward(x.detach())
+            if extra is not None and out.requires_grad:
+                out = _ThenBackward.apply(out, extra)
         return out
 
-    def _extra_work(self, x: torch.Tensor) -> None:
+    def _extra_forward(self, x: torch.Tensor):
+        """The extra forwards; returns their backward, to run in this replica's backward."""
         shadow = self._shadow
         ref = next(shadow.parameters())
         if ref.device != x.device or ref.dtype != x.dtype:
             shadow.to(x.device, x.dtype)
         whole, part = divmod(self.factor - 1, 1.0)
-        chunks = [x] * int(whole) + [x[:round(part * x.shape[0])]]
+        chunks = [c for c in [x] * int(whole) + [x[:round(part * x.shape[0])]] if c.shape[0]]
         params = [p for p in shadow.parameters() if p.requires_grad]
-        for chunk in (c for c in chunks if c.shape[0]):
-            if self.backward:
-                with torch.enable_grad():
-                    torch.autograd.grad(shadow(chunk).float().sum(), params, allow_unused=True)
-            else:
-                with torch.no_grad():
-                    shadow(chunk)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and bool(params)):
+            total = sum(shadow(chunk).float().sum() for chunk in chunks)
+        if not isinstance(total, torch.Tensor) or not total.requires_grad:
+            return None
+        return lambda: torch.autograd.grad(total, params, allow_unused=True)
+
+
+class _ThenBackward(torch.autograd.Function):
+    """The identity, whose backward first runs ``extra`` (the handicap's backward work)."""
+
+    @staticmethod
+    def forward(ctx, x, extra):
+        ctx.extra = extra
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        extra, ctx.extra = ctx.extra, None
+        with torch.enable_grad():
+            extra()
+        return grad, None
 
 
 def _replica_index() -> int:
@@ -188,7 +206,7 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
     extra = {} if split is None else {"split": split}
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, **extra).launch()
     if handicap is not None:
-        model = Handicap(model, *handicap, backward=strategy.multiprocess)
+        model = Handicap(model, *handicap)
     model, images, targets = place(model, *batch, strategy.device, channels_last)
     if compiled:
         compiling.check_compile(strategy, strategy.device.type)

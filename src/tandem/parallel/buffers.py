@@ -53,7 +53,8 @@ def sync_buffers(module: nn.Module, replicas: Sequence[nn.Module], weights: Sequ
         if policy == "replica0":
             if replicas[0] is not module:
                 for b, r in zip(originals, trees[0]):
-                    _write(b, r)
+                    if r is not b:  # a detached home copy holds the originals themselves
+                        _write(b, r)
             return
         total = float(sum(weights))
         shares = [w / total for w in weights]

@@ -23,7 +23,8 @@ from tandem.state_keys import register_plain_keys
 from .buffers import check_policy, sync_buffers
 from .devices import resolve_devices, as_device
 from .parallel_apply import parallel_apply
-from .replicate import replicate
+from .replicate import replicate, replicate_detached
+from . import threaded_backward
 from .gather_outputs import gather
 from .guards import acting_as_replica, initialise_lazy, split_inputs
 from .scatter_gather import batch_size, chunk_sizes, scatter_kwargs
@@ -69,12 +70,18 @@ class DataParallel(nn.Module):
     (:class:`~tandem.parallel.split.AutoSplit`, in ``self.auto``). ``max_share`` caps any
     device's chunk. The update is the same whatever the shares. ``last_shares`` holds the
     chunk sizes of the last forward, one per device.
+
+    ``backward_threads`` (default on): where several replicas share a device (CPU replicas,
+    or two on one GPU), each runs its backward in its own thread instead of all in autograd's
+    one thread for that device (:mod:`tandem.parallel.threaded_backward`); same gradients,
+    no double backward. Off, or with ``SyncBatchNorm``, autograd runs them.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
                  output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None,
-                 split=None, max_share: int | None = None):
+                 split=None, max_share: int | None = None, backward_threads: bool = True):
         super().__init__()
+        self.backward_threads = backward_threads
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
         n = len(self.device_ids)
@@ -97,7 +104,12 @@ class DataParallel(nn.Module):
         inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
         devices = devices[: len(inputs)]
         initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
-        replicas = self.replicate(self.module, devices)
+        threaded = self.backward_threads and threaded_backward.applies(
+            self.module, devices, inputs, kwargs)
+        if threaded:  # detached replicas: each runs its backward in its own thread
+            replicas, leaves = replicate_detached(self.module, devices)
+        else:
+            replicas = self.replicate(self.module, devices)
         timed = self.auto is not None and self.training and torch.is_grad_enabled()
         runs = [_Timed(r) for r in replicas] if timed else replicas
         with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
@@ -107,6 +119,8 @@ class DataParallel(nn.Module):
             self.auto.observe(self.last_shares, [measured(i, n, next(seconds)) if n else 0.0
                                                  for i, n in enumerate(self.last_shares)])
             self.auto.adjust(sum(self.last_shares))  # the next batch takes the new shares
+        if threaded:
+            outputs = threaded_backward.join(outputs, leaves, devices)
         self.sync_buffers(replicas, inputs, kwargs)
         # n outputs of about B/n each -> one output of B on output_device
         return self.gather(outputs, self.output_device)

@@ -27,7 +27,7 @@ from .broadcast import copy_params
 from .devices import resolve_devices
 from .guards import first_lazy, replica_zero_grad
 
-__all__ = ["replicate", "ReplicaCache"]
+__all__ = ["replicate", "replicate_detached", "ReplicaCache"]
 
 _CACHE_ATTR = "_tandem_replica_cache"
 _MAX_ENTRIES = 8  # replica sets kept per module (device tuples x calling threads)
@@ -93,18 +93,22 @@ def _walk(root: nn.Module):
 class _ReplicaSet:
     """Shallow copies of every module of one tree, for every non-home device.
 
+    ``detached``: every replica, the home one too, is a copy whose parameters are detached
+    leaves (``self.leaves``), for :mod:`tandem.parallel.threaded_backward`; the home copy
+    holds the original buffers, so its updates land in place as the module's own would.
     Holds the originals only by weak reference, so the cache on ``module`` makes no cycle.
     """
 
     def __init__(self, modules: list[nn.Module], devices: list[torch.device], home: int | None,
-                 share: bool):
-        self.home, self.share = home, share
+                 share: bool, detached: bool = False):
+        self.home, self.share, self.detached = home, share, detached
+        self.leaves: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         # weak: checked with the fingerprint (ids alone could be reused by new modules)
         self.originals = [weakref.ref(m) for m in modules]
         index = {id(m): j for j, m in enumerate(modules)}
         self.trees: dict[int, list[nn.Module]] = {}
         for i, device in enumerate(devices):
-            if i == home:
+            if i == home and not detached:
                 continue
             copies = []
             for m in modules:
@@ -134,13 +138,16 @@ class _ReplicaSet:
                 p = m.__dict__["_parameters"][name]
                 moving[id(p)] = p
         copies = {}
-        by_source: dict = {}
-        for p in moving.values():
-            by_source.setdefault(p.device, []).append(p)
-        targets = [(i, devices[i]) for i in self.trees]
-        for params in by_source.values():
-            if targets:
-                copies.update(copy_params(params, targets, self.share))
+        if self.detached:
+            copies = self._leaves(list(moving.values()), devices)
+        else:
+            by_source: dict = {}
+            for p in moving.values():
+                by_source.setdefault(p.device, []).append(p)
+            targets = [(i, devices[i]) for i in self.trees]
+            for params in by_source.values():
+                if targets:
+                    copies.update(copy_params(params, targets, self.share))
         for i, reps in self.trees.items():
             device = devices[i]
             buffer_copies: dict = {}
@@ -159,6 +166,8 @@ class _ReplicaSet:
                     # RNNs compute from a list of their weights kept beside _parameters (torch's
                     # replicate refreshes it too): point it at this replica's copies
                     rd["_flat_weights"] = [own_params.get(n) for n in md["_flat_weights_names"]]
+                if i == self.home:  # detached home copy: the module's own buffer dict
+                    continue
                 new_buffers = {}
                 for name, b in md["_buffers"].items():
                     if b is not None:
@@ -169,7 +178,24 @@ class _ReplicaSet:
                     new_buffers[name] = b
                 rd["_buffers"] = new_buffers
 
+    def _leaves(self, params: list[torch.Tensor], devices: list[torch.device]) -> dict:
+        """A detached leaf per (parameter, replica): a view on the parameter's own device (no
+        copy), else a copy; each requires grad as its parameter does."""
+        copies: dict = {}
+        self.leaves = {}
+        for i in self.trees:
+            pairs = []
+            for p in params:
+                leaf = p.detach() if p.device == devices[i] else p.detach().to(devices[i])
+                leaf.requires_grad_(p.requires_grad)
+                copies[id(p), i] = leaf
+                pairs.append((p, leaf))
+            self.leaves[i] = pairs
+        return copies
+
     def roots(self, module: nn.Module, count: int) -> list[nn.Module]:
+        if self.detached:
+            return [self.trees[i][0] for i in range(count)]
         return [module if i == self.home else self.trees[i][0] for i in range(count)]
 
 
@@ -195,6 +221,27 @@ def replicate(module: nn.Module, devices: Sequence, share_params: bool = True) -
     distinct GPUs, runnable on CPU. Raises ``ValueError`` naming a bad device or a lazy
     (uninitialised) parameter.
     """
+    return _replica_set(module, devices, share_params, False)
+
+
+def replicate_detached(module: nn.Module, devices: Sequence):
+    """``(replicas, leaves)``: replicas whose parameters are detached leaves, not connected to
+    ``module``'s by autograd; ``leaves[i]`` lists ``(parameter, leaf)`` pairs of replica ``i``.
+
+    Every replica is a copy (the one on the module's device holds its buffers). Gradients
+    reach the parameters only through :mod:`tandem.parallel.threaded_backward`.
+    """
+    replicas = _replica_set(module, devices, True, True)
+    entry = module.__dict__[_CACHE_ATTR].entries[_key(resolve_devices(devices), True, True)]
+    return replicas, [entry[1].leaves[i] for i in range(len(replicas))]
+
+
+def _key(devices: list[torch.device], share: bool, detached: bool) -> tuple:
+    return (tuple(devices), bool(share), detached, threading.get_ident())
+
+
+def _replica_set(module: nn.Module, devices: Sequence, share_params: bool,
+                 detached: bool) -> list[nn.Module]:
     devices = resolve_devices(devices)
     cache = module.__dict__.get(_CACHE_ATTR)
     if not isinstance(cache, ReplicaCache):  # before the walk: it counts the root's attributes
@@ -207,14 +254,14 @@ def replicate(module: nn.Module, devices: Sequence, share_params: bool = True) -
             if place is None or d == place:
                 home = i
                 break
-    if len(devices) == 1 and home == 0:
+    if len(devices) == 1 and home == 0 and not detached:
         if traffic.metering():
             _record_traffic(module, devices, home)
         return [module]
-    key = (tuple(devices), bool(share_params), threading.get_ident())
+    key = _key(devices, share_params, detached)
     entry = cache.entries.get(key)
     if entry is None or entry[0] != fingerprint or not entry[1].alive(modules):
-        entry = (fingerprint, _ReplicaSet(modules, devices, home, bool(share_params)))
+        entry = (fingerprint, _ReplicaSet(modules, devices, home, bool(share_params), detached))
         with cache.lock:
             if len(cache.entries) >= _MAX_ENTRIES:
                 cache.entries.pop(next(iter(cache.entries)))

@@ -21,7 +21,7 @@ from tandem.errors import UsageError
 from . import traffic
 from .devices import index_of
 
-__all__ = ["scatter", "scatter_kwargs", "chunk_sizes", "batch_size", "first_tensor"]
+__all__ = ["scatter", "scatter_kwargs", "chunk_sizes", "batch_size", "first_tensor", "map_tensors"]
 
 
 def chunk_sizes(batch: int, num_devices: int) -> list[int]:
@@ -123,6 +123,16 @@ def _batch_sizes(obj, dim: int, found: list[int]) -> None:
     if items is not None:
         for item in items:
             _batch_sizes(item, dim, found)
+
+
+def map_tensors(obj, fn):
+    """``obj`` with every tensor ``t`` in it replaced by ``fn(t)``, the containers rebuilt."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    items = _children(obj)
+    if items is None:
+        return obj
+    return _rebuild(obj, [map_tensors(item, fn) for item in items])
 
 
 def batch_size(obj, dim: int = 0) -> int | None:

@@ -51,6 +51,10 @@ class SyncBatchNorm(_BatchNorm):
     raising; double backward through a synchronized forward raises.
     """
 
+    #: its backward merges gradients over replicas (one node for all): the threaded backward
+    #: of :mod:`tandem.parallel.threaded_backward` must not split it by replica
+    exchanges_in_backward = True
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, process_group=None,
                  device=None, dtype=None, *, bias: bool = True):

@@ -1,0 +1,142 @@
+"""Each replica's backward in its own thread, for replicas that share an autograd thread.
+
+Autograd runs all the CPU work of one backward in the thread that called it (and all of one
+CUDA device's work in that device's one thread), so replicas on the CPU, or several on one GPU,
+ran their backward one after another although their forward ran side by side. Here the
+replicas compute on detached leaf copies of the parameters
+(:func:`~tandem.parallel.replicate.replicate_detached`), and their outputs meet the graph at
+ONE node, :class:`_Join`. Its backward runs every replica's backward in the replica threads
+and sums the leaves' gradients into the parameters in replica order, so the bits do not depend
+on which thread finishes first.
+
+Limits: no double backward (``create_graph=True`` sees the join as a constant), and modules
+that exchange data between replicas in backward (``SyncBatchNorm``) keep the one-thread path;
+:func:`applies` says when this path is taken.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .broadcast import _ordered_sum
+from .parallel_apply import parallel_apply
+from .scatter_gather import map_tensors
+
+__all__ = ["applies", "join"]
+
+
+def _exchanges_in_backward(module: nn.Module) -> bool:
+    return any(getattr(type(m), "exchanges_in_backward", False) for m in module.modules())
+
+
+def _requires_grad(obj) -> bool:
+    found = []
+    map_tensors(obj, lambda t: found.append(t.requires_grad) or t)
+    return any(found)
+
+
+def applies(module: nn.Module, devices: Sequence[torch.device], inputs, kwargs) -> bool:
+    """Whether a forward of ``module`` over ``devices`` should take the threaded backward:
+    grad is on, some device hosts two replicas or more (so autograd would run their backward
+    in one thread), no input needs a gradient and nothing in ``module`` exchanges data
+    between replicas in backward."""
+    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        return False
+    if len(set(devices)) == len(devices):
+        return False
+    return not (_requires_grad((inputs, kwargs)) or _exchanges_in_backward(module))
+
+
+class _Backward:
+    """What :class:`_Join`'s backward needs: each replica's outputs, leaves and device."""
+
+    def __init__(self, params, leaves, outputs, devices):
+        self.params, self.leaves, self.outputs, self.devices = params, leaves, outputs, devices
+
+    def run(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Each replica's backward in its thread; the parameters' gradients, summed in order."""
+        work, at = [], 0
+        for outs, leaves in zip(self.outputs, self.leaves):
+            mine = grads[at: at + len(outs)]
+            at += len(outs)
+            work.append(_ReplicaBackward(outs, mine, leaves))
+        found = parallel_apply(work, [()] * len(work), devices=self.devices)
+        self.outputs = None  # frees every replica's graph
+        out = []
+        for j, p in enumerate(self.params):
+            parts = [g[j] for g in found if g is not None and g[j] is not None]
+            out.append(_ordered_sum(parts, p.device) if parts else None)
+        return out
+
+
+class _ReplicaBackward:
+    """One replica's backward: the gradients of its leaves from its outputs' gradients."""
+
+    def __init__(self, outputs, grads, leaves):
+        self.outputs, self.grads, self.leaves = outputs, grads, leaves
+
+    def __call__(self):
+        pairs = [(o, g) for o, g in zip(self.outputs, self.grads) if g is not None]
+        if not pairs or not any(leaf.requires_grad for _, leaf in self.leaves):
+            return None
+        outs, grads = zip(*pairs)
+        # backward() into the leaves rather than grad(inputs=...): reentrant checkpointing
+        # inside the replica refuses the latter
+        torch.autograd.backward(outs, grads)
+        found = []
+        for _, leaf in self.leaves:
+            found.append(leaf.grad)
+            leaf.grad = None
+        return found
+
+
+class _Join(torch.autograd.Function):
+    """``apply(job, n_params, *params, *outputs)``: the (detached) ``outputs`` again, as views
+    whose backward is ``job.run``; gradients go to ``params`` only."""
+
+    @staticmethod
+    def forward(ctx, job, n_params, *tensors):
+        ctx.job, ctx.n_params = job, n_params
+        ctx.set_materialize_grads(False)
+        outs = tensors[n_params:]
+        return tuple(o.view_as(o) for o in outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        job, ctx.job = ctx.job, None
+        if torch.is_grad_enabled():
+            raise RuntimeError("a double backward (create_graph=True) through a DataParallel "
+                               "forward whose replicas share a device: build it with "
+                               "backward_threads=False")
+        if job is None:
+            raise RuntimeError("the replicas' graph was already used by a backward; a second "
+                               "backward through a DataParallel forward is not supported")
+        return (None, None, *job.run(grads), *([None] * len(grads)))
+
+
+def join(outputs: list, leaves: list, devices: Sequence[torch.device]) -> list:
+    """The replicas' ``outputs`` with one autograd node between them and the parameters.
+
+    ``leaves[i]`` is replica ``i``'s ``(parameter, leaf)`` list, as from
+    ``replicate_detached``. Tensors that need no gradient pass through unchanged.
+    """
+    params = [p for p, _ in leaves[0]] if leaves else []
+    trainable = [j for j, p in enumerate(params) if p.requires_grad]
+    if not trainable:
+        return outputs
+    flat: list[list[torch.Tensor]] = []
+    for out in outputs:
+        mine: list[torch.Tensor] = []
+        map_tensors(out, lambda t: mine.append(t) or t if t.requires_grad else t)
+        flat.append(mine)
+    if not any(flat):
+        return outputs
+    job = _Backward([params[j] for j in trainable],
+                    [[pairs[j] for j in trainable] for pairs in leaves], flat, list(devices))
+    joined = iter(_Join.apply(job, len(trainable), *job.params,
+                              *(t.detach() for mine in flat for t in mine)))
+    return [map_tensors(out, lambda t: next(joined) if t.requires_grad else t)
+            for out in outputs]
