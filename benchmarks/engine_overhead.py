@@ -10,7 +10,8 @@ the ratio to the bare step. Run::
 
 Targets: DataParallel over one device within 5% of the bare step, over two CPU replicas within
 10% (on a 2-core machine the bare step uses both cores through intra-op threads, the two
-replicas one core each).
+replicas one core each). ``dp2_1bw`` is two replicas with ``backward_threads=False``: both
+replicas' backward in autograd's one CPU thread, as before the threaded backward.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def main(argv=None) -> dict:
         "bare": copy.deepcopy(base),
         "dp1": DataParallel(copy.deepcopy(base), ["cpu"]),
         "dp2": DataParallel(copy.deepcopy(base), ["cpu", "cpu"]),
+        # the same, with both replicas' backward in autograd's one CPU thread (before issue 22's
+        # threaded backward), side by side
+        "dp2_1bw": DataParallel(copy.deepcopy(base), ["cpu", "cpu"], backward_threads=False),
     }
     steps = {k: make_step(m) for k, m in configs.items()}
     x = torch.randn(args.batch, 3, 32, 32)
@@ -81,11 +85,12 @@ def main(argv=None) -> dict:
         "median_s": median,
         "ratio_dp1": median["dp1"] / median["bare"],
         "ratio_dp2": median["dp2"] / median["bare"],
+        "ratio_dp2_1bw": median["dp2_1bw"] / median["bare"],
     }
     print(f"{name}, batch {args.batch}, {args.rounds} interleaved rounds, "
           f"{torch.get_num_threads()} intra-op threads")
     for k in steps:
-        print(f"  {k:5s} median {median[k] * 1000:8.1f} ms/step  ratio {median[k] / median['bare']:.3f}")
+        print(f"  {k:7s} median {median[k] * 1000:8.1f} ms/step  ratio {median[k] / median['bare']:.3f}")
     print(f"  overhead: 1 device {100 * (result['ratio_dp1'] - 1):+.1f}% (target <= 5%), "
           f"2 replicas {100 * (result['ratio_dp2'] - 1):+.1f}% (target <= 10%)")
     if args.json:

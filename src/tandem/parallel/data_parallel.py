@@ -71,10 +71,10 @@ class DataParallel(nn.Module):
     device's chunk. The update is the same whatever the shares. ``last_shares`` holds the
     chunk sizes of the last forward, one per device.
 
-    ``backward_threads`` (default on): where several replicas share a device (CPU replicas,
-    or two on one GPU), each runs its backward in its own thread instead of all in autograd's
-    one thread for that device (:mod:`tandem.parallel.threaded_backward`); same gradients,
-    no double backward. Off, or with ``SyncBatchNorm``, autograd runs them.
+    ``backward_threads`` (default on): CPU replicas each run their backward in their own
+    thread instead of all in autograd's one CPU thread
+    (:mod:`tandem.parallel.threaded_backward`); same gradients, no double backward. Off, or
+    with ``SyncBatchNorm``, autograd runs them one after another.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,

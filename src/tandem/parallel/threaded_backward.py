@@ -1,8 +1,9 @@
-"""Each replica's backward in its own thread, for replicas that share an autograd thread.
+"""Each CPU replica's backward in its own thread.
 
-Autograd runs all the CPU work of one backward in the thread that called it (and all of one
-CUDA device's work in that device's one thread), so replicas on the CPU, or several on one GPU,
-ran their backward one after another although their forward ran side by side. Here the
+Autograd runs all the CPU work of one backward in the thread that called it, so CPU replicas
+ran their backward one after another although their forward ran side by side. (A CUDA
+device's work always runs in that device's one autograd thread, whoever calls backward, so
+this cannot help two replicas on one GPU, and distinct GPUs are already parallel.) Here the
 replicas compute on detached leaf copies of the parameters
 (:func:`~tandem.parallel.replicate.replicate_detached`), and their outputs meet the graph at
 ONE node, :class:`_Join`. Its backward runs every replica's backward in the replica threads
@@ -40,12 +41,12 @@ def _requires_grad(obj) -> bool:
 
 def applies(module: nn.Module, devices: Sequence[torch.device], inputs, kwargs) -> bool:
     """Whether a forward of ``module`` over ``devices`` should take the threaded backward:
-    grad is on, some device hosts two replicas or more (so autograd would run their backward
-    in one thread), no input needs a gradient and nothing in ``module`` exchanges data
-    between replicas in backward."""
+    grad is on, two replicas or more are on the CPU (so autograd would run their backward in
+    one thread), no input needs a gradient and nothing in ``module`` exchanges data between
+    replicas in backward."""
     if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
-    if len(set(devices)) == len(devices):
+    if sum(d.type == "cpu" for d in devices) < 2:
         return False
     return not (_requires_grad((inputs, kwargs)) or _exchanges_in_backward(module))
 
