@@ -106,14 +106,42 @@ def test_every_replica_runs_its_backward_in_a_thread_of_its_own():
     assert len(set(seen.values())) == 2 and threading.get_ident() not in seen.values()
 
 
-def test_sync_batchnorm_keeps_autograd_s_path_and_its_exactness():
-    x, y = _batch(7)
-    model = convert_sync_batchnorm(_net(bn=True))
-    out = DataParallel(model, ["cpu"] * 3)(x)
-    assert not any("_Join" in type(f).__name__ for f, _ in out.grad_fn.next_functions)
+def _sync_bn_grads(x, y, n, threads=True, dtype=torch.float64):
+    model = convert_sync_batchnorm(_net(dtype, bn=True))
+    out = DataParallel(model, ["cpu"] * n, backward_threads=threads)(x.to(dtype))
+    joined = any("_Join" in type(f).__name__ for f, _ in out.grad_fn.next_functions)
     nn.functional.cross_entropy(out, y).backward()
+    return _grads(model) + [model[1].running_mean.double(), model[1].running_var.double()], joined
+
+
+@pytest.mark.parametrize("n, batch", [(2, 7), (3, 7), (3, 2)])
+def test_sync_batchnorm_replicas_meet_in_backward_threads_exactly(n, batch):
+    x, y = _batch(batch)
     reference = _net(bn=True)
     nn.functional.cross_entropy(reference(x), y).backward()
+    expected = _grads(reference) + [reference[1].running_mean, reference[1].running_var]
+    got, joined = _sync_bn_grads(x, y, n)
+    assert joined
+    floor = _dist(_sync_bn_grads(x, y, n, dtype=torch.float32)[0], expected) / EPS32 * EPS64
+    assert floor < TOL64 / 2, f"ill-posed: float64 noise floor {floor:.3g}"
+    assert _dist(got, expected) < TOL64
+    again, _ = _sync_bn_grads(x, y, n)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+    engine, joined = _sync_bn_grads(x, y, n, threads=False)
+    assert not joined and _dist(got, engine) < TOL64
+    # negative control: plain batch norm per replica normalises each chunk on its own
+    model = _net(bn=True)
+    nn.functional.cross_entropy(DataParallel(model, ["cpu"] * n)(x), y).backward()
+    assert _dist(_grads(model), expected[:-2]) > 1000 * TOL64
+
+
+def test_sync_batchnorm_replica_whose_output_is_unused_still_meets_the_others():
+    x, y = _batch(6)
+    model = convert_sync_batchnorm(_net(bn=True))
+    out = DataParallelModel(model, ["cpu"] * 3)(x)
+    nn.functional.cross_entropy(out[0], y[:2], reduction="sum").backward()  # replica 0 only
+    reference = _net(bn=True)
+    nn.functional.cross_entropy(reference(x)[:2], y[:2], reduction="sum").backward()
     assert _dist(_grads(model), _grads(reference)) < TOL64
 
 

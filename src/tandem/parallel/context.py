@@ -38,11 +38,16 @@ class ReplicaGroup:
     the last to arrive runs ``fn(values)`` once (values in replica order) and every replica gets
     its own entry of the returned sequence. Running ``fn`` once is what lets a caller build a
     *single* autograd node whose inputs are every replica's tensors, so that backward needs no
-    barrier (replicas sharing one device run backward in one autograd thread).
+    barrier (replicas sharing one device run backward in one autograd thread), unless
+    ``separate_backward`` says each replica runs its own.
     """
 
-    def __init__(self, devices: Sequence[torch.device], timeout: float = 300.0):
+    def __init__(self, devices: Sequence[torch.device], timeout: float = 300.0,
+                 separate_backward: bool = False):
         self.devices = list(devices)
+        #: each replica will run its own backward, in its own thread
+        #: (:mod:`tandem.parallel.threaded_backward`): layers may meet in backward too
+        self.separate_backward = separate_backward
         self.num_replicas = len(self.devices)
         self.timeout = timeout
         self._cond = threading.Condition()

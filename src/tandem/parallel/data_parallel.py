@@ -73,8 +73,8 @@ class DataParallel(nn.Module):
 
     ``backward_threads`` (default on): CPU replicas each run their backward in their own
     thread instead of all in autograd's one CPU thread
-    (:mod:`tandem.parallel.threaded_backward`); same gradients, no double backward. Off, or
-    with ``SyncBatchNorm``, autograd runs them one after another.
+    (:mod:`tandem.parallel.threaded_backward`); same gradients, no double backward. Off,
+    autograd runs them one after another.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
@@ -105,7 +105,7 @@ class DataParallel(nn.Module):
         devices = devices[: len(inputs)]
         initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
         threaded = self.backward_threads and threaded_backward.applies(
-            self.module, devices, inputs, kwargs)
+            devices, inputs, kwargs)
         if threaded:  # detached replicas: each runs its backward in its own thread
             replicas, leaves = replicate_detached(self.module, devices)
         else:
@@ -113,7 +113,7 @@ class DataParallel(nn.Module):
         timed = self.auto is not None and self.training and torch.is_grad_enabled()
         runs = [_Timed(r) for r in replicas] if timed else replicas
         with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
-            outputs = self.parallel_apply(runs, inputs, kwargs, devices)
+            outputs = self.parallel_apply(runs, inputs, kwargs, devices, separate_backward=threaded)
         if timed:
             seconds = iter(r.seconds for r in runs)
             self.auto.observe(self.last_shares, [measured(i, n, next(seconds)) if n else 0.0
@@ -161,8 +161,10 @@ class DataParallel(nn.Module):
     def replicate(self, module: nn.Module, device_ids: Sequence[torch.device]) -> list[nn.Module]:
         return replicate(module, device_ids)
 
-    def parallel_apply(self, replicas, inputs, kwargs, device_ids) -> list:
-        return parallel_apply(replicas, inputs, kwargs, device_ids)
+    def parallel_apply(self, replicas, inputs, kwargs, device_ids,
+                       separate_backward: bool = False) -> list:
+        return parallel_apply(replicas, inputs, kwargs, device_ids,
+                              separate_backward=separate_backward)
 
     def sync_buffers(self, replicas: Sequence[nn.Module], inputs, kwargs) -> None:
         sizes = [batch_size((a, k), self.dim) or 1 for a, k in zip(inputs, kwargs)]

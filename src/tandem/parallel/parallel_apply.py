@@ -154,12 +154,14 @@ def _raise_named(exc: BaseException, index: int, device: torch.device):
 
 
 def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
-                   devices: Sequence | None = None) -> list:
+                   devices: Sequence | None = None, separate_backward: bool = False) -> list:
     """Apply ``modules[i]`` to ``inputs[i]`` for every ``i``, each in its own thread.
 
     ``inputs[i]`` is a tuple (or list) of positional arguments, or one argument;
     ``kwargs_list[i]`` holds keyword arguments; ``devices[i]`` says where replica ``i`` runs
-    (inferred from its inputs or parameters when omitted). Returns the outputs in order.
+    (inferred from its inputs or parameters when omitted). ``separate_backward``: the caller
+    will run each replica's backward in its own thread (layers read it from the
+    :class:`ReplicaGroup`). Returns the outputs in order.
     """
     n = len(modules)
     if len(inputs) != n:
@@ -174,7 +176,7 @@ def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | 
         raise UsageError(f"parallel_apply got {n} modules but {len(devices)} devices")
     if n == 0:
         return []
-    group = ReplicaGroup(devices)
+    group = ReplicaGroup(devices, separate_backward=separate_backward)
     if n == 1:  # inline: the caller's thread settings already apply
         try:
             with use(ReplicaContext(0, devices[0], group)):

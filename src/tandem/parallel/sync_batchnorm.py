@@ -22,7 +22,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from tandem.errors import UsageError
 
 from . import context
-from .sync_functions import GlobalMoments, LocalMoments, Normalize
+from .sync_functions import (GlobalMoments, LocalMoments, Normalize, ReplicaMoments,
+                             SharedMoments)
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
@@ -51,8 +52,8 @@ class SyncBatchNorm(_BatchNorm):
     raising; double backward through a synchronized forward raises.
     """
 
-    #: its backward merges gradients over replicas (one node for all): the threaded backward
-    #: of :mod:`tandem.parallel.threaded_backward` must not split it by replica
+    #: its backward meets the other replicas': under the threaded backward
+    #: (:mod:`tandem.parallel.threaded_backward`) every replica must run its backward
     exchanges_in_backward = True
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
@@ -92,9 +93,15 @@ class SyncBatchNorm(_BatchNorm):
             count = input.numel() // input.size(1) if input.size(1) else 0
             part = _Part(moments, count, input.device, self._buffer_ids())
             key = replica.next_key(("SyncBatchNorm", self._sync_tag))
-            total, owner = replica.group.combine(
-                key, replica.index, part, lambda parts: _merge_replicas(parts, group)
-            )
+            if replica.group.separate_backward:  # each replica's own node, meeting in backward
+                shared, owner = replica.group.combine(
+                    key, replica.index, part, lambda parts: _share_replicas(parts, group))
+                anchor = _anchor(input) if group is not None else None
+                total = ReplicaMoments.apply(shared, replica.index, key[0], anchor, moments)
+            else:
+                total, owner = replica.group.combine(
+                    key, replica.index, part, lambda parts: _merge_replicas(parts, group)
+                )
         else:
             (total,) = GlobalMoments.apply(group, [input.device], _anchor(input), moments)
             owner = True
@@ -142,26 +149,41 @@ def _anchor(x: torch.Tensor):
     return torch.zeros((), device=x.device, requires_grad=True)
 
 
-def _merge_replicas(parts: list[_Part], group) -> list[tuple]:
-    """Run once, by the last replica to arrive: one GlobalMoments node for all replicas.
-
-    Returns ``(moments on replica i's device, owner)`` per replica; ``owner`` is False for a
-    replica whose running-stat buffers share storage with an earlier replica's, so that shared
-    buffers are updated once.
-    """
+def _check_parts(parts: list[_Part], group) -> list[bool]:
+    """Refuse parts that cannot merge; return each replica's ``owner`` flag: False for a
+    replica whose running-stat buffers share storage with an earlier replica's, so that
+    shared buffers are updated once."""
     channels = {p.moments.shape[-1] for p in parts}
     if len(channels) != 1:
         raise UsageError(f"SyncBatchNorm replicas disagree on channels: {sorted(channels)}")
     if group is None:
         _check_count(sum(p.count for p in parts), f"{len(parts)} replicas")
-    anchor = _anchor(parts[0].moments) if group is not None else None
-    totals = GlobalMoments.apply(group, [p.device for p in parts], anchor,
-                                 *[p.moments for p in parts])
     seen, owners = set(), []
     for p in parts:
         owners.append(p.buffers not in seen)
         seen.add(p.buffers)
+    return owners
+
+
+def _merge_replicas(parts: list[_Part], group) -> list[tuple]:
+    """Run once, by the last replica to arrive: one GlobalMoments node for all replicas.
+
+    Returns ``(moments on replica i's device, owner)`` per replica (see ``_check_parts``).
+    """
+    owners = _check_parts(parts, group)
+    anchor = _anchor(parts[0].moments) if group is not None else None
+    totals = GlobalMoments.apply(group, [p.device for p in parts], anchor,
+                                 *[p.moments for p in parts])
     return list(zip(totals, owners))
+
+
+def _share_replicas(parts: list[_Part], group) -> list[tuple]:
+    """Run once, by the last replica to arrive: the statistics every replica's own
+    :class:`ReplicaMoments` node returns. ``(shared, owner)`` per replica."""
+    owners = _check_parts(parts, group)
+    with torch.no_grad():
+        shared = SharedMoments(group, [p.moments.detach() for p in parts])
+    return [(shared, owner) for owner in owners]
 
 
 def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:

@@ -4,7 +4,9 @@ Each replica's share is summarised per channel as ``[count, mean, m2]`` (``m2``:
 deviations from its own mean) and merged with Chan et al.'s pairwise formula, which keeps
 precision where sums of squares would cancel. :class:`LocalMoments` and :class:`Normalize` run
 per replica; :class:`GlobalMoments` is ONE node for all replicas, because replicas sharing a
-device share an autograd thread and a barrier in backward would deadlock.
+device share an autograd thread and a barrier in backward would deadlock. Replicas that each
+run their own backward thread (:mod:`tandem.parallel.threaded_backward`) get one
+:class:`ReplicaMoments` node each instead, which meet in backward.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
+from . import context
+
 __all__ = ["accumulation_dtype", "local_moments", "merge_moments", "LocalMoments",
-           "GlobalMoments", "Normalize"]
+           "GlobalMoments", "SharedMoments", "ReplicaMoments", "Normalize"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -102,6 +106,42 @@ class LocalMoments(torch.autograd.Function):
         return torch.addcmul(offset, centered, slope).to(x.dtype)
 
 
+def _global_stats(group, parts):
+    """``(local, merged, total, stats)`` for the replicas' ``parts`` (each ``(3, C)``):
+    stacked on the first part's device, merged over this process, over every process (one
+    ``all_gather`` with ``group``), and ``[count, mean, var, unbiased var]``."""
+    home = parts[0].device
+    local = torch.stack([p.to(home) for p in parts])  # (P, 3, C)
+    merged = merge_moments(local)  # this process's replicas, (3, C)
+    if group is not None:
+        gathered = [torch.empty_like(merged) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, merged.contiguous(), group=group)
+        total = merge_moments(torch.stack(gathered))
+    else:
+        total = merged
+    n, mean, m2 = total.unbind(0)
+    stats = torch.stack([n, mean, m2 / n.clamp(min=1), m2 / (n - 1).clamp(min=1)])
+    return local, merged, total, stats
+
+
+def _part_grads(group, local, merged, total, grads) -> torch.Tensor:
+    """Every part's gradient ``(P, 3, C)`` from the gradients of the replicas' ``stats``
+    (``None`` where a replica's stats got none), summed in replica order; with ``group``,
+    one ``all_reduce`` of a ``(2, C)`` tensor adds every process's."""
+    home = local.device
+    present = [g.to(home) for g in grads if g is not None]
+    grad = torch.stack(present).sum(0) if present else torch.zeros_like(total)
+    g_mean, g_m2 = grad[1], grad[2] / total[0].clamp(min=1)  # var = m2 / n
+    if group is not None:
+        # Every process's loss depends on the global moments: sum their gradients, then
+        # take this process's share of the merge over processes.
+        both = torch.stack([g_mean, g_m2])
+        dist.all_reduce(both, group=group)
+        share = _merge_grads(merged.unsqueeze(0), total, both[0], both[1])[0]
+        g_mean, g_m2 = share[1], share[2]
+    return _merge_grads(local, merged, g_mean, g_m2)
+
+
 class GlobalMoments(torch.autograd.Function):
     """Merge every replica's part (and, with ``group``, every process's) into global statistics.
 
@@ -117,17 +157,7 @@ class GlobalMoments(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, group, devices: Sequence[torch.device], anchor, *parts):
-        home = parts[0].device
-        local = torch.stack([p.to(home) for p in parts])  # (P, 3, C)
-        merged = merge_moments(local)  # this process's replicas, (3, C)
-        if group is not None:
-            gathered = [torch.empty_like(merged) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(gathered, merged.contiguous(), group=group)
-            total = merge_moments(torch.stack(gathered))
-        else:
-            total = merged
-        n, mean, m2 = total.unbind(0)
-        stats = torch.stack([n, mean, m2 / n.clamp(min=1), m2 / (n - 1).clamp(min=1)])
+        local, merged, total, stats = _global_stats(group, parts)
         ctx.group = group
         ctx.devices = [p.device for p in parts]
         ctx.save_for_backward(local, merged, total)
@@ -138,23 +168,52 @@ class GlobalMoments(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads):
         local, merged, total = ctx.saved_tensors
-        home = local.device
-        present = [g.to(home) for g in grads if g is not None]
-        grad = torch.stack(present).sum(0) if present else torch.zeros_like(total)
-        g_mean, g_m2 = grad[1], grad[2] / total[0].clamp(min=1)  # var = m2 / n
-        if ctx.group is not None:
-            # Every process's loss depends on the global moments: sum their gradients, then
-            # take this process's share of the merge over processes.
-            both = torch.stack([g_mean, g_m2])
-            dist.all_reduce(both, group=ctx.group)
-            share = _merge_grads(merged.unsqueeze(0), total, both[0], both[1])[0]
-            g_mean, g_m2 = share[1], share[2]
-        part_grads = _merge_grads(local, merged, g_mean, g_m2)
+        part_grads = _part_grads(ctx.group, local, merged, total, grads)
         out = [
             part_grads[i].to(device) if ctx.needs_input_grad[3 + i] else None
             for i, device in enumerate(ctx.devices)
         ]
         return (None, None, None, *out)
+
+
+class SharedMoments:
+    """The global statistics of one synchronised layer call, shared by replicas that each run
+    their own backward (:class:`ReplicaMoments`); built once, by the last replica to arrive."""
+
+    def __init__(self, group, parts: Sequence[torch.Tensor]):
+        self.group, self.devices = group, [p.device for p in parts]
+        self.local, self.merged, self.total, stats = _global_stats(group, parts)
+        self.stats = [stats.to(d, copy=True) for d in self.devices]
+
+    def part_grads(self, grads: list) -> list:
+        """Each replica's part gradient, on its device (run once, in backward)."""
+        found = _part_grads(self.group, self.local, self.merged, self.total, grads)
+        return [found[i].to(d) for i, d in enumerate(self.devices)]
+
+
+class ReplicaMoments(torch.autograd.Function):
+    """Replica ``index``'s view of :class:`SharedMoments`: ``apply(shared, index, key, anchor,
+    part)`` returns its ``(4, C)`` statistics; its backward meets the other replicas' under
+    ``key`` (each replica runs its backward in its own thread,
+    :mod:`tandem.parallel.threaded_backward`) and returns this replica's part gradient.
+    ``anchor``: as for :class:`GlobalMoments`, so every replica reaches the meeting."""
+
+    @staticmethod
+    def forward(ctx, shared, index, key, anchor, part):
+        ctx.shared, ctx.index, ctx.key = shared, index, key
+        return shared.stats[index].clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        shared, ctx.shared = ctx.shared, None
+        here = context.current()
+        if here is None or shared is None:
+            raise RuntimeError("SyncBatchNorm: a replica's statistics were built for the "
+                               "threaded backward of DataParallel, which must run them")
+        key = here.next_key(ctx.key)
+        part = here.group.combine(key, ctx.index, grad, shared.part_grads)
+        return None, None, None, None, part
 
 
 class Normalize(torch.autograd.Function):

@@ -10,9 +10,10 @@ ONE node, :class:`_Join`. Its backward runs every replica's backward in the repl
 and sums the leaves' gradients into the parameters in replica order, so the bits do not depend
 on which thread finishes first.
 
-Limits: no double backward (``create_graph=True`` sees the join as a constant), and modules
-that exchange data between replicas in backward (``SyncBatchNorm``) keep the one-thread path;
-:func:`applies` says when this path is taken.
+Modules that exchange data between replicas in backward (``SyncBatchNorm``) meet in the
+replica threads (``ReplicaGroup.separate_backward``), so every replica runs its backward, with
+zero gradients for outputs the loss did not use. Limit: no double backward
+(``create_graph=True`` is refused). :func:`applies` says when this path is taken.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch import nn
 
 from .broadcast import _ordered_sum
 from .parallel_apply import parallel_apply
@@ -29,26 +29,21 @@ from .scatter_gather import map_tensors
 __all__ = ["applies", "join"]
 
 
-def _exchanges_in_backward(module: nn.Module) -> bool:
-    return any(getattr(type(m), "exchanges_in_backward", False) for m in module.modules())
-
-
 def _requires_grad(obj) -> bool:
     found = []
     map_tensors(obj, lambda t: found.append(t.requires_grad) or t)
     return any(found)
 
 
-def applies(module: nn.Module, devices: Sequence[torch.device], inputs, kwargs) -> bool:
-    """Whether a forward of ``module`` over ``devices`` should take the threaded backward:
+def applies(devices: Sequence[torch.device], inputs, kwargs) -> bool:
+    """Whether a forward over ``devices`` should take the threaded backward:
     grad is on, two replicas or more are on the CPU (so autograd would run their backward in
-    one thread), no input needs a gradient and nothing in ``module`` exchanges data between
-    replicas in backward."""
+    one thread) and no input needs a gradient."""
     if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
     if sum(d.type == "cpu" for d in devices) < 2:
         return False
-    return not (_requires_grad((inputs, kwargs)) or _exchanges_in_backward(module))
+    return not _requires_grad((inputs, kwargs))
 
 
 class _Backward:
@@ -80,10 +75,12 @@ class _ReplicaBackward:
         self.outputs, self.grads, self.leaves = outputs, grads, leaves
 
     def __call__(self):
-        pairs = [(o, g) for o, g in zip(self.outputs, self.grads) if g is not None]
-        if not pairs or not any(leaf.requires_grad for _, leaf in self.leaves):
+        if not any(leaf.requires_grad for _, leaf in self.leaves):
             return None
-        outs, grads = zip(*pairs)
+        # zeros for outputs the loss did not use: a replica must still run its backward, to
+        # meet the others where layers exchange gradients (SyncBatchNorm)
+        outs = self.outputs
+        grads = [torch.zeros_like(o) if g is None else g for o, g in zip(outs, self.grads)]
         # backward() into the leaves rather than grad(inputs=...): reentrant checkpointing
         # inside the replica refuses the latter
         torch.autograd.backward(outs, grads)
