@@ -28,6 +28,9 @@ BN_CASES = [
     ("threads_in_processes", 4, [5, 3], [[2, 3], [1, 2]], 0.2),
 ]
 DDP_CASES = [("ddp_uneven", [5, 2]), ("ddp_empty_rank", [6, 0])]
+# tandem DataParallel over 2 CPU replicas inside each process (each replica's backward in its
+# own thread, SyncBatchNorm meeting there and across processes); a rank of 1 sample runs one
+DP_CASES = [("dp_in_processes", [5, 3]), ("dp_and_one_replica", [4, 1])]
 SHAPES = {2: (3,), 3: (3, 4), 4: (3, 3, 2), 5: (3, 2, 2, 2)}
 
 
@@ -110,6 +113,18 @@ def run_ddp_case(rank, device, index, sizes):
     return dict(state=state_of(model))
 
 
+def run_dp_case(rank, device, index, sizes):
+    from tandem.parallel import DataParallel
+
+    x, y = [t.to(device) for t in ddp_data(10 + index, sum(sizes))]
+    model = convert_sync_batchnorm(conv_net()).to(device)
+    part = rank_slice(sizes, rank)
+    out = DataParallel(model, [device, device])(x[part])
+    nn.functional.cross_entropy(out, y[part], reduction="sum").backward()
+    return dict(grads={k: p.grad.cpu() for k, p in model.named_parameters()},
+                state=state_of(model))
+
+
 def run_one_value_case(rank, device):
     """A global batch of 1 sample (rank 0) + 0 samples (rank 1): both ranks must raise."""
     bn = SyncBatchNorm(3).to(device)
@@ -136,6 +151,8 @@ def worker(rank, out_dir, backend):
             results[name] = run_bn_case(rank, device, index, dims, sizes, split, momentum)
         for index, (name, sizes) in enumerate(DDP_CASES):
             results[name] = run_ddp_case(rank, device, index, sizes)
+        for index, (name, sizes) in enumerate(DP_CASES):
+            results[name] = run_dp_case(rank, device, index, sizes)
         results["one_value"] = run_one_value_case(rank, device)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -219,6 +236,21 @@ def test_gloo_processes_match_whole_batch(rank_results, index):
 @pytest.mark.parametrize("index", range(len(DDP_CASES)), ids=[c[0] for c in DDP_CASES])
 def test_torch_ddp_with_sync_batchnorm_matches_one_process(rank_results, index):
     check_ddp_case(rank_results, index)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(DP_CASES)), ids=[c[0] for c in DP_CASES])
+def test_data_parallel_replicas_inside_processes_match_one_process(rank_results, index):
+    name, sizes = DP_CASES[index]
+    x, y = ddp_data(10 + index, sum(sizes))
+    ref = convert_sync_batchnorm(conv_net())  # plain batch norm outside a group
+    nn.functional.cross_entropy(ref(x), y, reduction="sum").backward()
+    got = [r[name] for r in rank_results]
+    for key, p in ref.named_parameters():  # each rank holds its own samples' share
+        torch.testing.assert_close(sum(g["grads"][key] for g in got), p.grad, **close)
+    for g in got:
+        for key, value in ref.state_dict().items():
+            torch.testing.assert_close(g["state"][key], value, **close)
 
 
 @pytest.mark.slow
