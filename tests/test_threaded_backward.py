@@ -101,7 +101,7 @@ def test_every_replica_runs_its_backward_in_a_thread_of_its_own():
             return x
 
     model = nn.Sequential(nn.Linear(4, 4), Probe(), nn.Linear(4, 2))
-    DataParallel(model, ["cpu", "cpu"])(torch.randn(5, 4)).sum().backward()
+    DataParallel(model, ["cpu", "cpu"], backward_threads=True)(torch.randn(5, 4)).sum().backward()
     assert sorted(seen) == [2, 3]  # both chunks' backward ran
     assert len(set(seen.values())) == 2 and threading.get_ident() not in seen.values()
 
@@ -135,10 +135,28 @@ def test_sync_batchnorm_replicas_meet_in_backward_threads_exactly(n, batch):
     assert _dist(_grads(model), expected[:-2]) > 1000 * TOL64
 
 
+@pytest.mark.parametrize("threads, replicas, expected", [(1, 2, True), (2, 3, True),
+                                                        (2, 2, False), (4, 3, False)])
+def test_by_default_the_threads_run_where_they_add_cores(threads, replicas, expected):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x, y = _batch(6)
+        out = DataParallel(_net(), ["cpu"] * replicas)(x)
+        joined = any("_Join" in type(f).__name__ for f, _ in out.grad_fn.next_functions)
+        forced = DataParallel(_net(), ["cpu"] * replicas, backward_threads=True)(x)
+        never = DataParallel(_net(), ["cpu"] * replicas, backward_threads=False)(x)
+    finally:
+        torch.set_num_threads(before)
+    assert joined == expected
+    assert any("_Join" in type(f).__name__ for f, _ in forced.grad_fn.next_functions)
+    assert not any("_Join" in type(f).__name__ for f, _ in never.grad_fn.next_functions)
+
+
 def test_sync_batchnorm_replica_whose_output_is_unused_still_meets_the_others():
     x, y = _batch(6)
     model = convert_sync_batchnorm(_net(bn=True))
-    out = DataParallelModel(model, ["cpu"] * 3)(x)
+    out = DataParallelModel(model, ["cpu"] * 3, backward_threads=True)(x)
     nn.functional.cross_entropy(out[0], y[:2], reduction="sum").backward()  # replica 0 only
     reference = _net(bn=True)
     nn.functional.cross_entropy(reference(x)[:2], y[:2], reduction="sum").backward()
@@ -149,7 +167,7 @@ def test_buffers_of_the_home_replica_update_in_place():
     model = _net(bn=True)
     before = model[1].running_mean.clone()
     x, _ = _batch(6)
-    DataParallel(model, ["cpu"] * 2)(x).sum().backward()
+    DataParallel(model, ["cpu"] * 2, backward_threads=True)(x).sum().backward()
     reference = _net(bn=True)
     reference(x[:3])
     assert torch.equal(model[1].running_mean, reference[1].running_mean)
@@ -174,7 +192,7 @@ def test_an_error_in_a_replica_s_backward_names_the_replica():
         def forward(self, x):
             return Fails.apply(super().forward(x))
 
-    out = DataParallel(Net(4, 2), ["cpu", "cpu"])(torch.randn(5, 4))
+    out = DataParallel(Net(4, 2), ["cpu", "cpu"], backward_threads=True)(torch.randn(5, 4))
     with pytest.raises(ValueError, match="replica 1 on cpu: bad gradient"):
         out.sum().backward()
 
@@ -182,7 +200,7 @@ def test_an_error_in_a_replica_s_backward_names_the_replica():
 def test_double_backward_is_one_clear_error():
     model = _net()
     x, y = _batch(4)
-    loss = nn.functional.cross_entropy(DataParallel(model, ["cpu"] * 2)(x), y)
+    loss = nn.functional.cross_entropy(DataParallel(model, ["cpu"] * 2, backward_threads=True)(x), y)
     with pytest.raises(RuntimeError, match="backward_threads=False"):
         torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
     # the one-thread path supports it
@@ -204,7 +222,7 @@ def test_reentrant_checkpointing_inside_a_replica():
 
     x, y = _batch(6)
     model = Checkpointed()
-    nn.functional.cross_entropy(DataParallel(model, ["cpu"] * 2)(x), y).backward()
+    nn.functional.cross_entropy(DataParallel(model, ["cpu"] * 2, backward_threads=True)(x), y).backward()
     assert _dist(_grads(model), _single(x, y)) < TOL64
 
 
@@ -220,7 +238,7 @@ def test_frozen_and_unused_parameters_get_no_gradient():
     model = WithUnused()
     model.net[0].weight.requires_grad_(False)
     x, y = _batch(5)
-    nn.functional.cross_entropy(DataParallel(model, ["cpu"] * 2)(x), y).backward()
+    nn.functional.cross_entropy(DataParallel(model, ["cpu"] * 2, backward_threads=True)(x), y).backward()
     assert model.net[0].weight.grad is None and model.unused.weight.grad is None
     assert model.net[0].bias.grad is not None
 
@@ -229,7 +247,7 @@ def test_inputs_that_need_a_gradient_keep_autograd_s_path():
     model = _net()
     x, y = _batch(5)
     x.requires_grad_(True)
-    nn.functional.cross_entropy(DataParallel(model, ["cpu"] * 2)(x), y).backward()
+    nn.functional.cross_entropy(DataParallel(model, ["cpu"] * 2, backward_threads=True)(x), y).backward()
     reference = x.detach().clone().requires_grad_(True)
     nn.functional.cross_entropy(_net()(reference), y).backward()
     assert (x.grad - reference.grad).abs().max().item() < TOL64

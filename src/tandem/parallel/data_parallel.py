@@ -71,15 +71,15 @@ class DataParallel(nn.Module):
     device's chunk. The update is the same whatever the shares. ``last_shares`` holds the
     chunk sizes of the last forward, one per device.
 
-    ``backward_threads`` (default on): CPU replicas each run their backward in their own
-    thread instead of all in autograd's one CPU thread
-    (:mod:`tandem.parallel.threaded_backward`); same gradients, no double backward. Off,
-    autograd runs them one after another.
+    ``backward_threads``: ``True`` runs each CPU replica's backward in its own thread instead
+    of all in autograd's one CPU thread (:mod:`tandem.parallel.threaded_backward`; same
+    gradients, no double backward); ``False`` never; ``None`` (default) when that adds cores:
+    with fewer intra-op threads than CPU replicas.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
                  output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None,
-                 split=None, max_share: int | None = None, backward_threads: bool = True):
+                 split=None, max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
         self.backward_threads = backward_threads
         self.buffer_policy = check_policy(buffers)
@@ -104,8 +104,7 @@ class DataParallel(nn.Module):
         inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
         devices = devices[: len(inputs)]
         initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
-        threaded = self.backward_threads and threaded_backward.applies(
-            devices, inputs, kwargs)
+        threaded = threaded_backward.applies(devices, inputs, kwargs, self.backward_threads)
         if threaded:  # detached replicas: each runs its backward in its own thread
             replicas, leaves = replicate_detached(self.module, devices)
         else:

@@ -35,15 +35,25 @@ def _requires_grad(obj) -> bool:
     return any(found)
 
 
-def applies(devices: Sequence[torch.device], inputs, kwargs) -> bool:
-    """Whether a forward over ``devices`` should take the threaded backward:
-    grad is on, two replicas or more are on the CPU (so autograd would run their backward in
-    one thread) and no input needs a gradient."""
-    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+def applies(devices: Sequence[torch.device], inputs, kwargs, wanted: bool | None = None) -> bool:
+    """Whether a forward over ``devices`` should take the threaded backward: grad is on, two
+    replicas or more are on the CPU, no input needs a gradient, and ``wanted`` is True, or
+    ``None`` and the replica threads use more cores than autograd's one thread would.
+
+    That thread runs each replica's backward with all of the process's intra-op threads, the
+    replica threads with their share each (``parallel_apply``), so the threads add cores only
+    when there are fewer intra-op threads than CPU replicas, such as one each
+    (``tandem bench --threads 1``). Where they add none, one thread was faster here (about
+    10%, BENCHMARKS.md section 1)."""
+    if wanted is False or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
-    if sum(d.type == "cpu" for d in devices) < 2:
+    cpu = sum(d.type == "cpu" for d in devices)
+    if cpu < 2 or _requires_grad((inputs, kwargs)):
         return False
-    return not _requires_grad((inputs, kwargs))
+    if wanted is None:
+        total = torch.get_num_threads()
+        return cpu * max(1, total // cpu) > total
+    return True
 
 
 class _Backward:
