@@ -55,3 +55,5 @@ tandem bench --arch cifar_resnet20 --strategies single,dp,balanced,ddp --devices
 "$PY" benchmarks/profile_compile.py --batch-size 128 --threads "$THREADS" --steps 3 \
     > "$OUT/profile_compile.txt"
 PYTHON="$PY" benchmarks/bench_loader.sh "$OUT"  # table 8: its own script, runnable alone
+tandem bench --arch cifar_resnet20 --strategies single,dp --devices cpu:2 --batch-size 64 \
+    --steps 30 --warmup 5 --loop --baselines none --json "$OUT/cpu_loop.json"  # table 11

@@ -45,7 +45,8 @@ def test_every_config_field_has_exactly_one_flag():
 
 def test_the_flags_are_the_ones_it_had_plus_the_fields_that_had_none():
     flags = {s for a in _bench_parser()._actions for s in a.option_strings}
-    added_since = {"--handicap", "--variants"}  # issues 22 and 24's fields, derived alike
+    added_since = {"--handicap", "--variants",  # issues 22 and 24's fields, derived alike
+                   "--loop", "-p", "--print-freq"}
     assert flags == _FLAGS_BEFORE | {"--lr", "--no-cudnn-benchmark"} | added_since
 
 
@@ -60,12 +61,13 @@ def test_every_flag_reaches_its_field():
                   "--amp", "--amp-dtype", "bf16", "--channels-last", "--sync-bn", "--buffers",
                   "average", "--baselines", "none", "--lr", "0.5", "--seed", "3",
                   "--dist-timeout", "10", "--no-cudnn-benchmark", "--threads", "2", "--compile",
-                  "--compile-mode", "max-autotune")
+                  "--compile-mode", "max-autotune", "--loop", "-p", "4")
     assert config_from_args(BenchConfig, args) == BenchConfig(
         arch="resnet18", strategies=("single", "dp"), devices="cpu:2", batch_size=8, steps=2,
         warmup=1, image_size=16, num_classes=5, amp=True, amp_dtype="bf16", channels_last=True,
         sync_bn=True, buffers="average", baselines=(), lr=0.5, seed=3, dist_timeout=10.0,
-        cudnn_benchmark=False, threads=2, compile=True, compile_mode="max-autotune")
+        cudnn_benchmark=False, threads=2, compile=True, compile_mode="max-autotune",
+        loop=True, print_freq=4)
 
 
 def test_a_bad_choice_is_the_configs_one_line(capsys):

@@ -67,6 +67,7 @@ class BenchConfig:
     per replica (default: torch's choice here, divided by N in each of N torchrun workers).
     ``compile`` adds a ``<name>+compile`` twin of every contestant; its warm-up step compiles.
     ``variants`` races ``<name>+cl``, ``+amp`` and ``+amp+cl`` twins (:mod:`.variants`).
+    ``loop`` adds a ``<name>/loop`` twin of every strategy contestant (:mod:`.loop`).
     """
 
     arch: str = opt(MISSING, "model name (see `tandem models`); required unless --data times "
@@ -108,6 +109,10 @@ class BenchConfig:
     compile: bool = opt(False, "also race a compiled twin (<name>+compile) of every contestant")
     compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
                                    choices=COMPILE_MODES)
+    loop: bool = opt(False, "also race a twin (<name>/loop) of every strategy contestant that "
+                     "times one whole `tandem train` loop step (on device batches, no loader)")
+    print_freq: int = opt(0, "with --loop: the loop twins' --print-freq (their lines go to "
+                          "stderr; 0: never)", "-p", "--print-freq", metavar="N")
     handicap: str | None = opt(None, "I:F: replica or rank I takes F times as long per sample "
                                "(extra passes over its own chunk, not a sleep); each "
                                "strategy that splits the batch then races with an equal "
@@ -153,6 +158,10 @@ class BenchConfig:
             raise UsageError("--compile-mode needs --compile")
         if self.compile and self.warmup < 1:
             raise UsageError("--compile needs --warmup >= 1 (the first step compiles)")
+        if self.print_freq < 0:
+            raise UsageError(f"bad print_freq {self.print_freq!r}: must be >= 0")
+        if self.print_freq and not self.loop:
+            raise UsageError("--print-freq is the loop twins' (it needs --loop)")
         if self.dist_timeout <= 0:
             raise UsageError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
         self.device_list = parse_device_spec(self.devices, "--devices")

@@ -16,7 +16,8 @@ from torch import nn
 from tandem.precision import Precision
 
 __all__ = ["COMPILED", "SPLITS", "Contestant", "Handicap", "TrainStep", "synthetic_batch",
-           "module_tensors", "strategy_contestant", "skipped", "place", "split_of"]
+           "module_tensors", "strategy_contestant", "skipped", "place", "split_of",
+           "prepare_strategy", "rank_share", "timed_devices", "uncounted_traffic"]
 
 COMPILED = "+compile"  # suffix of a contestant's compiled twin ("single+compile")
 # --handicap races every strategy that splits the batch three ways: "dp" (equal shares),
@@ -187,18 +188,16 @@ def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
     return model, images, targets.to(device)
 
 
-def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device],
-                        batch: tuple[torch.Tensor, torch.Tensor], *, amp: Precision, lr: float,
-                        channels_last: bool = False, sync_bn: bool = False,
-                        buffers: str = "replica0", compiled: bool = False,
-                        compile_mode: str | None = None, split=None,
-                        handicap: tuple[int, float] | None = None) -> Contestant:
-    """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over).
+def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],
+                     batch: tuple[torch.Tensor, torch.Tensor], *, channels_last: bool = False,
+                     sync_bn: bool = False, buffers: str = "replica0", compiled: bool = False,
+                     compile_mode: str | None = None, split=None,
+                     handicap: tuple[int, float] | None = None):
+    """Launch strategy ``name`` on ``devices`` and set ``model`` (which it takes over) up in it;
+    ``(strategy, wrapped, images, targets)``, the batch on the strategy's device.
 
-    ``compiled`` builds the ``<name>+compile`` twin, compiled as ``tandem train --compile`` does.
-    ``split`` is the strategy's ``--split``; ``handicap`` ``(I, F)`` wraps the model in
-    :class:`Handicap`. ``batch`` is the global batch: a rank of a multi-process strategy
-    takes its share of it at every step, as the strategy's shares say at that step.
+    ``compiled`` compiles as ``tandem train --compile`` does; ``split`` is ``--split``;
+    ``handicap`` ``(I, F)`` wraps the model in :class:`Handicap`.
     """
     from tandem.strategies.base import create_strategy
     from tandem.strategies import compile as compiling
@@ -211,17 +210,49 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
     if compiled:
         compiling.check_compile(strategy, strategy.device.type)
         model = compiling.compiled(model, compile_mode)
-    wrapped = strategy.setup(model)
+    return strategy, strategy.setup(model), images, targets
+
+
+def rank_share(strategy, wrapped: nn.Module, images: torch.Tensor, targets: torch.Tensor):
+    """This rank's share of the global batch now (as the strategy's shares say); the whole
+    batch in a single process."""
+    if strategy.world_size == 1:
+        return images, targets
+    from tandem.parallel.split import shares
+
+    sizes = shares(len(targets), strategy.shares(wrapped) or (1.0,) * strategy.world_size)
+    lo = sum(sizes[:strategy.rank])
+    return images[lo:lo + sizes[strategy.rank]], targets[lo:lo + sizes[strategy.rank]]
+
+
+def timed_devices(strategy) -> list[torch.device]:
+    """The devices to synchronise around a step: a ddp worker holds one device of the list;
+    the others are other processes' business."""
+    return list(strategy.devices) if strategy.world_size == 1 else [strategy.device]
+
+
+def uncounted_traffic(strategy, wrapped: nn.Module) -> str | None:
+    """Traffic left to torch, which the engine's count misses (DDP's gradient all-reduce)."""
+    if isinstance(wrapped, nn.parallel.DistributedDataParallel) and strategy.world_size > 1:
+        return "torch DDP's gradient all-reduce"
+    return None
+
+
+def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device],
+                        batch: tuple[torch.Tensor, torch.Tensor], *, amp: Precision, lr: float,
+                        compiled: bool = False, **setup) -> Contestant:
+    """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over).
+
+    ``compiled`` builds the ``<name>+compile`` twin; ``setup`` are :func:`prepare_strategy`'s
+    keywords. ``batch`` is the global batch: a rank of a multi-process strategy takes its
+    share of it at every step, as the strategy's shares say at that step.
+    """
+    strategy, wrapped, images, targets = prepare_strategy(
+        name, model, devices, batch, compiled=compiled, **setup)
     criterion = nn.CrossEntropyLoss()
 
     def forward_loss() -> torch.Tensor:
-        x, y = images, targets
-        if strategy.world_size > 1:  # this rank's share of the global batch, now
-            from tandem.parallel.split import shares
-
-            sizes = shares(len(y), strategy.shares(wrapped) or (1.0,) * strategy.world_size)
-            lo = sum(sizes[:strategy.rank])
-            x, y = x[lo:lo + sizes[strategy.rank]], y[lo:lo + sizes[strategy.rank]]
+        x, y = rank_share(strategy, wrapped, images, targets)
         return strategy.forward_loss(wrapped, criterion, x, y).loss
 
     train_step = TrainStep(forward_loss, wrapped.parameters(), strategy.device, amp, lr)
@@ -231,13 +262,10 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
         strategy.rebalance(wrapped, 0, 0, 0)  # --split auto: every rank decides alike
         return loss
 
-    # A ddp worker holds one device of the list; the others are other processes' business.
-    timed_on = list(strategy.devices) if strategy.world_size == 1 else [strategy.device]
-    uncounted = None
-    if isinstance(wrapped, nn.parallel.DistributedDataParallel) and strategy.world_size > 1:
-        uncounted = "torch DDP's gradient all-reduce"
     return Contestant(
-        name=name + (COMPILED if compiled else ""), kind="strategy", devices=timed_on, step=step,
+        name=name + (COMPILED if compiled else ""), kind="strategy",
+        devices=timed_devices(strategy), step=step,
         own_tensors=lambda: module_tensors(wrapped, train_step.optimizer, images, targets),
-        counts_traffic=True, uncounted_traffic=uncounted, close=strategy.close,
+        counts_traffic=True, uncounted_traffic=uncounted_traffic(strategy, wrapped),
+        close=strategy.close,
     )

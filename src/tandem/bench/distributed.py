@@ -1,4 +1,5 @@
-"""The torchrun phase: ``ddp`` and ``torch_ddp`` (and twins), one process per device.
+"""The torchrun phase: ``ddp`` and ``torch_ddp`` (and twins, ``ddp/loop`` too), one process
+per device.
 
 The bench runs torchrun (:func:`tandem.distributed.launch.run_captured`) with one worker per
 device; each worker rebuilds the model and batch from the seed, takes its shard and races its
@@ -28,14 +29,15 @@ from tandem.distributed.process_group import backend_for
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .config import BenchConfig
-from .contestants import Contestant, split_of, strategy_contestant, synthetic_batch
+from .contestants import Contestant, split_of, synthetic_batch
+from .loop import builder, loop_base
 from .runner import empty_result, race
 from .variants import split_name
 
 __all__ = ["distributed_phase", "worker_main"]
 
 
-def _kind(name: str) -> str:
+def _kind(name: str) -> str:  # a loop twin is a strategy's
     return "baseline" if name.startswith("torch_ddp") else "strategy"
 
 
@@ -52,7 +54,7 @@ def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | No
     else:
         from .suite import strategy_skip_reason
 
-        label, _, compiled = split_name(name, config)
+        label, _, compiled = split_name(loop_base(name)[0], config)
         reason = strategy_skip_reason(split_of(label, None)[0], None, config.arch, compiled,
                                       devices[0].type)
     if reason is None and custom_model:
@@ -148,12 +150,13 @@ def worker_main(argv: list[str] | None = None) -> int:
     ddp_devices = [device] if device.type == "cpu" else config.device_list
     own_group = None
     for name in names:  # in this order on every rank, so that collectives pair up
-        label, variant, compiled = split_name(name, config)  # "dp/auto", "+amp+cl", compiled
+        plain, loop = loop_base(name)  # "dp/auto+amp/loop": the loop twin of "dp/auto+amp"
+        label, variant, compiled = split_name(plain, config)  # "dp/auto", "+amp", compiled
         amp = variant.precision(device, config.amp_dtype)
         if _kind(name) == "strategy":  # the strategy may create the process group itself
             # each rank takes its share of the global batch at every step (the split's)
             base, split = split_of(label, config.ideal_split())
-            contestant = strategy_contestant(
+            contestant = builder(loop, config)(
                 base, copy.deepcopy(template), ddp_devices, (images, targets), amp=amp,
                 lr=config.lr, channels_last=variant.channels_last, sync_bn=config.sync_bn,
                 buffers=config.buffers, compiled=compiled, compile_mode=config.compile_mode,

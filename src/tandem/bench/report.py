@@ -1,7 +1,8 @@
 """Turning a bench report (the dict from :func:`~tandem.bench.suite.run_bench`) into text.
 
 Per contestant: median step time and spread, images/s, speed-ups against ``single`` and
-``bare``, bytes moved and peak memory ("n/a": the device reports none). The JSON is unrounded.
+``bare``, bytes moved and peak memory ("n/a": the device reports none); with ``--loop`` each
+loop twin against its bench step. The JSON is unrounded.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 from typing import TextIO
+
+from .loop import loop_base
 
 __all__ = ["format_table", "write_json", "format_bytes", "explain"]
 
@@ -103,12 +106,28 @@ def format_table(report: dict) -> str:
     if variants:
         lines.append("vs its fp32 eager twin: " + ", ".join(
             f"{r['name']} {r['speedup_vs_plain']:.2f}x" for r in variants))
+    lines += _loop_lines(report["results"])
     torchrun = [r["name"] for r in report["results"]
                 if r["status"] == "ok" and r["phase"] == "torchrun"]
     if torchrun:
         lines.append(f"{', '.join(torchrun)} were timed in a separate torchrun phase, "
                      "not interleaved with the others.")
     return "\n".join(lines)
+
+
+def _loop_lines(results: list[dict]) -> list[str]:
+    """``--loop``: each loop twin's median (IQR) next to its bench step's, and their ratio."""
+    medians = {r["name"]: r["step_time_s"] for r in results if r["status"] == "ok"}
+    twins = [r for r in results if r.get("loop_over_step") is not None]
+    if not twins:
+        return []
+    lines = ["train loop step vs bench step (median ms, IQR; loop/step 1.00x: the loop costs "
+             "nothing more):"]
+    for r in twins:
+        loop, step = r["step_time_s"], medians[loop_base(r["name"])[0]]
+        lines.append(f"  {r['name']}: {_ms(loop['median'])} ({_ms(loop['iqr'])}) vs "
+                     f"{_ms(step['median'])} ({_ms(step['iqr'])}): {r['loop_over_step']:.3f}x")
+    return lines
 
 
 def write_json(report: dict, path: str, stream: TextIO | None = None) -> None:

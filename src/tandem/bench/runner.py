@@ -19,6 +19,7 @@ from tandem.parallel.traffic import TrafficMeter
 from tandem.strategies import strategy_names
 
 from .contestants import COMPILED, Contestant
+from .loop import loop_base
 from .timing import MemoryProbe, clock, summarize, synchronize
 
 __all__ = ["RESULT_FIELDS", "race", "empty_result", "add_ratios"]
@@ -37,6 +38,7 @@ RESULT_FIELDS = (
     "speedup_vs_bare",    # bare's median step time / this one's
     "speedup_vs_eager",   # for a "<name>+compile" twin: <name>'s median step time / this one's
     "speedup_vs_plain",   # for a "<base>+..." twin (--variants, +compile): <base>'s / this one's
+    "loop_over_step",     # for a "<name>/loop" twin (--loop): this one's median / <name>'s
     "first_step_s",       # the first, untimed step: for a compiled twin, mostly compile time
     "bytes_per_step",     # {total, by_kind, by_dst, uncounted}: tandem's engine count, else None
     "peak_memory_bytes",  # one entry per device; None where the device reports nothing
@@ -166,8 +168,8 @@ def _result(contestant: Contestant, lane: _Lane | None, steps: int, batch_size: 
 
 
 def add_ratios(results: list[dict]) -> list[dict]:
-    """Fill ``speedup_vs_single``, ``_vs_bare`` and (twins) ``_vs_eager`` and ``_vs_plain``
-    from median times."""
+    """Fill ``speedup_vs_single``, ``_vs_bare``, (twins) ``_vs_eager`` and ``_vs_plain``, and
+    (loop twins) ``loop_over_step`` from median times."""
     medians = {r["name"]: r["step_time_s"]["median"] for r in results if r["status"] == "ok"}
     for result in results:
         if result["status"] != "ok":
@@ -176,6 +178,11 @@ def add_ratios(results: list[dict]) -> list[dict]:
         for ref in (*strategy_names(reference=True), "bare"):
             if ref in medians:
                 result[f"speedup_vs_{ref}"] = medians[ref] / own
+        step, loop = loop_base(result["name"])
+        if loop:  # the train loop's own cost next to the bench step it runs
+            if step in medians:
+                result["loop_over_step"] = own / medians[step]
+            continue
         eager = result["name"].removesuffix(COMPILED)
         if eager != result["name"] and eager in medians:
             result["speedup_vs_eager"] = medians[eager] / own

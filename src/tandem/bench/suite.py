@@ -3,7 +3,8 @@
 Every contestant gets a deep copy of one seeded template model and the same batch. In-process
 contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``torch_ddp`` in a
 torchrun subprocess. ``--variants`` twins (:mod:`~tandem.bench.variants`) race next to each
-other; ``+compile`` twins compile in their warm-up step (``first_step_s``).
+other; ``+compile`` twins compile in their warm-up step (``first_step_s``); ``--loop`` twins
+(:mod:`~tandem.bench.loop`) race next to their strategy contestant.
 A skipped or failed contestant is reported with its reason and never stops the others.
 """
 
@@ -25,8 +26,8 @@ from tandem.strategies import Strategy, strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .config import BenchConfig
-from .contestants import (COMPILED, SPLITS, Contestant, skipped, split_of,
-                          strategy_contestant, synthetic_batch)
+from .contestants import COMPILED, SPLITS, Contestant, skipped, split_of, synthetic_batch
+from .loop import LOOP, builder
 from .runner import add_ratios, race
 from .variants import Variant, variants_of
 
@@ -100,17 +101,18 @@ def split_names(config: BenchConfig, name: str) -> list[str]:
 
 
 def _strategy(label: str, template: nn.Module, config: BenchConfig, batch,
-              variant: Variant, compiled: bool = False) -> Contestant:
-    """Strategy contestant ``label`` ("dp", "dp/auto", ...) in ``variant``, maybe compiled."""
+              variant: Variant, compiled: bool = False, loop: bool = False) -> Contestant:
+    """Strategy contestant ``label`` ("dp", "dp/auto", ...) in ``variant``, maybe compiled;
+    with ``loop`` its ``/loop`` twin (:mod:`.loop`)."""
     name, split = split_of(label, config.ideal_split())
     # A strategy that drives fewer devices gets only the first ones (it would warn otherwise).
     devices = config.device_list[:strategy_class(name).max_devices]
     reason = strategy_skip_reason(name, template, config.arch, compiled, devices[0].type)
-    label = label + variant.suffix + (COMPILED if compiled else "")
+    label = label + variant.suffix + (COMPILED if compiled else "") + (LOOP if loop else "")
     if reason:
         return skipped(label, "strategy", devices, reason)
     handicap = config.handicap_spec() if split_names(config, name) != [name] else None
-    return _build(label, "strategy", devices, lambda: strategy_contestant(
+    return _build(label, "strategy", devices, lambda: builder(loop, config)(
         name, copy.deepcopy(template), devices, batch,
         amp=variant.precision(devices[0], config.amp_dtype), lr=config.lr,
         channels_last=variant.channels_last, sync_bn=config.sync_bn, buffers=config.buffers,
@@ -123,12 +125,19 @@ def _twins(config: BenchConfig) -> list[tuple[Variant, bool]]:
                                                           else (False,))]
 
 
+def _loops(config: BenchConfig) -> tuple[bool, ...]:
+    """A strategy contestant, then with ``--loop`` its loop twin."""
+    return (False, True) if config.loop else (False,)
+
+
 def result_order(config: BenchConfig) -> list[str]:
     """Every contestant's name in table order: per contestant (and split), its variants and
-    their compiled twins."""
-    names = ["bare", *[n for s in config.strategies for n in split_names(config, s)],
-             "torch_dp", "torch_ddp"]
-    return [n + v.suffix + (COMPILED if c else "") for n in names for v, c in _twins(config)]
+    their compiled twins, a strategy's each followed by its loop twin."""
+    strategies = [n for s in config.strategies for n in split_names(config, s)]
+    return [n + v.suffix + (COMPILED if c else "") + (LOOP if loop else "")
+            for n in ["bare", *strategies, "torch_dp", "torch_ddp"]
+            for v, c in _twins(config)
+            for loop in (_loops(config) if n in strategies else (False,))]
 
 
 def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
@@ -172,8 +181,9 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
                                 compile_mode=config.compile_mode, **kw(v))))
     for name in config.strategies:
         if not strategy_class(name).multiprocess:
-            local += [_strategy(label, template, config, batch, v, c)
-                      for label in split_names(config, name) for v, c in twins]
+            local += [_strategy(label, template, config, batch, v, c, loop)
+                      for label in split_names(config, name) for v, c in twins
+                      for loop in _loops(config)]
     for v, c in twins if "torch_dp" in config.baselines else ():
         reason = torch_dp_skip_reason(devices, c)
         label = "torch_dp" + v.suffix + COMPILED * c
@@ -194,10 +204,11 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     if any(d.type == "cuda" for d in devices):
         torch.cuda.empty_cache()
 
-    remote = [label for n in config.strategies if strategy_class(n).multiprocess
-              for label in split_names(config, n)]
-    remote += (["torch_ddp"] if "torch_ddp" in config.baselines else [])
-    remote = [name + v.suffix + COMPILED * c for name in remote for v, c in twins]
+    remote = [label + v.suffix + COMPILED * c + LOOP * loop
+              for n in config.strategies if strategy_class(n).multiprocess
+              for label in split_names(config, n) for v, c in twins for loop in _loops(config)]
+    if "torch_ddp" in config.baselines:
+        remote += ["torch_ddp" + v.suffix + COMPILED * c for v, c in twins]
     if remote:
         results += distributed_phase(config, remote, custom_model=custom)
     order = result_order(config)

@@ -37,7 +37,7 @@ from .rundir import RunDir
 from .schedule import epoch_state, lr_factor
 from .tensorboard import TensorBoard
 
-__all__ = ["Position", "Trainer"]
+__all__ = ["EpochRun", "Position", "Trainer"]
 
 
 @dataclass
@@ -50,6 +50,22 @@ class Position:
 
     def as_dict(self) -> dict:
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
+
+
+@dataclass
+class EpochRun:
+    """What the steps of one epoch share: running sums, progress, the clock."""
+
+    meter: Meter
+    progress: Progress
+    carried_seconds: float = 0.0  # a resumed epoch's time before this invocation
+    start: float = field(default_factory=time.perf_counter)
+    look: bool = False  # the meter was read since the last look at the loss
+    stopped: bool = False  # --max-steps ended the epoch part-way
+    loss: torch.Tensor | None = None  # the last batch's mean loss, on the device
+
+    def seconds(self) -> float:
+        return self.carried_seconds + time.perf_counter() - self.start
 
 
 @dataclass
@@ -109,60 +125,84 @@ class Trainer:
     # -- one epoch --------------------------------------------------------------------------
     def train_epoch(self) -> tuple[Meter, bool, float]:
         """Train to the end of the epoch or ``--max-steps``; return meter, stopped?, seconds."""
+        run = self.begin_epoch()
+        loader = self.loader(self.train_set, train=True, epoch=self.position.epoch,
+                             start_batch=self.position.batch)
+        try:
+            for index, (images, targets) in enumerate(loader, start=self.position.batch):
+                images, targets = self.device_batch(images, targets)
+                if self.train_batch(run, index, images, targets) and self.after_step(run):
+                    break
+        finally:
+            run.progress.close()
+        return run.meter, run.stopped, run.seconds()
+
+    def begin_epoch(self) -> "EpochRun":
+        """The epoch's meter (with carried sums), progress and clock; the model in training
+        mode with no gradients. Data comes after: :meth:`train_batch` takes device batches."""
         cfg, s, pos = self.cfg, self.strategy, self.position
-        k, n = cfg.optim.accum_steps, self.batches_per_epoch
-        max_steps, save_every = cfg.optim.max_steps, cfg.run.save_every
-        print_freq = cfg.run.print_freq
         meter, carried_seconds = self._carried_meter()
-        progress = Progress(n, pos.batch, f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
+        print_freq = cfg.run.print_freq
+        progress = Progress(self.batches_per_epoch, pos.batch,
+                            f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
                             bar=s.is_main and not cfg.run.no_progress,
                             print_freq=print_freq if s.is_main else 0)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        stopped = look = False  # look: the meter was read since the last look at the loss
-        start = time.perf_counter()
-        loader = self.loader(self.train_set, train=True, epoch=pos.epoch, start_batch=pos.batch)
-        try:
-            for index, (images, targets) in enumerate(loader, start=pos.batch):
-                group_start = index - index % k
-                group_size = min(k, n - group_start)  # the epoch's last step may be shorter
-                last_micro = index == group_start + group_size - 1
-                images, targets = self.device_batch(images, targets)
-                sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
-                with sync:
-                    with self.autocast():
-                        out = s.forward_loss(self.model, self.criterion, images, targets)
-                    self.scaler.scale(out.loss / group_size).backward()
-                meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)  # no host sync
-                shown = progress.update(out.count * s.world_size, meter)
-                # Every process reads at --print-freq batches; a bar's refresh only the main one.
-                look |= (shown and s.world_size == 1) or (
-                    print_freq > 0 and (index + 1) % print_freq == 0)
-                if not last_micro:
-                    continue
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.scheduler.step()
-                pos.batch, pos.step = index + 1, pos.step + 1
-                self._rebalance(progress)
-                if look:
-                    look = False
-                    self._check_finite(meter)
-                if max_steps is not None and pos.step >= max_steps:
-                    stopped = pos.batch < n
-                    break
-                if s.stop_vote(self.stop.requested):  # every rank stops at this step
-                    self.stop.requested = True
-                    break
-                if save_every and pos.step % save_every == 0 and pos.batch < n:
-                    seconds = carried_seconds + time.perf_counter() - start
-                    sums = meter.reduced(s)
-                    self._check_finite(sums, weights=True)
-                    self.save(is_best=False, progress=_progress(sums, seconds))
-        finally:
-            progress.close()
-        return meter, stopped, carried_seconds + time.perf_counter() - start
+        return EpochRun(meter, progress, carried_seconds)
+
+    def train_batch(self, run: "EpochRun", index: int, images: torch.Tensor,
+                    targets: torch.Tensor) -> bool:
+        """Global batch ``index`` of the epoch (this process's share, on the device): forward,
+        loss and backward (under ``no_sync`` but for a step's last micro-batch), the meter and
+        progress; after the last micro-batch the optimizer step. True when it stepped."""
+        s, k, n = self.strategy, self.cfg.optim.accum_steps, self.batches_per_epoch
+        print_freq = self.cfg.run.print_freq
+        group_start = index - index % k
+        group_size = min(k, n - group_start)  # the epoch's last step may be shorter
+        last_micro = index == group_start + group_size - 1
+        sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
+        with sync:
+            with self.autocast():
+                out = s.forward_loss(self.model, self.criterion, images, targets)
+            self.scaler.scale(out.loss / group_size).backward()
+        # no host sync: the sums stay on the device
+        run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
+        run.loss = out.loss.detach()
+        shown = run.progress.update(out.count * s.world_size, run.meter)
+        # Every process reads at --print-freq batches; a bar's refresh only the main one.
+        run.look |= (shown and s.world_size == 1) or (
+            print_freq > 0 and (index + 1) % print_freq == 0)
+        if not last_micro:
+            return False
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        pos = self.position
+        pos.batch, pos.step = index + 1, pos.step + 1
+        self._rebalance(run.progress)
+        if run.look:
+            run.look = False
+            self._check_finite(run.meter)
+        return True
+
+    def after_step(self, run: "EpochRun") -> bool:
+        """After an optimizer step: ``--max-steps``, the stop vote (every process, every step)
+        and ``--save-every``. True when the epoch ends here (``run.stopped``: part-way)."""
+        cfg, s, pos = self.cfg, self.strategy, self.position
+        max_steps, save_every = cfg.optim.max_steps, cfg.run.save_every
+        if max_steps is not None and pos.step >= max_steps:
+            run.stopped = pos.batch < self.batches_per_epoch
+            return True
+        if s.stop_vote(self.stop.requested):  # every rank stops at this step
+            self.stop.requested = True
+            return True
+        if save_every and pos.step % save_every == 0 and pos.batch < self.batches_per_epoch:
+            sums = run.meter.reduced(s)
+            self._check_finite(sums, weights=True)
+            self.save(is_best=False, progress=_progress(sums, run.seconds()))
+        return False
 
     def batch_shares(self) -> dict | None:
         """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""

@@ -1,0 +1,103 @@
+"""``--loop``: the ``<name>/loop`` twin of a strategy contestant times ``tandem train``'s own step.
+
+The twin builds a real :class:`~tandem.train.loop.Trainer` around the same strategy, model
+and batch as its contestant, and one timed step is one optimizer step of the loop:
+:meth:`~tandem.train.loop.Trainer.train_batch` (forward, loss, backward, optimizer step,
+schedule, meter, progress) then :meth:`~tandem.train.loop.Trainer.after_step` (the stop
+vote). Only the data loader is left out: the batch is already on the device. The optimizer,
+loss and learning rate are the bench step's (weight decay 1e-4, no label smoothing, a
+constant schedule), so the two compute the same update and differ by the loop's own cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+
+import torch
+from torch import nn
+
+from tandem.precision import Precision
+
+from .contestants import (Contestant, module_tensors, prepare_strategy, rank_share,
+                          strategy_contestant, timed_devices, uncounted_traffic)
+
+__all__ = ["LOOP", "loop_base", "loop_contestant", "loop_config", "builder"]
+
+LOOP = "/loop"  # suffix of a contestant's loop twin ("dp+amp/loop")
+BATCHES = 10 ** 9  # the twin's epoch never ends: no step is the epoch's last
+
+
+def loop_base(name: str) -> tuple[str, bool]:
+    """``"dp+amp/loop"`` -> ``("dp+amp", True)``; ``"dp"`` -> ``("dp", False)``."""
+    base = name.removesuffix(LOOP)
+    return base, base != name
+
+
+def loop_config(strategy: str, arch: str, batch_size: int, amp: Precision, lr: float,
+                print_freq: int = 0):
+    """The :class:`~tandem.config.TrainConfig` of a twin: the bench step's update, no bar."""
+    from tandem.config import (ModelConfig, OptimConfig, ParallelConfig, RunConfig,
+                               TrainConfig)
+
+    amp_dtype = None if amp.dtype is None else (
+        "bf16" if amp.dtype == torch.bfloat16 else "fp16")
+    return TrainConfig(
+        model=ModelConfig(arch=arch),
+        optim=OptimConfig(batch_size=batch_size, lr=lr, momentum=0.9, weight_decay=1e-4,
+                          label_smoothing=0.0, lr_schedule="constant"),
+        parallel=ParallelConfig(strategy=strategy, amp=amp.dtype is not None,
+                                amp_dtype=amp_dtype),
+        run=RunConfig(no_progress=True, print_freq=print_freq))
+
+
+def loop_contestant(name: str, model: nn.Module, devices: list[torch.device],
+                    batch: tuple[torch.Tensor, torch.Tensor], *, amp: Precision, lr: float,
+                    arch: str = "bench", print_freq: int = 0, **setup) -> Contestant:
+    """The loop twin of strategy ``name``: a :class:`Trainer` on ``model`` (which it takes
+    over), stepped on ``batch`` (this rank's share of it, as the strategy's shares say).
+
+    ``setup`` are :func:`~.contestants.prepare_strategy`'s keywords. With ``print_freq`` the
+    loop's ``--print-freq`` lines go to stderr (stdout may carry the JSON).
+    """
+    from tandem.train.loop import Trainer
+    from tandem.train.run import make_criterion
+    from tandem.train.schedule import make_scheduler
+
+    strategy, wrapped, images, targets = prepare_strategy(name, model, devices, batch, **setup)
+    cfg = loop_config(name, arch, len(targets), amp, lr, print_freq)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr, momentum=cfg.optim.momentum,
+                                weight_decay=cfg.optim.weight_decay)
+    trainer = Trainer(cfg=cfg, strategy=strategy, model=wrapped,
+                      criterion=make_criterion(cfg.optim, strategy), optimizer=optimizer,
+                      scheduler=make_scheduler(optimizer, cfg.optim, BATCHES),
+                      scaler=amp.scaler(), train_set=None, val_set=None,
+                      batches_per_epoch=BATCHES, config_dict={})
+    run = trainer.begin_epoch()
+    out = contextlib.redirect_stdout(sys.stderr) if print_freq else contextlib.nullcontext()
+
+    def step() -> torch.Tensor:
+        x, y = rank_share(strategy, wrapped, images, targets)
+        with out:
+            trainer.train_batch(run, trainer.position.batch, x, y)  # accum_steps 1: it steps
+            trainer.after_step(run)
+        return run.loss
+
+    def close() -> None:
+        run.progress.close()
+        strategy.close()
+
+    return Contestant(
+        name=name + LOOP, kind="strategy", devices=timed_devices(strategy), step=step,
+        own_tensors=lambda: module_tensors(wrapped, optimizer, images, targets),
+        counts_traffic=True, uncounted_traffic=uncounted_traffic(strategy, wrapped),
+        close=close)
+
+
+def builder(loop: bool, config):
+    """What builds a strategy contestant (``loop=False``) or its loop twin, for ``config``
+    (a :class:`~.config.BenchConfig`); both take :func:`strategy_contestant`'s arguments."""
+    if not loop:
+        return strategy_contestant
+    return functools.partial(loop_contestant, arch=config.arch, print_freq=config.print_freq)
