@@ -18,6 +18,7 @@ from typing import Callable
 
 from torch import nn
 
+from tandem import cpu_malloc
 from tandem.config import TrainConfig
 from tandem.data.given import given_data
 from tandem.data.load import GIVEN_DATA
@@ -74,6 +75,7 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     elif val_data is not None or classes is not None:
         raise UsageError("tandem.fit() got val_data or classes without train_data")
     plan = plan_train(cfg, given, Supplied(model, data, criterion))
+    cpu_malloc.tune()  # as the tandem command does (tandem.cpu_malloc)
     row = execute(plan)
     if isinstance(plan, str) and os.environ.get("RANK", "0") == "0":  # complete already
         rows = RunDir.of(checkpoint_path(cfg.run.resume)).read_metrics()

@@ -128,6 +128,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--names", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    from tandem import cpu_malloc
+
+    cpu_malloc.tune()  # as the tandem command does, so both phases time the same allocator
     with open(args.config) as f:
         config = BenchConfig.from_dict(json.load(f))
     env = read_env(who="tandem.bench.distributed")

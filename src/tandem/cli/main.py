@@ -11,6 +11,7 @@ import argparse
 import signal
 import sys
 
+from tandem import cpu_malloc
 from tandem.errors import TandemError, first_line
 
 from . import bench, launch, models, train
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv  # as typed, for messages that echo a command (imagenet_flags)
+    cpu_malloc.tune()  # a process that trains keeps its step's memory (tandem.cpu_malloc)
     try:
         return int(args.func(args) or 0)
     except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
