@@ -25,6 +25,7 @@ import time
 import torch
 from torch import nn
 
+from tandem import cpu_malloc
 from tandem.bench import write_json
 from tandem.models import create_model
 from tandem.parallel import DataParallel
@@ -54,6 +55,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     args = parser.parse_args(argv)
+    tuned = cpu_malloc.tune()  # as the tandem command does; TANDEM_MALLOC=default for glibc's
 
     torch.manual_seed(0)
     base, name = create_model(MODEL), MODEL  # 10 classes by default
@@ -83,13 +85,14 @@ def main(argv=None) -> dict:
     result = {
         "model": name, "batch": args.batch, "rounds": args.rounds,
         "intra_op_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "malloc_tuned": tuned,
         "median_s": median,
         "ratio_dp1": median["dp1"] / median["bare"],
         "ratio_dp2": median["dp2"] / median["bare"],
         "ratio_dp2_thr": median["dp2_thr"] / median["bare"],
     }
     print(f"{name}, batch {args.batch}, {args.rounds} interleaved rounds, "
-          f"{torch.get_num_threads()} intra-op threads")
+          f"{torch.get_num_threads()} intra-op threads, malloc {'tuned' if tuned else 'default'}")
     for k in steps:
         print(f"  {k:7s} median {median[k] * 1000:8.1f} ms/step  ratio {median[k] / median['bare']:.3f}")
     print(f"  overhead: 1 device {100 * (result['ratio_dp1'] - 1):+.1f}% (target <= 5%), "

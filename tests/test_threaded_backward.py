@@ -146,9 +146,11 @@ def test_by_default_the_threads_run_where_they_add_cores(threads, replicas, expe
         joined = any("_Join" in type(f).__name__ for f, _ in out.grad_fn.next_functions)
         forced = DataParallel(_net(), ["cpu"] * replicas, backward_threads=True)(x)
         never = DataParallel(_net(), ["cpu"] * replicas, backward_threads=False)(x)
+        split = DataParallel(_net(), ["cpu"] * replicas, split=(2,) + (1,) * (replicas - 1))(x)
     finally:
         torch.set_num_threads(before)
     assert joined == expected
+    assert any("_Join" in type(f).__name__ for f, _ in split.grad_fn.next_functions)
     assert any("_Join" in type(f).__name__ for f, _ in forced.grad_fn.next_functions)
     assert not any("_Join" in type(f).__name__ for f, _ in never.grad_fn.next_functions)
 

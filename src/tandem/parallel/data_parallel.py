@@ -73,8 +73,9 @@ class DataParallel(nn.Module):
 
     ``backward_threads``: ``True`` runs each CPU replica's backward in its own thread instead
     of all in autograd's one CPU thread (:mod:`tandem.parallel.threaded_backward`; same
-    gradients, no double backward); ``False`` never; ``None`` (default) when that adds cores:
-    with fewer intra-op threads than CPU replicas.
+    gradients, no double backward); ``False`` never; ``None`` (default) when that adds cores
+    (fewer intra-op threads than CPU replicas) or with a ``split``, whose shares can finish
+    together only if each replica's backward runs beside the others.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
@@ -104,7 +105,8 @@ class DataParallel(nn.Module):
         inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
         devices = devices[: len(inputs)]
         initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
-        threaded = threaded_backward.applies(devices, inputs, kwargs, self.backward_threads)
+        threaded = threaded_backward.applies(devices, inputs, kwargs, self.backward_threads,
+                                             split=self.weights() is not None)
         if threaded:  # detached replicas: each runs its backward in its own thread
             replicas, leaves = replicate_detached(self.module, devices)
         else:

@@ -35,22 +35,25 @@ def _requires_grad(obj) -> bool:
     return any(found)
 
 
-def applies(devices: Sequence[torch.device], inputs, kwargs, wanted: bool | None = None) -> bool:
+def applies(devices: Sequence[torch.device], inputs, kwargs, wanted: bool | None = None,
+            split: bool = False) -> bool:
     """Whether a forward over ``devices`` should take the threaded backward: grad is on, two
     replicas or more are on the CPU, no input needs a gradient, and ``wanted`` is True, or
-    ``None`` and the replica threads use more cores than autograd's one thread would.
+    ``None`` and either the replica threads use more cores than autograd's one thread would,
+    or ``split`` (shares by weight, made to finish together) is set.
 
     That thread runs each replica's backward with all of the process's intra-op threads, the
     replica threads with their share each (``parallel_apply``), so the threads add cores only
     when there are fewer intra-op threads than CPU replicas, such as one each
-    (``tandem bench --threads 1``). Where they add none, one thread was faster here (about
-    10%, BENCHMARKS.md section 1)."""
+    (``tandem bench --threads 1``). Where they add none, the two took the same time with
+    ``tandem.cpu_malloc`` and one thread was about 10% faster without (BENCHMARKS.md
+    section 1)."""
     if wanted is False or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
     cpu = sum(d.type == "cpu" for d in devices)
     if cpu < 2 or _requires_grad((inputs, kwargs)):
         return False
-    if wanted is None:
+    if wanted is None and not split:
         total = torch.get_num_threads()
         return cpu * max(1, total // cpu) > total
     return True
