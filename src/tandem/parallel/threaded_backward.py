@@ -120,8 +120,8 @@ class _Join(torch.autograd.Function):
         job, ctx.job = ctx.job, None
         if torch.is_grad_enabled():
             raise RuntimeError("a double backward (create_graph=True) through a DataParallel "
-                               "forward whose replicas share a device: build it with "
-                               "backward_threads=False")
+                               "forward whose CPU replicas run their backward in threads: "
+                               "build it with backward_threads=False")
         if job is None:
             raise RuntimeError("the replicas' graph was already used by a backward; a second "
                                "backward through a DataParallel forward is not supported")
