@@ -253,3 +253,30 @@ def test_inputs_that_need_a_gradient_keep_autograd_s_path():
     reference = x.detach().clone().requires_grad_(True)
     nn.functional.cross_entropy(_net()(reference), y).backward()
     assert (x.grad - reference.grad).abs().max().item() < TOL64
+
+
+def test_tied_parameters_sum_every_use():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = nn.Linear(4, 4).double()
+            self.b = nn.Linear(4, 4).double()
+            self.b.weight = self.a.weight  # one Parameter, used twice
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.a(x)))
+
+    x = torch.randn(7, 4, dtype=torch.float64)
+    reference = Tied()
+    reference(x).pow(2).sum().backward()
+    model = Tied()
+    out = DataParallel(model, ["cpu"] * 3, backward_threads=True)(x)
+    assert any("_Join" in type(f).__name__ for f, _ in out.grad_fn.next_functions)
+    out.pow(2).sum().backward()
+    assert model.a.weight is model.b.weight
+    assert _dist(_grads(model), _grads(reference)) < TOL64
+    untied = Tied()
+    untied.b.weight = nn.Parameter(untied.a.weight.detach().clone())  # negative control
+    DataParallel(untied, ["cpu"] * 3, backward_threads=True)(x).pow(2).sum().backward()
+    assert (untied.a.weight.grad - reference.a.weight.grad).abs().max() > 1000 * TOL64
