@@ -221,7 +221,8 @@ def replicate(module: nn.Module, devices: Sequence, share_params: bool = True) -
     distinct GPUs, runnable on CPU. Raises ``ValueError`` naming a bad device or a lazy
     (uninitialised) parameter.
     """
-    return _replica_set(module, devices, share_params, False)
+    replicas, _ = _replica_set(module, devices, share_params, False)
+    return replicas
 
 
 def replicate_detached(module: nn.Module, devices: Sequence):
@@ -231,17 +232,13 @@ def replicate_detached(module: nn.Module, devices: Sequence):
     Every replica is a copy (the one on the module's device holds its buffers). Gradients
     reach the parameters only through :mod:`tandem.parallel.threaded_backward`.
     """
-    replicas = _replica_set(module, devices, True, True)
-    entry = module.__dict__[_CACHE_ATTR].entries[_key(resolve_devices(devices), True, True)]
-    return replicas, [entry[1].leaves[i] for i in range(len(replicas))]
+    replicas, replica_set = _replica_set(module, devices, True, True)
+    return replicas, [replica_set.leaves[i] for i in range(len(replicas))]
 
 
-def _key(devices: list[torch.device], share: bool, detached: bool) -> tuple:
-    return (tuple(devices), bool(share), detached, threading.get_ident())
-
-
-def _replica_set(module: nn.Module, devices: Sequence, share_params: bool,
-                 detached: bool) -> list[nn.Module]:
+def _replica_set(module: nn.Module, devices: Sequence, share_params: bool, detached: bool):
+    """``(replicas, the _ReplicaSet behind them)``; the set is ``None`` when the one replica is
+    ``module`` itself."""
     devices = resolve_devices(devices)
     cache = module.__dict__.get(_CACHE_ATTR)
     if not isinstance(cache, ReplicaCache):  # before the walk: it counts the root's attributes
@@ -257,8 +254,8 @@ def _replica_set(module: nn.Module, devices: Sequence, share_params: bool,
     if len(devices) == 1 and home == 0 and not detached:
         if traffic.metering():
             _record_traffic(module, devices, home)
-        return [module]
-    key = _key(devices, share_params, detached)
+        return [module], None
+    key = (tuple(devices), bool(share_params), detached, threading.get_ident())
     entry = cache.entries.get(key)
     if entry is None or entry[0] != fingerprint or not entry[1].alive(modules):
         entry = (fingerprint, _ReplicaSet(modules, devices, home, bool(share_params), detached))
@@ -266,8 +263,8 @@ def _replica_set(module: nn.Module, devices: Sequence, share_params: bool,
             if len(cache.entries) >= _MAX_ENTRIES:
                 cache.entries.pop(next(iter(cache.entries)))
             cache.entries[key] = entry
-    replicas = entry[1]
-    replicas.refresh(modules, devices)
+    replica_set = entry[1]
+    replica_set.refresh(modules, devices)
     if traffic.metering():
         _record_traffic(module, devices, home)
-    return replicas.roots(module, len(devices))
+    return replica_set.roots(module, len(devices)), replica_set

@@ -21,7 +21,8 @@ from tandem.errors import UsageError
 from . import traffic
 from .devices import index_of
 
-__all__ = ["scatter", "scatter_kwargs", "chunk_sizes", "batch_size", "first_tensor", "map_tensors"]
+__all__ = ["scatter", "scatter_kwargs", "chunk_sizes", "batch_size", "first_tensor", "map_tensors",
+           "tensors_in"]
 
 
 def chunk_sizes(batch: int, num_devices: int) -> list[int]:
@@ -133,6 +134,15 @@ def map_tensors(obj, fn):
     if items is None:
         return obj
     return _rebuild(obj, [map_tensors(item, fn) for item in items])
+
+
+def tensors_in(obj):
+    """Every tensor in ``obj``, in the order :func:`map_tensors` visits them."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    for item in _children(obj) or ():
+        yield from tensors_in(item)
 
 
 def batch_size(obj, dim: int = 0) -> int | None:

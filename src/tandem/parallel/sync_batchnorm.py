@@ -52,10 +52,6 @@ class SyncBatchNorm(_BatchNorm):
     raising; double backward through a synchronized forward raises.
     """
 
-    #: its backward meets the other replicas': under the threaded backward
-    #: (:mod:`tandem.parallel.threaded_backward`) every replica must run its backward
-    exchanges_in_backward = True
-
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, process_group=None,
                  device=None, dtype=None, *, bias: bool = True):

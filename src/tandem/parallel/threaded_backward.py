@@ -24,15 +24,9 @@ import torch
 
 from .broadcast import _ordered_sum
 from .parallel_apply import parallel_apply
-from .scatter_gather import map_tensors
+from .scatter_gather import map_tensors, tensors_in
 
 __all__ = ["applies", "join"]
-
-
-def _requires_grad(obj) -> bool:
-    found = []
-    map_tensors(obj, lambda t: found.append(t.requires_grad) or t)
-    return any(found)
 
 
 def applies(devices: Sequence[torch.device], inputs, kwargs, wanted: bool | None = None,
@@ -51,7 +45,7 @@ def applies(devices: Sequence[torch.device], inputs, kwargs, wanted: bool | None
     if wanted is False or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
     cpu = sum(d.type == "cpu" for d in devices)
-    if cpu < 2 or _requires_grad((inputs, kwargs)):
+    if cpu < 2 or any(t.requires_grad for t in tensors_in((inputs, kwargs))):
         return False
     if wanted is None and not split:
         total = torch.get_num_threads()
@@ -138,11 +132,7 @@ def join(outputs: list, leaves: list, devices: Sequence[torch.device]) -> list:
     trainable = [j for j, p in enumerate(params) if p.requires_grad]
     if not trainable:
         return outputs
-    flat: list[list[torch.Tensor]] = []
-    for out in outputs:
-        mine: list[torch.Tensor] = []
-        map_tensors(out, lambda t: mine.append(t) or t if t.requires_grad else t)
-        flat.append(mine)
+    flat = [[t for t in tensors_in(out) if t.requires_grad] for out in outputs]
     if not any(flat):
         return outputs
     job = _Backward([params[j] for j in trainable],
