@@ -60,6 +60,11 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
+    @property
+    def amp_dtype(self) -> str | None:
+        """``--amp-dtype``'s name for ``dtype`` (``None``: float32)."""
+        return next((n for n, d in _TORCH_DTYPES.items() if d == self.dtype), None)
+
     def scaler(self) -> torch.amp.GradScaler:
         """A ``GradScaler`` (a pass-through one when the loss is not scaled)."""
         return torch.amp.GradScaler(self.device_type, enabled=self.scaled)
@@ -67,8 +72,7 @@ class Precision:
     def describe(self) -> str:
         if self.dtype is None:
             return "fp32"
-        name = "bf16" if self.dtype == torch.bfloat16 else "fp16"
-        return f"amp {name}" + (" + grad scaling" if self.scaled else "")
+        return f"amp {self.amp_dtype}" + (" + grad scaling" if self.scaled else "")
 
 
 def amp_precision(device_type: str, amp: bool, amp_dtype: str | None = None, *,

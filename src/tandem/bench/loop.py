@@ -41,14 +41,12 @@ def loop_config(strategy: str, arch: str, batch_size: int, amp: Precision, lr: f
     from tandem.config import (ModelConfig, OptimConfig, ParallelConfig, RunConfig,
                                TrainConfig)
 
-    amp_dtype = None if amp.dtype is None else (
-        "bf16" if amp.dtype == torch.bfloat16 else "fp16")
     return TrainConfig(
         model=ModelConfig(arch=arch),
         optim=OptimConfig(batch_size=batch_size, lr=lr, momentum=0.9, weight_decay=1e-4,
                           label_smoothing=0.0, lr_schedule="constant"),
         parallel=ParallelConfig(strategy=strategy, amp=amp.dtype is not None,
-                                amp_dtype=amp_dtype),
+                                amp_dtype=amp.amp_dtype),
         run=RunConfig(no_progress=True, print_freq=print_freq))
 
 
@@ -62,13 +60,12 @@ def loop_contestant(name: str, model: nn.Module, devices: list[torch.device],
     loop's ``--print-freq`` lines go to stderr (stdout may carry the JSON).
     """
     from tandem.train.loop import Trainer
-    from tandem.train.run import make_criterion
+    from tandem.train.run import make_criterion, make_optimizer
     from tandem.train.schedule import make_scheduler
 
     strategy, wrapped, images, targets = prepare_strategy(name, model, devices, batch, **setup)
     cfg = loop_config(name, arch, len(targets), amp, lr, print_freq)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr, momentum=cfg.optim.momentum,
-                                weight_decay=cfg.optim.weight_decay)
+    optimizer = make_optimizer(cfg.optim, wrapped.parameters())
     trainer = Trainer(cfg=cfg, strategy=strategy, model=wrapped,
                       criterion=make_criterion(cfg.optim, strategy), optimizer=optimizer,
                       scheduler=make_scheduler(optimizer, cfg.optim, BATCHES),

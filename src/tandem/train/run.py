@@ -44,7 +44,7 @@ from .rundir import checkpoint_path as checkpoint_path_of
 from .schedule import make_scheduler
 
 __all__ = ["train", "execute", "evaluate", "build_data", "build_model", "make_criterion",
-           "seed_everything"]
+           "make_optimizer", "seed_everything"]
 
 
 def seed_everything(seed: int) -> None:
@@ -88,6 +88,12 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
     seed_everything(seed)
     return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
                         **kwargs)
+
+
+def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
+    """SGD as ``cfg`` sets it (learning rate, momentum, weight decay, Nesterov)."""
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
 
 
 def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Module:
@@ -164,8 +170,7 @@ def _build(plan: RunPlan) -> dict:
     cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
     wrapped = _prepared_model(plan, cfg, info)
     optim = cfg.optim
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=optim.lr, momentum=optim.momentum,
-                                weight_decay=optim.weight_decay, nesterov=optim.nesterov)
+    optimizer = make_optimizer(optim, wrapped.parameters())
     batches = batches_per_epoch(train_set, optim.batch_size)
     return dict(
         cfg=cfg, strategy=strategy, model=wrapped,
