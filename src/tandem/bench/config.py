@@ -18,10 +18,10 @@ __all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_str
 
 def default_strategies() -> tuple[str, ...]:
     """Every single-process strategy that takes any model (multi-process ones need torchrun)."""
-    from tandem.strategies import Strategy, strategy_class, strategy_names
+    from tandem.strategies import strategy_class, strategy_names
 
     return tuple(n for n in strategy_names(multiprocess=False)
-                 if strategy_class(n).check_model.__func__ is Strategy.check_model.__func__)
+                 if strategy_class(n).takes_any_model())
 
 
 # Plain-torch baselines (see tandem.bench.baselines); torch_ddp also runs under torchrun.

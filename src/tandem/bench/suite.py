@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from tandem.errors import first_line
-from tandem.strategies import Strategy, strategy_class
+from tandem.strategies import strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .config import BenchConfig
@@ -94,8 +94,7 @@ def split_names(config: BenchConfig, name: str) -> list[str]:
     """``name``, and with ``--handicap`` its ``/auto`` and ``/ideal`` variants when it splits
     the batch (a model it must split itself, such as hybrid's, is raced as it is)."""
     cls = strategy_class(name)
-    if config.handicap is None or not cls.splits_batch or \
-            cls.check_model.__func__ is not Strategy.check_model.__func__:
+    if config.handicap is None or not cls.splits_batch or not cls.takes_any_model():
         return [name]
     return [name + kind for kind in SPLITS]
 

@@ -59,6 +59,12 @@ class Strategy:
     splits_batch: ClassVar[bool] = False
 
     @classmethod
+    def takes_any_model(cls) -> bool:
+        """Whether it trains any model: it keeps the base :meth:`check_model`, which asks for
+        nothing (hybrid's asks for a head it can split)."""
+        return cls.check_model.__func__ is Strategy.check_model.__func__
+
+    @classmethod
     def check_model(cls, model: nn.Module, hybrid_head: str | None = None) -> str | None:
         """``None`` if this strategy can train ``model``, else what it needs (one line).
         ``hybrid_head`` is the attribute holding the head, for strategies that split it."""
