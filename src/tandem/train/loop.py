@@ -139,7 +139,8 @@ class Trainer:
 
     def begin_epoch(self) -> "EpochRun":
         """The epoch's meter (with carried sums), progress and clock; the model in training
-        mode with no gradients. Data comes after: :meth:`train_batch` takes device batches."""
+        mode. Data comes after: :meth:`train_batch` takes device batches (and frees the last
+        step's gradients before each step's first one)."""
         cfg, s, pos = self.cfg, self.strategy, self.position
         meter, carried_seconds = self._carried_meter()
         print_freq = cfg.run.print_freq
@@ -148,7 +149,6 @@ class Trainer:
                             bar=s.is_main and not cfg.run.no_progress,
                             print_freq=print_freq if s.is_main else 0)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         return EpochRun(meter, progress, carried_seconds)
 
     def train_batch(self, run: "EpochRun", index: int, images: torch.Tensor,
