@@ -14,7 +14,6 @@ behaviour; where the C library is not glibc nothing changes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 __all__ = ["tune", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
@@ -33,9 +32,8 @@ def tune() -> bool:
     _done = False
     if os.environ.get("TANDEM_MALLOC", "").strip().lower() == "default":
         return False
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the symbols already loaded: the C library's among them
         mallopt = libc.mallopt
         libc.gnu_get_libc_version  # noqa: B018 -- glibc only: musl has no mallopt thresholds
     except (OSError, AttributeError):
