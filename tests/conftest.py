@@ -1,5 +1,11 @@
+import os
+
 import pytest
 import torch
+
+# bf16 autocast runs (emulated, slower) on a CPU without bf16 instructions too: the --amp tests
+# run on every CPU, and the refusal is tested by patching tandem.precision.cpu_has_bf16.
+os.environ["TANDEM_CPU_BF16"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -18,9 +18,6 @@ from tandem.cli.main import main
 from tandem.errors import UsageError
 from tandem.precision import amp_precision
 
-pytestmark = pytest.mark.skipif(not tandem.precision.cpu_has_bf16(),
-                                reason="this CPU has no bf16 instructions")
-
 TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8", "--num-classes",
         "4", "-a", "cifar_resnet20", "-b", "6", "--no-progress", "--seed", "3"]
 FAST = ["--amp", "--channels-last"]
@@ -186,6 +183,8 @@ def test_bench_variants_reach_the_torchrun_phase():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not any(f in tandem.precision.cpu_flags() for f in tandem.precision.CPU_BF16_FLAGS),
+                    reason="compiling emulated bf16 kernels takes minutes on a CPU without bf16")
 def test_with_compile_it_trains_and_evaluates(tmp_path):
     """--compile --amp --channels-last: compiled under bf16 autocast (minutes cold, seconds
     with inductor's cache warm)."""
@@ -194,3 +193,13 @@ def test_with_compile_it_trains_and_evaluates(tmp_path):
     result = ok(run_in_process("eval", "--resume", tmp_path / "checkpoint.pt", "--devices", "cpu",
                                *FAST, "--compile", "--json"))
     assert json.loads(result.stdout.strip().splitlines()[-1])["count"] > 0
+
+
+def test_the_force_variable_takes_a_cpu_without_bf16_as_having_it(monkeypatch):
+    monkeypatch.setattr(tandem.precision, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.delenv(tandem.precision.FORCE_BF16_VAR, raising=False)
+    assert not tandem.precision.cpu_has_bf16()
+    with pytest.raises(UsageError, match="TANDEM_CPU_BF16=1"):
+        amp_precision("cpu", True)
+    monkeypatch.setenv(tandem.precision.FORCE_BF16_VAR, "1")
+    assert amp_precision("cpu", True).dtype == torch.bfloat16

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,7 +20,7 @@ import torch
 from tandem.errors import UsageError
 
 __all__ = ["AMP_DTYPES", "CPU_BF16_FLAGS", "Precision", "amp_precision", "cpu_has_bf16",
-           "cpu_flags"]
+           "cpu_flags", "FORCE_BF16_VAR"]
 
 AMP_DTYPES = ("bf16", "fp16")
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 (AVX-512, AMX); aarch64 ("bf16")
@@ -40,8 +41,16 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+#: set to 1 to take this CPU as having bf16 (bf16 is then emulated: same numbers, slower): for
+#: tests, and for checking an ``--amp`` recipe on a machine without bf16 instructions
+FORCE_BF16_VAR = "TANDEM_CPU_BF16"
+
+
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (so bf16 autocast beats float32)."""
+    """Whether this CPU computes bf16 natively (so bf16 autocast beats float32), or
+    :data:`FORCE_BF16_VAR` says to take it so."""
+    if os.environ.get(FORCE_BF16_VAR) == "1":
+        return True
     return any(flag in cpu_flags() for flag in CPU_BF16_FLAGS)
 
 
@@ -95,6 +104,7 @@ def amp_precision(device_type: str, amp: bool, amp_dtype: str | None = None, *,
         raise UsageError("--amp-dtype fp16 is for CUDA; --amp on the CPU is bf16 (leave "
                          "--amp-dtype out)")
     if not (has_bf16 or cpu_has_bf16)():
-        raise UsageError("--amp on the CPU needs bf16 instructions (avx512_bf16 or amx_bf16), "
-                         "which this CPU lacks; run without --amp (float32 is faster here)")
+        raise UsageError(f"--amp on the CPU needs bf16 instructions (avx512_bf16 or amx_bf16), "
+                         "which this CPU lacks; run without --amp (float32 is faster here), or set "
+                         f"{FORCE_BF16_VAR}=1 to run it emulated (slower)")
     return Precision(device_type, torch.bfloat16, scaled=False)
