@@ -58,15 +58,19 @@ def _simplejpeg(data, box, size, **kw):
     k = reduction(width, height, box, size, size)
     arr = simplejpeg.decode_jpeg(data, min_width=math.ceil(width / k),
                                  min_height=math.ceil(height / k), **kw)
-    return arr, width / arr.shape[1]
+    return arr, k  # the DCT divisor, on both axes (tandem.data.decode's module doc)
 
 
 def _any_scale(data, box, size):
     width, height = _header(data)
     bw, bh = box[2] - box[0], box[3] - box[1]
-    arr = simplejpeg.decode_jpeg(data, min_width=math.ceil(width * size / bw),
-                                 min_height=math.ceil(height * size / bh))
-    return arr, width / arr.shape[1]
+    min_w, min_h = math.ceil(width * size / bw), math.ceil(height * size / bh)
+    arr = simplejpeg.decode_jpeg(data, min_width=min_w, min_height=min_h)
+    # the smallest N/8 scale giving at least those sizes (simplejpeg never scales up): 8 / N
+    n = next((n for n in range(1, 8) if math.ceil(width * n / 8) >= min_w
+              and math.ceil(height * n / 8) >= min_h), 8)
+    assert arr.shape[:2] == (math.ceil(height * n / 8), math.ceil(width * n / 8))
+    return arr, 8 / n
 
 
 def _baseline_sof(data: bytes) -> int | None:

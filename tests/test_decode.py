@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from tandem.data import decode
-from tandem.data.decode import PillowImage, SimpleJpegImage, open_image, reduction
+from tandem.data.decode import PillowImage, SimpleJpegImage, UnreadableImage, open_image, reduction
 from tandem.data.imagenet_transforms import random_resized_box, train_crop
 from tandem.data.transforms import SampleRandom
 
@@ -100,5 +100,6 @@ def test_a_cut_jpeg_raises_under_either_decoder(tmp_path, decoder, cut):
     photo(200, 150, 1).save(path, quality=90)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if cut == "pixels" else data[:40])
-    with pytest.raises(Exception):  # the dataset catches any and substitutes the next file
+    # the one error the dataset takes for a bad file (and substitutes the next for), named
+    with pytest.raises(UnreadableImage, match="x.jpg"):
         train_crop(path, 16, SampleRandom(0, 0, 0), decoder)

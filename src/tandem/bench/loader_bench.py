@@ -5,7 +5,9 @@ All read the ImageFolder's training split with the same sampler, workers and cro
 not timed), with simplejpeg decoding the JPEGs when it is installed; ``loader-pillow`` is the same
 pipeline with Pillow's decoder (raced only when the two differ); ``reference`` does what torchvision's ``RandomResizedCrop``/``ToTensor``/``Normalize``
 do, in Pillow and torch. Reported per wall-second and per CPU-second (``/proc``, Linux only);
-rounds alternate the order so load from other processes hits both alike.
+rounds alternate the order so load from other processes hits both alike. A file that does not
+decode is warned about and replaced by the next one in every pipeline alike, reference included
+(:func:`~tandem.data.imagefolder.first_decodable`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import torch
 from PIL import Image
 
 from tandem.data.base import split_key
-from tandem.data.decode import default_decoder
-from tandem.data.imagefolder import MEAN, STD, ImageFolderDataset, load_imagefolder
+from tandem.data.decode import decoding, default_decoder
+from tandem.data.imagefolder import (MEAN, STD, ImageFolderDataset, first_decodable,
+                                     load_imagefolder)
 from tandem.data.imagenet_transforms import random_resized_box
 from tandem.data.loader import make_loader
 from tandem.data.transforms import SampleRandom
@@ -40,15 +43,20 @@ class ReferenceDataset(torch.utils.data.Dataset):
     def __init__(self, samples: list[tuple[str, int]], image_size: int):
         self.samples, self.image_size = samples, image_size
         self.shape = (3, image_size, image_size)
+        self._bad: set[int] = set()  # files that did not decode, as in ImageFolderDataset
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
         index, seed, epoch = split_key(key)
-        rng = SampleRandom(seed, epoch, index)
-        path, label = self.samples[index]
-        with open(path, "rb") as f:  # torchvision's pil_loader
+        # the draws of the sample asked for, also for a substitute (as tandem's loader does)
+        return first_decodable(self.samples, self._bad, index,
+                               lambda i: self._transform(i, SampleRandom(seed, epoch, index)))
+
+    def _transform(self, i: int, rng: SampleRandom) -> torch.Tensor:
+        path = self.samples[i][0]
+        with decoding(path), open(path, "rb") as f:  # torchvision's pil_loader
             img = Image.open(f).convert("RGB")
         box = random_resized_box(img.width, img.height, rng)
         flip = rng.coin()
@@ -63,7 +71,7 @@ class ReferenceDataset(torch.utils.data.Dataset):
         tensor = tensor.clone()
         mean = torch.as_tensor(MEAN, dtype=tensor.dtype).view(-1, 1, 1)
         std = torch.as_tensor(STD, dtype=tensor.dtype).view(-1, 1, 1)
-        return tensor.sub_(mean).div_(std), label
+        return tensor.sub_(mean).div_(std)
 
 
 def _cpu_seconds() -> float | None:

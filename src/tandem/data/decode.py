@@ -7,12 +7,18 @@ and both wrap libjpeg-turbo, so a JPEG gives the same pixels, or pixels within t
 ``tests/test_decode.py`` states, whichever decoded it. simplejpeg (when installed) decodes
 straight into a numpy array, without Pillow's RGBX image in between; Pillow remains the decoder
 for every other format, for CMYK JPEGs, and for every file when ``decoder="pillow"``.
-A file that does not decode raises (ValueError, OSError, ...), naming nothing: the dataset
-reports it (see :meth:`~tandem.data.imagefolder.ImageFolderDataset.decode_key`).
+At scale ``1/k`` pixel ``i`` of the decoded image is the ``k``-pixel block that starts at
+``k * i`` (the last one cut short where ``k`` does not divide the side, and the decoded side
+``ceil(side / k)``): a full-scale coordinate ``x`` is ``x / k`` there, on both axes.
+A file the decoders refuse (damaged, truncated, of a kind they do not read) raises
+:class:`UnreadableImage`, naming it; only the decoders' own calls are translated, so an
+error of tandem's in between keeps its type and traceback. The dataset substitutes another
+file for an unreadable one (see :meth:`~tandem.data.imagefolder.ImageFolderDataset.decode_key`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 
@@ -24,11 +30,38 @@ try:  # optional at import time; a pyproject dependency, but a plain Pillow inst
 except ImportError:  # pragma: no cover - exercised where simplejpeg is absent
     simplejpeg = None
 
-__all__ = ["DECODERS", "default_decoder", "read_bytes", "open_pillow", "open_image",
-           "reduction", "PillowImage", "SimpleJpegImage"]
+from tandem.errors import TandemError
+
+__all__ = ["DECODERS", "DECODER_ERRORS", "UnreadableImage", "decoding", "default_decoder",
+           "read_bytes", "open_pillow", "open_image", "reduction", "PillowImage",
+           "SimpleJpegImage"]
 
 DECODERS = ("simplejpeg", "pillow")
 _JPEG_MAGIC = b"\xff\xd8\xff"
+
+# What the decoders raise for a file they refuse: OSError (a missing or unreadable file,
+# Pillow's UnidentifiedImageError and truncated data), SyntaxError and EOFError (Pillow's
+# format parsers), ValueError (simplejpeg's every decode error; Pillow's for a bad tile),
+# and Pillow's DecompressionBombError (an image too large to decode safely).
+DECODER_ERRORS = (OSError, SyntaxError, EOFError, ValueError, Image.DecompressionBombError)
+
+
+class UnreadableImage(TandemError, OSError):
+    """A file the decoders refuse; the message names it, the decoder's error is the cause."""
+
+
+@contextlib.contextmanager
+def decoding(path):
+    """Around a decoder's own calls: their :data:`DECODER_ERRORS` become
+    :class:`UnreadableImage` naming ``path``. Keep tandem's code outside it: a ValueError of
+    ours inside would read as a bad file."""
+    try:
+        yield
+    except TandemError:
+        raise
+    except DECODER_ERRORS as exc:
+        raise UnreadableImage(f"unreadable image '{path}': {type(exc).__name__}: {exc}") \
+            from exc
 
 
 def default_decoder() -> str:
@@ -62,9 +95,11 @@ def open_pillow(data: bytes, path) -> Image.Image:
 def reduction(width: int, height: int, box, out_w: int, out_h: int) -> int:
     """The DCT scale divisor (1, 2, 4 or 8) for ``box`` of a ``width x height`` JPEG: Pillow's
     ``draft`` rule, the largest that leaves the box at least ``out_w x out_h``. 1 unless the
-    box is at least twice the output both ways (at 224 px: a 448 px crop)."""
+    box is at least twice the output both ways (at 224 px: a 448 px crop), and 1 for an image
+    under 8 pixels both ways, where libjpeg-turbo's other N/8 scales give the same sizes (so
+    simplejpeg's pick by size could be another scale)."""
     bw, bh = box[2] - box[0], box[3] - box[1]
-    if bw < 2 * out_w or bh < 2 * out_h:
+    if bw < 2 * out_w or bh < 2 * out_h or max(width, height) < 8:
         return 1
     req_w, req_h = _draft_request(width, height, box, out_w, out_h)
     fits = min(width // req_w, height // req_h)  # what Image.draft computes from the request
@@ -81,35 +116,42 @@ class PillowImage:
     """Any format Pillow reads; JPEGs drafted to :func:`reduction`'s scale."""
 
     def __init__(self, data: bytes, path):
-        self.img = open_pillow(data, path)
+        self.path = path
+        with decoding(path):
+            self.img = open_pillow(data, path)
         self.width, self.height = self.img.size
 
-    def decode(self, box, out_w: int, out_h: int) -> tuple[np.ndarray, float]:
-        """``(H, W, 3)`` uint8 of the whole image and the scale divisor it was decoded at."""
-        img, scale = self.img, 1.0
-        if img.format == "JPEG":
-            if reduction(self.width, self.height, box, out_w, out_h) > 1 and img.draft(
-                    None, _draft_request(self.width, self.height, box, out_w, out_h)):
-                scale = self.width / img.size[0]
-        with img:
+    def decode(self, box, out_w: int, out_h: int) -> tuple[np.ndarray, int]:
+        """``(H, W, 3)`` uint8 of the whole image and the scale divisor ``k`` it was decoded
+        at (see module doc: not ``width / decoded width``, which ``k`` need not divide)."""
+        img, scale = self.img, 1
+        request = None
+        if img.format == "JPEG" and reduction(self.width, self.height, box, out_w, out_h) > 1:
+            request = _draft_request(self.width, self.height, box, out_w, out_h)
+        with img, decoding(self.path):
+            drafted = request and img.draft(None, request)
+            if drafted:  # Pillow's box of the whole image at its scale: (0, 0, W / k, H / k)
+                scale = round(self.width / drafted[1][2])
             rgb = img if img.mode == "RGB" else img.convert("RGB")
             return np.array(rgb), scale  # writable: torch.from_numpy warns on read-only
 
 
 class SimpleJpegImage:
     """A JPEG (not CMYK) decoded by simplejpeg at :func:`reduction`'s scale; strict, so a
-    truncated or corrupt file raises ``ValueError`` as Pillow would raise ``OSError``."""
+    truncated or corrupt file raises as under Pillow (:class:`UnreadableImage`)."""
 
-    def __init__(self, data: bytes, height: int, width: int):
-        self.data, self.width, self.height = data, width, height
+    def __init__(self, data: bytes, height: int, width: int, path="<bytes>"):
+        self.data, self.width, self.height, self.path = data, width, height, path
 
-    def decode(self, box, out_w: int, out_h: int) -> tuple[np.ndarray, float]:
-        """``(H, W, 3)`` uint8 of the whole image and the scale divisor it was decoded at."""
+    def decode(self, box, out_w: int, out_h: int) -> tuple[np.ndarray, int]:
+        """``(H, W, 3)`` uint8 of the whole image and the scale divisor ``k`` it was decoded
+        at (see :meth:`PillowImage.decode`)."""
         k = reduction(self.width, self.height, box, out_w, out_h)
         # the smallest libjpeg-turbo scale (N/8) at least these sizes is exactly 1/k
-        arr = simplejpeg.decode_jpeg(self.data, "rgb", min_width=math.ceil(self.width / k),
-                                     min_height=math.ceil(self.height / k))
-        return arr, self.width / arr.shape[1]
+        with decoding(self.path):
+            arr = simplejpeg.decode_jpeg(self.data, "rgb", min_width=math.ceil(self.width / k),
+                                         min_height=math.ceil(self.height / k))
+        return arr, k
 
 
 def open_image(path, decoder: str | None = None):
@@ -120,9 +162,10 @@ def open_image(path, decoder: str | None = None):
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     if decoder == "simplejpeg" and simplejpeg is None:
         raise ImportError("decoder='simplejpeg' needs the simplejpeg package")
-    data = read_bytes(path)
-    if decoder == "simplejpeg" and data.startswith(_JPEG_MAGIC):
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        if colorspace not in ("CMYK", "YCCK"):  # simplejpeg keeps those as 4 channels
-            return SimpleJpegImage(data, height, width)
+    with decoding(path):
+        data = read_bytes(path)
+        if decoder == "simplejpeg" and data.startswith(_JPEG_MAGIC):
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            if colorspace not in ("CMYK", "YCCK"):  # simplejpeg keeps those as 4 channels
+                return SimpleJpegImage(data, height, width, path)
     return PillowImage(data, path)

@@ -8,7 +8,10 @@ side of the first validation image, which training and eval both read), normalis
 device. Loading lists files without opening them: only the split asked for, and in it only the
 first image's header, to fail early on a split with no readable image. Warning: a corrupt image
 is found when it is loaded, warned about once and replaced by the next sample that decodes,
-which then appears twice that epoch; it never crashes the run.
+which then appears twice that epoch; it never crashes the run. Only a file the decoders refuse
+is replaced (:class:`~tandem.data.decode.UnreadableImage`): any other error in the decode path
+is a bug and stops the run with its traceback; a split in which no file decodes stops it with
+one line (:class:`NoDecodableImage`).
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ from PIL import Image
 
 import torch
 
-from tandem.errors import UsageError
+from tandem.errors import TandemError, UsageError
 
 from .base import SPLITS, DatasetInfo, ImageDataset, stratified_split
+from .decode import UnreadableImage, decoding
 from .device import Normalization
 from .imagenet_transforms import train_crop, val_crop
 from .transforms import SampleRandom, hflip, random_shift
 
-__all__ = ["ImageFolderDataset", "load_imagefolder", "list_images", "IMG_EXTENSIONS",
-           "SPLIT_SEED", "VAL_FRACTION", "NORMALIZATION"]
+__all__ = ["ImageFolderDataset", "load_imagefolder", "list_images", "first_decodable",
+           "NoDecodableImage", "IMG_EXTENSIONS", "SPLIT_SEED", "VAL_FRACTION", "NORMALIZATION"]
 
 log = logging.getLogger("tandem.data")
 
@@ -45,10 +49,41 @@ NORMALIZATION = Normalization(MEAN, STD)
 _warned: set[str] = set()  # files already reported in this process
 
 
-def _warn_once(path: str, why: str) -> None:
+def _warn_once(path: str, exc: UnreadableImage) -> None:
     if path not in _warned:
         _warned.add(path)
-        log.warning("skipping unreadable image '%s': %s", path, why)
+        log.warning("skipping %s", exc)  # "unreadable image 'PATH': WHY"
+
+
+class NoDecodableImage(TandemError, ValueError):
+    """No file of a split decodes. Raised in a DataLoader worker, torch re-raises it in the
+    main process built from the worker's whole traceback; the message is then cut back to the
+    original (the traceback's last line), so that the CLI's one line says it."""
+
+    def __init__(self, message: str):
+        marker = f"{type(self).__name__}: "
+        if message.startswith("Caught ") and marker in message:
+            message = message.rsplit(marker, 1)[1].strip()
+        super().__init__(message)
+
+
+def first_decodable(samples: list[tuple[str, int]], bad: set[int], index: int, decode):
+    """``(decode(i), label of i)`` for the first file ``i`` from ``index`` on (wrapping round)
+    that decodes. A file that raises :class:`~tandem.data.decode.UnreadableImage` is warned
+    about once per process and added to ``bad``, which is skipped from then on; any other
+    error propagates. None decodes: :class:`NoDecodableImage`."""
+    n = len(samples)
+    for step in range(n):
+        i = (index + step) % n
+        if i in bad:
+            continue
+        try:
+            return decode(i), samples[i][1]
+        except UnreadableImage as exc:  # the file's own fault: substitute the next one
+            bad.add(i)
+            _warn_once(samples[i][0], exc)
+    raise NoDecodableImage(f"no image in this ImageFolder split can be decoded (all {n}, "
+                           f"first: '{samples[0][0]}')")
 
 
 def _readable_size(samples: list[tuple[str, int]]) -> int | None:
@@ -56,10 +91,10 @@ def _readable_size(samples: list[tuple[str, int]]) -> int | None:
     not is warned about), or None when none does. One header in the usual case."""
     for path, _ in samples:
         try:
-            with Image.open(path) as img:
+            with decoding(path), Image.open(path) as img:
                 return min(img.size)
-        except Exception as exc:  # PIL raises several types for bad files
-            _warn_once(path, f"{type(exc).__name__}: {exc}")
+        except UnreadableImage as exc:
+            _warn_once(path, exc)
     return None
 
 
@@ -120,20 +155,11 @@ class ImageFolderDataset(ImageDataset):
 
     def decode_key(self, key) -> tuple[np.ndarray, int]:
         """``(HWC uint8 image, label)`` for a sample key, substituting the next decodable file
-        for a corrupt one (warned once per file per process)."""
+        for one the decoders refuse (see :func:`first_decodable`)."""
         index, seed, epoch = self._split(key)
-        n = len(self.samples)
-        for step in range(n):
-            i = (index + step) % n
-            if i in self._bad:
-                continue
-            try:  # the draws are keyed by the sample asked for, even for a substitute
-                return self._decode(i, SampleRandom(seed, epoch, index)), self.samples[i][1]
-            except Exception as exc:  # corrupt pixels: substitute the next good sample
-                self._bad.add(i)
-                _warn_once(self.samples[i][0], f"{type(exc).__name__}: {exc}")
-        raise RuntimeError(f"no image in this ImageFolder split can be decoded "
-                           f"(first: '{self.samples[0][0]}')")
+        # the draws are keyed by the sample asked for, even for a substitute
+        return first_decodable(self.samples, self._bad, index,
+                               lambda i: self._decode(i, SampleRandom(seed, epoch, index)))
 
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
         """``(3, S, S)`` uint8, a view of the ``(S, S, 3)`` crop (channels-last strides, which

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .decode import open_image, open_pillow, read_bytes
+from .decode import decoding, open_image, open_pillow, read_bytes
 from .transforms import SampleRandom, center_offset, shorter_side_size
 
 __all__ = ["SCALE", "RATIO", "TRIES", "VAL_RESIZE_RATIO", "random_resized_box", "val_resize",
-           "train_crop", "val_crop", "resized_crop"]
+           "train_crop", "val_crop", "resized_crop", "decode_crop"]
 
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
@@ -65,7 +65,8 @@ def val_resize(size: int) -> int:
 
 
 def resized_crop(image: np.ndarray, box, scale: float, size: int, flip: bool) -> np.ndarray:
-    """``box`` (full-scale pixels) of ``image`` (decoded at ``1/scale``) resampled bilinearly to
+    """``box`` (full-scale pixels) of ``image`` (decoded at ``1/scale``, ``scale`` the DCT
+    divisor, see :mod:`~tandem.data.decode`) resampled bilinearly to
     ``size x size``, flipped left-right if ``flip``: an ``(S, S, 3)`` uint8 array.
 
     At full scale the box is cut out, then resized with antialiasing, as torchvision's
@@ -97,7 +98,12 @@ def train_crop(path, size: int, rng: SampleRandom, decoder: str | None = None) -
     depend on it."""
     img = open_image(path, decoder)
     box = random_resized_box(img.width, img.height, rng)
-    flip = rng.coin()
+    return decode_crop(img, box, size, rng.coin())
+
+
+def decode_crop(img, box, size: int, flip: bool) -> np.ndarray:
+    """``box`` of the opened image ``img`` (:func:`~tandem.data.decode.open_image`) as an
+    ``(S, S, 3)`` uint8 crop: decoded at the scale the box allows, then resampled."""
     image, scale = img.decode(box, size, size)
     return resized_crop(image, box, scale, size, flip)
 
@@ -110,11 +116,13 @@ def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
     same weights, so no ``draft`` here: a reduced-scale decode gives other pixels (and at 224 px
     it applies only to photos with a shorter side of 512 or more)."""
     resize_to = val_resize(size) if resize_to is None else resize_to
-    with open_pillow(read_bytes(path), path) as img:
-        # torchvision's loader converts to RGB first; "L" resized then converted is the same.
-        full = img if img.mode in ("RGB", "L") else img.convert("RGB")
-        new_w, new_h = shorter_side_size(full.width, full.height, resize_to)
-        full = full.resize((new_w, new_h), Image.BILINEAR)
+    with decoding(path):  # the decode; what follows works on pixels in memory
+        img = open_pillow(read_bytes(path), path)
+        img.load()
+    # torchvision's loader converts to RGB first; "L" resized then converted is the same.
+    full = img if img.mode in ("RGB", "L") else img.convert("RGB")
+    new_w, new_h = shorter_side_size(full.width, full.height, resize_to)
+    full = full.resize((new_w, new_h), Image.BILINEAR)
     if full.mode != "RGB":
         full = full.convert("RGB")
     left, top = center_offset(new_w, size), center_offset(new_h, size)
