@@ -54,3 +54,15 @@ def not_a_model(num_classes=3):
 
 def not_data():
     return 42
+
+
+class OverflowsInEval(Net):
+    """``Net`` whose logits are infinite in eval mode, as fp16 logits past 65504 are."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out if self.training else out + float("inf")
+
+
+def overflows_in_eval(num_classes, in_channels):
+    return OverflowsInEval(num_classes, in_channels)
