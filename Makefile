@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tandem-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py
+
+# on a GPU machine; needs no .venv (python3 and PYTHONPATH=src), see scripts/gpu_check.sh
+gpu-check:
+	scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) runs

@@ -54,3 +54,36 @@ def not_a_model(num_classes=3):
 
 def not_data():
     return 42
+
+
+class OverflowsInEval(Net):
+    """``Net`` whose logits are infinite in eval mode, as fp16 logits past 65504 are."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out if self.training else out + float("inf")
+
+
+def overflows_in_eval(num_classes, in_channels):
+    return OverflowsInEval(num_classes, in_channels)
+
+
+class SmoothNet(nn.Module):
+    """``Net`` with tanh and average pooling: no ReLU or max-pool threshold for float32 rounding
+    to cross, so a float32 run's distance from float64 measures rounding alone."""
+
+    def __init__(self, num_classes=3, in_channels=1):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(in_channels, 6, 3, padding=1),
+                                      nn.BatchNorm2d(6), nn.Tanh(),
+                                      nn.Conv2d(6, 6, 3, padding=1), nn.BatchNorm2d(6),
+                                      nn.Tanh(), nn.AdaptiveAvgPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(24, 12), nn.Tanh(),
+                                        nn.Linear(12, num_classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def smooth_net(num_classes, in_channels):
+    return SmoothNet(num_classes, in_channels)

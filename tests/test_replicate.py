@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from tandem.parallel import parallel_apply, replicate
+from tandem.parallel import DataParallel, parallel_apply, replicate
+from tandem.parallel.replicate import replicate_detached
 from tandem.parallel.traffic import TrafficMeter
 
 
@@ -126,13 +127,56 @@ def test_broadcast_traffic_is_counted_for_replicas_other_than_zero():
     assert meter.by_dst[1] >= 440 and meter.by_dst[2] >= 440
 
 
+# "cpu:0" is a torch.device unequal to "cpu" whose tensors live in the same memory: replicas
+# there take the copy path that a GPU's take, so the CPU suite sees how many copies it makes
+OTHER = ["cpu", "cpu", "cpu:0", "cpu:0"]
+
+
+def _storages(replica: nn.Module) -> set[int]:
+    return {p.untyped_storage().data_ptr() for p in replica.parameters()}
+
+
+@pytest.mark.parametrize("detached", [False, True], ids=["replicate", "replicate_detached"])
+def test_replicas_on_one_other_device_share_one_copy(detached):
+    """Two replicas on one device that is not the module's hold one copy of the weights between
+    them (each its own tensor, for its own gradient), as on ``--devices cuda:0,0`` from a CPU
+    module; replicas on the module's device hold its own storage."""
+    net = Net()
+    if detached:
+        replicas, _ = replicate_detached(net, OTHER)
+    else:
+        replicas = replicate(net, OTHER)
+    own, copied = _storages(replicas[1]), _storages(replicas[2])
+    assert _storages(replicas[0]) == own == _storages(net)
+    assert _storages(replicas[3]) == copied and not copied & own  # one copy, not the original
+    # negative control: the counting sees per-replica copies where they are asked for
+    apart = replicate(net, OTHER, share_params=False)
+    assert _storages(apart[2]) != _storages(apart[3])
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_replicas_sharing_a_copy_get_every_gradient(threads):
+    """The shared copy still sends each replica's gradient back: DataParallel over two replicas
+    on the module's device and two on another equals one device (float64)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+    reference = copy.deepcopy(net)
+    x = torch.randn(7, 4, dtype=torch.float64)
+    DataParallel(net, OTHER, backward_threads=threads)(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    for p, r in zip(net.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=0, atol=1e-12)
+
+
 @pytest.mark.cuda
 def test_cuda_replica_gradients_flow_back_to_cpu_module():
     net = Net()
     reference = copy.deepcopy(net)
     replicas = replicate(net, ["cpu", "cuda:0", "cuda:0"])
     assert replicas[1].blocks[0].weight.is_cuda
-    assert replicas[1].blocks[0].weight is replicas[2].blocks[0].weight  # one copy per device
+    # one copy per device: each replica its own view (its own gradient) of one storage
+    a, b = replicas[1].blocks[0].weight, replicas[2].blocks[0].weight
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     xs = [torch.randn(3, 4), torch.randn(2, 4, device="cuda"), torch.randn(4, 4, device="cuda")]
     sum(r(x).square().sum().cpu() for r, x in zip(replicas, xs)).backward()
     for x in xs:

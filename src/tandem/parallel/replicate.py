@@ -179,14 +179,24 @@ class _ReplicaSet:
                 rd["_buffers"] = new_buffers
 
     def _leaves(self, params: list[torch.Tensor], devices: list[torch.device]) -> dict:
-        """A detached leaf per (parameter, replica): a view on the parameter's own device (no
-        copy), else a copy; each requires grad as its parameter does."""
+        """A detached leaf per (parameter, replica), each its own tensor (its own ``.grad``)
+        over ONE storage per device: the parameter's on its own device, else one copy shared
+        by every replica on that device (as :func:`copy_params` does); each requires grad as
+        its parameter does."""
         copies: dict = {}
+        moved: dict = {}  # (id(param), device) -> the one copy there
         self.leaves = {}
         for i in self.trees:
             pairs = []
+            device = devices[i]
             for p in params:
-                leaf = p.detach() if p.device == devices[i] else p.detach().to(devices[i])
+                if p.device == device:
+                    leaf = p.detach()
+                else:
+                    key = (id(p), device)
+                    if key not in moved:
+                        moved[key] = p.detach().to(device)
+                    leaf = moved[key].detach()
                 leaf.requires_grad_(p.requires_grad)
                 copies[id(p), i] = leaf
                 pairs.append((p, leaf))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -37,7 +38,7 @@ from .rundir import RunDir
 from .schedule import epoch_state, lr_factor
 from .tensorboard import TensorBoard
 
-__all__ = ["EpochRun", "Position", "Trainer"]
+__all__ = ["EpochRun", "Position", "Trainer", "optimizer_step"]
 
 
 @dataclass
@@ -180,9 +181,7 @@ class Trainer:
             print_freq > 0 and (index + 1) % print_freq == 0)
         if not last_micro:
             return False
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
+        optimizer_step(self.optimizer, self.scaler, self.scheduler)
         pos = self.position
         pos.batch, pos.step = index + 1, pos.step + 1
         self._rebalance(run.progress)
@@ -244,7 +243,9 @@ class Trainer:
     def validate(self) -> Meter:
         """Loss, top-1 and top-5 (pixel accuracy and mean IoU for dense outputs) over the whole
         validation set, every sample counted once (none without one: ``tandem.fit(...,
-        val_data=None)``)."""
+        val_data=None)``). Under autocast torch runs cross-entropy in float32 and the meter
+        sums in float64, so only logits that overflowed in the model (fp16 past 65504) make
+        the loss non-finite; :meth:`_epochs` reports that instead of stopping."""
         meter = Meter()
         if self.val_set is None:
             return meter
@@ -322,20 +323,25 @@ class Trainer:
                 with stop.critical():
                     self.save(is_best=False, progress=_progress(train, seconds))
                 raise Interrupted(self._interrupted_message(), stop.signum, quiet=not s.is_main)
+            # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
+            # is reported, not fatal: only train loss and weights stop a run (above).
             val = self.validate()
-            self._check_finite(val, what="val loss")
+            val_finite = val.finite
             if not stopped:
                 pos.epoch, pos.batch = pos.epoch + 1, 0
-            # The first validation of a run directory always writes best.pt (even at 0%).
-            is_best = val.acc > self.best_acc1 or not os.path.exists(self.run_dir.best)
-            self.best_acc1 = max(self.best_acc1, val.acc)
+            # The first validation of a run directory always writes best.pt (even at 0%),
+            # unless its loss is not finite: such a model is never "best".
+            is_best = val_finite and (val.acc > self.best_acc1
+                                      or not os.path.exists(self.run_dir.best))
+            if val_finite:
+                self.best_acc1 = max(self.best_acc1, val.acc)
             record = {
                 "epoch": pos.epoch if not stopped else pos.epoch + 1,
                 "step": pos.step,
                 "batches": pos.batch if stopped else self.batches_per_epoch,
                 "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
                 "train_loss": train.loss, **score_fields("train", train),
-                "val_loss": val.loss, **score_fields("val", val),
+                "val_loss": val.loss, "val_finite": val_finite, **score_fields("val", val),
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "images_per_sec": train.count / seconds if seconds > 0 else None,
                 "seconds": seconds,
@@ -375,6 +381,32 @@ class Trainer:
         pos = self.position
         return (f"saved {self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}; "
                 f"continue with: {self.strategy.resume_command(self.cfg.run.out)}")
+
+
+# torch's LRScheduler says this when the optimizer has not stepped before the schedule's first
+# step: here that is GradScaler skipping a step it found inf gradients in, which is expected
+_SKIPPED_FIRST = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> None:
+    """One optimizer step through ``scaler``, then one schedule step.
+
+    The schedule counts optimizer steps *attempted*: a step fp16's GradScaler skips (inf
+    gradients, while it finds its scale) still advances it, as in the imagenet example, so
+    the learning rate of step ``t`` is ``lr_factor(t)`` whatever the scaler did and a resume
+    lands on it. torch's warning about that skipped first step is therefore not shown.
+    """
+    scaler.step(optimizer)
+    scaler.update()
+    if scheduler is None:
+        return
+    if not scaler.is_enabled():
+        scheduler.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SKIPPED_FIRST, category=UserWarning)
+        scheduler.step()
 
 
 def _progress(meter: Meter, seconds: float) -> dict:
