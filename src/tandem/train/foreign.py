@@ -95,7 +95,9 @@ def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict) -> list[str
         if name in given:
             source = "as given"
         elif name == "image_size":
-            source = f"the data's own; {flag} to change"
+            own = cfg.data.image_size is None  # else the size rule's (tandem.train.start)
+            source = ("the data's own" if own else f"{cfg.model.arch}'s native size") + \
+                f"; {flag} to change"
         else:
             source = f"tandem's default; {flag} to change"
         lines.append(f"  {words} {value} ({source})")

@@ -75,8 +75,11 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
     complete run, the one line to print instead."""
     cfg, ckpt, notes = resumed_config(cfg, given)
-    if ckpt is None and supplied.model is None and supplied.data is None:
-        cfg = start.fresh_defaults(cfg, given)  # an ImageFolder's arch and image size
+    if supplied.model is None and supplied.data is None:
+        if ckpt is None:
+            cfg = start.fresh_defaults(cfg, given)  # an ImageFolder's arch and image size
+        elif foreign.is_foreign(ckpt) and not cfg.run.evaluate:  # -e: foreign.eval_settings
+            cfg = start.sized(cfg, given)  # the file's arch at its native size
     if supplied.model is None:
         model_info(cfg.model.arch)  # a mistyped --arch (or a factory that fails to import)
     if cfg.run.evaluate:  # notes: only what a file from elsewhere is evaluated as

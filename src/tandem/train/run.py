@@ -227,10 +227,11 @@ def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
 
 
 def _say_starting(plan: RunPlan, trainer: Trainer) -> None:
-    """A fresh run's image size and how tandem's defaults differ from the imagenet example's;
-    any run's precision under ``--amp``."""
+    """A fresh run's image size and how tandem's defaults differ from the imagenet example's
+    (a run from another program's file says both in :func:`.foreign.assumed`); any run's
+    precision under ``--amp``."""
     cfg, lines = trainer.cfg, []
-    if plan.mode == FRESH and plan.supplied.data is None:
+    if plan.checkpoint is None and plan.supplied.data is None:  # a file's: foreign.assumed
         size = trainer.config_dict["resolved"]["dataset"]["image_size"]
         lines += [start.size_line(cfg, plan.given, size), *start.example_block(cfg, plan.given)]
     p = cfg.parallel

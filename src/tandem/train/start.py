@@ -19,7 +19,7 @@ from tandem.factory import is_reference
 from tandem.models import native_input_size
 from tandem.precision import Precision
 
-__all__ = ["is_imagefolder", "size_rule", "fresh_defaults", "size_line", "example_block",
+__all__ = ["is_imagefolder", "size_rule", "fresh_defaults", "sized", "size_line", "example_block",
            "precision_line", "IMAGEFOLDER_ARCH"]
 
 IMAGEFOLDER_ARCH = "resnet18"  # the imagenet example's default -a
@@ -55,6 +55,12 @@ def fresh_defaults(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
     then records them, so a resume and an eval of the run use the same."""
     if "arch" not in given and is_imagefolder(cfg.data.data):
         cfg = replace(cfg, model=replace(cfg.model, arch=IMAGEFOLDER_ARCH))
+    return sized(cfg, given)
+
+
+def sized(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
+    """``cfg`` with the image size of :func:`size_rule` unless ``--image-size`` was typed (a
+    fresh run, or one continuing a file from elsewhere, which names its arch)."""
     size = size_rule(cfg.model.arch, cfg.data.data)
     if "image_size" not in given and size is not None:
         cfg = replace(cfg, data=replace(cfg.data, image_size=size))
