@@ -1,9 +1,11 @@
 """``tandem eval --resume PATH``: validate a checkpoint and print its loss and accuracy.
 
-Architecture, data settings, loss and seed come from the checkpoint; a flag given here
-overrides them, except ``-a``, which names the architecture of a file that names none (a bare
-state dict). A file from elsewhere is evaluated as the imagenet example does (plain
-cross-entropy at the arch's native size), and one line says so.
+Architecture, data settings, image size, loss, precision (``--amp``) and seed come from the
+checkpoint; a flag given here overrides them (``--no-amp``: float32), except ``-a``, which
+names the architecture of a file that names none (a bare state dict). A file from elsewhere
+is evaluated as the imagenet example does (plain cross-entropy at the size training's rule
+gives: an ImageFolder at the arch's native size, fixed-size data at its own), and one line
+says so.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "eval", help="validate a checkpoint",
         description="Validate a checkpoint (tandem's, or the imagenet example's, including "
-                    "module.-prefixed ones from torch's DataParallel). A file without "
-                    "tandem's config is evaluated as the example does: plain cross-entropy at "
-                    "the arch's native size, unless --label-smoothing or --image-size say "
-                    "otherwise. A bare state dict names no arch: give it with -a.")
+                    "module.-prefixed ones from torch's DataParallel). A tandem run is evaluated "
+                    "at its own image size and precision. A file without tandem's config is "
+                    "evaluated as the example does: plain cross-entropy, an ImageFolder at the "
+                    "arch's native size and fixed-size data at its own, unless "
+                    "--label-smoothing or --image-size say otherwise. A bare state dict names "
+                    "no arch: give it with -a.")
     parser.add_argument("--resume", "--checkpoint", dest="resume", required=True,
                         metavar="PATH", help="checkpoint to validate")
     model = parser.add_argument_group("model")
