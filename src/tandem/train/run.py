@@ -22,6 +22,7 @@ from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
+from tandem.data.load import GIVEN_DATA
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.errors import UsageError
 from tandem.factory import is_reference
@@ -33,7 +34,8 @@ from tandem.strategies import Strategy
 from tandem.strategies.compile import compiled
 
 from . import compile as compiling
-from . import foreign, start
+from . import foreign
+from .start import example_block, precision_line, size_line
 from .interrupt import StopRequest
 from .loop import Trainer
 from .metrics import MetricsLog, eval_scores
@@ -233,9 +235,9 @@ def _say_starting(plan: RunPlan, trainer: Trainer) -> None:
     cfg, lines = trainer.cfg, []
     if plan.checkpoint is None and plan.supplied.data is None:  # a file's: foreign.assumed
         size = trainer.config_dict["resolved"]["dataset"]["image_size"]
-        lines += [start.size_line(cfg, plan.given, size), *start.example_block(cfg, plan.given)]
+        lines += [size_line(cfg, plan.given, size), *example_block(cfg, plan.given)]
     p = cfg.parallel
-    lines.append(start.precision_line(amp_precision(plan.strategy.device.type, p.amp,
+    lines.append(precision_line(amp_precision(plan.strategy.device.type, p.amp,
                                                     p.amp_dtype), " (--amp)"))
     for line in lines:
         if line:
@@ -324,7 +326,9 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
                                     if v is not None})
     parallel, source = _run_precision(parallel, saved, amp, amp_dtype)
     trained_at = ((ckpt.get("config") or {}).get("resolved") or {}).get("dataset") or {}
-    if saved.data.image_size is None and trained_at.get("image_size"):  # the run's own size
+    spec = (data or {}).get("data", saved.data.data)
+    if saved.data.image_size is None and trained_at.get("image_size") and \
+            not is_reference(spec) and spec != GIVEN_DATA:  # the run's own size (tandem's data)
         saved = replace(saved, data=replace(saved.data, image_size=trained_at["image_size"]))
     cfg = TrainConfig(model=replace(saved.model, arch=arch),
                       data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
@@ -361,5 +365,5 @@ def _validate(plan: RunPlan) -> dict:
                 "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
                 "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main, "image_size": info.image_size,
-                "precision": start.precision_line(amp_precision(
+                "precision": precision_line(amp_precision(
                     strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype))}
