@@ -85,7 +85,7 @@ def test_its_checkpoint_is_float32_resumes_and_loads_in_an_fp32_eval(runs):
     assert floats and all(t.dtype == torch.float32 for t in floats)
 
     evals = {}
-    for name, extra in {"amp": FAST, "fp32": []}.items():
+    for name, extra in {"amp": FAST, "fp32": ["--no-amp"]}.items():  # else: the run's amp
         result = ok(run_in_process("eval", "--resume", runs / "fast" / "checkpoint.pt",
                                    "--devices", "cpu", "--json", *extra))
         evals[name] = json.loads(result.stdout.strip().splitlines()[-1])

@@ -143,8 +143,9 @@ def test_malicious_pickle_is_refused_without_running(tmp_path, capsys):
 
 def test_a_bare_state_dict_evaluates_with_a(tmp_path):
     """`torch.save(model.state_dict())` names no arch: eval says to give -a, and with -a it
-    evaluates those weights (the loss computed here from them, at the arch's native 32px, far
-    from the seeded initialisation's). An -a that contradicts a file's own arch is one line."""
+    evaluates those weights (the loss computed here from them, at digits' own 8px by the size
+    rule of training, far from the seeded initialisation's). An -a that contradicts a file's
+    own arch is one line."""
     from tandem.config import ModelConfig
     from tandem.data import load_dataset
     from tandem.train.run import build_model
@@ -152,10 +153,10 @@ def test_a_bare_state_dict_evaluates_with_a(tmp_path):
     model = _perturbed_model(num_classes=10, in_channels=1)
     path = tmp_path / "plain_state_dict.pt"
     torch.save(model.state_dict(), path)
-    want, count = _val_loss(model, "digits", image_size=32)
-    info = load_dataset("digits", image_size=32)[2]
+    want, count = _val_loss(model, "digits", image_size=8)
+    info = load_dataset("digits", image_size=8)[2]
     init, _ = _val_loss(build_model(ModelConfig(arch="cifar_resnet20"), info, seed=0),
-                        "digits", image_size=32)
+                        "digits", image_size=8)
     assert abs(want - init) > 0.1, (want, init)
 
     proc = tandem("eval", "--resume", path, "--data", "digits")

@@ -119,8 +119,10 @@ def test_train_resume_takes_arch_epoch_and_optimizer(tmp_path):
                                       parts["batches_per_epoch"], parts["optimizer"],
                                       parts["scheduler"], parts["scaler"])
         trainer = Trainer(**parts, **start)
-    assert trainer.position.epoch == 3 and trainer.best_acc1 == pytest.approx(41.5)
-    assert len(notes) == 1 and "StepLR" in notes[0] and "resumes at epoch 4" in notes[0]
+    # the file's best_acc1 (41.5) is its own model_best's: best.pt starts afresh, and says so
+    assert trainer.position.epoch == 3 and trainer.best_acc1 == 0.0
+    assert len(notes) == 2 and "StepLR" in notes[0] and "resumes at epoch 4" in notes[0]
+    assert notes[1].startswith("best.pt starts afresh in --out") and "41.50%" in notes[1]
     params = example_opt.param_groups[0]["params"]
     for mine, theirs in zip(trainer.model.parameters(), params):
         assert torch.equal(trainer.optimizer.state[mine]["momentum_buffer"],
@@ -271,7 +273,8 @@ def test_resumed_example_file_says_what_it_took_and_reloads(tmp_path):
            "nesterov off" in lines[2]
     block = lines[lines.index("  not in the file, so this run takes:"):][:6]
     assert block[1:] == ["    global batch 8 (as given)", "    epochs 4 (as given)",
-                         "    image size 32px (the data's own; --image-size to change)",
+                         "    image size 224px (resnet18's native size; --image-size to "
+                         "change)",
                          "    lr schedule cosine (tandem's default; --lr-schedule to change)",
                          "    label smoothing 0.1 (tandem's default; --label-smoothing to change)"]
     config = json.loads((out / "config.json").read_text())

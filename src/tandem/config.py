@@ -83,7 +83,8 @@ def _check_choice(value: str, choices: tuple, flag: str) -> None:
 class ModelConfig:
     arch: str = opt("cifar_resnet20", "model architecture (see `tandem models`), or "
                     "package.module:function building your own (called with num_classes= and "
-                    "in_channels= when it takes them)",
+                    "in_channels= when it takes them) (default: cifar_resnet20; for an "
+                    "ImageFolder directory resnet18, as in the imagenet example)",
                     "-a", "--arch", metavar="ARCH")
     dropout: float | None = opt(None, "dropout probability for models with dropout "
                                 "(default: the model's own)", metavar="P")
@@ -117,8 +118,11 @@ class DataConfig:
                        "directory, standard for digits, synthetic and CIFAR-10; standard: random "
                        "shifts (and flips where the data allows); imagenet: RandomResizedCrop + "
                        "flip (ImageFolder only); none", choices=AUGMENT_CHOICES)
-    image_size: int | None = opt(None, "resize images to this side (default: the dataset's own)",
-                                 metavar="PX")
+    image_size: int | None = opt(None, "resize images to this side (default: for an "
+                                 "ImageFolder the arch's native size, e.g. 224 crops with "
+                                 "resize 256 + centre crop 224 for validation, or the shorter "
+                                 "side under a package.module:function model; else the "
+                                 "dataset's own)", metavar="PX")
     num_classes: int | None = opt(None, "classes the model outputs; real data needs at least "
                                   "its own (e.g. 1000 keeps the imagenet example's head); "
                                   "synthetic data makes that many (default: the data's, or a "

@@ -78,7 +78,7 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
         "epoch": epoch, "arch": arch,
         "best_acc1": None if best_acc1 is None else torch.tensor(float(best_acc1)),
         "state_dict": dict(model) if isinstance(model, Mapping) else plain_state_dict(model),
-        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "optimizer": None if optimizer is None else _state_of(optimizer),  # or its state dict
         "scheduler": None if scheduler is None else _state_of(scheduler),
     }
     if rng is True:

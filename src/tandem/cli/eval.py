@@ -1,9 +1,11 @@
 """``tandem eval --resume PATH``: validate a checkpoint and print its loss and accuracy.
 
-Architecture, data settings, loss and seed come from the checkpoint; a flag given here
-overrides them, except ``-a``, which names the architecture of a file that names none (a bare
-state dict). A file from elsewhere is evaluated as the imagenet example does (plain
-cross-entropy at the arch's native size), and one line says so.
+Architecture, data settings, image size, loss, precision (``--amp``) and seed come from the
+checkpoint; a flag given here overrides them (``--no-amp``: float32), except ``-a``, which
+names the architecture of a file that names none (a bare state dict). A file from elsewhere
+is evaluated as the imagenet example does (plain cross-entropy at the size training's rule
+gives: an ImageFolder at the arch's native size, fixed-size data at its own), and one line
+says so.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "eval", help="validate a checkpoint",
         description="Validate a checkpoint (tandem's, or the imagenet example's, including "
-                    "module.-prefixed ones from torch's DataParallel). A file without "
-                    "tandem's config is evaluated as the example does: plain cross-entropy at "
-                    "the arch's native size, unless --label-smoothing or --image-size say "
-                    "otherwise. A bare state dict names no arch: give it with -a.")
+                    "module.-prefixed ones from torch's DataParallel). A tandem run is evaluated "
+                    "at its own image size and precision. A file without tandem's config is "
+                    "evaluated as the example does: plain cross-entropy, an ImageFolder at the "
+                    "arch's native size and fixed-size data at its own, unless "
+                    "--label-smoothing or --image-size say otherwise. A bare state dict names "
+                    "no arch: give it with -a.")
     parser.add_argument("--resume", "--checkpoint", dest="resume", required=True,
                         metavar="PATH", help="checkpoint to validate")
     model = parser.add_argument_group("model")
@@ -54,7 +58,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                          defaults={"label_smoothing": None})
     add_config_arguments(parser, ParallelConfig, title="parallelism",
                          only=("strategy", "devices", "sync_bn", "amp", "amp_dtype", "dtype",
-                               "channels_last", "compile", "compile_mode"))
+                               "channels_last", "compile", "compile_mode"),
+                         defaults={"amp": None})  # None: the run's own precision
+    parser.add_argument("--no-amp", dest="amp", action="store_false",
+                        help="evaluate in float32, also a run trained with --amp (default: "
+                             "the run's precision)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (arch, loss, acc1, acc5, count; acc = acc1)")
     parser.set_defaults(func=run)
@@ -73,17 +81,20 @@ def run(args: argparse.Namespace) -> int:
     DataConfig(**data)  # check the overrides alone, for a message naming the flag
     if args.arch is not None:
         model_info(args.arch)  # a typo: the closest names, before any file is read
-    parallel = config_from_args(ParallelConfig, args)
+    parallel = config_from_args(ParallelConfig, args, amp=False, amp_dtype=None)
     _check_launched(parallel, args)
     with tandem_warnings(notes_to_stderr=args.json):  # stdout stays one JSON object
         result = evaluate(args.resume, parallel=parallel, data=data,
                           batch_size=args.batch_size, seed=args.seed,
-                          label_smoothing=args.label_smoothing, arch=args.arch)
-    note = result.pop("note")
+                          label_smoothing=args.label_smoothing, arch=args.arch,
+                          amp=args.amp, amp_dtype=args.amp_dtype)
+    note, precision = result.pop("note"), result.pop("precision")
     if not result.pop("is_main"):
         return 0  # under ddp every rank validates its share; rank 0 reports the total
     if note:  # on stderr with --json, so that stdout stays one JSON object
         print(note, file=sys.stderr if args.json else sys.stdout)
+    if precision:
+        print(precision, file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -1,6 +1,7 @@
 """The imagenet example's own command line, as typed, on ``tandem train``.
 
-The positional ``DIR`` is ``--data DIR`` and ``--gpu N`` is ``--devices cuda:N``. The
+The positional ``DIR`` is ``--data DIR``, ``--gpu N`` is ``--devices cuda:N``,
+``--no-accel`` is ``--devices cpu`` and ``--dummy`` is ``--data synthetic``. The
 example's distributed flags are refused with the equivalent ``tandem launch`` command, and
 ``--start-epoch`` because the epoch comes from ``--resume``.
 """
@@ -28,6 +29,10 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dataset directory, as in the imagenet example (same as --data DIR)")
     group = parser.add_argument_group("imagenet example compatibility")
     _add_gpu(group)
+    group.add_argument("--no-accel", action="store_true",
+                       help="the example's --no-accel: same as --devices cpu")
+    group.add_argument("--dummy", action="store_true",
+                       help="the example's --dummy: same as --data synthetic")
     group.add_argument("--start-epoch", type=int, default=None, metavar="N",
                        help="not supported: --resume FILE continues at the epoch stored in FILE")
     _add_distributed(group)
@@ -62,6 +67,17 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
         if "data" in given and args.data != args.data_dir:
             raise UsageError(f"two datasets given: DIR {args.data_dir} and --data {args.data}")
         values["data"] = args.data_dir
+    if getattr(args, "dummy", False):
+        other = values.get("data", args.data if "data" in given else "synthetic")
+        if other != "synthetic":
+            raise UsageError(f"two datasets given: --dummy (same as --data synthetic) and "
+                             f"{other}: give one")
+        values["data"] = "synthetic"
+    if getattr(args, "no_accel", False):
+        if args.gpu is not None or ("devices" in given and args.devices != "cpu"):
+            other = f"--gpu {args.gpu}" if args.gpu is not None else f"--devices {args.devices}"
+            raise UsageError(f"--no-accel (same as --devices cpu) and {other} disagree: give one")
+        values["devices"] = "cpu"
     if args.gpu is not None:
         if args.gpu < 0:
             raise UsageError(f"bad --gpu {args.gpu}: must be >= 0")

@@ -14,9 +14,12 @@ from dataclasses import replace
 
 from tandem.config import TrainConfig
 from tandem.errors import UsageError
-from tandem.models import model_info, native_input_size
+from tandem.models import model_info
 
-__all__ = ["is_foreign", "file_settings", "assumed", "eval_settings", "checkpoint_arch"]
+__all__ = ["DATA_SIZE", "is_foreign", "file_settings", "assumed", "eval_settings", "checkpoint_arch"]
+
+#: in an eval note, where the data's own size goes once the data is loaded
+DATA_SIZE = "<data size>"
 
 # OptimConfig field, the words for it, its flag; read from the file's first param group.
 _FROM_OPTIMIZER = (("lr", "lr", "--lr"), ("momentum", "momentum", "--momentum"),
@@ -92,7 +95,9 @@ def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict) -> list[str
         if name in given:
             source = "as given"
         elif name == "image_size":
-            source = f"the data's own; {flag} to change"
+            own = cfg.data.image_size is None  # else the size rule's (tandem.train.start)
+            source = ("the data's own" if own else f"{cfg.model.arch}'s native size") + \
+                f"; {flag} to change"
         else:
             source = f"tandem's default; {flag} to change"
         lines.append(f"  {words} {value} ({source})")
@@ -112,10 +117,13 @@ def eval_settings(cfg: TrainConfig, given: frozenset[str],
         cfg = replace(cfg, optim=replace(cfg.optim, label_smoothing=0.0))
         said.append("plain cross-entropy")
         flags.append("--label-smoothing")
-    if "image_size" not in given:
-        size = native_input_size(cfg.model.arch)
+    if "image_size" not in given:  # the size rule of training (tandem.train.start)
+        from .start import size_rule
+
+        size = size_rule(cfg.model.arch, cfg.data.data)
         cfg = replace(cfg, data=replace(cfg.data, image_size=size))
-        said.append(f"{cfg.model.arch}'s native {size}px")
+        said.append(f"{cfg.model.arch}'s native {size}px" if size else
+                    f"the data's own size, {DATA_SIZE}")
         flags.append("--image-size")
     if not said:
         return cfg, None

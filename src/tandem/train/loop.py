@@ -35,7 +35,7 @@ from .metrics import (Meter, MetricsLog, peak_memory_mb, reset_peak_memory, scor
                       summary_line)
 from .progress import Progress
 from .rundir import RunDir
-from .schedule import epoch_state, lr_factor
+from .schedule import epoch_state, example_optimizer_state, lr_factor
 from .tensorboard import TensorBoard
 
 __all__ = ["EpochRun", "Position", "Trainer", "optimizer_step"]
@@ -280,10 +280,12 @@ class Trainer:
             config=self.config_dict,
         )
         state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
-        checkpoint.save(self.run_dir.latest, state, self.optimizer, **extra)
+        # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
+        optimizer = example_optimizer_state(self.optimizer, pos.epoch)
+        checkpoint.save(self.run_dir.latest, state, optimizer, **extra)
         self.saved_step = pos.step
         if is_best:
-            checkpoint.save(self.run_dir.best, state, self.optimizer, **extra)
+            checkpoint.save(self.run_dir.best, state, optimizer, **extra)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
@@ -357,7 +359,8 @@ class Trainer:
                     self._plot(records)
                     if board is not None:
                         board.add_row(record)
-                    print(summary_line(record, cfg.optim.epochs, self.batches_per_epoch),
+                    print(summary_line(record, cfg.optim.epochs, self.batches_per_epoch,
+                                       getattr(self.criterion, "label_smoothing", 0.0)),
                           flush=True)
             trained = True
             if stopped:

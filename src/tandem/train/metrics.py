@@ -220,8 +220,10 @@ class MetricsLog:
             return [json.loads(line) for line in f if line.strip()]
 
 
-def summary_line(r: dict, epochs: int, batches: int) -> str:
-    """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so."""
+def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> str:
+    """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so,
+    and so does a loss with label ``smoothing`` (over many classes it is far above plain CE)."""
+    named = f" (label-smoothed {smoothing:g})" if smoothing else ""
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
     if "val_miou" in r:  # dense outputs
@@ -230,7 +232,7 @@ def summary_line(r: dict, epochs: int, batches: int) -> str:
                   f"mIoU {r['val_miou']:.2f}% ")
     else:
         scores = (f"train loss {r['train_loss']:.4f} acc {r['train_acc']:.2f}% | "
-                  f"val loss {r['val_loss']:.4f} acc {r['val_acc']:.2f}% "
+                  f"val loss {r['val_loss']:.4f}{named} acc {r['val_acc']:.2f}% "
                   f"acc5 {r['val_acc5']:.2f}% ")
     return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: {scores}"
             f"| {rate} {r['seconds']:.1f}s")

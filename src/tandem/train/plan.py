@@ -11,7 +11,7 @@ and the build then take them instead of building what the config names. A
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -27,7 +27,7 @@ from tandem.precision import amp_precision
 from tandem.strategies import Strategy, create_strategy, strategy_names
 from tandem.strategies.compile import check_compile
 
-from . import foreign
+from . import foreign, start
 from .resume import check_launched, complete_line, resumed_config
 from .rundir import RunDir
 
@@ -75,6 +75,11 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
     complete run, the one line to print instead."""
     cfg, ckpt, notes = resumed_config(cfg, given)
+    if supplied.model is None and supplied.data is None:
+        if ckpt is None:
+            cfg = start.fresh_defaults(cfg, given)  # an ImageFolder's arch and image size
+        elif foreign.is_foreign(ckpt) and not cfg.run.evaluate:  # -e: foreign.eval_settings
+            cfg = start.sized(cfg, given)  # the file's arch at its native size
     if supplied.model is None:
         model_info(cfg.model.arch)  # a mistyped --arch (or a factory that fails to import)
     if cfg.run.evaluate:  # notes: only what a file from elsewhere is evaluated as
@@ -97,6 +102,10 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
     if mode != RESUMED:
         run.check_fresh(cfg.run.overwrite)
+    if cfg.parallel.amp and cfg.parallel.amp_dtype is None and ckpt is None:
+        # the config records what --amp resolved to here (bf16 on a CPU), not null
+        dtype = amp_precision(strategy.device.type, True).amp_dtype
+        cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied)
 
 

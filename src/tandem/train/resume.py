@@ -173,6 +173,10 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
     try:
         if own_schedule is not None:
             scheduler.load_state_dict(own_schedule)
+            # the file's optimizer holds the imagenet example's lr (schedule.example_lr);
+            # tandem's own stands in its schedule's state
+            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+                group["lr"] = lr
         if ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
     except (ValueError, KeyError, RuntimeError) as exc:
@@ -189,13 +193,20 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
         scheduler.last_epoch = position.step
     if ckpt.get("rng") is not None:
         checkpoint.restore_rng(ckpt["rng"])
-    start = {"position": position, "best_acc1": float(ckpt.get("best_acc1") or 0.0),
+    # A file from elsewhere has its best weights in a file of its own (model_best.pth.tar),
+    # not here: "best" starts afresh in this run's directory, so best.pt is what it says.
+    best = float(ckpt.get("best_acc1") or 0.0)
+    start = {"position": position, "best_acc1": 0.0 if foreign.is_foreign(ckpt) else best,
              "carried": ckpt.get("epoch_progress") if position.batch else None}
-    if not foreign_schedule:
-        return start, []
-    return start, [f"its {foreign_schedule} state is not tandem's: tandem's --lr-schedule "
-                   f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} "
-                   f"(lr {optimizer.param_groups[0]['lr']:.4g})"]
+    notes = []
+    if foreign_schedule:
+        notes.append(f"its {foreign_schedule} state is not tandem's: tandem's --lr-schedule "
+                     f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} "
+                     f"(lr {optimizer.param_groups[0]['lr']:.4g})")
+    if foreign.is_foreign(ckpt):
+        notes.append(f"best.pt starts afresh in --out {cfg.run.out}: the file's best_acc1 "
+                     f"{best:.2f}% was its own best model's, which this file does not hold")
+    return start, notes
 
 
 def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:

@@ -22,6 +22,7 @@ from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
+from tandem.data.load import GIVEN_DATA
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
 from tandem.errors import UsageError
 from tandem.factory import is_reference
@@ -34,6 +35,7 @@ from tandem.strategies.compile import compiled
 
 from . import compile as compiling
 from . import foreign
+from .start import example_block, precision_line, size_line
 from .interrupt import StopRequest
 from .loop import Trainer
 from .metrics import MetricsLog, eval_scores
@@ -226,6 +228,22 @@ def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
         print(f"  {note}", flush=True)
 
 
+def _say_starting(plan: RunPlan, trainer: Trainer) -> None:
+    """A fresh run's image size and how tandem's defaults differ from the imagenet example's
+    (a run from another program's file says both in :func:`.foreign.assumed`); any run's
+    precision under ``--amp``."""
+    cfg, lines = trainer.cfg, []
+    if plan.checkpoint is None and plan.supplied.data is None:  # a file's: foreign.assumed
+        size = trainer.config_dict["resolved"]["dataset"]["image_size"]
+        lines += [size_line(cfg, plan.given, size), *example_block(cfg, plan.given)]
+    p = cfg.parallel
+    lines.append(precision_line(amp_precision(plan.strategy.device.type, p.amp,
+                                                    p.amp_dtype), " (--amp)"))
+    for line in lines:
+        if line:
+            print(line, flush=True)
+
+
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     """``tandem train``: fit (or only validate). ``given``: fields typed on the command line."""
     execute(plan_train(cfg, given))  # the plan: every check, before anything is done
@@ -248,6 +266,8 @@ def execute(plan: RunPlan | str) -> dict | None:
         trainer = Trainer(**parts, **start)
         _warm_up(trainer, train=True)
         log = _open_run_dir(plan, trainer, notes)
+        if strategy.is_main:
+            _say_starting(plan, trainer)
         with StopRequest(quiet=not strategy.is_main, when=strategy.stops_when) as stop:
             records = trainer.fit(log, stop)
         if plan.supplied.model is not None:
@@ -262,23 +282,40 @@ def _print_validation(plan: RunPlan) -> dict | None:
     if not result["is_main"]:
         return None
     for note in plan.notes:
-        print(note)
+        print(note.replace(foreign.DATA_SIZE, f"{result['image_size']}px"))
+    if result["precision"]:
+        print(result["precision"])
     print(f"val loss {result['loss']:.4f} {eval_scores(result)} ({result['count']} images)")
     return {"val_loss": result["loss"], "val_acc": result["acc1"],
             "val_acc5": result["acc5"], "count": result["count"]}
 
 
+def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | None,
+                   amp_dtype: str | None) -> tuple[ParallelConfig, str]:
+    """``parallel`` with the ``--amp`` an eval uses: as typed (``amp``, ``amp_dtype``), else the
+    run's; and the words for where it came from."""
+    if amp is not None or amp_dtype is not None:
+        return replace(parallel, amp=bool(amp) or amp_dtype is not None,
+                       amp_dtype=amp_dtype), " (as given)"
+    if not saved.parallel.amp:
+        return replace(parallel, amp=False, amp_dtype=None), ""
+    return (replace(parallel, amp=True, amp_dtype=saved.parallel.amp_dtype),
+            " (the run's --amp; --no-amp for float32)")
+
+
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
              batch_size: int | None = None, seed: int | None = None,
-             label_smoothing: float | None = None, arch: str | None = None) -> dict:
+             label_smoothing: float | None = None, arch: str | None = None,
+             amp: bool | None = None, amp_dtype: str | None = None) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
     Architecture, data settings, loss and seed come from the checkpoint's config, each
     overridden by ``data`` / ``batch_size`` / ``label_smoothing`` / ``seed`` when given;
     ``arch`` is for a file that names none (a bare state dict) and must match one that does.
-    A file without tandem's config is evaluated as the imagenet example does (plain
-    cross-entropy at the arch's native size); ``note`` in the result then says so. Never
-    augments.
+    A tandem run is evaluated at its own image size and precision (``amp``/``amp_dtype``:
+    ``None`` takes the run's). A file without tandem's config is evaluated as the imagenet
+    example does (plain cross-entropy, at the size of :func:`.start.size_rule`); ``note`` in
+    the result then says so. Never augments.
     """
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)
@@ -287,6 +324,12 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
                                                        ("label_smoothing", label_smoothing))
                                     if v is not None})
+    parallel, source = _run_precision(parallel, saved, amp, amp_dtype)
+    trained_at = ((ckpt.get("config") or {}).get("resolved") or {}).get("dataset") or {}
+    spec = (data or {}).get("data", saved.data.data)
+    if saved.data.image_size is None and trained_at.get("image_size") and \
+            not is_reference(spec) and spec != GIVEN_DATA:  # the run's own size (tandem's data)
+        saved = replace(saved, data=replace(saved.data, image_size=trained_at["image_size"]))
     cfg = TrainConfig(model=replace(saved.model, arch=arch),
                       data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
                       run=saved.run if seed is None else replace(saved.run, seed=seed))
@@ -295,7 +338,12 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
         given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
         cfg, note = foreign.eval_settings(cfg, frozenset(given), checkpoint_path)
     cfg = replace(cfg, run=replace(cfg.run, resume=checkpoint_path))
-    return dict(_validate(plan_eval(cfg, ckpt)), note=note)
+    result = _validate(plan_eval(cfg, ckpt))
+    if note:
+        note = note.replace(foreign.DATA_SIZE, f"{result['image_size']}px")
+    if result["precision"]:
+        result["precision"] += source
+    return dict(result, note=note)
 
 
 def _validate(plan: RunPlan) -> dict:
@@ -316,4 +364,6 @@ def _validate(plan: RunPlan) -> dict:
         return {"arch": cfg.model.arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
                 "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
                 "count": val.count, "compile_seconds": seconds,
-                "is_main": strategy.is_main}
+                "is_main": strategy.is_main, "image_size": info.image_size,
+                "precision": precision_line(amp_precision(
+                    strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype))}

@@ -177,7 +177,7 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
             policy = f.metadata.get("on_resume", FIXED)
             changed = f.name in given and new != old
             flag = flag_of(f)[-1]
-            if policy == FIXED and changed:
+            if policy == FIXED and changed and not cfg.run.evaluate:  # -e writes nothing
                 raise UsageError(
                     f"{flag} {_show(new)} would change the run of '{path}', which has "
                     f"{flag} {_show(old)}: resume without {flag}, or start a new run with "
@@ -188,7 +188,8 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
         sections[name] = type(mine)(**values)
     source = RunDir.of(path)
     out = cfg.run.out if "out" in given else source.path
-    _check_rollback(path, RunDir(out), saved)
+    if not cfg.run.evaluate:  # -e (main.py's `-e --resume RUN/best.pt`) writes nothing
+        _check_rollback(path, RunDir(out), saved)
     if not RunDir(out).same(source):
         notes.append(f"--out {out}: a new run directory, forked from '{source.path}'")
     sections["run"] = dataclasses.replace(sections["run"], out=out)

@@ -14,7 +14,10 @@ import torch
 
 from tandem.config import OptimConfig
 
-__all__ = ["make_scheduler", "lr_factor", "epoch_state"]
+__all__ = ["make_scheduler", "lr_factor", "epoch_state", "example_lr", "example_optimizer_state"]
+
+# The imagenet example's schedule: StepLR(step_size=30, gamma=0.1), stepped once per epoch.
+EXAMPLE_STEP, EXAMPLE_GAMMA = 30, 0.1
 
 
 def lr_factor(step: int, cfg: OptimConfig, steps_per_epoch: int) -> float:
@@ -42,13 +45,36 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def example_lr(base_lr: float, epoch: int) -> float:
+    """The lr the imagenet example's StepLR gives epoch ``epoch`` (0-based) of a run whose
+    base lr is ``base_lr``: ``base_lr * 0.1 ** (epoch // 30)``."""
+    return base_lr * EXAMPLE_GAMMA ** (epoch // EXAMPLE_STEP)
+
+
+def _base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
+
+
 def epoch_state(optimizer: torch.optim.Optimizer, epoch: int) -> dict:
     """A scheduler state counted in epochs, for programs that step once per epoch.
 
     The imagenet example loads ``checkpoint['scheduler']`` into its ``StepLR`` whatever wrote
     it; this state sets only the fields every scheduler has, so its StepLR stands at
-    ``epoch`` with its own step size and gamma, from the optimizer's current learning rate.
+    ``epoch`` with its own step size and gamma, at :func:`example_lr`.
     """
-    return {"last_epoch": epoch, "_step_count": epoch + 1,
-            "base_lrs": [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups],
-            "_last_lr": [group["lr"] for group in optimizer.param_groups]}
+    bases = _base_lrs(optimizer)
+    return {"last_epoch": epoch, "_step_count": epoch + 1, "base_lrs": bases,
+            "_last_lr": [example_lr(base, epoch) for base in bases]}
+
+
+def example_optimizer_state(optimizer: torch.optim.Optimizer, epoch: int) -> dict:
+    """``optimizer.state_dict()`` with each group's ``lr`` at :func:`example_lr` for ``epoch``.
+
+    The example continues with the optimizer's lr (its StepLR changes it only every 30
+    epochs), so tandem's own lr there (0 at the end of a cosine schedule) would freeze it.
+    tandem resumes its own lr from ``tandem_scheduler`` (see ``resume.restore``).
+    """
+    state = optimizer.state_dict()  # its param groups are copies: the optimizer is untouched
+    for group, base in zip(state["param_groups"], _base_lrs(optimizer)):
+        group["lr"] = example_lr(base, epoch)
+    return state

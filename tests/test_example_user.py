@@ -1,0 +1,209 @@
+# Compares against the imagenet example's main.py (pytorch/examples), emulated with plain torch.
+"""The example's user both ways: fresh-run defaults and the image-size rule (train and eval),
+a truthful best.pt after a foreign resume, a tandem checkpoint that main.py's SGD + StepLR
+keep training, `-e --resume RUN/best.pt`, --no-accel/--dummy, and a visible --amp."""
+
+import json
+
+import pytest
+import torch
+
+import tandem.precision
+from conftest import make_image_folder, run_in_process, snapshot
+from tandem import checkpoint
+from tandem.cli.main import build_parser
+from tandem.cli.train import config_from_namespace
+from tandem.models import create_model
+from tandem.train.schedule import epoch_state, example_lr
+
+TINY = ("--data", "synthetic", "--synthetic-size", 24, "--image-size", 8, "--num-classes", 3,
+        "-b", 8, "--devices", "cpu", "--no-progress")
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_defaults(tmp_path):
+    data = make_image_folder(tmp_path / "imgs", size=40)
+    out = tmp_path / "run"
+    proc = ok(run_in_process("train", "-b", 8, "--lr", 0.1, "--epochs", 1, "--max-steps", 1,
+                             "--no-progress", "--out", out, data))
+    lines = proc.stdout.splitlines()
+    assert lines[1] == ("image size 224px (resnet18's native size: training crops 224px, "
+                        "validation resized to 256 and centre-cropped to 224; --image-size "
+                        "to change)")
+    assert lines[2].startswith("tandem's defaults that differ from the imagenet example's")
+    assert lines[3:7] == ["  --wd 0.0005 (the example: 0.0001)", "  -j 0 (the example: 4)",
+                          "  --label-smoothing 0.1 (the example: 0)",
+                          "  --lr-schedule cosine (the example: step)"]
+    assert lines[7].startswith("epoch 1/1 (partial: 1/3 batches) step 1: ")
+    assert "--lr " not in proc.stdout  # typed: the user chose it
+    assert "val loss " in lines[7] and " (label-smoothed 0.1) acc " in lines[7]
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["arch"] == "resnet18" and config["data"]["image_size"] == 224
+    assert config["resolved"]["dataset"]["image_size"] == 224
+    # eval of the run uses the run's size, not the photos' 40px
+    result = json.loads(ok(run_in_process("eval", "--resume", out, "--json")).stdout)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert result["image_size"] == 224 and result["loss"] == pytest.approx(row["val_loss"])
+
+
+def test_a_factory_model_on_an_imagefolder_keeps_the_shorter_side_and_says_so(tmp_path):
+    data = make_image_folder(tmp_path / "imgs", size=40)
+    proc = ok(run_in_process("train", "-a", "own_model:make_net", "-b", 8, "--epochs", 1,
+                             "--max-steps", 1, "--label-smoothing", 0, "--no-progress",
+                             "--out", tmp_path / "run", data))
+    assert ("image size 40px (the data's shorter side: own_model:make_net has no native size"
+            in proc.stdout)
+    assert "label-smoothed" not in proc.stdout
+
+
+def test_fixed_size_data_keeps_its_size_in_train_and_in_eval_of_a_bare_state_dict(tmp_path):
+    out = tmp_path / "run"
+    proc = ok(run_in_process("train", "-a", "cifar_resnet20", "--data", "digits", "-b", 64,
+                             "--epochs", 1, "--max-steps", 4, "--no-progress", "--out", out))
+    assert proc.stdout.splitlines()[0] == "image size 8px (the data's own; --image-size to change)"
+    torch.save(torch.load(out / "checkpoint.pt", weights_only=True)["state_dict"],
+               tmp_path / "sd.pt")
+    bare = ok(run_in_process("eval", "--resume", tmp_path / "sd.pt", "-a", "cifar_resnet20",
+                             "--data", "digits", "--label-smoothing", 0.1))
+    assert "with the data's own size, 8px (--image-size to change)" in bare.stdout
+    run = ok(run_in_process("eval", "--resume", out))
+    assert bare.stdout.splitlines()[-1].split(": ", 1)[1] == run.stdout.splitlines()[-1].split(
+        ": ", 1)[1]  # the same loss and accuracy as the run itself
+
+
+def example_file(path, best=37.5):
+    """A file as main.py saves it (resnet18 under DataParallel) with ``best_acc1`` ``best``."""
+    model = torch.nn.DataParallel(create_model("resnet18"))
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+    torch.save({"epoch": 1, "arch": "resnet18", "state_dict": model.state_dict(),
+                "best_acc1": torch.tensor(best), "optimizer": optimizer.state_dict()}, path)
+
+
+def test_best_pt_after_a_foreign_resume_is_this_runs_best(tmp_path):
+    data = make_image_folder(tmp_path / "imgs")
+    example_file(tmp_path / "checkpoint.pth.tar", best=99.0)
+    out = tmp_path / "run"
+    proc = ok(run_in_process("train", "--resume", tmp_path / "checkpoint.pth.tar", data,
+                             "-b", 8, "--epochs", 2, "--image-size", 32, "--no-progress",
+                             "--out", out))
+    assert "best.pt starts afresh in --out" in proc.stdout and "99.00%" in proc.stdout
+    best_line = proc.stdout.splitlines()[-1]
+    claimed = float(best_line.split("best val acc ")[1].split("%")[0])
+    assert claimed < 99.0
+    evaluated = json.loads(ok(run_in_process("eval", "--resume", out / "best.pt",
+                                             "--json")).stdout)
+    assert evaluated["acc1"] == pytest.approx(claimed, abs=0.005)
+    assert float(checkpoint.load(out / "best.pt")["best_acc1"]) == pytest.approx(claimed, abs=0.005)
+
+
+def main_py_resume(path, model):
+    """main.py's resume: SGD(args.lr), StepLR(30, 0.1), then the checkpoint's states."""
+    ckpt = torch.load(path, weights_only=True)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+    model.load_state_dict(ckpt["state_dict"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    return ckpt, optimizer, scheduler
+
+
+def test_main_py_continues_a_finished_tandem_run_at_the_examples_lr(tmp_path):
+    run = tmp_path / "run"
+    ok(run_in_process("train", *TINY, "--epochs", 2, "--out", run))  # cosine ends at lr 0
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert ckpt["tandem_scheduler"]["_last_lr"] == [0.0]
+    model = create_model("cifar_resnet20", num_classes=3)
+    ckpt, optimizer, scheduler = main_py_resume(run / "checkpoint.pt", model)
+    assert optimizer.param_groups[0]["lr"] == 0.05  # tandem's --lr, epoch 2 // 30 decays: none
+    before = [p.detach().clone() for p in model.parameters()]
+    model.train()
+    torch.nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8)),
+                                      torch.tensor([0, 1, 2, 0])).backward()
+    optimizer.step()
+    scheduler.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert optimizer.param_groups[0]["lr"] == 0.05  # StepLR: no decay before epoch 30
+
+
+def test_the_examples_lr_decays_every_30_epochs():
+    assert [example_lr(0.1, e) for e in (0, 29, 30, 61)] == \
+        pytest.approx([0.1, 0.1, 0.01, 0.001])
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    state = epoch_state(optimizer, 31)
+    assert state["_last_lr"] == pytest.approx([0.01]) and state["base_lrs"] == [0.1]
+
+
+def test_tandems_own_resume_keeps_its_lr_and_is_bitwise(tmp_path):
+    """Stopped mid-epoch 2 (cosine lr 0.025, where the file's optimizer holds the example's
+    0.05), resumed: the same bits as the run that never stopped."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    ok(run_in_process("train", *TINY, "--epochs", 2, "--out", straight))
+    ok(run_in_process("train", *TINY, "--epochs", 2, "--max-steps", 4, "--out", stopped))
+    saved = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    assert saved["optimizer"]["param_groups"][0]["lr"] == 0.05
+    assert saved["tandem_scheduler"]["_last_lr"][0] < 0.05
+    ok(run_in_process("train", "--resume", stopped))
+    a, b = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (straight, stopped))
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+
+
+def test_dataparallel_conversion_in_the_readme_loads_under_main_pys_dataparallel(tmp_path):
+    run = tmp_path / "run"
+    ok(run_in_process("train", *TINY, "--epochs", 1, "--max-steps", 1, "--out", run))
+    # the README's one line
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True); torch.save(dict(ckpt, state_dict={"module." + k: v for k, v in ckpt["state_dict"].items()}), tmp_path / "checkpoint.module.pt")  # noqa: E501,E702
+    model = torch.nn.DataParallel(create_model("cifar_resnet20", num_classes=3))
+    model.load_state_dict(torch.load(tmp_path / "checkpoint.module.pt",
+                                     weights_only=True)["state_dict"])
+
+
+def test_e_resume_of_a_runs_best_pt_evaluates_and_writes_nothing(tmp_path):
+    run = tmp_path / "run"
+    ok(run_in_process("train", *TINY, "--epochs", 2, "--out", run))
+    before = snapshot(run)
+    proc = ok(run_in_process("train", "-e", "--resume", run / "best.pt", "--data", "synthetic"))
+    assert snapshot(run) == before
+    line = proc.stdout.splitlines()[-1]
+    evaluated = ok(run_in_process("eval", "--resume", run / "best.pt"))
+    assert evaluated.stdout.splitlines()[-1].endswith(line)
+    assert "would roll" not in proc.stderr
+
+
+def _parse(*argv):
+    return config_from_namespace(build_parser().parse_args(["train", *argv]))
+
+
+def test_no_accel_and_dummy_mean_devices_cpu_and_data_synthetic():
+    cfg = _parse("--no-accel", "--dummy", "-a", "resnet18")
+    assert cfg.parallel.devices == "cpu" and cfg.data.data == "synthetic"
+    for argv, words in ((("--dummy", "/data/imagenet"), "--dummy (same as --data synthetic)"),
+                        (("--no-accel", "--gpu", "0"), "--no-accel (same as --devices cpu)")):
+        proc = run_in_process("train", *argv)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert words in proc.stderr
+
+
+def test_missing_resume_file_stays_an_error(tmp_path):
+    proc = run_in_process("train", "--resume", tmp_path / "nope.pth.tar", "--data", "digits")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "nope.pth.tar" in proc.stderr
+
+
+def test_amp_is_said_recorded_and_kept_by_eval(tmp_path, monkeypatch):
+    monkeypatch.setattr(tandem.precision, "cpu_has_bf16", lambda: True)  # emulated here
+    out = tmp_path / "run"
+    proc = ok(run_in_process("train", *TINY, "--amp", "--epochs", 1, "--out", out))
+    assert ("precision: bf16 autocast on cpu, no grad scaling (--amp); weights and "
+            "checkpoints stay float32") in proc.stdout
+    assert json.loads((out / "config.json").read_text())["parallel"]["amp_dtype"] == "bf16"
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    kept = ok(run_in_process("eval", "--resume", out, "--json"))
+    assert "(the run's --amp; --no-amp for float32)" in kept.stderr
+    assert json.loads(kept.stdout)["loss"] == pytest.approx(row["val_loss"], rel=1e-6)
+    fp32 = ok(run_in_process("eval", "--resume", out, "--json", "--no-amp"))
+    assert "precision" not in fp32.stderr
+    assert json.loads(fp32.stdout)["loss"] != json.loads(kept.stdout)["loss"]
