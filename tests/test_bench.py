@@ -146,10 +146,11 @@ def test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu(tmp_path):
 
 def test_torch_ddp_with_sync_bn_on_cpu_says_why_it_cannot_run():
     from tandem.bench.distributed import distributed_phase
+    from tandem.bench.entry import Entry
 
     config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu:2",
                          baselines="torch_ddp", sync_bn=True)
-    [result] = distributed_phase(config, ["torch_ddp"])  # skipped before any torchrun
+    [result] = distributed_phase(config, [Entry("torch_ddp", "baseline")])  # skipped before any torchrun
     assert result["status"] == "skipped"
     assert result["reason"] == "--sync-bn needs CUDA here (torch's nn.SyncBatchNorm is CUDA-only)"
 
