@@ -562,3 +562,28 @@ def test_an_entry_renders_todays_names_and_survives_json():
     assert ideal.split == config.ideal_split() and ideal.handicap == (1, 3.0)
     assert all(Entry.from_json(json.loads(json.dumps(e.to_json()))) == e for e in entries)
 
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_run_bench_gives_torch_its_threads_back(monkeypatch, fails):
+    from tandem.bench import suite
+
+    if fails:
+        def broken_race(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(suite, "race", broken_race)
+    config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu",
+                         baselines="none", batch_size=2, steps=1, warmup=0, image_size=8,
+                         num_classes=5, threads=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        if fails:
+            with pytest.raises(RuntimeError, match="boom"):
+                run_bench(config, model_fn=lambda: TinySplitNet(5))
+        else:
+            report = run_bench(config, model_fn=lambda: TinySplitNet(5))
+            assert report["machine"]["torch_threads"] == 1  # the race ran on config's threads
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -155,11 +155,17 @@ def _free_memory(devices: list[torch.device]) -> None:
 def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
     """Race the strategies and baselines of ``config``; return ``{config, machine, results}``.
 
-    A custom ``model_fn`` cannot be sent to torchrun workers, so it skips ``ddp`` and ``torch_ddp``.
+    ``config.threads`` sets torch's intra-op threads for the race; the caller's are restored
+    after. A custom ``model_fn`` cannot be sent to torchrun workers, so it skips ``ddp`` and
+    ``torch_ddp``.
     """
+    previous = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    return _run(config, model_fn)
+    try:
+        return _run(config, model_fn)
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _run(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> dict:
