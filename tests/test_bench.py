@@ -146,10 +146,11 @@ def test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu(tmp_path):
 
 def test_torch_ddp_with_sync_bn_on_cpu_says_why_it_cannot_run():
     from tandem.bench.distributed import distributed_phase
+    from tandem.bench.entry import Entry
 
     config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu:2",
                          baselines="torch_ddp", sync_bn=True)
-    [result] = distributed_phase(config, ["torch_ddp"])  # skipped before any torchrun
+    [result] = distributed_phase(config, [Entry("torch_ddp", "baseline")])  # skipped before any torchrun
     assert result["status"] == "skipped"
     assert result["reason"] == "--sync-bn needs CUDA here (torch's nn.SyncBatchNorm is CUDA-only)"
 
@@ -521,3 +522,68 @@ def test_bench_data_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "missing" in err and "leave out --arch" in err and "needs --arch" in err
     assert "Traceback" not in err
+
+
+# -- a contestant is a value: its name, its JSON, the threads it leaves behind ---------------
+def test_an_entry_renders_todays_names_and_survives_json():
+    from tandem.bench.entry import Entry, lineup
+    from tandem.bench.variants import Variant
+
+    cl, amp_cl = Variant.named("cl"), Variant.named("amp+cl")
+    cases = {
+        "single": Entry("single"),
+        "bare+compile": Entry("bare", "baseline", compiled=True),
+        "torch_dp+cl": Entry("torch_dp", "baseline", variant=cl),
+        "torch_ddp+amp+cl+compile": Entry("torch_ddp", "baseline", variant=amp_cl,
+                                          compiled=True),
+        "dp/auto": Entry("dp", split="auto", handicap=(1, 3.0)),
+        "dp/ideal+amp+cl": Entry("dp", split=(1.0, 1 / 3), variant=amp_cl, handicap=(1, 3.0)),
+        "ddp+compile/loop": Entry("ddp", compiled=True, loop=True),
+        "balanced/ideal+cl+compile/loop": Entry("balanced", split=(0.5, 1.0), variant=cl,
+                                                compiled=True, loop=True, handicap=(0, 2.0)),
+    }
+    for name, entry in cases.items():
+        assert entry.name == name
+        data = json.loads(json.dumps(entry.to_json()))
+        assert Entry.from_json(data) == entry and Entry.from_json(data).name == name
+    config = BenchConfig(arch="cifar_resnet20", strategies="single,dp,ddp", devices="cpu:2",
+                         handicap="1:3", variants="fp32,cl", compile=True, loop=True)
+    entries = lineup(config)
+    names = [e.name for e in entries]
+    assert names[:4] == ["bare", "bare+compile", "bare+cl", "bare+cl+compile"]
+    assert names[4:8] == ["single", "single/loop", "single+compile", "single+compile/loop"]
+    assert "dp/ideal+cl+compile/loop" in names and "ddp/auto+cl/loop" in names
+    assert names[-4:] == ["torch_ddp", "torch_ddp+compile", "torch_ddp+cl",
+                          "torch_ddp+cl+compile"]
+    assert len(names) == len(set(names)) == 4 + 8 + 3 * 8 + 3 * 8 + 4 + 4
+    assert [e.name for e in entries if e.multiprocess] == [
+        n for n in names if n.startswith(("ddp", "torch_ddp"))]
+    ideal = next(e for e in entries if e.name == "dp/ideal")
+    assert ideal.split == config.ideal_split() and ideal.handicap == (1, 3.0)
+    assert all(Entry.from_json(json.loads(json.dumps(e.to_json()))) == e for e in entries)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_run_bench_gives_torch_its_threads_back(monkeypatch, fails):
+    from tandem.bench import suite
+
+    if fails:
+        def broken_race(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(suite, "race", broken_race)
+    config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu",
+                         baselines="none", batch_size=2, steps=1, warmup=0, image_size=8,
+                         num_classes=5, threads=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        if fails:
+            with pytest.raises(RuntimeError, match="boom"):
+                run_bench(config, model_fn=lambda: TinySplitNet(5))
+        else:
+            report = run_bench(config, model_fn=lambda: TinySplitNet(5))
+            assert report["machine"]["torch_threads"] == 1  # the race ran on config's threads
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

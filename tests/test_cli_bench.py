@@ -13,6 +13,7 @@ import pytest
 
 from tandem.bench import BenchConfig, loader_bench
 from tandem.bench.distributed import distributed_phase, worker_main
+from tandem.bench.entry import Entry
 from tandem.cli.common import config_from_args
 from tandem.cli.main import build_parser, main
 from tandem.distributed import launch
@@ -115,7 +116,8 @@ def _spy_launcher(monkeypatch, returncode=0, stderr="", write=True, expire=False
             raise subprocess.TimeoutExpired(launch.torchrun_argv(spec), timeout)
         command = spec.command
         if write:
-            names = command[command.index("--names") + 1].split(",")
+            with open(command[command.index("--contestants") + 1]) as f:
+                names = [Entry.from_json(data).name for data in json.load(f)]
             with open(command[command.index("--out") + 1], "w") as f:
                 json.dump([{"name": n, "status": "ok"} for n in names], f)
         return subprocess.CompletedProcess(launch.torchrun_argv(spec), returncode, "", stderr)
@@ -126,7 +128,7 @@ def _spy_launcher(monkeypatch, returncode=0, stderr="", write=True, expire=False
 
 def test_the_torchrun_phase_runs_through_launch_run_captured(monkeypatch):
     calls = _spy_launcher(monkeypatch)
-    assert distributed_phase(_config(threads=1), ["ddp"]) == [{"name": "ddp", "status": "ok"}]
+    assert distributed_phase(_config(threads=1), [Entry("ddp")]) == [{"name": "ddp", "status": "ok"}]
     [(spec, timeout)] = calls
     assert timeout == 7 and spec.nproc_per_node == 2 and spec.max_restarts == 0
     assert spec.extra_env == {"OMP_NUM_THREADS": "1"}
@@ -139,11 +141,11 @@ def test_the_torchrun_phase_runs_through_launch_run_captured(monkeypatch):
 def test_without_threads_the_workers_split_torchs_or_keep_omp(monkeypatch):
     calls = _spy_launcher(monkeypatch)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    distributed_phase(_config(), ["ddp"])
+    distributed_phase(_config(), [Entry("ddp")])
     assert calls[-1][0].extra_env == {}  # the caller's OMP_NUM_THREADS reaches the workers
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr("torch.get_num_threads", lambda: 8)
-    distributed_phase(_config(), ["ddp"])
+    distributed_phase(_config(), [Entry("ddp")])
     assert calls[-1][0].extra_env == {"OMP_NUM_THREADS": "4"}
 
 
@@ -156,7 +158,7 @@ def test_without_threads_the_workers_split_torchs_or_keep_omp(monkeypatch):
 def test_a_failed_torchrun_phase_fails_each_contestant_with_one_reason(monkeypatch, spy,
                                                                        reason):
     _spy_launcher(monkeypatch, **spy)
-    [result] = distributed_phase(_config(), ["ddp"])
+    [result] = distributed_phase(_config(), [Entry("ddp")])
     assert (result["status"], result["reason"], result["phase"]) == ("failed", reason,
                                                                      "torchrun")
 
@@ -166,5 +168,8 @@ def test_a_worker_started_by_hand_says_how_to_launch(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_config().to_dict()))
+    entries = tmp_path / "contestants.json"
+    entries.write_text(json.dumps([Entry("ddp").to_json()]))
     with pytest.raises(UsageError, match="tandem.bench.distributed needs torchrun's environment"):
-        worker_main(["--config", str(config), "--names", "ddp", "--out", str(tmp_path / "o")])
+        worker_main(["--config", str(config), "--contestants", str(entries), "--out",
+                     str(tmp_path / "o")])

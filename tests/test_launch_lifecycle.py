@@ -152,12 +152,13 @@ def test_sigkilled_worker_restarted_by_torchrun_finishes_equal_to_the_straight_r
 def test_bench_torchrun_phase_succeeds_twelve_times_in_a_row(tmp_path):
     from tandem.bench.config import BenchConfig
     from tandem.bench.distributed import distributed_phase
+    from tandem.bench.entry import Entry
 
     config = BenchConfig(arch="cifar_resnet20", strategies="single,ddp", devices="cpu:2",
                          baselines="none", batch_size=4, steps=1, warmup=0, image_size=8,
                          dist_timeout=200, threads=1)
     for attempt in range(12):
-        (result,) = distributed_phase(config, ["ddp"])
+        (result,) = distributed_phase(config, [Entry("ddp")])
         assert result["status"] == "ok", (attempt, result.get("reason"))
 
 

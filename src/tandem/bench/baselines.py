@@ -15,7 +15,7 @@ from torch import nn
 from tandem.precision import Precision
 from tandem.strategies import compile as compiling
 
-from .contestants import COMPILED, Contestant, TrainStep, place, module_tensors, skipped
+from .contestants import Contestant, TrainStep, place, module_tensors, skipped
 
 __all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_contestant",
            "torch_dp_skip_reason", "torch_ddp_skip_reason"]
@@ -34,7 +34,7 @@ def bare_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp
     step = TrainStep(lambda: criterion(model(images), targets), model.parameters(), device,
                      amp, lr)
     return Contestant(
-        name="bare" + (COMPILED if compiled else ""), kind="baseline", devices=[device],
+        name="bare", kind="baseline", devices=[device],
         step=step,
         own_tensors=lambda: module_tensors(model, step.optimizer, images, targets),
     )
@@ -105,7 +105,7 @@ def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: 
     step = TrainStep(lambda: criterion(wrapped(images), targets), wrapped.parameters(), device,
                      amp, lr)
     return Contestant(
-        name="torch_ddp" + (COMPILED if compiled else ""), kind="baseline", devices=[device],
+        name="torch_ddp", kind="baseline", devices=[device],
         step=step,
         own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
         close=lambda: release_ddp(wrapped),

@@ -15,20 +15,9 @@ import torch
 from torch import nn
 from tandem.precision import Precision
 
-__all__ = ["COMPILED", "SPLITS", "Contestant", "Handicap", "TrainStep", "synthetic_batch",
-           "module_tensors", "strategy_contestant", "skipped", "place", "split_of",
+__all__ = ["Contestant", "Handicap", "TrainStep", "synthetic_batch",
+           "module_tensors", "strategy_contestant", "skipped", "place",
            "prepare_strategy", "rank_share", "timed_devices", "uncounted_traffic"]
-
-COMPILED = "+compile"  # suffix of a contestant's compiled twin ("single+compile")
-# --handicap races every strategy that splits the batch three ways: "dp" (equal shares),
-# "dp/auto" (--split auto) and "dp/ideal" (the shares that even the handicap out)
-SPLITS = ("", "/auto", "/ideal")
-
-
-def split_of(name: str, ideal) -> tuple[str, object]:
-    """``"dp/auto"`` -> ``("dp", "auto")``; ``"dp/ideal"`` -> ``("dp", ideal)``; else None."""
-    base, _, kind = name.partition("/")
-    return base, {"": None, "auto": "auto", "ideal": ideal}[kind]
 
 
 class Handicap(nn.Module):
@@ -243,7 +232,7 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
                         compiled: bool = False, **setup) -> Contestant:
     """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over).
 
-    ``compiled`` builds the ``<name>+compile`` twin; ``setup`` are :func:`prepare_strategy`'s
+    ``compiled`` builds a compiled twin; ``setup`` are :func:`prepare_strategy`'s
     keywords. ``batch`` is the global batch: a rank of a multi-process strategy takes its
     share of it at every step, as the strategy's shares say at that step.
     """
@@ -263,7 +252,7 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
         return loss
 
     return Contestant(
-        name=name + (COMPILED if compiled else ""), kind="strategy",
+        name=name, kind="strategy",
         devices=timed_devices(strategy), step=step,
         own_tensors=lambda: module_tensors(wrapped, train_step.optimizer, images, targets),
         counts_traffic=True, uncounted_traffic=uncounted_traffic(strategy, wrapped),

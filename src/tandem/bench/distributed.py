@@ -9,7 +9,10 @@ in between. Directly::
 
     python -m torch.distributed.run --nnodes 1 --nproc-per-node N \\
         --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \\
-        -m tandem.bench.distributed --config CONFIG.json --names ddp,torch_ddp --out OUT.json
+        -m tandem.bench.distributed --config CONFIG.json --contestants ENTRIES.json \\
+        --out OUT.json
+
+where ENTRIES.json is a list of :meth:`.entry.Entry.to_json`.
 """
 
 from __future__ import annotations
@@ -29,24 +32,20 @@ from tandem.distributed.process_group import backend_for
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .config import BenchConfig
-from .contestants import Contestant, split_of, synthetic_batch
-from .loop import builder, loop_base
+from .contestants import Contestant, synthetic_batch
+from .entry import Entry
+from .loop import build_strategy
 from .runner import empty_result, race
-from .variants import split_name
 
 __all__ = ["distributed_phase", "worker_main"]
 
 
-def _kind(name: str) -> str:  # a loop twin is a strategy's
-    return "baseline" if name.startswith("torch_ddp") else "strategy"
-
-
-def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | None:
-    """Why ``name`` cannot run in a torchrun phase here, machine limits first."""
+def _skip_reason(entry: Entry, config: BenchConfig, custom_model: bool) -> str | None:
+    """Why ``entry`` cannot run in a torchrun phase here, machine limits first."""
     devices = config.device_list
     if not torch.distributed.is_available():
         return "torch.distributed is not available in this build"
-    if _kind(name) == "baseline":
+    if entry.kind == "baseline":
         reason = torch_ddp_skip_reason(devices, config.sync_bn)
         if reason is None and config.batch_size < len(devices):
             # tandem's ddp handles empty shares; torch's DDP is not asked to
@@ -54,44 +53,46 @@ def _skip_reason(name: str, config: BenchConfig, custom_model: bool) -> str | No
     else:
         from .suite import strategy_skip_reason
 
-        label, _, compiled = split_name(loop_base(name)[0], config)
-        reason = strategy_skip_reason(split_of(label, None)[0], None, config.arch, compiled,
+        reason = strategy_skip_reason(entry.base, None, config.arch, entry.compiled,
                                       devices[0].type)
     if reason is None and custom_model:
         reason = "a custom model cannot be rebuilt in torchrun workers"
     return reason
 
 
-def distributed_phase(config: BenchConfig, names: list[str], custom_model: bool = False,
+def distributed_phase(config: BenchConfig, entries: list[Entry], custom_model: bool = False,
                       ) -> list[dict]:
-    """Time ``names`` (``ddp``, ``torch_ddp``, their twins) under torchrun; one result each."""
+    """Time ``entries`` (``ddp``, ``torch_ddp``, their twins) under torchrun; one result each."""
     devices = config.device_list
     results, runnable = {}, []
-    for name in names:
-        kind = _kind(name)
-        reason = _skip_reason(name, config, custom_model)
+    for entry in entries:
+        reason = _skip_reason(entry, config, custom_model)
         if reason:
-            results[name] = empty_result(name, kind, devices, "skipped", reason)
+            results[entry.name] = empty_result(entry.name, entry.kind, devices, "skipped",
+                                               reason)
         else:
-            runnable.append(name)
+            runnable.append(entry)
     if runnable:
         for result in _launch(config, runnable):
             results[result["name"]] = result
-    return [results[name] for name in names]
+    return [results[entry.name] for entry in entries]
 
 
-def _launch(config: BenchConfig, names: list[str]) -> list[dict]:
+def _launch(config: BenchConfig, entries: list[Entry]) -> list[dict]:
     nproc = len(config.device_list)
     threads = config.threads
     if threads is None and "OMP_NUM_THREADS" not in os.environ:
         threads = max(1, torch.get_num_threads() // nproc)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cfg_path, out_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "out.json")
+        entries_path = os.path.join(tmp, "contestants.json")
         with open(cfg_path, "w") as f:
             json.dump(config.to_dict(), f)
+        with open(entries_path, "w") as f:
+            json.dump([entry.to_json() for entry in entries], f)
         spec = launch.LaunchSpec(
             nproc_per_node=nproc, module="tandem.bench.distributed",
-            command=["--config", cfg_path, "--names", ",".join(names), "--out", out_path],
+            command=["--config", cfg_path, "--contestants", entries_path, "--out", out_path],
             rdzv_endpoint="127.0.0.1:0", max_restarts=0,
             extra_env={} if threads is None else {"OMP_NUM_THREADS": str(threads)})
         try:
@@ -103,8 +104,8 @@ def _launch(config: BenchConfig, names: list[str]) -> list[dict]:
         if error is None and not os.path.exists(out_path):
             error = "torchrun phase wrote no results"
         if error is not None:
-            return [empty_result(n, _kind(n), config.device_list, "failed", error, "torchrun")
-                    for n in names]
+            return [empty_result(e.name, e.kind, config.device_list, "failed", error,
+                                 "torchrun") for e in entries]
         with open(out_path) as f:
             return json.load(f)
 
@@ -118,83 +119,97 @@ def _last_error(stderr: str) -> str:
     return lines[-1][:300] if lines else "(no output)"
 
 
+def _read_args(argv: list[str] | None) -> tuple[BenchConfig, list[Entry], str]:
+    """The worker's config, its contestants and where rank 0 writes the results."""
+    parser = argparse.ArgumentParser(prog="tandem.bench.distributed")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--contestants", required=True, help="a JSON list of Entry.to_json")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    with open(args.config) as f:
+        config = BenchConfig.from_dict(json.load(f))
+    with open(args.contestants) as f:
+        entries = [Entry.from_json(data) for data in json.load(f)]
+    return config, entries, args.out
+
+
+class _Worker:
+    """One torchrun worker's contestants, built in the same order on every rank so that
+    collectives pair up; it starts a process group for ``torch_ddp`` where no strategy did."""
+
+    def __init__(self, config: BenchConfig, rank: int, world: int, device: torch.device):
+        from tandem.models import create_model
+
+        self.config, self.device = config, device
+        torch.manual_seed(config.seed)
+        self.template = create_model(config.arch, num_classes=config.num_classes)
+        self.batch = synthetic_batch(config.batch_size, config.image_size,
+                                     config.num_classes, config.seed)
+        self.shard = tuple(t.tensor_split(world)[rank] for t in self.batch)
+        self.own_group = None
+
+    def build(self, entry: Entry) -> Contestant:
+        config, device = self.config, self.device
+        if entry.kind == "strategy":  # the strategy may create the process group itself
+            # The strategy picks its own device: entry LOCAL_RANK of an accelerator list, or
+            # the one shared "cpu" (see tandem.distributed.process_group.pick_device); each
+            # rank takes its share of the global batch at every step (the split's).
+            devices = [device] if device.type == "cpu" else config.device_list
+            return build_strategy(entry, config, copy.deepcopy(self.template), devices,
+                                  self.batch)
+        if self.own_group is None:
+            self.own_group = not torch.distributed.is_initialized()
+            if self.own_group:
+                torch.distributed.init_process_group(backend_for(device))
+        contestant = torch_ddp_contestant(
+            copy.deepcopy(self.template), device, self.shard,
+            amp=entry.variant.precision(device, config.amp_dtype), lr=config.lr,
+            channels_last=entry.variant.channels_last, sync_bn=config.sync_bn,
+            compiled=entry.compiled, compile_mode=config.compile_mode)
+        contestant.name = entry.name
+        return contestant
+
+
+def _write_results(results: list[dict], config: BenchConfig, rank: int, world: int,
+                   out: str) -> None:
+    """Rank 0 writes ``results`` with every rank's peak memory (each knows only its own)."""
+    peaks = [None] * world
+    torch.distributed.all_gather_object(peaks, [r["peak_memory_bytes"][0] for r in results])
+    if rank == 0:
+        for i, result in enumerate(results):
+            result["devices"] = [str(d) for d in config.device_list]
+            result["peak_memory_bytes"] = [peaks[r][i] for r in range(world)]
+        with open(out, "w") as f:
+            json.dump(results, f)
+
+
 def worker_main(argv: list[str] | None = None) -> int:
     """Entry point of one torchrun worker (see the module docstring)."""
     import torch.distributed as dist
-    from tandem.models import create_model
 
-    parser = argparse.ArgumentParser(prog="tandem.bench.distributed")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--names", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
     from tandem import cpu_malloc
 
+    config, entries, out = _read_args(argv)
     cpu_malloc.tune()  # as the tandem command does, so both phases time the same allocator
-    with open(args.config) as f:
-        config = BenchConfig.from_dict(json.load(f))
     env = read_env(who="tandem.bench.distributed")
     rank, world = env.rank, env.world_size
     device = config.device_list[env.local_rank]
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
-
-    torch.manual_seed(config.seed)
-    template = create_model(config.arch, num_classes=config.num_classes)
-    images, targets = synthetic_batch(config.batch_size, config.image_size, config.num_classes,
-                                      config.seed)
-    shard = (images.tensor_split(world)[rank], targets.tensor_split(world)[rank])
-    handicap = config.handicap_spec()
-    names = args.names.split(",")
-    contestants: list[Contestant] = []
-    # The strategy picks its own device: entry LOCAL_RANK of an accelerator list, or the one
-    # shared "cpu" (see tandem.distributed.process_group.pick_device).
-    ddp_devices = [device] if device.type == "cpu" else config.device_list
-    own_group = None
-    for name in names:  # in this order on every rank, so that collectives pair up
-        plain, loop = loop_base(name)  # "dp/auto+amp/loop": the loop twin of "dp/auto+amp"
-        label, variant, compiled = split_name(plain, config)  # "dp/auto", "+amp", compiled
-        amp = variant.precision(device, config.amp_dtype)
-        if _kind(name) == "strategy":  # the strategy may create the process group itself
-            # each rank takes its share of the global batch at every step (the split's)
-            base, split = split_of(label, config.ideal_split())
-            contestant = builder(loop, config)(
-                base, copy.deepcopy(template), ddp_devices, (images, targets), amp=amp,
-                lr=config.lr, channels_last=variant.channels_last, sync_bn=config.sync_bn,
-                buffers=config.buffers, compiled=compiled, compile_mode=config.compile_mode,
-                split=split, handicap=handicap)
-            contestant.name = name
-            contestants.append(contestant)
-            continue
-        if own_group is None:
-            own_group = not dist.is_initialized()
-            if own_group:
-                dist.init_process_group(backend_for(device))
-        contestants.append(torch_ddp_contestant(
-            copy.deepcopy(template), device, shard, amp=amp, lr=config.lr,
-            channels_last=variant.channels_last, sync_bn=config.sync_bn, compiled=compiled,
-            compile_mode=config.compile_mode))
-        contestants[-1].name = name
+    worker = _Worker(config, rank, world, device)
+    contestants = [worker.build(entry) for entry in entries]  # in this order on every rank
     threads = torch.get_num_threads()
     for contestant in contestants:
         contestant.notes.append(f"torchrun phase: {world} processes, {threads} torch threads each")
     results = race(contestants, config.steps, config.warmup, config.batch_size,
                    phase="torchrun", catch=False)
-    # Each rank knows only its own device's peak; rank 0 reports them all.
-    peaks = [None] * world
-    dist.all_gather_object(peaks, [r["peak_memory_bytes"][0] for r in results])
-    if rank == 0:
-        for i, result in enumerate(results):
-            result["devices"] = [str(d) for d in config.device_list]
-            result["peak_memory_bytes"] = [peaks[r][i] for r in range(world)]
-        with open(args.out, "w") as f:
-            json.dump(results, f)
+    _write_results(results, config, rank, world, out)
     # Nobody tears its process group down while a peer may still be talking to it.
     dist.barrier()
     for contestant in contestants:
         contestant.close()
-    if own_group and dist.is_initialized():  # else the ddp strategy's close() left it
+    if worker.own_group and dist.is_initialized():  # else the ddp strategy's close() left it
         dist.destroy_process_group()
     return 0
 

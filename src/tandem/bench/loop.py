@@ -23,16 +23,9 @@ from tandem.precision import Precision
 from .contestants import (Contestant, module_tensors, prepare_strategy, rank_share,
                           strategy_contestant, timed_devices, uncounted_traffic)
 
-__all__ = ["LOOP", "loop_base", "loop_contestant", "loop_config", "builder"]
+__all__ = ["loop_contestant", "loop_config", "build_strategy"]
 
-LOOP = "/loop"  # suffix of a contestant's loop twin ("dp+amp/loop")
 BATCHES = 10 ** 9  # the twin's epoch never ends: no step is the epoch's last
-
-
-def loop_base(name: str) -> tuple[str, bool]:
-    """``"dp+amp/loop"`` -> ``("dp+amp", True)``; ``"dp"`` -> ``("dp", False)``."""
-    base = name.removesuffix(LOOP)
-    return base, base != name
 
 
 def loop_config(strategy: str, arch: str, batch_size: int, amp: Precision, lr: float,
@@ -86,15 +79,24 @@ def loop_contestant(name: str, model: nn.Module, devices: list[torch.device],
         strategy.close()
 
     return Contestant(
-        name=name + LOOP, kind="strategy", devices=timed_devices(strategy), step=step,
+        name=name, kind="strategy", devices=timed_devices(strategy), step=step,
         own_tensors=lambda: module_tensors(wrapped, optimizer, images, targets),
         counts_traffic=True, uncounted_traffic=uncounted_traffic(strategy, wrapped),
         close=close)
 
 
-def builder(loop: bool, config):
-    """What builds a strategy contestant (``loop=False``) or its loop twin, for ``config``
-    (a :class:`~.config.BenchConfig`); both take :func:`strategy_contestant`'s arguments."""
-    if not loop:
-        return strategy_contestant
-    return functools.partial(loop_contestant, arch=config.arch, print_freq=config.print_freq)
+def build_strategy(entry, config, model: nn.Module, devices: list[torch.device],
+                   batch: tuple[torch.Tensor, torch.Tensor]) -> Contestant:
+    """Strategy contestant ``entry`` (an :class:`~.entry.Entry`, its loop twin too) of
+    ``config`` (a :class:`~.config.BenchConfig`) on ``devices``, around ``model`` (which it
+    takes over), named ``entry.name``."""
+    make = strategy_contestant if not entry.loop else functools.partial(
+        loop_contestant, arch=config.arch, print_freq=config.print_freq)
+    contestant = make(
+        entry.base, model, devices, batch,
+        amp=entry.variant.precision(devices[0], config.amp_dtype), lr=config.lr,
+        channels_last=entry.variant.channels_last, sync_bn=config.sync_bn,
+        buffers=config.buffers, compiled=entry.compiled, compile_mode=config.compile_mode,
+        split=entry.split, handicap=entry.handicap)
+    contestant.name = entry.name
+    return contestant

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import TextIO
 
-from .loop import loop_base
+from .entry import LOOP
 
 __all__ = ["format_table", "write_json", "format_bytes", "explain"]
 
@@ -117,14 +117,14 @@ def format_table(report: dict) -> str:
 
 def _loop_lines(results: list[dict]) -> list[str]:
     """``--loop``: each loop twin's median (IQR) next to its bench step's, and their ratio."""
-    medians = {r["name"]: r["step_time_s"] for r in results if r["status"] == "ok"}
+    by_twin = {r["name"] + LOOP: r["step_time_s"] for r in results if r["status"] == "ok"}
     twins = [r for r in results if r.get("loop_over_step") is not None]
     if not twins:
         return []
     lines = ["train loop step vs bench step (median ms, IQR; loop/step 1.00x: the loop costs "
              "nothing more):"]
     for r in twins:
-        loop, step = r["step_time_s"], medians[loop_base(r["name"])[0]]
+        loop, step = r["step_time_s"], by_twin[r["name"]]  # its bench step's
         lines.append(f"  {r['name']}: {_ms(loop['median'])} ({_ms(loop['iqr'])}) vs "
                      f"{_ms(step['median'])} ({_ms(step['iqr'])}): {r['loop_over_step']:.3f}x")
     return lines

@@ -18,8 +18,8 @@ from tandem.errors import first_line
 from tandem.parallel.traffic import TrafficMeter
 from tandem.strategies import strategy_names
 
-from .contestants import COMPILED, Contestant
-from .loop import loop_base
+from .contestants import Contestant
+from .entry import Entry
 from .timing import MemoryProbe, clock, summarize, synchronize
 
 __all__ = ["RESULT_FIELDS", "race", "empty_result", "add_ratios"]
@@ -167,10 +167,11 @@ def _result(contestant: Contestant, lane: _Lane | None, steps: int, batch_size: 
     return result
 
 
-def add_ratios(results: list[dict]) -> list[dict]:
+def add_ratios(results: list[dict], entries: Sequence[Entry]) -> list[dict]:
     """Fill ``speedup_vs_single``, ``_vs_bare``, (twins) ``_vs_eager`` and ``_vs_plain``, and
-    (loop twins) ``loop_over_step`` from median times."""
+    (loop twins) ``loop_over_step`` from median times; ``entries`` are the results' contestants."""
     medians = {r["name"]: r["step_time_s"]["median"] for r in results if r["status"] == "ok"}
+    by_name = {entry.name: entry for entry in entries}
     for result in results:
         if result["status"] != "ok":
             continue
@@ -178,15 +179,16 @@ def add_ratios(results: list[dict]) -> list[dict]:
         for ref in (*strategy_names(reference=True), "bare"):
             if ref in medians:
                 result[f"speedup_vs_{ref}"] = medians[ref] / own
-        step, loop = loop_base(result["name"])
-        if loop:  # the train loop's own cost next to the bench step it runs
+        entry = by_name[result["name"]]
+        if entry.loop:  # the train loop's own cost next to the bench step it runs
+            step = entry.step_twin().name
             if step in medians:
                 result["loop_over_step"] = own / medians[step]
             continue
-        eager = result["name"].removesuffix(COMPILED)
-        if eager != result["name"] and eager in medians:
+        eager = entry.eager_twin().name
+        if eager != entry.name and eager in medians:
             result["speedup_vs_eager"] = medians[eager] / own
-        plain = result["name"].partition("+")[0]  # fp32, contiguous, eager
-        if plain != result["name"] and plain in medians:
+        plain = entry.plain_twin().name  # fp32, contiguous, eager
+        if plain != entry.name and plain in medians:
             result["speedup_vs_plain"] = medians[plain] / own
     return results

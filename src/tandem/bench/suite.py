@@ -26,13 +26,12 @@ from tandem.strategies import strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .config import BenchConfig
-from .contestants import COMPILED, SPLITS, Contestant, skipped, split_of, synthetic_batch
-from .loop import LOOP, builder
+from .contestants import Contestant, skipped, synthetic_batch
+from .entry import Entry, lineup
+from .loop import build_strategy
 from .runner import add_ratios, race
-from .variants import Variant, variants_of
 
-__all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason",
-           "result_order"]
+__all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason"]
 
 
 def registered_strategies() -> list[str]:
@@ -90,127 +89,101 @@ def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Co
                           failure=f"setup: {type(exc).__name__}: {first_line(exc)}")
 
 
-def split_names(config: BenchConfig, name: str) -> list[str]:
-    """``name``, and with ``--handicap`` its ``/auto`` and ``/ideal`` variants when it splits
-    the batch (a model it must split itself, such as hybrid's, is raced as it is)."""
-    cls = strategy_class(name)
-    if config.handicap is None or not cls.splits_batch or not cls.takes_any_model():
-        return [name]
-    return [name + kind for kind in SPLITS]
-
-
-def _strategy(label: str, template: nn.Module, config: BenchConfig, batch,
-              variant: Variant, compiled: bool = False, loop: bool = False) -> Contestant:
-    """Strategy contestant ``label`` ("dp", "dp/auto", ...) in ``variant``, maybe compiled;
-    with ``loop`` its ``/loop`` twin (:mod:`.loop`)."""
-    name, split = split_of(label, config.ideal_split())
+def _strategy(entry: Entry, template: nn.Module, config: BenchConfig, batch) -> Contestant:
+    """Strategy contestant ``entry`` on a copy of ``template``, or why it is skipped."""
     # A strategy that drives fewer devices gets only the first ones (it would warn otherwise).
-    devices = config.device_list[:strategy_class(name).max_devices]
-    reason = strategy_skip_reason(name, template, config.arch, compiled, devices[0].type)
-    label = label + variant.suffix + (COMPILED if compiled else "") + (LOOP if loop else "")
+    devices = config.device_list[:strategy_class(entry.base).max_devices]
+    reason = strategy_skip_reason(entry.base, template, config.arch, entry.compiled,
+                                  devices[0].type)
     if reason:
-        return skipped(label, "strategy", devices, reason)
-    handicap = config.handicap_spec() if split_names(config, name) != [name] else None
-    return _build(label, "strategy", devices, lambda: builder(loop, config)(
-        name, copy.deepcopy(template), devices, batch,
-        amp=variant.precision(devices[0], config.amp_dtype), lr=config.lr,
-        channels_last=variant.channels_last, sync_bn=config.sync_bn, buffers=config.buffers,
-        compiled=compiled, compile_mode=config.compile_mode, split=split, handicap=handicap))
+        return skipped(entry.name, "strategy", devices, reason)
+    return _build(entry.name, "strategy", devices, lambda: build_strategy(
+        entry, config, copy.deepcopy(template), devices, batch))
 
 
-def _twins(config: BenchConfig) -> list[tuple[Variant, bool]]:
-    """Every (variant, compiled) pair to race, each compiled twin right after its original."""
-    return [(v, c) for v in variants_of(config) for c in ((False, True) if config.compile
-                                                          else (False,))]
-
-
-def _loops(config: BenchConfig) -> tuple[bool, ...]:
-    """A strategy contestant, then with ``--loop`` its loop twin."""
-    return (False, True) if config.loop else (False,)
-
-
-def result_order(config: BenchConfig) -> list[str]:
-    """Every contestant's name in table order: per contestant (and split), its variants and
-    their compiled twins, a strategy's each followed by its loop twin."""
-    strategies = [n for s in config.strategies for n in split_names(config, s)]
-    return [n + v.suffix + (COMPILED if c else "") + (LOOP if loop else "")
-            for n in ["bare", *strategies, "torch_dp", "torch_ddp"]
-            for v, c in _twins(config)
-            for loop in (_loops(config) if n in strategies else (False,))]
-
-
-def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
-    """Race the strategies and baselines of ``config``; return ``{config, machine, results}``.
-
-    A custom ``model_fn`` cannot be sent to torchrun workers, so it skips ``ddp`` and ``torch_ddp``.
-    """
-    from .distributed import distributed_phase
-
+def _baseline(entry: Entry, template: nn.Module, config: BenchConfig, batch) -> Contestant:
+    """In-process baseline ``entry`` (``bare`` or ``torch_dp``) on a copy of ``template``."""
     devices = config.device_list
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    machine = machine_info(devices)  # taken before the run: its date and load average
+    kw = dict(amp=entry.variant.precision(devices[0], config.amp_dtype), lr=config.lr,
+              channels_last=entry.variant.channels_last)
+    if entry.base == "bare":
+        return _build(entry.name, "baseline", devices[:1], lambda: bare_contestant(
+            copy.deepcopy(template), devices, batch, compiled=entry.compiled,
+            compile_mode=config.compile_mode, **kw))
+    reason = torch_dp_skip_reason(devices, entry.compiled)
+    if reason:
+        return skipped(entry.name, "baseline", devices, reason)
+    return _build(entry.name, "baseline", devices, lambda: torch_dp_contestant(
+        copy.deepcopy(template), devices, batch, **kw))
+
+
+def _template(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> nn.Module:
+    """The seeded model every contestant copies: ``model_fn()``, else ``config.arch``'s."""
     if model_fn is None:
         from tandem.models import create_model
 
         def model_fn():
             return create_model(config.arch, num_classes=config.num_classes)
 
-        custom = False
-    else:
-        custom = True
     torch.manual_seed(config.seed)
-    template = model_fn()
+    return model_fn()
+
+
+def _race_here(config: BenchConfig, entries: list[Entry], template: nn.Module) -> list[dict]:
+    """Build ``entries`` (none multi-process) and race them interleaved in this process."""
     batch = synthetic_batch(config.batch_size, config.image_size, config.num_classes,
                             config.seed)
-
-    def kw(variant: Variant) -> dict:
-        return dict(amp=variant.precision(devices[0], config.amp_dtype), lr=config.lr,
-                    channels_last=variant.channels_last)
-
-    if any(d.type == "cuda" for d in devices):
-        torch.backends.cudnn.benchmark = config.cudnn_benchmark
-
-    local: list[Contestant] = []
-    twins = _twins(config)
-    for v, c in twins if "bare" in config.baselines else ():
-        local.append(_build("bare" + v.suffix + COMPILED * c, "baseline", devices[:1],
-                            lambda v=v, c=c: bare_contestant(
-                                copy.deepcopy(template), devices, batch, compiled=c,
-                                compile_mode=config.compile_mode, **kw(v))))
-    for name in config.strategies:
-        if not strategy_class(name).multiprocess:
-            local += [_strategy(label, template, config, batch, v, c, loop)
-                      for label in split_names(config, name) for v, c in twins
-                      for loop in _loops(config)]
-    for v, c in twins if "torch_dp" in config.baselines else ():
-        reason = torch_dp_skip_reason(devices, c)
-        label = "torch_dp" + v.suffix + COMPILED * c
-        local.append(skipped(label, "baseline", devices, reason) if reason else _build(
-            label, "baseline", devices, lambda v=v: torch_dp_contestant(
-                copy.deepcopy(template), devices, batch, **kw(v))))
+    local = [(_strategy if e.kind == "strategy" else _baseline)(e, template, config, batch)
+             for e in entries]
     threads = f"{torch.get_num_threads()} torch threads"
     for contestant in local:
         contestant.notes.append(f"interleaved in one process ({threads})")
     try:
-        results = race(local, config.steps, config.warmup, config.batch_size)
+        return race(local, config.steps, config.warmup, config.batch_size)
     finally:
         for contestant in local:
             contestant.close()
-    # Free this process's models and cached device memory before torchrun workers need it.
-    del local, template
+
+
+def _free_memory(devices: list[torch.device]) -> None:
+    """Free this process's models and cached device memory before torchrun workers need it."""
     gc.collect()
     if any(d.type == "cuda" for d in devices):
         torch.cuda.empty_cache()
 
-    remote = [label + v.suffix + COMPILED * c + LOOP * loop
-              for n in config.strategies if strategy_class(n).multiprocess
-              for label in split_names(config, n) for v, c in twins for loop in _loops(config)]
-    if "torch_ddp" in config.baselines:
-        remote += ["torch_ddp" + v.suffix + COMPILED * c for v, c in twins]
+
+def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = None) -> dict:
+    """Race the strategies and baselines of ``config``; return ``{config, machine, results}``.
+
+    ``config.threads`` sets torch's intra-op threads for the race; the caller's are restored
+    after. A custom ``model_fn`` cannot be sent to torchrun workers, so it skips ``ddp`` and
+    ``torch_ddp``.
+    """
+    previous = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run(config, model_fn)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> dict:
+    from .distributed import distributed_phase
+
+    devices = config.device_list
+    machine = machine_info(devices)  # taken before the run: its date and load average
+    template = _template(config, model_fn)
+    if any(d.type == "cuda" for d in devices):
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+    entries = lineup(config)
+    results = _race_here(config, [e for e in entries if not e.multiprocess], template)
+    del template
+    _free_memory(devices)
+    remote = [e for e in entries if e.multiprocess]
     if remote:
-        results += distributed_phase(config, remote, custom_model=custom)
-    order = result_order(config)
+        results += distributed_phase(config, remote, custom_model=model_fn is not None)
+    order = [e.name for e in entries]
     results.sort(key=lambda r: order.index(r["name"]))
     return {"config": config.to_dict(), "machine": machine,
-            "results": add_ratios(results)}
+            "results": add_ratios(results, entries)}

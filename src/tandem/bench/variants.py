@@ -14,7 +14,7 @@ import torch
 
 from tandem.precision import Precision, amp_precision
 
-__all__ = ["VARIANTS", "Variant", "variants_of", "split_name"]
+__all__ = ["VARIANTS", "Variant", "variants_of"]
 
 VARIANTS = ("fp32", "cl", "amp", "amp+cl")
 
@@ -44,13 +44,3 @@ def variants_of(config) -> list[Variant]:
         return [Variant(config.amp, config.channels_last)]
     return [Variant.named(n) for n in config.variants]
 
-
-def split_name(name: str, config) -> tuple[str, Variant, bool]:
-    """``"single+amp+cl+compile"`` -> ``("single", its variant, compiled=True)``."""
-    base, _, rest = name.partition("+")
-    compiled = rest == "compile" or rest.endswith("+compile")
-    suffix = ("+" + rest).removesuffix("+compile") if rest else ""
-    for variant in variants_of(config):
-        if variant.suffix == suffix:
-            return base, variant, compiled
-    raise ValueError(f"contestant {name!r} has no variant {suffix!r} in this run")
