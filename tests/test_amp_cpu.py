@@ -183,7 +183,7 @@ def test_bench_variants_reach_the_torchrun_phase():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not any(f in tandem.precision.cpu_flags() for f in tandem.precision.CPU_BF16_FLAGS),
+@pytest.mark.skipif(not tandem.precision.cpu_has_native_bf16(),
                     reason="compiling emulated bf16 kernels takes minutes on a CPU without bf16")
 def test_with_compile_it_trains_and_evaluates(tmp_path):
     """--compile --amp --channels-last: compiled under bf16 autocast (minutes cold, seconds

@@ -20,7 +20,7 @@ import torch
 from tandem.errors import UsageError
 
 __all__ = ["AMP_DTYPES", "CPU_BF16_FLAGS", "Precision", "amp_precision", "cpu_has_bf16",
-           "cpu_flags", "FORCE_BF16_VAR"]
+           "cpu_flags", "cpu_has_native_bf16", "FORCE_BF16_VAR"]
 
 AMP_DTYPES = ("bf16", "fp16")
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 (AVX-512, AMX); aarch64 ("bf16")
@@ -49,8 +49,11 @@ FORCE_BF16_VAR = "TANDEM_CPU_BF16"
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (so bf16 autocast beats float32), or
     :data:`FORCE_BF16_VAR` says to take it so."""
-    if os.environ.get(FORCE_BF16_VAR) == "1":
-        return True
+    return os.environ.get(FORCE_BF16_VAR) == "1" or cpu_has_native_bf16()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 instructions, whatever :data:`FORCE_BF16_VAR` says."""
     return any(flag in cpu_flags() for flag in CPU_BF16_FLAGS)
 
 
