@@ -20,7 +20,7 @@ from typing import Callable
 
 from tandem.errors import UsageError, first_line
 
-__all__ = ["is_reference", "resolve", "call"]
+__all__ = ["is_reference", "rebuildable", "resolve", "call"]
 
 _NAME = r"[A-Za-z_]\w*"
 _REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")
@@ -29,6 +29,12 @@ _REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")
 def is_reference(text) -> bool:
     """True when ``text`` has the form ``package.module:function`` (``a.b:C.make`` too)."""
     return isinstance(text, str) and _REFERENCE.match(text) is not None
+
+
+def rebuildable(reference: str) -> bool:
+    """False for a reference to one of torch's own classes (``torch.nn...:Sequential``), as
+    ``tandem.fit`` records a model it was handed: its layers are not in its name."""
+    return not (is_reference(reference) and reference.split(".", 1)[0].split(":")[0] == "torch")
 
 
 def _import(module_name: str, reference: str, what: str):

@@ -280,6 +280,7 @@ class Trainer:
         )
         state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
         checkpoint.save(self.run_dir.latest, state, self.optimizer, **extra)
+        self.run_dir.write_config(self.config_dict)  # the settings of the checkpoint just saved
         self.saved_step = pos.step
         if is_best:
             checkpoint.save(self.run_dir.best, state, self.optimizer, **extra)

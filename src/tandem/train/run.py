@@ -10,6 +10,7 @@ handed (:class:`~.plan.Supplied`) in place of those the config names.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from dataclasses import replace
@@ -33,7 +34,7 @@ from tandem.strategies import Strategy
 from tandem.strategies.compile import compiled
 
 from . import compile as compiling
-from . import foreign
+from . import foreign, runlock
 from .interrupt import StopRequest
 from .loop import Trainer
 from .metrics import MetricsLog, eval_scores
@@ -212,7 +213,8 @@ def _open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsL
         run.fork_from(plan.source)
     if plan.checkpoint is not None:
         _say_resuming(trainer, plan.resume_path, notes)
-    run.write_config(trainer.config_dict)
+    if plan.mode != RESUMED:  # a resume's changes go in with its next checkpoint (Trainer.save)
+        run.write_config(trainer.config_dict)
     return run.metrics_log(keep_epochs=None if plan.mode == FRESH else trainer.position.epoch)
 
 
@@ -242,7 +244,9 @@ def execute(plan: RunPlan | str) -> dict | None:
         return None
     if plan.mode == EVALUATE:
         return _print_validation(plan)
-    with plan.strategy as strategy:  # joins the process group (ddp); always leaves it
+    # the main process holds the run directory's lock from before it writes until the end
+    locked = runlock.held(plan.run_dir) if plan.strategy.is_main else contextlib.nullcontext()
+    with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
         parts = _build(plan)
         start, notes = _restore(plan, parts)
         trainer = Trainer(**parts, **start)
