@@ -158,6 +158,14 @@ def test_a_sequential_handed_to_fit_is_evaluated_with_a_factory(tmp_path, monkey
                no_progress=True, out=str(tmp_path / "seq"))
     one_line_error(run_in_process("eval", "--resume", tmp_path / "seq", "--data",
                                   "own_model:pairs"), "Sequential", "-a package.module:function")
+    name = f"seq_{abs(hash(str(tmp_path))) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(
+        "import torch\ndef make():\n    return torch.nn.Sequential(torch.nn.Flatten(), "
+        "torch.nn.Linear(64, 3))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run_in_process("eval", "--resume", tmp_path / "seq", "--data", "own_model:pairs",
+                            "-a", f"{name}:make")  # what the line says works
+    assert result.returncode == 0, result.stderr
 
 
 # -- 5, 6: read-only run directories and files ------------------------------------------------
@@ -252,3 +260,58 @@ def test_fit_refuses_a_directory_in_use(run_copy):
     finally:
         owner.kill()
         owner.wait()
+
+
+# -- rough edges ---------------------------------------------------------------------------------
+ROOT = os.path.dirname(TESTS)
+
+
+def test_make_demo_and_the_readme_say_how_to_reach_tandem():
+    dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True)
+    assert "source .venv/bin/activate" in dry.stdout.splitlines()[-1]
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    two_commands = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    assert "source .venv/bin/activate" in two_commands and ".venv/bin/tandem" in two_commands
+
+
+def test_a_module_not_found_says_where_modules_are_looked_for():
+    line = one_line_error(run_in_process("train", "-a", "no_such_mod_32:make", "--data",
+                                         "digits"), "current directory", "PYTHONPATH")
+    assert os.getcwd() in line
+
+
+def test_a_module_given_as_arch_is_told_to_name_its_function():
+    one_line_error(run_in_process("train", "-a", "own_model", "--data", "digits"),
+                   "own_model:FUNCTION")
+    one_line_error(run_in_process("train", "-a", "zzzz", "--data", "digits"),
+                   "package.module:function")
+
+
+def test_flat_inputs_into_a_conv_net_say_the_shape_the_model_got(tmp_path):
+    flat = [(torch.randn(64), i % 3) for i in range(12)]
+    with pytest.raises(UsageError, match=r"got a batch of shape \(1, 64\)"):
+        tandem.fit(Net(), flat, flat[:4], out=str(tmp_path / "flat"), no_progress=True)
+    assert not (tmp_path / "flat" / "config.json").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--split", "-1,2"), ("--split", "--flag=VALUE")),
+    (("--epochs", "abc"), ("--epochs", "invalid int value")),
+    (("--data", "digts"), ("did you mean digits?",)),
+    (("--momentum", "5"), ("--momentum 5", "[0, 1)")),
+])
+def test_a_bad_flag_is_one_line(argv, words, tmp_path):
+    result = run_in_process("train", "-a", "cifar_resnet20", *argv, "--out", tmp_path / "r")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, \
+        result.stderr
+    assert "usage:" not in result.stderr and all(w in result.stderr for w in words)
+    assert not (tmp_path / "r").exists()
+
+
+def test_tandem_models_into_a_closed_pipe_ends_quietly():
+    from conftest import cli_env
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "models"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cli_env(), text=True)
+    proc.stdout.close()  # as `| head` does once it has its lines: every write meets EPIPE
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Broken" not in err, err

@@ -20,6 +20,7 @@ from torch import nn
 
 from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.errors import UsageError
+from tandem.data.load import check_spec
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
@@ -80,6 +81,8 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         _check_handed(cfg, supplied)
     if supplied.model is None:
         model_info(cfg.model.arch)  # a mistyped --arch (or a factory that fails to import)
+    if supplied.data is None:
+        check_spec(cfg.data.data)  # a mistyped --data, or a path that is not there
     if cfg.run.evaluate:  # notes: only what a file from elsewhere is evaluated as
         note = None
         if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
