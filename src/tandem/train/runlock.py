@@ -23,9 +23,11 @@ __all__ = ["check_free", "held"]
 
 
 def _me() -> dict:
-    """What the lock file says about its owner: pid, host, and the launch it belongs to."""
+    """What the lock file says about its owner: pid, host, and the launch it belongs to
+    (``tandem launch``'s id, else a torchrun rendezvous id; ``agent``: torchrun's process)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") if in_torchrun() else None
     return {"pid": os.getpid(), "host": socket.gethostname(),
-            "launch": os.environ.get(LAUNCH_ID_VAR),
+            "launch": os.environ.get(LAUNCH_ID_VAR) or (run_id if run_id != "none" else None),
             "agent": os.getppid() if in_torchrun() else None}
 
 
@@ -102,8 +104,10 @@ def _take(run: RunDir, me: dict) -> str | None:
 
 @contextlib.contextmanager
 def held(run: RunDir):
-    """Hold ``run``'s lock while the block runs (the run directory is created if needed);
-    the lock is removed on the way out, whatever ends the block."""
+    """Hold ``run``'s lock while the block runs (the run directory is created if needed, and
+    removed again if it is left empty); the lock is removed on the way out, whatever ends
+    the block."""
+    made = not os.path.isdir(run.path)
     run.create()
     me = _me()
     line = _take(run, me)
@@ -115,3 +119,6 @@ def held(run: RunDir):
         if (_read(run) or {}).get("pid") == me["pid"]:
             with contextlib.suppress(OSError):
                 os.remove(run.lock_file)
+        if made:  # a run refused before it wrote anything leaves no directory behind
+            with contextlib.suppress(OSError):
+                os.rmdir(run.path)  # only while empty
