@@ -315,3 +315,22 @@ def test_tandem_models_into_a_closed_pipe_ends_quietly():
     proc.stdout.close()  # as `| head` does once it has its lines: every write meets EPIPE
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Broken" not in err, err
+
+
+def test_a_ddp_launch_takes_the_lock_once_and_is_refused_by_a_live_one(tmp_path):
+    """Rank 1 does not refuse rank 0's lock (the same launch); a live lock of another
+    process refuses every rank in one line, before any process group."""
+    job = ("launch", "--nproc-per-node", "2", "--", "train", *TINY, "--strategy", "ddp",
+           "--devices", "cpu", "--epochs", "1", "--max-steps", "2")
+    result = run_tandem(*job, "--out", tmp_path / "run", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (tmp_path / "run" / "run.lock").exists()
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(240)"])
+    try:
+        lock(tmp_path / "run", owner.pid)
+        result = run_tandem(*job, "--out", tmp_path / "run", "--overwrite", timeout=240)
+        assert result.returncode != 0 and f"in use by process {owner.pid}" in result.stderr
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    finally:
+        owner.kill()
+        owner.wait()

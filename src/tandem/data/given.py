@@ -162,8 +162,8 @@ def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS, augment: s
     fn = factory.resolve(reference, "data factory")
     result = factory.call(reference, fn, "data factory")
     if not (isinstance(result, (tuple, list)) and len(result) in (2, 3)):
-        raise UsageError(f"data factory '{reference}' returned a {type(result).__name__}, not "
-                         f"(train, val) or (train, val, class_names)")
+        raise UsageError(f"data factory '{reference}' returned {_a(type(result).__name__)}, "
+                         f"not (train, val) or (train, val, class_names)")
     train, val, classes = (*result, None)[:3]
     return given_data(train, val, classes, name=reference, splits=splits, augment=augment,
                       image_size=image_size, num_classes=num_classes)
