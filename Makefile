@@ -24,6 +24,7 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/tandem train --arch cifar_resnet20 --data digits --strategy dp --devices cpu:2 \
 		--epochs 8 --out runs/demo --overwrite
+	@echo "tandem is in $(BIN), not on your PATH: run 'source $(BIN)/activate' (then 'tandem ...'), or call '$(BIN)/tandem ...'"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py

@@ -72,7 +72,7 @@ def test_launch_imports_them_on_every_rank(tmp_path):
     (["-a", "own_model:Pairs.nothing"], "tandem: error: model factory "
                                         "'own_model:Pairs.nothing': Pairs has no 'nothing'"),
     (["--data", "own_model:not_data"], "tandem: error: data factory 'own_model:not_data' "
-                                       "returned a int, not (train, val)"),
+                                       "returned an int, not (train, val)"),
     (["--data", "own_model:nope"], "tandem: error: data factory 'own_model:nope': own_model "
                                    "has no 'nope'"),
 ])

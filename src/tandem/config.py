@@ -170,7 +170,8 @@ class OptimConfig:
         _check(self.epochs >= 1, f"bad --epochs {self.epochs}: must be >= 1")
         _check(self.batch_size >= 1, f"bad --batch-size {self.batch_size}: must be >= 1")
         _check(self.lr > 0, f"bad --lr {self.lr}: must be > 0")
-        _check(self.momentum >= 0, f"bad --momentum {self.momentum}: must be >= 0")
+        _check(0 <= self.momentum < 1, f"bad --momentum {self.momentum}: must be in [0, 1) "
+               f"(e.g. 0.9; at 1 or more the steps never decay)")
         _check(self.weight_decay >= 0, f"bad --weight-decay {self.weight_decay}: must be >= 0")
         _check(not self.nesterov or self.momentum > 0,
                f"--nesterov needs a --momentum above 0, not {self.momentum}")

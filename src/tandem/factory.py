@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -20,7 +21,7 @@ from typing import Callable
 
 from tandem.errors import UsageError, first_line
 
-__all__ = ["is_reference", "resolve", "call"]
+__all__ = ["is_reference", "rebuildable", "names_module", "resolve", "call"]
 
 _NAME = r"[A-Za-z_]\w*"
 _REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")
@@ -31,19 +32,50 @@ def is_reference(text) -> bool:
     return isinstance(text, str) and _REFERENCE.match(text) is not None
 
 
+def rebuildable(reference: str) -> bool:
+    """False for a reference to one of torch's own classes (``torch.nn...:Sequential``), as
+    ``tandem.fit`` records a model it was handed: its layers are not in its name."""
+    return not (is_reference(reference) and reference.split(".", 1)[0].split(":")[0] == "torch")
+
+
+def _cwd_on_path() -> str:
+    """Put the current directory first on ``sys.path`` (what ``python -m`` does; the
+    ``tandem`` script alone would not); return it."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    return cwd
+
+
+def names_module(name: str) -> bool:
+    """True when ``name`` (``-a mymod``) is an importable module: found, not imported."""
+    if not re.fullmatch(rf"{_NAME}(\.{_NAME})*", name):
+        return False
+    _cwd_on_path()
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _import(module_name: str, reference: str, what: str):
     if module_name == "__main__":
         raise UsageError(f"{what} '{reference}' was defined in a script run as __main__, "
                          f"which cannot be imported again: move it into a module and name it "
                          f"as module:function")
-    cwd = os.getcwd()
-    if cwd not in sys.path:  # what `python -m` does; the `tandem` script alone would not
-        sys.path.insert(0, cwd)
+    cwd = _cwd_on_path()
     try:
         return importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or anything the module raised while importing
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and (
+                exc.name == module_name or module_name.startswith(exc.name + ".")):
+            # the module named (or its package), not one that it imports
+            hint = (f" (modules are looked for in the current directory, {cwd}, and on "
+                    f"PYTHONPATH: run tandem from the directory that holds "
+                    f"{module_name.split('.')[0]}, or add that directory to PYTHONPATH)")
         raise UsageError(f"{what} '{reference}': importing {module_name} failed: "
-                         f"{type(exc).__name__}: {first_line(exc)}") from None
+                         f"{type(exc).__name__}: {first_line(exc)}{hint}") from None
 
 
 def resolve(reference: str, what: str) -> Callable:

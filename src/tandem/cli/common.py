@@ -59,6 +59,14 @@ class TandemParser(argparse.ArgumentParser):
                                    (ShowDefaults, formatter_class), {})
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
+    def error(self, message: str):
+        """One line, as tandem's own errors are (not argparse's whole usage block), with
+        the hint a value starting with ``-`` needs; exit status 2."""
+        hint = ""
+        if message.endswith("expected one argument"):
+            hint = "; a value that starts with '-' is written --flag=VALUE (e.g. --split=-1,2)"
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
 
 def given_fields(args: argparse.Namespace) -> frozenset[str]:
     """Names of the config fields whose flag appeared on the command line."""

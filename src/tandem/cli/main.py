@@ -8,6 +8,7 @@ training diverged: :class:`tandem.errors.TrainingDiverged`).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -48,12 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # as typed, for messages that echo a command (imagenet_flags)
     cpu_malloc.tune()  # a process that trains keeps its step's memory (tandem.cpu_malloc)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that left meets it here, not at the interpreter's exit
+        return code
     except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
             # one line, also when the message carries a library's many-line text
             print(f"tandem: error: {first_line(exc, limit=None)}", file=sys.stderr)
         return exc.exit_status
+    except BrokenPipeError:  # the reader left (`tandem models | head`): stop quietly, as cat
+        # does; stdout goes to /dev/null so that the interpreter's last flush fails no more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt as exc:
         detail = str(exc)
         if not getattr(exc, "quiet", False):  # ranks other than 0 leave it to rank 0

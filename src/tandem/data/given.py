@@ -20,6 +20,12 @@ from .base import SPLITS, DatasetInfo, split_key
 
 __all__ = ["GivenDataset", "given_data", "load_factory"]
 
+IGNORED = -100  # cross-entropy's default ignore_index: a target that counts for nothing
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
 
 class GivenDataset(Dataset):
     """A user's map-style data set read by sample key; inputs become tensors, targets ints."""
@@ -27,11 +33,13 @@ class GivenDataset(Dataset):
     def __init__(self, dataset, name: str):
         if isinstance(dataset, IterableDataset) or not (
                 hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise UsageError(f"{name} is a {type(dataset).__name__}, not a map-style data set "
-                             f"(with __len__ and __getitem__ giving (input, target) pairs)")
+            raise UsageError(f"{name} is {_a(type(dataset).__name__)}, not a map-style data "
+                             f"set (with __len__ and __getitem__ giving (input, target) pairs)")
         if len(dataset) == 0:
             raise UsageError(f"{name} is empty")
         self.dataset, self.name = dataset, name
+        self.num_classes: int | None = None  # set by given_data: targets must lie below it
+        self._labels: np.ndarray | None = None  # every target, once read (labels())
         first, target = self.sample(0)
         if not first.is_floating_point():
             raise UsageError(f"{name}[0] has a {first.dtype} input: give floating-point inputs "
@@ -58,21 +66,47 @@ class GivenDataset(Dataset):
                 raise TypeError(f"a {target.dtype} target")
             if target.dim() > 0:
                 return torch.as_tensor(inputs), target.to(torch.int64)
-            return torch.as_tensor(inputs), int(target)
+            inputs, target = torch.as_tensor(inputs), int(target)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise UsageError(f"{self.name}[{index}]: the input must be a tensor or array and "
                              f"the target a class index or a tensor of them "
                              f"({type(exc).__name__}: {exc})") from None
+        self.check_target(target, index)
+        return inputs, target
+
+    def check_target(self, target: int, index: int) -> None:
+        """Refuse a class index outside ``[0, num_classes)`` (the loss's default ignore
+        value, -100, passes): else the loss fails deep inside with a traceback."""
+        n = self.num_classes
+        if n is not None and not 0 <= target < n and target != IGNORED:
+            raise UsageError(f"{self.name}[{index}] has target {target}, but there are {n} "
+                             f"classes (targets 0 to {n - 1}); fix the labels or name every "
+                             f"class")
 
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
         return self.sample(split_key(key)[0])
 
-    def labels(self) -> np.ndarray:
-        """Every target: the data set's ``targets`` when it has them, else read one by one."""
+    def check_targets(self, every: bool = False) -> None:
+        """Check the targets now, before the run starts: all of them when the data set lists
+        them (``targets``) or ``every``, else the first sample's (later ones as read)."""
         targets = getattr(self.dataset, "targets", None)
-        if targets is not None and len(targets) == len(self):
-            return np.asarray([int(t) for t in targets])
-        return np.asarray([self.sample(i)[1] for i in range(len(self))])
+        listed = targets is not None and len(targets) == len(self)
+        if self.target_shape or not (listed or every):
+            self.sample(0)
+            return
+        for index, target in enumerate(self.labels()):
+            self.check_target(int(target), index)
+
+    def labels(self) -> np.ndarray:
+        """Every target: the data set's ``targets`` when it has them, else read one by one
+        (once: kept for the next call)."""
+        if self._labels is None:
+            targets = getattr(self.dataset, "targets", None)
+            if targets is not None and len(targets) == len(self):
+                self._labels = np.asarray([int(t) for t in targets])
+            else:
+                self._labels = np.asarray([self.sample(i)[1] for i in range(len(self))])
+        return self._labels
 
 
 def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] = SPLITS,
@@ -113,6 +147,9 @@ def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] =
                          f"classes (a third element, or classes=) or give num_classes")
     else:
         count = max(int(d.labels().max()) for d in present) + 1
+    for d in present:
+        d.num_classes = None if d.target_shape else count  # masks hold ignored values too
+        d.check_targets(every=d._labels is not None)  # read: check all
     info = DatasetInfo(name, count, shape[0] if len(shape) > 1 else 1,
                        shape[-1] if shape else 1, classes)
     return sets["train"], sets["val"], info
@@ -125,8 +162,8 @@ def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS, augment: s
     fn = factory.resolve(reference, "data factory")
     result = factory.call(reference, fn, "data factory")
     if not (isinstance(result, (tuple, list)) and len(result) in (2, 3)):
-        raise UsageError(f"data factory '{reference}' returned a {type(result).__name__}, not "
-                         f"(train, val) or (train, val, class_names)")
+        raise UsageError(f"data factory '{reference}' returned {_a(type(result).__name__)}, "
+                         f"not (train, val) or (train, val, class_names)")
     train, val, classes = (*result, None)[:3]
     return given_data(train, val, classes, name=reference, splits=splits, augment=augment,
                       image_size=image_size, num_classes=num_classes)

@@ -11,6 +11,7 @@ of the user's own (:mod:`.given`; a path of that name wins). A missing path rais
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tandem.factory import is_reference
 
 from .base import AUGMENT_MODES, SPLITS
 
-__all__ = ["load_dataset", "DATASET_NAMES", "GIVEN_DATA", "AUGMENT_CHOICES", "DEFAULT_AUGMENT",
+__all__ = ["load_dataset", "check_spec", "DATASET_NAMES", "GIVEN_DATA", "AUGMENT_CHOICES", "DEFAULT_AUGMENT",
            "SPLITS"]
 
 DATASET_NAMES = ("synthetic", "digits")
@@ -54,6 +55,23 @@ def _check_splits(splits) -> tuple[str, ...]:
 def _looks_like_path(spec: str) -> bool:
     return (os.sep in spec or (os.altsep is not None and os.altsep in spec)
             or spec.startswith((".", "~")))
+
+
+def check_spec(spec: str) -> None:
+    """Refuse a ``--data`` that names nothing: a missing path, or an unknown word (with the
+    closest name); run plans ask it before anything is made."""
+    if spec == GIVEN_DATA or spec in DATASET_NAMES or is_reference(spec) or \
+            Path(spec).expanduser().exists():
+        return
+    if _looks_like_path(spec):
+        raise MissingFileError(f"data path '{spec}' does not exist (expected an ImageFolder or "
+                               f"CIFAR-10 directory)")
+    close = difflib.get_close_matches(spec, DATASET_NAMES, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise UsageError(
+        f"unknown dataset {spec!r}: {hint}not one of {', '.join(DATASET_NAMES)}, and no such "
+        f"path (give a path to an ImageFolder or CIFAR-10 python directory, or "
+        f"package.module:function returning your own)")
 
 
 def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
@@ -96,16 +114,8 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
         result = load_digits_data(augment=_augment_for(augment, "other", spec),
                                   image_size=image_size, splits=splits)
     else:
+        check_spec(spec)
         path = Path(spec).expanduser()
-        if not path.exists():
-            if _looks_like_path(spec):
-                raise MissingFileError(
-                    f"data path '{spec}' does not exist (expected an ImageFolder or CIFAR-10 "
-                    f"directory)")
-            raise UsageError(
-                f"unknown dataset {spec!r}: not one of {', '.join(DATASET_NAMES)}, and no such "
-                f"path (give a path to an ImageFolder or CIFAR-10 python directory, or "
-                f"package.module:function returning your own)")
         if not path.is_dir():
             raise UsageError(f"data path '{spec}' is not a directory")
         from .cifar10 import find_cifar_dir, load_cifar10

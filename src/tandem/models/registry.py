@@ -103,7 +103,10 @@ def unknown_model_message(name: str) -> str:
     names = list_models()
     close = closest_names(name, names)
     if not close:
-        return f"unknown model {name!r}; valid models: {', '.join(names)}"
+        own = (f"; {name!r} is a module: name the function in it that builds your model, "
+               f"{name}:FUNCTION" if factory.names_module(name) else
+               "; a model of your own is named package.module:function")
+        return f"unknown model {name!r}; valid models: {', '.join(names)}{own}"
     guess = close[0] if len(close) == 1 else ", ".join(close[:-1]) + " or " + close[-1]
     return (f"unknown model {name!r}: did you mean {guess}? (`tandem models` or list_models() "
             f"lists all {len(names)})")

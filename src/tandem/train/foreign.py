@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from tandem.config import TrainConfig
 from tandem.errors import UsageError
+from tandem.factory import rebuildable
 from tandem.models import model_info
 
 __all__ = ["DATA_SIZE", "is_foreign", "file_settings", "assumed", "eval_settings", "checkpoint_arch"]
@@ -138,6 +139,12 @@ def checkpoint_arch(ckpt: dict, arch: str | None, path: str) -> str:
         model_info(arch)  # a typo: the closest names
     named = ckpt.get("arch")
     named = named if isinstance(named, str) and named else None
+    if named is not None and not rebuildable(named):  # a torch class handed to tandem.fit
+        if arch is not None:
+            return arch
+        raise UsageError(f"checkpoint '{path}' holds a model handed to tandem.fit, a "
+                         f"{named.split(':')[-1]} that tandem cannot rebuild by name: give "
+                         f"-a package.module:function, a function that builds the same model")
     if named is not None and arch is not None and arch != named:
         raise UsageError(f"-a {arch} does not match checkpoint '{path}', which names {named} "
                          f"(leave out -a)")

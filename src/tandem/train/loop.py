@@ -283,6 +283,7 @@ class Trainer:
         # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
         optimizer = example_optimizer_state(self.optimizer, pos.epoch)
         checkpoint.save(self.run_dir.latest, state, optimizer, **extra)
+        self.run_dir.write_config(self.config_dict)  # the settings of the checkpoint just saved
         self.saved_step = pos.step
         if is_best:
             checkpoint.save(self.run_dir.best, state, optimizer, **extra)

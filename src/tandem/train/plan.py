@@ -2,7 +2,8 @@
 
 :func:`plan_train` and :func:`plan_eval` read the flags (and the checkpoint a resume names),
 pick the devices and the strategy, check what the strategy can do (``--amp``,
-``--channels-last``, ``--compile``, the model) and what may happen to ``--out``. A refusal
+``--channels-last``, ``--compile``, the model) and what may happen to ``--out`` (a run there,
+one writing there now, a read-only file). A refusal
 comes before any process group is joined, any data read or anything compiled or written.
 ``tandem.fit`` hands over its model, data sets and criterion as :class:`Supplied`; the plan
 and the build then take them instead of building what the config names. A
@@ -19,6 +20,7 @@ from torch import nn
 
 from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.errors import UsageError
+from tandem.data.load import check_spec
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
@@ -27,7 +29,7 @@ from tandem.precision import amp_precision
 from tandem.strategies import Strategy, create_strategy, strategy_names
 from tandem.strategies.compile import check_compile
 
-from . import foreign, start
+from . import foreign, rundir, runlock, start
 from .resume import check_launched, complete_line, resumed_config
 from .rundir import RunDir
 
@@ -75,6 +77,8 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
     complete run, the one line to print instead."""
     cfg, ckpt, notes = resumed_config(cfg, given)
+    if ckpt is not None:
+        _check_handed(cfg, supplied)
     if supplied.model is None and supplied.data is None:
         if ckpt is None:
             cfg = start.fresh_defaults(cfg, given)  # an ImageFolder's arch and image size
@@ -82,13 +86,15 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
             cfg = start.sized(cfg, given)  # the file's arch at its native size
     if supplied.model is None:
         model_info(cfg.model.arch)  # a mistyped --arch (or a factory that fails to import)
+    if supplied.data is None:
+        check_spec(cfg.data.data)  # a mistyped --data, or a path that is not there
     if cfg.run.evaluate:  # notes: only what a file from elsewhere is evaluated as
         note = None
         if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
             cfg, note = foreign.eval_settings(cfg, given, cfg.run.resume)
         return plan_eval(cfg, ckpt, [note] if note else [], supplied)
     if ckpt is not None:
-        line = complete_line(cfg, ckpt, given)
+        line = complete_line(cfg, ckpt, given, by_fit=supplied != Supplied())
         if line is not None:
             return line
         check_launched(cfg, ckpt, given)
@@ -106,6 +112,8 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         # the config records what --amp resolved to here (bf16 on a CPU), not null
         dtype = amp_precision(strategy.device.type, True).amp_dtype
         cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
+    run.check_writable()
+    runlock.check_free(run)  # another run writes there: refused, --overwrite or not
     return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied)
 
 
@@ -114,6 +122,31 @@ def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing."""
     return RunPlan(cfg, _strategy(cfg.parallel, cfg.model, supplied.model), EVALUATE,
                    checkpoint=ckpt, notes=tuple(notes), supplied=supplied)
+
+
+_HANDED = {"arch": ("model", "model", "-a package.module:function",
+                    "a function that builds the same model"),
+           "data": ("data sets", "train_data, val_data", "--data package.module:function",
+                    "a function that returns the same data sets")}
+
+
+def _check_handed(cfg: TrainConfig, supplied: Supplied) -> None:
+    """A run of ``tandem.fit`` continues with what it was handed: handed again to
+    ``tandem.fit(resume=...)``, or named on the command line. Refuse it without them."""
+    missing = [name for name in rundir.handed_to_fit(cfg)
+               if getattr(supplied, "model" if name == "arch" else "data") is None]
+    if not missing:
+        return
+    target = rundir.target_of(cfg.run.resume)
+    what = " and ".join(_HANDED[n][0] for n in missing)
+    args = ", ".join(["model" if "arch" in missing else "None",
+                      "train_data, val_data" if "data" in missing else "None"])
+    flags = " ".join(_HANDED[n][2] for n in missing)
+    meaning = " and ".join(_HANDED[n][3] for n in missing)
+    raise UsageError(f"run '{target}' was trained by tandem.fit on the {what} handed to it, "
+                     f"which tandem cannot load by name: continue it with tandem.fit({args}, "
+                     f"resume='{target}'), or with `tandem train --resume {target} {flags}` "
+                     f"({meaning})")
 
 
 def check_model(strategy: Strategy, model: nn.Module) -> None:

@@ -63,10 +63,12 @@ def _saved_position(ckpt: dict) -> tuple[int, int, int | None]:
     return int(position["epoch"]), int(position["batch"]), position.get("step")
 
 
-def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> str | None:
+def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str],
+                  by_fit: bool = False) -> str | None:
     """The one line to print, instead of training, when the resumed run has done all its
-    epochs (``None`` while it has not). ``--epochs`` and ``--max-steps`` behind where it
-    stands are refused: the one would shorten what is done, the other would stop before it."""
+    epochs (``None`` while it has not); ``by_fit``: it was resumed by ``tandem.fit``, which
+    the line then names. ``--epochs`` and ``--max-steps`` behind where it stands are
+    refused: the one would shorten what is done, the other would stop before it."""
     epoch, batch, step = _saved_position(ckpt)
     path, epochs, saved = cfg.run.resume, cfg.optim.epochs, ckpt.get("config")
     target, name = _named(path, ckpt)
@@ -78,13 +80,26 @@ def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> str | 
     if epoch >= epochs:
         where = ", ".join([f"{epoch}/{epochs} epochs"] + ([f"step {step}"] if step else []) +
                           [f"best val acc {float(ckpt.get('best_acc1') or 0.0):.2f}%"])
-        again = (rundir.command(saved, target, f" --out {cfg.run.out}" if "out" in given else "")
+        if by_fit:
+            return (f"{name} is complete ({where}); to train it further, give it more epochs: "
+                    f"tandem.fit(..., resume='{target}', epochs=N) (N > {epoch})")
+        again = (rundir.command(saved, target, _needed_flags(cfg, saved, given))
                  if isinstance(saved, dict) else f"tandem train --resume {path} ...")
         return (f"{name} is complete ({where}); to train it further, give it more epochs: "
                 f"{again} --epochs N (N > {epoch})")
     if step is not None:
         check_max_steps(cfg, ckpt, step)
     return None
+
+
+def _needed_flags(cfg: TrainConfig, saved: dict, given: frozenset[str]) -> str:
+    """The flags a command continuing the run must repeat: ``--out`` when given, and what
+    stands for a ``tandem.fit`` run's model or data (``-a``, ``--data``)."""
+    run = TrainConfig.from_dict(saved)
+    flags = [("-a", cfg.model.arch)] if "arch" in rundir.handed_to_fit(run) else []
+    flags += [("--data", cfg.data.data)] if "data" in rundir.handed_to_fit(run) else []
+    flags += [("--out", cfg.run.out)] if "out" in given else []
+    return "".join(f" {flag} {value}" for flag, value in flags)
 
 
 def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int) -> None:

@@ -10,6 +10,7 @@ handed (:class:`~.plan.Supplied`) in place of those the config names.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from dataclasses import replace
@@ -24,7 +25,8 @@ from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, 
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.load import GIVEN_DATA
 from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
-from tandem.errors import UsageError
+from tandem.data.given import GivenDataset
+from tandem.errors import UsageError, first_line
 from tandem.factory import is_reference
 from tandem.model_state import load_plain_state_dict
 from tandem.models import create_model, model_info
@@ -34,7 +36,7 @@ from tandem.strategies import Strategy
 from tandem.strategies.compile import compiled
 
 from . import compile as compiling
-from . import foreign
+from . import foreign, runlock
 from .start import example_block, precision_line, size_line
 from .interrupt import StopRequest
 from .loop import Trainer
@@ -135,7 +137,27 @@ def _with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfi
     return replace(cfg, data=replace(cfg.data, num_classes=classes))
 
 
-def _prepared_model(plan: RunPlan, cfg: TrainConfig, info) -> nn.Module:
+def _check_inputs(model: nn.Module, dataset, dtype: torch.dtype) -> None:
+    """Refuse, in one line, a model that cannot take a user's data set's inputs (flat vectors
+    into a conv net): one forward of a batch of one zero input, in eval mode (no state
+    changes), that says which shape the model got."""
+    if not isinstance(dataset, GivenDataset):
+        return
+    x = torch.zeros((1, *dataset.shape), dtype=dtype)
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            model(x)
+    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
+        raise UsageError(f"the model cannot take {dataset.name}'s inputs: it got a batch of "
+                         f"shape {tuple(x.shape)} (inputs of shape {dataset.shape}) and "
+                         f"raised {type(exc).__name__}: {first_line(exc)}") from None
+    finally:
+        model.train(was_training)
+
+
+def _prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
     """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`_with_model_classes`)
     set up by the plan's strategy, then given its weights by it (the checkpoint's, or
     ``--pretrained``): the same for training and for validation."""
@@ -149,6 +171,7 @@ def _prepared_model(plan: RunPlan, cfg: TrainConfig, info) -> nn.Module:
         seed_everything(cfg.run.seed)
         model = given
     model = model.to(getattr(torch, cfg.parallel.dtype))
+    _check_inputs(model, dataset, getattr(torch, cfg.parallel.dtype))
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if cfg.parallel.compile:
@@ -170,7 +193,7 @@ def _build(plan: RunPlan) -> dict:
     strategy = plan.strategy
     train_set, val_set, info = _data(plan)
     cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
-    wrapped = _prepared_model(plan, cfg, info)
+    wrapped = _prepared_model(plan, cfg, info, train_set)
     optim = cfg.optim
     optimizer = make_optimizer(optim, wrapped.parameters())
     batches = batches_per_epoch(train_set, optim.batch_size)
@@ -214,7 +237,8 @@ def _open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsL
         run.fork_from(plan.source)
     if plan.checkpoint is not None:
         _say_resuming(trainer, plan.resume_path, notes)
-    run.write_config(trainer.config_dict)
+    if plan.mode != RESUMED:  # a resume's changes go in with its next checkpoint (Trainer.save)
+        run.write_config(trainer.config_dict)
     return run.metrics_log(keep_epochs=None if plan.mode == FRESH else trainer.position.epoch)
 
 
@@ -260,7 +284,9 @@ def execute(plan: RunPlan | str) -> dict | None:
         return None
     if plan.mode == EVALUATE:
         return _print_validation(plan)
-    with plan.strategy as strategy:  # joins the process group (ddp); always leaves it
+    # the main process holds the run directory's lock from before it writes until the end
+    locked = runlock.held(plan.run_dir) if plan.strategy.is_main else contextlib.nullcontext()
+    with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
         parts = _build(plan)
         start, notes = _restore(plan, parts)
         trainer = Trainer(**parts, **start)
@@ -354,7 +380,7 @@ def _validate(plan: RunPlan) -> dict:
         if val_set is None:
             raise UsageError("no validation data to evaluate on (val_data is None)")
         cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
-        trainer = Trainer(cfg=cfg, strategy=strategy, model=_prepared_model(plan, cfg, info),
+        trainer = Trainer(cfg=cfg, strategy=strategy, model=_prepared_model(plan, cfg, info, val_set),
                           criterion=make_criterion(cfg.optim, strategy, plan.supplied.criterion),
                           optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,

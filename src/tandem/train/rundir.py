@@ -14,24 +14,29 @@ import os
 import shutil
 
 from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, flag_of
+from tandem.data.load import GIVEN_DATA
 from tandem.errors import UsageError
+from tandem.factory import is_reference, rebuildable
 from tandem.strategies import strategy_class
 
 from .metrics import MetricsLog
 from .tensorboard import TensorBoard
 
-__all__ = ["RunDir", "checkpoint_path", "target_of", "command", "resume_config"]
+__all__ = ["RunDir", "checkpoint_path", "target_of", "command", "resume_config", "stands_in",
+           "handed_to_fit"]
 
 
 class RunDir:
     """The directory of one run: the only code that knows its files' names.
 
     ``config.json`` (the resolved settings), ``checkpoint.pt`` (the latest), ``best.pt``,
-    ``metrics.jsonl`` (a row per epoch), ``curves.png`` and ``tb/`` (TensorBoard events).
+    ``metrics.jsonl`` (a row per epoch), ``curves.png``, ``tb/`` (TensorBoard events) and,
+    while a run writes here, ``run.lock`` (:mod:`.runlock`).
     """
 
     CONFIG, LATEST, BEST = "config.json", "checkpoint.pt", "best.pt"
     METRICS, CURVES, TENSORBOARD = "metrics.jsonl", "curves.png", "tb"
+    LOCK = "run.lock"
     FILES = (LATEST, BEST, METRICS, CONFIG, CURVES)
 
     def __init__(self, path: str):
@@ -51,6 +56,7 @@ class RunDir:
     metrics = property(lambda self: self.file(self.METRICS))
     curves = property(lambda self: self.file(self.CURVES))
     tensorboard = property(lambda self: self.file(self.TENSORBOARD))
+    lock_file = property(lambda self: self.file(self.LOCK))
 
     def same(self, other: "RunDir") -> bool:
         return os.path.abspath(self.path) == os.path.abspath(other.path)
@@ -77,9 +83,10 @@ class RunDir:
             return []
 
     def describe(self) -> str | None:
-        """A few words on the run here (``None`` when it holds none)."""
+        """A few words on the run here (``None`` when it holds none). A ``config.json`` alone
+        is a run that failed before its first checkpoint: nothing to resume, so none."""
         present = [name for name in self.FILES if os.path.exists(self.file(name))]
-        if not present:
+        if not present or present == [self.CONFIG]:
             return None
         rows = self.read_metrics()
         accs = [r["val_acc"] for r in rows if isinstance(r.get("val_acc"), (int, float))]
@@ -96,6 +103,20 @@ class RunDir:
             raise UsageError(f"--out '{self.path}' already holds a run ({what}); continue it "
                              f"with --resume {self.path}, choose another --out, or replace it "
                              f"with --overwrite")
+
+    def check_writable(self) -> None:
+        """Refuse a run that could not write here (the directory, or one of its files, is
+        read-only), before any work: else it would train and then lose it."""
+        where = self.path if os.path.isdir(self.path) else os.path.dirname(
+            os.path.abspath(self.path))
+        while not os.path.exists(where):  # the nearest parent that exists will hold it
+            where = os.path.dirname(where)
+        names = [n for n in (*self.FILES, self.TENSORBOARD) if os.path.exists(self.file(n))]
+        for path in [where] + [self.file(n) for n in names]:
+            if not os.access(path, os.W_OK):
+                what = "file" if os.path.isfile(path) else "directory"
+                raise UsageError(f"cannot write to run '{self.path}': {what} '{path}' is "
+                                 f"read-only (make it writable, or give another --out)")
 
     def launched_by(self, launch: str | None) -> bool:
         """True when the run here was started by the launch ``launch`` (a torchrun restart)."""
@@ -124,8 +145,11 @@ class RunDir:
                 shutil.copyfile(source.file(name), self.file(name))
 
     def write_config(self, resolved: dict) -> None:
-        with open(self.file(self.CONFIG), "w", encoding="utf-8") as f:
+        """Write ``config.json`` whole or not at all (temp file + rename)."""
+        temp = self.file(f".{self.CONFIG}.tmp")
+        with open(temp, "w", encoding="utf-8") as f:
             json.dump(resolved, f, indent=2)
+        os.replace(temp, self.file(self.CONFIG))
 
     def metrics_log(self, keep_epochs: int | None) -> MetricsLog:
         return MetricsLog(self.metrics, keep_epochs=keep_epochs)
@@ -177,7 +201,7 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
             policy = f.metadata.get("on_resume", FIXED)
             changed = f.name in given and new != old
             flag = flag_of(f)[-1]
-            if policy == FIXED and changed and not cfg.run.evaluate:  # -e writes nothing
+            if policy == FIXED and changed and not cfg.run.evaluate and not stands_in(f.name, old):
                 raise UsageError(
                     f"{flag} {_show(new)} would change the run of '{path}', which has "
                     f"{flag} {_show(old)}: resume without {flag}, or start a new run with "
@@ -185,6 +209,8 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
             values[f.name] = new if policy == PER_CALL or changed else old
             if policy == MAY_CHANGE and changed:
                 notes.append(_change_note(flag, new, old))
+            elif policy == FIXED and changed:  # what tandem.fit was handed, named here
+                notes.append(f"{flag} {new}: in place of what tandem.fit was handed")
         sections[name] = type(mine)(**values)
     source = RunDir.of(path)
     out = cfg.run.out if "out" in given else source.path
@@ -194,6 +220,22 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
         notes.append(f"--out {out}: a new run directory, forked from '{source.path}'")
     sections["run"] = dataclasses.replace(sections["run"], out=out)
     return TrainConfig(**sections), notes
+
+
+def stands_in(name: str, value) -> bool:
+    """True when ``value`` of config field ``name`` only stands in for what ``tandem.fit`` was
+    handed (its data sets; a torch class as its model): a resume from the command line must
+    name one that tandem can load (``--data`` / ``-a package.module:function``)."""
+    if name == "data":
+        return value == GIVEN_DATA
+    return name == "arch" and is_reference(value) and not rebuildable(value)
+
+
+def handed_to_fit(cfg: TrainConfig) -> list[str]:
+    """The fields of ``cfg`` that stand for what ``tandem.fit`` was handed (:func:`stands_in`):
+    ``arch``, ``data``, both or none."""
+    return [name for name, value in (("arch", cfg.model.arch), ("data", cfg.data.data))
+            if stands_in(name, value)]
 
 
 def _check_rollback(path: str, out: RunDir, saved: dict) -> None:

@@ -1,0 +1,124 @@
+"""One run at a time in a run directory: ``RUN/run.lock`` names the process that writes there.
+
+The main process (rank 0) takes the lock before it writes anything and removes it when the run
+ends, however it ends (an exception, Ctrl-C). A second run into a directory in use is refused
+in one line, ``--overwrite`` or not. A lock left by a process that has ended on this host is
+taken over, and the run says so; so is one of this very launch (a torchrun restart under
+``--max-restarts``, or another rank of it), matched by ``TANDEM_LAUNCH_ID`` or torchrun's agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+
+from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun
+from tandem.errors import UsageError
+
+from .rundir import RunDir
+
+__all__ = ["check_free", "held"]
+
+
+def _me() -> dict:
+    """What the lock file says about its owner: pid, host, and the launch it belongs to
+    (``tandem launch``'s id, else a torchrun rendezvous id; ``agent``: torchrun's process)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") if in_torchrun() else None
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "launch": os.environ.get(LAUNCH_ID_VAR) or (run_id if run_id != "none" else None),
+            "agent": os.getppid() if in_torchrun() else None}
+
+
+def _read(run: RunDir) -> dict | None:
+    """The lock's owner (``None``: no lock; ``{}``: a lock that cannot be read)."""
+    try:
+        with open(run.lock_file, encoding="utf-8") as f:
+            owner = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, TypeError, ValueError, OverflowError):
+        return True  # another user's process, or a pid we cannot tell: assume it runs
+    return True
+
+
+def _same_launch(owner: dict, me: dict) -> bool:
+    """True when ``owner`` is this process, or another rank or earlier restart of its launch."""
+    if owner.get("host") == me["host"] and owner.get("pid") == me["pid"]:
+        return True
+    if me["launch"] and owner.get("launch") == me["launch"]:
+        return True
+    return bool(me["agent"]) and owner.get("host") == me["host"] and \
+        owner.get("agent") == me["agent"]
+
+
+def _stale(owner: dict, me: dict) -> bool:
+    """True when the owner is a process on this host that has ended."""
+    return owner.get("host") == me["host"] and not _alive(owner.get("pid"))
+
+
+def _who(owner: dict) -> str:
+    return f"process {owner.get('pid', '?')} on {owner.get('host', '?')}"
+
+
+def check_free(run: RunDir) -> None:
+    """Refuse, in one line, a run into ``run`` while another run writes there."""
+    owner, me = _read(run), _me()
+    if owner is None or _same_launch(owner, me) or _stale(owner, me):
+        return
+    raise UsageError(f"run '{run.path}' is in use by {_who(owner)} (its {RunDir.LOCK}); wait "
+                     f"for it to end, or choose another --out (if that process has ended, "
+                     f"remove {run.lock_file})")
+
+
+def _take(run: RunDir, me: dict) -> str | None:
+    """Write the lock; the line to say when an earlier owner's lock was taken over."""
+    try:
+        fd = os.open(run.lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        owner = _read(run) or {}
+        if not (_same_launch(owner, me) or _stale(owner, me)):
+            check_free(run)  # taken meanwhile: refuse, naming its owner
+        temp = f"{run.lock_file}.{me['pid']}"
+        with open(temp, "w", encoding="utf-8") as f:
+            json.dump(me, f)
+        os.replace(temp, run.lock_file)
+        if _same_launch(owner, me):
+            return None
+        return f"took over {run.lock_file} from {_who(owner)}, which has ended"
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(me, f)
+    return None
+
+
+@contextlib.contextmanager
+def held(run: RunDir):
+    """Hold ``run``'s lock while the block runs (the run directory is created if needed, and
+    removed again if it is left empty); the lock is removed on the way out, whatever ends
+    the block."""
+    made = not os.path.isdir(run.path)
+    run.create()
+    me = _me()
+    line = _take(run, me)
+    if line:
+        print(line, flush=True)
+    try:
+        yield
+    finally:
+        if (_read(run) or {}).get("pid") == me["pid"]:
+            with contextlib.suppress(OSError):
+                os.remove(run.lock_file)
+        if made:  # a run refused before it wrote anything leaves no directory behind
+            with contextlib.suppress(OSError):
+                os.rmdir(run.path)  # only while empty

@@ -1,0 +1,336 @@
+"""The first day, again (issue 32): what a new user met, through the CLI and tandem.fit,
+against the one-line errors and run directories the README promises."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import run_in_process, run_tandem
+
+import tandem
+from tandem.errors import UsageError
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, TESTS)
+from own_model import Net, Pairs  # noqa: E402
+
+TINY = ("-a", "cifar_resnet20", "--data", "digits", "-b", "16", "--image-size", "8",
+        "--no-progress")
+
+
+def one_line_error(result, *words):
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tandem: error:"), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A digits run of 1 of its 2 epochs (2 steps, so resumable): copied by each test."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    result = run_in_process("train", *TINY, "--epochs", "2", "--max-steps", "2", "--out", out)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture
+def run_copy(tiny_run, tmp_path):
+    import shutil
+    shutil.copytree(tiny_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+# -- 1: labels out of range -------------------------------------------------------------------
+LABELS = '''
+import torch
+
+class Listed(torch.utils.data.Dataset):
+    """Pairs that list their targets (as torchvision's do)."""
+    def __init__(self, targets):
+        self.targets = list(targets)
+    def __len__(self):
+        return len(self.targets)
+    def __getitem__(self, i):
+        return torch.full((1, 8, 8), float(i % 4)), self.targets[i]
+
+def listed():
+    return Listed([0, 1, 2, 3, 7, 1]), Listed([0, 1, 2, 3]), ["a", "b", "c", "d"]
+
+def negative():  # plain lists, no names: the class count is read from the labels
+    pairs = [(torch.full((1, 8, 8), float(i)), t) for i, t in enumerate([0, 1, 2, 3, -1, 1])]
+    return pairs, pairs[:4]
+
+def late():  # the bad label is not the first: met as the batch is read
+    pairs = [(torch.full((1, 8, 8), float(i)), t) for i, t in enumerate([0, 1, 2, 3, 7, 1])]
+    return pairs, pairs[:4], ["a", "b", "c", "d"]
+
+def good():
+    pairs = [(torch.full((1, 8, 8), float(i)), i % 4) for i in range(6)]
+    return pairs, pairs[:4], ["a", "b", "c", "d"]
+
+def a_list():
+    return [1, 2]
+'''
+
+
+@pytest.fixture
+def labels_module(tmp_path, monkeypatch):
+    name = f"labels_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(LABELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def own(*argv):
+    """``tandem train`` of own_model's net (importable from the repository's root)."""
+    return run_in_process("train", "-a", "own_model:make_net", "-b", "2", "--epochs", "1",
+                          "--no-progress", *argv)
+
+
+@pytest.mark.parametrize("factory, words", [("listed", ("[4] has target 7", "4 classes")),
+                                            ("negative", ("[4] has target -1",))])
+def test_labels_out_of_range_are_one_line_before_the_run(labels_module, factory, words,
+                                                         tmp_path):
+    result = own("--data", f"{labels_module}:{factory}", "--out", tmp_path / "bad")
+    one_line_error(result, *words)
+    assert not (tmp_path / "bad").exists()  # refused before it wrote
+
+
+def test_a_label_met_late_leaves_a_directory_a_fresh_run_can_use(labels_module, tmp_path):
+    out = tmp_path / "bad3"
+    one_line_error(own("--data", f"{labels_module}:late", "--out", out), "[4] has target 7")
+    assert not (out / "run.lock").exists()  # released on the way out
+    result = own("--data", f"{labels_module}:good", "--out", out)  # no --overwrite needed
+    assert result.returncode == 0, result.stderr
+    assert (out / "checkpoint.pt").exists()
+
+
+def test_a_factory_returning_a_list_says_what_it_returned(labels_module, tmp_path):
+    line = one_line_error(own("--data", f"{labels_module}:a_list", "--out", tmp_path / "x"))
+    assert "an int" in line and "a int" not in line
+
+
+# -- 2: a tandem.fit run resumed from the CLI -------------------------------------------------
+@pytest.fixture
+def fit_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(TESTS)
+    torch.manual_seed(0)
+    tandem.fit(Net(), Pairs(30, seed=0), Pairs(11, seed=1), batch_size=10, epochs=1,
+               no_progress=True, out=str(tmp_path / "fit1"))
+    return tmp_path / "fit1"
+
+
+def test_a_fit_run_resumed_from_the_cli_says_how_to_continue_it(fit_run):
+    line = one_line_error(run_in_process("train", "--resume", fit_run, "--epochs", "2"),
+                          "tandem.fit(", f"resume='{fit_run}'", "--data package.module:function")
+    assert "would change the run" not in line
+    result = run_in_process("train", "--resume", fit_run, "--epochs", "2",
+                            "--data", "own_model:pairs")  # the rule the line gives: it works
+    assert result.returncode == 0, result.stderr
+    assert "epoch 2/2" in result.stdout
+
+
+def test_a_finished_fit_run_suggests_a_call_that_works(fit_run, capsys):
+    row = tandem.fit(Net(), Pairs(30, seed=0), Pairs(11, seed=1), resume=str(fit_run))
+    out = capsys.readouterr().out
+    assert f"tandem.fit(..., resume='{fit_run}', epochs=N)" in out and row["epoch"] == 1
+    result = run_in_process("train", "--resume", fit_run, "--data", "own_model:pairs")
+    assert result.returncode == 0, result.stderr
+    suggested = result.stdout.strip().split(": ", 1)[1].split(" (N >")[0]
+    assert "--data own_model:pairs" in suggested  # the command names what it needs
+    argv = suggested.replace("N", "2").split()[1:]
+    assert run_in_process(*argv).returncode == 0
+
+
+def test_a_sequential_handed_to_fit_is_evaluated_with_a_factory(tmp_path, monkeypatch):
+    monkeypatch.chdir(TESTS)
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+    tandem.fit(seq, Pairs(30, seed=0), Pairs(11, seed=1), batch_size=10, epochs=1,
+               no_progress=True, out=str(tmp_path / "seq"))
+    one_line_error(run_in_process("eval", "--resume", tmp_path / "seq", "--data",
+                                  "own_model:pairs"), "Sequential", "-a package.module:function")
+    name = f"seq_{abs(hash(str(tmp_path))) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(
+        "import torch\ndef make():\n    return torch.nn.Sequential(torch.nn.Flatten(), "
+        "torch.nn.Linear(64, 3))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run_in_process("eval", "--resume", tmp_path / "seq", "--data", "own_model:pairs",
+                            "-a", f"{name}:make")  # what the line says works
+    assert result.returncode == 0, result.stderr
+
+
+# -- 5, 6: read-only run directories and files ------------------------------------------------
+def read_only(monkeypatch, *paths):
+    """``os.access`` says ``paths`` are read-only (the tests may run as root, which
+    ``chmod`` does not stop)."""
+    real, denied = os.access, {os.path.abspath(p) for p in paths}
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: (
+        False if mode & os.W_OK and os.path.abspath(p) in denied else real(p, mode, **kw)))
+
+
+def test_a_read_only_run_directory_is_one_line(run_copy, monkeypatch):
+    read_only(monkeypatch, run_copy)
+    one_line_error(run_in_process("train", "--resume", run_copy, "--max-steps", "3"),
+                   "read-only", str(run_copy))
+
+
+def test_a_read_only_checkpoint_is_refused_before_any_work(run_copy, monkeypatch):
+    before = (run_copy / "config.json").read_text()
+    read_only(monkeypatch, run_copy / "checkpoint.pt")
+    one_line_error(run_in_process("train", "--resume", run_copy, "--epochs", "3",
+                                  "--max-steps", "3"), "checkpoint.pt", "read-only")
+    assert (run_copy / "config.json").read_text() == before
+
+
+def test_config_changes_only_with_the_checkpoint_that_needs_them(run_copy, monkeypatch):
+    from tandem import checkpoint
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "save", fail)
+    with pytest.raises(OSError):
+        run_in_process("train", "--resume", run_copy, "--epochs", "3", "--max-steps", "3")
+    assert json.loads((run_copy / "config.json").read_text())["optim"]["epochs"] == 2
+    monkeypatch.undo()
+    assert "at epoch 1/2" in run_in_process("train", "--resume", run_copy, "--max-steps",
+                                            "3").stdout
+
+
+# -- 7: one run at a time in a run directory ---------------------------------------------------
+def lock(run, pid):
+    (run / "run.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+
+
+def test_a_second_run_into_a_directory_in_use_is_refused(run_copy):
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock(run_copy, owner.pid)
+        before = {p.name: p.read_bytes() for p in run_copy.iterdir() if p.is_file()}
+        for argv in (("--resume", run_copy, "--max-steps", "3"), (*TINY, "--out", run_copy, "--overwrite")):
+            one_line_error(run_in_process("train", *argv), "in use", f"process {owner.pid}")
+        assert {p.name: p.read_bytes() for p in run_copy.iterdir() if p.is_file()} == before
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_a_stale_lock_is_taken_over_and_said(run_copy):
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    lock(run_copy, ended.pid)
+    result = run_in_process("train", "--resume", run_copy, "--max-steps", "3")
+    assert result.returncode == 0, result.stderr
+    assert f"took over {run_copy / 'run.lock'} from process {ended.pid}" in result.stdout
+    assert not (run_copy / "run.lock").exists()  # released at the end
+
+
+def test_the_lock_is_held_while_the_run_writes(tmp_path, monkeypatch):
+    from tandem.train.loop import Trainer
+
+    seen = []
+    real = Trainer.save
+
+    def save(self, *args, **kwargs):
+        seen.append(json.loads((tmp_path / "run" / "run.lock").read_text())["pid"])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "save", save)
+    result = run_in_process("train", *TINY, "--epochs", "1", "--max-steps", "1", "--out",
+                            tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert seen == [os.getpid()] and not (tmp_path / "run" / "run.lock").exists()
+
+
+def test_fit_refuses_a_directory_in_use(run_copy):
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock(run_copy, owner.pid)
+        with pytest.raises(UsageError, match="in use"):
+            tandem.fit(Net(), Pairs(30, seed=0), None, out=str(run_copy), overwrite=True)
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+# -- rough edges ---------------------------------------------------------------------------------
+ROOT = os.path.dirname(TESTS)
+
+
+def test_make_demo_and_the_readme_say_how_to_reach_tandem():
+    dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True)
+    assert "source .venv/bin/activate" in dry.stdout.splitlines()[-1]
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    two_commands = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    assert "source .venv/bin/activate" in two_commands and ".venv/bin/tandem" in two_commands
+
+
+def test_a_module_not_found_says_where_modules_are_looked_for():
+    line = one_line_error(run_in_process("train", "-a", "no_such_mod_32:make", "--data",
+                                         "digits"), "current directory", "PYTHONPATH")
+    assert os.getcwd() in line
+
+
+def test_a_module_given_as_arch_is_told_to_name_its_function():
+    one_line_error(run_in_process("train", "-a", "own_model", "--data", "digits"),
+                   "own_model:FUNCTION")
+    one_line_error(run_in_process("train", "-a", "zzzz", "--data", "digits"),
+                   "package.module:function")
+
+
+def test_flat_inputs_into_a_conv_net_say_the_shape_the_model_got(tmp_path):
+    flat = [(torch.randn(64), i % 3) for i in range(12)]
+    with pytest.raises(UsageError, match=r"got a batch of shape \(1, 64\)"):
+        tandem.fit(Net(), flat, flat[:4], out=str(tmp_path / "flat"), no_progress=True)
+    assert not (tmp_path / "flat" / "config.json").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--split", "-1,2"), ("--split", "--flag=VALUE")),
+    (("--epochs", "abc"), ("--epochs", "invalid int value")),
+    (("--data", "digts"), ("did you mean digits?",)),
+    (("--momentum", "5"), ("--momentum 5", "[0, 1)")),
+])
+def test_a_bad_flag_is_one_line(argv, words, tmp_path):
+    result = run_in_process("train", "-a", "cifar_resnet20", *argv, "--out", tmp_path / "r")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, \
+        result.stderr
+    assert "usage:" not in result.stderr and all(w in result.stderr for w in words)
+    assert not (tmp_path / "r").exists()
+
+
+def test_tandem_models_into_a_closed_pipe_ends_quietly():
+    from conftest import cli_env
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "models"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cli_env(), text=True)
+    proc.stdout.close()  # as `| head` does once it has its lines: every write meets EPIPE
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Broken" not in err, err
+
+
+def test_a_ddp_launch_takes_the_lock_once_and_is_refused_by_a_live_one(tmp_path):
+    """Rank 1 does not refuse rank 0's lock (the same launch); a live lock of another
+    process refuses every rank in one line, before any process group."""
+    job = ("launch", "--nproc-per-node", "2", "--", "train", *TINY, "--strategy", "ddp",
+           "--devices", "cpu", "--epochs", "1", "--max-steps", "2")
+    result = run_tandem(*job, "--out", tmp_path / "run", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (tmp_path / "run" / "run.lock").exists()
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(240)"])
+    try:
+        lock(tmp_path / "run", owner.pid)
+        result = run_tandem(*job, "--out", tmp_path / "run", "--overwrite", timeout=240)
+        assert result.returncode != 0 and f"in use by process {owner.pid}" in result.stderr
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    finally:
+        owner.kill()
+        owner.wait()
