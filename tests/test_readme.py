@@ -48,3 +48,11 @@ def test_readme_snippet_runs_as_shown(line, code, tmp_path):
     result = run_bounded([sys.executable, "snippet.py"], 300, cli_env(), cwd=tmp_path)
     assert result.returncode == 0, f"README.md line {line}:\n{code}\n{result.stderr[-3000:]}"
     assert not re.search(r"^Traceback", result.stderr, re.M), result.stderr[-3000:]
+
+
+def test_every_output_block_has_its_commands_in_the_regenerating_script():
+    """scripts/readme_outputs.py --check: each README output marker has commands, and back."""
+    script = README.parent / "scripts" / "readme_outputs.py"
+    result = run_bounded([sys.executable, str(script), "--check"], 60, cli_env())
+    assert result.returncode == 0, result.stderr
+    assert "demo\n  make demo" in result.stdout
