@@ -5,7 +5,9 @@ this script runs NAME's commands (below, in order: later blocks continue the run
 ones) in a scratch directory, as a user would from the repository root, and writes each
 command (``$ ...``) and its stdout and stderr into the block. The marker
 ``<!-- readme_outputs: machine -->`` is followed by one line naming the machine and torch.
-``--check`` only lists the blocks and their commands. Takes about 3 minutes on 2 cores.
+``--check`` only lists the blocks and their commands. Its runs train for about a minute on a
+quiet 2-core machine; shared with other jobs (load 6) the demo alone took almost 10 minutes.
+The README is written once, at the end: a run stopped part-way changes nothing.
 """
 
 from __future__ import annotations
