@@ -348,6 +348,50 @@ def test_table_and_json_output(capsys):
     assert json.loads(capsys.readouterr().out)["config"]["arch"] == "cifar_resnet20"
 
 
+def test_rows_whose_iqr_is_over_half_the_median_are_marked_noise():
+    """Fabricated step times: a quiet row and one under load (IQR 2.1 s, median 1.1 s)."""
+    config = BenchConfig(arch="cifar_resnet20", strategies="single,dp", devices="cpu:2",
+                         baselines="bare", batch_size=2, steps=1, warmup=0, image_size=8,
+                         num_classes=5)
+    report = run_bench(config, model_fn=lambda: TinySplitNet(5))
+    times = {"bare": [1.0, 1.01, 0.99, 1.02, 1.0], "single": [1.0, 1.1, 0.95, 1.05, 1.0],
+             "dp": [0.3, 1.1, 4.0, 0.4, 2.6, 1.0, 3.5]}
+    for r in report["results"]:
+        r["step_time_s"] = summarize(times[r["name"]]).as_dict()
+    twin = dict(report["results"][1], name="single/loop", loop_over_step=0.568,
+                step_time_s=summarize(times["dp"]).as_dict())  # a loop "faster" than its step
+    report["results"].append(twin)
+    lines = format_table(report).splitlines()
+    assert "  single/loop: 1100.0 (2350.0) vs 1000.0 (50.0): 0.568x (noise)" in lines
+    rows = {line.split()[0]: line for line in lines[2:5]}
+    assert rows["dp"].startswith("dp !") and " !" not in rows["single"] + rows["bare"]
+    [note] = [line for line in lines if line.startswith("! noise: ")]
+    assert note.startswith("! noise: dp, single/loop spread more than 50% of the median")
+    for r in report["results"]:
+        r["step_time_s"] = summarize(times["bare"]).as_dict()
+    assert "!" not in format_table(report)
+
+
+def test_loader_rows_whose_iqr_is_over_half_the_median_are_marked_noise():
+    from tandem.bench.loader_bench import format_loader_table
+
+    def row(name, rates):
+        return {"name": name, "decoder": "pil", "images": 64,
+                "images_per_sec": summarize(rates).as_dict(), "images_per_sec_per_core": 1.0,
+                "images_per_cpu_sec": None, "ratio_vs_reference": 1.0,
+                "cpu_ratio_vs_reference": None}
+
+    report = {"config": {"data": "d", "image_size": 8, "batch_size": 4, "workers": 0,
+                         "rounds": 5, "warmup": 1},
+              "machine": {"torch": "t", "cpu_count": 2, "date_utc": "now"},
+              "results": [row("reference", [100, 101, 99, 102, 100]),
+                          row("loader", [20, 300, 90, 250, 40])],
+              "ratio_loader_vs_reference": 1.0, "cpu_ratio_loader_vs_reference": None}
+    lines = format_loader_table(report).splitlines()
+    assert lines[3].startswith("loader !") and "!" not in lines[2]
+    assert lines[-1].startswith("! noise: loader spread more than 50%")
+
+
 @pytest.mark.skipif(not shutil.which("g++") and not shutil.which("clang++"),
                     reason="torch.compile on the CPU needs a C++ compiler")
 @pytest.mark.timeout(900)

@@ -173,6 +173,32 @@ def _two_nodes(tmp_path, port):
     return nodes, outputs
 
 
+def _progress_against_epoch_lines(stdout: str) -> list[tuple[str, str]]:
+    """(the -p line's loss and acc at an epoch's last batch, the epoch line's) per epoch."""
+    shown = re.findall(r"^epoch (\d+)/\d+ \[3/3\] loss (\S+) acc (\S+)", stdout, re.M)
+    epochs = re.findall(r"^epoch (\d+)/\d+ step \d+: train loss (\S+) acc (\S+)", stdout, re.M)
+    assert shown and len(shown) == len(epochs), stdout
+    return list(zip(shown, epochs))
+
+
+def test_ddp_progress_lines_show_every_ranks_sums_also_after_a_resume(tmp_path):
+    """11 samples in batches of 5 over 2 ranks (shares 3+2, 3+2, 1+0): at an epoch's last batch
+    the -p line is the epoch's whole train loss and acc, not rank 0's part of it."""
+    out = tmp_path / "run"
+    ddp = ["--nproc-per-node", "2", "--", "train", "--data", "synthetic", "--synthetic-size",
+           "11", "--image-size", "8", "--num-classes", "3", "--batch-size", "5", "--seed", "3",
+           "--no-progress", "--devices", "cpu", "--strategy", "ddp", "-p", "3", "--out", str(out)]
+    # epoch 1, then a stop after batch 1 of epoch 2; the resume carries its sums to the line
+    proc, _ = _run(["launch", *ddp, "--epochs", "2", "--max-steps", "4"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [(shown, epoch)] = _progress_against_epoch_lines(proc.stdout)
+    assert shown == epoch and shown[0] == "1"
+    proc, _ = _run(["launch", *ddp[:-2], "--resume", str(out), "--epochs", "2"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [(shown, epoch)] = _progress_against_epoch_lines(proc.stdout)
+    assert shown == epoch and shown[0] == "2"
+
+
 # -- faults ------------------------------------------------------------------------------------
 def test_worker_error_stops_the_job(tmp_path):
     out = tmp_path / "raise"

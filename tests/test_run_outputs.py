@@ -108,6 +108,24 @@ def test_a_one_epoch_run_plots_steps_from_0_with_the_runs_name_lr_and_log_loss(t
     assert list(at_row.get_ydata()) == [row["lr"]]
 
 
+def test_lr_after_a_resume_with_more_epochs_is_the_lr_each_step_used(tmp_path, figures):
+    ok("train", *TINY, "--epochs", "2", "--out", tmp_path)
+    ok("train", "--resume", tmp_path, "--epochs", "3")
+    first, second, third = rows(tmp_path)
+    schedule, at_row = figures[-1].axes[2].get_lines()
+    points = list(zip(schedule.get_xdata(), schedule.get_ydata()))
+    per_epoch = second["step"] / 2
+    # epochs 1-2 followed the 2-epoch schedule: the line holds their own lrs (row 2's is 0,
+    # the end of that cosine, not the 3-epoch schedule's value at that step) ...
+    assert points[:2] == [(r["step"] / per_epoch, r["lr"]) for r in (first, second)]
+    assert second["lr"] == 0
+    # ... then the 3-epoch schedule at every step from row 2's to row 3's, down to its lr
+    after = points[2:]
+    assert [x for x, _ in after] == pytest.approx(
+        [t / per_epoch for t in range(second["step"], third["step"] + 1)])
+    assert after[0][1] > 0 and after[-1][1] == pytest.approx(third["lr"])
+
+
 def test_two_epochs_and_a_partial_one_plot_epochs(tmp_path, figures):
     ok("train", *TINY, "--epochs", "3", "--max-steps", "10", "--out", tmp_path)
     fig = figures[-1]

@@ -285,13 +285,48 @@ def test_split_errors_are_one_line(argv, needles, tmp_path):
 
 def test_auto_adjusts_once_a_new_epoch_begins():
     auto = AutoSplit(2, threshold=10.0)
-    for epoch, step in ((0, 0), (0, 1), (0, 2), (0, 3)):
-        auto.at_epoch(epoch)
-        auto.observe([4, 4], [4.0, 4.0 * (1 if step < 2 else 3)])  # device 1 slows down
+    for step in range(4):
+        auto.at_epoch(0)
+        auto.observe([4, 4], [4.0, 4.0 * 1.5])  # device 1 is slower, under the threshold
         auto.adjust()
-    assert auto.weights == [0.5, 0.5]  # below the threshold: nothing moved within the epoch
+    assert auto.weights == [1.0, 1.0]  # below the threshold: nothing moved within the epoch
     auto.at_epoch(1)
-    assert auto.adjust() and shares(8, auto.weights)[0] > 4
+    assert auto.adjust() and shares(10, auto.weights) == [6, 4]
+
+
+def _noisy_run(per_sample, spread, steps=300, batch=32, seed=0):
+    """Feed AutoSplit ``steps`` steps of chunk times ``share * per_sample`` scaled by uniform
+    noise of +-``spread``; the moves (True per moved step) and the last shares."""
+    g = torch.Generator().manual_seed(seed)
+    auto, moves = AutoSplit(len(per_sample)), []
+    for _ in range(steps):
+        sizes = shares(batch, auto.weights)
+        noise = 1 + spread * (2 * torch.rand(len(sizes), generator=g) - 1)
+        auto.observe(sizes, [n * p * float(f) for n, p, f in zip(sizes, per_sample, noise)])
+        moves.append(auto.adjust(batch))
+    return moves, shares(batch, auto.weights)
+
+
+def test_auto_keeps_the_equal_split_under_noise():
+    runs = [_noisy_run([1.0, 1.0], 0.5, seed=seed) for seed in range(10)]  # chunks 0.5x-1.5x
+    assert sum(sum(moves) for moves, _ in runs) <= 3  # at most 1 move per 1,000 steps
+    assert all(last == [16, 16] for _, last in runs)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_auto_still_follows_a_real_imbalance_under_noise(seed):
+    moves, last = _noisy_run([2.0, 1.0], 0.5, seed=seed)  # device 1 twice as fast
+    assert moves.index(True) < 20 and sum(moves) <= 4
+    assert last in ([10, 22], [11, 21], [12, 20])
+
+
+@pytest.mark.parametrize("clock, moved", [("1,1~0.5", False), ("2,1~0.5", True)])
+def test_cli_split_auto_moves_only_beyond_the_noise(clock, moved, tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_SPLIT_CLOCK", clock)
+    result = ok("train", *TINY[:3], "64", *TINY[4:], "--strategy", "dp", "--devices", "cpu:2",
+                "--split", "auto", "-b", "4", "--epochs", "2", "--out", str(tmp_path / "run"))
+    splits = [ln for ln in result.stdout.splitlines() if ": split " in ln]
+    assert bool(splits) == moved and len(splits) <= 2, splits
 
 
 # -- bench --handicap ------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from tandem.data.transforms import SampleRandom
 from tandem.errors import MissingFileError, UsageError
 
 from .suite import machine_info
-from .timing import clock, summarize
+from .timing import NOISE_IQR, clock, is_noise, summarize
 
 __all__ = ["ReferenceDataset", "run_loader_bench", "format_loader_table"]
 
@@ -187,7 +187,8 @@ def format_loader_table(report: dict) -> str:
     for r in report["results"]:
         s, cpu = r["images_per_sec"], r["images_per_cpu_sec"]
         ratios = (r["ratio_vs_reference"], r["cpu_ratio_vs_reference"])
-        lines.append(f"{r['name']:<13} {r['decoder']:<10} {s['median']:8.1f} {s['iqr']:7.1f} "
+        name = r["name"] + (" !" if is_noise(s) else "")
+        lines.append(f"{name:<13} {r['decoder']:<10} {s['median']:8.1f} {s['iqr']:7.1f} "
                      f"{s['min']:7.1f}..{s['max']:<7.1f} {r['images_per_sec_per_core']:10.1f} "
                      f"{cpu['median'] if cpu else float('nan'):9.1f} "
                      + " ".join(f"{'n/a' if x is None else f'{x:.2f}x':>{w}}"
@@ -197,4 +198,8 @@ def format_loader_table(report: dict) -> str:
                  f"{'n/a' if cpu_ratio is None else f'{cpu_ratio:.2f}x'} img per CPU-second "
                  f"(median of the rounds' ratios; loader batches are uint8, normalised later "
                  f"on the device)")
+    noisy = [r["name"] for r in report["results"] if is_noise(r["images_per_sec"])]
+    if noisy:
+        lines.append(f"! noise: {', '.join(noisy)} spread more than {NOISE_IQR:.0%} of the "
+                     f"median between quartiles (IQR); rerun on an idle machine")
     return "\n".join(lines)

@@ -2,7 +2,9 @@
 
 Per contestant: median step time and spread, images/s, speed-ups against ``single`` and
 ``bare``, bytes moved and peak memory ("n/a": the device reports none); with ``--loop`` each
-loop twin against its bench step. The JSON is unrounded.
+loop twin against its bench step. The JSON is unrounded. A row whose step times spread
+more than half their median between quartiles is marked ``!`` (noise), and a line under the
+table says so.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from typing import TextIO
 
 from .entry import LOOP
+from .timing import NOISE_IQR, is_noise
 
 __all__ = ["format_table", "write_json", "format_bytes", "explain"]
 
@@ -33,6 +36,8 @@ def _ms(seconds: float) -> str:
 
 def _row(r: dict) -> list[str]:
     name = r["name"] + (" *" if r["kind"] == "baseline" else "")
+    if r["status"] == "ok" and is_noise(r["step_time_s"]):
+        name += " !"
     if r["status"] != "ok":
         return [name, f"{r['status']}: {r['reason']}"]
     t = r["step_time_s"]
@@ -93,6 +98,7 @@ def format_table(report: dict) -> str:
             lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
     lines.append("* baseline in plain torch. Ratios are median step times (>1 is faster). "
                  "Bytes are tandem-engine transfers per step (logical, between replicas).")
+    lines += _noise_lines(report["results"])
     compiled = [r for r in report["results"] if r["name"].endswith("+compile")
                 and r["status"] == "ok" and r.get("first_step_s") is not None]
     if compiled:
@@ -115,6 +121,16 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _noise_lines(results: list[dict]) -> list[str]:
+    """The line under the table that names the rows marked ``!``, if any."""
+    noisy = [r["name"] for r in results if r["status"] == "ok" and is_noise(r["step_time_s"])]
+    if not noisy:
+        return []
+    return [f"! noise: {', '.join(noisy)} spread more than {NOISE_IQR:.0%} of the median "
+            f"between quartiles (IQR); their times and ratios say nothing. Rerun on an idle "
+            f"machine or with more --steps."]
+
+
 def _loop_lines(results: list[dict]) -> list[str]:
     """``--loop``: each loop twin's median (IQR) next to its bench step's, and their ratio."""
     by_twin = {r["name"] + LOOP: r["step_time_s"] for r in results if r["status"] == "ok"}
@@ -125,8 +141,10 @@ def _loop_lines(results: list[dict]) -> list[str]:
              "nothing more):"]
     for r in twins:
         loop, step = r["step_time_s"], by_twin[r["name"]]  # its bench step's
+        noise = " (noise)" if is_noise(loop) or is_noise(step) else ""
         lines.append(f"  {r['name']}: {_ms(loop['median'])} ({_ms(loop['iqr'])}) vs "
-                     f"{_ms(step['median'])} ({_ms(step['iqr'])}): {r['loop_over_step']:.3f}x")
+                     f"{_ms(step['median'])} ({_ms(step['iqr'])}): "
+                     f"{r['loop_over_step']:.3f}x{noise}")
     return lines
 
 

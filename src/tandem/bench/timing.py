@@ -18,6 +18,8 @@ __all__ = [
     "synchronize",
     "clock",
     "Stats",
+    "NOISE_IQR",
+    "is_noise",
     "summarize",
     "memory_supported",
     "MemoryProbe",
@@ -84,6 +86,16 @@ def summarize(samples: Sequence[float]) -> Stats:
         median=statistics.median(values), q1=q1, q3=q3, iqr=q3 - q1,
         min=values[0], max=values[-1], mean=statistics.fmean(values), n=len(values),
     )
+
+
+#: a sample whose IQR is over this fraction of its median is noise: its ratios say nothing
+NOISE_IQR = 0.5
+
+
+def is_noise(stats: dict) -> bool:
+    """True when ``stats`` (a :meth:`Stats.as_dict`) spread more than :data:`NOISE_IQR` of its
+    median between quartiles: a machine busy with other work, not a property of the code."""
+    return stats["iqr"] > NOISE_IQR * stats["median"]
 
 
 def memory_supported(device: torch.device, backend_for=None) -> bool:

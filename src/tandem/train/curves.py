@@ -6,11 +6,14 @@ a one-epoch run is not one point on an axis a tenth of an epoch wide; otherwise 
 epoch, a partial epoch's row placed at the fraction of it that was trained. Loss is drawn on a
 log scale, so that the first epoch's high loss does not flatten the rest. The learning rate
 is drawn at every step up to the last row's, from the run's schedule (the host knows it: no
-per-step record is needed), with each row's value on it.
+per-step record is needed), with each row's value on it. Rows whose lr the schedule does not
+give (a resume with more ``--epochs`` changed the schedule) followed an earlier one: up to the
+last such row the line joins the lrs the rows recorded, and the schedule takes over from there.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable
 
@@ -47,13 +50,26 @@ def _line(ax, xs, records, key, style, label):
         ax.plot(*zip(*pairs), style, label=label)
 
 
-def _schedule_line(ax, schedule: Schedule, last_step: int, unit: str) -> None:
-    """The learning rate of every step up to ``last_step`` (at most ~500 points drawn)."""
+def _schedule_line(ax, schedule: Schedule, records: list[dict], unit: str) -> None:
+    """The learning rate of every step up to the last row's (at most ~500 points drawn): the
+    rows' own lrs up to the last row the schedule disagrees with, the schedule after it."""
     per_epoch, lr_of = schedule
-    stride = max(1, last_step // 500)
-    steps = list(range(0, last_step + 1, stride))
-    xs = steps if unit == "step" else [t / max(1, per_epoch) for t in steps]
-    ax.plot(xs, [lr_of(t) for t in steps], "-", color="grey", label="schedule")
+    rows = sorted((r["step"], r["lr"]) for r in records
+                  if isinstance(r.get("step"), int) and r.get("lr") is not None)
+    if not rows:
+        return
+    other = [i for i, (t, lr) in enumerate(rows)
+             if not math.isclose(lr_of(t), lr, rel_tol=1e-9, abs_tol=1e-12)]
+    first = rows[other[-1]][0] if other else 0  # the schedule's first step drawn
+    stride = max(1, (rows[-1][0] - first) // 500)
+    steps = list(range(first, rows[-1][0] + 1, stride))
+    xs = [float(t) if unit == "step" else t / max(1, per_epoch) for t in steps]
+    ys = [lr_of(t) for t in steps]
+    if other:  # the rows that an earlier schedule drove, joined up to where this one begins
+        before = rows[:other[-1] + 1]
+        xs = [float(t) if unit == "step" else t / max(1, per_epoch) for t, _ in before] + xs
+        ys = [lr for _, lr in before] + ys
+    ax.plot(xs, ys, "-", color="grey", label="schedule")
 
 
 def build_figure(records: list[dict], title: str = "",
@@ -75,9 +91,8 @@ def build_figure(records: list[dict], title: str = "",
     _line(ax_acc, xs, records, "val_acc5", "s--", "validation top-5")
     _line(ax_acc, xs, records, "val_miou", "d-", "validation mIoU")
     ax_acc.set(ylabel="accuracy (%)", title="accuracy")
-    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
-    if schedule is not None and steps:
-        _schedule_line(ax_lr, schedule, max(steps), unit)
+    if schedule is not None:
+        _schedule_line(ax_lr, schedule, records, unit)
     _line(ax_lr, xs, records, "lr", "o", "at each row")
     ax_lr.set(ylabel="learning rate", title="learning rate")
     partial = [(x, r[k]) for x, r in zip(xs, records) if r.get("partial")

@@ -148,7 +148,8 @@ class Trainer:
         progress = Progress(self.batches_per_epoch, pos.batch,
                             f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
                             bar=s.is_main and not cfg.run.no_progress,
-                            print_freq=print_freq if s.is_main else 0)
+                            print_freq=print_freq if s.is_main else 0,
+                            scope="rank 0 " if s.world_size > 1 else "")
         self.model.train()
         return EpochRun(meter, progress, carried_seconds)
 
@@ -175,10 +176,13 @@ class Trainer:
         # no host sync: the sums stay on the device
         run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
         run.loss = out.loss.detach()
-        shown = run.progress.update(out.count * s.world_size, run.meter)
+        due = print_freq > 0 and (index + 1) % print_freq == 0
+        # a --print-freq line shows the whole job's sums: every process reduces at the same
+        # batch (the line reads the device anyway); a bar's timed refresh shows rank 0's
+        shown = run.progress.update(out.count * s.world_size, run.meter.reduced(s)
+                                    if due and s.world_size > 1 else run.meter)
         # Every process reads at --print-freq batches; a bar's refresh only the main one.
-        run.look |= (shown and s.world_size == 1) or (
-            print_freq > 0 and (index + 1) % print_freq == 0)
+        run.look |= (shown and s.world_size == 1) or due
         if not last_micro:
             return False
         optimizer_step(self.optimizer, self.scaler, self.scheduler)

@@ -19,12 +19,15 @@ class Progress:
     """Shows loss, accuracy and images/s while an epoch trains.
 
     ``bar=True`` draws a tqdm bar on a terminal, else a line every ``print_freq`` batches.
-    ``images`` passed to :meth:`update` are global, so images/s is the whole job's rate.
+    ``images`` passed to :meth:`update` are global, so images/s is the whole job's rate. The
+    bar's values are this process's own, prefixed with ``scope`` (``"rank 0 "`` under ddp);
+    a line shows the meter it is given (the loop gives the sums over every process).
     """
 
     def __init__(self, total: int, initial: int, desc: str, *, bar: bool, print_freq: int = 0,
-                 refresh: float = 1.0):
+                 refresh: float = 1.0, scope: str = ""):
         self.desc = desc
+        self.scope = scope
         self.total = total
         self.print_freq = print_freq
         self.refresh = refresh
@@ -60,7 +63,7 @@ class Progress:
             if now - self.shown < self.refresh and self.batch < self.total:
                 return False
             self.shown = now
-            self.bar.set_postfix_str(self._values(meter, now), refresh=False)
+            self.bar.set_postfix_str(self.scope + self._values(meter, now), refresh=False)
             return True
         if self.print_freq and self.batch % self.print_freq == 0:
             print(f"{self.desc} [{self.batch}/{self.total}] {self._values(meter, now)}",

@@ -1,0 +1,172 @@
+"""Regenerate the README's shown outputs from real runs: ``python scripts/readme_outputs.py``.
+
+Each output block of README.md sits under a marker line ``<!-- readme_outputs: NAME -->``;
+this script runs NAME's commands (below, in order: later blocks continue the runs of earlier
+ones) in a scratch directory, as a user would from the repository root, and writes each
+command (``$ ...``) and its stdout and stderr into the block. The marker
+``<!-- readme_outputs: machine -->`` is followed by one line naming the machine and torch.
+``--check`` only lists the blocks and their commands. Its runs train for about a minute on a
+quiet 2-core machine; shared with other jobs (load 6) the demo alone took almost 10 minutes.
+The README is written once, at the end: a run stopped part-way changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+MARK = re.compile(r"^<!-- readme_outputs: ([\w-]+) -->$")
+
+# Hidden set-up steps start with "#": run, not shown.
+FLOWERS = ("#python -c 'import numpy as np; from pathlib import Path; from PIL import Image; "
+           "rng = np.random.default_rng(0); "
+           "[(Path(\"flowers\", n).mkdir(parents=True, exist_ok=True), "
+           "[Image.fromarray((rng.random((64, 64, 3)) * 60 + c * 90).astype(np.uint8))"
+           ".save(Path(\"flowers\", n, f\"{i}.jpg\"), quality=90) for i in range(10)]) "
+           "for c, n in enumerate((\"daisy\", \"rose\", \"tulip\"))]'")
+EXAMPLE_FILE = ("#python -c 'import torch; from tandem.models import create_model; "
+                "torch.manual_seed(0); "
+                "model = torch.nn.DataParallel(create_model(\"resnet18\")); "
+                "optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, "
+                "weight_decay=1e-4); "
+                "scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1); "
+                "torch.save({\"epoch\": 1, \"arch\": \"resnet18\", \"state_dict\": model.state_dict(), "
+                "\"best_acc1\": torch.tensor(37.5), \"optimizer\": optimizer.state_dict(), "
+                "\"scheduler\": scheduler.state_dict()}, \"checkpoint.pth.tar\")'")
+OWN = "-a examples.own_classifier:SmallCNN --data examples.own_classifier:digits"
+
+BLOCKS: dict[str, list[str]] = {
+    "demo": ["make demo"],
+    "demo-eval": ["tandem eval --resume runs/demo/best.pt"],
+    "own-classifier": ["python examples/own_classifier.py"],
+    "own-cli": [
+        f"tandem train {OWN} --strategy dp --devices cpu:2 --sync-bn --lr 0.02 --epochs 3 "
+        "--no-progress --out runs/own_cli",
+        "tandem eval --resume runs/own_cli",
+        "tandem train --resume runs/own_cli --epochs 4",
+        "tandem train -a examples.own_classifier:SmallCnn --data digits",
+        "tandem train -a examples.own_classifier:digits --data digits"],
+    "models": ["tandem models"],
+    "demo-resume": [
+        "#cp -r runs/demo runs/copy",
+        "tandem train --data digits --out runs/demo",
+        "tandem train --resume runs/demo -b 64",
+        "tandem train --resume runs/demo",
+        "tandem train --resume runs/demo --epochs 5",
+        "tandem train --resume runs/demo/best.pt --epochs 10",
+        "tandem train --resume runs/demo --epochs 10 --max-steps 10",
+        "tandem train --resume runs/demo --epochs 10"],
+    "copy-single": ["tandem train --resume runs/copy --strategy single --epochs 9 "
+                    "--max-steps 361"],
+    "dist-url": [FLOWERS,
+                 "tandem train -a resnet18 --dist-url tcp://10.0.0.1:23456 --dist-backend nccl "
+                 "--multiprocessing-distributed --world-size 1 --rank 0 flowers"],
+    "example-round-trip": [
+        EXAMPLE_FILE,
+        "tandem eval --resume checkpoint.pth.tar --data flowers",
+        "tandem train -a resnet18 -b 8 --lr 0.1 --epochs 3 --resume checkpoint.pth.tar "
+        "flowers --out runs/ex",
+        "tandem train -e --resume runs/ex/best.pt flowers",
+        "tandem eval --resume runs/ex/best.pt"],
+    "pretrained": [
+        "#python -c 'import torch; from tandem.models import create_model; "
+        "torch.save(create_model(\"resnet18\").state_dict(), \"resnet18.pth\")'",
+        "tandem train -a resnet18 --pretrained resnet18.pth flowers -b 8 --epochs 2 -p 2 "
+        "--out runs/ft"],
+    "bare-eval": ["tandem eval --resume resnet18.pth --data flowers",
+                  "tandem eval --resume resnet18.pth -a resnet18 --data flowers"],
+}
+
+
+def machine() -> str:
+    """One line: the CPU model and count, the OS and torch, as the outputs were made."""
+    model = next((line.split(":", 1)[1].strip() for line in
+                  subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+                  if line.startswith("Model name")), platform.processor() or "unknown CPU")
+    torch = subprocess.run([str(REPO / ".venv/bin/python"), "-c",
+                            "import torch; print(torch.__version__)"],
+                           capture_output=True, text=True).stdout.strip()
+    return (f"The outputs shown in this README were made by `python scripts/readme_outputs.py` "
+            f"on a {os.cpu_count()}-core {model} ({platform.system()} {platform.machine()}), "
+            f"torch {torch}, Python {platform.python_version()}, on "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}; on another machine the numbers "
+            f"differ (see \"Same update, same bits, and drift\").")
+
+
+def run_block(commands: list[str], cwd: Path, env: dict) -> list[str]:
+    """Each shown command as ``$ command`` and its output (stdout and stderr, in order)."""
+    shown = []
+    for command in commands:
+        hidden = command.startswith("#")
+        command = command.lstrip("#")
+        result = subprocess.run(command, shell=True, cwd=cwd, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+        if hidden:
+            if result.returncode:
+                raise SystemExit(f"set-up step failed: {command}\n{result.stdout}")
+            continue
+        shown.append(f"$ {command}")
+        shown += result.stdout.rstrip("\n").splitlines()
+    return shown
+
+
+def scratch(root: Path) -> dict:
+    """The scratch directory as the repository root looks to a user; the environment."""
+    for name in ("examples", "Makefile", "pyproject.toml", ".venv"):
+        (root / name).symlink_to(REPO / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    env["PATH"] = f"{REPO / '.venv/bin'}{os.pathsep}{env['PATH']}"
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def main(argv: list[str]) -> int:
+    text = README.read_text()
+    names = [m.group(1) for m in map(MARK.match, text.splitlines()) if m]
+    missing = [n for n in names if n not in BLOCKS and n != "machine"]
+    unused = [n for n in BLOCKS if n not in names]
+    if missing or unused:
+        raise SystemExit(f"README markers without commands: {missing}; "
+                         f"commands without a marker: {unused}")
+    if "--check" in argv:
+        for name, commands in BLOCKS.items():
+            print(name, *commands, sep="\n  ")
+        return 0
+    outputs = {"machine": [machine()]}
+    with tempfile.TemporaryDirectory(prefix="readme_outputs.") as tmp:
+        root = Path(tmp)
+        env = scratch(root)
+        for name, commands in BLOCKS.items():  # in this order: later blocks use earlier runs
+            start = time.monotonic()
+            outputs[name] = run_block(commands, root, env)
+            print(f"{name}: {time.monotonic() - start:.0f}s", file=sys.stderr)
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        m = MARK.match(lines[i])
+        if m and m.group(1) == "machine":
+            out.append(outputs["machine"][0])
+            i += 2  # the old machine line
+            continue
+        if m:
+            fence = lines[i + 1]
+            end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
+            out += [fence, *outputs[m.group(1)]]
+            i = end
+            continue
+        i += 1
+    README.write_text("\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
