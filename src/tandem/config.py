@@ -1,18 +1,16 @@
 """The training configuration: a few typed, frozen dataclasses that check themselves.
 
-The CLI is derived from them (``tandem.cli.common``); the resolved config is written to
-``OUT/config.json`` and every checkpoint. ``batch_size`` is the **global** batch;
-``accum_steps = K`` makes one optimizer step consume K global batches; ``max_steps`` counts
-optimizer steps and stops early without changing the schedule.
+Each field carries its flag (:mod:`tandem.config_fields`); the CLI is derived from them and
+the resolved config is written to ``OUT/config.json`` and every checkpoint. ``batch_size`` is
+the **global** batch; ``accum_steps = K`` makes one optimizer step consume K global batches;
+``max_steps`` counts optimizer steps and stops early without changing the schedule.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
@@ -21,39 +19,17 @@ from tandem.precision import AMP_DTYPES
 from tandem.strategies import strategy_names
 from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
 from tandem.errors import UsageError
+from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choice, check_type,
+                                  flag_of, opt)
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
     "SCHEDULES", "DTYPES", "FIXED", "MAY_CHANGE", "PER_CALL",
-    "flag_of", "opt", "NO_WEIGHTS_FILE",
+    "flag_of", "opt", "NO_WEIGHTS_FILE", "SECTIONS",
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
 DTYPES = ("float32", "float64")
-
-
-# What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
-FIXED = "fixed"          # part of the run: a different value is refused
-MAY_CHANGE = "may_change"  # where/how long it runs: taken from the run unless given, then said
-PER_CALL = "per_call"    # this invocation only: never taken from the run
-
-
-def opt(default: Any, help: str | Callable[[], str], *flags: str, choices: tuple | None = None,
-        metavar: str | None = None, on_resume: str = FIXED, nargs: str | None = None,
-        const: Any = None):
-    """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``.
-
-    ``help`` may be a callable, asked when the parser is built (as ``choices`` may);
-    ``default`` may be ``dataclasses.MISSING`` for a required field, whose flag defaults to None.
-    """
-    meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,
-            "on_resume": on_resume, "nargs": nargs, "const": const}
-    return field(default=default, metadata=meta)
-
-
-def flag_of(f: dataclasses.Field) -> tuple[str, ...]:
-    """The flags of field ``f`` (``--batch-size`` for ``batch_size`` unless metadata says)."""
-    return tuple(f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),))
 
 
 def _strategy_names() -> tuple[str, ...]:
@@ -68,15 +44,6 @@ _REFERENCE = strategy_names(reference=True)[0]
 NO_WEIGHTS_FILE = ("--pretrained needs a FILE: tandem never downloads weights; save a "
                     "torchvision state dict (e.g. resnet18-f37072fd.pth) or a checkpoint and "
                     "pass --pretrained FILE (alias --weights FILE)")
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise UsageError(message)
-
-
-def _check_choice(value: str, choices: tuple, flag: str) -> None:
-    _check(value in choices, f"bad {flag} {value!r}: choose one of {', '.join(choices)}")
 
 
 @dataclass(frozen=True)
@@ -99,12 +66,12 @@ class ModelConfig:
                                   "(default: classifier, else fc)", metavar="ATTR")
 
     def __post_init__(self):
-        _check(bool(self.arch), "--arch must not be empty")
-        _check(self.pretrained != "", NO_WEIGHTS_FILE)
-        _check(self.dropout is None or 0.0 <= self.dropout < 1.0,
+        check(bool(self.arch), "--arch must not be empty")
+        check(self.pretrained != "", NO_WEIGHTS_FILE)
+        check(self.dropout is None or 0.0 <= self.dropout < 1.0,
                f"bad --dropout {self.dropout}: must be in [0, 1)")
-        _check(self.output_key != "", "--output-key must not be empty")
-        _check(self.hybrid_head != "", "--hybrid-head must not be empty")
+        check(self.output_key != "", "--output-key must not be empty")
+        check(self.hybrid_head != "", "--hybrid-head must not be empty")
 
 
 @dataclass(frozen=True)
@@ -132,13 +99,13 @@ class DataConfig:
                        metavar="N", on_resume=MAY_CHANGE)
 
     def __post_init__(self):
-        _check(bool(self.data), "--data must not be empty")
-        _check_choice(self.augment, AUGMENT_CHOICES, "--augment")
+        check(bool(self.data), "--data must not be empty")
+        check_choice(self.augment, AUGMENT_CHOICES, "--augment")
         for name in ("image_size", "num_classes", "synthetic_size"):
             value = getattr(self, name)
-            _check(value is None or value >= 1,
+            check(value is None or value >= 1,
                    f"bad --{name.replace('_', '-')} {value}: must be >= 1")
-        _check(self.workers >= 0, f"bad --workers {self.workers}: must be >= 0")
+        check(self.workers >= 0, f"bad --workers {self.workers}: must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -167,22 +134,22 @@ class OptimConfig:
                                 on_resume=PER_CALL)
 
     def __post_init__(self):
-        _check(self.epochs >= 1, f"bad --epochs {self.epochs}: must be >= 1")
-        _check(self.batch_size >= 1, f"bad --batch-size {self.batch_size}: must be >= 1")
-        _check(self.lr > 0, f"bad --lr {self.lr}: must be > 0")
-        _check(0 <= self.momentum < 1, f"bad --momentum {self.momentum}: must be in [0, 1) "
+        check(self.epochs >= 1, f"bad --epochs {self.epochs}: must be >= 1")
+        check(self.batch_size >= 1, f"bad --batch-size {self.batch_size}: must be >= 1")
+        check(self.lr > 0, f"bad --lr {self.lr}: must be > 0")
+        check(0 <= self.momentum < 1, f"bad --momentum {self.momentum}: must be in [0, 1) "
                f"(e.g. 0.9; at 1 or more the steps never decay)")
-        _check(self.weight_decay >= 0, f"bad --weight-decay {self.weight_decay}: must be >= 0")
-        _check(not self.nesterov or self.momentum > 0,
+        check(self.weight_decay >= 0, f"bad --weight-decay {self.weight_decay}: must be >= 0")
+        check(not self.nesterov or self.momentum > 0,
                f"--nesterov needs a --momentum above 0, not {self.momentum}")
-        _check_choice(self.lr_schedule, SCHEDULES, "--lr-schedule")
-        _check(self.lr_step > 0, f"bad --lr-step {self.lr_step}: must be > 0")
-        _check(self.lr_gamma > 0, f"bad --lr-gamma {self.lr_gamma}: must be > 0")
-        _check(self.warmup_epochs >= 0, f"bad --warmup-epochs {self.warmup_epochs}: must be >= 0")
-        _check(0.0 <= self.label_smoothing < 1.0,
+        check_choice(self.lr_schedule, SCHEDULES, "--lr-schedule")
+        check(self.lr_step > 0, f"bad --lr-step {self.lr_step}: must be > 0")
+        check(self.lr_gamma > 0, f"bad --lr-gamma {self.lr_gamma}: must be > 0")
+        check(self.warmup_epochs >= 0, f"bad --warmup-epochs {self.warmup_epochs}: must be >= 0")
+        check(0.0 <= self.label_smoothing < 1.0,
                f"bad --label-smoothing {self.label_smoothing}: must be in [0, 1)")
-        _check(self.accum_steps >= 1, f"bad --accum-steps {self.accum_steps}: must be >= 1")
-        _check(self.max_steps is None or self.max_steps >= 1,
+        check(self.accum_steps >= 1, f"bad --accum-steps {self.accum_steps}: must be >= 1")
+        check(self.max_steps is None or self.max_steps >= 1,
                f"bad --max-steps {self.max_steps}: must be >= 1")
 
 
@@ -223,21 +190,21 @@ class ParallelConfig:
                                 metavar="N", on_resume=MAY_CHANGE)
 
     def __post_init__(self):
-        _check(bool(self.strategy), "--strategy must not be empty")
-        _check_choice(self.buffers, POLICIES, "--buffers")
-        _check_choice(self.dtype, DTYPES, "--dtype")
-        _check(not (self.amp and self.dtype != "float32"),
+        check(bool(self.strategy), "--strategy must not be empty")
+        check_choice(self.buffers, POLICIES, "--buffers")
+        check_choice(self.dtype, DTYPES, "--dtype")
+        check(not (self.amp and self.dtype != "float32"),
                f"--amp mixes bf16/fp16 into float32 work; it cannot run with --dtype {self.dtype}")
         if self.amp_dtype is not None:
-            _check_choice(self.amp_dtype, AMP_DTYPES, "--amp-dtype")
-            _check(self.amp, f"--amp-dtype {self.amp_dtype} needs --amp")
+            check_choice(self.amp_dtype, AMP_DTYPES, "--amp-dtype")
+            check(self.amp, f"--amp-dtype {self.amp_dtype} needs --amp")
         if self.split is not None:
             parse_split(self.split)
-        _check(self.max_share is None or self.max_share >= 1,
+        check(self.max_share is None or self.max_share >= 1,
                f"bad --max-share {self.max_share}: must be >= 1")
         if self.compile_mode is not None:
-            _check_choice(self.compile_mode, COMPILE_MODES, "--compile-mode")
-            _check(self.compile, f"--compile-mode {self.compile_mode} needs --compile")
+            check_choice(self.compile_mode, COMPILE_MODES, "--compile-mode")
+            check(self.compile, f"--compile-mode {self.compile_mode} needs --compile")
 
 
 @dataclass(frozen=True)
@@ -262,23 +229,10 @@ class RunConfig:
                           "-p", "--print-freq", metavar="N", on_resume=MAY_CHANGE)
 
     def __post_init__(self):
-        _check(bool(self.out), "--out must not be empty")
-        _check(self.print_freq >= 0, f"bad --print-freq {self.print_freq}: must be >= 0")
-        _check(self.save_every is None or self.save_every >= 1,
+        check(bool(self.out), "--out must not be empty")
+        check(self.print_freq >= 0, f"bad --print-freq {self.print_freq}: must be >= 0")
+        check(self.save_every is None or self.save_every >= 1,
                f"bad --save-every {self.save_every}: must be >= 1")
-
-
-def _check_type(section, name: str, value) -> None:
-    """``value`` has field ``name``'s type (an int is a float too; a bool is no int)."""
-    hint = typing.get_type_hints(section)[name]
-    allowed = tuple(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-    if value is None and type(None) in typing.get_args(hint):
-        return
-    ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
-    if not ok and float in allowed:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    _check(ok, f"bad {name} {value!r}: must be {' or '.join(t.__name__ for t in allowed)}"
-               f"{' or None' if type(None) in typing.get_args(hint) else ''}")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
@@ -323,7 +277,7 @@ class TrainConfig:
                 hint = f": did you mean {' or '.join(close)}?" if close else \
                     " (the settings are the `tandem train` flags' names, e.g. batch_size)"
                 raise UsageError(f"{caller} got an unknown setting {key!r}{hint}")
-            _check_type(SECTIONS[where[key]], key, value)
+            check_type(SECTIONS[where[key]], key, value)
             values[where[key]][key] = value
         return cls(**{name: SECTIONS[name](**v) for name, v in values.items()})
 
