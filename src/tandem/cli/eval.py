@@ -71,7 +71,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from tandem.train.metrics import eval_scores
-    from tandem.train.run import evaluate
+    from tandem.train.evaluate import evaluate
 
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"bad --batch-size {args.batch_size}: must be >= 1")

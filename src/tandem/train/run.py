@@ -1,60 +1,42 @@
-"""Assembling a run from a :class:`~tandem.config.TrainConfig`: ``train`` and ``evaluate``.
+"""Running a :class:`~tandem.config.TrainConfig`: ``train``, and the validation pass it shares
+with ``tandem eval`` (:mod:`.evaluate`).
 
-``train`` reads top to bottom: the plan (every check, :mod:`.plan`), then the strategy is
-launched and the run built: data, the model seeded and built **on the CPU** (initial weights
-never depend on devices), set up by the strategy and given its weights by it, the optimizer
-on what setup returned; then the checkpoint's states restored, the run directory made ready,
-and the fit. ``tandem.fit`` runs the same path with the model, data sets and criterion it was
-handed (:class:`~.plan.Supplied`) in place of those the config names.
+``execute`` reads top to bottom: the strategy is launched and the run built (data, the model
+of :mod:`.model_setup`, the optimizer on what setup returned), the checkpoint's states
+restored, the run directory opened (:mod:`.opening`), and the fit. ``tandem.fit`` runs the
+same path with the model, data sets and criterion it was handed (:class:`~.plan.Supplied`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
-from dataclasses import replace
 
-import numpy as np
 import torch
 from torch import nn
 
-from tandem import checkpoint
-from tandem.checkpoint import compat as checkpoint_compat
-from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
+from tandem.config import DataConfig, OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
-from tandem.data.load import GIVEN_DATA
-from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
-from tandem.data.given import GivenDataset
-from tandem.errors import UsageError, first_line
-from tandem.factory import is_reference
+from tandem.distributed.env import LAUNCH_ID_VAR
+from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
-from tandem.models import create_model, model_info
-from tandem.pretrained import load_pretrained
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
-from tandem.strategies.compile import compiled
 
 from . import compile as compiling
 from . import foreign, runlock
-from .start import example_block, precision_line, size_line
+from .start import precision_line
 from .interrupt import StopRequest
 from .loop import Trainer
-from .metrics import MetricsLog, eval_scores
-from .plan import (EVALUATE, FORKED, FRESH, RESUMED, RunPlan, check_model, plan_eval,
-                   plan_train)
+from .metrics import eval_scores
+from .model_setup import build_model, prepared_model, seed_everything, with_model_classes
+from .opening import open_run_dir, say_starting
+from .plan import EVALUATE, RunPlan, plan_train
 from .resume import check_max_steps, restore
-from .rundir import checkpoint_path as checkpoint_path_of
 from .schedule import make_scheduler
 
-__all__ = ["train", "execute", "evaluate", "build_data", "build_model", "make_criterion",
+__all__ = ["train", "execute", "validate", "build_data", "build_model", "make_criterion",
            "make_optimizer", "seed_everything"]
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 def _warm_up(trainer: Trainer, train: bool) -> float | None:
@@ -80,18 +62,6 @@ def _data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
         return build_data(plan.cfg.data, plan.cfg.run.seed, splits)
     train_set, val_set, info = plan.supplied.data
     return (train_set if "train" in splits else None), val_set, info
-
-
-def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
-    """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
-    minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
-    if info.image_size < minimum:
-        raise UsageError(f"--arch {cfg.arch} needs images of at least {minimum}px, but "
-                         f"{info.name} gives {info.image_size}px (set --image-size)")
-    kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
-    seed_everything(seed)
-    return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
-                        **kwargs)
 
 
 def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
@@ -123,77 +93,13 @@ def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
     return out
 
 
-def _with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig:
-    """``cfg`` with ``data.num_classes`` set to the classes the model will output.
-
-    ``--num-classes`` when given; else a checkpoint's classifier when it is larger than the
-    data's classes (the imagenet example's files always have 1000); else the data's. The
-    run's config records it, so its checkpoints rebuild the same model for eval and resume.
-    """
-    classes = cfg.data.num_classes
-    if classes is None:
-        layer = checkpoint_compat.final_layer(ckpt["state_dict"]) if ckpt is not None else None
-        classes = layer[1] if layer and layer[1] > info.num_classes else info.num_classes
-    return replace(cfg, data=replace(cfg.data, num_classes=classes))
-
-
-def _check_inputs(model: nn.Module, dataset, dtype: torch.dtype) -> None:
-    """Refuse, in one line, a model that cannot take a user's data set's inputs (flat vectors
-    into a conv net): one forward of a batch of one zero input, in eval mode (no state
-    changes), that says which shape the model got."""
-    if not isinstance(dataset, GivenDataset):
-        return
-    x = torch.zeros((1, *dataset.shape), dtype=dtype)
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()
-            model(x)
-    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
-        raise UsageError(f"the model cannot take {dataset.name}'s inputs: it got a batch of "
-                         f"shape {tuple(x.shape)} (inputs of shape {dataset.shape}) and "
-                         f"raised {type(exc).__name__}: {first_line(exc)}") from None
-    finally:
-        model.train(was_training)
-
-
-def _prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
-    """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`_with_model_classes`)
-    set up by the plan's strategy, then given its weights by it (the checkpoint's, or
-    ``--pretrained``): the same for training and for validation."""
-    strategy, ckpt, given = plan.strategy, plan.checkpoint, plan.supplied.model
-    if given is None:
-        model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),
-                            cfg.run.seed)
-        if is_reference(cfg.model.arch):  # a factory's model, seen for the first time (the
-            check_model(strategy, model)  # plan checked a zoo model on the meta device)
-    else:  # the user's model, its weights as they are; the RNG where a built one starts
-        seed_everything(cfg.run.seed)
-        model = given
-    model = model.to(getattr(torch, cfg.parallel.dtype))
-    _check_inputs(model, dataset, getattr(torch, cfg.parallel.dtype))
-    if cfg.parallel.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if cfg.parallel.compile:
-        model = compiled(model, cfg.parallel.compile_mode)
-    wrapped = strategy.setup(model)
-    if ckpt is not None:
-        checkpoint.load_weights(wrapped, ckpt["state_dict"], cfg.run.resume,
-                                strategy.load_state_dict)
-    elif cfg.model.pretrained:
-        line = load_pretrained(wrapped, cfg.model.pretrained, cfg.model.arch, strategy)
-        if strategy.is_main:
-            print(line, flush=True)
-    return wrapped
-
-
 def _build(plan: RunPlan) -> dict:
     """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
     schedule and scaler, and the resolved config (the keyword arguments of :class:`Trainer`)."""
     strategy = plan.strategy
     train_set, val_set, info = _data(plan)
-    cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
-    wrapped = _prepared_model(plan, cfg, info, train_set)
+    cfg = with_model_classes(plan.cfg, info, plan.checkpoint)
+    wrapped = prepared_model(plan, cfg, info, train_set)
     optim = cfg.optim
     optimizer = make_optimizer(optim, wrapped.parameters())
     batches = batches_per_epoch(train_set, optim.batch_size)
@@ -223,51 +129,6 @@ def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
     return start, [*plan.notes, *notes]
 
 
-def _open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsLog | None:
-    """Make the plan's run directory what the run needs (the main process writes); say how
-    a resume goes on; the metrics log to append to (``None`` on other processes)."""
-    strategy, run = plan.strategy, plan.run_dir
-    strategy.barrier()  # every process has checked --out before the main one writes there
-    if not strategy.is_main:
-        return None
-    run.create()
-    if plan.mode != RESUMED:
-        run.clear()
-    if plan.mode == FORKED:
-        run.fork_from(plan.source)
-    if plan.checkpoint is not None:
-        _say_resuming(trainer, plan.resume_path, notes)
-    if plan.mode != RESUMED:  # a resume's changes go in with its next checkpoint (Trainer.save)
-        run.write_config(trainer.config_dict)
-    return run.metrics_log(keep_epochs=None if plan.mode == FRESH else trainer.position.epoch)
-
-
-def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
-    """The ``resuming`` line (naming a torchrun restart), then one line per accepted change."""
-    pos, restarts = trainer.position, restart_count()
-    print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
-          f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
-          + (f" (torchrun restart {restarts})" if restarts else ""), flush=True)
-    for note in notes:
-        print(f"  {note}", flush=True)
-
-
-def _say_starting(plan: RunPlan, trainer: Trainer) -> None:
-    """A fresh run's image size and how tandem's defaults differ from the imagenet example's
-    (a run from another program's file says both in :func:`.foreign.assumed`); any run's
-    precision under ``--amp``."""
-    cfg, lines = trainer.cfg, []
-    if plan.checkpoint is None and plan.supplied.data is None:  # a file's: foreign.assumed
-        size = trainer.config_dict["resolved"]["dataset"]["image_size"]
-        lines += [size_line(cfg, plan.given, size), *example_block(cfg, plan.given)]
-    p = cfg.parallel
-    lines.append(precision_line(amp_precision(plan.strategy.device.type, p.amp,
-                                                    p.amp_dtype), " (--amp)"))
-    for line in lines:
-        if line:
-            print(line, flush=True)
-
-
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
     """``tandem train``: fit (or only validate). ``given``: fields typed on the command line."""
     execute(plan_train(cfg, given))  # the plan: every check, before anything is done
@@ -291,9 +152,9 @@ def execute(plan: RunPlan | str) -> dict | None:
         start, notes = _restore(plan, parts)
         trainer = Trainer(**parts, **start)
         _warm_up(trainer, train=True)
-        log = _open_run_dir(plan, trainer, notes)
+        log = open_run_dir(plan, trainer, notes)
         if strategy.is_main:
-            _say_starting(plan, trainer)
+            say_starting(plan, trainer)
         with StopRequest(quiet=not strategy.is_main, when=strategy.stops_when) as stop:
             records = trainer.fit(log, stop)
         if plan.supplied.model is not None:
@@ -304,7 +165,7 @@ def execute(plan: RunPlan | str) -> dict | None:
 
 def _print_validation(plan: RunPlan) -> dict | None:
     """``train -e``: validate and print one line (and what a file from elsewhere assumed)."""
-    result = _validate(plan)
+    result = validate(plan)
     if not result["is_main"]:
         return None
     for note in plan.notes:
@@ -316,71 +177,15 @@ def _print_validation(plan: RunPlan) -> dict | None:
             "val_acc5": result["acc5"], "count": result["count"]}
 
 
-def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | None,
-                   amp_dtype: str | None) -> tuple[ParallelConfig, str]:
-    """``parallel`` with the ``--amp`` an eval uses: as typed (``amp``, ``amp_dtype``), else the
-    run's; and the words for where it came from."""
-    if amp is not None or amp_dtype is not None:
-        return replace(parallel, amp=bool(amp) or amp_dtype is not None,
-                       amp_dtype=amp_dtype), " (as given)"
-    if not saved.parallel.amp:
-        return replace(parallel, amp=False, amp_dtype=None), ""
-    return (replace(parallel, amp=True, amp_dtype=saved.parallel.amp_dtype),
-            " (the run's --amp; --no-amp for float32)")
-
-
-def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
-             batch_size: int | None = None, seed: int | None = None,
-             label_smoothing: float | None = None, arch: str | None = None,
-             amp: bool | None = None, amp_dtype: str | None = None) -> dict:
-    """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
-
-    Architecture, data settings, loss and seed come from the checkpoint's config, each
-    overridden by ``data`` / ``batch_size`` / ``label_smoothing`` / ``seed`` when given;
-    ``arch`` is for a file that names none (a bare state dict) and must match one that does.
-    A tandem run is evaluated at its own image size and precision (``amp``/``amp_dtype``:
-    ``None`` takes the run's). A file without tandem's config is evaluated as the imagenet
-    example does (plain cross-entropy, at the size of :func:`.start.size_rule`); ``note`` in
-    the result then says so. Never augments.
-    """
-    checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
-    ckpt = checkpoint.load(checkpoint_path)
-    arch = foreign.checkpoint_arch(ckpt, arch, checkpoint_path)
-    saved = TrainConfig.from_dict(ckpt.get("config") or {})
-    optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
-                                                       ("label_smoothing", label_smoothing))
-                                    if v is not None})
-    parallel, source = _run_precision(parallel, saved, amp, amp_dtype)
-    trained_at = ((ckpt.get("config") or {}).get("resolved") or {}).get("dataset") or {}
-    spec = (data or {}).get("data", saved.data.data)
-    if saved.data.image_size is None and trained_at.get("image_size") and \
-            not is_reference(spec) and spec != GIVEN_DATA:  # the run's own size (tandem's data)
-        saved = replace(saved, data=replace(saved.data, image_size=trained_at["image_size"]))
-    cfg = TrainConfig(model=replace(saved.model, arch=arch),
-                      data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
-                      run=saved.run if seed is None else replace(saved.run, seed=seed))
-    note = None
-    if foreign.is_foreign(ckpt):
-        given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
-        cfg, note = foreign.eval_settings(cfg, frozenset(given), checkpoint_path)
-    cfg = replace(cfg, run=replace(cfg.run, resume=checkpoint_path))
-    result = _validate(plan_eval(cfg, ckpt))
-    if note:
-        note = note.replace(foreign.DATA_SIZE, f"{result['image_size']}px")
-    if result["precision"]:
-        result["precision"] += source
-    return dict(result, note=note)
-
-
-def _validate(plan: RunPlan) -> dict:
+def validate(plan: RunPlan) -> dict:
     """One pass over the validation set of the plan's model (with its checkpoint's weights,
     if any), the same for ``tandem eval`` and ``tandem train -e``."""
     with plan.strategy as strategy:
         _, val_set, info = _data(plan, splits=("val",))
         if val_set is None:
             raise UsageError("no validation data to evaluate on (val_data is None)")
-        cfg = _with_model_classes(plan.cfg, info, plan.checkpoint)
-        trainer = Trainer(cfg=cfg, strategy=strategy, model=_prepared_model(plan, cfg, info, val_set),
+        cfg = with_model_classes(plan.cfg, info, plan.checkpoint)
+        trainer = Trainer(cfg=cfg, strategy=strategy, model=prepared_model(plan, cfg, info, val_set),
                           criterion=make_criterion(cfg.optim, strategy, plan.supplied.criterion),
                           optimizer=None,
                           scheduler=None, scaler=None, train_set=None, val_set=val_set,

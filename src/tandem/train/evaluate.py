@@ -1,0 +1,73 @@
+"""``tandem eval``: validate a checkpoint with its run's own settings, or those given."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tandem import checkpoint
+from tandem.config import ParallelConfig, TrainConfig
+from tandem.data.load import GIVEN_DATA
+from tandem.factory import is_reference
+
+from . import foreign
+from .plan import plan_eval
+from .rundir import checkpoint_path as checkpoint_path_of
+from .run import validate
+
+__all__ = ["evaluate"]
+
+
+def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | None,
+                   amp_dtype: str | None) -> tuple[ParallelConfig, str]:
+    """``parallel`` with the ``--amp`` an eval uses: as typed (``amp``, ``amp_dtype``), else the
+    run's; and the words for where it came from."""
+    if amp is not None or amp_dtype is not None:
+        return replace(parallel, amp=bool(amp) or amp_dtype is not None,
+                       amp_dtype=amp_dtype), " (as given)"
+    if not saved.parallel.amp:
+        return replace(parallel, amp=False, amp_dtype=None), ""
+    return (replace(parallel, amp=True, amp_dtype=saved.parallel.amp_dtype),
+            " (the run's --amp; --no-amp for float32)")
+
+
+def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
+             batch_size: int | None = None, seed: int | None = None,
+             label_smoothing: float | None = None, arch: str | None = None,
+             amp: bool | None = None, amp_dtype: str | None = None) -> dict:
+    """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
+
+    Architecture, data settings, loss and seed come from the checkpoint's config, each
+    overridden by ``data`` / ``batch_size`` / ``label_smoothing`` / ``seed`` when given;
+    ``arch`` is for a file that names none (a bare state dict) and must match one that does.
+    A tandem run is evaluated at its own image size and precision (``amp``/``amp_dtype``:
+    ``None`` takes the run's). A file without tandem's config is evaluated as the imagenet
+    example does (plain cross-entropy, at the size of :func:`.start.size_rule`); ``note`` in
+    the result then says so. Never augments.
+    """
+    checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
+    ckpt = checkpoint.load(checkpoint_path)
+    arch = foreign.checkpoint_arch(ckpt, arch, checkpoint_path)
+    saved = TrainConfig.from_dict(ckpt.get("config") or {})
+    optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
+                                                       ("label_smoothing", label_smoothing))
+                                    if v is not None})
+    parallel, source = _run_precision(parallel, saved, amp, amp_dtype)
+    trained_at = ((ckpt.get("config") or {}).get("resolved") or {}).get("dataset") or {}
+    spec = (data or {}).get("data", saved.data.data)
+    if saved.data.image_size is None and trained_at.get("image_size") and \
+            not is_reference(spec) and spec != GIVEN_DATA:  # the run's own size (tandem's data)
+        saved = replace(saved, data=replace(saved.data, image_size=trained_at["image_size"]))
+    cfg = TrainConfig(model=replace(saved.model, arch=arch),
+                      data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
+                      run=saved.run if seed is None else replace(saved.run, seed=seed))
+    note = None
+    if foreign.is_foreign(ckpt):
+        given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
+        cfg, note = foreign.eval_settings(cfg, frozenset(given), checkpoint_path)
+    cfg = replace(cfg, run=replace(cfg.run, resume=checkpoint_path))
+    result = validate(plan_eval(cfg, ckpt))
+    if note:
+        note = note.replace(foreign.DATA_SIZE, f"{result['image_size']}px")
+    if result["precision"]:
+        result["precision"] += source
+    return dict(result, note=note)
