@@ -153,16 +153,9 @@ def _raise_named(exc: BaseException, index: int, device: torch.device):
     raise renamed from exc
 
 
-def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
-                   devices: Sequence | None = None, separate_backward: bool = False) -> list:
-    """Apply ``modules[i]`` to ``inputs[i]`` for every ``i``, each in its own thread.
-
-    ``inputs[i]`` is a tuple (or list) of positional arguments, or one argument;
-    ``kwargs_list[i]`` holds keyword arguments; ``devices[i]`` says where replica ``i`` runs
-    (inferred from its inputs or parameters when omitted). ``separate_backward``: the caller
-    will run each replica's backward in its own thread (layers read it from the
-    :class:`ReplicaGroup`). Returns the outputs in order.
-    """
+def _layout(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None,
+            devices: Sequence | None) -> tuple[list, list[torch.device]]:
+    """The keyword arguments and devices of every replica, checked to be one per module."""
     n = len(modules)
     if len(inputs) != n:
         raise UsageError(f"parallel_apply got {n} modules but {len(inputs)} inputs")
@@ -174,16 +167,37 @@ def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | 
     devices = [d if isinstance(d, torch.device) else torch.device(d) for d in devices]
     if len(devices) != n:
         raise UsageError(f"parallel_apply got {n} modules but {len(devices)} devices")
-    if n == 0:
+    return kwargs_list, devices
+
+
+def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
+                   devices: Sequence | None = None, separate_backward: bool = False) -> list:
+    """Apply ``modules[i]`` to ``inputs[i]`` for every ``i``, each in its own thread.
+
+    ``inputs[i]`` is a tuple (or list) of positional arguments, or one argument;
+    ``kwargs_list[i]`` holds keyword arguments; ``devices[i]`` says where replica ``i`` runs
+    (inferred from its inputs or parameters when omitted). ``separate_backward``: the caller
+    will run each replica's backward in its own thread (layers read it from the
+    :class:`ReplicaGroup`). Returns the outputs in order.
+    """
+    kwargs_list, devices = _layout(modules, inputs, kwargs_list, devices)
+    if len(modules) == 0:
         return []
     group = ReplicaGroup(devices, separate_backward=separate_backward)
-    if n == 1:  # inline: the caller's thread settings already apply
+    if len(modules) == 1:  # inline: the caller's thread settings already apply
         try:
             with use(ReplicaContext(0, devices[0], group)):
                 return [_call(modules[0], inputs[0], kwargs_list[0])]
         except Exception as exc:
             _raise_named(exc, 0, devices[0])
+    return _in_threads(modules, inputs, kwargs_list, devices, group)
 
+
+def _in_threads(modules, inputs, kwargs_list, devices: list[torch.device],
+                group: ReplicaGroup) -> list:
+    """Each replica on a pooled worker thread; the outputs, or the first real failure raised
+    naming its replica (one that only saw another abort comes last)."""
+    n = len(modules)
     state = _State(devices)
     results: list[Any] = [None] * n
     errors: list[BaseException | None] = [None] * n
