@@ -182,6 +182,56 @@ def _input_shape(input_size) -> tuple:
     return shape
 
 
+def _device_count(device_ids) -> int:
+    """How many devices ``device_ids`` names: an int count, or a device list."""
+    if isinstance(device_ids, int) and not isinstance(device_ids, bool):
+        if device_ids < 1:
+            raise UsageError(f"plan needs at least 1 device, got {device_ids}")
+        return device_ids
+    return len(resolve_devices(device_ids))
+
+
+def _traced(model: nn.Module, name: str, shape: tuple) -> tuple[int, int, dict]:
+    """Forward MACs per sample of the trunk and of the classifier ``name``, and the per-sample
+    sizes of the trunk output (``act``) and the logits (``out``), from one meta-device trace."""
+    meta = meta_copy(model)
+    seen: dict = {}
+
+    def sizes_hook(mod, args, out):  # per-sample sizes of the trunk output and the logits
+        seen["act"], seen["out"] = args[0][0].numel(), out[0].numel()
+
+    hooks = [getattr(meta, name).register_forward_hook(sizes_hook)]
+    try:
+        from ..models import mac_breakdown
+
+        macs = mac_breakdown(meta, (1,) + shape)
+    finally:
+        for h in hooks:
+            h.remove()
+    mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
+    return sum(macs.values()) - mac_cls, mac_cls, seen
+
+
+def _break_even(batch_size: int, common: dict) -> int | None:
+    """The largest batch at which hybrid still moves fewer bytes than data parallel (inputs
+    aside), when it does at ``batch_size``; else None."""
+    def hybrid_cheaper(b: int) -> bool:
+        d, h = _bytes(batch=b, **common)
+        return sum(h.values()) - h["inputs"] < sum(d.values()) - d["inputs"]
+
+    if not (common["n"] > 1 and hybrid_cheaper(batch_size)):
+        return None
+    lo, hi = batch_size, batch_size * 2
+    while hybrid_cheaper(hi) and hi < 1 << 24:
+        lo, hi = hi, hi * 2
+    if hybrid_cheaper(hi):
+        return None
+    while hi - lo > 1:  # lo cheaper, hi not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if hybrid_cheaper(mid) else (lo, mid)
+    return lo
+
+
 def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
          input_size=(3, 224, 224), head: str | None = None, split=None, per_sample=None,
          unit: str | None = None) -> HybridPlan:
@@ -198,34 +248,13 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     """
     name = find_head(model, head, who="plan")
     classifier = getattr(model, name)
-    if isinstance(device_ids, int) and not isinstance(device_ids, bool):
-        if device_ids < 1:
-            raise UsageError(f"plan needs at least 1 device, got {device_ids}")
-        n = device_ids
-    else:
-        n = len(resolve_devices(device_ids))
+    n = _device_count(device_ids)
     if batch_size < 1:
         raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     shape = _input_shape(input_size)
     weights = None if split is None else check_weights(split, n)
     leading, stages = classifier_layout(head_sequential(classifier))
-
-    meta = meta_copy(model)
-    seen: dict = {}
-
-    def sizes_hook(mod, args, out):  # per-sample sizes of the trunk output and the logits
-        seen["act"], seen["out"] = args[0][0].numel(), out[0].numel()
-
-    hooks = [getattr(meta, name).register_forward_hook(sizes_hook)]
-    try:
-        from ..models import mac_breakdown
-
-        macs = mac_breakdown(meta, (1,) + shape)
-    finally:
-        for h in hooks:
-            h.remove()
-    mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
-    mac_trunk = sum(macs.values()) - mac_cls
+    mac_trunk, mac_cls, seen = _traced(model, name, shape)
 
     def count(tensors):
         return sum(t.numel() for t in tensors if t.is_floating_point())
@@ -239,27 +268,11 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
                   act=seen["act"], stages=stages, mods=list(head_sequential(classifier)),
                   weights=weights)
     dp, hybrid = _bytes(batch=batch_size, **common)
-
-    def hybrid_cheaper(b: int) -> bool:
-        d, h = _bytes(batch=b, **common)
-        return sum(h.values()) - h["inputs"] < sum(d.values()) - d["inputs"]
-
-    break_even = None
-    if n > 1 and hybrid_cheaper(batch_size):
-        lo, hi = batch_size, batch_size * 2
-        while hybrid_cheaper(hi) and hi < 1 << 24:
-            lo, hi = hi, hi * 2
-        if not hybrid_cheaper(hi):
-            while hi - lo > 1:  # lo cheaper, hi not
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if hybrid_cheaper(mid) else (lo, mid)
-            break_even = lo
-
     return HybridPlan(
         model=type(model).__name__, batch_size=batch_size, num_devices=n, input_size=shape,
         bytes_per_element=s, params_trunk=p_all - p_cls, params_classifier=p_cls,
         macs_trunk=mac_trunk * batch_size, macs_classifier=mac_cls * batch_size,
         layout=_layout_rows(classifier, name, leading, stages, n),
-        dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=break_even,
+        dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=_break_even(batch_size, common),
         split=split_report(batch_size, n, weights, per_sample,
                            int(torch.Size(shape).numel()) * s, unit))
