@@ -3,12 +3,12 @@
 Convs hold the compute and few parameters, so they run data-parallel; FC layers hold the
 parameters, so they are split by features and only activations move. The model must compute
 ``classifier(flatten(avgpool(features(x)), 1))`` (``avgpool`` optional), as AlexNet and VGG do.
-The classifier's split follows :mod:`tandem.hybrid.layout`; another model
-whose head is its last call is split the same way (``head=``, see :class:`HybridParallel`). Warnings: ``features`` are shared
-and trained in place, but the classifier's Linear layers are *copied* into shards, so the
-originals go stale (read back with :meth:`plain_state_dict` or :meth:`to_model`). Dropout masks
-differ from the plain model's under the same seed; with ``p = 0`` or in eval the output equals
-``model(x)``.
+The classifier's split follows :mod:`tandem.hybrid.layout`; another model whose head is its
+last call is split the same way (``head=``, see :class:`HybridParallel`). Warnings:
+``features`` are shared and trained in place, but the classifier's Linear layers are *copied*
+into shards, so the originals go stale (read back with :meth:`plain_state_dict` or
+:meth:`to_model`). Dropout masks differ from the plain model's under the same seed; with
+``p = 0`` or in eval the output equals ``model(x)``.
 """
 
 from __future__ import annotations
@@ -120,19 +120,13 @@ def _features_layout(model: nn.Module, head: str) -> bool:
 class HybridParallel(nn.Module):
     """Run ``model`` with data-parallel features and a model-parallel classifier.
 
-    ``device_ids`` and ``output_device`` are as for ``DataParallel`` (the output device
-    defaults to ``device_ids[0]``); ``buffers`` is the trunk's batch-norm buffer policy. A
-    drop-in ``nn.Module``: ``forward(x)`` returns the logits on ``output_device``,
-    ``train()``/``eval()`` reach every part, and :meth:`parameters` yields each trainable tensor
-    once (the trunk's shared parameters and the shards' own), so any optimizer steps it. The
-    optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`. ``split`` and
-    ``max_share`` set the trunk's batch shares, as for ``DataParallel``.
-
-    ``head`` names the attribute holding the classifier (default: ``classifier``, else ``fc``;
-    see :mod:`.layout`). A model with only ``features``, ``avgpool`` and ``classifier`` runs as
-    AlexNet does; any other model must call its head last, on ``(N, features)``, so that
-    ``model(x) == head(rest(x))``: the rest runs data-parallel with the head replaced by
-    ``nn.Identity``.
+    ``device_ids``, ``output_device`` (default ``device_ids[0]``), ``buffers`` (the trunk's),
+    ``split`` and ``max_share`` are as for ``DataParallel``. A drop-in ``nn.Module``: the
+    logits land on ``output_device``, and :meth:`parameters` yields each trainable tensor once
+    (the trunk's shared ones, the shards' own); optimizer state is per shard, and checkpoints
+    use :meth:`plain_state_dict`. ``head`` names the classifier (see :mod:`.layout`). A model
+    other than AlexNet's ``features, avgpool, classifier`` must call its head last, on
+    ``(N, features)``: the rest runs data-parallel with the head replaced by ``nn.Identity``.
     """
 
     plan = staticmethod(plan)
@@ -159,45 +153,54 @@ class HybridParallel(nn.Module):
         def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
             return f"{name}.{i}." if indexed else f"{name}."
 
-        if _features_layout(model, name):
-            trunk = _Trunk(model.features, getattr(model, "avgpool", None),
-                           [mods[i] for i in leading])
-            # (prefix in the plain state dict, module holding that state): the merge/split map
-            self._parts = [("features.", trunk.features)]
-            if trunk.avgpool is not None:
-                self._parts.append(("avgpool.", trunk.avgpool))
-        else:
-            trunk = _Body(model, name, [mods[i] for i in leading])
-            self._parts = [("", trunk.body)]  # every key but the head's
+        trunk = self._trunk_of(model, name, [mods[i] for i in leading])
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
                                        buffers=buffers, split=split, max_share=max_share)
         self._parts += [(key(i), mods[i]) for i in leading]
+        self.head = nn.Sequential(*self._split_head(mods, stages, key))
+        self._keys = list(model.state_dict().keys())
+        # A parameter-free copy of the model's structure for to_model(); hidden from the module
+        # tree so that it adds no parameters, buffers or state-dict keys.
+        object.__setattr__(self, "_skeleton", meta_copy(model))
 
+    def _trunk_of(self, model: nn.Module, name: str, leading: list[nn.Module]) -> nn.Module:
+        """The data-parallel part of ``model``; starts ``self._parts``, the (prefix in the plain
+        state dict, module holding that state) pairs that merge and split checkpoints."""
+        if _features_layout(model, name):
+            trunk = _Trunk(model.features, getattr(model, "avgpool", None), leading)
+            self._parts = [("features.", trunk.features)]
+            if trunk.avgpool is not None:
+                self._parts.append(("avgpool.", trunk.avgpool))
+            return trunk
+        trunk = _Body(model, name, leading)
+        self._parts = [("", trunk.body)]  # every key but the head's
+        return trunk
+
+    def _split_head(self, mods: list[nn.Module], stages, key) -> list[nn.Module]:
+        """The head's layers after the leading ones, one stage at a time: local layers on the
+        output device, Linear layers split by columns (and rows, for a pair); each goes into
+        ``self._parts`` under its plain-model ``key``."""
+        devices, out = self.devices, self.output_device
         head: list[nn.Module] = []
         if not stages or stages[0].kind == "local":
-            head.append(_Gather(self.output_device))
+            head.append(_Gather(out))
         for stage in stages:
             first, last = stage.indices[0], stage.indices[-1]
             if stage.kind == "local":
-                head.append(mods[first].to(self.output_device))
+                head.append(mods[first].to(out))
                 self._parts.append((key(first), head[-1]))
                 continue
             column = ColumnParallelLinear.from_linear(
-                mods[first], devices, gather_output=stage.kind == "column",
-                output_device=self.output_device)
+                mods[first], devices, gather_output=stage.kind == "column", output_device=out)
             head.append(column)
             self._parts.append((key(first), column))
             if stage.kind == "pair":
                 head.append(Shardwise(*[mods[i] for i in stage.indices[1:-1]]))
                 self._parts += [(key(i), mods[i]) for i in stage.indices[1:-1]]
                 head.append(RowParallelLinear.from_linear(mods[last], devices,
-                                                          output_device=self.output_device))
+                                                          output_device=out))
                 self._parts.append((key(last), head[-1]))
-        self.head = nn.Sequential(*head)
-        self._keys = list(model.state_dict().keys())
-        # A parameter-free copy of the model's structure for to_model(); hidden from the module
-        # tree so that it adds no parameters, buffers or state-dict keys.
-        object.__setattr__(self, "_skeleton", meta_copy(model))
+        return head
 
     def _share(self, state: dict, prefix: str) -> dict:
         """The entries of a plain ``state`` that belong to the part at ``prefix``, unprefixed
