@@ -74,21 +74,8 @@ def check_spec(spec: str) -> None:
         f"package.module:function returning your own)")
 
 
-def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
-                 image_size: int | None = None, synthetic_size: int | None = None,
-                 num_classes: int | None = None, splits: tuple[str, ...] = SPLITS):
-    """Return ``(train_dataset, val_dataset, DatasetInfo)`` for ``spec``.
-
-    ``splits`` (a non-empty part of :data:`SPLITS`) are the datasets to build; the other is
-    None, and none of its files is read.
-
-    ``augment`` (one of :data:`AUGMENT_CHOICES`) applies to the training split only;
-    validation is never augmented (``auto``: the data's own recipe, see
-    :data:`DEFAULT_AUGMENT`). ``seed`` chooses the ``synthetic`` data; real data splits are fixed
-    whatever the seed, so the validation set never changes between runs. ``synthetic_size``
-    and ``num_classes`` shape the synthetic data; for real data ``num_classes`` is the model's
-    outputs, so it must be at least the data's class count (labels index the first outputs).
-    """
+def _checked(spec, augment: str, splits) -> tuple[str, tuple[str, ...]]:
+    """``spec`` as a string and ``splits`` checked, or a one-line refusal of the arguments."""
     if augment not in AUGMENT_CHOICES:
         raise UsageError(f"unknown augment {augment!r}; choose one of: "
                          f"{', '.join(AUGMENT_CHOICES)}")
@@ -100,6 +87,39 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
         raise UsageError(f"this run's data sets were given to tandem.fit, and tandem cannot "
                          f"load them again: give the data (a name, directory or "
                          f"package.module:function)")
+    return spec, splits
+
+
+def _load_directory(spec: str, augment: str, image_size: int | None, splits):
+    """A CIFAR-10 pickle directory, else an ImageFolder directory."""
+    check_spec(spec)
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise UsageError(f"data path '{spec}' is not a directory")
+    from .cifar10 import find_cifar_dir, load_cifar10
+    cifar_dir = find_cifar_dir(path)
+    if cifar_dir is not None:
+        return load_cifar10(cifar_dir, augment=_augment_for(augment, "other", spec),
+                            image_size=image_size, splits=splits)
+    from .imagefolder import load_imagefolder
+    return load_imagefolder(path, augment=_augment_for(augment, "imagefolder", spec),
+                            image_size=image_size, splits=splits)
+
+
+def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
+                 image_size: int | None = None, synthetic_size: int | None = None,
+                 num_classes: int | None = None, splits: tuple[str, ...] = SPLITS):
+    """Return ``(train_dataset, val_dataset, DatasetInfo)`` for ``spec`` (``splits``: see the
+    module doc).
+
+    ``augment`` (one of :data:`AUGMENT_CHOICES`) applies to the training split only;
+    validation is never augmented (``auto``: the data's own recipe, see
+    :data:`DEFAULT_AUGMENT`). ``seed`` chooses the ``synthetic`` data; real data splits are fixed
+    whatever the seed, so the validation set never changes between runs. ``synthetic_size``
+    and ``num_classes`` shape the synthetic data; for real data ``num_classes`` is the model's
+    outputs, so it must be at least the data's class count (labels index the first outputs).
+    """
+    spec, splits = _checked(spec, augment, splits)
     if is_reference(spec) and not os.path.exists(spec):
         from .given import load_factory
         result = load_factory(spec, splits=splits, augment=augment, image_size=image_size,
@@ -114,19 +134,7 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
         result = load_digits_data(augment=_augment_for(augment, "other", spec),
                                   image_size=image_size, splits=splits)
     else:
-        check_spec(spec)
-        path = Path(spec).expanduser()
-        if not path.is_dir():
-            raise UsageError(f"data path '{spec}' is not a directory")
-        from .cifar10 import find_cifar_dir, load_cifar10
-        cifar_dir = find_cifar_dir(path)
-        if cifar_dir is not None:
-            result = load_cifar10(cifar_dir, augment=_augment_for(augment, "other", spec),
-                                  image_size=image_size, splits=splits)
-        else:
-            from .imagefolder import load_imagefolder
-            result = load_imagefolder(path, augment=_augment_for(augment, "imagefolder", spec),
-                                      image_size=image_size, splits=splits)
+        result = _load_directory(spec, augment, image_size, splits)
     info = result[2]
     if num_classes is not None and num_classes < info.num_classes:
         raise UsageError(f"data '{spec}' has {info.num_classes} classes, more than num_classes="
