@@ -13,33 +13,37 @@ from __future__ import annotations
 import math
 import os
 import random
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tandem.errors import UsageError
 
 __all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
-           "AUTO", "format_shares", "measured", "CLOCK_VAR", "split_report"]
+           "BatchSplit", "AUTO", "format_shares", "clock_from_env", "CLOCK_VAR", "split_report"]
 
 AUTO = "auto"
 #: per-sample seconds per device (``"2,1"``) that replace what ``--split auto`` measures: for
 #: tests and demos that must decide the same shares on every run. ``"1,1~0.4"`` adds noise:
 #: each measurement is scaled by a factor drawn uniformly from [0.6, 1.4] (seeded by device)
 CLOCK_VAR = "TANDEM_SPLIT_CLOCK"
-_noise: dict[int, random.Random] = {}  # each device's seeded draws of the noisy clock
 
 
-def measured(index: int, samples: int, seconds: float) -> float:
-    """``seconds``, or what :data:`CLOCK_VAR` says device ``index`` takes for ``samples``."""
+def clock_from_env() -> "Callable[[int, int, float], float] | None":
+    """The clock :data:`CLOCK_VAR` asks for, read once: ``(device, samples, seconds) ->
+    seconds`` as the variable says device ``device`` takes (``None``: not set, real time)."""
     fake = os.environ.get(CLOCK_VAR)
     if not fake:
-        return seconds
+        return None
     fake, _, spread = fake.partition("~")
     per_sample = [float(v) for v in fake.split(",")]
-    factor = 1.0
-    if spread:
-        draw = _noise.setdefault(index, random.Random(index))
-        factor = 1.0 + float(spread) * (2.0 * draw.random() - 1.0)
-    return samples * per_sample[index % len(per_sample)] * factor
+    noise: dict[int, random.Random] = {}  # each device's seeded draws of the noisy clock
+
+    def clock(index: int, samples: int, seconds: float) -> float:
+        factor = 1.0
+        if spread:
+            draw = noise.setdefault(index, random.Random(index))
+            factor = 1.0 + float(spread) * (2.0 * draw.random() - 1.0)
+        return samples * per_sample[index % len(per_sample)] * factor
+    return clock
 
 
 def parse_split(text: str, flag: str = "--split") -> tuple[float, ...] | str:
@@ -259,3 +263,119 @@ class AutoSplit:
         self.seen = int(state["seen"])
         self.imbalance = float(state["imbalance"])
         self.epoch, self.force = state.get("epoch"), bool(state.get("force", False))
+
+
+class BatchSplit:
+    """The one owner of ``--split`` and ``--max-share`` for a strategy (or a ``DataParallel``):
+    the weights, each batch's sizes, the refusals, what ``--split auto`` observed, and its
+    checkpoint state. ``split``: weights, ``"auto"`` or ``None`` (even shares) over ``count``
+    devices (or ranks).
+
+    Timing rule: each share's own work (its device's compute, never the wait for the others) is
+    added up by :meth:`record` over the micro-batches of one optimizer step, and :meth:`step`
+    observes it once per optimizer step; a split is judged by what a whole step costs, the unit
+    a batch's shares must balance. ddp records a rank's forward and backward; ``DataParallel``
+    records its replicas' forwards (their backwards run inside autograd). ``by_loader`` (ddp):
+    the loader cuts each global batch (:meth:`loader_split`) and has drawn some batches
+    already, so a move takes effect at a later batch, the same on every rank (``reduce`` sums
+    the ranks' records). ``clock``: the test clock (default: :data:`CLOCK_VAR`, read here once).
+    """
+
+    def __init__(self, split, count: int, max_share: int | None = None, *,
+                 by_loader: bool = False, reduce: Callable | None = None,
+                 clock: Callable | None = None):
+        self.count, self.max_share, self.by_loader = count, max_share, by_loader
+        self.fixed = None if split is None or split == AUTO else tuple(split)
+        self.auto = AutoSplit(count) if split == AUTO else None
+        self.reduce = reduce
+        self.clock = clock if clock is not None else clock_from_env()
+        self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
+        self._samples, self._seconds = [0] * count, [0.0] * count
+        self._last_batch: int | None = None
+        self._shown = self.weights()  # the weights :meth:`step` last reported
+
+    @property
+    def active(self) -> bool:
+        """Whether a batch is cut by this object rather than evenly."""
+        return self.fixed is not None or self.auto is not None or self.max_share is not None
+
+    def weights(self) -> tuple[float, ...] | None:
+        """The weights now (``None``: even shares)."""
+        return tuple(self.auto.weights) if self.auto is not None else self.fixed
+
+    def check_weights(self, flag: str = "--split") -> None:
+        """Refuse (one line) weights that are not one valid weight per device."""
+        if self.fixed is not None:
+            self.fixed = check_weights(self.fixed, self.count, flag)
+
+    def check_fits(self, batch: int, what: str = "--batch-size") -> None:
+        """Refuse (one line) a ``batch`` the ``--max-share`` caps cannot hold."""
+        check_max_share(batch, self.fixed or AUTO, self.count, self.max_share, what)
+
+    def sizes(self, batch: int, epoch: int | None = None, index: int | None = None
+              ) -> list[int] | None:
+        """Each device's samples of ``batch`` (``None``: not split, even shares); with
+        ``(epoch, index)``, those of that global batch under the moves scheduled so far."""
+        if not self.active:
+            return None
+        weights = self.weights()
+        if index is not None and self.auto is not None:
+            weights = (1.0,) * self.count
+            for where_epoch, where_batch, w in self._schedule:
+                if (where_epoch, where_batch) <= (epoch, index):
+                    weights = w
+        check_max_share(batch, AUTO, self.count, self.max_share, "a batch of")  # caps move the rest
+        self._last_batch = batch
+        return capped(batch, weights or (1.0,) * self.count, self.max_share)
+
+    def loader_split(self) -> Callable | None:
+        """What the loader cuts each global batch by (``make_loader``'s ``split``)."""
+        if not self.by_loader or self.weights() is None:
+            return None
+        return lambda epoch, index, size: self.sizes(size, epoch, index)
+
+    def record(self, index: int, samples: int, seconds: float) -> None:
+        """Device ``index`` spent ``seconds`` of its own work on ``samples`` samples."""
+        self._samples[index] += samples
+        self._seconds[index] += seconds
+
+    def step(self, epoch: int, batch: int, ahead: int = 0) -> bool:
+        """After an optimizer step: observe it, let ``--split auto`` move the weights, and say
+        whether they moved since the last call. ``(epoch, batch)`` is the next batch; the
+        loader has already drawn the ``ahead`` batches after it."""
+        if self.auto is not None and (self.reduce is not None or any(self._samples)):
+            self._observe(epoch)
+            # shares cut at the forward: move only when the next batch's shares change
+            if self.auto.adjust(None if self.by_loader else self._last_batch):
+                self._schedule.append((epoch, batch + ahead, tuple(self.auto.weights)))
+        now = self.weights()
+        moved, self._shown = now != self._shown, now
+        return moved
+
+    def _observe(self, epoch: int) -> None:
+        samples, seconds = self._samples, self._seconds
+        if self.reduce is not None:  # every rank gets every rank's record: alike decisions
+            import torch
+
+            both = self.reduce(torch.tensor([*samples, *seconds], dtype=torch.float64))
+            both = both.tolist()
+            samples, seconds = [int(n) for n in both[:self.count]], both[self.count:]
+        if self.clock is not None:
+            seconds = [self.clock(i, n, t) if n else 0.0
+                       for i, (n, t) in enumerate(zip(samples, seconds))]
+        self._samples, self._seconds = [0] * self.count, [0.0] * self.count
+        self.auto.observe(samples, seconds)
+        self.auto.at_epoch(epoch)
+
+    def state_dict(self) -> dict | None:
+        """What a checkpoint keeps (``None``: nothing, the split is fixed)."""
+        if self.auto is None:
+            return None
+        return {"auto": self.auto.state_dict(),
+                "schedule": [[e, b, list(w)] for e, b, w in self._schedule]}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state and self.auto is not None:
+            self.auto.load_state_dict(state["auto"])
+            self._schedule = [(int(e), int(b), tuple(w)) for e, b, w in state.get("schedule", [])]
+            self._shown = self.weights()

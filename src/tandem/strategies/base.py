@@ -15,6 +15,7 @@ from torch import nn
 
 from tandem import model_state
 from tandem.errors import UsageError
+from tandem.parallel.split import BatchSplit
 
 from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, top5_hits
 
@@ -80,8 +81,8 @@ class Strategy:
         self.buffers = buffers
         self.output_key = output_key  # picks the logits of a dict or tuple output
         self.hybrid_head = hybrid_head  # the head's attribute, for strategies that split it
-        self.split = split  # weights (one per device or rank), "auto", or None: even shares
-        self.max_share = max_share
+        # --split/--max-share: the shares of a batch, one per device (ranks: see ddp)
+        self.split = BatchSplit(split, len(self.devices), max_share)
 
     # -- topology ---------------------------------------------------------------------------
     rank: int = 0
@@ -157,32 +158,6 @@ class Strategy:
     # The loop builds its loaders with ``rank`` and ``world_size`` above: each process loads
     # only its contiguous share of every *global* batch (see ``tandem.data.make_loader``), so
     # every strategy sees the same global batches in the same order for the same seed.
-
-    # -- batch shares (``--split``; see tandem.parallel.split) -----------------------------
-    #: what the loader splits each global batch by among ranks (``make_loader``'s ``split``)
-    data_split = None
-
-    @property
-    def share_count(self) -> int:
-        """How many shares a batch is split into: devices, or ranks."""
-        return len(self.devices)
-
-    def shares(self, wrapped: nn.Module) -> tuple[float, ...] | None:
-        """The split's weights now (``None``: even shares)."""
-        return None
-
-    def rebalance(self, wrapped: nn.Module, epoch: int, batch: int, ahead: int) -> bool:
-        """After an optimizer step: let ``--split auto`` move the shares; True if they moved.
-        ``(epoch, batch)`` is the next batch to train on; the loader has already asked for
-        the ``ahead`` batches after it."""
-        return False
-
-    def split_state(self, wrapped: nn.Module) -> dict | None:
-        """What a checkpoint keeps of the shares (``None``: nothing to keep)."""
-        return None
-
-    def load_split_state(self, wrapped: nn.Module, state: dict | None) -> None:
-        """Restore :meth:`split_state`'s dict."""
 
     # -- collectives (no-ops in one process) ------------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from tandem.distributed.process_group import (
     work_group,
 )
 from tandem.parallel.buffers import check_policy
-from tandem.parallel.split import AUTO, AutoSplit, capped, check_weights, measured
+from tandem.parallel.split import BatchSplit
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register
@@ -78,7 +78,8 @@ class DDPStrategy(Strategy):
     splits_batch = True
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
-                 buffers: str = "replica0", timeout: float | None = None, **kwargs):
+                 buffers: str = "replica0", timeout: float | None = None, split=None,
+                 max_share: int | None = None, **kwargs):
         super().__init__(devices, sync_bn=sync_bn, buffers=buffers, **kwargs)
         check_policy(buffers)
         self.env = read_env(who=f"--strategy {self.name}")
@@ -93,71 +94,19 @@ class DDPStrategy(Strategy):
         self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
         self._grad_hooks: list = []  # see grads_in_param_strides, removed by close()
         self._stop_calls = 0  # see stop_vote
-        # --split: each rank loads its share of every global batch (data_split); under auto
-        # the shares change from a given batch on, the same on every rank (_schedule)
-        self.auto = AutoSplit(self.world_size) if self.split == AUTO else None
-        if self.split is not None and self.split != AUTO:
-            self.split = check_weights(self.split, self.world_size)
-        self._schedule: list[tuple[int, int, tuple[float, ...]]] = []
-        # this rank's own work since the last rebalance: its forwards up to the loss, and its
-        # backwards up to the first parameter's gradient (the last computed), no waiting
-        self._busy, self._samples, self._backward_start = 0.0, 0, 0.0
+        # --split: each rank loads its share of every global batch, the same on every rank
+        self.split = BatchSplit(split, self.world_size, max_share, by_loader=True,
+                                reduce=lambda t: all_reduce_sum(t, self._device))
+        self.split.check_weights("split")
+        # this rank's own work: its forwards up to the loss, and its backwards up to the
+        # first parameter's gradient (the last computed), no waiting (see BatchSplit)
+        self._backward_start = 0.0
 
     def _backward_starts(self, grad):
         self._backward_start = time.perf_counter()
 
     def _backward_done(self, param):
-        self._busy += time.perf_counter() - self._backward_start
-
-    # -- batch shares -----------------------------------------------------------------------
-    @property
-    def share_count(self) -> int:
-        return self.world_size
-
-    @property
-    def data_split(self):
-        """What the loader splits a global batch by (see ``make_loader``'s ``split``)."""
-        return None if self.split is None and self.auto is None else self._sizes_at
-
-    def _sizes_at(self, epoch: int, batch: int, size: int) -> list[int]:
-        """The ranks' shares of global batch ``batch`` of ``epoch`` (``size`` samples)."""
-        weights = self.split if self.auto is None else (1.0,) * self.world_size
-        for where_epoch, where_batch, w in self._schedule:
-            if (where_epoch, where_batch) <= (epoch, batch):
-                weights = w
-        return capped(size, weights, self.max_share)
-
-    def shares(self, wrapped: nn.Module) -> tuple[float, ...] | None:
-        return tuple(self.auto.weights) if self.auto is not None else self.split
-
-    def rebalance(self, wrapped: nn.Module, epoch: int, batch: int, ahead: int) -> bool:
-        """One small all-reduce gives every rank every rank's samples and seconds of the step,
-        so every rank takes the same decision; the loader has drawn ``ahead`` batches already."""
-        if self.auto is None:
-            return False
-        w = self.world_size
-        mine = torch.zeros(2 * w, dtype=torch.float64)
-        mine[self.rank] = self._samples
-        mine[w + self.rank] = measured(self.rank, self._samples, self._busy)
-        both = all_reduce_sum(mine, self._device).tolist()
-        self._busy, self._samples = 0.0, 0
-        self.auto.observe([int(n) for n in both[:w]], both[w:])
-        self.auto.at_epoch(epoch)
-        if not self.auto.adjust():
-            return False
-        self._schedule.append((epoch, batch + ahead, tuple(self.auto.weights)))
-        return True
-
-    def split_state(self, wrapped: nn.Module) -> dict | None:
-        if self.auto is None:
-            return None
-        return {"auto": self.auto.state_dict(),
-                "schedule": [[e, b, list(w)] for e, b, w in self._schedule]}
-
-    def load_split_state(self, wrapped: nn.Module, state: dict | None) -> None:
-        if state and self.auto is not None:
-            self.auto.load_state_dict(state["auto"])
-            self._schedule = [(int(e), int(b), tuple(w)) for e, b, w in state["schedule"]]
+        self.split.record(self.rank, 0, time.perf_counter() - self._backward_start)
 
     @property
     def device(self) -> torch.device:
@@ -182,7 +131,7 @@ class DDPStrategy(Strategy):
         # Gradients in their parameters' strides, as DDP's buckets have them (digits' conv1).
         self._grad_hooks += grads_in_param_strides(model)
         first = next((p for p in model.parameters() if p.requires_grad), None)
-        if self.auto is not None and first is not None:  # its gradient comes last
+        if self.split.auto is not None and first is not None:  # its gradient comes last
             self._grad_hooks.append(first.register_post_accumulate_grad_hook(self._backward_done))
         device_ids = [self._device] if self._device.type == "cuda" else None
         # Rank 0's buffers are broadcast at every forward under "replica0" only; newer torch
@@ -199,7 +148,7 @@ class DDPStrategy(Strategy):
         """Forward this rank's share; one small all-reduce per call on every rank, in eval too,
         and no read of the device."""
         training = torch.is_grad_enabled() and wrapped.training
-        start = time.perf_counter()  # --split auto times this rank's own work (_busy)
+        start = time.perf_counter()  # --split auto times this rank's own work
         images = images.to(self._device, non_blocking=True)
         targets = targets.to(self._device, non_blocking=True)
         count = int(targets.shape[0])
@@ -212,9 +161,8 @@ class DDPStrategy(Strategy):
         stats = torch.stack([summed.detach().double(), denominator.double(),
                              torch.full((), float(count), dtype=torch.float64,
                                         device=summed.device)])
-        if training and self.auto is not None:  # before the all-reduce waits for the others
-            self._busy += time.perf_counter() - start
-            self._samples += count
+        if training and self.split.auto is not None:  # before the all-reduce waits
+            self.split.record(self.rank, count, time.perf_counter() - start)
             if summed.requires_grad:
                 summed.register_hook(self._backward_starts)
         total_sum, total_den, total_count = all_reduce_sum(stats, self._device).unbind()
