@@ -80,12 +80,11 @@ class _ThenBackward(torch.autograd.Function):
 
 def _replica_index() -> int:
     """This replica thread's index, else this process's rank (0 outside torchrun)."""
-    import os
-
+    from tandem.distributed.env import env_rank
     from tandem.parallel import context
 
     here = context.current()
-    return here.index if here is not None else int(os.environ.get("RANK", "0"))
+    return here.index if here is not None else env_rank()
 
 
 @dataclass

@@ -24,7 +24,7 @@ from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.load import GIVEN_DATA
-from tandem.distributed.env import LAUNCH_ID_VAR, restart_count
+from tandem.distributed.env import LAUNCH_ID_VAR, is_main_process, restart_count
 from tandem.data.given import GivenDataset
 from tandem.errors import UsageError, first_line
 from tandem.factory import is_reference
@@ -279,7 +279,7 @@ def execute(plan: RunPlan | str) -> dict | None:
     metrics row (the validation's figures with ``-e``), on the main process, else ``None``.
     A supplied model is left holding the final weights."""
     if isinstance(plan, str):  # a complete run: one line, from the first process
-        if os.environ.get("RANK", "0") == "0":
+        if is_main_process():
             print(plan, flush=True)
         return None
     if plan.mode == EVALUATE:
