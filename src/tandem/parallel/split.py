@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import time
 from typing import Callable, Sequence
 
 from tandem.errors import UsageError
@@ -292,6 +293,7 @@ class BatchSplit:
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
         self._samples, self._seconds = [0] * count, [0.0] * count
         self._last_batch: int | None = None
+        self._backward_start = 0.0  # see time_backward_start
         self._shown = self.weights()  # the weights :meth:`step` last reported
 
     @property
@@ -338,6 +340,20 @@ class BatchSplit:
         """Device ``index`` spent ``seconds`` of its own work on ``samples`` samples."""
         self._samples[index] += samples
         self._seconds[index] += seconds
+
+    def time_backward_end(self, index: int, model) -> list:
+        """Hook ``model`` so that device ``index``'s backward counts as its own work, up to
+        its first parameter's gradient (the last computed); the handles to remove."""
+        first = next((p for p in model.parameters() if p.requires_grad), None)
+        if self.auto is None or first is None:
+            return []
+        return [first.register_post_accumulate_grad_hook(
+            lambda p: self.record(index, 0, time.perf_counter() - self._backward_start))]
+
+    def time_backward_start(self, loss) -> None:
+        """The backward's timing starts at ``loss``'s gradient (see :meth:`time_backward_end`)."""
+        if loss.requires_grad:
+            loss.register_hook(lambda grad: setattr(self, "_backward_start", time.perf_counter()))
 
     def step(self, epoch: int, batch: int, ahead: int = 0) -> bool:
         """After an optimizer step: observe it, let ``--split auto`` move the weights, and say

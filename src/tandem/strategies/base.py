@@ -180,16 +180,6 @@ class Strategy:
         step reads nothing from the device; the loop calls it once per step on every process."""
         return self.any_process(flag)
 
-    @classmethod
-    def resume_command_for(cls, target: str, processes: int = 1, nodes: int = 1) -> str:
-        """The command that continues ``target`` (a run directory or checkpoint) under this
-        strategy, run by ``processes`` processes on ``nodes`` machines; flags may follow."""
-        return f"tandem train --resume {target}"
-
-    def resume_command(self, run_dir: str) -> str:
-        """The command that continues the run in ``run_dir`` under this strategy."""
-        return self.resume_command_for(run_dir, self.world_size)
-
     def no_sync(self, wrapped: nn.Module):
         """Context that skips gradient synchronisation (for accumulation steps)."""
         return contextlib.nullcontext()

@@ -24,6 +24,7 @@ from tandem import checkpoint
 from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
+from tandem.distributed.resume_command import resume_command_here
 from tandem.parallel.split import format_shares
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
@@ -387,7 +388,7 @@ class Trainer:
             return ""
         pos = self.position
         return (f"saved {self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}; "
-                f"continue with: {self.strategy.resume_command(self.cfg.run.out)}")
+                f"continue with: {resume_command_here(self.cfg.run.out, self.strategy.multiprocess)}")
 
 
 # torch's LRScheduler says this when the optimizer has not stepped before the schedule's first
