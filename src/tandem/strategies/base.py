@@ -136,17 +136,17 @@ class Strategy:
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
         """Run the model and the criterion on this process's share of the batch."""
-        outputs = self.logits(wrapped(images))
+        outputs = self._logits(wrapped(images))
         loss = criterion(outputs, targets)
-        return StepOutput(loss, *self.score(criterion, outputs, targets, targets.shape[0]))
+        return StepOutput(loss, *self._score(criterion, outputs, targets, targets.shape[0]))
 
-    def logits(self, output) -> torch.Tensor:
+    def _logits(self, output) -> torch.Tensor:
         """The logits in what the model returned (``output_key`` picks them from a dict or a
         tuple)."""
         return pick_output(output, self.output_key)
 
     @staticmethod
-    def score(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor,
+    def _score(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor,
               count: int) -> tuple:
         """``(correct, count, correct5, confusion)`` of one chunk, as :class:`StepOutput`
         orders them; dense outputs skip the criterion's ``ignore_index``."""

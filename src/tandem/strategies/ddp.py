@@ -126,7 +126,7 @@ class DDPStrategy(Strategy):
         count = int(targets.shape[0])
         frozen = self._plain_bn if (count == 0 and wrapped.training) else []
         with frozen_batchnorm(frozen):
-            outputs = self.logits(wrapped(images))
+            outputs = self._logits(wrapped(images))
         summed, denominator = local_sum(criterion, outputs, targets)
         if training and self.split.auto is not None:  # before the all-reduce waits
             self.split.record(self.rank, count, time.perf_counter() - start)
@@ -136,7 +136,7 @@ class DDPStrategy(Strategy):
                                         self.world_size, self._device)
         if training and self.buffers == "average":
             average_running_stats(self._plain_bn, count, total_count, self._device)
-        return StepOutput(loss, *self.score(criterion, outputs, targets, count))
+        return StepOutput(loss, *self._score(criterion, outputs, targets, count))
 
     # -- collectives ------------------------------------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
