@@ -10,22 +10,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-
-from tandem.parallel.sync_batchnorm import SyncBatchNorm
 
 from .process_group import all_reduce_sum
 
-__all__ = ["plain_batchnorms", "frozen_batchnorm", "average_running_stats"]
-
-# BatchNorm classes that synchronise across processes: safe in training on 0 local samples.
-_SYNC_BN = (SyncBatchNorm, nn.SyncBatchNorm)
-
-
-def plain_batchnorms(model: nn.Module) -> list[_BatchNorm]:
-    """The BatchNorm layers of ``model`` that do not synchronise across processes."""
-    return [m for m in model.modules() if isinstance(m, _BatchNorm) and not isinstance(m, _SYNC_BN)]
+__all__ = ["frozen_batchnorm", "average_running_stats"]
 
 
 @contextlib.contextmanager

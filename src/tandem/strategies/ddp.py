@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.distributed.env import read_env
@@ -31,20 +32,22 @@ from tandem.distributed.process_group import (
     release_ddp,
     work_group,
 )
-from tandem.distributed.rank_batchnorm import (
-    average_running_stats,
-    frozen_batchnorm,
-    plain_batchnorms,
-)
+from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
 from tandem.parallel.buffers import check_policy
 from tandem.parallel.split import BatchSplit
-from tandem.parallel.sync_batchnorm import convert_sync_batchnorm
+from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register
 
 __all__ = ["DDPStrategy"]
 
 _HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+# BatchNorm classes that synchronise across processes: safe in training on 0 local samples.
+_SYNC_BN = (SyncBatchNorm, nn.SyncBatchNorm)
+
+
+def _plain_batchnorms(model: nn.Module) -> list:
+    return [m for m in model.modules() if isinstance(m, _BatchNorm) and not isinstance(m, _SYNC_BN)]
 
 
 @register
@@ -101,7 +104,7 @@ class DDPStrategy(Strategy):
         if self.sync_bn:
             model = convert_sync_batchnorm(model, process_group=work_group())
         model = model.to(self._device)
-        self._plain_bn = plain_batchnorms(model)
+        self._plain_bn = _plain_batchnorms(model)
         # Gradients in their parameters' strides, as DDP's buckets have them (digits' conv1).
         self._hooks += grads_in_param_strides(model)
         self._hooks += self.split.time_backward_end(self.rank, model)
