@@ -44,7 +44,11 @@ class Strategy:
     """A way of running a training step on a set of devices.
 
     Subclasses set ``name`` and declare their abilities below; defaults describe one process
-    driving every device it is given.
+    driving every device it is given. What the loop, the run and the bench use: the
+    abilities; ``devices``/``device``, ``rank``/``world_size``/``is_main``; ``split`` (the
+    batch's shares, :class:`~tandem.parallel.split.BatchSplit`); ``with strategy:``;
+    ``setup``, ``state_dict``/``load_state_dict``, ``forward_loss``, ``no_sync``; the
+    collectives ``all_reduce_sum``, ``barrier``, ``any_process`` and ``stop_vote``.
     """
 
     name: ClassVar[str] = ""
