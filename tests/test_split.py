@@ -131,7 +131,7 @@ def test_auto_follows_a_handicap_through_data_parallel(monkeypatch):
     dp.eval()  # no timing outside training
     with torch.no_grad():
         dp(torch.randn(16, 4))
-    assert dp.auto.seen == 4
+    assert dp.split.auto.seen == 4
 
 
 # -- exactness: the same update as single, whatever the shares -------------------------------

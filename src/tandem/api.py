@@ -12,7 +12,6 @@ call is one rank of a multi-process job.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Callable
 
@@ -22,7 +21,7 @@ from tandem import cpu_malloc
 from tandem.config import TrainConfig
 from tandem.data.given import given_data
 from tandem.data.load import GIVEN_DATA
-from tandem.distributed.env import in_torchrun
+from tandem.distributed.env import in_torchrun, is_main_process
 from tandem.errors import UsageError
 from tandem.parallel.devices import parse_device_spec
 from tandem.strategies import strategy_class, strategy_names
@@ -77,7 +76,7 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     plan = plan_train(cfg, given, Supplied(model, data, criterion))
     cpu_malloc.tune()  # as the tandem command does (tandem.cpu_malloc)
     row = execute(plan)
-    if isinstance(plan, str) and os.environ.get("RANK", "0") == "0":  # complete already
+    if isinstance(plan, str) and is_main_process():  # complete already
         rows = RunDir.of(checkpoint_path(cfg.run.resume)).read_metrics()
         return rows[-1] if rows else None
     return row
@@ -90,7 +89,7 @@ def _multiprocess(cfg: TrainConfig, given: frozenset[str]):
         return cfg, given
     name = strategy_names(multiprocess=True)[0]
     kind = parse_device_spec(cfg.parallel.devices, "devices")[0].type
-    if os.environ.get("RANK") == "0":
+    if is_main_process():
         print(f"under torchrun: strategy {name} on {kind}, one process per device "
               f"(instead of {cfg.parallel.strategy} on {cfg.parallel.devices})", flush=True)
     parallel = replace(cfg.parallel, strategy=name, devices=kind)

@@ -80,12 +80,11 @@ class _ThenBackward(torch.autograd.Function):
 
 def _replica_index() -> int:
     """This replica thread's index, else this process's rank (0 outside torchrun)."""
-    import os
-
+    from tandem.distributed.env import env_rank
     from tandem.parallel import context
 
     here = context.current()
-    return here.index if here is not None else int(os.environ.get("RANK", "0"))
+    return here.index if here is not None else env_rank()
 
 
 @dataclass
@@ -209,7 +208,8 @@ def rank_share(strategy, wrapped: nn.Module, images: torch.Tensor, targets: torc
         return images, targets
     from tandem.parallel.split import shares
 
-    sizes = shares(len(targets), strategy.shares(wrapped) or (1.0,) * strategy.world_size)
+    n = len(targets)
+    sizes = strategy.split.sizes(n) or shares(n, (1.0,) * strategy.world_size)
     lo = sum(sizes[:strategy.rank])
     return images[lo:lo + sizes[strategy.rank]], targets[lo:lo + sizes[strategy.rank]]
 
@@ -248,7 +248,7 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
 
     def step() -> torch.Tensor:
         loss = train_step()
-        strategy.rebalance(wrapped, 0, 0, 0)  # --split auto: every rank decides alike
+        strategy.split.step(0, 0)  # --split auto: every rank decides alike
         return loss
 
     return Contestant(

@@ -27,8 +27,8 @@ import tempfile
 import torch
 
 from tandem.distributed import launch
-from tandem.distributed.env import read_env
-from tandem.distributed.process_group import backend_for
+from tandem.distributed.env import DistEnv, read_env
+from tandem.distributed.process_group import destroy_process_group, init_process_group
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .config import BenchConfig
@@ -137,10 +137,11 @@ class _Worker:
     """One torchrun worker's contestants, built in the same order on every rank so that
     collectives pair up; it starts a process group for ``torch_ddp`` where no strategy did."""
 
-    def __init__(self, config: BenchConfig, rank: int, world: int, device: torch.device):
+    def __init__(self, config: BenchConfig, env: DistEnv, device: torch.device):
         from tandem.models import create_model
 
-        self.config, self.device = config, device
+        self.config, self.env, self.device = config, env, device
+        rank, world = env.rank, env.world_size
         torch.manual_seed(config.seed)
         self.template = create_model(config.arch, num_classes=config.num_classes)
         self.batch = synthetic_batch(config.batch_size, config.image_size,
@@ -160,7 +161,7 @@ class _Worker:
         if self.own_group is None:
             self.own_group = not torch.distributed.is_initialized()
             if self.own_group:
-                torch.distributed.init_process_group(backend_for(device))
+                init_process_group(self.env, device)
         contestant = torch_ddp_contestant(
             copy.deepcopy(self.template), device, self.shard,
             amp=entry.variant.precision(device, config.amp_dtype), lr=config.lr,
@@ -197,7 +198,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
-    worker = _Worker(config, rank, world, device)
+    worker = _Worker(config, env, device)
     contestants = [worker.build(entry) for entry in entries]  # in this order on every rank
     threads = torch.get_num_threads()
     for contestant in contestants:
@@ -209,8 +210,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     dist.barrier()
     for contestant in contestants:
         contestant.close()
-    if worker.own_group and dist.is_initialized():  # else the ddp strategy's close() left it
-        dist.destroy_process_group()
+    if worker.own_group:  # else the ddp strategy's close() left it
+        destroy_process_group()
     return 0
 
 

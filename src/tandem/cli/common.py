@@ -18,7 +18,7 @@ import typing
 import warnings
 
 from tandem.config import flag_of
-from tandem.distributed.env import in_torchrun
+from tandem.distributed.env import in_torchrun, is_main_process
 
 __all__ = ["add_config_arguments", "config_from_args", "flag_of", "given_fields",
            "tandem_warnings", "ShowDefaults", "TandemParser"]
@@ -143,7 +143,7 @@ class _LogLines(logging.Handler):
         try:
             if record.levelno >= logging.WARNING:
                 print(record.getMessage(), file=sys.stderr)
-            elif not in_torchrun() or os.environ.get("RANK") == "0":
+            elif not in_torchrun() or is_main_process():
                 print(record.getMessage(), file=sys.stderr if self.to_stderr else sys.stdout,
                       flush=True)
         except Exception:

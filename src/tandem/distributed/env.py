@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Mapping
 from tandem.errors import UsageError
 
-__all__ = ["DistEnv", "read_env", "in_torchrun", "dist_timeout", "DEFAULT_TIMEOUT",
+__all__ = ["DistEnv", "read_env", "in_torchrun", "env_rank", "is_main_process",
+           "dist_timeout", "DEFAULT_TIMEOUT",
            "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "restart_count"]
 
 #: Seconds a collective may wait for the other ranks before it raises (and the job ends).
@@ -67,6 +68,18 @@ def in_torchrun(environ: Mapping[str, str] | None = None) -> bool:
     """True when this process looks like a torchrun worker (``RANK`` and ``WORLD_SIZE`` set)."""
     environ = os.environ if environ is None else environ
     return "RANK" in environ and "WORLD_SIZE" in environ
+
+
+def env_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's ``RANK`` (0 outside torchrun)."""
+    environ = os.environ if environ is None else environ
+    return int(environ.get("RANK", "0"))
+
+
+def is_main_process(environ: Mapping[str, str] | None = None) -> bool:
+    """True in the process that prints: rank 0, or any process outside torchrun."""
+    environ = os.environ if environ is None else environ
+    return environ.get("RANK", "0") == "0"
 
 
 def _int(environ: Mapping[str, str], name: str) -> int:

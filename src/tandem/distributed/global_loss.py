@@ -14,7 +14,9 @@ import torch
 from tandem.parallel.loss_terms import loss_terms
 from tandem.errors import UsageError
 
-__all__ = ["reduction_of", "local_sum"]
+from .process_group import all_reduce_sum
+
+__all__ = ["reduction_of", "local_sum", "global_mean"]
 
 
 def reduction_of(criterion: Callable) -> str:
@@ -44,3 +46,24 @@ def local_sum(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor)
     if not isinstance(normaliser, torch.Tensor):
         normaliser = torch.tensor(normaliser, device=device)
     return summed, normaliser
+
+
+def global_mean(criterion: Callable, summed: torch.Tensor, denominator: torch.Tensor,
+                count: int, world_size: int, device: torch.device):
+    """``(loss, total_count)`` from this rank's :func:`local_sum` of ``count`` samples: the
+    loss over every rank's samples, by one small all-reduce of ``(S, D, n)`` whose results stay
+    on the device (no host sync). Its value is the global mean (or sum); its gradient that of
+    ``S * world / D``, which DDP's average over ranks turns into the gradient of the global
+    mean. ``total_count``: the samples of every rank."""
+    stats = torch.stack([summed.detach().double(), denominator.double(),
+                         torch.full((), float(count), dtype=torch.float64,
+                                    device=summed.device)])
+    total_sum, total_den, total_count = all_reduce_sum(stats, device).unbind()
+    if reduction_of(criterion) == "sum":  # the global loss is the plain sum of S_r
+        total_den = torch.ones_like(total_den)
+    mean = (total_sum / total_den).to(summed.dtype)  # 0/0: nan, as no samples anywhere
+    if not summed.requires_grad:
+        return mean, total_count
+    scale = torch.where(total_den != 0, world_size / total_den, torch.ones_like(total_den))
+    scaled = summed * scale.to(summed.dtype)
+    return scaled + (mean - scaled).detach(), total_count

@@ -23,7 +23,7 @@ from .env import DistEnv, dist_timeout
 
 __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
            "release_ddp", "grads_in_param_strides", "joined_a_group", "all_reduce_sum", "work_group",
-           "STARTUP_TIMEOUT"]
+           "barrier", "any_rank", "STARTUP_TIMEOUT"]
 
 #: Seconds every worker may take to join the job (importing torch on a loaded machine).
 STARTUP_TIMEOUT = 300.0
@@ -194,3 +194,14 @@ def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     work = tensor.detach().to(device, copy=True)
     dist.all_reduce(work, op=dist.ReduceOp.SUM, group=_work_group)
     return work.to(tensor.device)
+
+
+def barrier() -> None:
+    """Wait for every rank (in the work group)."""
+    dist.barrier(group=_work_group)
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any (one all-reduce, read on the host)."""
+    votes = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+    return bool(all_reduce_sum(votes, device).item() > 0)

@@ -17,7 +17,6 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from tandem.errors import UsageError
 from tandem.state_keys import register_plain_keys
 
 from .buffers import check_policy, sync_buffers
@@ -28,7 +27,7 @@ from . import threaded_backward
 from .gather_outputs import gather
 from .guards import acting_as_replica, initialise_lazy, split_inputs
 from .scatter_gather import batch_size, chunk_sizes, scatter_kwargs
-from .split import AUTO, AutoSplit, capped, check_weights, measured
+from .split import BatchSplit
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
 
@@ -66,9 +65,10 @@ class DataParallel(nn.Module):
 
     ``split`` sets each device's share of a batch: weights such as ``(3, 1)`` (see
     :mod:`tandem.parallel.split`; a device may get none), or ``"auto"``, which times each
-    replica's forward in training and moves the weights toward the speeds
-    (:class:`~tandem.parallel.split.AutoSplit`, in ``self.auto``). ``max_share`` caps any
-    device's chunk. The update is the same whatever the shares. ``last_shares`` holds the
+    replica's forward in training and moves the weights toward the speeds after each
+    training forward. ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
+    :class:`~tandem.parallel.split.BatchSplit`; a strategy passes its own as ``split`` and
+    steps it once per optimizer step. The update is the same whatever the shares. ``last_shares`` holds the
     chunk sizes of the last forward, one per device.
 
     ``backward_threads``: ``True`` runs each CPU replica's backward in its own thread instead
@@ -86,9 +86,10 @@ class DataParallel(nn.Module):
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
         n = len(self.device_ids)
-        self.auto = AutoSplit(n) if split == AUTO else None
-        self.split = None if split is None or split == AUTO else check_weights(split, n)
-        self.max_share = max_share
+        self.owns_split = not isinstance(split, BatchSplit)  # else the strategy steps it
+        self.split = BatchSplit(split, n, max_share) if self.owns_split else split
+        if self.owns_split:
+            self.split.check_weights("split")
         self.last_shares: list[int] | None = None
         self.output_device = self.device_ids[0] if output_device is None else as_device(output_device)
         self.dim = dim
@@ -111,15 +112,16 @@ class DataParallel(nn.Module):
             replicas, leaves = replicate_detached(self.module, devices)
         else:
             replicas = self.replicate(self.module, devices)
-        timed = self.auto is not None and self.training and torch.is_grad_enabled()
+        timed = self.split.auto is not None and self.training and torch.is_grad_enabled()
         runs = [_Timed(r) for r in replicas] if timed else replicas
         with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
             outputs = self.parallel_apply(runs, inputs, kwargs, devices, separate_backward=threaded)
         if timed:
             seconds = iter(r.seconds for r in runs)
-            self.auto.observe(self.last_shares, [measured(i, n, next(seconds)) if n else 0.0
-                                                 for i, n in enumerate(self.last_shares)])
-            self.auto.adjust(sum(self.last_shares))  # the next batch takes the new shares
+            for i, n in enumerate(self.last_shares):
+                self.split.record(i, n, next(seconds) if n else 0.0)
+            if self.owns_split:  # one forward, one step: the next batch takes the new shares
+                self.split.step(0, 0)
         if threaded:
             outputs = threaded_backward.join(outputs, leaves, devices)
         self.sync_buffers(replicas, inputs, kwargs)
@@ -128,23 +130,13 @@ class DataParallel(nn.Module):
 
     def weights(self) -> tuple[float, ...] | None:
         """The split's weights now (``None``: balanced chunks)."""
-        return tuple(self.auto.weights) if self.auto is not None else self.split
-
-    def shares(self, batch: int) -> list[int] | None:
-        """Chunk sizes per device for ``batch`` samples (``None``: balanced chunks)."""
-        weights = self.weights()
-        if weights is None and self.max_share is None:
-            return None
-        if self.max_share is not None and batch > self.max_share * len(self.device_ids):
-            raise UsageError(f"a batch of {batch} does not fit max_share={self.max_share} on "
-                             f"{len(self.device_ids)} device(s)")
-        return capped(batch, weights or (1.0,) * len(self.device_ids), self.max_share)
+        return self.split.weights()
 
     def placement(self, inputs: tuple, kwargs: dict):
         """``(devices, chunk_sizes)``: the devices with samples and their chunk sizes
         (``None``: balanced), also kept as ``last_shares`` (one per device)."""
         batch = batch_size((() if inputs is None else tuple(inputs), kwargs or {}), self.dim)
-        sizes = None if batch is None else self.shares(batch)
+        sizes = None if batch is None else self.split.sizes(batch)
         if sizes is None:
             self.last_shares = None if batch is None else _balanced(batch, len(self.device_ids))
             return self.device_ids, None

@@ -1,11 +1,10 @@
 """Batch shares by weight: how many samples of a batch each device (or rank) takes.
 
-``shares(batch, weights)`` gives each device its proportional share of ``batch``, rounded by
-largest remainder so that they sum to ``batch`` (ties go to the lower index, so it is
-deterministic). A device may get 0 samples: weight 0, or a batch smaller than the device
-count. The update does not depend on the shares (every wrapper computes the whole-batch
-loss); only the time a step takes does. :class:`AutoSplit` moves the weights toward measured
-speeds (``--split auto``).
+:class:`BatchSplit` owns ``--split`` and ``--max-share`` for a strategy: each batch's sizes
+(:func:`shares`, largest remainder, so that they sum to the batch; a device may get 0), the
+refusals, what ``--split auto`` observed (:class:`AutoSplit` decides) and the checkpoint
+state. The update does not depend on the shares (every wrapper computes the whole-batch
+loss); only the time a step takes does.
 """
 
 from __future__ import annotations
@@ -13,33 +12,41 @@ from __future__ import annotations
 import math
 import os
 import random
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 from tandem.errors import UsageError
 
+from .auto_split import AutoSplit
+from .shares import capped, format_shares, shares
+
 __all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
-           "AUTO", "format_shares", "measured", "CLOCK_VAR", "split_report"]
+           "BatchSplit", "AUTO", "format_shares", "clock_from_env", "CLOCK_VAR", "split_report"]
 
 AUTO = "auto"
 #: per-sample seconds per device (``"2,1"``) that replace what ``--split auto`` measures: for
 #: tests and demos that must decide the same shares on every run. ``"1,1~0.4"`` adds noise:
 #: each measurement is scaled by a factor drawn uniformly from [0.6, 1.4] (seeded by device)
 CLOCK_VAR = "TANDEM_SPLIT_CLOCK"
-_noise: dict[int, random.Random] = {}  # each device's seeded draws of the noisy clock
 
 
-def measured(index: int, samples: int, seconds: float) -> float:
-    """``seconds``, or what :data:`CLOCK_VAR` says device ``index`` takes for ``samples``."""
+def clock_from_env() -> "Callable[[int, int, float], float] | None":
+    """The clock :data:`CLOCK_VAR` asks for, read once: ``(device, samples, seconds) ->
+    seconds`` as the variable says device ``device`` takes (``None``: not set, real time)."""
     fake = os.environ.get(CLOCK_VAR)
     if not fake:
-        return seconds
+        return None
     fake, _, spread = fake.partition("~")
     per_sample = [float(v) for v in fake.split(",")]
-    factor = 1.0
-    if spread:
-        draw = _noise.setdefault(index, random.Random(index))
-        factor = 1.0 + float(spread) * (2.0 * draw.random() - 1.0)
-    return samples * per_sample[index % len(per_sample)] * factor
+    noise: dict[int, random.Random] = {}  # each device's seeded draws of the noisy clock
+
+    def clock(index: int, samples: int, seconds: float) -> float:
+        factor = 1.0
+        if spread:
+            draw = noise.setdefault(index, random.Random(index))
+            factor = 1.0 + float(spread) * (2.0 * draw.random() - 1.0)
+        return samples * per_sample[index % len(per_sample)] * factor
+    return clock
 
 
 def parse_split(text: str, flag: str = "--split") -> tuple[float, ...] | str:
@@ -71,18 +78,6 @@ def check_weights(weights: Sequence[float], devices: int | None, name: str = "sp
     return weights
 
 
-def shares(batch: int, weights: Sequence[float]) -> list[int]:
-    """Samples per device for ``batch``: proportional to ``weights``, largest remainder."""
-    total = float(sum(weights))
-    exact = [batch * w / total for w in weights]
-    out = [math.floor(x) for x in exact]
-    left = batch - sum(out)
-    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - out[i]), i))
-    for i in order[:left]:
-        out[i] += 1
-    return out
-
-
 def check_max_share(batch: int, weights: Sequence[float] | str, devices: int,
                     max_share: int | None, what: str = "--batch-size") -> None:
     """Refuse, in one line, a batch whose shares would give a device more than ``max_share``
@@ -99,30 +94,6 @@ def check_max_share(batch: int, weights: Sequence[float] | str, devices: int,
     if sizes[worst] > max_share:
         raise UsageError(f"--split {format_shares(weights)} gives device {worst} "
                          f"{sizes[worst]} of {batch} samples, over --max-share {max_share}")
-
-
-def capped(batch: int, weights: Sequence[float], max_share: int | None) -> list[int]:
-    """:func:`shares`, with what is over ``max_share`` moved to the devices under it (in
-    proportion to their weights); the caps must hold ``batch`` (see :func:`check_max_share`)."""
-    sizes = shares(batch, weights)
-    if max_share is None:
-        return sizes
-    fixed = [s >= max_share for s in sizes]
-    while True:
-        free = [w if not f else 0.0 for w, f in zip(weights, fixed)]
-        rest = batch - max_share * sum(fixed)
-        if not any(free):
-            free = [0.0 if f else 1.0 for f in fixed]
-        part = shares(rest, free) if any(free) else [0] * len(weights)
-        sizes = [max_share if f else p for f, p in zip(fixed, part)]
-        over = [not f and s > max_share for f, s in zip(fixed, sizes)]
-        if not any(over):
-            return sizes
-        fixed = [f or o for f, o in zip(fixed, over)]
-
-
-def format_shares(values: Sequence[float]) -> str:
-    return ",".join(f"{v:g}" for v in values)
 
 
 def split_report(batch: int, devices: int, weights: Sequence[float] | None = None,
@@ -152,110 +123,132 @@ def split_report(batch: int, devices: int, weights: Sequence[float] | None = Non
             f"{format_shares(ideal)}: {pace(ideal):g}{unit}"]
 
 
-#: two-sided 99.9% Student t quantiles by degrees of freedom (the largest key not above the
-#: dof applies): the confidence test of :class:`AutoSplit`
-_T999 = {1: 636.6, 2: 31.6, 3: 12.92, 4: 8.61, 5: 6.87, 6: 5.96, 7: 5.41, 8: 5.04, 9: 4.78,
-         10: 4.59, 12: 4.32, 15: 4.07, 20: 3.85, 25: 3.73, 30: 3.65, 60: 3.46}
+class BatchSplit:
+    """The one owner of ``--split`` and ``--max-share`` for a strategy (or a ``DataParallel``):
+    the weights, each batch's sizes, the refusals, what ``--split auto`` observed, and its
+    checkpoint state. ``split``: weights, ``"auto"`` or ``None`` (even shares) over ``count``
+    devices (or ranks).
 
-
-def _t_quantile(dof: int) -> float:
-    return _T999[max(k for k in _T999 if k <= dof)]
-
-
-class AutoSplit:
-    """Weights that follow the devices' measured speeds (``--split auto``).
-
-    :meth:`observe` takes each device's seconds for its chunk of one step; the log of each
-    device's time per sample is kept for the steps since the weights last moved (at most
-    ``window``). :meth:`adjust` (from ``warmup`` observed steps on) moves the weights to the
-    speeds those steps measured only when the imbalance is beyond the noise: the slowest
-    device's chunks took longer than the fastest's by a paired t-test at 99.9% over those
-    steps, and by more than ``threshold`` (hysteresis; waived at the first step of a new
-    epoch, :meth:`at_epoch`). So equal devices under a noisy clock keep their equal split,
-    and a real difference moves it in a few steps. It returns True when the weights changed.
-    The state is a plain dict (:meth:`state_dict`), saved in checkpoints so that a resumed
-    run takes the same shares.
+    Timing rule: each share's own work (its device's compute, never the wait for the others) is
+    added up by :meth:`record` over the micro-batches of one optimizer step, and :meth:`step`
+    observes it once per optimizer step; a split is judged by what a whole step costs, the unit
+    a batch's shares must balance. ddp records a rank's forward and backward; ``DataParallel``
+    records its replicas' forwards (their backwards run inside autograd). ``by_loader`` (ddp):
+    the loader cuts each global batch (:meth:`loader_split`) and has drawn some batches
+    already, so a move takes effect at a later batch, the same on every rank (``reduce`` sums
+    the ranks' records). ``clock``: the test clock (default: :data:`CLOCK_VAR`, read here once).
     """
 
-    def __init__(self, devices: int, *, warmup: int = 2, window: int = 32,
-                 threshold: float = 0.1):
-        self.weights = [1.0] * devices
-        self.warmup, self.window, self.threshold = warmup, window, threshold
-        self.seen = 0  # steps observed
-        # per observed step with every device busy: (log seconds per sample, log samples)
-        self.steps: list[tuple[list[float], list[float]]] = []
-        self.imbalance = 0.0  # slowest over fastest mean chunk time, minus 1, of self.steps
-        self.epoch: int | None = None  # the epoch under way (at_epoch)
-        self.force = False  # a new epoch began: no hysteresis at the next adjust
+    def __init__(self, split, count: int, max_share: int | None = None, *,
+                 by_loader: bool = False, reduce: Callable | None = None,
+                 clock: Callable | None = None):
+        self.count, self.max_share, self.by_loader = count, max_share, by_loader
+        self.fixed = None if split is None or split == AUTO else tuple(split)
+        self.auto = AutoSplit(count) if split == AUTO else None
+        self.reduce = reduce
+        self.clock = clock if clock is not None else clock_from_env()
+        self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
+        self._samples, self._seconds = [0] * count, [0.0] * count
+        self._last_batch: int | None = None
+        self._backward_start = 0.0  # see time_backward_start
+        self._shown = self.weights()  # the weights :meth:`step` last reported
 
-    def at_epoch(self, epoch: int) -> None:
-        """Say which epoch is under way; a new one waives the threshold at the next
-        :meth:`adjust`."""
-        if self.epoch is not None and epoch != self.epoch:
-            self.force = True
-        self.epoch = epoch
+    @property
+    def active(self) -> bool:
+        """Whether a batch is cut by this object rather than evenly."""
+        return self.fixed is not None or self.auto is not None or self.max_share is not None
 
-    def observe(self, sizes: Sequence[int], seconds: Sequence[float]) -> None:
-        """One step: ``sizes[i]`` samples took device ``i`` ``seconds[i]``. A step where a
-        device had no samples (or no time) tells nothing about the split and is not kept."""
-        self.seen += 1
-        if len(sizes) != len(self.weights) or any(n <= 0 or t <= 0
-                                                  for n, t in zip(sizes, seconds)):
-            return
-        self.steps.append(([math.log(t / n) for n, t in zip(sizes, seconds)],
-                           [math.log(n) for n in sizes]))
-        del self.steps[:-self.window]
+    def weights(self) -> tuple[float, ...] | None:
+        """The weights now (``None``: even shares)."""
+        return tuple(self.auto.weights) if self.auto is not None else self.fixed
 
-    def target(self) -> list[float]:
-        """Speeds (samples per second): the geometric mean over the kept steps."""
-        k = len(self.steps)
-        return [math.exp(-sum(s[0][i] for s in self.steps) / k)
-                for i in range(len(self.weights))]
+    def check_weights(self, flag: str = "--split") -> None:
+        """Refuse (one line) weights that are not one valid weight per device."""
+        if self.fixed is not None:
+            self.fixed = check_weights(self.fixed, self.count, flag)
 
-    def _beyond_noise(self) -> bool:
-        """The paired t-test between the slowest and the fastest device's log chunk times."""
-        k = len(self.steps)
-        chunk = [[p + n for p, n in zip(*s)] for s in self.steps]
-        means = [sum(c[i] for c in chunk) / k for i in range(len(self.weights))]
-        slow = max(range(len(means)), key=means.__getitem__)
-        fast = min(range(len(means)), key=means.__getitem__)
-        gap = means[slow] - means[fast]
-        self.imbalance = math.exp(gap) - 1
-        if gap <= 0 or (not self.force and self.imbalance <= self.threshold):
-            return False
-        diffs = [c[slow] - c[fast] for c in chunk]
-        var = sum((d - gap) ** 2 for d in diffs) / (k - 1)
-        return var == 0 or gap / math.sqrt(var / k) > _t_quantile(k - 1)
+    def check_fits(self, batch: int, what: str = "--batch-size") -> None:
+        """Refuse (one line) a ``batch`` the ``--max-share`` caps cannot hold."""
+        check_max_share(batch, self.fixed or AUTO, self.count, self.max_share, what)
 
-    def adjust(self, batch: int | None = None) -> bool:
-        """Move the weights to the speeds when the imbalance is beyond the noise (see the
-        class doc); with ``batch``, only when that changes the batch's :func:`shares`."""
-        if self.seen < self.warmup or len(self.steps) < 2 or not self._beyond_noise():
-            return False
-        self.force = False
-        target = self.target()
-        total = sum(target)
-        new = [round(t / total, 6) for t in target]
-        if new == self.weights or (batch is not None
-                                   and shares(batch, new) == shares(batch, self.weights)):
-            return False
-        self.weights = new
-        self.steps = []  # the new split is judged by its own steps
-        return True
+    def sizes(self, batch: int, epoch: int | None = None, index: int | None = None
+              ) -> list[int] | None:
+        """Each device's samples of ``batch`` (``None``: not split, even shares); with
+        ``(epoch, index)``, those of that global batch under the moves scheduled so far."""
+        if not self.active:
+            return None
+        weights = self.weights()
+        if index is not None and self.auto is not None:
+            weights = (1.0,) * self.count
+            for where_epoch, where_batch, w in self._schedule:
+                if (where_epoch, where_batch) <= (epoch, index):
+                    weights = w
+        check_max_share(batch, AUTO, self.count, self.max_share, "a batch of")  # caps move the rest
+        self._last_batch = batch
+        return capped(batch, weights or (1.0,) * self.count, self.max_share)
 
-    def state_dict(self) -> dict:
-        return {"weights": list(self.weights), "steps": [[list(p), list(n)]
-                                                         for p, n in self.steps],
-                "seen": self.seen, "imbalance": self.imbalance, "epoch": self.epoch,
-                "force": self.force}
+    def loader_split(self) -> Callable | None:
+        """What the loader cuts each global batch by (``make_loader``'s ``split``)."""
+        if not self.by_loader or self.weights() is None:
+            return None
+        return lambda epoch, index, size: self.sizes(size, epoch, index)
 
-    def load_state_dict(self, state: dict) -> None:
-        if len(state["weights"]) != len(self.weights):
-            raise UsageError(f"the checkpoint's split has {len(state['weights'])} shares for "
-                             f"{len(self.weights)} device(s)")
-        self.weights = [float(w) for w in state["weights"]]
-        self.steps = [([float(v) for v in p], [float(v) for v in n])
-                      for p, n in state.get("steps", [])]
-        self.seen = int(state["seen"])
-        self.imbalance = float(state["imbalance"])
-        self.epoch, self.force = state.get("epoch"), bool(state.get("force", False))
+    def record(self, index: int, samples: int, seconds: float) -> None:
+        """Device ``index`` spent ``seconds`` of its own work on ``samples`` samples."""
+        self._samples[index] += samples
+        self._seconds[index] += seconds
+
+    def time_backward_end(self, index: int, model) -> list:
+        """Hook ``model`` so that device ``index``'s backward counts as its own work, up to
+        its first parameter's gradient (the last computed); the handles to remove."""
+        first = next((p for p in model.parameters() if p.requires_grad), None)
+        if self.auto is None or first is None:
+            return []
+        return [first.register_post_accumulate_grad_hook(
+            lambda p: self.record(index, 0, time.perf_counter() - self._backward_start))]
+
+    def time_backward_start(self, loss) -> None:
+        """The backward's timing starts at ``loss``'s gradient (see :meth:`time_backward_end`)."""
+        if loss.requires_grad:
+            loss.register_hook(lambda grad: setattr(self, "_backward_start", time.perf_counter()))
+
+    def step(self, epoch: int, batch: int, ahead: int = 0) -> bool:
+        """After an optimizer step: observe it, let ``--split auto`` move the weights, and say
+        whether they moved since the last call. ``(epoch, batch)`` is the next batch; the
+        loader has already drawn the ``ahead`` batches after it."""
+        if self.auto is not None and (self.reduce is not None or any(self._samples)):
+            self._observe(epoch)
+            # shares cut at the forward: move only when the next batch's shares change
+            if self.auto.adjust(None if self.by_loader else self._last_batch):
+                self._schedule.append((epoch, batch + ahead, tuple(self.auto.weights)))
+        now = self.weights()
+        moved, self._shown = now != self._shown, now
+        return moved
+
+    def _observe(self, epoch: int) -> None:
+        samples, seconds = self._samples, self._seconds
+        if self.reduce is not None:  # every rank gets every rank's record: alike decisions
+            import torch
+
+            both = self.reduce(torch.tensor([*samples, *seconds], dtype=torch.float64))
+            both = both.tolist()
+            samples, seconds = [int(n) for n in both[:self.count]], both[self.count:]
+        if self.clock is not None:
+            seconds = [self.clock(i, n, t) if n else 0.0
+                       for i, (n, t) in enumerate(zip(samples, seconds))]
+        self._samples, self._seconds = [0] * self.count, [0.0] * self.count
+        self.auto.observe(samples, seconds)
+        self.auto.at_epoch(epoch)
+
+    def state_dict(self) -> dict | None:
+        """What a checkpoint keeps (``None``: nothing, the split is fixed)."""
+        if self.auto is None:
+            return None
+        return {"auto": self.auto.state_dict(),
+                "schedule": [[e, b, list(w)] for e, b, w in self._schedule]}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state and self.auto is not None:
+            self.auto.load_state_dict(state["auto"])
+            self._schedule = [(int(e), int(b), tuple(w)) for e, b, w in state.get("schedule", [])]
+            self._shown = self.weights()

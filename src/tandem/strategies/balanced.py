@@ -43,7 +43,7 @@ class BalancedStrategy(ReplicatedStrategy):
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
-        outputs = [self.logits(o) for o in wrapped(images)]  # one chunk per used device
+        outputs = [self._logits(o) for o in wrapped(images)]  # one chunk per used device
         loss = self._parallel_criterion(criterion)(outputs, targets)
         chunks = scatter(targets, [o.device for o in outputs],
                          chunk_sizes=[o.shape[0] for o in outputs])  # the outputs' shares
@@ -51,7 +51,7 @@ class BalancedStrategy(ReplicatedStrategy):
             raise RuntimeError(
                 f"balanced: {len(outputs)} output chunks but targets split into {len(chunks)}"
             )
-        scores = [self.score(criterion, out, tgt, tgt.shape[0])
+        scores = [self._score(criterion, out, tgt, tgt.shape[0])
                   for out, tgt in zip(outputs, chunks)]
         return StepOutput(loss, *self._sum_scores(scores, [o.device for o in outputs]))
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from tandem import model_state
 from tandem.errors import UsageError
+from tandem.parallel.split import BatchSplit
 
 from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, top5_hits
 
@@ -43,7 +44,11 @@ class Strategy:
     """A way of running a training step on a set of devices.
 
     Subclasses set ``name`` and declare their abilities below; defaults describe one process
-    driving every device it is given.
+    driving every device it is given. What the loop, the run and the bench use: the
+    abilities; ``devices``/``device``, ``rank``/``world_size``/``is_main``; ``split`` (the
+    batch's shares, :class:`~tandem.parallel.split.BatchSplit`); ``with strategy:``;
+    ``setup``, ``state_dict``/``load_state_dict``, ``forward_loss``, ``no_sync``; the
+    collectives ``all_reduce_sum``, ``barrier``, ``any_process`` and ``stop_vote``.
     """
 
     name: ClassVar[str] = ""
@@ -80,8 +85,8 @@ class Strategy:
         self.buffers = buffers
         self.output_key = output_key  # picks the logits of a dict or tuple output
         self.hybrid_head = hybrid_head  # the head's attribute, for strategies that split it
-        self.split = split  # weights (one per device or rank), "auto", or None: even shares
-        self.max_share = max_share
+        # --split/--max-share: the shares of a batch, one per device (ranks: see ddp)
+        self.split = BatchSplit(split, len(self.devices), max_share)
 
     # -- topology ---------------------------------------------------------------------------
     rank: int = 0
@@ -135,17 +140,17 @@ class Strategy:
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
         """Run the model and the criterion on this process's share of the batch."""
-        outputs = self.logits(wrapped(images))
+        outputs = self._logits(wrapped(images))
         loss = criterion(outputs, targets)
-        return StepOutput(loss, *self.score(criterion, outputs, targets, targets.shape[0]))
+        return StepOutput(loss, *self._score(criterion, outputs, targets, targets.shape[0]))
 
-    def logits(self, output) -> torch.Tensor:
+    def _logits(self, output) -> torch.Tensor:
         """The logits in what the model returned (``output_key`` picks them from a dict or a
         tuple)."""
         return pick_output(output, self.output_key)
 
     @staticmethod
-    def score(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor,
+    def _score(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor,
               count: int) -> tuple:
         """``(correct, count, correct5, confusion)`` of one chunk, as :class:`StepOutput`
         orders them; dense outputs skip the criterion's ``ignore_index``."""
@@ -157,32 +162,6 @@ class Strategy:
     # The loop builds its loaders with ``rank`` and ``world_size`` above: each process loads
     # only its contiguous share of every *global* batch (see ``tandem.data.make_loader``), so
     # every strategy sees the same global batches in the same order for the same seed.
-
-    # -- batch shares (``--split``; see tandem.parallel.split) -----------------------------
-    #: what the loader splits each global batch by among ranks (``make_loader``'s ``split``)
-    data_split = None
-
-    @property
-    def share_count(self) -> int:
-        """How many shares a batch is split into: devices, or ranks."""
-        return len(self.devices)
-
-    def shares(self, wrapped: nn.Module) -> tuple[float, ...] | None:
-        """The split's weights now (``None``: even shares)."""
-        return None
-
-    def rebalance(self, wrapped: nn.Module, epoch: int, batch: int, ahead: int) -> bool:
-        """After an optimizer step: let ``--split auto`` move the shares; True if they moved.
-        ``(epoch, batch)`` is the next batch to train on; the loader has already asked for
-        the ``ahead`` batches after it."""
-        return False
-
-    def split_state(self, wrapped: nn.Module) -> dict | None:
-        """What a checkpoint keeps of the shares (``None``: nothing to keep)."""
-        return None
-
-    def load_split_state(self, wrapped: nn.Module, state: dict | None) -> None:
-        """Restore :meth:`split_state`'s dict."""
 
     # -- collectives (no-ops in one process) ------------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -204,16 +183,6 @@ class Strategy:
         (``flag``) on any. A multi-process strategy may vote only every few steps, so that a
         step reads nothing from the device; the loop calls it once per step on every process."""
         return self.any_process(flag)
-
-    @classmethod
-    def resume_command_for(cls, target: str, processes: int = 1, nodes: int = 1) -> str:
-        """The command that continues ``target`` (a run directory or checkpoint) under this
-        strategy, run by ``processes`` processes on ``nodes`` machines; flags may follow."""
-        return f"tandem train --resume {target}"
-
-    def resume_command(self, run_dir: str) -> str:
-        """The command that continues the run in ``run_dir`` under this strategy."""
-        return self.resume_command_for(run_dir, self.world_size)
 
     def no_sync(self, wrapped: nn.Module):
         """Context that skips gradient synchronisation (for accumulation steps)."""

@@ -20,9 +20,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.distributed.env import read_env
-from tandem.distributed.global_loss import local_sum, reduction_of
+from tandem.distributed.global_loss import global_mean, local_sum
 from tandem.distributed.process_group import (
     all_reduce_sum,
+    any_rank,
+    barrier,
     destroy_process_group,
     grads_in_param_strides,
     init_process_group,
@@ -30,8 +32,9 @@ from tandem.distributed.process_group import (
     release_ddp,
     work_group,
 )
+from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
 from tandem.parallel.buffers import check_policy
-from tandem.parallel.split import AUTO, AutoSplit, capped, check_weights, measured
+from tandem.parallel.split import BatchSplit
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register
@@ -39,29 +42,12 @@ from .base import StepOutput, Strategy, register
 __all__ = ["DDPStrategy"]
 
 _HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-
-
 # BatchNorm classes that synchronise across processes: safe in training on 0 local samples.
 _SYNC_BN = (SyncBatchNorm, nn.SyncBatchNorm)
 
 
-def _plain_batchnorms(model: nn.Module) -> list[_BatchNorm]:
+def _plain_batchnorms(model: nn.Module) -> list:
     return [m for m in model.modules() if isinstance(m, _BatchNorm) and not isinstance(m, _SYNC_BN)]
-
-
-@contextlib.contextmanager
-def _frozen_batchnorm(layers: list[_BatchNorm]):
-    """Run ``layers`` in eval mode for one empty-share forward; ``num_batches_tracked`` advances."""
-    training = [m.training for m in layers]
-    for m in layers:
-        m.eval()
-    try:
-        yield
-    finally:
-        for m, was in zip(layers, training):
-            m.train(was)
-            if was and m.num_batches_tracked is not None:
-                m.num_batches_tracked.add_(1)
 
 
 @register
@@ -78,7 +64,8 @@ class DDPStrategy(Strategy):
     splits_batch = True
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
-                 buffers: str = "replica0", timeout: float | None = None, **kwargs):
+                 buffers: str = "replica0", timeout: float | None = None, split=None,
+                 max_share: int | None = None, **kwargs):
         super().__init__(devices, sync_bn=sync_bn, buffers=buffers, **kwargs)
         check_policy(buffers)
         self.env = read_env(who=f"--strategy {self.name}")
@@ -89,75 +76,14 @@ class DDPStrategy(Strategy):
         self.devices = [self._device]
         self.timeout = timeout
         self.backend: str | None = None  # set by launch()
-        self._plain_bn: list[_BatchNorm] = []
+        self._plain_bn: list = []  # BatchNorms that do not sync: see rank_batchnorm
         self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
-        self._grad_hooks: list = []  # see grads_in_param_strides, removed by close()
+        self._hooks: list = []  # grads_in_param_strides', --split auto's; removed by close()
         self._stop_calls = 0  # see stop_vote
-        # --split: each rank loads its share of every global batch (data_split); under auto
-        # the shares change from a given batch on, the same on every rank (_schedule)
-        self.auto = AutoSplit(self.world_size) if self.split == AUTO else None
-        if self.split is not None and self.split != AUTO:
-            self.split = check_weights(self.split, self.world_size)
-        self._schedule: list[tuple[int, int, tuple[float, ...]]] = []
-        # this rank's own work since the last rebalance: its forwards up to the loss, and its
-        # backwards up to the first parameter's gradient (the last computed), no waiting
-        self._busy, self._samples, self._backward_start = 0.0, 0, 0.0
-
-    def _backward_starts(self, grad):
-        self._backward_start = time.perf_counter()
-
-    def _backward_done(self, param):
-        self._busy += time.perf_counter() - self._backward_start
-
-    # -- batch shares -----------------------------------------------------------------------
-    @property
-    def share_count(self) -> int:
-        return self.world_size
-
-    @property
-    def data_split(self):
-        """What the loader splits a global batch by (see ``make_loader``'s ``split``)."""
-        return None if self.split is None and self.auto is None else self._sizes_at
-
-    def _sizes_at(self, epoch: int, batch: int, size: int) -> list[int]:
-        """The ranks' shares of global batch ``batch`` of ``epoch`` (``size`` samples)."""
-        weights = self.split if self.auto is None else (1.0,) * self.world_size
-        for where_epoch, where_batch, w in self._schedule:
-            if (where_epoch, where_batch) <= (epoch, batch):
-                weights = w
-        return capped(size, weights, self.max_share)
-
-    def shares(self, wrapped: nn.Module) -> tuple[float, ...] | None:
-        return tuple(self.auto.weights) if self.auto is not None else self.split
-
-    def rebalance(self, wrapped: nn.Module, epoch: int, batch: int, ahead: int) -> bool:
-        """One small all-reduce gives every rank every rank's samples and seconds of the step,
-        so every rank takes the same decision; the loader has drawn ``ahead`` batches already."""
-        if self.auto is None:
-            return False
-        w = self.world_size
-        mine = torch.zeros(2 * w, dtype=torch.float64)
-        mine[self.rank] = self._samples
-        mine[w + self.rank] = measured(self.rank, self._samples, self._busy)
-        both = all_reduce_sum(mine, self._device).tolist()
-        self._busy, self._samples = 0.0, 0
-        self.auto.observe([int(n) for n in both[:w]], both[w:])
-        self.auto.at_epoch(epoch)
-        if not self.auto.adjust():
-            return False
-        self._schedule.append((epoch, batch + ahead, tuple(self.auto.weights)))
-        return True
-
-    def split_state(self, wrapped: nn.Module) -> dict | None:
-        if self.auto is None:
-            return None
-        return {"auto": self.auto.state_dict(),
-                "schedule": [[e, b, list(w)] for e, b, w in self._schedule]}
-
-    def load_split_state(self, wrapped: nn.Module, state: dict | None) -> None:
-        if state and self.auto is not None:
-            self.auto.load_state_dict(state["auto"])
-            self._schedule = [(int(e), int(b), tuple(w)) for e, b, w in state["schedule"]]
+        # --split: each rank loads its share of every global batch, the same on every rank
+        self.split = BatchSplit(split, self.world_size, max_share, by_loader=True,
+                                reduce=lambda t: all_reduce_sum(t, self._device))
+        self.split.check_weights("split")
 
     @property
     def device(self) -> torch.device:
@@ -180,10 +106,8 @@ class DDPStrategy(Strategy):
         model = model.to(self._device)
         self._plain_bn = _plain_batchnorms(model)
         # Gradients in their parameters' strides, as DDP's buckets have them (digits' conv1).
-        self._grad_hooks += grads_in_param_strides(model)
-        first = next((p for p in model.parameters() if p.requires_grad), None)
-        if self.auto is not None and first is not None:  # its gradient comes last
-            self._grad_hooks.append(first.register_post_accumulate_grad_hook(self._backward_done))
+        self._hooks += grads_in_param_strides(model)
+        self._hooks += self.split.time_backward_end(self.rank, model)
         device_ids = [self._device] if self._device.type == "cuda" else None
         # Rank 0's buffers are broadcast at every forward under "replica0" only; newer torch
         # renamed the flag (buffers are synced at construction either way).
@@ -199,60 +123,23 @@ class DDPStrategy(Strategy):
         """Forward this rank's share; one small all-reduce per call on every rank, in eval too,
         and no read of the device."""
         training = torch.is_grad_enabled() and wrapped.training
-        start = time.perf_counter()  # --split auto times this rank's own work (_busy)
+        start = time.perf_counter()  # --split auto times this rank's own work
         images = images.to(self._device, non_blocking=True)
         targets = targets.to(self._device, non_blocking=True)
         count = int(targets.shape[0])
         frozen = self._plain_bn if (count == 0 and wrapped.training) else []
-        with _frozen_batchnorm(frozen):
-            outputs = self.logits(wrapped(images))
+        with frozen_batchnorm(frozen):
+            outputs = self._logits(wrapped(images))
         summed, denominator = local_sum(criterion, outputs, targets)
-        # One all-reduce of (S_r, D_r, n_r); its results stay on the device, read by nobody
-        # here: the step makes no host sync (the loop reads its sums when it prints).
-        stats = torch.stack([summed.detach().double(), denominator.double(),
-                             torch.full((), float(count), dtype=torch.float64,
-                                        device=summed.device)])
-        if training and self.auto is not None:  # before the all-reduce waits for the others
-            self._busy += time.perf_counter() - start
-            self._samples += count
-            if summed.requires_grad:
-                summed.register_hook(self._backward_starts)
-        total_sum, total_den, total_count = all_reduce_sum(stats, self._device).unbind()
-        if reduction_of(criterion) == "sum":  # the global loss is the plain sum of S_r
-            total_den = torch.ones_like(total_den)
+        if training and self.split.auto is not None:  # before the all-reduce waits
+            self.split.record(self.rank, count, time.perf_counter() - start)
+            self.split.time_backward_start(summed)
+        # the step makes no host sync: the loop reads the sums when it prints
+        loss, total_count = global_mean(criterion, summed, denominator, count,
+                                        self.world_size, self._device)
         if training and self.buffers == "average":
-            self._average_buffers(count, total_count)
-        mean = (total_sum / total_den).to(summed.dtype)  # 0/0: nan, as no samples anywhere
-        if summed.requires_grad:
-            # The value is the global mean; the gradient is that of S_r * world / D, which
-            # DDP's average over ranks turns into the gradient of the global mean.
-            scale = torch.where(total_den != 0, self.world_size / total_den,
-                                torch.ones_like(total_den))
-            scaled = summed * scale.to(summed.dtype)
-            loss = scaled + (mean - scaled).detach()
-        else:
-            loss = mean
-        return StepOutput(loss, *self.score(criterion, outputs, targets, count))
-
-    def _average_buffers(self, count: int, total_count: torch.Tensor) -> None:
-        """Replace BN running stats by their sample-weighted mean over ranks (kept as they
-        are when no rank had a sample); ``total_count`` stays on the device.
-
-        New tensors are assigned, not written in place: autograd saved the old ones for backward.
-        """
-        layers = [m for m in self._plain_bn if m.track_running_stats and m.running_mean is not None]
-        if not layers:
-            return
-        flat = torch.cat([torch.cat([m.running_mean, m.running_var]) for m in layers])
-        total = total_count.to(flat.dtype)
-        summed = all_reduce_sum(flat * count, self._device)
-        flat = torch.where(total > 0, summed / total.clamp(min=1), flat)
-        offset = 0
-        for m in layers:
-            n = m.running_mean.numel()
-            m.running_mean = flat[offset:offset + n].clone()
-            m.running_var = flat[offset + n:offset + 2 * n].clone()
-            offset += 2 * n
+            average_running_stats(self._plain_bn, count, total_count, self._device)
+        return StepOutput(loss, *self._score(criterion, outputs, targets, count))
 
     # -- collectives ------------------------------------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -260,13 +147,10 @@ class DDPStrategy(Strategy):
         return all_reduce_sum(tensor, self._device)
 
     def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier(group=work_group())
+        barrier()
 
     def any_process(self, flag: bool) -> bool:
-        votes = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
-        return bool(self.all_reduce_sum(votes).item() > 0)
+        return any_rank(flag, self._device)
 
     #: optimizer steps between two stop votes: a vote reads one number back from the device
     STOP_VOTE_EVERY = 8
@@ -278,16 +162,6 @@ class DDPStrategy(Strategy):
         self._stop_calls += 1
         return self._stop_calls % self.STOP_VOTE_EVERY == 0 and self.any_process(flag)
 
-    @classmethod
-    def resume_command_for(cls, target: str, processes: int = 1, nodes: int = 1) -> str:
-        where = "" if nodes <= 1 else f" --nnodes {nodes} (on every node)"
-        return (f"tandem launch --nproc-per-node {processes // max(1, nodes)}{where} -- "
-                f"train --resume {target}")
-
-    def resume_command(self, run_dir: str) -> str:
-        nodes = self.world_size // max(1, self.env.local_world_size)
-        return self.resume_command_for(run_dir, self.world_size, nodes)
-
     def no_sync(self, wrapped: nn.Module):
         """DDP's ``no_sync``: gradients accumulate locally until a step outside it."""
         return wrapped.no_sync() if isinstance(wrapped, DistributedDataParallel) else (
@@ -298,9 +172,9 @@ class DDPStrategy(Strategy):
         for ref in self._wrappers:
             release_ddp(ref())
         self._wrappers.clear()
-        for handle in self._grad_hooks:
+        for handle in self._hooks:
             handle.remove()
-        self._grad_hooks.clear()
+        self._hooks.clear()
         if self.backend is not None:
             destroy_process_group()
             self.backend = None

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from tandem.config import MAY_CHANGE, OptimConfig
+from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
 
 from .rundir import RunDir
@@ -35,7 +36,8 @@ def check(trainer, meter, *, weights: bool = False, what: str = "train loss") ->
         return
     pos, cfg = trainer.position, trainer.cfg
     text = message(what, pos.epoch + 1, pos.step, cfg.optim.lr, cfg.run.out,
-                   kept_step(trainer), s.resume_command(cfg.run.out)) if s.is_main else ""
+                   kept_step(trainer), resume_command_here(cfg.run.out, s.multiprocess)
+                   ) if s.is_main else ""
     raise TrainingDiverged(text, quiet=not s.is_main)
 
 

@@ -24,7 +24,8 @@ from tandem import checkpoint
 from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
-from tandem.parallel.split import capped, format_shares
+from tandem.distributed.resume_command import resume_command_here
+from tandem.parallel.split import format_shares
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 
@@ -103,7 +104,7 @@ class Trainer:
                                 workers=self.cfg.data.workers, rank=s.rank,
                                 world_size=s.world_size, start_batch=start_batch,
                                 pin_memory=s.device.type == "cuda",
-                                split=s.data_split if train else None)
+                                split=s.split.loader_split() if train else None)
 
     def device_batch(self, images: torch.Tensor, targets: torch.Tensor):
         """Copy a batch to the device; uint8 images are normalised there (train and val
@@ -213,18 +214,17 @@ class Trainer:
 
     def batch_shares(self) -> dict | None:
         """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""
-        s = self.strategy
-        weights = s.shares(self.model)
-        if weights is None:
+        split = self.strategy.split
+        if split.weights() is None:
             return None
-        sizes = capped(self.cfg.optim.batch_size, weights, s.max_share)
+        sizes = split.sizes(self.cfg.optim.batch_size)
         return {str(i): n for i, n in enumerate(sizes)}
 
     def _rebalance(self, progress: Progress) -> None:
         """``--split auto``: let the strategy move the shares; say so when they moved."""
         s, pos = self.strategy, self.position
         ahead = self.cfg.data.workers * PREFETCH  # batches the loader has drawn already
-        if s.rebalance(self.model, pos.epoch, pos.batch, ahead) and s.is_main:
+        if s.split.step(pos.epoch, pos.batch, ahead) and s.is_main:
             progress.shares = format_shares(self.batch_shares().values())
             progress.note(f"step {pos.step}: split {progress.shares} "
                           f"(samples per device of {self.cfg.optim.batch_size})")
@@ -280,7 +280,7 @@ class Trainer:
             rng=checkpoint.capture_rng(),
             data_position=pos.as_dict(),
             epoch_progress=progress,
-            split=self.strategy.split_state(self.model),
+            split=self.strategy.split.state_dict(),
             config=self.config_dict,
         )
         state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
@@ -388,7 +388,7 @@ class Trainer:
             return ""
         pos = self.position
         return (f"saved {self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}; "
-                f"continue with: {self.strategy.resume_command(self.cfg.run.out)}")
+                f"continue with: {resume_command_here(self.cfg.run.out, self.strategy.multiprocess)}")
 
 
 # torch's LRScheduler says this when the optimizer has not stepped before the schedule's first

@@ -24,7 +24,7 @@ from tandem.data.load import check_spec
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
-from tandem.parallel.split import check_max_share, check_weights, parse_split
+from tandem.parallel.split import parse_split
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy, create_strategy, strategy_names
 from tandem.strategies.compile import check_compile
@@ -99,8 +99,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
             return line
         check_launched(cfg, ckpt, given)
     strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
-    check_max_share(cfg.optim.batch_size, strategy.split or "auto", strategy.share_count,
-                    cfg.parallel.max_share)
+    strategy.split.check_fits(cfg.optim.batch_size)
     run, source = RunDir(cfg.run.out), None
     continues = ckpt is not None and not foreign.is_foreign(ckpt)
     if continues:
@@ -177,8 +176,7 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
         raise UsageError(f"{flag} needs a strategy that splits the batch "
                          f"({', '.join(strategy_names(splits_batch=True))}), not --strategy "
                          f"{cfg.strategy}")
-    if strategy.split not in (None, "auto"):
-        check_weights(strategy.split, strategy.share_count, "--split")
+    strategy.split.check_weights("--split")
     amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype)  # one line where it cannot run
     if cfg.compile:
         check_compile(strategy, strategy.device.type)

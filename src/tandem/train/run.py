@@ -17,7 +17,7 @@ from torch import nn
 
 from tandem.config import DataConfig, OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
-from tandem.distributed.env import LAUNCH_ID_VAR
+from tandem.distributed.env import LAUNCH_ID_VAR, is_main_process
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
@@ -122,7 +122,7 @@ def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
     ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
     start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], parts["optimizer"],
                            parts["scheduler"], parts["scaler"])
-    plan.strategy.load_split_state(parts["model"], ckpt.get("split"))  # --split auto's shares
+    plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
     if foreign.is_foreign(ckpt):
         check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
         notes += foreign.assumed(cfg, plan.given, parts["config_dict"])
@@ -140,7 +140,7 @@ def execute(plan: RunPlan | str) -> dict | None:
     metrics row (the validation's figures with ``-e``), on the main process, else ``None``.
     A supplied model is left holding the final weights."""
     if isinstance(plan, str):  # a complete run: one line, from the first process
-        if os.environ.get("RANK", "0") == "0":
+        if is_main_process():
             print(plan, flush=True)
         return None
     if plan.mode == EVALUATE:

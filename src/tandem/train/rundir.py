@@ -15,6 +15,7 @@ import shutil
 
 from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, flag_of
 from tandem.data.load import GIVEN_DATA
+from tandem.distributed.resume_command import resume_command
 from tandem.errors import UsageError
 from tandem.factory import is_reference, rebuildable
 from tandem.strategies import strategy_class
@@ -175,7 +176,8 @@ def command(saved: dict, target: str, extra: str = "") -> str:
     strategy, its number of processes), then ``extra``: what a message tells the user."""
     strategy = TrainConfig.from_dict(saved).parallel.strategy
     processes = int((saved.get("resolved") or {}).get("world_size") or 1)
-    return strategy_class(strategy).resume_command_for(target, processes) + extra
+    multiprocess = strategy_class(strategy).multiprocess
+    return resume_command(target, multiprocess, processes) + extra
 
 
 def _show(value) -> str:
