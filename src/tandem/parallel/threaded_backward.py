@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from .broadcast import _ordered_sum
+from .broadcast import ordered_sum
 from .parallel_apply import parallel_apply
 from .scatter_gather import map_tensors, tensors_in
 
@@ -71,7 +71,7 @@ class _Backward:
         out = []
         for j, p in enumerate(self.params):
             parts = [g[j] for g in found if g is not None and g[j] is not None]
-            out.append(_ordered_sum(parts, p.device) if parts else None)
+            out.append(ordered_sum(parts, p.device) if parts else None)
         return out
 
 
