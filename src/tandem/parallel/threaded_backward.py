@@ -137,7 +137,28 @@ def join(outputs: list, leaves: list, devices: Sequence[torch.device]) -> list:
         return outputs
     job = _Backward([params[j] for j in trainable],
                     [[pairs[j] for j in trainable] for pairs in leaves], flat, list(devices))
-    joined = iter(_Join.apply(job, len(trainable), *job.params,
-                              *(t.detach() for mine in flat for t in mine)))
-    return [map_tensors(out, lambda t: next(joined) if t.requires_grad else t)
-            for out in outputs]
+    joined = _Join.apply(job, len(trainable), *job.params,
+                         *(t.detach() for mine in flat for t in mine))
+    return _swap(outputs, [t for mine in flat for t in mine], joined)
+
+
+def _swap(outputs: list, originals: list, joined) -> list:
+    """``outputs`` with ``originals[k]`` replaced by ``joined[k]``. ``tensors_in`` found the
+    originals; ``map_tensors`` must visit them in the same order, and this checks that it
+    does, so a container walked in another order fails here, not as swapped gradients."""
+    pairs = iter(zip(originals, joined))
+
+    def swap(t):
+        if not t.requires_grad:
+            return t
+        original, new = next(pairs, (None, None))
+        if original is not t:
+            raise RuntimeError("threaded backward: the outputs' tensors were visited in another "
+                               "order than they were collected (tensors_in vs map_tensors)")
+        return new
+
+    swapped = [map_tensors(out, swap) for out in outputs]
+    if next(pairs, None) is not None:
+        raise RuntimeError("threaded backward: an output tensor collected by tensors_in was "
+                           "not visited by map_tensors")
+    return swapped
