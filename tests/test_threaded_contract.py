@@ -29,3 +29,39 @@ def test_join_refuses_outputs_walked_in_another_order(monkeypatch):
     monkeypatch.setattr(threaded_backward, "tensors_in", lambda obj: reversed(list(walk(obj))))
     with pytest.raises(RuntimeError, match="another order"):
         DataParallelModel(model, ["cpu"] * 2, backward_threads=True)(x)
+
+
+def test_replica_moments_meet_in_the_group_they_were_handed():
+    # two replicas' backward, each in a plain thread with no replica context: the group handed
+    # to ReplicaMoments (not thread-local state) is where they meet
+    import threading
+
+    from tandem.parallel.context import ReplicaGroup
+    from tandem.parallel.sync_functions import (LocalMoments, ReplicaMoments, SharedMoments,
+                                                merge_moments)
+
+    xs = [torch.randn(n, 3, 2, dtype=torch.float64, requires_grad=True) for n in (4, 2)]
+    parts = [LocalMoments.apply(x) for x in xs]
+    group = ReplicaGroup([torch.device("cpu")] * 2, timeout=30)
+    shared = SharedMoments(None, [p.detach() for p in parts])
+    stats = [ReplicaMoments.apply(shared, group, i, ("bn", 0), None, p)
+             for i, p in enumerate(parts)]
+    errors = []
+
+    def back(i):
+        try:
+            stats[i][1].sum().backward()  # the mean
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=back, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    # d(sum of the global mean, counted once per replica)/dx = 2 / n for every sample
+    total = sum(x.shape[0] * x.shape[2] for x in xs)
+    for x in xs:
+        torch.testing.assert_close(x.grad, torch.full_like(x, 2 / total))
+    assert merge_moments(torch.stack([p.detach() for p in parts]))[0, 0] == total

@@ -21,6 +21,7 @@ from tandem.errors import UsageError
 from tandem.state_keys import register_plain_keys
 
 from .buffers import check_policy, sync_buffers
+from .context import ReplicaGroup
 from .devices import resolve_devices, as_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate, replicate_detached
@@ -114,14 +115,15 @@ class DataParallel(nn.Module):
         timed = self.auto is not None and self.training and torch.is_grad_enabled()
         runs = [_Timed(r) for r in replicas] if timed else replicas
         with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
-            outputs = self.parallel_apply(runs, inputs, kwargs, devices, separate_backward=threaded)
+            group = ReplicaGroup(devices, separate_backward=threaded)
+            outputs = self.parallel_apply(runs, inputs, kwargs, devices, group=group)
         if timed:
             seconds = iter(r.seconds for r in runs)
             self.auto.observe(self.last_shares, [measured(i, n, next(seconds)) if n else 0.0
                                                  for i, n in enumerate(self.last_shares)])
             self.auto.adjust(sum(self.last_shares))  # the next batch takes the new shares
         if threaded:
-            outputs = threaded_backward.join(outputs, leaves, devices)
+            outputs = threaded_backward.join(outputs, leaves, group)
         self.sync_buffers(replicas, inputs, kwargs)
         # n outputs of about B/n each -> one output of B on output_device
         return self.gather(outputs, self.output_device)
@@ -163,9 +165,8 @@ class DataParallel(nn.Module):
         return replicate(module, device_ids)
 
     def parallel_apply(self, replicas, inputs, kwargs, device_ids,
-                       separate_backward: bool = False) -> list:
-        return parallel_apply(replicas, inputs, kwargs, device_ids,
-                              separate_backward=separate_backward)
+                       group: ReplicaGroup | None = None) -> list:
+        return parallel_apply(replicas, inputs, kwargs, device_ids, group=group)
 
     def sync_buffers(self, replicas: Sequence[nn.Module], inputs, kwargs) -> None:
         sizes = [batch_size((a, k), self.dim) or 1 for a, k in zip(inputs, kwargs)]

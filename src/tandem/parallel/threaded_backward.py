@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from .broadcast import ordered_sum
+from .context import ReplicaGroup
 from .parallel_apply import parallel_apply
 from .scatter_gather import map_tensors, tensors_in
 
@@ -56,8 +57,8 @@ def applies(devices: Sequence[torch.device], inputs, kwargs, wanted: bool | None
 class _Backward:
     """What :class:`_Join`'s backward needs: each replica's outputs, leaves and device."""
 
-    def __init__(self, params, leaves, outputs, devices):
-        self.params, self.leaves, self.outputs, self.devices = params, leaves, outputs, devices
+    def __init__(self, params, leaves, outputs, group):
+        self.params, self.leaves, self.outputs, self.group = params, leaves, outputs, group
 
     def run(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Each replica's backward in its thread; the parameters' gradients, summed in order."""
@@ -66,7 +67,9 @@ class _Backward:
             mine = grads[at: at + len(outs)]
             at += len(outs)
             work.append(_ReplicaBackward(outs, mine, leaves))
-        found = parallel_apply(work, [()] * len(work), devices=self.devices)
+        # in the forward's group: layers that met in forward meet again in backward there
+        found = parallel_apply(work, [()] * len(work), devices=self.group.devices,
+                               group=self.group)
         self.outputs = None  # frees every replica's graph
         out = []
         for j, p in enumerate(self.params):
@@ -122,11 +125,12 @@ class _Join(torch.autograd.Function):
         return (None, None, *job.run(grads), *([None] * len(grads)))
 
 
-def join(outputs: list, leaves: list, devices: Sequence[torch.device]) -> list:
+def join(outputs: list, leaves: list, group: ReplicaGroup) -> list:
     """The replicas' ``outputs`` with one autograd node between them and the parameters.
 
     ``leaves[i]`` is replica ``i``'s ``(parameter, leaf)`` list, as from
-    ``replicate_detached``. Tensors that need no gradient pass through unchanged.
+    ``replicate_detached``; ``group`` is the one their forward ran in (``separate_backward``).
+    Tensors that need no gradient pass through unchanged.
     """
     params = [p for p, _ in leaves[0]] if leaves else []
     trainable = [j for j, p in enumerate(params) if p.requires_grad]
@@ -136,7 +140,7 @@ def join(outputs: list, leaves: list, devices: Sequence[torch.device]) -> list:
     if not any(flat):
         return outputs
     job = _Backward([params[j] for j in trainable],
-                    [[pairs[j] for j in trainable] for pairs in leaves], flat, list(devices))
+                    [[pairs[j] for j in trainable] for pairs in leaves], flat, group)
     joined = _Join.apply(job, len(trainable), *job.params,
                          *(t.detach() for mine in flat for t in mine))
     return _swap(outputs, [t for mine in flat for t in mine], joined)
