@@ -65,3 +65,40 @@ def test_replica_moments_meet_in_the_group_they_were_handed():
     for x in xs:
         torch.testing.assert_close(x.grad, torch.full_like(x, 2 / total))
     assert merge_moments(torch.stack([p.detach() for p in parts]))[0, 0] == total
+
+
+def _joined(out: torch.Tensor) -> bool:
+    """Whether ``out``'s graph goes through the threaded backward's one join node."""
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if type(fn).__name__ == "_JoinBackward":
+            return True
+        todo.extend(f for f, _ in fn.next_functions)
+    return False
+
+
+@pytest.mark.parametrize("built, forward", [(1, 4), (4, 1)])
+def test_library_path_is_decided_when_built_not_at_forward(built, forward):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(built)
+        dp = DataParallel(nn.Linear(4, 2), ["cpu"] * 2)  # default: decided here
+        torch.set_num_threads(forward)
+        out = dp(torch.randn(6, 4))
+    finally:
+        torch.set_num_threads(before)
+    threaded = built < 2  # one intra-op thread for two CPU replicas: the threads add a core
+    assert dp.backward_threads is threaded
+    assert _joined(out) is threaded  # the path actually taken
+    assert threaded_backward.decide(["cpu"] * 2, threads=built) is threaded
+
+
+def test_explicit_choice_and_split_decide_the_path_whatever_the_threads():
+    assert DataParallel(nn.Linear(4, 2), ["cpu"] * 2, backward_threads=False).backward_threads \
+        is False
+    assert _joined(DataParallel(nn.Linear(4, 2), ["cpu"] * 2, split=(1, 1))(torch.randn(4, 4)))
+    assert DataParallel(nn.Linear(4, 2), ["cpu"]).backward_threads is False  # one replica

@@ -74,19 +74,22 @@ class DataParallel(nn.Module):
 
     ``backward_threads``: ``True`` runs each CPU replica's backward in its own thread instead
     of all in autograd's one CPU thread (:mod:`tandem.parallel.threaded_backward`; same
-    gradients, no double backward); ``False`` never; ``None`` (default) when that adds cores
-    (fewer intra-op threads than CPU replicas) or with a ``split``, whose shares can finish
-    together only if each replica's backward runs beside the others.
+    gradients, no double backward); ``False`` never; ``None`` (default) decides here, once,
+    with :func:`~tandem.parallel.threaded_backward.decide`: threads when they add cores
+    (fewer intra-op threads now than CPU replicas) or with a ``split``, whose shares can
+    finish together only if each replica's backward runs beside the others. The decision is
+    kept in ``self.backward_threads``; a later ``torch.set_num_threads`` does not change it.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
                  output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None,
                  split=None, max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
-        self.backward_threads = backward_threads
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
         n = len(self.device_ids)
+        self.backward_threads = threaded_backward.decide(self.device_ids, backward_threads,
+                                                         split=split is not None)
         self.auto = AutoSplit(n) if split == AUTO else None
         self.split = None if split is None or split == AUTO else check_weights(split, n)
         self.max_share = max_share
@@ -106,8 +109,7 @@ class DataParallel(nn.Module):
         inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
         devices = devices[: len(inputs)]
         initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
-        threaded = threaded_backward.applies(devices, inputs, kwargs, self.backward_threads,
-                                             split=self.weights() is not None)
+        threaded = threaded_backward.applies(devices, inputs, kwargs, self.backward_threads)
         if threaded:  # detached replicas: each runs its backward in its own thread
             replicas, leaves = replicate_detached(self.module, devices)
         else:

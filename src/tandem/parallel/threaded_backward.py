@@ -13,7 +13,9 @@ on which thread finishes first.
 Modules that exchange data between replicas in backward (``SyncBatchNorm``) meet in the
 replica threads (``ReplicaGroup.separate_backward``), so every replica runs its backward, with
 zero gradients for outputs the loss did not use. Limit: no double backward
-(``create_graph=True`` is refused). :func:`applies` says when this path is taken.
+(``create_graph=True`` is refused). :func:`decide` chooses the path once, from the layout
+(``DataParallel`` when it is built, a run in its plan); :func:`applies` then says which
+forwards take it.
 """
 
 from __future__ import annotations
@@ -27,31 +29,39 @@ from .context import ReplicaGroup
 from .parallel_apply import parallel_apply
 from .scatter_gather import map_tensors, tensors_in
 
-__all__ = ["applies", "join"]
+__all__ = ["decide", "applies", "join"]
 
 
-def applies(devices: Sequence[torch.device], inputs, kwargs, wanted: bool | None = None,
-            split: bool = False) -> bool:
-    """Whether a forward over ``devices`` should take the threaded backward: grad is on, two
-    replicas or more are on the CPU, no input needs a gradient, and ``wanted`` is True, or
-    ``None`` and either the replica threads use more cores than autograd's one thread would,
-    or ``split`` (shares by weight, made to finish together) is set.
+def decide(devices: Sequence[torch.device], wanted: bool | None = None, split: bool = False,
+           threads: int | None = None) -> bool:
+    """Whether replicas on ``devices`` run their backward in threads: ``wanted`` when given;
+    else when two or more are on the CPU and either ``split`` is set (shares by weight, made
+    to finish together) or the replica threads use more cores than autograd's one thread
+    would with ``threads`` intra-op threads (default: ``torch.get_num_threads()`` now).
 
     That thread runs each replica's backward with all of the process's intra-op threads, the
     replica threads with their share each (``parallel_apply``), so the threads add cores only
     when there are fewer intra-op threads than CPU replicas, such as one each
-    (``tandem bench --threads 1``). Where they add none, the two took the same time with
-    ``tandem.cpu_malloc`` and one thread was about 10% faster without (BENCHMARKS.md
-    section 1)."""
-    if wanted is False or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+    (``tandem bench --threads 1``); where they add none, the two paths take about the same
+    time (BENCHMARKS.md section 1). Decided once, so a later ``torch.set_num_threads`` (or
+    ``OMP_NUM_THREADS`` on resume) changes neither the path nor its last bits."""
+    if wanted is not None:
+        return bool(wanted)
+    cpu = sum(torch.device(d).type == "cpu" for d in devices)
+    if cpu < 2:
+        return False
+    total = torch.get_num_threads() if threads is None else threads
+    return split or cpu * max(1, total // cpu) > total
+
+
+def applies(devices: Sequence[torch.device], inputs, kwargs, threaded: bool) -> bool:
+    """Whether this forward over ``devices`` takes the threaded backward, ``threaded`` being
+    the path :func:`decide` chose: grad is on, two replicas or more are on the CPU (a small
+    batch may use fewer) and no input needs a gradient."""
+    if not threaded or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
     cpu = sum(d.type == "cpu" for d in devices)
-    if cpu < 2 or any(t.requires_grad for t in tensors_in((inputs, kwargs))):
-        return False
-    if wanted is None and not split:
-        total = torch.get_num_threads()
-        return cpu * max(1, total // cpu) > total
-    return True
+    return cpu >= 2 and not any(t.requires_grad for t in tensors_in((inputs, kwargs)))
 
 
 class _Backward:
