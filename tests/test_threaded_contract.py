@@ -102,3 +102,58 @@ def test_explicit_choice_and_split_decide_the_path_whatever_the_threads():
         is False
     assert _joined(DataParallel(nn.Linear(4, 2), ["cpu"] * 2, split=(1, 1))(torch.randn(4, 4)))
     assert DataParallel(nn.Linear(4, 2), ["cpu"]).backward_threads is False  # one replica
+
+
+def _train(threads: int, *argv):
+    """`tandem train ARGV` in this process with ``threads`` intra-op threads, counting the
+    forwards that took the threaded backward (its join)."""
+    from tandem.cli.main import main
+
+    joins = []
+    join = threaded_backward.join
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    threaded_backward.join = lambda *a: joins.append(1) or join(*a)
+    try:
+        code = main([str(a) for a in argv])
+    finally:
+        threaded_backward.join = join
+        torch.set_num_threads(before)
+    assert code == 0
+    return len(joins)
+
+
+TINY = ["-a", "cifar_resnet20", "--data", "synthetic", "--synthetic-size", "16",
+        "--image-size", "8", "--num-classes", "3", "-b", "8", "--strategy", "dp",
+        "--devices", "cpu:2", "--no-progress", "--max-steps", "1"]
+
+
+def _recorded(run) -> str | None:
+    import json
+
+    return json.loads((run / "config.json").read_text())["parallel"]["backward_threads"]
+
+
+def test_run_records_its_path_and_resume_keeps_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    # one thread for two CPU replicas: the plan picks the threads, and config.json says so
+    assert _train(1, "train", *TINY, "--epochs", "1", "--out", run) > 0
+    assert _recorded(run) == "on"
+    # resumed with 4 threads, where a fresh run would pick autograd's one thread: kept
+    assert _train(4, "train", "--resume", run, "--epochs", "2", "--no-progress") > 0
+    assert _recorded(run) == "on"
+    fresh = tmp_path / "fresh"
+    assert _train(4, "train", *TINY, "--epochs", "1", "--out", fresh) == 0
+    assert _recorded(fresh) == "off"
+    off = tmp_path / "off"
+    assert _train(1, "train", *TINY, "--epochs", "1", "--out", off,
+                  "--backward-threads", "off") == 0
+    assert _recorded(off) == "off"
+
+
+def test_a_config_from_before_the_field_loads_and_is_decided_by_the_plan():
+    from tandem.config import TrainConfig
+
+    saved = TrainConfig().to_dict()
+    del saved["parallel"]["backward_threads"]
+    assert TrainConfig.from_dict(saved).parallel.backward_threads is None

@@ -125,8 +125,8 @@ class HybridParallel(nn.Module):
     drop-in ``nn.Module``: ``forward(x)`` returns the logits on ``output_device``,
     ``train()``/``eval()`` reach every part, and :meth:`parameters` yields each trainable tensor
     once (the trunk's shared parameters and the shards' own), so any optimizer steps it. The
-    optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`. ``split`` and
-    ``max_share`` set the trunk's batch shares, as for ``DataParallel``.
+    optimizer's state is per shard; checkpoints use :meth:`plain_state_dict`. ``split``,
+    ``max_share`` and ``backward_threads`` are the trunk's, as for ``DataParallel``.
 
     ``head`` names the attribute holding the classifier (default: ``classifier``, else ``fc``;
     see :mod:`.layout`). A model with only ``features``, ``avgpool`` and ``classifier`` runs as
@@ -139,7 +139,7 @@ class HybridParallel(nn.Module):
 
     def __init__(self, model: nn.Module, device_ids=None, output_device=None,
                  buffers: str = "replica0", head: str | None = None, split=None,
-                 max_share: int | None = None):
+                 max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
         name = find_head(model, head)
         lazy = first_lazy(model)
@@ -170,7 +170,8 @@ class HybridParallel(nn.Module):
             trunk = _Body(model, name, [mods[i] for i in leading])
             self._parts = [("", trunk.body)]  # every key but the head's
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
-                                       buffers=buffers, split=split, max_share=max_share)
+                                       buffers=buffers, split=split, max_share=max_share,
+                                       backward_threads=backward_threads)
         self._parts += [(key(i), mods[i]) for i in leading]
 
         head: list[nn.Module] = []

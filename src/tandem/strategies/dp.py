@@ -43,7 +43,8 @@ class ReplicatedStrategy(Strategy):
 
     def wrapper_options(self) -> dict:
         return dict(device_ids=self.devices, output_device=self.device, buffers=self.buffers,
-                    split=self.split, max_share=self.max_share)
+                    split=self.split, max_share=self.max_share,
+                    backward_threads=self.backward_threads)
 
     def shares(self, wrapped: nn.Module) -> tuple[float, ...] | None:
         dp = replicas_of(wrapped)
