@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tandem import checkpoint
+from tandem import checkpoint, cpu_malloc
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
@@ -286,6 +286,7 @@ def execute(plan: RunPlan | str) -> dict | None:
         return _print_validation(plan)
     # the main process holds the run directory's lock from before it writes until the end
     locked = runlock.held(plan.run_dir) if plan.strategy.is_main else contextlib.nullcontext()
+    cpu_malloc.tune()  # a process that trains keeps its step's memory (tandem.cpu_malloc)
     with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
         parts = _build(plan)
         start, notes = _restore(plan, parts)
