@@ -157,3 +157,22 @@ def test_a_config_from_before_the_field_loads_and_is_decided_by_the_plan():
     saved = TrainConfig().to_dict()
     del saved["parallel"]["backward_threads"]
     assert TrainConfig.from_dict(saved).parallel.backward_threads is None
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_bench_explain_says_the_path_a_replica_wrapper_built_then_takes(threads, monkeypatch):
+    from tandem.bench import run_setup
+
+    monkeypatch.delenv("TANDEM_MALLOC", raising=False)
+    text = run_setup(["cpu", "cpu"], threads)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)  # as run_bench sets the race's threads
+        built = DataParallel(nn.Linear(4, 2), ["cpu"] * 2).backward_threads
+    finally:
+        torch.set_num_threads(before)
+    assert ("in its own thread" in text) is built is (threads == 1)
+    assert "autograd's one thread" in text or built
+    assert "tandem.cpu_malloc" in text.splitlines()[-1]
+    monkeypatch.setenv("TANDEM_MALLOC", "default")
+    assert "glibc's own" in run_setup(["cpu"], None)
