@@ -17,7 +17,6 @@ from typing import Callable
 
 from torch import nn
 
-from tandem import cpu_malloc
 from tandem.config import TrainConfig
 from tandem.data.given import given_data
 from tandem.data.load import GIVEN_DATA
@@ -50,7 +49,9 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     model is left holding the final weights; they are also in ``out``/``checkpoint.pt``.
     Warning: the model's initial weights are used as they are (seed them yourself), and with
     several processes, rank 0's. Under torchrun a one-process ``strategy`` becomes one process
-    per device (``ddp``), and one line says so.
+    per device (``ddp``), and one line says so. As ``tandem train`` does, training sets glibc's
+    malloc thresholds for the whole process, which then keeps its peak memory
+    (:mod:`tandem.cpu_malloc`; ``TANDEM_MALLOC=default`` keeps glibc's own behaviour).
     """
     cfg = TrainConfig.from_settings(settings)
     given = frozenset(settings)
@@ -74,7 +75,6 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     elif val_data is not None or classes is not None:
         raise UsageError("tandem.fit() got val_data or classes without train_data")
     plan = plan_train(cfg, given, Supplied(model, data, criterion))
-    cpu_malloc.tune()  # as the tandem command does (tandem.cpu_malloc)
     row = execute(plan)
     if isinstance(plan, str) and is_main_process():  # complete already
         rows = RunDir.of(checkpoint_path(cfg.run.resume)).read_metrics()

@@ -188,9 +188,18 @@ class ParallelConfig:
     max_share: int | None = opt(None, "the most samples any one device (or rank) may take of a "
                                 "batch; a batch or --split that needs more is refused at once",
                                 metavar="N", on_resume=MAY_CHANGE)
+    # Like --compile, the backward's threads change how a step runs and its last bits only.
+    backward_threads: str | None = opt(None, "dp, balanced, hybrid: on runs each CPU replica's "
+                                       "backward in its own thread, off all in autograd's one "
+                                       "(default: on when the replicas' threads add cores or "
+                                       "with --split; decided when the run starts, kept in "
+                                       "config.json and on resume)", choices=("on", "off"),
+                                       on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         check(bool(self.strategy), "--strategy must not be empty")
+        if self.backward_threads is not None:
+            check_choice(self.backward_threads, ("on", "off"), "--backward-threads")
         check_choice(self.buffers, POLICIES, "--buffers")
         check_choice(self.dtype, DTYPES, "--dtype")
         check(not (self.amp and self.dtype != "float32"),

@@ -6,8 +6,7 @@ returns free memory at the top of the heap to the system past its trim threshold
 thresholds moving as the program runs, so a step can fault its memory in again page by page.
 :func:`tune` fixes the mmap threshold at glibc's largest (32 MiB on 64-bit) and the trim
 threshold at 2 GiB, as a caching allocator would: the process keeps its peak memory between
-steps. On the 2-core EPYC this made a cifar_resnet20 step 0.86x (single) and 0.69x (dp) of
-glibc's default (BENCHMARKS.md section 11). ``TANDEM_MALLOC=default`` keeps glibc's own
+steps; BENCHMARKS.md section 11 measures what it saves. ``TANDEM_MALLOC=default`` keeps glibc's own
 behaviour; where the C library is not glibc nothing changes.
 """
 

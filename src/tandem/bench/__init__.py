@@ -4,9 +4,9 @@
 """
 
 from .config import BASELINES, BenchConfig, default_strategies, parse_names
-from .report import explain, format_table, write_json
+from .report import explain, format_table, run_setup, write_json
 from .runner import RESULT_FIELDS
 from .suite import run_bench
 
 __all__ = ["default_strategies", "BASELINES", "BenchConfig", "parse_names", "run_bench", "format_table",
-           "write_json", "explain", "RESULT_FIELDS"]
+           "write_json", "explain", "run_setup", "RESULT_FIELDS"]

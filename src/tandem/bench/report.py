@@ -16,7 +16,7 @@ from typing import TextIO
 from .entry import LOOP
 from .timing import NOISE_IQR, is_noise
 
-__all__ = ["format_table", "write_json", "format_bytes", "explain"]
+__all__ = ["format_table", "write_json", "format_bytes", "explain", "run_setup"]
 
 
 def format_bytes(n: float | None) -> str:
@@ -179,6 +179,29 @@ def explain(model, devices, batch_size: int, image_size: int, split=None,
                                                 sample, unit=UNIT)])
     return plan(model, devices, batch_size=batch_size, input_size=image_size, split=split,
                 per_sample=per_sample, unit=None if per_sample is None else UNIT).report()
+
+
+def run_setup(devices, threads: int | None) -> str:
+    """What ``--explain`` says of how the race runs its CPU replicas' backward (decided when
+    each ``DataParallel`` is built, from the race's ``threads``) and of glibc's malloc."""
+    import os
+
+    import torch
+
+    from tandem.parallel import threaded_backward
+
+    threads = torch.get_num_threads() if threads is None else threads
+    cpu = sum(torch.device(d).type == "cpu" for d in devices)
+    if cpu < 2:
+        line = "backward: autograd's own (fewer than 2 CPU replicas)"
+    else:
+        how = ("each replica's in its own thread" if threaded_backward.decide(
+            devices, threads=threads) else "all in autograd's one thread")
+        line = (f"backward: dp, balanced and hybrid on {cpu} CPU replicas with {threads} "
+                f"intra-op thread(s): {how} (with a split: in threads)")
+    default = os.environ.get("TANDEM_MALLOC", "").strip().lower() == "default"
+    return line + "\nmalloc: " + ("glibc's own (TANDEM_MALLOC=default)" if default else
+                                  "glibc's thresholds fixed for this process (tandem.cpu_malloc)")
 
 
 UNIT = " sample-times"  # one sample on a device without the handicap

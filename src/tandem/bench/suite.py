@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tandem import cpu_malloc
 from tandem.errors import first_line
 from tandem.strategies import strategy_class
 
@@ -156,9 +157,11 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     """Race the strategies and baselines of ``config``; return ``{config, machine, results}``.
 
     ``config.threads`` sets torch's intra-op threads for the race; the caller's are restored
-    after. A custom ``model_fn`` cannot be sent to torchrun workers, so it skips ``ddp`` and
-    ``torch_ddp``.
+    after. Like a training run, it tunes glibc's malloc for the whole process
+    (:mod:`tandem.cpu_malloc`). A custom ``model_fn`` cannot be sent to torchrun workers, so it
+    skips ``ddp`` and ``torch_ddp``.
     """
+    cpu_malloc.tune()  # its steps run as a training run's do: the process keeps its peak memory
     previous = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)

@@ -65,7 +65,7 @@ def _run_data(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.bench import BenchConfig, explain, format_table, run_bench, write_json
+    from tandem.bench import BenchConfig, explain, format_table, run_bench, run_setup, write_json
 
     if args.data is not None:
         if args.arch is not None:
@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             spec[1] if i == spec[0] else 1.0 for i in range(len(config.device_list))]
         print(explain(model, config.device_list, config.batch_size, config.image_size,
                       config.ideal_split(), per_sample), file=out)
+        print(run_setup(config.device_list, config.threads), file=out)
     report = run_bench(config)
     print(format_table(report), file=out)
     if args.json:

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 
-from tandem import cpu_malloc
 from tandem.errors import TandemError, first_line
 
 from . import bench, launch, models, train
@@ -47,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv  # as typed, for messages that echo a command (imagenet_flags)
-    cpu_malloc.tune()  # a process that trains keeps its step's memory (tandem.cpu_malloc)
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that left meets it here, not at the interpreter's exit

@@ -121,7 +121,7 @@ class HybridParallel(nn.Module):
     """Run ``model`` with data-parallel features and a model-parallel classifier.
 
     ``device_ids``, ``output_device`` (default ``device_ids[0]``), ``buffers`` (the trunk's),
-    ``split`` and ``max_share`` are as for ``DataParallel``. A drop-in ``nn.Module``: the
+    ``split``, ``max_share`` and ``backward_threads`` are as for ``DataParallel``. A drop-in ``nn.Module``: the
     logits land on ``output_device``, and :meth:`parameters` yields each trainable tensor once
     (the trunk's shared ones, the shards' own); optimizer state is per shard, and checkpoints
     use :meth:`plain_state_dict`. ``head`` names the classifier (see :mod:`.layout`). A model
@@ -133,7 +133,7 @@ class HybridParallel(nn.Module):
 
     def __init__(self, model: nn.Module, device_ids=None, output_device=None,
                  buffers: str = "replica0", head: str | None = None, split=None,
-                 max_share: int | None = None):
+                 max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
         name = find_head(model, head)
         lazy = first_lazy(model)
@@ -155,7 +155,8 @@ class HybridParallel(nn.Module):
 
         trunk = self._trunk_of(model, name, [mods[i] for i in leading])
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
-                                       buffers=buffers, split=split, max_share=max_share)
+                                       buffers=buffers, split=split, max_share=max_share,
+                                       backward_threads=backward_threads)
         self._parts += [(key(i), mods[i]) for i in leading]
         self.head = nn.Sequential(*self._split_head(mods, stages, key))
         self._keys = list(model.state_dict().keys())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 
-__all__ = ["copy_params"]
+__all__ = ["copy_params", "ordered_sum"]
 
 
 def _cuda_index(device: torch.device) -> int:
@@ -70,18 +70,19 @@ class _Broadcast(torch.autograd.Function):
         by_device: dict = {}
         for k, device in enumerate(ctx.devices):
             by_device.setdefault(device, []).append(grads[k * n:(k + 1) * n])
-        sums = {device: [_ordered_sum(column) for column in zip(*rows)]
+        sums = {device: [ordered_sum(column) for column in zip(*rows)]
                 for device, rows in by_device.items()}
         targets = list(sums)
         if _coalesced(ctx.source, [d for d in targets if d != ctx.source]) and len(targets) > 1:
             total = comm.reduce_add_coalesced([sums[d] for d in targets], _cuda_index(ctx.source))
         else:
-            total = [_ordered_sum([sums[d][j] for d in targets], ctx.source) for j in range(n)]
+            total = [ordered_sum([sums[d][j] for d in targets], ctx.source) for j in range(n)]
         return (None, None) + tuple(total)
 
 
-def _ordered_sum(tensors, device=None) -> torch.Tensor:
-    """``((t0 + t1) + t2) + ...`` on ``device`` (default: the first's), always in this order."""
+def ordered_sum(tensors, device=None) -> torch.Tensor:
+    """``((t0 + t1) + t2) + ...`` on ``device`` (default: the first's), always in this order,
+    so a sum of replica gradients has the same bits however the replica threads finished."""
     first = tensors[0] if device is None else tensors[0].to(device)
     if len(tensors) == 1:
         return first

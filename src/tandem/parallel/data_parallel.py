@@ -20,6 +20,7 @@ from torch import nn
 from tandem.state_keys import register_plain_keys
 
 from .buffers import check_policy, sync_buffers
+from .context import ReplicaGroup
 from .devices import resolve_devices, as_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate, replicate_detached
@@ -68,21 +69,22 @@ class DataParallel(nn.Module):
     replica's forward in training and moves the weights toward the speeds after each
     training forward. ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
     :class:`~tandem.parallel.split.BatchSplit`; a strategy passes its own as ``split`` and
-    steps it once per optimizer step. The update is the same whatever the shares. ``last_shares`` holds the
-    chunk sizes of the last forward, one per device.
+    steps it once per optimizer step. The update is the same whatever the shares.
+    ``last_shares`` holds the chunk sizes of the last forward, one per device.
 
     ``backward_threads``: ``True`` runs each CPU replica's backward in its own thread instead
     of all in autograd's one CPU thread (:mod:`tandem.parallel.threaded_backward`; same
-    gradients, no double backward); ``False`` never; ``None`` (default) when that adds cores
-    (fewer intra-op threads than CPU replicas) or with a ``split``, whose shares can finish
-    together only if each replica's backward runs beside the others.
+    gradients, no double backward); ``False`` never; ``None`` (default) decides here, once,
+    with :func:`~tandem.parallel.threaded_backward.decide`: threads when they add cores
+    (fewer intra-op threads now than CPU replicas) or with a ``split``, whose shares can
+    finish together only if each replica's backward runs beside the others. The decision is
+    kept in ``self.backward_threads``; a later ``torch.set_num_threads`` does not change it.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
                  output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None,
                  split=None, max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
-        self.backward_threads = backward_threads
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
         n = len(self.device_ids)
@@ -90,6 +92,8 @@ class DataParallel(nn.Module):
         self.split = BatchSplit(split, n, max_share) if self.owns_split else split
         if self.owns_split:
             self.split.check_weights("split")
+        self.backward_threads = threaded_backward.decide(
+            self.device_ids, backward_threads, split=self.split.weights() is not None)
         self.last_shares: list[int] | None = None
         self.output_device = self.device_ids[0] if output_device is None else as_device(output_device)
         self.dim = dim
@@ -106,8 +110,7 @@ class DataParallel(nn.Module):
         inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
         devices = devices[: len(inputs)]
         initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
-        threaded = threaded_backward.applies(devices, inputs, kwargs, self.backward_threads,
-                                             split=self.weights() is not None)
+        threaded = threaded_backward.applies(devices, inputs, kwargs, self.backward_threads)
         if threaded:  # detached replicas: each runs its backward in its own thread
             replicas, leaves = replicate_detached(self.module, devices)
         else:
@@ -115,7 +118,8 @@ class DataParallel(nn.Module):
         timed = self.split.auto is not None and self.training and torch.is_grad_enabled()
         runs = [_Timed(r) for r in replicas] if timed else replicas
         with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
-            outputs = self.parallel_apply(runs, inputs, kwargs, devices, separate_backward=threaded)
+            group = ReplicaGroup(devices, separate_backward=threaded)
+            outputs = self.parallel_apply(runs, inputs, kwargs, devices, group=group)
         if timed:
             seconds = iter(r.seconds for r in runs)
             for i, n in enumerate(self.last_shares):
@@ -123,7 +127,7 @@ class DataParallel(nn.Module):
             if self.owns_split:  # one forward, one step: the next batch takes the new shares
                 self.split.step(0, 0)
         if threaded:
-            outputs = threaded_backward.join(outputs, leaves, devices)
+            outputs = threaded_backward.join(outputs, leaves, group)
         self.sync_buffers(replicas, inputs, kwargs)
         # n outputs of about B/n each -> one output of B on output_device
         return self.gather(outputs, self.output_device)
@@ -155,9 +159,8 @@ class DataParallel(nn.Module):
         return replicate(module, device_ids)
 
     def parallel_apply(self, replicas, inputs, kwargs, device_ids,
-                       separate_backward: bool = False) -> list:
-        return parallel_apply(replicas, inputs, kwargs, device_ids,
-                              separate_backward=separate_backward)
+                       group: ReplicaGroup | None = None) -> list:
+        return parallel_apply(replicas, inputs, kwargs, device_ids, group=group)
 
     def sync_buffers(self, replicas: Sequence[nn.Module], inputs, kwargs) -> None:
         sizes = [batch_size((a, k), self.dim) or 1 for a, k in zip(inputs, kwargs)]

@@ -171,20 +171,24 @@ def _layout(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None,
 
 
 def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
-                   devices: Sequence | None = None, separate_backward: bool = False) -> list:
+                   devices: Sequence | None = None, group: ReplicaGroup | None = None) -> list:
     """Apply ``modules[i]`` to ``inputs[i]`` for every ``i``, each in its own thread.
 
     ``inputs[i]`` is a tuple (or list) of positional arguments, or one argument;
     ``kwargs_list[i]`` holds keyword arguments; ``devices[i]`` says where replica ``i`` runs
-    (inferred from its inputs or parameters when omitted). ``separate_backward``: the caller
-    will run each replica's backward in its own thread (layers read it from the
-    :class:`ReplicaGroup`). Returns the outputs in order.
+    (inferred from its inputs or parameters when omitted). ``group``: the
+    :class:`ReplicaGroup` the replicas meet in (default: a new one); the threaded backward
+    runs the replicas' backward in their forward's group, so that a failure wakes the replicas
+    waiting there. Returns the outputs in order.
     """
     kwargs_list, devices = _layout(modules, inputs, kwargs_list, devices)
-    if len(modules) == 0:
+    n = len(modules)
+    if n == 0:
         return []
-    group = ReplicaGroup(devices, separate_backward=separate_backward)
-    if len(modules) == 1:  # inline: the caller's thread settings already apply
+    group = ReplicaGroup(devices) if group is None else group
+    if group.num_replicas != n:
+        raise UsageError(f"parallel_apply got {n} modules but a group of {group.num_replicas}")
+    if n == 1:  # inline: the caller's thread settings already apply
         try:
             with use(ReplicaContext(0, devices[0], group)):
                 return [_call(modules[0], inputs[0], kwargs_list[0])]

@@ -93,7 +93,8 @@ class SyncBatchNorm(_BatchNorm):
                 shared, owner = replica.group.combine(
                     key, replica.index, part, lambda parts: _share_replicas(parts, group))
                 anchor = _anchor(input) if group is not None else None
-                total = ReplicaMoments.apply(shared, replica.index, key[0], anchor, moments)
+                total = ReplicaMoments.apply(shared, replica.group, replica.index, key, anchor,
+                                             moments)
             else:
                 total, owner = replica.group.combine(
                     key, replica.index, part, lambda parts: _merge_replicas(parts, group)

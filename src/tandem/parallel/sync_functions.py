@@ -18,8 +18,6 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
-from . import context
-
 __all__ = ["accumulation_dtype", "local_moments", "merge_moments", "LocalMoments",
            "GlobalMoments", "SharedMoments", "ReplicaMoments", "Normalize"]
 
@@ -192,28 +190,27 @@ class SharedMoments:
 
 
 class ReplicaMoments(torch.autograd.Function):
-    """Replica ``index``'s view of :class:`SharedMoments`: ``apply(shared, index, key, anchor,
-    part)`` returns its ``(4, C)`` statistics; its backward meets the other replicas' under
-    ``key`` (each replica runs its backward in its own thread,
-    :mod:`tandem.parallel.threaded_backward`) and returns this replica's part gradient.
+    """Replica ``index``'s view of :class:`SharedMoments`: ``apply(shared, group, index, key,
+    anchor, part)`` returns its ``(4, C)`` statistics; its backward meets the other replicas'
+    in ``group`` (a :class:`~tandem.parallel.context.ReplicaGroup`) under ``key``, the layer
+    call's forward key (each replica runs its backward in its own thread,
+    :mod:`tandem.parallel.threaded_backward`), and returns this replica's part gradient.
     ``anchor``: as for :class:`GlobalMoments`, so every replica reaches the meeting."""
 
     @staticmethod
-    def forward(ctx, shared, index, key, anchor, part):
-        ctx.shared, ctx.index, ctx.key = shared, index, key
+    def forward(ctx, shared, group, index, key, anchor, part):
+        ctx.shared, ctx.group, ctx.index, ctx.key = shared, group, index, key
         return shared.stats[index].clone()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         shared, ctx.shared = ctx.shared, None
-        here = context.current()
-        if here is None or shared is None:
-            raise RuntimeError("SyncBatchNorm: a replica's statistics were built for the "
-                               "threaded backward of DataParallel, which must run them")
-        key = here.next_key(ctx.key)
-        part = here.group.combine(key, ctx.index, grad, shared.part_grads)
-        return None, None, None, None, part
+        if shared is None:
+            raise RuntimeError(f"SyncBatchNorm: replica {ctx.index}'s statistics were used by "
+                               "a backward already")
+        part = ctx.group.combine(("backward", ctx.key), ctx.index, grad, shared.part_grads)
+        return None, None, None, None, None, part
 
 
 class Normalize(torch.autograd.Function):

@@ -13,7 +13,9 @@ on which thread finishes first.
 Modules that exchange data between replicas in backward (``SyncBatchNorm``) meet in the
 replica threads (``ReplicaGroup.separate_backward``), so every replica runs its backward, with
 zero gradients for outputs the loss did not use. Limit: no double backward
-(``create_graph=True`` is refused). :func:`applies` says when this path is taken.
+(``create_graph=True`` is refused). :func:`decide` chooses the path once, from the layout
+(``DataParallel`` when it is built, a run in its plan); :func:`applies` then says which
+forwards take it.
 """
 
 from __future__ import annotations
@@ -22,42 +24,51 @@ from typing import Sequence
 
 import torch
 
-from .broadcast import _ordered_sum
+from .broadcast import ordered_sum
+from .context import ReplicaGroup
 from .parallel_apply import parallel_apply
 from .scatter_gather import map_tensors, tensors_in
 
-__all__ = ["applies", "join"]
+__all__ = ["decide", "applies", "join"]
 
 
-def applies(devices: Sequence[torch.device], inputs, kwargs, wanted: bool | None = None,
-            split: bool = False) -> bool:
-    """Whether a forward over ``devices`` should take the threaded backward: grad is on, two
-    replicas or more are on the CPU, no input needs a gradient, and ``wanted`` is True, or
-    ``None`` and either the replica threads use more cores than autograd's one thread would,
-    or ``split`` (shares by weight, made to finish together) is set.
+def decide(devices: Sequence[torch.device], wanted: bool | None = None, split: bool = False,
+           threads: int | None = None) -> bool:
+    """Whether replicas on ``devices`` run their backward in threads: ``wanted`` when given;
+    else when two or more are on the CPU and either ``split`` is set (shares by weight, made
+    to finish together) or the replica threads use more cores than autograd's one thread
+    would with ``threads`` intra-op threads (default: ``torch.get_num_threads()`` now).
 
     That thread runs each replica's backward with all of the process's intra-op threads, the
     replica threads with their share each (``parallel_apply``), so the threads add cores only
     when there are fewer intra-op threads than CPU replicas, such as one each
-    (``tandem bench --threads 1``). Where they add none, the two took the same time with
-    ``tandem.cpu_malloc`` and one thread was about 10% faster without (BENCHMARKS.md
-    section 1)."""
-    if wanted is False or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+    (``tandem bench --threads 1``); where they add none, the two paths take about the same
+    time (BENCHMARKS.md section 1). Decided once, so a later ``torch.set_num_threads`` (or
+    ``OMP_NUM_THREADS`` on resume) changes neither the path nor its last bits."""
+    if wanted is not None:
+        return bool(wanted)
+    cpu = sum(torch.device(d).type == "cpu" for d in devices)
+    if cpu < 2:
+        return False
+    total = torch.get_num_threads() if threads is None else threads
+    return split or cpu * max(1, total // cpu) > total
+
+
+def applies(devices: Sequence[torch.device], inputs, kwargs, threaded: bool) -> bool:
+    """Whether this forward over ``devices`` takes the threaded backward, ``threaded`` being
+    the path :func:`decide` chose: grad is on, two replicas or more are on the CPU (a small
+    batch may use fewer) and no input needs a gradient."""
+    if not threaded or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
     cpu = sum(d.type == "cpu" for d in devices)
-    if cpu < 2 or any(t.requires_grad for t in tensors_in((inputs, kwargs))):
-        return False
-    if wanted is None and not split:
-        total = torch.get_num_threads()
-        return cpu * max(1, total // cpu) > total
-    return True
+    return cpu >= 2 and not any(t.requires_grad for t in tensors_in((inputs, kwargs)))
 
 
 class _Backward:
     """What :class:`_Join`'s backward needs: each replica's outputs, leaves and device."""
 
-    def __init__(self, params, leaves, outputs, devices):
-        self.params, self.leaves, self.outputs, self.devices = params, leaves, outputs, devices
+    def __init__(self, params, leaves, outputs, group):
+        self.params, self.leaves, self.outputs, self.group = params, leaves, outputs, group
 
     def run(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Each replica's backward in its thread; the parameters' gradients, summed in order."""
@@ -66,12 +77,14 @@ class _Backward:
             mine = grads[at: at + len(outs)]
             at += len(outs)
             work.append(_ReplicaBackward(outs, mine, leaves))
-        found = parallel_apply(work, [()] * len(work), devices=self.devices)
+        # in the forward's group: layers that met in forward meet again in backward there
+        found = parallel_apply(work, [()] * len(work), devices=self.group.devices,
+                               group=self.group)
         self.outputs = None  # frees every replica's graph
         out = []
         for j, p in enumerate(self.params):
             parts = [g[j] for g in found if g is not None and g[j] is not None]
-            out.append(_ordered_sum(parts, p.device) if parts else None)
+            out.append(ordered_sum(parts, p.device) if parts else None)
         return out
 
 
@@ -122,11 +135,12 @@ class _Join(torch.autograd.Function):
         return (None, None, *job.run(grads), *([None] * len(grads)))
 
 
-def join(outputs: list, leaves: list, devices: Sequence[torch.device]) -> list:
+def join(outputs: list, leaves: list, group: ReplicaGroup) -> list:
     """The replicas' ``outputs`` with one autograd node between them and the parameters.
 
     ``leaves[i]`` is replica ``i``'s ``(parameter, leaf)`` list, as from
-    ``replicate_detached``. Tensors that need no gradient pass through unchanged.
+    ``replicate_detached``; ``group`` is the one their forward ran in (``separate_backward``).
+    Tensors that need no gradient pass through unchanged.
     """
     params = [p for p, _ in leaves[0]] if leaves else []
     trainable = [j for j, p in enumerate(params) if p.requires_grad]
@@ -136,8 +150,29 @@ def join(outputs: list, leaves: list, devices: Sequence[torch.device]) -> list:
     if not any(flat):
         return outputs
     job = _Backward([params[j] for j in trainable],
-                    [[pairs[j] for j in trainable] for pairs in leaves], flat, list(devices))
-    joined = iter(_Join.apply(job, len(trainable), *job.params,
-                              *(t.detach() for mine in flat for t in mine)))
-    return [map_tensors(out, lambda t: next(joined) if t.requires_grad else t)
-            for out in outputs]
+                    [[pairs[j] for j in trainable] for pairs in leaves], flat, group)
+    joined = _Join.apply(job, len(trainable), *job.params,
+                         *(t.detach() for mine in flat for t in mine))
+    return _swap(outputs, [t for mine in flat for t in mine], joined)
+
+
+def _swap(outputs: list, originals: list, joined) -> list:
+    """``outputs`` with ``originals[k]`` replaced by ``joined[k]``. ``tensors_in`` found the
+    originals; ``map_tensors`` must visit them in the same order, and this checks that it
+    does, so a container walked in another order fails here, not as swapped gradients."""
+    pairs = iter(zip(originals, joined))
+
+    def swap(t):
+        if not t.requires_grad:
+            return t
+        original, new = next(pairs, (None, None))
+        if original is not t:
+            raise RuntimeError("threaded backward: the outputs' tensors were visited in another "
+                               "order than they were collected (tensors_in vs map_tensors)")
+        return new
+
+    swapped = [map_tensors(out, swap) for out in outputs]
+    if next(pairs, None) is not None:
+        raise RuntimeError("threaded backward: an output tensor collected by tensors_in was "
+                           "not visited by map_tensors")
+    return swapped

@@ -79,7 +79,8 @@ class Strategy:
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", output_key: str | int | None = None,
-                 hybrid_head: str | None = None, split=None, max_share: int | None = None):
+                 hybrid_head: str | None = None, split=None, max_share: int | None = None,
+                 backward_threads: bool | None = None):
         self.devices = list(devices)
         self.sync_bn = sync_bn
         self.buffers = buffers
@@ -87,6 +88,7 @@ class Strategy:
         self.hybrid_head = hybrid_head  # the head's attribute, for strategies that split it
         # --split/--max-share: the shares of a batch, one per device (ranks: see ddp)
         self.split = BatchSplit(split, len(self.devices), max_share)
+        self.backward_threads = backward_threads  # replica threads: the run plan's choice
 
     # -- topology ---------------------------------------------------------------------------
     rank: int = 0

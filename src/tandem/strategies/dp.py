@@ -35,7 +35,7 @@ class ReplicatedStrategy(Strategy):
 
     def wrapper_options(self) -> dict:
         return dict(device_ids=self.devices, output_device=self.device, buffers=self.buffers,
-                    split=self.split)
+                    split=self.split, backward_threads=self.backward_threads)
 
 
 @register

@@ -26,7 +26,9 @@ from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
 from tandem.parallel.split import parse_split
 from tandem.precision import amp_precision
-from tandem.strategies import Strategy, create_strategy, strategy_names
+from tandem.parallel import threaded_backward
+from tandem.strategies import Strategy, create_strategy, strategy_class, strategy_names
+from tandem.strategies.dp import ReplicatedStrategy
 from tandem.strategies.compile import check_compile
 
 from . import foreign, rundir, runlock, start
@@ -99,6 +101,9 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
             return line
         check_launched(cfg, ckpt, given)
     strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+    if cfg.parallel.backward_threads is None:  # config.json keeps the path taken: resumes too
+        path = "on" if strategy.backward_threads else "off"
+        cfg = replace(cfg, parallel=replace(cfg.parallel, backward_threads=path))
     strategy.split.check_fits(cfg.optim.batch_size)
     run, source = RunDir(cfg.run.out), None
     continues = ckpt is not None and not foreign.is_foreign(ckpt)
@@ -163,14 +168,26 @@ def _split(cfg: ParallelConfig) -> dict:
             "max_share": cfg.max_share}
 
 
+def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
+    """Whether the run's CPU replica threads run their backward in threads: as
+    ``--backward-threads`` (or the config resumed) says, else decided now, once, by
+    :func:`~tandem.parallel.threaded_backward.decide`. Only strategies that run replicas in
+    threads have such a backward."""
+    if not issubclass(strategy_class(cfg.strategy), ReplicatedStrategy):
+        return False
+    wanted = None if cfg.backward_threads is None else cfg.backward_threads == "on"
+    return threaded_backward.decide(devices, wanted, split=cfg.split is not None)
+
+
 def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
               model: nn.Module | None = None) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
     ``model`` (else ``model_cfg.arch``) with the options asked for."""
-    strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
-                               sync_bn=cfg.sync_bn, buffers=cfg.buffers,
+    devices = parse_device_spec(cfg.devices, "--devices")
+    strategy = create_strategy(cfg.strategy, devices, sync_bn=cfg.sync_bn, buffers=cfg.buffers,
                                output_key=model_cfg.output_key,
-                               hybrid_head=model_cfg.hybrid_head, **_split(cfg))
+                               hybrid_head=model_cfg.hybrid_head,
+                               backward_threads=_backward_threads(cfg, devices), **_split(cfg))
     if (cfg.split or cfg.max_share) and not strategy.splits_batch:
         flag = "--split" if cfg.split else "--max-share"
         raise UsageError(f"{flag} needs a strategy that splits the batch "

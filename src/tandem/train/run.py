@@ -15,6 +15,7 @@ import os
 import torch
 from torch import nn
 
+from tandem import cpu_malloc
 from tandem.config import DataConfig, OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.distributed.env import LAUNCH_ID_VAR, is_main_process
@@ -147,6 +148,7 @@ def execute(plan: RunPlan | str) -> dict | None:
         return _print_validation(plan)
     # the main process holds the run directory's lock from before it writes until the end
     locked = runlock.held(plan.run_dir) if plan.strategy.is_main else contextlib.nullcontext()
+    cpu_malloc.tune()  # a process that trains keeps its step's memory (tandem.cpu_malloc)
     with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
         parts = _build(plan)
         start, notes = _restore(plan, parts)
