@@ -236,7 +236,11 @@ def test_gather_error_names_a_dict_entry():
 
 # -- 6. the copy-and-reduce path on CPU -----------------------------------------------------------
 class CopiedDP(DataParallel):
-    """DataParallel whose replicas hold their own parameter copies (the multi-GPU path)."""
+    """DataParallel whose replicas hold their own parameter copies (the multi-GPU path). No CPU
+    backward threads: their detached replicas would bypass this ``replicate``."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, backward_threads=False, **kw)
 
     def replicate(self, module, device_ids):
         replicas = replicate(module, device_ids, share_params=False)
@@ -335,6 +339,9 @@ def test_copy_path_balanced_model_and_criterion_match_one_device(n):
 
     class CopiedDPM(DataParallelModel):
         replicate = CopiedDP.replicate
+
+        def __init__(self, *args, **kw):
+            super().__init__(*args, backward_threads=False, **kw)
 
     weight = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
     criterion = DataParallelCriterion(nn.CrossEntropyLoss(weight=weight), ["cpu"] * n)
