@@ -185,14 +185,28 @@ def test_bench_variants_reach_the_torchrun_phase():
 @pytest.mark.slow
 @pytest.mark.skipif(not tandem.precision.cpu_has_native_bf16(),
                     reason="compiling emulated bf16 kernels takes minutes on a CPU without bf16")
-def test_with_compile_it_trains_and_evaluates(tmp_path):
+def test_with_compile_it_trains_and_evaluates(tmp_path, monkeypatch):
     """--compile --amp --channels-last: compiled under bf16 autocast (minutes cold, seconds
     with inductor's cache warm)."""
+    import tandem.train.model_setup
+
+    calls = []  # forwards through the compiled module, per run
+
+    def spy(model, mode=None):
+        module = compile_model(model, mode)
+        count = len(calls)
+        calls.append(0)
+        module.register_forward_pre_hook(lambda m, args: calls.__setitem__(count, calls[count] + 1))
+        return module
+
+    compile_model = tandem.train.model_setup.compiled
+    monkeypatch.setattr(tandem.train.model_setup, "compiled", spy)
     ok(run_in_process("train", *TINY, "--devices", "cpu", *FAST, "--compile", "--max-steps", "2",
                       "--out", tmp_path))
     result = ok(run_in_process("eval", "--resume", tmp_path / "checkpoint.pt", "--devices", "cpu",
                                *FAST, "--compile", "--json"))
     assert json.loads(result.stdout.strip().splitlines()[-1])["count"] > 0
+    assert len(calls) == 2 and all(calls), calls  # train and eval each ran the compiled module
 
 
 def test_the_force_variable_takes_a_cpu_without_bf16_as_having_it(monkeypatch):

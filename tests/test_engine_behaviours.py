@@ -236,10 +236,16 @@ def test_gather_error_names_a_dict_entry():
 
 # -- 6. the copy-and-reduce path on CPU -----------------------------------------------------------
 class CopiedDP(DataParallel):
-    """DataParallel whose replicas hold their own parameter copies (the multi-GPU path)."""
+    """DataParallel whose replicas hold their own parameter copies (the multi-GPU path). No CPU
+    backward threads: their detached replicas would bypass this ``replicate``."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, backward_threads=False, **kw)
 
     def replicate(self, module, device_ids):
-        return replicate(module, device_ids, share_params=False)
+        replicas = replicate(module, device_ids, share_params=False)
+        self.copies = [r for r in replicas if r is not module]  # the last forward's copies
+        return replicas
 
 
 def test_copied_replicas_hold_their_own_differentiable_copies():
@@ -276,6 +282,7 @@ def test_copy_path_sgd_steps_match_one_device(n):
     for batch in (7, 5, 2, 8):  # uneven chunks and a batch smaller than the replica count
         x = torch.randn(batch, 6, dtype=torch.float64)
         _step_alongside(wrapped, model, reference, (opt, ref_opt), x)
+    assert wrapped.copies  # the forward went through the copy path (a replica of its own)
 
 
 def _step_alongside(wrapped, model, reference, opts, x):
@@ -331,13 +338,17 @@ def test_copy_path_balanced_model_and_criterion_match_one_device(n):
     reference = copy.deepcopy(model)
 
     class CopiedDPM(DataParallelModel):
-        def replicate(self, module, device_ids):
-            return replicate(module, device_ids, share_params=False)
+        replicate = CopiedDP.replicate
+
+        def __init__(self, *args, **kw):
+            super().__init__(*args, backward_threads=False, **kw)
 
     weight = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
     criterion = DataParallelCriterion(nn.CrossEntropyLoss(weight=weight), ["cpu"] * n)
     x, y = torch.randn(7, 6, dtype=torch.float64), torch.randint(0, 3, (7,))
-    loss = criterion(CopiedDPM(model, ["cpu"] * n)(x), y)
+    copied = CopiedDPM(model, ["cpu"] * n)
+    loss = criterion(copied(x), y)
+    assert copied.copies  # the forward went through the copy path (a replica of its own)
     ref_loss = nn.CrossEntropyLoss(weight=weight)(reference(x), y)
     torch.testing.assert_close(loss, ref_loss, **close)
     loss.backward(), ref_loss.backward()

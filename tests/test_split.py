@@ -354,15 +354,37 @@ def test_handicap_is_extra_work_on_one_replica_only():
 
 
 @pytest.mark.slow
-def test_bench_races_equal_auto_and_ideal_splits():
-    from tandem.bench import BenchConfig, run_bench
+def test_bench_races_equal_auto_and_ideal_splits(monkeypatch):
+    from tandem.bench import BenchConfig, contestants, run_bench
 
+    prepare, forward = contestants.prepare_strategy, contestants.Handicap.forward
+    split_of, sizes = {}, {}  # a contestant's handicapped model (its shadow) -> split, chunks
+
+    def spy_prepare(*args, split=None, **kw):
+        prepared = prepare(*args, split=split, **kw)
+        handicap = next(m for m in prepared[1].modules() if isinstance(m, contestants.Handicap))
+        split_of[id(handicap._shadow)] = split
+        return prepared
+
+    def spy_forward(self, x):  # replicas share their original's shadow
+        if torch.is_grad_enabled():
+            sizes.setdefault(split_of[id(self._shadow)], []).append(x.shape[0])
+        return forward(self, x)
+
+    monkeypatch.setattr(contestants, "prepare_strategy", spy_prepare)
+    monkeypatch.setattr(contestants.Handicap, "forward", spy_forward)
     config = BenchConfig(arch="cifar_resnet20", strategies="dp", devices="cpu:2", batch_size=12,
                          steps=2, warmup=3, baselines="none", handicap="1:3", threads=1)
     assert config.ideal_split() == (1.0, 1 / 3)
     results = {r["name"]: r for r in run_bench(config)["results"]}
     assert list(results) == ["dp", "dp/auto", "dp/ideal"]
     assert all(r["status"] == "ok" for r in results.values())
+    # the shares each contestant's replicas really received, step by step
+    steps = {k: [sorted(v[i:i + 2]) for i in range(0, len(v), 2)] for k, v in sizes.items()}
+    assert set(steps) == {None, "auto", (1.0, 1 / 3)}
+    assert steps[None] and all(s == [6, 6] for s in steps[None])
+    assert steps[(1.0, 1 / 3)] and all(s == [3, 9] for s in steps[(1.0, 1 / 3)])
+    assert steps["auto"] and all(sum(s) == 12 for s in steps["auto"]), steps["auto"]
 
 
 @pytest.mark.parametrize("handicap", ["2:2", "1", "1:0.5", "x:2"])
@@ -391,7 +413,12 @@ def test_strategies_with_a_split_equal_single_in_process(name, split, batch):
     ref_outs, ref_state = run_steps(create_strategy("single", [torch.device(CPU)]),
                                     copy.deepcopy(model), batches)
     strategy = create_strategy(name, [torch.device(CPU)] * len(split), sync_bn=True, split=split)
+    seen = _received(model.features[0])  # every replica's chunk, by a hook its copies share
     outs, state = run_steps(strategy, model, batches)
+    # the two training steps and the evaluation step each split the batch by the weights
+    expected = sorted(n for n in shares(batch, split) if n)
+    assert [sorted(seen[i:i + len(expected)]) for i in range(0, len(seen), len(expected))] == \
+        [expected] * 3, seen
     for (loss, correct, count), (ref_loss, ref_correct, ref_count) in zip(outs, ref_outs):
         assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
         assert (correct, count) == (ref_correct, ref_count)

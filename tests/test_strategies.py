@@ -54,6 +54,19 @@ def run_steps(strategy, model, batches):
     return outs, {k: v.detach().clone() for k, v in plain_state_dict(wrapped).items()}
 
 
+def chunks_per_forward(model: nn.Module, replicas: int, batch: int) -> list:
+    """Record the chunk each replica's copy of ``model.features`` receives; ``check()`` then
+    asserts every forward was split over ``min(replicas, batch)`` replicas, covering the batch."""
+    seen = []
+    model.features[0].register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    k = min(replicas, batch)
+
+    def check():
+        steps = [seen[i:i + k] for i in range(0, len(seen), k)]
+        assert len(steps) == 3 and all(len(s) == k and sum(s) == batch for s in steps), seen
+    return check
+
+
 def make_batches(n):
     g = torch.Generator().manual_seed(n)
     return [(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 5, (n,), generator=g))
@@ -74,7 +87,9 @@ def test_strategy_equals_single(name, replicas, batch):
     ref_outs, ref_state = run_steps(create_strategy("single", [CPU]), copy.deepcopy(model),
                                     batches)
     strategy = create_strategy(name, [CPU] * replicas, sync_bn=True)
+    check_chunks = chunks_per_forward(model, replicas, batch)
     outs, state = run_steps(strategy, model, batches)
+    check_chunks()  # the replicas shared each batch (two steps and the evaluation)
     for (loss, correct, count), (ref_loss, ref_correct, ref_count) in zip(outs, ref_outs):
         assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
         assert (correct, count) == (ref_correct, ref_count)
@@ -97,7 +112,9 @@ def test_strategy_equals_single_in_float64(name, replicas, batch):
     batches = [(x.double(), y) for x, y in batches]
     model = model.double()
     _, ref = run_steps(create_strategy("single", [CPU]), copy.deepcopy(model), batches)
+    check_chunks = chunks_per_forward(model, replicas, batch)
     _, state = run_steps(create_strategy(name, [CPU] * replicas, sync_bn=True), model, batches)
+    check_chunks()
     for key in ref:
         if ref[key].is_floating_point():
             assert (ref32[key].double() - ref[key]).abs().max() < 1e-6, key  # noise floor

@@ -119,10 +119,11 @@ def run_dp_case(rank, device, index, sizes):
     x, y = [t.to(device) for t in ddp_data(10 + index, sum(sizes))]
     model = convert_sync_batchnorm(conv_net()).to(device)
     part = rank_slice(sizes, rank)
-    out = DataParallel(model, [device, device])(x[part])
+    out = DataParallel(model, [device, device], backward_threads=True)(x[part])
+    threaded = any("_Join" in type(f).__name__ for f, _ in out.grad_fn.next_functions)
     nn.functional.cross_entropy(out, y[part], reduction="sum").backward()
     return dict(grads={k: p.grad.cpu() for k, p in model.named_parameters()},
-                state=state_of(model))
+                state=state_of(model), threaded=threaded)
 
 
 def run_one_value_case(rank, device):
@@ -246,6 +247,8 @@ def test_data_parallel_replicas_inside_processes_match_one_process(rank_results,
     ref = convert_sync_batchnorm(conv_net())  # plain batch norm outside a group
     nn.functional.cross_entropy(ref(x), y, reduction="sum").backward()
     got = [r[name] for r in rank_results]
+    # the replicas met in backward threads wherever a rank had 2 samples for its 2 replicas
+    assert [g["threaded"] for g in got] == [size > 1 for size in sizes]
     for key, p in ref.named_parameters():  # each rank holds its own samples' share
         torch.testing.assert_close(sum(g["grads"][key] for g in got), p.grad, **close)
     for g in got:

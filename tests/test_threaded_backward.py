@@ -82,8 +82,9 @@ def test_gradients_equal_the_single_device_ones(n, batch, balanced):
 
 def test_same_bits_as_twice_and_close_to_autograd_s_one_thread():
     x, y = _batch(9)
-    first, _ = _dp(x, y, 3)
-    again, _ = _dp(x, y, 3)
+    first, joined = _dp(x, y, 3)
+    again, joined_again = _dp(x, y, 3)
+    assert joined and joined_again  # both runs took the threaded path
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # the sum's order is fixed
     engine, joined = _dp(x, y, 3, threads=False)
     assert not joined
@@ -169,7 +170,9 @@ def test_buffers_of_the_home_replica_update_in_place():
     model = _net(bn=True)
     before = model[1].running_mean.clone()
     x, _ = _batch(6)
-    DataParallel(model, ["cpu"] * 2, backward_threads=True)(x).sum().backward()
+    out = DataParallel(model, ["cpu"] * 2, backward_threads=True)(x)
+    assert any("_Join" in type(f).__name__ for f, _ in out.grad_fn.next_functions)  # threaded
+    out.sum().backward()
     reference = _net(bn=True)
     reference(x[:3])
     assert torch.equal(model[1].running_mean, reference[1].running_mean)
