@@ -25,6 +25,10 @@ def test_fed_races_loader_and_step_and_reports_the_ratio(tmp_path):
     assert rows["step"]["startup_seconds"] is None
     assert rows["loader"]["startup_seconds"] >= 0 and rows["fed"]["startup_seconds"] >= 0
     assert rows["fed"]["images"] == 12  # the training split of the 80/20 split
+    assert 0 <= rows["fed"]["data_share"] <= 1  # the loop's own data wait, as train shows it
+    assert rows["loader"]["data_share"] is None and rows["step"]["data_share"] is None
+    assert all(r["cpu_ms_per_image"] is None or r["cpu_ms_per_image"] >= 0
+               for r in rows.values())
     limit = min(("loader", "step"), key=rate.get)
     assert report["limit"] == limit
     assert report["ratio"] == pytest.approx(rate["fed"] / rate[limit])

@@ -26,9 +26,11 @@ from pathlib import Path
 import torch
 
 from tandem.data.imagefolder import load_imagefolder
-from tandem.data.loader import PREFETCH, batches_per_epoch
+from tandem.data import loader as loader_module
+from tandem.data.loader import batches_per_epoch
 from tandem.errors import MissingFileError, UsageError
 
+from .loader_bench import cpu_seconds
 from .suite import machine_info
 from .timing import NOISE_IQR, clock, is_noise, summarize, synchronize
 
@@ -123,13 +125,20 @@ def _race(trainer, batch, rounds: int, warmup: int) -> dict[str, dict[str, list[
     passes = {"loader": lambda r: _loader_pass(trainer, r),
               "step": lambda r: _step_pass(trainer, batch, steps),
               "fed": lambda r: _fed_pass(trainer, r)}
-    times = {name: {"rate": [], "startup": []} for name in passes}
+    times = {name: {"rate": [], "startup": [], "data_share": [], "cpu_ms": []}
+             for name in passes}
     for r in range(warmup + rounds):
         for name in (CONTESTANTS if r % 2 == 0 else CONTESTANTS[::-1]):
+            cpu = cpu_seconds()
             wall, first, images, first_images = passes[name](r)
+            cpu_end = cpu_seconds()
+            if r >= warmup and cpu is not None and cpu_end is not None:
+                times[name]["cpu_ms"].append(1000 * (cpu_end - cpu) / images)
             if r >= warmup and wall > first:
                 times[name]["rate"].append((images - first_images) / (wall - first))
                 times[name]["startup"].append(first)
+                if name == "fed" and trainer.wait.share is not None:
+                    times[name]["data_share"].append(trainer.wait.share)
     return times
 
 
@@ -164,7 +173,12 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     results = [{"name": name, "images": len(train),
                 "images_per_sec": summarize(times[name]["rate"]).as_dict(),
                 "startup_seconds": (statistics.median(times[name]["startup"])
-                                    if name != "step" else None)}
+                                    if name != "step" else None),
+                # fed: the loop's wait for data after the first batch, as `tandem train`
+                # shows it (tandem.train.datawait)
+                "data_share": _median(times[name]["data_share"]),
+                # CPU time of this process and the loader workers per image, whole pass
+                "cpu_ms_per_image": _median(times[name]["cpu_ms"])}
                for name in CONTESTANTS]
     rates = {name: times[name]["rate"] for name in CONTESTANTS}
     ratios = {"fed_vs_min": _median([f / min(a, b) for f, a, b in
@@ -174,7 +188,7 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     slower = min(("loader", "step"), key=lambda n: statistics.median(rates[n]))
     settings = {"data": str(root), "arch": config.arch, "device": str(config.device_list[0]),
                 "image_size": size, "batch_size": config.batch_size, "workers": workers,
-                "prefetch": PREFETCH, "rounds": rounds, "warmup": warmup, "seed": config.seed,
+                "prefetch": loader_module.PREFETCH, "rounds": rounds, "warmup": warmup, "seed": config.seed,
                 "amp": config.amp, "amp_dtype": config.amp_dtype,
                 "channels_last": config.channels_last, "torch_threads": used_threads}
     return {"config": settings, "machine": machine_info(list(trainer.strategy.devices)),
@@ -193,13 +207,17 @@ def format_fed_table(report: dict) -> str:
              f"-j {c['workers']}, {c['device']}, {c['torch_threads']} torch threads, "
              f"{c['rounds']} timed passes after {c['warmup']} warm-up; torch {m['torch']}, "
              f"{m['cpu_count']} CPUs, {m['date_utc']}",
-             f"{'contestant':<11} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'start-up s':>10}"]
+             f"{'contestant':<11} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'start-up s':>10} "
+             f"{'data wait':>9} {'CPU ms/img':>10}"]
     for r in report["results"]:
-        s, up = r["images_per_sec"], r["startup_seconds"]
+        s, up, share, cpu = (r["images_per_sec"], r["startup_seconds"], r["data_share"],
+                             r["cpu_ms_per_image"])
         name = r["name"] + (" !" if is_noise(s) else "")
         lines.append(f"{name:<11} {s['median']:8.1f} {s['iqr']:7.1f} "
                      f"{s['min']:7.1f}..{s['max']:<7.1f} "
-                     f"{'-' if up is None else f'{up:.3f}':>10}")
+                     f"{'-' if up is None else f'{up:.3f}':>10} "
+                     f"{'-' if share is None else f'{share:.0%}':>9} "
+                     f"{'-' if cpu is None else f'{cpu:.2f}':>10}")
     lines.append(f"fed / min(loader, step): {report['ratio']:.2f}x (the {report['limit']} is "
                  f"the limit; fed / loader {report['fed_vs_loader']:.2f}x, fed / step "
                  f"{report['fed_vs_step']:.2f}x; medians of the rounds' ratios, rates after "
