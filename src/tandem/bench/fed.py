@@ -188,8 +188,8 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     slower = min(("loader", "step"), key=lambda n: statistics.median(rates[n]))
     settings = {"data": str(root), "arch": config.arch, "device": str(config.device_list[0]),
                 "image_size": size, "batch_size": config.batch_size, "workers": workers,
-                "prefetch": loader_module.PREFETCH, "rounds": rounds, "warmup": warmup, "seed": config.seed,
-                "amp": config.amp, "amp_dtype": config.amp_dtype,
+                "prefetch": loader_module.PREFETCH, "rounds": rounds, "warmup": warmup,
+                "seed": config.seed, "amp": config.amp, "amp_dtype": config.amp_dtype,
                 "channels_last": config.channels_last, "torch_threads": used_threads}
     return {"config": settings, "machine": machine_info(list(trainer.strategy.devices)),
             "results": results, "limit": slower, "ratio": ratios["fed_vs_min"], **ratios}
