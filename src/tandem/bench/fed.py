@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from tandem.data.imagefolder import load_imagefolder
 from tandem.data import loader as loader_module
+from tandem.data.imagefolder import load_imagefolder
 from tandem.data.loader import batches_per_epoch
 from tandem.errors import MissingFileError, UsageError
 
