@@ -14,7 +14,9 @@ workers, and are raced interleaved, a pass each per round (the order alternates)
 wait for the first batch (worker refill; start-up in the warm-up pass) is reported apart as
 ``startup_seconds``. A device is synchronised before each clock stop. ``fed / min(loader,
 step)`` is the median over rounds of each round's ratio: 1.0 means the loop costs nothing
-beyond its slower half.
+beyond its slower half. Beside the rates: ``fed``'s own data share (as ``tandem train`` shows
+it) and every pass's CPU time per image, of this process and its workers (Linux), which tell a
+loop that costs CPU from one that waits for cores (BENCHMARKS.md section 12).
 """
 
 from __future__ import annotations
