@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (issue 30): every CUDA-marked test, then resnet50 at 224 px,
-# batch 256, through `tandem bench`; one summary line per step (PASS/FAIL/SKIP, img/s) in
+# batch 256, through `tandem bench`, then the train loop fed from JPEGs it writes (issue 34);
+# one summary line per step (PASS/FAIL/SKIP, img/s) in
 # OUT/summary.txt, each bench's JSON next to it. About 8 minutes on one H100, compiles included.
 #
 #   scripts/gpu_check.sh [OUT]            (default OUT: runs/gpu_check)
@@ -73,6 +74,42 @@ for r in report.get("results", []):
 PYEOF
 }
 
+# Issue 34 ("Feed the GPU"): `tandem bench --data DIR -a ARCH` on JPEGs written here
+# (benchmarks/make_jpegs.py, 500x375): loader, step and the train loop fed by the loader
+# (fed), a line each, then fed / min(loader, step) against the issue's 0.95x (no target dry).
+step_fed() {
+  local name=fed_from_files jpegs="$OUT/jpegs" sizes fed
+  if [ "$DRY" = 1 ]; then
+    sizes=(--classes 2 --per-class 6)
+    fed=(-a cifar_resnet20 --image-size 16 -b 4 -j 1 --steps 1 --warmup 0 --threads 1)
+  else
+    local cores; cores=$(nproc); local workers=$(( cores > 3 ? cores - 2 : 1 ))
+    sizes=(--classes 8 --per-class 250)
+    fed=(-a resnet50 --image-size 224 -b 256 -j "$workers" --steps 3 --warmup 1 "${AMP16[@]}")
+  fi
+  [ -d "$jpegs" ] || $PY benchmarks/make_jpegs.py "$jpegs" "${sizes[@]}" > "$OUT/$name.log" 2>&1
+  $PY -m tandem bench --data "$jpegs" "${fed[@]}" --devices "$ONE" --json "$OUT/$name.json" \
+    >> "$OUT/$name.log" 2>&1
+  local rc=$?
+  $PY - "$OUT/$name.json" "$name" "$rc" "$DRY" >> "$SUMMARY" <<'PYEOF'
+import json, sys
+path, name, rc, dry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+try:
+    report = json.load(open(path))
+except (OSError, ValueError) as exc:
+    print(f"FAIL {name}: no report (rc {rc}; see {name}.log): {exc}")
+    raise SystemExit
+rates = {r["name"]: r["images_per_sec"]["median"] for r in report["results"]}
+for n, ips in rates.items():
+    print(f"PASS {name} {n}: {ips:.1f} img/s")
+ratio, target = report["ratio"], 0.95
+word = "PASS" if dry or ratio >= target else "FAIL"
+print(f"{word} {name} fed / min(loader, step): {ratio:.2f}x (fed {rates['fed']:.1f} img/s, "
+      f"the {report['limit']} is the limit; "
+      + ("dry run: no target)" if dry else f"target {target}x)"))
+PYEOF
+}
+
 step_tests
 bench fp16 --devices "$ONE" --strategies single --baselines bare --loop "${AMP16[@]}"
 bench bf16 --devices "$ONE" --strategies single --baselines bare --loop "${AMP_BF[@]}"
@@ -82,9 +119,7 @@ else
   bench compile --devices "$ONE" --strategies single --baselines bare --compile "${AMP16[@]}"
 fi
 bench dp --devices "$TWO" --strategies single,dp --baselines bare "${AMP16[@]}"
-# Issue 34 ("Feed the GPU"): a bench fed from JPEG files this script writes itself, once that
-# bench exists; until then a placeholder line.
-echo "SKIP fed_from_files: the fed-from-files bench (issue 34) does not exist yet" >> "$SUMMARY"
+step_fed
 
 cat "$SUMMARY"
 ! grep -q "^FAIL" "$SUMMARY"

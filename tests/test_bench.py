@@ -561,10 +561,13 @@ def test_bench_data_json_has_loader_and_reference(tmp_path, workers, capsys):
 
 def test_bench_data_errors_are_one_line(tmp_path, capsys):
     assert main(["bench", "--data", str(tmp_path / "missing")]) == 2
+    assert main(["bench", "--data", str(tmp_path), "--arch", "cifar_resnet20",
+                 "--variants", "fp32,cl"]) == 2
     assert main(["bench", "--data", str(tmp_path), "--arch", "cifar_resnet20"]) == 2
     assert main(["bench"]) == 2
     err = capsys.readouterr().err
-    assert "missing" in err and "leave out --arch" in err and "needs --arch" in err
+    assert "missing" in err and "leave out --variants" in err and "needs --arch" in err
+    assert f"'{tmp_path}'" in err
     assert "Traceback" not in err
 
 

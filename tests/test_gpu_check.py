@@ -19,9 +19,11 @@ def test_the_dry_run_writes_a_summary_and_the_json(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = (tmp_path / "summary.txt").read_text().splitlines()
-    for name in ("fp16", "bf16", "dp"):
+    for name in ("fp16", "bf16", "dp", "fed_from_files"):
         assert json.loads((tmp_path / f"{name}.json").read_text())["results"], name
     for want in ("PASS fp16 bare:", "PASS fp16 single:", "PASS fp16 single/loop:",
-                 "PASS bf16 single/loop:", "PASS dp dp:", "SKIP compile:", "SKIP fed_from_files:"):
+                 "PASS bf16 single/loop:", "PASS dp dp:", "SKIP compile:",
+                 "PASS fed_from_files loader:", "PASS fed_from_files step:",
+                 "PASS fed_from_files fed:", "PASS fed_from_files fed / min(loader, step):"):
         assert any(line.startswith(want) for line in lines), (want, lines)
     assert all(" img/s" in line for line in lines if line.startswith("PASS"))

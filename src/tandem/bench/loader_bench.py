@@ -34,7 +34,7 @@ from tandem.errors import MissingFileError, UsageError
 from .suite import machine_info
 from .timing import NOISE_IQR, clock, is_noise, summarize
 
-__all__ = ["ReferenceDataset", "run_loader_bench", "format_loader_table"]
+__all__ = ["ReferenceDataset", "run_loader_bench", "format_loader_table", "cpu_seconds"]
 
 
 class ReferenceDataset(torch.utils.data.Dataset):
@@ -74,7 +74,7 @@ class ReferenceDataset(torch.utils.data.Dataset):
         return tensor.sub_(mean).div_(std)
 
 
-def _cpu_seconds() -> float | None:
+def cpu_seconds() -> float | None:
     """CPU seconds used so far by this process and its live children (Linux), else None."""
     total = time.process_time()
     for child in multiprocessing.active_children():  # DataLoader workers
@@ -90,10 +90,10 @@ def _cpu_seconds() -> float | None:
 def _pass(loader) -> tuple[float, float | None, int]:
     """Wall seconds, CPU seconds (or None) and images of one full pass over ``loader``."""
     images = 0
-    cpu, start = _cpu_seconds(), clock()
+    cpu, start = cpu_seconds(), clock()
     for batch, _ in loader:
         images += batch.shape[0]
-    wall, cpu_end = clock() - start, _cpu_seconds()
+    wall, cpu_end = clock() - start, cpu_seconds()
     return wall, (None if cpu is None or cpu_end is None else cpu_end - cpu), images
 
 

@@ -10,6 +10,7 @@ Example::
     tandem bench -a resnet50 --image-size 112 -b 16 --strategies single --devices cpu \
         --baselines none --variants fp32,cl,amp,amp+cl --compile  # bf16 and NHWC on the CPU
     tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json  # input pipeline
+    tandem bench --data runs/jpegs -a resnet18 --image-size 64 -b 32 -j 1  # fed vs unfed
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "synthetic data, interleaving the strategies round by round.")
     # The baselines' default shown as the comma list the flag takes.
     add_config_arguments(p, BenchConfig, defaults={"baselines": ",".join(BASELINES)})
-    data = p.add_argument_group("input pipeline (--data: no model)")
+    data = p.add_argument_group("input pipeline (--data)")
     data.add_argument("--data", metavar="DIR", default=None,
                       help="an ImageFolder directory: time tandem's input pipeline on it, next "
-                           "to a torchvision-style Pillow reference (no model)")
+                           "to a torchvision-style Pillow reference; with --arch, race the "
+                           "train loop fed by it (fed) against the loader and the step alone")
     add_config_arguments(data, DataConfig, only=("workers",))
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write every field as JSON to PATH ('-' for stdout)")
@@ -64,13 +66,31 @@ def _run_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_fed(args: argparse.Namespace) -> int:
+    """``--data DIR -a ARCH``: the train loop fed by the loader against each alone."""
+    from tandem.bench import BenchConfig, write_json
+    from tandem.bench.fed import format_fed_table, run_fed_bench
+
+    config = config_from_args(BenchConfig, args)
+    if config.variants or config.compile or config.loop or config.handicap:
+        raise UsageError("--data with --arch races loader, step and fed on one device: leave "
+                         "out --variants, --compile, --loop and --handicap (use --amp and "
+                         "--channels-last)")
+    given = given_fields(args)
+    passes = {key: getattr(args, name) for key, name in (("rounds", "steps"),
+                                                         ("warmup", "warmup")) if name in given}
+    report = run_fed_bench(config, args.data, workers=args.workers, **passes)
+    print(format_fed_table(report), file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        write_json(report, args.json)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from tandem.bench import BenchConfig, explain, format_table, run_bench, run_setup, write_json
 
     if args.data is not None:
-        if args.arch is not None:
-            raise UsageError("--data times the input pipeline alone: leave out --arch")
-        return _run_data(args)
+        return _run_data(args) if args.arch is None else _run_fed(args)
     if args.arch is None:
         raise UsageError("bench needs --arch (or --data DIR to time the input pipeline)")
     config = config_from_args(BenchConfig, args)

@@ -31,6 +31,7 @@ from tandem.strategies import Strategy
 
 from . import diverged
 from .curves import plot_curves
+from .datawait import DataWait
 from .interrupt import Interrupted, StopRequest
 from .metrics import (Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score_fields,
                       summary_line)
@@ -95,6 +96,7 @@ class Trainer:
     # The step of the checkpoint.pt this run saved last (see diverged.kept_step).
     saved_step: int | None = None
     started_at: Position = field(default_factory=Position)  # where this invocation began
+    wait: DataWait = field(default_factory=DataWait)  # the epoch's data wait (.datawait)
 
     # -- helpers ----------------------------------------------------------------------------
     def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
@@ -131,7 +133,8 @@ class Trainer:
         loader = self.loader(self.train_set, train=True, epoch=self.position.epoch,
                              start_batch=self.position.batch)
         try:
-            for index, (images, targets) in enumerate(loader, start=self.position.batch):
+            for index, (images, targets) in enumerate(self.wait.timed(loader),
+                                                      start=self.position.batch):
                 images, targets = self.device_batch(images, targets)
                 if self.train_batch(run, index, images, targets) and self.after_step(run):
                     break
@@ -150,7 +153,8 @@ class Trainer:
                             f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
                             bar=s.is_main and not cfg.run.no_progress,
                             print_freq=print_freq if s.is_main else 0,
-                            scope="rank 0 " if s.world_size > 1 else "")
+                            scope="rank 0 " if s.world_size > 1 else "", wait=self.wait)
+        self.wait.start_epoch()
         self.model.train()
         return EpochRun(meter, progress, carried_seconds)
 
@@ -352,6 +356,7 @@ class Trainer:
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "images_per_sec": train.count / seconds if seconds > 0 else None,
                 "seconds": seconds,
+                **self.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
                 "peak_memory_mb": peak_memory_mb(s.devices),
             }
             if self.batch_shares() is not None:
@@ -367,6 +372,7 @@ class Trainer:
                     print(summary_line(record, cfg.optim.epochs, self.batches_per_epoch,
                                        getattr(self.criterion, "label_smoothing", 0.0)),
                           flush=True)
+                    self.wait.advise(cfg.data, s.device)  # once per run, when data waits
             trained = True
             if stopped:
                 break

@@ -22,10 +22,12 @@ class Progress:
     ``images`` passed to :meth:`update` are global, so images/s is the whole job's rate. The
     bar's values are this process's own, prefixed with ``scope`` (``"rank 0 "`` under ddp);
     a line shows the meter it is given (the loop gives the sums over every process).
+    With ``wait`` (a :class:`~.datawait.DataWait`) it shows the share of time the step
+    waited for data (``data 62%``, this process's own).
     """
 
     def __init__(self, total: int, initial: int, desc: str, *, bar: bool, print_freq: int = 0,
-                 refresh: float = 1.0, scope: str = ""):
+                 refresh: float = 1.0, scope: str = "", wait=None):
         self.desc = desc
         self.scope = scope
         self.total = total
@@ -41,6 +43,7 @@ class Progress:
                         leave=True, file=sys.stderr) if bar else None
         self.batch = initial
         self.shares = ""  # the devices' shares of a batch, once --split auto moved them
+        self.wait = wait
 
     def note(self, line: str) -> None:
         """Print ``line`` now (above the bar when there is one); ``shares`` shows it after."""
@@ -74,8 +77,10 @@ class Progress:
     def _values(self, meter, now: float) -> str:
         rate = self.images / max(now - self.start, 1e-9)
         shares = f" split {self.shares}" if self.shares else ""
+        share = None if self.wait is None else self.wait.share
+        data = "" if share is None else f" data {share:.0%}"
         return (f"loss {meter.loss:.4f} acc {meter.acc:.2f}% acc5 {meter.acc5:.2f}% "
-                f"{rate:.0f} img/s{shares}")
+                f"{rate:.0f} img/s{data}{shares}")
 
     def close(self) -> None:
         if self.bar is not None:

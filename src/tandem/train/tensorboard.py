@@ -24,6 +24,9 @@ TAGS = {
     "train_pixel_acc": "pixel_acc/train", "val_pixel_acc": "pixel_acc/val",
     "val_miou": "miou/val",
     "lr": "lr", "images_per_sec": "images_per_sec", "seconds": "epoch_seconds",
+    # the data wait (tandem.train.datawait)
+    "data_seconds": "time/data", "step_seconds": "time/step",
+    "first_batch_seconds": "time/first_batch", "data_share": "data_share",
 }
 
 

@@ -1,0 +1,231 @@
+"""``tandem bench --data DIR -a ARCH``: the train loop fed by the loader, against each alone.
+
+Three contestants share one model, optimizer, ImageFolder training split, batch and loader
+workers, and are raced interleaved, a pass each per round (the order alternates):
+
+- ``loader``: one pass over the training split's loader, batches only fetched (uint8, as the
+  workers make them);
+- ``step``: :meth:`~tandem.train.loop.Trainer.train_batch` and ``after_step`` on one batch
+  already on the device, as many times as the pass has full batches (no loader, no copy);
+- ``fed``: :meth:`~tandem.train.loop.Trainer.train_epoch`, the loop of ``tandem train``: the
+  same loader, the copy and normalisation on the device, the step, progress and stop vote.
+
+``loader`` and ``fed`` are rated from the first batch's arrival to the end of the pass, so the
+wait for the first batch (worker refill; start-up in the warm-up pass) is reported apart as
+``startup_seconds``. A device is synchronised before each clock stop. ``fed / min(loader,
+step)`` is the median over rounds of each round's ratio: 1.0 means the loop costs nothing
+beyond its slower half. Beside the rates: ``fed``'s own data share (as ``tandem train`` shows
+it) and every pass's CPU time per image, of this process and its workers (Linux), which tell a
+loop that costs CPU from one that waits for cores (BENCHMARKS.md section 12).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from tandem.data import loader as loader_module
+from tandem.data.imagefolder import load_imagefolder
+from tandem.data.loader import batches_per_epoch
+from tandem.errors import MissingFileError, UsageError
+
+from .loader_bench import cpu_seconds
+from .suite import machine_info
+from .timing import NOISE_IQR, clock, is_noise, summarize, synchronize
+
+__all__ = ["run_fed_bench", "format_fed_table", "CONTESTANTS"]
+
+CONTESTANTS = ("loader", "step", "fed")
+
+
+def _trainer(config, train, num_classes: int, workers: int):
+    """A :class:`~tandem.train.loop.Trainer` of ``config`` (a :class:`~.config.BenchConfig`)
+    on the dataset ``train``, built as the bench's ``/loop`` twins are (their optimizer, loss
+    and constant schedule), and one device batch of ``train`` for ``step``."""
+    from tandem.config import DataConfig
+    from tandem.data.loader import make_loader
+    from tandem.models import create_model
+    from tandem.precision import amp_precision
+    from tandem.train.loop import Trainer
+    from tandem.train.run import make_criterion, make_optimizer
+    from tandem.train.schedule import make_scheduler
+
+    from .contestants import prepare_strategy
+    from .loop import loop_config
+
+    device = config.device_list[0]
+    precision = amp_precision(device.type, config.amp, config.amp_dtype)
+    torch.manual_seed(config.seed)
+    model = create_model(config.arch, num_classes=num_classes)
+    batch = next(iter(make_loader(train, config.batch_size, shuffle=True, seed=config.seed,
+                                  epoch=0)))
+    strategy, wrapped, _, _ = prepare_strategy("single", model, [device], batch,
+                                               channels_last=config.channels_last)
+    cfg = loop_config("single", config.arch, config.batch_size, precision, config.lr)
+    cfg = replace(cfg, data=replace(DataConfig(), workers=workers),
+                  parallel=replace(cfg.parallel, channels_last=config.channels_last))
+    batches = batches_per_epoch(train, config.batch_size)
+    optimizer = make_optimizer(cfg.optim, wrapped.parameters())
+    trainer = Trainer(cfg=cfg, strategy=strategy, model=wrapped,
+                      criterion=make_criterion(cfg.optim, strategy), optimizer=optimizer,
+                      scheduler=make_scheduler(optimizer, cfg.optim, batches),
+                      scaler=precision.scaler(), train_set=train, val_set=train,
+                      batches_per_epoch=batches, config_dict={})
+    return trainer, trainer.device_batch(*batch)
+
+
+def _loader_pass(trainer, epoch: int) -> tuple[float, float, int, int]:
+    """Wall seconds, first-batch seconds, images and first-batch images of one pass over
+    the trainer's own training loader (the fed pass's workers)."""
+    loader = trainer.loader(trainer.train_set, train=True, epoch=epoch)
+    images, first, first_images = 0, None, 0
+    start = clock()
+    for batch, _ in loader:
+        images += batch.shape[0]
+        if first is None:
+            first, first_images = clock() - start, batch.shape[0]
+    return clock() - start, first, images, first_images
+
+
+def _step_pass(trainer, batch, steps: int) -> tuple[float, float, int, int]:
+    """Wall seconds of ``steps`` train steps on the device ``batch`` (nothing apart)."""
+    devices = trainer.strategy.devices
+    run = trainer.begin_epoch()
+    synchronize(devices)
+    start = clock()
+    try:
+        for index in range(steps):
+            trainer.train_batch(run, index, *batch)
+            trainer.after_step(run)
+        synchronize(devices)
+    finally:
+        run.progress.close()
+    return clock() - start, 0.0, steps * len(batch[1]), 0
+
+
+def _fed_pass(trainer, epoch: int) -> tuple[float, float, int, int]:
+    """One epoch of the train loop from the start (the data wait times its first batch)."""
+    from tandem.train.loop import Position
+
+    trainer.position = Position(epoch=epoch, step=trainer.position.step)
+    synchronize(trainer.strategy.devices)
+    start = clock()
+    meter, _, _ = trainer.train_epoch()
+    synchronize(trainer.strategy.devices)
+    wall = clock() - start
+    first = trainer.wait.first or 0.0
+    return wall, first, meter.count, min(trainer.cfg.optim.batch_size, meter.count)
+
+
+def _race(trainer, batch, rounds: int, warmup: int) -> dict[str, dict[str, list[float]]]:
+    """Per contestant, each timed pass's images/s after its first batch and that batch's
+    wait; the order alternates round by round."""
+    steps = max(1, len(trainer.train_set) // trainer.cfg.optim.batch_size)
+    passes = {"loader": lambda r: _loader_pass(trainer, r),
+              "step": lambda r: _step_pass(trainer, batch, steps),
+              "fed": lambda r: _fed_pass(trainer, r)}
+    times = {name: {"rate": [], "startup": [], "data_share": [], "cpu_ms": []}
+             for name in passes}
+    for r in range(warmup + rounds):
+        for name in (CONTESTANTS if r % 2 == 0 else CONTESTANTS[::-1]):
+            cpu = cpu_seconds()
+            wall, first, images, first_images = passes[name](r)
+            cpu_end = cpu_seconds()
+            if r >= warmup and cpu is not None and cpu_end is not None:
+                times[name]["cpu_ms"].append(1000 * (cpu_end - cpu) / images)
+            if r >= warmup and wall > first:
+                times[name]["rate"].append((images - first_images) / (wall - first))
+                times[name]["startup"].append(first)
+                if name == "fed" and trainer.wait.share is not None:
+                    times[name]["data_share"].append(trainer.wait.share)
+    return times
+
+
+def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
+                  warmup: int = 1) -> dict:
+    """Race ``loader``, ``step`` and ``fed`` (module doc) on ``data``'s training split with
+    ``config`` (a :class:`~.config.BenchConfig`: arch, first device, batch, image size, amp,
+    channels-last, lr, seed, threads); ``ratio`` is ``fed / min(loader, step)``."""
+    for name, value, low in (("workers", workers, 0), ("rounds", rounds, 1),
+                             ("warmup", warmup, 0)):
+        if not isinstance(value, int) or value < low:
+            raise UsageError(f"bad {name} {value!r}: must be an int >= {low}")
+    root = Path(data).expanduser()
+    if not root.is_dir():
+        raise MissingFileError(f"--data '{data}' is not a directory")
+    size = config.image_size
+    train, _, info = load_imagefolder(root, augment="imagenet", image_size=size,
+                                      splits=("train",))
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        trainer, batch = _trainer(config, train, info.num_classes, workers)
+        used_threads = torch.get_num_threads()
+        try:
+            times = _race(trainer, batch, rounds, warmup)
+        finally:
+            del trainer.loaders  # shuts the persistent workers down
+            trainer.strategy.close()
+    finally:
+        torch.set_num_threads(threads)
+    results = [{"name": name, "images": len(train),
+                "images_per_sec": summarize(times[name]["rate"]).as_dict(),
+                "startup_seconds": (statistics.median(times[name]["startup"])
+                                    if name != "step" else None),
+                # fed: the loop's wait for data after the first batch, as `tandem train`
+                # shows it (tandem.train.datawait)
+                "data_share": _median(times[name]["data_share"]),
+                # CPU time of this process and the loader workers per image, whole pass
+                "cpu_ms_per_image": _median(times[name]["cpu_ms"])}
+               for name in CONTESTANTS]
+    rates = {name: times[name]["rate"] for name in CONTESTANTS}
+    ratios = {"fed_vs_min": _median([f / min(a, b) for f, a, b in
+                                     zip(rates["fed"], rates["loader"], rates["step"])]),
+              "fed_vs_loader": _median([f / a for f, a in zip(rates["fed"], rates["loader"])]),
+              "fed_vs_step": _median([f / b for f, b in zip(rates["fed"], rates["step"])])}
+    slower = min(("loader", "step"), key=lambda n: statistics.median(rates[n]))
+    settings = {"data": str(root), "arch": config.arch, "device": str(config.device_list[0]),
+                "image_size": size, "batch_size": config.batch_size, "workers": workers,
+                "prefetch": loader_module.PREFETCH, "rounds": rounds, "warmup": warmup,
+                "seed": config.seed, "amp": config.amp, "amp_dtype": config.amp_dtype,
+                "channels_last": config.channels_last, "torch_threads": used_threads}
+    return {"config": settings, "machine": machine_info(list(trainer.strategy.devices)),
+            "results": results, "limit": slower, "ratio": ratios["fed_vs_min"], **ratios}
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def format_fed_table(report: dict) -> str:
+    """The human-readable table of :func:`run_fed_bench`'s report."""
+    c, m = report["config"], report["machine"]
+    lines = [f"tandem bench --data -a {c['arch']}: {c['data']}, {report['results'][0]['images']} "
+             f"images, {c['image_size']}x{c['image_size']}, batch {c['batch_size']}, "
+             f"-j {c['workers']}, {c['device']}, {c['torch_threads']} torch threads, "
+             f"{c['rounds']} timed passes after {c['warmup']} warm-up; torch {m['torch']}, "
+             f"{m['cpu_count']} CPUs, {m['date_utc']}",
+             f"{'contestant':<11} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'start-up s':>10} "
+             f"{'data wait':>9} {'CPU ms/img':>10}"]
+    for r in report["results"]:
+        s, up, share, cpu = (r["images_per_sec"], r["startup_seconds"], r["data_share"],
+                             r["cpu_ms_per_image"])
+        name = r["name"] + (" !" if is_noise(s) else "")
+        lines.append(f"{name:<11} {s['median']:8.1f} {s['iqr']:7.1f} "
+                     f"{s['min']:7.1f}..{s['max']:<7.1f} "
+                     f"{'-' if up is None else f'{up:.3f}':>10} "
+                     f"{'-' if share is None else f'{share:.0%}':>9} "
+                     f"{'-' if cpu is None else f'{cpu:.2f}':>10}")
+    lines.append(f"fed / min(loader, step): {report['ratio']:.2f}x (the {report['limit']} is "
+                 f"the limit; fed / loader {report['fed_vs_loader']:.2f}x, fed / step "
+                 f"{report['fed_vs_step']:.2f}x; medians of the rounds' ratios, rates after "
+                 f"each pass's first batch)")
+    noisy = [r["name"] for r in report["results"] if is_noise(r["images_per_sec"])]
+    if noisy:
+        lines.append(f"! noise: {', '.join(noisy)} spread more than {NOISE_IQR:.0%} of the "
+                     f"median between quartiles (IQR); rerun on an idle machine")
+    return "\n".join(lines)
