@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tandem.data.device_decode import DECODE_MODES
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.split import parse_split
@@ -130,6 +131,11 @@ class DataConfig:
     synthetic_size: int | None = opt(None, "samples in the synthetic dataset", metavar="N")
     workers: int = opt(0, "data loading worker processes (seeded)", "-j", "--workers",
                        metavar="N", on_resume=MAY_CHANGE)
+    decode: str = opt("auto", "where ImageFolder JPEGs are decoded: gpu (the workers read the "
+                      "files and draw the crops; nvJPEG decodes each batch on the CUDA device, "
+                      "which crops and resizes it; needs torchvision), cpu (the workers decode), "
+                      "or auto (default: gpu on a CUDA device when torchvision is installed, "
+                      "else cpu)", choices=DECODE_MODES, on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         _check(bool(self.data), "--data must not be empty")
@@ -139,6 +145,7 @@ class DataConfig:
             _check(value is None or value >= 1,
                    f"bad --{name.replace('_', '-')} {value}: must be >= 1")
         _check(self.workers >= 0, f"bad --workers {self.workers}: must be >= 0")
+        _check_choice(self.decode, DECODE_MODES, "--decode")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from torch import nn
 
 from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.errors import UsageError
+from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
@@ -99,6 +100,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
             return line
         check_launched(cfg, ckpt, given)
     strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+    resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
     check_max_share(cfg.optim.batch_size, strategy.split or "auto", strategy.share_count,
                     cfg.parallel.max_share)
     run, source = RunDir(cfg.run.out), None
@@ -120,8 +122,10 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
               supplied: Supplied = Supplied()) -> RunPlan:
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing."""
-    return RunPlan(cfg, _strategy(cfg.parallel, cfg.model, supplied.model), EVALUATE,
-                   checkpoint=ckpt, notes=tuple(notes), supplied=supplied)
+    strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+    resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
+    return RunPlan(cfg, strategy, EVALUATE, checkpoint=ckpt, notes=tuple(notes),
+                   supplied=supplied)
 
 
 _HANDED = {"arch": ("model", "model", "-a package.module:function",
