@@ -4,6 +4,7 @@ on the CPU device), the CPU path's fallbacks and substitutes, and the flag's res
 
 import json
 import logging
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -206,6 +207,20 @@ def test_png_cmyk_and_corrupt_files_take_the_cpu_path_with_its_warning(tmp_path,
     assert encoded._bad == {where["c.jpg"], where["d.jpg"]}
     sample = encoded[(where["e.jpg"], 3, 0)][0]
     assert isinstance(sample, Encoded)  # only a decode finds it out
+    standard, _, _ = load_dataset(str(root), augment="standard", image_size=24)
+    for i in range(len(standard)):  # --augment standard: the CPU path for every file
+        assert torch.equal(_on_cpu(standard)[(i, 3, 0)][0], standard[(i, 3, 0)][0])
+
+
+def test_the_data_set_and_a_batch_survive_pickling(folder):
+    """What a spawned worker gets (the data set) and sends back (the batch)."""
+    train, _ = _sets(folder, 32)
+    encoded = pickle.loads(pickle.dumps(_on_cpu(train)))
+    assert encoded.image_size == 32 and len(encoded) == len(train)
+    samples = [encoded[(i, 0, 0)] for i in range(4)]
+    batch, labels = pickle.loads(pickle.dumps(collate_encoded(samples, size=32)))
+    images, _ = DeviceDecoder(encoded, "cpu", host_decode)(batch, labels)
+    assert torch.equal(images, torch.stack([_one(encoded, (i, 0, 0)) for i in range(4)]))
 
 
 def test_a_file_the_device_refuses_is_made_by_the_cpu_path_in_this_process(tmp_path, caplog):
