@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 from dataclasses import dataclass, field
 
+from tandem.data.device_decode import DECODE_MODES
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.split import parse_split
@@ -97,6 +98,11 @@ class DataConfig:
     synthetic_size: int | None = opt(None, "samples in the synthetic dataset", metavar="N")
     workers: int = opt(0, "data loading worker processes (seeded)", "-j", "--workers",
                        metavar="N", on_resume=MAY_CHANGE)
+    decode: str = opt("auto", "where ImageFolder JPEGs are decoded: gpu (the workers read the "
+                      "files and draw the crops; nvJPEG decodes each batch on the CUDA device, "
+                      "which crops and resizes it; needs torchvision), cpu (the workers decode), "
+                      "or auto (default: gpu on a CUDA device when torchvision is installed, "
+                      "else cpu)", choices=DECODE_MODES, on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         check(bool(self.data), "--data must not be empty")
@@ -106,6 +112,7 @@ class DataConfig:
             check(value is None or value >= 1,
                    f"bad --{name.replace('_', '-')} {value}: must be >= 1")
         check(self.workers >= 0, f"bad --workers {self.workers}: must be >= 0")
+        check_choice(self.decode, DECODE_MODES, "--decode")
 
 
 @dataclass(frozen=True)

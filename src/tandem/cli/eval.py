@@ -25,7 +25,7 @@ from .common import add_config_arguments, config_from_args, tandem_warnings
 
 __all__ = ["add_parser"]
 
-_DATA_FLAGS = ("data", "image_size", "num_classes", "synthetic_size", "workers")
+_DATA_FLAGS = ("data", "image_size", "num_classes", "synthetic_size", "workers", "decode")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

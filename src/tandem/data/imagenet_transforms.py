@@ -21,7 +21,8 @@ from .decode import decoding, open_image, open_pillow, read_bytes
 from .transforms import SampleRandom, center_offset, shorter_side_size
 
 __all__ = ["SCALE", "RATIO", "TRIES", "VAL_RESIZE_RATIO", "random_resized_box", "val_resize",
-           "train_crop", "val_crop", "resized_crop", "decode_crop"]
+           "train_draws", "val_geometry", "train_crop", "val_crop", "resized_crop",
+           "decode_crop"]
 
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
@@ -97,8 +98,15 @@ def train_crop(path, size: int, rng: SampleRandom, decoder: str | None = None) -
     ``decoder``: see :func:`~tandem.data.decode.open_image`; the box and the flip do not
     depend on it."""
     img = open_image(path, decoder)
-    box = random_resized_box(img.width, img.height, rng)
-    return decode_crop(img, box, size, rng.coin())
+    box, flip = train_draws(img.width, img.height, rng)
+    return decode_crop(img, box, size, flip)
+
+
+def train_draws(width: int, height: int, rng: SampleRandom) -> tuple[tuple, bool]:
+    """The training crop's draws from ``rng``, in their order: the box, then the flip (the
+    GPU decode's workers draw them here too, so both paths crop alike)."""
+    box = random_resized_box(width, height, rng)
+    return box, rng.coin()
 
 
 def decode_crop(img, box, size: int, flip: bool) -> np.ndarray:
@@ -115,15 +123,23 @@ def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
     ``int(round(excess / 2.0))``. Validation accuracy is then the imagenet example's for the
     same weights, so no ``draft`` here: a reduced-scale decode gives other pixels (and at 224 px
     it applies only to photos with a shorter side of 512 or more)."""
-    resize_to = val_resize(size) if resize_to is None else resize_to
     with decoding(path):  # the decode; what follows works on pixels in memory
         img = open_pillow(read_bytes(path), path)
         img.load()
     # torchvision's loader converts to RGB first; "L" resized then converted is the same.
     full = img if img.mode in ("RGB", "L") else img.convert("RGB")
-    new_w, new_h = shorter_side_size(full.width, full.height, resize_to)
-    full = full.resize((new_w, new_h), Image.BILINEAR)
+    resized, box = val_geometry(full.width, full.height, size, resize_to)
+    full = full.resize(resized, Image.BILINEAR)
     if full.mode != "RGB":
         full = full.convert("RGB")
+    return np.array(full.crop(box))
+
+
+def val_geometry(width: int, height: int, size: int, resize_to: int | None = None
+                 ) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
+    """:func:`val_crop`'s ``(new_w, new_h)`` for the whole image and its centre ``size`` box
+    there (``(left, top, right, bottom)``)."""
+    resize_to = val_resize(size) if resize_to is None else resize_to
+    new_w, new_h = shorter_side_size(width, height, resize_to)
     left, top = center_offset(new_w, size), center_offset(new_h, size)
-    return np.array(full.crop((left, top, left + size, top + size)))
+    return (new_w, new_h), (left, top, left + size, top + size)

@@ -135,26 +135,30 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
 
     ``batch_size`` is the global batch. ``dataset`` must accept ``(index, seed, epoch)`` keys
     (every tandem dataset does) and have a ``shape`` attribute ``(C, H, W)`` (and optionally a
-    ``dtype`` and a ``target_shape``) used to shape empty batches. ``persistent`` keeps the workers between epochs.
+    ``dtype`` and a ``target_shape``) used to shape empty batches, unless it has its own
+    ``collate`` (and ``finish_loader``, which wraps the loader). ``persistent`` keeps the
+    workers between epochs.
     """
     _check_int("workers", workers, 0)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
                                   epoch=epoch, rank=rank, world_size=world_size,
                                   start_batch=start_batch, split=split)
     base = mix_seed(seed, epoch, 104729)
-    return DataLoader(
+    loader = DataLoader(
         dataset,
         batch_sampler=sampler,
         num_workers=workers,
-        collate_fn=functools.partial(collate, shape=tuple(dataset.shape),
-                                     dtype=getattr(dataset, "dtype", torch.float32),
-                                     target_shape=tuple(getattr(dataset, "target_shape", ()))),
+        collate_fn=getattr(dataset, "collate", None) or functools.partial(
+            collate, shape=tuple(dataset.shape), dtype=getattr(dataset, "dtype", torch.float32),
+            target_shape=tuple(getattr(dataset, "target_shape", ()))),
         worker_init_fn=functools.partial(_seed_worker, base=base) if workers else None,
         generator=torch.Generator().manual_seed(base),  # keeps the global RNG untouched
         pin_memory=pin_memory,
         persistent_workers=persistent and workers > 0,
         prefetch_factor=PREFETCH if workers else None,
     )
+    # a dataset whose batches are finished in this process (--decode gpu: .device_decode)
+    return dataset.finish_loader(loader) if hasattr(dataset, "finish_loader") else loader
 
 
 class LoaderCache:

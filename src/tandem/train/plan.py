@@ -20,6 +20,7 @@ from torch import nn
 
 from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.errors import UsageError
+from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
@@ -105,6 +106,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         path = "on" if strategy.backward_threads else "off"
         cfg = replace(cfg, parallel=replace(cfg.parallel, backward_threads=path))
     strategy.split.check_fits(cfg.optim.batch_size)
+    resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
     run, source = RunDir(cfg.run.out), None
     continues = ckpt is not None and not foreign.is_foreign(ckpt)
     if continues:
@@ -124,8 +126,10 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
               supplied: Supplied = Supplied()) -> RunPlan:
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing."""
-    return RunPlan(cfg, _strategy(cfg.parallel, cfg.model, supplied.model), EVALUATE,
-                   checkpoint=ckpt, notes=tuple(notes), supplied=supplied)
+    strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+    resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
+    return RunPlan(cfg, strategy, EVALUATE, checkpoint=ckpt, notes=tuple(notes),
+                   supplied=supplied)
 
 
 _HANDED = {"arch": ("model", "model", "-a package.module:function",

@@ -18,6 +18,7 @@ from torch import nn
 from tandem import cpu_malloc
 from tandem.config import DataConfig, OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
+from tandem.data.device_decode import decode_on
 from tandem.distributed.env import LAUNCH_ID_VAR, is_main_process
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
@@ -59,8 +60,9 @@ def build_data(cfg: DataConfig, seed: int, splits: tuple[str, ...] = ("train", "
 
 def _data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
     """``(train, val, info)``: the data sets handed over, else those the config names."""
-    if plan.supplied.data is None:
-        return build_data(plan.cfg.data, plan.cfg.run.seed, splits)
+    if plan.supplied.data is None:  # --decode gpu: its ImageFolder data decoded on the device
+        return decode_on(build_data(plan.cfg.data, plan.cfg.run.seed, splits),
+                         plan.cfg.data.decode, plan.strategy.device)
     train_set, val_set, info = plan.supplied.data
     return (train_set if "train" in splits else None), val_set, info
 

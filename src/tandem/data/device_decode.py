@@ -1,0 +1,201 @@
+"""The main process's half of ``--decode gpu``: nvJPEG decodes each batch, the device crops it.
+
+The workers send a batch's JPEG files with their crops (:mod:`~tandem.data.encoded`). Here
+``torchvision.io.decode_jpeg(files, device="cuda")`` decodes them all in one call, and the
+device cuts each box, resamples it (bilinear, antialiased, in float32, rounded back to
+``uint8``), then flips the batch's flipped ones in one go; the uint8 batch is then normalised
+as every batch is (:func:`~tandem.data.device.batch_to_device`). torchvision is imported
+here only, when a GPU decode is asked for: tandem's optional ``gpu`` extra, never a CPU need.
+The decode step is a parameter (``decode(files, device) -> images``): the tests decode on the
+host (:func:`host_decode`) and run the rest, the same code, on the CPU device. A file the
+device refuses is made by the CPU path in this process (and, if the CPU decoders refuse it
+too, warned about and replaced, as without ``--decode gpu``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from tandem.errors import UsageError
+
+from .decode import DECODER_ERRORS
+from .encoded import EncodedBatch, EncodedFolder, collate_encoded
+
+__all__ = ["DECODE_MODES", "resolve_decode", "decode_on", "nvjpeg_decode", "host_decode",
+           "resample", "crop_resize", "DeviceDecoded", "DeviceDecoder", "DecodingLoader"]
+
+log = logging.getLogger("tandem.data")
+
+DECODE_MODES = ("auto", "cpu", "gpu")
+_EXTRA = "pip install 'tandem[gpu]', torchvision built for this torch"
+
+
+def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
+    """``("gpu" or "cpu", a notice or None)`` for ``--decode mode`` on ``device``. ``gpu``
+    needs a CUDA device and torchvision (found, not imported): without them ``gpu`` is
+    refused in one line; ``auto`` decodes on the CPU, saying so when only torchvision lacks."""
+    if mode not in DECODE_MODES:
+        raise UsageError(f"bad --decode {mode!r}: choose one of {', '.join(DECODE_MODES)}")
+    if mode == "cpu":
+        return "cpu", None
+    device = torch.device(device)
+    if device.type != "cuda":
+        if mode == "gpu":
+            raise UsageError(f"--decode gpu needs a CUDA device, and this run's is "
+                             f"{device} (use --decode cpu or auto)")
+        return "cpu", None
+    if importlib.util.find_spec("torchvision") is None:
+        if mode == "gpu":
+            raise UsageError(f"--decode gpu needs torchvision ({_EXTRA}), which is not "
+                             f"installed (use --decode cpu or auto)")
+        return "cpu", (f"decoding JPEGs on the CPU: --decode auto found no torchvision "
+                       f"for nvJPEG ({_EXTRA})")
+    return "gpu", None
+
+
+def nvjpeg_decode(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """``(3, H, W)`` uint8 images on ``device`` (CUDA) of JPEG files, by nvJPEG in one call."""
+    from torchvision.io import ImageReadMode, decode_jpeg  # the gpu path's alone
+
+    return list(decode_jpeg(files, mode=ImageReadMode.RGB, device=device))
+
+
+def host_decode(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """:func:`nvjpeg_decode`'s stand-in: each file decoded whole by Pillow, then moved to
+    ``device`` (the tests run the device's half on the CPU with it)."""
+    images = []
+    for data in files:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
+            rgb = np.array(img.convert("RGB"))
+        images.append(torch.from_numpy(rgb).permute(2, 0, 1).to(device))
+    return images
+
+
+def resample(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``(3, h, w)`` uint8 to ``(3, height, width)`` uint8: bilinear with antialiasing, as
+    Pillow's resize (float32 on the device: CUDA's antialiased kernel takes no uint8)."""
+    out = F.interpolate(image[None].float(), size=(height, width), mode="bilinear",
+                        antialias=True, align_corners=False)
+    return out[0].round_().clamp_(0, 255).to(torch.uint8)
+
+
+def crop_resize(image: torch.Tensor, job, size: int) -> torch.Tensor:
+    """The crop ``job`` (an :class:`~tandem.data.encoded.Encoded`) asks of a decoded
+    ``(3, H, W)`` image: the whole resized first if ``job.resize``, then the box, resampled
+    to ``size x size`` unless it is that already. Not flipped: the batch is, at once."""
+    if job.resize is not None:
+        image = resample(image, job.resize[1], job.resize[0])
+    left, top, right, bottom = job.box
+    image = image[:, top:bottom, left:right]
+    if image.shape[1:] != (size, size):
+        image = resample(image, size, size)
+    return image
+
+
+class DeviceDecoder:
+    """A worker's :class:`~tandem.data.encoded.EncodedBatch` to ``(N, 3, S, S)`` uint8 on
+    ``device``, with the labels (a substitute for a refused file brings its own)."""
+
+    def __init__(self, dataset: EncodedFolder, device: torch.device, decode=nvjpeg_decode):
+        self.dataset, self.device, self.decode = dataset, torch.device(device), decode
+
+    def __call__(self, batch: EncodedBatch, labels: torch.Tensor):
+        size, pieces = batch.size, [None] * batch.count
+        if batch.crops is not None:  # the worker's own (CPU path): flipped already
+            crops = batch.crops.to(self.device, non_blocking=True)
+            for j, at in enumerate(batch.crop_at):
+                pieces[at] = crops[j]
+        flipped = []
+        for (at, _, _, job), image in zip(batch.jobs, self._decoded(batch.files())):
+            if image is None:  # refused here: the CPU path, in this process
+                crop, label = self.dataset.base.decode_key(job.key)
+                pieces[at], labels[at] = torch.from_numpy(crop).permute(2, 0, 1), label
+                pieces[at] = pieces[at].to(self.device)
+                continue
+            pieces[at] = crop_resize(image, job, size)
+            if job.flip:
+                flipped.append(at)
+        if not pieces:
+            return torch.empty((0, 3, size, size), dtype=torch.uint8, device=self.device), labels
+        images = torch.stack(pieces)
+        if flipped:
+            at = torch.tensor(flipped, device=self.device)
+            images[at] = images[at].flip(3)
+        return images, labels
+
+    def _decoded(self, files: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """The files decoded on the device in one call; if that fails, one by one, None for
+        each one refused."""
+        if not files:
+            return []
+        refusals = (RuntimeError, *DECODER_ERRORS)
+        try:
+            return list(self.decode(files, self.device))
+        except refusals:
+            pass
+        images = []
+        for data in files:
+            try:
+                images.append(self.decode([data], self.device)[0])
+            except refusals:
+                images.append(None)
+        return images
+
+
+class DecodingLoader:
+    """A DataLoader of encoded batches that yields them decoded on the device; anything else
+    (``batch_sampler``, ``len``) is the DataLoader's."""
+
+    def __init__(self, loader, decoder: DeviceDecoder):
+        self.loader, self.decoder = loader, decoder
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for batch, labels in self.loader:
+            yield self.decoder(batch, labels)
+
+
+class DeviceDecoded(EncodedFolder):
+    """An ImageFolder dataset decoded on ``device``: its loader's workers send files
+    (:meth:`collate`) and :meth:`finish_loader` decodes them here (see
+    :func:`~tandem.data.loader.make_loader`)."""
+
+    def __init__(self, base, device: torch.device, decode=nvjpeg_decode):
+        super().__init__(base)
+        self.device, self.decode = torch.device(device), decode
+
+    def collate(self, samples: list):
+        return collate_encoded(samples, size=self.base.image_size)
+
+    def finish_loader(self, loader) -> DecodingLoader:
+        return DecodingLoader(loader, DeviceDecoder(self, self.device, self.decode))
+
+
+def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode) -> tuple:
+    """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` when
+    ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given."""
+    choice, notice = resolve_decode(mode, device)
+    if notice:
+        log.info(notice)
+    if choice == "cpu":
+        return data
+    from .imagefolder import ImageFolderDataset
+
+    train, val, info = data
+    wrap = [DeviceDecoded(d, device, decode) if isinstance(d, ImageFolderDataset) else d
+            for d in (train, val)]
+    return (*wrap, info)

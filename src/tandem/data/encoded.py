@@ -1,0 +1,143 @@
+"""The workers' half of ``--decode gpu``: a JPEG's bytes and the crop to make of it, not pixels.
+
+:class:`EncodedFolder` wraps an :class:`~tandem.data.imagefolder.ImageFolderDataset`. For a
+JPEG it reads the file and its header only (Pillow's lazy open: the size and colour mode) and
+draws the crop box and flip from the sample's key exactly as the CPU path does
+(:func:`~tandem.data.imagenet_transforms.train_draws`, :func:`val_geometry`), leaving the
+decode and the resampling to the main process (:mod:`~tandem.data.device_decode`). Anything
+else takes the CPU path whole, in the worker, as without ``--decode gpu``: a file that is not a
+JPEG, a CMYK one, one cut short (no end marker), one whose header fails (then warned about and
+replaced, see :func:`~tandem.data.imagefolder.first_decodable`), and every sample under
+``--augment standard``. :func:`collate_encoded` packs a batch's files into one byte tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .decode import DECODER_ERRORS, open_pillow, read_bytes
+from .imagefolder import first_decodable
+from .imagenet_transforms import train_draws, val_geometry
+from .transforms import SampleRandom
+
+__all__ = ["Encoded", "EncodedBatch", "EncodedFolder", "collate_encoded", "jpeg_size"]
+
+_JPEG_START, _JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One sample left to the device: the file's bytes, then (in full-size pixels, or in
+    ``resize``'s when given) the box to cut and resample to the output size, and the flip.
+    ``resize``: the whole image's ``(w, h)`` before the box (the val crop). ``key`` is the
+    sample's, for a substitute should the device refuse the file."""
+
+    data: bytes
+    box: tuple[int, int, int, int]
+    flip: bool
+    key: tuple[int, int, int]
+    resize: tuple[int, int] | None = None
+
+
+@dataclass
+class EncodedBatch:
+    """A batch as it leaves a worker: ``data`` holds the encoded files one after another
+    (``jobs``: each one's place in the batch, byte range and crop), ``crops`` the samples the
+    worker decoded itself, ``(M, 3, S, S)`` uint8, at ``crop_at``."""
+
+    size: int
+    count: int
+    data: torch.Tensor
+    jobs: list[tuple[int, int, int, Encoded]] = field(default_factory=list)
+    crops: torch.Tensor | None = None
+    crop_at: list[int] = field(default_factory=list)
+
+    def pin_memory(self) -> "EncodedBatch":
+        """Pinned crops (the DataLoader's pin-memory thread asks); the bytes stay where they
+        are, nvJPEG reads them from the host."""
+        if self.crops is not None:
+            self.crops = self.crops.pin_memory()
+        return self
+
+    def files(self) -> list[torch.Tensor]:
+        """Each encoded file as a 1-D uint8 tensor (views of ``data``)."""
+        return [self.data[start:end] for _, start, end, _ in self.jobs]
+
+
+def jpeg_size(data: bytes, path) -> tuple[int, int] | None:
+    """``(width, height)`` of a complete RGB or greyscale JPEG, from its header; None for
+    anything the CPU path should take (another format, CMYK, no end marker, a bad header)."""
+    if not data.startswith(_JPEG_START) or _JPEG_END not in data[-32:]:
+        return None
+    try:
+        img = open_pillow(data, path)
+    except DECODER_ERRORS:  # the CPU path says what is wrong with it
+        return None
+    with img:
+        ok = img.format in ("JPEG", "MPO") and img.mode in ("RGB", "L")
+        return img.size if ok else None
+
+
+class EncodedFolder(torch.utils.data.Dataset):
+    """``base`` (an ImageFolder dataset) as :class:`Encoded` samples where it can (see module
+    doc); everything else (length, shape, normalization, ...) is ``base``'s."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getattr__(self, name):  # called only for what this class lacks: base's
+        if name == "base":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def __getitem__(self, key):
+        """``(Encoded, label)``, or ``((3, S, S) uint8, label)`` from the CPU path."""
+        index, seed, epoch = self.base._split(key)
+        sample, label = first_decodable(self.base.samples, self.base._bad, index,
+                                        lambda i: self._encode(i, (index, seed, epoch)))
+        if isinstance(sample, np.ndarray):
+            sample = torch.from_numpy(sample).permute(2, 0, 1)
+        return sample, label
+
+    def _encode(self, i: int, key) -> Encoded | np.ndarray:
+        """File ``i`` with the draws of sample ``key`` (the one asked for, even for a
+        substitute): an :class:`Encoded`, else the CPU path's ``(S, S, 3)`` crop."""
+        base, (index, seed, epoch) = self.base, key
+        rng = SampleRandom(seed, epoch, index)  # as ImageFolderDataset.decode_key seeds it
+        path = base.samples[i][0]
+        if base.augment in ("imagenet", "none"):
+            try:
+                data = read_bytes(path)
+            except OSError:
+                data = b""  # the CPU path fails on it again, and says so
+            size = jpeg_size(data, path)
+            if size is not None:
+                if base.augment == "imagenet":
+                    box, flip = train_draws(*size, rng)
+                    return Encoded(data, box, flip, key)
+                resize, box = val_geometry(*size, base.image_size)
+                return Encoded(data, box, False, key, resize)
+        return base._decode(i, rng)
+
+
+def collate_encoded(samples: list, *, size: int) -> tuple[EncodedBatch, torch.Tensor]:
+    """``(EncodedBatch, labels)`` of :class:`EncodedFolder` samples (run in the worker)."""
+    encoded = [(j, s) for j, (s, _) in enumerate(samples) if isinstance(s, Encoded)]
+    ends = np.cumsum([len(s.data) for _, s in encoded], dtype=np.int64).tolist()
+    data = torch.frombuffer(bytearray(b"".join(s.data for _, s in encoded)) or bytearray(1),
+                            dtype=torch.uint8)
+    jobs = [(j, end - len(s.data), end, s) for (j, s), end in zip(encoded, ends)]
+    jobs = [(j, start, end, Encoded(b"", s.box, s.flip, s.key, s.resize))  # bytes sent once
+            for j, start, end, s in jobs]
+    crop_at = [j for j, (s, _) in enumerate(samples) if not isinstance(s, Encoded)]
+    # HWC-strided crops (see ImageFolderDataset.__getitem__): stacked as HWC, a plain copy
+    crops = (torch.stack([samples[j][0].permute(1, 2, 0) for j in crop_at]).permute(0, 3, 1, 2)
+             if crop_at else None)
+    labels = torch.tensor([int(label) for _, label in samples], dtype=torch.int64)
+    return EncodedBatch(size, len(samples), data, jobs, crops, crop_at), labels
