@@ -29,8 +29,8 @@ from tandem.precision import amp_precision
 from tandem.strategies import Strategy, create_strategy, strategy_names
 from tandem.strategies.compile import check_compile
 
-from . import foreign, rundir, runlock, start
-from .resume import check_launched, complete_line, resumed_config
+from . import auto, foreign, rundir, runlock, start
+from .resume import check_launched, complete_line
 from .rundir import RunDir
 
 __all__ = ["RunPlan", "Supplied", "check_model", "plan_train", "plan_eval", "FRESH", "RESUMED",
@@ -65,6 +65,7 @@ class RunPlan:
     notes: tuple[str, ...] = ()  # what the resume took or changed, one line each
     given: frozenset[str] = frozenset()  # fields typed on the command line
     supplied: Supplied = field(default_factory=Supplied)
+    race: dict | None = None  # --strategy auto's record (tandem.train.auto)
 
     @property
     def resume_path(self) -> str | None:
@@ -76,7 +77,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
                supplied: Supplied = Supplied()) -> RunPlan | str:
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
     complete run, the one line to print instead."""
-    cfg, ckpt, notes = resumed_config(cfg, given)
+    cfg, ckpt, notes = auto.resumed(cfg, given)  # resumed_config; auto: the run's, or launch's
     if ckpt is not None:
         _check_handed(cfg, supplied)
     if supplied.model is None and supplied.data is None:
@@ -168,6 +169,8 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
               model: nn.Module | None = None) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
     ``model`` (else ``model_cfg.arch``) with the options asked for."""
+    if cfg.strategy == auto.AUTO:  # until the race (tandem.train.auto)
+        return auto.stand_in(cfg, lambda p: _strategy(p, model_cfg, model))
     strategy = create_strategy(cfg.strategy, parse_device_spec(cfg.devices, "--devices"),
                                sync_bn=cfg.sync_bn, buffers=cfg.buffers,
                                output_key=model_cfg.output_key,
