@@ -191,8 +191,8 @@ def choose(rows: list[dict], planned: dict | None = None) -> tuple[str, str]:
 
 def planned_bytes(model, devices: list, batch_size: int, input_size, head: str | None = None,
                   split=None) -> dict[str, int]:
-    """Bytes one step moves between devices, as :func:`tandem.hybrid.plan` predicts them:
-    single none, dp its data-parallel total, balanced the same less the gathered logits (it
+    """Bytes one step moves between devices, inputs included, as :func:`tandem.hybrid.plan`
+    predicts them: single none, dp its data-parallel total, balanced the same less the gathered logits (it
     sends loss terms instead), hybrid its split total; ``{}`` for a model it cannot plan."""
     from tandem.errors import TandemError
     from tandem.hybrid import plan
@@ -202,9 +202,9 @@ def planned_bytes(model, devices: list, batch_size: int, input_size, head: str |
                  split=None if split == "auto" else split)
     except (TandemError, ValueError, TypeError, AttributeError):
         return {}
-    predicted = {"single": 0, "dp": p.dp_total,
-                 "balanced": p.dp_total - p.dp_bytes.get("activations", 0),
-                 "hybrid": p.hybrid_total}
+    dp, hybrid = sum(p.dp_bytes.values()), sum(p.hybrid_bytes.values())  # inputs in
+    predicted = {"single": 0, "dp": dp, "balanced": dp - p.dp_bytes.get("activations", 0),
+                 "hybrid": hybrid}
     return {n: v for n, v in predicted.items() if n in strategy_names()}
 
 
