@@ -26,7 +26,7 @@ from tandem.precision import amp_precision
 from tandem.strategies import Strategy, strategy_class
 from tandem.strategies import auto
 
-from .resume import resumed_config
+from .resume import _device_spec, resumed_config
 
 __all__ = ["AUTO", "resumed", "stand_in", "settle", "recorded"]
 
@@ -157,9 +157,9 @@ def _settled(plan, build: Callable[[ParallelConfig], Strategy], clock):
     result.not_raced = not_raced
     print(auto.format_block(result, planned, f"{', '.join(names)} on {p.devices}, global batch "
                                              f"{cfg.optim.batch_size}, "), flush=True)
-    parallel = replace(p, strategy=result.choice)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # single on several devices: the race's choice
-        strategy = build(parallel)
+    few = devices[:strategy_class(result.choice).max_devices or len(devices)]
+    parallel = replace(p, strategy=result.choice,  # single: the one device it drives
+                       devices=p.devices if few == devices else _device_spec(few))
+    strategy = build(parallel)
     return replace(plan, cfg=replace(cfg, parallel=parallel), strategy=strategy,
                    race=result.record())
