@@ -101,11 +101,13 @@ def test_a_tie_picks_the_simpler():
 
 
 def test_the_budget_sets_the_rounds():
-    """Each round costs 0.4 s on the fake clock: the warm-up and first rounds spend 0.8 s of
-    the 5 s budget, leaving 10 rounds; an epoch of 1000 batches makes it 5% of an epoch, at
-    most 30 s (MAX_ROUNDS caps the rounds)."""
+    """Each round costs 0.4 s on the fake clock: the cold round spends 0.4 s of the 5 s
+    budget, leaving 11 rounds; a cold round of 5 s leaves none (its times are kept). An epoch
+    of 1000 batches makes the budget 5% of an epoch, at most 30 s."""
     costs = {"single": 0.1, "dp": 0.1, "balanced": 0.1, "hybrid": 0.1}
-    assert _race(costs, rounds=None)[0].rounds == 10
+    assert _race(costs, rounds=None)[0].rounds == 11
+    result, (choice, _) = _race({"single": 2.0, "dp": 1.0, "balanced": 1.5}, rounds=None)
+    assert result.rounds == 1 and result.cold and choice == "dp" and result.seconds == 4.5
     assert auto.budget_s(1000 * 0.1) == 5.0 and auto.budget_s(200) == 10.0
     assert auto.budget_s(10_000) == 30.0
 

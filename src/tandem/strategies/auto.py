@@ -79,10 +79,12 @@ class RaceResult:
     choice: str = ""
     reason: str = ""
     not_raced: dict[str, str] = field(default_factory=dict)
+    cold: bool = False  # the budget left no round after the cold one: its times are kept
 
     def record(self) -> dict:
         """What the run's config keeps (``resolved.auto``)."""
         return {"choice": self.choice, "reason": self.reason, "rounds": self.rounds,
+                "cold": self.cold,
                 "seconds": round(self.seconds, 3), "table": self.rows,
                 "not_raced": dict(self.not_raced)}
 
@@ -109,9 +111,10 @@ def _dropped(result: dict) -> str:
 
 def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | None = None,
          epoch_batches: int = 1, clock: Callable[[], float] | None = None) -> RaceResult:
-    """Race ``build(name)`` (a bench ``Contestant``) for each of ``names``: one warm-up and
-    one timed round, then as many rounds as :func:`budget_s` leaves (``rounds``: exactly
-    that many after the warm-up). ``clock`` is injectable (tests)."""
+    """Race ``build(name)`` (a bench ``Contestant``) for each of ``names``: one cold round,
+    then as many timed rounds as :func:`budget_s` leaves (none: the cold round's times are
+    kept); ``rounds`` gives that many timed rounds after one warm-up. ``clock`` is
+    injectable (tests)."""
     from tandem.bench.runner import race as bench_race
     from tandem.bench.timing import clock as wall
 
@@ -125,8 +128,8 @@ def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | No
                     built.append(build(name))
                 except torch.OutOfMemoryError:
                     rows[name] = {"name": name, "note": f"dropped: {OUT_OF_MEMORY}"}
-            if rounds is None:
-                first = bench_race(built, 1, 1, batch_size, clock=clock)
+            if rounds is None:  # one cold round, kept only when the budget allows no other
+                first = bench_race(built, 1, 0, batch_size, clock=clock)
                 n = _rounds(first, clock() - start, epoch_batches)
             else:
                 first, n = bench_race(built, rounds, 1, batch_size, clock=clock), 0
@@ -144,7 +147,8 @@ def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | No
                             "q3_s": r["step_time_s"]["q3"]}
                            if r["status"] == "ok" else {"name": r["name"], "note": _dropped(r)})
     done = rounds if rounds is not None else (n or 1)
-    return RaceResult([rows[n] for n in names if n in rows], done, clock() - start)
+    return RaceResult([rows[n] for n in names if n in rows], done, clock() - start,
+                      cold=rounds is None and not n)
 
 
 def _rounds(first: list[dict], elapsed: float, epoch_batches: int) -> int:
@@ -215,7 +219,9 @@ def _mb(n: int | None) -> str:
 def format_block(result: RaceResult, planned: dict | None = None, title: str = "") -> str:
     """The table and the choice, in one block."""
     planned = planned or {}
-    lines = [f"strategy auto: {title}{result.rounds} timed round(s) in {result.seconds:.1f} s",
+    rounds = ("1 cold round (the budget left no other)" if result.cold else
+              f"{result.rounds} timed round{'s' if result.rounds != 1 else ''}")
+    lines = [f"strategy auto: {title}{rounds} in {result.seconds:.1f} s",
              f"  {'candidate':<10}{'step ms':>9}{'IQR ms':>9}  planned bytes/step"]
     for row in result.rows:
         if "median_s" in row:
