@@ -14,7 +14,7 @@ while read -r arch size classes batch; do
     --out "$out/$arch" --overwrite | tee "$out/$arch.train.txt"
   "$tandem" bench -a "$arch" --image-size "$size" --num-classes "$classes" -b "$batch" \
     --devices cpu:2 --threads 1 --strategies single,dp,balanced,hybrid --baselines none \
-    --steps 8 --warmup 2 --explain | tee "$out/$arch.bench.txt"
+    --steps 5 --warmup 1 --explain | tee "$out/$arch.bench.txt"
 done <<'LIST'
 alexnet 128 1000 32
 cifar_resnet20 32 10 64

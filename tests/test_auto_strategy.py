@@ -224,3 +224,24 @@ def test_the_choice_is_recorded_and_a_resume_does_not_race(tmp_path):
     assert plain.returncode == 0 and not raced(plain.stdout)
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ckpt["config"]["resolved"]["auto"]["choice"] == choice  # kept through resumes
+
+
+def test_bench_explain_prints_planned_bytes_next_to_the_measured_steps():
+    result = run_in_process("bench", "-a", "cifar_resnet20", "--strategies", "single,dp",
+                            "--devices", "cpu:2", "-b", "4", "--steps", "1", "--warmup", "0",
+                            "--image-size", "8", "--baselines", "none", "--explain")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("plan vs clock:")[1].splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:] if line.strip()}
+    assert set(rows) == {"single", "dp"}
+    assert rows["single"][:2] == ["0", "0"] and rows["dp"][0] not in ("0", "n/a")
+
+
+def test_the_reason_gives_the_planned_bytes_against_the_rival_or_dp():
+    row = lambda n, m: {"name": n, "median_s": m, "q1_s": m, "q3_s": m}  # noqa: E731
+    planned = {"single": 0, "dp": 1000, "balanced": 900, "hybrid": 930}
+    rows = [row("single", 2.0), row("dp", 1.43), row("hybrid", 1.0)]
+    assert auto.choose(rows, planned) == ("hybrid", "hybrid: 1.43x dp, 0.93x the bytes dp plans")
+    rows = [row("single", 1.16), row("hybrid", 1.0)]
+    assert auto.choose(rows, planned)[1] == "hybrid: 1.16x single, 0.93x the bytes dp plans"
+    assert auto.choose([row("single", 1.0), row("dp", 1.5)], planned)[1] == "single: 1.50x dp"

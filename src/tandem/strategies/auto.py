@@ -13,6 +13,7 @@ and Python RNGs are left as they were, so the run that follows is the run with t
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import random
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candida
 MIN_S, EPOCH_SHARE, MAX_S = 5.0, 0.05, 30.0  # the race's time budget (see budget_s)
 MAX_ROUNDS = 30
 OUT_OF_MEMORY = "out of memory"
+_PLAIN_DP = "dp"  # the plan's data-parallel figure: what a choice's bytes are compared with
 
 
 def launched() -> str:
@@ -109,6 +111,15 @@ def _dropped(result: dict) -> str:
     return f"dropped: failed ({reason})"
 
 
+def _row(result: dict) -> dict:
+    """A bench result as the race's table keeps it: the step's median and quartiles."""
+    if result["status"] != "ok":
+        return {"name": result["name"], "note": _dropped(result)}
+    t = result["step_time_s"]
+    return {"name": result["name"], "median_s": t["median"], "iqr_s": t["iqr"],
+            "q1_s": t["q1"], "q3_s": t["q3"]}
+
+
 def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | None = None,
          epoch_batches: int = 1, clock: Callable[[], float] | None = None) -> RaceResult:
     """Race ``build(name)`` (a bench ``Contestant``) for each of ``names``: one cold round,
@@ -120,7 +131,7 @@ def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | No
 
     clock = clock or wall
     start = clock()
-    built, rows = [], {}
+    built, alive, rows = [], [], {}
     with rng_kept():
         try:
             for name in names:
@@ -135,17 +146,18 @@ def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | No
                 first, n = bench_race(built, rounds, 1, batch_size, clock=clock), 0
             results = first
             if n:
-                alive = [c for c, r in zip(built, first) if r["status"] == "ok"]
+                alive += [c for c, r in zip(built, first) if r["status"] == "ok"]
                 results = bench_race(alive, n, 0, batch_size, clock=clock) + [
                     r for r in first if r["status"] != "ok"]
         finally:
             for contestant in built:
                 contestant.close()
-    for r in results:
-        rows[r["name"]] = ({"name": r["name"], "median_s": r["step_time_s"]["median"],
-                            "iqr_s": r["step_time_s"]["iqr"], "q1_s": r["step_time_s"]["q1"],
-                            "q3_s": r["step_time_s"]["q3"]}
-                           if r["status"] == "ok" else {"name": r["name"], "note": _dropped(r)})
+            built.clear()  # the copies go before the run builds its own
+            alive.clear()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    rows.update((r["name"], _row(r)) for r in results)
     done = rounds if rounds is not None else (n or 1)
     return RaceResult([rows[n] for n in names if n in rows], done, clock() - start,
                       cold=rounds is None and not n)
@@ -187,9 +199,10 @@ def choose(rows: list[dict], planned: dict | None = None) -> tuple[str, str]:
                       f"and simpler")
     rival = min(others, key=lambda n: timed[n]["median_s"])
     reason = f"{pick}: {timed[rival]['median_s'] / timed[pick]['median_s']:.2f}x {rival}"
-    mine, theirs = (planned or {}).get(pick), (planned or {}).get(rival)
-    if mine and theirs:  # single plans none: no ratio to give
-        reason += f", {mine / theirs:.2f}x the bytes {rival} plans"
+    planned = planned or {}
+    ref = next((n for n in (rival, _PLAIN_DP) if n != pick and planned.get(n)), None)
+    if planned.get(pick) and ref:  # single moves nothing: no ratio to give
+        reason += f", {planned[pick] / planned[ref]:.2f}x the bytes {ref} plans"
     return pick, reason
 
 
