@@ -245,3 +245,12 @@ def test_the_reason_gives_the_planned_bytes_against_the_rival_or_dp():
     rows = [row("single", 1.16), row("hybrid", 1.0)]
     assert auto.choose(rows, planned)[1] == "hybrid: 1.16x single, 0.93x the bytes dp plans"
     assert auto.choose([row("single", 1.0), row("dp", 1.5)], planned)[1] == "single: 1.50x dp"
+
+
+def test_one_device_is_single_without_a_race(tmp_path):
+    result = run_in_process("train", "-a", "own_model:make_net", "--data", "own_model:pairs",
+                            "-b", "8", "--epochs", "1", "--max-steps", "1", "--no-progress",
+                            "--strategy", "auto", "--devices", "cpu", "--out", tmp_path / "r")
+    assert result.returncode == 0, result.stderr
+    assert "no race: one candidate" in result.stdout
+    assert "chosen: single: the only candidate" in result.stdout

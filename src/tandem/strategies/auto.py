@@ -234,7 +234,8 @@ def format_block(result: RaceResult, planned: dict | None = None, title: str = "
     planned = planned or {}
     rounds = ("1 cold round (the budget left no other)" if result.cold else
               f"{result.rounds} timed round{'s' if result.rounds != 1 else ''}")
-    lines = [f"strategy auto: {title}{rounds} in {result.seconds:.1f} s",
+    lines = [f"strategy auto: {title}" + (f"{rounds} in {result.seconds:.1f} s" if result.rows
+                                          else "no race: one candidate"),
              f"  {'candidate':<10}{'step ms':>9}{'IQR ms':>9}  planned bytes/step"]
     for row in result.rows:
         if "median_s" in row:
