@@ -18,6 +18,7 @@ from tandem.parallel.buffers import POLICIES
 from tandem.parallel.split import parse_split
 from tandem.precision import AMP_DTYPES
 from tandem.strategies import strategy_names
+from tandem.strategies.auto import AUTO
 from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
 from tandem.errors import UsageError
 from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choice, check_type,
@@ -34,8 +35,8 @@ DTYPES = ("float32", "float64")
 
 
 def _strategy_names() -> tuple[str, ...]:
-    """The registered strategies (the registry is the one list of names)."""
-    return tuple(strategy_names())
+    """The registered strategies (the registry is the one list of names), and ``auto``."""
+    return (*strategy_names(), AUTO)
 
 
 # The default strategy: the one-device reference every other one must match.
@@ -162,8 +163,12 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    strategy: str = opt(_REFERENCE, "how to use the devices", choices=_strategy_names,
+    strategy: str = opt(_REFERENCE, "how to use the devices (auto: race the ones that can "
+                        "drive this model here, keep the fastest)", choices=_strategy_names,
                         on_resume=MAY_CHANGE)
+    auto_steps: int | None = opt(None, "with --strategy auto: timed rounds of the race (default: "
+                                 "as many as fit 5 s or 5%% of an epoch, at most 30 s)",
+                                 metavar="N", on_resume=MAY_CHANGE)
     devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
                        metavar="SPEC", on_resume=MAY_CHANGE)
     sync_bn: bool = opt(False, "batch norm over the whole global batch (SyncBatchNorm)")
@@ -216,6 +221,8 @@ class ParallelConfig:
             check(self.amp, f"--amp-dtype {self.amp_dtype} needs --amp")
         if self.split is not None:
             parse_split(self.split)
+        check(self.auto_steps is None or self.auto_steps >= 1,
+              f"bad --auto-steps {self.auto_steps}: must be >= 1")
         check(self.max_share is None or self.max_share >= 1,
                f"bad --max-share {self.max_share}: must be >= 1")
         if self.compile_mode is not None:

@@ -16,7 +16,8 @@ from typing import TextIO
 from .entry import LOOP
 from .timing import NOISE_IQR, is_noise
 
-__all__ = ["format_table", "write_json", "format_bytes", "explain", "run_setup"]
+__all__ = ["format_table", "write_json", "format_bytes", "explain", "run_setup",
+           "planned_vs_measured"]
 
 
 def format_bytes(n: float | None) -> str:
@@ -205,3 +206,19 @@ def run_setup(devices, threads: int | None) -> str:
 
 
 UNIT = " sample-times"  # one sample on a device without the handicap
+
+
+def planned_vs_measured(report: dict, planned: dict[str, int]) -> str:
+    """``--explain`` after the race: each strategy's bytes per step as the plan predicts them
+    (:func:`tandem.strategies.auto.planned_bytes`) next to its measured step and counted bytes,
+    so a plan and a clock that disagree show."""
+    lines = ["plan vs clock: strategy, planned bytes/step, counted bytes/step, step ms"]
+    for r in report["results"]:
+        if r["kind"] != "strategy" or r["status"] != "ok":
+            continue
+        counted = (r["bytes_per_step"] or {}).get("total")
+        lines.append(f"  {r['name']:<18}{format_bytes(planned.get(r['name'])):>10}"
+                     f"{format_bytes(counted):>12}{_ms(r['step_time_s']['median']):>10}")
+    if not planned:
+        lines.append("  (no plan: the model has no Linear head tandem.hybrid can plan)")
+    return "\n".join(lines)

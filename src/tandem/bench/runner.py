@@ -70,7 +70,7 @@ class _Lane:
     first_s: float | None = None  # the first step (untimed; it compiles a compiled twin)
 
 
-def _step_once(lane: _Lane, timed: bool) -> None:
+def _step_once(lane: _Lane, timed: bool, clock=clock) -> None:
     contestant = lane.contestant
     if timed:
         lane.probe.start()
@@ -94,12 +94,13 @@ def _describe(exc: BaseException) -> str:
 
 
 def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size: int, *,
-         phase: str = "interleaved", catch: bool = True) -> list[dict]:
+         phase: str = "interleaved", catch: bool = True, clock=clock) -> list[dict]:
     """Run ``warmup`` untimed then ``steps`` timed rounds; return one result per contestant.
 
     Where memory is reported, each contestant runs one extra untimed step alone first
     (:class:`~tandem.bench.timing.MemoryProbe`). With ``catch`` a failing contestant is marked
     ``failed`` and the others go on; without it the error propagates (torchrun ranks need that).
+    ``clock`` reads seconds (injectable for tests).
     """
     lanes = [_Lane(c, probe=MemoryProbe(c.devices)) for c in contestants
              if c.skipped is None and c.failure is None]
@@ -119,7 +120,7 @@ def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size:
             if lane.failure is not None:
                 continue
             try:
-                _step_once(lane, timed=r >= warmup)
+                _step_once(lane, timed=r >= warmup, clock=clock)
             except Exception as exc:
                 if not catch:
                     raise

@@ -86,6 +86,16 @@ def _run_fed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planned(config, report: dict) -> str:
+    from tandem.bench.report import planned_vs_measured
+    from tandem.models import create_model
+    from tandem.strategies.auto import planned_bytes
+
+    model = create_model(config.arch, num_classes=config.num_classes)
+    return planned_vs_measured(report, planned_bytes(
+        model, config.device_list, config.batch_size, config.image_size))
+
+
 def run(args: argparse.Namespace) -> int:
     from tandem.bench import BenchConfig, explain, format_table, run_bench, run_setup, write_json
 
@@ -108,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         print(run_setup(config.device_list, config.threads), file=out)
     report = run_bench(config)
     print(format_table(report), file=out)
+    if args.explain:  # the plan's bytes next to the measured times
+        print(_planned(config, report), file=out)
     if args.json:
         write_json(report, args.json)
     return 1 if any(r["status"] == "failed" for r in report["results"]) else 0

@@ -70,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
 def _check_multiprocess(command: list[str]) -> None:
     """Refuse to launch a ``train`` whose strategy is not one process per device."""
     from tandem.strategies import strategy_class, strategy_names
+    from tandem.strategies.auto import AUTO
 
-    if not strategy_class(_train_strategy(command)).multiprocess:
+    name = _train_strategy(command)  # auto: the workers' plan makes it the multi-process one
+    if name != AUTO and not strategy_class(name).multiprocess:
         multi = " or ".join(n for n in strategy_names() if strategy_class(n).multiprocess)
         raise UsageError(f"`tandem launch -- train` needs --strategy {multi} (each process "
                          "trains its share of every batch; any other strategy would train N "

@@ -32,12 +32,12 @@ from tandem.strategies import Strategy, create_strategy, strategy_class, strateg
 from tandem.strategies.dp import ReplicatedStrategy
 from tandem.strategies.compile import check_compile
 
-from . import foreign, rundir, runlock, start
-from .resume import check_launched, complete_line, resumed_config
+from . import auto, foreign, rundir, runlock, start
+from .resume import check_launched, complete_line
 from .rundir import RunDir
 
 __all__ = ["RunPlan", "Supplied", "check_model", "plan_train", "plan_eval", "FRESH", "RESUMED",
-           "FORKED", "EVALUATE"]
+           "FORKED", "EVALUATE", "backward_recorded"]
 
 #: what a run does to its directory: starts it, continues it there, continues it in a new one,
 #: or writes nothing (validation only)
@@ -68,6 +68,7 @@ class RunPlan:
     notes: tuple[str, ...] = ()  # what the resume took or changed, one line each
     given: frozenset[str] = frozenset()  # fields typed on the command line
     supplied: Supplied = field(default_factory=Supplied)
+    race: dict | None = None  # --strategy auto's record (tandem.train.auto)
 
     @property
     def resume_path(self) -> str | None:
@@ -79,7 +80,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
                supplied: Supplied = Supplied()) -> RunPlan | str:
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
     complete run, the one line to print instead."""
-    cfg, ckpt, notes = resumed_config(cfg, given)
+    cfg, ckpt, notes = auto.resumed(cfg, given)  # resumed_config; auto: the run's, or launch's
     if ckpt is not None:
         _check_handed(cfg, supplied)
     if supplied.model is None and supplied.data is None:
@@ -102,9 +103,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
             return line
         check_launched(cfg, ckpt, given)
     strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
-    if cfg.parallel.backward_threads is None:  # config.json keeps the path taken: resumes too
-        path = "on" if strategy.backward_threads else "off"
-        cfg = replace(cfg, parallel=replace(cfg.parallel, backward_threads=path))
+    cfg = backward_recorded(cfg, strategy)
     strategy.split.check_fits(cfg.optim.batch_size)
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
     run, source = RunDir(cfg.run.out), None
@@ -172,6 +171,16 @@ def _split(cfg: ParallelConfig) -> dict:
             "max_share": cfg.max_share}
 
 
+def backward_recorded(cfg: TrainConfig, strategy: Strategy) -> TrainConfig:
+    """``cfg`` with the backward path ``strategy`` took (``--backward-threads on|off``), so
+    that config.json keeps it and a resume takes the same path. ``auto`` records its choice's,
+    once raced (:mod:`.auto`)."""
+    if cfg.parallel.backward_threads is not None or cfg.parallel.strategy == auto.AUTO:
+        return cfg
+    path = "on" if strategy.backward_threads else "off"
+    return replace(cfg, parallel=replace(cfg.parallel, backward_threads=path))
+
+
 def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
     """Whether the run's CPU replica threads run their backward in threads: as
     ``--backward-threads`` (or the config resumed) says, else decided now, once, by
@@ -187,6 +196,8 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
               model: nn.Module | None = None) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
     ``model`` (else ``model_cfg.arch``) with the options asked for."""
+    if cfg.strategy == auto.AUTO:  # until the race (tandem.train.auto)
+        return auto.stand_in(cfg, lambda p: _strategy(p, model_cfg, model))
     devices = parse_device_spec(cfg.devices, "--devices")
     strategy = create_strategy(cfg.strategy, devices, sync_bn=cfg.sync_bn, buffers=cfg.buffers,
                                output_key=model_cfg.output_key,

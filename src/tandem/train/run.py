@@ -26,7 +26,7 @@ from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 
 from . import compile as compiling
-from . import foreign, runlock
+from . import auto, foreign, runlock
 from .start import precision_line
 from .interrupt import StopRequest
 from .loop import Trainer
@@ -114,7 +114,7 @@ def _build(plan: RunPlan) -> dict:
         scaler=amp_precision(strategy.device.type, cfg.parallel.amp,
                              cfg.parallel.amp_dtype).scaler(),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
-        config_dict=_resolved(cfg, strategy, info))
+        config_dict=auto.recorded(_resolved(cfg, strategy, info), plan))
 
 
 def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
@@ -148,6 +148,7 @@ def execute(plan: RunPlan | str) -> dict | None:
         return None
     if plan.mode == EVALUATE:
         return _print_validation(plan)
+    plan = auto.settle(plan)  # --strategy auto: race now, once
     # the main process holds the run directory's lock from before it writes until the end
     locked = runlock.held(plan.run_dir) if plan.strategy.is_main else contextlib.nullcontext()
     cpu_malloc.tune()  # a process that trains keeps its step's memory (tandem.cpu_malloc)

@@ -1,0 +1,249 @@
+"""``--strategy auto``: race the strategies that can drive this model here; keep the fastest.
+
+Candidates are the one-process strategies whose declared abilities fit: ``check_model`` (hybrid
+needs a head it can split), ``max_devices``, and the run's own checks (``--compile``,
+``--split``) through ``check``. Each races a deep copy of the real model on a random batch of
+the data's shape, built and timed by the bench's pieces (``strategy_contestant``, ``race``),
+interleaved round by round. The shortest median step wins, unless a simpler candidate
+(registration order: single first) is within the noise of it: :data:`NOISE` of the median, or
+overlapping quartiles. Running out of memory drops a candidate with a word. The torch, numpy
+and Python RNGs are left as they were, so the run that follows is the run with the choice named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .base import strategy_class, strategy_names
+
+__all__ = ["AUTO", "NOISE", "RaceResult", "rng_kept", "launched", "simplest_first", "candidates",
+           "budget_s", "race", "choose", "planned_bytes", "format_block"]
+
+AUTO = "auto"
+NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
+MIN_S, EPOCH_SHARE, MAX_S = 5.0, 0.05, 30.0  # the race's time budget (see budget_s)
+MAX_ROUNDS = 30
+OUT_OF_MEMORY = "out of memory"
+_PLAIN_DP = "dp"  # the plan's data-parallel figure: what a choice's bytes are compared with
+
+
+def launched() -> str:
+    """The strategy under ``tandem launch``: one process per device (no race across them)."""
+    return strategy_names(multiprocess=True)[0]
+
+
+def simplest_first() -> list[str]:
+    """The one-process strategies, simplest first (their registration order)."""
+    return strategy_names(multiprocess=False)
+
+
+def candidates(devices: list, model, hybrid_head: str | None = None,
+               check: Callable[[str], str | None] | None = None
+               ) -> tuple[list[str], dict[str, str]]:
+    """``(raced, not_raced)``: the strategies that can drive ``model`` on ``devices``, and why
+    each other one cannot (one line each). ``check(name)`` adds the run's own refusals."""
+    raced, left = [], {}
+    for name in simplest_first():
+        cls = strategy_class(name)
+        why = None
+        if len(devices) == 1 and cls.max_devices is None:
+            why = "one device: nothing to spread"
+        else:
+            why = cls.check_model(model, hybrid_head) or (check(name) if check else None)
+        if why:
+            left[name] = why
+        else:
+            raced.append(name)
+    return raced, left
+
+
+def budget_s(epoch_s: float) -> float:
+    """The race's seconds: 5 s or 5% of an epoch, whichever is more, never over 30 s."""
+    return min(MAX_S, max(MIN_S, EPOCH_SHARE * epoch_s))
+
+
+@dataclass
+class RaceResult:
+    """What a race measured: one row per raced candidate (``median_s``/``iqr_s``, or ``note``
+    when dropped), its rounds and seconds, the choice and why."""
+
+    rows: list[dict]
+    rounds: int
+    seconds: float
+    choice: str = ""
+    reason: str = ""
+    not_raced: dict[str, str] = field(default_factory=dict)
+    cold: bool = False  # the budget left no round after the cold one: its times are kept
+
+    def record(self) -> dict:
+        """What the run's config keeps (``resolved.auto``)."""
+        return {"choice": self.choice, "reason": self.reason, "rounds": self.rounds,
+                "cold": self.cold,
+                "seconds": round(self.seconds, 3), "table": self.rows,
+                "not_raced": dict(self.not_raced)}
+
+
+@contextlib.contextmanager
+def rng_kept():
+    """Leave torch's (CPU and every CUDA device's), numpy's and Python's generators as they
+    were when the block started."""
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
+def _dropped(result: dict) -> str:
+    reason = result["reason"] or ""
+    if reason.startswith("OutOfMemoryError"):
+        return f"dropped: {OUT_OF_MEMORY}"
+    return f"dropped: failed ({reason})"
+
+
+def _row(result: dict) -> dict:
+    """A bench result as the race's table keeps it: the step's median and quartiles."""
+    if result["status"] != "ok":
+        return {"name": result["name"], "note": _dropped(result)}
+    t = result["step_time_s"]
+    return {"name": result["name"], "median_s": t["median"], "iqr_s": t["iqr"],
+            "q1_s": t["q1"], "q3_s": t["q3"]}
+
+
+def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | None = None,
+         epoch_batches: int = 1, clock: Callable[[], float] | None = None) -> RaceResult:
+    """Race ``build(name)`` (a bench ``Contestant``) for each of ``names``: one cold round,
+    then as many timed rounds as :func:`budget_s` leaves (none: the cold round's times are
+    kept); ``rounds`` gives that many timed rounds after one warm-up. ``clock`` is
+    injectable (tests)."""
+    from tandem.bench.runner import race as bench_race
+    from tandem.bench.timing import clock as wall
+
+    clock = clock or wall
+    start = clock()
+    built, alive, rows = [], [], {}
+    with rng_kept():
+        try:
+            for name in names:
+                try:
+                    built.append(build(name))
+                except torch.OutOfMemoryError:
+                    rows[name] = {"name": name, "note": f"dropped: {OUT_OF_MEMORY}"}
+            if rounds is None:  # one cold round, kept only when the budget allows no other
+                first = bench_race(built, 1, 0, batch_size, clock=clock)
+                n = _rounds(first, clock() - start, epoch_batches)
+            else:
+                first, n = bench_race(built, rounds, 1, batch_size, clock=clock), 0
+            results = first
+            if n:
+                alive += [c for c, r in zip(built, first) if r["status"] == "ok"]
+                results = bench_race(alive, n, 0, batch_size, clock=clock) + [
+                    r for r in first if r["status"] != "ok"]
+        finally:
+            for contestant in built:
+                contestant.close()
+            built.clear()  # the copies go before the run builds its own
+            alive.clear()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    rows.update((r["name"], _row(r)) for r in results)
+    done = rounds if rounds is not None else (n or 1)
+    return RaceResult([rows[n] for n in names if n in rows], done, clock() - start,
+                      cold=rounds is None and not n)
+
+
+def _rounds(first: list[dict], elapsed: float, epoch_batches: int) -> int:
+    """Rounds that fit what the budget leaves after ``elapsed`` seconds (0: keep ``first``)."""
+    steps = [r["step_time_s"]["median"] for r in first if r["status"] == "ok"]
+    if not steps:
+        return 0
+    left = budget_s(epoch_batches * min(steps)) - elapsed
+    per_round = sum(steps)
+    return max(0, min(MAX_ROUNDS, math.floor(left / per_round))) if per_round > 0 else MAX_ROUNDS
+
+
+def _tied(a: dict, b: dict) -> bool:
+    """Within the noise: medians within :data:`NOISE`, or overlapping quartiles."""
+    close = abs(a["median_s"] - b["median_s"]) <= NOISE * min(a["median_s"], b["median_s"])
+    return close or (a["q1_s"] <= b["q3_s"] and b["q1_s"] <= a["q3_s"])
+
+
+def choose(rows: list[dict], planned: dict | None = None) -> tuple[str, str]:
+    """``(name, reason)``: the shortest median step, or the simplest candidate within the
+    noise of it; ``planned`` (:func:`planned_bytes`) adds the bytes the plan predicts."""
+    timed = {r["name"]: r for r in rows if "median_s" in r}
+    if not timed:
+        raise RuntimeError("--strategy auto: every candidate failed: " + "; ".join(
+            f"{r['name']} {r['note']}" for r in rows))
+    order = [n for n in simplest_first() if n in timed] + \
+        [n for n in timed if n not in simplest_first()]
+    fastest = min(order, key=lambda n: timed[n]["median_s"])
+    pick = next(n for n in order if n == fastest or _tied(timed[n], timed[fastest]))
+    others = [n for n in order if n != pick]
+    if not others:
+        return pick, f"{pick}: the only candidate left"
+    if pick != fastest:
+        ratio = timed[pick]["median_s"] / timed[fastest]["median_s"]
+        return pick, (f"{pick}: within the noise of {fastest} ({ratio:.2f}x its step), "
+                      f"and simpler")
+    rival = min(others, key=lambda n: timed[n]["median_s"])
+    reason = f"{pick}: {timed[rival]['median_s'] / timed[pick]['median_s']:.2f}x {rival}"
+    planned = planned or {}
+    ref = next((n for n in (rival, _PLAIN_DP) if n != pick and planned.get(n)), None)
+    if planned.get(pick) and ref:  # single moves nothing: no ratio to give
+        reason += f", {planned[pick] / planned[ref]:.2f}x the bytes {ref} plans"
+    return pick, reason
+
+
+def planned_bytes(model, devices: list, batch_size: int, input_size, head: str | None = None,
+                  split=None) -> dict[str, int]:
+    """Bytes one step moves between devices, inputs included, as :func:`tandem.hybrid.plan`
+    predicts them: single none, dp its data-parallel total, balanced the same less the gathered logits (it
+    sends loss terms instead), hybrid its split total; ``{}`` for a model it cannot plan."""
+    from tandem.errors import TandemError
+    from tandem.hybrid import plan
+
+    try:
+        p = plan(model, devices, batch_size=batch_size, input_size=input_size, head=head,
+                 split=None if split == "auto" else split)
+    except (TandemError, ValueError, TypeError, AttributeError):
+        return {}
+    dp, hybrid = sum(p.dp_bytes.values()), sum(p.hybrid_bytes.values())  # inputs in
+    predicted = {"single": 0, "dp": dp, "balanced": dp - p.dp_bytes.get("activations", 0),
+                 "hybrid": hybrid}
+    return {n: v for n, v in predicted.items() if n in strategy_names()}
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def format_block(result: RaceResult, planned: dict | None = None, title: str = "") -> str:
+    """The table and the choice, in one block."""
+    planned = planned or {}
+    rounds = ("1 cold round (the budget left no other)" if result.cold else
+              f"{result.rounds} timed round{'s' if result.rounds != 1 else ''}")
+    lines = [f"strategy auto: {title}" + (f"{rounds} in {result.seconds:.1f} s" if result.rows
+                                          else "no race: one candidate"),
+             f"  {'candidate':<10}{'step ms':>9}{'IQR ms':>9}  planned bytes/step"]
+    for row in result.rows:
+        if "median_s" in row:
+            lines.append(f"  {row['name']:<10}{row['median_s'] * 1e3:>9.1f}"
+                         f"{row['iqr_s'] * 1e3:>9.1f}  {_mb(planned.get(row['name']))}")
+        else:
+            lines.append(f"  {row['name']:<10}{row['note']}")
+    for name, why in result.not_raced.items():
+        lines.append(f"  {name:<10}not raced: {why}")
+    lines.append(f"  chosen: {result.reason}")
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""--strategy auto compared with a named strategy: an injected clock decides the race (no timing
+here); the run that follows equals the same run with the choice named, bit for bit; the choice
+is recorded once and a resume keeps it."""
+
+import json
+
+import pytest
+import torch
+from conftest import run_in_process
+from exact import same_bits
+from own_model import Net, Pairs
+from torch import nn
+
+import tandem
+from tandem.bench.contestants import strategy_contestant
+from tandem.bench.report import planned_vs_measured
+from tandem.precision import amp_precision
+from tandem.strategies import auto
+from tandem.train import auto as run_auto
+
+CPU2 = [torch.device("cpu"), torch.device("cpu")]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Headless(nn.Module):
+    """No Linear head: hybrid cannot split it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3)
+
+    def forward(self, x):
+        return self.conv(x).mean((2, 3))
+
+
+class FakeClock:
+    """Seconds that pass only when a contestant's step says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def builder(clock, costs, built=None, fail=None):
+    """Real contestants around ``Net`` whose steps each advance ``clock`` by ``costs[name]``;
+    ``fail[name]`` is an exception their step raises instead."""
+    batch = (torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,)))
+
+    def build(name):
+        devices = CPU2[:auto.strategy_class(name).max_devices or 2]
+        c = strategy_contestant(name, Net(), devices, batch, lr=0.01,
+                                amp=amp_precision("cpu", False))
+        step = c.step
+
+        def timed():
+            if fail and name in fail:
+                raise fail[name]
+            out = step()
+            clock.now += costs[name]
+            return out
+
+        c.step = timed
+        if built is not None:
+            built.append(name)
+        return c
+    return build
+
+
+def _race(costs, rounds=3, **kw):
+    clock = FakeClock()
+    result = auto.race(list(costs), builder(clock, costs, **kw), batch_size=8, rounds=rounds,
+                       clock=clock)
+    return result, auto.choose(result.rows)
+
+
+def test_the_injected_clock_picks_the_fastest():
+    result, (choice, reason) = _race({"single": 3.0, "dp": 1.0, "balanced": 2.0, "hybrid": 1.5})
+    assert choice == "dp"
+    assert reason == "dp: 1.50x hybrid"
+    assert [r["median_s"] for r in result.rows] == [3.0, 1.0, 2.0, 1.5]
+    assert result.rounds == 3
+
+
+def test_a_tie_picks_the_simpler():
+    _, (choice, reason) = _race({"single": 1.0, "dp": 1.0, "balanced": 0.99, "hybrid": 0.985})
+    assert choice == "single" and "within the noise of hybrid" in reason
+    # overlapping quartiles are a tie too; apart and more than 3% faster is not
+    row = lambda n, m, q1, q3: {"name": n, "median_s": m, "q1_s": q1, "q3_s": q3}  # noqa: E731
+    assert auto.choose([row("dp", 1.0, 0.8, 1.2), row("hybrid", 0.9, 0.85, 0.95)])[0] == "dp"
+    assert auto.choose([row("dp", 1.0, 0.98, 1.02), row("hybrid", 0.9, 0.89, 0.91)])[0] == \
+        "hybrid"
+
+
+def test_the_budget_sets_the_rounds():
+    """Each round costs 0.4 s on the fake clock: the cold round spends 0.4 s of the 5 s
+    budget, leaving 11 rounds; a cold round of 5 s leaves none (its times are kept). An epoch
+    of 1000 batches makes the budget 5% of an epoch, at most 30 s."""
+    costs = {"single": 0.1, "dp": 0.1, "balanced": 0.1, "hybrid": 0.1}
+    assert _race(costs, rounds=None)[0].rounds == 11
+    result, (choice, _) = _race({"single": 2.0, "dp": 1.0, "balanced": 1.5}, rounds=None)
+    assert result.rounds == 1 and result.cold and choice == "dp" and result.seconds == 4.5
+    assert auto.budget_s(1000 * 0.1) == 5.0 and auto.budget_s(200) == 10.0
+    assert auto.budget_s(10_000) == 30.0
+
+
+def test_only_capable_candidates_are_raced():
+    raced, left = auto.candidates(CPU2, Headless())
+    assert "hybrid" not in raced and "hybrid" in left
+    assert set(raced) == {"single", "dp", "balanced"}
+    assert not any(auto.strategy_class(n).multiprocess for n in raced)
+    raced, left = auto.candidates(CPU2[:1], Net())
+    assert raced == ["single"] and left["dp"] == "one device: nothing to spread"
+    refuse = lambda name: "--split needs more" if name == "single" else None  # noqa: E731
+    assert "single" not in auto.candidates(CPU2, Net(), check=refuse)[0]
+
+
+def test_an_out_of_memory_candidate_is_dropped_with_a_word():
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    result, (choice, _) = _race({"single": 3.0, "dp": 1.0, "balanced": 2.0},
+                                fail={"dp": oom})
+    assert choice == "balanced"
+    assert {r["name"]: r.get("note") for r in result.rows}["dp"] == "dropped: out of memory"
+    result.choice, result.reason = choice, "balanced: 1.50x single"
+    block = auto.format_block(result)
+    assert "dp        dropped: out of memory" in block and "Traceback" not in block
+
+
+def test_planned_bytes_and_bench_explain():
+    planned = auto.planned_bytes(Net(), CPU2, 8, (1, 8, 8))
+    assert planned["single"] == 0 and planned["dp"] > planned["balanced"] > 0
+    assert planned["hybrid"] > 0
+    assert auto.planned_bytes(Headless(), CPU2, 8, (1, 8, 8)) == {}
+    report = {"results": [{"name": "dp", "kind": "strategy", "status": "ok",
+                           "bytes_per_step": {"total": 2048}, "step_time_s": {"median": 0.01}},
+                          {"name": "bare", "kind": "baseline", "status": "ok"}]}
+    text = planned_vs_measured(report, {"dp": 1024})
+    assert text.splitlines()[1].split() == ["dp", "1.0K", "2.0K", "10.0"]
+
+
+def test_under_launch_auto_is_ddp_without_a_race(monkeypatch, capsys):
+    from tandem.cli.launch import _check_multiprocess
+    from tandem.config import ParallelConfig, TrainConfig
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = TrainConfig(parallel=ParallelConfig(strategy="auto", devices="cpu"))
+    cfg, ckpt, _ = run_auto.resumed(cfg, frozenset({"strategy"}))
+    assert cfg.parallel.strategy == auto.launched() and ckpt is None
+    assert "no race across processes" in capsys.readouterr().out
+    _check_multiprocess(["train", "--strategy", "auto"])  # launch accepts it
+
+
+STEPS = dict(batch_size=7, epochs=2, max_steps=3, seed=3, no_progress=True, devices="cpu:2")
+
+
+def fit(out, threads=1, **settings):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)  # the user's model: its initial weights are the user's
+    settings = {**STEPS, **settings}
+    return tandem.fit(Net(), Pairs(30, seed=0), Pairs(11, seed=1), out=str(out), **settings)
+
+
+def _checkpoint(out) -> dict:
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    ckpt.get("epoch_progress", {}).pop("seconds", None)  # wall-clock, not a result
+    ckpt["config"]["resolved"].pop("launch_id")
+    ckpt["config"]["resolved"].pop("auto", None)  # the race's record: auto's only
+    ckpt["config"]["parallel"].pop("auto_steps")
+    return ckpt
+
+
+def test_fit_auto_equals_the_named_run_bitwise(tmp_path, capsys):
+    """fit(strategy="auto") works, records its race, and trains as the choice named does.
+    Controls: another lr must differ; another thread count shows the floor (printed)."""
+    row = fit(tmp_path / "auto", strategy="auto", auto_steps=2)
+    assert row is not None and row["step"] == 3
+    out = capsys.readouterr().out
+    assert raced(out) == 1 and "chosen:" in out
+    record = json.loads((tmp_path / "auto" / "config.json").read_text())
+    choice, devices = record["resolved"]["auto"]["choice"], record["parallel"]["devices"]
+    assert record["parallel"]["strategy"] == choice
+    assert {r["name"] for r in record["resolved"]["auto"]["table"]} == \
+        {"single", "dp", "balanced", "hybrid"}
+    named = dict(strategy=choice, devices=devices)  # single drives one device of the two
+    fit(tmp_path / "named", **named)
+    fit(tmp_path / "threads", threads=2, **named)
+    fit(tmp_path / "negative", lr=0.051, **named)
+    named = _checkpoint(tmp_path / "named")
+    assert same_bits(_checkpoint(tmp_path / "auto"), named) == []
+    assert same_bits(_checkpoint(tmp_path / "negative"), named) != []
+    floor = same_bits(_checkpoint(tmp_path / "threads"), named)
+    print(f"auto chose {choice}; 2 threads differ from 1 in {len(floor)} entries")
+
+
+def raced(stdout: str) -> int:
+    """How many race blocks ``stdout`` holds."""
+    return sum(line.startswith("strategy auto: ") for line in stdout.splitlines())
+
+
+def test_the_choice_is_recorded_and_a_resume_does_not_race(tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "-a", "own_model:make_net", "--data", "own_model:pairs", "-b", "8",
+            "--epochs", "2", "--no-progress", "--devices", "cpu:2", "--out", out]
+    first = run_in_process(*args, "--strategy", "auto", "--auto-steps", "1", "--max-steps", "1")
+    assert first.returncode == 0, first.stderr
+    assert raced(first.stdout) == 1
+    config = json.loads((out / "config.json").read_text())
+    choice = config["resolved"]["auto"]["choice"]
+    assert config["parallel"]["strategy"] == choice and config["resolved"]["auto"]["table"]
+    again = run_in_process("train", "--resume", out, "--strategy", "auto", "--max-steps", "2")
+    assert again.returncode == 0, again.stderr
+    assert not raced(again.stdout)
+    assert f"the run already has --strategy {choice} (chosen by its race)" in again.stdout
+    plain = run_in_process("train", "--resume", out, "--max-steps", "3")
+    assert plain.returncode == 0 and not raced(plain.stdout)
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["config"]["resolved"]["auto"]["choice"] == choice  # kept through resumes
+
+
+def test_bench_explain_prints_planned_bytes_next_to_the_measured_steps():
+    result = run_in_process("bench", "-a", "cifar_resnet20", "--strategies", "single,dp",
+                            "--devices", "cpu:2", "-b", "4", "--steps", "1", "--warmup", "0",
+                            "--image-size", "8", "--baselines", "none", "--explain")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("plan vs clock:")[1].splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:] if line.strip()}
+    assert set(rows) == {"single", "dp"}
+    assert rows["single"][:2] == ["0", "0"] and rows["dp"][0] not in ("0", "n/a")
+
+
+def test_the_reason_gives_the_planned_bytes_against_the_rival_or_dp():
+    row = lambda n, m: {"name": n, "median_s": m, "q1_s": m, "q3_s": m}  # noqa: E731
+    planned = {"single": 0, "dp": 1000, "balanced": 900, "hybrid": 930}
+    rows = [row("single", 2.0), row("dp", 1.43), row("hybrid", 1.0)]
+    assert auto.choose(rows, planned) == ("hybrid", "hybrid: 1.43x dp, 0.93x the bytes dp plans")
+    rows = [row("single", 1.16), row("hybrid", 1.0)]
+    assert auto.choose(rows, planned)[1] == "hybrid: 1.16x single, 0.93x the bytes dp plans"
+    assert auto.choose([row("single", 1.0), row("dp", 1.5)], planned)[1] == "single: 1.50x dp"
+
+
+def test_one_device_is_single_without_a_race(tmp_path):
+    result = run_in_process("train", "-a", "own_model:make_net", "--data", "own_model:pairs",
+                            "-b", "8", "--epochs", "1", "--max-steps", "1", "--no-progress",
+                            "--strategy", "auto", "--devices", "cpu", "--out", tmp_path / "r")
+    assert result.returncode == 0, result.stderr
+    assert "no race: one candidate" in result.stdout
+    assert "chosen: single: the only candidate" in result.stdout
