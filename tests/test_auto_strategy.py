@@ -50,9 +50,10 @@ class FakeClock:
         return self.now
 
 
-def builder(clock, costs, built=None, fail=None):
-    """Real contestants around ``Net`` whose steps each advance ``clock`` by ``costs[name]``;
-    ``fail[name]`` is an exception their step raises instead."""
+def builder(clock, costs, built=None, fail=None, cold=None):
+    """Real contestants around ``Net`` whose steps each advance ``clock`` by ``costs[name]``
+    (the first by ``cold[name]`` where given); ``fail[name]`` is an exception their step
+    raises instead."""
     batch = (torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,)))
 
     def build(name):
@@ -65,8 +66,12 @@ def builder(clock, costs, built=None, fail=None):
             if fail and name in fail:
                 raise fail[name]
             out = step()
-            clock.now += costs[name]
+            first = cold is not None and name in cold and not steps
+            clock.now += cold[name] if first else costs[name]
+            steps.append(1)
             return out
+
+        steps = []
 
         c.step = timed
         if built is not None:
@@ -102,14 +107,28 @@ def test_a_tie_picks_the_simpler():
 
 def test_the_budget_sets_the_rounds():
     """Each round costs 0.4 s on the fake clock: the cold round spends 0.4 s of the 5 s
-    budget, leaving 11 rounds; a cold round of 5 s leaves none (its times are kept). An epoch
-    of 1000 batches makes the budget 5% of an epoch, at most 30 s."""
+    budget, leaving 11 rounds; a cold round of 4.5 s leaves none, and one warm round runs
+    anyway (a cold step never decides). An epoch of 1000 batches makes the budget 5% of an
+    epoch, at most 30 s."""
     costs = {"single": 0.1, "dp": 0.1, "balanced": 0.1, "hybrid": 0.1}
     assert _race(costs, rounds=None)[0].rounds == 11
     result, (choice, _) = _race({"single": 2.0, "dp": 1.0, "balanced": 1.5}, rounds=None)
-    assert result.rounds == 1 and result.cold and choice == "dp" and result.seconds == 4.5
+    assert result.rounds == 1 and result.over_budget and choice == "dp"
+    assert result.seconds == 9.0  # the cold round and the warm one
     assert auto.budget_s(1000 * 0.1) == 5.0 and auto.budget_s(200) == 10.0
     assert auto.budget_s(10_000) == 30.0
+
+
+def test_the_cold_step_never_decides():
+    """dp's first step is slow (allocation, lazy set-up) and single's fast; warm, dp is 3x
+    faster. A cold round that uses the whole budget still gets one warm round, which picks
+    dp; the negative control, judged by the cold times, would pick single."""
+    costs, cold = {"single": 3.0, "dp": 1.0}, {"single": 1.0, "dp": 6.0}
+    result, (choice, _) = _race(costs, rounds=None, cold=cold)
+    assert result.over_budget and result.rounds == 1
+    assert choice == "dp" and [r["median_s"] for r in result.rows] == [3.0, 1.0]
+    cold_only = [{"name": n, "median_s": t, "q1_s": t, "q3_s": t} for n, t in cold.items()]
+    assert auto.choose(cold_only)[0] == "single"
 
 
 def test_only_capable_candidates_are_raced():

@@ -81,12 +81,12 @@ class RaceResult:
     choice: str = ""
     reason: str = ""
     not_raced: dict[str, str] = field(default_factory=dict)
-    cold: bool = False  # the budget left no round after the cold one: its times are kept
+    over_budget: bool = False  # the cold round used the budget: one warm round ran anyway
 
     def record(self) -> dict:
         """What the run's config keeps (``resolved.auto``)."""
         return {"choice": self.choice, "reason": self.reason, "rounds": self.rounds,
-                "cold": self.cold,
+                "over_budget": self.over_budget,
                 "seconds": round(self.seconds, 3), "table": self.rows,
                 "not_raced": dict(self.not_raced)}
 
@@ -123,8 +123,9 @@ def _row(result: dict) -> dict:
 def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | None = None,
          epoch_batches: int = 1, clock: Callable[[], float] | None = None) -> RaceResult:
     """Race ``build(name)`` (a bench ``Contestant``) for each of ``names``: one cold round,
-    then as many timed rounds as :func:`budget_s` leaves (none: the cold round's times are
-    kept); ``rounds`` gives that many timed rounds after one warm-up. ``clock`` is
+    then as many timed rounds as :func:`budget_s` leaves, and at least one: a cold step
+    also times first-call costs (allocation, lazy set-up), which misled a pick (BENCHMARKS.md
+    section 13). ``rounds`` gives that many timed rounds after one warm-up. ``clock`` is
     injectable (tests)."""
     from tandem.bench.runner import race as bench_race
     from tandem.bench.timing import clock as wall
@@ -139,11 +140,13 @@ def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | No
                     built.append(build(name))
                 except torch.OutOfMemoryError:
                     rows[name] = {"name": name, "note": f"dropped: {OUT_OF_MEMORY}"}
-            if rounds is None:  # one cold round, kept only when the budget allows no other
+            if rounds is None:  # one cold round, never the one that decides
                 first = bench_race(built, 1, 0, batch_size, clock=clock)
                 n = _rounds(first, clock() - start, epoch_batches)
+                over_budget, n = n == 0, max(1, n)
             else:
                 first, n = bench_race(built, rounds, 1, batch_size, clock=clock), 0
+                over_budget = False
             results = first
             if n:
                 alive += [c for c, r in zip(built, first) if r["status"] == "ok"]
@@ -158,9 +161,9 @@ def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | No
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     rows.update((r["name"], _row(r)) for r in results)
-    done = rounds if rounds is not None else (n or 1)
+    done = rounds if rounds is not None else n
     return RaceResult([rows[n] for n in names if n in rows], done, clock() - start,
-                      cold=rounds is None and not n)
+                      over_budget=over_budget)
 
 
 def _rounds(first: list[dict], elapsed: float, epoch_batches: int) -> int:
@@ -232,8 +235,8 @@ def _mb(n: int | None) -> str:
 def format_block(result: RaceResult, planned: dict | None = None, title: str = "") -> str:
     """The table and the choice, in one block."""
     planned = planned or {}
-    rounds = ("1 cold round (the budget left no other)" if result.cold else
-              f"{result.rounds} timed round{'s' if result.rounds != 1 else ''}")
+    rounds = f"{result.rounds} timed round{'s' if result.rounds != 1 else ''}" + (
+        " (past the budget: a cold round never decides)" if result.over_budget else "")
     lines = [f"strategy auto: {title}" + (f"{rounds} in {result.seconds:.1f} s" if result.rows
                                           else "no race: one candidate"),
              f"  {'candidate':<10}{'step ms':>9}{'IQR ms':>9}  planned bytes/step"]
