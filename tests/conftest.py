@@ -22,6 +22,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (races and runs whose figures it compares)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # -- shared helpers for tests that run the `tandem` command --------------------------------------
 import os  # noqa: E402
 import subprocess  # noqa: E402

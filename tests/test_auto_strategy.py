@@ -21,12 +21,7 @@ from tandem.train import auto as run_auto
 CPU2 = [torch.device("cpu"), torch.device("cpu")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Headless(nn.Module):

@@ -24,12 +24,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 STEPS = dict(batch_size=7, epochs=2, max_steps=3, seed=3, no_progress=True)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def fit(out, model=None, **settings):

@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from tandem.data import loader as loader_module
 from tandem.data.imagefolder import load_imagefolder
 from tandem.data.loader import batches_per_epoch
-from tandem.errors import MissingFileError, UsageError
 
-from .loader_bench import cpu_seconds
+from .loader_bench import bench_root, cpu_seconds
 from .suite import machine_info
-from .timing import NOISE_IQR, clock, is_noise, summarize, synchronize
+from .timing import clock, is_noise, noise_lines, summarize, synchronize
 
 __all__ = ["run_fed_bench", "format_fed_table", "CONTESTANTS"]
 
@@ -49,12 +47,8 @@ def _trainer(config, train, num_classes: int, workers: int):
     from tandem.data.loader import make_loader
     from tandem.models import create_model
     from tandem.precision import amp_precision
-    from tandem.train.loop import Trainer
-    from tandem.train.run import make_criterion, make_optimizer
-    from tandem.train.schedule import make_scheduler
-
     from .contestants import prepare_strategy
-    from .loop import loop_config
+    from .loop import loop_config, loop_trainer
 
     device = config.device_list[0]
     precision = amp_precision(device.type, config.amp, config.amp_dtype)
@@ -67,13 +61,8 @@ def _trainer(config, train, num_classes: int, workers: int):
     cfg = loop_config("single", config.arch, config.batch_size, precision, config.lr)
     cfg = replace(cfg, data=replace(DataConfig(), workers=workers),
                   parallel=replace(cfg.parallel, channels_last=config.channels_last))
-    batches = batches_per_epoch(train, config.batch_size)
-    optimizer = make_optimizer(cfg.optim, wrapped.parameters())
-    trainer = Trainer(cfg=cfg, strategy=strategy, model=wrapped,
-                      criterion=make_criterion(cfg.optim, strategy), optimizer=optimizer,
-                      scheduler=make_scheduler(optimizer, cfg.optim, batches),
-                      scaler=precision.scaler(), train_set=train, val_set=train,
-                      batches_per_epoch=batches, config_dict={})
+    trainer = loop_trainer(cfg, strategy, wrapped, precision.scaler(),
+                           batches_per_epoch(train, config.batch_size), train_set=train)
     return trainer, trainer.device_batch(*batch)
 
 
@@ -149,13 +138,7 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     """Race ``loader``, ``step`` and ``fed`` (module doc) on ``data``'s training split with
     ``config`` (a :class:`~.config.BenchConfig`: arch, first device, batch, image size, amp,
     channels-last, lr, seed, threads); ``ratio`` is ``fed / min(loader, step)``."""
-    for name, value, low in (("workers", workers, 0), ("rounds", rounds, 1),
-                             ("warmup", warmup, 0)):
-        if not isinstance(value, int) or value < low:
-            raise UsageError(f"bad {name} {value!r}: must be an int >= {low}")
-    root = Path(data).expanduser()
-    if not root.is_dir():
-        raise MissingFileError(f"--data '{data}' is not a directory")
+    root = bench_root(data, workers=(workers, 0), rounds=(rounds, 1), warmup=(warmup, 0))
     size = config.image_size
     train, _, info = load_imagefolder(root, augment="imagenet", image_size=size,
                                       splits=("train",))
@@ -224,8 +207,5 @@ def format_fed_table(report: dict) -> str:
                  f"the limit; fed / loader {report['fed_vs_loader']:.2f}x, fed / step "
                  f"{report['fed_vs_step']:.2f}x; medians of the rounds' ratios, rates after "
                  f"each pass's first batch)")
-    noisy = [r["name"] for r in report["results"] if is_noise(r["images_per_sec"])]
-    if noisy:
-        lines.append(f"! noise: {', '.join(noisy)} spread more than {NOISE_IQR:.0%} of the "
-                     f"median between quartiles (IQR); rerun on an idle machine")
+    lines += noise_lines([(r["name"], r["images_per_sec"]) for r in report["results"]])
     return "\n".join(lines)

@@ -32,9 +32,10 @@ from tandem.data.transforms import SampleRandom
 from tandem.errors import MissingFileError, UsageError
 
 from .suite import machine_info
-from .timing import NOISE_IQR, clock, is_noise, summarize
+from .timing import clock, is_noise, noise_lines, summarize
 
-__all__ = ["ReferenceDataset", "run_loader_bench", "format_loader_table", "cpu_seconds"]
+__all__ = ["ReferenceDataset", "run_loader_bench", "format_loader_table", "cpu_seconds",
+           "bench_root"]
 
 
 class ReferenceDataset(torch.utils.data.Dataset):
@@ -97,20 +98,26 @@ def _pass(loader) -> tuple[float, float | None, int]:
     return wall, (None if cpu is None or cpu_end is None else cpu_end - cpu), images
 
 
+def bench_root(data: str, **counts: tuple[int, int]) -> Path:
+    """``data`` as a directory, once each ``name=(value, least)`` is an int of at least
+    ``least``; else one line naming the argument or the directory."""
+    for name, (value, least) in counts.items():
+        if not isinstance(value, int) or value < least:
+            raise UsageError(f"bad {name} {value!r}: must be an int >= {least}")
+    root = Path(data).expanduser()
+    if not root.is_dir():
+        raise MissingFileError(f"--data '{data}' is not a directory")
+    return root
+
+
 def run_loader_bench(data: str, *, image_size: int = 224, workers: int = 0,
                      batch_size: int = 64, rounds: int = 5, warmup: int = 1,
                      seed: int = 0) -> dict:
     """Time the pipelines on ``data``'s training split; ``results`` holds loader,
     loader-pillow (when simplejpeg is installed) and reference, each with its ratios to the
     reference; the top-level ratios are the loader's."""
-    for name, value, low in (("image_size", image_size, 1), ("workers", workers, 0),
-                             ("batch_size", batch_size, 1), ("rounds", rounds, 1),
-                             ("warmup", warmup, 0)):
-        if not isinstance(value, int) or value < low:
-            raise UsageError(f"bad {name} {value!r}: must be an int >= {low}")
-    root = Path(data).expanduser()
-    if not root.is_dir():
-        raise MissingFileError(f"--data '{data}' is not a directory")
+    root = bench_root(data, image_size=(image_size, 1), workers=(workers, 0),
+                      batch_size=(batch_size, 1), rounds=(rounds, 1), warmup=(warmup, 0))
     train, _, _ = load_imagefolder(root, augment="imagenet", image_size=image_size)
     contestants = {"loader": train}
     if default_decoder() != "pillow":
@@ -198,8 +205,5 @@ def format_loader_table(report: dict) -> str:
                  f"{'n/a' if cpu_ratio is None else f'{cpu_ratio:.2f}x'} img per CPU-second "
                  f"(median of the rounds' ratios; loader batches are uint8, normalised later "
                  f"on the device)")
-    noisy = [r["name"] for r in report["results"] if is_noise(r["images_per_sec"])]
-    if noisy:
-        lines.append(f"! noise: {', '.join(noisy)} spread more than {NOISE_IQR:.0%} of the "
-                     f"median between quartiles (IQR); rerun on an idle machine")
+    lines += noise_lines([(r["name"], r["images_per_sec"]) for r in report["results"]])
     return "\n".join(lines)

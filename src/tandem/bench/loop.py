@@ -23,7 +23,7 @@ from tandem.precision import Precision
 from .contestants import (Contestant, module_tensors, prepare_strategy, rank_share,
                           strategy_contestant, timed_devices, uncounted_traffic)
 
-__all__ = ["loop_contestant", "loop_config", "build_strategy"]
+__all__ = ["loop_contestant", "loop_config", "loop_trainer", "build_strategy"]
 
 BATCHES = 10 ** 9  # the twin's epoch never ends: no step is the epoch's last
 
@@ -43,6 +43,21 @@ def loop_config(strategy: str, arch: str, batch_size: int, amp: Precision, lr: f
         run=RunConfig(no_progress=True, print_freq=print_freq))
 
 
+def loop_trainer(cfg, strategy, wrapped: nn.Module, scaler, batches: int, train_set=None):
+    """The :class:`~tandem.train.loop.Trainer` of the bench's loop twins: ``cfg``'s optimizer,
+    loss and schedule over ``batches`` a epoch, on ``wrapped`` (``strategy``'s model)."""
+    from tandem.train.loop import Trainer
+    from tandem.train.run import make_criterion, make_optimizer
+    from tandem.train.schedule import make_scheduler
+
+    optimizer = make_optimizer(cfg.optim, wrapped.parameters())
+    return Trainer(cfg=cfg, strategy=strategy, model=wrapped,
+                   criterion=make_criterion(cfg.optim, strategy), optimizer=optimizer,
+                   scheduler=make_scheduler(optimizer, cfg.optim, batches), scaler=scaler,
+                   train_set=train_set, val_set=train_set, batches_per_epoch=batches,
+                   config_dict={})
+
+
 def loop_contestant(name: str, model: nn.Module, devices: list[torch.device],
                     batch: tuple[torch.Tensor, torch.Tensor], *, amp: Precision, lr: float,
                     arch: str = "bench", print_freq: int = 0, **setup) -> Contestant:
@@ -52,18 +67,9 @@ def loop_contestant(name: str, model: nn.Module, devices: list[torch.device],
     ``setup`` are :func:`~.contestants.prepare_strategy`'s keywords. With ``print_freq`` the
     loop's ``--print-freq`` lines go to stderr (stdout may carry the JSON).
     """
-    from tandem.train.loop import Trainer
-    from tandem.train.run import make_criterion, make_optimizer
-    from tandem.train.schedule import make_scheduler
-
     strategy, wrapped, images, targets = prepare_strategy(name, model, devices, batch, **setup)
     cfg = loop_config(name, arch, len(targets), amp, lr, print_freq)
-    optimizer = make_optimizer(cfg.optim, wrapped.parameters())
-    trainer = Trainer(cfg=cfg, strategy=strategy, model=wrapped,
-                      criterion=make_criterion(cfg.optim, strategy), optimizer=optimizer,
-                      scheduler=make_scheduler(optimizer, cfg.optim, BATCHES),
-                      scaler=amp.scaler(), train_set=None, val_set=None,
-                      batches_per_epoch=BATCHES, config_dict={})
+    trainer = loop_trainer(cfg, strategy, wrapped, amp.scaler(), BATCHES)
     run = trainer.begin_epoch()
     out = contextlib.redirect_stdout(sys.stderr) if print_freq else contextlib.nullcontext()
 

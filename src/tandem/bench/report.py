@@ -14,7 +14,7 @@ import sys
 from typing import TextIO
 
 from .entry import LOOP
-from .timing import NOISE_IQR, is_noise
+from .timing import is_noise, noise_lines
 
 __all__ = ["format_table", "write_json", "format_bytes", "explain", "run_setup",
            "planned_vs_measured"]
@@ -124,12 +124,9 @@ def format_table(report: dict) -> str:
 
 def _noise_lines(results: list[dict]) -> list[str]:
     """The line under the table that names the rows marked ``!``, if any."""
-    noisy = [r["name"] for r in results if r["status"] == "ok" and is_noise(r["step_time_s"])]
-    if not noisy:
-        return []
-    return [f"! noise: {', '.join(noisy)} spread more than {NOISE_IQR:.0%} of the median "
-            f"between quartiles (IQR); their times and ratios say nothing. Rerun on an idle "
-            f"machine or with more --steps."]
+    return noise_lines([(r["name"], r["step_time_s"]) for r in results if r["status"] == "ok"],
+                       "their times and ratios say nothing. Rerun on an idle machine or with "
+                       "more --steps.")
 
 
 def _loop_lines(results: list[dict]) -> list[str]:

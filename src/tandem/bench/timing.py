@@ -20,6 +20,7 @@ __all__ = [
     "Stats",
     "NOISE_IQR",
     "is_noise",
+    "noise_lines",
     "summarize",
     "memory_supported",
     "MemoryProbe",
@@ -96,6 +97,17 @@ def is_noise(stats: dict) -> bool:
     """True when ``stats`` (a :meth:`Stats.as_dict`) spread more than :data:`NOISE_IQR` of its
     median between quartiles: a machine busy with other work, not a property of the code."""
     return stats["iqr"] > NOISE_IQR * stats["median"]
+
+
+def noise_lines(named: list[tuple[str, dict]], advice: str = "rerun on an idle machine"
+                ) -> list[str]:
+    """The line under a table naming its rows marked ``!`` (``(name, stats)`` pairs whose
+    spread :func:`is_noise` calls noise), or none."""
+    noisy = [name for name, stats in named if is_noise(stats)]
+    if not noisy:
+        return []
+    return [f"! noise: {', '.join(noisy)} spread more than {NOISE_IQR:.0%} of the median "
+            f"between quartiles (IQR); {advice}"]
 
 
 def memory_supported(device: torch.device, backend_for=None) -> bool:
