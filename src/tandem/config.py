@@ -14,15 +14,10 @@ from dataclasses import dataclass, field
 
 from tandem.data.device_decode import DECODE_MODES
 from tandem.data.load import AUGMENT_CHOICES
-from tandem.parallel.buffers import POLICIES
-from tandem.parallel.split import parse_split
-from tandem.precision import AMP_DTYPES
-from tandem.strategies import strategy_names
-from tandem.strategies.auto import AUTO
-from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
 from tandem.errors import UsageError
 from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choice, check_type,
                                   flag_of, opt)
+from tandem.config_parallel import DTYPES, ParallelConfig
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
@@ -31,17 +26,6 @@ __all__ = [
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
-DTYPES = ("float32", "float64")
-
-
-def _strategy_names() -> tuple[str, ...]:
-    """The registered strategies (the registry is the one list of names), and ``auto``."""
-    return (*strategy_names(), AUTO)
-
-
-# The default strategy: the one-device reference every other one must match.
-_REFERENCE = strategy_names(reference=True)[0]
-
 
 NO_WEIGHTS_FILE = ("--pretrained needs a FILE: tandem never downloads weights; save a "
                     "torchvision state dict (e.g. resnet18-f37072fd.pth) or a checkpoint and "
@@ -160,74 +144,6 @@ class OptimConfig:
         check(self.max_steps is None or self.max_steps >= 1,
                f"bad --max-steps {self.max_steps}: must be >= 1")
 
-
-@dataclass(frozen=True)
-class ParallelConfig:
-    strategy: str = opt(_REFERENCE, "how to use the devices (auto: race the ones that can "
-                        "drive this model here, keep the fastest)", choices=_strategy_names,
-                        on_resume=MAY_CHANGE)
-    auto_steps: int | None = opt(None, "with --strategy auto: timed rounds of the race (default: "
-                                 "as many as fit 5 s or 5%% of an epoch, at most 30 s)",
-                                 metavar="N", on_resume=MAY_CHANGE)
-    devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
-                       metavar="SPEC", on_resume=MAY_CHANGE)
-    sync_bn: bool = opt(False, "batch norm over the whole global batch (SyncBatchNorm)")
-    buffers: str = opt("replica0", "dp: which replicas' batch-norm running stats to keep",
-                       choices=POLICIES)
-    amp: bool = opt(False, "mixed precision: bf16 autocast on a CPU with bf16 instructions; "
-                    "on CUDA fp16 autocast + grad scaling (see --amp-dtype). Weights and "
-                    "checkpoints stay float32")
-    amp_dtype: str | None = opt(None, "with --amp: bf16 or fp16 (default: the device's, bf16 "
-                                "on the CPU, fp16 + grad scaling on CUDA)", choices=AMP_DTYPES)
-    dtype: str = opt("float32", "weights and activations: float64 is for checking exactness, "
-                     "where every strategy matches single to about 1e-12 instead of float32's "
-                     "rounding (several times slower)", choices=DTYPES)
-    channels_last: bool = opt(False, "channels-last (NHWC) memory format for the model and "
-                              "its inputs",
-                              on_resume=MAY_CHANGE)
-    # Compiling changes how the step runs, not what it computes: a run may change it on resume.
-    compile: bool = opt(False, f"compile the model with torch.compile (with "
-                        f"{' or '.join(compiling_strategies())}); the compile time is reported "
-                        f"apart from step times", on_resume=MAY_CHANGE)
-    compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
-                                   choices=COMPILE_MODES, on_resume=MAY_CHANGE)
-    # Shares change how long a step takes, not what it computes: a resume may change them.
-    split: str | None = opt(None, f"with {', '.join(strategy_names(splits_batch=True))}: each "
-                            "device's (or rank's) share of every batch, as weights (3,1: three "
-                            "quarters to the first) or auto (follow the measured speeds); the "
-                            "update is the same (default: even shares)", metavar="W,W|auto",
-                            on_resume=MAY_CHANGE)
-    max_share: int | None = opt(None, "the most samples any one device (or rank) may take of a "
-                                "batch; a batch or --split that needs more is refused at once",
-                                metavar="N", on_resume=MAY_CHANGE)
-    # Like --compile, the backward's threads change how a step runs and its last bits only.
-    backward_threads: str | None = opt(None, "dp, balanced, hybrid: on runs each CPU replica's "
-                                       "backward in its own thread, off all in autograd's one "
-                                       "(default: on when the replicas' threads add cores or "
-                                       "with --split; decided when the run starts, kept in "
-                                       "config.json and on resume)", choices=("on", "off"),
-                                       on_resume=MAY_CHANGE)
-
-    def __post_init__(self):
-        check(bool(self.strategy), "--strategy must not be empty")
-        if self.backward_threads is not None:
-            check_choice(self.backward_threads, ("on", "off"), "--backward-threads")
-        check_choice(self.buffers, POLICIES, "--buffers")
-        check_choice(self.dtype, DTYPES, "--dtype")
-        check(not (self.amp and self.dtype != "float32"),
-               f"--amp mixes bf16/fp16 into float32 work; it cannot run with --dtype {self.dtype}")
-        if self.amp_dtype is not None:
-            check_choice(self.amp_dtype, AMP_DTYPES, "--amp-dtype")
-            check(self.amp, f"--amp-dtype {self.amp_dtype} needs --amp")
-        if self.split is not None:
-            parse_split(self.split)
-        check(self.auto_steps is None or self.auto_steps >= 1,
-              f"bad --auto-steps {self.auto_steps}: must be >= 1")
-        check(self.max_share is None or self.max_share >= 1,
-               f"bad --max-share {self.max_share}: must be >= 1")
-        if self.compile_mode is not None:
-            check_choice(self.compile_mode, COMPILE_MODES, "--compile-mode")
-            check(self.compile, f"--compile-mode {self.compile_mode} needs --compile")
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def _step_pass(trainer, batch, steps: int) -> tuple[float, float, int, int]:
 
 def _fed_pass(trainer, epoch: int) -> tuple[float, float, int, int]:
     """One epoch of the train loop from the start (the data wait times its first batch)."""
-    from tandem.train.loop import Position
+    from tandem.train.position import Position
 
     trainer.position = Position(epoch=epoch, step=trainer.position.step)
     synchronize(trainer.strategy.devices)

@@ -11,10 +11,7 @@ saved or at the end of an epoch, where a non-finite one stops the run (:mod:`.di
 from __future__ import annotations
 
 import contextlib
-import os
-import time
-import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -24,51 +21,22 @@ from tandem import checkpoint
 from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
-from tandem.distributed.resume_command import resume_command_here
 from tandem.parallel.split import format_shares
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 
-from . import diverged
-from .curves import plot_curves
+from . import diverged, epochs
 from .datawait import DataWait
-from .interrupt import Interrupted, StopRequest
-from .metrics import (Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score_fields,
-                      summary_line)
+from .epochs import epoch_progress
+from .interrupt import StopRequest
+from .metrics import Meter, MetricsLog
+from .optimizer_step import optimizer_step
+from .position import EpochRun, Position
 from .progress import Progress
 from .rundir import RunDir
-from .schedule import epoch_state, example_optimizer_state, lr_factor
-from .tensorboard import TensorBoard
+from .schedule import epoch_state, example_optimizer_state
 
 __all__ = ["EpochRun", "Position", "Trainer", "optimizer_step"]
-
-
-@dataclass
-class Position:
-    """Where training stands in the data order."""
-
-    epoch: int = 0  # epoch under way (0-based)
-    batch: int = 0  # global batches of that epoch already trained on
-    step: int = 0  # optimizer steps since the start of training
-
-    def as_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
-
-
-@dataclass
-class EpochRun:
-    """What the steps of one epoch share: running sums, progress, the clock."""
-
-    meter: Meter
-    progress: Progress
-    carried_seconds: float = 0.0  # a resumed epoch's time before this invocation
-    start: float = field(default_factory=time.perf_counter)
-    look: bool = False  # the meter was read since the last look at the loss
-    stopped: bool = False  # --max-steps ended the epoch part-way
-    loss: torch.Tensor | None = None  # the last batch's mean loss, on the device
-
-    def seconds(self) -> float:
-        return self.carried_seconds + time.perf_counter() - self.start
 
 
 @dataclass
@@ -213,7 +181,7 @@ class Trainer:
         if save_every and pos.step % save_every == 0 and pos.batch < self.batches_per_epoch:
             sums = run.meter.reduced(s)
             self._check_finite(sums, weights=True)
-            self.save(is_best=False, progress=_progress(sums, run.seconds()))
+            self.save(is_best=False, progress=epoch_progress(sums, run.seconds()))
         return False
 
     def batch_shares(self) -> dict | None:
@@ -253,7 +221,7 @@ class Trainer:
         validation set, every sample counted once (none without one: ``tandem.fit(...,
         val_data=None)``). Under autocast torch runs cross-entropy in float32 and the meter
         sums in float64, so only logits that overflowed in the model (fp16 past 65504) make
-        the loss non-finite; :meth:`_epochs` reports that instead of stopping."""
+        the loss non-finite; :mod:`.epochs` reports that instead of stopping."""
         meter = Meter()
         if self.val_set is None:
             return meter
@@ -298,131 +266,12 @@ class Trainer:
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
-        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch.
+        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch
+        (:func:`.epochs.fit`); return the metrics rows.
 
         A signal on any process (``stop``) stops every process after the current optimizer
-        step, saves ``checkpoint.pt`` there and raises :class:`Interrupted`. A non-finite
-        loss or weights raise :class:`~tandem.errors.TrainingDiverged` and save nothing.
+        step, saves ``checkpoint.pt`` there and raises :class:`~.interrupt.Interrupted`. A
+        non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged` and save
+        nothing.
         """
-        self.stop = stop = stop or self.stop
-        s = self.strategy
-        self.started_at = replace(self.position)
-        records = log.read() if s.is_main else []
-        board = None
-        if s.is_main and log is not None:
-            if log.dropped:  # rows a resume dropped leave the figure at once
-                self._plot(records)
-            board = TensorBoard.open(self.run_dir.tensorboard, records)
-        try:
-            self._epochs(log, records, board)
-        finally:
-            if board is not None:
-                board.close()
-        return records
-
-    def _epochs(self, log: MetricsLog | None, records: list[dict],
-                board: TensorBoard | None) -> None:
-        cfg, s, pos, stop = self.cfg, self.strategy, self.position, self.stop
-        max_steps = cfg.optim.max_steps
-        trained = False
-        while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
-            reset_peak_memory(s.devices)
-            train, stopped, seconds = self.train_epoch()
-            train = train.reduced(s)
-            self._check_finite(train, weights=True)  # nothing non-finite is ever saved
-            if stop.requested:
-                with stop.critical():
-                    self.save(is_best=False, progress=_progress(train, seconds))
-                raise Interrupted(self._interrupted_message(), stop.signum, quiet=not s.is_main)
-            # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
-            # is reported, not fatal: only train loss and weights stop a run (above).
-            val = self.validate()
-            val_finite = val.finite
-            if not stopped:
-                pos.epoch, pos.batch = pos.epoch + 1, 0
-            # The first validation of a run directory always writes best.pt (even at 0%),
-            # unless its loss is not finite: such a model is never "best".
-            is_best = val_finite and (val.acc > self.best_acc1
-                                      or not os.path.exists(self.run_dir.best))
-            if val_finite:
-                self.best_acc1 = max(self.best_acc1, val.acc)
-            record = {
-                "epoch": pos.epoch if not stopped else pos.epoch + 1,
-                "step": pos.step,
-                "batches": pos.batch if stopped else self.batches_per_epoch,
-                "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
-                "train_loss": train.loss, **score_fields("train", train),
-                "val_loss": val.loss, "val_finite": val_finite, **score_fields("val", val),
-                "lr": self.optimizer.param_groups[0]["lr"],
-                "images_per_sec": train.count / seconds if seconds > 0 else None,
-                "seconds": seconds,
-                **self.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
-                "peak_memory_mb": peak_memory_mb(s.devices),
-            }
-            if self.batch_shares() is not None:
-                record["split"] = self.batch_shares()
-            with stop.critical():
-                self.save(is_best, progress=_progress(train, seconds) if stopped else None)
-                if s.is_main and train.count:  # a row only for an epoch that trained
-                    records.append(record)
-                    log.append(record)
-                    self._plot(records)
-                    if board is not None:
-                        board.add_row(record)
-                    print(summary_line(record, cfg.optim.epochs, self.batches_per_epoch,
-                                       getattr(self.criterion, "label_smoothing", 0.0)),
-                          flush=True)
-                    self.wait.advise(cfg.data, s.device)  # once per run, when data waits
-            trained = True
-            if stopped:
-                break
-        if s.is_main:
-            print(f"best val acc {self.best_acc1:.2f}%: {self.run_dir.best}" if trained else
-                  f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
-                  + (f"/{max_steps}" if max_steps else ""), flush=True)
-
-    def _plot(self, records: list[dict]) -> None:
-        """``curves.png`` of ``records``, with the learning rate of every step (host-side)."""
-        per_epoch = -(-self.batches_per_epoch // self.cfg.optim.accum_steps)
-        base = self.scheduler.base_lrs[0]
-        plot_curves(records, self.run_dir.curves, schedule=(
-            per_epoch, lambda t: base * lr_factor(t, self.cfg.optim, per_epoch)))
-
-    def _interrupted_message(self) -> str:
-        """Where the run stopped and how to continue it (the main process says it)."""
-        if not self.strategy.is_main:
-            return ""
-        pos = self.position
-        return (f"saved {self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}; "
-                f"continue with: {resume_command_here(self.cfg.run.out, self.strategy.multiprocess)}")
-
-
-# torch's LRScheduler says this when the optimizer has not stepped before the schedule's first
-# step: here that is GradScaler skipping a step it found inf gradients in, which is expected
-_SKIPPED_FIRST = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
-
-
-def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> None:
-    """One optimizer step through ``scaler``, then one schedule step.
-
-    The schedule counts optimizer steps *attempted*: a step fp16's GradScaler skips (inf
-    gradients, while it finds its scale) still advances it, as in the imagenet example, so
-    the learning rate of step ``t`` is ``lr_factor(t)`` whatever the scaler did and a resume
-    lands on it. torch's warning about that skipped first step is therefore not shown.
-    """
-    scaler.step(optimizer)
-    scaler.update()
-    if scheduler is None:
-        return
-    if not scaler.is_enabled():
-        scheduler.step()
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_SKIPPED_FIRST, category=UserWarning)
-        scheduler.step()
-
-
-def _progress(meter: Meter, seconds: float) -> dict:
-    """A reduced meter and the seconds spent, as a checkpoint entry."""
-    return {**meter.progress(), "seconds": seconds}
+        return epochs.fit(self, log, stop)

@@ -22,7 +22,7 @@ from tandem.parallel.devices import parse_device_spec
 from tandem.strategies import strategy_class, strategy_names
 
 from . import foreign, rundir
-from .loop import Position
+from .position import Position
 from .schedule import lr_factor
 
 __all__ = ["resumed_config", "complete_line", "check_max_steps", "check_launched", "restore"]

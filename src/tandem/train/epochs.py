@@ -1,0 +1,151 @@
+"""The run around the epochs: train, validate, log and save after each, then stop.
+
+:meth:`Trainer.fit <tandem.train.loop.Trainer.fit>` delegates here. The trainer owns one
+epoch's steps and the checkpoint; this module owns what follows each epoch: the metrics row,
+``curves.png``, TensorBoard, the summary line, and the stop a signal asks for.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from tandem.distributed.resume_command import resume_command_here
+
+from . import diverged
+from .curves import plot_curves
+from .interrupt import Interrupted, StopRequest
+from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score_fields, \
+    summary_line
+from .schedule import lr_factor
+from .tensorboard import TensorBoard
+
+__all__ = ["epoch_progress", "epoch_record", "fit", "interrupted_message", "plot"]
+
+
+def fit(trainer, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
+    """See :meth:`Trainer.fit <tandem.train.loop.Trainer.fit>`: ``trainer``'s epochs, with the
+    rows of ``log`` (main process) and TensorBoard open around them; returns the rows."""
+    trainer.stop = stop or trainer.stop
+    s = trainer.strategy
+    trainer.started_at = replace(trainer.position)
+    records = log.read() if s.is_main else []
+    board = None
+    if s.is_main and log is not None:
+        if log.dropped:  # rows a resume dropped leave the figure at once
+            plot(trainer, records)
+        board = TensorBoard.open(trainer.run_dir.tensorboard, records)
+    try:
+        _epochs(trainer, log, records, board)
+    finally:
+        if board is not None:
+            board.close()
+    return records
+
+
+def _epochs(trainer, log: MetricsLog | None, records: list[dict],
+            board: TensorBoard | None) -> None:
+    """Epochs until ``epochs`` or ``max_steps``; then say where the best weights are."""
+    cfg, pos = trainer.cfg, trainer.position
+    max_steps = cfg.optim.max_steps
+    trained = False
+    while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
+        stopped = _epoch(trainer, log, records, board)
+        trained = True
+        if stopped:
+            break
+    if trainer.strategy.is_main:
+        print(f"best val acc {trainer.best_acc1:.2f}%: {trainer.run_dir.best}" if trained else
+              f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
+              + (f"/{max_steps}" if max_steps else ""), flush=True)
+
+
+def _epoch(trainer, log: MetricsLog | None, records: list[dict],
+           board: TensorBoard | None) -> bool:
+    """Train one epoch (or to ``--max-steps``), validate, save, log; True when stopped part-way.
+    A stop request saves and raises :class:`Interrupted` instead of validating."""
+    s, pos, stop = trainer.strategy, trainer.position, trainer.stop
+    reset_peak_memory(s.devices)
+    train, stopped, seconds = trainer.train_epoch()
+    train = train.reduced(s)
+    diverged.check(trainer, train, weights=True)  # nothing non-finite is ever saved
+    if stop.requested:
+        with stop.critical():
+            trainer.save(is_best=False, progress=epoch_progress(train, seconds))
+        raise Interrupted(interrupted_message(trainer), stop.signum, quiet=not s.is_main)
+    # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
+    # is reported, not fatal: only train loss and weights stop a run (above).
+    val = trainer.validate()
+    if not stopped:
+        pos.epoch, pos.batch = pos.epoch + 1, 0
+    # The first validation of a run directory always writes best.pt (even at 0%),
+    # unless its loss is not finite: such a model is never "best".
+    is_best = val.finite and (val.acc > trainer.best_acc1
+                              or not os.path.exists(trainer.run_dir.best))
+    if val.finite:
+        trainer.best_acc1 = max(trainer.best_acc1, val.acc)
+    record = epoch_record(trainer, train, val, stopped, seconds)
+    with stop.critical():
+        trainer.save(is_best, progress=epoch_progress(train, seconds) if stopped else None)
+        if s.is_main and train.count:  # a row only for an epoch that trained
+            _write_row(trainer, log, records, board, record)
+    return stopped
+
+
+def epoch_record(trainer, train: Meter, val: Meter, stopped: bool, seconds: float) -> dict:
+    """The metrics row of the epoch just trained (reduced ``train`` and ``val`` meters), read
+    after the position moved on; ``partial`` when ``--max-steps`` stopped it part-way."""
+    pos, s = trainer.position, trainer.strategy
+    record = {
+        "epoch": pos.epoch if not stopped else pos.epoch + 1,
+        "step": pos.step,
+        "batches": pos.batch if stopped else trainer.batches_per_epoch,
+        "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
+        "train_loss": train.loss, **score_fields("train", train),
+        "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
+        "lr": trainer.optimizer.param_groups[0]["lr"],
+        "images_per_sec": train.count / seconds if seconds > 0 else None,
+        "seconds": seconds,
+        **trainer.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
+        "peak_memory_mb": peak_memory_mb(s.devices),
+    }
+    if trainer.batch_shares() is not None:
+        record["split"] = trainer.batch_shares()
+    return record
+
+
+def _write_row(trainer, log: MetricsLog, records: list[dict], board: TensorBoard | None,
+               record: dict) -> None:
+    """The main process's outputs of one epoch: the metrics row, figure, board and line."""
+    cfg = trainer.cfg
+    records.append(record)
+    log.append(record)
+    plot(trainer, records)
+    if board is not None:
+        board.add_row(record)
+    print(summary_line(record, cfg.optim.epochs, trainer.batches_per_epoch,
+                       getattr(trainer.criterion, "label_smoothing", 0.0)), flush=True)
+    trainer.wait.advise(cfg.data, trainer.strategy.device)  # once per run, when data waits
+
+
+def plot(trainer, records: list[dict]) -> None:
+    """``curves.png`` of ``records``, with the learning rate of every step (host-side)."""
+    optim = trainer.cfg.optim
+    per_epoch = -(-trainer.batches_per_epoch // optim.accum_steps)
+    base = trainer.scheduler.base_lrs[0]
+    plot_curves(records, trainer.run_dir.curves, schedule=(
+        per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)))
+
+
+def interrupted_message(trainer) -> str:
+    """Where the run stopped and how to continue it (the main process says it)."""
+    if not trainer.strategy.is_main:
+        return ""
+    pos, out = trainer.position, trainer.cfg.run.out
+    return (f"saved {trainer.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}; "
+            f"continue with: {resume_command_here(out, trainer.strategy.multiprocess)}")
+
+
+def epoch_progress(meter: Meter, seconds: float) -> dict:
+    """A reduced meter and the seconds spent, as a checkpoint's ``epoch_progress`` entry."""
+    return {**meter.progress(), "seconds": seconds}
