@@ -72,8 +72,8 @@ class ParallelConfig:
                                 "batch; a batch or --split that needs more is refused at once",
                                 metavar="N", on_resume=MAY_CHANGE)
     # Like --compile, the backward's threads change how a step runs and its last bits only.
-    backward_threads: str | None = opt(None, "dp, balanced, hybrid: on runs each CPU replica's "
-                                       "backward in its own thread, off all in autograd's one "
+    backward_threads: str | None = opt(None, "strategies with replica threads: on runs each CPU "
+                                       "replica's backward in its own thread, off all in autograd's one "
                                        "(default: on when the replicas' threads add cores or "
                                        "with --split; decided when the run starts, kept in "
                                        "config.json and on resume)", choices=("on", "off"),

@@ -47,6 +47,8 @@ def _trainer(config, train, num_classes: int, workers: int):
     from tandem.data.loader import make_loader
     from tandem.models import create_model
     from tandem.precision import amp_precision
+    from tandem.strategies import strategy_names
+
     from .contestants import prepare_strategy
     from .loop import loop_config, loop_trainer
 
@@ -56,9 +58,10 @@ def _trainer(config, train, num_classes: int, workers: int):
     model = create_model(config.arch, num_classes=num_classes)
     batch = next(iter(make_loader(train, config.batch_size, shuffle=True, seed=config.seed,
                                   epoch=0)))
-    strategy, wrapped, _, _ = prepare_strategy("single", model, [device], batch,
+    one = strategy_names(reference=True)[0]  # the one-device strategy
+    strategy, wrapped, _, _ = prepare_strategy(one, model, [device], batch,
                                                channels_last=config.channels_last)
-    cfg = loop_config("single", config.arch, config.batch_size, precision, config.lr)
+    cfg = loop_config(one, config.arch, config.batch_size, precision, config.lr)
     cfg = replace(cfg, data=replace(DataConfig(), workers=workers),
                   parallel=replace(cfg.parallel, channels_last=config.channels_last))
     trainer = loop_trainer(cfg, strategy, wrapped, precision.scaler(),

@@ -187,6 +187,7 @@ def run_setup(devices, threads: int | None) -> str:
     import torch
 
     from tandem.parallel import threaded_backward
+    from tandem.strategies import strategy_names
 
     threads = torch.get_num_threads() if threads is None else threads
     cpu = sum(torch.device(d).type == "cpu" for d in devices)
@@ -195,7 +196,8 @@ def run_setup(devices, threads: int | None) -> str:
     else:
         how = ("each replica's in its own thread" if threaded_backward.decide(
             devices, threads=threads) else "all in autograd's one thread")
-        line = (f"backward: dp, balanced and hybrid on {cpu} CPU replicas with {threads} "
+        line = (f"backward: {', '.join(strategy_names(replica_threads=True))} on {cpu} CPU "
+                f"replicas with {threads} "
                 f"intra-op thread(s): {how} (with a split: in threads)")
     default = os.environ.get("TANDEM_MALLOC", "").strip().lower() == "default"
     return line + "\nmalloc: " + ("glibc's own (TANDEM_MALLOC=default)" if default else

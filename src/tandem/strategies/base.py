@@ -62,6 +62,8 @@ class Strategy:
     reference: ClassVar[bool] = False
     #: ``--split`` sets how much of each batch its devices (or ranks) take
     splits_batch: ClassVar[bool] = False
+    #: one process runs a replica per device in threads (``--backward-threads`` applies)
+    replica_threads: ClassVar[bool] = False
 
     @classmethod
     def takes_any_model(cls) -> bool:

@@ -31,6 +31,7 @@ class ReplicatedStrategy(Strategy):
     """One process, replica threads: the ``DataParallel`` cuts each batch by ``split``."""
 
     splits_batch = True
+    replica_threads = True
     compile_unsupported = REPLICAS_NOT_COMPILED
 
     def wrapper_options(self) -> dict:

@@ -29,7 +29,6 @@ from tandem.parallel.split import parse_split
 from tandem.precision import amp_precision
 from tandem.parallel import threaded_backward
 from tandem.strategies import Strategy, create_strategy, strategy_class, strategy_names
-from tandem.strategies.dp import ReplicatedStrategy
 from tandem.strategies.compile import check_compile
 
 from . import auto, foreign, rundir, runlock, start
@@ -186,7 +185,7 @@ def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
     ``--backward-threads`` (or the config resumed) says, else decided now, once, by
     :func:`~tandem.parallel.threaded_backward.decide`. Only strategies that run replicas in
     threads have such a backward."""
-    if not issubclass(strategy_class(cfg.strategy), ReplicatedStrategy):
+    if not strategy_class(cfg.strategy).replica_threads:
         return False
     wanted = None if cfg.backward_threads is None else cfg.backward_threads == "on"
     return threaded_backward.decide(devices, wanted, split=cfg.split is not None)
