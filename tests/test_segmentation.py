@@ -228,10 +228,12 @@ def test_example_runs_and_prints_its_scores(tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_the_example_s_factories_under_launch_then_eval(tmp_path):
+def test_the_example_s_factories_under_launch_then_eval(tmp_path, monkeypatch):
     """The README's command line: the example's net and data named as factories, 2 ddp
-    processes (imported again in each), then ``tandem eval`` of the run (imported again)."""
-    from conftest import run_tandem
+    processes (imported again in each), then ``tandem eval`` of the run (imported again, here:
+    eval needs no process of its own, only the repository root on the path as `-m tandem`
+    gives it)."""
+    from conftest import run_in_process, run_tandem
 
     root = os.path.join(HERE, os.pardir)
     out = tmp_path / "ddp"
@@ -244,7 +246,9 @@ def test_the_example_s_factories_under_launch_then_eval(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 3 and 0 <= row["val_miou"] <= 100
-    ev = run_tandem("eval", "--resume", out, "--json", timeout=300, cwd=root)
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(os.path.abspath(root))
+    ev = run_in_process("eval", "--resume", out, "--json")
     assert ev.returncode == 0, ev.stderr[-3000:]
     result = json.loads(ev.stdout)
     assert result["miou"] == pytest.approx(row["val_miou"], abs=1e-6)
