@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from conftest import cli_env, run_bounded, run_tandem, torchrun_workers
+from conftest import cli_env, run_bounded, run_in_process, torchrun_workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -190,7 +190,8 @@ def test_bench_torchrun_phase_succeeds_and_its_workers_skip_finalization(tmp_pat
 
 
 def test_resume_of_a_ddp_run_without_launch_says_how(straight, tmp_path):
-    proc = run_tandem("train", "--resume", straight, "--epochs", "3", "--out", tmp_path / "x")
+    proc = run_in_process("train", "--resume", straight, "--epochs", "3", "--out",
+                          tmp_path / "x")  # a refusal before any work: no fresh process needed
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     # the run's own process count, its launch command, and this process's alternative
