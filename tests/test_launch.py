@@ -27,7 +27,8 @@ import time
 
 import pytest
 import torch
-from conftest import DIST_VARS, cli_env, processes_with, run_bounded, torchrun_workers
+from conftest import (DIST_VARS, cli_env, processes_with, run_bounded, run_in_process,
+                      torchrun_workers)
 from exact import check_invariance
 
 from tandem import checkpoint
@@ -87,10 +88,12 @@ def single_run(tmp_path_factory):
     """single in float64, and in it the controls: float32 (f32/) and dp without --sync-bn
     (negative/)."""
     out = tmp_path_factory.mktemp("single")
+    # In this process (run_in_process: one intra-op thread, as the launched workers have):
+    # none of these needs torchrun or a fresh interpreter, and each start-up costs seconds.
     for args in (["--strategy", "single", *F64, "--out", str(out)],
                  ["--strategy", "single", "--out", str(out / "f32")],
                  ["--strategy", "dp", "--devices", "cpu:2", *F64, "--out", str(out / "negative")]):
-        proc, _ = _run(TRAIN + args)
+        proc = run_in_process(*TRAIN, *args)
         assert proc.returncode == 0, proc.stderr
     return out
 
@@ -291,8 +294,9 @@ def test_port_in_use_is_one_clear_line(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc, _ = _run(["launch", "--nproc-per-node", "2", "--master-port", str(port), "--",
-                        *TRAIN, "--strategy", "ddp", "--out", str(tmp_path)], timeout=60)
+        # in this process: the launcher refuses before it starts torchrun or any worker
+        proc = run_in_process("launch", "--nproc-per-node", "2", "--master-port", port, "--",
+                              *TRAIN, "--strategy", "ddp", "--out", tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"tandem: error: port {port} on 127.0.0.1 is already in "
                                    "use; pick another with --master-port")
