@@ -34,9 +34,11 @@ def assert_one_line_error(result, *needles):
     (["--devices", "cpu:0"], ["cpu:0"]),
     (["--strategy", "nope"], ["nope", *strategy_names()]),  # lists the registered ones
 ])
-def test_train_usage_errors(argv, needles, tmp_path):
+def test_train_usage_errors(argv, needles, tmp_path, capsys):
+    """Through cli.main in this process: the message is the CLI's, whatever the process;
+    test_corrupt_checkpoint_in_eval_is_one_line_in_a_real_process checks a real exit."""
     argv = [*TINY, "--devices", "cpu", "--out", str(tmp_path / "out"), *argv]
-    assert_one_line_error(tandem("train", *argv), *needles)
+    assert_error_line(*run_in_process(capsys, "train", *argv), *needles)
     assert not (tmp_path / "out").exists()
 
 
@@ -61,17 +63,24 @@ def test_more_usage_errors_in_process(argv, needles, tmp_path, capsys):
     assert not (tmp_path / "out" / "checkpoint.pt").exists()
 
 
-def test_missing_data_path(tmp_path):
+def test_missing_data_path(tmp_path, capsys):
     missing = str(tmp_path / "no_such_dir")
-    result = tandem("train", "--data", missing, "--devices", "cpu", "--out", str(tmp_path))
-    assert_one_line_error(result, missing)
+    assert_error_line(*run_in_process(capsys, "train", "--data", missing, "--devices", "cpu",
+                                      "--out", str(tmp_path)), missing)
 
 
-def test_corrupt_checkpoint_in_train_and_eval(tmp_path):
+def test_corrupt_checkpoint_in_train_is_one_line(tmp_path, capsys):
     bad = tmp_path / "corrupt.pt"
     bad.write_bytes(b"PK\x03\x04 this is not a zip archive at all" * 10)
-    assert_one_line_error(tandem("train", *TINY, "--out", str(tmp_path / "o"), "--resume",
-                                 str(bad)), str(bad))
+    assert_error_line(*run_in_process(capsys, "train", *TINY, "--out", str(tmp_path / "o"),
+                                      "--resume", str(bad)), str(bad))
+
+
+def test_corrupt_checkpoint_in_eval_is_one_line_in_a_real_process(tmp_path):
+    """The one check in a real `tandem` process: exit status 2 and one line on stderr, no
+    traceback, for an error that torch raises deep in its loader."""
+    bad = tmp_path / "corrupt.pt"
+    bad.write_bytes(b"PK\x03\x04 this is not a zip archive at all" * 10)
     assert_one_line_error(tandem("eval", "--resume", str(bad)), str(bad))
 
 

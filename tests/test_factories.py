@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from conftest import run_in_process, run_tandem
+from own_model_ddp import ddp_run
 
 from tandem.factory import resolve
 from tandem.errors import UsageError
@@ -46,18 +47,22 @@ def test_train_records_both_references(run):
 def test_eval_and_resume_import_them_again(run, tmp_path):
     result = ok(run_tandem("eval", "--resume", run, cwd=TESTS))  # a fresh interpreter
     assert f"{run}: own_model:make_net val loss" in result.stdout and "(11 images)" in result.stdout
-    result = ok(run_tandem("train", "--resume", run, "--out", tmp_path / "more", cwd=TESTS))
+    # the resume reads both references from the run's config (this process: no flag names them)
+    result = ok(run_in_process("train", "--resume", run, "--out", tmp_path / "more"))
     assert "step 5:" in result.stdout and "epoch 2/2 step 10:" in result.stdout
 
 
 @pytest.mark.distributed
-def test_launch_imports_them_on_every_rank(tmp_path):
-    result = ok(run_tandem("launch", "--nproc-per-node", "2", "--", "train", *OWN,
-                           "--epochs", "1", "--strategy", "ddp", "--devices", "cpu", "--sync-bn",
-                           "--out", tmp_path, cwd=TESTS, timeout=240, PYTHONWARNINGS="ignore"))
-    assert "epoch 1/1 step 5:" in result.stdout
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config["resolved"]["world_size"] == 2 and config["model"]["arch"] == "own_model:make_net"
+def test_launch_imports_them_on_every_rank(tmp_path_factory):
+    """The 2-process launch of tests/own_model_ddp.py (shared with test_float32_accuracy.py):
+    it trains, so both ranks imported the factories named in the command, with no PYTHONPATH."""
+    result, out = ddp_run(tmp_path_factory)
+    ok(result)
+    assert "epoch 1/1 (partial: 3/5 batches) step 3:" in result.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["resolved"]["world_size"] == 2
+    assert config["model"]["arch"] == "own_model:smooth_net"
+    assert config["data"]["data"] == "own_model:pairs"
 
 
 @pytest.mark.parametrize("flags, line", [
@@ -84,12 +89,17 @@ def test_a_reference_that_fails_is_one_line(flags, line, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_eval_of_a_reference_that_no_longer_imports_is_one_line(run, tmp_path):
-    result = run_tandem("eval", "--resume", run, cwd=tmp_path)  # own_model.py is not here
+def test_eval_of_a_reference_that_no_longer_imports_is_one_line(run, tmp_path, monkeypatch):
+    """In this process, as a fresh one in ``tmp_path`` would be: own_model neither imported
+    nor on sys.path (monkeypatch restores both)."""
+    monkeypatch.chdir(tmp_path)  # own_model.py is not here
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", TESTS)])
+    monkeypatch.delitem(sys.modules, "own_model", raising=False)
+    result = run_in_process("eval", "--resume", run)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("tandem: error: data factory 'own_model:pairs': importing "
                                     "own_model failed: ModuleNotFoundError")
-    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 def test_the_working_directory_goes_on_sys_path(tmp_path, monkeypatch):

@@ -11,17 +11,13 @@ which measures luck, not precision. Controls: single's own distance is small and
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from conftest import run_in_process, run_tandem
+from conftest import run_in_process
 from exact import max_diff, state
+from own_model_ddp import ARGS, ddp_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-TESTS = os.path.dirname(os.path.abspath(__file__))  # own_model.py
-ARGS = ["train", "-a", "own_model:smooth_net", "--data", "own_model:pairs", "-b", "6",
-        "--lr", "0.05", "--epochs", "1", "--max-steps", "3", "--seed", "2", "--no-progress"]
 F64 = ["--dtype", "float64"]
 STRATEGIES = {
     "dp cpu:2 --sync-bn": ["--strategy", "dp", "--devices", "cpu:2", "--sync-bn"],
@@ -35,7 +31,7 @@ def _train(out, *extra) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_every_strategy_keeps_single_s_float32_accuracy(tmp_path):
+def test_every_strategy_keeps_single_s_float32_accuracy(tmp_path, tmp_path_factory):
     _train(tmp_path / "s64", "--strategy", "single", *F64)
     _train(tmp_path / "s32", "--strategy", "single")
     reference = state(tmp_path / "s64" / "checkpoint.pt")
@@ -45,12 +41,10 @@ def test_every_strategy_keeps_single_s_float32_accuracy(tmp_path):
     for name, flags in STRATEGIES.items():
         _train(tmp_path / name.split()[0], *flags)
         figures[name] = max_diff(state(tmp_path / name.split()[0] / "checkpoint.pt"), reference)
-    ddp = run_tandem("launch", "--nproc-per-node", "2", "--", *ARGS, "--strategy", "ddp",
-                     "--sync-bn", "--out", tmp_path / "ddp", timeout=240, cwd=TESTS,
-                     PYTHONPATH=TESTS)
+    ddp, ddp_out = ddp_run(tmp_path_factory)  # shared with test_factories.py
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     figures["ddp 2 gloo processes --sync-bn"] = max_diff(
-        state(tmp_path / "ddp" / "checkpoint.pt"), reference)
+        state(ddp_out / "checkpoint.pt"), reference)
     _train(tmp_path / "negative", "--strategy", "dp", "--devices", "cpu:2")
     negative = max_diff(state(tmp_path / "negative" / "checkpoint.pt"), reference)
     shown = ", ".join(f"{k} {v:.3g}" for k, v in figures.items())

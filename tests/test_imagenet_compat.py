@@ -142,7 +142,8 @@ def test_cli_eval_and_train_resume_of_example_files(tmp_path):
     r18 = tmp_path / "resnet18.pth.tar"
     example_checkpoint(r18, "resnet18", fmt="new")
     out = tmp_path / "run"
-    proc = run_in_process("train", "--resume", r18, data, "-b", 8, "--epochs", 4, "--out", out)
+    proc = run_in_process("train", "--resume", r18, data, "-b", 8, "--epochs", 4,
+                          "--image-size", 64, "--out", out)  # 224px: the next test's
     assert proc.returncode == 0, proc.stderr
     assert "resuming" in proc.stdout and "at epoch 4/4" in proc.stdout
     assert "StepLR state is not tandem's" in proc.stdout
