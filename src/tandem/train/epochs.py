@@ -8,6 +8,7 @@ epoch's steps and the checkpoint; this module owns what follows each epoch: the 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 
 from tandem.distributed.resume_command import resume_command_here
@@ -20,7 +21,13 @@ from .metrics import Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score
 from .schedule import lr_factor
 from .tensorboard import TensorBoard
 
-__all__ = ["epoch_progress", "epoch_record", "fit", "interrupted_message", "plot"]
+__all__ = ["epoch_progress", "epoch_record", "fit", "interrupted_message", "plot",
+           "CURVES_EVERY_S"]
+
+#: ``curves.png`` is drawn again after a row at most this often (a draw costs about half a
+#: second of CPU), and always when the run ends or stops, so short epochs do not pay a draw
+#: each while a long run's figure is never more than one epoch or this many seconds behind
+CURVES_EVERY_S = 30.0
 
 
 def fit(trainer, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
@@ -31,16 +38,39 @@ def fit(trainer, log: MetricsLog | None, stop: StopRequest | None = None) -> lis
     trainer.started_at = replace(trainer.position)
     records = log.read() if s.is_main else []
     board = None
+    trainer.figure = _Figure()
     if s.is_main and log is not None:
         if log.dropped:  # rows a resume dropped leave the figure at once
-            plot(trainer, records)
+            trainer.figure.draw(trainer, records)
         board = TensorBoard.open(trainer.run_dir.tensorboard, records)
     try:
         _epochs(trainer, log, records, board)
     finally:
+        trainer.figure.catch_up(trainer, records)  # also when a signal or an error ends it
         if board is not None:
             board.close()
     return records
+
+
+class _Figure:
+    """When ``curves.png`` is drawn: after a row once :data:`CURVES_EVERY_S` have passed
+    since the last draw, else at the run's end (:meth:`catch_up`)."""
+
+    def __init__(self):
+        self.drawn_at, self.behind = time.monotonic(), False
+
+    def row_added(self, trainer, records: list[dict]) -> None:
+        self.behind = True
+        if time.monotonic() - self.drawn_at >= CURVES_EVERY_S:
+            self.draw(trainer, records)
+
+    def catch_up(self, trainer, records: list[dict]) -> None:
+        if self.behind:
+            self.draw(trainer, records)
+
+    def draw(self, trainer, records: list[dict]) -> None:
+        plot(trainer, records)
+        self.drawn_at, self.behind = time.monotonic(), False
 
 
 def _epochs(trainer, log: MetricsLog | None, records: list[dict],
@@ -120,7 +150,7 @@ def _write_row(trainer, log: MetricsLog, records: list[dict], board: TensorBoard
     cfg = trainer.cfg
     records.append(record)
     log.append(record)
-    plot(trainer, records)
+    trainer.figure.row_added(trainer, records)
     if board is not None:
         board.add_row(record)
     print(summary_line(record, cfg.optim.epochs, trainer.batches_per_epoch,
