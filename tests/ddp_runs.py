@@ -1,0 +1,58 @@
+"""Several `tandem` commands, one after the other, in each worker of ONE torchrun launch (the
+launch and the workers' imports cost more than a short run): ``python -m ddp_runs JSON`` where
+JSON is ``[[argv, busy], ...]``; with ``busy`` true, rank 0 keeps 2 processes spinning on the
+CPU for that command. Each command joins, and leaves, its own process group. A command that
+fails ends the worker with its exit status. ``launch_runs`` starts it from a test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def launch_runs(runs: list[tuple[list, bool]], nproc: int = 2, timeout: float = 240, **env):
+    """Run ``runs`` (``[(argv, busy), ...]``) in one `tandem launch` of ``nproc`` workers."""
+    import os
+
+    from conftest import cli_env, run_bounded
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+
+    code = ("import sys; from tandem.distributed.launch import LaunchSpec, launch; "
+            f"sys.exit(launch(LaunchSpec(nproc_per_node={nproc}, command=sys.argv[1:], "
+            "module='ddp_runs')))")
+    payload = json.dumps([[[str(a) for a in argv], bool(busy)] for argv, busy in runs])
+    env = cli_env(**env)
+    env["PYTHONPATH"] = os.pathsep.join((tests, env["PYTHONPATH"]))  # the workers' -m ddp_runs
+    return run_bounded([sys.executable, "-c", code, payload], timeout, env)
+
+
+def main(payload: str) -> int:
+    import os
+
+    from tandem.cli.main import main as tandem
+
+    rank = int(os.environ.get("RANK", "0"))
+    from torch.distributed import distributed_c10d
+
+    for i, (argv, busy) in enumerate(json.loads(payload)):
+        # torchrun's store outlives a process group, and a new default group would read the
+        # last one's addresses under the same key prefix (the group count, reset to 0 on
+        # leaving): a prefix of its own for each command
+        distributed_c10d._world.group_count = 1000 * i
+        procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                 for _ in range(2 if busy and rank == 0 else 0)]
+        try:
+            code = tandem(argv)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait(timeout=30)
+        if code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
