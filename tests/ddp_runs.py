@@ -1,7 +1,8 @@
 """Several `tandem` commands, one after the other, in each worker of ONE torchrun launch (the
 launch and the workers' imports cost more than a short run): ``python -m ddp_runs JSON`` where
 JSON is ``[[argv, busy], ...]``; with ``busy`` true, rank 0 keeps 2 processes spinning on the
-CPU for that command. Each command joins, and leaves, its own process group. A command that
+CPU for that command; rank 0 prints ``== run I`` before command I (to split the output), and
+``["copytree", SRC, DST]`` is a copy rank 0 makes between commands. Each command joins, and leaves, its own process group. A command that
 fails ends the worker with its exit status. ``launch_runs`` starts it from a test."""
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def main(payload: str) -> int:
         # last one's addresses under the same key prefix (the group count, reset to 0 on
         # leaving): a prefix of its own for each command
         distributed_c10d._world.group_count = 1000 * i
+        if rank == 0:
+            print(f"== run {i}", flush=True)
+        if argv[0] == "copytree":
+            if rank == 0:
+                import shutil
+                shutil.copytree(argv[1], argv[2])
+            continue
         procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                  for _ in range(2 if busy and rank == 0 else 0)]
         try:
@@ -56,3 +64,8 @@ def main(payload: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1]))
+
+
+def outputs(stdout: str) -> list[str]:
+    """Rank 0's output of each command of ``launch_runs``, in order."""
+    return stdout.split("== run ")[1:]
