@@ -16,18 +16,20 @@ import sys
 
 import pytest
 import torch
-from conftest import run_in_process, run_tandem
+from conftest import run_in_process
+from ddp_runs import launch_runs
 from exact import same_bits
 
 pytestmark = pytest.mark.slow
 
 DIGITS = ["--data", "digits", "-a", "cifar_resnet20", "-b", "64", "--lr", "0.05",
           "--epochs", "1", "--max-steps", "6", "--no-progress", "--seed", "5"]
-# alexnet's classifier holds 57M parameters: 2 steps at 64 px on synthetic data. No dropout:
+# AlexNet's layout with a 256-wide classifier (small_alexnet: hybrid splits it all the same,
+# without 57M parameters to train and save): 2 steps at 64 px on synthetic data. No dropout:
 # replica threads on the CPU draw masks from the one global generator in the order they run
 ALEXNET = ["--data", "synthetic", "--synthetic-size", "24", "--image-size", "64",
-           "--num-classes", "10", "-a", "alexnet", "-b", "8", "--epochs", "1",
-           "--max-steps", "2", "--dropout", "0", "--no-progress", "--seed", "5"]
+           "--num-classes", "10", "-a", "small_alexnet:make", "-b", "8", "--epochs", "1",
+           "--max-steps", "2", "--no-progress", "--seed", "5"]
 
 
 @contextlib.contextmanager
@@ -91,24 +93,30 @@ def test_hybrid_gives_the_same_bits_twice(sync_bn, tmp_path):
         result = run_in_process("train", *args, "--out", out)
         assert result.returncode == 0, result.stderr
 
-    try:
-        assert _twice(run, tmp_path) == []
-    finally:  # two 450 MB checkpoints per run: do not leave them in pytest's temp dirs
-        for f in tmp_path.glob("*/*.pt"):
-            f.unlink()
+    assert _twice(run, tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def ddp_twice(tmp_path_factory):
+    """Both variants, each trained twice (the second beside two busy CPU loops), in one
+    2-process launch: each training joins and leaves its own process group."""
+    root = tmp_path_factory.mktemp("ddp")
+    runs = []
+    for sync_bn in (False, True):
+        args = [*DIGITS, "--strategy", "ddp", "--devices", "cpu",
+                *(["--sync-bn"] if sync_bn else [])]
+        for name, busy in (("first", False), ("second", True)):
+            runs.append((["train", *args, "--out", root / str(sync_bn) / name], busy))
+    result = launch_runs(runs, timeout=480, PYTHONWARNINGS="ignore")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("sync_bn", [False, True], ids=["", "sync-bn"])
-def test_two_process_ddp_gives_the_same_bits_twice(sync_bn, tmp_path):
-    args = [*DIGITS, "--strategy", "ddp", "--devices", "cpu", *(["--sync-bn"] if sync_bn else [])]
-
-    def run(out):
-        result = run_tandem("launch", "--nproc-per-node", "2", "--", "train", *args,
-                            "--out", out, timeout=240, PYTHONWARNINGS="ignore")
-        assert result.returncode == 0, result.stderr[-3000:]
-
-    assert _twice(run, tmp_path) == []
+def test_two_process_ddp_gives_the_same_bits_twice(sync_bn, ddp_twice):
+    run = ddp_twice / str(sync_bn)
+    assert same_bits(_checkpoint(run / "first"), _checkpoint(run / "second")) == []
 
 
 def test_the_comparison_sees_one_ulp(tmp_path):

@@ -10,10 +10,12 @@ resumes are reproducible. Errors: one line, exit status 2, before anything runs.
 """
 
 import json
+import shutil
 
 import pytest
 import torch
 from conftest import run_in_process, run_tandem
+from ddp_runs import launch_runs, outputs
 from exact import check_invariance, same_bits
 from torch import nn
 
@@ -188,17 +190,32 @@ def test_split_reaches_single_weights(single_run, strategy, devices, split, tmp_
     assert row["split"] == {str(i): s for i, s in enumerate(expected)}
 
 
+DDP_SPLITS = ["3,1", "1,0", "auto"]
+
+
+@pytest.fixture(scope="module")
+def ddp_splits(tmp_path_factory):
+    """The 3 ddp runs of test_ddp_split_reaches_single_weights, one after the other in one
+    2-process launch (tests/ddp_runs.py): {split: (its directory, rank 0's output)}."""
+    root = tmp_path_factory.mktemp("ddp_splits")
+    runs = [(["train", *TINY, *STEPS, *F64, "--strategy", "ddp", "--devices", "cpu",
+              "--sync-bn", "--split", split, "--out", root / str(i)], False)
+            for i, split in enumerate(DDP_SPLITS)]
+    result = launch_runs(runs, timeout=480, PYTHONWARNINGS="ignore", TANDEM_SPLIT_CLOCK="1,3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {split: (root / str(i), out)
+            for i, (split, out) in enumerate(zip(DDP_SPLITS, outputs(result.stdout)))}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("split", ["3,1", "1,0", "auto"])
-def test_ddp_split_reaches_single_weights(single_run, split, tmp_path):
-    result = ok("launch", "--nproc-per-node", "2", "--", "train", *TINY, *STEPS, *F64,
-                "--strategy", "ddp", "--devices", "cpu", "--sync-bn", "--split", split,
-                "--out", str(tmp_path), TANDEM_SPLIT_CLOCK="1,3")
-    assert_matches_single(single_run, tmp_path / "checkpoint.pt")
+@pytest.mark.parametrize("split", DDP_SPLITS)
+def test_ddp_split_reaches_single_weights(single_run, split, ddp_splits):
+    run, stdout = ddp_splits[split]
+    assert_matches_single(single_run, run / "checkpoint.pt")
     if split == "auto":
-        assert "split 5,1" in result.stdout  # rank 0 is 3x as fast: its share moved up
-        assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["split"]["schedule"]
+        assert "split 5,1" in stdout  # rank 0 is 3x as fast: its share moved up
+        assert torch.load(run / "checkpoint.pt", weights_only=True)["split"]["schedule"]
 
 
 @pytest.mark.slow
@@ -238,18 +255,25 @@ def _checkpoint(path) -> dict:
 def test_resume_restores_the_shares_bitwise(strategy, tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "1,3")
     args = [*TINY, "--epochs", "2", "--strategy", strategy, "--split", "auto", "--sync-bn"]
+    straight, stop = ["--max-steps", "6", "--out", tmp_path / "straight"], [
+        "--max-steps", "3", "--out", tmp_path / "resumed"]
+    resume = ["--resume", tmp_path / "resumed", "--max-steps", "6"]
     if strategy == "dp":
         args += ["--devices", "cpu:2"]
-        run = lambda *a: ok("train", *a)  # noqa: E731
-    else:
+        ok("train", *args, *straight)
+        ok("train", *args, *stop)
+        shutil.copytree(tmp_path / "resumed", tmp_path / "stopped")
+        ok("train", *resume)
+    else:  # the 3 runs and the copy in one 2-process launch (tests/ddp_runs.py)
         args += ["--devices", "cpu"]
-        run = lambda *a: ok("launch", "--nproc-per-node", "2", "--", "train", *a,  # noqa: E731
-                            TANDEM_SPLIT_CLOCK="1,3")
-    run(*args, "--max-steps", "6", "--out", str(tmp_path / "straight"))
-    run(*args, "--max-steps", "3", "--out", str(tmp_path / "resumed"))
-    stopped = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)["split"]
+        result = launch_runs([(["train", *args, *straight], False),
+                              (["train", *args, *stop], False),
+                              (["copytree", tmp_path / "resumed", tmp_path / "stopped"], False),
+                              (["train", *resume], False)],
+                             timeout=480, PYTHONWARNINGS="ignore", TANDEM_SPLIT_CLOCK="1,3")
+        assert result.returncode == 0, result.stderr[-3000:]
+    stopped = torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)["split"]
     assert stopped["auto"]["weights"] != [1.0, 1.0]  # the shares had moved before the stop
-    run("--resume", str(tmp_path / "resumed"), "--max-steps", "6")
     straight = _checkpoint(tmp_path / "straight" / "checkpoint.pt")
     resumed = _checkpoint(tmp_path / "resumed" / "checkpoint.pt")
     assert same_bits(straight, resumed) == []
@@ -274,7 +298,7 @@ ERR = ["--data", "synthetic", "--synthetic-size", "8", "--image-size", "8", "--n
     (["--strategy", "dp", "--devices", "cpu:2", "--max-share", "0"], ["--max-share"]),
 ])
 def test_split_errors_are_one_line(argv, needles, tmp_path):
-    result = run_tandem("train", *ERR, *argv, "--out", str(tmp_path / "out"), timeout=120)
+    result = run_in_process("train", *ERR, *argv, "--out", str(tmp_path / "out"))
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("tandem: error: "), result.stderr
