@@ -145,7 +145,6 @@ class OptimConfig:
                f"bad --max-steps {self.max_steps}: must be >= 1")
 
 
-
 @dataclass(frozen=True)
 class RunConfig:
     out: str = opt("runs/train", "run directory (checkpoints, metrics, curves); with --resume: "

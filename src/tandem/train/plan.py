@@ -74,7 +74,6 @@ class RunPlan:
         return self.cfg.run.resume if self.checkpoint is not None else None
 
 
-
 def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
                supplied: Supplied = Supplied()) -> RunPlan | str:
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
