@@ -37,16 +37,15 @@ def fit(trainer, log: MetricsLog | None, stop: StopRequest | None = None) -> lis
     s = trainer.strategy
     trainer.started_at = replace(trainer.position)
     records = log.read() if s.is_main else []
-    board = None
-    trainer.figure = _Figure()
+    board, figure = None, _Figure()
     if s.is_main and log is not None:
         if log.dropped:  # rows a resume dropped leave the figure at once
-            trainer.figure.draw(trainer, records)
+            figure.draw(trainer, records)
         board = TensorBoard.open(trainer.run_dir.tensorboard, records)
     try:
-        _epochs(trainer, log, records, board)
+        _epochs(trainer, log, records, board, figure)
     finally:
-        trainer.figure.catch_up(trainer, records)  # also when a signal or an error ends it
+        figure.catch_up(trainer, records)  # also when a signal or an error ends it
         if board is not None:
             board.close()
     return records
@@ -74,13 +73,13 @@ class _Figure:
 
 
 def _epochs(trainer, log: MetricsLog | None, records: list[dict],
-            board: TensorBoard | None) -> None:
+            board: TensorBoard | None, figure: "_Figure") -> None:
     """Epochs until ``epochs`` or ``max_steps``; then say where the best weights are."""
     cfg, pos = trainer.cfg, trainer.position
     max_steps = cfg.optim.max_steps
     trained = False
     while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
-        stopped = _epoch(trainer, log, records, board)
+        stopped = _epoch(trainer, log, records, board, figure)
         trained = True
         if stopped:
             break
@@ -91,7 +90,7 @@ def _epochs(trainer, log: MetricsLog | None, records: list[dict],
 
 
 def _epoch(trainer, log: MetricsLog | None, records: list[dict],
-           board: TensorBoard | None) -> bool:
+           board: TensorBoard | None, figure: "_Figure") -> bool:
     """Train one epoch (or to ``--max-steps``), validate, save, log; True when stopped part-way.
     A stop request saves and raises :class:`Interrupted` instead of validating."""
     s, pos, stop = trainer.strategy, trainer.position, trainer.stop
@@ -118,7 +117,7 @@ def _epoch(trainer, log: MetricsLog | None, records: list[dict],
     with stop.critical():
         trainer.save(is_best, progress=epoch_progress(train, seconds) if stopped else None)
         if s.is_main and train.count:  # a row only for an epoch that trained
-            _write_row(trainer, log, records, board, record)
+            _write_row(trainer, log, records, board, figure, record)
     return stopped
 
 
@@ -145,12 +144,12 @@ def epoch_record(trainer, train: Meter, val: Meter, stopped: bool, seconds: floa
 
 
 def _write_row(trainer, log: MetricsLog, records: list[dict], board: TensorBoard | None,
-               record: dict) -> None:
+               figure: "_Figure", record: dict) -> None:
     """The main process's outputs of one epoch: the metrics row, figure, board and line."""
     cfg = trainer.cfg
     records.append(record)
     log.append(record)
-    trainer.figure.row_added(trainer, records)
+    figure.row_added(trainer, records)
     if board is not None:
         board.add_row(record)
     print(summary_line(record, cfg.optim.epochs, trainer.batches_per_epoch,
