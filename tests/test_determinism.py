@@ -23,7 +23,7 @@ from exact import same_bits
 pytestmark = pytest.mark.slow
 
 DIGITS = ["--data", "digits", "-a", "cifar_resnet20", "-b", "64", "--lr", "0.05",
-          "--epochs", "1", "--max-steps", "6", "--no-progress", "--seed", "5"]
+          "--epochs", "1", "--max-steps", "3", "--no-progress", "--seed", "5"]
 # AlexNet's layout with a 256-wide classifier (small_alexnet: hybrid splits it all the same,
 # without 57M parameters to train and save): 2 steps at 64 px on synthetic data. No dropout:
 # replica threads on the CPU draw masks from the one global generator in the order they run

@@ -159,7 +159,7 @@ atexit.register(lambda: open(f"{_path}.{os.getpid()}", "w").close())
 """
 
 
-@pytest.mark.timeout(600)  # 4 torchrun jobs: minutes on a busy 2-core machine
+@pytest.mark.timeout(600)  # 2 torchrun jobs: minutes on a busy 2-core machine
 def test_bench_torchrun_phase_succeeds_and_its_workers_skip_finalization(tmp_path, monkeypatch):
     """The bench's torchrun phase once aborted or hung at teardown about one run in four
     (issue 11: rank 1's SIGABRT, "terminate called without an active exception", when gloo's
@@ -180,7 +180,7 @@ def test_bench_torchrun_phase_succeeds_and_its_workers_skip_finalization(tmp_pat
     config = BenchConfig(arch="cifar_resnet20", strategies="single,ddp", devices="cpu:2",
                          baselines="none", batch_size=4, steps=1, warmup=0, image_size=8,
                          dist_timeout=200, threads=1)
-    for attempt in range(4):
+    for attempt in range(2):  # the probe fails on every round; stress_mp.sh hunts rarer races
         (result,) = distributed_phase(config, [Entry("ddp")])
         assert result["status"] == "ok", (attempt, result.get("reason"))
         ended = sorted(p.name.split(".")[0] for p in finalized.iterdir())
