@@ -3,11 +3,13 @@
 # ROUNDS times; odd rounds run beside two busy CPU loops. A flaky multi-process test is a
 # defect: this is how we look for one. Usage: scripts/stress_mp.sh [ROUNDS] (default 10).
 # Prints one line per round and the failing tests; logs go to $LOGS (default /tmp/stress_mp).
+# WORKERS=2 runs each round in two pytest-xdist workers, as `make test` does (default 0: one).
 set -u
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-10}
 LOGS=${LOGS:-/tmp/stress_mp}
 PY=${PY:-.venv/bin/python}
+WORKERS=${WORKERS:-0}
 mkdir -p "$LOGS"
 failed=0
 for i in $(seq 1 "$ROUNDS"); do
@@ -15,7 +17,7 @@ for i in $(seq 1 "$ROUNDS"); do
   if [ $((i % 2)) -eq 1 ]; then
     for _ in 1 2; do timeout 3600 "$PY" -c "while True: pass" & busy+=($!); done
   fi
-  timeout 2400 "$PY" -m pytest -q -p no:cacheprovider -m distributed > "$LOGS/round$i.log" 2>&1
+  timeout 2400 "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" -m distributed > "$LOGS/round$i.log" 2>&1
   rc=$?
   [ ${#busy[@]} -gt 0 ] && kill "${busy[@]}" 2>/dev/null
   [ $rc -ne 0 ] && failed=$((failed + 1))
