@@ -10,12 +10,13 @@ TORCH  ?= torch==2.13.0
 
 .PHONY: demo test install clean bench gpu-check
 
+# pip --no-compile, then compileall: bytecode on all cores instead of pip's one (about 20 s
+# less); '-': a file that does not compile only goes without bytecode, as it would under pip
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q --no-compile "$(TORCH)"
+	$(BIN)/python -c "import torch" 2>/dev/null || \
+		$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
 	$(BIN)/python -m pip install -q --no-compile -e '.[dev]'
-	@# bytecode on all cores instead of pip's one (half a minute less); a file it cannot
-	@# compile is only compiled, or not, at its first import
 	-$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib
 	touch $(STAMP)
 

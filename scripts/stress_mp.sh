@@ -17,7 +17,8 @@ for i in $(seq 1 "$ROUNDS"); do
   if [ $((i % 2)) -eq 1 ]; then
     for _ in 1 2; do timeout 3600 "$PY" -c "while True: pass" & busy+=($!); done
   fi
-  timeout 2400 "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" -m distributed > "$LOGS/round$i.log" 2>&1
+  timeout 2400 "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" -m distributed \
+    > "$LOGS/round$i.log" 2>&1
   rc=$?
   [ ${#busy[@]} -gt 0 ] && kill "${busy[@]}" 2>/dev/null
   [ $rc -ne 0 ] && failed=$((failed + 1))

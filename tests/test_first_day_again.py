@@ -314,8 +314,8 @@ def test_tandem_models_into_a_closed_pipe_ends_quietly():
     from conftest import cli_env
     # one model: its table's three lines are writes enough (the whole zoo costs seconds)
     proc = subprocess.Popen([sys.executable, "-m", "tandem", "models", "cifar_resnet20"],
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=cli_env(), text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
+                            text=True)
     proc.stdout.close()  # as `| head` does once it has its lines: every write meets EPIPE
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Broken" not in err, err

@@ -73,7 +73,7 @@ class _Figure:
 
 
 def _epochs(trainer, log: MetricsLog | None, records: list[dict],
-            board: TensorBoard | None, figure: "_Figure") -> None:
+            board: TensorBoard | None, figure: _Figure) -> None:
     """Epochs until ``epochs`` or ``max_steps``; then say where the best weights are."""
     cfg, pos = trainer.cfg, trainer.position
     max_steps = cfg.optim.max_steps
@@ -90,7 +90,7 @@ def _epochs(trainer, log: MetricsLog | None, records: list[dict],
 
 
 def _epoch(trainer, log: MetricsLog | None, records: list[dict],
-           board: TensorBoard | None, figure: "_Figure") -> bool:
+           board: TensorBoard | None, figure: _Figure) -> bool:
     """Train one epoch (or to ``--max-steps``), validate, save, log; True when stopped part-way.
     A stop request saves and raises :class:`Interrupted` instead of validating."""
     s, pos, stop = trainer.strategy, trainer.position, trainer.stop
@@ -144,7 +144,7 @@ def epoch_record(trainer, train: Meter, val: Meter, stopped: bool, seconds: floa
 
 
 def _write_row(trainer, log: MetricsLog, records: list[dict], board: TensorBoard | None,
-               figure: "_Figure", record: dict) -> None:
+               figure: _Figure, record: dict) -> None:
     """The main process's outputs of one epoch: the metrics row, figure, board and line."""
     cfg = trainer.cfg
     records.append(record)
