@@ -26,6 +26,7 @@ from PIL import Image
 from tandem.errors import UsageError
 
 from .decode import DECODER_ERRORS
+from .decode_stream import DecodeStream
 from .encoded import EncodedBatch, EncodedFolder, collate_encoded
 
 __all__ = ["DECODE_MODES", "resolve_decode", "decode_on", "nvjpeg_decode", "host_decode",
@@ -101,12 +102,20 @@ def crop_resize(image: torch.Tensor, job, size: int) -> torch.Tensor:
 
 class DeviceDecoder:
     """A worker's :class:`~tandem.data.encoded.EncodedBatch` to ``(N, 3, S, S)`` uint8 on
-    ``device``, with the labels (a substitute for a refused file brings its own)."""
+    ``device``, with the labels (a substitute for a refused file brings its own). On CUDA the
+    decode and crops run on a side stream (:mod:`.decode_stream`: why), ``stream``."""
 
-    def __init__(self, dataset: EncodedFolder, device: torch.device, decode=nvjpeg_decode):
+    def __init__(self, dataset: EncodedFolder, device: torch.device, decode=nvjpeg_decode,
+                 stream: DecodeStream | None = None):
         self.dataset, self.device, self.decode = dataset, torch.device(device), decode
+        self.stream = DecodeStream(self.device) if stream is None else stream
 
     def __call__(self, batch: EncodedBatch, labels: torch.Tensor):
+        with self.stream.decoding():
+            images, labels = self._made(batch, labels)
+        return self.stream.hand_over(images), labels
+
+    def _made(self, batch: EncodedBatch, labels: torch.Tensor):
         size, pieces = batch.size, [None] * batch.count
         if batch.crops is not None:  # the worker's own (CPU path): flipped already
             crops = batch.crops.to(self.device, non_blocking=True)
