@@ -4,7 +4,9 @@ Nothing is downloaded. Each image is 500x375 (ImageNet's most common size), save
 quality 90 with 4:2:0 chroma, like most photos. Its content mixes smooth colour fields,
 random shapes with hard edges and fine-grained texture, so that it compresses to about the
 size of an average ImageNet JPEG (about 100 KB) and decodes at a realistic cost: a flat image
-would decode unrealistically fast, pure noise unrealistically slowly.
+would decode unrealistically fast, pure noise unrealistically slowly. Each image is drawn
+from its own generator, seeded by (seed, class, index), so the tree is the same whichever
+number of processes (``--jobs``, default: every core) writes it.
 
     python benchmarks/make_jpegs.py runs/jpegs --classes 4 --per-class 64
     tandem bench --data runs/jpegs -j 1
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -47,16 +50,27 @@ def make_image(rng: np.random.Generator, width: int = WIDTH, height: int = HEIGH
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
 
 
-def write_tree(root: str, classes: int, per_class: int, seed: int = 0) -> int:
-    """Write ``root/class{c}/{i}.jpg``; returns the number of files written."""
-    rng = np.random.default_rng(seed)
+def _write_one(root: str, seed: int, c: int, i: int) -> None:
+    image = make_image(np.random.default_rng([seed, c, i]))
+    image.save(os.path.join(root, f"class{c}", f"{i:05d}.jpg"), quality=QUALITY,
+               subsampling="4:2:0")
+
+
+def write_tree(root: str, classes: int, per_class: int, seed: int = 0,
+               jobs: int | None = None) -> int:
+    """Write ``root/class{c}/{i}.jpg`` with ``jobs`` processes (default: every core);
+    returns the number of files written."""
     for c in range(classes):
-        folder = os.path.join(root, f"class{c}")
-        os.makedirs(folder, exist_ok=True)
-        for i in range(per_class):
-            make_image(rng).save(os.path.join(folder, f"{i:05d}.jpg"), quality=QUALITY,
-                                 subsampling="4:2:0")
-    return classes * per_class
+        os.makedirs(os.path.join(root, f"class{c}"), exist_ok=True)
+    todo = [(root, seed, c, i) for c in range(classes) for i in range(per_class)]
+    jobs = min(jobs or os.cpu_count() or 1, len(todo))
+    if jobs <= 1:
+        for args in todo:
+            _write_one(*args)
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            list(pool.map(_write_one, *zip(*todo), chunksize=8))
+    return len(todo)
 
 
 def main(argv=None) -> int:
@@ -65,8 +79,9 @@ def main(argv=None) -> int:
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--per-class", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=None, help="processes (default: every core)")
     args = p.parse_args(argv)
-    n = write_tree(args.out, args.classes, args.per_class, args.seed)
+    n = write_tree(args.out, args.classes, args.per_class, args.seed, args.jobs)
     print(f"wrote {n} JPEGs of {WIDTH}x{HEIGHT} (quality {QUALITY}) under {args.out}")
     return 0
 

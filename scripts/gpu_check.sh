@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# One command for a GPU machine (issue 30): every CUDA-marked test, then resnet50 at 224 px,
-# batch 256, through `tandem bench`, then the train loop fed from JPEGs it writes (issue 34);
-# one summary line per step (PASS/FAIL/SKIP, img/s) in
-# OUT/summary.txt, each bench's JSON next to it. About 8 minutes on one H100, compiles included.
+# One command for a GPU machine (issues 30 and 34): every CUDA-marked test, the train loop fed
+# from JPEGs it writes (CPU decode, and --decode gpu in fp16 and bf16), then resnet50 at 224 px,
+# batch 256, through `tandem bench`. One summary line per step (PASS/FAIL/SKIP, img/s) in
+# OUT/summary.txt, written as each step ends, with each bench's JSON and log next to it.
+# About 8 minutes on one H100, compiles included; BUDGET_S (default 540) bounds the whole:
+# each step runs under a timeout, and a step that no longer fits is a SKIP line. The steps run
+# in the order of what matters most (the compile, slowest, comes last).
 #
 #   scripts/gpu_check.sh [OUT]            (default OUT: runs/gpu_check)
 #   scripts/gpu_check.sh --dry-run [OUT]  (or CPU=1): the same steps, tiny, on the CPU
 #   (SKIP_TESTS=1 leaves out the tests' step)
 #
-# Needs only a CUDA torch (python3; pytest for the tests); torchvision, simplejpeg or Pillow
-# if present. Uses the repo's .venv if there is one, else python3 with PYTHONPATH=src; installs
-# nothing.
+# Needs only a CUDA torch (python3; pytest for the tests, pytest-xdist used if present);
+# torchvision, simplejpeg or Pillow if present. Uses the repo's .venv if there is one, else
+# python3 with PYTHONPATH=src; installs nothing.
 set -u
 cd "$(dirname "$0")/.."
 DRY=${CPU:-0}
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 OUT=${1:-runs/gpu_check}
+BUDGET=${BUDGET_S:-540}
 mkdir -p "$OUT"
 PY=python3
 [ -x .venv/bin/python ] && PY=.venv/bin/python
@@ -23,9 +27,11 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 SUMMARY="$OUT/summary.txt"
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 {
-  echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $COMMIT dry_run=$DRY"
+  echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $COMMIT dry_run=$DRY budget ${BUDGET}s"
   $PY -c "import torch; print('# torch', torch.__version__, 'device',
     torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')"
+  $PY -c "import torchvision; print('# torchvision', torchvision.__version__)" 2>/dev/null \
+    || echo "# torchvision: not installed (--decode gpu steps will say so)"
 } > "$SUMMARY"
 
 if [ "$DRY" = 1 ]; then  # the same steps, tiny, on the CPU (no autocast: bf16 needs AVX512-BF16)
@@ -37,34 +43,53 @@ else
   AMP16=(--amp --amp-dtype fp16 --channels-last); AMP_BF=(--amp --amp-dtype bf16 --channels-last)
 fi
 
-# name, then the command; a line per step in the summary
+# allowed NAME CAP: the seconds step NAME may take (CAP, or what is left of the budget);
+# prints nothing and writes a SKIP line when under 20 s are left.
+allowed() {
+  local left=$(( BUDGET - SECONDS ))
+  if [ "$left" -lt 20 ]; then
+    echo "SKIP $1: the budget (${BUDGET}s) is spent" >> "$SUMMARY"; return 1
+  fi
+  echo $(( left < $2 ? left : $2 ))
+}
+
 step_tests() {
-  local log="$OUT/cuda_tests.log"
+  local log="$OUT/cuda_tests.log" t
   if [ "${SKIP_TESTS:-0}" = 1 ]; then
     echo "SKIP cuda_tests: SKIP_TESTS=1" >> "$SUMMARY"; return
   fi
   if ! $PY -c "import pytest" 2>/dev/null; then
     echo "SKIP cuda_tests: pytest is not installed" >> "$SUMMARY"; return
   fi
-  local args=(-m cuda tests -q -p no:cacheprovider)
+  t=$(allowed cuda_tests 300) || return
+  local args=(-m cuda tests -q -p no:cacheprovider -rfEw)
   [ "$DRY" = 1 ] && args+=(--collect-only)
-  $PY -m pytest "${args[@]}" > "$log" 2>&1
+  $PY -c "import xdist" 2>/dev/null && [ "$DRY" = 0 ] && args+=(-n 4)
+  TANDEM_MEASURE_DIR="$OUT/measured" timeout -k 10 "$t" $PY -m pytest "${args[@]}" > "$log" 2>&1
   local rc=$? tail; tail=$(grep -E "passed|failed|error|skipped|selected|collected" "$log" | tail -1)
   if [ $rc = 0 ]; then echo "PASS cuda_tests: $tail" >> "$SUMMARY"
+  elif [ $rc = 124 ]; then echo "FAIL cuda_tests: timed out after ${t}s (see cuda_tests.log)" >> "$SUMMARY"
   else echo "FAIL cuda_tests (rc $rc): $tail (see cuda_tests.log)" >> "$SUMMARY"; fi
+  # what the tests measured (tests/conftest.py write_measured), a line each
+  for f in "$OUT"/measured/*.json; do
+    [ -e "$f" ] && echo "MEASURED $(basename "$f" .json): $(tr -d ' \n' < "$f")" >> "$SUMMARY"
+  done
 }
 
-bench() {  # bench NAME ARGS...: one tandem bench, its JSON, a summary line per contestant
-  local name=$1; shift
-  $PY -m tandem bench "${ARCH[@]}" "$@" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+bench() {  # bench NAME CAP ARGS...: one tandem bench, its JSON, a summary line per contestant
+  local name=$1 cap=$2 t; shift 2
+  t=$(allowed "$name" "$cap") || return
+  timeout -k 10 "$t" $PY -m tandem bench "${ARCH[@]}" "$@" --json "$OUT/$name.json" \
+    > "$OUT/$name.log" 2>&1
   local rc=$?
-  $PY - "$OUT/$name.json" "$name" "$rc" >> "$SUMMARY" <<'PYEOF'
+  $PY - "$OUT/$name.json" "$name" "$rc" "$t" >> "$SUMMARY" <<'PYEOF'
 import json, sys
-path, name, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path, name, rc, t = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 try:
     report = json.load(open(path))
 except (OSError, ValueError) as exc:
-    print(f"FAIL {name}: no report (rc {rc}; see {name}.log): {exc}")
+    why = f"timed out after {t}s" if rc == 124 else f"rc {rc}"
+    print(f"FAIL {name}: no report ({why}; see {name}.log): {exc}")
     raise SystemExit
 for r in report.get("results", []):
     ips = (r.get("images_per_sec") or {}).get("median")
@@ -76,50 +101,70 @@ PYEOF
 
 # Issue 34 ("Feed the GPU"): `tandem bench --data DIR -a ARCH` on JPEGs written here
 # (benchmarks/make_jpegs.py, 500x375): loader, step and the train loop fed by the loader
-# (fed), a line each, then fed / min(loader, step) against the issue's 0.95x (no target dry).
-step_fed() {
-  local name=fed_from_files jpegs="$OUT/jpegs" sizes fed
+# (fed), a line each, then fed's ratio against its target (none in a dry run):
+#   fed_NAME DECODE RATIO TARGET AMP...: RATIO is ratio (fed / min(loader, step)) or
+#   fed_vs_step.
+fed() {
+  local name=fed_$1 decode=$2 ratio=$3 target=$4 jpegs="$OUT/jpegs" sizes args t; shift 4
+  t=$(allowed "$name" 120) || return
   if [ "$DRY" = 1 ]; then
     sizes=(--classes 2 --per-class 6)
-    fed=(-a cifar_resnet20 --image-size 16 -b 4 -j 1 --steps 1 --warmup 0 --threads 1)
+    args=(-a cifar_resnet20 --image-size 16 -b 4 -j 1 --steps 1 --warmup 0 --threads 1)
   else
     local cores; cores=$(nproc); local workers=$(( cores > 3 ? cores - 2 : 1 ))
     sizes=(--classes 8 --per-class 250)
-    fed=(-a resnet50 --image-size 224 -b 256 -j "$workers" --steps 3 --warmup 1 "${AMP16[@]}")
+    args=(-a resnet50 --image-size 224 -b 256 -j "$workers" --steps 3 --warmup 1)
   fi
   [ -d "$jpegs" ] || $PY benchmarks/make_jpegs.py "$jpegs" "${sizes[@]}" > "$OUT/$name.log" 2>&1
-  $PY -m tandem bench --data "$jpegs" "${fed[@]}" --devices "$ONE" --json "$OUT/$name.json" \
-    >> "$OUT/$name.log" 2>&1
+  timeout -k 10 "$t" $PY -m tandem bench --data "$jpegs" "${args[@]}" "$@" --decode "$decode" \
+    --devices "$ONE" --json "$OUT/$name.json" >> "$OUT/$name.log" 2>&1
   local rc=$?
-  $PY - "$OUT/$name.json" "$name" "$rc" "$DRY" >> "$SUMMARY" <<'PYEOF'
+  $PY - "$OUT/$name.json" "$name" "$rc" "$DRY" "$ratio" "$target" "$t" >> "$SUMMARY" <<'PYEOF'
 import json, sys
-path, name, rc, dry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+path, name, rc, dry, key, target, t = sys.argv[1:]
+rc, dry, target = int(rc), dry == "1", float(target)
 try:
     report = json.load(open(path))
 except (OSError, ValueError) as exc:
-    print(f"FAIL {name}: no report (rc {rc}; see {name}.log): {exc}")
+    why = f"timed out after {t}s" if rc == 124 else f"rc {rc}"
+    print(f"FAIL {name}: no report ({why}; see {name}.log): {exc}")
     raise SystemExit
 rates = {r["name"]: r["images_per_sec"]["median"] for r in report["results"]}
 for n, ips in rates.items():
     print(f"PASS {name} {n}: {ips:.1f} img/s")
-ratio, target = report["ratio"], 0.95
-word = "PASS" if dry or ratio >= target else "FAIL"
-print(f"{word} {name} fed / min(loader, step): {ratio:.2f}x (fed {rates['fed']:.1f} img/s, "
-      f"the {report['limit']} is the limit; "
+what = "fed / min(loader, step)" if key == "ratio" else "fed / step"
+value = report[key]
+word = "PASS" if dry or value >= target else "FAIL"
+print(f"{word} {name} {what}: {value:.2f}x (fed {rates['fed']:.1f} img/s, decode on the "
+      f"{report['config']['decode']}, the {report['limit']} is the limit; "
       + ("dry run: no target)" if dry else f"target {target}x)"))
 PYEOF
 }
 
 step_tests
-bench fp16 --devices "$ONE" --strategies single --baselines bare --loop "${AMP16[@]}"
-bench bf16 --devices "$ONE" --strategies single --baselines bare --loop "${AMP_BF[@]}"
+# the CPU decoders against the step (issue 34 item 3), then nvJPEG (item 4), fp16 and bf16;
+# in a dry run --decode gpu cannot run: auto (the CPU) stands in, and bf16 is fp16 there
+fed cpu_decode cpu ratio 0.95 "${AMP16[@]}"
+if [ "$DRY" = 1 ]; then
+  fed gpu_decode auto fed_vs_step 0.9
+  echo "SKIP fed_gpu_decode_bf16: a dry run has no autocast (the fp16 step's twin)" >> "$SUMMARY"
+else
+  fed gpu_decode gpu fed_vs_step 0.9 "${AMP16[@]}"
+  fed gpu_decode_bf16 gpu fed_vs_step 0.9 "${AMP_BF[@]}"
+fi
+bench fp16 60 --devices "$ONE" --strategies single --baselines bare --loop "${AMP16[@]}"
+if [ "$DRY" = 1 ]; then
+  echo "SKIP bf16: a dry run has no autocast (the fp16 bench's twin)" >> "$SUMMARY"
+else
+  bench bf16 60 --devices "$ONE" --strategies single --baselines bare --loop "${AMP_BF[@]}"
+fi
+bench dp 90 --devices "$TWO" --strategies single,dp --baselines bare "${AMP16[@]}"
 if [ "$DRY" = 1 ]; then
   echo "SKIP compile: --compile is not dry-run on the CPU (minutes of C++ compilation)" >> "$SUMMARY"
 else
-  bench compile --devices "$ONE" --strategies single --baselines bare --compile "${AMP16[@]}"
+  bench compile 200 --devices "$ONE" --strategies single --baselines bare --compile "${AMP16[@]}"
 fi
-bench dp --devices "$TWO" --strategies single,dp --baselines bare "${AMP16[@]}"
-step_fed
+echo "# done in ${SECONDS}s" >> "$SUMMARY"
 
 cat "$SUMMARY"
 ! grep -q "^FAIL" "$SUMMARY"

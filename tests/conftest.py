@@ -196,3 +196,15 @@ def snapshot(run) -> dict:
     """Every file under the run directory ``run`` (``tb/`` too): its bytes and mtime."""
     return {str(p.relative_to(run)): (p.read_bytes(), p.stat().st_mtime_ns)
             for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def write_measured(name: str, figures: dict) -> None:
+    """A measuring test's figures as ``NAME.json`` in ``$TANDEM_MEASURE_DIR`` when it is set
+    (scripts/gpu_check.sh sets it and quotes them in its summary); else nothing."""
+    where = os.environ.get("TANDEM_MEASURE_DIR")
+    if where:
+        import json
+
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, f"{name}.json"), "w") as f:
+            json.dump(figures, f, indent=1)

@@ -7,6 +7,9 @@ import json
 import pytest
 from conftest import make_image_folder, run_in_process
 
+from tandem.bench import fed
+from tandem.data.device_decode import DeviceDecoded, host_decode
+
 pytestmark = pytest.mark.slow
 
 
@@ -36,7 +39,48 @@ def test_fed_races_loader_and_step_and_reports_the_ratio(tmp_path):
     assert report["fed_vs_step"] == pytest.approx(rate["fed"] / rate["step"])
     config = report["config"]
     assert (config["workers"], config["batch_size"], config["image_size"]) == (1, 4, 16)
+    assert config["decode"] == "cpu"  # --decode auto on the CPU
     table = result.stdout
     assert f"fed / min(loader, step): {report['ratio']:.2f}x (the {limit} is the limit" in table
     for name in rows:
         assert any(line.startswith(name + " ") for line in table.splitlines()), name
+
+
+def test_fed_with_decode_gpu_decodes_in_the_loader_and_fed_passes(tmp_path, monkeypatch):
+    """`--decode gpu`'s path (the decode injected: Pillow on the host, the rest on the CPU
+    device, as tests/test_decode_gpu_path.py runs it): every batch of the loader and fed
+    passes is made by the main process's decoder, and the report says gpu."""
+    data = make_image_folder(tmp_path / "jpegs", per_class=5, size=40)
+    decoded = []
+
+    def counting(files, device):
+        decoded.append(len(files))
+        return host_decode(files, device)
+
+    def on_cpu(data, mode, device):
+        assert mode == "gpu"
+        train, val, info = data
+        return DeviceDecoded(train, "cpu", counting), val, info
+
+    monkeypatch.setattr(fed, "decode_on", on_cpu)
+    out = tmp_path / "fed.json"
+    result = run_in_process("bench", "--data", data, "-a", "cifar_resnet20", "--image-size",
+                            "16", "-b", "4", "-j", "1", "--steps", "1", "--warmup", "0",
+                            "--decode", "gpu", "--json", out)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["config"]["decode"] == "gpu" and "decode on the gpu" in result.stdout
+    # 12 training images: one batch for the step's, then a loader pass and a fed pass
+    assert sum(decoded) == 4 + 12 + 12 and max(decoded) == 4, decoded
+    assert all(r["images_per_sec"]["median"] > 0 for r in report["results"])
+
+
+def test_decode_flags_that_cannot_run_here_are_one_line(tmp_path):
+    data = make_image_folder(tmp_path / "jpegs", per_class=5, size=40)
+    fed_run = run_in_process("bench", "--data", data, "-a", "cifar_resnet20", "--image-size",
+                             "16", "-b", "4", "--decode", "gpu", "--devices", "cpu")
+    loader_run = run_in_process("bench", "--data", data, "--decode", "cpu")
+    for done in (fed_run, loader_run):
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "--decode gpu needs a CUDA device" in fed_run.stderr
+    assert "--decode is the fed race's" in loader_run.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its functions pickle by name (make_jpegs' processes)
     spec.loader.exec_module(module)
     return module
 
@@ -76,6 +78,18 @@ def test_make_jpegs_writes_real_size_jpegs(tmp_path):
         with Image.open(f) as img:
             assert (img.format, img.size, img.mode) == ("JPEG", (500, 375), "RGB")
         assert 40_000 < f.stat().st_size < 200_000  # about a photo's size at quality 90
+
+
+def test_make_jpegs_writes_the_same_tree_whatever_the_processes(tmp_path):
+    make_jpegs = _load("make_jpegs")
+    for jobs in ("1", "2"):
+        make_jpegs.main([str(tmp_path / jobs), "--classes", "2", "--per-class", "2", "--jobs",
+                         jobs])
+    one, two = (sorted((tmp_path / j).rglob("*.jpg")) for j in ("1", "2"))
+    assert len(one) == 4 and [f.relative_to(tmp_path / "1") for f in one] == \
+        [f.relative_to(tmp_path / "2") for f in two]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, two))
+    assert len({f.read_bytes() for f in one}) == 4  # each image its own
 
 
 def test_jpeg_decoders_script_runs_every_way(tmp_path, capsys):

@@ -47,7 +47,8 @@ def test_every_config_field_has_exactly_one_flag():
 def test_the_flags_are_the_ones_it_had_plus_the_fields_that_had_none():
     flags = {s for a in _bench_parser()._actions for s in a.option_strings}
     added_since = {"--handicap", "--variants",  # issues 22 and 24's fields, derived alike
-                   "--loop", "-p", "--print-freq"}
+                   "--loop", "-p", "--print-freq",
+                   "--decode"}  # issue 34: the fed race's decoder, tandem train's flag
     assert flags == _FLAGS_BEFORE | {"--lr", "--no-cudnn-benchmark"} | added_since
 
 

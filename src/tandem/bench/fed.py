@@ -27,6 +27,7 @@ from dataclasses import replace
 import torch
 
 from tandem.data import loader as loader_module
+from tandem.data.device_decode import DeviceDecoded, decode_on
 from tandem.data.imagefolder import load_imagefolder
 from tandem.data.loader import batches_per_epoch
 
@@ -71,7 +72,8 @@ def _trainer(config, train, num_classes: int, workers: int):
 
 def _loader_pass(trainer, epoch: int) -> tuple[float, float, int, int]:
     """Wall seconds, first-batch seconds, images and first-batch images of one pass over
-    the trainer's own training loader (the fed pass's workers)."""
+    the trainer's own training loader (the fed pass's workers; with ``--decode gpu``, the
+    device's decode too, synchronised before the clock stops)."""
     loader = trainer.loader(trainer.train_set, train=True, epoch=epoch)
     images, first, first_images = 0, None, 0
     start = clock()
@@ -79,6 +81,7 @@ def _loader_pass(trainer, epoch: int) -> tuple[float, float, int, int]:
         images += batch.shape[0]
         if first is None:
             first, first_images = clock() - start, batch.shape[0]
+    synchronize(trainer.strategy.devices)
     return clock() - start, first, images, first_images
 
 
@@ -137,14 +140,16 @@ def _race(trainer, batch, rounds: int, warmup: int) -> dict[str, dict[str, list[
 
 
 def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
-                  warmup: int = 1) -> dict:
+                  warmup: int = 1, decode: str = "cpu") -> dict:
     """Race ``loader``, ``step`` and ``fed`` (module doc) on ``data``'s training split with
     ``config`` (a :class:`~.config.BenchConfig`: arch, first device, batch, image size, amp,
-    channels-last, lr, seed, threads); ``ratio`` is ``fed / min(loader, step)``."""
+    channels-last, lr, seed, threads); ``ratio`` is ``fed / min(loader, step)``. ``decode``
+    is ``tandem train``'s ``--decode``: with gpu, ``loader`` and ``fed`` decode on the device."""
     root = bench_root(data, workers=(workers, 0), rounds=(rounds, 1), warmup=(warmup, 0))
     size = config.image_size
     train, _, info = load_imagefolder(root, augment="imagenet", image_size=size,
                                       splits=("train",))
+    train = decode_on((train, None, info), decode, config.device_list[0])[0]
     threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -176,6 +181,7 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     slower = min(("loader", "step"), key=lambda n: statistics.median(rates[n]))
     settings = {"data": str(root), "arch": config.arch, "device": str(config.device_list[0]),
                 "image_size": size, "batch_size": config.batch_size, "workers": workers,
+                "decode": "gpu" if isinstance(train, DeviceDecoded) else "cpu",
                 "prefetch": loader_module.PREFETCH, "rounds": rounds, "warmup": warmup,
                 "seed": config.seed, "amp": config.amp, "amp_dtype": config.amp_dtype,
                 "channels_last": config.channels_last, "torch_threads": used_threads}
@@ -192,7 +198,7 @@ def format_fed_table(report: dict) -> str:
     c, m = report["config"], report["machine"]
     lines = [f"tandem bench --data -a {c['arch']}: {c['data']}, {report['results'][0]['images']} "
              f"images, {c['image_size']}x{c['image_size']}, batch {c['batch_size']}, "
-             f"-j {c['workers']}, {c['device']}, {c['torch_threads']} torch threads, "
+             f"-j {c['workers']}, decode on the {c['decode']}, {c['device']}, {c['torch_threads']} torch threads, "
              f"{c['rounds']} timed passes after {c['warmup']} warm-up; torch {m['torch']}, "
              f"{m['cpu_count']} CPUs, {m['date_utc']}",
              f"{'contestant':<11} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'start-up s':>10} "

@@ -11,6 +11,7 @@ Example::
         --baselines none --variants fp32,cl,amp,amp+cl --compile  # bf16 and NHWC on the CPU
     tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json  # input pipeline
     tandem bench --data runs/jpegs -a resnet18 --image-size 64 -b 32 -j 1  # fed vs unfed
+    tandem bench --data runs/jpegs -a resnet50 -b 256 -j 14 --devices cuda --amp --decode gpu
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       help="an ImageFolder directory: time tandem's input pipeline on it, next "
                            "to a torchvision-style Pillow reference; with --arch, race the "
                            "train loop fed by it (fed) against the loader and the step alone")
-    add_config_arguments(data, DataConfig, only=("workers",))
+    add_config_arguments(data, DataConfig, only=("workers", "decode"))
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write every field as JSON to PATH ('-' for stdout)")
     p.add_argument("--explain", action="store_true",
@@ -54,6 +55,9 @@ def _run_data(args: argparse.Namespace) -> int:
 
     # --steps and --warmup count passes here; not given, run_loader_bench's defaults apply.
     given = given_fields(args)
+    if "decode" in given:
+        raise UsageError("--decode is the fed race's (--data DIR with -a ARCH): the loader "
+                         "bench alone decodes on the CPU")
     passes = {key: getattr(args, name) for key, name in (("rounds", "steps"),
                                                          ("warmup", "warmup")) if name in given}
     if args.image_size:
@@ -79,7 +83,8 @@ def _run_fed(args: argparse.Namespace) -> int:
     given = given_fields(args)
     passes = {key: getattr(args, name) for key, name in (("rounds", "steps"),
                                                          ("warmup", "warmup")) if name in given}
-    report = run_fed_bench(config, args.data, workers=args.workers, **passes)
+    report = run_fed_bench(config, args.data, workers=args.workers, decode=args.decode,
+                           **passes)
     print(format_fed_table(report), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         write_json(report, args.json)
