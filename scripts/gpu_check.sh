@@ -63,13 +63,18 @@ step_tests() {
   fi
   t=$(allowed cuda_tests 300) || return
   # a test module that cannot import here (a missing optional package) costs only itself
-  local args=(-m cuda tests -q -p no:cacheprovider -rfEw --continue-on-collection-errors)
+  # -v: a line per test as it ends, so a run cut by the timeout still says what it saw
+  local args=(-m cuda tests -v -p no:cacheprovider -rfEw --continue-on-collection-errors)
   [ "$DRY" = 1 ] && args+=(--collect-only)
   $PY -c "import xdist" 2>/dev/null && [ "$DRY" = 0 ] && args+=(-n 4)
   TANDEM_MEASURE_DIR="$OUT/measured" timeout -k 10 "$t" $PY -m pytest "${args[@]}" > "$log" 2>&1
-  local rc=$? tail; tail=$(grep -E "passed|failed|error|skipped|selected|collected" "$log" | tail -1)
+  local rc=$? tail seen
+  tail=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)|tests? collected" "$log" | tail -1 \
+    | sed -E "s/^=+ //; s/ =+$//")
+  seen="$(grep -c " PASSED" "$log") passed, $(grep -c -E " (FAILED|ERROR)" "$log") failed so far"
   if [ $rc = 0 ]; then echo "PASS cuda_tests: $tail" >> "$SUMMARY"
-  elif [ $rc = 124 ]; then echo "FAIL cuda_tests: timed out after ${t}s (see cuda_tests.log)" >> "$SUMMARY"
+  elif [ $rc = 124 ]; then
+    echo "FAIL cuda_tests: timed out after ${t}s, $seen (see cuda_tests.log)" >> "$SUMMARY"
   else echo "FAIL cuda_tests (rc $rc): $tail (see cuda_tests.log)" >> "$SUMMARY"; fi
   # what the tests measured (tests/conftest.py write_measured), a line each
   for f in "$OUT"/measured/*.json; do
