@@ -3,7 +3,7 @@
 # from JPEGs it writes (CPU decode, and --decode gpu in fp16 and bf16), then resnet50 at 224 px,
 # batch 256, through `tandem bench`. One summary line per step (PASS/FAIL/SKIP, img/s) in
 # OUT/summary.txt, written as each step ends, with each bench's JSON and log next to it.
-# About 8 minutes on one H100, compiles included; BUDGET_S (default 540) bounds the whole:
+# At most 8 minutes on one H100, compiles included: BUDGET_S (default 480) bounds the whole:
 # each step runs under a timeout, and a step that no longer fits is a SKIP line. The steps run
 # in the order of what matters most (the compile, slowest, comes last).
 #
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 DRY=${CPU:-0}
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 OUT=${1:-runs/gpu_check}
-BUDGET=${BUDGET_S:-540}
+BUDGET=${BUDGET_S:-480}
 mkdir -p "$OUT"
 PY=python3
 [ -x .venv/bin/python ] && PY=.venv/bin/python
