@@ -68,6 +68,19 @@ def overflows_in_eval(num_classes, in_channels):
     return OverflowsInEval(num_classes, in_channels)
 
 
+class HugeInEval(Net):
+    """``Net`` whose eval logits are scaled past fp16's 65504 inside the model (so under fp16
+    autocast they overflow there, as early BatchNorm statistics made resnet50's do)."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out if self.training else out * 1e6
+
+
+def huge_in_eval(num_classes, in_channels):
+    return HugeInEval(num_classes, in_channels)
+
+
 class SmoothNet(nn.Module):
     """``Net`` with tanh and average pooling: no ReLU or max-pool threshold for float32 rounding
     to cross, so a float32 run's distance from float64 measures rounding alone."""
