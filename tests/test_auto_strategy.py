@@ -268,3 +268,21 @@ def test_one_device_is_single_without_a_race(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "no race: one candidate" in result.stdout
     assert "chosen: single: the only candidate" in result.stdout
+
+
+@pytest.mark.cuda
+def test_auto_races_on_cuda_and_records_its_choice(tmp_path):
+    """The race's clock on a GPU (synchronised), two replicas on one device: it runs, the
+    choice is one of the raced rows, and the run trains with it."""
+    out = tmp_path / "run"
+    result = run_in_process("train", "-a", "own_model:make_net", "--data", "own_model:pairs",
+                            "-b", "8", "--epochs", "1", "--max-steps", "2", "--no-progress",
+                            "--strategy", "auto", "--auto-steps", "2", "--devices", "cuda:0,0",
+                            "--out", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert raced(result.stdout) == 1
+    config = json.loads((out / "config.json").read_text())
+    auto_record = config["resolved"]["auto"]
+    assert config["parallel"]["strategy"] == auto_record["choice"]
+    assert auto_record["choice"] in {row["name"] for row in auto_record["table"]}, auto_record
+    assert (out / "checkpoint.pt").exists()
