@@ -69,8 +69,8 @@ step_tests() {
   $PY -c "import xdist" 2>/dev/null && [ "$DRY" = 0 ] && args+=(-n 4)
   TANDEM_MEASURE_DIR="$OUT/measured" timeout -k 10 "$t" $PY -m pytest "${args[@]}" > "$log" 2>&1
   local rc=$? tail seen
-  tail=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)|tests? collected" "$log" | tail -1 \
-    | sed -E "s/^=+ //; s/ =+$//")
+  local counts="[0-9]+ (passed|failed|errors?|skipped|deselected)|tests? collected"
+  tail=$(grep -E "$counts" "$log" | tail -1 | sed -E "s/^=+ //; s/ =+$//")
   seen="$(grep -c " PASSED" "$log") passed, $(grep -c -E " (FAILED|ERROR)" "$log") failed so far"
   if [ $rc = 0 ]; then echo "PASS cuda_tests: $tail" >> "$SUMMARY"
   elif [ $rc = 124 ]; then
@@ -166,7 +166,8 @@ else
 fi
 bench dp 90 --devices "$TWO" --strategies single,dp --baselines bare "${AMP16[@]}"
 if [ "$DRY" = 1 ]; then
-  echo "SKIP compile: --compile is not dry-run on the CPU (minutes of C++ compilation)" >> "$SUMMARY"
+  echo "SKIP compile: --compile is not dry-run on the CPU (minutes of C++ compilation)" \
+    >> "$SUMMARY"
 else
   bench compile 200 --devices "$ONE" --strategies single --baselines bare --compile "${AMP16[@]}"
 fi

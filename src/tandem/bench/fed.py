@@ -198,7 +198,8 @@ def format_fed_table(report: dict) -> str:
     c, m = report["config"], report["machine"]
     lines = [f"tandem bench --data -a {c['arch']}: {c['data']}, {report['results'][0]['images']} "
              f"images, {c['image_size']}x{c['image_size']}, batch {c['batch_size']}, "
-             f"-j {c['workers']}, decode on the {c['decode']}, {c['device']}, {c['torch_threads']} torch threads, "
+             f"-j {c['workers']}, decode on the {c['decode']}, {c['device']}, "
+             f"{c['torch_threads']} torch threads, "
              f"{c['rounds']} timed passes after {c['warmup']} warm-up; torch {m['torch']}, "
              f"{m['cpu_count']} CPUs, {m['date_utc']}",
              f"{'contestant':<11} {'img/s':>8} {'IQR':>7} {'min..max':>15} {'start-up s':>10} "
