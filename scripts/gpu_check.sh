@@ -82,27 +82,41 @@ step_tests() {
   done
 }
 
+# report NAME RC SECONDS [KEY TARGET]: NAME.json's summary lines, a line per contestant (FAIL
+# where its status is not ok), then with KEY its report[KEY] ratio against TARGET (no target
+# in a dry run); a missing report is one FAIL line saying why
+report() {
+  $PY - "$OUT/$1.json" "$@" "$DRY" >> "$SUMMARY" <<'PYEOF'
+import json, sys
+path, name, rc, t, *ratio, dry = sys.argv[1:]
+try:
+    report = json.load(open(path))
+except (OSError, ValueError) as exc:
+    why = f"timed out after {t}s" if rc == "124" else f"rc {rc}"
+    print(f"FAIL {name}: no report ({why}; see {name}.log): {exc}")
+    raise SystemExit
+for r in report.get("results", []):
+    ips = (r.get("images_per_sec") or {}).get("median")
+    word = "PASS" if r.get("status", "ok") == "ok" else "FAIL"
+    figure = f"{ips:.1f} img/s" if ips else r.get("reason", r.get("status"))
+    print(f"{word} {name} {r['name']}: {figure}")
+if ratio:
+    key, target, dry = ratio[0], float(ratio[1]), dry == "1"
+    rates = {r["name"]: r["images_per_sec"]["median"] for r in report["results"]}
+    what = "fed / min(loader, step)" if key == "ratio" else "fed / step"
+    word = "PASS" if dry or report[key] >= target else "FAIL"
+    print(f"{word} {name} {what}: {report[key]:.2f}x (fed {rates['fed']:.1f} img/s, decode on "
+          f"the {report['config']['decode']}, the {report['limit']} is the limit; "
+          + ("dry run: no target)" if dry else f"target {target}x)"))
+PYEOF
+}
+
 bench() {  # bench NAME CAP ARGS...: one tandem bench, its JSON, a summary line per contestant
   local name=$1 cap=$2 t; shift 2
   t=$(allowed "$name" "$cap") || return
   timeout -k 10 "$t" $PY -m tandem bench "${ARCH[@]}" "$@" --json "$OUT/$name.json" \
     > "$OUT/$name.log" 2>&1
-  local rc=$?
-  $PY - "$OUT/$name.json" "$name" "$rc" "$t" >> "$SUMMARY" <<'PYEOF'
-import json, sys
-path, name, rc, t = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-try:
-    report = json.load(open(path))
-except (OSError, ValueError) as exc:
-    why = f"timed out after {t}s" if rc == 124 else f"rc {rc}"
-    print(f"FAIL {name}: no report ({why}; see {name}.log): {exc}")
-    raise SystemExit
-for r in report.get("results", []):
-    ips = (r.get("images_per_sec") or {}).get("median")
-    word = "PASS" if r.get("status") == "ok" else "FAIL"
-    figure = f"{ips:.1f} img/s" if ips else r.get("reason", r.get("status"))
-    print(f"{word} {name} {r['name']}: {figure}")
-PYEOF
+  report "$name" $? "$t"
 }
 
 # Issue 34 ("Feed the GPU"): `tandem bench --data DIR -a ARCH` on JPEGs written here
@@ -124,27 +138,7 @@ fed() {
   [ -d "$jpegs" ] || $PY benchmarks/make_jpegs.py "$jpegs" "${sizes[@]}" > "$OUT/$name.log" 2>&1
   timeout -k 10 "$t" $PY -m tandem bench --data "$jpegs" "${args[@]}" "$@" --decode "$decode" \
     --devices "$ONE" --json "$OUT/$name.json" >> "$OUT/$name.log" 2>&1
-  local rc=$?
-  $PY - "$OUT/$name.json" "$name" "$rc" "$DRY" "$ratio" "$target" "$t" >> "$SUMMARY" <<'PYEOF'
-import json, sys
-path, name, rc, dry, key, target, t = sys.argv[1:]
-rc, dry, target = int(rc), dry == "1", float(target)
-try:
-    report = json.load(open(path))
-except (OSError, ValueError) as exc:
-    why = f"timed out after {t}s" if rc == 124 else f"rc {rc}"
-    print(f"FAIL {name}: no report ({why}; see {name}.log): {exc}")
-    raise SystemExit
-rates = {r["name"]: r["images_per_sec"]["median"] for r in report["results"]}
-for n, ips in rates.items():
-    print(f"PASS {name} {n}: {ips:.1f} img/s")
-what = "fed / min(loader, step)" if key == "ratio" else "fed / step"
-value = report[key]
-word = "PASS" if dry or value >= target else "FAIL"
-print(f"{word} {name} {what}: {value:.2f}x (fed {rates['fed']:.1f} img/s, decode on the "
-      f"{report['config']['decode']}, the {report['limit']} is the limit; "
-      + ("dry run: no target)" if dry else f"target {target}x)"))
-PYEOF
+  report "$name" $? "$t" "$ratio" "$target"
 }
 
 step_tests
