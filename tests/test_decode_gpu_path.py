@@ -50,16 +50,20 @@ def _fresh_warnings():
     imagefolder._warned.clear()
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("photos")
+def photo_tree(root, sizes):
+    """``root/{train,val}/c{0,1}/{i}.jpg``: textured photos of ``sizes[i]``, quality 90."""
     for split in ("train", "val"):
         for c in range(2):
             d = root / split / f"c{c}"
             d.mkdir(parents=True)
-            for i, (w, h) in enumerate(SIZES):
+            for i, (w, h) in enumerate(sizes):
                 photo(w, h, i + 10 * c).save(d / f"{i}.jpg", quality=90)
     return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return photo_tree(tmp_path_factory.mktemp("photos"), SIZES)
 
 
 def _sets(root, size):
@@ -69,6 +73,13 @@ def _sets(root, size):
 
 def _on_cpu(dataset):
     return DeviceDecoded(dataset, "cpu", host_decode)
+
+
+def _full_scale(dataset, i: int, sample, size: int) -> bool:
+    """Whether the CPU path makes ``sample`` (file ``i``'s crop) from a full-scale decode: a
+    val crop (resized whole), or a box that libjpeg's DCT scaling does not reduce."""
+    w, h = Image.open(dataset.samples[i][0]).size
+    return sample.resize is not None or reduction(w, h, sample.box, size, size) == 1
 
 
 def _one(dataset, key) -> torch.Tensor:
@@ -133,8 +144,7 @@ def test_pixels_agree_with_the_cpu_path_within_the_stated_bounds(folder, size):
             for i in range(len(dataset)):
                 key = (i, seed, 2)
                 sample = encoded[key][0]
-                w, h = Image.open(dataset.samples[i][0]).size
-                full = sample.resize is not None or reduction(w, h, sample.box, size, size) == 1
+                full = _full_scale(dataset, i, sample, size)
                 reduced += not full
                 diff = (dataset[key][0].int() - _one(encoded, key).int()).abs().float()
                 bound_max, bound_mean = (FULL_MAX, FULL_MEAN) if full else \
@@ -189,12 +199,7 @@ def _odd_files(root):
 def test_png_cmyk_and_corrupt_files_take_the_cpu_path_with_its_warning(tmp_path, caplog):
     """Each odd file's sample is made in the worker by the CPU path, bit for bit: PNG and CMYK
     decoded there, the unreadable ones warned about and replaced by the next file."""
-    root = tmp_path / "photos"
-    for c in range(2):
-        for i in range(2):
-            for split in ("train", "val"):
-                (root / split / f"c{c}").mkdir(parents=True, exist_ok=True)
-                photo(80, 60, 10 * c + i).save(root / split / f"c{c}" / f"{i}.jpg", quality=90)
+    root = photo_tree(tmp_path / "photos", [(80, 60)] * 2)
     where = _odd_files(root)
     train, _ = _sets(root, 24)
     encoded = _on_cpu(train)
@@ -353,9 +358,7 @@ def test_nvjpeg_on_cuda_is_within_the_gpu_bounds_of_the_cpu_path(folder):
                 for i in range(len(dataset)):
                     key = (i, seed, 2)
                     sample = encoded[key][0]
-                    w, h = Image.open(dataset.samples[i][0]).size
-                    full = sample.resize is not None or reduction(w, h, sample.box, size,
-                                                                  size) == 1
+                    full = _full_scale(dataset, i, sample, size)
                     batch, labels = collate_encoded([(sample, 0)], size=size)
                     gpu = decoder(batch, labels)[0][0].cpu()
                     diff = (dataset[key][0].int() - gpu.int()).abs().float()

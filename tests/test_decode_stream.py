@@ -14,19 +14,14 @@ from tandem.data.decode_stream import DecodeStream
 from tandem.data.device_decode import DeviceDecoded, DeviceDecoder, host_decode, nvjpeg_decode
 from tandem.data.encoded import collate_encoded
 
-from test_decode import photo
+from test_decode_gpu_path import photo_tree
 
 SIZES = [(500, 375), (375, 500), (640, 480), (333, 250)]
 
 
 def _folder(root, per_class=4):
-    for split in ("train", "val"):
-        for c in range(2):
-            d = root / split / f"c{c}"
-            d.mkdir(parents=True)
-            for i in range(per_class):
-                w, h = SIZES[i % len(SIZES)]
-                photo(w, h, i + 10 * c).save(d / f"{i}.jpg", quality=90)
+    """The training set of a :func:`photo_tree` with ``per_class`` photos of SIZES in turn."""
+    photo_tree(root, [SIZES[i % len(SIZES)] for i in range(per_class)])
     return load_dataset(str(root), augment="imagenet", image_size=64)[0]
 
 
