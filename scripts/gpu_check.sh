@@ -135,7 +135,9 @@ fed() {
     sizes=(--classes 8 --per-class 250)
     args=(-a resnet50 --image-size 224 -b 256 -j "$workers" --steps 3 --warmup 1)
   fi
-  [ -d "$jpegs" ] || $PY benchmarks/make_jpegs.py "$jpegs" "${sizes[@]}" > "$OUT/$name.log" 2>&1
+  # written aside and then renamed, under the step's timeout: a cut run leaves no half tree
+  [ -d "$jpegs" ] || { rm -rf "$jpegs.part" && timeout -k 10 "$t" $PY benchmarks/make_jpegs.py \
+    "$jpegs.part" "${sizes[@]}" > "$OUT/$name.log" 2>&1 && mv "$jpegs.part" "$jpegs"; }
   timeout -k 10 "$t" $PY -m tandem bench --data "$jpegs" "${args[@]}" "$@" --decode "$decode" \
     --devices "$ONE" --json "$OUT/$name.json" >> "$OUT/$name.log" 2>&1
   report "$name" $? "$t" "$ratio" "$target"
