@@ -251,6 +251,45 @@ def test_the_lock_is_held_while_the_run_writes(tmp_path, monkeypatch):
     assert seen == [os.getpid()] and not (tmp_path / "run" / "run.lock").exists()
 
 
+def test_another_rank_reading_the_lock_as_it_is_written_is_never_refused(tmp_path,
+                                                                        monkeypatch):
+    """CI saw a torchrun restart's rank 1 refused by rank 0's lock ("in use by process ? on
+    ?"): it read the file between its creation and its content. Every moment the lock is
+    written, rank 1 of the same launch looks, and must be let through. The negative control:
+    a lock of another launch, read the same way, is refused."""
+    from tandem.distributed.env import LAUNCH_ID_VAR
+    from tandem.train import runlock
+    from tandem.train.rundir import RunDir
+
+    run = RunDir(str(tmp_path / "run"))
+    monkeypatch.setenv(LAUNCH_ID_VAR, "launch-a")
+    real_dump, looks = json.dump, []
+
+    def rank1_looks(launch):
+        me = dict(runlock._me(), pid=os.getpid() + 1, launch=launch)
+        with monkeypatch.context() as m:
+            m.setattr(runlock, "_me", lambda: me)
+            try:
+                runlock.check_free(run)
+                looks.append("let through")
+            except UsageError as e:
+                looks.append(str(e))
+
+    def dump(obj, f, *args, **kwargs):  # rank 1 looks before and after each write
+        rank1_looks("launch-a")
+        real_dump(obj, f, *args, **kwargs)
+        f.flush()
+        rank1_looks("launch-a")
+
+    monkeypatch.setattr(json, "dump", dump)
+    with runlock.held(run):
+        assert looks and set(looks) == {"let through"}, looks
+        monkeypatch.setattr(json, "dump", real_dump)
+        rank1_looks("launch-b")  # another launch: refused, naming rank 0
+        assert f"in use by process {os.getpid()} on {socket.gethostname()}" in looks[-1]
+    assert not os.path.exists(run.path)  # no lock and no side file left: removed, as empty
+
+
 def test_fit_refuses_a_directory_in_use(run_copy):
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:

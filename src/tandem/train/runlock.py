@@ -82,24 +82,46 @@ def check_free(run: RunDir) -> None:
                      f"remove {run.lock_file})")
 
 
+def _create(run: RunDir, me: dict) -> bool:
+    """Create the lock whole, or return False when one exists. The content is written to a side
+    file first and hard-linked into place, so another rank never reads a lock half written (an
+    empty file would name no owner and be refused); where hard links are not supported, the
+    file is created exclusively and written."""
+    temp = f"{run.lock_file}.{me['pid']}"
+    with open(temp, "w", encoding="utf-8") as f:
+        json.dump(me, f)
+    try:
+        os.link(temp, run.lock_file)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links
+        try:
+            fd = os.open(run.lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(me, f)
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+
+
 def _take(run: RunDir, me: dict) -> str | None:
     """Write the lock; the line to say when an earlier owner's lock was taken over."""
-    try:
-        fd = os.open(run.lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        owner = _read(run) or {}
-        if not (_same_launch(owner, me) or _stale(owner, me)):
-            check_free(run)  # taken meanwhile: refuse, naming its owner
-        temp = f"{run.lock_file}.{me['pid']}"
-        with open(temp, "w", encoding="utf-8") as f:
-            json.dump(me, f)
-        os.replace(temp, run.lock_file)
-        if _same_launch(owner, me):
-            return None
-        return f"took over {run.lock_file} from {_who(owner)}, which has ended"
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    if _create(run, me):
+        return None
+    owner = _read(run) or {}
+    if not (_same_launch(owner, me) or _stale(owner, me)):
+        check_free(run)  # taken meanwhile: refuse, naming its owner
+    temp = f"{run.lock_file}.{me['pid']}"
+    with open(temp, "w", encoding="utf-8") as f:
         json.dump(me, f)
-    return None
+    os.replace(temp, run.lock_file)  # atomic: a reader sees the old owner or the new one
+    if _same_launch(owner, me):
+        return None
+    return f"took over {run.lock_file} from {_who(owner)}, which has ended"
 
 
 @contextlib.contextmanager
