@@ -224,6 +224,13 @@ def test_a_second_run_into_a_directory_in_use_is_refused(run_copy):
         owner.wait()
 
 
+def test_an_unreadable_lock_is_one_line_that_says_so(run_copy):
+    (run_copy / "run.lock").write_text("")  # e.g. a crash between creating and writing it
+    one_line_error(run_in_process("train", "--resume", run_copy, "--max-steps", "3"),
+                   "names no owner", f"remove {run_copy / 'run.lock'}")
+    assert (run_copy / "run.lock").read_text() == ""  # left for the user to judge
+
+
 def test_a_stale_lock_is_taken_over_and_said(run_copy):
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()

@@ -77,6 +77,9 @@ def check_free(run: RunDir) -> None:
     owner, me = _read(run), _me()
     if owner is None or _same_launch(owner, me) or _stale(owner, me):
         return
+    if not owner.get("pid"):
+        raise UsageError(f"run '{run.path}' has a {RunDir.LOCK} that names no owner (it cannot "
+                         f"be read); if no run writes there, remove {run.lock_file}")
     raise UsageError(f"run '{run.path}' is in use by {_who(owner)} (its {RunDir.LOCK}); wait "
                      f"for it to end, or choose another --out (if that process has ended, "
                      f"remove {run.lock_file})")
