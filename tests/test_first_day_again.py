@@ -224,6 +224,38 @@ def test_a_second_run_into_a_directory_in_use_is_refused(run_copy):
         owner.wait()
 
 
+def test_a_lock_written_in_two_steps_is_waited_for(tmp_path, monkeypatch):
+    """Where hard links are not supported the lock is created, then written: a rank that reads
+    it empty in between waits for its content instead of refusing (the writer here is a
+    thread that takes 0.3 s between the two)."""
+    import threading
+
+    from tandem.distributed.env import LAUNCH_ID_VAR
+    from tandem.train import runlock
+    from tandem.train.rundir import RunDir
+
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    monkeypatch.setenv(LAUNCH_ID_VAR, "launch-a")
+    owner = dict(runlock._me(), pid=os.getpid() + 1)  # rank 0 of the same launch
+    created = threading.Event()
+
+    def rank0():
+        with open(run.lock_file, "w", encoding="utf-8") as f:
+            created.set()
+            threading.Event().wait(0.3)
+            json.dump(owner, f)
+
+    writer = threading.Thread(target=rank0)
+    writer.start()
+    created.wait(10)
+    runlock.check_free(run)  # no UsageError: it read the content once written
+    writer.join(10)
+    monkeypatch.setenv(LAUNCH_ID_VAR, "launch-b")
+    with pytest.raises(UsageError, match=f"in use by process {owner['pid']}"):
+        runlock.check_free(run)  # the negative control: another launch is refused
+
+
 def test_an_unreadable_lock_is_one_line_that_says_so(run_copy):
     (run_copy / "run.lock").write_text("")  # e.g. a crash between creating and writing it
     one_line_error(run_in_process("train", "--resume", run_copy, "--max-steps", "3"),

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 
 from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun
 from tandem.errors import UsageError
@@ -75,6 +76,11 @@ def _who(owner: dict) -> str:
 def check_free(run: RunDir) -> None:
     """Refuse, in one line, a run into ``run`` while another run writes there."""
     owner, me = _read(run), _me()
+    for _ in range(20):  # unreadable: maybe being written where hard links are not supported
+        if owner != {}:
+            break
+        time.sleep(0.1)
+        owner = _read(run)
     if owner is None or _same_launch(owner, me) or _stale(owner, me):
         return
     if not owner.get("pid"):
@@ -85,14 +91,21 @@ def check_free(run: RunDir) -> None:
                      f"remove {run.lock_file})")
 
 
+def _side_file(run: RunDir, me: dict) -> str:
+    """Write ``me`` to a file beside the lock (named by host and pid, so no two processes that
+    share the directory write the same one) and return its path."""
+    temp = f"{run.lock_file}.{me['host']}.{me['pid']}"
+    with open(temp, "w", encoding="utf-8") as f:
+        json.dump(me, f)
+    return temp
+
+
 def _create(run: RunDir, me: dict) -> bool:
     """Create the lock whole, or return False when one exists. The content is written to a side
     file first and hard-linked into place, so another rank never reads a lock half written (an
     empty file would name no owner and be refused); where hard links are not supported, the
     file is created exclusively and written."""
-    temp = f"{run.lock_file}.{me['pid']}"
-    with open(temp, "w", encoding="utf-8") as f:
-        json.dump(me, f)
+    temp = _side_file(run, me)
     try:
         os.link(temp, run.lock_file)
         return True
@@ -118,10 +131,7 @@ def _take(run: RunDir, me: dict) -> str | None:
     owner = _read(run) or {}
     if not (_same_launch(owner, me) or _stale(owner, me)):
         check_free(run)  # taken meanwhile: refuse, naming its owner
-    temp = f"{run.lock_file}.{me['pid']}"
-    with open(temp, "w", encoding="utf-8") as f:
-        json.dump(me, f)
-    os.replace(temp, run.lock_file)  # atomic: a reader sees the old owner or the new one
+    os.replace(_side_file(run, me), run.lock_file)  # atomic: the old owner or the new one
     if _same_launch(owner, me):
         return None
     return f"took over {run.lock_file} from {_who(owner)}, which has ended"
