@@ -167,6 +167,7 @@ def test_a_ddp_run_resumed_without_launch_says_how(tmp_path):
                       "ddp", "--devices", "cpu", "--max-steps", "2", "--out", run,
                       timeout=240, PYTHONWARNINGS="ignore")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (run / "run.lock").exists()  # rank 0 took it, rank 1 let it be, and it is gone
     shutil.copytree(run, tmp_path / "copy")
     before = snapshot(run)
     line = refused("train", "--resume", run)
