@@ -136,6 +136,24 @@ def test_digits_split_is_fixed_stratified_and_disjoint(digits):
     assert np.array_equal(val2.images, val.images) and SPLIT_SEED == 0
 
 
+def test_digits_read_from_scikit_learn_s_file_equal_its_loader(monkeypatch):
+    """The bundled file read directly (no sklearn.datasets import) gives load_digits' arrays,
+    and where the file is not found, load_digits itself is used: the same arrays again."""
+    from tandem.data import digits as module
+
+    bunch = load_digits()
+    for found in (True, False):
+        if not found:
+            monkeypatch.setattr(module.os.path, "isfile", lambda path: False)
+        images, labels = module._bundled_digits()
+        assert images.shape == (1797, 8, 8) and labels.dtype == np.int64
+        assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)
+    monkeypatch.undo()
+    images, _ = module._bundled_digits()
+    images[0, 0, 0] += 1  # the negative control: a changed pixel is seen
+    assert not np.array_equal(images, bunch.images)
+
+
 def test_digits_normalised_and_val_not_augmented(digits):
     train, val, _ = digits
     xs = torch.stack([train[(i, 0, 0)][0] for i in range(0, len(train), 3)])

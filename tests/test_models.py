@@ -328,3 +328,19 @@ def test_torch_jit_script_matches_eager(name):
     x = torch.randn(2, 3, side, side)
     with torch.no_grad():
         torch.testing.assert_close(scripted(x), model(x))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "vgg11_bn", "cifar_resnet20"])
+def test_a_meta_build_skips_the_weight_init(name, monkeypatch):
+    """On the meta device there are no values to set, and torch's normal_ there imports
+    torch._dynamo (seconds per process): the init is skipped. A real build still runs it
+    (the negative control)."""
+    calls = []
+    real = nn.init.kaiming_normal_
+    monkeypatch.setattr(nn.init, "kaiming_normal_",
+                        lambda t, **kw: calls.append(t) or real(t, **kw))
+    with torch.device("meta"):
+        model = create_model(name, num_classes=3)
+    assert all(p.is_meta for p in model.parameters()) and calls == []
+    create_model(name, num_classes=3)
+    assert calls and not any(t.is_meta for t in calls)

@@ -7,6 +7,9 @@ digits are not mirror-symmetric.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 
 from tandem.errors import UsageError
@@ -38,20 +41,38 @@ class DigitsDataset(ImageDataset):
         return self.images[index], int(self.labels[index])
 
 
+def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``(images (1797, 8, 8) float64, labels int64)``.
+
+    Read from the file scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``: 64 pixels
+    and the label per row) without importing ``sklearn.datasets``, which takes about 1.8 s of
+    CPU in every process (each rank of a launch); its own loader is the fallback where that
+    file is not found as expected."""
+    spec = importlib.util.find_spec("sklearn")
+    places = list(spec.submodule_search_locations or []) if spec else []
+    for place in places:
+        path = os.path.join(place, "datasets", "data", "digits.csv.gz")
+        if os.path.isfile(path):
+            rows = np.loadtxt(path, delimiter=",")
+            if rows.shape == (1797, 65):
+                return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits  # imported here: scikit-learn is slow to import
+
+    bunch = load_digits()
+    return bunch.images, bunch.target.astype(np.int64)
+
+
 def load_digits_data(*, augment: str, image_size: int | None,
                      splits: tuple[str, ...] = SPLITS):
     """``(train, val, info)`` for the digits data at ``image_size`` (default 8); a split not
     in ``splits`` is None (both are in memory: the training images set the normalisation)."""
-    from sklearn.datasets import load_digits  # imported here: scikit-learn is slow to import
-
     size = 8 if image_size is None else image_size
     if not isinstance(size, int) or size < 1:
         raise UsageError(f"digits: image_size must be a positive int, got {image_size!r}")
-    bunch = load_digits()
-    images = bunch.images.astype(np.float32)[:, None] / 16.0
+    pixels, labels = _bundled_digits()
+    images = pixels.astype(np.float32)[:, None] / 16.0
     if size != 8:
         images = np.stack([resize_array(img, size) for img in images])
-    labels = bunch.target.astype(np.int64)
     train_idx, val_idx = stratified_split(labels.tolist(), VAL_FRACTION, SPLIT_SEED)
     train_images = images[train_idx]
     mean, std = float(train_images.mean()), float(train_images.std())

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from tandem.errors import UsageError
+from tandem.models.meta import on_meta
 
 __all__ = ["ResNetBuilder", "ResNet", "BasicBlock", "Bottleneck", "ZeroPadShortcut",
            "init_resnet"]
@@ -105,8 +106,11 @@ def init_resnet(model: nn.Module, zero_init_residual: bool = False) -> nn.Module
     """Kaiming-normal (fan_out, ReLU) convs; BN weight 1, bias 0; Linear keeps torch's default.
 
     With ``zero_init_residual`` the last BN of every residual block starts at weight 0, so each
-    block starts as the identity (Goyal et al. 2017). Returns ``model``.
+    block starts as the identity (Goyal et al. 2017). Returns ``model``, untouched when it
+    was built on the meta device (:mod:`.meta`).
     """
+    if on_meta(model):
+        return model
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -12,6 +12,7 @@ from torch import nn
 
 from tandem.models.registry import register_model
 from tandem.errors import UsageError
+from tandem.models.meta import on_meta
 
 __all__ = ["CFGS", "VGG", "make_features", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16",
            "vgg16_bn", "vgg19", "vgg19_bn"]
@@ -64,6 +65,8 @@ class VGG(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
+        if on_meta(self):  # shapes only: nothing to set (.meta)
+            return
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
