@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["build_figure", "plot_curves", "positions", "Schedule"]
 
@@ -75,6 +75,10 @@ def _schedule_line(ax, schedule: Schedule, records: list[dict], unit: str) -> No
 def build_figure(records: list[dict], title: str = "",
                  schedule: Schedule | None = None) -> Figure:
     """Three panels (loss, accuracy, learning rate) of ``records``, titled ``title``."""
+    # imported here: matplotlib takes about 0.7 s to import, and only the main process draws
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     xs, unit = positions(records)
     fig = Figure(figsize=(14, 4))
     ax_loss, ax_acc, ax_lr = fig.subplots(1, 3)
