@@ -73,14 +73,21 @@ def _who(owner: dict) -> str:
     return f"process {owner.get('pid', '?')} on {owner.get('host', '?')}"
 
 
-def check_free(run: RunDir) -> None:
-    """Refuse, in one line, a run into ``run`` while another run writes there."""
-    owner, me = _read(run), _me()
-    for _ in range(20):  # unreadable: maybe being written where hard links are not supported
+def _owner(run: RunDir) -> dict | None:
+    """The lock's owner as :func:`_read` gives it, waiting up to 2 s while the lock reads empty
+    (it may be being written, where hard links are not supported: :func:`_place`)."""
+    owner = _read(run)
+    for _ in range(20):
         if owner != {}:
             break
         time.sleep(0.1)
         owner = _read(run)
+    return owner
+
+
+def check_free(run: RunDir) -> None:
+    """Refuse, in one line, a run into ``run`` while another run writes there."""
+    owner, me = _owner(run), _me()
     if owner is None or _same_launch(owner, me) or _stale(owner, me):
         return
     if not owner.get("pid"):
@@ -91,21 +98,11 @@ def check_free(run: RunDir) -> None:
                      f"remove {run.lock_file})")
 
 
-def _side_file(run: RunDir, me: dict) -> str:
-    """Write ``me`` to a file beside the lock (named by host and pid, so no two processes that
-    share the directory write the same one) and return its path."""
-    temp = f"{run.lock_file}.{me['host']}.{me['pid']}"
-    with open(temp, "w", encoding="utf-8") as f:
-        json.dump(me, f)
-    return temp
-
-
-def _create(run: RunDir, me: dict) -> bool:
-    """Create the lock whole, or return False when one exists. The content is written to a side
-    file first and hard-linked into place, so another rank never reads a lock half written (an
-    empty file would name no owner and be refused); where hard links are not supported, the
-    file is created exclusively and written."""
-    temp = _side_file(run, me)
+def _place(run: RunDir, temp: str, me: dict) -> bool:
+    """Put the lock in place whole, or return False when one exists: ``temp`` (holding ``me``)
+    is hard-linked to it, so another rank never reads a lock half written (an empty file
+    would name no owner). Where hard links are not supported the lock is created exclusively
+    and then written (:func:`_owner` waits for its content)."""
     try:
         os.link(temp, run.lock_file)
         return True
@@ -119,22 +116,28 @@ def _create(run: RunDir, me: dict) -> bool:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(me, f)
         return True
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(temp)
 
 
 def _take(run: RunDir, me: dict) -> str | None:
-    """Write the lock; the line to say when an earlier owner's lock was taken over."""
-    if _create(run, me):
-        return None
-    owner = _read(run) or {}
-    if not (_same_launch(owner, me) or _stale(owner, me)):
-        check_free(run)  # taken meanwhile: refuse, naming its owner
-    os.replace(_side_file(run, me), run.lock_file)  # atomic: the old owner or the new one
-    if _same_launch(owner, me):
-        return None
-    return f"took over {run.lock_file} from {_who(owner)}, which has ended"
+    """Write the lock; the line to say when an earlier owner's lock was taken over. ``me`` is
+    written once, to a file beside the lock (named by host and pid, so no two processes that
+    share the directory write the same one), then linked or renamed into place."""
+    temp = f"{run.lock_file}.{me['host']}.{me['pid']}"
+    with open(temp, "w", encoding="utf-8") as f:
+        json.dump(me, f)
+    try:
+        if _place(run, temp, me):
+            return None
+        owner = _owner(run) or {}
+        if not (_same_launch(owner, me) or _stale(owner, me)):
+            check_free(run)  # taken meanwhile: refuse, naming its owner
+        os.replace(temp, run.lock_file)  # atomic: a reader sees the old owner or the new one
+        if _same_launch(owner, me):
+            return None
+        return f"took over {run.lock_file} from {_who(owner)}, which has ended"
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(temp)  # linked, or refused (a replaced one is gone already)
 
 
 @contextlib.contextmanager
