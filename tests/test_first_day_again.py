@@ -237,7 +237,9 @@ def test_a_lock_written_in_two_steps_is_waited_for(tmp_path, monkeypatch):
     run = RunDir(str(tmp_path / "run"))
     run.create()
     monkeypatch.setenv(LAUNCH_ID_VAR, "launch-a")
-    owner = dict(runlock._me(), pid=os.getpid() + 1)  # rank 0 of the same launch
+    # rank 0 of the same launch; a live process (the parent), so that the negative control
+    # below is refused for its launch, not let through as a stale lock of an ended pid
+    owner = dict(runlock._me(), pid=os.getppid())
     created = threading.Event()
 
     def rank0():
