@@ -1,24 +1,25 @@
 """The same command twice gives the same bits: a run's checkpoint (weights, buffers, optimizer,
-schedule and RNG state) against the same command run again beside two busy CPU loops, for every
-strategy with and without ``--sync-bn``.
+schedule and RNG state) against the same command run again, for every strategy with and without
+``--sync-bn``.
 
 Replica threads finish in an order that depends on timing; reductions over replicas (parameter
-gradients, SyncBN moments, averaged buffers, loss terms) must not. The config is digits, batch
-64, lr 0.05, 6 steps, where one different last bit grows about 500x per step. Control: the
-comparison sees a one-ulp change in one weight.
+gradients, SyncBN moments, averaged buffers, loss terms) must not. The threaded strategies run
+twice in forced, opposite orders (``forced_order``): replicas start, and meet at every
+rendezvous, in index order, then in reverse. `ddp` runs the second time beside two busy CPU
+loops. The config is digits, batch 64, lr 0.05, 3 steps, where one different last bit grows
+about 500x per step. Controls: the comparison sees a one-ulp change in one weight, and the two
+orders tell apart a rendezvous that reduces in arrival order.
 """
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import run_in_process
 from ddp_runs import launch_runs
 from exact import same_bits
+from forced_order import arrival_order_reductions, replicas_in_order
 
 pytestmark = pytest.mark.slow
 
@@ -32,18 +33,6 @@ ALEXNET = ["--data", "synthetic", "--synthetic-size", "24", "--image-size", "64"
            "--max-steps", "2", "--no-progress", "--seed", "5"]
 
 
-@contextlib.contextmanager
-def busy_loops(n: int = 2):
-    """``n`` processes spinning on the CPU for the duration (this machine has 2 cores)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(timeout=30)
-
-
 def _checkpoint(out) -> dict:
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     # wall-clock seconds of the partial epoch and the launch's id are not results (the run's
@@ -54,12 +43,14 @@ def _checkpoint(out) -> dict:
     return ckpt
 
 
-def _twice(run, tmp_path) -> list[str]:
-    run(tmp_path / "first")
-    first = _checkpoint(tmp_path / "first")
-    with busy_loops():
-        run(tmp_path / "second")
-    return same_bits(first, _checkpoint(tmp_path / "second"))
+def _in_both_orders(args, tmp_path, monkeypatch) -> list[str]:
+    """Train ``args`` with the replicas in index order, then in reverse order; the keys whose
+    bits differ between the two checkpoints."""
+    for name, reverse in (("first", False), ("second", True)):
+        with replicas_in_order(monkeypatch, reverse):
+            result = run_in_process("train", *args, "--out", tmp_path / name)
+        assert result.returncode == 0, result.stderr
+    return same_bits(_checkpoint(tmp_path / "first"), _checkpoint(tmp_path / "second"))
 
 
 THREADED = {
@@ -73,27 +64,26 @@ THREADED = {
 
 @pytest.mark.parametrize("sync_bn", [False, True], ids=["", "sync-bn"])
 @pytest.mark.parametrize("name", list(THREADED))
-def test_threaded_strategies_give_the_same_bits_twice(name, sync_bn, tmp_path):
-    args = [*DIGITS, *THREADED[name], *(["--sync-bn"] if sync_bn else [])]
-
-    def run(out):
-        result = run_in_process("train", *args, "--out", out)
-        assert result.returncode == 0, result.stderr
-
+def test_threaded_strategies_give_the_same_bits_twice(name, sync_bn, tmp_path, monkeypatch):
     # replica threads need a thread each: with 1 intra-op thread per replica, as in the CLI
-    assert _twice(run, tmp_path) == []
+    args = [*DIGITS, *THREADED[name], *(["--sync-bn"] if sync_bn else [])]
+    assert _in_both_orders(args, tmp_path, monkeypatch) == []
 
 
 @pytest.mark.parametrize("sync_bn", [False, True], ids=["", "sync-bn"])
-def test_hybrid_gives_the_same_bits_twice(sync_bn, tmp_path):
+def test_hybrid_gives_the_same_bits_twice(sync_bn, tmp_path, monkeypatch):
     args = [*ALEXNET, "--strategy", "hybrid", "--devices", "cpu:2",
             *(["--sync-bn"] if sync_bn else [])]
+    assert _in_both_orders(args, tmp_path, monkeypatch) == []
 
-    def run(out):
-        result = run_in_process("train", *args, "--out", out)
-        assert result.returncode == 0, result.stderr
 
-    assert _twice(run, tmp_path) == []
+def test_the_two_orders_tell_apart_a_reduction_in_arrival_order(tmp_path, monkeypatch):
+    """Negative control for the threaded tests: where SyncBN's rendezvous adds its replicas'
+    moments in the order they arrive, the two forced orders give other bits."""
+    args = [*DIGITS, *THREADED["dp cpu:3"], "--sync-bn", "--max-steps", "1"]
+    with arrival_order_reductions(monkeypatch):
+        differ = _in_both_orders(args, tmp_path, monkeypatch)
+    assert "/state_dict/fc.weight" in differ, differ
 
 
 @pytest.fixture(scope="module")
