@@ -193,3 +193,53 @@ def test_cuda_module_broadcast_between_cuda_replicas():
     x = torch.randn(3, 4)
     (replicas[1](x).sum() + replicas[0](x.cuda()).sum().cpu()).backward()
     assert net.blocks[0].weight.grad.is_cuda
+
+
+class _Comm:
+    """``torch.cuda.comm``'s reduce, on CPU tensors: the inputs' devices are given, and, as
+    torch does, a destination that holds none of the inputs is refused."""
+
+    def __init__(self, devices):
+        self.devices, self.destinations = devices, []
+
+    def reduce_add_coalesced(self, inputs, destination):
+        if destination not in [d.index for d in self.devices]:
+            raise RuntimeError("reduce_add expects destination to be on the same GPU with one "
+                               "of the tensors")
+        self.destinations.append(destination)
+        return [sum(column[1:], column[0].clone()) for column in zip(*inputs)]
+
+
+@pytest.mark.parametrize("home_has_a_copy", [False, True])
+def test_the_coalesced_gradient_reduce_lands_where_torch_allows(monkeypatch, home_has_a_copy):
+    """DataParallel on 3 GPUs: the home replica is the module itself, so the replica gradients
+    to add are on cuda:1 and cuda:2 only. Reducing them onto cuda:0 is refused by torch
+    ("reduce_add expects destination ..."): they are added on cuda:1, then moved. (CPU
+    tensors stand in for the devices' gradients; the fake refuses as torch does.)"""
+    from types import SimpleNamespace
+
+    from tandem.parallel import broadcast
+
+    gpus = [torch.device(f"cuda:{i}") for i in range(3)]
+    copies = gpus if home_has_a_copy else gpus[1:]
+    comm = _Comm(copies)
+    moved = []
+    monkeypatch.setattr(broadcast, "comm", comm)
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, device: moved.append(device) or t)
+    grads = [torch.full((2,), float(k + 1)) for k in range(len(copies))]  # 1 parameter
+    ctx = SimpleNamespace(source=gpus[0], devices=copies)
+    _, _, total = broadcast._Broadcast.backward(ctx, *grads)
+    assert torch.equal(total, torch.full((2,), float(sum(range(1, len(copies) + 1)))))
+    assert comm.destinations == [0 if home_has_a_copy else 1]
+    assert moved == ([] if home_has_a_copy else [gpus[0]])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="needs 3 GPUs")
+def test_dataparallel_on_three_gpus_gets_the_gradients_of_all_three():
+    net = nn.Linear(4, 3).cuda()
+    reference = copy.deepcopy(net)
+    x = torch.randn(9, 4, device="cuda")
+    DataParallel(net, device_ids=[0, 1, 2])(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    torch.testing.assert_close(net.weight.grad, reference.weight.grad)

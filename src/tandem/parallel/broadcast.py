@@ -74,10 +74,23 @@ class _Broadcast(torch.autograd.Function):
                 for device, rows in by_device.items()}
         targets = list(sums)
         if _coalesced(ctx.source, [d for d in targets if d != ctx.source]) and len(targets) > 1:
-            total = comm.reduce_add_coalesced([sums[d] for d in targets], _cuda_index(ctx.source))
+            # comm's reduce lands on a device that holds one of its inputs: the source's own,
+            # unless its replica is the module itself (no copy), then the first copy's
+            onto = reduce_destination(ctx.source, targets)
+            total = comm.reduce_add_coalesced([sums[d] for d in targets], _cuda_index(onto))
+            if onto != ctx.source:
+                total = [t.to(ctx.source) for t in total]
         else:
             total = [ordered_sum([sums[d][j] for d in targets], ctx.source) for j in range(n)]
         return (None, None) + tuple(total)
+
+
+def reduce_destination(source: torch.device, targets: list[torch.device]) -> torch.device:
+    """Where the coalesced reduce over ``targets`` (distinct CUDA devices) adds up:
+    ``torch.cuda.comm`` refuses a destination that holds none of its inputs, and the
+    parameters' own device holds none when its replica is the module itself (DataParallel's
+    home replica: 3 or more GPUs)."""
+    return source if source in targets else targets[0]
 
 
 def ordered_sum(tensors, device=None) -> torch.Tensor:
