@@ -15,8 +15,9 @@ from PIL import Image
 from conftest import run_in_process, write_measured
 from tandem.data import LoaderCache, imagefolder, imagenet_transforms, load_dataset, make_loader
 from tandem.data.decode import reduction
+from tandem.data import device_decode
 from tandem.data.device_decode import (DeviceDecoded, DeviceDecoder, decode_on, host_decode,
-                                       nvjpeg_decode, resolve_decode)
+                                       nvjpeg_decode, resample, resolve_decode)
 from tandem.data.encoded import Encoded, collate_encoded
 from tandem.errors import UsageError
 from tandem.train import run as run_module
@@ -341,6 +342,50 @@ def test_train_and_eval_run_the_gpu_path_on_the_cpu_device_with_a_worker(folder,
     assert np.isfinite(rows["gpu"]["val_loss"])
     assert abs(rows["gpu"]["train_loss"] - rows["cpu"]["train_loss"]) < 0.1, rows
     assert abs(val["gpu"] - val["cpu"]) < 0.01, val
+
+
+def _textured(height: int, width: int) -> torch.Tensor:
+    """A (3, H, W) uint8 photo stand-in: a smooth pattern plus noise."""
+    g = torch.Generator().manual_seed(0)
+    yy, xx = torch.meshgrid(torch.linspace(0, 1, height), torch.linspace(0, 1, width),
+                            indexing="ij")
+    base = 127 + 100 * torch.sin(20 * xx) * torch.cos(15 * yy)
+    noise = torch.randn(3, height, width, generator=g) * 30
+    return (base + noise).clamp(0, 255).to(torch.uint8)
+
+
+def _antialiased(image: torch.Tensor, size: int) -> torch.Tensor:
+    out = torch.nn.functional.interpolate(image[None].float(), size=(size, size),
+                                          mode="bilinear", antialias=True)
+    return out[0].round().clamp(0, 255).to(torch.uint8)
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_a_photo_many_times_the_size_is_block_averaged_first(monkeypatch, size):
+    """CUDA's antialiased resize refuses a downscale past about 90x (a 4000 px photo to 32):
+    past MAX_AA_SCALE the block average comes first, and the result stays within 1 level of
+    the one-pass resize (which the CPU can do)."""
+    image, seen = _textured(3000, 4000), []
+    real = device_decode.F.interpolate
+
+    def interpolate(x, size, **kwargs):
+        seen.append(max(x.shape[-2] / size[0], x.shape[-1] / size[1]))
+        return real(x, size=size, **kwargs)
+
+    monkeypatch.setattr(device_decode.F, "interpolate", interpolate)
+    out = resample(image, size, size)
+    monkeypatch.undo()
+    assert seen and max(seen) <= device_decode.MAX_AA_SCALE, seen
+    assert (out.int() - _antialiased(image, size).int()).abs().max() <= 1
+    assert torch.equal(resample(image[:, :640, :480], 32, 32),
+                       _antialiased(image[:, :640, :480], 32))  # under the bound: one pass
+
+
+@pytest.mark.cuda
+def test_a_large_downscale_on_cuda_runs_and_matches_the_cpu():
+    image = _textured(3000, 4000)
+    out = resample(image.cuda(), 32, 32).cpu()
+    assert (out.int() - resample(image, 32, 32).int()).abs().max() <= 1
 
 
 @pytest.mark.cuda

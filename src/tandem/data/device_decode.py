@@ -79,11 +79,24 @@ def host_decode(files: list[torch.Tensor], device: torch.device) -> list[torch.T
     return images
 
 
+# CUDA's antialiased kernel holds each output pixel's filter weights in shared memory and
+# refuses a downscale past about 90x ("Too much shared memory required"), e.g. a 4000 px photo
+# to --image-size 32: a larger one first averages whole blocks of pixels, which leaves at most
+# this factor to the antialiased pass (the box filter before it is what DCT scaling does on
+# the CPU path)
+MAX_AA_SCALE = 32
+
+
 def resample(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """``(3, h, w)`` uint8 to ``(3, height, width)`` uint8: bilinear with antialiasing, as
-    Pillow's resize (float32 on the device: CUDA's antialiased kernel takes no uint8)."""
-    out = F.interpolate(image[None].float(), size=(height, width), mode="bilinear",
-                        antialias=True, align_corners=False)
+    Pillow's resize (float32 on the device: CUDA's antialiased kernel takes no uint8); past
+    :data:`MAX_AA_SCALE` x smaller, block averages first."""
+    x = image[None].float()
+    blocks = (-(-x.shape[-2] // (height * MAX_AA_SCALE)), -(-x.shape[-1] // (width * MAX_AA_SCALE)))
+    if blocks != (1, 1):
+        x = F.avg_pool2d(x, blocks)
+    out = F.interpolate(x, size=(height, width), mode="bilinear", antialias=True,
+                        align_corners=False)
     return out[0].round_().clamp_(0, 255).to(torch.uint8)
 
 
