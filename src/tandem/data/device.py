@@ -24,11 +24,16 @@ class Normalization:
     std: tuple[float, ...]
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """255, the mean and 1 / std as float32 tensors on ``device``. 255 is a 0-dim tensor
+        there, not a Python number: CUDA divides by a host scalar as a multiplication by its
+        reciprocal (a last bit off for about half of the 256 values), by a tensor truly, as
+        the CPU does."""
         if device not in self._cache:
             mean = np.asarray(self.mean, dtype=np.float32).reshape(1, -1, 1, 1)
             inv_std = 1.0 / np.asarray(self.std, dtype=np.float32).reshape(1, -1, 1, 1)
-            self._cache[device] = (torch.from_numpy(mean).to(device),
+            self._cache[device] = (torch.tensor(255.0, device=device),
+                                   torch.from_numpy(mean).to(device),
                                    torch.from_numpy(inv_std).to(device))
         return self._cache[device]
 
@@ -36,8 +41,8 @@ class Normalization:
         """``(N, C, H, W)`` ``uint8`` -> normalised float32 on the same device and layout."""
         if images.dtype != torch.uint8:
             raise UsageError(f"Normalization expects uint8 images, got {images.dtype}")
-        mean, inv_std = self._constants(images.device)
-        return images.float().div_(255).sub_(mean).mul_(inv_std)
+        full, mean, inv_std = self._constants(images.device)
+        return images.float().div_(full).sub_(mean).mul_(inv_std)
 
 
 def batch_to_device(images: torch.Tensor, device: torch.device, *,
