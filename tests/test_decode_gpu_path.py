@@ -268,6 +268,25 @@ def test_a_file_the_device_refuses_is_made_by_the_cpu_path_in_this_process(tmp_p
     assert len(warned) == 1 and "e.jpg" in warned[0]
 
 
+@pytest.mark.parametrize("fault", [torch.OutOfMemoryError, torch.AcceleratorError])
+def test_a_device_fault_in_the_decode_is_raised_not_taken_for_bad_files(folder, fault):
+    """Out of memory, or a CUDA error, is the device's, not a file's: raised at once, with
+    no file-by-file retry and no quiet fall back to the CPU path."""
+    train, _ = _sets(folder, 32)
+    calls = []
+
+    def faulty(files, device):
+        calls.append(len(files))
+        raise fault("the device's own failure")
+
+    encoded = DeviceDecoded(train, "cpu", faulty)
+    jpegs = [k for k in range(len(train.samples)) if str(train.samples[k][0]).endswith(".jpg")]
+    batch, labels = collate_encoded([encoded[(k, 4, 1)] for k in jpegs[:3]], size=32)
+    with pytest.raises(fault, match="own failure"):
+        DeviceDecoder(encoded, "cpu", faulty)(batch, labels)
+    assert calls == [3]
+
+
 def test_decode_resolves_to_the_cpu_without_cuda_and_says_what_gpu_needs(monkeypatch):
     assert resolve_decode("cpu", torch.device("cuda")) == ("cpu", None)
     assert resolve_decode("auto", torch.device("cpu")) == ("cpu", None)

@@ -160,15 +160,25 @@ class DeviceDecoder:
         refusals = (RuntimeError, *DECODER_ERRORS)
         try:
             return list(self.decode(files, self.device))
+        except _DEVICE_FAULTS:
+            raise  # the device's, not the files': no file-by-file retry hides it
         except refusals:
             pass
         images = []
         for data in files:
             try:
                 images.append(self.decode([data], self.device)[0])
+            except _DEVICE_FAULTS:
+                raise
             except refusals:
                 images.append(None)
         return images
+
+
+# RuntimeErrors that are the device's state, not a file's: out of memory, and a CUDA error
+# (sticky: every later call would fail too)
+_DEVICE_FAULTS = (torch.OutOfMemoryError, *((torch.AcceleratorError,)
+                                            if hasattr(torch, "AcceleratorError") else ()))
 
 
 class DecodingLoader:
