@@ -29,6 +29,7 @@ import pytest
 import torch
 from conftest import (DIST_VARS, cli_env, processes_with, run_bounded, run_in_process,
                       torchrun_workers)
+from ddp_runs import launch_runs, outputs
 from exact import check_invariance
 
 from tandem import checkpoint
@@ -186,20 +187,19 @@ def _progress_against_epoch_lines(stdout: str) -> list[tuple[str, str]]:
 
 def test_ddp_progress_lines_show_every_ranks_sums_also_after_a_resume(tmp_path):
     """11 samples in batches of 5 over 2 ranks (shares 3+2, 3+2, 1+0): at an epoch's last batch
-    the -p line is the epoch's whole train loss and acc, not rank 0's part of it."""
+    the -p line is the epoch's whole train loss and acc, not rank 0's part of it. The run and
+    its resume are two commands of one 2-process launch (tests/ddp_runs.py)."""
     out = tmp_path / "run"
-    ddp = ["--nproc-per-node", "2", "--", "train", "--data", "synthetic", "--synthetic-size",
-           "11", "--image-size", "8", "--num-classes", "3", "--batch-size", "5", "--seed", "3",
-           "--no-progress", "--devices", "cpu", "--strategy", "ddp", "-p", "3", "--out", str(out)]
+    ddp = ["train", "--data", "synthetic", "--synthetic-size", "11", "--image-size", "8",
+           "--num-classes", "3", "--batch-size", "5", "--seed", "3", "--no-progress",
+           "--devices", "cpu", "--strategy", "ddp", "-p", "3"]
     # epoch 1, then a stop after batch 1 of epoch 2; the resume carries its sums to the line
-    proc, _ = _run(["launch", *ddp, "--epochs", "2", "--max-steps", "4"])
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    [(shown, epoch)] = _progress_against_epoch_lines(proc.stdout)
-    assert shown == epoch and shown[0] == "1"
-    proc, _ = _run(["launch", *ddp[:-2], "--resume", str(out), "--epochs", "2"])
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    [(shown, epoch)] = _progress_against_epoch_lines(proc.stdout)
-    assert shown == epoch and shown[0] == "2"
+    result = launch_runs([([*ddp, "--epochs", "2", "--max-steps", "4", "--out", out], False),
+                          ([*ddp, "--resume", out, "--epochs", "2"], False)], timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for epoch, stdout in zip(("1", "2"), outputs(result.stdout)):
+        [(shown, summary)] = _progress_against_epoch_lines(stdout)
+        assert shown == summary and shown[0] == epoch
 
 
 # -- faults ------------------------------------------------------------------------------------
