@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import run_in_process, run_tandem
+from conftest import run_in_process
 from ddp_runs import launch_runs, outputs
 from exact import check_invariance, same_bits
 from torch import nn
@@ -143,11 +143,8 @@ STEPS = ["--epochs", "2", "--max-steps", "3"]
 F64 = ["--dtype", "float64"]
 
 
-def ok(*argv, **env):
-    if argv[0] == "launch":
-        result = run_tandem(*argv, timeout=240, PYTHONWARNINGS="ignore", **env)
-    else:
-        result = run_in_process(*argv)
+def ok(*argv):
+    result = run_in_process(*argv)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -191,27 +188,45 @@ def test_split_reaches_single_weights(single_run, strategy, devices, split, tmp_
 
 
 DDP_SPLITS = ["3,1", "1,0", "auto"]
+# --max-steps 7: the move decided at step 2 lands in epoch 2 (with -j 1 the loader has drawn 4
+# batches ahead)
+WORKER_STEPS = ["--epochs", "2", "--max-steps", "7"]
+# the resume test: the run straight through, and stopped at step 3 then resumed
+RESUME = [*TINY, "--epochs", "2", "--split", "auto", "--sync-bn"]
+
+
+def _resume_runs(root, args) -> list[tuple[list, bool]]:
+    return [(["train", *args, "--max-steps", "6", "--out", root / "straight"], False),
+            (["train", *args, "--max-steps", "3", "--out", root / "resumed"], False),
+            (["copytree", root / "resumed", root / "stopped"], False),
+            (["train", "--resume", root / "resumed", "--max-steps", "6"], False)]
 
 
 @pytest.fixture(scope="module")
-def ddp_splits(tmp_path_factory):
-    """The 3 ddp runs of test_ddp_split_reaches_single_weights, one after the other in one
-    2-process launch (tests/ddp_runs.py): {split: (its directory, rank 0's output)}."""
-    root = tmp_path_factory.mktemp("ddp_splits")
-    runs = [(["train", *TINY, *STEPS, *F64, "--strategy", "ddp", "--devices", "cpu",
-              "--sync-bn", "--split", split, "--out", root / str(i)], False)
-            for i, split in enumerate(DDP_SPLITS)]
+def ddp_runs(tmp_path_factory):
+    """Every ddp run of this module, one after the other in ONE 2-process launch
+    (tests/ddp_runs.py; the launch and its workers' imports cost more than these runs):
+    {name: (its directory, rank 0's output)}. Rank 0 is 3x as fast (TANDEM_SPLIT_CLOCK)."""
+    root = tmp_path_factory.mktemp("ddp_runs")
+    ddp = ["--strategy", "ddp", "--devices", "cpu"]
+    named = [(split, ["train", *TINY, *STEPS, *F64, *ddp, "--sync-bn", "--split", split,
+                      "--out", root / split]) for split in DDP_SPLITS]
+    named.append(("workers", ["train", *TINY, *WORKER_STEPS, *F64, *ddp, "--sync-bn",
+                              "--split", "auto", "-j", "1", "--out", root / "workers"]))
+    resume = _resume_runs(root / "resume", [*RESUME, *ddp])
+    runs = [(argv, False) for _, argv in named] + resume
     result = launch_runs(runs, timeout=480, PYTHONWARNINGS="ignore", TANDEM_SPLIT_CLOCK="1,3")
     assert result.returncode == 0, result.stderr[-3000:]
-    return {split: (root / str(i), out)
-            for i, (split, out) in enumerate(zip(DDP_SPLITS, outputs(result.stdout)))}
+    found = {name: (root / name, out) for (name, _), out in zip(named, outputs(result.stdout))}
+    found["resume"] = (root / "resume", None)
+    return found
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("split", DDP_SPLITS)
-def test_ddp_split_reaches_single_weights(single_run, split, ddp_splits):
-    run, stdout = ddp_splits[split]
+def test_ddp_split_reaches_single_weights(single_run, split, ddp_runs):
+    run, stdout = ddp_runs[split]
     assert_matches_single(single_run, run / "checkpoint.pt")
     if split == "auto":
         assert "split 5,1" in stdout  # rank 0 is 3x as fast: its share moved up
@@ -220,22 +235,18 @@ def test_ddp_split_reaches_single_weights(single_run, split, ddp_splits):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_ddp_auto_with_loader_workers_changes_shares_on_every_rank_alike(tmp_path):
+def test_ddp_auto_with_loader_workers_changes_shares_on_every_rank_alike(tmp_path, ddp_runs):
     """With -j 1 the loader has drawn 4 batches ahead: shares move 4 batches after the
     decision, on both ranks (else samples would be lost or doubled, and the weights differ)."""
-    steps = ["--epochs", "2", "--max-steps", "7"]  # the move decided at step 2 lands in epoch 2
     for name, extra in {"f64": ["--strategy", "single", *F64],
                         "f32": ["--strategy", "single"],
                         "negative": ["--strategy", "dp", "--devices", "cpu:2", *F64]}.items():
-        ok("train", *TINY, *steps, *extra, "--out", str(tmp_path / name))
-    result = ok("launch", "--nproc-per-node", "2", "--", "train", *TINY, *steps, *F64,
-                "--strategy", "ddp", "--devices", "cpu", "--sync-bn", "--split", "auto",
-                "-j", "1", "--out", str(tmp_path / "ddp"), TANDEM_SPLIT_CLOCK="1,3")
-    assert "step 2: split 5,1" in result.stdout
-    ckpt = torch.load(tmp_path / "ddp" / "checkpoint.pt", weights_only=True)
+        ok("train", *TINY, *WORKER_STEPS, *extra, "--out", str(tmp_path / name))
+    run, stdout = ddp_runs["workers"]
+    assert "step 2: split 5,1" in stdout
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     assert ckpt["split"]["schedule"] == [[0, 6, [0.75, 0.25]]]  # batch 2 + 4 drawn ahead
-    check_invariance(tmp_path / "f64" / "checkpoint.pt",
-                     {"ddp": tmp_path / "ddp" / "checkpoint.pt"},
+    check_invariance(tmp_path / "f64" / "checkpoint.pt", {"ddp": run / "checkpoint.pt"},
                      reference32=tmp_path / "f32" / "checkpoint.pt",
                      negative64=tmp_path / "negative" / "checkpoint.pt")
 
@@ -252,30 +263,22 @@ def _checkpoint(path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["dp", "ddp"])
-def test_resume_restores_the_shares_bitwise(strategy, tmp_path, monkeypatch):
-    monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "1,3")
-    args = [*TINY, "--epochs", "2", "--strategy", strategy, "--split", "auto", "--sync-bn"]
-    straight, stop = ["--max-steps", "6", "--out", tmp_path / "straight"], [
-        "--max-steps", "3", "--out", tmp_path / "resumed"]
-    resume = ["--resume", tmp_path / "resumed", "--max-steps", "6"]
+def test_resume_restores_the_shares_bitwise(strategy, tmp_path, monkeypatch, request):
     if strategy == "dp":
-        args += ["--devices", "cpu:2"]
-        ok("train", *args, *straight)
-        ok("train", *args, *stop)
-        shutil.copytree(tmp_path / "resumed", tmp_path / "stopped")
-        ok("train", *resume)
-    else:  # the 3 runs and the copy in one 2-process launch (tests/ddp_runs.py)
-        args += ["--devices", "cpu"]
-        result = launch_runs([(["train", *args, *straight], False),
-                              (["train", *args, *stop], False),
-                              (["copytree", tmp_path / "resumed", tmp_path / "stopped"], False),
-                              (["train", *resume], False)],
-                             timeout=480, PYTHONWARNINGS="ignore", TANDEM_SPLIT_CLOCK="1,3")
-        assert result.returncode == 0, result.stderr[-3000:]
-    stopped = torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)["split"]
+        monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "1,3")
+        for argv, _ in _resume_runs(tmp_path, [*RESUME, "--devices", "cpu:2",
+                                               "--strategy", "dp"]):
+            if argv[0] == "copytree":
+                shutil.copytree(argv[1], argv[2])
+            else:
+                ok(*argv)
+        root = tmp_path
+    else:  # the same runs and copy, in the module's one 2-process launch
+        root = request.getfixturevalue("ddp_runs")["resume"][0]
+    stopped = torch.load(root / "stopped" / "checkpoint.pt", weights_only=True)["split"]
     assert stopped["auto"]["weights"] != [1.0, 1.0]  # the shares had moved before the stop
-    straight = _checkpoint(tmp_path / "straight" / "checkpoint.pt")
-    resumed = _checkpoint(tmp_path / "resumed" / "checkpoint.pt")
+    straight = _checkpoint(root / "straight" / "checkpoint.pt")
+    resumed = _checkpoint(root / "resumed" / "checkpoint.pt")
     assert same_bits(straight, resumed) == []
 
 
