@@ -389,6 +389,39 @@ def test_capture_and_restore_rng_round_trip(tmp_path):
         checkpoint.restore_rng([1, 2])
 
 
+class _FakeCuda:
+    """Two GPUs' generators, as ``torch.cuda`` shows them to one process (on the CPU)."""
+
+    def __init__(self, current: int):
+        self.current, self.states = current, {0: "fresh", 1: "fresh"}
+
+    def install(self, monkeypatch):
+        for name, value in {"is_available": lambda: True, "is_initialized": lambda: True,
+                            "device_count": lambda: 2, "current_device": lambda: self.current,
+                            "get_rng_state_all": lambda: [self.states[0], self.states[1]],
+                            "set_rng_state": lambda s, i: self.states.__setitem__(i, s)}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_a_ddp_rank_resumes_its_own_gpus_generator_from_rank_0s(monkeypatch):
+    """ddp rank 1 runs on cuda:1; rank 0, which saves, on cuda:0. Every rank is seeded alike,
+    so rank 0's cuda:0 generator is where rank 1's cuda:1 one was; rank 0's cuda:1 was never
+    used. On resume rank 1's cuda:1 takes the state of cuda:0 (dropout masks go on, not over
+    again from the seed)."""
+    rank0 = _FakeCuda(current=0)
+    rank0.states[0] = "after 40 steps"
+    rank0.install(monkeypatch)
+    saved = checkpoint.capture_rng()
+    rank1 = _FakeCuda(current=1)
+    rank1.install(monkeypatch)
+    checkpoint.restore_rng(saved)
+    assert rank1.states[1] == "after 40 steps"
+    resumed0 = _FakeCuda(current=0)  # rank 0, and a one-process run: its own state back
+    resumed0.install(monkeypatch)
+    checkpoint.restore_rng(saved)
+    assert resumed0.states == {0: "after 40 steps", 1: "fresh"}
+
+
 # -- tandem's own wrappers ------------------------------------------------------------------
 
 @pytest.mark.parametrize("wrapper", ["DataParallel", "DataParallelModel"])

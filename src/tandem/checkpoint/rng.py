@@ -24,6 +24,7 @@ def capture_rng() -> dict:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_current"] = torch.cuda.current_device()
     return state
 
 
@@ -45,3 +46,9 @@ def restore_rng(state: dict) -> None:
     if cuda and torch.cuda.is_available():
         for i, s in enumerate(cuda[:torch.cuda.device_count()]):
             torch.cuda.set_rng_state(s, i)
+        # this process's own device takes the saver's own device's state: a ddp rank r runs
+        # on cuda:r, and rank 0 (the saver) on cuda:0, whose generator went where rank r's
+        # did (every rank is seeded alike); rank 0's cuda:r generator was never used
+        saver = state.get("cuda_current")
+        if saver is not None and saver < len(cuda):
+            torch.cuda.set_rng_state(cuda[saver], torch.cuda.current_device())
