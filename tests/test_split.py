@@ -22,7 +22,8 @@ from torch import nn
 from tandem.errors import UsageError
 from tandem.parallel import (DataParallel, DataParallelCriterion, DataParallelModel,
                              convert_sync_batchnorm)
-from tandem.parallel.split import AutoSplit, capped, check_max_share, parse_split, shares
+from tandem.parallel.split import (AutoSplit, BatchSplit, capped, check_max_share,
+                                   parse_split, shares)
 
 CPU = "cpu"
 
@@ -134,6 +135,91 @@ def test_auto_follows_a_handicap_through_data_parallel(monkeypatch):
     with torch.no_grad():
         dp(torch.randn(16, 4))
     assert dp.split.auto.seen == 4
+
+
+class _FakeEvent:
+    """``torch.cuda.Event`` on the CPU: recorded at a given device time (``clock``)."""
+
+    clock = [0.0]  # the fake device's time, in ms
+    streams: list = []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at, self.waited = None, False
+
+    def record(self, stream=None):
+        self.streams.append(stream)
+        self.at = self.clock[0]
+
+    def synchronize(self):
+        self.waited = True
+
+    def elapsed_time(self, end):
+        assert end.waited, "read before the end event was waited for"
+        return end.at - self.at
+
+
+def test_a_cuda_span_is_the_devices_time_between_two_events(monkeypatch):
+    """On CUDA the host returns once kernels are queued: the span is the device's time between
+    two events recorded on the device's current stream, read when asked (after waiting)."""
+    from tandem.parallel.work_clock import Span, seconds_of
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"stream of {device}")
+    _FakeEvent.clock[0], _FakeEvent.streams[:] = 100.0, []
+    span = Span(torch.device("cuda:1"))
+    _FakeEvent.clock[0] = 350.0  # the device ran 250 ms of the work; the host none of it
+    span.stop()
+    assert seconds_of(span) == 0.25
+    assert _FakeEvent.streams == ["stream of cuda:1"] * 2
+    cpu = Span(torch.device("cpu")).stop()
+    assert 0 <= seconds_of(cpu) < 60 and seconds_of(1.5) == 1.5
+
+
+def test_auto_reads_the_spans_at_the_step_not_at_the_forward():
+    """A CUDA span is read (a wait for the device) only when the step looks at the records,
+    once per step, not in the forward."""
+    reads = []
+
+    class Recorded:  # a stopped span
+        def __init__(self, seconds):
+            self.value = seconds
+
+        def seconds(self):
+            reads.append(self.value)
+            return self.value
+
+    split = BatchSplit("auto", 2)
+    split.sizes(8)
+    for i, seconds in enumerate((3.0, 1.0)):
+        split.record(i, 4, Recorded(seconds))
+    assert reads == []
+    split.step(0, 1)
+    assert reads == [3.0, 1.0] and split.auto.seen == 1
+
+
+@pytest.mark.cuda
+def test_auto_follows_a_gpu_that_is_slow_on_the_device_not_on_the_host():
+    """Replica 1 keeps its GPU busy (torch.cuda._sleep: no host time): measured on the host,
+    both replicas look alike; measured on the device, the shares move to replica 0."""
+
+    class Busy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            from tandem.parallel.context import current
+
+            if current() is not None and current().index == 1:
+                torch.cuda._sleep(50_000_000)  # tens of ms of device time
+            return self.fc(x)
+
+    dp = DataParallel(Busy().cuda(), ["cuda:0", "cuda:0"], split="auto")
+    for _ in range(6):
+        dp(torch.randn(16, 4, device="cuda")).sum().backward()
+    share0, share1 = dp.last_shares
+    assert share0 > share1, dp.last_shares
 
 
 # -- exactness: the same update as single, whatever the shares -------------------------------

@@ -11,7 +11,6 @@ refused where torch returns one value per replica, whose mean is wrong for uneve
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 import torch
@@ -29,6 +28,7 @@ from .gather_outputs import gather
 from .guards import acting_as_replica, initialise_lazy, split_inputs
 from .scatter_gather import batch_size, chunk_sizes, scatter_kwargs
 from .split import BatchSplit
+from .work_clock import Span
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
 
@@ -116,14 +116,14 @@ class DataParallel(nn.Module):
         else:
             replicas = self.replicate(self.module, devices)
         timed = self.split.auto is not None and self.training and torch.is_grad_enabled()
-        runs = [_Timed(r) for r in replicas] if timed else replicas
+        runs = [_Timed(r, d) for r, d in zip(replicas, devices)] if timed else replicas
         with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
             group = ReplicaGroup(devices, separate_backward=threaded)
             outputs = self.parallel_apply(runs, inputs, kwargs, devices, group=group)
         if timed:
-            seconds = iter(r.seconds for r in runs)
+            spans = iter(r.span for r in runs)
             for i, n in enumerate(self.last_shares):
-                self.split.record(i, n, next(seconds) if n else 0.0)
+                self.split.record(i, n, next(spans) if n else 0.0)
             if self.owns_split:  # one forward, one step: the next batch takes the new shares
                 self.split.step(0, 0)
         if threaded:
@@ -181,17 +181,18 @@ class DataParallel(nn.Module):
 
 
 class _Timed:
-    """Call a replica and keep the seconds it took (``--split auto`` measures speeds)."""
+    """Call a replica and keep the span of its work on ``device`` (``--split auto`` measures
+    speeds: :mod:`~tandem.parallel.work_clock`)."""
 
-    def __init__(self, module):
-        self.module, self.seconds = module, 0.0
+    def __init__(self, module, device: torch.device):
+        self.module, self.device, self.span = module, device, None
 
     def __call__(self, *args, **kwargs):
-        start = time.perf_counter()
+        span = Span(self.device)
         try:
             return self.module(*args, **kwargs)
         finally:
-            self.seconds = time.perf_counter() - start
+            self.span = span.stop()
 
 
 def _balanced(batch: int, devices: int) -> list[int]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 import os
 import random
-import time
 from typing import Callable, Sequence
 
 from tandem.errors import UsageError
 
 from .auto_split import AutoSplit
 from .shares import capped, format_shares, shares
+from .work_clock import Span, seconds_of
 
 __all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
            "BatchSplit", "AUTO", "format_shares", "clock_from_env", "CLOCK_VAR", "split_report"]
@@ -148,9 +148,9 @@ class BatchSplit:
         self.reduce = reduce
         self.clock = clock if clock is not None else clock_from_env()
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
-        self._samples, self._seconds = [0] * count, [0.0] * count
+        self._samples, self._seconds = [0] * count, [[] for _ in range(count)]
         self._last_batch: int | None = None
-        self._backward_start = 0.0  # see time_backward_start
+        self._backward: Span | None = None  # see time_backward_start
         self._shown = self.weights()  # the weights :meth:`step` last reported
 
     @property
@@ -193,10 +193,12 @@ class BatchSplit:
             return None
         return lambda epoch, index, size: self.sizes(size, epoch, index)
 
-    def record(self, index: int, samples: int, seconds: float) -> None:
-        """Device ``index`` spent ``seconds`` of its own work on ``samples`` samples."""
+    def record(self, index: int, samples: int, seconds: float | Span) -> None:
+        """Device ``index`` spent ``seconds`` of its own work on ``samples`` samples (a
+        stopped :class:`~tandem.parallel.work_clock.Span` is read at the next :meth:`step`:
+        a CUDA device's time is known once its work is done)."""
         self._samples[index] += samples
-        self._seconds[index] += seconds
+        self._seconds[index].append(seconds)
 
     def time_backward_end(self, index: int, model) -> list:
         """Hook ``model`` so that device ``index``'s backward counts as its own work, up to
@@ -204,13 +206,18 @@ class BatchSplit:
         first = next((p for p in model.parameters() if p.requires_grad), None)
         if self.auto is None or first is None:
             return []
-        return [first.register_post_accumulate_grad_hook(
-            lambda p: self.record(index, 0, time.perf_counter() - self._backward_start))]
+        return [first.register_post_accumulate_grad_hook(lambda p: self._backward_done(index))]
 
     def time_backward_start(self, loss) -> None:
-        """The backward's timing starts at ``loss``'s gradient (see :meth:`time_backward_end`)."""
+        """The backward's timing starts at ``loss``'s gradient (see :meth:`time_backward_end`),
+        on the gradient's device."""
         if loss.requires_grad:
-            loss.register_hook(lambda grad: setattr(self, "_backward_start", time.perf_counter()))
+            loss.register_hook(lambda grad: setattr(self, "_backward", Span(grad.device)))
+
+    def _backward_done(self, index: int) -> None:
+        span, self._backward = self._backward, None
+        if span is not None:
+            self.record(index, 0, span.stop())
 
     def step(self, epoch: int, batch: int, ahead: int = 0) -> bool:
         """After an optimizer step: observe it, let ``--split auto`` move the weights, and say
@@ -226,7 +233,8 @@ class BatchSplit:
         return moved
 
     def _observe(self, epoch: int) -> None:
-        samples, seconds = self._samples, self._seconds
+        samples = self._samples
+        seconds = [sum(seconds_of(s) for s in spans) for spans in self._seconds]
         if self.reduce is not None:  # every rank gets every rank's record: alike decisions
             import torch
 
@@ -236,7 +244,7 @@ class BatchSplit:
         if self.clock is not None:
             seconds = [self.clock(i, n, t) if n else 0.0
                        for i, (n, t) in enumerate(zip(samples, seconds))]
-        self._samples, self._seconds = [0] * self.count, [0.0] * self.count
+        self._samples, self._seconds = [0] * self.count, [[] for _ in range(self.count)]
         self.auto.observe(samples, seconds)
         self.auto.at_epoch(epoch)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import time
 import weakref
 from typing import Callable
 
@@ -35,6 +34,7 @@ from tandem.distributed.process_group import (
 from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
 from tandem.parallel.buffers import check_policy
 from tandem.parallel.split import BatchSplit
+from tandem.parallel.work_clock import Span
 from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register
@@ -123,7 +123,8 @@ class DDPStrategy(Strategy):
         """Forward this rank's share; one small all-reduce per call on every rank, in eval too,
         and no read of the device."""
         training = torch.is_grad_enabled() and wrapped.training
-        start = time.perf_counter()  # --split auto times this rank's own work
+        timed = training and self.split.auto is not None
+        span = Span(self._device) if timed else None  # --split auto times this rank's own work
         images = images.to(self._device, non_blocking=True)
         targets = targets.to(self._device, non_blocking=True)
         count = int(targets.shape[0])
@@ -131,8 +132,8 @@ class DDPStrategy(Strategy):
         with frozen_batchnorm(frozen):
             outputs = self._logits(wrapped(images))
         summed, denominator = local_sum(criterion, outputs, targets)
-        if training and self.split.auto is not None:  # before the all-reduce waits
-            self.split.record(self.rank, count, time.perf_counter() - start)
+        if timed:  # before the all-reduce waits
+            self.split.record(self.rank, count, span.stop())
             self.split.time_backward_start(summed)
         # the step makes no host sync: the loop reads the sums when it prints
         loss, total_count = global_mean(criterion, summed, denominator, count,

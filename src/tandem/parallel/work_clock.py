@@ -1,0 +1,52 @@
+"""How long a device took for the work queued on it: what ``--split auto`` measures.
+
+On the CPU the work is done when the call returns, so the host's clock measures it. A CUDA
+call returns once its kernels are queued, and the host's clock would measure the queueing,
+about alike on a fast and a slow GPU: there a pair of CUDA events on the device's current
+stream measures the device's own time, read (waiting for the end event) only when the split
+looks at it, at the optimizer step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+__all__ = ["Span", "seconds_of"]
+
+
+class Span:
+    """The work queued on ``device`` between this object's creation and :meth:`stop`."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        if self.cuda:
+            self._start = self._event()
+        else:
+            self._start = time.perf_counter()
+        self._end = None
+
+    def _event(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def stop(self) -> "Span":
+        self._end = self._event() if self.cuda else time.perf_counter()
+        return self
+
+    def seconds(self) -> float:
+        """The span's length (on CUDA this waits for the work up to its end)."""
+        if self._end is None:
+            raise RuntimeError("Span.seconds() before stop()")
+        if not self.cuda:
+            return self._end - self._start
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) / 1000.0
+
+
+def seconds_of(value) -> float:
+    """A number of seconds, or a stopped :class:`Span`'s (anything with ``seconds()``)."""
+    return float(value) if isinstance(value, (int, float)) else value.seconds()
