@@ -54,6 +54,21 @@ def xdata(ax):
     return [list(line.get_xdata()) for line in ax.get_lines()]
 
 
+def test_an_epochs_time_ends_after_its_queued_device_work(tmp_path, monkeypatch):
+    """images_per_sec divides by the epoch's time: on a GPU the host is ahead of the device,
+    so the clock is read after waiting for every device of the run (a no-op on the CPU)."""
+    from tandem.train import loop, position
+
+    seen, seconds = [], position.EpochRun.seconds
+    monkeypatch.setattr(loop, "synchronize", lambda devices: seen.append(list(devices)))
+    monkeypatch.setattr(position.EpochRun, "seconds",
+                        lambda self: seen.append("clock") or seconds(self))
+    ok("train", *TINY, "--epochs", "2", "--strategy", "dp", "--devices", "cpu:2", "--out",
+       tmp_path)
+    cpu2 = [torch.device("cpu")] * 2
+    assert [x for x in seen if x in (cpu2, "clock")][:4] == [cpu2, "clock", cpu2, "clock"]
+
+
 # -- item 4: a --max-steps stop is a partial epoch, and says so ---------------------------------
 def test_a_max_steps_stop_is_marked_partial_in_its_line_and_row(tmp_path):
     result = ok("train", *TINY, "--epochs", "2", "--max-steps", "6", "--out", tmp_path)

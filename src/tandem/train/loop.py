@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from tandem import checkpoint
+from tandem.bench.timing import synchronize
 from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
@@ -108,6 +109,9 @@ class Trainer:
                     break
         finally:
             run.progress.close()
+        # the epoch's time (images_per_sec) ends when its queued GPU work does, not when the
+        # host has queued it
+        synchronize(self.strategy.devices)
         return run.meter, run.stopped, run.seconds()
 
     def begin_epoch(self) -> "EpochRun":
