@@ -13,7 +13,6 @@ orders tell apart a rendezvous that reduces in arrival order.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from conftest import run_in_process

@@ -36,6 +36,10 @@ log = logging.getLogger("tandem.data")
 
 DECODE_MODES = ("auto", "cpu", "gpu")
 _EXTRA = "pip install 'tandem[gpu]', torchvision built for this torch"
+# RuntimeErrors that are the device's state, not a file's: out of memory, and a CUDA error
+# (sticky: every later call would fail too); the decode raises them instead of retrying
+_DEVICE_FAULTS = (torch.OutOfMemoryError, *((torch.AcceleratorError,)
+                                            if hasattr(torch, "AcceleratorError") else ()))
 
 
 def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
@@ -173,12 +177,6 @@ class DeviceDecoder:
             except refusals:
                 images.append(None)
         return images
-
-
-# RuntimeErrors that are the device's state, not a file's: out of memory, and a CUDA error
-# (sticky: every later call would fail too)
-_DEVICE_FAULTS = (torch.OutOfMemoryError, *((torch.AcceleratorError,)
-                                            if hasattr(torch, "AcceleratorError") else ()))
 
 
 class DecodingLoader:

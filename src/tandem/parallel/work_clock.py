@@ -20,21 +20,20 @@ class Span:
     """The work queued on ``device`` between this object's creation and :meth:`stop`."""
 
     def __init__(self, device: torch.device):
-        self.cuda = torch.device(device).type == "cuda"
         self.device = torch.device(device)
-        if self.cuda:
-            self._start = self._event()
-        else:
-            self._start = time.perf_counter()
-        self._end = None
+        self.cuda = self.device.type == "cuda"
+        self._start, self._end = self._now(), None
 
-    def _event(self):
+    def _now(self):
+        """An event recorded on the device's current stream (CUDA), or the host's clock."""
+        if not self.cuda:
+            return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return event
 
     def stop(self) -> "Span":
-        self._end = self._event() if self.cuda else time.perf_counter()
+        self._end = self._now()
         return self
 
     def seconds(self) -> float:
