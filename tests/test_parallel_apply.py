@@ -1,3 +1,4 @@
+import contextlib
 import threading
 
 import pytest
@@ -85,6 +86,78 @@ def test_grad_mode_and_autocast_reach_the_threads():
     assert all(o.dtype == torch.bfloat16 for o in outs)
     assert all(e["autocast"] for e in log)
 
+
+
+class _FakeCudaStreams:
+    """torch.cuda's current device and per-device current streams, kept per thread."""
+
+    def __init__(self):
+        self.local = threading.local()
+
+    def state(self) -> dict:
+        if not hasattr(self.local, "streams"):
+            self.local.streams, self.local.device = {}, 0
+        return self.local.__dict__
+
+    def current_stream(self, device=None):
+        index = torch.device(device).index if device is not None else self.state()["device"]
+        return self.state()["streams"].get(index, f"default of cuda:{index}")
+
+    @contextlib.contextmanager
+    def stream(self, stream):  # a caller stream is named "caller's cuda:i"
+        streams, index = self.state()["streams"], int(stream.rsplit(":", 1)[1])
+        before = streams.get(index)
+        streams[index] = stream
+        try:
+            yield
+        finally:
+            streams[index] = before
+
+    @contextlib.contextmanager
+    def device(self, device):
+        state = self.state()
+        before, state["device"] = state["device"], torch.device(device).index
+        try:
+            yield
+        finally:
+            state["device"] = before
+
+
+def test_every_replica_thread_sees_the_callers_stream_of_every_device(monkeypatch):
+    """A replica copying another replica's tensor (SyncBatchNorm's merge) must order the copy
+    after the work on the source's stream: the caller's, not the source device's default."""
+    cuda = _FakeCudaStreams()
+    for name in ("current_stream", "stream", "device"):
+        monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
+    devices = ["cuda:0", "cuda:1", "cuda:2"]
+
+    class Look(nn.Module):
+        def forward(self, x):
+            return cuda.state()["device"], [cuda.current_stream(d) for d in devices]
+
+    with contextlib.ExitStack() as callers:
+        for d in devices:
+            callers.enter_context(cuda.stream(f"caller's {d}"))
+        seen = parallel_apply([Look() for _ in devices], [torch.ones(1)] * 3, devices=devices)
+    assert [index for index, _ in seen] == [0, 1, 2]  # each on its own device
+    assert all(streams == [f"caller's {d}" for d in devices] for _, streams in seen)
+
+
+@pytest.mark.cuda
+def test_cuda_replica_threads_take_the_callers_streams_of_every_device():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    devices = [torch.device("cuda:0"), torch.device("cuda:1")]
+    streams = [torch.cuda.Stream(d) for d in devices]
+
+    class Look(nn.Module):
+        def forward(self, x):
+            return torch.cuda.current_device(), [torch.cuda.current_stream(d) for d in devices]
+
+    with torch.cuda.stream(streams[0]), torch.cuda.stream(streams[1]):
+        seen = parallel_apply([Look(), Look()], [torch.ones(1)] * 2, devices=devices)
+    assert [index for index, _ in seen] == [0, 1]
+    assert all(found == streams for _, found in seen)
 
 class Boom(nn.Module):
     def __init__(self, bad, exc):

@@ -2,7 +2,7 @@
 
 Threads come from a small persistent pool. Each replica runs in a
 :class:`~tandem.parallel.context.ReplicaContext`, with the caller's grad, inference and autocast
-modes, on its device (and the caller's current CUDA stream), and on CPU with
+modes, on its device (with the caller's current CUDA stream of every device), and on CPU with
 ``max(1, torch.get_num_threads() // n)`` intra-op threads. If a replica raises, the group is
 aborted, every replica is waited for, and the first real error is re-raised with
 ``replica N on DEVICE`` at the front of its message.
@@ -101,6 +101,12 @@ class _State:
                 stack.enter_context(torch.autocast(device_type, dtype=dtype,
                                                    cache_enabled=self.autocast_cache))
             if device.type == "cuda":
+                # every device's caller stream, not only its own: a replica that copies another
+                # replica's tensor (SyncBatchNorm's merge) orders the copy after the work on
+                # the source's current stream, which must be the one that work was queued on
+                for other, stream in self.streams.items():
+                    if other != device:
+                        stack.enter_context(torch.cuda.stream(stream))
                 stack.enter_context(torch.cuda.device(device))
                 stack.enter_context(torch.cuda.stream(self.streams[device]))
             elif device.type != "cpu" and device.index is not None and _is_accelerator(device):
