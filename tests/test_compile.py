@@ -102,6 +102,44 @@ def test_compiling_checks_only_the_mode(monkeypatch):
         compiling.compiled(TinyNet(), "fast")
 
 
+
+def test_the_warm_up_leaves_no_time_for_split_auto(monkeypatch):
+    """The warm-up's forward and backward (the compile itself) are recorded by ``--split
+    auto`` like any step's; the warm-up must forget them, or the first real step's times would
+    carry the compile. Its rehearsal is stood in for by one recorded share a device."""
+    from types import SimpleNamespace
+
+    from tandem.parallel.split import BatchSplit
+    from tandem.train import compile as warming
+
+    split = BatchSplit("auto", 2)
+    trainer = SimpleNamespace(model=TinyNet(), strategy=SimpleNamespace(split=split),
+                              train_set=object(), val_set=object())
+    rehearsed = []
+
+    def rehearse(trainer, dataset, train):
+        rehearsed.append(train)
+        split.record(0, 4, 30.0)  # a compile's seconds
+        split.record(1, 4, 0.1)
+
+    monkeypatch.setattr(warming, "_run", rehearse)
+    warming.warm_up(trainer)
+    assert rehearsed == [True, False]
+    split.record(0, 4, 1.0)  # the first real step: both devices alike
+    split.record(1, 4, 1.0)
+    split.step(0, 1)
+    assert split.auto.seen == 1
+    assert split.auto.state_dict() == _observed_once([4, 4], [1.0, 1.0])
+
+
+def _observed_once(samples, seconds) -> dict:
+    from tandem.parallel.auto_split import AutoSplit
+
+    auto = AutoSplit(2)
+    auto.observe(samples, seconds)
+    auto.at_epoch(0)
+    return auto.state_dict()
+
 def test_compile_flags_in_the_config():
     assert ParallelConfig(compile=True, compile_mode="max-autotune").compile_mode == "max-autotune"
     with pytest.raises(ValueError, match="--compile-mode max-autotune needs --compile"):

@@ -200,6 +200,12 @@ class BatchSplit:
         self._samples[index] += samples
         self._seconds[index].append(seconds)
 
+    def discard(self) -> None:
+        """Forget what was recorded since the last :meth:`step`: a rehearsal such as the
+        ``--compile`` warm-up, whose times (the compile itself) say nothing of a device's speed."""
+        self._samples, self._seconds = [0] * self.count, [[] for _ in range(self.count)]
+        self._backward = None
+
     def time_backward_end(self, index: int, model) -> list:
         """Hook ``model`` so that device ``index``'s backward counts as its own work, up to
         its first parameter's gradient (the last computed); the handles to remove."""
@@ -244,7 +250,7 @@ class BatchSplit:
         if self.clock is not None:
             seconds = [self.clock(i, n, t) if n else 0.0
                        for i, (n, t) in enumerate(zip(samples, seconds))]
-        self._samples, self._seconds = [0] * self.count, [[] for _ in range(self.count)]
+        self.discard()
         self.auto.observe(samples, seconds)
         self.auto.at_epoch(epoch)
 

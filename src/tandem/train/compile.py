@@ -62,6 +62,7 @@ def warm_up(trainer: Trainer, train: bool = True) -> float:
             param.grad = None
         checkpoint.restore_rng(rng)
         model.train(mode)
+        trainer.strategy.split.discard()  # --split auto must not take the compile for a step
     return time.perf_counter() - start
 
 
