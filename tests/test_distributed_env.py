@@ -247,6 +247,31 @@ def test_world_size_one_ddp_equals_plain_training(monkeypatch):
     strategy.close()  # twice is fine
 
 
+
+@pytest.mark.distributed
+def test_a_group_the_caller_made_is_reused_and_left_to_the_caller(tmp_path, monkeypatch):
+    """A script that made its own group before handing tandem the model still has it after
+    the strategy closes (its later collectives would fail otherwise)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tandem.strategies.ddp import DDPStrategy
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():  # not dialled
+        monkeypatch.setenv(key, value)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1, timeout=timedelta(seconds=60))
+    try:
+        strategy = DDPStrategy([CPU], timeout=30).launch()
+        assert strategy.backend == "gloo"
+        strategy.close()
+        assert dist.is_initialized()
+        dist.barrier()  # still usable
+    finally:
+        dist.destroy_process_group()
+
 _EXIT_PROBE = """
 import atexit, sys
 atexit.register(lambda: print("finalized", flush=True))

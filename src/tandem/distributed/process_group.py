@@ -29,6 +29,7 @@ __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_
 STARTUP_TIMEOUT = 300.0
 _work_group = None  # the group with the collective timeout (None: the default group)
 _joined = False  # this process has joined a process group (see joined_a_group)
+_made_here = False  # the default group now is one init_process_group made (not the caller's)
 
 
 def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
@@ -78,11 +79,15 @@ def backend_for(device: torch.device) -> str:
 def init_process_group(env: DistEnv, device: torch.device, timeout: float | None = None) -> str:
     """Join the job's process group (``env://`` rendezvous at MASTER_ADDR:MASTER_PORT).
 
-    Sets the current CUDA device first for a CUDA worker. Returns the backend name. If a group
-    already exists (e.g. the caller made one), it is reused after checking its size and rank.
+    Sets the current CUDA device first for a CUDA worker (NCCL's collectives and the saved
+    random state go by it). Returns the backend name. If a group already exists (e.g. the
+    caller made one), it is reused after checking its size and rank, and left to its maker
+    (:func:`destroy_process_group` leaves only a group made here).
     ``timeout`` (seconds) defaults to ``TANDEM_DIST_TIMEOUT``.
     """
     backend = backend_for(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if dist.is_initialized():
         if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
             raise RuntimeError(
@@ -90,9 +95,7 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
                 f"{dist.get_world_size()}, but torchrun says rank {env.rank} of {env.world_size}"
             )
         return dist.get_backend()
-    global _work_group
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    global _work_group, _made_here
     seconds = dist_timeout() if timeout is None else float(timeout)
     startup = max(seconds, STARTUP_TIMEOUT)
     kwargs = {"device_id": device} if device.type != "cpu" else {}
@@ -104,7 +107,7 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
         _work_group = None if startup == seconds else dist.new_group(
             backend=backend, timeout=timedelta(seconds=seconds))
         global _joined
-        _joined = True
+        _joined = _made_here = True
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
         raise RuntimeError(
             f"rank {env.rank} on {device}: could not join the {backend} process group at "
@@ -178,11 +181,13 @@ def _restride_grad(param: torch.Tensor) -> None:
 
 
 def destroy_process_group() -> None:
-    """Leave the process group if there is one (safe to call twice)."""
-    global _work_group
+    """Leave the process group that :func:`init_process_group` made, if there is one (safe to
+    call twice); a group the caller made is theirs to destroy, and stays."""
+    global _work_group, _made_here
     _work_group = None
-    if dist.is_available() and dist.is_initialized():
+    if _made_here and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _made_here = False
 
 
 def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
