@@ -10,9 +10,12 @@ workers, and are raced interleaved, a pass each per round (the order alternates)
 - ``fed``: :meth:`~tandem.train.loop.Trainer.train_epoch`, the loop of ``tandem train``: the
   same loader, the copy and normalisation on the device, the step, progress and stop vote.
 
-``loader`` and ``fed`` are rated from the first batch's arrival to the end of the pass, so the
-wait for the first batch (worker refill; start-up in the warm-up pass) is reported apart as
-``startup_seconds``. A device is synchronised before each clock stop. ``fed / min(loader,
+``loader`` and ``fed`` are rated after their start-up: the first wave of batches, one per
+loader worker (the workers start together, so that wave arrives about at once and would
+inflate a rate), at least one. ``loader`` is rated from the wave's last arrival, ``fed`` from
+the end of its step (device synchronised), to the end of the pass, on the images after the
+wave; the wave's seconds are reported apart as ``startup_seconds``. A pass must hold at least
+two waves. A device is synchronised before each clock stop. ``fed / min(loader,
 step)`` is the median over rounds of each round's ratio: 1.0 means the loop costs nothing
 beyond its slower half. Beside the rates: ``fed``'s own data share (as ``tandem train`` shows
 it) and every pass's CPU time per image, of this process and its workers (Linux), which tell a
@@ -30,6 +33,7 @@ from tandem.data import loader as loader_module
 from tandem.data.device_decode import DeviceDecoded, decode_on
 from tandem.data.imagefolder import load_imagefolder
 from tandem.data.loader import batches_per_epoch
+from tandem.errors import UsageError
 
 from .loader_bench import bench_root, cpu_seconds
 from .suite import machine_info
@@ -70,19 +74,28 @@ def _trainer(config, train, num_classes: int, workers: int):
     return trainer, trainer.device_batch(*batch)
 
 
-def _loader_pass(trainer, epoch: int) -> tuple[float, float, int, int]:
-    """Wall seconds, first-batch seconds, images and first-batch images of one pass over
-    the trainer's own training loader (the fed pass's workers; with ``--decode gpu``, the
-    device's decode too, synchronised before the clock stops)."""
+def start_up_batches(workers: int) -> int:
+    """The batches of a pass's start-up: one per loader worker, at least one."""
+    return max(1, workers)
+
+
+def _loader_pass(trainer, epoch: int, wave: int) -> tuple[float, float, int, int]:
+    """Wall seconds, start-up seconds, images and start-up images of one pass over the
+    trainer's own training loader (the fed pass's workers; with ``--decode gpu``, the device's
+    decode too, synchronised before the clock is read); the start-up is the first ``wave``
+    batches."""
+    devices = trainer.strategy.devices
     loader = trainer.loader(trainer.train_set, train=True, epoch=epoch)
     images, first, first_images = 0, None, 0
     start = clock()
-    for batch, _ in loader:
+    for index, (batch, _) in enumerate(loader):
         images += batch.shape[0]
-        if first is None:
-            first, first_images = clock() - start, batch.shape[0]
-    synchronize(trainer.strategy.devices)
-    return clock() - start, first, images, first_images
+        if index == wave - 1:
+            synchronize(devices)
+            first, first_images = clock() - start, images
+    synchronize(devices)
+    wall = clock() - start
+    return wall, wall if first is None else first, images, first_images
 
 
 def _step_pass(trainer, batch, steps: int) -> tuple[float, float, int, int]:
@@ -101,27 +114,46 @@ def _step_pass(trainer, batch, steps: int) -> tuple[float, float, int, int]:
     return clock() - start, 0.0, steps * len(batch[1]), 0
 
 
-def _fed_pass(trainer, epoch: int) -> tuple[float, float, int, int]:
-    """One epoch of the train loop from the start (the data wait times its first batch)."""
+def _fed_pass(trainer, epoch: int, wave: int) -> tuple[float, float, int, int]:
+    """One epoch of the train loop from the start: wall seconds, start-up seconds (to the
+    end of the ``wave``-th step, device synchronised), images and start-up images. Counted
+    from the first batch's arrival instead, a step-bound pass would be rated on one step's
+    images fewer than it ran."""
     from tandem.train.position import Position
 
+    devices = trainer.strategy.devices
+    after_step, mark = trainer.after_step, {"steps": 0}
+
+    def marking(run):
+        stop = after_step(run)
+        mark["steps"] += 1
+        if mark["steps"] == wave:
+            synchronize(devices)
+            mark["at"], mark["images"] = clock(), run.meter.count
+        return stop
+
     trainer.position = Position(epoch=epoch, step=trainer.position.step)
-    synchronize(trainer.strategy.devices)
-    start = clock()
-    meter, _, _ = trainer.train_epoch()
-    synchronize(trainer.strategy.devices)
-    wall = clock() - start
-    first = trainer.wait.first or 0.0
-    return wall, first, meter.count, min(trainer.cfg.optim.batch_size, meter.count)
+    trainer.after_step = marking
+    try:
+        synchronize(devices)
+        start = clock()
+        meter, _, _ = trainer.train_epoch()
+        synchronize(devices)
+        wall = clock() - start
+    finally:
+        del trainer.after_step  # the class's own again
+    first = mark["at"] - start if "at" in mark else wall
+    return wall, first, meter.count, mark.get("images", meter.count)
 
 
 def _race(trainer, batch, rounds: int, warmup: int) -> dict[str, dict[str, list[float]]]:
     """Per contestant, each timed pass's images/s after its first batch and that batch's
     wait; the order alternates round by round."""
     steps = max(1, len(trainer.train_set) // trainer.cfg.optim.batch_size)
-    passes = {"loader": lambda r: _loader_pass(trainer, r),
+    wave = start_up_batches(trainer.cfg.data.workers)
+    passes = {"loader": lambda r: _loader_pass(trainer, r, wave),
               "step": lambda r: _step_pass(trainer, batch, steps),
-              "fed": lambda r: _fed_pass(trainer, r)}
+              "fed": lambda r: _fed_pass(trainer, r, wave)}
     times = {name: {"rate": [], "startup": [], "data_share": [], "cpu_ms": []}
              for name in passes}
     for r in range(warmup + rounds):
@@ -150,6 +182,13 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     train, _, info = load_imagefolder(root, augment="imagenet", image_size=size,
                                       splits=("train",))
     train = decode_on((train, None, info), decode, config.device_list[0])[0]
+    batches, wave = batches_per_epoch(train, config.batch_size), start_up_batches(workers)
+    if batches < 2 * wave:
+        raise UsageError(
+            f"--data '{data}': {len(train)} training images make {batches} batch(es) of "
+            f"{config.batch_size}, too few to rate -j {workers}: a pass needs {2 * wave} at "
+            f"least (its first {wave}, one per worker, are start-up); add images, or lower "
+            "-b or -j")
     threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -138,7 +138,11 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
     """The ``torchrun`` arguments for ``spec``: the workers run ``python -m MODULE COMMAND``."""
     argv = ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
             "--max-restarts", str(spec.max_restarts)]
-    if spec.rdzv_endpoint:
+    if not (spec.rdzv_endpoint or spec.multi_node or spec.master_port):
+        # one node, no port given: a free port, chosen by the rendezvous (torchrun's own
+        # default in newer torch; older ones take a fixed 29500, which two jobs collide on)
+        argv += ["--standalone"]
+    elif spec.rdzv_endpoint:
         argv += ["--rdzv-backend", spec.rdzv_backend or "c10d",
                  "--rdzv-endpoint", spec.rdzv_endpoint]
         if spec.rdzv_id:
