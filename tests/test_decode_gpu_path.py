@@ -268,23 +268,75 @@ def test_a_file_the_device_refuses_is_made_by_the_cpu_path_in_this_process(tmp_p
     assert len(warned) == 1 and "e.jpg" in warned[0]
 
 
-@pytest.mark.parametrize("fault", [torch.OutOfMemoryError, torch.AcceleratorError])
+@pytest.mark.parametrize("fault", [
+    torch.OutOfMemoryError("the device's own failure"),
+    torch.AcceleratorError("the device's own failure"),
+    # torchvision's wrapping of an allocation in nvJPEG's own buffers, and of a build
+    RuntimeError("Error while decoding JPEG images: CUDA out of memory (the device's own "
+                 "failure)"),
+    RuntimeError("decode_jpegs_cuda: torchvision not compiled with nvJPEG support (the "
+                 "device's own failure)")], ids=["oom", "accelerator", "wrapped-oom", "build"])
 def test_a_device_fault_in_the_decode_is_raised_not_taken_for_bad_files(folder, fault):
-    """Out of memory, or a CUDA error, is the device's, not a file's: raised at once, with
-    no file-by-file retry and no quiet fall back to the CPU path."""
+    """Out of memory, a CUDA error, or a torchvision that cannot decode at all is the
+    device's, not a file's: raised at once, with no file-by-file retry and no quiet fall back
+    to the CPU path."""
     train, _ = _sets(folder, 32)
     calls = []
 
     def faulty(files, device):
         calls.append(len(files))
-        raise fault("the device's own failure")
+        raise fault
 
     encoded = DeviceDecoded(train, "cpu", faulty)
     jpegs = [k for k in range(len(train.samples)) if str(train.samples[k][0]).endswith(".jpg")]
     batch, labels = collate_encoded([encoded[(k, 4, 1)] for k in jpegs[:3]], size=32)
-    with pytest.raises(fault, match="own failure"):
+    with pytest.raises(type(fault), match="own failure"):
         DeviceDecoder(encoded, "cpu", faulty)(batch, labels)
     assert calls == [3]
+
+
+def test_refused_files_are_counted_and_warned_about_once(folder, caplog):
+    """A device that refuses files (not a fault) gets them made on the CPU path, counted,
+    and said once, with the reason: never a silent switch to CPU decoding."""
+    train, _ = _sets(folder, 32)
+
+    def refusing(files, device):
+        raise RuntimeError("nvjpegDecode failed: NVJPEG_STATUS_BAD_JPEG")
+
+    encoded = DeviceDecoded(train, "cpu", refusing)
+    jpegs = [k for k in range(len(train.samples)) if str(train.samples[k][0]).endswith(".jpg")]
+    decoder = DeviceDecoder(encoded, "cpu", refusing)
+    with caplog.at_level(logging.WARNING, logger="tandem.data"):
+        for batch in (jpegs[:3], jpegs[3:5]):
+            decoder(*collate_encoded([encoded[(k, 4, 1)] for k in batch], size=32))
+    assert decoder.refused == 5
+    warned = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(warned) == 1 and "NVJPEG_STATUS_BAD_JPEG" in warned[0], warned
+
+
+@pytest.mark.parametrize("mode", ["gpu", "auto"])
+def test_a_decode_that_cannot_run_is_found_before_the_run(folder, monkeypatch, mode, caplog):
+    """A torchvision that cannot decode on the device (built without nvJPEG) is found by a
+    probe when the run starts: `gpu` is refused in one line, `auto` decodes on the CPU and
+    says why; a decode that works wraps the data sets."""
+    monkeypatch.setattr(device_decode, "resolve_decode", lambda mode, device: ("gpu", None))
+    data = (*_sets(folder, 32), "info")
+
+    def broken(files, device):
+        raise RuntimeError("decode_jpegs_cuda: torchvision not compiled with nvJPEG support")
+
+    with caplog.at_level(logging.INFO, logger="tandem.data"):
+        if mode == "gpu":
+            with pytest.raises(UsageError, match=r"^--decode gpu: torchvision could not decode "
+                                                 r"a JPEG on cpu \(.*nvJPEG support\); use "
+                                                 r"--decode cpu$"):
+                device_decode.decode_on(data, mode, torch.device("cpu"), broken)
+        else:
+            assert device_decode.decode_on(data, mode, torch.device("cpu"), broken) is data
+            assert any("decoding JPEGs on the CPU: torchvision could not" in r.getMessage()
+                       for r in caplog.records)
+    wrapped = device_decode.decode_on(data, mode, torch.device("cpu"), host_decode)
+    assert all(isinstance(d, DeviceDecoded) for d in wrapped[:2])
 
 
 def test_decode_resolves_to_the_cpu_without_cuda_and_says_what_gpu_needs(monkeypatch):
@@ -414,10 +466,12 @@ def test_nvjpeg_on_cuda_is_within_the_gpu_bounds_of_the_cpu_path(folder):
     pytest.importorskip("torchvision")
     device = torch.device("cuda")
     worst = {"full": [0.0, 0.0], "reduced": [0.0, 0.0]}
+    decoders = []
     for size in (32, 64, 224):
         for dataset in _sets(folder, size):
             encoded = DeviceDecoded(dataset, device, nvjpeg_decode)
             decoder = DeviceDecoder(encoded, device, nvjpeg_decode)
+            decoders.append(decoder)
             for seed in range(3):
                 for i in range(len(dataset)):
                     key = (i, seed, 2)
@@ -429,8 +483,10 @@ def test_nvjpeg_on_cuda_is_within_the_gpu_bounds_of_the_cpu_path(folder):
                     kind = worst["full" if full else "reduced"]
                     kind[0], kind[1] = max(kind[0], diff.max().item()), \
                         max(kind[1], diff.mean().item())
-    figures = {"device": torch.cuda.get_device_name(device), "worst_max_and_mean": worst}
+    figures = {"device": torch.cuda.get_device_name(device), "worst_max_and_mean": worst,
+               "refused": sum(d.refused for d in decoders)}
     write_measured("nvjpeg_pixels", figures)
+    assert figures["refused"] == 0, figures  # else the CPU path made them: nothing measured
     assert worst["full"][0] <= GPU_FULL_MAX and worst["full"][1] <= GPU_FULL_MEAN, figures
     assert worst["reduced"][0] <= GPU_REDUCED_MAX and \
         worst["reduced"][1] <= GPU_REDUCED_MEAN, figures

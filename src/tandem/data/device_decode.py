@@ -8,8 +8,10 @@ as every batch is (:func:`~tandem.data.device.batch_to_device`). torchvision is 
 here only, when a GPU decode is asked for: tandem's optional ``gpu`` extra, never a CPU need.
 The decode step is a parameter (``decode(files, device) -> images``): the tests decode on the
 host (:func:`host_decode`) and run the rest, the same code, on the CPU device. A file the
-device refuses is made by the CPU path in this process (and, if the CPU decoders refuse it
-too, warned about and replaced, as without ``--decode gpu``).
+device refuses is made by the CPU path in this process (said once a run, and counted; if the
+CPU decoders refuse it too, warned about and replaced, as without ``--decode gpu``). What is
+the device's or the build's, not a file's (out of memory, a CUDA error, no nvJPEG), is raised,
+and a probe decode when the run starts finds a torchvision that cannot decode at all.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, first_line
 
 from .decode import DECODER_ERRORS
 from .decode_stream import DecodeStream
@@ -40,6 +42,17 @@ _EXTRA = "pip install 'tandem[gpu]', torchvision built for this torch"
 # (sticky: every later call would fail too); the decode raises them instead of retrying
 _DEVICE_FAULTS = (torch.OutOfMemoryError, *((torch.AcceleratorError,)
                                             if hasattr(torch, "AcceleratorError") else ()))
+# the same, as torchvision's decode reports them: a plain RuntimeError around nvJPEG's or
+# CUDA's message (its own buffers are allocated outside torch's allocator), or a torchvision
+# built without nvJPEG, which would refuse every file
+_DEVICE_FAULT_WORDS = ("out of memory", "CUDA error", "ALLOCATOR_FAILURE", "nvJPEG support")
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by the device's decode, is the device's (or the build's), not
+    a file's: raised, never retried file by file nor decoded on the CPU instead."""
+    return isinstance(exc, _DEVICE_FAULTS) or (
+        isinstance(exc, RuntimeError) and any(w in str(exc) for w in _DEVICE_FAULT_WORDS))
 
 
 def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
@@ -126,6 +139,7 @@ class DeviceDecoder:
                  stream: DecodeStream | None = None):
         self.dataset, self.device, self.decode = dataset, torch.device(device), decode
         self.stream = DecodeStream(self.device) if stream is None else stream
+        self.refused = 0  # files the device refused, made by the CPU path here instead
 
     def __call__(self, batch: EncodedBatch, labels: torch.Tensor):
         with self.stream.decoding():
@@ -140,7 +154,8 @@ class DeviceDecoder:
                 pieces[at] = crops[j]
         flipped = []
         for (at, _, _, job), image in zip(batch.jobs, self._decoded(batch.files())):
-            if image is None:  # refused here: the CPU path, in this process
+            if isinstance(image, Exception):  # refused here: the CPU path, in this process
+                self._refused(image)
                 crop, label = self.dataset.base.decode_key(job.key)
                 pieces[at], labels[at] = torch.from_numpy(crop).permute(2, 0, 1), label
                 pieces[at] = pieces[at].to(self.device)
@@ -156,26 +171,33 @@ class DeviceDecoder:
             images[at] = images[at].flip(3)
         return images, labels
 
-    def _decoded(self, files: list[torch.Tensor]) -> list[torch.Tensor | None]:
-        """The files decoded on the device in one call; if that fails, one by one, None for
-        each one refused."""
+    def _refused(self, why: Exception) -> None:
+        self.refused += 1
+        if self.refused == 1:  # once a run: a photo collection may hold many such files
+            log.warning("the device refused a file of a batch on %s (%s); it and any other "
+                        "file refused are made by the CPU path in the main process",
+                        self.device, first_line(why))
+
+    def _decoded(self, files: list[torch.Tensor]) -> list[torch.Tensor | Exception]:
+        """The files decoded on the device in one call; if that fails, one by one, with the
+        error in place of each one refused. A device fault (:func:`is_device_fault`) is
+        raised: it is the device's, not the files', and no file-by-file retry may hide it."""
         if not files:
             return []
         refusals = (RuntimeError, *DECODER_ERRORS)
         try:
             return list(self.decode(files, self.device))
-        except _DEVICE_FAULTS:
-            raise  # the device's, not the files': no file-by-file retry hides it
-        except refusals:
-            pass
+        except refusals as exc:
+            if is_device_fault(exc):
+                raise
         images = []
         for data in files:
             try:
                 images.append(self.decode([data], self.device)[0])
-            except _DEVICE_FAULTS:
-                raise
-            except refusals:
-                images.append(None)
+            except refusals as exc:
+                if is_device_fault(exc):
+                    raise
+                images.append(exc)
         return images
 
 
@@ -215,10 +237,29 @@ class DeviceDecoded(EncodedFolder):
         return DecodingLoader(loader, DeviceDecoder(self, self.device, self.decode))
 
 
+def _probed(mode: str, device: torch.device, decode) -> tuple[str, str | None]:
+    """``resolve_decode``'s gpu, once ``decode`` has decoded a small JPEG on ``device``: a
+    torchvision that cannot (built without nvJPEG, or for another CUDA) is refused in one
+    line for ``gpu``, and leaves ``auto`` on the CPU with a notice."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 100, 50)).save(buffer, format="JPEG")
+    probe = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    try:
+        decode([probe], torch.device(device))
+    except Exception as exc:  # any failure here is the setup's: there is no user file yet
+        why = f"torchvision could not decode a JPEG on {device} ({first_line(exc)})"
+        if mode == "gpu":
+            raise UsageError(f"--decode gpu: {why}; use --decode cpu") from None
+        return "cpu", f"decoding JPEGs on the CPU: {why}"
+    return "gpu", None
+
+
 def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode) -> tuple:
     """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` when
     ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given."""
     choice, notice = resolve_decode(mode, device)
+    if choice == "gpu":
+        choice, notice = _probed(mode, device, decode)
     if notice:
         log.info(notice)
     if choice == "cpu":
