@@ -137,6 +137,31 @@ def test_auto_follows_a_handicap_through_data_parallel(monkeypatch):
     assert dp.split.auto.seen == 4
 
 
+
+def test_auto_takes_its_step_at_the_next_forward_not_inside_this_one(monkeypatch):
+    """An owned ``auto`` split reads a forward's spans when the next forward starts: read at
+    the end of the forward, a CUDA span waits for the device's work before the backward can
+    be queued. And a forward with no tensor to cut is not timed (it crashed)."""
+    dp = DataParallel(nn.Linear(4, 3), [CPU, CPU], split="auto")
+    steps = []
+    real = dp.split.step
+    monkeypatch.setattr(dp.split, "step", lambda *a: steps.append(a) or real(*a))
+    dp(torch.randn(16, 4))
+    assert steps == [] and dp.split.auto.seen == 0
+    dp(torch.randn(16, 4))
+    assert steps == [(0, 0)] and dp.split.auto.seen == 1
+
+    class FromCount(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, n):
+            return self.fc(torch.ones(n, 2))
+
+    plain = DataParallel(FromCount(), [CPU, CPU], split="auto")
+    assert plain(3).shape == (3, 2) and plain.split.auto.seen == 0
+
 class _FakeEvent:
     """``torch.cuda.Event`` on the CPU: recorded at a given device time (``clock``)."""
 
@@ -199,9 +224,14 @@ def test_auto_reads_the_spans_at_the_step_not_at_the_forward():
 
 
 @pytest.mark.cuda
-def test_auto_follows_a_gpu_that_is_slow_on_the_device_not_on_the_host():
+def test_auto_follows_a_gpu_that_is_slow_on_the_device_not_on_the_host(monkeypatch):
     """Replica 1 keeps its GPU busy (torch.cuda._sleep: no host time): measured on the host,
-    both replicas look alike; measured on the device, the shares move to replica 0."""
+    both replicas look alike; measured on the device, the shares move to replica 0.
+
+    With one GPU both replicas queue on its one stream, where a span holds whatever was
+    queued between its events: replica 1 starts first and replica 0 a clear 50 ms later
+    (tests/forced_order.py), so that replica 0's span starts after replica 1's sleep."""
+    import forced_order
 
     class Busy(nn.Module):
         def __init__(self):
@@ -216,8 +246,10 @@ def test_auto_follows_a_gpu_that_is_slow_on_the_device_not_on_the_host():
             return self.fc(x)
 
     dp = DataParallel(Busy().cuda(), ["cuda:0", "cuda:0"], split="auto")
-    for _ in range(6):
-        dp(torch.randn(16, 4, device="cuda")).sum().backward()
+    monkeypatch.setattr(forced_order, "STAGGER", 0.05)
+    with forced_order.replicas_in_order(monkeypatch, reverse=True):
+        for _ in range(6):
+            dp(torch.randn(16, 4, device="cuda")).sum().backward()
     share0, share1 = dp.last_shares
     assert share0 > share1, dp.last_shares
 

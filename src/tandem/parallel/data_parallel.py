@@ -66,8 +66,8 @@ class DataParallel(nn.Module):
 
     ``split`` sets each device's share of a batch: weights such as ``(3, 1)`` (see
     :mod:`tandem.parallel.split`; a device may get none), or ``"auto"``, which times each
-    replica's forward in training and moves the weights toward the speeds after each
-    training forward. ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
+    replica's forward in training and moves the weights toward the speeds before the next
+    forward (read then, a CUDA device's time waits for nothing that is still running). ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
     :class:`~tandem.parallel.split.BatchSplit`; a strategy passes its own as ``split`` and
     steps it once per optimizer step. The update is the same whatever the shares.
     ``last_shares`` holds the chunk sizes of the last forward, one per device.
@@ -95,6 +95,7 @@ class DataParallel(nn.Module):
         self.backward_threads = threaded_backward.decide(
             self.device_ids, backward_threads, split=self.split.weights() is not None)
         self.last_shares: list[int] | None = None
+        self._unobserved = False  # an owned "auto" split holds a forward's times, not stepped
         self.output_device = self.device_ids[0] if output_device is None else as_device(output_device)
         self.dim = dim
         self.gather_dim = dim if gather_dim is None else gather_dim
@@ -105,6 +106,9 @@ class DataParallel(nn.Module):
         if len(self.device_ids) == 1:  # one device: the module itself, nothing in between
             home = self.device_ids[0]
             return self.single(self.module(*_move_to(inputs, home), **_move_to(kwargs, home)))
+        if self._unobserved:  # the last training forward's times, its work long done
+            self._unobserved = False
+            self.split.step(0, 0)
         # (B, ...) -> chunks of the split's shares (default about B/n) on the devices used
         devices, sizes = self.placement(inputs, kwargs)
         inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
@@ -115,7 +119,8 @@ class DataParallel(nn.Module):
             replicas, leaves = replicate_detached(self.module, devices)
         else:
             replicas = self.replicate(self.module, devices)
-        timed = self.split.auto is not None and self.training and torch.is_grad_enabled()
+        timed = (self.split.auto is not None and self.training and torch.is_grad_enabled()
+                 and self.last_shares is not None)  # None: no tensor to cut, nothing to time
         runs = [_Timed(r, d) for r, d in zip(replicas, devices)] if timed else replicas
         with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
             group = ReplicaGroup(devices, separate_backward=threaded)
@@ -124,8 +129,9 @@ class DataParallel(nn.Module):
             spans = iter(r.span for r in runs)
             for i, n in enumerate(self.last_shares):
                 self.split.record(i, n, next(spans) if n else 0.0)
-            if self.owns_split:  # one forward, one step: the next batch takes the new shares
-                self.split.step(0, 0)
+            # one forward, one step, taken at the next forward: stepped here, it would wait
+            # for this forward's device work before the backward could be queued
+            self._unobserved = self.owns_split
         if threaded:
             outputs = threaded_backward.join(outputs, leaves, group)
         self.sync_buffers(replicas, inputs, kwargs)
