@@ -147,8 +147,8 @@ def _fed_pass(trainer, epoch: int, wave: int) -> tuple[float, float, int, int]:
 
 
 def _race(trainer, batch, rounds: int, warmup: int) -> dict[str, dict[str, list[float]]]:
-    """Per contestant, each timed pass's images/s after its first batch and that batch's
-    wait; the order alternates round by round."""
+    """Per contestant, each timed pass's images/s after its start-up (the first wave of
+    batches) and the start-up's seconds; the order alternates round by round."""
     steps = max(1, len(trainer.train_set) // trainer.cfg.optim.batch_size)
     wave = start_up_batches(trainer.cfg.data.workers)
     passes = {"loader": lambda r: _loader_pass(trainer, r, wave),
@@ -255,6 +255,7 @@ def format_fed_table(report: dict) -> str:
     lines.append(f"fed / min(loader, step): {report['ratio']:.2f}x (the {report['limit']} is "
                  f"the limit; fed / loader {report['fed_vs_loader']:.2f}x, fed / step "
                  f"{report['fed_vs_step']:.2f}x; medians of the rounds' ratios, rates after "
-                 f"each pass's first batch)")
+                 f"each pass's start-up, its first {start_up_batches(c['workers'])} "
+                 f"batch(es), one per worker)")
     lines += noise_lines([(r["name"], r["images_per_sec"]) for r in report["results"]])
     return "\n".join(lines)
