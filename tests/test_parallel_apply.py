@@ -143,6 +143,22 @@ def test_every_replica_thread_sees_the_callers_stream_of_every_device(monkeypatc
     assert all(streams == [f"caller's {d}" for d in devices] for _, streams in seen)
 
 
+
+def test_a_single_replica_runs_inline_on_its_own_device(monkeypatch):
+    """Run inline, one replica still has its device made the current one, as in a thread:
+    code that allocates on "the" CUDA device (``device="cuda"``) must land on the replica's,
+    also on a step where only the second GPU got samples."""
+    cuda = _FakeCudaStreams()
+    for name in ("current_stream", "stream", "device"):
+        monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
+
+    class Look(nn.Module):
+        def forward(self, x):
+            return cuda.state()["device"]
+
+    assert parallel_apply([Look()], [torch.ones(1)], devices=["cuda:1"]) == [1]
+    assert cuda.state()["device"] == 0  # the caller's again
+
 @pytest.mark.cuda
 def test_cuda_replica_threads_take_the_callers_streams_of_every_device():
     if torch.cuda.device_count() < 2:

@@ -79,9 +79,7 @@ def run_shards(modules: Sequence[torch.nn.Module], inputs: Sequence[torch.Tensor
                devices: Sequence[torch.device]) -> list[torch.Tensor]:
     """Run ``modules[j](inputs[j])`` for every shard in its own thread, on the engine.
 
-    One shard runs inline (no thread). An error is re-raised by the engine's
-    ``parallel_apply`` with a message naming the replica (shard) and its device.
+    One shard runs inline (no thread, its device the current one). An error is re-raised by
+    the engine's ``parallel_apply`` with a message naming the replica (shard) and its device.
     """
-    if len(modules) == 1:
-        return [modules[0](inputs[0])]
     return list(parallel_apply(list(modules), [(x,) for x in inputs], devices=list(devices)))

@@ -109,8 +109,8 @@ class _State:
                         stack.enter_context(torch.cuda.stream(stream))
                 stack.enter_context(torch.cuda.device(device))
                 stack.enter_context(torch.cuda.stream(self.streams[device]))
-            elif device.type != "cpu" and device.index is not None and _is_accelerator(device):
-                stack.enter_context(torch.accelerator.device_index(device.index))
+            else:
+                stack.enter_context(_current_device(device))
             changed = (_PER_THREAD_THREADS and device.type == "cpu"
                        and torch.get_num_threads() != self.cpu_threads)
             if changed:
@@ -122,6 +122,16 @@ class _State:
                     # set_num_threads also sets the default that threads started later take
                     # up; put the caller's value back so nothing outside this call sees ours
                     torch.set_num_threads(self.total_threads)
+
+
+def _current_device(device: torch.device):
+    """``device`` made the current one of its kind (CUDA or another accelerator) meanwhile, so
+    that code that allocates on "the" device (``device="cuda"``) lands on the replica's."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    if device.type != "cpu" and device.index is not None and _is_accelerator(device):
+        return torch.accelerator.device_index(device.index)
+    return contextlib.nullcontext()
 
 
 def _is_accelerator(device: torch.device) -> bool:
@@ -194,9 +204,9 @@ def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | 
     group = ReplicaGroup(devices) if group is None else group
     if group.num_replicas != n:
         raise UsageError(f"parallel_apply got {n} modules but a group of {group.num_replicas}")
-    if n == 1:  # inline: the caller's thread settings already apply
+    if n == 1:  # inline: the caller's thread settings already apply, but for the device
         try:
-            with use(ReplicaContext(0, devices[0], group)):
+            with _current_device(devices[0]), use(ReplicaContext(0, devices[0], group)):
                 return [_call(modules[0], inputs[0], kwargs_list[0])]
         except Exception as exc:
             _raise_named(exc, 0, devices[0])
