@@ -422,6 +422,25 @@ def test_a_ddp_rank_resumes_its_own_gpus_generator_from_rank_0s(monkeypatch):
     assert resumed0.states == {0: "after 40 steps", 1: "fresh"}
 
 
+
+def test_a_run_on_the_second_gpu_resumes_under_ranks_that_include_it(monkeypatch):
+    """`--strategy single --devices cuda:1` never makes cuda:1 the current device (0 stays
+    current): the saver's own generator is the one of the device it trained on, cuda:1. Its
+    state goes to the resuming rank's own device, here cuda:1 again; the process's current
+    device would have named cuda:0's unused one and thrown cuda:1's away."""
+    single = _FakeCuda(current=0)
+    single.states[1] = "after 40 steps on cuda:1"
+    single.install(monkeypatch)
+    saved = checkpoint.capture_rng(torch.device("cuda:1"))
+    rank = _FakeCuda(current=1)  # a ddp rank on cuda:1 (set_device made it current)
+    rank.install(monkeypatch)
+    checkpoint.restore_rng(saved, torch.device("cuda:1"))
+    assert rank.states[1] == "after 40 steps on cuda:1"
+    alone = _FakeCuda(current=0)  # the same single run resumed: cuda:0 is current again
+    alone.install(monkeypatch)
+    checkpoint.restore_rng(saved, torch.device("cuda:1"))
+    assert alone.states == {0: "fresh", 1: "after 40 steps on cuda:1"}
+
 # -- tandem's own wrappers ------------------------------------------------------------------
 
 @pytest.mark.parametrize("wrapper", ["DataParallel", "DataParallelModel"])

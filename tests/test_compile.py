@@ -113,7 +113,8 @@ def test_the_warm_up_leaves_no_time_for_split_auto(monkeypatch):
     from tandem.train import compile as warming
 
     split = BatchSplit("auto", 2)
-    trainer = SimpleNamespace(model=TinyNet(), strategy=SimpleNamespace(split=split),
+    trainer = SimpleNamespace(model=TinyNet(),
+                              strategy=SimpleNamespace(split=split, device=torch.device("cpu")),
                               train_set=object(), val_set=object())
     rehearsed = []
 

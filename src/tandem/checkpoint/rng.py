@@ -11,8 +11,18 @@ from tandem.errors import UsageError
 __all__ = ["capture_rng", "restore_rng"]
 
 
-def capture_rng() -> dict:
-    """Every RNG state a training run uses; CUDA's only when CUDA is already initialised."""
+def _own_cuda(device) -> int:
+    """The CUDA device a process trains on (``device``'s index; else the current one)."""
+    device = None if device is None else torch.device(device)
+    if device is not None and device.type == "cuda" and device.index is not None:
+        return device.index
+    return torch.cuda.current_device()
+
+
+def capture_rng(device=None) -> dict:
+    """Every RNG state a training run uses; CUDA's only when CUDA is already initialised.
+    ``device``: the one the process trains on (default: the current CUDA device), whose
+    generator a resumed process takes as its own (see :func:`restore_rng`)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, py_state, gauss_next = random.getstate()
     state = {
@@ -24,12 +34,13 @@ def capture_rng() -> dict:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
-        state["cuda_current"] = torch.cuda.current_device()
+        state["cuda_current"] = _own_cuda(device)
     return state
 
 
-def restore_rng(state: dict) -> None:
-    """Restore what :func:`capture_rng` captured; missing parts are left alone."""
+def restore_rng(state: dict, device=None) -> None:
+    """Restore what :func:`capture_rng` captured; missing parts are left alone. ``device``:
+    the one this process trains on (default: the current CUDA device)."""
     if not isinstance(state, dict):
         raise UsageError(f"RNG state must be a dict, got {type(state).__name__}")
     if "torch" in state:
@@ -48,7 +59,8 @@ def restore_rng(state: dict) -> None:
             torch.cuda.set_rng_state(s, i)
         # this process's own device takes the saver's own device's state: a ddp rank r runs
         # on cuda:r, and rank 0 (the saver) on cuda:0, whose generator went where rank r's
-        # did (every rank is seeded alike); rank 0's cuda:r generator was never used
+        # did (every rank is seeded alike); rank 0's cuda:r generator was never used. The
+        # same holds between strategies: a single run on cuda:1 resumed by ranks on cuda:1,2
         saver = state.get("cuda_current")
         if saver is not None and saver < len(cuda):
-            torch.cuda.set_rng_state(cuda[saver], torch.cuda.current_device())
+            torch.cuda.set_rng_state(cuda[saver], _own_cuda(device))

@@ -49,7 +49,8 @@ def warm_up(trainer: Trainer, train: bool = True) -> float:
     """
     model = trainer.model
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    rng, mode = checkpoint.capture_rng(), model.training
+    device = trainer.strategy.device
+    rng, mode = checkpoint.capture_rng(device), model.training
     start = time.perf_counter()
     try:
         if train:
@@ -60,7 +61,7 @@ def warm_up(trainer: Trainer, train: bool = True) -> float:
             model.load_state_dict(saved)
         for param in model.parameters():
             param.grad = None
-        checkpoint.restore_rng(rng)
+        checkpoint.restore_rng(rng, device)
         model.train(mode)
         trainer.strategy.split.discard()  # --split auto must not take the compile for a step
     return time.perf_counter() - start

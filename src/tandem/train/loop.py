@@ -253,7 +253,7 @@ class Trainer:
             scheduler=epoch_state(self.optimizer, pos.epoch),  # what StepLR & co. can load
             tandem_scheduler=self.scheduler.state_dict(),  # tandem's own, per step
             scaler=self.scaler.state_dict(),
-            rng=checkpoint.capture_rng(),
+            rng=checkpoint.capture_rng(self.strategy.device),
             data_position=pos.as_dict(),
             epoch_progress=progress,
             split=self.strategy.split.state_dict(),

@@ -169,8 +169,9 @@ def _fit_devices(cfg: TrainConfig, notes: list[str]) -> tuple[TrainConfig, list[
 
 
 def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, optimizer,
-            scheduler, scaler) -> tuple[dict, list[str]]:
-    """Load ``ckpt``'s optimizer, scheduler, scaler and RNG into those built for the run.
+            scheduler, scaler, device=None) -> tuple[dict, list[str]]:
+    """Load ``ckpt``'s optimizer, scheduler, scaler and RNG into those built for the run
+    (``device``: the one this process trains on, whose generator continues the saver's).
 
     Returns where the trainer starts (``position``, ``best_acc1``, ``carried``: its fields)
     and the lines to say about it. An imagenet-example checkpoint resumes at the start of
@@ -207,7 +208,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
             group.update(lr=base_lr * factor, initial_lr=base_lr)
         scheduler.last_epoch = position.step
     if ckpt.get("rng") is not None:
-        checkpoint.restore_rng(ckpt["rng"])
+        checkpoint.restore_rng(ckpt["rng"], device)
     # A file from elsewhere has its best weights in a file of its own (model_best.pth.tar),
     # not here: "best" starts afresh in this run's directory, so best.pt is what it says.
     best = float(ckpt.get("best_acc1") or 0.0)

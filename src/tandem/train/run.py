@@ -124,7 +124,7 @@ def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
         return {}, []
     ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
     start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], parts["optimizer"],
-                           parts["scheduler"], parts["scaler"])
+                           parts["scheduler"], parts["scaler"], plan.strategy.device)
     plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
     if foreign.is_foreign(ckpt):
         check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
