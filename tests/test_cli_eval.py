@@ -188,3 +188,28 @@ def test_eval_under_ddp_without_torchrun_prints_the_eval_launch_command(tmp_path
     assert (f"`tandem launch --nproc-per-node N -- eval --resume {path} -a cifar_resnet20 "
             f"{' '.join(DATA)} --strategy ddp --devices cpu`") in proc.stderr
     assert "-- train" not in proc.stderr
+
+
+def test_a_gpu_fp16_run_is_scored_here_in_float32_and_not_resumed_here(tmp_path, capsys):
+    """A run trained with --amp on CUDA (fp16, as its config records) is evaluated on a CPU
+    in float32, saying so, with the loss of its float32 twin; resuming it on the CPU, which
+    would change what it computes, is refused in one line that names the run's flags."""
+    assert main(["train", *DATA, "-b", "8", "--epochs", "1", "--no-progress", "--devices",
+                 "cpu", "--out", str(tmp_path / "run")]) == 0
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    ckpt["config"]["parallel"].update(amp=True, amp_dtype="fp16", devices="cuda")
+    torch.save(ckpt, tmp_path / "gpu.pt")
+    capsys.readouterr()
+    assert main(["eval", "--resume", str(tmp_path / "gpu.pt"), "--devices", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "precision: float32 (the run's --amp --amp-dtype fp16 cannot run on cpu)"
+    assert main(["eval", "--resume", str(tmp_path / "run" / "checkpoint.pt"), "--devices",
+                 "cpu"]) == 0
+    twin = capsys.readouterr().out.splitlines()
+    assert out[-1].split(": ", 1)[1] == twin[-1].split(": ", 1)[1]  # the same scores
+    assert main(["train", "--resume", str(tmp_path / "gpu.pt"), "--devices", "cpu",
+                 "--epochs", "2", "--out", str(tmp_path / "more")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "trains with --amp --amp-dtype fp16, which cannot run on cpu" \
+        in err, err
+    assert not (tmp_path / "more").exists()

@@ -6,6 +6,9 @@ from dataclasses import replace
 
 from tandem import checkpoint
 from tandem.config import ParallelConfig, TrainConfig
+from tandem.errors import UsageError
+from tandem.parallel.devices import parse_device_spec
+from tandem.precision import amp_precision
 from tandem.data.load import GIVEN_DATA
 from tandem.factory import is_reference
 
@@ -20,13 +23,22 @@ __all__ = ["evaluate"]
 def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | None,
                    amp_dtype: str | None) -> tuple[ParallelConfig, str]:
     """``parallel`` with the ``--amp`` an eval uses: as typed (``amp``, ``amp_dtype``), else the
-    run's; and the words for where it came from."""
+    run's, or float32 where the run's cannot run (a GPU run's fp16 evaluated on a CPU); and the
+    words for where it came from (the whole precision line for that float32)."""
     if amp is not None or amp_dtype is not None:
         return replace(parallel, amp=bool(amp) or amp_dtype is not None,
                        amp_dtype=amp_dtype), " (as given)"
     if not saved.parallel.amp:
         return replace(parallel, amp=False, amp_dtype=None), ""
-    return (replace(parallel, amp=True, amp_dtype=saved.parallel.amp_dtype),
+    dtype = saved.parallel.amp_dtype
+    device = parse_device_spec(parallel.devices, "--devices")[0]
+    try:
+        amp_precision(device.type, True, dtype)
+    except UsageError:  # a CUDA run's fp16 on a CPU, or bf16 on a CPU without it
+        flags = "--amp" + (f" --amp-dtype {dtype}" if dtype else "")
+        return (replace(parallel, amp=False, amp_dtype=None),
+                f"precision: float32 (the run's {flags} cannot run on {device.type})")
+    return (replace(parallel, amp=True, amp_dtype=dtype),
             " (the run's --amp; --no-amp for float32)")
 
 
@@ -70,4 +82,6 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
         note = note.replace(foreign.DATA_SIZE, f"{result['image_size']}px")
     if result["precision"]:
         result["precision"] += source
+    elif source.startswith("precision: "):  # the run's --amp, which cannot run here
+        result["precision"] = source
     return dict(result, note=note)

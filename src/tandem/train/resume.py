@@ -19,6 +19,7 @@ from tandem.config import TrainConfig
 from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun, restart_count
 from tandem.errors import UsageError, first_line
 from tandem.parallel.devices import parse_device_spec
+from tandem.precision import amp_precision
 from tandem.strategies import strategy_class, strategy_names
 
 from . import foreign, rundir
@@ -54,7 +55,25 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
         _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
         if "devices" not in given:
             cfg, notes = _fit_devices(cfg, notes)
+        _check_precision_runs(cfg, path)
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
+
+
+def _check_precision_runs(cfg: TrainConfig, path: str) -> None:
+    """A run's ``--amp`` is part of what it computes and goes on as it was: refused in one
+    line, naming the run's flags, on a device where it cannot run (fp16 on a CPU)."""
+    p = cfg.parallel
+    if not p.amp:
+        return
+    device = parse_device_spec(p.devices, "--devices")[0]
+    try:
+        amp_precision(device.type, True, p.amp_dtype)
+    except UsageError as exc:
+        flags = "--amp" + (f" --amp-dtype {p.amp_dtype}" if p.amp_dtype else "")
+        why = "fp16 autocast is for CUDA" if p.amp_dtype == "fp16" else first_line(exc)
+        raise UsageError(f"'{path}' trains with {flags}, which cannot run on {device.type} "
+                         f"({why}); a run keeps its precision: resume it on a device where "
+                         "it runs (`tandem eval` scores it here, in float32)") from None
 
 
 def _saved_position(ckpt: dict) -> tuple[int, int, int | None]:
