@@ -94,6 +94,24 @@ def test_row_takes_whole_tensor(n):
     assert shapes.count((3,)) == 1 and len(shapes) == len(layer.shards) + 1  # bias held once
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_row_under_autocast_gives_linears_dtype_and_sums_in_float32(n):
+    """Under bf16 autocast nn.Linear returns bf16, summed in float32 inside its matmul; the
+    row-parallel layer returns bf16 too (it returned float32, its bias promoting a bf16 sum
+    of bf16 partials) and sums its partials in float32: within one bf16 rounding of a float32
+    sum of the same bf16 partials, and of nn.Linear's output."""
+    torch.manual_seed(0)
+    ref = nn.Linear(96, 5)
+    layer = RowParallelLinear.from_linear(ref, cpus(n))
+    x = torch.randn(8, 96) * 30
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, want = layer(x), ref(x)
+        parts = [s(b) for s, b in zip(layer.shards, torch.split(x, layer.sizes, -1))]
+    assert out.dtype == want.dtype == torch.bfloat16
+    exact = sum(p.float() for p in parts) + ref.bias
+    torch.testing.assert_close(out, exact.to(torch.bfloat16), atol=0, rtol=0)
+    torch.testing.assert_close(out.float(), want.float(), atol=0.5, rtol=2 ** -7)
+
 @pytest.mark.parametrize("n", DEVICES)
 @pytest.mark.parametrize("hidden", [10, 3])
 def test_column_row_pair_matches_mlp(n, hidden):

@@ -197,10 +197,16 @@ class RowParallelLinear(_ShardedLinear):
     def forward(self, xs):
         # xs[j]: (..., sizes[j]) on devices[j]  ->  partial[j]: (..., out) on devices[j]
         partials = run_shards(self.shards, self._inputs(xs), self.devices)
-        out = move(partials[0], self.output_device, 0, self.home)
-        for j in range(1, len(partials)):  # summed in shard order on the output device
-            out = out + move(partials[j], self.output_device, j, self.home)
-        return out if self.bias is None else out + self.bias  # (..., out)
+        # summed in shard order on the output device, in float32 at least: under autocast the
+        # partials are bf16/fp16, and one matmul would have summed them in float32 too; the
+        # result takes the partials' dtype, as nn.Linear's output has autocast's
+        dtype = partials[0].dtype
+        work = torch.promote_types(dtype, torch.float32)
+        out = move(partials[0], self.output_device, 0, self.home).to(work)
+        for j in range(1, len(partials)):
+            out = out + move(partials[j], self.output_device, j, self.home).to(work)
+        out = out if self.bias is None else out + self.bias.to(work)
+        return out.to(dtype)  # (..., out)
 
 
 class Shardwise(nn.Module):
