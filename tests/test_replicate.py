@@ -154,6 +154,30 @@ def test_replicas_on_one_other_device_share_one_copy(detached):
     assert _storages(apart[2]) != _storages(apart[3])
 
 
+
+def test_the_last_steps_copies_are_let_go_before_the_new_ones_are_made(monkeypatch):
+    """The cached replicas keep last step's copies of the weights on each other device; kept
+    through the next copy, they would raise that device's peak by one more copy of the model.
+    (``cpu:0`` takes a GPU's copy path: see OTHER.)"""
+    import importlib
+    import weakref
+
+    replicate_module = importlib.import_module("tandem.parallel.replicate")  # not the function
+    net = Net()
+    old = [weakref.ref(p) for p in replicate(net, OTHER)[2].parameters()]
+    assert all(ref() is not None for ref in old)  # held by the cache between steps
+    seen = []
+    real = replicate_module.copy_params
+
+    def watching(*args, **kwargs):
+        seen.append(sum(ref() is not None for ref in old))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(replicate_module, "copy_params", watching)
+    fresh = replicate(net, OTHER)
+    assert seen == [0]
+    assert _storages(fresh[2]) == _storages(fresh[3]) and not _storages(fresh[2]) & _storages(net)
+
 @pytest.mark.parametrize("threads", [False, True])
 def test_replicas_sharing_a_copy_get_every_gradient(threads):
     """The shared copy still sends each replica's gradient back: DataParallel over two replicas

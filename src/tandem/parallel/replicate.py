@@ -132,6 +132,12 @@ class _ReplicaSet:
         return all(ref() is m for ref, m in zip(self.originals, modules))
 
     def refresh(self, modules: list[nn.Module], devices: list[torch.device]) -> None:
+        # let the last step's copies go before the new ones are made: held through the copy,
+        # they would make each device's peak one more copy of the weights
+        self.leaves = {}
+        for reps in self.trees.values():
+            for m, rep in zip(modules, reps):
+                rep.__dict__["_parameters"] = dict(m.__dict__["_parameters"])
         moving = {}
         for m, names in zip(modules, self.moved):
             for name in names:
