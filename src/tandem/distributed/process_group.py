@@ -38,9 +38,7 @@ def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
     - CPU: ``cpu`` (every worker on the machine shares it; one ``cpu`` entry is expected).
     - an accelerator list: entry ``LOCAL_RANK`` of it, so ``--devices cuda`` (every GPU) gives
       ``cuda:LOCAL_RANK`` and ``--devices cuda:2,3`` gives worker 0 ``cuda:2`` and worker 1
-      ``cuda:3``. A list shorter than the workers on this machine is a ``ValueError``, but
-      for one GPU in a process that sees only its own (``CUDA_VISIBLE_DEVICES`` set per
-      worker): then every worker takes its ``cuda:0``.
+      ``cuda:3``. A list shorter than the workers on this machine is a ``ValueError``.
     """
     devices = list(devices)
     if not devices:
@@ -55,7 +53,7 @@ def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
                 "use --devices cpu and more processes (--nproc-per-node N)"
             )
         return devices[0]
-    if len(devices) == 1 and (env.local_world_size == 1 or _one_visible(devices[0])):
+    if len(devices) == 1 and env.local_world_size == 1:
         return devices[0]
     if env.local_rank >= len(devices):
         raise UsageError(
@@ -64,14 +62,6 @@ def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
             f"give one device per process on this machine ({env.local_world_size})"
         )
     return devices[env.local_rank]
-
-
-def _one_visible(device: torch.device) -> bool:
-    """Whether the launcher gave this process a GPU of its own: ``CUDA_VISIBLE_DEVICES`` names
-    one (a per-task GPU, as SLURM's ``--gpus-per-task=1`` sets it), so each worker's
-    ``cuda:0`` is another GPU."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    return device.type == "cuda" and len([v for v in visible.split(",") if v.strip()]) == 1
 
 
 def backend_for(device: torch.device) -> str:
