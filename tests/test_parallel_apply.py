@@ -89,10 +89,14 @@ def test_grad_mode_and_autocast_reach_the_threads():
 
 
 class _FakeCudaStreams:
-    """torch.cuda's current device and per-device current streams, kept per thread."""
+    """torch.cuda's current device and per-device current streams, kept per thread, as
+    torch's stream context moves them: setting a stream makes its device current (a
+    ``cudaSetDevice``, recorded in ``set_devices``), and leaving the context sets back the
+    stream of the device that was current on entry. Streams are named "... cuda:i"."""
 
     def __init__(self):
         self.local = threading.local()
+        self.set_devices: list[int] = []  # by set_stream, any thread
 
     def state(self) -> dict:
         if not hasattr(self.local, "streams"):
@@ -103,15 +107,25 @@ class _FakeCudaStreams:
         index = torch.device(device).index if device is not None else self.state()["device"]
         return self.state()["streams"].get(index, f"default of cuda:{index}")
 
+    def _set_stream(self, stream):
+        index = int(stream.rsplit(":", 1)[1])
+        self.state()["streams"][index] = stream
+        self.state()["device"] = index
+        self.set_devices.append(index)
+
     @contextlib.contextmanager
-    def stream(self, stream):  # a caller stream is named "caller's cuda:i"
-        streams, index = self.state()["streams"], int(stream.rsplit(":", 1)[1])
-        before = streams.get(index)
-        streams[index] = stream
+    def stream(self, stream):
+        state, index = self.state(), int(stream.rsplit(":", 1)[1])
+        source = self.current_stream()  # of the device current on entry
+        target = self.current_stream(f"cuda:{index}")
+        self._set_stream(stream)
         try:
             yield
         finally:
-            streams[index] = before
+            if int(source.rsplit(":", 1)[1]) != index:
+                self._set_stream(target)
+            self._set_stream(source)
+            assert state is self.state()
 
     @contextlib.contextmanager
     def device(self, device):
@@ -141,6 +155,25 @@ def test_every_replica_thread_sees_the_callers_stream_of_every_device(monkeypatc
         seen = parallel_apply([Look() for _ in devices], [torch.ones(1)] * 3, devices=devices)
     assert [index for index, _ in seen] == [0, 1, 2]  # each on its own device
     assert all(streams == [f"caller's {d}" for d in devices] for _, streams in seen)
+
+
+def test_replica_threads_never_make_a_gpu_the_run_does_not_use_current(monkeypatch):
+    """A fresh thread's current device is cuda:0; a stream context entered there would make
+    cuda:0 current again on exit (a cudaSetDevice, which makes a CUDA context on it) in a run
+    on cuda:1,2 alone. The replica's own device is entered first."""
+    cuda = _FakeCudaStreams()
+    for name in ("current_stream", "stream", "device"):
+        monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
+    devices = ["cuda:1", "cuda:2"]
+
+    class Look(nn.Module):
+        def forward(self, x):
+            return cuda.state()["device"]
+
+    with cuda.stream("caller's cuda:1"), cuda.stream("caller's cuda:2"):
+        cuda.set_devices.clear()
+        assert parallel_apply([Look(), Look()], [torch.ones(1)] * 2, devices=devices) == [1, 2]
+        assert cuda.set_devices and 0 not in cuda.set_devices, cuda.set_devices
 
 
 

@@ -103,11 +103,14 @@ class _State:
             if device.type == "cuda":
                 # every device's caller stream, not only its own: a replica that copies another
                 # replica's tensor (SyncBatchNorm's merge) orders the copy after the work on
-                # the source's current stream, which must be the one that work was queued on
+                # the source's current stream, which must be the one that work was queued on.
+                # Its own device first: a stream context, on exit, makes current again the
+                # device that was current when it was entered (cudaSetDevice), and a fresh
+                # thread's is cuda:0, which the run may not use at all
+                stack.enter_context(torch.cuda.device(device))
                 for other, stream in self.streams.items():
                     if other != device:
                         stack.enter_context(torch.cuda.stream(stream))
-                stack.enter_context(torch.cuda.device(device))
                 stack.enter_context(torch.cuda.stream(self.streams[device]))
             else:
                 stack.enter_context(_current_device(device))
