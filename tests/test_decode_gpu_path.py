@@ -271,11 +271,22 @@ def test_a_file_the_device_refuses_is_made_by_the_cpu_path_in_this_process(tmp_p
 @pytest.mark.parametrize("fault", [
     torch.OutOfMemoryError("the device's own failure"),
     torch.AcceleratorError("the device's own failure"),
-    # torchvision's wrapping of an allocation in nvJPEG's own buffers, and of a build
-    RuntimeError("Error while decoding JPEG images: CUDA out of memory (the device's own "
+    # torchvision's own wording (decode_jpegs_cuda.cpp): torch's allocator, nvJPEG's
+    # allocator (status 5) and execution (6), the stream, the decoder, the build
+    RuntimeError("Error while decoding JPEG images: CUDA out of memory. Tried to allocate "
+                 "2.00 MiB (the device's own failure)"),
+    RuntimeError("Error while decoding JPEG images: Failed to decode batch: 5 (the device's "
+                 "own failure)"),
+    RuntimeError("Error while decoding JPEG images: Failed to decode jpeg stream: 6 (the "
+                 "device's own failure)"),
+    RuntimeError("Error while decoding JPEG images: Failed to synchronize CUDA stream: 700 "
+                 "(the device's own failure)"),
+    RuntimeError("Failed to initialize nvjpeg with hardware backend: 8 (the device's own "
                  "failure)"),
     RuntimeError("decode_jpegs_cuda: torchvision not compiled with nvJPEG support (the "
-                 "device's own failure)")], ids=["oom", "accelerator", "wrapped-oom", "build"])
+                 "device's own failure)")],
+    ids=["oom", "accelerator", "wrapped-oom", "nvjpeg-allocator", "nvjpeg-execution",
+         "stream", "decoder", "build"])
 def test_a_device_fault_in_the_decode_is_raised_not_taken_for_bad_files(folder, fault):
     """Out of memory, a CUDA error, or a torchvision that cannot decode at all is the
     device's, not a file's: raised at once, with no file-by-file retry and no quiet fall back
@@ -300,8 +311,8 @@ def test_refused_files_are_counted_and_warned_about_once(folder, caplog):
     and said once, with the reason: never a silent switch to CPU decoding."""
     train, _ = _sets(folder, 32)
 
-    def refusing(files, device):
-        raise RuntimeError("nvjpegDecode failed: NVJPEG_STATUS_BAD_JPEG")
+    def refusing(files, device):  # nvJPEG's status 3, a bad JPEG: the file's
+        raise RuntimeError("Error while decoding JPEG images: Failed to get image info: 3")
 
     encoded = DeviceDecoded(train, "cpu", refusing)
     jpegs = [k for k in range(len(train.samples)) if str(train.samples[k][0]).endswith(".jpg")]
@@ -311,7 +322,7 @@ def test_refused_files_are_counted_and_warned_about_once(folder, caplog):
             decoder(*collate_encoded([encoded[(k, 4, 1)] for k in batch], size=32))
     assert decoder.refused == 5
     warned = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(warned) == 1 and "NVJPEG_STATUS_BAD_JPEG" in warned[0], warned
+    assert len(warned) == 1 and "Failed to get image info: 3" in warned[0], warned
 
 
 @pytest.mark.parametrize("mode", ["gpu", "auto"])
@@ -337,6 +348,11 @@ def test_a_decode_that_cannot_run_is_found_before_the_run(folder, monkeypatch, m
                        for r in caplog.records)
     wrapped = device_decode.decode_on(data, mode, torch.device("cpu"), host_decode)
     assert all(isinstance(d, DeviceDecoded) for d in wrapped[:2])
+    # data sets of no JPEG files (synthetic, CIFAR): nothing probed, nothing said
+    caplog.clear()
+    plain = (torch.utils.data.TensorDataset(torch.zeros(2)), None, "info")
+    assert device_decode.decode_on(plain, mode, torch.device("cpu"), broken) is plain
+    assert not caplog.records
 
 
 def test_decode_resolves_to_the_cpu_without_cuda_and_says_what_gpu_needs(monkeypatch):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import logging
+import re
 
 import numpy as np
 import torch
@@ -42,17 +43,25 @@ _EXTRA = "pip install 'tandem[gpu]', torchvision built for this torch"
 # (sticky: every later call would fail too); the decode raises them instead of retrying
 _DEVICE_FAULTS = (torch.OutOfMemoryError, *((torch.AcceleratorError,)
                                             if hasattr(torch, "AcceleratorError") else ()))
-# the same, as torchvision's decode reports them: a plain RuntimeError around nvJPEG's or
-# CUDA's message (its own buffers are allocated outside torch's allocator), or a torchvision
-# built without nvJPEG, which would refuse every file
-_DEVICE_FAULT_WORDS = ("out of memory", "CUDA error", "ALLOCATOR_FAILURE", "nvJPEG support")
+# the same, as torchvision's decode reports them: a plain RuntimeError ("Error while decoding
+# JPEG images: ...") around torch's out-of-memory or CUDA error, a failed stream sync, a
+# decoder that could not be made, or nvJPEG's status number after "Failed to ...": 5 its
+# allocator (its own buffers, outside torch's), 6 execution, 7 architecture, 8 internal
+# (2 to 4 are a file's: bad parameter, bad JPEG, JPEG not supported); or a torchvision built
+# without nvJPEG, which would refuse every file
+_DEVICE_FAULT_WORDS = ("out of memory", "CUDA error", "Failed to synchronize CUDA stream",
+                       "Failed to initialize nvjpeg", "Failed to create", "nvJPEG support")
+_DEVICE_STATUS = re.compile(r"Failed to [^:]*: [5-8]\b")
 
 
 def is_device_fault(exc: BaseException) -> bool:
     """Whether ``exc``, raised by the device's decode, is the device's (or the build's), not
     a file's: raised, never retried file by file nor decoded on the CPU instead."""
-    return isinstance(exc, _DEVICE_FAULTS) or (
-        isinstance(exc, RuntimeError) and any(w in str(exc) for w in _DEVICE_FAULT_WORDS))
+    if isinstance(exc, _DEVICE_FAULTS):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        any(w in text for w in _DEVICE_FAULT_WORDS) or _DEVICE_STATUS.search(text) is not None)
 
 
 def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
@@ -257,16 +266,17 @@ def _probed(mode: str, device: torch.device, decode) -> tuple[str, str | None]:
 def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode) -> tuple:
     """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` when
     ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given."""
-    choice, notice = resolve_decode(mode, device)
-    if choice == "gpu":
-        choice, notice = _probed(mode, device, decode)
-    if notice:
-        log.info(notice)
-    if choice == "cpu":
-        return data
     from .imagefolder import ImageFolderDataset
 
     train, val, info = data
+    choice, notice = resolve_decode(mode, device)
+    folders = any(isinstance(d, ImageFolderDataset) for d in (train, val))
+    if choice == "gpu" and folders:  # nothing to probe for data sets of no JPEG files
+        choice, notice = _probed(mode, device, decode)
+    if notice and folders:
+        log.info(notice)
+    if choice == "cpu" or not folders:
+        return data
     wrap = [DeviceDecoded(d, device, decode) if isinstance(d, ImageFolderDataset) else d
             for d in (train, val)]
     return (*wrap, info)
