@@ -151,6 +151,7 @@ def test_torchrun_argv_single_node_lets_torchrun_pick_the_port():
     """On every torch version: older torchrun's default is a fixed port (29500)."""
     argv = torchrun_argv(LaunchSpec(nproc_per_node=2, command=["train", "--strategy", "ddp"]))
     assert "--master-port" not in argv and "--standalone" in argv
+    assert argv[argv.index("--local-addr") + 1] == "127.0.0.1"
     fixed = torchrun_argv(LaunchSpec(nproc_per_node=2, command=["eval"], master_port=29400))
     assert "--standalone" not in fixed and fixed[fixed.index("--master-port") + 1] == "29400"
     assert argv[-5:] == ["-m", "tandem", "train", "--strategy", "ddp"]

@@ -141,7 +141,9 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
     if not (spec.rdzv_endpoint or spec.multi_node or spec.master_port):
         # one node, no port given: a free port, chosen by the rendezvous (torchrun's own
         # default in newer torch; older ones take a fixed 29500, which two jobs collide on)
-        argv += ["--standalone"]
+        # and this machine's loopback address for the workers (else its FQDN, which may not
+        # resolve where a container names itself)
+        argv += ["--standalone", "--local-addr", "127.0.0.1"]
     elif spec.rdzv_endpoint:
         argv += ["--rdzv-backend", spec.rdzv_backend or "c10d",
                  "--rdzv-endpoint", spec.rdzv_endpoint]

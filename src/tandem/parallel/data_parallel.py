@@ -81,6 +81,8 @@ class DataParallel(nn.Module):
     kept in ``self.backward_threads``; a later ``torch.set_num_threads`` does not change it.
     """
 
+    _unobserved = False  # the class's, for an object pickled before the attribute existed
+
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
                  output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None,
                  split=None, max_share: int | None = None, backward_threads: bool | None = None):

@@ -138,6 +138,8 @@ class _ReplicaSet:
         for reps in self.trees.values():
             for m, rep in zip(modules, reps):
                 rep.__dict__["_parameters"] = dict(m.__dict__["_parameters"])
+                if "_flat_weights" in rep.__dict__:  # an RNN's list of the same copies
+                    rep.__dict__["_flat_weights"] = list(m.__dict__["_flat_weights"])
         moving = {}
         for m, names in zip(modules, self.moved):
             for name in names:
