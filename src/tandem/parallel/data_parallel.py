@@ -67,7 +67,8 @@ class DataParallel(nn.Module):
     ``split`` sets each device's share of a batch: weights such as ``(3, 1)`` (see
     :mod:`tandem.parallel.split`; a device may get none), or ``"auto"``, which times each
     replica's forward in training and moves the weights toward the speeds before the next
-    forward (read then, a CUDA device's time waits for nothing that is still running). ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
+    forward (read then, a CUDA device's time waits for no work still running).
+    ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
     :class:`~tandem.parallel.split.BatchSplit`; a strategy passes its own as ``split`` and
     steps it once per optimizer step. The update is the same whatever the shares.
     ``last_shares`` holds the chunk sizes of the last forward, one per device.

@@ -202,7 +202,7 @@ class BatchSplit:
 
     def discard(self) -> None:
         """Forget what was recorded since the last :meth:`step`: a rehearsal such as the
-        ``--compile`` warm-up, whose times (the compile itself) say nothing of a device's speed."""
+        ``--compile`` warm-up, whose times (the compile itself) tell no device's speed."""
         self._samples, self._seconds = [0] * self.count, [[] for _ in range(self.count)]
         self._backward = None
 
