@@ -19,8 +19,8 @@ import torch
 
 from tandem.errors import UsageError
 
-__all__ = ["AMP_DTYPES", "CPU_BF16_FLAGS", "Precision", "amp_precision", "cpu_has_bf16",
-           "cpu_flags", "cpu_has_native_bf16", "FORCE_BF16_VAR"]
+__all__ = ["AMP_DTYPES", "CPU_BF16_FLAGS", "Precision", "amp_precision", "amp_refusal",
+           "amp_flags", "cpu_has_bf16", "cpu_flags", "cpu_has_native_bf16", "FORCE_BF16_VAR"]
 
 AMP_DTYPES = ("bf16", "fp16")
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 (AVX-512, AMX); aarch64 ("bf16")
@@ -111,3 +111,19 @@ def amp_precision(device_type: str, amp: bool, amp_dtype: str | None = None, *,
                          "which this CPU lacks; run without --amp (float32 is faster here), or set "
                          f"{FORCE_BF16_VAR}=1 to run it emulated (slower)")
     return Precision(device_type, torch.bfloat16, scaled=False)
+
+
+def amp_refusal(device_type: str, amp_dtype: str | None) -> str | None:
+    """Why ``--amp`` with ``amp_dtype`` cannot run on ``device_type`` (the line
+    :func:`amp_precision` refuses it with), or ``None`` where it can: what a run's recorded
+    precision meets on another machine (eval, resume)."""
+    try:
+        amp_precision(device_type, True, amp_dtype)
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+def amp_flags(amp_dtype: str | None) -> str:
+    """The flags that ask for ``--amp`` with ``amp_dtype`` (``None``: the device's choice)."""
+    return "--amp" + (f" --amp-dtype {amp_dtype}" if amp_dtype else "")

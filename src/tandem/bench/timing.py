@@ -13,6 +13,8 @@ from typing import Iterable, Sequence
 
 import torch
 from tandem.errors import UsageError
+from tandem.parallel.work_clock import backend_module as _backend
+from tandem.parallel.work_clock import synchronize
 
 __all__ = [
     "synchronize",
@@ -26,30 +28,6 @@ __all__ = [
     "MemoryProbe",
     "resident_bytes",
 ]
-
-
-def _backend(device: torch.device):
-    """The ``torch.<type>`` module for an accelerator (``torch.cuda``, ``torch.xpu``), if any."""
-    if device.type == "cpu":
-        return None
-    return getattr(torch, device.type, None)
-
-
-def synchronize(devices: Iterable[torch.device]) -> None:
-    """Wait until every queued kernel on ``devices`` has finished (no-op for the CPU)."""
-    seen = set()
-    for device in devices:
-        if device in seen:
-            continue
-        seen.add(device)
-        backend = _backend(device)
-        sync = getattr(backend, "synchronize", None)
-        if sync is None:
-            continue
-        try:
-            sync(device)
-        except TypeError:  # some backends (mps) take no device argument
-            sync()
 
 
 def clock() -> float:

@@ -4,16 +4,18 @@ On the CPU the work is done when the call returns, so the host's clock measures 
 call returns once its kernels are queued, and the host's clock would measure the queueing,
 about alike on a fast and a slow GPU: there a pair of CUDA events on the device's current
 stream measures the device's own time, read (waiting for the end event) only when the split
-looks at it, at the optimizer step.
+looks at it, at the optimizer step. :func:`synchronize` waits for all of a device's queued
+work, before a clock that must count it is read (an epoch's, a benchmark's).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Iterable
 
 import torch
 
-__all__ = ["Span", "seconds_of"]
+__all__ = ["Span", "seconds_of", "synchronize", "backend_module"]
 
 
 class Span:
@@ -49,3 +51,26 @@ class Span:
 def seconds_of(value) -> float:
     """A number of seconds, or a stopped :class:`Span`'s (anything with ``seconds()``)."""
     return float(value) if isinstance(value, (int, float)) else value.seconds()
+
+
+def backend_module(device: torch.device):
+    """The ``torch.<type>`` module for an accelerator (``torch.cuda``, ``torch.xpu``), if any."""
+    if device.type == "cpu":
+        return None
+    return getattr(torch, device.type, None)
+
+
+def synchronize(devices: Iterable[torch.device]) -> None:
+    """Wait until every queued kernel on ``devices`` has finished (no-op for the CPU)."""
+    seen = set()
+    for device in devices:
+        if device in seen:
+            continue
+        seen.add(device)
+        sync = getattr(backend_module(device), "synchronize", None)
+        if sync is None:
+            continue
+        try:
+            sync(device)
+        except TypeError:  # some backends (mps) take no device argument
+            sync()

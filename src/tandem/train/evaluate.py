@@ -6,9 +6,8 @@ from dataclasses import replace
 
 from tandem import checkpoint
 from tandem.config import ParallelConfig, TrainConfig
-from tandem.errors import UsageError
 from tandem.parallel.devices import parse_device_spec
-from tandem.precision import amp_precision
+from tandem.precision import amp_flags, amp_refusal
 from tandem.data.load import GIVEN_DATA
 from tandem.factory import is_reference
 
@@ -21,25 +20,22 @@ __all__ = ["evaluate"]
 
 
 def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | None,
-                   amp_dtype: str | None) -> tuple[ParallelConfig, str]:
+                   amp_dtype: str | None) -> tuple[ParallelConfig, str, str | None]:
     """``parallel`` with the ``--amp`` an eval uses: as typed (``amp``, ``amp_dtype``), else the
-    run's, or float32 where the run's cannot run (a GPU run's fp16 evaluated on a CPU); and the
-    words for where it came from (the whole precision line for that float32)."""
+    run's, or float32 where the run's cannot run (a GPU run's fp16 evaluated on a CPU); the
+    words for where it came from; and for that float32, the precision line that says so."""
     if amp is not None or amp_dtype is not None:
         return replace(parallel, amp=bool(amp) or amp_dtype is not None,
-                       amp_dtype=amp_dtype), " (as given)"
+                       amp_dtype=amp_dtype), " (as given)", None
     if not saved.parallel.amp:
-        return replace(parallel, amp=False, amp_dtype=None), ""
+        return replace(parallel, amp=False, amp_dtype=None), "", None
     dtype = saved.parallel.amp_dtype
     device = parse_device_spec(parallel.devices, "--devices")[0]
-    try:
-        amp_precision(device.type, True, dtype)
-    except UsageError:  # a CUDA run's fp16 on a CPU, or bf16 on a CPU without it
-        flags = "--amp" + (f" --amp-dtype {dtype}" if dtype else "")
-        return (replace(parallel, amp=False, amp_dtype=None),
-                f"precision: float32 (the run's {flags} cannot run on {device.type})")
+    if amp_refusal(device.type, dtype) is not None:  # a CUDA run's fp16 on a CPU, say
+        return (replace(parallel, amp=False, amp_dtype=None), "",
+                f"precision: float32 (the run's {amp_flags(dtype)} cannot run on {device.type})")
     return (replace(parallel, amp=True, amp_dtype=dtype),
-            " (the run's --amp; --no-amp for float32)")
+            " (the run's --amp; --no-amp for float32)", None)
 
 
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
@@ -63,7 +59,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
                                                        ("label_smoothing", label_smoothing))
                                     if v is not None})
-    parallel, source = _run_precision(parallel, saved, amp, amp_dtype)
+    parallel, source, instead = _run_precision(parallel, saved, amp, amp_dtype)
     trained_at = ((ckpt.get("config") or {}).get("resolved") or {}).get("dataset") or {}
     spec = (data or {}).get("data", saved.data.data)
     if saved.data.image_size is None and trained_at.get("image_size") and \
@@ -82,6 +78,6 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
         note = note.replace(foreign.DATA_SIZE, f"{result['image_size']}px")
     if result["precision"]:
         result["precision"] += source
-    elif source.startswith("precision: "):  # the run's --amp, which cannot run here
-        result["precision"] = source
+    elif instead:
+        result["precision"] = instead
     return dict(result, note=note)

@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from tandem import checkpoint
-from tandem.bench.timing import synchronize
 from tandem.config import TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
 from tandem.parallel.split import format_shares
+from tandem.parallel.work_clock import synchronize
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 

@@ -19,7 +19,7 @@ from tandem.config import TrainConfig
 from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun, restart_count
 from tandem.errors import UsageError, first_line
 from tandem.parallel.devices import parse_device_spec
-from tandem.precision import amp_precision
+from tandem.precision import amp_flags, amp_refusal
 from tandem.strategies import strategy_class, strategy_names
 
 from . import foreign, rundir
@@ -66,14 +66,12 @@ def _check_precision_runs(cfg: TrainConfig, path: str) -> None:
     if not p.amp:
         return
     device = parse_device_spec(p.devices, "--devices")[0]
-    try:
-        amp_precision(device.type, True, p.amp_dtype)
-    except UsageError as exc:
-        flags = "--amp" + (f" --amp-dtype {p.amp_dtype}" if p.amp_dtype else "")
-        why = "fp16 autocast is for CUDA" if p.amp_dtype == "fp16" else first_line(exc)
-        raise UsageError(f"'{path}' trains with {flags}, which cannot run on {device.type} "
-                         f"({why}); a run keeps its precision: resume it on a device where "
-                         "it runs (`tandem eval` scores it here, in float32)") from None
+    refusal = amp_refusal(device.type, p.amp_dtype)
+    if refusal is not None:
+        why = "fp16 autocast is for CUDA" if p.amp_dtype == "fp16" else refusal
+        raise UsageError(f"'{path}' trains with {amp_flags(p.amp_dtype)}, which cannot run on "
+                         f"{device.type} ({why}); a run keeps its precision: resume it on a "
+                         "device where it runs (`tandem eval` scores it here, in float32)")
 
 
 def _saved_position(ckpt: dict) -> tuple[int, int, int | None]:
