@@ -80,7 +80,9 @@ step_tests() {
   rm -rf "$OUT/measured"  # a rerun's figures only
   # a test module that cannot import here (a missing optional package) costs only itself
   # -v: a line per test as it ends, so a run cut by the timeout still says what it saw
-  local args=(-m cuda tests -v -p no:cacheprovider -rfEw --continue-on-collection-errors)
+  # torchvision: the tests against the real torchvision, which the GPU machine has
+  local args=(-m "cuda or torchvision" tests -v -p no:cacheprovider -rfEw
+              --continue-on-collection-errors)
   [ "$DRY" = 1 ] && args+=(--collect-only)
   $PY -c "import xdist" 2>/dev/null && [ "$DRY" = 0 ] && args+=(-n 4)
   TANDEM_MEASURE_DIR="$OUT/measured" timeout -k 10 "$t" $PY -m pytest "${args[@]}" > "$log" 2>&1

@@ -1,0 +1,108 @@
+"""Against the real torchvision, where it is installed (never in CI: it is no CPU dependency;
+scripts/gpu_check.sh runs these on the GPU machine, and the README gives a CPU venv that has
+it): the zoo's layout and outputs against torchvision's models through ``--pretrained``, and
+the ``--decode gpu`` glue with torchvision's own ``decode_jpeg`` on the CPU device."""
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.data.device_decode import DeviceDecoded, DeviceDecoder, is_device_fault, \
+    nvjpeg_decode
+from tandem.data.encoded import collate_encoded
+from tandem.models import create_model
+from tandem.pretrained import load_pretrained
+
+from test_decode import photo
+from test_decode_gpu_path import (FULL_MAX, FULL_MEAN, REDUCED_MAX, REDUCED_MEAN, SIZES,
+                                  _full_scale, _sets, photo_tree)
+
+torchvision = pytest.importorskip("torchvision")
+pytestmark = pytest.mark.torchvision
+
+LAYOUTS = ["alexnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "vgg11",
+           "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"]
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_zoo_has_torchvisions_state_dict_keys_and_shapes(name):
+    with torch.device("meta"):  # no weights made: the layout alone
+        theirs = getattr(torchvision.models, name)(weights=None).state_dict()
+        ours = create_model(name).state_dict()
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+
+
+def _their_model(name: str) -> nn.Module:
+    """torchvision's ``name`` with batch norms that matter in eval (stats and affine drawn)."""
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    return model
+
+
+@pytest.mark.parametrize("name", ["alexnet", "resnet18", "resnet50", "vgg11_bn"])
+def test_torchvision_weights_through_pretrained_give_torchvisions_outputs(name, tmp_path):
+    """Saved as torchvision publishes them (a bare state dict), loaded by ``--pretrained``.
+    Noise floor: torchvision's own outputs at another thread count. Negative control: one
+    first-layer weight moved by 1e-3 must exceed the bound."""
+    theirs = _their_model(name)
+    torch.save(theirs.state_dict(), tmp_path / "w.pth")
+    ours = create_model(name).eval()
+    assert "pretrained" in load_pretrained(ours, str(tmp_path / "w.pth"), name)
+    x = torch.randn(2, 3, 64, 64)
+    threads = torch.get_num_threads()
+    with torch.no_grad():
+        expected, got = theirs(x), ours(x)
+        torch.set_num_threads(1 if threads > 1 else 2)
+        try:
+            floor = (theirs(x) - expected).abs().max().item()
+        finally:
+            torch.set_num_threads(threads)
+        bound = 4 * floor + 1e-6 * expected.abs().max().item()
+        assert (got - expected).abs().max().item() <= bound
+        first = next(m for m in ours.modules() if isinstance(m, nn.Conv2d))
+        first.weight[0, 0, 0, 0] += 1e-3
+        assert (ours(x) - expected).abs().max().item() > bound
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return photo_tree(tmp_path_factory.mktemp("photos"), SIZES)
+
+
+@pytest.mark.parametrize("size", [32, 64, 224])
+def test_torchvisions_decode_jpeg_runs_the_gpu_path_within_the_cpu_bounds(photos, size):
+    """The gpu path's glue with the real ``decode_jpeg`` (a list in, CHW uint8 out) on the CPU
+    device, where it decodes with libjpeg-turbo as the CPU path does: the host-decode bounds
+    hold, and no file is refused (else the CPU path made it and nothing was checked)."""
+    worst = {True: [0.0, 0.0], False: [0.0, 0.0]}
+    for dataset in _sets(photos, size):
+        encoded = DeviceDecoded(dataset, "cpu", nvjpeg_decode)
+        decoder = DeviceDecoder(encoded, "cpu", nvjpeg_decode)
+        keys = [(i, seed, 2) for seed in range(2) for i in range(len(dataset))]
+        samples = [encoded[k] for k in keys]
+        images, _ = decoder(*collate_encoded(samples, size=size))
+        assert decoder.refused == 0
+        for key, (sample, _), image in zip(keys, samples, images):
+            diff = (dataset[key][0].int() - image.int()).abs().float()
+            kind = worst[_full_scale(dataset, key[0], sample, size)]
+            kind[0], kind[1] = max(kind[0], diff.max().item()), max(kind[1], diff.mean().item())
+    assert worst[True][0] <= FULL_MAX and worst[True][1] <= FULL_MEAN, worst
+    assert worst[False][0] <= REDUCED_MAX and worst[False][1] <= REDUCED_MEAN, worst
+
+
+def test_what_torchvision_refuses_in_a_file_is_not_taken_for_a_device_fault(tmp_path):
+    """torchvision's refusals of a JPEG cut short and of one with no image after its start
+    marker read as a file's fault (the gpu path then makes the sample on the CPU path, with
+    its warning), not as a device fault, which would stop the run."""
+    photo(80, 60, 1).save(tmp_path / "a.jpg", quality=90)
+    data = (tmp_path / "a.jpg").read_bytes()
+    for bad in (data[: len(data) // 2], b"\xff\xd8" + bytes(300)):
+        with pytest.raises(RuntimeError) as refused:
+            nvjpeg_decode([torch.frombuffer(bytearray(bad), dtype=torch.uint8)], "cpu")
+        assert not is_device_fault(refused.value), refused.value
