@@ -1,15 +1,21 @@
 """Against the real torchvision, where it is installed (never in CI: it is no CPU dependency;
 scripts/gpu_check.sh runs these on the GPU machine, and the README gives a CPU venv that has
-it): the zoo's layout and outputs against torchvision's models through ``--pretrained``, and
-the ``--decode gpu`` glue with torchvision's own ``decode_jpeg`` on the CPU device."""
+it): the zoo's layout and outputs against torchvision's models through ``--pretrained``, the
+ImageNet crops against torchvision's transforms, and the ``--decode gpu`` glue with
+torchvision's own ``decode_jpeg`` on the CPU device."""
 
+import random
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 
 from tandem.data.device_decode import DeviceDecoded, DeviceDecoder, is_device_fault, \
     nvjpeg_decode
 from tandem.data.encoded import collate_encoded
+from tandem.data.imagenet_transforms import resized_crop, val_crop, val_resize
 from tandem.models import create_model
 from tandem.pretrained import load_pretrained
 
@@ -68,6 +74,47 @@ def test_torchvision_weights_through_pretrained_give_torchvisions_outputs(name, 
         first = next(m for m in ours.modules() if isinstance(m, nn.Conv2d))
         first.weight[0, 0, 0, 0] += 1e-3
         assert (ours(x) - expected).abs().max().item() > bound
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "P"])
+def test_the_val_crop_is_torchvisions_resize_and_center_crop_pixel_for_pixel(tmp_path, mode):
+    """As the imagenet example loads and transforms a val image (convert to RGB, Resize,
+    CenterCrop), at 224, 64 and 32 px, on landscape, portrait, square and tiny images."""
+    transforms = torchvision.transforms
+    for i, (w, h) in enumerate([(500, 375), (375, 500), (333, 217), (64, 48), (1001, 799),
+                                (257, 256), (224, 224), (300, 1000)]):
+        path = tmp_path / f"{i}.{'jpg' if mode in ('RGB', 'L') else 'png'}"
+        photo(w, h, i).convert(mode).save(path)
+        for size in (224, 64, 32):
+            theirs = transforms.Compose([transforms.Resize(val_resize(size)),
+                                         transforms.CenterCrop(size)])
+            expected = np.array(theirs(Image.open(path).convert("RGB")))
+            assert np.array_equal(val_crop(path, size), expected), (w, h, size)
+
+
+def test_a_full_scale_training_crop_is_torchvisions_resized_crop_within_one_level():
+    """The box and flip given, the CPU path's resample (torch's uint8 antialiased kernel)
+    against torchvision's ``resized_crop`` on the PIL image (Pillow's): at most 1 level apart,
+    as imagenet_transforms.resized_crop states. Negative control: a box one pixel off."""
+    draw = random.Random(0)
+    worst = 0
+    for i in range(60):
+        w, h = draw.choice([(500, 375), (375, 500), (333, 217), (1001, 799)])
+        image = photo(w, h, i % 7)
+        bw, bh = draw.randint(8, w - 1), draw.randint(8, h - 1)
+        left, top = draw.randint(0, w - bw - 1), draw.randint(0, h - bh - 1)
+        size, flip = draw.choice([32, 64, 224]), draw.random() < 0.5
+        ours = resized_crop(np.array(image), (left, top, left + bw, top + bh), 1, size, flip)
+        theirs = torchvision.transforms.functional.resized_crop(
+            image, top, left, bh, bw, [size, size], antialias=True)
+        if flip:
+            theirs = theirs.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        worst = max(worst, np.abs(ours.astype(int) - np.array(theirs).astype(int)).max())
+        if i == 0:  # negative control: the box moved by one pixel differs by more
+            moved = resized_crop(np.array(image), (left + 1, top, left + 1 + bw, top + bh), 1,
+                                 size, flip)
+            assert np.abs(moved.astype(int) - np.array(theirs).astype(int)).max() > 1
+    assert worst <= 1
 
 
 @pytest.fixture(scope="module")
