@@ -312,6 +312,42 @@ def test_ddp_without_torchrun_is_one_line(tmp_path, capsys, monkeypatch):
     assert "tandem launch --nproc-per-node N -- train" in lines[0]
 
 
+def _torchruns_timing_wrapper(sigval):
+    """What torchrun's metrics wrapper does when the signal lands before its start time is
+    set: the SignalException, then an UnboundLocalError from its own ``finally``."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def run(args):
+        try:
+            if sigval is not None:
+                raise SignalException("got signal", sigval=sigval)
+            raise ValueError("not a signal")
+            start = 0  # noqa: F841 (never reached, as in torchrun)
+        finally:
+            start  # noqa: B018 (unbound: UnboundLocalError)
+    return run
+
+
+@pytest.mark.parametrize("sigval", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_that_breaks_torchruns_own_bookkeeping_is_still_one_line(monkeypatch, capsys,
+                                                                         sigval):
+    """Ctrl-C while torchrun's agent was between two lines of its timing wrapper (seen once in
+    the suite): the same line and exit status as any other stop, not torchrun's traceback.
+    Negative control: the same failure with no signal behind it is raised as it is."""
+    import torch.distributed.run as torchrun
+    from tandem.distributed.launch import LaunchSpec, launch
+
+    spec = LaunchSpec(nproc_per_node=1, command=["train", "--strategy", "ddp"])
+    monkeypatch.setenv("TANDEM_LAUNCH_ID", "x")  # launch() sets it when unset
+    monkeypatch.setattr(torchrun, "run", _torchruns_timing_wrapper(sigval))
+    assert launch(spec) == 128 + int(sigval)
+    assert capsys.readouterr().err.strip() == \
+        f"tandem launch: stopped by {sigval.name}; the workers were stopped"
+    monkeypatch.setattr(torchrun, "run", _torchruns_timing_wrapper(None))
+    with pytest.raises(UnboundLocalError):
+        launch(spec)
+
+
 DDP = ["train", "--strategy=ddp"]
 
 

@@ -107,8 +107,10 @@ def test_sigint_to_a_ddp_launch_saves_where_all_ranks_stop_then_resumes_exactly(
     # torchrun's own lines ("W1123 12:00:00.000 ... Received 2 death signal, shutting down
     # workers", "Sending process N closing signal SIGINT") would repeat what tandem says.
     assert not re.search(r"^[IWE]\d{4} |death signal|closing signal", err, re.M), err[-3000:]
-    assert err.rstrip().endswith("tandem launch: stopped by SIGINT; the workers were passed it "
-                                 "on"), err[-3000:]
+    # "stopped": the signal broke torchrun's timing wrapper, and its agent stopped the workers
+    # with SIGTERM (test_launch.py's ..._torchruns_own_bookkeeping_...)
+    assert re.search(r"tandem launch: stopped by SIGINT; the workers were (passed it on|"
+                     r"stopped)\Z", err.rstrip()), err[-3000:]
     position = torch.load(run / "checkpoint.pt", weights_only=True)["data_position"]
     assert position["epoch"] == 0 and 5 <= position["batch"] < 40, position
     assert (f"tandem: interrupted; saved {run / 'checkpoint.pt'} at epoch 1, step "

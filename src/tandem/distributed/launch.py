@@ -234,7 +234,28 @@ def launch(spec: LaunchSpec) -> int:
         print(f"tandem launch: stopped by {exc.sigval.name}; the workers were passed it on",
               file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
+    except Exception as exc:
+        stopped = _signal_behind(exc, SignalException)
+        if stopped is None:
+            raise
+        # torchrun's timing wrapper, hit by the signal before its start time was set, fails
+        # in its own `finally` (UnboundLocalError); the agent then stops the workers with
+        # SIGTERM, which they take as they take SIGINT: a stop at the next vote, saved
+        print(f"tandem launch: stopped by {stopped.sigval.name}; the workers were stopped",
+              file=sys.stderr, flush=True)
+        return 128 + int(stopped.sigval)
     return 0
+
+
+def _signal_behind(exc: BaseException, kind: type) -> BaseException | None:
+    """The ``kind`` exception that ``exc`` was raised while handling (or from), if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def run_captured(spec: LaunchSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
