@@ -83,6 +83,29 @@ def _full_scale(dataset, i: int, sample, size: int) -> bool:
     return sample.resize is not None or reduction(w, h, sample.box, size, size) == 1
 
 
+def worst_against_the_cpu_path(root, sizes, seeds, device, decode):
+    """The gpu path (``decode`` on ``device``) against the CPU path on ``root``'s training and
+    val crops at ``sizes``, each set's crops of ``seeds`` as one batch: the worst max and mean
+    level differences, {"full": [max, mean], "reduced": [...]}, and how many files the decoder
+    refused (those the CPU path made: not measured)."""
+    worst, refused = {"full": [0.0, 0.0], "reduced": [0.0, 0.0]}, 0
+    for size in sizes:
+        for dataset in _sets(root, size):
+            encoded = DeviceDecoded(dataset, device, decode)
+            decoder = DeviceDecoder(encoded, device, decode)
+            keys = [(i, seed, 2) for seed in seeds for i in range(len(dataset))]
+            samples = [encoded[key] for key in keys]
+            images, _ = decoder(*collate_encoded(samples, size=size))
+            refused += decoder.refused
+            for key, (sample, _), image in zip(keys, samples, images.cpu()):
+                diff = (dataset[key][0].int() - image.int()).abs().float()
+                kind = worst["full" if _full_scale(dataset, key[0], sample, size) else
+                             "reduced"]
+                kind[0] = max(kind[0], diff.max().item())
+                kind[1] = max(kind[1], diff.mean().item())
+    return worst, refused
+
+
 def _one(dataset, key) -> torch.Tensor:
     """The gpu path's ``(3, S, S)`` crop of sample ``key``, made alone."""
     sample, label = dataset[key]
@@ -481,26 +504,10 @@ def test_nvjpeg_on_cuda_is_within_the_gpu_bounds_of_the_cpu_path(folder):
     seeds 0-2, training and val crops; the worst figures are written down (gpu_check)."""
     pytest.importorskip("torchvision")
     device = torch.device("cuda")
-    worst = {"full": [0.0, 0.0], "reduced": [0.0, 0.0]}
-    decoders = []
-    for size in (32, 64, 224):
-        for dataset in _sets(folder, size):
-            encoded = DeviceDecoded(dataset, device, nvjpeg_decode)
-            decoder = DeviceDecoder(encoded, device, nvjpeg_decode)
-            decoders.append(decoder)
-            for seed in range(3):
-                for i in range(len(dataset)):
-                    key = (i, seed, 2)
-                    sample = encoded[key][0]
-                    full = _full_scale(dataset, i, sample, size)
-                    batch, labels = collate_encoded([(sample, 0)], size=size)
-                    gpu = decoder(batch, labels)[0][0].cpu()
-                    diff = (dataset[key][0].int() - gpu.int()).abs().float()
-                    kind = worst["full" if full else "reduced"]
-                    kind[0], kind[1] = max(kind[0], diff.max().item()), \
-                        max(kind[1], diff.mean().item())
+    worst, refused = worst_against_the_cpu_path(folder, (32, 64, 224), range(3), device,
+                                                nvjpeg_decode)
     figures = {"device": torch.cuda.get_device_name(device), "worst_max_and_mean": worst,
-               "refused": sum(d.refused for d in decoders)}
+               "refused": refused}
     write_measured("nvjpeg_pixels", figures)
     assert figures["refused"] == 0, figures  # else the CPU path made them: nothing measured
     assert worst["full"][0] <= GPU_FULL_MAX and worst["full"][1] <= GPU_FULL_MEAN, figures

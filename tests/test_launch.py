@@ -335,6 +335,7 @@ def test_a_signal_that_breaks_torchruns_own_bookkeeping_is_still_one_line(monkey
     the suite): the same line and exit status as any other stop, not torchrun's traceback.
     Negative control: the same failure with no signal behind it is raised as it is."""
     import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from tandem.distributed.launch import LaunchSpec, launch
 
     spec = LaunchSpec(nproc_per_node=1, command=["train", "--strategy", "ddp"])
@@ -346,6 +347,13 @@ def test_a_signal_that_breaks_torchruns_own_bookkeeping_is_still_one_line(monkey
     monkeypatch.setattr(torchrun, "run", _torchruns_timing_wrapper(None))
     with pytest.raises(UnboundLocalError):
         launch(spec)
+
+    def signalled(args):  # the usual case: the signal itself, which the agent passed on
+        raise SignalException("got signal", sigval=sigval)
+    monkeypatch.setattr(torchrun, "run", signalled)
+    assert launch(spec) == 128 + int(sigval)
+    assert capsys.readouterr().err.strip() == \
+        f"tandem launch: stopped by {sigval.name}; the workers were passed it on"
 
 
 DDP = ["train", "--strategy=ddp"]

@@ -12,22 +12,20 @@ import torch
 from PIL import Image
 from torch import nn
 
-from tandem.data.device_decode import DeviceDecoded, DeviceDecoder, is_device_fault, \
-    nvjpeg_decode
-from tandem.data.encoded import collate_encoded
+from tandem.data.device_decode import is_device_fault, nvjpeg_decode
 from tandem.data.imagenet_transforms import resized_crop, val_crop, val_resize
-from tandem.models import create_model
+from tandem.models import create_model, list_models
 from tandem.pretrained import load_pretrained
 
 from test_decode import photo
 from test_decode_gpu_path import (FULL_MAX, FULL_MEAN, REDUCED_MAX, REDUCED_MEAN, SIZES,
-                                  _full_scale, _sets, photo_tree)
+                                  photo_tree, worst_against_the_cpu_path)
 
 torchvision = pytest.importorskip("torchvision")
 pytestmark = pytest.mark.torchvision
 
-LAYOUTS = ["alexnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "vgg11",
-           "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"]
+# every zoo model torchvision has too (14: AlexNet, the VGGs and the ImageNet ResNets)
+LAYOUTS = [name for name in list_models() if hasattr(torchvision.models, name)]
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -127,20 +125,10 @@ def test_torchvisions_decode_jpeg_runs_the_gpu_path_within_the_cpu_bounds(photos
     """The gpu path's glue with the real ``decode_jpeg`` (a list in, CHW uint8 out) on the CPU
     device, where it decodes with libjpeg-turbo as the CPU path does: the host-decode bounds
     hold, and no file is refused (else the CPU path made it and nothing was checked)."""
-    worst = {True: [0.0, 0.0], False: [0.0, 0.0]}
-    for dataset in _sets(photos, size):
-        encoded = DeviceDecoded(dataset, "cpu", nvjpeg_decode)
-        decoder = DeviceDecoder(encoded, "cpu", nvjpeg_decode)
-        keys = [(i, seed, 2) for seed in range(2) for i in range(len(dataset))]
-        samples = [encoded[k] for k in keys]
-        images, _ = decoder(*collate_encoded(samples, size=size))
-        assert decoder.refused == 0
-        for key, (sample, _), image in zip(keys, samples, images):
-            diff = (dataset[key][0].int() - image.int()).abs().float()
-            kind = worst[_full_scale(dataset, key[0], sample, size)]
-            kind[0], kind[1] = max(kind[0], diff.max().item()), max(kind[1], diff.mean().item())
-    assert worst[True][0] <= FULL_MAX and worst[True][1] <= FULL_MEAN, worst
-    assert worst[False][0] <= REDUCED_MAX and worst[False][1] <= REDUCED_MEAN, worst
+    worst, refused = worst_against_the_cpu_path(photos, (size,), range(2), "cpu", nvjpeg_decode)
+    assert refused == 0
+    assert worst["full"][0] <= FULL_MAX and worst["full"][1] <= FULL_MEAN, worst
+    assert worst["reduced"][0] <= REDUCED_MAX and worst["reduced"][1] <= REDUCED_MEAN, worst
 
 
 def test_what_torchvision_refuses_in_a_file_is_not_taken_for_a_device_fault(tmp_path):

@@ -230,18 +230,15 @@ def launch(spec: LaunchSpec) -> int:
               f"{_describe(failure.exitcode)}; the job was stopped "
               f"({len(exc.failures)} failed worker(s))", file=sys.stderr, flush=True)
         return _exit_code(failure.exitcode)
-    except SignalException as exc:
-        print(f"tandem launch: stopped by {exc.sigval.name}; the workers were passed it on",
-              file=sys.stderr, flush=True)
-        return 128 + int(exc.sigval)
     except Exception as exc:
         stopped = _signal_behind(exc, SignalException)
         if stopped is None:
             raise
-        # torchrun's timing wrapper, hit by the signal before its start time was set, fails
-        # in its own `finally` (UnboundLocalError); the agent then stops the workers with
-        # SIGTERM, which they take as they take SIGINT: a stop at the next vote, saved
-        print(f"tandem launch: stopped by {stopped.sigval.name}; the workers were stopped",
+        # a signal behind another error: torchrun's timing wrapper, hit by it before its start
+        # time was set, failed in its own `finally` (UnboundLocalError), and the agent stopped the
+        # workers with SIGTERM, which they take as SIGINT (a stop at the next vote, saved)
+        told = "passed it on" if stopped is exc else "stopped"
+        print(f"tandem launch: stopped by {stopped.sigval.name}; the workers were {told}",
               file=sys.stderr, flush=True)
         return 128 + int(stopped.sigval)
     return 0
