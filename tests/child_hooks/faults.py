@@ -7,7 +7,14 @@ it). The worker with global rank ``RANK`` then fails when it starts training ste
 - ``raise``: raise ``RuntimeError("injected fault on rank R at step S")`` (a Python error);
 - ``exit``: ``os._exit(3)``, the process vanishes without cleanup (like a crash or OOM kill);
 - ``hang``: sleep forever, so the other ranks block in their next collective until the
-  process-group timeout fires.
+  process-group timeout fires;
+- ``kill``: SIGKILL itself, as ``kill -9`` from outside would;
+- ``partition``: take down its own network link (``GLOO_SOCKET_IFNAME``, in the network
+  namespace of a two-machine test) and carry on, so both sides wait for the other;
+- ``interrupt``: send SIGINT to its launcher (Ctrl-C on that node) and carry on.
+
+Only the first attempt of a launch fails: a worker torchrun restarted
+(``TORCHELASTIC_RESTART_COUNT`` above 0) runs clean, so a restart can finish the run.
 
 Unset (the normal case) it does nothing. ``sitecustomize.py`` beside it installs the hook in
 every `tandem` subprocess of the tests (see ``conftest.cli_env``).
@@ -23,7 +30,7 @@ import time
 __all__ = ["FAULT_VAR", "parse_fault", "maybe_inject_fault"]
 
 FAULT_VAR = "TANDEM_INJECT_FAULT"
-_MODES = ("raise", "exit", "hang")
+_MODES = ("raise", "exit", "hang", "kill", "partition", "interrupt")
 
 
 def parse_fault(text: str) -> tuple[int, int, str]:
@@ -42,7 +49,8 @@ def maybe_inject_fault(rank: int, step: int, environ=None) -> None:
     if not text:
         return
     fault_rank, fault_step, mode = parse_fault(text)
-    if rank != fault_rank or step != fault_step:
+    if rank != fault_rank or step != fault_step or environ.get("TORCHELASTIC_RESTART_COUNT",
+                                                               "0") != "0":
         return
     message = f"injected fault on rank {rank} at step {step}"
     if mode == "raise":
@@ -50,6 +58,16 @@ def maybe_inject_fault(rank: int, step: int, environ=None) -> None:
     print(f"tandem: {message} ({mode})", file=sys.stderr, flush=True)
     if mode == "exit":
         os._exit(3)
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "partition":
+        import subprocess
+
+        subprocess.run(["ip", "link", "set", environ["GLOO_SOCKET_IFNAME"], "down"], check=True)
+        return
+    if mode == "interrupt":
+        os.kill(os.getppid(), signal.SIGINT)  # the launcher: torchrun's agent runs in it
+        return
     # A worker stuck in a collective never gets back to Python to run tandem's SIGTERM handler,
     # so torchrun SIGKILLs it after a 30 s grace; this one dies of the SIGTERM at once instead.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

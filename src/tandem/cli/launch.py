@@ -11,6 +11,7 @@ import argparse
 import os
 
 from tandem.distributed.launch import LaunchSpec, launch
+from tandem.distributed.slurm import slurm_job
 from tandem.errors import UsageError
 
 __all__ = ["add_parser", "run"]
@@ -27,14 +28,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--nproc-per-node", type=int, required=True, metavar="N",
                    help="worker processes on this machine (one per device)")
-    p.add_argument("--nnodes", default="1", metavar="M",
-                   help="number of machines (or MIN:MAX with --rdzv-endpoint)")
-    p.add_argument("--node-rank", type=int, default=0, metavar="R",
-                   help="this machine's index, 0 .. M-1 (node 0 hosts the rendezvous)")
+    p.add_argument("--nnodes", default=None, metavar="M",
+                   help="number of machines (or MIN:MAX with --rdzv-endpoint); default 1, or "
+                        "SLURM_NNODES under srun")
+    p.add_argument("--node-rank", type=int, default=None, metavar="R",
+                   help="this machine's index, 0 .. M-1 (node 0 hosts the rendezvous); "
+                        "default 0, or SLURM_NODEID under srun")
     p.add_argument("--master-addr", default=None, metavar="ADDR",
-                   help="address of node 0 (default 127.0.0.1 on one machine)")
+                   help="address of node 0 (default 127.0.0.1 on one machine; under srun the "
+                        "first host of SLURM_JOB_NODELIST)")
     p.add_argument("--master-port", type=int, default=None, metavar="PORT",
-                   help="port on node 0 (default, or 0: a free port, one machine only)")
+                   help="port on node 0 (default, or 0: a free port, one machine only; under "
+                        "srun one derived from SLURM_JOB_ID)")
+    p.add_argument("--iface", default=None, metavar="NAME",
+                   help="network interface the workers talk through (default: the one that "
+                        "reaches the master; GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME as set "
+                        "are kept)")
     p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="dynamic rendezvous endpoint instead of --master-addr/--master-port")
     p.add_argument("--rdzv-backend", default=None, metavar="NAME",
@@ -45,7 +54,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="restart the worker group up to K times after a failure")
     p.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
                    help="how long a worker waits in a collective for a dead or stuck peer "
-                        "(default: TANDEM_DIST_TIMEOUT or 300)")
+                        "(default: TANDEM_DIST_TIMEOUT or 120)")
+    p.add_argument("--join-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long a node waits for the other nodes to come (default 300)")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- then the tandem command and its flags")
     p.set_defaults(func=run)
@@ -56,23 +67,45 @@ def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    where = _from_slurm(args)
     spec = LaunchSpec(
-        nproc_per_node=args.nproc_per_node, command=command, nnodes=args.nnodes,
-        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+        nproc_per_node=args.nproc_per_node, command=command, nnodes=where["nnodes"],
+        node_rank=where["node_rank"], master_addr=where["master_addr"],
+        master_port=where["master_port"], slurm=where["slurm"],
         rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
         rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
+        iface=args.iface, join_timeout=args.join_timeout,
     )
     if spec.command[0] == "train":
-        _check_multiprocess(spec.command)
+        _check_multiprocess(spec.command, spec.multi_node and spec.node_rank > 0)
     return launch(spec)
 
 
-def _check_multiprocess(command: list[str]) -> None:
-    """Refuse to launch a ``train`` whose strategy is not one process per device."""
+def _from_slurm(args: argparse.Namespace) -> dict:
+    """The node count, this node's rank and the master: as given, else (under ``srun``, with
+    no rendezvous endpoint) from SLURM's variables, said in one line."""
+    given = dict(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                 master_port=args.master_port, slurm=False)
+    job = None if args.rdzv_endpoint else slurm_job(os.environ)
+    if job is not None and job.nnodes > 1:
+        taken = dict(nnodes=str(job.nnodes), node_rank=job.node_rank,
+                     master_addr=job.master_addr, master_port=job.master_port)
+        filled = {k: v for k, v in taken.items() if given[k] is None}
+        if filled:
+            print(f"tandem launch: {job.describe()}", flush=True)
+        given.update(filled, slurm=bool(filled))
+    given["nnodes"] = given["nnodes"] or "1"
+    given["node_rank"] = given["node_rank"] or 0
+    return given
+
+
+def _check_multiprocess(command: list[str], other_node: bool) -> None:
+    """Refuse to launch a ``train`` whose strategy is not one process per device. On a node
+    other than 0 that has no copy of a resumed run, rank 0's plan decides (it has the run)."""
     from tandem.strategies import strategy_class, strategy_names
     from tandem.strategies.auto import AUTO
 
-    name = _train_strategy(command)  # auto: the workers' plan makes it the multi-process one
+    name = _train_strategy(command, other_node)  # auto: the workers' plan makes it the multi-process one
     if name != AUTO and not strategy_class(name).multiprocess:
         multi = " or ".join(n for n in strategy_names() if strategy_class(n).multiprocess)
         raise UsageError(f"`tandem launch -- train` needs --strategy {multi} (each process "
@@ -80,7 +113,7 @@ def _check_multiprocess(command: list[str]) -> None:
                          "independent copies writing the same files)")
 
 
-def _train_strategy(command: list[str]) -> str:
+def _train_strategy(command: list[str], other_node: bool = False) -> str:
     """The strategy the workers' ``train ...`` will use, read as they will read it: their
     parser (so ``--strategy=ddp`` and argparse's abbreviations such as ``--strat ddp`` count)
     and their config. Without the flag, a resumed run keeps its own (its ``config.json``)."""
@@ -98,6 +131,10 @@ def _train_strategy(command: list[str]) -> str:
     resume = cfg.run.resume
     if "strategy" in given_fields(args) or not resume:
         return cfg.parallel.strategy
+    if other_node and not os.path.exists(resume):  # no shared disk: node 0 holds the run
+        from tandem.strategies.auto import AUTO
+
+        return AUTO
     run = RunDir(resume) if os.path.isdir(resume) else RunDir.of(resume)
     try:
         return TrainConfig.from_dict(run.read_config()).parallel.strategy

@@ -14,13 +14,24 @@ from tandem.errors import UsageError
 
 __all__ = ["DistEnv", "read_env", "in_torchrun", "env_rank", "is_main_process",
            "dist_timeout", "DEFAULT_TIMEOUT",
-           "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "restart_count"]
+           "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "LAUNCH_VAR", "restart_count",
+           "restarts_left", "NODE_VAR", "ADDR_VAR", "speaks_for_node", "join_timeout",
+           "DEFAULT_JOIN_TIMEOUT", "JOIN_TIMEOUT_VAR"]
 
 #: Seconds a collective may wait for the other ranks before it raises (and the job ends).
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = 120.0
 TIMEOUT_VAR = "TANDEM_DIST_TIMEOUT"
+#: Seconds a node waits for the others to come (its master, every rank's roll call, the
+#: checkpoint rank 0 sends), set by ``tandem launch --join-timeout``.
+DEFAULT_JOIN_TIMEOUT = 300.0
+JOIN_TIMEOUT_VAR = "TANDEM_JOIN_TIMEOUT"
 #: Set by ``tandem launch`` for its workers: one id per launch, the same across restarts.
 LAUNCH_ID_VAR = "TANDEM_LAUNCH_ID"
+#: Set by ``tandem launch`` for its workers: how this node was started (JSON), for the command
+#: a message gives to continue the run on each node.
+LAUNCH_VAR = "TANDEM_LAUNCH"
+#: Set by ``tandem launch``: this node's index and its address towards the master.
+NODE_VAR, ADDR_VAR = "TANDEM_NODE_RANK", "TANDEM_NODE_ADDR"
 LAUNCH_HINT = "run it with `tandem launch --nproc-per-node N -- train ...` or torchrun"
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -133,6 +144,21 @@ def dist_timeout(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def join_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds from ``TANDEM_JOIN_TIMEOUT``, or :data:`DEFAULT_JOIN_TIMEOUT`; must be > 0."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(JOIN_TIMEOUT_VAR)
+    if not text:
+        return DEFAULT_JOIN_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{JOIN_TIMEOUT_VAR}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise UsageError(f"{JOIN_TIMEOUT_VAR}={text!r} must be > 0 seconds")
+    return value
+
+
 def restart_count(environ: Mapping[str, str] | None = None) -> int:
     """How often torchrun has restarted this worker group (0 outside torchrun)."""
     environ = os.environ if environ is None else environ
@@ -140,3 +166,19 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
         return int(environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
     except ValueError:
         return 0
+
+
+def restarts_left(environ: Mapping[str, str] | None = None) -> int:
+    """How many more times torchrun will restart this worker group after a failure."""
+    environ = os.environ if environ is None else environ
+    try:
+        return max(0, int(environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) - restart_count(environ))
+    except ValueError:
+        return 0
+
+
+def speaks_for_node(environ: Mapping[str, str] | None = None) -> bool:
+    """True in the one process per machine that prints for it: local rank 0 (or any process
+    outside torchrun). Rank 0 speaks for the job; the others' first worker for their node."""
+    environ = os.environ if environ is None else environ
+    return environ.get("LOCAL_RANK", "0") == "0"

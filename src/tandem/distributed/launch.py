@@ -2,7 +2,11 @@
 
 ``torch.distributed.run`` starts and watches the workers; we add a free-port check,
 ``--dist-timeout`` (``TANDEM_DIST_TIMEOUT``), a one-line failure summary and
-``TANDEM_LAUNCH_ID`` so restarted workers resume their own run, and keeps torchrun's own
+``TANDEM_LAUNCH_ID`` so restarted workers resume their own run. On several machines we also
+give the workers the interface that reaches the master (:mod:`.network`), refuse a loopback
+master, say while a node waits for the others, and tell the workers how this node was started
+(``TANDEM_LAUNCH``) so that a message can give each node its command to continue. We keep
+torchrun's own
 warnings about what tandem reports itself (a Ctrl-C, stopping the workers) off the terminal
 (:func:`quiet_agent`). :func:`run_captured` runs a job in a child process and returns its
 output instead (the bench's torchrun phase). Two machines::
@@ -15,18 +19,25 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from tandem.errors import UsageError
 
-from .env import LAUNCH_ID_VAR, TIMEOUT_VAR
+from . import network
+from .env import (ADDR_VAR, DEFAULT_JOIN_TIMEOUT, JOIN_TIMEOUT_VAR, LAUNCH_ID_VAR, LAUNCH_VAR,
+                  NODE_VAR, TIMEOUT_VAR)
+from .join import SAY_EVERY, JoinFailed
 
 __all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "quiet_agent", "launch",
            "run_captured"]
@@ -44,6 +55,22 @@ _AGENT_NOISE = frozenset({
     "Got termination signal: %s",
     "Sending process %s closing signal %s",
 })
+# the agent's error line for a failed worker: the worker's own line, or tandem launch's, says it
+_AGENT_FAILED = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
+# after its workers finished, an agent waits for the other nodes' agents in node 0's store;
+# node 0's agent may leave (and its store with it) while another node's still reads: torch
+# then logs this error with a traceback, after the job is done either way
+_EXIT_BARRIER = "Error waiting on exit barrier. Elapsed: %s seconds"
+#: a worker's exit status after it told in one line that a peer was lost or never came
+#: (tandem.distributed.faults.PeerLost, join.JoinFailed)
+TOLD_EXIT = 4
+#: seconds a node waits for the others to come (the master to answer, every rank to join)
+DEFAULT_JOIN_TIMEOUT = 300.0
+JOIN_TIMEOUT_VAR = "TANDEM_JOIN_TIMEOUT"
+_RDZV_LOGGER = "torch.distributed.elastic.agent.server.api"
+# exit statuses after which the worker's own line said all: a lost or missing peer, a stop on
+# SIGINT or SIGTERM (saved, with the command to continue)
+_TOLD = (TOLD_EXIT, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -66,6 +93,9 @@ class LaunchSpec:
     rdzv_id: str | None = None
     max_restarts: int = 0
     dist_timeout: float | None = None
+    iface: str | None = None
+    join_timeout: float | None = None
+    slurm: bool = False  # the node count, rank and master came from SLURM's variables
     extra_env: dict = field(default_factory=dict)
     module: str = "tandem"
 
@@ -85,6 +115,8 @@ class LaunchSpec:
             raise UsageError(f"bad --max-restarts {self.max_restarts}: must be >= 0")
         if self.dist_timeout is not None and self.dist_timeout <= 0:
             raise UsageError(f"bad --dist-timeout {self.dist_timeout}: must be > 0 seconds")
+        if self.join_timeout is not None and self.join_timeout <= 0:
+            raise UsageError(f"bad --join-timeout {self.join_timeout}: must be > 0 seconds")
         if self.master_port is not None and not 0 <= self.master_port < 65536:
             raise UsageError(f"bad --master-port {self.master_port}: must be 0-65535")
         if self.rdzv_endpoint:
@@ -105,6 +137,22 @@ class LaunchSpec:
     @property
     def multi_node(self) -> bool:
         return _parse_nnodes(self.nnodes)[1] > 1
+
+    @property
+    def master(self) -> tuple[str, int] | None:
+        """The host and port every node meets at (None: one node picking its own port)."""
+        if self.rdzv_endpoint:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            return (host or self.rdzv_endpoint), int(port) if port.isdigit() else 29400
+        if self.multi_node or self.master_port:
+            return self.master_addr or "127.0.0.1", int(self.master_port or 0)
+        return None
+
+    def described(self) -> str:
+        """What the workers need to print each node's command (``TANDEM_LAUNCH``)."""
+        keep = ("nproc_per_node", "nnodes", "master_addr", "master_port", "rdzv_endpoint",
+                "rdzv_backend", "rdzv_id", "max_restarts", "dist_timeout", "iface", "slurm")
+        return json.dumps({k: v for k, v in asdict(self).items() if k in keep})
 
 
 def _parse_nnodes(text: str) -> tuple[int, int]:
@@ -134,8 +182,9 @@ def check_port_free(addr: str, port: int) -> None:
             raise UsageError(f"cannot use port {port} on {addr}: {exc.strerror}") from None
 
 
-def torchrun_argv(spec: LaunchSpec) -> list[str]:
-    """The ``torchrun`` arguments for ``spec``: the workers run ``python -m MODULE COMMAND``."""
+def torchrun_argv(spec: LaunchSpec, local_addr: str | None = None) -> list[str]:
+    """The ``torchrun`` arguments for ``spec``: the workers run ``python -m MODULE COMMAND``;
+    ``local_addr``: this node's address towards the master, which its agent advertises."""
     argv = ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
             "--max-restarts", str(spec.max_restarts)]
     if not (spec.rdzv_endpoint or spec.multi_node or spec.master_port):
@@ -154,7 +203,15 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
                  "--master-addr", spec.master_addr or "127.0.0.1"]
         if spec.master_port:
             argv += ["--master-port", str(spec.master_port)]
+        if spec.multi_node:  # how long node 0's store waits for the other nodes to connect
+            argv += ["--rdzv-conf", f"timeout={int(join_timeout(spec))}"]
+    if local_addr:
+        argv += ["--local-addr", local_addr]
     return argv + ["-m", spec.module, *spec.command]
+
+
+def join_timeout(spec: LaunchSpec) -> float:
+    return spec.join_timeout if spec.join_timeout is not None else DEFAULT_JOIN_TIMEOUT
 
 
 def _exit_code(failure_code: int) -> int:
@@ -175,6 +232,8 @@ def _describe(code: int) -> str:
 
 class _DropAgentNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in (_AGENT_FAILED, _EXIT_BARRIER):
+            return False  # the worker told why, or tandem launch's own line does
         return not (record.levelno < logging.ERROR and record.msg in _AGENT_NOISE)
 
 
@@ -201,10 +260,13 @@ def launch(spec: LaunchSpec) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    route = _network(spec)  # several nodes: the interface towards the master, or a refusal
     if not spec.rdzv_endpoint and spec.master_port and spec.node_rank == 0:
         check_port_free(spec.master_addr or "127.0.0.1", spec.master_port)
     if spec.dist_timeout is not None:
         os.environ[TIMEOUT_VAR] = str(spec.dist_timeout)
+    if spec.join_timeout is not None:
+        os.environ[JOIN_TIMEOUT_VAR] = str(spec.join_timeout)
     if spec.nproc_per_node > 1:
         # torchrun would set this too (with a banner): one intra-op thread per worker, so N
         # workers do not fight over the cores. An explicit OMP_NUM_THREADS wins.
@@ -214,26 +276,33 @@ def launch(spec: LaunchSpec) -> int:
     os.environ.setdefault(LAUNCH_ID_VAR, uuid.uuid4().hex if not spec.multi_node else
                           f"{spec.rdzv_id or ''}@{spec.rdzv_endpoint or spec.master_addr}:"
                           f"{spec.master_port or ''}")
-    if spec.max_restarts > 0:
-        # torchrun's shared rendezvous store outlives a restart, and the restarted workers'
-        # process group would then read the dead workers' addresses from it and hang in
-        # gloo's connect. A store of their own per attempt has no stale keys.
-        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ[LAUNCH_VAR] = spec.described()
+    os.environ[NODE_VAR] = str(spec.node_rank)
+    if route is not None:
+        os.environ[ADDR_VAR] = route.local
     os.environ.update(spec.extra_env)
-    args = get_args_parser().parse_args(torchrun_argv(spec))
+    args = get_args_parser().parse_args(
+        torchrun_argv(spec, route.local if route is not None else None))
+    if spec.multi_node and not spec.rdzv_endpoint and spec.node_rank > 0:
+        _wait_for_master(spec)
     try:
-        with quiet_agent():
+        with quiet_agent(), _waiting_for_nodes(spec):
             run(args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        print(f"tandem launch: rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) "
-              f"{_describe(failure.exitcode)}; the job was stopped "
-              f"({len(exc.failures)} failed worker(s))", file=sys.stderr, flush=True)
+        if failure.exitcode not in _TOLD:  # else the worker said why in its own line
+            print(f"tandem launch: rank {rank} (local rank {failure.local_rank}, pid "
+                  f"{failure.pid}) {_describe(failure.exitcode)}; the job was stopped "
+                  f"({len(exc.failures)} failed worker(s))", file=sys.stderr, flush=True)
         return _exit_code(failure.exitcode)
     except Exception as exc:
         stopped = _signal_behind(exc, SignalException)
         if stopped is None:
-            raise
+            told = _rendezvous_failure(exc, spec)
+            if told is None:
+                raise
+            print(f"tandem launch: {told}", file=sys.stderr, flush=True)
+            return TOLD_EXIT
         # a signal behind another error: torchrun's timing wrapper, hit by it before its start
         # time was set, failed in its own `finally` (UnboundLocalError), and the agent stopped the
         # workers with SIGTERM, which they take as SIGINT (a stop at the next vote, saved)
@@ -242,6 +311,123 @@ def launch(spec: LaunchSpec) -> int:
               file=sys.stderr, flush=True)
         return 128 + int(stopped.sigval)
     return 0
+
+
+def _network(spec: LaunchSpec) -> network.Route | None:
+    """On several nodes (or a rendezvous endpoint): the route to the master, whose interface
+    the workers' transports are given unless the user named theirs; a loopback master or own
+    address is refused before any rendezvous. One line says which interface."""
+    if not (spec.multi_node or spec.rdzv_endpoint):
+        return None
+    host, port = spec.master
+    route = network.route_to(host, spec.iface)
+    flag = "--rdzv-endpoint" if spec.rdzv_endpoint else "--master-addr"
+    if spec.multi_node and network.is_loopback(route.remote):
+        raise UsageError(f"{flag} {host} is a loopback address ({route.remote}): the other "
+                         "nodes cannot reach it; give node 0's address on the network the "
+                         f"nodes share (e.g. {flag} 192.0.2.1)")
+    if spec.multi_node and network.is_loopback(route.local):
+        raise UsageError(f"this machine reaches {host} only through its loopback interface "
+                         f"({route.iface}, {route.local}): {flag} must be node 0's address on "
+                         "the network the nodes share")
+    named = {var: os.environ[var] for var in network.IFACE_VARS if var in os.environ}
+    if spec.iface is not None or not named:
+        for var in network.IFACE_VARS:
+            os.environ[var] = route.iface
+        how = "--iface" if spec.iface else f"the interface that reaches {host}:{port}"
+        print(f"tandem launch: node {spec.node_rank}: the workers talk through {route.iface} "
+              f"({route.local}), {how}; --iface NAME to choose another", flush=True)
+    else:
+        print(f"tandem launch: node {spec.node_rank}: the workers talk through "
+              + ", ".join(f"{var}={value}" for var, value in named.items())
+              + f" (as set; {route.iface} reaches {host})", flush=True)
+    if not network.has_reverse_name(route.remote):
+        print(f"tandem launch: note: {route.remote} has no host name here (no DNS answer), so "
+              "torch warns 'The hostname of the client socket cannot be retrieved. err=-3' "
+              "at each connection; it is harmless", flush=True)
+    return route
+
+
+def _wait_for_master(spec: LaunchSpec) -> None:
+    """A node other than 0: wait until node 0's rendezvous port answers, saying so every
+    :data:`~.join.SAY_EVERY` seconds; past the join timeout, one line and exit status 4.
+    (torchrun's own wait says nothing for ten minutes.)"""
+    host, port = spec.master
+    bound, started, said = join_timeout(spec), time.monotonic(), 0.0
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=5):
+                return
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+        waited = time.monotonic() - started
+        if waited > bound:
+            raise JoinFailed(f"node {spec.node_rank}: node 0 did not answer at {host}:{port} "
+                             f"within {bound:.0f} s ({reason.lower()}); start it with the same "
+                             "command and --node-rank 0, or check --master-addr and --master-port")
+        if waited - said >= SAY_EVERY:
+            said = waited
+            print(f"tandem launch: node {spec.node_rank}: waiting for node 0 at {host}:{port} "
+                  f"({reason.lower()}, {waited:.0f} s of {bound:.0f})", file=sys.stderr,
+                  flush=True)
+        time.sleep(0.5)
+
+
+class _RendezvousDone(logging.Filter):
+    """Notes the agent's "Rendezvous complete" log record (and lets nothing extra through)."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.done, self.level = threading.Event(), level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "Rendezvous complete" in str(record.msg):
+            self.done.set()
+        return record.levelno >= self.level
+
+
+@contextlib.contextmanager
+def _waiting_for_nodes(spec: LaunchSpec):
+    """Node 0 of several: until the nodes have met, a line every :data:`~.join.SAY_EVERY`
+    seconds (torchrun says nothing while its store waits for the other nodes)."""
+    if not spec.multi_node or spec.node_rank != 0 or spec.rdzv_endpoint:
+        yield
+        return
+    logger = logging.getLogger(_RDZV_LOGGER)
+    level = logger.getEffectiveLevel()
+    seen = _RendezvousDone(level)
+    logger.addFilter(seen)
+    logger.setLevel(min(level, logging.INFO))
+    host, port = spec.master
+    started = time.monotonic()
+
+    def tick():
+        while not seen.done.wait(SAY_EVERY):
+            print(f"tandem launch: node 0: waiting for the other nodes at {host}:{port} "
+                  f"(--nnodes {spec.nnodes}; {time.monotonic() - started:.0f} s of "
+                  f"{join_timeout(spec):.0f})", file=sys.stderr, flush=True)
+
+    threading.Thread(target=tick, name="tandem-nodes", daemon=True).start()
+    try:
+        yield
+    finally:
+        seen.done.set()
+        logger.removeFilter(seen)
+        logger.setLevel(level)
+
+
+def _rendezvous_failure(exc: BaseException, spec: LaunchSpec) -> str | None:
+    """The line for a rendezvous that timed out or could not reach the master, else None."""
+    text = str(exc)
+    if spec.master is None or not any(w in text for w in ("Timed out", "timed out", "refused",
+                                                          "DistStoreError", "clients joined")):
+        return None
+    host, port = spec.master
+    counted = re.search(r"(\d+)/(\d+) clients joined", text)
+    here = f": {counted.group(1)} of {counted.group(2)} nodes here" if counted else ""
+    return (f"node {spec.node_rank}: the nodes did not meet at {host}:{port} within "
+            f"{join_timeout(spec):.0f} s{here} (is every node started with the same --nnodes, "
+            "--master-addr and --master-port?)")
 
 
 def _signal_behind(exc: BaseException, kind: type) -> BaseException | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from datetime import timedelta
 from typing import Sequence
@@ -19,17 +20,21 @@ import torch.distributed as dist
 
 from tandem.errors import UsageError
 
-from .env import DistEnv, dist_timeout
+from . import faults, join
+from .watchdog import Watchdog
+from .env import DEFAULT_JOIN_TIMEOUT, DistEnv, dist_timeout, join_timeout
 
 __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
            "release_ddp", "grads_in_param_strides", "joined_a_group", "all_reduce_sum", "work_group",
-           "barrier", "any_rank", "STARTUP_TIMEOUT"]
+           "barrier", "any_rank", "step_done", "STARTUP_TIMEOUT"]
 
-#: Seconds every worker may take to join the job (importing torch on a loaded machine).
-STARTUP_TIMEOUT = 300.0
+#: Seconds every worker may take to join the job (importing torch on a loaded machine), unless
+#: ``tandem launch --join-timeout`` says otherwise (env.join_timeout).
+STARTUP_TIMEOUT = DEFAULT_JOIN_TIMEOUT
 _work_group = None  # the group with the collective timeout (None: the default group)
 _joined = False  # this process has joined a process group (see joined_a_group)
 _made_here = False  # the default group now is one init_process_group made (not the caller's)
+_watchdog = None  # heartbeats while the group made here lives (see watchdog)
 
 
 def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
@@ -97,23 +102,38 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
         return dist.get_backend()
     global _work_group, _made_here
     seconds = dist_timeout() if timeout is None else float(timeout)
-    startup = max(seconds, STARTUP_TIMEOUT)
+    startup = max(seconds, join_timeout())
     kwargs = {"device_id": device} if device.type != "cpu" else {}
+    started = time.monotonic()
+    store = join.job_store(env, startup)
+    prefix = join.attempt_prefix("group")
+    join.roll_call(env, store, prefix, join_timeout())
     try:
         dist.init_process_group(
-            backend, init_method="env://", rank=env.rank, world_size=env.world_size,
-            timeout=timedelta(seconds=startup), **kwargs,
+            backend, store=dist.PrefixStore(f"{prefix}/pg", store), rank=env.rank,
+            world_size=env.world_size, timeout=timedelta(seconds=startup), **kwargs,
         )
         _work_group = None if startup == seconds else dist.new_group(
             backend=backend, timeout=timedelta(seconds=seconds))
-        global _joined
+        global _joined, _watchdog
         _joined = _made_here = True
+        _watchdog = Watchdog(env, prefix, talk=join.talks(env))
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
-        raise RuntimeError(
-            f"rank {env.rank} on {device}: could not join the {backend} process group at "
-            f"{env.master_addr}:{env.master_port} within {startup:.0f}s: {exc}"
-        ) from exc
+        raise join.JoinFailed(
+            f"rank {env.rank} on {device}: every rank came to {env.master_addr}:"
+            f"{env.master_port}, but the {backend} connections failed after "
+            f"{time.monotonic() - started:.1f} s: {faults.why(exc)}{_loopback_hint(exc)}"
+        ) from None
     return backend
+
+
+def _loopback_hint(exc: BaseException) -> str:
+    """What to do when a peer advertised a loopback address to the other machines."""
+    if "127." not in str(exc) and "[::1]" not in str(exc):
+        return ""
+    return ("; a rank gave its loopback address (its host name resolves to 127.0.0.1): "
+            "start the job with `tandem launch`, which gives the workers the interface that "
+            "reaches the master, or set GLOO_SOCKET_IFNAME")
 
 
 def joined_a_group() -> bool:
@@ -180,11 +200,20 @@ def _restride_grad(param: torch.Tensor) -> None:
         param.grad = grad.as_strided(param.shape, param.stride(), grad.storage_offset())
 
 
+def step_done(step: int) -> None:
+    """Tell the watchdog that this rank completed optimizer step ``step``."""
+    if _watchdog is not None:
+        _watchdog.step(step)
+
+
 def destroy_process_group() -> None:
     """Leave the process group that :func:`init_process_group` made, if there is one (safe to
     call twice); a group the caller made is theirs to destroy, and stays."""
-    global _work_group, _made_here
+    global _work_group, _made_here, _watchdog
     _work_group = None
+    if _watchdog is not None:
+        _watchdog.close()
+        _watchdog = None
     if _made_here and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _made_here = False

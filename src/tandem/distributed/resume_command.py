@@ -1,5 +1,5 @@
 """The command a message gives for continuing a run: ``tandem train --resume``, or under
-``tandem launch`` with as many processes (and nodes) for a multi-process strategy.
+``tandem launch`` as the job was launched, with each node's own flags.
 
 It lives here, not in a strategy: it is about how processes are started, and the train layer
 (which prints it) may import this layer, not the CLI's.
@@ -7,7 +7,15 @@ It lives here, not in a strategy: it is about how processes are started, and the
 
 from __future__ import annotations
 
-__all__ = ["resume_command", "resume_command_here"]
+import json
+import os
+
+from .env import LAUNCH_VAR, NODE_VAR
+
+__all__ = ["resume_command", "resume_command_here", "launch_command"]
+
+#: up to this many nodes a message lists each node's command; past it, one with ``R``
+_LISTED_NODES = 4
 
 
 def resume_command(target: str, multiprocess: bool = False, processes: int = 1,
@@ -22,12 +30,56 @@ def resume_command(target: str, multiprocess: bool = False, processes: int = 1,
             f"train --resume {target}")
 
 
-def resume_command_here(target: str, multiprocess: bool) -> str:
-    """:func:`resume_command` for the job this process is part of (torchrun's environment)."""
+def launch_command(launch: dict, node: int | str | None = None) -> str:
+    """``tandem launch`` with the flags this job was launched with (``launch``: the
+    ``TANDEM_LAUNCH`` description), for node ``node`` where nodes differ."""
+    parts = ["tandem launch", f"--nproc-per-node {launch['nproc_per_node']}"]
+    nnodes = str(launch.get("nnodes") or "1")
+    if launch.get("slurm"):
+        parts.insert(0, "srun")  # SLURM gives each node its rank and the master again
+    elif launch.get("rdzv_endpoint"):
+        parts += [f"--nnodes {nnodes}", f"--rdzv-endpoint {launch['rdzv_endpoint']}"]
+        parts += [f"--{k.replace('_', '-')} {launch[k]}" for k in ("rdzv_backend", "rdzv_id")
+                  if launch.get(k)]
+    elif nnodes != "1":
+        parts += [f"--nnodes {nnodes}", f"--node-rank {node}",
+                  f"--master-addr {launch['master_addr']}", f"--master-port {launch['master_port']}"]
+    for key in ("max_restarts", "dist_timeout", "iface"):
+        if launch.get(key):
+            parts.append(f"--{key.replace('_', '-')} {launch[key]}")
+    return " ".join(parts)
+
+
+def resume_command_here(target: str, multiprocess: bool, this_node: bool = False) -> str:
+    """:func:`resume_command` for the job this process is part of: as ``tandem launch``
+    started it (every node's command, or only this node's with ``this_node``), else from
+    torchrun's environment."""
     if not multiprocess:
         return resume_command(target)
-    from .env import read_env
+    launch = _launched()
+    if launch is None:
+        from .env import read_env
 
-    env = read_env(who="a multi-process strategy")
-    return resume_command(target, True, env.world_size,
-                          env.world_size // max(1, env.local_world_size))
+        env = read_env(who="a multi-process strategy")
+        return resume_command(target, True, env.world_size,
+                              env.world_size // max(1, env.local_world_size))
+    tail = f" -- train --resume {target}"
+    nnodes = str(launch.get("nnodes") or "1")
+    if nnodes == "1" or launch.get("slurm") or launch.get("rdzv_endpoint"):
+        every = " (on every node)" if nnodes != "1" else ""
+        return launch_command(launch) + tail + every
+    count = int(nnodes.split(":")[-1])
+    if this_node:
+        node = os.environ.get(NODE_VAR, "0")
+        return f"on node {node}: {launch_command(launch, node)}{tail}"
+    if count > _LISTED_NODES:
+        return f"on node R (0 to {count - 1}): {launch_command(launch, 'R')}{tail}"
+    return "; ".join(f"on node {r}: {launch_command(launch, r)}{tail}" for r in range(count))
+
+
+def _launched() -> dict | None:
+    try:
+        launch = json.loads(os.environ.get(LAUNCH_VAR) or "null")
+    except ValueError:
+        return None
+    return launch if isinstance(launch, dict) and "nproc_per_node" in launch else None

@@ -192,6 +192,16 @@ class Strategy:
         """Context that skips gradient synchronisation (for accumulation steps)."""
         return contextlib.nullcontext()
 
+    def step_done(self, step: int) -> None:
+        """The loop completed optimizer step ``step`` (a multi-process strategy's watchdog
+        tells a stalled collective by it). No-op in one process."""
+
+    def lost_peer(self, exc: BaseException, where: str):
+        """A :class:`~tandem.distributed.faults.PeerLost` when ``exc`` means another process
+        of the job is gone or silent (``where``: what this one was doing), else None. Never
+        in one process."""
+        return None
+
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
+from tandem.distributed import faults
 from tandem.distributed.env import read_env
 from tandem.distributed.global_loss import global_mean, local_sum
 from tandem.distributed.process_group import (
@@ -29,6 +30,7 @@ from tandem.distributed.process_group import (
     init_process_group,
     pick_device,
     release_ddp,
+    step_done,
     work_group,
 )
 from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
@@ -162,6 +164,16 @@ class DDPStrategy(Strategy):
         the ranks count alike and stop at the same step); a signal waits for the next vote."""
         self._stop_calls += 1
         return self._stop_calls % self.STOP_VOTE_EVERY == 0 and self.any_process(flag)
+
+    def step_done(self, step: int) -> None:
+        step_done(step)
+
+    def lost_peer(self, exc: BaseException, where: str):
+        """See :func:`tandem.distributed.faults.lost_peer`; one line per node (local rank 0)."""
+        lost = faults.lost_peer(exc, self.rank, where)
+        if lost is not None:
+            lost.quiet = self.env.local_rank != 0
+        return lost
 
     def no_sync(self, wrapped: nn.Module):
         """DDP's ``no_sync``: gradients accumulate locally until a step outside it."""

@@ -11,6 +11,7 @@ import os
 import time
 from dataclasses import replace
 
+from tandem.distributed.env import restarts_left, speaks_for_node
 from tandem.distributed.resume_command import resume_command_here
 
 from . import diverged
@@ -44,6 +45,14 @@ def fit(trainer, log: MetricsLog | None, stop: StopRequest | None = None) -> lis
         board = TensorBoard.open(trainer.run_dir.tensorboard, records)
     try:
         _epochs(trainer, log, records, board, figure)
+    except RuntimeError as exc:
+        where = (f"in step {trainer.position.step + 1}" if trainer.in_flight is not None else
+                 f"after step {trainer.position.step}")
+        lost = s.lost_peer(exc, where)
+        if lost is None:
+            raise
+        saved = trainer.save_at_failure()
+        raise type(lost)(f"{lost}; {after_loss(trainer, saved)}", quiet=lost.quiet) from None
     finally:
         figure.catch_up(trainer, records)  # also when a signal or an error ends it
         if board is not None:
@@ -101,7 +110,8 @@ def _epoch(trainer, log: MetricsLog | None, records: list[dict],
     if stop.requested:
         with stop.critical():
             trainer.save(is_best=False, progress=epoch_progress(train, seconds))
-        raise Interrupted(interrupted_message(trainer), stop.signum, quiet=not s.is_main)
+        message = interrupted_message(trainer)
+        raise Interrupted(message, stop.signum, quiet=not message)
     # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
     # is reported, not fatal: only train loss and weights stop a run (above).
     val = trainer.validate()
@@ -167,12 +177,30 @@ def plot(trainer, records: list[dict]) -> None:
 
 
 def interrupted_message(trainer) -> str:
-    """Where the run stopped and how to continue it (the main process says it)."""
-    if not trainer.strategy.is_main:
+    """Where the run stopped and how to continue it: the main process says it for the job,
+    another machine's first process for its own node."""
+    s, pos, out = trainer.strategy, trainer.position, trainer.cfg.run.out
+    where = f"{trainer.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}"
+    if s.is_main:
+        return f"saved {where}; continue with: {resume_command_here(out, s.multiprocess)}"
+    if not speaks_for_node():
         return ""
+    return (f"rank 0 saved {where} (on node 0); continue with: "
+            f"{resume_command_here(out, True, this_node=True)}")
+
+
+def after_loss(trainer, saved: str | None) -> str:
+    """What a lost peer leaves: the checkpoint the main process saved, and how the run goes on
+    (the launcher restarts it, or the command for each node)."""
     pos, out = trainer.position, trainer.cfg.run.out
-    return (f"saved {trainer.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}; "
-            f"continue with: {resume_command_here(out, trainer.strategy.multiprocess)}")
+    left = restarts_left()
+    if saved is None:
+        return ("rank 0 saves the last completed step" + ("; the launcher restarts the job" if
+                left else f"; continue with: {resume_command_here(out, True, this_node=True)}"))
+    done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
+    if left:
+        return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
+    return f"{done}; continue with: {resume_command_here(out, True)}"
 
 
 def epoch_progress(meter: Meter, seconds: float) -> dict:

@@ -32,7 +32,7 @@ from .epochs import epoch_progress
 from .interrupt import StopRequest
 from .metrics import Meter, MetricsLog
 from .optimizer_step import optimizer_step
-from .position import EpochRun, Position
+from .position import EpochRun, Position, StepStart
 from .progress import Progress
 from .rundir import RunDir
 from .schedule import epoch_state, example_optimizer_state
@@ -66,6 +66,9 @@ class Trainer:
     saved_step: int | None = None
     started_at: Position = field(default_factory=Position)  # where this invocation began
     wait: DataWait = field(default_factory=DataWait)  # the epoch's data wait (.datawait)
+    # the optimizer step under way, as it began (several processes only: a lost peer can cut
+    # it short, and the run is then saved as it was before it; see save_at_failure)
+    in_flight: StepStart | None = None
 
     # -- helpers ----------------------------------------------------------------------------
     def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
@@ -142,6 +145,8 @@ class Trainer:
         last_micro = index == group_start + group_size - 1
         sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
         if index == group_start:
+            if s.multiprocess:
+                self.in_flight = StepStart.capture(self.model, s.device)
             # free the last step's gradients here, just before the forward allocates: freed
             # after the step instead, glibc gave the memory back to the system and this
             # forward faulted it in again (about 6% of a CPU step, BENCHMARKS.md section 11)
@@ -165,6 +170,8 @@ class Trainer:
         optimizer_step(self.optimizer, self.scaler, self.scheduler)
         pos = self.position
         pos.batch, pos.step = index + 1, pos.step + 1
+        self.in_flight = None
+        s.step_done(pos.step)
         self._rebalance(run.progress)
         if run.look:
             run.look = False
@@ -238,10 +245,24 @@ class Trainer:
         return meter.reduced(self.strategy)
 
     # -- saving -----------------------------------------------------------------------------
-    def save(self, is_best: bool, progress: dict | None = None) -> None:
+    def save_at_failure(self) -> str | None:
+        """After a lost peer: undo the step it cut short (:class:`StepStart`) and save the last
+        completed step, with no collective (the peers are gone); the path, on the main process.
+        The epoch under way's train sums are not saved (they need the other processes): the
+        resumed epoch's row counts the steps after the resume."""
+        start, self.in_flight = self.in_flight, None
+        if start is not None:
+            start.restore_buffers(self.model)
+        if not self.strategy.is_main:
+            return None
+        self.save(is_best=False, rng=start.rng if start is not None else None)
+        return self.run_dir.latest
+
+    def save(self, is_best: bool, progress: dict | None = None, rng: dict | None = None) -> None:
         """Write ``checkpoint.pt`` (and ``best.pt``) atomically, on the main process only.
 
-        ``progress`` is the epoch under way's train sums when saving mid-epoch.
+        ``progress`` is the epoch under way's train sums when saving mid-epoch; ``rng`` the
+        RNG states to save (default: as they are now).
         """
         if not self.strategy.is_main:
             return
@@ -253,7 +274,7 @@ class Trainer:
             scheduler=epoch_state(self.optimizer, pos.epoch),  # what StepLR & co. can load
             tandem_scheduler=self.scheduler.state_dict(),  # tandem's own, per step
             scaler=self.scaler.state_dict(),
-            rng=checkpoint.capture_rng(self.strategy.device),
+            rng=rng if rng is not None else checkpoint.capture_rng(self.strategy.device),
             data_position=pos.as_dict(),
             epoch_progress=progress,
             split=self.strategy.split.state_dict(),

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tandem.checkpoint import capture_rng
+
 from .metrics import Meter
 from .progress import Progress
 
-__all__ = ["EpochRun", "Position"]
+__all__ = ["EpochRun", "Position", "StepStart"]
 
 
 @dataclass
@@ -43,3 +45,23 @@ class EpochRun:
 
     def seconds(self) -> float:
         return self.carried_seconds + time.perf_counter() - self.start
+
+
+@dataclass
+class StepStart:
+    """What a step changes before its optimizer step, as it was when the step began: the
+    model's buffers (a forward updates BatchNorm's running statistics) and the RNG states. A
+    step a lost peer cut short is undone with it, so the checkpoint then saved is exactly the
+    last completed step (the weights and the optimizer change only at the optimizer step)."""
+
+    buffers: list
+    rng: dict
+
+    @classmethod
+    def capture(cls, model: torch.nn.Module, device) -> "StepStart":
+        return cls([b.detach().clone() for b in model.buffers()], capture_rng(device))
+
+    def restore_buffers(self, model: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for saved, buffer in zip(self.buffers, model.buffers()):
+                buffer.copy_(saved)

@@ -16,7 +16,8 @@ import torch
 from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import TrainConfig
-from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun, restart_count
+from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun, join_timeout, restart_count
+from tandem.distributed.shared_resume import Continued, continue_from_rank0
 from tandem.errors import UsageError, first_line
 from tandem.parallel.devices import parse_device_spec
 from tandem.precision import amp_flags, amp_refusal
@@ -33,21 +34,14 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
     """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
     saying what was taken: a tandem run's settings (:mod:`.rundir`) or what a file from
     elsewhere holds (:mod:`.foreign`)."""
-    run = rundir.RunDir(cfg.run.out)
-    restarted = not cfg.run.resume and restart_count() > 0 and \
-        run.launched_by(os.environ.get(LAUNCH_ID_VAR))  # torchrun restarted this launch's run
-    if restarted:
-        latest = run.latest
-        if not os.path.isfile(latest):  # failed before its first save: start it again
-            return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
-        cfg = replace(cfg, run=replace(cfg.run, resume=latest))
-    if not cfg.run.resume:
+    path, local, restarted = _to_continue(cfg)
+    if restarted and path is None:  # failed before its first save: start it again
+        return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
+    if path is None:
         return cfg, None, []
-    if cfg.model.pretrained and not restarted:
-        raise UsageError("--pretrained starts a new run from a weights file and --resume "
-                         "continues a run from its checkpoint: give one of them")
-    path = rundir.checkpoint_path(cfg.run.resume)
-    ckpt = checkpoint.load(path)
+    ckpt = checkpoint.load(local)
+    if local != path:  # rank 0's bytes, sent to this machine (shared_resume)
+        os.unlink(local)
     if foreign.is_foreign(ckpt):
         cfg, notes = foreign.file_settings(cfg, given, ckpt, path)
     else:
@@ -57,6 +51,29 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
             cfg, notes = _fit_devices(cfg, notes)
         _check_precision_runs(cfg, path)
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
+
+
+def _to_continue(cfg: TrainConfig) -> Continued:
+    """The checkpoint this run continues (``None``: a fresh run), and whether torchrun
+    restarted it. Under several processes rank 0 decides and sends the file to the ranks
+    whose machine lacks it (:mod:`tandem.distributed.shared_resume`): only rank 0 writes."""
+    def decide() -> tuple[str | None, bool]:
+        run = rundir.RunDir(cfg.run.out)
+        restarted = not cfg.run.resume and restart_count() > 0 and \
+            run.launched_by(os.environ.get(LAUNCH_ID_VAR))  # torchrun restarted this launch's
+        if restarted:
+            return (run.latest if os.path.isfile(run.latest) else None), True
+        if not cfg.run.resume:
+            return None, False
+        if cfg.model.pretrained:
+            raise UsageError("--pretrained starts a new run from a weights file and --resume "
+                             "continues a run from its checkpoint: give one of them")
+        return rundir.checkpoint_path(cfg.run.resume), False
+
+    if in_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return continue_from_rank0(decide, join_timeout())
+    path, restarted = decide()
+    return Continued(path, path, restarted)
 
 
 def _check_precision_runs(cfg: TrainConfig, path: str) -> None:

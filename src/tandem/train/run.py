@@ -19,7 +19,7 @@ from tandem import cpu_malloc
 from tandem.config import DataConfig, OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import decode_on
-from tandem.distributed.env import LAUNCH_ID_VAR, is_main_process
+from tandem.distributed.env import LAUNCH_ID_VAR, is_main_process, speaks_for_node
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
@@ -160,7 +160,7 @@ def execute(plan: RunPlan | str) -> dict | None:
         log = open_run_dir(plan, trainer, notes)
         if strategy.is_main:
             say_starting(plan, trainer)
-        with StopRequest(quiet=not strategy.is_main, when=strategy.stops_when) as stop:
+        with StopRequest(quiet=not speaks_for_node(), when=strategy.stops_when) as stop:
             records = trainer.fit(log, stop)
         if plan.supplied.model is not None:
             load_plain_state_dict(plan.supplied.model, strategy.state_dict(trainer.model))

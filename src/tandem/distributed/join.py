@@ -1,0 +1,154 @@
+"""Meeting the other ranks: the job's store, a roll call, and who is where.
+
+Each join of a process group (and each resume a rank 0 shares, :mod:`.shared_resume`) works
+under a key prefix of its own, made of torchrun's restart count and how often this process has
+joined: keys a dead attempt left in the launcher's store (its gloo addresses above all) are
+never read by the next one. The roll call counts the ranks that arrived and, while some are
+missing, says so every :data:`SAY_EVERY` seconds (``waiting for the other ranks at
+192.0.2.1:29555: 1 of 2 here``); past its bound it ends in one line naming the missing ranks.
+Each rank leaves its node and address, so that a failure can name the rank it lost
+(:func:`peer_name`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from tandem.errors import TandemError
+
+from .env import ADDR_VAR, NODE_VAR, DistEnv, restart_count
+
+__all__ = ["JoinFailed", "job_store", "attempt_prefix", "roll_call", "peer_name", "peers",
+           "every", "SAY_EVERY"]
+
+#: seconds between two "still waiting" lines
+SAY_EVERY = 30.0
+
+_store = None  # the job's store (a client of the launcher's, or rank 0's own)
+_joins = {"group": 0, "resume": 0}  # how often this process made each kind of prefix
+_peers: dict[int, tuple[str, str]] = {}  # rank -> (node, address), after a roll call
+
+
+class JoinFailed(TandemError, RuntimeError):
+    """The ranks of a job did not all meet; the message names who is missing, and where."""
+
+    exit_status = 4
+
+
+def node_of(env: DistEnv) -> str:
+    """This worker's node index as the launcher numbered it (torchrun's GROUP_RANK)."""
+    return os.environ.get(NODE_VAR) or os.environ.get("GROUP_RANK") or "0"
+
+
+def address_of() -> str:
+    return os.environ.get(ADDR_VAR) or socket.gethostname()
+
+
+def talks(env: DistEnv) -> bool:
+    """True in the one worker per node that prints waiting lines (local rank 0)."""
+    return env.local_rank == 0
+
+
+@contextlib.contextmanager
+def every(seconds: float, say, enabled: bool = True):
+    """Print ``say()`` (if not empty) every ``seconds`` while the block runs, from a thread."""
+    done = threading.Event()
+
+    def tick():
+        while not done.wait(seconds):
+            line = say()
+            if line:
+                print(line, file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=tick, name="tandem-waiting", daemon=True)
+    if enabled:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def job_store(env: DistEnv, bound: float):
+    """The job's key-value store (torchrun's ``env://`` one: a client of the launcher's
+    store, or rank 0's own), made once per process; waits up to ``bound`` seconds for it."""
+    global _store
+    if _store is None:
+        started = time.monotonic()
+        where = f"{env.master_addr}:{env.master_port}"
+        with every(SAY_EVERY, lambda: f"rank {env.rank}: waiting for the job's store at {where} "
+                   f"({time.monotonic() - started:.0f} s)", enabled=talks(env)):
+            try:
+                _store, _, _ = next(dist.rendezvous(
+                    "env://", rank=env.rank, world_size=env.world_size,
+                    timeout=timedelta(seconds=bound)))
+            except (RuntimeError, ValueError) as exc:
+                raise JoinFailed(f"rank {env.rank} (node {node_of(env)}): cannot reach the job's "
+                                 f"store at {where} after {time.monotonic() - started:.1f} s: "
+                                 f"{_reason(exc)}") from None
+    return _store
+
+
+def attempt_prefix(kind: str) -> str:
+    """A fresh key prefix for this process's next ``kind`` ("group" or "resume") under this
+    restart of the job; every rank asks in the same order, so the prefixes agree."""
+    _joins[kind] += 1
+    return f"tandem/{restart_count()}/{kind}{_joins[kind]}"
+
+
+def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
+    """Count this rank in under ``prefix`` and wait until all ``world_size`` have come; say who
+    is here every :data:`SAY_EVERY` s; past ``bound`` seconds raise :class:`JoinFailed`."""
+    store.set(f"{prefix}/who/{env.rank}", f"{node_of(env)} {address_of()}")
+    here = store.add(f"{prefix}/here", 1)
+    started = time.monotonic()
+    where = f"{env.master_addr}:{env.master_port}"
+    count = {"here": here}
+
+    def line() -> str:
+        return (f"rank {env.rank} (node {node_of(env)}): waiting for the other ranks at {where}: "
+                f"{count['here']} of {env.world_size} here "
+                f"({time.monotonic() - started:.0f} s)")
+
+    with every(SAY_EVERY, line, enabled=talks(env)):
+        while count["here"] < env.world_size:
+            if time.monotonic() - started > bound:
+                missing = [r for r in range(env.world_size)
+                           if not store.check([f"{prefix}/who/{r}"])]
+                raise JoinFailed(
+                    f"rank {env.rank} (node {node_of(env)}): the other ranks did not come within "
+                    f"{bound:.0f} s: {count['here']} of {env.world_size} here at {where}, "
+                    f"missing rank{'s' if len(missing) != 1 else ''} "
+                    f"{', '.join(map(str, missing))} (is every node started, with the same "
+                    "--nnodes and --master-addr/--master-port?)")
+            time.sleep(0.05)
+            count["here"] = store.add(f"{prefix}/here", 0)
+    names = store.multi_get([f"{prefix}/who/{r}" for r in range(env.world_size)])
+    _peers.clear()
+    for rank, value in enumerate(names):
+        node, _, addr = value.decode().partition(" ")
+        _peers[rank] = (node, addr)
+
+
+def peers() -> dict[int, tuple[str, str]]:
+    """rank -> (node, address) of the last roll call (empty before one)."""
+    return dict(_peers)
+
+
+def peer_name(rank: int) -> str:
+    """``rank 1 (node 1, 192.0.2.2)``, as far as the roll call told."""
+    node, addr = _peers.get(rank, ("?", ""))
+    return f"rank {rank} (node {node}{', ' + addr if addr else ''})"
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

@@ -1,0 +1,104 @@
+"""Which network interface reaches the job's master, for the workers' transports.
+
+gloo (and NCCL, TensorPipe) bind to the address the host name resolves to unless told an
+interface. Many container and cloud images resolve the host name to 127.0.0.1, and then rank 0
+advertises its loopback address to the other machines, which connect to their own. ``tandem
+launch`` asks the kernel which local address a packet to the master would leave from (a UDP
+``connect`` sends nothing) and names the interface holding it (:func:`route_to`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+from dataclasses import dataclass
+
+from tandem.errors import UsageError
+
+__all__ = ["Route", "route_to", "interface_address", "is_loopback", "has_reverse_name",
+           "IFACE_VARS"]
+
+#: the variables that tell each transport its interface (gloo, NCCL's bootstrap and sockets,
+#: TensorPipe's RPC); a user's own setting of any of them is kept
+IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+_SIOCGIFADDR = 0x8915
+
+
+@dataclass(frozen=True)
+class Route:
+    """``iface`` (holding ``local``) is where this machine's packets to ``remote`` leave."""
+
+    iface: str
+    local: str
+    remote: str
+
+
+def resolve(host: str) -> str:
+    """``host``'s IPv4 address; a one-line error naming it when it does not resolve."""
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"cannot resolve the master address {host!r}: {exc}") from None
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of interface ``name``, or None (no such interface, or none set)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR,
+                                 struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _interface_holding(address: str) -> str | None:
+    for _, name in socket.if_nameindex():
+        if interface_address(name) == address:
+            return name
+    return None
+
+
+def route_to(host: str, iface: str | None = None) -> Route:
+    """The interface and local address this machine reaches ``host`` from (``iface`` given:
+    that one, checked). A one-line error when no route leads there."""
+    remote = resolve(host)
+    if iface is not None:
+        local = interface_address(iface)
+        if local is None:
+            names = ", ".join(name for _, name in socket.if_nameindex())
+            raise UsageError(f"--iface {iface}: no such interface with an IPv4 address on this "
+                             f"machine (it has: {names})")
+        return Route(iface, local, remote)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((remote, 9))  # UDP: only picks the route, sends nothing
+        except OSError as exc:
+            raise UsageError(f"no route from this machine to the master {host} ({remote}): "
+                             f"{exc.strerror}") from None
+        local = sock.getsockname()[0]
+    name = _interface_holding(local)
+    if name is None:
+        raise UsageError(f"cannot tell which interface holds {local}, this machine's address "
+                         f"towards {host}; name it with --iface")
+    return Route(name, local, remote)
+
+
+def has_reverse_name(address: str) -> bool:
+    """False when looking up ``address``'s host name fails for want of a DNS answer, as torch's
+    c10d then warns at each connection ("cannot be retrieved. err=-3")."""
+    try:
+        socket.getnameinfo((address, 0), 0)
+    except socket.gaierror as exc:
+        return exc.errno != socket.EAI_AGAIN
+    return True
