@@ -150,6 +150,8 @@ def epoch_record(trainer, train: Meter, val: Meter, stopped: bool, seconds: floa
     }
     if trainer.batch_shares() is not None:
         record["split"] = trainer.batch_shares()
+    if trainer.train_from is not None:  # the sums before it were lost with a peer
+        record["train_from_batch"], trainer.train_from = trainer.train_from, None
     return record
 
 

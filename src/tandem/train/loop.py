@@ -37,7 +37,10 @@ from .progress import Progress
 from .rundir import RunDir
 from .schedule import epoch_state, example_optimizer_state
 
-__all__ = ["EpochRun", "Position", "Trainer", "optimizer_step"]
+__all__ = ["EpochRun", "Position", "Trainer", "optimizer_step", "LOST_BEFORE"]
+
+#: the ``epoch_progress`` of a checkpoint saved at a lost peer: the batch its sums were lost at
+LOST_BEFORE = "sums_lost_before_batch"
 
 
 @dataclass
@@ -69,6 +72,8 @@ class Trainer:
     # the optimizer step under way, as it began (several processes only: a lost peer can cut
     # it short, and the run is then saved as it was before it; see save_at_failure)
     in_flight: StepStart | None = None
+    # the batch this epoch's train sums count from, when those before it were lost with a peer
+    train_from: int | None = None
 
     # -- helpers ----------------------------------------------------------------------------
     def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
@@ -215,6 +220,9 @@ class Trainer:
     def _carried_meter(self) -> tuple[Meter, float]:
         """A meter holding the carried sums of this epoch (on the main process only)."""
         carried, self.carried = self.carried, None
+        if carried and LOST_BEFORE in carried:  # saved at a lost peer: the sums went with it
+            self.train_from = int(carried[LOST_BEFORE])
+            return Meter(), 0.0
         if not carried or not self.strategy.is_main:
             return Meter(), 0.0
         return Meter.from_sums(carried["loss_sum"], carried["correct"], carried["count"],
@@ -249,13 +257,15 @@ class Trainer:
         """After a lost peer: undo the step it cut short (:class:`StepStart`) and save the last
         completed step, with no collective (the peers are gone); the path, on the main process.
         The epoch under way's train sums are not saved (they need the other processes): the
-        resumed epoch's row counts the steps after the resume."""
+        resumed epoch's row counts the batches after the resume, and says from which
+        (``train_from_batch``)."""
         start, self.in_flight = self.in_flight, None
         if start is not None:
             start.restore_buffers(self.model)
         if not self.strategy.is_main:
             return None
-        self.save(is_best=False, rng=start.rng if start is not None else None)
+        self.save(is_best=False, progress={LOST_BEFORE: self.position.batch},
+                  rng=start.rng if start is not None else None)
         return self.run_dir.latest
 
     def save(self, is_best: bool, progress: dict | None = None, rng: dict | None = None) -> None:
