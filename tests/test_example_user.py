@@ -35,12 +35,14 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
                         "validation resized to 256 and centre-cropped to 224; --image-size "
                         "to change)")
     assert lines[2].startswith("tandem's defaults that differ from the imagenet example's")
-    assert lines[3:7] == ["  --wd 0.0005 (the example: 0.0001)", "  -j 0 (the example: 4)",
+    assert lines[3:9] == ["  --wd 0.0005 (the example: 0.0001)", "  -j 0 (the example: 4)",
                           "  --label-smoothing 0.1 (the example: 0)",
-                          "  --lr-schedule cosine (the example: step)"]
-    assert lines[7].startswith("epoch 1/1 (partial: 1/3 batches) step 1: ")
+                          "  --lr-schedule cosine (the example: step)",
+                          "  -p 0 (the example: 10)",
+                          "  --seed 0, fixed (the example: unseeded)"]
+    assert lines[9].startswith("epoch 1/1 (partial: 1/3 batches) step 1: ")
     assert "--lr " not in proc.stdout  # typed: the user chose it
-    assert "val loss " in lines[7] and " (label-smoothed 0.1) acc " in lines[7]
+    assert "val loss " in lines[9] and " (label-smoothed 0.1) acc " in lines[9]
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["arch"] == "resnet18" and config["data"]["image_size"] == 224
     assert config["resolved"]["dataset"]["image_size"] == 224
@@ -48,6 +50,17 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
     result = json.loads(ok(run_in_process("eval", "--resume", out, "--json")).stdout)
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert result["image_size"] == 224 and result["loss"] == pytest.approx(row["val_loss"])
+
+
+def test_typed_p_and_seed_leave_the_examples_defaults_block(tmp_path):
+    from tandem.train.start import example_block
+
+    data = make_image_folder(tmp_path / "imgs", per_class=1)
+    cfg = _parse("-p", "10", "--seed", "3", str(data))
+    block = example_block(cfg, frozenset({"print_freq", "seed", "data"}))
+    assert not any(line.startswith(("  -p ", "  --seed ")) for line in block)
+    assert "  --seed 0, fixed (the example: unseeded)" in example_block(_parse(str(data)),
+                                                                        frozenset({"data"}))
 
 
 def test_a_factory_model_on_an_imagefolder_keeps_the_shorter_side_and_says_so(tmp_path):
