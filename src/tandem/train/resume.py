@@ -192,7 +192,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
 
     Returns where the trainer starts (``position``, ``best_acc1``, ``carried``: its fields)
     and the lines to say about it. An imagenet-example checkpoint resumes at the start of
-    epoch ``ckpt['epoch']`` with tandem's own schedule.
+    epoch ``ckpt['epoch']``, with its StepLR as the run's step schedule (:mod:`.foreign`).
     """
     steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
     epoch, batch, step = _saved_position(ckpt)
@@ -232,10 +232,13 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
     start = {"position": position, "best_acc1": 0.0 if foreign.is_foreign(ckpt) else best,
              "carried": ckpt.get("epoch_progress") if position.batch else None}
     notes = []
-    if foreign_schedule:
+    lr = optimizer.param_groups[0]['lr']
+    if foreign_schedule == "StepLR" and cfg.optim.lr_schedule == "step":
+        notes.append(f"its StepLR goes on at epoch {position.epoch + 1} (lr {lr:.4g})")
+    elif foreign_schedule:
         notes.append(f"its {foreign_schedule} state is not tandem's: tandem's --lr-schedule "
                      f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} "
-                     f"(lr {optimizer.param_groups[0]['lr']:.4g})")
+                     f"(lr {lr:.4g})")
     if foreign.is_foreign(ckpt):
         notes.append(f"best.pt starts afresh in --out {cfg.run.out}: the file's best_acc1 "
                      f"{best:.2f}% was its own best model's, which this file does not hold")

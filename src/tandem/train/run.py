@@ -128,7 +128,7 @@ def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
     plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
     if foreign.is_foreign(ckpt):
         check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
-        notes += foreign.assumed(cfg, plan.given, parts["config_dict"])
+        notes += foreign.assumed(cfg, plan.given, parts["config_dict"], ckpt)
     return start, [*plan.notes, *notes]
 
 
