@@ -200,6 +200,25 @@ def test_no_accel_and_dummy_mean_devices_cpu_and_data_synthetic():
         assert words in proc.stderr
 
 
+def test_dummy_is_main_pys_random_imagenet_data_for_an_imagenet_arch(tmp_path):
+    cfg = _parse("-a", "resnet18", "--dummy")
+    assert (cfg.data.data, cfg.data.image_size, cfg.data.num_classes) == ("synthetic", 224, 1000)
+    cfg = _parse("-a", "alexnet", "--dummy", "--image-size", "64", "--num-classes", "5")
+    assert (cfg.data.image_size, cfg.data.num_classes) == (64, 5)  # typed: as typed
+    cfg = _parse("-a", "cifar_resnet20", "--dummy")  # a CIFAR arch keeps tandem's synthetic
+    assert (cfg.data.image_size, cfg.data.num_classes) == (None, None)
+    out = tmp_path / "run"
+    proc = ok(run_in_process("train", "-a", "resnet18", "--dummy", "-b", 4, "--synthetic-size", 4,
+                             "--epochs", 1, "--devices", "cpu", "--no-progress", "--out", out))
+    assert proc.stdout.splitlines()[0] == (
+        "--dummy: random 3x224x224 images of 1000 classes, as the imagenet example's "
+        "(resnet18's native size; --image-size and --num-classes to change); 4 to train and 1 "
+        "to validate (--synthetic-size to change)")
+    assert "image size" not in proc.stdout
+    dataset = json.loads((out / "config.json").read_text())["resolved"]["dataset"]
+    assert (dataset["image_size"], dataset["num_classes"]) == (224, 1000)
+
+
 def test_missing_resume_file_stays_an_error(tmp_path):
     proc = run_in_process("train", "--resume", tmp_path / "nope.pth.tar", "--data", "digits")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

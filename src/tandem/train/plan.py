@@ -68,6 +68,7 @@ class RunPlan:
     given: frozenset[str] = frozenset()  # fields typed on the command line
     supplied: Supplied = field(default_factory=Supplied)
     race: dict | None = None  # --strategy auto's record (tandem.train.auto)
+    opening: tuple[str, ...] = ()  # lines the command line says as the run starts (--dummy)
 
     @property
     def resume_path(self) -> str | None:
@@ -75,9 +76,9 @@ class RunPlan:
 
 
 def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
-               supplied: Supplied = Supplied()) -> RunPlan | str:
-    """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
-    complete run, the one line to print instead."""
+               supplied: Supplied = Supplied(), opening: tuple[str, ...] = ()) -> RunPlan | str:
+    """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed; ``opening``:
+    :attr:`RunPlan.opening`); or, for a complete run, the one line to print instead."""
     cfg, ckpt, notes = auto.resumed(cfg, given)  # resumed_config; auto: the run's, or launch's
     if ckpt is not None:
         _check_handed(cfg, supplied)
@@ -117,7 +118,8 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     run.check_writable()
     runlock.check_free(run)  # another run writes there: refused, --overwrite or not
-    return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied)
+    return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied,
+                   opening=tuple(opening))
 
 
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),

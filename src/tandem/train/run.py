@@ -132,9 +132,11 @@ def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
     return start, [*plan.notes, *notes]
 
 
-def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
-    """``tandem train``: fit (or only validate). ``given``: fields typed on the command line."""
-    execute(plan_train(cfg, given))  # the plan: every check, before anything is done
+def train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
+          opening: tuple[str, ...] = ()) -> int:
+    """``tandem train``: fit (or only validate). ``given``: fields typed on the command line;
+    ``opening``: lines the command line has to say as the run starts."""
+    execute(plan_train(cfg, given, opening=opening))  # every check, before anything is done
     return 0
 
 
