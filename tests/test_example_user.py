@@ -42,7 +42,7 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
                           "  --seed 0, fixed (the example: unseeded)"]
     assert lines[9].startswith("epoch 1/1 (partial: 1/3 batches) step 1: ")
     assert "--lr " not in proc.stdout  # typed: the user chose it
-    assert "val loss " in lines[9] and " (label-smoothed 0.1) acc " in lines[9]
+    assert "val loss " in lines[9] and " (label-smoothed 0.1; plain cross-entropy " in lines[9]
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["arch"] == "resnet18" and config["data"]["image_size"] == 224
     assert config["resolved"]["dataset"]["image_size"] == 224
@@ -162,6 +162,61 @@ def test_tandems_own_resume_keeps_its_lr_and_is_bitwise(tmp_path):
     ok(run_in_process("train", "--resume", stopped))
     a, b = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (straight, stopped))
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+
+
+def _val_losses64(run):
+    """Plain and label-smoothed (0.1) cross-entropy of the run's weights on its val set, in
+    float64 with plain torch: the reference."""
+    from tandem.data import load_dataset
+
+    _, val, _ = load_dataset("synthetic", augment="none", seed=0, image_size=8,
+                             synthetic_size=24, num_classes=3, splits=("val",))
+    images = torch.stack([val[i][0] for i in range(len(val))]).double()
+    labels = torch.tensor([val[i][1] for i in range(len(val))])
+    model = create_model("cifar_resnet20", num_classes=3)
+    model.load_state_dict(torch.load(run / "checkpoint.pt", weights_only=True)["state_dict"])
+    with torch.no_grad():
+        logits = model.double().eval()(images)
+    return (torch.nn.functional.cross_entropy(logits, labels).item(),
+            torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.1).item())
+
+
+def test_every_loss_line_names_its_loss_and_gives_plain_cross_entropy(tmp_path):
+    from exact import EPS32, EPS64, TOL64
+
+    run = tmp_path / "run"
+    trained = ok(run_in_process("train", *TINY, "--epochs", 1, "--out", run))
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    words = f"(label-smoothed 0.1; plain cross-entropy {row['val_plain_ce']:.4f})"
+    assert f"val loss {row['val_loss']:.4f} {words} acc " in trained.stdout
+    plain64, smoothed64 = _val_losses64(run)
+
+    def evaluated(*flags):
+        return json.loads(ok(run_in_process("eval", "--resume", run, "--json", *flags)).stdout)
+
+    for flags in ((), ("--strategy", "balanced", "--devices", "cpu:2"),
+                  ("--strategy", "dp", "--devices", "cpu:3")):
+        result = evaluated("--dtype", "float64", *flags)
+        assert result["label_smoothing"] == 0.1
+        assert abs(result["plain_ce"] - plain64) < TOL64, flags
+        assert abs(result["loss"] - smoothed64) < TOL64, flags
+    # noise floor: float32's distance from float64 stays far below float32-sized differences
+    f32 = evaluated()
+    assert abs(f32["plain_ce"] - plain64) / EPS32 * EPS64 < TOL64 / 2
+    assert f32["plain_ce"] == pytest.approx(row["val_plain_ce"], rel=1e-6)
+    # negative control: the smoothed loss is far from plain cross-entropy
+    assert abs(smoothed64 - plain64) > 1000 * TOL64
+    plain = evaluated("--dtype", "float64", "--label-smoothing", 0)
+    assert plain["plain_ce"] is None and abs(plain["loss"] - plain64) < TOL64
+
+    line = f"loss {f32['loss']:.4f} (label-smoothed 0.1; plain cross-entropy {f32['plain_ce']:.4f})"
+    shown = ok(run_in_process("eval", "--resume", run)).stdout.splitlines()[-1]
+    assert shown == f"{run}: cifar_resnet20 val {line} acc {f32['acc1']:.2f}% " \
+                    f"acc5 {f32['acc5']:.2f}% ({f32['count']} images)"
+    e = ok(run_in_process("train", "-e", "--resume", run / "best.pt", "--data", "synthetic"))
+    assert e.stdout.splitlines()[-1].startswith(f"val {line} acc ")
+    zero = ok(run_in_process("eval", "--resume", run, "--label-smoothing", 0)).stdout
+    assert "label-smoothed" not in zero and "plain cross-entropy" not in zero
 
 
 def test_dataparallel_conversion_in_the_readme_loads_under_main_pys_dataparallel(tmp_path):

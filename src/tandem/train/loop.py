@@ -151,7 +151,8 @@ class Trainer:
                 out = s.forward_loss(self.model, self.criterion, images, targets)
             self.scaler.scale(out.loss / group_size).backward()
         # no host sync: the sums stay on the device
-        run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
+        run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
+                         out.ce_sum)
         run.loss = out.loss.detach()
         due = print_freq > 0 and (index + 1) % print_freq == 0
         # a --print-freq line shows the whole job's sums: every process reduces at the same
@@ -234,7 +235,8 @@ class Trainer:
             images, targets = self.device_batch(images, targets)
             with self.autocast():
                 out = self.strategy.forward_loss(self.model, self.criterion, images, targets)
-            meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
+            meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
+                         out.ce_sum)
         return meter.reduced(self.strategy)
 
     # -- saving -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
+from tandem.strategies.outputs import label_smoothing
 
 from . import compile as compiling
 from . import auto, foreign, runlock
@@ -179,7 +180,7 @@ def _print_validation(plan: RunPlan) -> dict | None:
         print(note.replace(foreign.DATA_SIZE, f"{result['image_size']}px"))
     if result["precision"]:
         print(result["precision"])
-    print(f"val loss {result['loss']:.4f} {eval_scores(result)} ({result['count']} images)")
+    print(f"{eval_scores(result)} ({result['count']} images)")
     return {"val_loss": result["loss"], "val_acc": result["acc1"],
             "val_acc5": result["acc5"], "count": result["count"]}
 
@@ -199,7 +200,9 @@ def validate(plan: RunPlan) -> dict:
                           batches_per_epoch=0, config_dict={})
         seconds = _warm_up(trainer, train=False)
         val = trainer.validate()
-        return {"arch": cfg.model.arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
+        smoothing = label_smoothing(trainer.criterion)
+        return {"arch": cfg.model.arch, "loss": val.loss, "label_smoothing": smoothing,
+                "plain_ce": val.ce if smoothing else None, "acc": val.acc, "acc1": val.acc,
                 "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
                 "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main, "image_size": info.image_size,
