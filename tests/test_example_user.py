@@ -241,6 +241,34 @@ def test_e_resume_of_a_runs_best_pt_evaluates_and_writes_nothing(tmp_path):
     assert "would roll" not in proc.stderr
 
 
+def test_a_run_that_main_py_continued_in_place_says_so_and_how_to_use_its_file(tmp_path):
+    import os
+
+    run = tmp_path / "run"
+    ok(run_in_process("train", *TINY, "--epochs", 1, "--out", run))
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)  # main.py's own save of it
+    theirs = run / "checkpoint.pth.tar"
+    torch.save({k: ckpt[k] for k in ("epoch", "arch", "state_dict", "best_acc1", "optimizer",
+                                     "scheduler")}, theirs)
+    latest = os.path.getmtime(run / "checkpoint.pt")
+    os.utime(theirs, (latest - 60, latest - 60))  # older: nothing to say (negative control)
+    assert "checkpoint.pth.tar" not in ok(run_in_process("eval", "--resume", run)).stdout
+    os.utime(theirs, (latest + 60, latest + 60))
+    said = (f"run '{run}' also holds checkpoint.pth.tar, newer than its checkpoint.pt (the "
+            f"imagenet example's main.py continued the run there): this {{}} checkpoint.pt; "
+            f"for the example's file: `{{}}`")
+    evaluated = ok(run_in_process("eval", "--resume", run)).stdout.splitlines()
+    use = f"tandem eval --resume {theirs} --data synthetic"
+    assert said.format("evaluates", use) in evaluated
+    e = ok(run_in_process("train", "-e", "--resume", run, "--data", "synthetic"))
+    assert said.format("evaluates", use) in e.stdout.splitlines()
+    resumed = ok(run_in_process("train", "--resume", run, "--epochs", 2)).stdout.splitlines()
+    use = f"tandem train --resume {theirs} --data synthetic --out NEWDIR"
+    assert "  " + said.format("continues", use) in resumed
+    # the way it gives works (with the synthetic data's shape, which the file does not hold)
+    ok(run_in_process("eval", "--resume", theirs, "--data", "synthetic", *TINY[2:8]))
+
+
 def _parse(*argv):
     return config_from_namespace(build_parser().parse_args(["train", *argv]))
 

@@ -80,8 +80,11 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed; ``opening``:
     :attr:`RunPlan.opening`); or, for a complete run, the one line to print instead."""
     cfg, ckpt, notes = auto.resumed(cfg, given)  # resumed_config; auto: the run's, or launch's
+    newer = None
     if ckpt is not None:
         _check_handed(cfg, supplied)
+        newer = rundir.example_file_note(cfg.run.resume, cfg.data.data, cfg.run.evaluate)
+        notes = [*notes, newer] if newer else notes
     if supplied.model is None and supplied.data is None:
         if ckpt is None:
             cfg = start.fresh_defaults(cfg, given)  # an ImageFolder's arch and image size
@@ -95,7 +98,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         note = None
         if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
             cfg, note = foreign.eval_settings(cfg, given, cfg.run.resume)
-        return plan_eval(cfg, ckpt, [note] if note else [], supplied)
+        return plan_eval(cfg, ckpt, [n for n in (newer, note) if n], supplied)
     if ckpt is not None:
         line = complete_line(cfg, ckpt, given, by_fit=supplied != Supplied())
         if line is not None:
