@@ -49,7 +49,8 @@ class Strategy:
     driving every device it is given. What the loop, the run and the bench use: the
     abilities; ``devices``/``device``, ``rank``/``world_size``/``is_main``; ``split`` (the
     batch's shares, :class:`~tandem.parallel.split.BatchSplit`); ``with strategy:``;
-    ``setup``, ``state_dict``/``load_state_dict``, ``forward_loss``, ``no_sync``; the
+    ``setup``, ``state_dict``/``load_state_dict``, ``optimizer_state_dict``/
+    ``load_optimizer_state_dict``, ``forward_loss``, ``no_sync``; the
     collectives ``all_reduce_sum``, ``barrier``, ``any_process`` and ``stop_vote``.
     """
 
@@ -142,6 +143,17 @@ class Strategy:
         """Load a plain state dict (from :meth:`state_dict` of any strategy) into what
         :meth:`setup` returned; a state that does not fit is a ``ValueError`` saying how."""
         model_state.load_plain_state_dict(wrapped, state)
+
+    def optimizer_state_dict(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """``optimizer``'s state as an optimizer of the plain model holds it (what checkpoints
+        hold, so that any strategy continues them)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
+                                  state: dict) -> None:
+        """Load a plain model's optimizer state (:meth:`optimizer_state_dict` of any
+        strategy) into ``optimizer``; one that does not fit is a ``ValueError``."""
+        optimizer.load_state_dict(state)
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:

@@ -263,7 +263,9 @@ class Trainer:
         )
         state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
         # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
-        optimizer = example_optimizer_state(self.optimizer, pos.epoch)
+        optimizer = example_optimizer_state(  # in the plain layout: any strategy loads it
+            self.optimizer, pos.epoch, self.strategy.optimizer_state_dict(self.model,
+                                                                          self.optimizer))
         checkpoint.save(self.run_dir.latest, state, optimizer, **extra)
         self.run_dir.write_config(self.config_dict)  # the settings of the checkpoint just saved
         self.saved_step = pos.step

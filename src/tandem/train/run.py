@@ -124,8 +124,11 @@ def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
     if plan.checkpoint is None:
         return {}, []
     ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
-    start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], parts["optimizer"],
-                           parts["scheduler"], parts["scaler"], plan.strategy.device)
+    model, optimizer = parts["model"], parts["optimizer"]
+    start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], optimizer,
+                           parts["scheduler"], parts["scaler"], plan.strategy.device,
+                           lambda state: plan.strategy.load_optimizer_state_dict(
+                               model, optimizer, state))
     plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
     if foreign.is_foreign(ckpt):
         check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
