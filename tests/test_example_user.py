@@ -35,12 +35,14 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
                         "validation resized to 256 and centre-cropped to 224; --image-size "
                         "to change)")
     assert lines[2].startswith("tandem's defaults that differ from the imagenet example's")
-    assert lines[3:7] == ["  --wd 0.0005 (the example: 0.0001)", "  -j 0 (the example: 4)",
+    assert lines[3:9] == ["  --wd 0.0005 (the example: 0.0001)", "  -j 0 (the example: 4)",
                           "  --label-smoothing 0.1 (the example: 0)",
-                          "  --lr-schedule cosine (the example: step)"]
-    assert lines[7].startswith("epoch 1/1 (partial: 1/3 batches) step 1: ")
+                          "  --lr-schedule cosine (the example: step)",
+                          "  -p 0 (the example: 10)",
+                          "  --seed 0, fixed (the example: unseeded)"]
+    assert lines[9].startswith("epoch 1/1 (partial: 1/3 batches) step 1: ")
     assert "--lr " not in proc.stdout  # typed: the user chose it
-    assert "val loss " in lines[7] and " (label-smoothed 0.1) acc " in lines[7]
+    assert "val loss " in lines[9] and " (label-smoothed 0.1; plain cross-entropy " in lines[9]
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["arch"] == "resnet18" and config["data"]["image_size"] == 224
     assert config["resolved"]["dataset"]["image_size"] == 224
@@ -48,6 +50,17 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
     result = json.loads(ok(run_in_process("eval", "--resume", out, "--json")).stdout)
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert result["image_size"] == 224 and result["loss"] == pytest.approx(row["val_loss"])
+
+
+def test_typed_p_and_seed_leave_the_examples_defaults_block(tmp_path):
+    from tandem.train.start import example_block
+
+    data = make_image_folder(tmp_path / "imgs", per_class=1)
+    cfg = _parse("-p", "10", "--seed", "3", str(data))
+    block = example_block(cfg, frozenset({"print_freq", "seed", "data"}))
+    assert not any(line.startswith(("  -p ", "  --seed ")) for line in block)
+    assert "  --seed 0, fixed (the example: unseeded)" in example_block(_parse(str(data)),
+                                                                        frozenset({"data"}))
 
 
 def test_a_factory_model_on_an_imagefolder_keeps_the_shorter_side_and_says_so(tmp_path):
@@ -151,6 +164,61 @@ def test_tandems_own_resume_keeps_its_lr_and_is_bitwise(tmp_path):
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
 
 
+def _val_losses64(run):
+    """Plain and label-smoothed (0.1) cross-entropy of the run's weights on its val set, in
+    float64 with plain torch: the reference."""
+    from tandem.data import load_dataset
+
+    _, val, _ = load_dataset("synthetic", augment="none", seed=0, image_size=8,
+                             synthetic_size=24, num_classes=3, splits=("val",))
+    images = torch.stack([val[i][0] for i in range(len(val))]).double()
+    labels = torch.tensor([val[i][1] for i in range(len(val))])
+    model = create_model("cifar_resnet20", num_classes=3)
+    model.load_state_dict(torch.load(run / "checkpoint.pt", weights_only=True)["state_dict"])
+    with torch.no_grad():
+        logits = model.double().eval()(images)
+    return (torch.nn.functional.cross_entropy(logits, labels).item(),
+            torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.1).item())
+
+
+def test_every_loss_line_names_its_loss_and_gives_plain_cross_entropy(tmp_path):
+    from exact import EPS32, EPS64, TOL64
+
+    run = tmp_path / "run"
+    trained = ok(run_in_process("train", *TINY, "--epochs", 1, "--out", run))
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    words = f"(label-smoothed 0.1; plain cross-entropy {row['val_plain_ce']:.4f})"
+    assert f"val loss {row['val_loss']:.4f} {words} acc " in trained.stdout
+    plain64, smoothed64 = _val_losses64(run)
+
+    def evaluated(*flags):
+        return json.loads(ok(run_in_process("eval", "--resume", run, "--json", *flags)).stdout)
+
+    for flags in ((), ("--strategy", "balanced", "--devices", "cpu:2"),
+                  ("--strategy", "dp", "--devices", "cpu:3")):
+        result = evaluated("--dtype", "float64", *flags)
+        assert result["label_smoothing"] == 0.1
+        assert abs(result["plain_ce"] - plain64) < TOL64, flags
+        assert abs(result["loss"] - smoothed64) < TOL64, flags
+    # noise floor: float32's distance from float64 stays far below float32-sized differences
+    f32 = evaluated()
+    assert abs(f32["plain_ce"] - plain64) / EPS32 * EPS64 < TOL64 / 2
+    assert f32["plain_ce"] == pytest.approx(row["val_plain_ce"], rel=1e-6)
+    # negative control: the smoothed loss is far from plain cross-entropy
+    assert abs(smoothed64 - plain64) > 1000 * TOL64
+    plain = evaluated("--dtype", "float64", "--label-smoothing", 0)
+    assert plain["plain_ce"] is None and abs(plain["loss"] - plain64) < TOL64
+
+    line = f"loss {f32['loss']:.4f} (label-smoothed 0.1; plain cross-entropy {f32['plain_ce']:.4f})"
+    shown = ok(run_in_process("eval", "--resume", run)).stdout.splitlines()[-1]
+    assert shown == f"{run}: cifar_resnet20 val {line} acc {f32['acc1']:.2f}% " \
+                    f"acc5 {f32['acc5']:.2f}% ({f32['count']} images)"
+    e = ok(run_in_process("train", "-e", "--resume", run / "best.pt", "--data", "synthetic"))
+    assert e.stdout.splitlines()[-1].startswith(f"val {line} acc ")
+    zero = ok(run_in_process("eval", "--resume", run, "--label-smoothing", 0)).stdout
+    assert "label-smoothed" not in zero and "plain cross-entropy" not in zero
+
+
 def test_dataparallel_conversion_in_the_readme_loads_under_main_pys_dataparallel(tmp_path):
     run = tmp_path / "run"
     ok(run_in_process("train", *TINY, "--epochs", 1, "--max-steps", 1, "--out", run))
@@ -173,6 +241,34 @@ def test_e_resume_of_a_runs_best_pt_evaluates_and_writes_nothing(tmp_path):
     assert "would roll" not in proc.stderr
 
 
+def test_a_run_that_main_py_continued_in_place_says_so_and_how_to_use_its_file(tmp_path):
+    import os
+
+    run = tmp_path / "run"
+    ok(run_in_process("train", *TINY, "--epochs", 1, "--out", run))
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)  # main.py's own save of it
+    theirs = run / "checkpoint.pth.tar"
+    torch.save({k: ckpt[k] for k in ("epoch", "arch", "state_dict", "best_acc1", "optimizer",
+                                     "scheduler")}, theirs)
+    latest = os.path.getmtime(run / "checkpoint.pt")
+    os.utime(theirs, (latest - 60, latest - 60))  # older: nothing to say (negative control)
+    assert "checkpoint.pth.tar" not in ok(run_in_process("eval", "--resume", run)).stdout
+    os.utime(theirs, (latest + 60, latest + 60))
+    said = (f"run '{run}' also holds checkpoint.pth.tar, newer than its checkpoint.pt (the "
+            f"imagenet example's main.py continued the run there): this {{}} checkpoint.pt; "
+            f"for the example's file: `{{}}`")
+    evaluated = ok(run_in_process("eval", "--resume", run)).stdout.splitlines()
+    use = f"tandem eval --resume {theirs} --data synthetic"
+    assert said.format("evaluates", use) in evaluated
+    e = ok(run_in_process("train", "-e", "--resume", run, "--data", "synthetic"))
+    assert said.format("evaluates", use) in e.stdout.splitlines()
+    resumed = ok(run_in_process("train", "--resume", run, "--epochs", 2)).stdout.splitlines()
+    use = f"tandem train --resume {theirs} --data synthetic --out NEWDIR"
+    assert "  " + said.format("continues", use) in resumed
+    # the way it gives works (with the synthetic data's shape, which the file does not hold)
+    ok(run_in_process("eval", "--resume", theirs, "--data", "synthetic", *TINY[2:8]))
+
+
 def _parse(*argv):
     return config_from_namespace(build_parser().parse_args(["train", *argv]))
 
@@ -185,6 +281,25 @@ def test_no_accel_and_dummy_mean_devices_cpu_and_data_synthetic():
         proc = run_in_process("train", *argv)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert words in proc.stderr
+
+
+def test_dummy_is_main_pys_random_imagenet_data_for_an_imagenet_arch(tmp_path):
+    cfg = _parse("-a", "resnet18", "--dummy")
+    assert (cfg.data.data, cfg.data.image_size, cfg.data.num_classes) == ("synthetic", 224, 1000)
+    cfg = _parse("-a", "alexnet", "--dummy", "--image-size", "64", "--num-classes", "5")
+    assert (cfg.data.image_size, cfg.data.num_classes) == (64, 5)  # typed: as typed
+    cfg = _parse("-a", "cifar_resnet20", "--dummy")  # a CIFAR arch keeps tandem's synthetic
+    assert (cfg.data.image_size, cfg.data.num_classes) == (None, None)
+    out = tmp_path / "run"
+    proc = ok(run_in_process("train", "-a", "resnet18", "--dummy", "-b", 4, "--synthetic-size", 4,
+                             "--epochs", 1, "--devices", "cpu", "--no-progress", "--out", out))
+    assert proc.stdout.splitlines()[0] == (
+        "--dummy: random 3x224x224 images of 1000 classes, as the imagenet example's "
+        "(resnet18's native size; --image-size and --num-classes to change); 4 to train and 1 "
+        "to validate (--synthetic-size to change)")
+    assert "image size" not in proc.stdout
+    dataset = json.loads((out / "config.json").read_text())["resolved"]["dataset"]
+    assert (dataset["image_size"], dataset["num_classes"]) == (224, 1000)
 
 
 def test_missing_resume_file_stays_an_error(tmp_path):

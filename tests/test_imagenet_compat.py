@@ -9,6 +9,7 @@ so these dicts are what the example writes for the same architecture.
 
 import json
 import os
+from dataclasses import replace
 import shutil
 import stat
 
@@ -121,7 +122,7 @@ def test_train_resume_takes_arch_epoch_and_optimizer(tmp_path):
         trainer = Trainer(**parts, **start)
     # the file's best_acc1 (41.5) is its own model_best's: best.pt starts afresh, and says so
     assert trainer.position.epoch == 3 and trainer.best_acc1 == 0.0
-    assert len(notes) == 2 and "StepLR" in notes[0] and "resumes at epoch 4" in notes[0]
+    assert len(notes) == 2 and notes[0] == "its StepLR goes on at epoch 4 (lr 0.1)"
     assert notes[1].startswith("best.pt starts afresh in --out") and "41.50%" in notes[1]
     params = example_opt.param_groups[0]["params"]
     for mine, theirs in zip(trainer.model.parameters(), params):
@@ -146,7 +147,7 @@ def test_cli_eval_and_train_resume_of_example_files(tmp_path):
                           "--image-size", 64, "--out", out)  # 224px: the next test's
     assert proc.returncode == 0, proc.stderr
     assert "resuming" in proc.stdout and "at epoch 4/4" in proc.stdout
-    assert "StepLR state is not tandem's" in proc.stdout
+    assert "its StepLR goes on at epoch 4 (lr 0.1)" in proc.stdout
     saved = checkpoint.load(out / "checkpoint.pt")
     assert saved["arch"] == "resnet18" and saved["epoch"] == 4
 
@@ -234,10 +235,11 @@ def test_resume_keeps_the_files_lr_momentum_weight_decay_and_nesterov(tmp_path):
     assert (optim.lr, optim.momentum, optim.weight_decay, optim.nesterov) == (0.1, 0.8, 1e-4, True)
     group = trainer.optimizer.param_groups[0]
     assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.8, 1e-4, True)
-    assert group["initial_lr"] == 0.1 and 0 < group["lr"] < 0.1  # cosine, at epoch 4 of 30
+    assert group["initial_lr"] == 0.1 and group["lr"] == 0.1  # its StepLR, at epoch 4 of 30
     assert trainer.config_dict["optim"]["lr"] == 0.1  # what config.json and checkpoints keep
     assert notes[0] == (f"'{path}' is not a tandem run; from it: arch resnet18, epoch 3, lr 0.1, "
-                        f"momentum 0.8, weight decay 0.0001, nesterov on")
+                        f"momentum 0.8, weight decay 0.0001, nesterov on, lr schedule StepLR "
+                        f"every 30 epochs x0.1")
 
     trainer, notes = _resume_in_process(tmp_path, path, given=("weight_decay", "lr"),
                                         weight_decay=5e-4, lr=0.1)
@@ -247,13 +249,42 @@ def test_resume_keeps_the_files_lr_momentum_weight_decay_and_nesterov(tmp_path):
     assert not any("--lr" in n for n in notes[1:2])  # the same value is no override
 
 
+def test_a_main_py_file_goes_on_with_its_own_steplr_and_plain_cross_entropy(tmp_path):
+    """StepLR(step_size=2, gamma=0.5) after 3 epochs: epoch 4 runs at 0.1 * 0.5 ** (3 // 2),
+    as main.py's own resume would, with plain cross-entropy; a flag still wins, and is said."""
+    path = tmp_path / "checkpoint.pth.tar"
+    example_checkpoint(path, "resnet18")
+    saved = torch.load(path)
+    saved["scheduler"].update(step_size=2, gamma=0.5, last_epoch=3)
+    torch.save(saved, path)
+    trainer, notes = _resume_in_process(tmp_path, path, given=())
+    optim = trainer.cfg.optim
+    assert (optim.lr_schedule, optim.lr_step, optim.lr_gamma) == ("step", 2.0, 0.5)
+    assert optim.label_smoothing == 0.0 and trainer.criterion.label_smoothing == 0.0
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.05, rel=1e-12)
+    assert notes[0].endswith(", lr schedule StepLR every 2 epochs x0.5")
+    assert "its StepLR goes on at epoch 4 (lr 0.05)" in notes
+    assert not any(line.lstrip().startswith("lr schedule") for line in notes[1:])
+    assert "    label smoothing 0 (plain cross-entropy, as the imagenet example trains; " \
+           "--label-smoothing to change)" in [f"  {n}" for n in notes]
+    # main.py at epoch 6 would be at 0.1 * 0.5 ** 3: so is tandem's schedule there
+    from tandem.train.schedule import lr_factor
+    assert 0.1 * lr_factor(6 * 7, optim, 7) == pytest.approx(0.1 * 0.5 ** 3, rel=1e-12)
+
+    trainer, notes = _resume_in_process(tmp_path, path, given=("lr_schedule", "label_smoothing"),
+                                        lr_schedule="cosine", label_smoothing=0.1)
+    assert trainer.cfg.optim.lr_schedule == "cosine" and trainer.criterion.label_smoothing == 0.1
+    assert "--lr-schedule cosine overrides the file's StepLR every 2 epochs x0.5" in notes
+
+
 def test_a_file_without_optimizer_state_says_so():
     from tandem.train.foreign import file_settings
 
     cfg = TrainConfig.from_dict({"optim": {"lr": 0.2}})
     kept, said = file_settings(cfg, frozenset({"lr"}), {"arch": "resnet18", "epoch": 2,
                                                         "state_dict": {}}, "bare.pth")
-    assert kept.optim == cfg.optim and kept.model.arch == "resnet18"
+    assert kept.optim == replace(cfg.optim, label_smoothing=0.0)  # the example's loss
+    assert kept.model.arch == "resnet18"
     assert said == ["'bare.pth' is not a tandem run; from it: arch resnet18, epoch 2",
                     "it holds no optimizer state: lr, momentum, weight decay and nesterov are "
                     "this run's (--lr, --momentum, --wd, --nesterov)"]
@@ -272,13 +303,20 @@ def test_resumed_example_file_says_what_it_took_and_reloads(tmp_path):
     assert lines[0].startswith("ImageFolder ") and lines[1].startswith("resuming ")
     assert "from it: arch resnet18, epoch 3, lr 0.1, momentum 0.9, weight decay 0.0001, " \
            "nesterov off" in lines[2]
-    block = lines[lines.index("  not in the file, so this run takes:"):][:6]
+    assert lines[2].endswith(", lr schedule StepLR every 30 epochs x0.1")
+    assert "  its StepLR goes on at epoch 4 (lr 0.1)" in lines
+    block = lines[lines.index("  not in the file, so this run takes:"):][:5]
     assert block[1:] == ["    global batch 8 (as given)", "    epochs 4 (as given)",
                          "    image size 224px (resnet18's native size; --image-size to "
                          "change)",
-                         "    lr schedule cosine (tandem's default; --lr-schedule to change)",
-                         "    label smoothing 0.1 (tandem's default; --label-smoothing to change)"]
+                         "    label smoothing 0 (plain cross-entropy, as the imagenet example "
+                         "trains; --label-smoothing to change)"]
+    assert "label-smoothed" not in proc.stdout
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["lr"] == 0.1  # main.py's lr for epoch 4 (no decay before epoch 30)
     config = json.loads((out / "config.json").read_text())
+    assert (config["optim"]["lr_schedule"], config["optim"]["lr_step"],
+            config["optim"]["label_smoothing"]) == ("step", 30.0, 0.0)
     assert config["data"]["num_classes"] == 1000  # the built model's, not the data's 3
     assert config["resolved"]["dataset"]["num_classes"] == 3
     proc = run_in_process("eval", "--resume", out / "best.pt", "--json")

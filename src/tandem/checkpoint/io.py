@@ -222,12 +222,14 @@ def reason(exc: BaseException) -> str:
     return (first[:cut] if cut > 0 else first)[:200]
 
 
-def load_optimizer_state(optimizer, ckpt: dict, path) -> None:
-    """Load ``ckpt``'s optimizer state (read from ``path``) into ``optimizer``, if it has one."""
+def load_optimizer_state(optimizer, ckpt: dict, path, load: Callable | None = None) -> None:
+    """Load ``ckpt``'s optimizer state (read from ``path``) into ``optimizer``, if it has one;
+    ``load(state)`` loads it instead of ``optimizer.load_state_dict`` (a strategy's, for
+    the plain layout checkpoints hold)."""
     if ckpt.get("optimizer") is None:
         return
     try:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        (load or optimizer.load_state_dict)(ckpt["optimizer"])
     except Exception as exc:
         raise CheckpointError(f"checkpoint '{path}': optimizer state does not fit the "
                               f"optimizer ({reason(exc)})") from None

@@ -64,7 +64,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="evaluate in float32, also a run trained with --amp (default: "
                              "the run's precision)")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON object (arch, loss, acc1, acc5, count; acc = acc1)")
+                        help="print one JSON object (arch, loss, label_smoothing, plain_ce: "
+                             "plain cross-entropy beside a label-smoothed loss, acc1, acc5, "
+                             "count; acc = acc1)")
     parser.set_defaults(func=run)
     return parser
 
@@ -102,8 +104,7 @@ def run(args: argparse.Namespace) -> int:
         from tandem.train.compile import describe
 
         print(describe(result["compile_seconds"], args.compile_mode))
-    print(f"{args.resume}: {result['arch']} val loss {result['loss']:.4f} "
-          f"{eval_scores(result)} ({result['count']} images)")
+    print(f"{args.resume}: {result['arch']} {eval_scores(result)} ({result['count']} images)")
     return 0
 
 

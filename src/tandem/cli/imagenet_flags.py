@@ -1,7 +1,8 @@
 """The imagenet example's own command line, as typed, on ``tandem train``.
 
 The positional ``DIR`` is ``--data DIR``, ``--gpu N`` is ``--devices cuda:N``,
-``--no-accel`` is ``--devices cpu`` and ``--dummy`` is ``--data synthetic``. The
+``--no-accel`` is ``--devices cpu`` and ``--dummy`` is ``--data synthetic``, for an ImageNet
+arch at its native size with 1000 classes, as the example's (:func:`dummy_line` says so). The
 example's distributed flags are refused with the equivalent ``tandem launch`` command, and
 ``--start-epoch`` because the epoch comes from ``--resume``.
 """
@@ -13,12 +14,15 @@ import os
 import shlex
 from urllib.parse import urlparse
 
-from tandem.config import NO_WEIGHTS_FILE, ParallelConfig
+from tandem.config import NO_WEIGHTS_FILE, DataConfig, ParallelConfig
+from tandem.data.synthetic import split_sizes
 from tandem.errors import UsageError
+from tandem.factory import is_reference
+from tandem.models import model_info
 
 from .common import add_config_arguments
 
-__all__ = ["add_example_arguments", "example_overrides", "launch_command"]
+__all__ = ["add_example_arguments", "example_overrides", "dummy_line", "launch_command"]
 
 _DIST = ("dist_url", "dist_backend", "world_size", "rank", "multiprocessing_distributed")
 
@@ -32,7 +36,8 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-accel", action="store_true",
                        help="the example's --no-accel: same as --devices cpu")
     group.add_argument("--dummy", action="store_true",
-                       help="the example's --dummy: same as --data synthetic")
+                       help="the example's --dummy: --data synthetic, for an ImageNet arch at "
+                            "its native size with 1000 classes")
     group.add_argument("--start-epoch", type=int, default=None, metavar="N",
                        help="not supported: --resume FILE continues at the epoch stored in FILE")
     _add_distributed(group)
@@ -73,6 +78,7 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
             raise UsageError(f"two datasets given: --dummy (same as --data synthetic) and "
                              f"{other}: give one")
         values["data"] = "synthetic"
+        values.update(_dummy_shape(args.arch, given))
     if getattr(args, "no_accel", False):
         if args.gpu is not None or ("devices" in given and args.devices != "cpu"):
             other = f"--gpu {args.gpu}" if args.gpu is not None else f"--devices {args.devices}"
@@ -90,6 +96,30 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
         raise UsageError(f"{NO_WEIGHTS_FILE}; '{pretrained}' is a directory (put the data "
                          f"directory before --pretrained or use --data)")
     return values, set(values)
+
+
+_IMAGENET_CLASSES = 1000
+
+
+def _dummy_shape(arch: str, given: set[str]) -> dict:
+    """The example's ``--dummy`` for an ImageNet ``arch``: its native image size and 1000
+    classes, each unless typed; nothing for another arch (tandem's synthetic data)."""
+    if is_reference(arch) or model_info(arch).default_num_classes != _IMAGENET_CLASSES:
+        return {}
+    shape = {"image_size": model_info(arch).native_input_size, "num_classes": _IMAGENET_CLASSES}
+    return {name: value for name, value in shape.items() if name not in given}
+
+
+def dummy_line(args: argparse.Namespace, data: DataConfig) -> str | None:
+    """The line saying what ``--dummy`` gives an ImageNet arch (``None``: not asked for, or
+    another arch); ``data``: the run's data settings."""
+    if not getattr(args, "dummy", False) or not _dummy_shape(args.arch, set()):
+        return None
+    train, val = split_sizes(data.synthetic_size)
+    side = data.image_size
+    return (f"--dummy: random 3x{side}x{side} images of {data.num_classes} classes, as the "
+            f"imagenet example's ({args.arch}'s native size; --image-size and --num-classes "
+            f"to change); {train} to train and {val} to validate (--synthetic-size to change)")
 
 
 def _train_args(argv: list[str]) -> list[str]:

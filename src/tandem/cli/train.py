@@ -22,7 +22,7 @@ from tandem.config import (DataConfig, ModelConfig, OptimConfig, ParallelConfig,
                            TrainConfig)
 
 from .common import add_config_arguments, config_from_args, given_fields, tandem_warnings
-from .imagenet_flags import add_example_arguments, example_overrides
+from .imagenet_flags import add_example_arguments, dummy_line, example_overrides
 
 __all__ = ["add_parser", "config_from_namespace"]
 
@@ -49,7 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
     """Read (never modify) ``args`` into a checked :class:`TrainConfig`."""
     values, _ = example_overrides(args)
-    data = {k: values[k] for k in ("data",) if k in values}
+    data = {k: values[k] for k in ("data", "image_size", "num_classes") if k in values}
     devices = {k: values[k] for k in ("devices",) if k in values}
     return TrainConfig(model=config_from_args(ModelConfig, args),
                        data=config_from_args(DataConfig, args, **data),
@@ -63,5 +63,6 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_namespace(args)
     given = given_fields(args) | example_overrides(args)[1]
+    opening = dummy_line(args, cfg.data)
     with tandem_warnings():
-        return train(cfg, given=given)
+        return train(cfg, given=given, opening=(opening,) if opening else ())

@@ -14,7 +14,7 @@ from tandem.errors import UsageError
 from .base import SPLITS, DatasetInfo, ImageDataset
 from .transforms import mix_seed
 
-__all__ = ["SyntheticDataset", "load_synthetic", "SYNTHETIC_DEFAULTS"]
+__all__ = ["SyntheticDataset", "load_synthetic", "split_sizes", "SYNTHETIC_DEFAULTS"]
 
 SYNTHETIC_DEFAULTS = dict(size=1024, num_classes=10, in_channels=3, image_size=32)
 _TEMPLATE = 4  # side of the per-class template before upsampling
@@ -59,11 +59,17 @@ class SyntheticDataset(ImageDataset):
         return self._cache[0][index], int(self._cache[1][index])
 
 
+def split_sizes(size: int | None) -> tuple[int, int]:
+    """The samples of the train and val splits for ``--synthetic-size`` ``size``."""
+    size = SYNTHETIC_DEFAULTS["size"] if size is None else size
+    return size, max(1, size // 4)
+
+
 def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int | None,
                    num_classes: int | None, splits: tuple[str, ...] = SPLITS):
     """Train split of ``size`` samples (default 1024) and a val split of ``size // 4`` (>= 1);
     a split not in ``splits`` is None (not generated)."""
-    size = SYNTHETIC_DEFAULTS["size"] if size is None else size
+    size = split_sizes(size)[0]
     num_classes = SYNTHETIC_DEFAULTS["num_classes"] if num_classes is None else num_classes
     image_size = SYNTHETIC_DEFAULTS["image_size"] if image_size is None else image_size
     channels = SYNTHETIC_DEFAULTS["in_channels"]
@@ -74,7 +80,7 @@ def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int
     common = dict(num_classes=num_classes, in_channels=channels, image_size=image_size, seed=seed)
     train = (SyntheticDataset(size, split=0, augment=augment, **common)
              if "train" in splits else None)
-    val = (SyntheticDataset(max(1, size // 4), split=1, augment="none", **common)
+    val = (SyntheticDataset(split_sizes(size)[1], split=1, augment="none", **common)
            if "val" in splits else None)
     info = DatasetInfo("synthetic", num_classes, channels, image_size,
                        [str(c) for c in range(num_classes)])

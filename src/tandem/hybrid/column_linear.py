@@ -96,6 +96,14 @@ class ColumnParallelLinear(_ShardedLinear):
                     raise UsageError("this layer has a bias but none was given")
                 shard.bias.copy_(bias[a:b])
 
+    def plain_pieces(self) -> dict:
+        """``{"weight"|"bias": (shard parameters, dim they are split along)}``: where the
+        plain layer's parameters live (:mod:`.optimizer_state`)."""
+        pieces = {"weight": ([s.weight for s in self.shards], 0)}
+        if self.shards[0].bias is not None:
+            pieces["bias"] = ([s.bias for s in self.shards], 0)
+        return pieces
+
     def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Detached full weight and bias on the output device."""
         weight = self._merged(0)
@@ -172,6 +180,14 @@ class RowParallelLinear(_ShardedLinear):
             if bias is None:
                 raise UsageError("this layer has a bias but none was given")
             self.bias.copy_(bias)
+
+    def plain_pieces(self) -> dict:
+        """As :meth:`ColumnParallelLinear.plain_pieces`: the weight split along its inputs,
+        the bias whole (on the output device)."""
+        pieces = {"weight": ([s.weight for s in self.shards], 1)}
+        if self.bias is not None:
+            pieces["bias"] = ([self.bias], None)
+        return pieces
 
     def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Detached full weight and bias on the output device."""

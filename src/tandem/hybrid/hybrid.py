@@ -26,6 +26,7 @@ from ..parallel.devices import resolve_devices, as_device
 from ..parallel.guards import first_lazy
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .layout import classifier_layout, find_head, head_sequential
+from .optimizer_state import load_plain_optimizer_state, plain_optimizer_state
 from .plan import meta_copy, plan
 
 __all__ = ["HybridParallel"]
@@ -124,7 +125,7 @@ class HybridParallel(nn.Module):
     ``split``, ``max_share`` and ``backward_threads`` are as for ``DataParallel``. A drop-in ``nn.Module``: the
     logits land on ``output_device``, and :meth:`parameters` yields each trainable tensor once
     (the trunk's shared ones, the shards' own); optimizer state is per shard, and checkpoints
-    use :meth:`plain_state_dict`. ``head`` names the classifier (see :mod:`.layout`). A model
+    use :meth:`plain_state_dict` and :meth:`plain_optimizer_state`. ``head`` names the classifier (see :mod:`.layout`). A model
     other than AlexNet's ``features, avgpool, classifier`` must call its head last, on
     ``(N, features)``: the rest runs data-parallel with the head replaced by ``nn.Identity``.
     """
@@ -160,6 +161,7 @@ class HybridParallel(nn.Module):
         self._parts += [(key(i), mods[i]) for i in leading]
         self.head = nn.Sequential(*self._split_head(mods, stages, key))
         self._keys = list(model.state_dict().keys())
+        self._param_names = [name for name, _ in model.named_parameters()]
         # A parameter-free copy of the model's structure for to_model(); hidden from the module
         # tree so that it adds no parameters, buffers or state-dict keys.
         object.__setattr__(self, "_skeleton", meta_copy(model))
@@ -235,6 +237,35 @@ class HybridParallel(nn.Module):
             raise RuntimeError(f"HybridParallel lost track of keys: "
                                f"{sorted(set(state) ^ set(self._keys))[:3]}")
         return OrderedDict((k, state[k]) for k in self._keys)
+
+    def _plain_pieces(self) -> list[tuple[str, list[torch.Tensor], int | None]]:
+        """Where each of the plain model's parameters lives, in its order (see
+        :mod:`.optimizer_state`)."""
+        where = {}
+        for prefix, module in self._parts:
+            if isinstance(module, _SPLIT):
+                for key, (params, dim) in module.plain_pieces().items():
+                    where[prefix + key] = (prefix + key, params, dim)
+            else:
+                for key, param in module.named_parameters():
+                    where.setdefault(prefix + key, (prefix + key, [param], None))
+        return [where[name] for name in self._param_names]
+
+    def plain_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """``optimizer``'s state (an optimizer of :meth:`parameters`) as an optimizer of the
+        plain model holds it: split layers' states merged, so any strategy loads it."""
+        return plain_optimizer_state(optimizer, self._plain_pieces())
+
+    def load_plain_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load a plain model's optimizer state (:meth:`plain_optimizer_state`, or another
+        strategy's) into ``optimizer``; split layers take their slices. A state per shard (as
+        hybrid checkpoints held it before) loads as it is."""
+        pieces = self._plain_pieces()
+        counted = sum(len(group["params"]) for group in state["param_groups"])
+        if counted == sum(len(g["params"]) for g in optimizer.param_groups) != len(pieces):
+            optimizer.load_state_dict(state)
+            return
+        load_plain_optimizer_state(optimizer, pieces, state)
 
     def load_plain_state_dict(self, state: dict, strict: bool = True) -> None:
         """Load a plain model's state dict (as :meth:`plain_state_dict` returns) into the split

@@ -56,13 +56,17 @@ class BalancedStrategy(ReplicatedStrategy):
         return StepOutput(loss, *self._sum_scores(scores, [o.device for o in outputs]))
 
     def _sum_scores(self, scores: list[tuple], devices: list[torch.device]) -> tuple:
-        """Each device's ``(correct, count, correct5, confusion)`` summed on device 0: one
-        flat vector from each device, whatever the batch or image size."""
-        dense = scores[0][3] is not None
+        """Each device's ``(correct, count, correct5, confusion, ce_sum)`` summed on device 0:
+        one flat vector from each device, whatever the batch or image size."""
+        dense, plain = scores[0][3] is not None, scores[0][4] is not None
         total = None
-        for i, ((correct, _, correct5, confusion), device) in enumerate(zip(scores, devices)):
-            flat = (torch.cat([correct.reshape(1), confusion.reshape(-1)]) if dense
-                    else torch.stack([correct, correct5]))
+        for i, ((correct, _, correct5, confusion, ce_sum), device) in enumerate(
+                zip(scores, devices)):
+            if dense:
+                flat = torch.cat([correct.reshape(1), confusion.reshape(-1)])
+            else:  # the counts in float64 beside plain cross-entropy: exact up to 2**53
+                flat = torch.stack([correct.double(), correct5.double(),
+                                    *([ce_sum.double()] if plain else [])])
             if i and traffic.metering():  # logical replicas: chunk 0 is already on device 0
                 traffic.record("metrics", flat.numel() * flat.element_size(), 0)
             flat = flat.to(self.device)
@@ -70,5 +74,5 @@ class BalancedStrategy(ReplicatedStrategy):
         count = sum(s[1] for s in scores)
         if dense:
             classes = scores[0][3].shape[0]
-            return total[0], count, None, total[1:].reshape(classes, classes)
-        return total[0], count, total[1], None
+            return total[0], count, None, total[1:].reshape(classes, classes), None
+        return total[0], count, total[1], None, total[2] if plain else None

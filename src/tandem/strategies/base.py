@@ -17,7 +17,7 @@ from tandem import model_state
 from tandem.errors import UsageError
 from tandem.parallel.split import BatchSplit
 
-from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, top5_hits
+from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, plain_ce_sum, top5_hits
 
 __all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_class",
            "strategy_names", "top5_hits"]
@@ -30,7 +30,8 @@ class StepOutput:
     ``loss`` is the mean over this process's samples; ``correct``/``correct5`` are top-1/top-5
     hits (``correct5`` may be ``None``) over ``count`` samples. Dense outputs (segmentation)
     give ``confusion``, the ``classes x classes`` counts of this process's positions
-    (:mod:`.outputs`), and ``correct`` counts positions.
+    (:mod:`.outputs`), and ``correct`` counts positions. ``ce_sum``: the summed plain
+    cross-entropy of a label-smoothed loss's validation (:func:`.outputs.plain_ce_sum`).
     """
 
     loss: torch.Tensor
@@ -38,6 +39,7 @@ class StepOutput:
     count: int
     correct5: torch.Tensor | None = None
     confusion: torch.Tensor | None = None
+    ce_sum: torch.Tensor | None = None
 
 
 class Strategy:
@@ -47,7 +49,8 @@ class Strategy:
     driving every device it is given. What the loop, the run and the bench use: the
     abilities; ``devices``/``device``, ``rank``/``world_size``/``is_main``; ``split`` (the
     batch's shares, :class:`~tandem.parallel.split.BatchSplit`); ``with strategy:``;
-    ``setup``, ``state_dict``/``load_state_dict``, ``forward_loss``, ``no_sync``; the
+    ``setup``, ``state_dict``/``load_state_dict``, ``optimizer_state_dict``/
+    ``load_optimizer_state_dict``, ``forward_loss``, ``no_sync``; the
     collectives ``all_reduce_sum``, ``barrier``, ``any_process`` and ``stop_vote``.
     """
 
@@ -141,6 +144,17 @@ class Strategy:
         :meth:`setup` returned; a state that does not fit is a ``ValueError`` saying how."""
         model_state.load_plain_state_dict(wrapped, state)
 
+    def optimizer_state_dict(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """``optimizer``'s state as an optimizer of the plain model holds it (what checkpoints
+        hold, so that any strategy continues them)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
+                                  state: dict) -> None:
+        """Load a plain model's optimizer state (:meth:`optimizer_state_dict` of any
+        strategy) into ``optimizer``; one that does not fit is a ``ValueError``."""
+        optimizer.load_state_dict(state)
+
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:
         """Run the model and the criterion on this process's share of the batch."""
@@ -156,11 +170,11 @@ class Strategy:
     @staticmethod
     def _score(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor,
               count: int) -> tuple:
-        """``(correct, count, correct5, confusion)`` of one chunk, as :class:`StepOutput`
-        orders them; dense outputs skip the criterion's ``ignore_index``."""
+        """``(correct, count, correct5, confusion, ce_sum)`` of one chunk, as
+        :class:`StepOutput` orders them; dense outputs skip the criterion's ``ignore_index``."""
         ignore = getattr(criterion, "ignore_index", DEFAULT_IGNORE_INDEX)
         correct, correct5, confusion = hits(outputs, targets, ignore)
-        return correct, count, correct5, confusion
+        return correct, count, correct5, confusion, plain_ce_sum(criterion, outputs, targets)
 
     # -- data -------------------------------------------------------------------------------
     # The loop builds its loaders with ``rank`` and ``world_size`` above: each process loads

@@ -1,8 +1,9 @@
 """``hybrid``: data-parallel features, model-parallel classifier.
 
 See :class:`tandem.hybrid.HybridParallel`: any model whose Linear head it finds (``classifier``,
-``fc``, or the attribute ``hybrid_head`` names) and which calls that head last. Optimizer state is per classifier shard, so it
-resumes under ``hybrid`` only; the weights load anywhere.
+``fc``, or the attribute ``hybrid_head`` names) and which calls that head last. Optimizer state
+is per classifier shard while it trains, and saved and loaded in the plain model's layout, so
+a hybrid run continues under any strategy and any run under hybrid.
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ __all__ = ["HybridStrategy"]
 @register
 class HybridStrategy(ReplicatedStrategy):
     name = "hybrid"
-    portable_optimizer_state = False
     compile_unsupported = "its features and classifier shards would each need compiling"
 
     @classmethod
     def check_model(cls, model: nn.Module, hybrid_head: str | None = None) -> str | None:
         return head_problem(model, hybrid_head)
+
+    def optimizer_state_dict(self, wrapped: nn.Module, optimizer) -> dict:
+        return wrapped.plain_optimizer_state(optimizer)
+
+    def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer, state: dict) -> None:
+        wrapped.load_plain_optimizer_state(optimizer, state)
 
     def setup(self, model: nn.Module) -> nn.Module:
         return HybridParallel(prepare_replicated(self, model), head=self.hybrid_head,

@@ -17,10 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from tandem.errors import UsageError
 
-__all__ = ["pick_output", "is_dense", "top5_hits", "confusion_matrix", "hits",
+__all__ = ["pick_output", "is_dense", "top5_hits", "confusion_matrix", "hits", "label_smoothing",
+           "plain_ce_sum",
            "pixel_accuracy", "mean_iou", "DEFAULT_IGNORE_INDEX"]
 
 #: torch's ``CrossEntropyLoss`` default, used when the criterion has no ``ignore_index``
@@ -94,6 +96,24 @@ def hits(outputs: torch.Tensor, targets: torch.Tensor, ignore_index: int):
                          f"(N, classes, H, W) with (N, H, W)")
     correct = (outputs.argmax(1) == targets).sum()
     return correct, top5_hits(outputs, targets), None
+
+
+def label_smoothing(criterion) -> float:
+    """The label smoothing of a ``CrossEntropyLoss`` ``criterion`` (0 for any other loss)."""
+    return float(criterion.label_smoothing) if isinstance(criterion, nn.CrossEntropyLoss) else 0.0
+
+
+def plain_ce_sum(criterion, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    """The summed cross-entropy *without* label smoothing of one classification chunk, when
+    ``criterion`` is a label-smoothed ``CrossEntropyLoss`` and no gradient is taken (a
+    validation pass: a training step pays nothing), else ``None``. It is the number the
+    imagenet example's plain loss gives, printed beside the smoothed one."""
+    if not label_smoothing(criterion) or torch.is_grad_enabled() or outputs.dim() != 2:
+        return None
+    work = torch.promote_types(outputs.dtype, torch.float32)  # float32 at least, as CE's autocast
+    return nn.functional.cross_entropy(outputs.to(work), targets.to(outputs.device),
+                                       weight=criterion.weight,
+                                       ignore_index=criterion.ignore_index, reduction="sum")
 
 
 def pixel_accuracy(confusion: torch.Tensor) -> float:

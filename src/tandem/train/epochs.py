@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from tandem.distributed.env import restarts_left, speaks_for_node
 from tandem.distributed.resume_command import resume_command_here
+from tandem.strategies.outputs import label_smoothing
 
 from . import diverged
 from .curves import plot_curves
@@ -142,6 +143,7 @@ def epoch_record(trainer, train: Meter, val: Meter, stopped: bool, seconds: floa
         "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
         "train_loss": train.loss, **score_fields("train", train),
         "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
+        **({"val_plain_ce": val.ce} if label_smoothing(trainer.criterion) else {}),
         "lr": trainer.optimizer.param_groups[0]["lr"],
         "images_per_sec": train.count / seconds if seconds > 0 else None,
         "seconds": seconds,
@@ -165,7 +167,7 @@ def _write_row(trainer, log: MetricsLog, records: list[dict], board: TensorBoard
     if board is not None:
         board.add_row(record)
     print(summary_line(record, cfg.optim.epochs, trainer.batches_per_epoch,
-                       getattr(trainer.criterion, "label_smoothing", 0.0)), flush=True)
+                       label_smoothing(trainer.criterion)), flush=True)
     trainer.wait.advise(cfg.data, trainer.strategy.device)  # once per run, when data waits
 
 

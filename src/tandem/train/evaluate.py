@@ -13,7 +13,7 @@ from tandem.factory import is_reference
 
 from . import foreign
 from .plan import plan_eval
-from .rundir import checkpoint_path as checkpoint_path_of
+from .rundir import checkpoint_path as checkpoint_path_of, example_file_note
 from .run import validate
 
 __all__ = ["evaluate"]
@@ -50,10 +50,13 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     A tandem run is evaluated at its own image size and precision (``amp``/``amp_dtype``:
     ``None`` takes the run's). A file without tandem's config is evaluated as the imagenet
     example does (plain cross-entropy, at the size of :func:`.start.size_rule`); ``note`` in
-    the result then says so. Never augments.
+    the result then says so, and also when the run holds a newer file of the example's
+    (:func:`.rundir.example_file_note`). Never augments.
     """
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)
+    newer = example_file_note(checkpoint_path, (data or {}).get(
+        "data", ((ckpt.get("config") or {}).get("data") or {}).get("data")), evaluate=True)
     arch = foreign.checkpoint_arch(ckpt, arch, checkpoint_path)
     saved = TrainConfig.from_dict(ckpt.get("config") or {})
     optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
@@ -76,6 +79,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     result = validate(plan_eval(cfg, ckpt))
     if note:
         note = note.replace(foreign.DATA_SIZE, f"{result['image_size']}px")
+    note = "\n".join(n for n in (newer, note) if n) or None
     if result["precision"]:
         result["precision"] += source
     elif instead:

@@ -1,23 +1,26 @@
 """Continuing a file from elsewhere (no tandem config), such as the imagenet example's.
 
-Such a file gives its ``arch``, ``epoch`` and, in its optimizer's ``param_groups``, the lr,
-momentum, weight decay and nesterov: they become the run's unless a flag overrides them, and
-each override is said (:func:`file_settings`). What the file does not say (global batch,
-epochs, image size, schedule, label smoothing) tandem assumes, and :func:`assumed` says so in
-one block. It is evaluated as the example evaluates it (:func:`eval_settings`). Nothing
-changes silently.
+Such a file gives its ``arch``, ``epoch``, in its optimizer's ``param_groups`` the lr,
+momentum, weight decay and nesterov, and in a StepLR's state (the example's schedule) its
+step size and gamma: they become the run's unless a flag overrides them, and each override
+is said (:func:`file_settings`). It trains and is evaluated with plain cross-entropy, as the
+example does, unless ``--label-smoothing`` is given. What the file does not say (global
+batch, epochs, image size, another scheduler's schedule) tandem assumes, and :func:`assumed`
+says so in one block. Nothing changes silently.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from tandem.checkpoint.compat import foreign_scheduler
 from tandem.config import TrainConfig
 from tandem.errors import UsageError
 from tandem.factory import rebuildable
 from tandem.models import model_info
 
-__all__ = ["DATA_SIZE", "is_foreign", "file_settings", "assumed", "eval_settings", "checkpoint_arch"]
+__all__ = ["DATA_SIZE", "is_foreign", "file_settings", "takes_schedule", "assumed", "eval_settings",
+           "checkpoint_arch"]
 
 #: in an eval note, where the data's own size goes once the data is loaded
 DATA_SIZE = "<data size>"
@@ -43,12 +46,47 @@ def _param_group(ckpt: dict) -> dict | None:
     return groups[0] if groups and isinstance(groups[0], dict) else None
 
 
+def _step_schedule(ckpt: dict) -> dict | None:
+    """The run's ``lr_schedule``, ``lr_step`` and ``lr_gamma`` from the file's StepLR state
+    (``None`` without one): stepped once per epoch, as the example steps it."""
+    state = ckpt.get("scheduler")
+    if foreign_scheduler(ckpt) != "StepLR":
+        return None
+    return {"lr_schedule": "step", "lr_step": float(state["step_size"]),
+            "lr_gamma": float(state.get("gamma", 0.1))}
+
+
+def takes_schedule(ckpt: dict, given: frozenset[str]) -> bool:
+    """True when the run continues the file's own schedule (a StepLR, no flag against it)."""
+    return _step_schedule(ckpt) is not None and "lr_schedule" not in given
+
+
+def _schedule_settings(cfg: TrainConfig, given: frozenset[str],
+                       ckpt: dict) -> tuple[TrainConfig, list[str], list[str]]:
+    """``cfg`` with the file's StepLR and plain cross-entropy unless flags say otherwise;
+    what was taken, and the lines saying a flag's override."""
+    optim, taken, said = cfg.optim, [], []
+    step = _step_schedule(ckpt)
+    if step is not None:
+        words = f"StepLR every {step['lr_step']:g} epochs x{step['lr_gamma']:g}"
+        if "lr_schedule" in given:
+            said.append(f"--lr-schedule {optim.lr_schedule} overrides the file's {words}")
+        else:
+            mine = {k: v for k, v in step.items() if k not in given}
+            optim = replace(optim, **mine)
+            taken.append(f"lr schedule {words}")
+    if "label_smoothing" not in given:  # the example's loss
+        optim = replace(optim, label_smoothing=0.0)
+    return replace(cfg, optim=optim), taken, said
+
+
 def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
                   path: str) -> tuple[TrainConfig, list[str]]:
     """``cfg`` with what the foreign file at ``path`` holds, and the lines that say it.
 
     The lr is the schedule's base (``initial_lr``, which torch's schedulers keep) when the
-    file has one, else its current lr. A flag in ``given`` wins over the file, and is said.
+    file has one, else its current lr; a StepLR gives the schedule (:func:`_step_schedule`).
+    A flag in ``given`` wins over the file, and is said.
     """
     arch = ckpt.get("arch")
     if "arch" not in given and isinstance(arch, str) and arch:
@@ -73,11 +111,14 @@ def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
         else:
             values[name] = theirs
     cfg = replace(cfg, optim=replace(cfg.optim, **values))
-    return cfg, [f"'{path}' is not a tandem run; from it: " + ", ".join(taken), *said]
+    cfg, schedule, overrides = _schedule_settings(cfg, given, ckpt)
+    return cfg, [f"'{path}' is not a tandem run; from it: " + ", ".join(taken + schedule),
+                 *said, *overrides]
 
 
-def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict) -> list[str]:
-    """The block of lines saying what the run uses that a foreign file does not say.
+def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict, ckpt: dict) -> list[str]:
+    """The block of lines saying what the run uses that the foreign file ``ckpt`` does not
+    say (its StepLR is the file's, in :func:`file_settings`' line).
 
     ``resolved`` is the run's resolved config (``image_size`` is the data's when not given).
     """
@@ -93,12 +134,16 @@ def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict) -> list[str
               "--label-smoothing"))
     lines = ["not in the file, so this run takes:"]
     for words, value, name, flag in items:
+        if name == "lr_schedule" and takes_schedule(ckpt, given):
+            continue
         if name in given:
             source = "as given"
         elif name == "image_size":
             own = cfg.data.image_size is None  # else the size rule's (tandem.train.start)
             source = ("the data's own" if own else f"{cfg.model.arch}'s native size") + \
                 f"; {flag} to change"
+        elif name == "label_smoothing":
+            source = f"plain cross-entropy, as the imagenet example trains; {flag} to change"
         else:
             source = f"tandem's default; {flag} to change"
         lines.append(f"  {words} {value} ({source})")

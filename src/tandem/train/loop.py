@@ -161,7 +161,8 @@ class Trainer:
                 out = s.forward_loss(self.model, self.criterion, images, targets)
             self.scaler.scale(out.loss / group_size).backward()
         # no host sync: the sums stay on the device
-        run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
+        run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
+                         out.ce_sum)
         run.loss = out.loss.detach()
         due = print_freq > 0 and (index + 1) % print_freq == 0
         # a --print-freq line shows the whole job's sums: every process reduces at the same
@@ -249,7 +250,8 @@ class Trainer:
             images, targets = self.device_batch(images, targets)
             with self.autocast():
                 out = self.strategy.forward_loss(self.model, self.criterion, images, targets)
-            meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion)
+            meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
+                         out.ce_sum)
         return meter.reduced(self.strategy)
 
     # -- saving -----------------------------------------------------------------------------
@@ -292,7 +294,9 @@ class Trainer:
         )
         state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
         # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
-        optimizer = example_optimizer_state(self.optimizer, pos.epoch)
+        optimizer = example_optimizer_state(  # in the plain layout: any strategy loads it
+            self.optimizer, pos.epoch, self.strategy.optimizer_state_dict(self.model,
+                                                                          self.optimizer))
         checkpoint.save(self.run_dir.latest, state, optimizer, **extra)
         self.run_dir.write_config(self.config_dict)  # the settings of the checkpoint just saved
         self.saved_step = pos.step

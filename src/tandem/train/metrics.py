@@ -16,12 +16,16 @@ import torch
 
 from tandem.strategies.outputs import mean_iou, pixel_accuracy
 
-__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "summary_line",
-           "score_fields", "eval_scores"]
+__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "loss_words",
+           "summary_line", "score_fields", "eval_scores"]
+
+
+_FIXED = 4  # the sums before a dense meter's confusion matrix
 
 
 class Meter:
-    """Sums of per-sample loss, top-1 and top-5 hits, and the sample count, on this process.
+    """Sums of per-sample loss, top-1 and top-5 hits, plain cross-entropy (where the step
+    gives it: a label-smoothed loss's validation) and the sample count, on this process.
 
     The sums stay on the device the losses are on, so :meth:`update` never waits for it;
     reading them (:meth:`read`, the properties) costs one host sync, made when printing,
@@ -33,7 +37,7 @@ class Meter:
 
     def __init__(self):
         self.count = 0  # samples: a Python int, known without asking the device
-        self._sums: torch.Tensor | None = None  # float64 [loss_sum, correct, correct5, *cm]
+        self._sums: torch.Tensor | None = None  # float64 [loss, correct, correct5, ce, *cm]
         self._host: tuple | None = None  # the last read, until an update
         self.classes: int | None = None  # dense outputs: the confusion matrix's side
 
@@ -43,12 +47,12 @@ class Meter:
 
     @classmethod
     def from_sums(cls, loss_sum: float, correct: float, count: int,
-                  correct5: float = 0.0, confusion=None) -> "Meter":
+                  correct5: float = 0.0, confusion=None, ce_sum: float = 0.0) -> "Meter":
         """A meter holding sums read elsewhere (a reduction, a checkpoint's epoch progress);
         ``confusion`` is a dense meter's matrix (nested lists or a tensor)."""
         meter = cls()
         meter.count = int(count)
-        sums = [float(loss_sum), float(correct), float(correct5)]
+        sums = [float(loss_sum), float(correct), float(correct5), float(ce_sum)]
         if confusion is not None:
             cm = torch.as_tensor(confusion, dtype=torch.float64)
             meter.classes = cm.shape[0]
@@ -59,15 +63,18 @@ class Meter:
 
     def update(self, loss: torch.Tensor, correct: torch.Tensor, count: int,
                correct5: torch.Tensor | None = None,
-               confusion: torch.Tensor | None = None) -> None:
-        """Add a batch whose *mean* loss is ``loss`` over ``count`` samples; no host sync."""
+               confusion: torch.Tensor | None = None,
+               ce_sum: torch.Tensor | None = None) -> None:
+        """Add a batch whose *mean* loss is ``loss`` over ``count`` samples (``ce_sum``: its
+        summed plain cross-entropy, if measured); no host sync."""
         if confusion is not None:  # even for an empty share: reductions need its side
             self.classes = confusion.shape[0]
         if count == 0:  # an empty share of a short last batch: nothing to count
             return
         loss = loss.detach()
         hits = [torch.as_tensor(c, device=loss.device) for c in
-                (correct, correct if correct5 is None else correct5)]
+                (correct, correct if correct5 is None else correct5,
+                 torch.zeros(()) if ce_sum is None else ce_sum.detach())]
         batch = torch.stack([loss.double() * count, *(h.double() for h in hits)])
         if confusion is not None:
             batch = torch.cat([batch, confusion.to(loss.device).reshape(-1).double()])
@@ -79,10 +86,10 @@ class Meter:
         self._host = None
 
     def read(self) -> tuple:
-        """``(loss_sum, correct, correct5, *confusion)`` on the host: one sync, then cached
-        until an update."""
+        """``(loss_sum, correct, correct5, ce_sum, *confusion)`` on the host: one sync, then
+        cached until an update."""
         if self._host is None:
-            self._host = ((0.0, 0.0, 0.0) if self._sums is None
+            self._host = ((0.0,) * _FIXED if self._sums is None
                           else tuple(self._sums.tolist()))
         return self._host
 
@@ -91,7 +98,7 @@ class Meter:
         """A dense meter's summed confusion matrix (rows: target, columns: prediction)."""
         if not self.dense:
             return None
-        return torch.tensor(self.read()[3:], dtype=torch.float64).reshape(self.classes,
+        return torch.tensor(self.read()[_FIXED:], dtype=torch.float64).reshape(self.classes,
                                                                          self.classes)
 
     @property
@@ -121,6 +128,11 @@ class Meter:
         return self.loss_sum / self.count if self.count else float("nan")
 
     @property
+    def ce(self) -> float:
+        """Mean plain cross-entropy, where the steps measured it (0 where they did not)."""
+        return self.read()[3] / self.count if self.count else float("nan")
+
+    @property
     def acc(self) -> float:
         """Top-1 accuracy; pixel accuracy for dense outputs."""
         if self.dense:
@@ -139,14 +151,15 @@ class Meter:
         Every process must hold the same kind of sums: a process that saw no dense batch
         (an empty share) is given the side of the matrix with ``classes``."""
         classes = self.classes if classes is None else classes
-        width = 3 + (classes * classes if classes else 0)
+        width = _FIXED + (classes * classes if classes else 0)
         sums = (torch.zeros(width, dtype=torch.float64) if self._sums is None else self._sums)
         totals = torch.cat([sums.to(strategy.device),
                             torch.tensor([float(self.count)], dtype=torch.float64,
                                          device=strategy.device)])
         *values, count = strategy.all_reduce_sum(totals).tolist()
-        confusion = (torch.tensor(values[3:]).reshape(classes, classes) if classes else None)
-        return Meter.from_sums(*values[:2], round(count), values[2], confusion)
+        confusion = (torch.tensor(values[_FIXED:]).reshape(classes, classes) if classes
+                     else None)
+        return Meter.from_sums(*values[:2], round(count), values[2], confusion, values[3])
 
     def progress(self) -> dict:
         """The sums as a checkpoint entry (``from_sums(**meter.progress())`` rebuilds it)."""
@@ -220,10 +233,17 @@ class MetricsLog:
             return [json.loads(line) for line in f if line.strip()]
 
 
+def loss_words(loss: float, smoothing: float, plain_ce: float | None) -> str:
+    """``loss X`` as every line prints it; with label ``smoothing`` (over many classes far
+    above plain cross-entropy) it says so, with ``plain_ce``, the example's loss, beside it."""
+    if not smoothing:
+        return f"loss {loss:.4f}"
+    return f"loss {loss:.4f} (label-smoothed {smoothing:g}; plain cross-entropy {plain_ce:.4f})"
+
+
 def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> str:
     """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so,
-    and so does a loss with label ``smoothing`` (over many classes it is far above plain CE)."""
-    named = f" (label-smoothed {smoothing:g})" if smoothing else ""
+    and a loss with label ``smoothing`` says so (:func:`loss_words`, ``r['val_plain_ce']``)."""
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
     if "val_miou" in r:  # dense outputs
@@ -232,7 +252,8 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
                   f"mIoU {r['val_miou']:.2f}% ")
     else:
         scores = (f"train loss {r['train_loss']:.4f} acc {r['train_acc']:.2f}% | "
-                  f"val loss {r['val_loss']:.4f}{named} acc {r['val_acc']:.2f}% "
+                  f"val {loss_words(r['val_loss'], smoothing, r.get('val_plain_ce'))} "
+                  f"acc {r['val_acc']:.2f}% "
                   f"acc5 {r['val_acc5']:.2f}% ")
     return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: {scores}"
             f"| {rate} {r['seconds']:.1f}s")
@@ -250,8 +271,9 @@ def score_fields(prefix: str, meter: Meter) -> dict:
 
 
 def eval_scores(result: dict) -> str:
-    """The scores of a validation pass's result (``acc1``, ``acc5``, and ``miou`` when dense)
-    as ``tandem eval`` and ``train -e`` print them."""
+    """The loss and scores of a validation pass's result (``loss``, ``acc1``, ``acc5``, and
+    ``miou`` when dense) as ``tandem eval`` and ``train -e`` print them."""
+    loss = loss_words(result["loss"], result["label_smoothing"], result["plain_ce"])
     if result.get("miou") is not None:
-        return f"pixel acc {result['acc1']:.2f}% mIoU {result['miou']:.2f}%"
-    return f"acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}%"
+        return f"val {loss} pixel acc {result['acc1']:.2f}% mIoU {result['miou']:.2f}%"
+    return f"val {loss} acc {result['acc1']:.2f}% acc5 {result['acc5']:.2f}%"

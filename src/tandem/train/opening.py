@@ -44,10 +44,11 @@ def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
 
 
 def say_starting(plan: RunPlan, trainer: Trainer) -> None:
-    """A fresh run's image size and how tandem's defaults differ from the imagenet example's
+    """The command line's own lines (:attr:`~.plan.RunPlan.opening`), a fresh run's image
+    size and how tandem's defaults differ from the imagenet example's
     (a run from another program's file says both in :func:`.foreign.assumed`); any run's
     precision under ``--amp``."""
-    cfg, lines = trainer.cfg, []
+    cfg, lines = trainer.cfg, list(plan.opening)
     if plan.checkpoint is None and plan.supplied.data is None:  # a file's: foreign.assumed
         size = trainer.config_dict["resolved"]["dataset"]["image_size"]
         lines += [size_line(cfg, plan.given, size), *example_block(cfg, plan.given)]

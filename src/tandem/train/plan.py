@@ -68,6 +68,7 @@ class RunPlan:
     given: frozenset[str] = frozenset()  # fields typed on the command line
     supplied: Supplied = field(default_factory=Supplied)
     race: dict | None = None  # --strategy auto's record (tandem.train.auto)
+    opening: tuple[str, ...] = ()  # lines the command line says as the run starts (--dummy)
 
     @property
     def resume_path(self) -> str | None:
@@ -75,12 +76,15 @@ class RunPlan:
 
 
 def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
-               supplied: Supplied = Supplied()) -> RunPlan | str:
-    """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed); or, for a
-    complete run, the one line to print instead."""
+               supplied: Supplied = Supplied(), opening: tuple[str, ...] = ()) -> RunPlan | str:
+    """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed; ``opening``:
+    :attr:`RunPlan.opening`); or, for a complete run, the one line to print instead."""
     cfg, ckpt, notes = auto.resumed(cfg, given)  # resumed_config; auto: the run's, or launch's
+    newer = None
     if ckpt is not None:
         _check_handed(cfg, supplied)
+        newer = rundir.example_file_note(cfg.run.resume, cfg.data.data, cfg.run.evaluate)
+        notes = [*notes, newer] if newer else notes
     if supplied.model is None and supplied.data is None:
         if ckpt is None:
             cfg = start.fresh_defaults(cfg, given)  # an ImageFolder's arch and image size
@@ -94,7 +98,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         note = None
         if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
             cfg, note = foreign.eval_settings(cfg, given, cfg.run.resume)
-        return plan_eval(cfg, ckpt, [note] if note else [], supplied)
+        return plan_eval(cfg, ckpt, [n for n in (newer, note) if n], supplied)
     if ckpt is not None:
         line = complete_line(cfg, ckpt, given, by_fit=supplied != Supplied())
         if line is not None:
@@ -117,7 +121,8 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     run.check_writable()
     runlock.check_free(run)  # another run writes there: refused, --overwrite or not
-    return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied)
+    return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied,
+                   opening=tuple(opening))
 
 
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),

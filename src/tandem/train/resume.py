@@ -203,13 +203,14 @@ def _fit_devices(cfg: TrainConfig, notes: list[str]) -> tuple[TrainConfig, list[
 
 
 def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, optimizer,
-            scheduler, scaler, device=None) -> tuple[dict, list[str]]:
+            scheduler, scaler, device=None, load_optimizer=None) -> tuple[dict, list[str]]:
     """Load ``ckpt``'s optimizer, scheduler, scaler and RNG into those built for the run
-    (``device``: the one this process trains on, whose generator continues the saver's).
+    (``device``: the one this process trains on, whose generator continues the saver's;
+    ``load_optimizer(state)``: the strategy's loader of a plain-layout optimizer state).
 
     Returns where the trainer starts (``position``, ``best_acc1``, ``carried``: its fields)
     and the lines to say about it. An imagenet-example checkpoint resumes at the start of
-    epoch ``ckpt['epoch']`` with tandem's own schedule.
+    epoch ``ckpt['epoch']``, with its StepLR as the run's step schedule (:mod:`.foreign`).
     """
     steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
     epoch, batch, step = _saved_position(ckpt)
@@ -219,7 +220,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
                          f"--accum-steps it was saved with")
     foreign_schedule = checkpoint_compat.foreign_scheduler(ckpt)
     own_schedule = checkpoint_compat.tandem_scheduler(ckpt)
-    checkpoint.load_optimizer_state(optimizer, ckpt, path)
+    checkpoint.load_optimizer_state(optimizer, ckpt, path, load_optimizer)
     try:
         if own_schedule is not None:
             scheduler.load_state_dict(own_schedule)
@@ -249,10 +250,13 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
     start = {"position": position, "best_acc1": 0.0 if foreign.is_foreign(ckpt) else best,
              "carried": ckpt.get("epoch_progress") if position.batch else None}
     notes = []
-    if foreign_schedule:
+    lr = optimizer.param_groups[0]['lr']
+    if foreign_schedule == "StepLR" and cfg.optim.lr_schedule == "step":
+        notes.append(f"its StepLR goes on at epoch {position.epoch + 1} (lr {lr:.4g})")
+    elif foreign_schedule:
         notes.append(f"its {foreign_schedule} state is not tandem's: tandem's --lr-schedule "
                      f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} "
-                     f"(lr {optimizer.param_groups[0]['lr']:.4g})")
+                     f"(lr {lr:.4g})")
     if foreign.is_foreign(ckpt):
         notes.append(f"best.pt starts afresh in --out {cfg.run.out}: the file's best_acc1 "
                      f"{best:.2f}% was its own best model's, which this file does not hold")
@@ -268,7 +272,8 @@ def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None
                     raise UsageError(
                         f"checkpoint '{path}': optimizer state {name!r} has shape "
                         f"{tuple(value.shape)} but its parameter {tuple(param.shape)}; was it "
-                        f"saved under another --strategy with sharded layers (it resumes only under that one)?")
+                        f"saved, before checkpoints held the plain layout, under a --strategy "
+                        f"with sharded layers (it then resumes only under that one)?")
 
 
 def _check_portable(saved: dict | None, strategy: str, path: str) -> None:

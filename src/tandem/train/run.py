@@ -24,6 +24,7 @@ from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
+from tandem.strategies.outputs import label_smoothing
 
 from . import compile as compiling
 from . import auto, foreign, runlock
@@ -123,18 +124,23 @@ def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
     if plan.checkpoint is None:
         return {}, []
     ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
-    start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], parts["optimizer"],
-                           parts["scheduler"], parts["scaler"], plan.strategy.device)
+    model, optimizer = parts["model"], parts["optimizer"]
+    start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], optimizer,
+                           parts["scheduler"], parts["scaler"], plan.strategy.device,
+                           lambda state: plan.strategy.load_optimizer_state_dict(
+                               model, optimizer, state))
     plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
     if foreign.is_foreign(ckpt):
         check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
-        notes += foreign.assumed(cfg, plan.given, parts["config_dict"])
+        notes += foreign.assumed(cfg, plan.given, parts["config_dict"], ckpt)
     return start, [*plan.notes, *notes]
 
 
-def train(cfg: TrainConfig, given: frozenset[str] = frozenset()) -> int:
-    """``tandem train``: fit (or only validate). ``given``: fields typed on the command line."""
-    execute(plan_train(cfg, given))  # the plan: every check, before anything is done
+def train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
+          opening: tuple[str, ...] = ()) -> int:
+    """``tandem train``: fit (or only validate). ``given``: fields typed on the command line;
+    ``opening``: lines the command line has to say as the run starts."""
+    execute(plan_train(cfg, given, opening=opening))  # every check, before anything is done
     return 0
 
 
@@ -177,7 +183,7 @@ def _print_validation(plan: RunPlan) -> dict | None:
         print(note.replace(foreign.DATA_SIZE, f"{result['image_size']}px"))
     if result["precision"]:
         print(result["precision"])
-    print(f"val loss {result['loss']:.4f} {eval_scores(result)} ({result['count']} images)")
+    print(f"{eval_scores(result)} ({result['count']} images)")
     return {"val_loss": result["loss"], "val_acc": result["acc1"],
             "val_acc5": result["acc5"], "count": result["count"]}
 
@@ -197,7 +203,9 @@ def validate(plan: RunPlan) -> dict:
                           batches_per_epoch=0, config_dict={})
         seconds = _warm_up(trainer, train=False)
         val = trainer.validate()
-        return {"arch": cfg.model.arch, "loss": val.loss, "acc": val.acc, "acc1": val.acc,
+        smoothing = label_smoothing(trainer.criterion)
+        return {"arch": cfg.model.arch, "loss": val.loss, "label_smoothing": smoothing,
+                "plain_ce": val.ce if smoothing else None, "acc": val.acc, "acc1": val.acc,
                 "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
                 "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main, "image_size": info.image_size,

@@ -24,7 +24,7 @@ from .metrics import MetricsLog
 from .tensorboard import TensorBoard
 
 __all__ = ["RunDir", "checkpoint_path", "target_of", "command", "resume_config", "stands_in",
-           "handed_to_fit"]
+           "handed_to_fit", "example_file_note"]
 
 
 class RunDir:
@@ -39,6 +39,8 @@ class RunDir:
     METRICS, CURVES, TENSORBOARD = "metrics.jsonl", "curves.png", "tb"
     LOCK = "run.lock"
     FILES = (LATEST, BEST, METRICS, CONFIG, CURVES)
+    #: what the imagenet example's main.py writes in its working directory (not a run's file)
+    EXAMPLE = "checkpoint.pth.tar"
 
     def __init__(self, path: str):
         self.path = path
@@ -94,6 +96,15 @@ class RunDir:
         if not accs:
             return "its " + ", ".join(present)
         return f"{rows[-1].get('epoch')} epoch(s), best val acc {max(accs):.2f}%"
+
+    def newer_example_file(self) -> str | None:
+        """The example's ``checkpoint.pth.tar`` here when it is newer than the run's latest
+        checkpoint (main.py continued the run in place), else ``None``."""
+        theirs = self.file(self.EXAMPLE)
+        try:
+            return theirs if os.path.getmtime(theirs) > os.path.getmtime(self.latest) else None
+        except OSError:  # either is missing
+            return None
 
     def check_fresh(self, overwrite: bool) -> None:
         """Refuse a fresh run here when one is here already, unless ``overwrite``."""
@@ -162,6 +173,22 @@ def checkpoint_path(resume: str) -> str:
     if os.path.isdir(resume) and os.path.isfile(run.latest):
         return run.latest
     return resume  # checkpoint.load names whatever is wrong with it
+
+
+def example_file_note(path: str, data: str, evaluate: bool) -> str | None:
+    """The line saying that the run whose latest checkpoint is ``path`` (a resume or eval of
+    the run) also holds a newer file of the imagenet example's, and the command that uses that
+    file on the run's ``data`` instead; ``None`` when there is none."""
+    run = RunDir.of(path)
+    newer = run.newer_example_file() if run.is_latest(path) else None
+    if newer is None:
+        return None
+    use = (f"tandem eval --resume {newer} --data {data}" if evaluate else
+           f"tandem train --resume {newer} --data {data} --out NEWDIR")
+    return (f"run '{run.path}' also holds {RunDir.EXAMPLE}, newer than its {RunDir.LATEST} "
+            f"(the imagenet example's main.py continued the run there): this "
+            f"{'evaluates' if evaluate else 'continues'} {RunDir.LATEST}; for the example's "
+            f"file: `{use}`")
 
 
 def target_of(path: str) -> str:

@@ -67,14 +67,17 @@ def epoch_state(optimizer: torch.optim.Optimizer, epoch: int) -> dict:
             "_last_lr": [example_lr(base, epoch) for base in bases]}
 
 
-def example_optimizer_state(optimizer: torch.optim.Optimizer, epoch: int) -> dict:
-    """``optimizer.state_dict()`` with each group's ``lr`` at :func:`example_lr` for ``epoch``.
+def example_optimizer_state(optimizer: torch.optim.Optimizer, epoch: int,
+                            state: dict | None = None) -> dict:
+    """``state`` (``optimizer.state_dict()``, or the plain layout of it a strategy saves) with
+    each group's ``lr`` at :func:`example_lr` for ``epoch``.
 
     The example continues with the optimizer's lr (its StepLR changes it only every 30
     epochs), so tandem's own lr there (0 at the end of a cosine schedule) would freeze it.
     tandem resumes its own lr from ``tandem_scheduler`` (see ``resume.restore``).
     """
-    state = optimizer.state_dict()  # its param groups are copies: the optimizer is untouched
+    state = optimizer.state_dict() if state is None else state
+    state = dict(state, param_groups=[dict(g) for g in state["param_groups"]])  # untouched
     for group, base in zip(state["param_groups"], _base_lrs(optimizer)):
         group["lr"] = example_lr(base, epoch)
     return state

@@ -24,10 +24,13 @@ __all__ = ["is_imagefolder", "size_rule", "fresh_defaults", "sized", "size_line"
 
 IMAGEFOLDER_ARCH = "resnet18"  # the imagenet example's default -a
 
-# The imagenet example's defaults that tandem's differ from: (field, theirs, flag).
-_EXAMPLE = (("lr", 0.1, "--lr"), ("weight_decay", 1e-4, "--wd"), ("batch_size", 256, "-b"),
-            ("epochs", 90, "--epochs"), ("workers", 4, "-j"),
-            ("label_smoothing", 0.0, "--label-smoothing"), ("lr_schedule", "step", "--lr-schedule"))
+# The imagenet example's defaults that tandem's differ from: (section, field, theirs, flag);
+# the example's seed is None (unseeded), tandem's a fixed number.
+_EXAMPLE = (("optim", "lr", 0.1, "--lr"), ("optim", "weight_decay", 1e-4, "--wd"),
+            ("optim", "batch_size", 256, "-b"), ("optim", "epochs", 90, "--epochs"),
+            ("data", "workers", 4, "-j"), ("optim", "label_smoothing", 0.0, "--label-smoothing"),
+            ("optim", "lr_schedule", "step", "--lr-schedule"), ("run", "print_freq", 10, "-p"),
+            ("run", "seed", None, "--seed"))
 
 
 def is_imagefolder(spec: str) -> bool:
@@ -94,11 +97,12 @@ def example_block(cfg: TrainConfig, given: frozenset[str]) -> list[str]:
     if not is_imagefolder(cfg.data.data):
         return []
     lines = []
-    for name, theirs, flag in _EXAMPLE:
-        section = cfg.data if name == "workers" else cfg.optim
-        mine = getattr(section, name)
+    for section, name, theirs, flag in _EXAMPLE:
+        mine = getattr(getattr(cfg, section), name)
         if name not in given and mine != theirs:
-            lines.append(f"  {flag} {_show(mine)} (the example: {_show(theirs)})")
+            fixed = ", fixed" if theirs is None else ""  # the example's runs differ, ours not
+            lines.append(f"  {flag} {_show(mine)}{fixed} (the example: "
+                         f"{'unseeded' if theirs is None else _show(theirs)})")
     if not lines:
         return []
     return ["tandem's defaults that differ from the imagenet example's (give the flag to "
