@@ -256,6 +256,7 @@ def test_world_size_one_ddp_equals_plain_training(monkeypatch):
 def test_a_group_the_caller_made_is_reused_and_left_to_the_caller(tmp_path, monkeypatch):
     """A script that made its own group before handing tandem the model still has it after
     the strategy closes (its later collectives would fail otherwise)."""
+    import time
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -330,3 +331,128 @@ def test_tandem_exit_skips_finalization_only_after_joining_a_group(tmp_path):
                               text=True, timeout=120)
         assert proc.returncode == 3, proc.stderr
         assert proc.stdout.split() == (["bye", "finalized"] if finalized else ["bye"])
+
+
+# -- several machines: SLURM, the route to the master, the commands to continue, the watchdog -
+def test_slurm_variables_give_the_nodes_the_master_and_a_port_from_the_job_id():
+    from tandem.distributed.slurm import first_host, slurm_job
+
+    assert first_host("gpu[07-09,12],cpu1") == "gpu07"
+    assert first_host("node3,node4") == "node3"
+    assert first_host("192.0.2.[1-2]") == "192.0.2.1"
+    job = slurm_job({"SLURM_JOB_ID": "4242", "SLURM_NNODES": "4", "SLURM_NODEID": "2",
+                     "SLURM_JOB_NODELIST": "gpu[07-10]"})
+    assert (job.nnodes, job.node_rank, job.master_addr, job.master_port) == (4, 2, "gpu07", 19242)
+    assert slurm_job({"SLURM_JOB_ID": "1"}) is None  # sbatch's script, not an srun task
+    assert slurm_job({}) is None
+
+
+def test_launch_under_srun_takes_slurm_s_variables_and_typed_flags_win(monkeypatch, capsys):
+    import argparse
+
+    from tandem.cli.launch import _from_slurm
+
+    for key, value in {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
+                       "SLURM_JOB_NODELIST": "n[1-2]"}.items():
+        monkeypatch.setenv(key, value)
+    args = argparse.Namespace(nnodes=None, node_rank=None, master_addr=None, master_port=None,
+                              rdzv_endpoint=None)
+    assert _from_slurm(args) == dict(nnodes="2", node_rank=1, master_addr="n1",
+                                     master_port=15007, slurm=True)
+    assert "SLURM job 7: node 1 of 2, master n1:15007" in capsys.readouterr().out
+    args.master_port = 29500
+    assert _from_slurm(args)["master_port"] == 29500
+    monkeypatch.delenv("SLURM_NODEID")
+    args = argparse.Namespace(nnodes=None, node_rank=None, master_addr=None, master_port=None,
+                              rdzv_endpoint=None)
+    assert _from_slurm(args) == dict(nnodes="1", node_rank=0, master_addr=None,
+                                     master_port=None, slurm=False)
+
+
+def test_the_route_to_a_loopback_master_is_the_loopback_interface_and_a_bad_iface_is_one_line():
+    from tandem.distributed.network import is_loopback, route_to
+
+    route = route_to("127.0.0.1")  # a UDP connect: nothing is sent
+    assert route.iface == "lo" and is_loopback(route.local) and is_loopback(route.remote)
+    with pytest.raises(ValueError, match=r"^--iface nosuch0: no such interface .* \(it has: "):
+        route_to("127.0.0.1", "nosuch0")
+    with pytest.raises(ValueError, match="cannot resolve the master address 'no.such.host.'"):
+        route_to("no.such.host.")
+
+
+def test_the_command_to_continue_names_each_node_s_flags(monkeypatch):
+    from tandem.distributed.launch import LaunchSpec
+    from tandem.distributed.resume_command import resume_command_here
+
+    spec = LaunchSpec(nproc_per_node=2, command=["train"], nnodes="2", node_rank=1,
+                      master_addr="192.0.2.1", master_port=29555, dist_timeout=20.0)
+    monkeypatch.setenv("TANDEM_LAUNCH", spec.described())
+    monkeypatch.setenv("TANDEM_NODE_RANK", "1")
+    every = resume_command_here("runs/a", True)
+    assert every == "; ".join(
+        f"on node {r}: tandem launch --nproc-per-node 2 --nnodes 2 --node-rank {r} "
+        "--master-addr 192.0.2.1 --master-port 29555 --dist-timeout 20.0 -- train --resume "
+        "runs/a" for r in (0, 1))
+    assert resume_command_here("runs/a", True, this_node=True) == every.split("; ")[1]
+    slurm = LaunchSpec(nproc_per_node=4, command=["train"], nnodes="8", node_rank=3,
+                       master_addr="gpu1", master_port=15007, slurm=True)
+    monkeypatch.setenv("TANDEM_LAUNCH", slurm.described())
+    assert resume_command_here("runs/a", True) == (
+        "srun tandem launch --nproc-per-node 4 -- train --resume runs/a (on every node)")
+    assert resume_command_here("runs/a", False) == "tandem train --resume runs/a"
+
+
+def test_watchdog_names_a_silent_rank_and_a_lagging_one(monkeypatch, capsys):
+    """Rank 0's step stalls: its watchdog names rank 1, whose heartbeat froze, and not rank 2,
+    alive at the same step; then, with both alive but a step behind, it names both."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tandem.distributed import join, watchdog
+
+    monkeypatch.setattr(join, "SAY_EVERY", 0.3)
+    monkeypatch.setattr(watchdog, "BEAT", 0.05)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=5),
+                           wait_for_workers=False)
+    monkeypatch.setattr(join, "_peers", {0: ("0", "192.0.2.1"), 1: ("1", "192.0.2.2"),
+                                         2: ("1", "192.0.2.2")})
+    server.set("p/beat/1", "7 1")  # never changes: silent
+    env = DistEnv(0, 3, 0, 1, "127.0.0.1", port)
+    dog = watchdog.Watchdog(env, "p", talk=True)
+    try:
+        dog.step(8)
+        server.set("p/beat/2", "8 1")
+        deadline, said = time.monotonic() + 10, ""
+        while "silent" not in said and time.monotonic() < deadline:
+            beat = int(server.get("p/beat/2").split()[1]) + 1
+            server.set("p/beat/2", f"8 {beat}")  # alive, at this rank's step: not named
+            time.sleep(0.05)
+            said += capsys.readouterr().err
+        assert watchdog.silent() == [1]
+    finally:
+        dog.close()
+    line = [x for x in said.splitlines() if "silent" in x][0]
+    assert line.startswith("rank 0 (node 0, 192.0.2.1): step 9 has waited ")
+    assert "for rank 1 (node 1, 192.0.2.2), silent for " in line and "(last at step 7)" in line
+    assert "rank 2" not in line
+    dog2 = watchdog.Watchdog(env, "q", talk=True)
+    try:
+        server.set("q/beat/1", "3 1")
+        server.set("q/beat/2", "3 1")
+        dog2.step(4)
+        time.sleep(0.8)
+        for beat in range(2, 20):
+            server.set("q/beat/1", f"3 {beat}")
+            server.set("q/beat/2", f"3 {beat}")
+            time.sleep(0.05)
+        err = capsys.readouterr().err
+    finally:
+        dog2.close()
+    assert "rank 0 (node 0, 192.0.2.1): step 5 has waited" in err
+    assert "rank 1 (node 1, 192.0.2.2), at step 3" in err and "rank 2 (node 1, 192.0.2.2), at " \
+        "step 3" in err
