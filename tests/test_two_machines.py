@@ -199,3 +199,23 @@ def test_a_node_whose_peers_never_come_ends_in_one_line(tmp_path):
                 assert lines[0].startswith(
                     f"tandem: error: node 1: node 0 did not answer at 192.0.2.1:{port} within "
                     "4 s (connection refused)")
+
+
+def test_a_rank_that_gives_the_others_its_loopback_address_ends_every_node_in_one_line(
+        tmp_path):
+    """GLOO_SOCKET_IFNAME=lo, set by hand (tandem launch keeps a user's setting): a rank
+    advertises 127.0.0.1; the one that cannot connect says why with the real elapsed time, and
+    the other stops at once instead of waiting out the 300 s connect timeout."""
+    with TwoMachines(tmp_path) as net:
+        port = next(_ports)
+        results = run_both(net, [launch_argv(n, port) for n in (0, 1)],
+                           cli_env(GLOO_SOCKET_IFNAME="lo"), timeout=120)
+    last = []
+    for code, out, err in results:
+        assert code == 4 and "Traceback" not in err, err[-3000:]
+        last.append(told(err)[-1])
+    assert any(re.match(r"tandem: error: rank \d on cpu: every rank came to 192\.0\.2\.1:\d+, but "
+                        r"the gloo connections failed after \d+\.\d s: connection refused "
+                        r"\(127\.0\.0\.1:\d+\); a rank gave its loopback address", line)
+               for line in last), last
+    assert all(line.startswith("tandem: error: rank ") for line in last), last

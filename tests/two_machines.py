@@ -123,18 +123,20 @@ class TwoMachines:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        # torchrun's workers run in sessions of their own and hold their launcher's pipes:
+        # they go first, or reading the pipes would wait for them
+        self.kill_all()
         for proc in self.procs:
             try:
                 proc.communicate(timeout=30)
             except (subprocess.TimeoutExpired, ValueError):
                 pass
-        self._kill_stragglers()
         for ns in self.ns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
 
-    def _kill_stragglers(self) -> None:
-        """Anything still inside a namespace (a worker that left its group): killed by pid."""
+    def kill_all(self) -> None:
+        """Every process inside the namespaces, by its pid (workers included)."""
         for _ in range(20):
             pids = []
             for ns in self.ns:

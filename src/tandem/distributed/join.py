@@ -27,7 +27,7 @@ from tandem.errors import TandemError
 from .env import ADDR_VAR, NODE_VAR, DistEnv, restart_count
 
 __all__ = ["JoinFailed", "job_store", "attempt_prefix", "roll_call", "peer_name", "peers",
-           "every", "SAY_EVERY"]
+           "every", "abandoned_if_another_fails", "failed", "SAY_EVERY"]
 
 #: seconds between two "still waiting" lines
 SAY_EVERY = 30.0
@@ -136,6 +136,47 @@ def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
     for rank, value in enumerate(names):
         node, _, addr = value.decode().partition(" ")
         _peers[rank] = (node, addr)
+
+
+@contextlib.contextmanager
+def abandoned_if_another_fails(env: DistEnv, prefix: str):
+    """While this rank connects to the others (inside torch, which cannot be interrupted): if
+    another rank says it failed (:func:`failed`), or the job's store goes away, end this
+    process in one line (exit status 4) instead of waiting out the connect timeout."""
+    done = threading.Event()
+
+    def watch():
+        where = f"{env.master_addr}:{env.master_port}"
+        try:
+            store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                                  timeout=timedelta(seconds=10), wait_for_workers=False)
+        except Exception:
+            return  # the main thread meets the same store and says why
+        key = f"{prefix}/failed"
+        while not done.wait(0.5):
+            try:
+                told = store.get(key).decode() if store.check([key]) else None
+            except Exception:
+                told = f"the job's store at {where} went away (node 0 ended?)"
+            if told and not done.is_set():
+                print(f"tandem: error: rank {env.rank} (node {node_of(env)}): the job cannot "
+                      f"start: {told}", file=sys.stderr, flush=True)
+                os._exit(JoinFailed.exit_status)
+
+    thread = threading.Thread(target=watch, name="tandem-join-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def failed(store, prefix: str, why: str) -> None:
+    """Tell the other ranks that this one could not join (see abandoned_if_another_fails)."""
+    try:
+        store.set(f"{prefix}/failed", why)
+    except Exception:  # the store is gone too: they find that out themselves
+        pass
 
 
 def peers() -> dict[int, tuple[str, str]]:

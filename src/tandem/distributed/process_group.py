@@ -109,20 +109,23 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
     prefix = join.attempt_prefix("group")
     join.roll_call(env, store, prefix, join_timeout())
     try:
-        dist.init_process_group(
-            backend, store=dist.PrefixStore(f"{prefix}/pg", store), rank=env.rank,
-            world_size=env.world_size, timeout=timedelta(seconds=startup), **kwargs,
-        )
-        _work_group = None if startup == seconds else dist.new_group(
-            backend=backend, timeout=timedelta(seconds=seconds))
+        with join.abandoned_if_another_fails(env, prefix):
+            dist.init_process_group(
+                backend, store=dist.PrefixStore(f"{prefix}/pg", store), rank=env.rank,
+                world_size=env.world_size, timeout=timedelta(seconds=startup), **kwargs,
+            )
+            _work_group = None if startup == seconds else dist.new_group(
+                backend=backend, timeout=timedelta(seconds=seconds))
         global _joined, _watchdog
         _joined = _made_here = True
         _watchdog = Watchdog(env, prefix, talk=join.talks(env))
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
+        why = faults.why(exc)
+        join.failed(store, prefix, f"rank {env.rank} could not connect to the others ({why})")
         raise join.JoinFailed(
             f"rank {env.rank} on {device}: every rank came to {env.master_addr}:"
             f"{env.master_port}, but the {backend} connections failed after "
-            f"{time.monotonic() - started:.1f} s: {faults.why(exc)}{_loopback_hint(exc)}"
+            f"{time.monotonic() - started:.1f} s: {why}{_loopback_hint(exc)}"
         ) from None
     return backend
 
