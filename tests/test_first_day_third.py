@@ -1,13 +1,16 @@
 """The first day, third pass (issue 46, "The new user"): what a new user met, through the CLI
 and tandem.fit, against the one-line errors and the lines the README promises."""
 
+import importlib
 import os
 import sys
 
+import pytest
 import torch
 from conftest import run_in_process
 
 import tandem
+from tandem.errors import UsageError
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS)
@@ -40,3 +43,51 @@ def test_the_fit_call_a_resume_suggests_continues_the_run(tmp_path, monkeypatch)
     row = eval(call, {"tandem": tandem, "model": _sequential(), "train_data": Pairs(30, seed=0),
                       "val_data": Pairs(11, seed=1)})  # the call the line suggests, as typed
     assert row["epoch"] == 2
+
+
+# -- b: a data set's `classes` (torchvision's convention) gives the class count -----------------
+CLASSES = '''
+import torch
+
+def listed(*labels):
+    data = torch.utils.data.TensorDataset(torch.randn(len(labels), 1, 8, 8),
+                                          torch.tensor(labels))
+    data.classes = ["a", "b", "c", "d"]  # as ImageFolder and CIFAR10 carry them
+    return data
+
+def seven():
+    return listed(0, 1, 2, 3, 7, 1), listed(0, 1, 2, 3)
+
+def below():  # the labels stop at 2, the classes do not
+    return listed(0, 1, 2, 0, 1, 2), listed(0, 1, 2, 1)
+'''
+
+
+@pytest.fixture
+def classes_module(tmp_path, monkeypatch):
+    name = f"classes_{abs(hash(str(tmp_path))) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(CLASSES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
+def test_a_label_beyond_the_classes_attribute_is_one_line(classes_module, tmp_path):
+    with pytest.raises(UsageError, match=r"tandem.fit\(\) train data\[4\] has target 7, but "
+                                         r"there are 4 classes"):
+        tandem.fit(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 4)),
+                   *classes_module.seven(), out=str(tmp_path / "fit"), no_progress=True)
+    result = run_in_process("train", "-a", "own_model:make_net", "--data",
+                            f"{classes_module.__name__}:seven", "--out", tmp_path / "cli")
+    one_line_error(result, f"{classes_module.__name__}:seven train data[4] has target 7",
+                   "4 classes")
+
+
+def test_the_classes_attribute_sets_the_model_s_class_count(classes_module, tmp_path,
+                                                            monkeypatch):
+    monkeypatch.chdir(TESTS)  # own_model:make_net
+    result = run_in_process("train", "-a", "own_model:make_net", "--data",
+                            f"{classes_module.__name__}:below", "-b", "2", "--max-steps", "1",
+                            "--no-progress", "--out", tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["state_dict"]
+    assert state["classifier.3.weight"].shape[0] == len(classes_module.listed().classes)
