@@ -2,14 +2,16 @@
 and tandem.fit, against the one-line errors and the lines the README promises."""
 
 import importlib
+import json
 import os
 import sys
 
 import pytest
 import torch
-from conftest import run_in_process
+from conftest import make_image_folder, run_in_process
 
 import tandem
+from tandem.data.decode import default_decoder
 from tandem.errors import UsageError
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -91,3 +93,23 @@ def test_the_classes_attribute_sets_the_model_s_class_count(classes_module, tmp_
     assert result.returncode == 0, result.stderr
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["state_dict"]
     assert state["classifier.3.weight"].shape[0] == len(classes_module.listed().classes)
+
+
+# -- e: --decode auto says which decoder ran, and config.json records it ------------------------
+def test_decode_auto_says_which_decoder_ran_and_records_it(tmp_path):
+    folder = make_image_folder(tmp_path / "photos", per_class=5, size=20)
+    out = tmp_path / "run"
+    result = run_in_process("train", "--data", folder, "-a", "cifar_resnet20", "--image-size",
+                            "16", "-b", "4", "--max-steps", "1", "--no-progress", "--out", out)
+    assert result.returncode == 0, result.stderr
+    opening = result.stdout.split("epoch 1/")[0]
+    decoder = default_decoder()
+    assert f"--decode auto: JPEGs decoded on the CPU ({decoder}, in the loader" in opening, \
+        result.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["resolved"]["decode"] == "cpu" and config["data"]["decode"] == "auto"
+    raced = run_in_process("train", "--data", folder, "-a", "cifar_resnet20", "--image-size",
+                           "16", "-b", "4", "--max-steps", "1", "--no-progress", "--devices",
+                           "cpu:2", "--strategy", "auto", "--out", tmp_path / "raced")
+    assert raced.returncode == 0, raced.stderr
+    assert raced.stdout.count("--decode auto: ") == 1  # the race reads no JPEG

@@ -30,7 +30,7 @@ from dataclasses import replace
 import torch
 
 from tandem.data import loader as loader_module
-from tandem.data.device_decode import DeviceDecoded, decode_on
+from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.imagefolder import load_imagefolder
 from tandem.data.loader import batches_per_epoch
 from tandem.errors import UsageError
@@ -221,7 +221,7 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     slower = min(("loader", "step"), key=lambda n: statistics.median(rates[n]))
     settings = {"data": str(root), "arch": config.arch, "device": str(config.device_list[0]),
                 "image_size": size, "batch_size": config.batch_size, "workers": workers,
-                "decode": "gpu" if isinstance(train, DeviceDecoded) else "cpu",
+                "decode": decoded_on(train),
                 "prefetch": loader_module.PREFETCH, "rounds": rounds, "warmup": warmup,
                 "seed": config.seed, "amp": config.amp, "amp_dtype": config.amp_dtype,
                 "channels_last": config.channels_last, "torch_threads": used_threads}
