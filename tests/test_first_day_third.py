@@ -4,6 +4,8 @@ and tandem.fit, against the one-line errors and the lines the README promises.""
 import importlib
 import json
 import os
+import socket
+import subprocess
 import sys
 
 import pytest
@@ -113,3 +115,21 @@ def test_decode_auto_says_which_decoder_ran_and_records_it(tmp_path):
                            "cpu:2", "--strategy", "auto", "--out", tmp_path / "raced")
     assert raced.returncode == 0, raced.stderr
     assert raced.stdout.count("--decode auto: ") == 1  # the race reads no JPEG
+
+
+# -- f: --resume of a run another live process holds and has not saved yet ---------------------
+def test_resuming_a_run_in_use_before_its_first_save_names_the_process(tmp_path):
+    run = tmp_path / "lock"
+    run.mkdir()
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        host = socket.gethostname()
+        (run / "run.lock").write_text(json.dumps({"pid": owner.pid, "host": host}))
+        for command in ("train", "eval"):
+            line = one_line_error(run_in_process(command, "--resume", run),
+                                  f"run '{run}' is in use by process {owner.pid} on {host}",
+                                  "no checkpoint yet")
+            assert "is a directory" not in line
+    finally:
+        owner.kill()
+        owner.wait()

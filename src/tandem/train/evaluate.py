@@ -11,7 +11,7 @@ from tandem.precision import amp_flags, amp_refusal
 from tandem.data.load import GIVEN_DATA
 from tandem.factory import is_reference
 
-from . import foreign
+from . import foreign, runlock
 from .plan import plan_eval
 from .rundir import checkpoint_path as checkpoint_path_of
 from .run import validate
@@ -52,6 +52,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     example does (plain cross-entropy, at the size of :func:`.start.size_rule`); ``note`` in
     the result then says so. Never augments.
     """
+    runlock.check_saved(checkpoint_path)  # a run that has not saved yet: its process, named
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)
     arch = foreign.checkpoint_arch(ckpt, arch, checkpoint_path)

@@ -22,7 +22,7 @@ from tandem.parallel.devices import parse_device_spec
 from tandem.precision import amp_flags, amp_refusal
 from tandem.strategies import strategy_class, strategy_names
 
-from . import foreign, rundir
+from . import foreign, rundir, runlock
 from .position import Position
 from .schedule import lr_factor
 
@@ -46,6 +46,7 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
     if cfg.model.pretrained and not restarted:
         raise UsageError("--pretrained starts a new run from a weights file and --resume "
                          "continues a run from its checkpoint: give one of them")
+    runlock.check_saved(cfg.run.resume)  # a run that has not saved yet: its process, named
     path = rundir.checkpoint_path(cfg.run.resume)
     ckpt = checkpoint.load(path)
     if foreign.is_foreign(ckpt):
