@@ -133,3 +133,21 @@ def test_resuming_a_run_in_use_before_its_first_save_names_the_process(tmp_path)
     finally:
         owner.kill()
         owner.wait()
+
+
+# -- g: mistyped flags -------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, words", [
+    (("train", "--epohcs", "2"), ("tandem train: error: unrecognized arguments: --epohcs",
+                                  "did you mean --epochs?", "(see tandem train --help)")),
+    (("eval", "--resume", "x", "--batchsize=4"), ("did you mean --batch-size?",
+                                                  "(see tandem eval --help)")),
+    (("models", "-a", "resnt50"), ("tandem models: error: models takes model names, not -a",
+                                   "tandem models resnet50", "(see tandem models --help)")),
+])
+def test_a_mistyped_flag_gets_a_did_you_mean_and_its_subcommand_s_help(argv, words):
+    result = run_in_process(*argv)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    for word in words:
+        assert word in lines[0], lines[0]
