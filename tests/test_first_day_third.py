@@ -174,3 +174,26 @@ def test_the_set_up_compiles_bytecode_without_an_error_line(tmp_path):
     assert "Error" not in said and "ignored" not in said, said
     assert "-m compileall" in (tmp_path / ".venv" / "bin" / "calls").read_text()
     assert (tmp_path / ".venv" / ".tandem-installed").exists()
+
+
+# -- i: a run whose every validation was non-finite names no best.pt ---------------------------
+class NanInEval(torch.nn.Module):
+    """Finite in training, nan in validation (as resnet18's eval overflowed on 6 photos)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 3)
+
+    def forward(self, x):
+        out = self.linear(x.flatten(1))  # [N, 3]
+        return out if self.training else out * float("nan")
+
+
+def test_a_run_with_no_finite_validation_says_no_best_pt_was_written(tmp_path, capsys):
+    run = tmp_path / "nan"
+    tandem.fit(NanInEval(), Pairs(30, seed=0), Pairs(11, seed=1), batch_size=10, epochs=1,
+               no_progress=True, out=str(run))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert not (run / "best.pt").exists() and (run / "checkpoint.pt").exists()
+    assert "best val acc" not in last and str(run / "best.pt") not in last, last
+    assert "no validation was finite" in last and str(run / "checkpoint.pt") in last, last

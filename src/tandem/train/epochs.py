@@ -84,9 +84,20 @@ def _epochs(trainer, log: MetricsLog | None, records: list[dict],
         if stopped:
             break
     if trainer.strategy.is_main:
-        print(f"best val acc {trainer.best_acc1:.2f}%: {trainer.run_dir.best}" if trained else
+        print(_best_line(trainer) if trained else
               f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
               + (f"/{max_steps}" if max_steps else ""), flush=True)
+
+
+def _best_line(trainer) -> str:
+    """Where the best weights are; or, when no validation was finite (so none was "best"),
+    that no best.pt was written and which file holds the weights instead."""
+    run = trainer.run_dir
+    if os.path.exists(run.best):
+        return f"best val acc {trainer.best_acc1:.2f}%: {run.best}"
+    return (f"no validation was finite (val loss nan or inf), so no {run.BEST} was written: "
+            f"the last weights are in {run.latest} (tandem eval --resume {run.latest}; "
+            f"--resume {run.path} continues the run)")
 
 
 def _epoch(trainer, log: MetricsLog | None, records: list[dict],
