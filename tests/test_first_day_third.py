@@ -197,3 +197,31 @@ def test_a_run_with_no_finite_validation_says_no_best_pt_was_written(tmp_path, c
     assert not (run / "best.pt").exists() and (run / "checkpoint.pt").exists()
     assert "best val acc" not in last and str(run / "best.pt") not in last, last
     assert "no validation was finite" in last and str(run / "checkpoint.pt") in last, last
+
+
+# -- j: curves.png draws the lr each step used, across resumes that changed the schedule -------
+def test_the_lr_curve_is_the_lr_each_step_used_across_a_resume_that_changed_the_schedule(
+        tmp_path, monkeypatch):
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from tandem.train import curves
+
+    used, figures = [], []  # the optimizer's own lr at each step; each figure drawn
+    hook = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    real = curves.build_figure
+    monkeypatch.setattr(curves, "build_figure",
+                        lambda *a, **kw: figures.append(real(*a, **kw)) or figures[-1])
+    run = str(tmp_path / "run")
+    try:
+        for epochs, steps in ((2, 2), (2, 4), (3, None)):  # stopped, resumed, then longer
+            tandem.fit(_sequential(), Pairs(30, seed=0), Pairs(11, seed=1), batch_size=10,
+                       epochs=epochs, max_steps=steps, no_progress=True, out=run,
+                       **({"resume": run} if steps != 2 else {}))
+    finally:
+        hook.remove()
+    assert len(used) == 9  # 3 epochs of 3 steps
+    ax_lr = figures[-1].axes[2]
+    drawn = [list(line.get_ydata()) for line in ax_lr.get_lines()]
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert [*used, last["lr"]] == pytest.approx(drawn[0], abs=1e-12), (drawn, used)

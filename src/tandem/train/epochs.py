@@ -111,7 +111,8 @@ def _epoch(trainer, log: MetricsLog | None, records: list[dict],
     diverged.check(trainer, train, weights=True)  # nothing non-finite is ever saved
     if stop.requested:
         with stop.critical():
-            trainer.save(is_best=False, progress=epoch_progress(train, seconds))
+            trainer.save(is_best=False, progress=epoch_progress(train, seconds,
+                                                                trainer.lr_steps))
         raise Interrupted(interrupted_message(trainer), stop.signum, quiet=not s.is_main)
     # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
     # is reported, not fatal: only train loss and weights stop a run (above).
@@ -126,7 +127,8 @@ def _epoch(trainer, log: MetricsLog | None, records: list[dict],
         trainer.best_acc1 = max(trainer.best_acc1, val.acc)
     record = epoch_record(trainer, train, val, stopped, seconds)
     with stop.critical():
-        trainer.save(is_best, progress=epoch_progress(train, seconds) if stopped else None)
+        trainer.save(is_best, progress=epoch_progress(train, seconds, trainer.lr_steps)
+                     if stopped else None)
         if s.is_main and train.count:  # a row only for an epoch that trained
             _write_row(trainer, log, records, board, figure, record)
     return stopped
@@ -144,6 +146,7 @@ def epoch_record(trainer, train: Meter, val: Meter, stopped: bool, seconds: floa
         "train_loss": train.loss, **score_fields("train", train),
         "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
         "lr": trainer.optimizer.param_groups[0]["lr"],
+        "lr_steps": thinned(trainer.lr_steps),  # [step, lr] each step used (curves.png)
         "images_per_sec": train.count / seconds if seconds > 0 else None,
         "seconds": seconds,
         **trainer.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
@@ -186,6 +189,16 @@ def interrupted_message(trainer) -> str:
             f"continue with: {resume_command_here(out, trainer.strategy.multiprocess)}")
 
 
-def epoch_progress(meter: Meter, seconds: float) -> dict:
-    """A reduced meter and the seconds spent, as a checkpoint's ``epoch_progress`` entry."""
-    return {**meter.progress(), "seconds": seconds}
+def epoch_progress(meter: Meter, seconds: float, lr_steps: list) -> dict:
+    """A reduced meter, the seconds spent and the lr of each step so far, as a checkpoint's
+    ``epoch_progress`` entry."""
+    return {**meter.progress(), "seconds": seconds, "lr_steps": thinned(lr_steps)}
+
+
+def thinned(points: list, most: int = 200) -> list:
+    """At most ``most`` of ``points``, evenly spread, the first and the last kept: an epoch's
+    lr curve, not every step of a long one."""
+    if len(points) <= most:
+        return [list(p) for p in points]
+    every = (len(points) - 1) / (most - 1)
+    return [list(points[round(i * every)]) for i in range(most)]

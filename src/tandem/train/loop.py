@@ -66,6 +66,9 @@ class Trainer:
     saved_step: int | None = None
     started_at: Position = field(default_factory=Position)  # where this invocation began
     wait: DataWait = field(default_factory=DataWait)  # the epoch's data wait (.datawait)
+    # [step, lr] of each optimizer step of the epoch under way (a resumed one's earlier steps
+    # too, carried in its checkpoint): the lr each step used, for its row and curves.png
+    lr_steps: list = field(default_factory=list)
 
     # -- helpers ----------------------------------------------------------------------------
     def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
@@ -119,6 +122,7 @@ class Trainer:
         mode. Data comes after: :meth:`train_batch` takes device batches (and frees the last
         step's gradients before each step's first one)."""
         cfg, s, pos = self.cfg, self.strategy, self.position
+        self.lr_steps = [list(p) for p in (self.carried or {}).get("lr_steps", [])]
         meter, carried_seconds = self._carried_meter()
         print_freq = cfg.run.print_freq
         progress = Progress(self.batches_per_epoch, pos.batch,
@@ -162,8 +166,9 @@ class Trainer:
         run.look |= (shown and s.world_size == 1) or due
         if not last_micro:
             return False
-        optimizer_step(self.optimizer, self.scaler, self.scheduler)
         pos = self.position
+        self.lr_steps.append([pos.step, self.optimizer.param_groups[0]["lr"]])  # a host float
+        optimizer_step(self.optimizer, self.scaler, self.scheduler)
         pos.batch, pos.step = index + 1, pos.step + 1
         self._rebalance(run.progress)
         if run.look:
@@ -185,7 +190,7 @@ class Trainer:
         if save_every and pos.step % save_every == 0 and pos.batch < self.batches_per_epoch:
             sums = run.meter.reduced(s)
             self._check_finite(sums, weights=True)
-            self.save(is_best=False, progress=epoch_progress(sums, run.seconds()))
+            self.save(is_best=False, progress=epoch_progress(sums, run.seconds(), self.lr_steps))
         return False
 
     def batch_shares(self) -> dict | None:
