@@ -7,7 +7,9 @@ command (``$ ...``) and its stdout and stderr into the block. The marker
 ``<!-- readme_outputs: machine -->`` is followed by one line naming the machine and torch.
 ``--check`` only lists the blocks and their commands. Its runs train for about a minute on a
 quiet 2-core machine; shared with other jobs (load 6) the demo alone took almost 10 minutes.
-The README is written once, at the end: a run stopped part-way changes nothing.
+The README is written once, at the end: a run stopped part-way changes nothing. A block inside
+a list item keeps its fence's indentation. :func:`shape` is a block's lines with every number
+masked: tests/test_readme.py runs the quick blocks and compares their shapes with the README's.
 """
 
 from __future__ import annotations
@@ -77,6 +79,15 @@ BLOCKS: dict[str, list[str]] = {
         "flowers --out runs/ex",
         "tandem train -e --resume runs/ex/best.pt flowers",
         "tandem eval --resume runs/ex/best.pt"],
+    "short": ["tandem train --data digits --epochs 2 --max-steps 20 --out runs/short",
+              "tandem train --resume runs/short"],
+    "hot": ["tandem train --data digits --epochs 2 --lr 30 -p 10 --save-every 10 --out runs/hot; "
+            "echo \"(exit status $?)\""],
+    "typo": ["tandem train -a resnt50"],
+    "fresh": ["tandem train -b 8 --epochs 2 flowers --out runs/fresh"],
+    # after every block that uses runs/demo: --overwrite starts it afresh
+    "auto-race": ["tandem train --arch cifar_resnet20 --data digits --strategy auto --devices "
+                  "cpu:2 --epochs 8 --out runs/demo --overwrite --max-steps 1 --no-progress"],
     "pretrained": [
         "#python -c 'import torch; from tandem.models import create_model; "
         "torch.save(create_model(\"resnet18\").state_dict(), \"resnet18.pth\")'",
@@ -129,9 +140,27 @@ def scratch(root: Path) -> dict:
     return env
 
 
+def shape(lines: list[str]) -> list[str]:
+    """``lines`` with every number (``12``, ``0.5``, ``-3e-05``) as ``#``: what a block must
+    keep when the numbers of another machine or run differ."""
+    return [re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", line) for line in lines]
+
+
+def shown(text: str) -> dict[str, list[str]]:
+    """Each marked block's lines in ``text`` (README.md), its fence's indentation removed."""
+    lines, blocks = text.splitlines(), {}
+    for i, line in enumerate(lines):
+        m = MARK.match(line.strip())
+        if m and m.group(1) != "machine":
+            indent = len(lines[i + 1]) - len(lines[i + 1].lstrip())
+            end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
+            blocks[m.group(1)] = [x[indent:] for x in lines[i + 2:end]]
+    return blocks
+
+
 def main(argv: list[str]) -> int:
     text = README.read_text()
-    names = [m.group(1) for m in map(MARK.match, text.splitlines()) if m]
+    names = [m.group(1) for m in map(MARK.match, (x.strip() for x in text.splitlines())) if m]
     missing = [n for n in names if n not in BLOCKS and n != "machine"]
     unused = [n for n in BLOCKS if n not in names]
     if missing or unused:
@@ -152,15 +181,16 @@ def main(argv: list[str]) -> int:
     lines, out, i = text.splitlines(), [], 0
     while i < len(lines):
         out.append(lines[i])
-        m = MARK.match(lines[i])
+        m = MARK.match(lines[i].strip())
         if m and m.group(1) == "machine":
             out.append(outputs["machine"][0])
             i += 2  # the old machine line
             continue
         if m:
             fence = lines[i + 1]
+            indent = fence[:len(fence) - len(fence.lstrip())]  # a list item's block
             end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
-            out += [fence, *outputs[m.group(1)]]
+            out += [fence, *(indent + x if x else x for x in outputs[m.group(1)])]
             i = end
             continue
         i += 1

@@ -92,7 +92,8 @@ def test_the_injected_clock_picks_the_fastest():
 
 def test_a_tie_picks_the_simpler():
     _, (choice, reason) = _race({"single": 1.0, "dp": 1.0, "balanced": 0.99, "hybrid": 0.985})
-    assert choice == "single" and "within the noise of hybrid" in reason
+    assert choice == "single"
+    assert "could not tell single, dp, balanced and hybrid apart (its step 1.02x hybrid" in reason
     # overlapping quartiles are a tie too; apart and more than 3% faster is not
     row = lambda n, m, q1, q3: {"name": n, "median_s": m, "q1_s": q1, "q3_s": q3}  # noqa: E731
     assert auto.choose([row("dp", 1.0, 0.8, 1.2), row("hybrid", 0.9, 0.85, 0.95)])[0] == "dp"
@@ -102,25 +103,47 @@ def test_a_tie_picks_the_simpler():
 
 def test_the_budget_sets_the_rounds():
     """Each round costs 0.4 s on the fake clock: the cold round spends 0.4 s of the 5 s
-    budget, leaving 11 rounds; a cold round of 4.5 s leaves none, and one warm round runs
-    anyway (a cold step never decides). An epoch of 1000 batches makes the budget 5% of an
-    epoch, at most 30 s."""
+    budget, leaving 11 rounds; a cold round of 4.5 s leaves none, and three warm rounds run
+    anyway (the fewest a race decides on: a budget may end a race early, not make it
+    meaningless). An epoch of 1000 batches makes the budget 5% of an epoch, at most 30 s."""
     costs = {"single": 0.1, "dp": 0.1, "balanced": 0.1, "hybrid": 0.1}
     assert _race(costs, rounds=None)[0].rounds == 11
     result, (choice, _) = _race({"single": 2.0, "dp": 1.0, "balanced": 1.5}, rounds=None)
-    assert result.rounds == 1 and result.over_budget and choice == "dp"
-    assert result.seconds == 9.0  # the cold round and the warm one
+    assert result.rounds == auto.MIN_ROUNDS == 3 and result.over_budget and choice == "dp"
+    assert result.seconds == 4.5 * (1 + auto.MIN_ROUNDS)  # the cold round and three warm ones
+    assert "3 timed rounds (past the budget" in auto.format_block(result)
     assert auto.budget_s(1000 * 0.1) == 5.0 and auto.budget_s(200) == 10.0
     assert auto.budget_s(10_000) == 30.0
 
 
+def test_auto_steps_below_three_still_times_three_rounds():
+    result, _ = _race({"single": 2.0, "dp": 1.0}, rounds=1)
+    assert result.rounds == auto.MIN_ROUNDS and result.seconds == 3.0 * (1 + auto.MIN_ROUNDS)
+    assert "3 timed rounds (--auto-steps 1 raised to 3" in auto.format_block(result)
+
+
+def test_the_block_shows_the_spread_and_says_when_the_race_cannot_tell_them_apart():
+    row = lambda n, m, q1, q3: {"name": n, "median_s": m, "iqr_s": q3 - q1, "q1_s": q1,  # noqa
+                                "q3_s": q3}
+    rows = [row("single", 4.4853, 1.2, 5.0), row("dp", 0.4881, 0.45, 1.3)]  # issue 46's race
+    choice, reason = auto.choose(rows)
+    assert choice == "single"
+    assert "could not tell single and dp apart" in reason, reason
+    result = auto.RaceResult(rows, 3, 20.0, choice, reason)
+    lines = auto.format_block(result).splitlines()
+    assert lines[1].split()[:4] == ["candidate", "step", "ms", "spread"]
+    assert lines[2].split()[:3] == ["single", "4485.3", "85%"], lines[2]  # (5.0 - 1.2) / 4.4853
+    apart = [row("single", 2.0, 1.9, 2.1), row("dp", 1.0, 0.95, 1.05)]
+    assert "could not tell" not in auto.choose(apart)[1]
+
+
 def test_the_cold_step_never_decides():
     """dp's first step is slow (allocation, lazy set-up) and single's fast; warm, dp is 3x
-    faster. A cold round that uses the whole budget still gets one warm round, which picks
+    faster. A cold round that uses the whole budget still gets three warm rounds, which pick
     dp; the negative control, judged by the cold times, would pick single."""
     costs, cold = {"single": 3.0, "dp": 1.0}, {"single": 1.0, "dp": 6.0}
     result, (choice, _) = _race(costs, rounds=None, cold=cold)
-    assert result.over_budget and result.rounds == 1
+    assert result.over_budget and result.rounds == auto.MIN_ROUNDS
     assert choice == "dp" and [r["median_s"] for r in result.rows] == [3.0, 1.0]
     cold_only = [{"name": n, "median_s": t, "q1_s": t, "q3_s": t} for n, t in cold.items()]
     assert auto.choose(cold_only)[0] == "single"
@@ -195,7 +218,7 @@ def _checkpoint(out) -> dict:
 def test_fit_auto_equals_the_named_run_bitwise(tmp_path, capsys):
     """fit(strategy="auto") works, records its race, and trains as the choice named does.
     Controls: another lr must differ; another thread count shows the floor (printed)."""
-    row = fit(tmp_path / "auto", strategy="auto", auto_steps=2)
+    row = fit(tmp_path / "auto", strategy="auto", auto_steps=3)
     assert row is not None and row["step"] == 3
     out = capsys.readouterr().out
     assert raced(out) == 1 and "chosen:" in out
@@ -215,6 +238,14 @@ def test_fit_auto_equals_the_named_run_bitwise(tmp_path, capsys):
     print(f"auto chose {choice}; 2 threads differ from 1 in {len(floor)} entries")
 
 
+def test_fit_auto_past_its_budget_decides_on_three_rounds(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(auto, "budget_s", lambda epoch_s: 0.0)  # the cold round spends it all
+    fit(tmp_path / "auto", strategy="auto", max_steps=1)
+    record = json.loads((tmp_path / "auto" / "config.json").read_text())["resolved"]["auto"]
+    assert record["rounds"] == auto.MIN_ROUNDS and record["over_budget"]
+    assert "3 timed rounds (past the budget" in capsys.readouterr().out
+
+
 def raced(stdout: str) -> int:
     """How many race blocks ``stdout`` holds."""
     return sum(line.startswith("strategy auto: ") for line in stdout.splitlines())
@@ -224,7 +255,7 @@ def test_the_choice_is_recorded_and_a_resume_does_not_race(tmp_path):
     out = tmp_path / "run"
     args = ["train", "-a", "own_model:make_net", "--data", "own_model:pairs", "-b", "8",
             "--epochs", "2", "--no-progress", "--devices", "cpu:2", "--out", out]
-    first = run_in_process(*args, "--strategy", "auto", "--auto-steps", "1", "--max-steps", "1")
+    first = run_in_process(*args, "--strategy", "auto", "--auto-steps", "3", "--max-steps", "1")
     assert first.returncode == 0, first.stderr
     assert raced(first.stdout) == 1
     config = json.loads((out / "config.json").read_text())
@@ -277,7 +308,7 @@ def test_auto_races_on_cuda_and_records_its_choice(tmp_path):
     out = tmp_path / "run"
     result = run_in_process("train", "-a", "own_model:make_net", "--data", "own_model:pairs",
                             "-b", "8", "--epochs", "1", "--max-steps", "2", "--no-progress",
-                            "--strategy", "auto", "--auto-steps", "2", "--devices", "cuda:0,0",
+                            "--strategy", "auto", "--auto-steps", "3", "--devices", "cuda:0,0",
                             "--out", out)
     assert result.returncode == 0, result.stderr[-3000:]
     assert raced(result.stdout) == 1

@@ -362,7 +362,7 @@ def test_rows_whose_iqr_is_over_half_the_median_are_marked_noise():
                 step_time_s=summarize(times["dp"]).as_dict())  # a loop "faster" than its step
     report["results"].append(twin)
     lines = format_table(report).splitlines()
-    assert "  single/loop: 1100.0 (2350.0) vs 1000.0 (50.0): 0.568x (noise)" in lines
+    assert "  single/loop: 1100.0 (2350.0) vs 1000.0 (50.0): 0.568x (noise) ?" in lines
     rows = {line.split()[0]: line for line in lines[2:5]}
     assert rows["dp"].startswith("dp !") and " !" not in rows["single"] + rows["bare"]
     [note] = [line for line in lines if line.startswith("! noise: ")]
@@ -370,6 +370,59 @@ def test_rows_whose_iqr_is_over_half_the_median_are_marked_noise():
     for r in report["results"]:
         r["step_time_s"] = summarize(times["bare"]).as_dict()
     assert "!" not in format_table(report)
+
+
+def _quiet(report, name="single", ratio=0.885):
+    """``report`` with quiet fabricated step times and a loop twin of ``name`` whose
+    loop/step ratio is ``ratio``."""
+    for r in report["results"]:
+        r["step_time_s"] = summarize([1.0, 1.01, 0.99, 1.02, 1.0]).as_dict()
+    step = next(r for r in report["results"] if r["name"] == name)
+    report["results"].append(dict(step, name=name + "/loop", loop_over_step=ratio))
+    return report
+
+
+def test_a_loop_faster_than_its_own_step_is_marked_as_a_ratio_that_cannot_be_true():
+    config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu",
+                         baselines="none", batch_size=2, steps=1, warmup=0, image_size=8,
+                         num_classes=5)
+    report = _quiet(run_bench(config, model_fn=lambda: TinySplitNet(5)), ratio=0.885)
+    lines = format_table(report).splitlines()
+    assert "  single/loop: 1000.0 (10.0) vs 1000.0 (10.0): 0.885x ?" in lines, lines
+    [note] = [line for line in lines if line.startswith("? cannot be true: ")]
+    assert "single/loop 0.885x its own step" in note and "noise" in note
+    report["results"][-1]["loop_over_step"] = 1.02  # slower than its step: possible
+    assert "cannot be true" not in format_table(report)
+
+
+def test_a_fed_loop_faster_than_its_bare_step_is_marked_as_a_ratio_that_cannot_be_true():
+    from tandem.bench.fed import format_fed_table
+
+    def row(name, rate):
+        return {"name": name, "images": 64, "images_per_sec": summarize([rate] * 3).as_dict(),
+                "startup_seconds": None, "data_share": None, "cpu_ms_per_image": None}
+
+    report = {"config": {"data": "d", "arch": "a", "image_size": 8, "batch_size": 4,
+                         "workers": 1, "decode": "cpu", "device": "cpu", "torch_threads": 1,
+                         "rounds": 3, "warmup": 1},
+              "machine": {"torch": "t", "cpu_count": 2, "date_utc": "now"},
+              "results": [row("loader", 300.0), row("step", 100.0), row("fed", 113.0)],
+              "limit": "step", "ratio": 1.13, "fed_vs_loader": 0.38, "fed_vs_step": 1.13}
+    lines = format_fed_table(report).splitlines()
+    assert "fed / step 1.13x ?" in lines[-2], lines
+    assert lines[-1].startswith("? cannot be true: fed 1.13x its own step")
+    report.update(ratio=0.9, fed_vs_step=0.9)
+    assert "cannot be true" not in format_fed_table(report)
+
+
+@pytest.mark.parametrize("baselines, footer", [("none", False), ("bare", True)])
+def test_the_baseline_footer_only_under_a_table_with_a_baseline(baselines, footer):
+    config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu",
+                         baselines=baselines, batch_size=2, steps=1, warmup=0, image_size=8,
+                         num_classes=5)
+    table = format_table(run_bench(config, model_fn=lambda: TinySplitNet(5)))
+    assert ("* baseline in plain torch" in table) == footer
+    assert "Ratios are median step times" in table
 
 
 def test_loader_rows_whose_iqr_is_over_half_the_median_are_marked_noise():

@@ -41,7 +41,9 @@ def test_fed_races_loader_and_step_and_reports_the_ratio(tmp_path):
     assert (config["workers"], config["batch_size"], config["image_size"]) == (1, 4, 16)
     assert config["decode"] == "cpu"  # --decode auto on the CPU
     table = result.stdout
-    assert f"fed / min(loader, step): {report['ratio']:.2f}x (the {limit} is the limit" in table
+    mark = " ?" if report["ratio"] > 1 else ""  # faster than its slower part: noise
+    assert f"fed / min(loader, step): {report['ratio']:.2f}x{mark} (the {limit} is the limit" \
+        in table
     for name in rows:
         assert any(line.startswith(name + " ") for line in table.splitlines()), name
 

@@ -367,8 +367,9 @@ def test_a_decode_that_cannot_run_is_found_before_the_run(folder, monkeypatch, m
                 device_decode.decode_on(data, mode, torch.device("cpu"), broken)
         else:
             assert device_decode.decode_on(data, mode, torch.device("cpu"), broken) is data
-            assert any("decoding JPEGs on the CPU: torchvision could not" in r.getMessage()
-                       for r in caplog.records)
+            said = [r.getMessage() for r in caplog.records]
+            assert any(m.startswith("--decode auto: JPEGs decoded on the CPU (") and
+                       "): torchvision could not" in m for m in said), said
     wrapped = device_decode.decode_on(data, mode, torch.device("cpu"), host_decode)
     assert all(isinstance(d, DeviceDecoded) for d in wrapped[:2])
     # data sets of no JPEG files (synthetic, CIFAR): nothing probed, nothing said

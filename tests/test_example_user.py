@@ -31,6 +31,7 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
     proc = ok(run_in_process("train", "-b", 8, "--lr", 0.1, "--epochs", 1, "--max-steps", 1,
                              "--no-progress", "--out", out, data))
     lines = proc.stdout.splitlines()
+    assert lines.pop(1).startswith("--decode auto: JPEGs decoded on the CPU")  # which decoder
     assert lines[1] == ("image size 224px (resnet18's native size: training crops 224px, "
                         "validation resized to 256 and centre-cropped to 224; --image-size "
                         "to change)")

@@ -58,3 +58,22 @@ def test_every_output_block_has_its_commands_in_the_regenerating_script():
     result = run_bounded([sys.executable, str(script), "--check"], 60, cli_env())
     assert result.returncode == 0, result.stderr
     assert "demo\n  make demo" in result.stdout
+
+
+sys.path.insert(0, str(README.parent / "scripts"))
+import readme_outputs  # noqa: E402
+
+# Blocks that run in seconds. The others train for minutes (demo, flowers at 224 px, ...) or,
+# as the auto race, say in words what a timing decided; scripts/readme_outputs.py makes them.
+QUICK = ("short", "hot", "typo")
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_a_quick_output_block_has_the_shape_its_commands_print(name, tmp_path):
+    """The block's commands, run as scripts/readme_outputs.py runs them: the same lines, the
+    same words, whatever the numbers (readme_outputs.shape)."""
+    printed = readme_outputs.run_block(readme_outputs.BLOCKS[name], tmp_path,
+                                       readme_outputs.scratch(tmp_path))
+    shown = readme_outputs.shown(README.read_text())[name]
+    assert readme_outputs.shape(printed) == readme_outputs.shape(shown), \
+        "\n".join(["README.md shows:", *shown, "the commands print:", *printed])

@@ -113,9 +113,10 @@ def test_a_one_epoch_run_plots_steps_from_0_with_the_runs_name_lr_and_log_loss(t
     assert loss.get_yscale() == "log"
     assert [list(line.get_ydata()) for line in loss.get_lines()] == [[row["train_loss"]],
                                                                      [row["val_loss"]]]
-    # The cosine schedule at every step from 0 (lr 0.05) to the row's, where the row's lr sits.
+    # The lr each step used, from 0 (lr 0.05) down the cosine to the row's, where the row's
+    # lr sits.
     schedule, at_row = lr.get_lines()
-    assert (schedule.get_label(), at_row.get_label()) == ("schedule", "at each row")
+    assert (schedule.get_label(), at_row.get_label()) == ("used at each step", "at each row")
     assert list(schedule.get_xdata()) == list(range(row["step"] + 1))
     lrs = list(schedule.get_ydata())
     assert lrs[0] == pytest.approx(0.05) and lrs == sorted(lrs, reverse=True)
@@ -130,15 +131,17 @@ def test_lr_after_a_resume_with_more_epochs_is_the_lr_each_step_used(tmp_path, f
     schedule, at_row = figures[-1].axes[2].get_lines()
     points = list(zip(schedule.get_xdata(), schedule.get_ydata()))
     per_epoch = second["step"] / 2
-    # epochs 1-2 followed the 2-epoch schedule: the line holds their own lrs (row 2's is 0,
-    # the end of that cosine, not the 3-epoch schedule's value at that step) ...
-    assert points[:2] == [(r["step"] / per_epoch, r["lr"]) for r in (first, second)]
-    assert second["lr"] == 0
-    # ... then the 3-epoch schedule at every step from row 2's to row 3's, down to its lr
-    after = points[2:]
-    assert [x for x, _ in after] == pytest.approx(
-        [t / per_epoch for t in range(second["step"], third["step"] + 1)])
-    assert after[0][1] > 0 and after[-1][1] == pytest.approx(third["lr"])
+    # every step, from the first: epochs 1-2 followed the 2-epoch cosine (each row holds the
+    # lrs its steps used), then the 3-epoch one from the step after row 2's on
+    assert [x for x, _ in points] == pytest.approx(
+        [t / per_epoch for t in range(third["step"] + 1)])
+    lrs = dict(zip(range(third["step"] + 1), (lr for _, lr in points)))
+    assert [[t, lrs[t]] for t, _ in first["lr_steps"] + second["lr_steps"]] == \
+        first["lr_steps"] + second["lr_steps"]
+    assert lrs[0] == pytest.approx(0.05) and second["lr"] == 0  # that cosine's end ...
+    assert lrs[second["step"]] > 0  # ... is not what the next step used after the resume
+    assert [[t, lrs[t]] for t, _ in third["lr_steps"]] == third["lr_steps"]
+    assert lrs[third["step"]] == pytest.approx(third["lr"])
 
 
 def test_two_epochs_and_a_partial_one_plot_epochs(tmp_path, figures):

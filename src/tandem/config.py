@@ -9,12 +9,12 @@ the **global** batch; ``accum_steps = K`` makes one optimizer step consume K glo
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 
 from tandem.data.device_decode import DECODE_MODES
 from tandem.data.load import AUGMENT_CHOICES
 from tandem.errors import UsageError
+from tandem.suggest import did_you_mean
 from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choice, check_type,
                                   flag_of, opt)
 from tandem.config_parallel import DTYPES, ParallelConfig
@@ -211,8 +211,7 @@ class TrainConfig:
         values: dict[str, dict] = {name: {} for name in SECTIONS}
         for key, value in settings.items():
             if key not in where:
-                close = difflib.get_close_matches(key, list(where), n=3, cutoff=0.6)
-                hint = f": did you mean {' or '.join(close)}?" if close else \
+                hint = did_you_mean(key, list(where)) or \
                     " (the settings are the `tandem train` flags' names, e.g. batch_size)"
                 raise UsageError(f"{caller} got an unknown setting {key!r}{hint}")
             check_type(SECTIONS[where[key]], key, value)

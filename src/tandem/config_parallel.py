@@ -37,8 +37,8 @@ class ParallelConfig:
     strategy: str = opt(_REFERENCE, "how to use the devices (auto: race the ones that can "
                         "drive this model here, keep the fastest)", choices=_strategy_names,
                         on_resume=MAY_CHANGE)
-    auto_steps: int | None = opt(None, "with --strategy auto: timed rounds of the race (default: "
-                                 "as many as fit 5 s or 5%% of an epoch, at most 30 s)",
+    auto_steps: int | None = opt(None, "with --strategy auto: timed rounds of the race, 3 at least "
+                                 "(default: as many as fit 5 s or 5%% of an epoch, at most 30 s)",
                                  metavar="N", on_resume=MAY_CHANGE)
     devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
                        metavar="SPEC", on_resume=MAY_CHANGE)

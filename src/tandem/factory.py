@@ -10,7 +10,6 @@ raised *inside* the function is the user's code's and keeps its traceback.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import inspect
@@ -20,6 +19,7 @@ import sys
 from typing import Callable
 
 from tandem.errors import UsageError, first_line
+from tandem.suggest import did_you_mean
 
 __all__ = ["is_reference", "rebuildable", "names_module", "resolve", "call"]
 
@@ -87,8 +87,7 @@ def resolve(reference: str, what: str) -> Callable:
     for part in attr.split("."):
         if not hasattr(found, part):
             names = [n for n in dir(found) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=3)
-            hint = f": did you mean {', '.join(close)}?" if close else ""
+            hint = did_you_mean(part, names)
             raise UsageError(f"{what} '{reference}': {owner} has no {part!r}{hint}")
         found, owner = getattr(found, part), part
     if not callable(found):

@@ -30,14 +30,15 @@ from dataclasses import replace
 import torch
 
 from tandem.data import loader as loader_module
-from tandem.data.device_decode import DeviceDecoded, decode_on
+from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.imagefolder import load_imagefolder
 from tandem.data.loader import batches_per_epoch
 from tandem.errors import UsageError
 
 from .loader_bench import bench_root, cpu_seconds
 from .suite import machine_info
-from .timing import clock, is_noise, noise_lines, summarize, synchronize
+from .timing import (IMPOSSIBLE, clock, impossible, impossible_lines, is_noise, noise_lines,
+                     summarize, synchronize)
 
 __all__ = ["run_fed_bench", "format_fed_table", "CONTESTANTS"]
 
@@ -220,7 +221,7 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     slower = min(("loader", "step"), key=lambda n: statistics.median(rates[n]))
     settings = {"data": str(root), "arch": config.arch, "device": str(config.device_list[0]),
                 "image_size": size, "batch_size": config.batch_size, "workers": workers,
-                "decode": "gpu" if isinstance(train, DeviceDecoded) else "cpu",
+                "decode": decoded_on(train),
                 "prefetch": loader_module.PREFETCH, "rounds": rounds, "warmup": warmup,
                 "seed": config.seed, "amp": config.amp, "amp_dtype": config.amp_dtype,
                 "channels_last": config.channels_last, "torch_threads": used_threads}
@@ -252,10 +253,18 @@ def format_fed_table(report: dict) -> str:
                      f"{'-' if up is None else f'{up:.3f}':>10} "
                      f"{'-' if share is None else f'{share:.0%}':>9} "
                      f"{'-' if cpu is None else f'{cpu:.2f}':>10}")
-    lines.append(f"fed / min(loader, step): {report['ratio']:.2f}x (the {report['limit']} is "
-                 f"the limit; fed / loader {report['fed_vs_loader']:.2f}x, fed / step "
-                 f"{report['fed_vs_step']:.2f}x; medians of the rounds' ratios, rates after "
+    # fed runs the loader and the step: its rate over either's cannot be above 1
+    claims = [f"fed {report[key]:.2f}x its own {part}" for part, key in
+              (("loader", "fed_vs_loader"), ("step", "fed_vs_step"))
+              if report[key] is not None and impossible(1 / report[key])]
+    mark = {key: f" {IMPOSSIBLE}" if report[key] is not None and impossible(1 / report[key])
+            else "" for key in ("ratio", "fed_vs_loader", "fed_vs_step")}
+    lines.append(f"fed / min(loader, step): {report['ratio']:.2f}x{mark['ratio']} (the "
+                 f"{report['limit']} is the limit; fed / loader {report['fed_vs_loader']:.2f}x"
+                 f"{mark['fed_vs_loader']}, fed / step {report['fed_vs_step']:.2f}x"
+                 f"{mark['fed_vs_step']}; medians of the rounds' ratios, rates after "
                  f"each pass's start-up, its first {start_up_batches(c['workers'])} "
                  f"batch(es), one per worker)")
     lines += noise_lines([(r["name"], r["images_per_sec"]) for r in report["results"]])
+    lines += impossible_lines(claims)
     return "\n".join(lines)

@@ -3,8 +3,8 @@
 Per contestant: median step time and spread, images/s, speed-ups against ``single`` and
 ``bare``, bytes moved and peak memory ("n/a": the device reports none); with ``--loop`` each
 loop twin against its bench step. The JSON is unrounded. A row whose step times spread
-more than half their median between quartiles is marked ``!`` (noise), and a line under the
-table says so.
+more than half their median between quartiles is marked ``!`` (noise), a loop twin faster than
+its own bench step ``?`` (it cannot be), and a line under the table says so.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from typing import TextIO
 
 from .entry import LOOP
-from .timing import is_noise, noise_lines
+from .timing import IMPOSSIBLE, impossible, impossible_lines, is_noise, noise_lines
 
 __all__ = ["format_table", "write_json", "format_bytes", "explain", "run_setup",
            "planned_vs_measured"]
@@ -97,7 +97,9 @@ def format_table(report: dict) -> str:
             lines.append("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
         else:
             lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
-    lines.append("* baseline in plain torch. Ratios are median step times (>1 is faster). "
+    baseline = any(r["kind"] == "baseline" for r in report["results"])
+    lines.append(("* baseline in plain torch. " if baseline else "") +
+                 "Ratios are median step times (>1 is faster). "
                  "Bytes are tandem-engine transfers per step (logical, between replicas).")
     lines += _noise_lines(report["results"])
     compiled = [r for r in report["results"] if r["name"].endswith("+compile")
@@ -130,20 +132,25 @@ def _noise_lines(results: list[dict]) -> list[str]:
 
 
 def _loop_lines(results: list[dict]) -> list[str]:
-    """``--loop``: each loop twin's median (IQR) next to its bench step's, and their ratio."""
+    """``--loop``: each loop twin's median (IQR) next to its bench step's, and their ratio
+    (``?`` below 1: a loop cannot be faster than its own step)."""
     by_twin = {r["name"] + LOOP: r["step_time_s"] for r in results if r["status"] == "ok"}
     twins = [r for r in results if r.get("loop_over_step") is not None]
     if not twins:
         return []
     lines = ["train loop step vs bench step (median ms, IQR; loop/step 1.00x: the loop costs "
              "nothing more):"]
+    claims = []
     for r in twins:
         loop, step = r["step_time_s"], by_twin[r["name"]]  # its bench step's
         noise = " (noise)" if is_noise(loop) or is_noise(step) else ""
+        if impossible(r["loop_over_step"]):
+            noise += f" {IMPOSSIBLE}"
+            claims.append(f"{r['name']} {r['loop_over_step']:.3f}x its own step")
         lines.append(f"  {r['name']}: {_ms(loop['median'])} ({_ms(loop['iqr'])}) vs "
                      f"{_ms(step['median'])} ({_ms(step['iqr'])}): "
                      f"{r['loop_over_step']:.3f}x{noise}")
-    return lines
+    return lines + impossible_lines(claims)
 
 
 def write_json(report: dict, path: str, stream: TextIO | None = None) -> None:

@@ -88,6 +88,24 @@ def noise_lines(named: list[tuple[str, dict]], advice: str = "rerun on an idle m
             f"between quartiles (IQR); {advice}"]
 
 
+IMPOSSIBLE = "?"  # marks a ratio that cannot be true (a whole faster than its own part)
+
+
+def impossible(whole_over_part: float) -> bool:
+    """True when a whole (a loop that runs a step, and more) came out faster than its own
+    part: ``whole_over_part`` is the whole's time over the part's, and it cannot be below 1."""
+    return whole_over_part < 1
+
+
+def impossible_lines(claims: list[str]) -> list[str]:
+    """The line under a table naming its ratios marked ``?`` (each claim: what came out
+    faster than what it contains), or none."""
+    if not claims:
+        return []
+    return [f"{IMPOSSIBLE} cannot be true: {'; '.join(claims)}: a loop runs its step and more, "
+            f"so such a ratio is noise; rerun on an idle machine or with more rounds"]
+
+
 def memory_supported(device: torch.device, backend_for=None) -> bool:
     """True when ``device`` reports allocator statistics (CUDA, and backends with its API)."""
     backend = (backend_for or _backend)(device)

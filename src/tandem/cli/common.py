@@ -19,6 +19,7 @@ import warnings
 
 from tandem.config import flag_of
 from tandem.distributed.env import in_torchrun, is_main_process
+from tandem.suggest import did_you_mean
 
 __all__ = ["add_config_arguments", "config_from_args", "flag_of", "given_fields",
            "tandem_warnings", "ShowDefaults", "TandemParser"]
@@ -58,6 +59,32 @@ class TandemParser(argparse.ArgumentParser):
             formatter_class = type(f"ShowDefaults{formatter_class.__name__}",
                                    (ShowDefaults, formatter_class), {})
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+    def add_subparsers(self, **kwargs):
+        """The subcommands' action, kept: a mistyped flag is then blamed on its subcommand."""
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, with arguments it does not know refused by the subcommand that got
+        them (:meth:`unrecognized`), not by ``tandem`` as a whole."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = getattr(self, "commands", None)
+            chosen = commands.choices.get(getattr(parsed, commands.dest, None), self) \
+                if commands is not None else self
+            chosen.unrecognized(extras)
+        return parsed
+
+    def unrecognized(self, extras: list[str]):
+        """One line for arguments this parser does not know, with the closest flag of its
+        own for each mistyped flag (:func:`~tandem.suggest.did_you_mean`)."""
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        hints = [f"{flag}{hint}" if len(extras) > 1 else hint.removeprefix(": ")
+                 for flag in (e.split("=", 1)[0] for e in extras if e.startswith("-"))
+                 if (hint := did_you_mean(flag, options))]
+        self.error(f"unrecognized arguments: {' '.join(extras)}"
+                   + (f"; {'; '.join(hints)}" if hints else ""))
 
     def error(self, message: str):
         """One line, as tandem's own errors are (not argparse's whole usage block), with

@@ -12,6 +12,7 @@ import torch
 
 from tandem.errors import UsageError
 from tandem.models import count_macs, count_parameters, create_model, list_models, model_info
+from tandem.suggest import closest_names
 
 __all__ = ["add_parser", "run", "model_rows"]
 
@@ -29,8 +30,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--in-channels", type=int, default=3, metavar="C",
                    help="input channels (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object per model")
+    p.add_argument("-a", "--arch", nargs="?", action=_NamesNotArch, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
     return p
+
+
+class _NamesNotArch(argparse.Action):
+    """``tandem models -a NAME`` (as ``train`` takes it): one line saying that ``models``
+    takes names, with the command that works (the closest zoo name for a mistyped one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        names = list_models()
+        name = values if values in names else next(iter(closest_names(values or "", names)),
+                                                   "resnet50")
+        parser.error(f"models takes model names, not {option_string}: tandem models {name}")
 
 
 def model_rows(names: list[str], input_size: int | None = None, num_classes: int | None = None,

@@ -28,11 +28,11 @@ from PIL import Image
 
 from tandem.errors import UsageError, first_line
 
-from .decode import DECODER_ERRORS
+from .decode import DECODER_ERRORS, default_decoder
 from .decode_stream import DecodeStream
 from .encoded import EncodedBatch, EncodedFolder, collate_encoded
 
-__all__ = ["DECODE_MODES", "resolve_decode", "decode_on", "nvjpeg_decode", "host_decode",
+__all__ = ["DECODE_MODES", "resolve_decode", "decode_on", "decoded_on", "nvjpeg_decode", "host_decode",
            "resample", "crop_resize", "DeviceDecoded", "DeviceDecoder", "DecodingLoader"]
 
 log = logging.getLogger("tandem.data")
@@ -65,9 +65,9 @@ def is_device_fault(exc: BaseException) -> bool:
 
 
 def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
-    """``("gpu" or "cpu", a notice or None)`` for ``--decode mode`` on ``device``. ``gpu``
-    needs a CUDA device and torchvision (found, not imported): without them ``gpu`` is
-    refused in one line; ``auto`` decodes on the CPU, saying so when only torchvision lacks."""
+    """``("gpu" or "cpu", why or None)`` for ``--decode mode`` on ``device``. ``gpu`` needs a
+    CUDA device and torchvision (found, not imported): without them ``gpu`` is refused in one
+    line; ``auto`` decodes on the CPU, and says why where only torchvision lacks."""
     if mode not in DECODE_MODES:
         raise UsageError(f"bad --decode {mode!r}: choose one of {', '.join(DECODE_MODES)}")
     if mode == "cpu":
@@ -82,8 +82,7 @@ def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
         if mode == "gpu":
             raise UsageError(f"--decode gpu needs torchvision ({_EXTRA}), which is not "
                              f"installed (use --decode cpu or auto)")
-        return "cpu", (f"decoding JPEGs on the CPU: --decode auto found no torchvision "
-                       f"for nvJPEG ({_EXTRA})")
+        return "cpu", f"no torchvision for nvJPEG ({_EXTRA})"
     return "gpu", None
 
 
@@ -246,6 +245,16 @@ class DeviceDecoded(EncodedFolder):
         return DecodingLoader(loader, DeviceDecoder(self, self.device, self.decode))
 
 
+def decoded_on(*datasets) -> str | None:
+    """Where the JPEGs of ``datasets`` (:func:`decode_on`'s) are decoded: ``"gpu"``, ``"cpu"``,
+    or None where they hold no JPEG files (what config.json records as ``resolved.decode``)."""
+    from .imagefolder import ImageFolderDataset
+
+    if any(isinstance(d, DeviceDecoded) for d in datasets):
+        return "gpu"
+    return "cpu" if any(isinstance(d, ImageFolderDataset) for d in datasets) else None
+
+
 def _probed(mode: str, device: torch.device, decode) -> tuple[str, str | None]:
     """``resolve_decode``'s gpu, once ``decode`` has decoded a small JPEG on ``device``: a
     torchvision that cannot (built without nvJPEG, or for another CUDA) is refused in one
@@ -259,22 +268,26 @@ def _probed(mode: str, device: torch.device, decode) -> tuple[str, str | None]:
         why = f"torchvision could not decode a JPEG on {device} ({first_line(exc)})"
         if mode == "gpu":
             raise UsageError(f"--decode gpu: {why}; use --decode cpu") from None
-        return "cpu", f"decoding JPEGs on the CPU: {why}"
+        return "cpu", why
     return "gpu", None
 
 
 def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode) -> tuple:
     """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` when
-    ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given."""
+    ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given.
+    ``auto`` says in one line which decoder runs, and why."""
     from .imagefolder import ImageFolderDataset
 
     train, val, info = data
-    choice, notice = resolve_decode(mode, device)
-    folders = any(isinstance(d, ImageFolderDataset) for d in (train, val))
+    choice, why = resolve_decode(mode, device)
+    folders = [d for d in (train, val) if isinstance(d, ImageFolderDataset)]
     if choice == "gpu" and folders:  # nothing to probe for data sets of no JPEG files
-        choice, notice = _probed(mode, device, decode)
-    if notice and folders:
-        log.info(notice)
+        choice, why = _probed(mode, device, decode)
+    if mode == "auto" and folders:
+        decoder = folders[0].decoder or default_decoder()
+        log.info(f"--decode auto: JPEGs decoded on {device} by nvJPEG (torchvision)"
+                 if choice == "gpu" else f"--decode auto: JPEGs decoded on the CPU ({decoder}, "
+                 f"in the loader): {why or f'the run runs on {device}, not CUDA'}")
     if choice == "cpu" or not folders:
         return data
     wrap = [DeviceDecoded(d, device, decode) if isinstance(d, ImageFolderDataset) else d

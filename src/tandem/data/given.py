@@ -115,7 +115,8 @@ def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] =
     """``(train, val, info)`` of a user's data sets (``val`` may be None), as
     :func:`~tandem.data.load_dataset` returns them; a split not in ``splits`` is None.
 
-    ``classes`` (names) gives the class count; without it the targets are read (max + 1).
+    ``classes`` (names) gives the class count; without it, the data sets' own ``classes``
+    (torchvision's convention: ImageFolder, CIFAR10), else the targets are read (max + 1).
     ``augment`` and ``image_size`` act on tandem's own data sets only: a user's data set does
     its own, and asking for them here is refused."""
     if augment not in ("auto", "none"):
@@ -137,6 +138,8 @@ def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] =
         raise UsageError(f"{name}: train and val inputs differ in shape "
                          f"({' vs '.join(map(str, shapes))})")
     shape = present[0].shape
+    if classes is None:
+        classes = _listed_classes(train, val)
     if classes is not None:
         classes = [str(c) for c in classes]
         count = len(classes)
@@ -153,6 +156,16 @@ def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] =
     info = DatasetInfo(name, count, shape[0] if len(shape) > 1 else 1,
                        shape[-1] if shape else 1, classes)
     return sets["train"], sets["val"], info
+
+
+def _listed_classes(*datasets):
+    """The class names a data set carries as ``classes`` (a list or tuple), as torchvision's
+    do; the first one's, or None."""
+    for dataset in datasets:
+        listed = getattr(dataset, "classes", None)
+        if isinstance(listed, (list, tuple)) and listed:
+            return listed
+    return None
 
 
 def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS, augment: str = "auto",

@@ -11,12 +11,12 @@ of the user's own (:mod:`.given`; a path of that name wins). A missing path rais
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 
 from tandem.errors import MissingFileError, UsageError
 from tandem.factory import is_reference
+from tandem.suggest import closest_names
 
 from .base import AUGMENT_MODES, SPLITS
 
@@ -66,7 +66,7 @@ def check_spec(spec: str) -> None:
     if _looks_like_path(spec):
         raise MissingFileError(f"data path '{spec}' does not exist (expected an ImageFolder or "
                                f"CIFAR-10 directory)")
-    close = difflib.get_close_matches(spec, DATASET_NAMES, n=1, cutoff=0.6)
+    close = closest_names(spec, list(DATASET_NAMES), 1)
     hint = f"did you mean {close[0]}? " if close else ""
     raise UsageError(
         f"unknown dataset {spec!r}: {hint}not one of {', '.join(DATASET_NAMES)}, and no such "

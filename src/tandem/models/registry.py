@@ -11,7 +11,6 @@ when its signature takes them.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Callable
 from torch import nn
 from tandem import factory
 from tandem.errors import UsageError
+from tandem.suggest import closest_names
 
 __all__ = ["ModelInfo", "FACTORY", "register_model", "create_model", "list_models", "model_info",
            "native_input_size", "closest_names", "unknown_model_message"]
@@ -110,34 +110,6 @@ def unknown_model_message(name: str) -> str:
     guess = close[0] if len(close) == 1 else ", ".join(close[:-1]) + " or " + close[-1]
     return (f"unknown model {name!r}: did you mean {guess}? (`tandem models` or list_models() "
             f"lists all {len(names)})")
-
-
-def closest_names(name: str, names: list[str], limit: int = 3) -> list[str]:
-    """Up to ``limit`` of ``names`` that look like ``name`` (difflib), best first.
-
-    Case, ``_`` and ``-`` are ignored (``ResNet_18`` is ``resnet18``); names scoring within
-    0.1 of the best are kept (only the best when it differs from ``name`` in just those),
-    ties going to the nearer depth (``cifar_resnet21``: ``cifar_resnet20`` first).
-    """
-    def plain(s: str) -> str:
-        return re.sub(r"[_\-]", "", s.lower())
-
-    def depth(s: str) -> int | None:
-        digits = re.findall(r"\d+", s)
-        return int(digits[0]) if digits else None
-
-    typed, typed_depth = plain(name), depth(name)
-    scored = []
-    for candidate in names:
-        ratio = difflib.SequenceMatcher(None, typed, plain(candidate)).ratio()
-        if ratio >= 0.6:
-            own = depth(candidate)
-            gap = abs(own - typed_depth) if own is not None and typed_depth is not None else 0
-            scored.append((-round(ratio, 6), gap, candidate))
-    scored.sort()
-    best = -scored[0][0] if scored else 0.0
-    margin = 0.0 if best == 1.0 else 0.1
-    return [c for r, _, c in scored if -r >= best - margin][:limit]
 
 
 def native_input_size(name: str) -> int:

@@ -4,9 +4,10 @@ Candidates are the one-process strategies whose declared abilities fit: ``check_
 needs a head it can split), ``max_devices``, and the run's own checks (``--compile``,
 ``--split``) through ``check``. Each races a deep copy of the real model on a random batch of
 the data's shape, built and timed by the bench's pieces (``strategy_contestant``, ``race``),
-interleaved round by round. The shortest median step wins, unless a simpler candidate
-(registration order: single first) is within the noise of it: :data:`NOISE` of the median, or
-overlapping quartiles. Running out of memory drops a candidate with a word. The torch, numpy
+interleaved round by round, never fewer than :data:`MIN_ROUNDS` timed rounds of each (a budget
+may end a race early, not make it meaningless). The shortest median step wins, unless a simpler
+candidate (registration order: single first) is within the noise of it: :data:`NOISE` of the
+median, or overlapping quartiles; the reason then says the race could not tell them apart. Running out of memory drops a candidate with a word. The torch, numpy
 and Python RNGs are left as they were, so the run that follows is the run with the choice named.
 """
 
@@ -24,13 +25,13 @@ import torch
 
 from .base import strategy_class, strategy_names
 
-__all__ = ["AUTO", "NOISE", "RaceResult", "rng_kept", "launched", "simplest_first", "candidates",
+__all__ = ["AUTO", "NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept", "launched", "simplest_first", "candidates",
            "budget_s", "race", "choose", "planned_bytes", "format_block"]
 
 AUTO = "auto"
 NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
 MIN_S, EPOCH_SHARE, MAX_S = 5.0, 0.05, 30.0  # the race's time budget (see budget_s)
-MAX_ROUNDS = 30
+MIN_ROUNDS, MAX_ROUNDS = 3, 30  # timed rounds: fewer than 3 have no quartiles to judge by
 OUT_OF_MEMORY = "out of memory"
 _PLAIN_DP = "dp"  # the plan's data-parallel figure: what a choice's bytes are compared with
 
@@ -81,7 +82,8 @@ class RaceResult:
     choice: str = ""
     reason: str = ""
     not_raced: dict[str, str] = field(default_factory=dict)
-    over_budget: bool = False  # the cold round used the budget: one warm round ran anyway
+    over_budget: bool = False  # the cold round used the budget: MIN_ROUNDS ran anyway
+    asked: int | None = None  # --auto-steps, where fewer than MIN_ROUNDS (raised to it)
 
     def record(self) -> dict:
         """What the run's config keeps (``resolved.auto``)."""
@@ -123,10 +125,11 @@ def _row(result: dict) -> dict:
 def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | None = None,
          epoch_batches: int = 1, clock: Callable[[], float] | None = None) -> RaceResult:
     """Race ``build(name)`` (a bench ``Contestant``) for each of ``names``: one cold round,
-    then as many timed rounds as :func:`budget_s` leaves, and at least one: a cold step
-    also times first-call costs (allocation, lazy set-up), which misled a pick (BENCHMARKS.md
-    section 13). ``rounds`` gives that many timed rounds after one warm-up. ``clock`` is
-    injectable (tests)."""
+    then as many timed rounds as :func:`budget_s` leaves, and at least :data:`MIN_ROUNDS`: a
+    cold step also times first-call costs (allocation, lazy set-up), which misled a pick
+    (BENCHMARKS.md section 13), and one warm round has no spread. ``rounds`` gives that many
+    timed rounds (at least :data:`MIN_ROUNDS`) after one warm-up. ``clock`` is injectable
+    (tests)."""
     from tandem.bench.runner import race as bench_race
     from tandem.bench.timing import clock as wall
 
@@ -143,10 +146,10 @@ def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | No
             if rounds is None:  # one cold round, never the one that decides
                 first = bench_race(built, 1, 0, batch_size, clock=clock)
                 n = _rounds(first, clock() - start, epoch_batches)
-                over_budget, n = n == 0, max(1, n)
+                over_budget, n = n < MIN_ROUNDS, max(MIN_ROUNDS, n)
             else:
-                first, n = bench_race(built, rounds, 1, batch_size, clock=clock), 0
-                over_budget = False
+                first = bench_race(built, max(MIN_ROUNDS, rounds), 1, batch_size, clock=clock)
+                over_budget, n = False, 0
             results = first
             if n:
                 alive += [c for c, r in zip(built, first) if r["status"] == "ok"]
@@ -161,13 +164,14 @@ def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | No
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     rows.update((r["name"], _row(r)) for r in results)
-    done = rounds if rounds is not None else n
+    done = max(MIN_ROUNDS, rounds) if rounds is not None else n
     return RaceResult([rows[n] for n in names if n in rows], done, clock() - start,
-                      over_budget=over_budget)
+                      over_budget=over_budget,
+                      asked=rounds if rounds is not None and rounds < MIN_ROUNDS else None)
 
 
 def _rounds(first: list[dict], elapsed: float, epoch_batches: int) -> int:
-    """Rounds that fit what the budget leaves after ``elapsed`` seconds (0: keep ``first``)."""
+    """Rounds that fit what the budget leaves after ``elapsed`` seconds (0: none left)."""
     steps = [r["step_time_s"]["median"] for r in first if r["status"] == "ok"]
     if not steps:
         return 0
@@ -192,21 +196,28 @@ def choose(rows: list[dict], planned: dict | None = None) -> tuple[str, str]:
     order = [n for n in simplest_first() if n in timed] + \
         [n for n in timed if n not in simplest_first()]
     fastest = min(order, key=lambda n: timed[n]["median_s"])
-    pick = next(n for n in order if n == fastest or _tied(timed[n], timed[fastest]))
+    tied = [n for n in order if n == fastest or _tied(timed[n], timed[fastest])]
+    pick = tied[0]
     others = [n for n in order if n != pick]
     if not others:
         return pick, f"{pick}: the only candidate left"
     if pick != fastest:
         ratio = timed[pick]["median_s"] / timed[fastest]["median_s"]
-        return pick, (f"{pick}: within the noise of {fastest} ({ratio:.2f}x its step), "
-                      f"and simpler")
+        return pick, (f"{pick}: the race could not tell {_and(tied)} apart (its step "
+                      f"{ratio:.2f}x {fastest}'s, within the noise), and it is the simplest")
     rival = min(others, key=lambda n: timed[n]["median_s"])
     reason = f"{pick}: {timed[rival]['median_s'] / timed[pick]['median_s']:.2f}x {rival}"
     planned = planned or {}
     ref = next((n for n in (rival, _PLAIN_DP) if n != pick and planned.get(n)), None)
     if planned.get(pick) and ref:  # single moves nothing: no ratio to give
         reason += f", {planned[pick] / planned[ref]:.2f}x the bytes {ref} plans"
+    if len(tied) > 1:
+        reason += f"; the race could not tell {_and(tied)} apart, and {pick} is the simplest"
     return pick, reason
+
+
+def _and(names: list[str]) -> str:
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def planned_bytes(model, devices: list, batch_size: int, input_size, head: str | None = None,
@@ -233,17 +244,24 @@ def _mb(n: int | None) -> str:
 
 
 def format_block(result: RaceResult, planned: dict | None = None, title: str = "") -> str:
-    """The table and the choice, in one block."""
+    """The table and the choice, in one block: each step's median and its spread (the
+    quartiles, and their distance as a share of the median)."""
     planned = planned or {}
-    rounds = f"{result.rounds} timed round{'s' if result.rounds != 1 else ''}" + (
-        " (past the budget: a cold round never decides)" if result.over_budget else "")
+    rounds = f"{result.rounds} timed round{'s' if result.rounds != 1 else ''}"
+    if result.over_budget:
+        rounds += f" (past the budget: a race decides on {MIN_ROUNDS} warm rounds at least)"
+    elif result.asked is not None:
+        rounds += f" (--auto-steps {result.asked} raised to {MIN_ROUNDS}: fewer never decide)"
     lines = [f"strategy auto: {title}" + (f"{rounds} in {result.seconds:.1f} s" if result.rows
                                           else "no race: one candidate"),
-             f"  {'candidate':<10}{'step ms':>9}{'IQR ms':>9}  planned bytes/step"]
+             f"  {'candidate':<10}{'step ms':>9}{'spread':>8}{'q1-q3 ms':>17}  "
+             f"planned bytes/step"]
     for row in result.rows:
         if "median_s" in row:
-            lines.append(f"  {row['name']:<10}{row['median_s'] * 1e3:>9.1f}"
-                         f"{row['iqr_s'] * 1e3:>9.1f}  {_mb(planned.get(row['name']))}")
+            median, q1, q3 = (row[k] * 1e3 for k in ("median_s", "q1_s", "q3_s"))
+            share = f"{(q3 - q1) / median:.0%}" if median > 0 else "-"
+            lines.append(f"  {row['name']:<10}{median:>9.1f}{share:>8}"
+                         f"{f'{q1:.1f}-{q3:.1f}':>17}  {_mb(planned.get(row['name']))}")
         else:
             lines.append(f"  {row['name']:<10}{row['note']}")
     for name, why in result.not_raced.items():

@@ -114,7 +114,7 @@ def _settled(plan, build: Callable[[ParallelConfig], Strategy], clock):
 
     p = cfg.parallel
     devices = parse_device_spec(p.devices, "--devices")
-    train_set, _, info = _data(plan, splits=("train",))
+    train_set, _, info = _data(plan, splits=("train",), decoded=False)  # shapes: no decode
     classes = cfg.data.num_classes or info.num_classes
     dtype = getattr(torch, p.dtype)
     model = (copy.deepcopy(plan.supplied.model) if plan.supplied.model is not None else

@@ -5,10 +5,10 @@ writes it. With rows of fewer than 2 epochs the x-axis is the optimizer step, fr
 a one-epoch run is not one point on an axis a tenth of an epoch wide; otherwise it is the
 epoch, a partial epoch's row placed at the fraction of it that was trained. Loss is drawn on a
 log scale, so that the first epoch's high loss does not flatten the rest. The learning rate
-is drawn at every step up to the last row's, from the run's schedule (the host knows it: no
-per-step record is needed), with each row's value on it. Rows whose lr the schedule does not
-give (a resume with more ``--epochs`` changed the schedule) followed an earlier one: up to the
-last such row the line joins the lrs the rows recorded, and the schedule takes over from there.
+is the one each step used, as the rows record it (``lr_steps``: whatever schedules resumes
+with other ``--epochs`` gave), with each row's value on it. Rows of older runs record no
+steps: their line is the run's schedule, joined to the lrs the rows recorded up to the last
+row that schedule does not give.
 """
 
 from __future__ import annotations
@@ -48,6 +48,21 @@ def _line(ax, xs, records, key, style, label):
     pairs = [(x, r.get(key)) for x, r in zip(xs, records) if r.get(key) is not None]
     if pairs:
         ax.plot(*zip(*pairs), style, label=label)
+
+
+def _used_line(ax, records: list[dict], unit: str, per_epoch: int) -> bool:
+    """The lr each step used, as the rows record it (``lr_steps``), to each row's own (the
+    lr its next step takes, where no later step says otherwise); False when no row records
+    its steps."""
+    if not any(r.get("lr_steps") for r in records):
+        return False
+    used = {r["step"]: r["lr"] for r in records
+            if isinstance(r.get("step"), int) and r.get("lr") is not None}
+    used.update((t, lr) for r in records for t, lr in r.get("lr_steps") or [])
+    used = sorted(used.items())
+    xs = [float(t) if unit == "step" else t / max(1, per_epoch) for t, _ in used]
+    ax.plot(xs, [lr for _, lr in used], "-", color="grey", label="used at each step")
+    return True
 
 
 def _schedule_line(ax, schedule: Schedule, records: list[dict], unit: str) -> None:
@@ -95,7 +110,9 @@ def build_figure(records: list[dict], title: str = "",
     _line(ax_acc, xs, records, "val_acc5", "s--", "validation top-5")
     _line(ax_acc, xs, records, "val_miou", "d-", "validation mIoU")
     ax_acc.set(ylabel="accuracy (%)", title="accuracy")
-    if schedule is not None:
+    per_epoch = schedule[0] if schedule is not None else \
+        max([r["batches"] for r in records if r.get("batches")], default=1)
+    if not _used_line(ax_lr, records, unit, per_epoch) and schedule is not None:
         _schedule_line(ax_lr, schedule, records, unit)
     _line(ax_lr, xs, records, "lr", "o", "at each row")
     ax_lr.set(ylabel="learning rate", title="learning rate")

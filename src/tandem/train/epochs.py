@@ -94,9 +94,20 @@ def _epochs(trainer, log: MetricsLog | None, records: list[dict],
         if stopped:
             break
     if trainer.strategy.is_main:
-        print(f"best val acc {trainer.best_acc1:.2f}%: {trainer.run_dir.best}" if trained else
+        print(_best_line(trainer) if trained else
               f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
               + (f"/{max_steps}" if max_steps else ""), flush=True)
+
+
+def _best_line(trainer) -> str:
+    """Where the best weights are; or, when no validation was finite (so none was "best"),
+    that no best.pt was written and which file holds the weights instead."""
+    run = trainer.run_dir
+    if os.path.exists(run.best):
+        return f"best val acc {trainer.best_acc1:.2f}%: {run.best}"
+    return (f"no validation was finite (val loss nan or inf), so no {run.BEST} was written: "
+            f"the last weights are in {run.latest} (tandem eval --resume {run.latest}; "
+            f"--resume {run.path} continues the run)")
 
 
 def _epoch(trainer, log: MetricsLog | None, records: list[dict],
@@ -110,7 +121,8 @@ def _epoch(trainer, log: MetricsLog | None, records: list[dict],
     diverged.check(trainer, train, weights=True)  # nothing non-finite is ever saved
     if stop.requested:
         with stop.critical():
-            trainer.save(is_best=False, progress=epoch_progress(train, seconds))
+            trainer.save(is_best=False, progress=epoch_progress(train, seconds,
+                                                                trainer.lr_steps))
         message = interrupted_message(trainer)
         raise Interrupted(message, stop.signum, quiet=not message)
     # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
@@ -126,7 +138,8 @@ def _epoch(trainer, log: MetricsLog | None, records: list[dict],
         trainer.best_acc1 = max(trainer.best_acc1, val.acc)
     record = epoch_record(trainer, train, val, stopped, seconds)
     with stop.critical():
-        trainer.save(is_best, progress=epoch_progress(train, seconds) if stopped else None)
+        trainer.save(is_best, progress=epoch_progress(train, seconds, trainer.lr_steps)
+                     if stopped else None)
         if s.is_main and train.count:  # a row only for an epoch that trained
             _write_row(trainer, log, records, board, figure, record)
     return stopped
@@ -145,6 +158,7 @@ def epoch_record(trainer, train: Meter, val: Meter, stopped: bool, seconds: floa
         "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
         **({"val_plain_ce": val.ce} if label_smoothing(trainer.criterion) else {}),
         "lr": trainer.optimizer.param_groups[0]["lr"],
+        "lr_steps": thinned(trainer.lr_steps),  # [step, lr] each step used (curves.png)
         "images_per_sec": train.count / seconds if seconds > 0 else None,
         "seconds": seconds,
         **trainer.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
@@ -207,6 +221,16 @@ def after_loss(trainer, saved: str | None) -> str:
     return f"{done}; continue with: {resume_command_here(out, True)}"
 
 
-def epoch_progress(meter: Meter, seconds: float) -> dict:
-    """A reduced meter and the seconds spent, as a checkpoint's ``epoch_progress`` entry."""
-    return {**meter.progress(), "seconds": seconds}
+def epoch_progress(meter: Meter, seconds: float, lr_steps: list) -> dict:
+    """A reduced meter, the seconds spent and the lr of each step so far, as a checkpoint's
+    ``epoch_progress`` entry."""
+    return {**meter.progress(), "seconds": seconds, "lr_steps": thinned(lr_steps)}
+
+
+def thinned(points: list, most: int = 200) -> list:
+    """At most ``most`` of ``points``, evenly spread, the first and the last kept: an epoch's
+    lr curve, not every step of a long one."""
+    if len(points) <= most:
+        return [list(p) for p in points]
+    every = (len(points) - 1) / (most - 1)
+    return [list(points[round(i * every)]) for i in range(most)]

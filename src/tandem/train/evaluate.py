@@ -11,7 +11,7 @@ from tandem.precision import amp_flags, amp_refusal
 from tandem.data.load import GIVEN_DATA
 from tandem.factory import is_reference
 
-from . import foreign
+from . import foreign, runlock
 from .plan import plan_eval
 from .rundir import checkpoint_path as checkpoint_path_of, example_file_note
 from .run import validate
@@ -53,6 +53,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     the result then says so, and also when the run holds a newer file of the example's
     (:func:`.rundir.example_file_note`). Never augments.
     """
+    runlock.check_saved(checkpoint_path)  # a run that has not saved yet: its process, named
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)
     newer = example_file_note(checkpoint_path, (data or {}).get(

@@ -28,7 +28,7 @@ from tandem.strategies import Strategy
 
 from . import diverged, epochs
 from .datawait import DataWait
-from .epochs import epoch_progress
+from .epochs import epoch_progress, thinned
 from .interrupt import StopRequest
 from .metrics import Meter, MetricsLog
 from .optimizer_step import optimizer_step
@@ -74,6 +74,9 @@ class Trainer:
     in_flight: StepStart | None = None
     # the batch this epoch's train sums count from, when those before it were lost with a peer
     train_from: int | None = None
+    # [step, lr] of each optimizer step of the epoch under way (a resumed one's earlier steps
+    # too, carried in its checkpoint): the lr each step used, for its row and curves.png
+    lr_steps: list = field(default_factory=list)
 
     # -- helpers ----------------------------------------------------------------------------
     def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
@@ -127,6 +130,7 @@ class Trainer:
         mode. Data comes after: :meth:`train_batch` takes device batches (and frees the last
         step's gradients before each step's first one)."""
         cfg, s, pos = self.cfg, self.strategy, self.position
+        self.lr_steps = [list(p) for p in (self.carried or {}).get("lr_steps", [])]
         meter, carried_seconds = self._carried_meter()
         print_freq = cfg.run.print_freq
         progress = Progress(self.batches_per_epoch, pos.batch,
@@ -173,8 +177,9 @@ class Trainer:
         run.look |= (shown and s.world_size == 1) or due
         if not last_micro:
             return False
-        optimizer_step(self.optimizer, self.scaler, self.scheduler)
         pos = self.position
+        self.lr_steps.append([pos.step, self.optimizer.param_groups[0]["lr"]])  # a host float
+        optimizer_step(self.optimizer, self.scaler, self.scheduler)
         pos.batch, pos.step = index + 1, pos.step + 1
         self.in_flight = None
         s.step_done(pos.step)
@@ -198,7 +203,7 @@ class Trainer:
         if save_every and pos.step % save_every == 0 and pos.batch < self.batches_per_epoch:
             sums = run.meter.reduced(s)
             self._check_finite(sums, weights=True)
-            self.save(is_best=False, progress=epoch_progress(sums, run.seconds()))
+            self.save(is_best=False, progress=epoch_progress(sums, run.seconds(), self.lr_steps))
         return False
 
     def batch_shares(self) -> dict | None:
@@ -266,7 +271,8 @@ class Trainer:
             start.restore_buffers(self.model)
         if not self.strategy.is_main:
             return None
-        self.save(is_best=False, progress={LOST_BEFORE: self.position.batch},
+        self.save(is_best=False, progress={LOST_BEFORE: self.position.batch,
+                                           "lr_steps": thinned(self.lr_steps)},
                   rng=start.rng if start is not None else None)
         return self.run_dir.latest
 

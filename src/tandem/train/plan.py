@@ -82,7 +82,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     cfg, ckpt, notes = auto.resumed(cfg, given)  # resumed_config; auto: the run's, or launch's
     newer = None
     if ckpt is not None:
-        _check_handed(cfg, supplied)
+        _check_handed(cfg, ckpt, supplied)
         newer = rundir.example_file_note(cfg.run.resume, cfg.data.data, cfg.run.evaluate)
         notes = [*notes, newer] if newer else notes
     if supplied.model is None and supplied.data is None:
@@ -140,17 +140,21 @@ _HANDED = {"arch": ("model", "model", "-a package.module:function",
                     "a function that returns the same data sets")}
 
 
-def _check_handed(cfg: TrainConfig, supplied: Supplied) -> None:
+def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
     """A run of ``tandem.fit`` continues with what it was handed: handed again to
-    ``tandem.fit(resume=...)``, or named on the command line. Refuse it without them."""
+    ``tandem.fit(resume=...)``, or named on the command line. Refuse it without them; the
+    ``tandem.fit`` call offered hands over all the run was handed (a flag typed here cannot
+    go with it)."""
     missing = [name for name in rundir.handed_to_fit(cfg)
                if getattr(supplied, "model" if name == "arch" else "data") is None]
     if not missing:
         return
+    handed = set(missing) | set(rundir.handed_to_fit(TrainConfig.from_dict(
+        ckpt.get("config") or {})))
     target = rundir.target_of(cfg.run.resume)
     what = " and ".join(_HANDED[n][0] for n in missing)
-    args = ", ".join(["model" if "arch" in missing else "None",
-                      "train_data, val_data" if "data" in missing else "None"])
+    args = ", ".join(["model" if "arch" in handed else "None",
+                      "train_data, val_data" if "data" in handed else "None"])
     flags = " ".join(_HANDED[n][2] for n in missing)
     meaning = " and ".join(_HANDED[n][3] for n in missing)
     raise UsageError(f"run '{target}' was trained by tandem.fit on the {what} handed to it, "

@@ -23,7 +23,7 @@ from tandem.parallel.devices import parse_device_spec
 from tandem.precision import amp_flags, amp_refusal
 from tandem.strategies import strategy_class, strategy_names
 
-from . import foreign, rundir
+from . import foreign, rundir, runlock
 from .position import Position
 from .schedule import lr_factor
 
@@ -68,6 +68,7 @@ def _to_continue(cfg: TrainConfig) -> Continued:
         if cfg.model.pretrained:
             raise UsageError("--pretrained starts a new run from a weights file and --resume "
                              "continues a run from its checkpoint: give one of them")
+        runlock.check_saved(cfg.run.resume)  # a run that has not saved yet: its process, named
         return rundir.checkpoint_path(cfg.run.resume), False
 
     if in_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -224,10 +225,13 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
     try:
         if own_schedule is not None:
             scheduler.load_state_dict(own_schedule)
-            # the file's optimizer holds the imagenet example's lr (schedule.example_lr);
-            # tandem's own stands in its schedule's state
-            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
-                group["lr"] = lr
+            # the lr of the step to come by this run's schedule, not the file's last lr: a
+            # resume with other --epochs changed the schedule, and its first step took the old
+            # one's lr (0 at a cosine's end); the same figure where nothing changed. (The
+            # file's optimizer may hold the imagenet example's lr, schedule.example_lr.)
+            factor = lr_factor(scheduler.last_epoch, cfg.optim, steps_per_epoch)
+            for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+                group["lr"] = base_lr * factor
         if ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
     except (ValueError, KeyError, RuntimeError) as exc:

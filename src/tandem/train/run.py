@@ -18,7 +18,7 @@ from torch import nn
 from tandem import cpu_malloc
 from tandem.config import DataConfig, OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
-from tandem.data.device_decode import decode_on
+from tandem.data.device_decode import decode_on, decoded_on
 from tandem.distributed.env import LAUNCH_ID_VAR, is_main_process, speaks_for_node
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
@@ -59,11 +59,13 @@ def build_data(cfg: DataConfig, seed: int, splits: tuple[str, ...] = ("train", "
                         splits=splits)
 
 
-def _data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
-    """``(train, val, info)``: the data sets handed over, else those the config names."""
+def _data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val"), decoded: bool = True):
+    """``(train, val, info)``: the data sets handed over, else those the config names
+    (``decoded``: as the run reads them, decoded where ``--decode`` says; else as built, for
+    their shapes only)."""
     if plan.supplied.data is None:  # --decode gpu: its ImageFolder data decoded on the device
-        return decode_on(build_data(plan.cfg.data, plan.cfg.run.seed, splits),
-                         plan.cfg.data.decode, plan.strategy.device)
+        data = build_data(plan.cfg.data, plan.cfg.run.seed, splits)
+        return decode_on(data, plan.cfg.data.decode, plan.strategy.device) if decoded else data
     train_set, val_set, info = plan.supplied.data
     return (train_set if "train" in splits else None), val_set, info
 
@@ -83,14 +85,16 @@ def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Modul
                                label_smoothing=cfg.label_smoothing).to(strategy.device)
 
 
-def _resolved(cfg: TrainConfig, strategy: Strategy, info) -> dict:
-    """The run's settings plus what they resolved to (written to config.json and checkpoints)."""
+def _resolved(cfg: TrainConfig, strategy: Strategy, info, datasets) -> dict:
+    """The run's settings plus what they resolved to (written to config.json and checkpoints):
+    the devices, the data set, where ``datasets``' JPEGs are decoded (``--decode auto``)."""
     out = cfg.settings()
     out["resolved"] = {
         "devices": [str(d) for d in strategy.devices],
         "world_size": strategy.world_size,
         "dataset": {"name": info.name, "num_classes": info.num_classes,
                     "in_channels": info.in_channels, "image_size": info.image_size},
+        "decode": decoded_on(*datasets),
         "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
         "launch_id": os.environ.get(LAUNCH_ID_VAR),
     }
@@ -115,7 +119,7 @@ def _build(plan: RunPlan) -> dict:
         scaler=amp_precision(strategy.device.type, cfg.parallel.amp,
                              cfg.parallel.amp_dtype).scaler(),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
-        config_dict=auto.recorded(_resolved(cfg, strategy, info), plan))
+        config_dict=auto.recorded(_resolved(cfg, strategy, info, (train_set, val_set)), plan))
 
 
 def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:

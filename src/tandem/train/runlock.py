@@ -20,7 +20,7 @@ from tandem.errors import UsageError
 
 from .rundir import RunDir
 
-__all__ = ["check_free", "held"]
+__all__ = ["check_free", "check_saved", "held"]
 
 
 def _me() -> dict:
@@ -96,6 +96,21 @@ def check_free(run: RunDir) -> None:
     raise UsageError(f"run '{run.path}' is in use by {_who(owner)} (its {RunDir.LOCK}); wait "
                      f"for it to end, or choose another --out (if that process has ended, "
                      f"remove {run.lock_file})")
+
+
+def check_saved(resume: str) -> None:
+    """Refuse, in one line, ``--resume RUN`` of a run directory that holds no checkpoint yet
+    while another process writes there: naming that process (as the lock records it), not
+    the missing file."""
+    run = RunDir(resume)
+    if not os.path.isdir(resume) or os.path.isfile(run.latest):
+        return
+    owner, me = _owner(run), _me()
+    if not owner or _same_launch(owner, me) or _stale(owner, me):
+        return
+    raise UsageError(f"run '{run.path}' is in use by {_who(owner)} (its {RunDir.LOCK}) and has "
+                     f"no checkpoint yet: that run has not saved its first step; let it run, "
+                     f"or stop it (Ctrl-C saves), then --resume {run.path}")
 
 
 def _place(run: RunDir, temp: str, me: dict) -> bool:
