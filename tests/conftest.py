@@ -208,3 +208,14 @@ def write_measured(name: str, figures: dict) -> None:
         os.makedirs(where, exist_ok=True)
         with open(os.path.join(where, f"{name}.json"), "w") as f:
             json.dump(figures, f, indent=1)
+
+
+def one_line_error(result, *words):
+    """``result`` (a finished `tandem` command) failed with exit status 2 and one line on stderr,
+    ``tandem: error: ...``, that holds each of ``words``; returns the line."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tandem: error:"), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import run_in_process, run_tandem
+from conftest import one_line_error, run_in_process, run_tandem
 
 import tandem
 from tandem.errors import UsageError
@@ -20,15 +20,6 @@ from own_model import Net, Pairs  # noqa: E402
 
 TINY = ("-a", "cifar_resnet20", "--data", "digits", "-b", "16", "--image-size", "8",
         "--no-progress")
-
-
-def one_line_error(result, *words):
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tandem: error:"), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

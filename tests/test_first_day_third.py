@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import make_image_folder, run_in_process
+from conftest import make_image_folder, one_line_error, run_in_process
 
 import tandem
 from tandem.data.decode import default_decoder
@@ -20,15 +20,6 @@ from tandem.errors import UsageError
 TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS)
 from own_model import Pairs  # noqa: E402
-
-
-def one_line_error(result, *words):
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tandem: error:"), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 # -- a: the resume hints of a tandem.fit run agree ---------------------------------------------

@@ -207,3 +207,17 @@ def test_resume_of_a_ddp_run_without_launch_says_how(straight, tmp_path):
     assert "ran as 2 ddp processes" in lines[0], lines[0]
     assert f"tandem launch --nproc-per-node 2 -- train --resume {straight}" in lines[0]
     assert "--strategy dp --devices cpu:2" in lines[0]
+
+
+def test_a_restart_that_finds_no_run_of_its_launch_refuses_instead_of_starting_afresh(
+        tmp_path, monkeypatch):
+    """A restarted worker whose (rank 0's) machine holds no run of this launch (another
+    launch's, or none): one line, nothing trained, nothing written."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TANDEM_LAUNCH_ID", "this-launch")
+    out = tmp_path / "run"
+    proc = run_in_process(*JOB[:2], "single", *JOB[3:], "--out", out)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("tandem: error: torchrun restarted this job (restart 1), but "
+                                  "rank 0's machine holds no run of this launch in ")
+    assert not out.exists()

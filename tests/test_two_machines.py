@@ -134,9 +134,16 @@ def test_partition_past_dist_timeout_ends_both_nodes_in_one_line_and_resumes_bit
                             lines[0]), lines[0]
         assert "saved runs/job/checkpoint.pt at epoch 1, step 8" in told(results[0][2])[0]
         net.mend(1)
+        # node 1 holds a stale copy of the run: rank 0's is used, and node 1 says so
+        os.makedirs(os.path.join(net.dirs[1], "runs/job"))
+        with open(os.path.join(net.dirs[1], "runs/job/checkpoint.pt"), "wb") as f:
+            f.write(b"an older copy")
         commands = continue_commands(told(results[0][2])[0])
-        for code, out, err in run_both(net, [commands[0], commands[1]]):
+        resumed = run_both(net, [commands[0], commands[1]])
+        for code, out, err in resumed:
             assert code == 0, err[-3000:]
+        assert ("rank 1 (node 1): runs/job/checkpoint.pt differs from rank 0's; using rank 0's"
+                in resumed[1][2]), resumed[1][2]
         assert_bitwise_equal(os.path.join(net.dirs[0], "runs/job/checkpoint.pt"),
                              os.path.join(straight[0][0], "runs/job/checkpoint.pt"))
 

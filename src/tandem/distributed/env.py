@@ -129,34 +129,28 @@ def read_env(environ: Mapping[str, str] | None = None, *, who: str = "a multi-pr
     )
 
 
-def dist_timeout(environ: Mapping[str, str] | None = None) -> float:
-    """Seconds from ``TANDEM_DIST_TIMEOUT``, or :data:`DEFAULT_TIMEOUT`; must be > 0."""
-    environ = os.environ if environ is None else environ
-    text = environ.get(TIMEOUT_VAR)
-    if text is None or text == "":
-        return DEFAULT_TIMEOUT
+def _seconds(environ: Mapping[str, str] | None, name: str, default: float) -> float:
+    """Seconds from the variable ``name``, or ``default``; must be > 0."""
+    text = (os.environ if environ is None else environ).get(name)
+    if not text:
+        return default
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"{TIMEOUT_VAR}={text!r} is not a number of seconds") from None
+        raise UsageError(f"{name}={text!r} is not a number of seconds") from None
     if value <= 0:
-        raise UsageError(f"{TIMEOUT_VAR}={text!r} must be > 0 seconds")
+        raise UsageError(f"{name}={text!r} must be > 0 seconds")
     return value
+
+
+def dist_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds from ``TANDEM_DIST_TIMEOUT``, or :data:`DEFAULT_TIMEOUT`; must be > 0."""
+    return _seconds(environ, TIMEOUT_VAR, DEFAULT_TIMEOUT)
 
 
 def join_timeout(environ: Mapping[str, str] | None = None) -> float:
     """Seconds from ``TANDEM_JOIN_TIMEOUT``, or :data:`DEFAULT_JOIN_TIMEOUT`; must be > 0."""
-    environ = os.environ if environ is None else environ
-    text = environ.get(JOIN_TIMEOUT_VAR)
-    if not text:
-        return DEFAULT_JOIN_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{JOIN_TIMEOUT_VAR}={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise UsageError(f"{JOIN_TIMEOUT_VAR}={text!r} must be > 0 seconds")
-    return value
+    return _seconds(environ, JOIN_TIMEOUT_VAR, DEFAULT_JOIN_TIMEOUT)
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:

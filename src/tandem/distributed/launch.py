@@ -49,7 +49,8 @@ _SUBCOMMANDS = ("train", "eval", "bench", "models")
 # stopped"), so these lines ("W1123 12:00:00.000 ... Received 2 death signal, shutting down
 # workers") are noise. Matched by their message templates: anything else it logs still shows.
 _AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api",
-                  "torch.distributed.elastic.multiprocessing.api")
+                  "torch.distributed.elastic.multiprocessing.api",
+                  "torch.distributed.elastic.rendezvous.dynamic_rendezvous")
 _AGENT_NOISE = frozenset({
     "Received %s death signal, shutting down workers",
     "Got termination signal: %s",
@@ -182,9 +183,11 @@ def check_port_free(addr: str, port: int) -> None:
             raise UsageError(f"cannot use port {port} on {addr}: {exc.strerror}") from None
 
 
-def torchrun_argv(spec: LaunchSpec, local_addr: str | None = None) -> list[str]:
+def torchrun_argv(spec: LaunchSpec, local_addr: str | None = None,
+                  hosts_endpoint: bool | None = None) -> list[str]:
     """The ``torchrun`` arguments for ``spec``: the workers run ``python -m MODULE COMMAND``;
-    ``local_addr``: this node's address towards the master, which its agent advertises."""
+    ``local_addr``: this node's address towards the master, which its agent advertises;
+    ``hosts_endpoint``: whether this machine holds the rendezvous endpoint's address."""
     argv = ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
             "--max-restarts", str(spec.max_restarts)]
     if not (spec.rdzv_endpoint or spec.multi_node or spec.master_port):
@@ -198,6 +201,10 @@ def torchrun_argv(spec: LaunchSpec, local_addr: str | None = None) -> list[str]:
                  "--rdzv-endpoint", spec.rdzv_endpoint]
         if spec.rdzv_id:
             argv += ["--rdzv-id", spec.rdzv_id]
+        if hosts_endpoint is not None and (spec.rdzv_backend or "c10d") == "c10d":
+            # torch tells the endpoint's machine by its host name's addresses, which miss it
+            # where the name resolves to 127.0.0.1: then no node would serve the rendezvous
+            argv += ["--rdzv-conf", f"is_host={int(hosts_endpoint)}"]
     else:
         argv += ["--node-rank", str(spec.node_rank),
                  "--master-addr", spec.master_addr or "127.0.0.1"]
@@ -234,6 +241,8 @@ class _DropAgentNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg in (_AGENT_FAILED, _EXIT_BARRIER):
             return False  # the worker told why, or tandem launch's own line does
+        if "has failed to shutdown the rendezvous" in str(record.msg):
+            return False  # its host (node 0) left first, after the job was done
         return not (record.levelno < logging.ERROR and record.msg in _AGENT_NOISE)
 
 
@@ -277,12 +286,16 @@ def launch(spec: LaunchSpec) -> int:
                           f"{spec.rdzv_id or ''}@{spec.rdzv_endpoint or spec.master_addr}:"
                           f"{spec.master_port or ''}")
     os.environ[LAUNCH_VAR] = spec.described()
-    os.environ[NODE_VAR] = str(spec.node_rank)
+    if spec.rdzv_endpoint:  # the rendezvous numbers the nodes (torchrun's GROUP_RANK)
+        os.environ.pop(NODE_VAR, None)
+    else:
+        os.environ[NODE_VAR] = str(spec.node_rank)
     if route is not None:
         os.environ[ADDR_VAR] = route.local
     os.environ.update(spec.extra_env)
-    args = get_args_parser().parse_args(
-        torchrun_argv(spec, route.local if route is not None else None))
+    args = get_args_parser().parse_args(torchrun_argv(
+        spec, route.local if route is not None else None,
+        route.local == route.remote if route is not None else None))
     if spec.multi_node and not spec.rdzv_endpoint and spec.node_rank > 0:
         _wait_for_master(spec)
     try:
@@ -331,14 +344,15 @@ def _network(spec: LaunchSpec) -> network.Route | None:
                          f"({route.iface}, {route.local}): {flag} must be node 0's address on "
                          "the network the nodes share")
     named = {var: os.environ[var] for var in network.IFACE_VARS if var in os.environ}
+    node = f"node {spec.node_rank}" if not spec.rdzv_endpoint else f"node {route.local}"
     if spec.iface is not None or not named:
         for var in network.IFACE_VARS:
             os.environ[var] = route.iface
         how = "--iface" if spec.iface else f"the interface that reaches {host}:{port}"
-        print(f"tandem launch: node {spec.node_rank}: the workers talk through {route.iface} "
+        print(f"tandem launch: {node}: the workers talk through {route.iface} "
               f"({route.local}), {how}; --iface NAME to choose another", flush=True)
     else:
-        print(f"tandem launch: node {spec.node_rank}: the workers talk through "
+        print(f"tandem launch: {node}: the workers talk through "
               + ", ".join(f"{var}={value}" for var, value in named.items())
               + f" (as set; {route.iface} reaches {host})", flush=True)
     if not network.has_reverse_name(route.remote):

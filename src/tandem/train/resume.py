@@ -59,9 +59,13 @@ def _to_continue(cfg: TrainConfig) -> Continued:
     whose machine lacks it (:mod:`tandem.distributed.shared_resume`): only rank 0 writes."""
     def decide() -> tuple[str | None, bool]:
         run = rundir.RunDir(cfg.run.out)
-        restarted = not cfg.run.resume and restart_count() > 0 and \
-            run.launched_by(os.environ.get(LAUNCH_ID_VAR))  # torchrun restarted this launch's
-        if restarted:
+        if not cfg.run.resume and restart_count() > 0:  # torchrun restarted the workers
+            if not run.launched_by(os.environ.get(LAUNCH_ID_VAR)):
+                raise UsageError(
+                    f"torchrun restarted this job (restart {restart_count()}), but rank 0's "
+                    f"machine holds no run of this launch in '{cfg.run.out}': it cannot be "
+                    "continued, and starting it afresh would not be the run that failed; "
+                    "start a new launch (with --resume, if a checkpoint of it is elsewhere)")
             return (run.latest if os.path.isfile(run.latest) else None), True
         if not cfg.run.resume:
             return None, False
