@@ -99,7 +99,7 @@ def _from_slurm(args: argparse.Namespace) -> dict:
     return given
 
 
-def _check_multiprocess(command: list[str], other_node: bool) -> None:
+def _check_multiprocess(command: list[str], other_node: bool = False) -> None:
     """Refuse to launch a ``train`` whose strategy is not one process per device. On a node
     other than 0 that has no copy of a resumed run, rank 0's plan decides (it has the run)."""
     from tandem.strategies import strategy_class, strategy_names

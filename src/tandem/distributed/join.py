@@ -32,7 +32,7 @@ __all__ = ["JoinFailed", "job_store", "attempt_prefix", "roll_call", "peer_name"
 #: seconds between two "still waiting" lines
 SAY_EVERY = 30.0
 
-_store = None  # the job's store (a client of the launcher's, or rank 0's own)
+_store = None  # (job, store): the job's store (a client of the launcher's, or rank 0's own)
 _joins = {"group": 0, "resume": 0}  # how often this process made each kind of prefix
 _peers: dict[int, tuple[str, str]] = {}  # rank -> (node, address), after a roll call
 
@@ -81,20 +81,22 @@ def job_store(env: DistEnv, bound: float):
     """The job's key-value store (torchrun's ``env://`` one: a client of the launcher's
     store, or rank 0's own), made once per process; waits up to ``bound`` seconds for it."""
     global _store
-    if _store is None:
+    key = (env.master_addr, env.master_port, env.rank, env.world_size)
+    if _store is None or _store[0] != key:  # a new job in this process (tests, ddp_runs)
         started = time.monotonic()
         where = f"{env.master_addr}:{env.master_port}"
         with every(SAY_EVERY, lambda: f"rank {env.rank}: waiting for the job's store at {where} "
                    f"({time.monotonic() - started:.0f} s)", enabled=talks(env)):
             try:
-                _store, _, _ = next(dist.rendezvous(
+                store, _, _ = next(dist.rendezvous(
                     "env://", rank=env.rank, world_size=env.world_size,
                     timeout=timedelta(seconds=bound)))
+                _store = (key, store)
             except (RuntimeError, ValueError) as exc:
                 raise JoinFailed(f"rank {env.rank} (node {node_of(env)}): cannot reach the job's "
                                  f"store at {where} after {time.monotonic() - started:.1f} s: "
                                  f"{_reason(exc)}") from None
-    return _store
+    return _store[1]
 
 
 def attempt_prefix(kind: str) -> str:

@@ -49,9 +49,13 @@ class Watchdog:
         self._said = 0.0
         self._done = threading.Event()
         # its own connection, made now while the store answers: made again after a failure,
-        # a client's connect attempts fill stderr with torch's warnings
-        self._store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
-                                    timeout=timedelta(seconds=BEAT), wait_for_workers=False)
+        # a client's connect attempts fill stderr with torch's warnings. Without one (a store
+        # that did not answer in time), no heartbeats: the collectives' timeout still holds.
+        try:
+            self._store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                                        timeout=timedelta(seconds=BEAT), wait_for_workers=False)
+        except Exception:
+            return
         self._thread = threading.Thread(target=self._run, name="tandem-watchdog", daemon=True)
         self._thread.start()
 

@@ -75,6 +75,8 @@ def _to_continue(cfg: TrainConfig) -> Continued:
         runlock.check_saved(cfg.run.resume)  # a run that has not saved yet: its process, named
         return rundir.checkpoint_path(cfg.run.resume), False
 
+    if not cfg.run.resume and restart_count() == 0:
+        return Continued(None, None, False)  # a fresh run: every rank knows it alike
     if in_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return continue_from_rank0(decide, join_timeout())
     path, restarted = decide()
