@@ -76,6 +76,7 @@ def main() -> None:
                 said = [[x for x in told("\n".join(line for _, line in node))
                          if not x.startswith("tandem: injected")] for node in lines]
                 commands = continue_commands(" ".join(said[0]))
+                net.mend(1)  # the partition's link comes back before the resume
                 if commands:
                     _both(net, [commands[0], commands[1]], cli_env())
                 ckpt = torch.load(os.path.join(net.dirs[0], "runs/job/checkpoint.pt"),

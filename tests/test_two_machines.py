@@ -226,3 +226,17 @@ def test_a_rank_that_gives_the_others_its_loopback_address_ends_every_node_in_on
                         r"\(127\.0\.0\.1:\d+\); a rank gave its loopback address", line)
                for line in last), last
     assert all(line.startswith("tandem: error: rank ") for line in last), last
+
+
+def test_the_rendezvous_endpoint_form_starts_where_the_host_name_is_loopback(tmp_path):
+    """`--rdzv-endpoint` (torchrun's c10d rendezvous): torch tells the endpoint's machine by
+    its host name, which resolves to 127.0.0.1 here; tandem launch tells it by the route."""
+    argv = [*TANDEM, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint",
+            f"{ADDRS[0]}:{next(_ports)}", "--rdzv-id", "job7", "--", *JOB, "--out", "runs/job"]
+    with TwoMachines(tmp_path) as net:
+        results = run_both(net, [argv, argv], timeout=120)
+        for node, (code, out, err) in enumerate(results):
+            assert code == 0, err[-3000:]
+            assert f"tandem launch: node {ADDRS[node]}: the workers talk through " in out, out
+        assert "best val acc" in results[0][1]  # 192.0.2.1 sorts first: rank 0 on node 0
+        assert os.listdir(net.dirs[1]) == []

@@ -6,7 +6,8 @@ host name resolving to 127.0.0.1, as on many container and cloud images.
 (in its namespace and directory); ``net.shape(rate)`` limits the link with ``tc ... tbf``;
 ``net.cut(node)``/``net.mend(node)`` take a node's link down and up. On leaving, every process
 started is killed by its pid (its whole process group) and the namespaces are deleted, also
-when the test failed. Needs root and iproute2: :func:`unavailable` says why not, for a skip.
+when the test failed; a harness killed before it could do so is swept by the next one
+(:func:`sweep`). Needs root and iproute2: :func:`unavailable` says why not, for a skip.
 
 Only 192.0.2.0/24 is used: the namespaces have no default route, so nothing leaves them.
 """
@@ -14,6 +15,7 @@ Only 192.0.2.0/24 is used: the namespaces have no default route, so nothing leav
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,6 +43,25 @@ def unavailable() -> str | None:
     return None
 
 
+def sweep() -> None:
+    """Delete the namespaces (and end their processes) that a harness left when it was killed
+    before it could clean up: those whose creating process is gone."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in (line.split()[0] for line in listed.splitlines() if line.strip()):
+        match = re.fullmatch(r"tdm(\d+)-\w+", name)
+        if not match or os.path.exists(f"/proc/{match.group(1)}"):
+            continue
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+
+
 def _ip(*args: str, ns: str | None = None) -> None:
     cmd = ["ip", *(["-n", ns] if ns else []), *args]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -53,7 +74,8 @@ class TwoMachines:
 
     def __init__(self, root):
         tag = uuid.uuid4().hex[:6]
-        self.ns = (f"tdm{tag}a", f"tdm{tag}b")
+        # the pid in the name lets a later harness delete what a killed one left (sweep)
+        self.ns = (f"tdm{os.getpid()}-{tag}a", f"tdm{os.getpid()}-{tag}b")
         self.links = (f"tv{tag}a", f"tv{tag}b")
         self.dirs = tuple(os.path.join(str(root), f"node{i}") for i in range(2))
         self.procs: list[subprocess.Popen] = []
@@ -71,6 +93,7 @@ class TwoMachines:
         self.close()
 
     def _make(self) -> None:
+        sweep()
         host = socket.gethostname()
         for i, ns in enumerate(self.ns):
             os.makedirs(self.dirs[i], exist_ok=True)
