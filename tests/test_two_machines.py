@@ -240,3 +240,23 @@ def test_the_rendezvous_endpoint_form_starts_where_the_host_name_is_loopback(tmp
             assert f"tandem launch: node {ADDRS[node]}: the workers talk through " in out, out
         assert "best val acc" in results[0][1]  # 192.0.2.1 sorts first: rank 0 on node 0
         assert os.listdir(net.dirs[1]) == []
+
+
+def test_a_node_without_the_data_ends_every_node_at_once_saying_why(tmp_path):
+    """Node 1 lacks the ImageFolder node 0 has: its worker refuses in one line and leaves it in
+    the job's store, and node 0's worker, waiting for it at the roll call, ends with that line
+    at once (not after --join-timeout)."""
+    from conftest import make_image_folder
+
+    job = ["train", "--strategy", "ddp", "--devices", "cpu", "--data", "flowers", "-b", "4",
+           "--image-size", "16", "--epochs", "1", "--no-progress", "-j", "0"]
+    with TwoMachines(tmp_path) as net:
+        make_image_folder(tmp_path / "node0" / "flowers" / "train")
+        make_image_folder(tmp_path / "node0" / "flowers" / "val")
+        port = next(_ports)
+        results = run_both(net, [launch_argv(n, port, job=job) for n in (0, 1)], timeout=120)
+    (code0, _, err0), (code1, _, err1) = results
+    assert code1 == 2 and told(err1)[-1].startswith("tandem: error: "), err1[-2000:]
+    missing = told(err1)[-1][len("tandem: error: "):]
+    assert code0 == 4 and told(err0) == [
+        f"tandem: error: rank 0 (node 0): the job cannot start: rank 1 (node 1): {missing}"], err0

@@ -101,7 +101,7 @@ def _from_slurm(args: argparse.Namespace) -> dict:
 
 def _check_multiprocess(command: list[str], other_node: bool = False) -> None:
     """Refuse to launch a ``train`` whose strategy is not one process per device. On a node
-    other than 0 that has no copy of a resumed run, rank 0's plan decides (it has the run)."""
+    other than 0, a resumed run's strategy is rank 0's to read (its copy of the run counts)."""
     from tandem.strategies import strategy_class, strategy_names
     from tandem.strategies.auto import AUTO
 
@@ -131,7 +131,7 @@ def _train_strategy(command: list[str], other_node: bool = False) -> str:
     resume = cfg.run.resume
     if "strategy" in given_fields(args) or not resume:
         return cfg.parallel.strategy
-    if other_node and not os.path.exists(resume):  # no shared disk: node 0 holds the run
+    if other_node:  # no shared disk assumed: node 0's copy of the run is the one that counts
         from tandem.strategies.auto import AUTO
 
         return AUTO

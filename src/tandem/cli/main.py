@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+from tandem.distributed.join import announce_failure
 from tandem.errors import TandemError, first_line
 
 from . import bench, launch, models, train
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
             # one line, also when the message carries a library's many-line text
             print(f"tandem: error: {first_line(exc, limit=None)}", file=sys.stderr)
+        announce_failure(first_line(exc, limit=None))  # the job's other ranks stop waiting
         return exc.exit_status
     except BrokenPipeError:  # the reader left (`tandem models | head`): stop quietly, as cat
         # does; stdout goes to /dev/null so that the interpreter's last flush fails no more

@@ -27,7 +27,7 @@ from tandem.errors import TandemError
 from .env import ADDR_VAR, NODE_VAR, DistEnv, restart_count
 
 __all__ = ["JoinFailed", "job_store", "attempt_prefix", "roll_call", "peer_name", "peers",
-           "every", "abandoned_if_another_fails", "failed", "SAY_EVERY"]
+           "every", "abandoned_if_another_fails", "announce_failure", "SAY_EVERY"]
 
 #: seconds between two "still waiting" lines
 SAY_EVERY = 30.0
@@ -41,6 +41,10 @@ class JoinFailed(TandemError, RuntimeError):
     """The ranks of a job did not all meet; the message names who is missing, and where."""
 
     exit_status = 4
+
+    def __init__(self, message: str, *, quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet
 
 
 def node_of(env: DistEnv) -> str:
@@ -99,6 +103,35 @@ def job_store(env: DistEnv, bound: float):
     return _store[1]
 
 
+def _failure_key() -> str:
+    """Where a rank of this attempt of the job leaves the line it failed with."""
+    return f"tandem/{restart_count()}/failed"
+
+
+def announce_failure(line: str) -> None:
+    """Leave this rank's one-line failure in the job's store, so that the ranks waiting for it
+    (a roll call, a connect) stop at once with it instead of waiting out their bound. Best
+    effort, and only in a torchrun job of several processes."""
+    from .env import in_torchrun, read_env
+
+    try:
+        if not in_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            return
+        env = read_env()
+        job_store(env, 10.0).set(_failure_key(), f"{peer_name_of(env)}: {line}")
+    except Exception:  # no store to tell: the others find out by their own bounds
+        pass
+
+
+def _told_failure(store) -> str | None:
+    key = _failure_key()
+    return store.get(key).decode() if store.check([key]) else None
+
+
+def peer_name_of(env: DistEnv) -> str:
+    return f"rank {env.rank} (node {node_of(env)})"
+
+
 def attempt_prefix(kind: str) -> str:
     """A fresh key prefix for this process's next ``kind`` ("group" or "resume") under this
     restart of the job; every rank asks in the same order, so the prefixes agree."""
@@ -122,6 +155,10 @@ def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
 
     with every(SAY_EVERY, line, enabled=talks(env)):
         while count["here"] < env.world_size:
+            told = _told_failure(store)
+            if told is not None:
+                raise JoinFailed(f"{peer_name_of(env)}: the job cannot start: {told}",
+                                 quiet=not talks(env))
             if time.monotonic() - started > bound:
                 missing = [r for r in range(env.world_size)
                            if not store.check([f"{prefix}/who/{r}"])]
@@ -143,7 +180,7 @@ def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
 @contextlib.contextmanager
 def abandoned_if_another_fails(env: DistEnv, prefix: str):
     """While this rank connects to the others (inside torch, which cannot be interrupted): if
-    another rank says it failed (:func:`failed`), or the job's store goes away, end this
+    another rank says it failed (:func:`announce_failure`), or the job's store goes away, end this
     process in one line (exit status 4) instead of waiting out the connect timeout."""
     done = threading.Event()
 
@@ -154,10 +191,9 @@ def abandoned_if_another_fails(env: DistEnv, prefix: str):
                                   timeout=timedelta(seconds=10), wait_for_workers=False)
         except Exception:
             return  # the main thread meets the same store and says why
-        key = f"{prefix}/failed"
         while not done.wait(0.5):
             try:
-                told = store.get(key).decode() if store.check([key]) else None
+                told = _told_failure(store)
             except Exception:
                 told = f"the job's store at {where} went away (node 0 ended?)"
             if told and not done.is_set():
@@ -171,14 +207,6 @@ def abandoned_if_another_fails(env: DistEnv, prefix: str):
         yield
     finally:
         done.set()
-
-
-def failed(store, prefix: str, why: str) -> None:
-    """Tell the other ranks that this one could not join (see abandoned_if_another_fails)."""
-    try:
-        store.set(f"{prefix}/failed", why)
-    except Exception:  # the store is gone too: they find that out themselves
-        pass
 
 
 def peers() -> dict[int, tuple[str, str]]:

@@ -69,9 +69,10 @@ TOLD_EXIT = 4
 DEFAULT_JOIN_TIMEOUT = 300.0
 JOIN_TIMEOUT_VAR = "TANDEM_JOIN_TIMEOUT"
 _RDZV_LOGGER = "torch.distributed.elastic.agent.server.api"
-# exit statuses after which the worker's own line said all: a lost or missing peer, a stop on
-# SIGINT or SIGTERM (saved, with the command to continue)
-_TOLD = (TOLD_EXIT, 128 + signal.SIGINT, 128 + signal.SIGTERM)
+# exit statuses after which the worker's own line said all (tandem.errors.TandemError's: a
+# mistake, a diverged run, a lost or missing peer; a stop on SIGINT or SIGTERM, saved, with
+# the command to continue)
+_TOLD = (2, 3, TOLD_EXIT, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,6 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
         _watchdog = Watchdog(env, prefix, talk=join.talks(env))
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
         why = faults.why(exc)
-        join.failed(store, prefix, f"rank {env.rank} could not connect to the others ({why})")
         raise join.JoinFailed(
             f"rank {env.rank} on {device}: every rank came to {env.master_addr}:"
             f"{env.master_port}, but the {backend} connections failed after "

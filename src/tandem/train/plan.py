@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from tandem.config import ModelConfig, ParallelConfig, TrainConfig
+from tandem.distributed.env import is_main_process
 from tandem.errors import UsageError
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
@@ -113,14 +114,15 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     if continues:
         source = RunDir.of(cfg.run.resume)
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
-    if mode != RESUMED:
-        run.check_fresh(cfg.run.overwrite)
     if cfg.parallel.amp and cfg.parallel.amp_dtype is None and ckpt is None:
         # the config records what --amp resolved to here (bf16 on a CPU), not null
         dtype = amp_precision(strategy.device.type, True).amp_dtype
         cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
-    run.check_writable()
-    runlock.check_free(run)  # another run writes there: refused, --overwrite or not
+    if is_main_process():  # the run directory is the main process's alone (no shared disk)
+        if mode != RESUMED:
+            run.check_fresh(cfg.run.overwrite)
+        run.check_writable()
+        runlock.check_free(run)  # another run writes there: refused, --overwrite or not
     return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied,
                    opening=tuple(opening))
 

@@ -15,6 +15,7 @@ import shutil
 
 from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, flag_of
 from tandem.data.load import GIVEN_DATA
+from tandem.distributed.env import is_main_process
 from tandem.distributed.resume_command import resume_command
 from tandem.errors import UsageError
 from tandem.factory import is_reference, rebuildable
@@ -243,7 +244,8 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
         sections[name] = type(mine)(**values)
     source = RunDir.of(path)
     out = cfg.run.out if "out" in given else source.path
-    if not cfg.run.evaluate:  # -e (main.py's `-e --resume RUN/best.pt`) writes nothing
+    # -e (main.py's `-e --resume RUN/best.pt`) writes nothing; only the main process writes
+    if not cfg.run.evaluate and is_main_process():
         _check_rollback(path, RunDir(out), saved)
     if not RunDir(out).same(source):
         notes.append(f"--out {out}: a new run directory, forked from '{source.path}'")
