@@ -20,7 +20,7 @@ import socket
 import time
 from typing import IO
 
-from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun
+from tandem.distributed.env import in_torchrun, launch_id
 from tandem.errors import UsageError
 
 from .rundir import RunDir
@@ -33,7 +33,7 @@ def _me() -> dict:
     (``tandem launch``'s id, else a torchrun rendezvous id; ``agent``: torchrun's process)."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") if in_torchrun() else None
     return {"pid": os.getpid(), "host": socket.gethostname(),
-            "launch": os.environ.get(LAUNCH_ID_VAR) or (run_id if run_id != "none" else None),
+            "launch": launch_id() or (run_id if run_id != "none" else None),
             "agent": os.getppid() if in_torchrun() else None}
 
 
