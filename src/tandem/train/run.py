@@ -25,8 +25,7 @@ from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 from tandem.strategies.outputs import label_smoothing
 
-from . import compile as compiling
-from . import auto, foreign, runlock
+from . import auto, foreign, runlock, warmup
 from .start import precision_line
 from .interrupt import StopRequest
 from .loop import Trainer
@@ -46,9 +45,9 @@ def _warm_up(trainer: Trainer, train: bool) -> float | None:
     main process); the seconds it took, else None."""
     if not trainer.cfg.parallel.compile:
         return None
-    seconds = compiling.warm_up(trainer, train=train)
+    seconds = warmup.warm_up(trainer, train=train)
     if train and trainer.strategy.is_main:
-        print(compiling.describe(seconds, trainer.cfg.parallel.compile_mode), flush=True)
+        print(warmup.describe(seconds, trainer.cfg.parallel.compile_mode), flush=True)
     return seconds
 
 
