@@ -210,6 +210,27 @@ def write_measured(name: str, figures: dict) -> None:
             json.dump(figures, f, indent=1)
 
 
+def succeeded(result):
+    """``result`` (a finished `tandem` command), once it is checked that it exited 0 (a failure
+    shows the end of its stderr)."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def ok(*argv):
+    """`tandem ARGV` run in this process (``run_in_process``), which must succeed."""
+    return succeeded(run_in_process(*argv))
+
+
+@pytest.fixture
+def fresh_imagefolder_warnings():
+    """imagefolder's once-per-process warnings (a corrupt file, a split) said again in this
+    test: for the tests that look for them."""
+    from tandem.data import imagefolder
+
+    imagefolder._warned.clear()
+
+
 def one_line_error(result, *words):
     """``result`` (a finished `tandem` command) failed with exit status 2 and one line on stderr,
     ``tandem: error: ...``, that holds each of ``words``; returns the line."""

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_in_process, run_tandem
+from conftest import ok, run_tandem, succeeded
 from torch import nn
 
 import tandem.precision
@@ -22,11 +22,6 @@ TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8", "-
         "4", "-a", "cifar_resnet20", "-b", "6", "--no-progress", "--seed", "3"]
 FAST = ["--amp", "--channels-last"]
 BF16_LOSS_TOL = 0.05  # absolute, on a cross-entropy of about 1.4 (4 classes)
-
-
-def ok(result):
-    assert result.returncode == 0, result.stderr
-    return result
 
 
 def epoch_row(out, epoch: int) -> dict:
@@ -65,9 +60,9 @@ def runs(tmp_path_factory):
     """The same 1-epoch run in fp32 and with --amp --channels-last, then resumed to 2 epochs."""
     out = tmp_path_factory.mktemp("amp")
     for name, extra in {"fp32": [], "fast": FAST}.items():
-        ok(run_in_process("train", *TINY, "--epochs", "1", "--devices", "cpu", *extra,
-                          "--out", out / name))
-    ok(run_in_process("train", "--resume", out / "fast", "--epochs", "2"))
+        ok("train", *TINY, "--epochs", "1", "--devices", "cpu", *extra,
+           "--out", out / name)
+    ok("train", "--resume", out / "fast", "--epochs", "2")
     return out
 
 
@@ -86,8 +81,8 @@ def test_its_checkpoint_is_float32_resumes_and_loads_in_an_fp32_eval(runs):
 
     evals = {}
     for name, extra in {"amp": FAST, "fp32": ["--no-amp"]}.items():  # else: the run's amp
-        result = ok(run_in_process("eval", "--resume", runs / "fast" / "checkpoint.pt",
-                                   "--devices", "cpu", "--json", *extra))
+        result = ok("eval", "--resume", runs / "fast" / "checkpoint.pt",
+                    "--devices", "cpu", "--json", *extra)
         evals[name] = json.loads(result.stdout.strip().splitlines()[-1])
     assert evals["fp32"]["count"] == evals["amp"]["count"]
     assert abs(evals["fp32"]["loss"] - evals["amp"]["loss"]) < BF16_LOSS_TOL
@@ -103,7 +98,7 @@ OWN = ["-a", "own_model:make_net", "--data", "own_model:pairs", "-b", "7", "--no
     [*OWN, "--strategy", "hybrid", "--devices", "cpu:2"],  # a model with .features
 ])
 def test_every_single_process_strategy_trains_with_both_flags(strategy, tmp_path):
-    ok(run_in_process("train", *strategy, *FAST, "--max-steps", "2", "--out", tmp_path))
+    ok("train", *strategy, *FAST, "--max-steps", "2", "--out", tmp_path)
     assert (tmp_path / "checkpoint.pt").exists()
 
 
@@ -112,7 +107,7 @@ def test_two_process_ddp_trains_with_both_flags(tmp_path):
     result = run_tandem("launch", "--nproc-per-node", "2", "--", "train", *TINY,
                         "--strategy", "ddp", "--devices", "cpu", *FAST, "--max-steps", "2",
                         "--out", tmp_path, timeout=240, PYTHONWARNINGS="ignore")
-    ok(result)
+    succeeded(result)
     assert (tmp_path / "checkpoint.pt").exists()
 
 
@@ -201,10 +196,10 @@ def test_with_compile_it_trains_and_evaluates(tmp_path, monkeypatch):
 
     compile_model = tandem.train.model_setup.compiled
     monkeypatch.setattr(tandem.train.model_setup, "compiled", spy)
-    ok(run_in_process("train", *TINY, "--devices", "cpu", *FAST, "--compile", "--max-steps", "2",
-                      "--out", tmp_path))
-    result = ok(run_in_process("eval", "--resume", tmp_path / "checkpoint.pt", "--devices", "cpu",
-                               *FAST, "--compile", "--json"))
+    ok("train", *TINY, "--devices", "cpu", *FAST, "--compile", "--max-steps", "2",
+       "--out", tmp_path)
+    result = ok("eval", "--resume", tmp_path / "checkpoint.pt", "--devices", "cpu",
+                *FAST, "--compile", "--json")
     assert json.loads(result.stdout.strip().splitlines()[-1])["count"] > 0
     assert len(calls) == 2 and all(calls), calls  # train and eval each ran the compiled module
 

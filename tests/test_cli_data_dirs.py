@@ -10,14 +10,11 @@ import json
 import pytest
 
 from tandem.cli.main import main
-from tandem.data import imagefolder
 
 from test_data_files import write_cifar, write_image, write_truncated_png
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    imagefolder._warned.clear()
+pytestmark = pytest.mark.usefixtures("fresh_imagefolder_warnings")
 
 
 def _train(data, out, *extra):

@@ -15,10 +15,6 @@ TINY = ["--data", "synthetic", "--synthetic-size", "8", "--image-size", "8", "--
         "2", "-b", "4", "--no-progress", "--max-steps", "1"]
 
 
-def tandem(*argv, cwd=None):
-    return run_tandem(*argv, timeout=120, cwd=cwd)
-
-
 def assert_one_line_error(result, *needles):
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr
@@ -81,7 +77,7 @@ def test_corrupt_checkpoint_in_eval_is_one_line_in_a_real_process(tmp_path):
     traceback, for an error that torch raises deep in its loader."""
     bad = tmp_path / "corrupt.pt"
     bad.write_bytes(b"PK\x03\x04 this is not a zip archive at all" * 10)
-    assert_one_line_error(tandem("eval", "--resume", str(bad)), str(bad))
+    assert_one_line_error(run_tandem("eval", "--resume", str(bad), timeout=120), str(bad))
 
 
 def test_single_with_several_devices_warns(tmp_path):

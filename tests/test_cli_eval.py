@@ -18,19 +18,15 @@ DATA = ["--data", "synthetic", "--synthetic-size", "24", "--image-size", "8",
         "--num-classes", "3"]
 
 
-def tandem(*argv):
-    return run_in_process(*argv)
-
-
 def eval_json(path, *extra):
-    result = tandem("eval", "--resume", str(path), "--devices", "cpu", "--json", *extra)
+    result = run_in_process("eval", "--resume", str(path), "--devices", "cpu", "--json", *extra)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
 def test_eval_matches_the_validation_of_training(tmp_path, capsys):
-    run = tandem("train", *DATA, "-b", "8", "--epochs", "1", "--no-progress", "--devices", "cpu",
-                 "--out", str(tmp_path))
+    run = run_in_process("train", *DATA, "-b", "8", "--epochs", "1", "--no-progress",
+                         "--devices", "cpu", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr
     logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     # data settings and seed come from the checkpoint's config
@@ -106,8 +102,8 @@ def test_torch_dataparallel_checkpoint_evaluates_and_resumes(tmp_path, capsys):
     assert from_dp == json.loads(capsys.readouterr().out)
     # resuming starts at the saved epoch and writes a plain-keyed tandem checkpoint
     out = tmp_path / "resumed"
-    run = tandem("train", *DATA, "-b", "8", "--epochs", "4", "--no-progress", "--devices", "cpu",
-                 "--resume", str(tmp_path / "dp.pt"), "--out", str(out))
+    run = run_in_process("train", *DATA, "-b", "8", "--epochs", "4", "--no-progress",
+                         "--devices", "cpu", "--resume", str(tmp_path / "dp.pt"), "--out", str(out))
     assert run.returncode == 0, run.stderr
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [4]
@@ -130,7 +126,7 @@ def test_malicious_pickle_is_refused_without_running(tmp_path, capsys):
     model = create_model("cifar_resnet20", num_classes=3, in_channels=3)
     torch.save({"arch": "cifar_resnet20", "state_dict": model.state_dict(),
                 "payload": _Evil(str(marker))}, tmp_path / "evil.pt")
-    result = tandem("eval", "--resume", str(tmp_path / "evil.pt"))
+    result = run_in_process("eval", "--resume", str(tmp_path / "evil.pt"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("tandem: error: ") and "evil.pt" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -159,7 +155,7 @@ def test_a_bare_state_dict_evaluates_with_a(tmp_path):
                         "digits", image_size=8)
     assert abs(want - init) > 0.1, (want, init)
 
-    proc = tandem("eval", "--resume", path, "--data", "digits")
+    proc = run_in_process("eval", "--resume", path, "--data", "digits")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
     assert "names no architecture" in proc.stderr and "-a ARCH" in proc.stderr
 
@@ -169,7 +165,7 @@ def test_a_bare_state_dict_evaluates_with_a(tmp_path):
 
     _imagenet_style_checkpoint(tmp_path / "named.pt", _perturbed_model(num_classes=3),
                                wrap=False)  # names cifar_resnet20
-    proc = tandem("eval", "--resume", tmp_path / "named.pt", "-a", "resnet18", *DATA)
+    proc = run_in_process("eval", "--resume", tmp_path / "named.pt", "-a", "resnet18", *DATA)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "-a resnet18 does not match" in proc.stderr and "names cifar_resnet20" in proc.stderr
     assert eval_json(tmp_path / "named.pt", "-a", "cifar_resnet20", *DATA)["count"] == 6
@@ -182,8 +178,8 @@ def test_eval_under_ddp_without_torchrun_prints_the_eval_launch_command(tmp_path
         monkeypatch.delenv(name, raising=False)
     path = tmp_path / "plain.pt"
     torch.save(create_model("cifar_resnet20", num_classes=3).state_dict(), path)
-    proc = tandem("eval", "--resume", path, "-a", "cifar_resnet20", *DATA, "--strategy", "ddp",
-                  "--devices", "cpu")
+    proc = run_in_process("eval", "--resume", path, "-a", "cifar_resnet20", *DATA,
+                          "--strategy", "ddp", "--devices", "cpu")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert (f"`tandem launch --nproc-per-node N -- eval --resume {path} -a cifar_resnet20 "
             f"{' '.join(DATA)} --strategy ddp --devices cpu`") in proc.stderr

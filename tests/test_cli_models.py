@@ -12,12 +12,8 @@ PARAMS = {"alexnet": 61_100_840, "cifar_resnet20": 269_722, "resnet50": 25_557_0
           "vgg16": 138_357_544, "alexnet_grouped": 60_965_224}
 
 
-def tandem(*args):
-    return run_tandem("models", *args, timeout=120)
-
-
 def test_table_lists_every_model():
-    proc = tandem()
+    proc = run_tandem("models", timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:-1]}
     assert sorted(rows) == sorted(list_models())

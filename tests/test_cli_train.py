@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_in_process, run_tandem
+from conftest import ok, run_in_process, run_tandem, succeeded
 from exact import check_invariance
 
 pytestmark = pytest.mark.slow
@@ -16,18 +16,6 @@ pytestmark = pytest.mark.slow
 # A small run: 20 train samples in batches of 6 (4 global batches, the last one short: 2).
 TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
         "--num-classes", "4", "-a", "cifar_resnet20", "-b", "6", "--no-progress", "--seed", "3"]
-
-
-def tandem(*argv, timeout=240):
-    if argv[0] == "launch":
-        return run_tandem(*argv, timeout=timeout, PYTHONWARNINGS="ignore")
-    return run_in_process(*argv)
-
-
-def ok(*argv):
-    result = tandem(*argv)
-    assert result.returncode == 0, result.stderr
-    return result
 
 
 def weights(path):
@@ -77,8 +65,8 @@ def test_resuming_with_the_wrong_arch_is_refused_and_loses_nothing(straight, tmp
     ckpt = tmp_path / "checkpoint.pt"
     ckpt.write_bytes((straight / "checkpoint.pt").read_bytes())
     before = ckpt.read_bytes()
-    result = tandem("train", *TINY, "-a", "cifar_resnet32", "--resume", str(ckpt),
-                    "--epochs", "3", "--out", str(tmp_path))
+    result = run_in_process("train", *TINY, "-a", "cifar_resnet32", "--resume", str(ckpt),
+                            "--epochs", "3", "--out", str(tmp_path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("tandem: error: ") and str(ckpt) in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -147,8 +135,9 @@ def test_strategies_reach_the_same_weights(single_run, strategy, tmp_path):
 
 @pytest.mark.distributed
 def test_two_process_ddp_reaches_the_same_weights(single_run, tmp_path):
-    ok("launch", "--nproc-per-node", "2", "--", "train", *TINY, *STEPS, *F64, "--strategy", "ddp",
-       "--sync-bn", "--devices", "cpu", "--out", str(tmp_path))
+    succeeded(run_tandem("launch", "--nproc-per-node", "2", "--", "train", *TINY, *STEPS, *F64,
+                         "--strategy", "ddp", "--sync-bn", "--devices", "cpu", "--out",
+                         str(tmp_path), timeout=240, PYTHONWARNINGS="ignore"))
     assert_matches_single(single_run, tmp_path / "checkpoint.pt")
 
 

@@ -31,9 +31,7 @@ def write_truncated_png(path):
     path.write_bytes(data[: len(data) // 2])  # header intact, pixels cut off
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    imagefolder._warned.clear()
+pytestmark = pytest.mark.usefixtures("fresh_imagefolder_warnings")
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from conftest import run_in_process, write_measured
-from tandem.data import LoaderCache, imagefolder, imagenet_transforms, load_dataset, make_loader
+from tandem.data import LoaderCache, imagenet_transforms, load_dataset, make_loader
 from tandem.data.decode import reduction
 from tandem.data import device_decode
 from tandem.data.device_decode import (DeviceDecoded, DeviceDecoder, decode_on, host_decode,
@@ -46,9 +46,7 @@ GPU_FULL_MAX, GPU_FULL_MEAN = 48, FULL_MEAN + 2
 GPU_REDUCED_MAX, GPU_REDUCED_MEAN = 64, REDUCED_MEAN + 2
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    imagefolder._warned.clear()
+pytestmark = pytest.mark.usefixtures("fresh_imagefolder_warnings")
 
 
 def photo_tree(root, sizes):

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tandem.distributed.env import DEFAULT_TIMEOUT, DistEnv, dist_timeout, in_torchrun, read_env
+from tandem.distributed.env import (DEFAULT_TIMEOUT, LAUNCH_ID_VAR, DistEnv, dist_timeout,
+                                    in_torchrun, launch_id, read_env)
 from child_hooks.faults import maybe_inject_fault, parse_fault
 from tandem.distributed.global_loss import local_sum
 from tandem.distributed.launch import LaunchSpec, check_port_free, torchrun_argv
@@ -56,6 +57,11 @@ def test_dist_timeout():
     for bad in ("0", "-1", "soon"):
         with pytest.raises(ValueError, match="TANDEM_DIST_TIMEOUT"):
             dist_timeout({"TANDEM_DIST_TIMEOUT": bad})
+
+
+def test_launch_id_is_tandem_launchs_or_none():
+    assert launch_id({LAUNCH_ID_VAR: "abc"}) == "abc"
+    assert launch_id({}) is None and launch_id({LAUNCH_ID_VAR: ""}) is None
 
 
 # -- devices -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tandem.precision
-from conftest import make_image_folder, run_in_process, snapshot
+from conftest import make_image_folder, ok, run_in_process, snapshot
 from tandem import checkpoint
 from tandem.cli.main import build_parser
 from tandem.cli.train import config_from_namespace
@@ -20,16 +20,11 @@ TINY = ("--data", "synthetic", "--synthetic-size", 24, "--image-size", 8, "--num
         "-b", 8, "--devices", "cpu", "--no-progress")
 
 
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr
-    return proc
-
-
 def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_defaults(tmp_path):
     data = make_image_folder(tmp_path / "imgs", size=40)
     out = tmp_path / "run"
-    proc = ok(run_in_process("train", "-b", 8, "--lr", 0.1, "--epochs", 1, "--max-steps", 1,
-                             "--no-progress", "--out", out, data))
+    proc = ok("train", "-b", 8, "--lr", 0.1, "--epochs", 1, "--max-steps", 1,
+              "--no-progress", "--out", out, data)
     lines = proc.stdout.splitlines()
     assert lines.pop(1).startswith("--decode auto: JPEGs decoded on the CPU")  # which decoder
     assert lines[1] == ("image size 224px (resnet18's native size: training crops 224px, "
@@ -48,7 +43,7 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
     assert config["model"]["arch"] == "resnet18" and config["data"]["image_size"] == 224
     assert config["resolved"]["dataset"]["image_size"] == 224
     # eval of the run uses the run's size, not the photos' 40px
-    result = json.loads(ok(run_in_process("eval", "--resume", out, "--json")).stdout)
+    result = json.loads(ok("eval", "--resume", out, "--json").stdout)
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert result["image_size"] == 224 and result["loss"] == pytest.approx(row["val_loss"])
 
@@ -66,9 +61,9 @@ def test_typed_p_and_seed_leave_the_examples_defaults_block(tmp_path):
 
 def test_a_factory_model_on_an_imagefolder_keeps_the_shorter_side_and_says_so(tmp_path):
     data = make_image_folder(tmp_path / "imgs", size=40)
-    proc = ok(run_in_process("train", "-a", "own_model:make_net", "-b", 8, "--epochs", 1,
-                             "--max-steps", 1, "--label-smoothing", 0, "--no-progress",
-                             "--out", tmp_path / "run", data))
+    proc = ok("train", "-a", "own_model:make_net", "-b", 8, "--epochs", 1,
+              "--max-steps", 1, "--label-smoothing", 0, "--no-progress",
+              "--out", tmp_path / "run", data)
     assert ("image size 40px (the data's shorter side: own_model:make_net has no native size"
             in proc.stdout)
     assert "label-smoothed" not in proc.stdout
@@ -76,15 +71,15 @@ def test_a_factory_model_on_an_imagefolder_keeps_the_shorter_side_and_says_so(tm
 
 def test_fixed_size_data_keeps_its_size_in_train_and_in_eval_of_a_bare_state_dict(tmp_path):
     out = tmp_path / "run"
-    proc = ok(run_in_process("train", "-a", "cifar_resnet20", "--data", "digits", "-b", 64,
-                             "--epochs", 1, "--max-steps", 4, "--no-progress", "--out", out))
+    proc = ok("train", "-a", "cifar_resnet20", "--data", "digits", "-b", 64,
+              "--epochs", 1, "--max-steps", 4, "--no-progress", "--out", out)
     assert proc.stdout.splitlines()[0] == "image size 8px (the data's own; --image-size to change)"
     torch.save(torch.load(out / "checkpoint.pt", weights_only=True)["state_dict"],
                tmp_path / "sd.pt")
-    bare = ok(run_in_process("eval", "--resume", tmp_path / "sd.pt", "-a", "cifar_resnet20",
-                             "--data", "digits", "--label-smoothing", 0.1))
+    bare = ok("eval", "--resume", tmp_path / "sd.pt", "-a", "cifar_resnet20",
+              "--data", "digits", "--label-smoothing", 0.1)
     assert "with the data's own size, 8px (--image-size to change)" in bare.stdout
-    run = ok(run_in_process("eval", "--resume", out))
+    run = ok("eval", "--resume", out)
     assert bare.stdout.splitlines()[-1].split(": ", 1)[1] == run.stdout.splitlines()[-1].split(
         ": ", 1)[1]  # the same loss and accuracy as the run itself
 
@@ -101,15 +96,15 @@ def test_best_pt_after_a_foreign_resume_is_this_runs_best(tmp_path):
     data = make_image_folder(tmp_path / "imgs")
     example_file(tmp_path / "checkpoint.pth.tar", best=99.0)
     out = tmp_path / "run"
-    proc = ok(run_in_process("train", "--resume", tmp_path / "checkpoint.pth.tar", data,
-                             "-b", 8, "--epochs", 2, "--image-size", 32, "--no-progress",
-                             "--out", out))
+    proc = ok("train", "--resume", tmp_path / "checkpoint.pth.tar", data,
+              "-b", 8, "--epochs", 2, "--image-size", 32, "--no-progress",
+              "--out", out)
     assert "best.pt starts afresh in --out" in proc.stdout and "99.00%" in proc.stdout
     best_line = proc.stdout.splitlines()[-1]
     claimed = float(best_line.split("best val acc ")[1].split("%")[0])
     assert claimed < 99.0
-    evaluated = json.loads(ok(run_in_process("eval", "--resume", out / "best.pt",
-                                             "--json")).stdout)
+    evaluated = json.loads(ok("eval", "--resume", out / "best.pt",
+                              "--json").stdout)
     assert evaluated["acc1"] == pytest.approx(claimed, abs=0.005)
     assert float(checkpoint.load(out / "best.pt")["best_acc1"]) == pytest.approx(claimed, abs=0.005)
 
@@ -127,7 +122,7 @@ def main_py_resume(path, model):
 
 def test_main_py_continues_a_finished_tandem_run_at_the_examples_lr(tmp_path):
     run = tmp_path / "run"
-    ok(run_in_process("train", *TINY, "--epochs", 2, "--out", run))  # cosine ends at lr 0
+    ok("train", *TINY, "--epochs", 2, "--out", run)  # cosine ends at lr 0
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     assert ckpt["tandem_scheduler"]["_last_lr"] == [0.0]
     model = create_model("cifar_resnet20", num_classes=3)
@@ -155,12 +150,12 @@ def test_tandems_own_resume_keeps_its_lr_and_is_bitwise(tmp_path):
     """Stopped mid-epoch 2 (cosine lr 0.025, where the file's optimizer holds the example's
     0.05), resumed: the same bits as the run that never stopped."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    ok(run_in_process("train", *TINY, "--epochs", 2, "--out", straight))
-    ok(run_in_process("train", *TINY, "--epochs", 2, "--max-steps", 4, "--out", stopped))
+    ok("train", *TINY, "--epochs", 2, "--out", straight)
+    ok("train", *TINY, "--epochs", 2, "--max-steps", 4, "--out", stopped)
     saved = torch.load(stopped / "checkpoint.pt", weights_only=True)
     assert saved["optimizer"]["param_groups"][0]["lr"] == 0.05
     assert saved["tandem_scheduler"]["_last_lr"][0] < 0.05
-    ok(run_in_process("train", "--resume", stopped))
+    ok("train", "--resume", stopped)
     a, b = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (straight, stopped))
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
 
@@ -186,14 +181,14 @@ def test_every_loss_line_names_its_loss_and_gives_plain_cross_entropy(tmp_path):
     from exact import EPS32, EPS64, TOL64
 
     run = tmp_path / "run"
-    trained = ok(run_in_process("train", *TINY, "--epochs", 1, "--out", run))
+    trained = ok("train", *TINY, "--epochs", 1, "--out", run)
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     words = f"(label-smoothed 0.1; plain cross-entropy {row['val_plain_ce']:.4f})"
     assert f"val loss {row['val_loss']:.4f} {words} acc " in trained.stdout
     plain64, smoothed64 = _val_losses64(run)
 
     def evaluated(*flags):
-        return json.loads(ok(run_in_process("eval", "--resume", run, "--json", *flags)).stdout)
+        return json.loads(ok("eval", "--resume", run, "--json", *flags).stdout)
 
     for flags in ((), ("--strategy", "balanced", "--devices", "cpu:2"),
                   ("--strategy", "dp", "--devices", "cpu:3")):
@@ -211,18 +206,18 @@ def test_every_loss_line_names_its_loss_and_gives_plain_cross_entropy(tmp_path):
     assert plain["plain_ce"] is None and abs(plain["loss"] - plain64) < TOL64
 
     line = f"loss {f32['loss']:.4f} (label-smoothed 0.1; plain cross-entropy {f32['plain_ce']:.4f})"
-    shown = ok(run_in_process("eval", "--resume", run)).stdout.splitlines()[-1]
+    shown = ok("eval", "--resume", run).stdout.splitlines()[-1]
     assert shown == f"{run}: cifar_resnet20 val {line} acc {f32['acc1']:.2f}% " \
                     f"acc5 {f32['acc5']:.2f}% ({f32['count']} images)"
-    e = ok(run_in_process("train", "-e", "--resume", run / "best.pt", "--data", "synthetic"))
+    e = ok("train", "-e", "--resume", run / "best.pt", "--data", "synthetic")
     assert e.stdout.splitlines()[-1].startswith(f"val {line} acc ")
-    zero = ok(run_in_process("eval", "--resume", run, "--label-smoothing", 0)).stdout
+    zero = ok("eval", "--resume", run, "--label-smoothing", 0).stdout
     assert "label-smoothed" not in zero and "plain cross-entropy" not in zero
 
 
 def test_dataparallel_conversion_in_the_readme_loads_under_main_pys_dataparallel(tmp_path):
     run = tmp_path / "run"
-    ok(run_in_process("train", *TINY, "--epochs", 1, "--max-steps", 1, "--out", run))
+    ok("train", *TINY, "--epochs", 1, "--max-steps", 1, "--out", run)
     # the README's one line
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True); torch.save(dict(ckpt, state_dict={"module." + k: v for k, v in ckpt["state_dict"].items()}), tmp_path / "checkpoint.module.pt")  # noqa: E501,E702
     model = torch.nn.DataParallel(create_model("cifar_resnet20", num_classes=3))
@@ -232,12 +227,12 @@ def test_dataparallel_conversion_in_the_readme_loads_under_main_pys_dataparallel
 
 def test_e_resume_of_a_runs_best_pt_evaluates_and_writes_nothing(tmp_path):
     run = tmp_path / "run"
-    ok(run_in_process("train", *TINY, "--epochs", 2, "--out", run))
+    ok("train", *TINY, "--epochs", 2, "--out", run)
     before = snapshot(run)
-    proc = ok(run_in_process("train", "-e", "--resume", run / "best.pt", "--data", "synthetic"))
+    proc = ok("train", "-e", "--resume", run / "best.pt", "--data", "synthetic")
     assert snapshot(run) == before
     line = proc.stdout.splitlines()[-1]
-    evaluated = ok(run_in_process("eval", "--resume", run / "best.pt"))
+    evaluated = ok("eval", "--resume", run / "best.pt")
     assert evaluated.stdout.splitlines()[-1].endswith(line)
     assert "would roll" not in proc.stderr
 
@@ -246,28 +241,28 @@ def test_a_run_that_main_py_continued_in_place_says_so_and_how_to_use_its_file(t
     import os
 
     run = tmp_path / "run"
-    ok(run_in_process("train", *TINY, "--epochs", 1, "--out", run))
+    ok("train", *TINY, "--epochs", 1, "--out", run)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)  # main.py's own save of it
     theirs = run / "checkpoint.pth.tar"
     torch.save({k: ckpt[k] for k in ("epoch", "arch", "state_dict", "best_acc1", "optimizer",
                                      "scheduler")}, theirs)
     latest = os.path.getmtime(run / "checkpoint.pt")
     os.utime(theirs, (latest - 60, latest - 60))  # older: nothing to say (negative control)
-    assert "checkpoint.pth.tar" not in ok(run_in_process("eval", "--resume", run)).stdout
+    assert "checkpoint.pth.tar" not in ok("eval", "--resume", run).stdout
     os.utime(theirs, (latest + 60, latest + 60))
     said = (f"run '{run}' also holds checkpoint.pth.tar, newer than its checkpoint.pt (the "
             f"imagenet example's main.py continued the run there): this {{}} checkpoint.pt; "
             f"for the example's file: `{{}}`")
-    evaluated = ok(run_in_process("eval", "--resume", run)).stdout.splitlines()
+    evaluated = ok("eval", "--resume", run).stdout.splitlines()
     use = f"tandem eval --resume {theirs} --data synthetic"
     assert said.format("evaluates", use) in evaluated
-    e = ok(run_in_process("train", "-e", "--resume", run, "--data", "synthetic"))
+    e = ok("train", "-e", "--resume", run, "--data", "synthetic")
     assert said.format("evaluates", use) in e.stdout.splitlines()
-    resumed = ok(run_in_process("train", "--resume", run, "--epochs", 2)).stdout.splitlines()
+    resumed = ok("train", "--resume", run, "--epochs", 2).stdout.splitlines()
     use = f"tandem train --resume {theirs} --data synthetic --out NEWDIR"
     assert "  " + said.format("continues", use) in resumed
     # the way it gives works (with the synthetic data's shape, which the file does not hold)
-    ok(run_in_process("eval", "--resume", theirs, "--data", "synthetic", *TINY[2:8]))
+    ok("eval", "--resume", theirs, "--data", "synthetic", *TINY[2:8])
 
 
 def _parse(*argv):
@@ -292,8 +287,8 @@ def test_dummy_is_main_pys_random_imagenet_data_for_an_imagenet_arch(tmp_path):
     cfg = _parse("-a", "cifar_resnet20", "--dummy")  # a CIFAR arch keeps tandem's synthetic
     assert (cfg.data.image_size, cfg.data.num_classes) == (None, None)
     out = tmp_path / "run"
-    proc = ok(run_in_process("train", "-a", "resnet18", "--dummy", "-b", 4, "--synthetic-size", 4,
-                             "--epochs", 1, "--devices", "cpu", "--no-progress", "--out", out))
+    proc = ok("train", "-a", "resnet18", "--dummy", "-b", 4, "--synthetic-size", 4,
+              "--epochs", 1, "--devices", "cpu", "--no-progress", "--out", out)
     assert proc.stdout.splitlines()[0] == (
         "--dummy: random 3x224x224 images of 1000 classes, as the imagenet example's "
         "(resnet18's native size; --image-size and --num-classes to change); 4 to train and 1 "
@@ -312,14 +307,14 @@ def test_missing_resume_file_stays_an_error(tmp_path):
 def test_amp_is_said_recorded_and_kept_by_eval(tmp_path, monkeypatch):
     monkeypatch.setattr(tandem.precision, "cpu_has_bf16", lambda: True)  # emulated here
     out = tmp_path / "run"
-    proc = ok(run_in_process("train", *TINY, "--amp", "--epochs", 1, "--out", out))
+    proc = ok("train", *TINY, "--amp", "--epochs", 1, "--out", out)
     assert ("precision: bf16 autocast on cpu, no grad scaling (--amp); weights and "
             "checkpoints stay float32") in proc.stdout
     assert json.loads((out / "config.json").read_text())["parallel"]["amp_dtype"] == "bf16"
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    kept = ok(run_in_process("eval", "--resume", out, "--json"))
+    kept = ok("eval", "--resume", out, "--json")
     assert "(the run's --amp; --no-amp for float32)" in kept.stderr
     assert json.loads(kept.stdout)["loss"] == pytest.approx(row["val_loss"], rel=1e-6)
-    fp32 = ok(run_in_process("eval", "--resume", out, "--json", "--no-amp"))
+    fp32 = ok("eval", "--resume", out, "--json", "--no-amp")
     assert "precision" not in fp32.stderr
     assert json.loads(fp32.stdout)["loss"] != json.loads(kept.stdout)["loss"]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import run_in_process, run_tandem
+from conftest import ok, run_in_process, run_tandem, succeeded
 from own_model_ddp import ddp_run
 
 from tandem.factory import resolve
@@ -21,15 +21,10 @@ OWN = ["-a", "own_model:make_net", "--data", "own_model:pairs", "-b", "7", "--no
        "--seed", "3"]
 
 
-def ok(result):
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("own") / "run"
-    ok(run_in_process("train", *OWN, "--epochs", "2", "--max-steps", "3", "--out", out))
+    ok("train", *OWN, "--epochs", "2", "--max-steps", "3", "--out", out)
     return out
 
 
@@ -45,10 +40,10 @@ def test_train_records_both_references(run):
 
 
 def test_eval_and_resume_import_them_again(run, tmp_path):
-    result = ok(run_tandem("eval", "--resume", run, cwd=TESTS))  # a fresh interpreter
+    result = succeeded(run_tandem("eval", "--resume", run, cwd=TESTS))  # a fresh interpreter
     assert f"{run}: own_model:make_net val loss" in result.stdout and "(11 images)" in result.stdout
     # the resume reads both references from the run's config (this process: no flag names them)
-    result = ok(run_in_process("train", "--resume", run, "--out", tmp_path / "more"))
+    result = ok("train", "--resume", run, "--out", tmp_path / "more")
     assert "step 5:" in result.stdout and "epoch 2/2 step 10:" in result.stdout
 
 
@@ -57,7 +52,7 @@ def test_launch_imports_them_on_every_rank(tmp_path_factory):
     """The 2-process launch of tests/own_model_ddp.py (shared with test_float32_accuracy.py):
     it trains, so both ranks imported the factories named in the command, with no PYTHONPATH."""
     result, out = ddp_run(tmp_path_factory)
-    ok(result)
+    succeeded(result)
     assert "epoch 1/1 (partial: 3/5 batches) step 3:" in result.stdout
     config = json.loads((out / "config.json").read_text())
     assert config["resolved"]["world_size"] == 2

@@ -322,6 +322,46 @@ def test_another_rank_reading_the_lock_as_it_is_written_is_never_refused(tmp_pat
     assert not os.path.exists(run.path)  # no lock and no side file left: removed, as empty
 
 
+def test_the_os_lock_outlives_the_record_and_dies_with_its_process(tmp_path, monkeypatch):
+    """The owner holds an OS lock on run.lock; the kernel releases it when the owner dies,
+    however it dies (here SIGKILL: no finally runs, the file stays). A record that says its
+    owner held the OS lock is judged by the kernel, not by its pid: a live process under that
+    pid (a pid reused) does not keep it."""
+    from tandem.distributed.env import LAUNCH_ID_VAR
+    from tandem.train import runlock
+    from tandem.train.rundir import RunDir
+
+    monkeypatch.delenv(LAUNCH_ID_VAR, raising=False)
+    run = RunDir(str(tmp_path / "run"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom tandem.train import runlock, rundir\n"
+         f"with runlock.held(rundir.RunDir({run.path!r})):\n"
+         "    print('held', flush=True)\n    time.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items()
+                                                 if k != LAUNCH_ID_VAR})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert json.loads(open(run.lock_file).read())["locked"] is True
+        with pytest.raises(UsageError, match=f"in use by process {holder.pid}"):
+            runlock.check_free(run)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert os.path.exists(run.lock_file)  # left behind, but its OS lock is gone
+    runlock.check_free(run)  # no UsageError
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:  # the record names a live pid, but no process holds the OS lock: taken over
+        with open(run.lock_file, "w", encoding="utf-8") as f:
+            json.dump({"pid": sleeper.pid, "host": socket.gethostname(), "locked": True}, f)
+        runlock.check_free(run)
+        lock(tmp_path / "run", sleeper.pid)  # the negative control: a record alone, no "locked"
+        with pytest.raises(UsageError, match=f"in use by process {sleeper.pid}"):
+            runlock.check_free(run)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_fit_refuses_a_directory_in_use(run_copy):
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:

@@ -12,19 +12,13 @@ import warnings
 
 import pytest
 import torch
-from conftest import run_in_process, run_tandem, snapshot
+from conftest import ok, run_in_process, run_tandem, snapshot
 
 pytestmark = pytest.mark.slow
 
 # 20 synthetic 8x8 samples in global batches of 6: 4 batches (4 optimizer steps) per epoch.
 TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8", "--num-classes",
         "4", "-a", "cifar_resnet20", "-b", "6", "--seed", "3", "--epochs", "2", "--no-progress"]
-
-
-def ok(*argv):
-    proc = run_in_process(*argv)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def refused(*argv) -> str:

@@ -6,7 +6,7 @@ A checkpoint of the older per-shard layout still loads under hybrid."""
 
 import torch
 
-from conftest import run_in_process
+from conftest import ok
 from exact import check_invariance, same_bits
 from tandem.hybrid import HybridParallel
 from tandem.strategies import create_strategy
@@ -20,17 +20,12 @@ SINGLE = ["--strategy", "single", "--devices", "cpu"]
 HYBRID = ["--strategy", "hybrid", "--devices", "cpu:2"]
 
 
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr
-    return proc
-
-
 def train(out, *args):
-    return ok(run_in_process("train", *ARGS, *args, "--out", out))
+    return ok("train", *ARGS, *args, "--out", out)
 
 
 def resume(out, *args):
-    return ok(run_in_process("train", "--resume", out, *args))
+    return ok("train", "--resume", out, *args)
 
 
 def test_hybrid_and_single_continue_each_others_runs(tmp_path):

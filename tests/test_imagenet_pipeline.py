@@ -24,9 +24,7 @@ S = 16  # output side in these tests
 DECODERS_HERE = ["pillow"] + (["simplejpeg"] if simplejpeg is not None else [])
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    imagefolder._warned.clear()
+pytestmark = pytest.mark.usefixtures("fresh_imagefolder_warnings")
 
 
 def photo(w, h, seed=0, mode="RGB"):

@@ -15,19 +15,13 @@ import time
 
 import pytest
 import torch
-from conftest import cli_env, default_sigint, run_in_process, snapshot
+from conftest import cli_env, default_sigint, ok, run_in_process, snapshot
 
 pytestmark = pytest.mark.slow
 
 # 20 synthetic 8x8 samples in global batches of 6: 4 batches (the last has 2) per epoch.
 TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8", "--num-classes",
         "4", "-a", "cifar_resnet20", "-b", "6", "--seed", "3", "--epochs", "2", "--no-progress"]
-
-
-def ok(*argv):
-    proc = run_in_process(*argv)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def state(path) -> dict:

@@ -14,7 +14,7 @@ import traceback
 
 import pytest
 import torch
-from conftest import run_in_process
+from conftest import ok, run_in_process
 from torch.utils._python_dispatch import TorchDispatchMode
 
 pytestmark = pytest.mark.slow
@@ -22,12 +22,6 @@ pytestmark = pytest.mark.slow
 # 20 train samples in batches of 6: 4 global batches (the last one short), 4 steps an epoch.
 TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
         "--num-classes", "4", "-a", "cifar_resnet20", "-b", "6", "--no-progress", "--seed", "3"]
-
-
-def ok(*argv):
-    result = run_in_process(*argv)
-    assert result.returncode == 0, result.stderr
-    return result
 
 
 def rows(run):

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import run_in_process
+from conftest import ok, run_in_process
 from ddp_runs import launch_runs, outputs
 from exact import check_invariance, same_bits
 from torch import nn
@@ -259,12 +259,6 @@ TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
         "--num-classes", "4", "-a", "cifar_resnet20", "-b", "6", "--no-progress", "--seed", "3"]
 STEPS = ["--epochs", "2", "--max-steps", "3"]
 F64 = ["--dtype", "float64"]
-
-
-def ok(*argv):
-    result = run_in_process(*argv)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,13 @@ from PIL import Image
 from conftest import run_tandem
 from tandem.bench.loader_bench import ReferenceDataset
 from tandem.cli.main import main
-from tandem.data import imagefolder, imagenet_transforms, load_dataset
+from tandem.data import imagenet_transforms, load_dataset
 from tandem.data.decode import reduction
 from tandem.data.imagenet_transforms import random_resized_box
 from tandem.data.transforms import SampleRandom
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    imagefolder._warned.clear()
+pytestmark = pytest.mark.usefixtures("fresh_imagefolder_warnings")
 
 
 def photos(root, per_class=4, size=(500, 375)):

@@ -21,8 +21,8 @@ from tandem.config import flag_of
 from tandem.distributed.env import in_torchrun, is_main_process
 from tandem.suggest import did_you_mean
 
-__all__ = ["add_config_arguments", "config_from_args", "flag_of", "given_fields",
-           "tandem_warnings", "ShowDefaults", "TandemParser"]
+__all__ = ["add_config_arguments", "command_parser", "config_from_args", "flag_of",
+           "given_fields", "tandem_warnings", "ShowDefaults", "TandemParser"]
 
 _GIVEN = "given_fields"  # namespace attribute: the dests whose flag was typed
 
@@ -93,6 +93,23 @@ class TandemParser(argparse.ArgumentParser):
         if message.endswith("expected one argument"):
             hint = "; a value that starts with '-' is written --flag=VALUE (e.g. --split=-1,2)"
         self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
+
+def command_parser(modules: dict, *, version: str | None = None) -> TandemParser:
+    """The ``tandem`` parser with a subcommand per entry of ``modules`` (its name: a module whose
+    ``add_parser(subparsers)`` adds it and sets ``func``), and ``--version`` when given one.
+    Every subcommand's parser is a TandemParser too (argparse builds them with this class):
+    each option with a default shows it in --help."""
+    parser = TandemParser(
+        prog="tandem", description="Train convolutional networks on several devices at once."
+    )
+    if version is not None:
+        parser.add_argument("--version", action="version", version=version)
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(modules) + "}")
+    sub.required = True
+    for module in modules.values():
+        module.add_parser(sub)
+    return parser
 
 
 def given_fields(args: argparse.Namespace) -> frozenset[str]:

@@ -14,6 +14,10 @@ from tandem.distributed.launch import LaunchSpec, launch
 from tandem.distributed.slurm import slurm_job
 from tandem.errors import UsageError
 
+from . import train as train_command
+from .common import command_parser, given_fields
+from .train import config_from_namespace
+
 __all__ = ["add_parser", "run"]
 
 
@@ -118,14 +122,10 @@ def _train_strategy(command: list[str], other_node: bool = False) -> str:
     parser (so ``--strategy=ddp`` and argparse's abbreviations such as ``--strat ddp`` count)
     and their config. Without the flag, a resumed run keeps its own (its ``config.json``)."""
     from tandem.config import TrainConfig
-
-    from .common import given_fields
-    from .main import build_parser
     from tandem.train.rundir import RunDir
 
-    from .train import config_from_namespace
-
-    args = build_parser().parse_args(command)  # a bad flag: the error the workers would give
+    # the workers' parser for their `train` (a bad flag: the error the workers would give)
+    args = command_parser({"train": train_command}).parse_args(command)
     args.argv = list(command)
     cfg = config_from_namespace(args)
     resume = cfg.run.resume

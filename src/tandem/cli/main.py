@@ -17,7 +17,7 @@ from tandem.errors import TandemError, first_line
 
 from . import bench, launch, models, train
 from . import eval as eval_command
-from .common import TandemParser
+from .common import command_parser
 
 __all__ = ["main", "entry", "build_parser", "SUBCOMMANDS"]
 
@@ -29,17 +29,7 @@ SUBCOMMANDS = list(_MODULES)
 def build_parser() -> argparse.ArgumentParser:
     from tandem import __version__
 
-    # Every subcommand's parser is a TandemParser too (argparse builds them with this class):
-    # each option with a default shows it in --help.
-    parser = TandemParser(
-        prog="tandem", description="Train convolutional networks on several devices at once."
-    )
-    parser.add_argument("--version", action="version", version=f"tandem {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
-    sub.required = True
-    for module in _MODULES.values():
-        module.add_parser(sub)
-    return parser
+    return command_parser(_MODULES, version=f"tandem {__version__}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from tandem.errors import UsageError
 
 __all__ = ["DistEnv", "read_env", "in_torchrun", "env_rank", "is_main_process",
            "dist_timeout", "DEFAULT_TIMEOUT",
-           "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "LAUNCH_VAR", "restart_count",
+           "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "LAUNCH_VAR", "launch_id", "restart_count",
            "restarts_left", "NODE_VAR", "ADDR_VAR", "speaks_for_node", "join_timeout",
            "DEFAULT_JOIN_TIMEOUT", "JOIN_TIMEOUT_VAR"]
 
@@ -151,6 +151,13 @@ def dist_timeout(environ: Mapping[str, str] | None = None) -> float:
 def join_timeout(environ: Mapping[str, str] | None = None) -> float:
     """Seconds from ``TANDEM_JOIN_TIMEOUT``, or :data:`DEFAULT_JOIN_TIMEOUT`; must be > 0."""
     return _seconds(environ, JOIN_TIMEOUT_VAR, DEFAULT_JOIN_TIMEOUT)
+
+
+def launch_id(environ: Mapping[str, str] | None = None) -> str | None:
+    """The id ``tandem launch`` gave this launch (``TANDEM_LAUNCH_ID``; the same across torchrun
+    restarts), or ``None`` outside one (an empty value names no launch)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(LAUNCH_ID_VAR) or None
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:

@@ -6,9 +6,9 @@ the static cost report :func:`plan` are usable on their own.
 """
 
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
+from .cost import HybridPlan, plan
 from .group_conv import GroupParallelConv2d
 from .hybrid import HybridParallel
-from .plan import HybridPlan, plan
 
 __all__ = ["HybridParallel", "ColumnParallelLinear", "RowParallelLinear", "Shardwise",
            "GroupParallelConv2d", "HybridPlan", "plan"]

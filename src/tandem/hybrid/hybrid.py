@@ -27,7 +27,7 @@ from ..parallel.guards import first_lazy
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .layout import classifier_layout, find_head, head_sequential
 from .optimizer_state import load_plain_optimizer_state, plain_optimizer_state
-from .plan import meta_copy, plan
+from .cost import meta_copy, plan
 
 __all__ = ["HybridParallel"]
 

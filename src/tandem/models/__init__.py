@@ -15,6 +15,9 @@ from tandem.models.registry import (
     register_model,
 )
 
+# the built-in models: importing their modules registers them (@register_model)
+from tandem.models import alexnet, cifar_resnet, resnet, vgg  # noqa: F401
+
 __all__ = [
     "create_model",
     "list_models",

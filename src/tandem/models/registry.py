@@ -4,6 +4,8 @@ Each model is a function decorated with :func:`register_model`, which records it
 ``native_input_size`` (where ``tandem models`` counts MACs) and ``min_input_size`` (what a data
 set is checked against). :func:`create_model` checks keyword arguments against the entry point's
 signature, so a misspelt option is an error naming the accepted ones, never a silent default.
+The built-in models register when the package face (:mod:`tandem.models`) imports their
+modules, as timm's do; this module imports none of them.
 A name of the form ``package.module:function`` is a model factory of the user's own
 (:mod:`tandem.factory`): it is imported, and called with ``num_classes`` and ``in_channels``
 when its signature takes them.
@@ -77,7 +79,6 @@ def register_model(*, native_input_size: int, min_input_size: int, family: str):
 
 def list_models() -> list[str]:
     """Every registered model name, in natural order (``cifar_resnet20`` before ``..110``)."""
-    _load_builtin_models()
     return sorted(_REGISTRY, key=_natural_key)
 
 
@@ -91,7 +92,6 @@ def model_info(name: str) -> ModelInfo:
     name is imported (a failure is one line naming it)."""
     if factory.is_reference(name):
         return ModelInfo(name, factory.resolve(name, "model factory"), 0, 1, FACTORY)
-    _load_builtin_models()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -155,14 +155,3 @@ def _from_factory(info: ModelInfo, num_classes: int | None, kwargs: dict) -> nn.
                          f"a torch.nn.Module")
     return model
 
-
-_loaded = False
-
-
-def _load_builtin_models() -> None:
-    # Importing the model modules runs their @register_model decorators. Done lazily so that
-    # registry.py itself has no import cycle with the modules that use it.
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        from tandem.models import alexnet, cifar_resnet, resnet, vgg  # noqa: F401

@@ -16,7 +16,7 @@ import torch
 from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import TrainConfig
-from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun, join_timeout, restart_count
+from tandem.distributed.env import in_torchrun, join_timeout, launch_id, restart_count
 from tandem.distributed.shared_resume import Continued, continue_from_rank0
 from tandem.errors import UsageError, first_line
 from tandem.parallel.devices import parse_device_spec
@@ -60,7 +60,7 @@ def _to_continue(cfg: TrainConfig) -> Continued:
     def decide() -> tuple[str | None, bool]:
         run = rundir.RunDir(cfg.run.out)
         if not cfg.run.resume and restart_count() > 0:  # torchrun restarted the workers
-            if not run.launched_by(os.environ.get(LAUNCH_ID_VAR)):
+            if not run.launched_by(launch_id()):
                 raise UsageError(
                     f"torchrun restarted this job (restart {restart_count()}), but rank 0's "
                     f"machine holds no run of this launch in '{cfg.run.out}': it cannot be "

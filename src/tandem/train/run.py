@@ -10,7 +10,6 @@ same path with the model, data sets and criterion it was handed (:class:`~.plan.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 from torch import nn
@@ -19,15 +18,14 @@ from tandem import cpu_malloc
 from tandem.config import DataConfig, OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import decode_on, decoded_on
-from tandem.distributed.env import LAUNCH_ID_VAR, is_main_process, speaks_for_node
+from tandem.distributed.env import is_main_process, launch_id, speaks_for_node
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 from tandem.strategies.outputs import label_smoothing
 
-from . import compile as compiling
-from . import auto, foreign, runlock
+from . import auto, foreign, runlock, warmup
 from .start import precision_line
 from .interrupt import StopRequest
 from .loop import Trainer
@@ -47,9 +45,9 @@ def _warm_up(trainer: Trainer, train: bool) -> float | None:
     main process); the seconds it took, else None."""
     if not trainer.cfg.parallel.compile:
         return None
-    seconds = compiling.warm_up(trainer, train=train)
+    seconds = warmup.warm_up(trainer, train=train)
     if train and trainer.strategy.is_main:
-        print(compiling.describe(seconds, trainer.cfg.parallel.compile_mode), flush=True)
+        print(warmup.describe(seconds, trainer.cfg.parallel.compile_mode), flush=True)
     return seconds
 
 
@@ -96,7 +94,7 @@ def _resolved(cfg: TrainConfig, strategy: Strategy, info, datasets) -> dict:
                     "in_channels": info.in_channels, "image_size": info.image_size},
         "decode": decoded_on(*datasets),
         "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
-        "launch_id": os.environ.get(LAUNCH_ID_VAR),
+        "launch_id": launch_id(),
     }
     return out
 

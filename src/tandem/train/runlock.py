@@ -1,21 +1,26 @@
 """One run at a time in a run directory: ``RUN/run.lock`` names the process that writes there.
 
 The main process (rank 0) takes the lock before it writes anything and removes it when the run
-ends, however it ends (an exception, Ctrl-C). A second run into a directory in use is refused
-in one line, ``--overwrite`` or not. A lock left by a process that has ended on this host is
-taken over, and the run says so; so is one of this very launch (a torchrun restart under
+ends, however it ends (an exception, Ctrl-C). While it runs it holds an OS lock on the file
+(``flock``), which the kernel releases when the process dies, however it dies; the file's record
+(pid, host, launch) names the owner in messages, and is what a process on another host, or on a
+file system without ``flock``, goes by. A second run into a directory in use is refused in one
+line, ``--overwrite`` or not. A lock left by a process that has ended on this host is taken
+over, and the run says so; so is one of this very launch (a torchrun restart under
 ``--max-restarts``, or another rank of it), matched by ``TANDEM_LAUNCH_ID`` or torchrun's agent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
 import time
+from typing import IO
 
-from tandem.distributed.env import LAUNCH_ID_VAR, in_torchrun
+from tandem.distributed.env import in_torchrun, launch_id
 from tandem.errors import UsageError
 
 from .rundir import RunDir
@@ -28,7 +33,7 @@ def _me() -> dict:
     (``tandem launch``'s id, else a torchrun rendezvous id; ``agent``: torchrun's process)."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") if in_torchrun() else None
     return {"pid": os.getpid(), "host": socket.gethostname(),
-            "launch": os.environ.get(LAUNCH_ID_VAR) or (run_id if run_id != "none" else None),
+            "launch": launch_id() or (run_id if run_id != "none" else None),
             "agent": os.getppid() if in_torchrun() else None}
 
 
@@ -64,9 +69,33 @@ def _same_launch(owner: dict, me: dict) -> bool:
         owner.get("agent") == me["agent"]
 
 
-def _stale(owner: dict, me: dict) -> bool:
-    """True when the owner is a process on this host that has ended."""
-    return owner.get("host") == me["host"] and not _alive(owner.get("pid"))
+def _os_locked(run: RunDir) -> bool | None:
+    """Whether a process holds the OS lock on ``run``'s lock file (``None``: cannot tell: the
+    file is gone, or its file system has no ``flock``). A shared probe, so that two processes
+    looking at once never take each other for the owner."""
+    try:
+        fd = os.open(run.lock_file, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # releases the probe's lock
+    return False
+
+
+def _stale(run: RunDir, owner: dict, me: dict) -> bool:
+    """True when the owner is a process on this host that has ended: the kernel says so when
+    the owner took the OS lock (``locked`` in its record; a reused pid cannot fool it), its
+    pid otherwise (a lock written without ``flock``)."""
+    if owner.get("host") != me["host"]:
+        return False
+    held = _os_locked(run) if owner.get("locked") else None
+    return not held if held is not None else not _alive(owner.get("pid"))
 
 
 def _who(owner: dict) -> str:
@@ -88,7 +117,7 @@ def _owner(run: RunDir) -> dict | None:
 def check_free(run: RunDir) -> None:
     """Refuse, in one line, a run into ``run`` while another run writes there."""
     owner, me = _owner(run), _me()
-    if owner is None or _same_launch(owner, me) or _stale(owner, me):
+    if owner is None or _same_launch(owner, me) or _stale(run, owner, me):
         return
     if not owner.get("pid"):
         raise UsageError(f"run '{run.path}' has a {RunDir.LOCK} that names no owner (it cannot "
@@ -106,50 +135,69 @@ def check_saved(resume: str) -> None:
     if not os.path.isdir(resume) or os.path.isfile(run.latest):
         return
     owner, me = _owner(run), _me()
-    if not owner or _same_launch(owner, me) or _stale(owner, me):
+    if not owner or _same_launch(owner, me) or _stale(run, owner, me):
         return
     raise UsageError(f"run '{run.path}' is in use by {_who(owner)} (its {RunDir.LOCK}) and has "
                      f"no checkpoint yet: that run has not saved its first step; let it run, "
                      f"or stop it (Ctrl-C saves), then --resume {run.path}")
 
 
-def _place(run: RunDir, temp: str, me: dict) -> bool:
-    """Put the lock in place whole, or return False when one exists: ``temp`` (holding ``me``)
-    is hard-linked to it, so another rank never reads a lock half written (an empty file
-    would name no owner). Where hard links are not supported the lock is created exclusively
-    and then written (:func:`_owner` waits for its content)."""
+def _write(f: IO, me: dict) -> None:
+    """Write the record of ``me`` to the open lock file ``f``, holding the OS lock on it for as
+    long as ``f`` stays open (``locked``: whether the file system gave it)."""
     try:
-        os.link(temp, run.lock_file)
-        return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        locked = True
+    except OSError:
+        locked = False
+    json.dump(dict(me, locked=locked), f)
+    f.flush()
+
+
+def _place(run: RunDir, temp: IO, me: dict) -> IO | None:
+    """Put the lock in place whole, and return the open file that holds it, or ``None`` when
+    one exists: ``temp`` (holding ``me``) is hard-linked to it, so another rank never reads a
+    lock half written (an empty file would name no owner). Where hard links are not supported
+    the lock is created exclusively and then written (:func:`_owner` waits for its content)."""
+    try:
+        os.link(temp.name, run.lock_file)
+        return temp
     except FileExistsError:
-        return False
+        return None
     except OSError:  # a file system without hard links
         try:
             fd = os.open(run.lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(me, f)
-        return True
-
-
-def _take(run: RunDir, me: dict) -> str | None:
-    """Write the lock; the line to say when an earlier owner's lock was taken over. ``me`` is
-    written once, to a file beside the lock (named by host and pid, so no two processes that
-    share the directory write the same one), then linked or renamed into place."""
-    temp = f"{run.lock_file}.{me['host']}.{me['pid']}"
-    with open(temp, "w", encoding="utf-8") as f:
-        json.dump(me, f)
-    try:
-        if _place(run, temp, me):
             return None
+        f = os.fdopen(fd, "w", encoding="utf-8")
+        _write(f, me)
+        return f
+
+
+def _take(run: RunDir, me: dict) -> tuple[IO, str | None]:
+    """Write the lock; the open file that holds it, and the line to say when an earlier
+    owner's lock was taken over. ``me`` is written once, to a file beside the lock (named by
+    host and pid, so no two processes that share the directory write the same one), then
+    linked or renamed into place."""
+    temp = f"{run.lock_file}.{me['host']}.{me['pid']}"
+    f = open(temp, "w", encoding="utf-8")
+    try:
+        _write(f, me)
+        placed = _place(run, f, me)
+        if placed is not None:
+            if placed is not f:
+                f.close()
+            return placed, None
         owner = _owner(run) or {}
-        if not (_same_launch(owner, me) or _stale(owner, me)):
+        if not (_same_launch(owner, me) or _stale(run, owner, me)):
             check_free(run)  # taken meanwhile: refuse, naming its owner
         os.replace(temp, run.lock_file)  # atomic: a reader sees the old owner or the new one
         if _same_launch(owner, me):
-            return None
-        return f"took over {run.lock_file} from {_who(owner)}, which has ended"
+            return f, None
+        return f, f"took over {run.lock_file} from {_who(owner)}, which has ended"
+    except BaseException:
+        f.close()
+        raise
     finally:
         with contextlib.suppress(OSError):
             os.remove(temp)  # linked, or refused (a replaced one is gone already)
@@ -159,19 +207,20 @@ def _take(run: RunDir, me: dict) -> str | None:
 def held(run: RunDir):
     """Hold ``run``'s lock while the block runs (the run directory is created if needed, and
     removed again if it is left empty); the lock is removed on the way out, whatever ends
-    the block."""
+    the block, and the OS lock released with it (the kernel releases it if the process dies)."""
     made = not os.path.isdir(run.path)
     run.create()
     me = _me()
-    line = _take(run, me)
+    f, line = _take(run, me)
     if line:
         print(line, flush=True)
     try:
         yield
     finally:
-        if (_read(run) or {}).get("pid") == me["pid"]:
-            with contextlib.suppress(OSError):
-                os.remove(run.lock_file)
+        with f:  # closed last: the file is removed while its OS lock is held
+            if (_read(run) or {}).get("pid") == me["pid"]:
+                with contextlib.suppress(OSError):
+                    os.remove(run.lock_file)
         if made:  # a run refused before it wrote anything leaves no directory behind
             with contextlib.suppress(OSError):
                 os.rmdir(run.path)  # only while empty
