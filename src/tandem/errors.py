@@ -18,6 +18,11 @@ class TandemError(Exception):
     exit_status = 2
     quiet = False
 
+    def __init__(self, *args, quiet: bool | None = None):
+        super().__init__(*args)
+        if quiet is not None:  # a process other than the one that speaks for the job
+            self.quiet = quiet
+
 
 class UsageError(TandemError, ValueError):
     """A bad value or combination of values; the message names the parameter."""
@@ -36,10 +41,6 @@ class TrainingDiverged(TandemError, FloatingPointError):
     checkpoint; exit status 3, so that scripts can tell it from a bad command (2)."""
 
     exit_status = 3
-
-    def __init__(self, message: str, *, quiet: bool = False):
-        super().__init__(message)
-        self.quiet = quiet
 
 
 def first_line(exc: BaseException, limit: int | None = 200) -> str:

@@ -35,10 +35,6 @@ class PeerLost(TandemError, RuntimeError):
 
     exit_status = 4
 
-    def __init__(self, message: str, *, quiet: bool = False):
-        super().__init__(message)
-        self.quiet = quiet
-
 
 def why(exc: BaseException) -> str:
     """The transport's reason in a few words: ``connection reset by peer``, ``no answer for

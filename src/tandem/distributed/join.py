@@ -42,10 +42,6 @@ class JoinFailed(TandemError, RuntimeError):
 
     exit_status = 4
 
-    def __init__(self, message: str, *, quiet: bool = False):
-        super().__init__(message)
-        self.quiet = quiet
-
 
 def node_of(env: DistEnv) -> str:
     """This worker's node index as the launcher numbered it (torchrun's GROUP_RANK)."""
