@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from tandem.errors import TandemError
 
-from .env import ADDR_VAR, NODE_VAR, DistEnv, restart_count
+from .env import ADDR_VAR, NODE_VAR, DistEnv, in_torchrun, read_env, restart_count
 
 __all__ = ["JoinFailed", "job_store", "attempt_prefix", "roll_call", "peer_name", "peers",
            "every", "abandoned_if_another_fails", "announce_failure", "SAY_EVERY"]
@@ -108,8 +108,6 @@ def announce_failure(line: str) -> None:
     """Leave this rank's one-line failure in the job's store, so that the ranks waiting for it
     (a roll call, a connect) stop at once with it instead of waiting out their bound. Best
     effort, and only in a torchrun job of several processes."""
-    from .env import in_torchrun, read_env
-
     try:
         if not in_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
             return

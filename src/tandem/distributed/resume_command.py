@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from .env import LAUNCH_VAR, NODE_VAR
+from .env import LAUNCH_VAR, NODE_VAR, read_env
 
 __all__ = ["resume_command", "resume_command_here", "launch_command"]
 
@@ -58,8 +58,6 @@ def resume_command_here(target: str, multiprocess: bool, this_node: bool = False
         return resume_command(target)
     launch = _launched()
     if launch is None:
-        from .env import read_env
-
         env = read_env(who="a multi-process strategy")
         return resume_command(target, True, env.world_size,
                               env.world_size // max(1, env.local_world_size))
