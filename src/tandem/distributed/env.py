@@ -16,7 +16,7 @@ __all__ = ["DistEnv", "read_env", "in_torchrun", "env_rank", "is_main_process",
            "dist_timeout", "DEFAULT_TIMEOUT",
            "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "LAUNCH_VAR", "launch_id", "restart_count",
            "restarts_left", "NODE_VAR", "ADDR_VAR", "speaks_for_node", "join_timeout",
-           "DEFAULT_JOIN_TIMEOUT", "JOIN_TIMEOUT_VAR"]
+           "DEFAULT_JOIN_TIMEOUT", "JOIN_TIMEOUT_VAR", "several_processes"]
 
 #: Seconds a collective may wait for the other ranks before it raises (and the job ends).
 DEFAULT_TIMEOUT = 120.0
@@ -79,6 +79,12 @@ def in_torchrun(environ: Mapping[str, str] | None = None) -> bool:
     """True when this process looks like a torchrun worker (``RANK`` and ``WORLD_SIZE`` set)."""
     environ = os.environ if environ is None else environ
     return "RANK" in environ and "WORLD_SIZE" in environ
+
+
+def several_processes(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a torchrun worker of a job of two or more processes."""
+    environ = os.environ if environ is None else environ
+    return in_torchrun(environ) and int(environ.get("WORLD_SIZE", "1")) > 1
 
 
 def env_rank(environ: Mapping[str, str] | None = None) -> int:

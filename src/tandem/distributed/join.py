@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from tandem.errors import TandemError
 
-from .env import ADDR_VAR, NODE_VAR, DistEnv, in_torchrun, read_env, restart_count
+from .env import ADDR_VAR, NODE_VAR, DistEnv, read_env, restart_count, several_processes
 
 __all__ = ["JoinFailed", "job_store", "attempt_prefix", "roll_call", "peer_name", "peers",
            "every", "abandoned_if_another_fails", "announce_failure", "SAY_EVERY"]
@@ -93,7 +93,7 @@ def job_store(env: DistEnv, bound: float):
                     timeout=timedelta(seconds=bound)))
                 _store = (key, store)
             except (RuntimeError, ValueError) as exc:
-                raise JoinFailed(f"rank {env.rank} (node {node_of(env)}): cannot reach the job's "
+                raise JoinFailed(f"{peer_name_of(env)}: cannot reach the job's "
                                  f"store at {where} after {time.monotonic() - started:.1f} s: "
                                  f"{_reason(exc)}") from None
     return _store[1]
@@ -109,7 +109,7 @@ def announce_failure(line: str) -> None:
     (a roll call, a connect) stop at once with it instead of waiting out their bound. Best
     effort, and only in a torchrun job of several processes."""
     try:
-        if not in_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        if not several_processes():
             return
         env = read_env()
         job_store(env, 10.0).set(_failure_key(), f"{peer_name_of(env)}: {line}")
@@ -143,7 +143,7 @@ def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
     count = {"here": here}
 
     def line() -> str:
-        return (f"rank {env.rank} (node {node_of(env)}): waiting for the other ranks at {where}: "
+        return (f"{peer_name_of(env)}: waiting for the other ranks at {where}: "
                 f"{count['here']} of {env.world_size} here "
                 f"({time.monotonic() - started:.0f} s)")
 
@@ -157,7 +157,7 @@ def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
                 missing = [r for r in range(env.world_size)
                            if not store.check([f"{prefix}/who/{r}"])]
                 raise JoinFailed(
-                    f"rank {env.rank} (node {node_of(env)}): the other ranks did not come within "
+                    f"{peer_name_of(env)}: the other ranks did not come within "
                     f"{bound:.0f} s: {count['here']} of {env.world_size} here at {where}, "
                     f"missing rank{'s' if len(missing) != 1 else ''} "
                     f"{', '.join(map(str, missing))} (is every node started, with the same "
@@ -191,7 +191,7 @@ def abandoned_if_another_fails(env: DistEnv, prefix: str):
             except Exception:
                 told = f"the job's store at {where} went away (node 0 ended?)"
             if told and not done.is_set():
-                print(f"tandem: error: rank {env.rank} (node {node_of(env)}): the job cannot "
+                print(f"tandem: error: {peer_name_of(env)}: the job cannot "
                       f"start: {told}", file=sys.stderr, flush=True)
                 os._exit(JoinFailed.exit_status)
 

@@ -37,7 +37,7 @@ from tandem.errors import UsageError
 from . import network
 from .env import (ADDR_VAR, DEFAULT_JOIN_TIMEOUT, JOIN_TIMEOUT_VAR, LAUNCH_ID_VAR, LAUNCH_VAR,
                   NODE_VAR, TIMEOUT_VAR)
-from .join import SAY_EVERY, JoinFailed
+from .join import SAY_EVERY, JoinFailed, every
 
 __all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "quiet_agent", "launch",
            "run_captured"]
@@ -416,17 +416,15 @@ def _waiting_for_nodes(spec: LaunchSpec):
     host, port = spec.master
     started = time.monotonic()
 
-    def tick():
-        while not seen.done.wait(SAY_EVERY):
-            print(f"tandem launch: node 0: waiting for the other nodes at {host}:{port} "
-                  f"(--nnodes {spec.nnodes}; {time.monotonic() - started:.0f} s of "
-                  f"{join_timeout(spec):.0f})", file=sys.stderr, flush=True)
+    def line() -> str:  # nothing once the nodes have met
+        return "" if seen.done.is_set() else (
+            f"tandem launch: node 0: waiting for the other nodes at {host}:{port} (--nnodes "
+            f"{spec.nnodes}; {time.monotonic() - started:.0f} s of {join_timeout(spec):.0f})")
 
-    threading.Thread(target=tick, name="tandem-nodes", daemon=True).start()
     try:
-        yield
+        with every(SAY_EVERY, line):
+            yield
     finally:
-        seen.done.set()
         logger.removeFilter(seen)
         logger.setLevel(level)
 

@@ -2,7 +2,8 @@
 
 The backend follows the device (gloo for CPU, NCCL for CUDA). Training collectives use a work
 group with the ``TANDEM_DIST_TIMEOUT`` timeout, so a dead or hung peer makes the job fail
-instead of hang; joining waits longer (:data:`STARTUP_TIMEOUT`), as slow starters are not dead.
+instead of hang; joining waits longer (``tandem launch --join-timeout``), as slow starters are
+not dead.
 Also two helpers for torch's DDP: free its reducer in time, hand it gradients in its layout.
 """
 
@@ -22,15 +23,12 @@ from tandem.errors import UsageError
 
 from . import faults, join
 from .watchdog import Watchdog
-from .env import DEFAULT_JOIN_TIMEOUT, DistEnv, dist_timeout, join_timeout
+from .env import DistEnv, dist_timeout, join_timeout
 
 __all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
            "release_ddp", "grads_in_param_strides", "joined_a_group", "all_reduce_sum", "work_group",
-           "barrier", "any_rank", "step_done", "STARTUP_TIMEOUT"]
+           "barrier", "any_rank", "step_done"]
 
-#: Seconds every worker may take to join the job (importing torch on a loaded machine), unless
-#: ``tandem launch --join-timeout`` says otherwise (env.join_timeout).
-STARTUP_TIMEOUT = DEFAULT_JOIN_TIMEOUT
 _work_group = None  # the group with the collective timeout (None: the default group)
 _joined = False  # this process has joined a process group (see joined_a_group)
 _made_here = False  # the default group now is one init_process_group made (not the caller's)

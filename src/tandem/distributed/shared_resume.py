@@ -113,7 +113,7 @@ def _receive(env, store, prefix: str) -> Continued:
     local = _fetch(store, prefix, sha)
     if env.local_rank == 0:
         what = ("differs from rank 0's" if own else "is not on this machine")
-        print(f"rank {env.rank} (node {join.node_of(env)}): {path} {what}; using rank 0's "
+        print(f"{join.peer_name_of(env)}: {path} {what}; using rank 0's "
               f"(sent over the network, {os.path.getsize(local) / 2**20:.1f} MiB)",
               file=sys.stderr, flush=True)
     return Continued(path, local, decision["restarted"])

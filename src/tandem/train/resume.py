@@ -16,7 +16,8 @@ import torch
 from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import TrainConfig
-from tandem.distributed.env import in_torchrun, join_timeout, launch_id, restart_count
+from tandem.distributed.env import (in_torchrun, join_timeout, launch_id, restart_count,
+                                    several_processes)
 from tandem.distributed.shared_resume import Continued, continue_from_rank0
 from tandem.errors import UsageError, first_line
 from tandem.parallel.devices import parse_device_spec
@@ -77,7 +78,7 @@ def _to_continue(cfg: TrainConfig) -> Continued:
 
     if not cfg.run.resume and restart_count() == 0:
         return Continued(None, None, False)  # a fresh run: every rank knows it alike
-    if in_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if several_processes():
         return continue_from_rank0(decide, join_timeout())
     path, restarted = decide()
     return Continued(path, path, restarted)
