@@ -51,11 +51,11 @@ def xdata(ax):
 def test_an_epochs_time_ends_after_its_queued_device_work(tmp_path, monkeypatch):
     """images_per_sec divides by the epoch's time: on a GPU the host is ahead of the device,
     so the clock is read after waiting for every device of the run (a no-op on the CPU)."""
-    from tandem.train import loop, position
+    from tandem.train import loop
 
-    seen, seconds = [], position.EpochRun.seconds
+    seen, seconds = [], loop.EpochRun.seconds
     monkeypatch.setattr(loop, "synchronize", lambda devices: seen.append(list(devices)))
-    monkeypatch.setattr(position.EpochRun, "seconds",
+    monkeypatch.setattr(loop.EpochRun, "seconds",
                         lambda self: seen.append("clock") or seconds(self))
     ok("train", *TINY, "--epochs", "2", "--strategy", "dp", "--devices", "cpu:2", "--out",
        tmp_path)
@@ -290,7 +290,7 @@ def test_the_first_non_finite_loss_shown_stops_the_run_and_the_hint_works(tmp_pa
     assert finite_weights(run / "checkpoint.pt") and rows(run) == []
     # What the line says to do runs (with a model that no longer overflows).
     overflow.off()
-    from tandem.train.diverged import lr_may_change
+    from tandem.train.loop import lr_may_change
 
     if lr_may_change():
         command = line.split(": ")[-1].split()

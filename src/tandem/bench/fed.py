@@ -120,7 +120,7 @@ def _fed_pass(trainer, epoch: int, wave: int) -> tuple[float, float, int, int]:
     end of the ``wave``-th step, device synchronised), images and start-up images. Counted
     from the first batch's arrival instead, a step-bound pass would be rated on one step's
     images fewer than it ran."""
-    from tandem.train.position import Position
+    from tandem.train.loop import Position
 
     devices = trainer.strategy.devices
     after_step, mark = trainer.after_step, {"steps": 0}

@@ -1,51 +1,123 @@
-"""The training loop. It knows strategies only through their interface (no strategy names).
+"""The training loop, top to bottom: :meth:`Trainer.fit` → an epoch → a step → the optimizer
+step, with where training stands, the stop on a non-finite loss and saving as the trainer's
+own. It knows strategies only through their interface (no strategy names).
 
 One optimizer step consumes ``accum_steps`` global batches (all but the last under
 ``strategy.no_sync``). Each process loads its share of every batch in an order set by
 ``(seed, epoch)`` only. The main process alone logs and writes checkpoints, which record
 ``data_position`` so ``--resume`` restarts at the very next batch with the same RNG state.
-A step never reads the device: losses are summed there (:class:`Meter`) and read when printed,
-saved or at the end of an epoch, where a non-finite one stops the run (:mod:`.diverged`).
+A step never reads the device: losses are summed there (:class:`~.metrics.Meter`) and read
+where the loop reads the device anyway (``--print-freq`` lines, progress-bar refreshes, saves,
+the end of an epoch); a non-finite one there stops the run (:meth:`Trainer.check_finite`).
+After each epoch: validate, save, the metrics row, ``curves.png``, TensorBoard, the summary
+line, and the stop a signal asked for.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import dataclasses
+import itertools
+import os
+import time
+import warnings
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 from torch import nn
 
 from tandem import checkpoint
-from tandem.config import TrainConfig
+from tandem.config import MAY_CHANGE, OptimConfig, TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
+from tandem.distributed.env import restarts_left, speaks_for_node
+from tandem.distributed.resume_command import resume_command_here
+from tandem.errors import TrainingDiverged
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
+from tandem.strategies.outputs import label_smoothing
 
-from . import diverged, epochs
+from .curves import plot_curves
 from .datawait import DataWait
-from .epochs import epoch_progress, thinned
-from .interrupt import StopRequest
-from .metrics import Meter, MetricsLog
-from .optimizer_step import optimizer_step
-from .position import EpochRun, Position, StepStart
+from .interrupt import Interrupted, StopRequest
+from .metrics import (Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score_fields,
+                      summary_line)
 from .progress import Progress
 from .rundir import RunDir
-from .schedule import epoch_state, example_optimizer_state
+from .schedule import epoch_state, example_optimizer_state, lr_factor
+from .tensorboard import TensorBoard
 
-__all__ = ["EpochRun", "Position", "Trainer", "optimizer_step", "LOST_BEFORE"]
+__all__ = ["Trainer", "Position", "EpochRun", "StepStart", "optimizer_step", "LOST_BEFORE",
+           "CURVES_EVERY_S", "epoch_progress", "thinned", "weights_finite", "diverged_message",
+           "lr_may_change"]
 
 #: the ``epoch_progress`` of a checkpoint saved at a lost peer: the batch its sums were lost at
 LOST_BEFORE = "sums_lost_before_batch"
 
+#: ``curves.png`` is drawn again after a row at most this often (a draw costs about half a
+#: second of CPU), and always when the run ends or stops, so short epochs do not pay a draw
+#: each while a long run's figure is never more than one epoch or this many seconds behind
+CURVES_EVERY_S = 30.0
+
+# torch's LRScheduler says this when the optimizer has not stepped before the schedule's first
+# step: here that is GradScaler skipping a step it found inf gradients in, which is expected
+_SKIPPED_FIRST = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+
+
+@dataclass
+class Position:
+    """Where training stands in the data order."""
+
+    epoch: int = 0  # epoch under way (0-based)
+    batch: int = 0  # global batches of that epoch already trained on
+    step: int = 0  # optimizer steps since the start of training
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
+
+
+@dataclass
+class EpochRun:
+    """What the steps of one epoch share: running sums, progress, the clock."""
+
+    meter: Meter
+    progress: Progress
+    carried_seconds: float = 0.0  # a resumed epoch's time before this invocation
+    start: float = field(default_factory=time.perf_counter)
+    look: bool = False  # the meter was read since the last look at the loss
+    stopped: bool = False  # --max-steps ended the epoch part-way
+    loss: torch.Tensor | None = None  # the last batch's mean loss, on the device
+
+    def seconds(self) -> float:
+        return self.carried_seconds + time.perf_counter() - self.start
+
+
+@dataclass
+class StepStart:
+    """What a step changes before its optimizer step, as it was when the step began: the
+    model's buffers (a forward updates BatchNorm's running statistics) and the RNG states. A
+    step a lost peer cut short is undone with it, so the checkpoint then saved is exactly the
+    last completed step (the weights and the optimizer change only at the optimizer step)."""
+
+    buffers: list
+    rng: dict
+
+    @classmethod
+    def capture(cls, model: torch.nn.Module, device) -> "StepStart":
+        return cls([b.detach().clone() for b in model.buffers()], checkpoint.capture_rng(device))
+
+    def restore_buffers(self, model: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for saved, buffer in zip(self.buffers, model.buffers()):
+                buffer.copy_(saved)
+
 
 @dataclass
 class Trainer:
-    """Everything a run needs, built by :mod:`tandem.train.run`; :meth:`fit` runs it."""
+    """Everything a run needs, built by :mod:`tandem.train.build`; :meth:`fit` runs it."""
 
     cfg: TrainConfig
     strategy: Strategy
@@ -65,7 +137,7 @@ class Trainer:
     # saved with a mid-epoch checkpoint so that the resumed epoch still gets one whole row.
     carried: dict | None = None
     loaders: LoaderCache = field(default_factory=LoaderCache)  # persistent workers
-    # The step of the checkpoint.pt this run saved last (see diverged.kept_step).
+    # The step of the checkpoint.pt this run saved last (see kept_step).
     saved_step: int | None = None
     started_at: Position = field(default_factory=Position)  # where this invocation began
     wait: DataWait = field(default_factory=DataWait)  # the epoch's data wait (.datawait)
@@ -78,35 +150,102 @@ class Trainer:
     # too, carried in its checkpoint): the lr each step used, for its row and curves.png
     lr_steps: list = field(default_factory=list)
 
-    # -- helpers ----------------------------------------------------------------------------
-    def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
+    # -- the run ----------------------------------------------------------------------------
+    def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
+        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch;
+        return the metrics rows (with those of ``log``, on the main process).
+
+        A signal on any process (``stop``) stops every process after the current optimizer
+        step, saves ``checkpoint.pt`` there and raises :class:`~.interrupt.Interrupted`. A
+        non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged` and save
+        nothing. A lost peer saves the last completed step and raises the strategy's error.
+        """
+        self.stop = stop or self.stop
         s = self.strategy
-        return self.loaders.get(dataset, self.cfg.optim.batch_size, shuffle=train,
-                                seed=self.cfg.run.seed, epoch=epoch,
-                                workers=self.cfg.data.workers, rank=s.rank,
-                                world_size=s.world_size, start_batch=start_batch,
-                                pin_memory=s.device.type == "cuda",
-                                split=s.split.loader_split() if train else None)
+        self.started_at = replace(self.position)
+        records = log.read() if s.is_main else []
+        board, figure = None, _Figure()
+        if s.is_main and log is not None:
+            if log.dropped:  # rows a resume dropped leave the figure at once
+                figure.draw(self, records)
+            board = TensorBoard.open(self.run_dir.tensorboard, records)
+        try:
+            self._epochs(log, records, board, figure)
+        except RuntimeError as exc:
+            where = (f"in step {self.position.step + 1}" if self.in_flight is not None else
+                     f"after step {self.position.step}")
+            lost = s.lost_peer(exc, where)
+            if lost is None:
+                raise
+            saved = self.save_at_failure()
+            raise type(lost)(f"{lost}; {self.after_loss(saved)}", quiet=lost.quiet) from None
+        finally:
+            figure.catch_up(self, records)  # also when a signal or an error ends it
+            if board is not None:
+                board.close()
+        return records
 
-    def device_batch(self, images: torch.Tensor, targets: torch.Tensor):
-        """Copy a batch to the device; uint8 images are normalised there (train and val
-        splits share their normalisation, so the val set's serves both)."""
-        device = self.strategy.device
-        images = batch_to_device(images, device, channels_last=self.cfg.parallel.channels_last,
-                                 normalization=getattr(self.val_set, "normalization", None))
-        if images.is_floating_point():  # --dtype float64: after the float32 normalisation
-            images = images.to(getattr(torch, self.cfg.parallel.dtype))
-        return images, targets.to(device, non_blocking=True)
+    def _epochs(self, log: MetricsLog | None, records: list[dict],
+                board: TensorBoard | None, figure: "_Figure") -> None:
+        """Epochs until ``epochs`` or ``max_steps``; then say where the best weights are."""
+        cfg, pos = self.cfg, self.position
+        max_steps = cfg.optim.max_steps
+        trained = False
+        while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
+            stopped = self._epoch(log, records, board, figure)
+            trained = True
+            if stopped:
+                break
+        if self.strategy.is_main:
+            print(self._best_line() if trained else
+                  f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
+                  + (f"/{max_steps}" if max_steps else ""), flush=True)
 
-    def autocast(self):
-        p = self.cfg.parallel
-        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype).autocast()
-
-    @property
-    def run_dir(self) -> RunDir:
-        return RunDir(self.cfg.run.out)
+    def _best_line(self) -> str:
+        """Where the best weights are; or, when no validation was finite (so none was "best"),
+        that no best.pt was written and which file holds the weights instead."""
+        run = self.run_dir
+        if os.path.exists(run.best):
+            return f"best val acc {self.best_acc1:.2f}%: {run.best}"
+        return (f"no validation was finite (val loss nan or inf), so no {run.BEST} was "
+                f"written: the last weights are in {run.latest} (tandem eval --resume "
+                f"{run.latest}; --resume {run.path} continues the run)")
 
     # -- one epoch --------------------------------------------------------------------------
+    def _epoch(self, log: MetricsLog | None, records: list[dict],
+               board: TensorBoard | None, figure: "_Figure") -> bool:
+        """Train one epoch (or to ``--max-steps``), validate, save, log; True when stopped
+        part-way. A stop request saves and raises :class:`Interrupted` instead of
+        validating."""
+        s, pos, stop = self.strategy, self.position, self.stop
+        reset_peak_memory(s.devices)
+        train, stopped, seconds = self.train_epoch()
+        train = train.reduced(s)
+        self.check_finite(train, weights=True)  # nothing non-finite is ever saved
+        if stop.requested:
+            with stop.critical():
+                self.save(is_best=False, progress=epoch_progress(train, seconds, self.lr_steps))
+            message = self.interrupted_message()
+            raise Interrupted(message, stop.signum, quiet=not message)
+        # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
+        # is reported, not fatal: only train loss and weights stop a run (above).
+        val = self.validate()
+        if not stopped:
+            pos.epoch, pos.batch = pos.epoch + 1, 0
+        # The first validation of a run directory always writes best.pt (even at 0%),
+        # unless its loss is not finite: such a model is never "best".
+        is_best = val.finite and (val.acc > self.best_acc1
+                                  or not os.path.exists(self.run_dir.best))
+        if val.finite:
+            self.best_acc1 = max(self.best_acc1, val.acc)
+        record = self.epoch_record(train, val, stopped, seconds)
+        with stop.critical():
+            self.save(is_best, progress=epoch_progress(train, seconds, self.lr_steps)
+                      if stopped else None)
+            if s.is_main and train.count:  # a row only for an epoch that trained
+                self._write_row(log, records, board, figure, record)
+        return stopped
+
     def train_epoch(self) -> tuple[Meter, bool, float]:
         """Train to the end of the epoch or ``--max-steps``; return meter, stopped?, seconds."""
         run = self.begin_epoch()
@@ -125,7 +264,7 @@ class Trainer:
         synchronize(self.strategy.devices)
         return run.meter, run.stopped, run.seconds()
 
-    def begin_epoch(self) -> "EpochRun":
+    def begin_epoch(self) -> EpochRun:
         """The epoch's meter (with carried sums), progress and clock; the model in training
         mode. Data comes after: :meth:`train_batch` takes device batches (and frees the last
         step's gradients before each step's first one)."""
@@ -142,7 +281,20 @@ class Trainer:
         self.model.train()
         return EpochRun(meter, progress, carried_seconds)
 
-    def train_batch(self, run: "EpochRun", index: int, images: torch.Tensor,
+    def _carried_meter(self) -> tuple[Meter, float]:
+        """A meter holding the carried sums of this epoch (on the main process only)."""
+        carried, self.carried = self.carried, None
+        if carried and LOST_BEFORE in carried:  # saved at a lost peer: the sums went with it
+            self.train_from = int(carried[LOST_BEFORE])
+            return Meter(), 0.0
+        if not carried or not self.strategy.is_main:
+            return Meter(), 0.0
+        return Meter.from_sums(carried["loss_sum"], carried["correct"], carried["count"],
+                               carried.get("correct5", 0), carried.get("confusion")), \
+            float(carried["seconds"])
+
+    # -- one step ---------------------------------------------------------------------------
+    def train_batch(self, run: EpochRun, index: int, images: torch.Tensor,
                     targets: torch.Tensor) -> bool:
         """Global batch ``index`` of the epoch (this process's share, on the device): forward,
         loss and backward (under ``no_sync`` but for a step's last micro-batch), the meter and
@@ -186,10 +338,10 @@ class Trainer:
         self._rebalance(run.progress)
         if run.look:
             run.look = False
-            self._check_finite(run.meter)
+            self.check_finite(run.meter)
         return True
 
-    def after_step(self, run: "EpochRun") -> bool:
+    def after_step(self, run: EpochRun) -> bool:
         """After an optimizer step: ``--max-steps``, the stop vote (every process, every step)
         and ``--save-every``. True when the epoch ends here (``run.stopped``: part-way)."""
         cfg, s, pos = self.cfg, self.strategy, self.position
@@ -202,17 +354,9 @@ class Trainer:
             return True
         if save_every and pos.step % save_every == 0 and pos.batch < self.batches_per_epoch:
             sums = run.meter.reduced(s)
-            self._check_finite(sums, weights=True)
+            self.check_finite(sums, weights=True)
             self.save(is_best=False, progress=epoch_progress(sums, run.seconds(), self.lr_steps))
         return False
-
-    def batch_shares(self) -> dict | None:
-        """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""
-        split = self.strategy.split
-        if split.weights() is None:
-            return None
-        sizes = split.sizes(self.cfg.optim.batch_size)
-        return {str(i): n for i, n in enumerate(sizes)}
 
     def _rebalance(self, progress: Progress) -> None:
         """``--split auto``: let the strategy move the shares; say so when they moved."""
@@ -223,22 +367,37 @@ class Trainer:
             progress.note(f"step {pos.step}: split {progress.shares} "
                           f"(samples per device of {self.cfg.optim.batch_size})")
 
-    def _carried_meter(self) -> tuple[Meter, float]:
-        """A meter holding the carried sums of this epoch (on the main process only)."""
-        carried, self.carried = self.carried, None
-        if carried and LOST_BEFORE in carried:  # saved at a lost peer: the sums went with it
-            self.train_from = int(carried[LOST_BEFORE])
-            return Meter(), 0.0
-        if not carried or not self.strategy.is_main:
-            return Meter(), 0.0
-        return Meter.from_sums(carried["loss_sum"], carried["correct"], carried["count"],
-                               carried.get("correct5", 0), carried.get("confusion")), \
-            float(carried["seconds"])
+    # -- what a step reads --------------------------------------------------------------------
+    def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
+        s = self.strategy
+        return self.loaders.get(dataset, self.cfg.optim.batch_size, shuffle=train,
+                                seed=self.cfg.run.seed, epoch=epoch,
+                                workers=self.cfg.data.workers, rank=s.rank,
+                                world_size=s.world_size, start_batch=start_batch,
+                                pin_memory=s.device.type == "cuda",
+                                split=s.split.loader_split() if train else None)
 
-    def _check_finite(self, meter: Meter | None, *, weights: bool = False,
-                      what: str = "train loss") -> None:
-        """See :func:`.diverged.check` (raises :class:`TrainingDiverged` on every process)."""
-        diverged.check(self, meter, weights=weights, what=what)
+    def device_batch(self, images: torch.Tensor, targets: torch.Tensor):
+        """Copy a batch to the device; uint8 images are normalised there (train and val
+        splits share their normalisation, so the val set's serves both)."""
+        device = self.strategy.device
+        images = batch_to_device(images, device, channels_last=self.cfg.parallel.channels_last,
+                                 normalization=getattr(self.val_set, "normalization", None))
+        if images.is_floating_point():  # --dtype float64: after the float32 normalisation
+            images = images.to(getattr(torch, self.cfg.parallel.dtype))
+        return images, targets.to(device, non_blocking=True)
+
+    def autocast(self):
+        p = self.cfg.parallel
+        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype).autocast()
+
+    def batch_shares(self) -> dict | None:
+        """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""
+        split = self.strategy.split
+        if split.weights() is None:
+            return None
+        sizes = split.sizes(self.cfg.optim.batch_size)
+        return {str(i): n for i, n in enumerate(sizes)}
 
     @torch.no_grad()
     def validate(self) -> Meter:
@@ -246,7 +405,7 @@ class Trainer:
         validation set, every sample counted once (none without one: ``tandem.fit(...,
         val_data=None)``). Under autocast torch runs cross-entropy in float32 and the meter
         sums in float64, so only logits that overflowed in the model (fp16 past 65504) make
-        the loss non-finite; :mod:`.epochs` reports that instead of stopping."""
+        the loss non-finite; the epoch reports that instead of stopping."""
         meter = Meter()
         if self.val_set is None:
             return meter
@@ -259,22 +418,39 @@ class Trainer:
                          out.ce_sum)
         return meter.reduced(self.strategy)
 
+    # -- a loss or weights no longer finite ---------------------------------------------------
+    def check_finite(self, meter: Meter | None, *, weights: bool = False,
+                     what: str = "train loss") -> None:
+        """Raise :class:`TrainingDiverged` on every process when ``meter``'s loss, or with
+        ``weights`` the model's weights, are not finite on any process. Reads the meter
+        (once) and, with ``weights``, the model. What is kept is the last checkpoint written
+        with finite weights; :func:`diverged_message` says which, and how to go on."""
+        s = self.strategy
+        bad = meter is not None and not meter.finite
+        if weights and not bad:
+            bad, what = not weights_finite(self.model, s.device), "the weights"
+        if not s.any_process(bad):
+            return
+        pos, cfg = self.position, self.cfg
+        text = diverged_message(what, pos.epoch + 1, pos.step, cfg.optim.lr, cfg.run.out,
+                                self.kept_step(),
+                                resume_command_here(cfg.run.out, s.multiprocess)
+                                ) if s.is_main else ""
+        raise TrainingDiverged(text, quiet=not s.is_main)
+
+    def kept_step(self) -> int | None:
+        """The step of the checkpoint in --out: the last this run saved, else the one it
+        resumed from (the only checkpoint.pt a run directory can hold at its start); ``None``:
+        none."""
+        if self.saved_step is not None:
+            return self.saved_step
+        exists = os.path.exists(self.run_dir.latest)
+        return self.started_at.step if exists else None
+
     # -- saving -----------------------------------------------------------------------------
-    def save_at_failure(self) -> str | None:
-        """After a lost peer: undo the step it cut short (:class:`StepStart`) and save the last
-        completed step, with no collective (the peers are gone); the path, on the main process.
-        The epoch under way's train sums are not saved (they need the other processes): the
-        resumed epoch's row counts the batches after the resume, and says from which
-        (``train_from_batch``)."""
-        start, self.in_flight = self.in_flight, None
-        if start is not None:
-            start.restore_buffers(self.model)
-        if not self.strategy.is_main:
-            return None
-        self.save(is_best=False, progress={LOST_BEFORE: self.position.batch,
-                                           "lr_steps": thinned(self.lr_steps)},
-                  rng=start.rng if start is not None else None)
-        return self.run_dir.latest
+    @property
+    def run_dir(self) -> RunDir:
+        return RunDir(self.cfg.run.out)
 
     def save(self, is_best: bool, progress: dict | None = None, rng: dict | None = None) -> None:
         """Write ``checkpoint.pt`` (and ``best.pt``) atomically, on the main process only.
@@ -309,14 +485,184 @@ class Trainer:
         if is_best:
             checkpoint.save(self.run_dir.best, state, optimizer, **extra)
 
-    # -- the run ----------------------------------------------------------------------------
-    def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
-        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch
-        (:func:`.epochs.fit`); return the metrics rows.
+    def save_at_failure(self) -> str | None:
+        """After a lost peer: undo the step it cut short (:class:`StepStart`) and save the last
+        completed step, with no collective (the peers are gone); the path, on the main process.
+        The epoch under way's train sums are not saved (they need the other processes): the
+        resumed epoch's row counts the batches after the resume, and says from which
+        (``train_from_batch``)."""
+        start, self.in_flight = self.in_flight, None
+        if start is not None:
+            start.restore_buffers(self.model)
+        if not self.strategy.is_main:
+            return None
+        self.save(is_best=False, progress={LOST_BEFORE: self.position.batch,
+                                           "lr_steps": thinned(self.lr_steps)},
+                  rng=start.rng if start is not None else None)
+        return self.run_dir.latest
 
-        A signal on any process (``stop``) stops every process after the current optimizer
-        step, saves ``checkpoint.pt`` there and raises :class:`~.interrupt.Interrupted`. A
-        non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged` and save
-        nothing.
-        """
-        return epochs.fit(self, log, stop)
+    def interrupted_message(self) -> str:
+        """Where the run stopped and how to continue it: the main process says it for the job,
+        another machine's first process for its own node."""
+        s, pos, out = self.strategy, self.position, self.cfg.run.out
+        where = f"{self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}"
+        if s.is_main:
+            return f"saved {where}; continue with: {resume_command_here(out, s.multiprocess)}"
+        if not speaks_for_node():
+            return ""
+        return (f"rank 0 saved {where} (on node 0); continue with: "
+                f"{resume_command_here(out, True, this_node=True)}")
+
+    def after_loss(self, saved: str | None) -> str:
+        """What a lost peer leaves: the checkpoint the main process saved, and how the run
+        goes on (the launcher restarts it, or the command for each node)."""
+        pos, out = self.position, self.cfg.run.out
+        left = restarts_left()
+        if saved is None:
+            return ("rank 0 saves the last completed step" + (
+                "; the launcher restarts the job" if left else
+                f"; continue with: {resume_command_here(out, True, this_node=True)}"))
+        done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
+        if left:
+            return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
+        return f"{done}; continue with: {resume_command_here(out, True)}"
+
+    # -- the epoch's outputs ------------------------------------------------------------------
+    def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float) -> dict:
+        """The metrics row of the epoch just trained (reduced ``train`` and ``val`` meters),
+        read after the position moved on; ``partial`` when ``--max-steps`` stopped it
+        part-way."""
+        pos, s = self.position, self.strategy
+        record = {
+            "epoch": pos.epoch if not stopped else pos.epoch + 1,
+            "step": pos.step,
+            "batches": pos.batch if stopped else self.batches_per_epoch,
+            "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
+            "train_loss": train.loss, **score_fields("train", train),
+            "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
+            **({"val_plain_ce": val.ce} if label_smoothing(self.criterion) else {}),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "lr_steps": thinned(self.lr_steps),  # [step, lr] each step used (curves.png)
+            "images_per_sec": train.count / seconds if seconds > 0 else None,
+            "seconds": seconds,
+            **self.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
+            "peak_memory_mb": peak_memory_mb(s.devices),
+        }
+        if self.batch_shares() is not None:
+            record["split"] = self.batch_shares()
+        if self.train_from is not None:  # the sums before it were lost with a peer
+            record["train_from_batch"], self.train_from = self.train_from, None
+        return record
+
+    def _write_row(self, log: MetricsLog, records: list[dict], board: TensorBoard | None,
+                   figure: "_Figure", record: dict) -> None:
+        """The main process's outputs of one epoch: the metrics row, figure, board and line."""
+        cfg = self.cfg
+        records.append(record)
+        log.append(record)
+        figure.row_added(self, records)
+        if board is not None:
+            board.add_row(record)
+        print(summary_line(record, cfg.optim.epochs, self.batches_per_epoch,
+                           label_smoothing(self.criterion)), flush=True)
+        self.wait.advise(cfg.data, self.strategy.device)  # once per run, when data waits
+
+    def plot(self, records: list[dict]) -> None:
+        """``curves.png`` of ``records``, with the learning rate of every step (host-side)."""
+        optim = self.cfg.optim
+        per_epoch = -(-self.batches_per_epoch // optim.accum_steps)
+        base = self.scheduler.base_lrs[0]
+        plot_curves(records, self.run_dir.curves, schedule=(
+            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)))
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> None:
+    """One optimizer step through ``scaler``, then one schedule step.
+
+    The schedule counts optimizer steps *attempted*: a step fp16's GradScaler skips (inf
+    gradients, while it finds its scale) still advances it, as in the imagenet example, so
+    the learning rate of step ``t`` is ``lr_factor(t)`` whatever the scaler did and a resume
+    lands on it. torch's warning about that skipped first step is therefore not shown.
+    """
+    scaler.step(optimizer)
+    scaler.update()
+    if scheduler is None:
+        return
+    if not scaler.is_enabled():
+        scheduler.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SKIPPED_FIRST, category=UserWarning)
+        scheduler.step()
+
+
+class _Figure:
+    """When ``curves.png`` is drawn: after a row once :data:`CURVES_EVERY_S` have passed
+    since the last draw, else at the run's end (:meth:`catch_up`)."""
+
+    def __init__(self):
+        self.drawn_at, self.behind = time.monotonic(), False
+
+    def row_added(self, trainer: Trainer, records: list[dict]) -> None:
+        self.behind = True
+        if time.monotonic() - self.drawn_at >= CURVES_EVERY_S:
+            self.draw(trainer, records)
+
+    def catch_up(self, trainer: Trainer, records: list[dict]) -> None:
+        if self.behind:
+            self.draw(trainer, records)
+
+    def draw(self, trainer: Trainer, records: list[dict]) -> None:
+        trainer.plot(records)
+        self.drawn_at, self.behind = time.monotonic(), False
+
+
+def epoch_progress(meter: Meter, seconds: float, lr_steps: list) -> dict:
+    """A reduced meter, the seconds spent and the lr of each step so far, as a checkpoint's
+    ``epoch_progress`` entry."""
+    return {**meter.progress(), "seconds": seconds, "lr_steps": thinned(lr_steps)}
+
+
+def thinned(points: list, most: int = 200) -> list:
+    """At most ``most`` of ``points``, evenly spread, the first and the last kept: an epoch's
+    lr curve, not every step of a long one."""
+    if len(points) <= most:
+        return [list(p) for p in points]
+    every = (len(points) - 1) / (most - 1)
+    return [list(points[round(i * every)]) for i in range(most)]
+
+
+def weights_finite(model: nn.Module, device: torch.device) -> bool:
+    """True when every floating-point parameter and buffer of ``model`` is finite (one sync)."""
+    flags = [torch.isfinite(t).all().to(device)
+             for t in itertools.chain(model.parameters(), model.buffers())
+             if t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def lr_may_change() -> bool:
+    """Whether ``--resume RUN --lr X`` is accepted (``on_resume`` of the ``lr`` field)."""
+    lr = next(f for f in dataclasses.fields(OptimConfig) if f.name == "lr")
+    return lr.metadata.get("on_resume") == MAY_CHANGE
+
+
+def diverged_message(what: str, epoch: int, step: int, lr: float, out: str,
+                     kept_step: int | None, resume_command: str) -> str:
+    """One line: what became non-finite and where, what was kept, how to go on.
+
+    ``kept_step``: the step of the checkpoint in ``out`` (``None``: there is none).
+    """
+    lower = f"{lr / 10:g}"
+    head = f"{what} became non-finite by epoch {epoch}, step {step} (--lr {lr:g}); stopped"
+    if kept_step is None:
+        return (f"{head} before any checkpoint was saved; start the run again with a lower "
+                f"--lr (e.g. --lr {lower}) and --overwrite")
+    run = RunDir(out)
+    ckpt = run.latest
+    kept = f"{head}, keeping {ckpt} from step {kept_step} (finite weights)"
+    if lr_may_change():
+        return f"{kept}; go on from it with a lower --lr: {resume_command} --lr {lower}"
+    return (f"{kept}; --resume keeps a run's --lr, so to go on from those weights with a lower "
+            f"one start a new run with --pretrained {ckpt} --lr {lower} --out NEW_DIR and the "
+            f"run's other flags (in {run.file(run.CONFIG)})")

@@ -25,7 +25,7 @@ from tandem.precision import amp_flags, amp_refusal
 from tandem.strategies import strategy_class, strategy_names
 
 from . import foreign, rundir, runlock
-from .position import Position
+from .loop import Position
 from .schedule import lr_factor
 
 __all__ = ["resumed_config", "complete_line", "check_max_steps", "check_launched", "restore"]
