@@ -183,7 +183,7 @@ def test_bench_variants_reach_the_torchrun_phase():
 def test_with_compile_it_trains_and_evaluates(tmp_path, monkeypatch):
     """--compile --amp --channels-last: compiled under bf16 autocast (minutes cold, seconds
     with inductor's cache warm)."""
-    import tandem.train.model_setup
+    import tandem.train.build
 
     calls = []  # forwards through the compiled module, per run
 
@@ -194,8 +194,8 @@ def test_with_compile_it_trains_and_evaluates(tmp_path, monkeypatch):
         module.register_forward_pre_hook(lambda m, args: calls.__setitem__(count, calls[count] + 1))
         return module
 
-    compile_model = tandem.train.model_setup.compiled
-    monkeypatch.setattr(tandem.train.model_setup, "compiled", spy)
+    compile_model = tandem.train.build.compiled
+    monkeypatch.setattr(tandem.train.build, "compiled", spy)
     ok("train", *TINY, "--devices", "cpu", *FAST, "--compile", "--max-steps", "2",
        "--out", tmp_path)
     result = ok("eval", "--resume", tmp_path / "checkpoint.pt", "--devices", "cpu",

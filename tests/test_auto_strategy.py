@@ -12,11 +12,11 @@ from own_model import Net, Pairs
 from torch import nn
 
 import tandem
-from tandem.bench.contestants import strategy_contestant
 from tandem.bench.report import planned_vs_measured
 from tandem.precision import amp_precision
 from tandem.strategies import auto
-from tandem.train import auto as run_auto
+from tandem.strategies.step_timer import StrategyStep
+from tandem.train import settings
 
 CPU2 = [torch.device("cpu"), torch.device("cpu")]
 
@@ -45,17 +45,30 @@ class FakeClock:
         return self.now
 
 
+class _Timed:
+    """A real strategy step whose call is ``timed`` instead."""
+
+    def __init__(self, inner, timed):
+        self.inner, self.timed, self.devices = inner, timed, inner.devices
+
+    def __call__(self):
+        return self.timed()
+
+    def close(self):
+        self.inner.close()
+
+
 def builder(clock, costs, built=None, fail=None, cold=None):
-    """Real contestants around ``Net`` whose steps each advance ``clock`` by ``costs[name]``
+    """Real strategy steps around ``Net`` whose steps each advance ``clock`` by ``costs[name]``
     (the first by ``cold[name]`` where given); ``fail[name]`` is an exception their step
     raises instead."""
     batch = (torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,)))
 
     def build(name):
         devices = CPU2[:auto.strategy_class(name).max_devices or 2]
-        c = strategy_contestant(name, Net(), devices, batch, lr=0.01,
-                                amp=amp_precision("cpu", False))
-        step = c.step
+        c = StrategyStep.build(name, Net(), devices, batch, lr=0.01,
+                              amp=amp_precision("cpu", False))
+        step = c
 
         def timed():
             if fail and name in fail:
@@ -68,16 +81,15 @@ def builder(clock, costs, built=None, fail=None, cold=None):
 
         steps = []
 
-        c.step = timed
         if built is not None:
             built.append(name)
-        return c
+        return _Timed(c, timed)
     return build
 
 
 def _race(costs, rounds=3, **kw):
     clock = FakeClock()
-    result = auto.race(list(costs), builder(clock, costs, **kw), batch_size=8, rounds=rounds,
+    result = auto.race(list(costs), builder(clock, costs, **kw), rounds=rounds,
                        clock=clock)
     return result, auto.choose(result.rows)
 
@@ -190,7 +202,7 @@ def test_under_launch_auto_is_ddp_without_a_race(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     cfg = TrainConfig(parallel=ParallelConfig(strategy="auto", devices="cpu"))
-    cfg, ckpt, _ = run_auto.resumed(cfg, frozenset({"strategy"}))
+    cfg, ckpt, _ = settings.resumed_config(cfg, frozenset({"strategy"}))
     assert cfg.parallel.strategy == auto.launched() and ckpt is None
     assert "no race across processes" in capsys.readouterr().out
     _check_multiprocess(["train", "--strategy", "auto"])  # launch accepts it

@@ -84,7 +84,7 @@ def test_torch_dataparallel_checkpoint_evaluates_and_resumes(tmp_path, capsys):
     would have evaluated had it loaded nothing."""
     from tandem.config import ModelConfig
     from tandem.data import load_dataset
-    from tandem.train.run import build_model
+    from tandem.train.plan import build_model
 
     model = _perturbed_model(num_classes=3, in_channels=3)
     want, count = _val_loss(model)
@@ -144,7 +144,7 @@ def test_a_bare_state_dict_evaluates_with_a(tmp_path):
     own arch is one line."""
     from tandem.config import ModelConfig
     from tandem.data import load_dataset
-    from tandem.train.run import build_model
+    from tandem.train.plan import build_model
 
     model = _perturbed_model(num_classes=10, in_channels=1)
     path = tmp_path / "plain_state_dict.pt"

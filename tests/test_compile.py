@@ -110,7 +110,7 @@ def test_the_warm_up_leaves_no_time_for_split_auto(monkeypatch):
     from types import SimpleNamespace
 
     from tandem.parallel.split import BatchSplit
-    from tandem.train import warmup
+    from tandem.train import run as warmup
 
     split = BatchSplit("auto", 2)
     trainer = SimpleNamespace(model=TinyNet(),
@@ -123,7 +123,7 @@ def test_the_warm_up_leaves_no_time_for_split_auto(monkeypatch):
         split.record(0, 4, 30.0)  # a compile's seconds
         split.record(1, 4, 0.1)
 
-    monkeypatch.setattr(warmup, "_run", rehearse)
+    monkeypatch.setattr(warmup, "_rehearse", rehearse)
     warmup.warm_up(trainer)
     assert rehearsed == [True, False]
     split.record(0, 4, 1.0)  # the first real step: both devices alike

@@ -20,7 +20,7 @@ from tandem.data.device_decode import (DeviceDecoded, DeviceDecoder, decode_on, 
                                        nvjpeg_decode, resample, resolve_decode)
 from tandem.data.encoded import Encoded, collate_encoded
 from tandem.errors import UsageError
-from tandem.train import run as run_module
+from tandem.train import build as run_module
 
 from test_decode import photo
 

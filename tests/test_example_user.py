@@ -49,7 +49,7 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
 
 
 def test_typed_p_and_seed_leave_the_examples_defaults_block(tmp_path):
-    from tandem.train.start import example_block
+    from tandem.train.settings import example_block
 
     data = make_image_folder(tmp_path / "imgs", per_class=1)
     cfg = _parse("-p", "10", "--seed", "3", str(data))

@@ -75,8 +75,9 @@ def test_hybrid_trains_a_user_net_like_single(make, head, replicas):
     batches = _batches()
     ref_losses, ref_state = _steps(create_strategy("single", [CPU]), copy.deepcopy(model),
                                    batches)
-    strategy = create_strategy("hybrid", [CPU] * replicas, sync_bn=True, hybrid_head=head)
-    assert strategy.check_model(model, head) is None
+    strategy = create_strategy("hybrid", [CPU] * replicas, sync_bn=True,
+                               options={"hybrid_head": head})
+    assert strategy.check_model(model, **strategy.options) is None
     losses, state = _steps(strategy, model, batches)
     assert losses == pytest.approx(ref_losses, rel=1e-12, abs=1e-12)
     assert list(state) == list(ref_state)  # the plain model's keys, in its order

@@ -105,7 +105,7 @@ def test_resnet18_checkpoints_load_with_optimizer(tmp_path, fmt, wrap):
 
 def test_train_resume_takes_arch_epoch_and_optimizer(tmp_path):
     """In process: the run built from the example's file, before it trains."""
-    from tandem.train import resume, run
+    from tandem.train import build
 
     data = make_image_folder(tmp_path / "imgs")
     path = tmp_path / "checkpoint.pth.tar"
@@ -115,8 +115,8 @@ def test_train_resume_takes_arch_epoch_and_optimizer(tmp_path):
     plan = plan_train(cfg, frozenset({"data", "batch_size", "resume", "out"}))
     assert plan.cfg.model.arch == "resnet18"
     with plan.strategy:
-        parts = run._build(plan)
-        start, notes = resume.restore(plan.checkpoint, plan.resume_path, parts["cfg"],
+        parts = build.build(plan)
+        start, notes = build.restore(plan.checkpoint, plan.resume_path, parts["cfg"],
                                       parts["batches_per_epoch"], parts["optimizer"],
                                       parts["scheduler"], parts["scaler"])
         trainer = Trainer(**parts, **start)
@@ -211,7 +211,7 @@ def test_tandem_checkpoint_keeps_the_examples_steplr_right(tmp_path):
 
 def _resume_in_process(tmp_path, path, given, **optim):
     """The run ``train --resume PATH DATA -b 8`` builds from an example file, before it trains."""
-    from tandem.train import run
+    from tandem.train import build
 
     data = make_image_folder(tmp_path / "imgs")
     cfg = TrainConfig.from_dict({"data": {"data": str(data)},
@@ -219,8 +219,8 @@ def _resume_in_process(tmp_path, path, given, **optim):
                                  "run": {"resume": str(path), "out": str(tmp_path / "out")}})
     plan = plan_train(cfg, frozenset({"data", "batch_size", "resume", "out", *given}))
     with plan.strategy:
-        parts = run._build(plan)
-        start, notes = run._restore(plan, parts)
+        parts = build.build(plan)
+        start, notes = build.resumed(plan, parts)
     return Trainer(**parts, **start), notes
 
 
@@ -278,7 +278,7 @@ def test_a_main_py_file_goes_on_with_its_own_steplr_and_plain_cross_entropy(tmp_
 
 
 def test_a_file_without_optimizer_state_says_so():
-    from tandem.train.foreign import file_settings
+    from tandem.train.settings import file_settings
 
     cfg = TrainConfig.from_dict({"optim": {"lr": 0.2}})
     kept, said = file_settings(cfg, frozenset({"lr"}), {"arch": "resnet18", "epoch": 2,

@@ -237,9 +237,9 @@ def overflow(monkeypatch):
     """``overflow(n, part)``: from the n-th training batch on, the ``"loss"`` turns infinite,
     or its ``"grad"`` (the loss stays finite); ``"val"``: every validation loss is infinite.
     A model that overflows, the same on every machine, unlike a high --lr."""
-    from tandem.train import run as run_module
+    from tandem.train import build as build_module
 
-    make = run_module.make_criterion
+    make = build_module.make_criterion
 
     def patch(n, part="loss"):
         class Overflowing(torch.nn.Module):
@@ -256,7 +256,7 @@ def overflow(monkeypatch):
                     return loss
                 return loss * math.inf if part == "loss" else _InfGrad.apply(loss)
 
-        monkeypatch.setattr(run_module, "make_criterion",
+        monkeypatch.setattr(build_module, "make_criterion",
                             lambda *args: Overflowing(make(*args)))
 
     patch.off = monkeypatch.undo

@@ -31,7 +31,7 @@ def spies(monkeypatch):
             return original(*args, **kwargs)
         return called
 
-    monkeypatch.setattr(run_module, "load_dataset", spy("load_dataset"))
+    monkeypatch.setattr(plan_module, "load_dataset", spy("load_dataset"))
     monkeypatch.setattr(torch, "compile", spy("torch.compile"))
     monkeypatch.setattr(Strategy, "launch", spy("launch", Strategy.launch))
     return calls

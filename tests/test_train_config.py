@@ -108,7 +108,7 @@ def test_meter_sums_weight_by_count_and_skip_empty_shares():
 
 
 def test_optimizer_state_of_another_layout_is_refused():
-    from tandem.train.resume import _check_optimizer_shapes
+    from tandem.train.build import _check_optimizer_shapes
 
     def sgd(*shapes):
         params = [torch.nn.Parameter(torch.ones(s)) for s in shapes]

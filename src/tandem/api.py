@@ -23,8 +23,7 @@ from tandem.data.load import GIVEN_DATA
 from tandem.distributed.env import in_torchrun, is_main_process
 from tandem.errors import UsageError
 from tandem.parallel.devices import parse_device_spec
-from tandem.strategies import strategy_class, strategy_names
-from tandem.strategies.auto import AUTO
+from tandem.strategies import auto
 from tandem.train.plan import Supplied, plan_train
 from tandem.train.rundir import RunDir, checkpoint_path
 from tandem.train.run import execute
@@ -86,10 +85,9 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
 def _multiprocess(cfg: TrainConfig, given: frozenset[str]):
     """Under torchrun, a one-process strategy becomes the multi-process one, one device per
     process (of the kind asked for); one line says so on rank 0."""
-    if not in_torchrun() or (cfg.parallel.strategy != AUTO  # auto: ddp too, said here
-                             and strategy_class(cfg.parallel.strategy).multiprocess):
+    name = auto.under_launch(cfg.parallel.strategy)  # auto: said here too
+    if not in_torchrun() or name == cfg.parallel.strategy:
         return cfg, given
-    name = strategy_names(multiprocess=True)[0]
     kind = parse_device_spec(cfg.parallel.devices, "devices")[0].type
     if is_main_process():
         print(f"under torchrun: strategy {name} on {kind}, one process per device "

@@ -31,7 +31,7 @@ def bare_contestant(model: nn.Module, devices: list[torch.device], batch, *, amp
     model, images, targets = place(model.to(device), *batch, device, channels_last)
     model = compiling.compiled(model, compile_mode) if compiled else model
     criterion = nn.CrossEntropyLoss()
-    step = TrainStep(lambda: criterion(model(images), targets), model.parameters(), device,
+    step = TrainStep(lambda: criterion(model(images), targets), model.parameters(),
                      amp, lr)
     return Contestant(
         name="bare", kind="baseline", devices=[device],
@@ -64,7 +64,7 @@ def torch_dp_contestant(model: nn.Module, devices: list[torch.device], batch, *,
     wrapped = nn.DataParallel(model, device_ids=[d.index for d in devices])
     criterion = nn.CrossEntropyLoss()
     step = TrainStep(lambda: criterion(wrapped(images), targets), wrapped.parameters(),
-                     devices[0], amp, lr)
+                     amp, lr)
     return Contestant(
         name="torch_dp", kind="baseline", devices=devices, step=step,
         own_tensors=lambda: module_tensors(wrapped, step.optimizer, images, targets),
@@ -102,7 +102,7 @@ def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: 
     device_ids = [device.index] if device.type == "cuda" else None
     wrapped = DistributedDataParallel(model, device_ids=device_ids)
     criterion = nn.CrossEntropyLoss()
-    step = TrainStep(lambda: criterion(wrapped(images), targets), wrapped.parameters(), device,
+    step = TrainStep(lambda: criterion(wrapped(images), targets), wrapped.parameters(),
                      amp, lr)
     return Contestant(
         name="torch_ddp", kind="baseline", devices=[device],

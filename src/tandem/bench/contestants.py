@@ -13,11 +13,15 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
+
+from tandem.distributed.env import env_rank
+from tandem.parallel import context
 from tandem.precision import Precision
+from tandem.strategies.step_timer import StrategyStep, TrainStep, launched
 
 __all__ = ["Contestant", "Handicap", "TrainStep", "synthetic_batch",
            "module_tensors", "strategy_contestant", "skipped", "place",
-           "prepare_strategy", "rank_share", "timed_devices", "uncounted_traffic"]
+           "prepare_strategy", "uncounted_traffic"]
 
 
 class Handicap(nn.Module):
@@ -80,9 +84,6 @@ class _ThenBackward(torch.autograd.Function):
 
 def _replica_index() -> int:
     """This replica thread's index, else this process's rank (0 outside torchrun)."""
-    from tandem.distributed.env import env_rank
-    from tandem.parallel import context
-
     here = context.current()
     return here.index if here is not None else env_rank()
 
@@ -140,31 +141,6 @@ def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
     yield from extra
 
 
-class TrainStep:
-    """A full training step around ``forward_loss()``; SGD, momentum 0.9, weight decay 1e-4,
-    in ``amp``'s autocast (with a ``GradScaler`` where it scales)."""
-
-    def __init__(self, forward_loss: Callable[[], torch.Tensor], params, device: torch.device,
-                 amp: Precision, lr: float):
-        self.forward_loss = forward_loss
-        self.optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
-        self.amp = amp  # as in tandem train: tandem.precision decides dtype and scaling
-        self.scaler = amp.scaler() if amp.scaled else None
-
-    def __call__(self) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
-        with self.amp.autocast():
-            loss = self.forward_loss()
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
-        return loss.detach()
-
-
 def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
           device: torch.device, channels_last: bool):
     """Move the batch to ``device``; with ``channels_last`` convert the model and the images."""
@@ -177,47 +153,15 @@ def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
 
 
 def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],
-                     batch: tuple[torch.Tensor, torch.Tensor], *, channels_last: bool = False,
-                     sync_bn: bool = False, buffers: str = "replica0", compiled: bool = False,
-                     compile_mode: str | None = None, split=None,
-                     handicap: tuple[int, float] | None = None):
-    """Launch strategy ``name`` on ``devices`` and set ``model`` (which it takes over) up in it;
-    ``(strategy, wrapped, images, targets)``, the batch on the strategy's device.
-
-    ``compiled`` compiles as ``tandem train --compile`` does; ``split`` is ``--split``;
-    ``handicap`` ``(I, F)`` wraps the model in :class:`Handicap`.
-    """
-    from tandem.strategies.base import create_strategy
-    from tandem.strategies import compile as compiling
-
-    extra = {} if split is None else {"split": split}
-    strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, **extra).launch()
+                     batch: tuple[torch.Tensor, torch.Tensor], *,
+                     handicap: tuple[int, float] | None = None, **setup):
+    """Launch strategy ``name`` on ``devices`` and set ``model`` (which it takes over) up in it
+    (:func:`~tandem.strategies.step_timer.launched`, whose keywords ``setup`` are);
+    ``(strategy, wrapped, images, targets)``. ``handicap`` ``(I, F)`` wraps the model in
+    :class:`Handicap`."""
     if handicap is not None:
         model = Handicap(model, *handicap)
-    model, images, targets = place(model, *batch, strategy.device, channels_last)
-    if compiled:
-        compiling.check_compile(strategy, strategy.device.type)
-        model = compiling.compiled(model, compile_mode)
-    return strategy, strategy.setup(model), images, targets
-
-
-def rank_share(strategy, wrapped: nn.Module, images: torch.Tensor, targets: torch.Tensor):
-    """This rank's share of the global batch now (as the strategy's shares say); the whole
-    batch in a single process."""
-    if strategy.world_size == 1:
-        return images, targets
-    from tandem.parallel.split import shares
-
-    n = len(targets)
-    sizes = strategy.split.sizes(n) or shares(n, (1.0,) * strategy.world_size)
-    lo = sum(sizes[:strategy.rank])
-    return images[lo:lo + sizes[strategy.rank]], targets[lo:lo + sizes[strategy.rank]]
-
-
-def timed_devices(strategy) -> list[torch.device]:
-    """The devices to synchronise around a step: a ddp worker holds one device of the list;
-    the others are other processes' business."""
-    return list(strategy.devices) if strategy.world_size == 1 else [strategy.device]
+    return launched(name, model, devices, batch, **setup)
 
 
 def uncounted_traffic(strategy, wrapped: nn.Module) -> str | None:
@@ -230,31 +174,17 @@ def uncounted_traffic(strategy, wrapped: nn.Module) -> str | None:
 def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device],
                         batch: tuple[torch.Tensor, torch.Tensor], *, amp: Precision, lr: float,
                         compiled: bool = False, **setup) -> Contestant:
-    """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over).
+    """Build tandem strategy ``name`` on ``devices`` around ``model`` (which it takes over):
+    the step ``--strategy auto`` races (:class:`~tandem.strategies.step_timer.StrategyStep`).
 
     ``compiled`` builds a compiled twin; ``setup`` are :func:`prepare_strategy`'s
     keywords. ``batch`` is the global batch: a rank of a multi-process strategy takes its
     share of it at every step, as the strategy's shares say at that step.
     """
-    strategy, wrapped, images, targets = prepare_strategy(
-        name, model, devices, batch, compiled=compiled, **setup)
-    criterion = nn.CrossEntropyLoss()
-
-    def forward_loss() -> torch.Tensor:
-        x, y = rank_share(strategy, wrapped, images, targets)
-        return strategy.forward_loss(wrapped, criterion, x, y).loss
-
-    train_step = TrainStep(forward_loss, wrapped.parameters(), strategy.device, amp, lr)
-
-    def step() -> torch.Tensor:
-        loss = train_step()
-        strategy.split.step(0, 0)  # --split auto: every rank decides alike
-        return loss
-
+    step = StrategyStep(*prepare_strategy(name, model, devices, batch, compiled=compiled,
+                                          **setup), amp=amp, lr=lr)
     return Contestant(
-        name=name, kind="strategy",
-        devices=timed_devices(strategy), step=step,
-        own_tensors=lambda: module_tensors(wrapped, train_step.optimizer, images, targets),
-        counts_traffic=True, uncounted_traffic=uncounted_traffic(strategy, wrapped),
-        close=strategy.close,
+        name=name, kind="strategy", devices=step.devices, step=step, own_tensors=step.tensors,
+        counts_traffic=True, uncounted_traffic=uncounted_traffic(step.strategy, step.model),
+        close=step.close,
     )

@@ -18,10 +18,15 @@ import sys
 import torch
 from torch import nn
 
+from tandem.config import ModelConfig, OptimConfig, ParallelConfig, RunConfig, TrainConfig
 from tandem.precision import Precision
+from tandem.strategies.step_timer import rank_share, timed_devices
+from tandem.train.build import make_criterion, make_optimizer
+from tandem.train.loop import Trainer
+from tandem.train.schedule import make_scheduler
 
-from .contestants import (Contestant, module_tensors, prepare_strategy, rank_share,
-                          strategy_contestant, timed_devices, uncounted_traffic)
+from .contestants import (Contestant, module_tensors, prepare_strategy, strategy_contestant,
+                          uncounted_traffic)
 
 __all__ = ["loop_contestant", "loop_config", "loop_trainer", "build_strategy"]
 
@@ -31,9 +36,6 @@ BATCHES = 10 ** 9  # the twin's epoch never ends: no step is the epoch's last
 def loop_config(strategy: str, arch: str, batch_size: int, amp: Precision, lr: float,
                 print_freq: int = 0):
     """The :class:`~tandem.config.TrainConfig` of a twin: the bench step's update, no bar."""
-    from tandem.config import (ModelConfig, OptimConfig, ParallelConfig, RunConfig,
-                               TrainConfig)
-
     return TrainConfig(
         model=ModelConfig(arch=arch),
         optim=OptimConfig(batch_size=batch_size, lr=lr, momentum=0.9, weight_decay=1e-4,
@@ -46,10 +48,6 @@ def loop_config(strategy: str, arch: str, batch_size: int, amp: Precision, lr: f
 def loop_trainer(cfg, strategy, wrapped: nn.Module, scaler, batches: int, train_set=None):
     """The :class:`~tandem.train.loop.Trainer` of the bench's loop twins: ``cfg``'s optimizer,
     loss and schedule over ``batches`` a epoch, on ``wrapped`` (``strategy``'s model)."""
-    from tandem.train.loop import Trainer
-    from tandem.train.run import make_criterion, make_optimizer
-    from tandem.train.schedule import make_scheduler
-
     optimizer = make_optimizer(cfg.optim, wrapped.parameters())
     return Trainer(cfg=cfg, strategy=strategy, model=wrapped,
                    criterion=make_criterion(cfg.optim, strategy), optimizer=optimizer,
@@ -74,7 +72,7 @@ def loop_contestant(name: str, model: nn.Module, devices: list[torch.device],
     out = contextlib.redirect_stdout(sys.stderr) if print_freq else contextlib.nullcontext()
 
     def step() -> torch.Tensor:
-        x, y = rank_share(strategy, wrapped, images, targets)
+        x, y = rank_share(strategy, images, targets)
         with out:
             trainer.train_batch(run, trainer.position.batch, x, y)  # accum_steps 1: it steps
             trainer.after_step(run)
@@ -86,7 +84,7 @@ def loop_contestant(name: str, model: nn.Module, devices: list[torch.device],
 
     return Contestant(
         name=name, kind="strategy", devices=timed_devices(strategy), step=step,
-        own_tensors=lambda: module_tensors(wrapped, optimizer, images, targets),
+        own_tensors=lambda: module_tensors(wrapped, trainer.optimizer, images, targets),
         counts_traffic=True, uncounted_traffic=uncounted_traffic(strategy, wrapped),
         close=close)
 

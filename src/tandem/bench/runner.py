@@ -12,15 +12,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import torch
 
-from tandem.errors import first_line
 from tandem.parallel.traffic import TrafficMeter
 from tandem.strategies import strategy_names
 
+from tandem.strategies.step_timer import Lane, clock, describe, interleave, summarize
+
 from .contestants import Contestant
 from .entry import Entry
-from .timing import MemoryProbe, clock, summarize, synchronize
+from .timing import MemoryProbe
 
 __all__ = ["RESULT_FIELDS", "race", "empty_result", "add_ratios"]
 
@@ -58,52 +58,40 @@ def empty_result(name: str, kind: str, devices: Sequence, status: str = "skipped
 
 
 @dataclass
-class _Lane:
-    """What the race tracks for one contestant."""
+class _Lane(Lane):
+    """What the race tracks for one contestant, beyond a step timer's lane: the contestant,
+    its traffic and its memory."""
 
-    contestant: Contestant
-    times: list[float] = field(default_factory=list)
+    contestant: Contestant | None = None
     meter: TrafficMeter = field(default_factory=TrafficMeter)
     probe: MemoryProbe | None = None
-    loss: torch.Tensor | None = None
-    failure: str | None = None
-    first_s: float | None = None  # the first step (untimed; it compiles a compiled twin)
 
 
-def _step_once(lane: _Lane, timed: bool, clock=clock) -> None:
-    contestant = lane.contestant
+@contextlib.contextmanager
+def _measured(lane: _Lane, timed: bool):
+    """Around one step: the memory probe and (where the engine counts it) the traffic meter,
+    only in timed rounds."""
     if timed:
         lane.probe.start()
-    meter = lane.meter if (timed and contestant.counts_traffic) else contextlib.nullcontext()
-    synchronize(contestant.devices)
-    with meter:
-        start = clock()
-        lane.loss = contestant.step()
-        synchronize(contestant.devices)
-        elapsed = clock() - start
-    if lane.first_s is None:
-        lane.first_s = elapsed
+    counted = timed and lane.contestant.counts_traffic
+    with lane.meter if counted else contextlib.nullcontext():
+        yield
     if timed:
         lane.probe.stop()
-        lane.times.append(elapsed)
-
-
-def _describe(exc: BaseException) -> str:
-    """``"Type: first line of the message"`` (a table cell, not a traceback)."""
-    return f"{type(exc).__name__}: {first_line(exc)}"
 
 
 def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size: int, *,
          phase: str = "interleaved", catch: bool = True, clock=clock) -> list[dict]:
-    """Run ``warmup`` untimed then ``steps`` timed rounds; return one result per contestant.
+    """Run ``warmup`` untimed then ``steps`` timed rounds, interleaved as the step timer does
+    (:func:`~tandem.strategies.step_timer.interleave`); return one result per contestant.
 
     Where memory is reported, each contestant runs one extra untimed step alone first
     (:class:`~tandem.bench.timing.MemoryProbe`). With ``catch`` a failing contestant is marked
     ``failed`` and the others go on; without it the error propagates (torchrun ranks need that).
     ``clock`` reads seconds (injectable for tests).
     """
-    lanes = [_Lane(c, probe=MemoryProbe(c.devices)) for c in contestants
-             if c.skipped is None and c.failure is None]
+    lanes = [_Lane(c.name, c.step, c.devices, contestant=c, probe=MemoryProbe(c.devices))
+             for c in contestants if c.skipped is None and c.failure is None]
     for lane in lanes:  # devices that report memory: one untimed priming step each
         if lane.probe.active:
             try:
@@ -113,18 +101,8 @@ def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size:
             except Exception as exc:
                 if not catch:
                     raise
-                lane.failure = _describe(exc)
-    for r in range(warmup + steps):
-        shift = r % len(lanes) if lanes else 0
-        for lane in lanes[shift:] + lanes[:shift]:
-            if lane.failure is not None:
-                continue
-            try:
-                _step_once(lane, timed=r >= warmup, clock=clock)
-            except Exception as exc:
-                if not catch:
-                    raise
-                lane.failure = _describe(exc)
+                lane.failure = describe(exc)
+    interleave(lanes, steps, warmup, clock=clock, catch=catch, around=_measured)
     by_name = {lane.contestant.name: lane for lane in lanes}
     return [_result(c, by_name.get(c.name), steps, batch_size, phase) for c in contestants]
 

@@ -1,4 +1,5 @@
-"""Clocks, summary statistics and memory readings for the benchmark harness.
+"""Noise judgements and memory readings for the benchmark harness (its clock and summary
+statistics are the step timer's, :mod:`tandem.strategies.step_timer`).
 
 Accelerators run asynchronously, so every clock reading follows :func:`synchronize`. Peak
 memory comes from the device allocator; the CPU reports none (``None``, not a guess).
@@ -6,15 +7,12 @@ memory comes from the device allocator; the CPU reports none (``None``, not a gu
 
 from __future__ import annotations
 
-import statistics
-import time
-from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 import torch
-from tandem.errors import UsageError
 from tandem.parallel.work_clock import backend_module as _backend
 from tandem.parallel.work_clock import synchronize
+from tandem.strategies.step_timer import Stats, clock, summarize
 
 __all__ = [
     "synchronize",
@@ -28,43 +26,6 @@ __all__ = [
     "MemoryProbe",
     "resident_bytes",
 ]
-
-
-def clock() -> float:
-    """A monotonic wall clock in seconds (what a user waiting for a step experiences)."""
-    return time.perf_counter()
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Median and spread of a sample of step times, in seconds."""
-
-    median: float
-    q1: float
-    q3: float
-    iqr: float
-    min: float
-    max: float
-    mean: float
-    n: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def summarize(samples: Sequence[float]) -> Stats:
-    """Median, quartiles (inclusive), min, max and mean; an empty sample is a ``ValueError``."""
-    if not samples:
-        raise UsageError("no timed steps to summarize")
-    values = sorted(float(s) for s in samples)
-    if len(values) == 1:
-        q1 = q3 = values[0]
-    else:
-        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return Stats(
-        median=statistics.median(values), q1=q1, q3=q3, iqr=q3 - q1,
-        min=values[0], max=values[-1], mean=statistics.fmean(values), n=len(values),
-    )
 
 
 #: a sample whose IQR is over this fraction of its median is noise: its ratios say nothing

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     if result["compile_seconds"] is not None:
-        from tandem.train.warmup import describe
+        from tandem.train.run import describe_compile as describe
 
         print(describe(result["compile_seconds"], args.compile_mode))
     print(f"{args.resume}: {result['arch']} {eval_scores(result)} ({result['count']} images)")

@@ -107,10 +107,10 @@ def _check_multiprocess(command: list[str], other_node: bool = False) -> None:
     """Refuse to launch a ``train`` whose strategy is not one process per device. On a node
     other than 0, a resumed run's strategy is rank 0's to read (its copy of the run counts)."""
     from tandem.strategies import strategy_class, strategy_names
-    from tandem.strategies.auto import AUTO
+    from tandem.strategies.auto import launchable
 
     name = _train_strategy(command, other_node)  # auto: the workers' plan makes it the multi-process one
-    if name != AUTO and not strategy_class(name).multiprocess:
+    if not launchable(name):
         multi = " or ".join(n for n in strategy_names() if strategy_class(n).multiprocess)
         raise UsageError(f"`tandem launch -- train` needs --strategy {multi} (each process "
                          "trains its share of every batch; any other strategy would train N "

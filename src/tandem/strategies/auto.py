@@ -1,19 +1,24 @@
-"""``--strategy auto``: race the strategies that can drive this model here; keep the fastest.
+"""``--strategy auto``: a resolver, not a strategy. It races the strategies that can drive
+this model here and keeps the fastest; under ``tandem launch`` it is the multi-process one.
 
-Candidates are the one-process strategies whose declared abilities fit: ``check_model`` (hybrid
-needs a head it can split), ``max_devices``, and the run's own checks (``--compile``,
-``--split``) through ``check``. Each races a deep copy of the real model on a random batch of
-the data's shape, built and timed by the bench's pieces (``strategy_contestant``, ``race``),
-interleaved round by round, never fewer than :data:`MIN_ROUNDS` timed rounds of each (a budget
-may end a race early, not make it meaningless). The shortest median step wins, unless a simpler
-candidate (registration order: single first) is within the noise of it: :data:`NOISE` of the
-median, or overlapping quartiles; the reason then says the race could not tell them apart. Running out of memory drops a candidate with a word. The torch, numpy
-and Python RNGs are left as they were, so the run that follows is the run with the choice named.
+Code outside this package asks :func:`is_resolver` rather than comparing names, and a launch
+asks :func:`under_launch` and :func:`launchable` (one policy for torchrun). Candidates are the
+one-process strategies whose declared abilities fit: ``check_model`` (hybrid needs a head it
+can split), ``max_devices``, and the run's own checks (``--compile``, ``--split``) through
+``check``. Each races a deep copy of the real model on a random batch of the data's shape,
+built and timed by :mod:`.step_timer`, interleaved round by round, never fewer than
+:data:`MIN_ROUNDS` timed rounds of each (a budget may end a race early, not make it
+meaningless). The shortest median step wins, unless a simpler candidate (registration order:
+single first) is within the noise of it: :data:`NOISE` of the median, or overlapping
+quartiles; the reason then says the race could not tell them apart. Running out of memory
+drops a candidate with a word. The torch, numpy and Python RNGs are left as they were, so the
+run that follows is the run with the choice named.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import math
 import random
@@ -23,10 +28,15 @@ from typing import Callable
 import numpy as np
 import torch
 
+from tandem.errors import TandemError, UsageError
+from tandem.hybrid import plan as hybrid_plan
+
+from . import step_timer
 from .base import strategy_class, strategy_names
 
-__all__ = ["AUTO", "NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept", "launched", "simplest_first", "candidates",
-           "budget_s", "race", "choose", "planned_bytes", "format_block"]
+__all__ = ["AUTO", "NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept", "is_resolver", "launched",
+           "under_launch", "launchable", "simplest_first", "candidates", "budget_s", "race",
+           "resolve", "choose", "planned_bytes", "format_block"]
 
 AUTO = "auto"
 NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
@@ -36,9 +46,30 @@ OUT_OF_MEMORY = "out of memory"
 _PLAIN_DP = "dp"  # the plan's data-parallel figure: what a choice's bytes are compared with
 
 
+def is_resolver(name: str) -> bool:
+    """Whether ``--strategy name`` is resolved by a race (``auto``) rather than a strategy."""
+    return name == AUTO
+
+
 def launched() -> str:
     """The strategy under ``tandem launch``: one process per device (no race across them)."""
     return strategy_names(multiprocess=True)[0]
+
+
+def launchable(name: str) -> bool:
+    """Whether ``tandem launch`` can run ``--strategy name``: a multi-process strategy, or
+    ``auto`` (which becomes one); a one-process strategy would train N independent copies
+    writing the same files."""
+    return is_resolver(name) or strategy_class(name).multiprocess
+
+
+def under_launch(name: str) -> str:
+    """What ``--strategy name`` runs as in a process torchrun started: a multi-process
+    strategy itself; ``auto`` and a one-process strategy (``tandem.fit`` called under
+    torchrun) the multi-process one, one process per device."""
+    if not is_resolver(name) and strategy_class(name).multiprocess:
+        return name
+    return launched()
 
 
 def simplest_first() -> list[str]:
@@ -46,11 +77,12 @@ def simplest_first() -> list[str]:
     return strategy_names(multiprocess=False)
 
 
-def candidates(devices: list, model, hybrid_head: str | None = None,
+def candidates(devices: list, model, options: dict | None = None,
                check: Callable[[str], str | None] | None = None
                ) -> tuple[list[str], dict[str, str]]:
     """``(raced, not_raced)``: the strategies that can drive ``model`` on ``devices``, and why
-    each other one cannot (one line each). ``check(name)`` adds the run's own refusals."""
+    each other one cannot (one line each). ``options``: the model options a strategy may take
+    (hybrid's head); ``check(name)`` adds the run's own refusals."""
     raced, left = [], {}
     for name in simplest_first():
         cls = strategy_class(name)
@@ -58,7 +90,7 @@ def candidates(devices: list, model, hybrid_head: str | None = None,
         if len(devices) == 1 and cls.max_devices is None:
             why = "one device: nothing to spread"
         else:
-            why = cls.check_model(model, hybrid_head) or (check(name) if check else None)
+            why = cls.check_model(model, **(options or {})) or (check(name) if check else None)
         if why:
             left[name] = why
         else:
@@ -84,6 +116,8 @@ class RaceResult:
     not_raced: dict[str, str] = field(default_factory=dict)
     over_budget: bool = False  # the cold round used the budget: MIN_ROUNDS ran anyway
     asked: int | None = None  # --auto-steps, where fewer than MIN_ROUNDS (raised to it)
+    raced: list[str] = field(default_factory=list)  # the candidates, in the order they ran
+    planned: dict[str, int] = field(default_factory=dict)  # bytes per step the plan predicts
 
     def record(self) -> dict:
         """What the run's config keeps (``resolved.auto``)."""
@@ -106,78 +140,104 @@ def rng_kept():
             np.random.set_state(npy)
 
 
-def _dropped(result: dict) -> str:
-    reason = result["reason"] or ""
-    if reason.startswith("OutOfMemoryError"):
-        return f"dropped: {OUT_OF_MEMORY}"
-    return f"dropped: failed ({reason})"
+def _row(lane) -> dict:
+    """A lane as the race's table keeps it: the step's median and quartiles, or why it was
+    dropped."""
+    if lane.failure is not None:
+        if lane.failure.startswith("OutOfMemoryError"):
+            return {"name": lane.name, "note": f"dropped: {OUT_OF_MEMORY}"}
+        return {"name": lane.name, "note": f"dropped: failed ({lane.failure})"}
+    t = step_timer.summarize(lane.times)
+    return {"name": lane.name, "median_s": t.median, "iqr_s": t.iqr, "q1_s": t.q1,
+            "q3_s": t.q3}
 
 
-def _row(result: dict) -> dict:
-    """A bench result as the race's table keeps it: the step's median and quartiles."""
-    if result["status"] != "ok":
-        return {"name": result["name"], "note": _dropped(result)}
-    t = result["step_time_s"]
-    return {"name": result["name"], "median_s": t["median"], "iqr_s": t["iqr"],
-            "q1_s": t["q1"], "q3_s": t["q3"]}
-
-
-def race(names: list[str], build: Callable, *, batch_size: int, rounds: int | None = None,
+def race(names: list[str], build: Callable[[str], step_timer.StrategyStep], *, rounds: int | None = None,
          epoch_batches: int = 1, clock: Callable[[], float] | None = None) -> RaceResult:
-    """Race ``build(name)`` (a bench ``Contestant``) for each of ``names``: one cold round,
-    then as many timed rounds as :func:`budget_s` leaves, and at least :data:`MIN_ROUNDS`: a
-    cold step also times first-call costs (allocation, lazy set-up), which misled a pick
-    (BENCHMARKS.md section 13), and one warm round has no spread. ``rounds`` gives that many
-    timed rounds (at least :data:`MIN_ROUNDS`) after one warm-up. ``clock`` is injectable
-    (tests)."""
-    from tandem.bench.runner import race as bench_race
-    from tandem.bench.timing import clock as wall
-
-    clock = clock or wall
+    """Race ``build(name)`` (a :class:`~.step_timer.StrategyStep`) for each of ``names``: one
+    cold round, then as many timed rounds as :func:`budget_s` leaves, and at least
+    :data:`MIN_ROUNDS`: a cold step also times first-call costs (allocation, lazy set-up),
+    which misled a pick (BENCHMARKS.md section 13), and one warm round has no spread.
+    ``rounds`` gives that many timed rounds (at least :data:`MIN_ROUNDS`) after one warm-up.
+    ``clock`` is injectable (tests)."""
+    clock = clock or step_timer.clock
     start = clock()
-    built, alive, rows = [], [], {}
+    built, lanes, rows = [], [], {}
     with rng_kept():
         try:
             for name in names:
                 try:
-                    built.append(build(name))
+                    step = build(name)
                 except torch.OutOfMemoryError:
                     rows[name] = {"name": name, "note": f"dropped: {OUT_OF_MEMORY}"}
+                    continue
+                built.append(step)
+                lanes.append(step_timer.Lane(name, step, step.devices))
             if rounds is None:  # one cold round, never the one that decides
-                first = bench_race(built, 1, 0, batch_size, clock=clock)
-                n = _rounds(first, clock() - start, epoch_batches)
+                step_timer.interleave(lanes, 1, clock=clock)
+                n = _rounds(lanes, clock() - start, epoch_batches)
                 over_budget, n = n < MIN_ROUNDS, max(MIN_ROUNDS, n)
+                for lane in lanes:
+                    lane.times.clear()
+                step_timer.interleave(lanes, n, clock=clock)
             else:
-                first = bench_race(built, max(MIN_ROUNDS, rounds), 1, batch_size, clock=clock)
-                over_budget, n = False, 0
-            results = first
-            if n:
-                alive += [c for c, r in zip(built, first) if r["status"] == "ok"]
-                results = bench_race(alive, n, 0, batch_size, clock=clock) + [
-                    r for r in first if r["status"] != "ok"]
+                over_budget, n = False, max(MIN_ROUNDS, rounds)
+                step_timer.interleave(lanes, n, 1, clock=clock)
         finally:
-            for contestant in built:
-                contestant.close()
+            for step in built:
+                step.close()
             built.clear()  # the copies go before the run builds its own
-            alive.clear()
+            for lane in lanes:
+                lane.step = None
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    rows.update((r["name"], _row(r)) for r in results)
-    done = max(MIN_ROUNDS, rounds) if rounds is not None else n
-    return RaceResult([rows[n] for n in names if n in rows], done, clock() - start,
+    rows.update((lane.name, _row(lane)) for lane in lanes)
+    return RaceResult([rows[n] for n in names if n in rows], n, clock() - start,
                       over_budget=over_budget,
                       asked=rounds if rounds is not None and rounds < MIN_ROUNDS else None)
 
 
-def _rounds(first: list[dict], elapsed: float, epoch_batches: int) -> int:
+def _rounds(lanes: list, elapsed: float, epoch_batches: int) -> int:
     """Rounds that fit what the budget leaves after ``elapsed`` seconds (0: none left)."""
-    steps = [r["step_time_s"]["median"] for r in first if r["status"] == "ok"]
+    steps = [lane.times[0] for lane in lanes if lane.failure is None and lane.times]
     if not steps:
         return 0
     left = budget_s(epoch_batches * min(steps)) - elapsed
     per_round = sum(steps)
     return max(0, min(MAX_ROUNDS, math.floor(left / per_round))) if per_round > 0 else MAX_ROUNDS
+
+
+def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
+            options: dict | None = None, check: Callable[[str], str | None] | None = None,
+            rounds: int | None = None, epoch_batches: int = 1, clock=None,
+            split=None, **step) -> RaceResult:
+    """``auto`` resolved on ``devices`` for ``model`` (a copy each candidate takes over) and
+    the global ``batch``: the candidates (:func:`candidates`) raced (:func:`race`), the choice
+    and its reason (:func:`choose`, with the bytes :func:`planned_bytes` predicts). ``step``:
+    :class:`~.step_timer.StrategyStep`'s keywords (``amp``, ``lr``, ``channels_last``,
+    ``sync_bn``, ``buffers``); refused in one line when no strategy can run the model."""
+    names, not_raced = candidates(devices, model, options, check)
+    if not names:
+        raise UsageError("--strategy auto: no strategy can run this here: " + "; ".join(
+            f"{n}: {why}" for n, why in not_raced.items()))
+
+    def build(name: str) -> step_timer.StrategyStep:
+        few = devices[:strategy_class(name).max_devices or len(devices)]
+        return step_timer.StrategyStep.build(name, copy.deepcopy(model), few, batch, split=split,
+                                             options=options, **step)
+
+    images = batch[0]
+    if len(names) == 1:  # nothing to race
+        result = RaceResult([], 0, 0.0)
+    else:
+        result = race(names, build, rounds=rounds, clock=clock, epoch_batches=epoch_batches)
+    result.planned = planned_bytes(model, devices, len(images), tuple(images.shape[1:]),
+                                   (options or {}).get("hybrid_head"), split)
+    result.choice, result.reason = (choose(result.rows, result.planned) if result.rows else
+                                    (names[0], f"{names[0]}: the only candidate"))
+    result.not_raced, result.raced = not_raced, names
+    return result
 
 
 def _tied(a: dict, b: dict) -> bool:
@@ -225,11 +285,8 @@ def planned_bytes(model, devices: list, batch_size: int, input_size, head: str |
     """Bytes one step moves between devices, inputs included, as :func:`tandem.hybrid.plan`
     predicts them: single none, dp its data-parallel total, balanced the same less the gathered logits (it
     sends loss terms instead), hybrid its split total; ``{}`` for a model it cannot plan."""
-    from tandem.errors import TandemError
-    from tandem.hybrid import plan
-
     try:
-        p = plan(model, devices, batch_size=batch_size, input_size=input_size, head=head,
+        p = hybrid_plan(model, devices, batch_size=batch_size, input_size=input_size, head=head,
                  split=None if split == "auto" else split)
     except (TandemError, ValueError, TypeError, AttributeError):
         return {}

@@ -74,23 +74,28 @@ class Strategy:
         nothing (hybrid's asks for a head it can split)."""
         return cls.check_model.__func__ is Strategy.check_model.__func__
 
+    #: the model options (:class:`~tandem.config.ModelConfig` fields) it takes, kept in
+    #: ``self.options`` (hybrid's ``hybrid_head``); any others handed to it are left out
+    model_options: ClassVar[tuple[str, ...]] = ()
+
     @classmethod
-    def check_model(cls, model: nn.Module, hybrid_head: str | None = None) -> str | None:
+    def check_model(cls, model: nn.Module, **options) -> str | None:
         """``None`` if this strategy can train ``model``, else what it needs (one line).
-        ``hybrid_head`` is the attribute holding the head, for strategies that split it."""
+        ``options``: the model options of :attr:`model_options` (others are ignored)."""
         return None
     #: why ``--compile`` cannot be used with it (``None``: the model it is given may be compiled)
     compile_unsupported: ClassVar[str | None] = None
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", output_key: str | int | None = None,
-                 hybrid_head: str | None = None, split=None, max_share: int | None = None,
+                 options: dict | None = None, split=None, max_share: int | None = None,
                  backward_threads: bool | None = None):
         self.devices = list(devices)
         self.sync_bn = sync_bn
         self.buffers = buffers
         self.output_key = output_key  # picks the logits of a dict or tuple output
-        self.hybrid_head = hybrid_head  # the head's attribute, for strategies that split it
+        # the model options this strategy takes (model_options), from those handed to it
+        self.options = {k: (options or {}).get(k) for k in self.model_options}
         # --split/--max-share: the shares of a batch, one per device (ranks: see ddp)
         self.split = BatchSplit(split, len(self.devices), max_share)
         self.backward_threads = backward_threads  # replica threads: the run plan's choice

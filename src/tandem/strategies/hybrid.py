@@ -23,9 +23,10 @@ __all__ = ["HybridStrategy"]
 class HybridStrategy(ReplicatedStrategy):
     name = "hybrid"
     compile_unsupported = "its features and classifier shards would each need compiling"
+    model_options = ("hybrid_head",)  # the attribute holding the Linear head to split
 
     @classmethod
-    def check_model(cls, model: nn.Module, hybrid_head: str | None = None) -> str | None:
+    def check_model(cls, model: nn.Module, hybrid_head: str | None = None, **_) -> str | None:
         return head_problem(model, hybrid_head)
 
     def optimizer_state_dict(self, wrapped: nn.Module, optimizer) -> dict:
@@ -35,5 +36,5 @@ class HybridStrategy(ReplicatedStrategy):
         wrapped.load_plain_optimizer_state(optimizer, state)
 
     def setup(self, model: nn.Module) -> nn.Module:
-        return HybridParallel(prepare_replicated(self, model), head=self.hybrid_head,
+        return HybridParallel(prepare_replicated(self, model), head=self.options["hybrid_head"],
                               **self.wrapper_options())

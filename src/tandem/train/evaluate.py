@@ -11,7 +11,7 @@ from tandem.precision import amp_flags, amp_refusal
 from tandem.data.load import GIVEN_DATA
 from tandem.factory import is_reference
 
-from . import foreign, runlock
+from . import runlock, settings
 from .plan import plan_eval
 from .rundir import checkpoint_path as checkpoint_path_of, example_file_note
 from .run import validate
@@ -58,7 +58,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     ckpt = checkpoint.load(checkpoint_path)
     newer = example_file_note(checkpoint_path, (data or {}).get(
         "data", ((ckpt.get("config") or {}).get("data") or {}).get("data")), evaluate=True)
-    arch = foreign.checkpoint_arch(ckpt, arch, checkpoint_path)
+    arch = settings.checkpoint_arch(ckpt, arch, checkpoint_path)
     saved = TrainConfig.from_dict(ckpt.get("config") or {})
     optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
                                                        ("label_smoothing", label_smoothing))
@@ -73,13 +73,13 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
                       data=replace(saved.data, **(data or {})), optim=optim, parallel=parallel,
                       run=saved.run if seed is None else replace(saved.run, seed=seed))
     note = None
-    if foreign.is_foreign(ckpt):
+    if settings.is_foreign(ckpt):
         given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
-        cfg, note = foreign.eval_settings(cfg, frozenset(given), checkpoint_path)
+        cfg, note = settings.eval_settings(cfg, frozenset(given), checkpoint_path)
     cfg = replace(cfg, run=replace(cfg.run, resume=checkpoint_path))
     result = validate(plan_eval(cfg, ckpt))
     if note:
-        note = note.replace(foreign.DATA_SIZE, f"{result['image_size']}px")
+        note = note.replace(settings.DATA_SIZE, f"{result['image_size']}px")
     note = "\n".join(n for n in (newer, note) if n) or None
     if result["precision"]:
         result["precision"] += source

@@ -1,10 +1,14 @@
-"""A run's plan: everything it resolves, and every check it needs, before it touches anything.
+"""A run's plan: everything it resolves, and every check it needs, before it touches anything
+(settings → plan → :mod:`.build` → :mod:`.loop`).
 
-:func:`plan_train` and :func:`plan_eval` read the flags (and the checkpoint a resume names),
-pick the devices and the strategy, check what the strategy can do (``--amp``,
-``--channels-last``, ``--compile``, the model) and what may happen to ``--out`` (a run there,
-one writing there now, a read-only file). A refusal
-comes before any process group is joined, any data read or anything compiled or written.
+:func:`plan_train` and :func:`plan_eval` take the run's settings (:mod:`.settings`: the flags,
+and the checkpoint a resume names), refuse a resume that has nothing to do or needs its
+launcher, check what may happen to ``--out`` (a run there, one writing there now, a read-only
+file), pick the devices and the strategy and check what it can do (``--amp``,
+``--channels-last``, ``--compile``, the model). ``--strategy auto`` is resolved here: the
+candidates race on a throw-away copy of the model (:mod:`tandem.strategies.auto`), and the
+choice is the plan's strategy. The plan that returns is final: a refusal comes before any
+process group is joined, the run's model or loaders built, anything compiled or written.
 ``tandem.fit`` hands over its model, data sets and criterion as :class:`Supplied`; the plan
 and the build then take them instead of building what the config names. A
 ``package.module:function`` model is checked by its strategy once it is built.
@@ -12,32 +16,39 @@ and the build then take them instead of building what the config names. A
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import random
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from tandem.config import ModelConfig, ParallelConfig, TrainConfig
-from tandem.distributed.env import is_main_process
-from tandem.errors import UsageError
+from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
+from tandem.distributed.env import in_torchrun, is_main_process, restart_count
+from tandem.errors import UsageError, first_line
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
+from tandem.parallel import threaded_backward
 from tandem.parallel.devices import parse_device_spec
 from tandem.parallel.split import parse_split
 from tandem.precision import amp_precision
-from tandem.parallel import threaded_backward
-from tandem.strategies import Strategy, create_strategy, strategy_class, strategy_names
+from tandem.strategies import (Strategy, auto, create_strategy, strategy_class,
+                               strategy_names)
 from tandem.strategies.compile import check_compile
 
-from . import auto, foreign, rundir, runlock, start
-from .resume import check_launched, complete_line
+from . import rundir, runlock, settings
 from .rundir import RunDir
 
 __all__ = ["RunPlan", "Supplied", "check_model", "plan_train", "plan_eval", "FRESH", "RESUMED",
-           "FORKED", "EVALUATE", "backward_recorded"]
+           "FORKED", "EVALUATE", "build_data", "build_model", "seed_everything",
+           "check_max_steps", "saved_position"]
 
 #: what a run does to its directory: starts it, continues it there, continues it in a new one,
 #: or writes nothing (validation only)
@@ -68,8 +79,11 @@ class RunPlan:
     notes: tuple[str, ...] = ()  # what the resume took or changed, one line each
     given: frozenset[str] = frozenset()  # fields typed on the command line
     supplied: Supplied = field(default_factory=Supplied)
-    race: dict | None = None  # --strategy auto's record (tandem.train.auto)
+    race: dict | None = None  # --strategy auto's record: its table, choice and reason
     opening: tuple[str, ...] = ()  # lines the command line says as the run starts (--dummy)
+    # the config's data sets (train, val, info) as read for the race, which the build then
+    # takes instead of reading them again; None: the build reads them
+    data: tuple | None = field(default=None, repr=False)
 
     @property
     def resume_path(self) -> str | None:
@@ -80,7 +94,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
                supplied: Supplied = Supplied(), opening: tuple[str, ...] = ()) -> RunPlan | str:
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed; ``opening``:
     :attr:`RunPlan.opening`); or, for a complete run, the one line to print instead."""
-    cfg, ckpt, notes = auto.resumed(cfg, given)  # resumed_config; auto: the run's, or launch's
+    cfg, ckpt, notes = settings.resumed_config(cfg, given)
     newer = None
     if ckpt is not None:
         _check_handed(cfg, ckpt, supplied)
@@ -88,54 +102,63 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         notes = [*notes, newer] if newer else notes
     if supplied.model is None and supplied.data is None:
         if ckpt is None:
-            cfg = start.fresh_defaults(cfg, given)  # an ImageFolder's arch and image size
-        elif foreign.is_foreign(ckpt) and not cfg.run.evaluate:  # -e: foreign.eval_settings
-            cfg = start.sized(cfg, given)  # the file's arch at its native size
+            cfg = settings.fresh_defaults(cfg, given)  # an ImageFolder's arch and image size
+        elif settings.is_foreign(ckpt) and not cfg.run.evaluate:  # -e: eval_settings
+            cfg = settings.sized(cfg, given)  # the file's arch at its native size
     if supplied.model is None:
         model_info(cfg.model.arch)  # a mistyped --arch (or a factory that fails to import)
     if supplied.data is None:
         check_spec(cfg.data.data)  # a mistyped --data, or a path that is not there
     if cfg.run.evaluate:  # notes: only what a file from elsewhere is evaluated as
         note = None
-        if ckpt is not None and foreign.is_foreign(ckpt):  # as the example's own -e
-            cfg, note = foreign.eval_settings(cfg, given, cfg.run.resume)
+        if ckpt is not None and settings.is_foreign(ckpt):  # as the example's own -e
+            cfg, note = settings.eval_settings(cfg, given, cfg.run.resume)
         return plan_eval(cfg, ckpt, [n for n in (newer, note) if n], supplied)
     if ckpt is not None:
         line = complete_line(cfg, ckpt, given, by_fit=supplied != Supplied())
         if line is not None:
             return line
         check_launched(cfg, ckpt, given)
-    strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
-    cfg = backward_recorded(cfg, strategy)
-    strategy.split.check_fits(cfg.optim.batch_size)
-    resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
     run, source = RunDir(cfg.run.out), None
-    continues = ckpt is not None and not foreign.is_foreign(ckpt)
+    continues = ckpt is not None and not settings.is_foreign(ckpt)
     if continues:
         source = RunDir.of(cfg.run.resume)
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
-    if cfg.parallel.amp and cfg.parallel.amp_dtype is None and ckpt is None:
-        # the config records what --amp resolved to here (bf16 on a CPU), not null
-        dtype = amp_precision(strategy.device.type, True).amp_dtype
-        cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     if is_main_process():  # the run directory is the main process's alone (no shared disk)
         if mode != RESUMED:
             run.check_fresh(cfg.run.overwrite)
         run.check_writable()
         runlock.check_free(run)  # another run writes there: refused, --overwrite or not
+    race = data = None
+    if auto.is_resolver(cfg.parallel.strategy):  # --strategy auto: race now, once
+        with auto.rng_kept():
+            cfg, race, data = _race(cfg, supplied)
+    strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+    cfg = _backward_recorded(cfg, strategy)
+    strategy.split.check_fits(cfg.optim.batch_size)
+    resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
+    if cfg.parallel.amp and cfg.parallel.amp_dtype is None and ckpt is None:
+        # the config records what --amp resolved to here (bf16 on a CPU), not null
+        dtype = amp_precision(strategy.device.type, True).amp_dtype
+        cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied,
-                   opening=tuple(opening))
+                   race=race, opening=tuple(opening), data=data)
 
 
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
               supplied: Supplied = Supplied()) -> RunPlan:
-    """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing."""
+    """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing, and
+    ``--strategy auto`` validates with the simplest strategy that can (no race)."""
+    if auto.is_resolver(cfg.parallel.strategy):
+        cfg = replace(cfg, parallel=_simplest(cfg.parallel, lambda p: _strategy(
+            p, cfg.model, supplied.model)))
     strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
     return RunPlan(cfg, strategy, EVALUATE, checkpoint=ckpt, notes=tuple(notes),
                    supplied=supplied)
 
 
+# -- a resume with nothing to do, or that needs what it was handed or its launcher --------------
 _HANDED = {"arch": ("model", "model", "-a package.module:function",
                     "a function that builds the same model"),
            "data": ("data sets", "train_data, val_data", "--data package.module:function",
@@ -165,9 +188,100 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
                      f"({meaning})")
 
 
+def saved_position(ckpt: dict) -> tuple[int, int, int | None]:
+    """Epochs done, batches of the next one done and optimizer steps (``None``: not saved)."""
+    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
+    return int(position["epoch"]), int(position["batch"]), position.get("step")
+
+
+def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str],
+                  by_fit: bool = False) -> str | None:
+    """The one line to print, instead of training, when the resumed run has done all its
+    epochs (``None`` while it has not); ``by_fit``: it was resumed by ``tandem.fit``, which
+    the line then names. ``--epochs`` and ``--max-steps`` behind where it stands are
+    refused: the one would shorten what is done, the other would stop before it."""
+    epoch, batch, step = saved_position(ckpt)
+    path, epochs, saved = cfg.run.resume, cfg.optim.epochs, ckpt.get("config")
+    target, name = _named(path, ckpt)
+    if "epochs" in given and epochs < epoch + (1 if batch else 0):
+        done = (f"{epoch} epoch{'' if epoch == 1 else 's'}"
+                + (f" and {batch} batches of epoch {epoch + 1}" if batch else ""))
+        raise UsageError(f"--epochs {epochs} is fewer than {name} has done ({done}); give "
+                         f"--epochs {epoch + 1} or more to train it further")
+    if epoch >= epochs:
+        where = ", ".join([f"{epoch}/{epochs} epochs"] + ([f"step {step}"] if step else []) +
+                          [f"best val acc {float(ckpt.get('best_acc1') or 0.0):.2f}%"])
+        if by_fit:
+            return (f"{name} is complete ({where}); to train it further, give it more epochs: "
+                    f"tandem.fit(..., resume='{target}', epochs=N) (N > {epoch})")
+        again = (rundir.command(saved, target, _needed_flags(cfg, saved, given))
+                 if isinstance(saved, dict) else f"tandem train --resume {path} ...")
+        return (f"{name} is complete ({where}); to train it further, give it more epochs: "
+                f"{again} --epochs N (N > {epoch})")
+    if step is not None:
+        check_max_steps(cfg, ckpt, step)
+    return None
+
+
+def _needed_flags(cfg: TrainConfig, saved: dict, given: frozenset[str]) -> str:
+    """The flags a command continuing the run must repeat: ``--out`` when given, and what
+    stands for a ``tandem.fit`` run's model or data (``-a``, ``--data``)."""
+    run = TrainConfig.from_dict(saved)
+    flags = [("-a", cfg.model.arch)] if "arch" in rundir.handed_to_fit(run) else []
+    flags += [("--data", cfg.data.data)] if "data" in rundir.handed_to_fit(run) else []
+    flags += [("--out", cfg.run.out)] if "out" in given else []
+    return "".join(f" {flag} {value}" for flag, value in flags)
+
+
+def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int) -> None:
+    """Refuse a ``--max-steps`` that the resumed run, at optimizer step ``step``, has reached
+    (it counts the run's steps from its start, not this invocation's). A torchrun restart
+    runs the command line that reached it: there the loop says there is nothing to train."""
+    max_steps = cfg.optim.max_steps
+    if max_steps is not None and max_steps <= step and not restart_count():
+        raise UsageError(f"--max-steps {max_steps}: {_named(cfg.run.resume, ckpt)[1]} has "
+                         f"already made {step} optimizer steps (--max-steps counts them from "
+                         f"the run's start); give more, e.g. --max-steps {step + max_steps} "
+                         f"for {max_steps} more")
+
+
+def _named(path: str, ckpt: dict) -> tuple[str, str]:
+    """What to give ``--resume`` for ``path`` and what to call it: ``run 'RUN'`` for a run's
+    latest checkpoint, else the file."""
+    target = rundir.target_of(path) if isinstance(ckpt.get("config"), dict) else path
+    return target, (f"run '{target}'" if target != path else f"'{path}'")
+
+
+def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> None:
+    """A multi-process run resumed outside its launcher: say how many processes it ran, the
+    command that launches them, and a strategy that continues it in this one process."""
+    saved, cls = ckpt.get("config"), strategy_class(cfg.parallel.strategy)
+    if not isinstance(saved, dict) or "strategy" in given or not cls.multiprocess or \
+            in_torchrun():
+        return
+    target = rundir.target_of(cfg.run.resume)
+    out = f" --out {cfg.run.out}" if "out" in given else ""
+    processes = int((saved.get("resolved") or {}).get("world_size") or 1)
+    kind = str(((saved.get("resolved") or {}).get("devices") or ["cpu"])[0]).split(":")[0]
+    alone = [n for n in strategy_names(multiprocess=False, portable_optimizer_state=True)
+             if not cfg.parallel.compile or strategy_class(n).compile_unsupported is None]
+    alone.sort(key=lambda n: strategy_class(n).max_devices is not None)  # all devices first
+    launch = (f"run '{target}' ran as {processes} {cls.name} process"
+              f"{'' if processes == 1 else 'es'}: continue it with "
+              f"`{rundir.command(saved, target, out)}`")
+    if not alone:
+        raise UsageError(launch)
+    count = min(strategy_class(alone[0]).max_devices or processes, processes)
+    devices = settings.device_spec([torch.device("cpu")] * count if kind == "cpu" else
+                           [torch.device(kind, i) for i in range(count)])
+    raise UsageError(f"{launch}, or in this one process with `tandem train --resume {target}"
+                     f"{out} --strategy {alone[0]} --devices {devices}`")
+
+
+# -- the strategy -------------------------------------------------------------------------------
 def check_model(strategy: Strategy, model: nn.Module) -> None:
     """Refuse a model ``strategy`` cannot train, in one line."""
-    problem = strategy.check_model(model, strategy.hybrid_head)
+    problem = strategy.check_model(model, **strategy.options)
     if problem:
         raise UsageError(f"--strategy {strategy.name} {problem}")
 
@@ -178,16 +292,6 @@ def _split(cfg: ParallelConfig) -> dict:
         return {}
     return {"split": None if cfg.split is None else parse_split(cfg.split),
             "max_share": cfg.max_share}
-
-
-def backward_recorded(cfg: TrainConfig, strategy: Strategy) -> TrainConfig:
-    """``cfg`` with the backward path ``strategy`` took (``--backward-threads on|off``), so
-    that config.json keeps it and a resume takes the same path. ``auto`` records its choice's,
-    once raced (:mod:`.auto`)."""
-    if cfg.parallel.backward_threads is not None or cfg.parallel.strategy == auto.AUTO:
-        return cfg
-    path = "on" if strategy.backward_threads else "off"
-    return replace(cfg, parallel=replace(cfg.parallel, backward_threads=path))
 
 
 def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
@@ -201,16 +305,23 @@ def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
     return threaded_backward.decide(devices, wanted, split=cfg.split is not None)
 
 
+def _backward_recorded(cfg: TrainConfig, strategy: Strategy) -> TrainConfig:
+    """``cfg`` with the backward path ``strategy`` took (``--backward-threads on|off``), so
+    that config.json keeps it and a resume takes the same path."""
+    if cfg.parallel.backward_threads is not None:
+        return cfg
+    path = "on" if strategy.backward_threads else "off"
+    return replace(cfg, parallel=replace(cfg.parallel, backward_threads=path))
+
+
 def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
               model: nn.Module | None = None) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
     ``model`` (else ``model_cfg.arch``) with the options asked for."""
-    if cfg.strategy == auto.AUTO:  # until the race (tandem.train.auto)
-        return auto.stand_in(cfg, lambda p: _strategy(p, model_cfg, model))
     devices = parse_device_spec(cfg.devices, "--devices")
     strategy = create_strategy(cfg.strategy, devices, sync_bn=cfg.sync_bn, buffers=cfg.buffers,
                                output_key=model_cfg.output_key,
-                               hybrid_head=model_cfg.hybrid_head,
+                               options=dataclasses.asdict(model_cfg),
                                backward_threads=_backward_threads(cfg, devices), **_split(cfg))
     if (cfg.split or cfg.max_share) and not strategy.splits_batch:
         flag = "--split" if cfg.split else "--max-share"
@@ -221,10 +332,102 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
     amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype)  # one line where it cannot run
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
-    if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (run)
+    if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (build)
         with torch.device("meta"):  # the model's structure, no memory and no weights
             model = create_model(model_cfg.arch)
     if model is not None:
         check_model(strategy, model)
     return strategy
 
+
+def _simplest(parallel: ParallelConfig, build: Callable[[ParallelConfig], Strategy]
+              ) -> ParallelConfig:
+    """``parallel`` with the simplest candidate that ``build`` (the plan's checks) accepts;
+    refused, with the first refusal, when none does."""
+    refusals = []
+    for name in auto.simplest_first():
+        try:
+            with warnings.catch_warnings():  # single on several devices: said by the race
+                warnings.simplefilter("ignore")
+                build(replace(parallel, strategy=name))
+                return replace(parallel, strategy=name)
+        except UsageError as exc:
+            refusals.append(first_line(exc))
+    raise UsageError(f"--strategy auto: no strategy can run this here: {refusals[0]}")
+
+
+# -- --strategy auto's race ---------------------------------------------------------------------
+def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tuple | None]:
+    """``cfg`` with ``auto`` raced and replaced by the choice (and, for ``single``, the one
+    device it drives); the race's record; the data sets read for it (``None``: handed over).
+    Prints the race's block. The caller keeps every RNG as it was (:func:`auto.rng_kept`)."""
+    p = cfg.parallel
+    devices = parse_device_spec(p.devices, "--devices")
+    loaded = None if supplied.data is not None else build_data(cfg.data, cfg.run.seed)
+    train_set, _, info = supplied.data if supplied.data is not None else loaded
+    classes = cfg.data.num_classes or info.num_classes
+    dtype = getattr(torch, p.dtype)
+    model = (copy.deepcopy(supplied.model) if supplied.model is not None else
+             build_model(cfg.model, replace(info, num_classes=classes), cfg.run.seed)).to(dtype)
+    images, targets = _batch(train_set, info, classes, cfg.optim.batch_size, dtype)
+    split = None if p.split is None else parse_split(p.split)
+
+    def check(name: str) -> str | None:  # the run's own refusals (--compile, --split)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _strategy(replace(p, strategy=name), cfg.model, supplied.model)
+        except UsageError as exc:
+            return first_line(exc)
+        return None
+
+    options = dataclasses.asdict(cfg.model)
+    result = auto.resolve(
+        devices, model, (images, targets), options=options, check=check,
+        amp=amp_precision(devices[0].type, p.amp, p.amp_dtype), lr=cfg.optim.lr,
+        channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
+        rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size))
+    print(auto.format_block(result, result.planned,
+                            f"{', '.join(result.raced)} on {p.devices}, global batch "
+                            f"{cfg.optim.batch_size}, "), flush=True)
+    few = devices[:strategy_class(result.choice).max_devices or len(devices)]
+    parallel = replace(p, strategy=result.choice,  # single: the one device it drives
+                       devices=p.devices if few == devices else settings.device_spec(few))
+    return replace(cfg, parallel=parallel), result.record(), loaded
+
+
+def _batch(train_set, info, classes: int, size: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random global batch of the data's shape (no data is read)."""
+    shape = getattr(train_set, "shape", None) or (info.in_channels, info.image_size,
+                                                   info.image_size)
+    target = tuple(getattr(train_set, "target_shape", ()) or ())
+    generator = torch.Generator().manual_seed(0)
+    return (torch.randn((size, *shape), generator=generator).to(dtype),
+            torch.randint(0, classes, (size, *target), generator=generator))
+
+
+# -- what the config names: its data sets and its model -------------------------------------------
+def build_data(cfg, seed: int, splits: tuple[str, ...] = ("train", "val")):
+    """The data sets ``cfg`` (a :class:`~tandem.config.DataConfig`) names: ``(train, val,
+    info)``, as built (decoded where ``--decode`` says only by the build)."""
+    return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
+                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
+                        splits=splits)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
+    """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
+    minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
+    if info.image_size < minimum:
+        raise UsageError(f"--arch {cfg.arch} needs images of at least {minimum}px, but "
+                         f"{info.name} gives {info.image_size}px (set --image-size)")
+    kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
+    seed_everything(seed)
+    return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
+                        **kwargs)

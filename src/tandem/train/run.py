@@ -1,141 +1,35 @@
-"""Running a :class:`~tandem.config.TrainConfig`: ``train``, and the validation pass it shares
-with ``tandem eval`` (:mod:`.evaluate`).
+"""Running a :class:`~tandem.config.TrainConfig`: ``tandem train`` and ``tandem.fit``, top to
+bottom (:mod:`.settings` → :mod:`.plan` → :mod:`.build` → :mod:`.loop`), and the validation
+pass it shares with ``tandem eval`` (:mod:`.evaluate`).
 
-``execute`` reads top to bottom: the strategy is launched and the run built (data, the model
-of :mod:`.model_setup`, the optimizer on what setup returned), the checkpoint's states
-restored, the run directory opened (:mod:`.opening`), and the fit. ``tandem.fit`` runs the
-same path with the model, data sets and criterion it was handed (:class:`~.plan.Supplied`).
+:func:`execute` reads in order: the run directory's lock taken, the strategy launched, the run
+built and its checkpoint's states restored (:mod:`.build`), compiled before any clock runs
+(:func:`warm_up`), the run directory opened and the opening lines said, then the fit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
-from torch import nn
 
-from tandem import cpu_malloc
-from tandem.config import DataConfig, OptimConfig, TrainConfig
-from tandem.data import batches_per_epoch, load_dataset
-from tandem.data.device_decode import decode_on, decoded_on
-from tandem.distributed.env import is_main_process, launch_id, speaks_for_node
+from tandem import checkpoint, cpu_malloc
+from tandem.config import TrainConfig
+from tandem.distributed.env import is_main_process, restart_count, speaks_for_node
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
-from tandem.strategies import Strategy
 from tandem.strategies.outputs import label_smoothing
 
-from . import auto, foreign, runlock, warmup
-from .start import precision_line
+from . import runlock, settings
+from .build import build, data, make_criterion, prepared_model, resumed, with_model_classes
 from .interrupt import StopRequest
 from .loop import Trainer
-from .metrics import eval_scores
-from .model_setup import build_model, prepared_model, seed_everything, with_model_classes
-from .opening import open_run_dir, say_starting
-from .plan import EVALUATE, RunPlan, plan_train
-from .resume import check_max_steps, restore
-from .schedule import make_scheduler
+from .metrics import MetricsLog, eval_scores
+from .plan import EVALUATE, FORKED, FRESH, RESUMED, RunPlan, plan_train
 
-__all__ = ["train", "execute", "validate", "build_data", "build_model", "make_criterion",
-           "make_optimizer", "seed_everything"]
-
-
-def _warm_up(trainer: Trainer, train: bool) -> float | None:
-    """With ``--compile``: compile now, before any clock runs (saying how long it took on the
-    main process); the seconds it took, else None."""
-    if not trainer.cfg.parallel.compile:
-        return None
-    seconds = warmup.warm_up(trainer, train=train)
-    if train and trainer.strategy.is_main:
-        print(warmup.describe(seconds, trainer.cfg.parallel.compile_mode), flush=True)
-    return seconds
-
-
-def build_data(cfg: DataConfig, seed: int, splits: tuple[str, ...] = ("train", "val")):
-    return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
-                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
-                        splits=splits)
-
-
-def _data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val"), decoded: bool = True):
-    """``(train, val, info)``: the data sets handed over, else those the config names
-    (``decoded``: as the run reads them, decoded where ``--decode`` says; else as built, for
-    their shapes only)."""
-    if plan.supplied.data is None:  # --decode gpu: its ImageFolder data decoded on the device
-        data = build_data(plan.cfg.data, plan.cfg.run.seed, splits)
-        return decode_on(data, plan.cfg.data.decode, plan.strategy.device) if decoded else data
-    train_set, val_set, info = plan.supplied.data
-    return (train_set if "train" in splits else None), val_set, info
-
-
-def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
-    """SGD as ``cfg`` sets it (learning rate, momentum, weight decay, Nesterov)."""
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
-
-
-def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Module:
-    """Cross-entropy, the same in training, validation and ``tandem eval``; or the criterion
-    handed to ``tandem.fit`` (``given``), moved to the strategy's device."""
-    if given is not None:
-        return given.to(strategy.device) if isinstance(given, nn.Module) else given
-    return nn.CrossEntropyLoss(ignore_index=cfg.ignore_index,
-                               label_smoothing=cfg.label_smoothing).to(strategy.device)
-
-
-def _resolved(cfg: TrainConfig, strategy: Strategy, info, datasets) -> dict:
-    """The run's settings plus what they resolved to (written to config.json and checkpoints):
-    the devices, the data set, where ``datasets``' JPEGs are decoded (``--decode auto``)."""
-    out = cfg.settings()
-    out["resolved"] = {
-        "devices": [str(d) for d in strategy.devices],
-        "world_size": strategy.world_size,
-        "dataset": {"name": info.name, "num_classes": info.num_classes,
-                    "in_channels": info.in_channels, "image_size": info.image_size},
-        "decode": decoded_on(*datasets),
-        "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
-        "launch_id": launch_id(),
-    }
-    return out
-
-
-def _build(plan: RunPlan) -> dict:
-    """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
-    schedule and scaler, and the resolved config (the keyword arguments of :class:`Trainer`)."""
-    strategy = plan.strategy
-    train_set, val_set, info = _data(plan)
-    cfg = with_model_classes(plan.cfg, info, plan.checkpoint)
-    wrapped = prepared_model(plan, cfg, info, train_set)
-    optim = cfg.optim
-    optimizer = make_optimizer(optim, wrapped.parameters())
-    batches = batches_per_epoch(train_set, optim.batch_size)
-    return dict(
-        cfg=cfg, strategy=strategy, model=wrapped,
-        criterion=make_criterion(optim, strategy, plan.supplied.criterion),
-        optimizer=optimizer,
-        scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
-        scaler=amp_precision(strategy.device.type, cfg.parallel.amp,
-                             cfg.parallel.amp_dtype).scaler(),
-        train_set=train_set, val_set=val_set, batches_per_epoch=batches,
-        config_dict=auto.recorded(_resolved(cfg, strategy, info, (train_set, val_set)), plan))
-
-
-def _restore(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
-    """Where the trainer starts (the checkpoint's position, best accuracy, RNG, with its
-    optimizer, schedule and scaler loaded into ``parts``) and the lines to say about it."""
-    if plan.checkpoint is None:
-        return {}, []
-    ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
-    model, optimizer = parts["model"], parts["optimizer"]
-    start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], optimizer,
-                           parts["scheduler"], parts["scaler"], plan.strategy.device,
-                           lambda state: plan.strategy.load_optimizer_state_dict(
-                               model, optimizer, state))
-    plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
-    if foreign.is_foreign(ckpt):
-        check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
-        notes += foreign.assumed(cfg, plan.given, parts["config_dict"], ckpt)
-    return start, [*plan.notes, *notes]
+__all__ = ["train", "execute", "validate", "warm_up", "describe_compile"]
 
 
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
@@ -156,15 +50,14 @@ def execute(plan: RunPlan | str) -> dict | None:
         return None
     if plan.mode == EVALUATE:
         return _print_validation(plan)
-    plan = auto.settle(plan)  # --strategy auto: race now, once
     # the main process holds the run directory's lock from before it writes until the end
     locked = runlock.held(plan.run_dir) if plan.strategy.is_main else contextlib.nullcontext()
     cpu_malloc.tune()  # a process that trains keeps its step's memory (tandem.cpu_malloc)
     with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
-        parts = _build(plan)
-        start, notes = _restore(plan, parts)
+        parts = build(plan)
+        start, notes = resumed(plan, parts)
         trainer = Trainer(**parts, **start)
-        _warm_up(trainer, train=True)
+        _compile_now(trainer, train=True)
         log = open_run_dir(plan, trainer, notes)
         if strategy.is_main:
             say_starting(plan, trainer)
@@ -176,13 +69,62 @@ def execute(plan: RunPlan | str) -> dict | None:
     return records[-1] if records and strategy.is_main else None
 
 
+# -- the run directory, and the lines said as a run starts ----------------------------------------
+def open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsLog | None:
+    """Make the plan's run directory what the run needs (the main process writes); say how
+    a resume goes on; the metrics log to append to (``None`` on other processes)."""
+    strategy, run = plan.strategy, plan.run_dir
+    strategy.barrier()  # every process has checked --out before the main one writes there
+    if not strategy.is_main:
+        return None
+    run.create()
+    if plan.mode != RESUMED:
+        run.clear()
+    if plan.mode == FORKED:
+        run.fork_from(plan.source)
+    if plan.checkpoint is not None:
+        _say_resuming(trainer, plan.resume_path, notes)
+    if plan.mode != RESUMED:  # a resume's changes go in with its next checkpoint (Trainer.save)
+        run.write_config(trainer.config_dict)
+    return run.metrics_log(keep_epochs=None if plan.mode == FRESH else trainer.position.epoch)
+
+
+def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
+    """The ``resuming`` line (naming a torchrun restart), then one line per accepted change."""
+    pos, restarts = trainer.position, restart_count()
+    print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
+          f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
+          + (f" (torchrun restart {restarts})" if restarts else ""), flush=True)
+    for note in notes:
+        print(f"  {note}", flush=True)
+
+
+def say_starting(plan: RunPlan, trainer: Trainer) -> None:
+    """The command line's own lines (:attr:`~.plan.RunPlan.opening`), a fresh run's image
+    size and how tandem's defaults differ from the imagenet example's (a run from another
+    program's file says both in :func:`.settings.assumed`); any run's precision under
+    ``--amp``."""
+    cfg, lines = trainer.cfg, list(plan.opening)
+    if plan.checkpoint is None and plan.supplied.data is None:  # a file's: settings.assumed
+        size = trainer.config_dict["resolved"]["dataset"]["image_size"]
+        lines += [settings.size_line(cfg, plan.given, size),
+                  *settings.example_block(cfg, plan.given)]
+    p = cfg.parallel
+    lines.append(settings.precision_line(amp_precision(plan.strategy.device.type, p.amp,
+                                                      p.amp_dtype), " (--amp)"))
+    for line in lines:
+        if line:
+            print(line, flush=True)
+
+
+# -- validation only -----------------------------------------------------------------------------
 def _print_validation(plan: RunPlan) -> dict | None:
     """``train -e``: validate and print one line (and what a file from elsewhere assumed)."""
     result = validate(plan)
     if not result["is_main"]:
         return None
     for note in plan.notes:
-        print(note.replace(foreign.DATA_SIZE, f"{result['image_size']}px"))
+        print(note.replace(settings.DATA_SIZE, f"{result['image_size']}px"))
     if result["precision"]:
         print(result["precision"])
     print(f"{eval_scores(result)} ({result['count']} images)")
@@ -194,16 +136,16 @@ def validate(plan: RunPlan) -> dict:
     """One pass over the validation set of the plan's model (with its checkpoint's weights,
     if any), the same for ``tandem eval`` and ``tandem train -e``."""
     with plan.strategy as strategy:
-        _, val_set, info = _data(plan, splits=("val",))
+        _, val_set, info = data(plan, splits=("val",))
         if val_set is None:
             raise UsageError("no validation data to evaluate on (val_data is None)")
         cfg = with_model_classes(plan.cfg, info, plan.checkpoint)
-        trainer = Trainer(cfg=cfg, strategy=strategy, model=prepared_model(plan, cfg, info, val_set),
+        trainer = Trainer(cfg=cfg, strategy=strategy,
+                          model=prepared_model(plan, cfg, info, val_set),
                           criterion=make_criterion(cfg.optim, strategy, plan.supplied.criterion),
-                          optimizer=None,
-                          scheduler=None, scaler=None, train_set=None, val_set=val_set,
-                          batches_per_epoch=0, config_dict={})
-        seconds = _warm_up(trainer, train=False)
+                          optimizer=None, scheduler=None, scaler=None, train_set=None,
+                          val_set=val_set, batches_per_epoch=0, config_dict={})
+        seconds = _compile_now(trainer, train=False)
         val = trainer.validate()
         smoothing = label_smoothing(trainer.criterion)
         return {"arch": cfg.model.arch, "loss": val.loss, "label_smoothing": smoothing,
@@ -211,5 +153,77 @@ def validate(plan: RunPlan) -> dict:
                 "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
                 "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main, "image_size": info.image_size,
-                "precision": precision_line(amp_precision(
+                "precision": settings.precision_line(amp_precision(
                     strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype))}
+
+
+# -- --compile: compiled before the clock starts ---------------------------------------------------
+def _compile_now(trainer: Trainer, train: bool) -> float | None:
+    """With ``--compile``: compile now, before any clock runs (saying how long it took on the
+    main process); the seconds it took, else None."""
+    if not trainer.cfg.parallel.compile:
+        return None
+    seconds = warm_up(trainer, train=train)
+    if train and trainer.strategy.is_main:
+        print(describe_compile(seconds, trainer.cfg.parallel.compile_mode), flush=True)
+    return seconds
+
+
+def warm_up(trainer: Trainer, train: bool = True) -> float:
+    """Compile the training (if ``train``) and evaluation calls now; return the seconds taken.
+
+    It makes ``torch.compile``'s first calls on purpose (train and eval, each twice, the
+    second one sample short so any batch size compiles), then restores everything they
+    touched (weights, BN stats, grads, RNG, mode): the run computes exactly what it would
+    have without it.
+
+    Every process must call it (a ddp forward still all-reduces its loss).
+    """
+    model = trainer.model
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    device = trainer.strategy.device
+    rng, mode = checkpoint.capture_rng(device), model.training
+    start = time.perf_counter()
+    try:
+        if train:
+            _rehearse(trainer, trainer.train_set, train=True)
+        _rehearse(trainer, trainer.val_set, train=False)
+    finally:
+        with torch.no_grad():
+            model.load_state_dict(saved)
+        for param in model.parameters():
+            param.grad = None
+        checkpoint.restore_rng(rng, device)
+        model.train(mode)
+        trainer.strategy.split.discard()  # --split auto must not take the compile for a step
+    return time.perf_counter() - start
+
+
+def _first_batch(trainer: Trainer, dataset, train: bool):
+    """This process's share of the first global batch (maybe empty under ddp, as in the loop)."""
+    loader = trainer.loader(dataset, train=train, epoch=trainer.position.epoch)
+    for images, targets in loader:
+        return trainer.device_batch(images, targets)
+    return None
+
+
+def _rehearse(trainer: Trainer, dataset, train: bool) -> None:
+    batch = _first_batch(trainer, dataset, train) if dataset is not None else None
+    if batch is None:
+        return
+    s, model = trainer.strategy, trainer.model
+    model.train(train)
+    # The same decision on every process (a ddp forward is a collective): from the config.
+    shorter = trainer.cfg.optim.batch_size >= 3 * s.world_size  # every share keeps >= 2
+    for images, targets in [batch, tuple(t[:-1] for t in batch)][:1 + shorter]:
+        with torch.set_grad_enabled(train), s.no_sync(model), trainer.autocast():
+            out = s.forward_loss(model, trainer.criterion, images, targets)
+        if train:
+            with s.no_sync(model):  # a rehearsal: no gradient all-reduce between processes
+                out.loss.backward()
+
+
+def describe_compile(seconds: float, mode: str | None) -> str:
+    """The line that reports compile time, apart from step times."""
+    return (f"compiled the model in {seconds:.1f}s (torch.compile, mode {mode or 'default'}); "
+            f"not counted in step times or img/s")

@@ -1,0 +1,268 @@
+"""What a plan builds before the loop runs: the data, the model with its weights, the
+optimizer, the schedule and the scaler, and the checkpoint's states restored (settings →
+:mod:`.plan` → build → :mod:`.loop`).
+
+The model is built on the CPU from a seed (initial weights never depend on devices), checked
+against a user's data, set up by the strategy and given its weights (the checkpoint's, or
+``--pretrained``). :func:`build` returns the :class:`~.loop.Trainer`'s parts; :func:`restore`
+loads a checkpoint's optimizer, schedule, scaler and RNG into them and says where the trainer
+starts. ``tandem.fit`` runs the same path with the model, data sets and criterion it was handed
+(:class:`~.plan.Supplied`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from tandem import checkpoint
+from tandem.checkpoint import compat as checkpoint_compat
+from tandem.config import OptimConfig, TrainConfig
+from tandem.data import batches_per_epoch
+from tandem.data.device_decode import decode_on, decoded_on
+from tandem.data.given import GivenDataset
+from tandem.distributed.env import launch_id
+from tandem.errors import UsageError, first_line
+from tandem.factory import is_reference
+from tandem.precision import amp_precision
+from tandem.pretrained import load_pretrained
+from tandem.strategies import Strategy
+from tandem.strategies.compile import compiled
+
+from . import settings
+from .loop import Position
+from .plan import (RunPlan, build_data, build_model, check_max_steps, check_model,
+                   saved_position, seed_everything)
+from .schedule import lr_factor, make_scheduler
+
+__all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes", "check_inputs",
+           "make_optimizer", "make_criterion"]
+
+
+def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
+    """``(train, val, info)``: the data sets handed over, else those the config names (read
+    by the plan for its race, or now), decoded where ``--decode`` says."""
+    if plan.supplied.data is None:  # --decode gpu: its ImageFolder data decoded on the device
+        read = plan.data if plan.data is not None else build_data(plan.cfg.data,
+                                                                  plan.cfg.run.seed, splits)
+        return decode_on(read, plan.cfg.data.decode, plan.strategy.device)
+    train_set, val_set, info = plan.supplied.data
+    return (train_set if "train" in splits else None), val_set, info
+
+
+def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
+    """SGD as ``cfg`` sets it (learning rate, momentum, weight decay, Nesterov)."""
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+
+
+def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Module:
+    """Cross-entropy, the same in training, validation and ``tandem eval``; or the criterion
+    handed to ``tandem.fit`` (``given``), moved to the strategy's device."""
+    if given is not None:
+        return given.to(strategy.device) if isinstance(given, nn.Module) else given
+    return nn.CrossEntropyLoss(ignore_index=cfg.ignore_index,
+                               label_smoothing=cfg.label_smoothing).to(strategy.device)
+
+
+def _resolved(plan: RunPlan, cfg: TrainConfig, info, datasets) -> dict:
+    """The run's settings plus what they resolved to (written to config.json and checkpoints):
+    the devices, the data set, where ``datasets``' JPEGs are decoded (``--decode auto``), and
+    ``--strategy auto``'s race (this run's, or the resumed run's)."""
+    strategy = plan.strategy
+    out = cfg.settings()
+    out["resolved"] = {
+        "devices": [str(d) for d in strategy.devices],
+        "world_size": strategy.world_size,
+        "dataset": {"name": info.name, "num_classes": info.num_classes,
+                    "in_channels": info.in_channels, "image_size": info.image_size},
+        "decode": decoded_on(*datasets),
+        "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
+        "launch_id": launch_id(),
+    }
+    race = plan.race or settings.race_record(plan.checkpoint)
+    if race is not None:
+        out["resolved"]["auto"] = race
+    return out
+
+
+def build(plan: RunPlan) -> dict:
+    """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
+    schedule and scaler, and the resolved config (the keyword arguments of :class:`Trainer`)."""
+    strategy = plan.strategy
+    train_set, val_set, info = data(plan)
+    cfg = with_model_classes(plan.cfg, info, plan.checkpoint)
+    wrapped = prepared_model(plan, cfg, info, train_set)
+    optim = cfg.optim
+    optimizer = make_optimizer(optim, wrapped.parameters())
+    batches = batches_per_epoch(train_set, optim.batch_size)
+    return dict(
+        cfg=cfg, strategy=strategy, model=wrapped,
+        criterion=make_criterion(optim, strategy, plan.supplied.criterion),
+        optimizer=optimizer,
+        scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
+        scaler=amp_precision(strategy.device.type, cfg.parallel.amp,
+                             cfg.parallel.amp_dtype).scaler(),
+        train_set=train_set, val_set=val_set, batches_per_epoch=batches,
+        config_dict=_resolved(plan, cfg, info, (train_set, val_set)))
+
+
+def resumed(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
+    """Where the trainer starts (the checkpoint's position, best accuracy, RNG, with its
+    optimizer, schedule and scaler loaded into ``parts``) and the lines to say about it."""
+    if plan.checkpoint is None:
+        return {}, []
+    ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
+    model, optimizer = parts["model"], parts["optimizer"]
+    start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], optimizer,
+                           parts["scheduler"], parts["scaler"], plan.strategy.device,
+                           lambda state: plan.strategy.load_optimizer_state_dict(
+                               model, optimizer, state))
+    plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
+    if settings.is_foreign(ckpt):
+        check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
+        notes += settings.assumed(cfg, plan.given, parts["config_dict"], ckpt)
+    return start, [*plan.notes, *notes]
+
+
+def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig:
+    """``cfg`` with ``data.num_classes`` set to the classes the model will output.
+
+    ``--num-classes`` when given; else a checkpoint's classifier when it is larger than the
+    data's classes (the imagenet example's files always have 1000); else the data's. The
+    run's config records it, so its checkpoints rebuild the same model for eval and resume.
+    """
+    classes = cfg.data.num_classes
+    if classes is None:
+        layer = checkpoint_compat.final_layer(ckpt["state_dict"]) if ckpt is not None else None
+        classes = layer[1] if layer and layer[1] > info.num_classes else info.num_classes
+    return replace(cfg, data=replace(cfg.data, num_classes=classes))
+
+
+def check_inputs(model: nn.Module, dataset, dtype: torch.dtype) -> None:
+    """Refuse, in one line, a model that cannot take a user's data set's inputs (flat vectors
+    into a conv net): one forward of a batch of one zero input, in eval mode (no state
+    changes), that says which shape the model got."""
+    if not isinstance(dataset, GivenDataset):
+        return
+    x = torch.zeros((1, *dataset.shape), dtype=dtype)
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            model(x)
+    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
+        raise UsageError(f"the model cannot take {dataset.name}'s inputs: it got a batch of "
+                         f"shape {tuple(x.shape)} (inputs of shape {dataset.shape}) and "
+                         f"raised {type(exc).__name__}: {first_line(exc)}") from None
+    finally:
+        model.train(was_training)
+
+
+def prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
+    """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`with_model_classes`)
+    set up by the plan's strategy, then given its weights by it (the checkpoint's, or
+    ``--pretrained``): the same for training and for validation."""
+    strategy, ckpt, given = plan.strategy, plan.checkpoint, plan.supplied.model
+    if given is None:
+        model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),
+                            cfg.run.seed)
+        if is_reference(cfg.model.arch):  # a factory's model, seen for the first time (the
+            check_model(strategy, model)  # plan checked a zoo model on the meta device)
+    else:  # the user's model, its weights as they are; the RNG where a built one starts
+        seed_everything(cfg.run.seed)
+        model = given
+    model = model.to(getattr(torch, cfg.parallel.dtype))
+    check_inputs(model, dataset, getattr(torch, cfg.parallel.dtype))
+    if cfg.parallel.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if cfg.parallel.compile:
+        model = compiled(model, cfg.parallel.compile_mode)
+    wrapped = strategy.setup(model)
+    if ckpt is not None:
+        checkpoint.load_weights(wrapped, ckpt["state_dict"], cfg.run.resume,
+                                strategy.load_state_dict)
+    elif cfg.model.pretrained:
+        line = load_pretrained(wrapped, cfg.model.pretrained, cfg.model.arch, strategy)
+        if strategy.is_main:
+            print(line, flush=True)
+    return wrapped
+
+
+def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, optimizer,
+            scheduler, scaler, device=None, load_optimizer=None) -> tuple[dict, list[str]]:
+    """Load ``ckpt``'s optimizer, scheduler, scaler and RNG into those built for the run
+    (``device``: the one this process trains on, whose generator continues the saver's;
+    ``load_optimizer(state)``: the strategy's loader of a plain-layout optimizer state).
+
+    Returns where the trainer starts (``position``, ``best_acc1``, ``carried``: its fields)
+    and the lines to say about it. An imagenet-example checkpoint resumes at the start of
+    epoch ``ckpt['epoch']``, with its StepLR as the run's step schedule (:mod:`.foreign`).
+    """
+    steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
+    epoch, batch, step = saved_position(ckpt)
+    position = Position(epoch, batch, epoch * steps_per_epoch if step is None else int(step))
+    if batch % cfg.optim.accum_steps and batch != batches_per_epoch:
+        raise UsageError(f"checkpoint '{path}' stopped mid-accumulation; resume it with the "
+                         f"--accum-steps it was saved with")
+    foreign_schedule = checkpoint_compat.foreign_scheduler(ckpt)
+    own_schedule = checkpoint_compat.tandem_scheduler(ckpt)
+    checkpoint.load_optimizer_state(optimizer, ckpt, path, load_optimizer)
+    try:
+        if own_schedule is not None:
+            scheduler.load_state_dict(own_schedule)
+            # the lr of the step to come by this run's schedule, not the file's last lr: a
+            # resume with other --epochs changed the schedule, and its first step took the old
+            # one's lr (0 at a cosine's end); the same figure where nothing changed. (The
+            # file's optimizer may hold the imagenet example's lr, schedule.example_lr.)
+            factor = lr_factor(scheduler.last_epoch, cfg.optim, steps_per_epoch)
+            for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+                group["lr"] = base_lr * factor
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise UsageError(f"checkpoint '{path}' does not fit this run's scheduler or scaler: "
+                         f"{first_line(exc)}") from None
+    _check_optimizer_shapes(optimizer, path)
+    for group in optimizer.param_groups:  # this run's flags win over the file's
+        group.update(momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay,
+                     nesterov=cfg.optim.nesterov)
+    if own_schedule is None:  # set the lr where tandem's schedule stands
+        factor = lr_factor(position.step, cfg.optim, steps_per_epoch)
+        for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+            group.update(lr=base_lr * factor, initial_lr=base_lr)
+        scheduler.last_epoch = position.step
+    if ckpt.get("rng") is not None:
+        checkpoint.restore_rng(ckpt["rng"], device)
+    # A file from elsewhere has its best weights in a file of its own (model_best.pth.tar),
+    # not here: "best" starts afresh in this run's directory, so best.pt is what it says.
+    best = float(ckpt.get("best_acc1") or 0.0)
+    start = {"position": position, "best_acc1": 0.0 if settings.is_foreign(ckpt) else best,
+             "carried": ckpt.get("epoch_progress") if position.batch else None}
+    notes = []
+    lr = optimizer.param_groups[0]['lr']
+    if foreign_schedule == "StepLR" and cfg.optim.lr_schedule == "step":
+        notes.append(f"its StepLR goes on at epoch {position.epoch + 1} (lr {lr:.4g})")
+    elif foreign_schedule:
+        notes.append(f"its {foreign_schedule} state is not tandem's: tandem's --lr-schedule "
+                     f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} "
+                     f"(lr {lr:.4g})")
+    if settings.is_foreign(ckpt):
+        notes.append(f"best.pt starts afresh in --out {cfg.run.out}: the file's best_acc1 "
+                     f"{best:.2f}% was its own best model's, which this file does not hold")
+    return start, notes
+
+
+def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Per-parameter state must have its parameter's shape (matched by order only)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+                    raise UsageError(
+                        f"checkpoint '{path}': optimizer state {name!r} has shape "
+                        f"{tuple(value.shape)} but its parameter {tuple(param.shape)}; was it "
+                        f"saved, before checkpoints held the plain layout, under a --strategy "
+                        f"with sharded layers (it then resumes only under that one)?")

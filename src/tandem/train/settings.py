@@ -1,0 +1,452 @@
+"""What a run takes that was not typed, and the lines that say so: the first stage of a run
+(settings → :mod:`.plan` → :mod:`.build` → :mod:`.loop`).
+
+:func:`resumed_config` gives the config to run and the checkpoint it continues: a tandem run's
+settings (:mod:`.rundir`), or what a file from elsewhere holds (below), or, for a fresh run,
+the config as typed; ``--strategy auto`` is settled there where no race is due (under
+``tandem launch``, or a resumed run that has its strategy). :func:`fresh_defaults` adds what a
+fresh run takes when not typed (an ImageFolder's arch and image size).
+
+One image-size rule for training and eval (:func:`size_rule`): an ImageFolder (photos of any
+size, cropped) gets the arch's native size (224: RandomResizedCrop 224 to train, resize 256 +
+centre crop 224 to validate); data of one fixed size (digits, CIFAR-10, synthetic, a factory's
+tensors) keeps its own; a ``package.module:function`` model has no native size, so an
+ImageFolder keeps its shorter side. A fresh run on an ImageFolder without ``-a`` builds the
+example's ``resnet18``, and one block lists tandem's defaults that differ from the imagenet
+example's (:func:`example_block`): tandem keeps its own (see the README for why).
+
+A file from elsewhere (no tandem config), such as the imagenet example's, gives its ``arch``,
+``epoch``, in its optimizer's ``param_groups`` the lr, momentum, weight decay and nesterov,
+and in a StepLR's state (the example's schedule) its step size and gamma: they become the
+run's unless a flag overrides them, and each override is said (:func:`file_settings`). It
+trains and is evaluated with plain cross-entropy, as the example does, unless
+``--label-smoothing`` is given. What the file does not say (global batch, epochs, image size,
+another scheduler's schedule) tandem assumes, and :func:`assumed` says so in one block.
+Nothing changes silently.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from tandem import checkpoint
+from tandem.checkpoint.compat import foreign_scheduler
+from tandem.config import TrainConfig
+from tandem.data.cifar10 import find_cifar_dir
+from tandem.distributed.env import (in_torchrun, is_main_process, join_timeout, launch_id,
+                                    restart_count, several_processes)
+from tandem.distributed.shared_resume import Continued, continue_from_rank0
+from tandem.errors import UsageError
+from tandem.factory import is_reference, rebuildable
+from tandem.models import model_info, native_input_size
+from tandem.parallel.devices import parse_device_spec
+from tandem.precision import Precision, amp_flags, amp_refusal
+from tandem.strategies import auto, strategy_class
+
+from . import rundir, runlock
+
+__all__ = ["resumed_config", "fresh_defaults", "sized", "size_rule", "size_line",
+           "is_imagefolder", "example_block", "precision_line", "IMAGEFOLDER_ARCH", "DATA_SIZE",
+           "is_foreign", "file_settings", "takes_schedule", "assumed", "eval_settings",
+           "checkpoint_arch", "device_spec", "race_record"]
+
+
+# -- a run's own settings, or a file's --------------------------------------------------------
+def resumed_config(cfg: TrainConfig, given: frozenset[str]):
+    """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
+    saying what was taken (:func:`_continued`), with ``--strategy auto`` settled where no race
+    is due: under torchrun it is what a launch runs (:func:`~tandem.strategies.auto.
+    under_launch`); a resumed run keeps the strategy it has."""
+    if not auto.is_resolver(cfg.parallel.strategy):
+        return _continued(cfg, given)
+    if in_torchrun():
+        name = auto.under_launch(cfg.parallel.strategy)
+        if is_main_process():
+            print(f"--strategy auto: under tandem launch the strategy is {name}, one process "
+                  f"per device (no race across processes)", flush=True)
+        return _continued(replace(cfg, parallel=replace(cfg.parallel, strategy=name)), given)
+    if not cfg.run.resume:
+        return _continued(cfg, given)
+    cfg, ckpt, notes = _continued(cfg, given - {"strategy"})  # the run's own strategy
+    if not auto.is_resolver(cfg.parallel.strategy):  # else a file from elsewhere: it races
+        raced = "chosen by its race" if race_record(ckpt) else "as it started"
+        notes = [*notes, f"--strategy auto: the run already has --strategy "
+                         f"{cfg.parallel.strategy} ({raced}); it goes on with it, no race"]
+    return cfg, ckpt, notes
+
+
+def race_record(ckpt: dict | None) -> dict | None:
+    """The race a checkpoint's run recorded (``resolved.auto``), if it raced."""
+    config = (ckpt or {}).get("config") or {}
+    return (config.get("resolved") or {}).get("auto")
+
+
+def _continued(cfg: TrainConfig, given: frozenset[str]):
+    """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
+    saying what was taken: a tandem run's settings (:mod:`.rundir`) or what a file from
+    elsewhere holds (:func:`file_settings`)."""
+    path, local, restarted = _to_continue(cfg)
+    if restarted and path is None:  # failed before its first save: start it again
+        return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
+    if path is None:
+        return cfg, None, []
+    ckpt = checkpoint.load(local)
+    if local != path:  # rank 0's bytes, sent to this machine (shared_resume)
+        os.unlink(local)
+    if is_foreign(ckpt):
+        cfg, notes = file_settings(cfg, given, ckpt, path)
+    else:
+        cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
+        _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
+        if "devices" not in given:
+            cfg, notes = _fit_devices(cfg, notes)
+        _check_precision_runs(cfg, path)
+    return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
+
+
+def _to_continue(cfg: TrainConfig) -> Continued:
+    """The checkpoint this run continues (``None``: a fresh run), and whether torchrun
+    restarted it. Under several processes rank 0 decides and sends the file to the ranks
+    whose machine lacks it (:mod:`tandem.distributed.shared_resume`): only rank 0 writes."""
+    def decide() -> tuple[str | None, bool]:
+        run = rundir.RunDir(cfg.run.out)
+        if not cfg.run.resume and restart_count() > 0:  # torchrun restarted the workers
+            if not run.launched_by(launch_id()):
+                raise UsageError(
+                    f"torchrun restarted this job (restart {restart_count()}), but rank 0's "
+                    f"machine holds no run of this launch in '{cfg.run.out}': it cannot be "
+                    "continued, and starting it afresh would not be the run that failed; "
+                    "start a new launch (with --resume, if a checkpoint of it is elsewhere)")
+            return (run.latest if os.path.isfile(run.latest) else None), True
+        if not cfg.run.resume:
+            return None, False
+        if cfg.model.pretrained:
+            raise UsageError("--pretrained starts a new run from a weights file and --resume "
+                             "continues a run from its checkpoint: give one of them")
+        runlock.check_saved(cfg.run.resume)  # a run that has not saved yet: its process, named
+        return rundir.checkpoint_path(cfg.run.resume), False
+
+    if not cfg.run.resume and restart_count() == 0:
+        return Continued(None, None, False)  # a fresh run: every rank knows it alike
+    if several_processes():
+        return continue_from_rank0(decide, join_timeout())
+    path, restarted = decide()
+    return Continued(path, path, restarted)
+
+
+def _check_precision_runs(cfg: TrainConfig, path: str) -> None:
+    """A run's ``--amp`` is part of what it computes and goes on as it was: refused in one
+    line, naming the run's flags, on a device where it cannot run (fp16 on a CPU)."""
+    p = cfg.parallel
+    if not p.amp:
+        return
+    device = parse_device_spec(p.devices, "--devices")[0]
+    refusal = amp_refusal(device.type, p.amp_dtype)
+    if refusal is not None:
+        why = "fp16 autocast is for CUDA" if p.amp_dtype == "fp16" else refusal
+        raise UsageError(f"'{path}' trains with {amp_flags(p.amp_dtype)}, which cannot run on "
+                         f"{device.type} ({why}); a run keeps its precision: resume it on a "
+                         "device where it runs (`tandem eval` scores it here, in float32)")
+
+
+def device_spec(devices: list[torch.device]) -> str:
+    """The ``--devices`` spec that gives ``devices``."""
+    if devices[0].type == "cpu":
+        return "cpu" if len(devices) == 1 else f"cpu:{len(devices)}"
+    return f"{devices[0].type}:" + ",".join(str(d.index or 0) for d in devices)
+
+
+def _fit_devices(cfg: TrainConfig, notes: list[str]) -> tuple[TrainConfig, list[str]]:
+    """The run's devices, less those its (new) strategy cannot drive, with a note saying so."""
+    cls = strategy_class(cfg.parallel.strategy)
+    if cls.multiprocess or cls.max_devices is None:
+        return cfg, notes
+    devices = parse_device_spec(cfg.parallel.devices, "--devices")
+    if len(devices) <= cls.max_devices:
+        return cfg, notes
+    spec = device_spec(devices[:cls.max_devices])
+    note = (f"--devices {spec} (the run had {cfg.parallel.devices}; --strategy {cls.name} "
+            f"drives {cls.max_devices} device{'s' if cls.max_devices > 1 else ''})")
+    return replace(cfg, parallel=replace(cfg.parallel, devices=spec)), [*notes, note]
+
+
+def _check_portable(saved: dict | None, strategy: str, path: str) -> None:
+    """Refuse to move a run to another strategy when its optimizer state cannot follow."""
+    old = ((saved or {}).get("parallel") or {}).get("strategy")
+    if old and old != strategy and not strategy_class(old).portable_optimizer_state:
+        raise UsageError(f"--strategy {strategy}: the optimizer state in '{path}' was saved by "
+                         f"--strategy {old}, and only that strategy can load it; resume "
+                         f"without --strategy")
+
+
+# -- a fresh run's defaults, and the lines said at its start ---------------------------------
+IMAGEFOLDER_ARCH = "resnet18"  # the imagenet example's default -a
+
+# The imagenet example's defaults that tandem's differ from: (section, field, theirs, flag);
+# the example's seed is None (unseeded), tandem's a fixed number.
+_EXAMPLE = (("optim", "lr", 0.1, "--lr"), ("optim", "weight_decay", 1e-4, "--wd"),
+            ("optim", "batch_size", 256, "-b"), ("optim", "epochs", 90, "--epochs"),
+            ("data", "workers", 4, "-j"), ("optim", "label_smoothing", 0.0, "--label-smoothing"),
+            ("optim", "lr_schedule", "step", "--lr-schedule"), ("run", "print_freq", 10, "-p"),
+            ("run", "seed", None, "--seed"))
+
+
+def is_imagefolder(spec: str) -> bool:
+    """True when ``--data`` names an ImageFolder directory (a directory, not CIFAR-10's)."""
+    if not isinstance(spec, str) or spec in ("synthetic", "digits"):
+        return False
+    path = Path(spec).expanduser()
+    if is_reference(spec) and not path.exists():
+        return False
+    return path.is_dir() and find_cifar_dir(path) is None
+
+
+def size_rule(arch: str, data: str) -> int | None:
+    """The default image side for ``arch`` on ``data`` (``None``: the data's own: its fixed
+    size, or an ImageFolder's shorter side under a factory's model)."""
+    if is_imagefolder(data) and not is_reference(arch):
+        return native_input_size(arch)
+    return None
+
+
+def fresh_defaults(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
+    """``cfg`` of a fresh run with the arch and image size it takes when not typed; the config
+    then records them, so a resume and an eval of the run use the same."""
+    if "arch" not in given and is_imagefolder(cfg.data.data):
+        cfg = replace(cfg, model=replace(cfg.model, arch=IMAGEFOLDER_ARCH))
+    return sized(cfg, given)
+
+
+def sized(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
+    """``cfg`` with the image size of :func:`size_rule` unless ``--image-size`` was typed (a
+    fresh run, or one continuing a file from elsewhere, which names its arch)."""
+    size = size_rule(cfg.model.arch, cfg.data.data)
+    if "image_size" not in given and size is not None:
+        cfg = replace(cfg, data=replace(cfg.data, image_size=size))
+    return cfg
+
+
+def size_line(cfg: TrainConfig, given: frozenset[str], size: int) -> str | None:
+    """The line saying which image size a fresh run uses and why (``None`` when typed)."""
+    if "image_size" in given:
+        return None
+    arch, data = cfg.model.arch, cfg.data.data
+    if not is_imagefolder(data):
+        why = "the data's own"
+    elif is_reference(arch):
+        why = (f"the data's shorter side: {arch} has no native size, and photos are "
+               f"cropped to it")
+    else:
+        resize = round(size * 256 / 224)
+        why = (f"{arch}'s native size: training crops {size}px, validation resized to "
+               f"{resize} and centre-cropped to {size}")
+    return f"image size {size}px ({why}; --image-size to change)"
+
+
+def _show(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value if isinstance(value, str) else f"{value:g}"
+
+
+def example_block(cfg: TrainConfig, given: frozenset[str]) -> list[str]:
+    """For a fresh run on an ImageFolder (the example's data): one line per setting that
+    tandem's defaults set otherwise than the imagenet example, with its flag; none typed."""
+    if not is_imagefolder(cfg.data.data):
+        return []
+    lines = []
+    for section, name, theirs, flag in _EXAMPLE:
+        mine = getattr(getattr(cfg, section), name)
+        if name not in given and mine != theirs:
+            fixed = ", fixed" if theirs is None else ""  # the example's runs differ, ours not
+            lines.append(f"  {flag} {_show(mine)}{fixed} (the example: "
+                         f"{'unseeded' if theirs is None else _show(theirs)})")
+    if not lines:
+        return []
+    return ["tandem's defaults that differ from the imagenet example's (give the flag to "
+            "change them):", *lines]
+
+
+def precision_line(precision: Precision, where: str = "") -> str | None:
+    """The line saying how ``--amp`` runs here (``None`` in float32)."""
+    if precision.dtype is None:
+        return None
+    scaling = "with grad scaling" if precision.scaled else "no grad scaling"
+    return (f"precision: {precision.amp_dtype} autocast on {precision.device_type}, {scaling}"
+            f"{where}; weights and checkpoints stay float32")
+
+
+# -- a file from elsewhere ------------------------------------------------------------------
+#: in an eval note, where the data's own size goes once the data is loaded
+DATA_SIZE = "<data size>"
+
+# OptimConfig field, the words for it, its flag; read from the file's first param group.
+_FROM_OPTIMIZER = (("lr", "lr", "--lr"), ("momentum", "momentum", "--momentum"),
+                   ("weight_decay", "weight decay", "--wd"), ("nesterov", "nesterov", "--nesterov"))
+
+
+def is_foreign(ckpt: dict) -> bool:
+    """True for a checkpoint without tandem's run config (another program wrote it)."""
+    return not isinstance(ckpt.get("config"), dict)
+
+
+def _param_group(ckpt: dict) -> dict | None:
+    """The first param group of the file's optimizer state (``None`` without one)."""
+    optimizer = ckpt.get("optimizer")
+    groups = optimizer.get("param_groups") if isinstance(optimizer, dict) else None
+    return groups[0] if groups and isinstance(groups[0], dict) else None
+
+
+def _step_schedule(ckpt: dict) -> dict | None:
+    """The run's ``lr_schedule``, ``lr_step`` and ``lr_gamma`` from the file's StepLR state
+    (``None`` without one): stepped once per epoch, as the example steps it."""
+    state = ckpt.get("scheduler")
+    if foreign_scheduler(ckpt) != "StepLR":
+        return None
+    return {"lr_schedule": "step", "lr_step": float(state["step_size"]),
+            "lr_gamma": float(state.get("gamma", 0.1))}
+
+
+def takes_schedule(ckpt: dict, given: frozenset[str]) -> bool:
+    """True when the run continues the file's own schedule (a StepLR, no flag against it)."""
+    return _step_schedule(ckpt) is not None and "lr_schedule" not in given
+
+
+def _schedule_settings(cfg: TrainConfig, given: frozenset[str],
+                       ckpt: dict) -> tuple[TrainConfig, list[str], list[str]]:
+    """``cfg`` with the file's StepLR and plain cross-entropy unless flags say otherwise;
+    what was taken, and the lines saying a flag's override."""
+    optim, taken, said = cfg.optim, [], []
+    step = _step_schedule(ckpt)
+    if step is not None:
+        words = f"StepLR every {step['lr_step']:g} epochs x{step['lr_gamma']:g}"
+        if "lr_schedule" in given:
+            said.append(f"--lr-schedule {optim.lr_schedule} overrides the file's {words}")
+        else:
+            mine = {k: v for k, v in step.items() if k not in given}
+            optim = replace(optim, **mine)
+            taken.append(f"lr schedule {words}")
+    if "label_smoothing" not in given:  # the example's loss
+        optim = replace(optim, label_smoothing=0.0)
+    return replace(cfg, optim=optim), taken, said
+
+
+def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
+                  path: str) -> tuple[TrainConfig, list[str]]:
+    """``cfg`` with what the foreign file at ``path`` holds, and the lines that say it.
+
+    The lr is the schedule's base (``initial_lr``, which torch's schedulers keep) when the
+    file has one, else its current lr; a StepLR gives the schedule (:func:`_step_schedule`).
+    A flag in ``given`` wins over the file, and is said.
+    """
+    arch = ckpt.get("arch")
+    if "arch" not in given and isinstance(arch, str) and arch:
+        cfg = replace(cfg, model=replace(cfg.model, arch=arch))
+    taken = [f"arch {cfg.model.arch}", f"epoch {int(ckpt.get('epoch') or 0)}"]
+    group, values, said = _param_group(ckpt), {}, []
+    if group is None:
+        said.append("it holds no optimizer state: lr, momentum, weight decay and "
+                         "nesterov are this run's (--lr, --momentum, --wd, --nesterov)")
+    for name, words, flag in _FROM_OPTIMIZER if group is not None else ():
+        theirs = group.get("initial_lr", group.get("lr")) if name == "lr" else group.get(name)
+        if theirs is None:
+            continue
+        mine = getattr(cfg.optim, name)
+        theirs = type(mine)(theirs)  # bool or float, as the config holds it
+        if name == "lr" and group.get("lr") is not None and float(group["lr"]) != theirs:
+            taken.append(f"lr {_show(theirs)} (its schedule's base; {_show(group['lr'])} now)")
+        else:
+            taken.append(f"{words} {_show(theirs)}")
+        if name in given and mine != theirs:
+            said.append(f"{flag} {_show(mine)} overrides the file's {words} {_show(theirs)}")
+        else:
+            values[name] = theirs
+    cfg = replace(cfg, optim=replace(cfg.optim, **values))
+    cfg, schedule, overrides = _schedule_settings(cfg, given, ckpt)
+    return cfg, [f"'{path}' is not a tandem run; from it: " + ", ".join(taken + schedule),
+                 *said, *overrides]
+
+
+def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict, ckpt: dict) -> list[str]:
+    """The block of lines saying what the run uses that the foreign file ``ckpt`` does not
+    say (its StepLR is the file's, in :func:`file_settings`' line).
+
+    ``resolved`` is the run's resolved config (``image_size`` is the data's when not given).
+    """
+    optim = cfg.optim
+    size = resolved["resolved"]["dataset"]["image_size"]
+    schedule = optim.lr_schedule + (f" (every {optim.lr_step:g} epochs x{optim.lr_gamma:g})"
+                                    if optim.lr_schedule == "step" else "")
+    items = (("global batch", optim.batch_size, "batch_size", "-b"),
+             ("epochs", optim.epochs, "epochs", "--epochs"),
+             ("image size", f"{size}px", "image_size", "--image-size"),
+             ("lr schedule", schedule, "lr_schedule", "--lr-schedule"),
+             ("label smoothing", f"{optim.label_smoothing:g}", "label_smoothing",
+              "--label-smoothing"))
+    lines = ["not in the file, so this run takes:"]
+    for words, value, name, flag in items:
+        if name == "lr_schedule" and takes_schedule(ckpt, given):
+            continue
+        if name in given:
+            source = "as given"
+        elif name == "image_size":
+            own = cfg.data.image_size is None  # else the size rule's (size_rule, above)
+            source = ("the data's own" if own else f"{cfg.model.arch}'s native size") + \
+                f"; {flag} to change"
+        elif name == "label_smoothing":
+            source = f"plain cross-entropy, as the imagenet example trains; {flag} to change"
+        else:
+            source = f"tandem's default; {flag} to change"
+        lines.append(f"  {words} {value} ({source})")
+    return lines
+
+
+def eval_settings(cfg: TrainConfig, given: frozenset[str],
+                  path: str) -> tuple[TrainConfig, str | None]:
+    """``cfg`` to evaluate the foreign file at ``path`` as the imagenet example's ``-e`` does.
+
+    Plain cross-entropy, and the arch's native size (an ImageFolder is resized to 256 and
+    centre-cropped to 224 for a 224-pixel arch), each unless ``given``; with the line saying
+    so (``None`` when both were given).
+    """
+    said, flags = [], []
+    if "label_smoothing" not in given:
+        cfg = replace(cfg, optim=replace(cfg.optim, label_smoothing=0.0))
+        said.append("plain cross-entropy")
+        flags.append("--label-smoothing")
+    if "image_size" not in given:  # the size rule of training (size_rule, above)
+        size = size_rule(cfg.model.arch, cfg.data.data)
+        cfg = replace(cfg, data=replace(cfg.data, image_size=size))
+        said.append(f"{cfg.model.arch}'s native {size}px" if size else
+                    f"the data's own size, {DATA_SIZE}")
+        flags.append("--image-size")
+    if not said:
+        return cfg, None
+    return cfg, (f"'{path}' is not a tandem run: evaluated as its source would, with "
+                 f"{' at '.join(said)} ({' and '.join(flags)} to change)")
+
+
+def checkpoint_arch(ckpt: dict, arch: str | None, path: str) -> str:
+    """The architecture to rebuild for the file at ``path``: the one it names, else ``arch``
+    (``-a``, for a bare state dict). An ``arch`` that differs from the file's is refused."""
+    if arch is not None:
+        model_info(arch)  # a typo: the closest names
+    named = ckpt.get("arch")
+    named = named if isinstance(named, str) and named else None
+    if named is not None and not rebuildable(named):  # a torch class handed to tandem.fit
+        if arch is not None:
+            return arch
+        raise UsageError(f"checkpoint '{path}' holds a model handed to tandem.fit, a "
+                         f"{named.split(':')[-1]} that tandem cannot rebuild by name: give "
+                         f"-a package.module:function, a function that builds the same model")
+    if named is not None and arch is not None and arch != named:
+        raise UsageError(f"-a {arch} does not match checkpoint '{path}', which names {named} "
+                         f"(leave out -a)")
+    if named is None and arch is None:
+        raise UsageError(f"checkpoint '{path}' names no architecture ('arch'): say which it "
+                         f"is with -a ARCH (see `tandem models`)")
+    return named or arch
