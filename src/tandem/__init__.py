@@ -9,7 +9,8 @@ Every strategy computes the same update as one device training on the whole batc
 (:mod:`tandem.api`).
 """
 
-__version__ = "0.1.0"
+from tandem.version import __version__
+
 __all__ = ["__version__", "fit", "exit"]
 
 

@@ -29,13 +29,20 @@ from dataclasses import replace
 
 import torch
 
+from tandem.config import DataConfig
 from tandem.data import loader as loader_module
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.imagefolder import load_imagefolder
-from tandem.data.loader import batches_per_epoch
+from tandem.data.loader import batches_per_epoch, make_loader
 from tandem.errors import UsageError
+from tandem.models import create_model
+from tandem.precision import amp_precision
+from tandem.strategies import strategy_names
+from tandem.train.loop import Position
 
+from .contestants import prepare_strategy
 from .loader_bench import bench_root, cpu_seconds
+from .loop import loop_config, loop_trainer
 from .suite import machine_info
 from .timing import (IMPOSSIBLE, clock, impossible, impossible_lines, is_noise, noise_lines,
                      summarize, synchronize)
@@ -49,15 +56,6 @@ def _trainer(config, train, num_classes: int, workers: int):
     """A :class:`~tandem.train.loop.Trainer` of ``config`` (a :class:`~.config.BenchConfig`)
     on the dataset ``train``, built as the bench's ``/loop`` twins are (their optimizer, loss
     and constant schedule), and one device batch of ``train`` for ``step``."""
-    from tandem.config import DataConfig
-    from tandem.data.loader import make_loader
-    from tandem.models import create_model
-    from tandem.precision import amp_precision
-    from tandem.strategies import strategy_names
-
-    from .contestants import prepare_strategy
-    from .loop import loop_config, loop_trainer
-
     device = config.device_list[0]
     precision = amp_precision(device.type, config.amp, config.amp_dtype)
     torch.manual_seed(config.seed)
@@ -120,8 +118,6 @@ def _fed_pass(trainer, epoch: int, wave: int) -> tuple[float, float, int, int]:
     end of the ``wave``-th step, device synchronised), images and start-up images. Counted
     from the first batch's arrival instead, a step-bound pass would be rated on one step's
     images fewer than it ran."""
-    from tandem.train.loop import Position
-
     devices = trainer.strategy.devices
     after_step, mark = trainer.after_step, {"steps": 0}
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tandem import __version__
+from tandem.version import __version__
 from tandem.errors import CheckpointError
 from tandem.model_state import load_plain_state_dict, plain_state_dict
 

@@ -21,6 +21,10 @@ from tandem.errors import UsageError
 from tandem.models import model_info
 from tandem.strategies import strategy_class
 
+from tandem.train.evaluate import evaluate
+from tandem.train.metrics import eval_scores
+from tandem.train.run import describe_compile
+
 from .common import add_config_arguments, config_from_args, tandem_warnings
 
 __all__ = ["add_parser"]
@@ -72,9 +76,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.train.metrics import eval_scores
-    from tandem.train.evaluate import evaluate
-
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"bad --batch-size {args.batch_size}: must be >= 1")
     if args.label_smoothing is not None:
@@ -101,9 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     if result["compile_seconds"] is not None:
-        from tandem.train.run import describe_compile as describe
-
-        print(describe(result["compile_seconds"], args.compile_mode))
+        print(describe_compile(result["compile_seconds"], args.compile_mode))
     print(f"{args.resume}: {result['arch']} {eval_scores(result)} ({result['count']} images)")
     return 0
 

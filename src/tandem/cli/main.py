@@ -27,7 +27,7 @@ SUBCOMMANDS = list(_MODULES)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tandem import __version__
+    from tandem.version import __version__
 
     return command_parser(_MODULES, version=f"tandem {__version__}")
 

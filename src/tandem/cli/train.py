@@ -20,6 +20,7 @@ import argparse
 
 from tandem.config import (DataConfig, ModelConfig, OptimConfig, ParallelConfig, RunConfig,
                            TrainConfig)
+from tandem.train.run import train
 
 from .common import add_config_arguments, config_from_args, given_fields, tandem_warnings
 from .imagenet_flags import add_example_arguments, dummy_line, example_overrides
@@ -59,8 +60,6 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.train.run import train  # heavy imports only when training
-
     cfg = config_from_namespace(args)
     given = given_fields(args) | example_overrides(args)[1]
     opening = dummy_line(args, cfg.data)
