@@ -48,30 +48,27 @@ class ProcessBytes:
     hybrid: list[dict]
 
     @staticmethod
-    def total(row: dict) -> float:
-        return sum(row.values())
+    def most(rows: list[dict]) -> float:
+        """The busiest rank's bytes in ``rows`` (:attr:`ddp` or :attr:`hybrid`): what a link
+        carrying every rank's traffic waits for."""
+        return max(sum(row.values()) for row in rows)
 
-    def most(self, which: str) -> float:
-        """The busiest rank's bytes under ``which`` (``"ddp"`` or ``"hybrid"``): what a link
-        shared by every rank's traffic in turn waits for."""
-        return max(self.total(row) for row in getattr(self, which))
-
-    def seconds(self, bytes_per_s: float) -> dict[str, float]:
-        """Predicted communication seconds per step at a link of ``bytes_per_s`` (the
-        busiest rank's bytes over the rate; no overlap with compute assumed)."""
-        return {w: self.most(w) / bytes_per_s for w in ("ddp", "hybrid")}
+    def seconds(self, bytes_per_s: float) -> tuple[float, float]:
+        """Predicted communication seconds per step at a link of ``bytes_per_s``, ddp's and
+        hybrid's (the busiest rank's bytes over the rate; no overlap with compute assumed)."""
+        return self.most(self.ddp) / bytes_per_s, self.most(self.hybrid) / bytes_per_s
 
     def report(self) -> str:
         mb = 1e6
-        lines = [f"bytes per step per process: {self.model}, batch {self.batch_size} over "
+        lines = [f"bytes sent per step per process: {self.model}, batch {self.batch_size} over "
                  f"{self.processes} processes (busiest rank)",
-                 f"{'MB':<22}{'ddp':>12}{'hybrid':>12}"]
+                 f"{'MB':<22}{'data parallel':>14}{'split head':>12}"]
         for kind in KINDS:
             d = max(row.get(kind, 0) for row in self.ddp)
             h = max(row.get(kind, 0) for row in self.hybrid)
-            lines.append(f"  {kind:<20}{d / mb:>12.2f}{h / mb:>12.2f}")
-        lines.append(f"  {'total':<20}{self.most('ddp') / mb:>12.2f}"
-                     f"{self.most('hybrid') / mb:>12.2f}")
+            lines.append(f"  {kind:<20}{d / mb:>14.2f}{h / mb:>12.2f}")
+        lines.append(f"  {'total':<20}{self.most(self.ddp) / mb:>14.2f}"
+                     f"{self.most(self.hybrid) / mb:>12.2f}")
         return "\n".join(lines)
 
     __str__ = report
