@@ -17,7 +17,7 @@ which tandem's plain checkpoints, optimizer layout and one-process strategies do
 DDP would then have to skip them, which only a private DDP call (``_set_params_and_buffers_to_
 ignore_for_model``) does. So DDP wraps only what is data parallel (a public use), with a comm
 hook that sums instead of averaging, and the head's moves are autograd Functions over
-``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``all_to_all_single``, which gloo and
+``all_gather_into_tensor``, ``reduce_scatter_single`` and ``all_to_all_single``, which gloo and
 NCCL both run (gloo does not gather uneven pieces, hence the padding). The activations travel on
 a group of their own, so DDP's asynchronous gradient all-reduce never interleaves with them.
 

@@ -74,7 +74,7 @@ def _reduce_scatter(y: torch.Tensor, shares: Sequence[int], rank: int, group,
     pieces = y.split(list(shares))
     stacked = torch.cat([_padded(p, most) for p in pieces])  # (world * most, ...)
     out = y.new_empty((most, *y.shape[1:]))
-    dist.reduce_scatter_tensor(out, stacked, op=dist.ReduceOp.SUM, group=group)
+    dist.reduce_scatter_single(out, stacked, op=dist.ReduceOp.SUM, group=group)
     traffic.record(kind, (world - 1) * most * _row_bytes(y))
     return out[: shares[rank]]
 
