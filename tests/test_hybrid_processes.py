@@ -417,6 +417,27 @@ def test_step_bytes_sum_to_the_one_process_plans_figures(arch, batch, processes)
     assert ours.most(ours.hybrid) < ours.most(ours.ddp) / 5  # the trick pays for these heads
 
 
+@pytest.mark.slow
+def test_launch_trains_hybrid_ddp_and_ddp_resumes_it(tmp_path):
+    """End to end: `tandem launch` trains hybrid-ddp (float64, 3 steps), ddp finishes the run;
+    the result is single's straight run (float64)."""
+    from conftest import ok
+    from ddp_runs import launch_runs, outputs
+    from exact import TOL64, max_diff, state
+
+    args = ["--data", "synthetic", "--synthetic-size", "24", "--image-size", "64",
+            "--num-classes", "10", "-a", "small_alexnet:make", "-b", "8", "--epochs", "2",
+            "--no-progress", "--seed", "5", "--lr-schedule", "constant", "--dtype", "float64"]
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    proc = launch_runs([(["train", *args, "--strategy", "hybrid-ddp", "--max-steps", "3",
+                          "--out", run], False),
+                        (["train", "--resume", run, "--strategy", "ddp"], False)])
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert "the run had hybrid-ddp" in outputs(proc.stdout)[1]
+    ok("train", *args, "--strategy", "single", "--out", ref)
+    assert max_diff(state(run / "checkpoint.pt"), state(ref / "checkpoint.pt")) < TOL64
+
+
 if __name__ == "__main__":
     import tandem
 
