@@ -26,29 +26,13 @@ from ..parallel.devices import resolve_devices, as_device
 from ..parallel.guards import first_lazy
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .layout import classifier_layout, find_head, head_sequential
+from .trunk import trunk_of
 from .optimizer_state import load_plain_optimizer_state, plain_optimizer_state
 from .cost import meta_copy, plan
 
 __all__ = ["HybridParallel"]
 
-_KNOWN_CHILDREN = ("features", "avgpool", "classifier")
 _SPLIT = (ColumnParallelLinear, RowParallelLinear)
-
-
-class _Trunk(nn.Module):
-    """features -> avgpool -> flatten -> leading elementwise layers (the data-parallel part)."""
-
-    def __init__(self, features: nn.Module, avgpool: nn.Module | None, leading: list[nn.Module]):
-        super().__init__()
-        self.features = features
-        self.avgpool = avgpool
-        self.leading = nn.Sequential(*leading)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.features(x)  # N, C, h, w
-        if self.avgpool is not None:
-            x = self.avgpool(x)
-        return self.leading(torch.flatten(x, 1))  # N, A
 
 
 class _Gather(nn.Module):
@@ -60,62 +44,6 @@ class _Gather(nn.Module):
 
     def forward(self, chunks):
         return gather(list(chunks), self.output_device)
-
-
-class _HeadInput(nn.Identity):
-    """Stands in for the head inside the body: passes its input on and remembers it."""
-
-    def forward(self, x):
-        self.seen = x  # on this replica's own instance: replicas are separate objects
-        return x
-
-
-class _Body(nn.Module):
-    """The model with its head replaced by :class:`_HeadInput`, then the head's leading
-    elementwise layers: what the model's forward feeds its head. The copy shares every
-    submodule and parameter with ``model``.
-
-    Each forward checks that the model returned exactly what it fed its head, so a model that
-    does anything after its head is an error, never a silently different result."""
-
-    def __init__(self, model: nn.Module, head: str, leading: list[nn.Module]):
-        super().__init__()
-        body = copy.copy(model)
-        body._modules = dict(model._modules)  # its own child table; the children are shared
-        setattr(body, head, _HeadInput())
-        self.body = body
-        self.head = head
-        self.leading = nn.Sequential(*leading)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        placeholder = getattr(self.body, self.head)
-        placeholder.seen = None
-        name = type(self.body).__name__
-        try:
-            out = self.body(x)  # N, A: the head's input
-        except Exception as exc:  # what came after the head got the head's input instead
-            if placeholder.seen is None:
-                raise
-            raise UsageError(self._not_last(name, f"does more after .{self.head} "
-                                                  f"({exc})")) from exc
-        seen, placeholder.seen = placeholder.seen, None
-        if seen is None or out is not seen:
-            raise UsageError(self._not_last(name, "never calls it" if seen is None else
-                                            f"does more after .{self.head}"))
-        if out.dim() != 2:
-            raise UsageError(f"HybridParallel: {name}.{self.head} gets a {out.dim()}-D input "
-                             f"{tuple(out.shape)}; it must get (N, features)")
-        return self.leading(out)
-
-    def _not_last(self, name: str, what: str) -> str:
-        return (f"HybridParallel splits {name}.{self.head} as its last layer, but {name}.forward "
-                f"{what}; name the last Linear layer with hybrid_head= (--hybrid-head)")
-
-
-def _features_layout(model: nn.Module, head: str) -> bool:
-    """True for the AlexNet/VGG shape: ``features -> avgpool -> flatten -> classifier``."""
-    return (head == "classifier" and isinstance(getattr(model, "features", None), nn.Module)
-            and all(n in _KNOWN_CHILDREN for n, _ in model.named_children()))
 
 
 class HybridParallel(nn.Module):
@@ -154,7 +82,7 @@ class HybridParallel(nn.Module):
         def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
             return f"{name}.{i}." if indexed else f"{name}."
 
-        trunk = self._trunk_of(model, name, [mods[i] for i in leading])
+        trunk, self._parts = trunk_of(model, name, [mods[i] for i in leading])
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
                                        buffers=buffers, split=split, max_share=max_share,
                                        backward_threads=backward_threads)
@@ -165,19 +93,6 @@ class HybridParallel(nn.Module):
         # A parameter-free copy of the model's structure for to_model(); hidden from the module
         # tree so that it adds no parameters, buffers or state-dict keys.
         object.__setattr__(self, "_skeleton", meta_copy(model))
-
-    def _trunk_of(self, model: nn.Module, name: str, leading: list[nn.Module]) -> nn.Module:
-        """The data-parallel part of ``model``; starts ``self._parts``, the (prefix in the plain
-        state dict, module holding that state) pairs that merge and split checkpoints."""
-        if _features_layout(model, name):
-            trunk = _Trunk(model.features, getattr(model, "avgpool", None), leading)
-            self._parts = [("features.", trunk.features)]
-            if trunk.avgpool is not None:
-                self._parts.append(("avgpool.", trunk.avgpool))
-            return trunk
-        trunk = _Body(model, name, leading)
-        self._parts = [("", trunk.body)]  # every key but the head's
-        return trunk
 
     def _split_head(self, mods: list[nn.Module], stages, key) -> list[nn.Module]:
         """The head's layers after the leading ones, one stage at a time: local layers on the

@@ -9,7 +9,7 @@ from .base import (StepOutput, Strategy, create_strategy, register, strategy_cla
                    strategy_names)
 
 # Imported for their @register side effect, in the order the CLI documents them.
-from . import single, dp, balanced, hybrid, ddp  # noqa: E402,F401  isort: skip
+from . import single, dp, balanced, hybrid, ddp, hybrid_ddp  # noqa: E402,F401  isort: skip
 
 __all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_class",
            "strategy_names"]

@@ -110,15 +110,19 @@ class DDPStrategy(Strategy):
         # Gradients in their parameters' strides, as DDP's buckets have them (digits' conv1).
         self._hooks += grads_in_param_strides(model)
         self._hooks += self.split.time_backward_end(self.rank, model)
-        device_ids = [self._device] if self._device.type == "cuda" else None
-        # Rank 0's buffers are broadcast at every forward under "replica0" only; newer torch
-        # renamed the flag (buffers are synced at construction either way).
-        sync = self.buffers == "replica0"
-        flag = "forward_sync_buffers" if _HAS_FORWARD_SYNC else "broadcast_buffers"
-        wrapped = DistributedDataParallel(model, device_ids=device_ids,
-                                          process_group=work_group(), **{flag: sync})
+        wrapped = DistributedDataParallel(model, **self.ddp_options())
         self._wrappers.append(weakref.ref(wrapped))
         return wrapped
+
+    def ddp_options(self) -> dict:
+        """The keywords this strategy gives ``DistributedDataParallel`` besides the module:
+        its device, the work group, and whether rank 0's buffers are broadcast at every
+        forward (under ``--buffers replica0`` only; newer torch renamed the flag, and buffers
+        are synced at construction either way)."""
+        device_ids = [self._device] if self._device.type == "cuda" else None
+        flag = "forward_sync_buffers" if _HAS_FORWARD_SYNC else "broadcast_buffers"
+        return {"device_ids": device_ids, "process_group": work_group(),
+                flag: self.buffers == "replica0"}
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor) -> StepOutput:

@@ -453,11 +453,16 @@ class Trainer:
         return RunDir(self.cfg.run.out)
 
     def save(self, is_best: bool, progress: dict | None = None, rng: dict | None = None) -> None:
-        """Write ``checkpoint.pt`` (and ``best.pt``) atomically, on the main process only.
+        """Write ``checkpoint.pt`` (and ``best.pt``) atomically, on the main process only;
+        every process calls it, but after a lost peer only the main one does.
 
         ``progress`` is the epoch under way's train sums when saving mid-epoch; ``rng`` the
         RNG states to save (default: as they are now).
         """
+        # every process that calls it asks: a strategy whose ranks each hold a block of the
+        # model (hybrid across processes) gathers the plain state here, a collective
+        state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
+        plain_optimizer = self.strategy.optimizer_state_dict(self.model, self.optimizer)
         if not self.strategy.is_main:
             return
         pos = self.position
@@ -474,11 +479,9 @@ class Trainer:
             split=self.strategy.split.state_dict(),
             config=self.config_dict,
         )
-        state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
         # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
         optimizer = example_optimizer_state(  # in the plain layout: any strategy loads it
-            self.optimizer, pos.epoch, self.strategy.optimizer_state_dict(self.model,
-                                                                          self.optimizer))
+            self.optimizer, pos.epoch, plain_optimizer)
         checkpoint.save(self.run_dir.latest, state, optimizer, **extra)
         self.run_dir.write_config(self.config_dict)  # the settings of the checkpoint just saved
         self.saved_step = pos.step

@@ -1,0 +1,161 @@
+"""Moving a hybrid head's activations between processes, with autograd: three layouts, three moves.
+
+Between the head's stages a rank holds one of three layouts of an ``(N, F)`` activation of the
+global batch (``shares[r]`` rows belong to rank ``r``, in rank order; a share may be 0):
+
+- *batch*: its own rows, every feature, ``(shares[rank], F)``;
+- *whole*: every row, every feature, ``(N, F)`` (what a column-split Linear reads);
+- *columns*: every row, its block of features, ``(N, cols[rank])``; or *partial*: every row,
+  every feature, one term of a sum over ranks (what a row-split Linear writes).
+
+:func:`gather_rows` (batch -> whole; backward: reduce-scatter, so each rank gets back the
+gradient of its own rows summed over the ranks that used them), :func:`sum_rows` (partial ->
+batch; backward: all-gather) and :func:`rows_of_columns` (columns -> batch, an all-to-all;
+backward: the reverse all-to-all). Gloo gathers equal pieces only, so rows are padded to the
+largest share (at most one row when shares are even). Every rank must call them in the same
+order, on the same group; ``group`` ``None`` is the default group.
+
+Each call records the bytes this rank *sends* in :mod:`tandem.parallel.traffic` (kinds
+``activations`` forward, ``activation_grads`` backward), as bandwidth-optimal algorithms (ring
+all-gather and reduce-scatter, pairwise all-to-all) send them: ``(W-1)`` padded pieces for a
+gather or a reduce-scatter over ``W`` ranks, the blocks bound elsewhere for an all-to-all.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..parallel import traffic
+from ._shards import ACTIVATION_GRADS, ACTIVATIONS
+
+__all__ = ["all_shares", "gather_rows", "sum_rows", "rows_of_columns", "gather_along"]
+
+
+def all_shares(count: int, device: torch.device, group=None) -> list[int]:
+    """Every rank's row count, in rank order, given this rank's (one small all-gather, read on
+    the host: the next collectives' shapes depend on it)."""
+    world = dist.get_world_size(group)
+    mine = torch.tensor([count], dtype=torch.int64, device=device)
+    every = torch.empty(world, dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(every, mine, group=group)
+    return [int(c) for c in every.tolist()]
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to ``rows``."""
+    if x.shape[0] == rows:
+        return x.contiguous()
+    out = x.new_zeros((rows, *x.shape[1:]))
+    out[: x.shape[0]] = x
+    return out
+
+
+def _row_bytes(x: torch.Tensor) -> int:
+    return x[0].numel() * x.element_size() if x.shape[0] else (
+        int(torch.Size(x.shape[1:]).numel()) * x.element_size())
+
+
+def _all_gather(x: torch.Tensor, shares: Sequence[int], group, kind: str) -> torch.Tensor:
+    """Every rank's rows (``x``: this rank's), concatenated in rank order: ``(sum(shares), ...)``."""
+    world, most = len(shares), max(shares)
+    out = x.new_empty((world * most, *x.shape[1:]))
+    dist.all_gather_into_tensor(out, _padded(x, most), group=group)
+    traffic.record(kind, (world - 1) * most * _row_bytes(x))
+    return torch.cat([out[r * most: r * most + n] for r, n in enumerate(shares)])
+
+
+def _reduce_scatter(y: torch.Tensor, shares: Sequence[int], rank: int, group,
+                    kind: str) -> torch.Tensor:
+    """This rank's rows of the sum over ranks of ``y`` (``(sum(shares), ...)`` on each rank)."""
+    world, most = len(shares), max(shares)
+    pieces = y.split(list(shares))
+    stacked = torch.cat([_padded(p, most) for p in pieces])  # (world * most, ...)
+    out = y.new_empty((most, *y.shape[1:]))
+    dist.reduce_scatter_single(out, stacked, op=dist.ReduceOp.SUM, group=group)
+    traffic.record(kind, (world - 1) * most * _row_bytes(y))
+    return out[: shares[rank]]
+
+
+def _exchange(blocks: Sequence[torch.Tensor], shapes: Sequence[tuple], rank: int,
+              group, kind: str) -> list[torch.Tensor]:
+    """All-to-all: send ``blocks[r]`` to rank ``r``; receive one block of ``shapes[r]`` from each
+    rank ``r`` (flattened, so that blocks of different widths travel in one call)."""
+    send = torch.cat([b.reshape(-1) for b in blocks])
+    sizes_in = [b.numel() for b in blocks]
+    sizes_out = [int(torch.Size(s).numel()) for s in shapes]
+    recv = send.new_empty(sum(sizes_out))
+    dist.all_to_all_single(recv, send, sizes_out, sizes_in, group=group)
+    traffic.record(kind, (sum(sizes_in) - sizes_in[rank]) * send.element_size())
+    return [part.view(s) for part, s in zip(recv.split(sizes_out), shapes)]
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, shares, rank, group):
+        ctx.shares, ctx.rank, ctx.group = shares, rank, group
+        return _all_gather(x, shares, group, ACTIVATIONS)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.shares, ctx.rank, ctx.group, ACTIVATION_GRADS), \
+            None, None, None
+
+
+class _SumRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, shares, rank, group):
+        ctx.shares, ctx.group = shares, group
+        return _reduce_scatter(y, shares, rank, group, ACTIVATIONS)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.shares, ctx.group, ACTIVATION_GRADS), None, None, None
+
+
+class _RowsOfColumns(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, shares, cols, rank, group):
+        ctx.shares, ctx.cols, ctx.rank, ctx.group = shares, cols, rank, group
+        mine = shares[rank]
+        blocks = _exchange(h.split(list(shares)), [(mine, c) for c in cols], rank, group,
+                           ACTIVATIONS)
+        return torch.cat(blocks, 1)  # (mine, sum(cols))
+
+    @staticmethod
+    def backward(ctx, grad):
+        shares, cols, rank = ctx.shares, ctx.cols, ctx.rank
+        blocks = _exchange(grad.split(list(cols), 1), [(n, cols[rank]) for n in shares], rank,
+                           ctx.group, ACTIVATION_GRADS)
+        return torch.cat(blocks), None, None, None, None
+
+
+def gather_rows(x: torch.Tensor, shares: Sequence[int], rank: int, group=None) -> torch.Tensor:
+    """Batch -> whole: ``(shares[rank], F)`` here, ``(N, F)`` out, the same on every rank."""
+    return _GatherRows.apply(x, list(shares), rank, group)
+
+
+def sum_rows(y: torch.Tensor, shares: Sequence[int], rank: int, group=None) -> torch.Tensor:
+    """Partial -> batch: ``(N, F)`` terms here, this rank's rows of their sum over ranks out."""
+    return _SumRows.apply(y, list(shares), rank, group)
+
+
+def rows_of_columns(h: torch.Tensor, shares: Sequence[int], cols: Sequence[int], rank: int,
+                    group=None) -> torch.Tensor:
+    """Columns -> batch: ``(N, cols[rank])`` here, ``(shares[rank], sum(cols))`` out, the
+    feature blocks in rank order."""
+    return _RowsOfColumns.apply(h, list(shares), list(cols), rank, group)
+
+
+@torch.no_grad()
+def gather_along(t: torch.Tensor, dim: int, sizes: Sequence[int], group=None) -> torch.Tensor:
+    """The whole tensor whose rank-``r`` block along ``dim`` (``sizes[r]`` long) is ``t`` on
+    rank ``r``: on every rank, detached (checkpoints; no traffic is recorded)."""
+    world, most = len(sizes), max(sizes)
+    front = t.detach().movedim(dim, 0)
+    out = front.new_empty((world * most, *front.shape[1:]))
+    dist.all_gather_into_tensor(out, _padded(front, most), group=group)
+    whole = torch.cat([out[r * most: r * most + n] for r, n in enumerate(sizes)])
+    return whole.movedim(0, dim).contiguous()

@@ -1,0 +1,106 @@
+"""The data-parallel part of a hybrid model: everything before its Linear head.
+
+Both hybrids (one process, :class:`~tandem.hybrid.HybridParallel`; several,
+:class:`~tandem.hybrid.across_processes.DistributedHybrid`) run this part as data parallel and
+split the head. :func:`trunk_of` builds it and says where its state lives in the plain model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from tandem.errors import UsageError
+
+__all__ = ["trunk_of"]
+
+_KNOWN_CHILDREN = ("features", "avgpool", "classifier")
+
+
+class _Trunk(nn.Module):
+    """features -> avgpool -> flatten -> leading elementwise layers (the data-parallel part)."""
+
+    def __init__(self, features: nn.Module, avgpool: nn.Module | None, leading: list[nn.Module]):
+        super().__init__()
+        self.features = features
+        self.avgpool = avgpool
+        self.leading = nn.Sequential(*leading)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)  # N, C, h, w
+        if self.avgpool is not None:
+            x = self.avgpool(x)
+        return self.leading(torch.flatten(x, 1))  # N, A
+
+
+class _HeadInput(nn.Identity):
+    """Stands in for the head inside the body: passes its input on and remembers it."""
+
+    def forward(self, x):
+        self.seen = x  # on this replica's own instance: replicas are separate objects
+        return x
+
+
+class _Body(nn.Module):
+    """The model with its head replaced by :class:`_HeadInput`, then the head's leading
+    elementwise layers: what the model's forward feeds its head. The copy shares every
+    submodule and parameter with ``model``.
+
+    Each forward checks that the model returned exactly what it fed its head, so a model that
+    does anything after its head is an error, never a silently different result."""
+
+    def __init__(self, model: nn.Module, head: str, leading: list[nn.Module]):
+        super().__init__()
+        body = copy.copy(model)
+        body._modules = dict(model._modules)  # its own child table; the children are shared
+        setattr(body, head, _HeadInput())
+        self.body = body
+        self.head = head
+        self.leading = nn.Sequential(*leading)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        placeholder = getattr(self.body, self.head)
+        placeholder.seen = None
+        name = type(self.body).__name__
+        try:
+            out = self.body(x)  # N, A: the head's input
+        except Exception as exc:  # what came after the head got the head's input instead
+            if placeholder.seen is None:
+                raise
+            raise UsageError(self._not_last(name, f"does more after .{self.head} "
+                                                  f"({exc})")) from exc
+        seen, placeholder.seen = placeholder.seen, None
+        if seen is None or out is not seen:
+            raise UsageError(self._not_last(name, "never calls it" if seen is None else
+                                            f"does more after .{self.head}"))
+        if out.dim() != 2:
+            raise UsageError(f"HybridParallel: {name}.{self.head} gets a {out.dim()}-D input "
+                             f"{tuple(out.shape)}; it must get (N, features)")
+        return self.leading(out)
+
+    def _not_last(self, name: str, what: str) -> str:
+        return (f"HybridParallel splits {name}.{self.head} as its last layer, but {name}.forward "
+                f"{what}; name the last Linear layer with hybrid_head= (--hybrid-head)")
+
+
+def _features_layout(model: nn.Module, head: str) -> bool:
+    """True for the AlexNet/VGG shape: ``features -> avgpool -> flatten -> classifier``."""
+    return (head == "classifier" and isinstance(getattr(model, "features", None), nn.Module)
+            and all(n in _KNOWN_CHILDREN for n, _ in model.named_children()))
+
+
+def trunk_of(model: nn.Module, name: str, leading: list[nn.Module]):
+    """``(trunk, parts)``: the data-parallel part of ``model`` whose head is ``model.<name>``
+    (``leading``: the head's leading elementwise layers, which join it), and the (prefix in the
+    plain state dict, module holding that state) pairs of its state. The trunk shares every
+    module and parameter with ``model``."""
+    if _features_layout(model, name):
+        trunk = _Trunk(model.features, getattr(model, "avgpool", None), leading)
+        parts = [("features.", trunk.features)]
+        if trunk.avgpool is not None:
+            parts.append(("avgpool.", trunk.avgpool))
+        return trunk, parts
+    trunk = _Body(model, name, leading)
+    return trunk, [("", trunk.body)]  # every key but the head's

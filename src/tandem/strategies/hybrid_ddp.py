@@ -1,0 +1,119 @@
+"""``hybrid-ddp``: the hybrid across processes, one per device (``tandem launch``, torchrun).
+
+See :class:`tandem.hybrid.across_processes.DistributedHybrid`: the trunk data parallel under
+DDP, the head's Linear layers split over the ranks, activations moved on a process group of
+their own. Launch, collectives, stop votes and lost peers are ddp's. Checkpoints hold the plain
+model and its optimizer state in the plain layout (any strategy continues them); gathering them
+is a collective, so every rank must call :meth:`state_dict` and :meth:`optimizer_state_dict`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tandem import model_state
+from tandem.errors import first_line
+from tandem.distributed.env import dist_timeout
+from tandem.distributed.global_loss import global_mean, local_sum
+from tandem.distributed.process_group import grads_in_param_strides, work_group
+from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
+from tandem.hybrid.across_processes import DistributedHybrid
+from tandem.hybrid.layout import head_problem
+from tandem.parallel.sync_batchnorm import convert_sync_batchnorm
+
+from .base import StepOutput, register
+from .ddp import DDPStrategy, _plain_batchnorms
+
+__all__ = ["HybridDDPStrategy"]
+
+
+@register
+class HybridDDPStrategy(DDPStrategy):
+    """One torchrun worker per device; the model's head split over the workers."""
+
+    name = "hybrid-ddp"
+    splits_batch = False  # even shares (--split would need its timing across the split head)
+    compile_unsupported = "its trunk and head blocks would each need compiling"
+
+    @classmethod
+    def check_model(cls, model: nn.Module, hybrid_head: str | None = None) -> str | None:
+        return head_problem(model, hybrid_head)
+
+    def __init__(self, devices: list[torch.device], **kwargs):
+        super().__init__(devices, **kwargs)
+        self.activations = None  # the activations' process group, joined by launch()
+
+    def launch(self) -> "HybridDDPStrategy":
+        """Join the job's group (ddp's), then the activations' group (every rank meets)."""
+        super().launch()
+        if self.activations is None:
+            seconds = dist_timeout() if self.timeout is None else float(self.timeout)
+            self.activations = dist.new_group(backend=self.backend,
+                                              timeout=timedelta(seconds=seconds))
+        return self
+
+    def close(self) -> None:
+        if self.activations is not None and dist.is_initialized():
+            dist.destroy_process_group(self.activations)
+        self.activations = None
+        super().close()
+
+    # -- model ------------------------------------------------------------------------------
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Convert BN if ``sync_bn``, move ``model`` to this rank's device, split its head."""
+        if self.sync_bn:
+            model = convert_sync_batchnorm(model, process_group=work_group())
+        model = model.to(self._device)
+        self._plain_bn = _plain_batchnorms(model)
+        self._hooks += grads_in_param_strides(model)
+        wrapped = DistributedHybrid(model, self._device, group=self.activations,
+                                    head=self.hybrid_head, ddp_options=self.ddp_options())
+        self._wrappers.append(weakref.ref(wrapped.dp))
+        return wrapped
+
+    def no_sync(self, wrapped: nn.Module):
+        return wrapped.no_sync()
+
+    def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
+                     targets: torch.Tensor) -> StepOutput:
+        """Forward this rank's share (collectives on every rank, in eval too). The loss it
+        backpropagates is its rows' part of the global mean: no average over ranks follows."""
+        training = torch.is_grad_enabled() and wrapped.training
+        images = images.to(self._device, non_blocking=True)
+        targets = targets.to(self._device, non_blocking=True)
+        count = int(targets.shape[0])
+        frozen = self._plain_bn if (count == 0 and wrapped.training) else []
+        with frozen_batchnorm(frozen):
+            outputs = self._logits(wrapped(images))  # (count, classes): this rank's rows
+        summed, denominator = local_sum(criterion, outputs, targets)
+        loss, total_count = global_mean(criterion, summed, denominator, count, 1, self._device)
+        if training and self.buffers == "average":
+            average_running_stats(self._plain_bn, count, total_count, self._device)
+        return StepOutput(loss, *self._score(criterion, outputs, targets, count))
+
+    # -- state (collectives) ----------------------------------------------------------------
+    def state_dict(self, wrapped: nn.Module) -> dict:
+        return wrapped.plain_state_dict()
+
+    def load_state_dict(self, wrapped: nn.Module, state: dict) -> None:
+        """Checked against the plain shapes without gathering anything, then this rank's
+        blocks taken."""
+        report = model_state.fit_report(state, wrapped.plain_shapes())
+        if report:
+            raise ValueError(report)
+        try:
+            wrapped.load_plain_state_dict(state)
+        except Exception as exc:  # dtype trouble and the like, after the key check
+            raise ValueError(first_line(exc)) from None
+
+    def optimizer_state_dict(self, wrapped: nn.Module, optimizer) -> dict:
+        return wrapped.plain_optimizer_state(optimizer)
+
+    def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer, state: dict) -> None:
+        wrapped.load_plain_optimizer_state(optimizer, state)
