@@ -83,12 +83,17 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
 
 
 def _multiprocess(cfg: TrainConfig, given: frozenset[str]):
-    """Under torchrun, a one-process strategy becomes the multi-process one, one device per
-    process (of the kind asked for); one line says so on rank 0."""
-    name = auto.under_launch(cfg.parallel.strategy)  # auto: said here too
-    if not in_torchrun() or name == cfg.parallel.strategy:
+    """Under torchrun, a one-process strategy becomes its multi-process form (or the plain one),
+    one device per process (of the kind asked for); one line says so on rank 0. ``auto``
+    keeps its name: the plan races the multi-process candidates."""
+    asked = cfg.parallel.strategy
+    name = asked if auto.is_resolver(asked) else auto.under_launch(asked)
+    if not in_torchrun() or (name == asked and not auto.is_resolver(asked)):
         return cfg, given
     kind = parse_device_spec(cfg.parallel.devices, "devices")[0].type
+    if auto.is_resolver(asked):
+        parallel = replace(cfg.parallel, devices=kind)
+        return replace(cfg, parallel=parallel), given | {"devices"}
     if is_main_process():
         print(f"under torchrun: strategy {name} on {kind}, one process per device "
               f"(instead of {cfg.parallel.strategy} on {cfg.parallel.devices})", flush=True)

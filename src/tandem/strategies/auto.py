@@ -27,21 +27,25 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from tandem.errors import TandemError, UsageError
 from tandem.hybrid import plan as hybrid_plan
+from tandem.hybrid.process_cost import step_bytes
+from tandem.parallel.work_clock import synchronize
 
 from . import step_timer
 from .base import strategy_class, strategy_names
 
 __all__ = ["AUTO", "NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept", "is_resolver", "launched",
-           "under_launch", "launchable", "simplest_first", "candidates", "budget_s", "race",
+           "under_launch", "launchable", "simplest_first", "candidates", "budget_s", "race", "across_processes", "planned_process_bytes",
            "resolve", "choose", "planned_bytes", "format_block"]
 
 AUTO = "auto"
 NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
 MIN_S, EPOCH_SHARE, MAX_S = 5.0, 0.05, 30.0  # the race's time budget (see budget_s)
 MIN_ROUNDS, MAX_ROUNDS = 3, 30  # timed rounds: fewer than 3 have no quartiles to judge by
+PROCESS_ROUNDS = 5  # timed rounds of a race across processes (--auto-steps to change)
 OUT_OF_MEMORY = "out of memory"
 _PLAIN_DP = "dp"  # the plan's data-parallel figure: what a choice's bytes are compared with
 
@@ -56,20 +60,29 @@ def launched() -> str:
     return strategy_names(multiprocess=True)[0]
 
 
+def across_processes(name: str) -> str | None:
+    """The multi-process strategy that computes one-process strategy ``name``'s update with
+    one process per device (``hybrid``: its classifier split across the processes), if any."""
+    return next((n for n in strategy_names(multiprocess=True)
+                 if strategy_class(n).across_processes_of == name), None)
+
+
 def launchable(name: str) -> bool:
-    """Whether ``tandem launch`` can run ``--strategy name``: a multi-process strategy, or
-    ``auto`` (which becomes one); a one-process strategy would train N independent copies
-    writing the same files."""
-    return is_resolver(name) or strategy_class(name).multiprocess
+    """Whether ``tandem launch`` can run ``--strategy name``: a multi-process strategy, one
+    that has a multi-process form (:func:`across_processes`), or ``auto`` (which races them);
+    any other one-process strategy would train N independent copies writing the same files."""
+    return (is_resolver(name) or strategy_class(name).multiprocess
+            or across_processes(name) is not None)
 
 
 def under_launch(name: str) -> str:
     """What ``--strategy name`` runs as in a process torchrun started: a multi-process
-    strategy itself; ``auto`` and a one-process strategy (``tandem.fit`` called under
-    torchrun) the multi-process one, one process per device."""
+    strategy itself; a one-process strategy its multi-process form, else (``tandem.fit``
+    called under torchrun) the plain multi-process one, one process per device; ``auto``
+    races the multi-process candidates (:func:`process_candidates`) instead."""
     if not is_resolver(name) and strategy_class(name).multiprocess:
         return name
-    return launched()
+    return (None if is_resolver(name) else across_processes(name)) or launched()
 
 
 def simplest_first() -> list[str]:
@@ -78,16 +91,17 @@ def simplest_first() -> list[str]:
 
 
 def candidates(devices: list, model, options: dict | None = None,
-               check: Callable[[str], str | None] | None = None
+               check: Callable[[str], str | None] | None = None, processes: bool = False
                ) -> tuple[list[str], dict[str, str]]:
     """``(raced, not_raced)``: the strategies that can drive ``model`` on ``devices``, and why
-    each other one cannot (one line each). ``options``: the model options a strategy may take
-    (hybrid's head); ``check(name)`` adds the run's own refusals."""
+    each other one cannot (one line each): the one-process ones, or with ``processes`` (under
+    ``tandem launch``) the multi-process ones. ``options``: the model options a strategy may
+    take (hybrid's head); ``check(name)`` adds the run's own refusals."""
     raced, left = [], {}
-    for name in simplest_first():
+    for name in strategy_names(multiprocess=True) if processes else simplest_first():
         cls = strategy_class(name)
         why = None
-        if len(devices) == 1 and cls.max_devices is None:
+        if len(devices) == 1 and cls.max_devices is None and not processes:
             why = "one device: nothing to spread"
         else:
             why = cls.check_model(model, **(options or {})) or (check(name) if check else None)
@@ -118,11 +132,13 @@ class RaceResult:
     asked: int | None = None  # --auto-steps, where fewer than MIN_ROUNDS (raised to it)
     raced: list[str] = field(default_factory=list)  # the candidates, in the order they ran
     planned: dict[str, int] = field(default_factory=dict)  # bytes per step the plan predicts
+    link_bytes_per_s: float | None = None  # what a short all-reduce measured (processes)
 
     def record(self) -> dict:
         """What the run's config keeps (``resolved.auto``)."""
         return {"choice": self.choice, "reason": self.reason, "rounds": self.rounds,
-                "over_budget": self.over_budget,
+                "over_budget": self.over_budget, "planned_bytes": dict(self.planned),
+                "link_bytes_per_s": self.link_bytes_per_s,
                 "seconds": round(self.seconds, 3), "table": self.rows,
                 "not_raced": dict(self.not_raced)}
 
@@ -152,14 +168,18 @@ def _row(lane) -> dict:
             "q3_s": t.q3}
 
 
-def race(names: list[str], build: Callable[[str], step_timer.StrategyStep], *, rounds: int | None = None,
-         epoch_batches: int = 1, clock: Callable[[], float] | None = None) -> RaceResult:
+def race(names: list[str], build: Callable[[str], step_timer.StrategyStep], *,
+         rounds: int | None = None, epoch_batches: int = 1,
+         clock: Callable[[], float] | None = None,
+         agree: Callable[[dict], dict] | None = None) -> RaceResult:
     """Race ``build(name)`` (a :class:`~.step_timer.StrategyStep`) for each of ``names``: one
     cold round, then as many timed rounds as :func:`budget_s` leaves, and at least
     :data:`MIN_ROUNDS`: a cold step also times first-call costs (allocation, lazy set-up),
     which misled a pick (BENCHMARKS.md section 13), and one warm round has no spread.
     ``rounds`` gives that many timed rounds (at least :data:`MIN_ROUNDS`) after one warm-up.
-    ``clock`` is injectable (tests)."""
+    ``clock`` is injectable (tests). ``agree(rows)``, called while the candidates still stand
+    (a process group up), gives the rows every process decides on (rank 0's, under
+    ``tandem launch``)."""
     clock = clock or step_timer.clock
     start = clock()
     built, lanes, rows = [], [], {}
@@ -182,7 +202,10 @@ def race(names: list[str], build: Callable[[str], step_timer.StrategyStep], *, r
                 step_timer.interleave(lanes, n, clock=clock)
             else:
                 over_budget, n = False, max(MIN_ROUNDS, rounds)
-                step_timer.interleave(lanes, n, 1, clock=clock)
+                step_timer.interleave(lanes, n, 1, clock=clock, catch=agree is None)
+            rows.update((lane.name, _row(lane)) for lane in lanes)
+            if agree is not None:
+                rows = agree(rows)
         finally:
             for step in built:
                 step.close()
@@ -192,7 +215,6 @@ def race(names: list[str], build: Callable[[str], step_timer.StrategyStep], *, r
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    rows.update((lane.name, _row(lane)) for lane in lanes)
     return RaceResult([rows[n] for n in names if n in rows], n, clock() - start,
                       over_budget=over_budget,
                       asked=rounds if rounds is not None and rounds < MIN_ROUNDS else None)
@@ -211,13 +233,19 @@ def _rounds(lanes: list, elapsed: float, epoch_batches: int) -> int:
 def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
             options: dict | None = None, check: Callable[[str], str | None] | None = None,
             rounds: int | None = None, epoch_batches: int = 1, clock=None,
-            split=None, **step) -> RaceResult:
+            split=None, processes: int = 0, **step) -> RaceResult:
     """``auto`` resolved on ``devices`` for ``model`` (a copy each candidate takes over) and
     the global ``batch``: the candidates (:func:`candidates`) raced (:func:`race`), the choice
     and its reason (:func:`choose`, with the bytes :func:`planned_bytes` predicts). ``step``:
     :class:`~.step_timer.StrategyStep`'s keywords (``amp``, ``lr``, ``channels_last``,
-    ``sync_bn``, ``buffers``); refused in one line when no strategy can run the model."""
-    names, not_raced = candidates(devices, model, options, check)
+    ``sync_bn``, ``buffers``); refused in one line when no strategy can run the model.
+
+    ``processes`` (under ``tandem launch``: the job's process count) races the multi-process
+    candidates on the real processes and the real link: every process runs the same rounds
+    (``rounds``, at least :data:`MIN_ROUNDS`; no budget, which each process would judge alike
+    only by chance), a short all-reduce measures the link, and rank 0's table decides for all.
+    """
+    names, not_raced = candidates(devices, model, options, check, processes=processes > 1)
     if not names:
         raise UsageError("--strategy auto: no strategy can run this here: " + "; ".join(
             f"{n}: {why}" for n, why in not_raced.items()))
@@ -227,17 +255,65 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
         return step_timer.StrategyStep.build(name, copy.deepcopy(model), few, batch, split=split,
                                              options=options, **step)
 
+    link: dict = {}
+
+    def agree(rows: dict) -> dict:  # the group the candidates joined is up
+        shared = [rows, _link_rate()]
+        dist.broadcast_object_list(shared, src=0)
+        link["rate"] = shared[1]
+        return shared[0]
+
     images = batch[0]
     if len(names) == 1:  # nothing to race
         result = RaceResult([], 0, 0.0)
+    elif processes > 1:
+        result = race(names, build, rounds=max(MIN_ROUNDS, rounds or PROCESS_ROUNDS),
+                      clock=clock, agree=agree)
     else:
         result = race(names, build, rounds=rounds, clock=clock, epoch_batches=epoch_batches)
-    result.planned = planned_bytes(model, devices, len(images), tuple(images.shape[1:]),
-                                   (options or {}).get("hybrid_head"), split)
+    head = (options or {}).get("hybrid_head")
+    result.planned = (planned_process_bytes(model, len(images), processes, head)
+                      if processes > 1 else
+                      planned_bytes(model, devices, len(images), tuple(images.shape[1:]), head,
+                                    split))
+    result.link_bytes_per_s = link.get("rate")
     result.choice, result.reason = (choose(result.rows, result.planned) if result.rows else
                                     (names[0], f"{names[0]}: the only candidate"))
     result.not_raced, result.raced = not_raced, names
     return result
+
+
+def _link_rate(nbytes: int = 8_000_000, repeats: int = 3) -> float:
+    """Bytes per second each process sends in a ring all-reduce of ``nbytes`` on the job's
+    group (the fastest of ``repeats``, after one untimed): what the link gives a step."""
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    tensor = torch.zeros(nbytes // 4, device=device)
+    world = dist.get_world_size()
+    best = math.inf
+    for i in range(repeats + 1):
+        synchronize([device])
+        start = step_timer.clock()
+        dist.all_reduce(tensor)
+        synchronize([device])
+        if i:
+            best = min(best, step_timer.clock() - start)
+    sent = 2 * (world - 1) / world * nbytes
+    return sent / best if best > 0 else math.inf
+
+
+def planned_process_bytes(model, batch_size: int, processes: int,
+                          head: str | None = None) -> dict[str, int]:
+    """Bytes the busiest process sends in one step (:func:`tandem.hybrid.process_cost.
+    step_bytes`): ddp all its gradients, the hybrid across processes its trunk's gradients and
+    the head's activations; ``{}`` for a model it cannot plan."""
+    try:
+        cost = step_bytes(model, batch_size, processes, head)
+    except (TandemError, ValueError, TypeError, AttributeError):
+        return {}
+    predicted = {launched(): round(cost.most(cost.ddp)),
+                 across_processes("hybrid"): round(cost.most(cost.hybrid))}
+    return {n: v for n, v in predicted.items() if n in strategy_names()}
 
 
 def _tied(a: dict, b: dict) -> bool:
@@ -323,5 +399,10 @@ def format_block(result: RaceResult, planned: dict | None = None, title: str = "
             lines.append(f"  {row['name']:<10}{row['note']}")
     for name, why in result.not_raced.items():
         lines.append(f"  {name:<10}not raced: {why}")
+    rate = result.link_bytes_per_s
+    if rate and planned:
+        cost = ", ".join(f"{n} {b / rate * 1e3:.1f} ms" for n, b in planned.items())
+        lines.append(f"  link: {rate * 8 / 1e6:.0f} Mbit/s measured by an all-reduce; the "
+                     f"planned bytes take {cost} a step at that rate")
     lines.append(f"  chosen: {result.reason}")
     return "\n".join(lines)

@@ -65,6 +65,9 @@ class Strategy:
     reference: ClassVar[bool] = False
     #: ``--split`` sets how much of each batch its devices (or ranks) take
     splits_batch: ClassVar[bool] = False
+    #: a multi-process strategy: the one-process strategy whose update it computes with one
+    #: process per device, which ``--strategy NAME`` under ``tandem launch`` then runs
+    across_processes_of: ClassVar[str | None] = None
     #: one process runs a replica per device in threads (``--backward-threads`` applies)
     replica_threads: ClassVar[bool] = False
 

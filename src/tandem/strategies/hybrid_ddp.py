@@ -40,9 +40,11 @@ class HybridDDPStrategy(DDPStrategy):
     name = "hybrid-ddp"
     splits_batch = False  # even shares (--split would need its timing across the split head)
     compile_unsupported = "its trunk and head blocks would each need compiling"
+    across_processes_of = "hybrid"  # `--strategy hybrid` under tandem launch runs this
+    model_options = ("hybrid_head",)  # the attribute holding the Linear head to split
 
     @classmethod
-    def check_model(cls, model: nn.Module, hybrid_head: str | None = None) -> str | None:
+    def check_model(cls, model: nn.Module, hybrid_head: str | None = None, **_) -> str | None:
         return head_problem(model, hybrid_head)
 
     def __init__(self, devices: list[torch.device], **kwargs):
@@ -73,7 +75,7 @@ class HybridDDPStrategy(DDPStrategy):
         self._plain_bn = _plain_batchnorms(model)
         self._hooks += grads_in_param_strides(model)
         wrapped = DistributedHybrid(model, self._device, group=self.activations,
-                                    head=self.hybrid_head, ddp_options=self.ddp_options())
+                                    head=self.options["hybrid_head"], ddp_options=self.ddp_options())
         self._wrappers.append(weakref.ref(wrapped.dp))
         return wrapped
 

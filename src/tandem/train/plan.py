@@ -31,7 +31,7 @@ from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
-from tandem.distributed.env import in_torchrun, is_main_process, restart_count
+from tandem.distributed.env import in_torchrun, is_main_process, read_env, restart_count
 from tandem.errors import UsageError, first_line
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
@@ -382,15 +382,20 @@ def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tupl
         return None
 
     options = dataclasses.asdict(cfg.model)
+    processes = read_env().world_size if in_torchrun() else 0  # tandem launch: its processes
     result = auto.resolve(
         devices, model, (images, targets), options=options, check=check,
         amp=amp_precision(devices[0].type, p.amp, p.amp_dtype), lr=cfg.optim.lr,
         channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
-        rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size))
-    print(auto.format_block(result, result.planned,
-                            f"{', '.join(result.raced)} on {p.devices}, global batch "
-                            f"{cfg.optim.batch_size}, "), flush=True)
-    few = devices[:strategy_class(result.choice).max_devices or len(devices)]
+        rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size),
+        processes=processes)
+    if is_main_process():
+        where = f"{processes} processes" if processes > 1 else p.devices
+        print(auto.format_block(result, result.planned,
+                                f"{', '.join(result.raced)} on {where}, global batch "
+                                f"{cfg.optim.batch_size}, "), flush=True)
+    few = devices if processes > 1 else \
+        devices[:strategy_class(result.choice).max_devices or len(devices)]
     parallel = replace(p, strategy=result.choice,  # single: the one device it drives
                        devices=p.devices if few == devices else settings.device_spec(few))
     return replace(cfg, parallel=parallel), result.record(), loaded

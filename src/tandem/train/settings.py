@@ -58,25 +58,25 @@ __all__ = ["resumed_config", "fresh_defaults", "sized", "size_rule", "size_line"
 # -- a run's own settings, or a file's --------------------------------------------------------
 def resumed_config(cfg: TrainConfig, given: frozenset[str]):
     """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
-    saying what was taken (:func:`_continued`), with ``--strategy auto`` settled where no race
-    is due: under torchrun it is what a launch runs (:func:`~tandem.strategies.auto.
-    under_launch`); a resumed run keeps the strategy it has."""
-    if not auto.is_resolver(cfg.parallel.strategy):
-        return _continued(cfg, given)
-    if in_torchrun():
-        name = auto.under_launch(cfg.parallel.strategy)
+    saying what was taken (:func:`_continued`). ``--strategy auto`` on a run that has its
+    strategy (a resume, a torchrun restart) keeps that one, no race; a fresh run races in its
+    plan. Under torchrun a one-process strategy with a multi-process form
+    (:func:`~tandem.strategies.auto.across_processes`: hybrid) runs as that, said in a line."""
+    name = cfg.parallel.strategy
+    if auto.is_resolver(name):
+        cfg, ckpt, notes = _continued(cfg, given - {"strategy"})  # the run's own strategy
+        if ckpt is not None and not auto.is_resolver(cfg.parallel.strategy):
+            raced = "chosen by its race" if race_record(ckpt) else "as it started"
+            notes = [*notes, f"--strategy auto: the run already has --strategy "
+                             f"{cfg.parallel.strategy} ({raced}); it goes on with it, no race"]
+        return cfg, ckpt, notes  # else a fresh run, or a file from elsewhere: it races
+    twin = auto.under_launch(name) if in_torchrun() else name
+    if twin != name and twin == auto.across_processes(name):
         if is_main_process():
-            print(f"--strategy auto: under tandem launch the strategy is {name}, one process "
-                  f"per device (no race across processes)", flush=True)
-        return _continued(replace(cfg, parallel=replace(cfg.parallel, strategy=name)), given)
-    if not cfg.run.resume:
-        return _continued(cfg, given)
-    cfg, ckpt, notes = _continued(cfg, given - {"strategy"})  # the run's own strategy
-    if not auto.is_resolver(cfg.parallel.strategy):  # else a file from elsewhere: it races
-        raced = "chosen by its race" if race_record(ckpt) else "as it started"
-        notes = [*notes, f"--strategy auto: the run already has --strategy "
-                         f"{cfg.parallel.strategy} ({raced}); it goes on with it, no race"]
-    return cfg, ckpt, notes
+            print(f"--strategy {name}: under tandem launch it runs as {twin}, one process per "
+                  f"device", flush=True)
+        cfg = replace(cfg, parallel=replace(cfg.parallel, strategy=twin))
+    return _continued(cfg, given)
 
 
 def race_record(ckpt: dict | None) -> dict | None:
