@@ -195,17 +195,26 @@ def test_planned_bytes_and_bench_explain():
     assert text.splitlines()[1].split() == ["dp", "1.0K", "2.0K", "10.0"]
 
 
-def test_under_launch_auto_is_ddp_without_a_race(monkeypatch, capsys):
+def test_under_launch_auto_is_left_to_the_plans_race_and_hybrid_runs_as_hybrid_ddp(
+        monkeypatch, capsys):
     from tandem.cli.launch import _check_multiprocess
     from tandem.config import ParallelConfig, TrainConfig
+    from tandem.errors import UsageError
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     cfg = TrainConfig(parallel=ParallelConfig(strategy="auto", devices="cpu"))
-    cfg, ckpt, _ = settings.resumed_config(cfg, frozenset({"strategy"}))
-    assert cfg.parallel.strategy == auto.launched() and ckpt is None
-    assert "no race across processes" in capsys.readouterr().out
-    _check_multiprocess(["train", "--strategy", "auto"])  # launch accepts it
+    raced, ckpt, _ = settings.resumed_config(cfg, frozenset({"strategy"}))
+    assert raced.parallel.strategy == "auto" and ckpt is None  # the plan races the processes
+    hybrid = TrainConfig(parallel=ParallelConfig(strategy="hybrid", devices="cpu"))
+    cfg, _, _ = settings.resumed_config(hybrid, frozenset({"strategy"}))
+    assert cfg.parallel.strategy == "hybrid-ddp" == auto.under_launch("hybrid")
+    assert "--strategy hybrid: under tandem launch it runs as hybrid-ddp" in capsys.readouterr().out
+    assert auto.under_launch("dp") == auto.launched() == "ddp"
+    _check_multiprocess(["train", "--strategy", "auto"])  # launch accepts them
+    _check_multiprocess(["train", "--strategy", "hybrid"])
+    with pytest.raises(UsageError, match="needs --strategy hybrid, ddp, hybrid-ddp or auto"):
+        _check_multiprocess(["train", "--strategy", "dp"])  # N copies of one run: refused
 
 
 STEPS = dict(batch_size=7, epochs=2, max_steps=3, seed=3, no_progress=True, devices="cpu:2")

@@ -419,8 +419,8 @@ def test_step_bytes_sum_to_the_one_process_plans_figures(arch, batch, processes)
 
 @pytest.mark.slow
 def test_launch_trains_hybrid_ddp_and_ddp_resumes_it(tmp_path):
-    """End to end: `tandem launch` trains hybrid-ddp (float64, 3 steps), ddp finishes the run;
-    the result is single's straight run (float64)."""
+    """End to end: `tandem launch -- train --strategy hybrid` trains hybrid-ddp (float64, 3
+    steps), ddp finishes the run; the result is single's straight run (float64)."""
     from conftest import ok
     from ddp_runs import launch_runs, outputs
     from exact import TOL64, max_diff, state
@@ -429,13 +429,45 @@ def test_launch_trains_hybrid_ddp_and_ddp_resumes_it(tmp_path):
             "--num-classes", "10", "-a", "small_alexnet:make", "-b", "8", "--epochs", "2",
             "--no-progress", "--seed", "5", "--lr-schedule", "constant", "--dtype", "float64"]
     run, ref = tmp_path / "run", tmp_path / "ref"
-    proc = launch_runs([(["train", *args, "--strategy", "hybrid-ddp", "--max-steps", "3",
+    proc = launch_runs([(["train", *args, "--strategy", "hybrid", "--max-steps", "3",
                           "--out", run], False),
                         (["train", "--resume", run, "--strategy", "ddp"], False)])
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    assert "the run had hybrid-ddp" in outputs(proc.stdout)[1]
+    first, second = outputs(proc.stdout)
+    assert "--strategy hybrid: under tandem launch it runs as hybrid-ddp" in first
+    assert "the run had hybrid-ddp" in second
     ok("train", *args, "--strategy", "single", "--out", ref)
     assert max_diff(state(run / "checkpoint.pt"), state(ref / "checkpoint.pt")) < TOL64
+
+
+
+@pytest.mark.slow
+def test_auto_under_launch_races_the_processes_once_and_a_resume_keeps_the_choice(tmp_path):
+    """`--strategy auto` under `tandem launch` races ddp and hybrid-ddp on the real processes:
+    one block (rank 0's), the choice is the run's strategy, the table, the planned bytes and
+    the measured link are in config.json; the resume goes on with the choice, no race."""
+    from ddp_runs import launch_runs, outputs
+
+    args = ["--data", "synthetic", "--synthetic-size", "24", "--image-size", "64",
+            "--num-classes", "10", "-a", "small_alexnet:make", "-b", "8", "--epochs", "2",
+            "--no-progress", "--auto-steps", "3"]
+    run = tmp_path / "run"
+    proc = launch_runs([(["train", *args, "--strategy", "auto", "--max-steps", "2",
+                          "--out", run], False),
+                        (["train", "--resume", run, "--strategy", "auto"], False)])
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    first, second = outputs(proc.stdout)
+    assert proc.stdout.count("strategy auto: ddp, hybrid-ddp on 2 processes") == 1
+    assert "link: " in first and "chosen: " in first
+    config = json.loads((run / "config.json").read_text())
+    record = config["resolved"]["auto"]
+    assert config["parallel"]["strategy"] == record["choice"] in ("ddp", "hybrid-ddp")
+    assert [row["name"] for row in record["table"]] == ["ddp", "hybrid-ddp"]
+    assert all(row["median_s"] > 0 for row in record["table"])
+    planned = record["planned_bytes"]
+    assert planned["hybrid-ddp"] < planned["ddp"] / 5 and record["link_bytes_per_s"] > 0
+    assert "strategy auto:" not in second
+    assert f"already has --strategy {record['choice']} (chosen by its race)" in second
 
 
 if __name__ == "__main__":

@@ -349,8 +349,8 @@ DDP = ["train", "--strategy=ddp"]
 @pytest.mark.parametrize("argv, message", [
     (["--nproc-per-node", "2"], "no command to launch"),
     (["--nproc-per-node", "2", "--", "launch"], "must be a tandem subcommand"),
-    (["--nproc-per-node", "2", "--", "train"], "needs --strategy ddp"),
-    (["--nproc-per-node", "2", "--", "train", "--strategy", "dp"], "needs --strategy ddp"),
+    (["--nproc-per-node", "2", "--", "train"], "needs --strategy hybrid, ddp, hybrid-ddp or auto"),
+    (["--nproc-per-node", "2", "--", "train", "--strategy", "dp"], "needs --strategy hybrid, ddp, hybrid-ddp or auto"),
     (["--nproc-per-node", "0", "--", *DDP], "bad --nproc-per-node 0"),
     (["--nproc-per-node", "1", "--nnodes", "2", "--", *DDP], "needs --master-addr"),
     (["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", "--master-addr", "h",
@@ -388,7 +388,7 @@ def test_launch_reads_the_strategy_as_the_workers_parse_it(tmp_path, monkeypatch
         assert config_from_namespace(build_parser().parse_args(command)).parallel.strategy \
             == "ddp"
     assert main(["launch", "--nproc-per-node", "2", "--", *TRAIN, "--strat", "dp", *out]) == 2
-    assert "needs --strategy ddp" in capsys.readouterr().err
+    assert "needs --strategy hybrid, ddp, hybrid-ddp or auto" in capsys.readouterr().err
 
     run = tmp_path / "resumed"
     run.mkdir()
@@ -397,7 +397,7 @@ def test_launch_reads_the_strategy_as_the_workers_parse_it(tmp_path, monkeypatch
         (run / "config.json").write_text(json.dumps(saved))
         assert main(["launch", "--nproc-per-node", "2", "--", "train", "--resume",
                      str(run)]) == code, strategy
-    assert "needs --strategy ddp" in capsys.readouterr().err
+    assert "needs --strategy hybrid, ddp, hybrid-ddp or auto" in capsys.readouterr().err
     assert launched == [["train", "--resume", str(run)]]
 
 

@@ -106,12 +106,13 @@ def _from_slurm(args: argparse.Namespace) -> dict:
 def _check_multiprocess(command: list[str], other_node: bool = False) -> None:
     """Refuse to launch a ``train`` whose strategy is not one process per device. On a node
     other than 0, a resumed run's strategy is rank 0's to read (its copy of the run counts)."""
-    from tandem.strategies import strategy_class, strategy_names
-    from tandem.strategies.auto import launchable
+    from tandem.strategies import strategy_names
+    from tandem.strategies.auto import AUTO, launchable
 
     name = _train_strategy(command, other_node)  # auto: the workers' plan makes it the multi-process one
     if not launchable(name):
-        multi = " or ".join(n for n in strategy_names() if strategy_class(n).multiprocess)
+        ok = [n for n in strategy_names() if launchable(n)] + [AUTO]
+        multi = f"{', '.join(ok[:-1])} or {ok[-1]}"
         raise UsageError(f"`tandem launch -- train` needs --strategy {multi} (each process "
                          "trains its share of every batch; any other strategy would train N "
                          "independent copies writing the same files)")
