@@ -25,7 +25,7 @@ from .parallel_apply import parallel_apply
 from .replicate import replicate, replicate_detached
 from . import threaded_backward
 from .gather_outputs import gather
-from .guards import acting_as_replica, initialise_lazy, split_inputs
+from .guards import initialise_lazy, split_inputs
 from .scatter_gather import batch_size, chunk_sizes, scatter_kwargs
 from .split import BatchSplit
 from .work_clock import Span
@@ -125,9 +125,8 @@ class DataParallel(nn.Module):
         timed = (self.split.auto is not None and self.training and torch.is_grad_enabled()
                  and self.last_shares is not None)  # None: no tensor to cut, nothing to time
         runs = [_Timed(r, d) for r, d in zip(replicas, devices)] if timed else replicas
-        with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
-            group = ReplicaGroup(devices, separate_backward=threaded)
-            outputs = self.parallel_apply(runs, inputs, kwargs, devices, group=group)
+        group = ReplicaGroup(devices, separate_backward=threaded)
+        outputs = self.parallel_apply(runs, inputs, kwargs, devices, group=group)
         if timed:
             spans = iter(r.span for r in runs)
             for i, n in enumerate(self.last_shares):
@@ -241,8 +240,7 @@ def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
     used = devices[: len(inputs)]
     initialise_lazy(module, inputs[0], kwargs[0])
     replicas = replicate(module, used)
-    with acting_as_replica(module):
-        outputs = parallel_apply(replicas, inputs, kwargs, used)
+    outputs = parallel_apply(replicas, inputs, kwargs, used)
     sync_buffers(module, replicas, [1] * len(replicas), "replica0")
     return gather(outputs, output_device, dim if gather_dim is None else gather_dim,
                   scalars="refuse")
