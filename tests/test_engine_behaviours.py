@@ -266,7 +266,7 @@ class CopiedDP(DataParallel):
     def __init__(self, *args, **kw):
         super().__init__(*args, backward_threads=False, **kw)
 
-    def replicate(self, module, device_ids):
+    def replicate(self, module, device_ids, *chunks):
         replicas = replicate(module, device_ids, share_params=False)
         self.copies = [r for r in replicas if r is not module]  # the last forward's copies
         return replicas

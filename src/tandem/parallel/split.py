@@ -14,6 +14,8 @@ import os
 import random
 from typing import Callable, Sequence
 
+import torch
+
 from tandem.errors import UsageError
 
 from .auto_split import AutoSplit
@@ -137,12 +139,19 @@ class BatchSplit:
     the loader cuts each global batch (:meth:`loader_split`) and has drawn some batches
     already, so a move takes effect at a later batch, the same on every rank (``reduce`` sums
     the ranks' records). ``clock``: the test clock (default: :data:`CLOCK_VAR`, read here once).
+    ``steps_itself`` (a ``DataParallel``'s own split, with no loop to step it): the times of a
+    :meth:`timed` forward are observed at the next :meth:`sizes`.
     """
+
+    steps_itself = False  # the class's, for an object pickled before these existed
+    _unobserved = False
 
     def __init__(self, split, count: int, max_share: int | None = None, *,
                  by_loader: bool = False, reduce: Callable | None = None,
-                 clock: Callable | None = None):
+                 clock: Callable | None = None, steps_itself: bool = False):
         self.count, self.max_share, self.by_loader = count, max_share, by_loader
+        self.steps_itself = steps_itself
+        self._unobserved = False  # a timed forward's records wait for the next sizes()
         self.fixed = None if split is None or split == AUTO else tuple(split)
         self.auto = AutoSplit(count) if split == AUTO else None
         self.reduce = reduce
@@ -175,6 +184,9 @@ class BatchSplit:
               ) -> list[int] | None:
         """Each device's samples of ``batch`` (``None``: not split, even shares); with
         ``(epoch, index)``, those of that global batch under the moves scheduled so far."""
+        if self._unobserved:  # the last timed forward's work is long done by now
+            self._unobserved = False
+            self.step(0, 0)
         if not self.active:
             return None
         weights = self.weights()
@@ -199,6 +211,27 @@ class BatchSplit:
         a CUDA device's time is known once its work is done)."""
         self._samples[index] += samples
         self._seconds[index].append(seconds)
+
+    def timed(self, replicas: Sequence, devices: Sequence, shares: Sequence[int] | None,
+              training: bool) -> list:
+        """``replicas`` (one per device with samples, on ``devices``), each made to record the
+        span of its forward with its share (``shares``: one per device, as :meth:`sizes` cut
+        the batch) when ``--split auto`` times this forward: in training, with grad, the batch
+        cut by this split. Else ``replicas`` as they are. A split that ``steps_itself``
+        observes them at the next :meth:`sizes`: stepped at once, it would wait for this
+        forward's device work before the backward could be queued."""
+        if self.auto is None or not training or not torch.is_grad_enabled() or shares is None:
+            return replicas
+        runs = list(replicas)
+        busy = [i for i, n in enumerate(shares) if n]
+        for i, n in enumerate(shares):
+            if not n:
+                self.record(i, 0, 0.0)
+        if len(busy) == len(runs):  # else an empty batch (one replica, no samples): no time
+            for k, i in enumerate(busy):
+                runs[k] = _Timed(runs[k], devices[k], self, i, shares[i])
+        self._unobserved = self.steps_itself
+        return runs
 
     def discard(self) -> None:
         """Forget what was recorded since the last :meth:`step`: a rehearsal such as the
@@ -242,8 +275,6 @@ class BatchSplit:
         samples = self._samples
         seconds = [sum(seconds_of(s) for s in spans) for spans in self._seconds]
         if self.reduce is not None:  # every rank gets every rank's record: alike decisions
-            import torch
-
             both = self.reduce(torch.tensor([*samples, *seconds], dtype=torch.float64))
             both = both.tolist()
             samples, seconds = [int(n) for n in both[:self.count]], both[self.count:]
@@ -266,3 +297,18 @@ class BatchSplit:
             self.auto.load_state_dict(state["auto"])
             self._schedule = [(int(e), int(b), tuple(w)) for e, b, w in state.get("schedule", [])]
             self._shown = self.weights()
+
+
+class _Timed:
+    """Call a replica and record the span of its work on ``device`` in ``split`` as device
+    ``index``'s, with ``samples`` (:mod:`~tandem.parallel.work_clock`)."""
+
+    def __init__(self, module, device, split: BatchSplit, index: int, samples: int):
+        self.module, self.device, self.split = module, device, split
+        self.index, self.samples = index, samples
+
+    def __call__(self, *args, **kwargs):
+        span = Span(self.device)
+        out = self.module(*args, **kwargs)
+        self.split.record(self.index, self.samples, span.stop())
+        return out
