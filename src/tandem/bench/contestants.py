@@ -13,6 +13,8 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
+from tandem.distributed.env import split_clock
+from tandem.parallel.split import clock_from_spec
 from tandem.precision import Precision
 
 __all__ = ["Contestant", "Handicap", "TrainStep", "synthetic_batch",
@@ -190,7 +192,8 @@ def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],
     from tandem.strategies.base import create_strategy
     from tandem.strategies import compile as compiling
 
-    extra = {} if split is None else {"split": split}
+    extra = {} if split is None else {"split": split,
+                                      "split_clock": clock_from_spec(split_clock())}
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, **extra).launch()
     if handicap is not None:
         model = Handicap(model, *handicap)

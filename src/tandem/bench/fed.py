@@ -52,6 +52,7 @@ def _trainer(config, train, num_classes: int, workers: int):
     from tandem.config import DataConfig
     from tandem.data.loader import make_loader
     from tandem.models import create_model
+    from tandem.distributed.env import cpu_bf16_override
     from tandem.precision import amp_precision
     from tandem.strategies import strategy_names
 
@@ -59,7 +60,8 @@ def _trainer(config, train, num_classes: int, workers: int):
     from .loop import loop_config, loop_trainer
 
     device = config.device_list[0]
-    precision = amp_precision(device.type, config.amp, config.amp_dtype)
+    precision = amp_precision(device.type, config.amp, config.amp_dtype,
+                              cpu_bf16=cpu_bf16_override())
     torch.manual_seed(config.seed)
     model = create_model(config.arch, num_classes=num_classes)
     batch = next(iter(make_loader(train, config.batch_size, shuffle=True, seed=config.seed,

@@ -11,7 +11,7 @@ refused where torch returns one value per replica, whose mean is wrong for uneve
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -69,6 +69,8 @@ class DataParallel(nn.Module):
     ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
     :class:`~tandem.parallel.split.BatchSplit`; a strategy passes its own as ``split`` and
     steps it once per optimizer step. The update is the same whatever the shares.
+    ``split_clock``: a test clock for ``"auto"``
+    (:func:`~tandem.parallel.split.clock_from_spec`; default: real time).
     ``last_shares`` holds the chunk sizes of the last forward, one per device.
 
     ``backward_threads``: ``True`` runs each CPU replica's backward in its own thread instead
@@ -82,7 +84,8 @@ class DataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
                  output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None,
-                 split=None, max_share: int | None = None, backward_threads: bool | None = None):
+                 split=None, max_share: int | None = None, backward_threads: bool | None = None,
+                 split_clock: Callable | None = None):
         super().__init__()
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
@@ -90,7 +93,7 @@ class DataParallel(nn.Module):
         if isinstance(split, BatchSplit):  # a strategy's: it steps it once per optimizer step
             self.split = split
         else:
-            self.split = BatchSplit(split, n, max_share, steps_itself=True)
+            self.split = BatchSplit(split, n, max_share, clock=split_clock, steps_itself=True)
             self.split.check_weights("split")
         self.backward_threads = threaded_backward.decide(
             self.device_ids, backward_threads, split=self.split.weights() is not None)

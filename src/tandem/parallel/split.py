@@ -10,7 +10,6 @@ loss); only the time a step takes does.
 from __future__ import annotations
 
 import math
-import os
 import random
 from typing import Callable, Sequence
 
@@ -23,22 +22,19 @@ from .shares import capped, format_shares, shares
 from .work_clock import Span, seconds_of
 
 __all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
-           "BatchSplit", "AUTO", "format_shares", "clock_from_env", "CLOCK_VAR", "split_report"]
+           "BatchSplit", "AUTO", "format_shares", "clock_from_spec", "split_report"]
 
 AUTO = "auto"
-#: per-sample seconds per device (``"2,1"``) that replace what ``--split auto`` measures: for
-#: tests and demos that must decide the same shares on every run. ``"1,1~0.4"`` adds noise:
-#: each measurement is scaled by a factor drawn uniformly from [0.6, 1.4] (seeded by device)
-CLOCK_VAR = "TANDEM_SPLIT_CLOCK"
 
 
-def clock_from_env() -> "Callable[[int, int, float], float] | None":
-    """The clock :data:`CLOCK_VAR` asks for, read once: ``(device, samples, seconds) ->
-    seconds`` as the variable says device ``device`` takes (``None``: not set, real time)."""
-    fake = os.environ.get(CLOCK_VAR)
-    if not fake:
+def clock_from_spec(spec: str | None) -> "Callable[[int, int, float], float] | None":
+    """The test clock ``spec`` asks for (``tandem.distributed.env.SPLIT_CLOCK_VAR``'s form:
+    per-sample seconds per device, ``"2,1"``; ``"1,1~0.4"`` scales each measurement by a
+    factor drawn uniformly from [0.6, 1.4], seeded by device): ``(device, samples, seconds) ->
+    seconds`` as it says device ``device`` takes (``None``: no spec, real time)."""
+    if not spec:
         return None
-    fake, _, spread = fake.partition("~")
+    fake, _, spread = spec.partition("~")
     per_sample = [float(v) for v in fake.split(",")]
     noise: dict[int, random.Random] = {}  # each device's seeded draws of the noisy clock
 
@@ -138,7 +134,8 @@ class BatchSplit:
     records its replicas' forwards (their backwards run inside autograd). ``by_loader`` (ddp):
     the loader cuts each global batch (:meth:`loader_split`) and has drawn some batches
     already, so a move takes effect at a later batch, the same on every rank (``reduce`` sums
-    the ranks' records). ``clock``: the test clock (default: :data:`CLOCK_VAR`, read here once).
+    the ranks' records). ``clock``: a test clock (:func:`clock_from_spec`; default ``None``:
+    real time).
     ``steps_itself`` (a ``DataParallel``'s own split, with no loop to step it): the times of a
     :meth:`timed` forward are observed at the next :meth:`sizes`.
     """
@@ -155,7 +152,7 @@ class BatchSplit:
         self.fixed = None if split is None or split == AUTO else tuple(split)
         self.auto = AutoSplit(count) if split == AUTO else None
         self.reduce = reduce
-        self.clock = clock if clock is not None else clock_from_env()
+        self.clock = clock
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
         self._samples, self._seconds = [0] * count, [[] for _ in range(count)]
         self._last_batch: int | None = None

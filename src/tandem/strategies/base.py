@@ -85,14 +85,15 @@ class Strategy:
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", output_key: str | int | None = None,
                  hybrid_head: str | None = None, split=None, max_share: int | None = None,
-                 backward_threads: bool | None = None):
+                 backward_threads: bool | None = None, split_clock: Callable | None = None):
         self.devices = list(devices)
         self.sync_bn = sync_bn
         self.buffers = buffers
         self.output_key = output_key  # picks the logits of a dict or tuple output
         self.hybrid_head = hybrid_head  # the head's attribute, for strategies that split it
-        # --split/--max-share: the shares of a batch, one per device (ranks: see ddp)
-        self.split = BatchSplit(split, len(self.devices), max_share)
+        # --split/--max-share: the shares of a batch, one per device (ranks: see ddp); a test
+        # clock for --split auto (parallel.split.clock_from_spec; None: real time)
+        self.split = BatchSplit(split, len(self.devices), max_share, clock=split_clock)
         self.backward_threads = backward_threads  # replica threads: the run plan's choice
 
     # -- topology ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from tandem.config import ParallelConfig, TrainConfig
-from tandem.distributed.env import in_torchrun, is_main_process
+from tandem.distributed.env import cpu_bf16_override, in_torchrun, is_main_process
 from tandem.errors import UsageError, first_line
 from tandem.parallel.devices import parse_device_spec
 from tandem.parallel.split import parse_split
@@ -140,7 +140,8 @@ def _settled(plan, build: Callable[[ParallelConfig], Strategy], clock):
         few = devices[:strategy_class(name).max_devices or len(devices)]
         return strategy_contestant(
             name, copy.deepcopy(model), few, (images, targets),
-            amp=amp_precision(devices[0].type, p.amp, p.amp_dtype), lr=cfg.optim.lr,
+            amp=amp_precision(devices[0].type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()),
+            lr=cfg.optim.lr,
             channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split)
 
     if len(names) == 1:  # nothing to race

@@ -23,6 +23,7 @@ from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
+from tandem.distributed.env import cpu_bf16_override
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 
@@ -100,7 +101,8 @@ class Trainer:
 
     def autocast(self):
         p = self.cfg.parallel
-        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype).autocast()
+        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype,
+                             cpu_bf16=cpu_bf16_override()).autocast()
 
     @property
     def run_dir(self) -> RunDir:

@@ -3,7 +3,7 @@ starts or resumes."""
 
 from __future__ import annotations
 
-from tandem.distributed.env import restart_count
+from tandem.distributed.env import cpu_bf16_override, restart_count
 from tandem.precision import amp_precision
 
 from .loop import Trainer
@@ -53,8 +53,8 @@ def say_starting(plan: RunPlan, trainer: Trainer) -> None:
         size = trainer.config_dict["resolved"]["dataset"]["image_size"]
         lines += [size_line(cfg, plan.given, size), *example_block(cfg, plan.given)]
     p = cfg.parallel
-    lines.append(precision_line(amp_precision(plan.strategy.device.type, p.amp,
-                                                    p.amp_dtype), " (--amp)"))
+    lines.append(precision_line(amp_precision(plan.strategy.device.type, p.amp, p.amp_dtype,
+                                              cpu_bf16=cpu_bf16_override()), " (--amp)"))
     for line in lines:
         if line:
             print(line, flush=True)

@@ -19,14 +19,14 @@ import torch
 from torch import nn
 
 from tandem.config import ModelConfig, ParallelConfig, TrainConfig
-from tandem.distributed.env import is_main_process
+from tandem.distributed.env import cpu_bf16_override, is_main_process, split_clock
 from tandem.errors import UsageError
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel.devices import parse_device_spec
-from tandem.parallel.split import parse_split
+from tandem.parallel.split import clock_from_spec, parse_split
 from tandem.precision import amp_precision
 from tandem.parallel import threaded_backward
 from tandem.strategies import Strategy, create_strategy, strategy_class, strategy_names
@@ -116,7 +116,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
     if cfg.parallel.amp and cfg.parallel.amp_dtype is None and ckpt is None:
         # the config records what --amp resolved to here (bf16 on a CPU), not null
-        dtype = amp_precision(strategy.device.type, True).amp_dtype
+        dtype = amp_precision(strategy.device.type, True, cpu_bf16=cpu_bf16_override()).amp_dtype
         cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     if is_main_process():  # the run directory is the main process's alone (no shared disk)
         if mode != RESUMED:
@@ -177,7 +177,7 @@ def _split(cfg: ParallelConfig) -> dict:
     if cfg.split is None and cfg.max_share is None:
         return {}
     return {"split": None if cfg.split is None else parse_split(cfg.split),
-            "max_share": cfg.max_share}
+            "max_share": cfg.max_share, "split_clock": clock_from_spec(split_clock())}
 
 
 def backward_recorded(cfg: TrainConfig, strategy: Strategy) -> TrainConfig:
@@ -218,7 +218,8 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
                          f"({', '.join(strategy_names(splits_batch=True))}), not --strategy "
                          f"{cfg.strategy}")
     strategy.split.check_weights("--split")
-    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype)  # one line where it cannot run
+    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype,  # one line where it cannot run
+                  cpu_bf16=cpu_bf16_override())
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
     if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (run)

@@ -18,7 +18,7 @@ from tandem import cpu_malloc
 from tandem.config import DataConfig, OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import decode_on, decoded_on
-from tandem.distributed.env import is_main_process, launch_id, speaks_for_node
+from tandem.distributed.env import cpu_bf16_override, is_main_process, launch_id, speaks_for_node
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
@@ -114,8 +114,8 @@ def _build(plan: RunPlan) -> dict:
         criterion=make_criterion(optim, strategy, plan.supplied.criterion),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
-        scaler=amp_precision(strategy.device.type, cfg.parallel.amp,
-                             cfg.parallel.amp_dtype).scaler(),
+        scaler=amp_precision(strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
+                             cpu_bf16=cpu_bf16_override()).scaler(),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
         config_dict=auto.recorded(_resolved(cfg, strategy, info, (train_set, val_set)), plan))
 
@@ -212,4 +212,5 @@ def validate(plan: RunPlan) -> dict:
                 "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main, "image_size": info.image_size,
                 "precision": precision_line(amp_precision(
-                    strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype))}
+                    strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
+                    cpu_bf16=cpu_bf16_override()))}
