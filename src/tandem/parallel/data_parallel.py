@@ -25,7 +25,8 @@ from .replicate import replicate
 from . import threaded_backward
 from .gather_outputs import gather
 from .guards import initialise_lazy, split_inputs
-from .scatter_gather import batch_size, chunk_sizes, scatter_kwargs
+from .scatter_gather import batch_size, scatter_kwargs
+from .shares import shares
 from .split import BatchSplit
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
@@ -129,7 +130,7 @@ class DataParallel(nn.Module):
         batch = batch_size((() if inputs is None else tuple(inputs), kwargs or {}), self.dim)
         sizes = None if batch is None else self.split.sizes(batch)
         if sizes is None:
-            self.last_shares = None if batch is None else _balanced(batch, len(self.device_ids))
+            self.last_shares = None if batch is None else shares(batch, [1] * len(self.device_ids))
             return self.device_ids, None
         self.last_shares = sizes
         used = [d for d, n in zip(self.device_ids, sizes) if n]
@@ -172,11 +173,6 @@ class DataParallel(nn.Module):
         split = "" if self.weights() is None else f", split={self.weights()}"
         return (f"device_ids=[{devices}], output_device={self.output_device}, "
                 f"buffers={self.buffer_policy!r}{split}")
-
-
-def _balanced(batch: int, devices: int) -> list[int]:
-    sizes = chunk_sizes(batch, devices)
-    return sizes + [0] * (devices - len(sizes))
 
 
 class DataParallelModel(DataParallel):
