@@ -22,7 +22,7 @@ from torch import nn
 from tandem.errors import UsageError
 from tandem.parallel import (DataParallel, DataParallelCriterion, DataParallelModel,
                              convert_sync_batchnorm)
-from tandem.parallel.split import (AutoSplit, BatchSplit, capped, check_max_share,
+from tandem.parallel.split import (AutoSplit, BatchSplit, capped, check_max_share, clock_from_spec,
                                    parse_split, shares)
 
 CPU = "cpu"
@@ -123,9 +123,9 @@ def test_auto_converges_to_the_speed_ratio():
 
 
 def test_auto_follows_a_handicap_through_data_parallel(monkeypatch):
-    monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "3,1")  # replica 0 takes 3x as long per sample
-    net = nn.Linear(4, 3)
-    dp = DataParallel(net, [CPU, CPU], split="auto")
+    monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "1,3")  # read by the callers, never by the engine
+    net = nn.Linear(4, 3)  # replica 0 takes 3x as long per sample:
+    dp = DataParallel(net, [CPU, CPU], split="auto", split_clock=clock_from_spec("3,1"))
     seen = []
     for _ in range(4):
         dp(torch.randn(16, 4))

@@ -11,6 +11,7 @@ from tandem.strategies.compile import COMPILE_MODES
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.devices import parse_device_spec
 from tandem.errors import UsageError
+from tandem.distributed.env import cpu_bf16_override
 from tandem.precision import AMP_DTYPES, amp_precision
 
 __all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_strategies"]
@@ -166,7 +167,8 @@ class BenchConfig:
             raise UsageError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
         self.device_list = parse_device_spec(self.devices, "--devices")
         if self.amp or any("amp" in v for v in self.variants or ()):  # one line where it can't
-            amp_precision(self.device_list[0].type, True, self.amp_dtype)
+            amp_precision(self.device_list[0].type, True, self.amp_dtype,
+                          cpu_bf16=cpu_bf16_override())
         self.handicap_spec()  # a bad --handicap is refused here
 
     def handicap_spec(self) -> tuple[int, float] | None:

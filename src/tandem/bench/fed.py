@@ -30,6 +30,7 @@ from dataclasses import replace
 import torch
 
 from tandem.config import DataConfig
+from tandem.distributed.env import cpu_bf16_override
 from tandem.data import loader as loader_module
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.imagefolder import load_imagefolder
@@ -57,7 +58,8 @@ def _trainer(config, train, num_classes: int, workers: int):
     on the dataset ``train``, built as the bench's ``/loop`` twins are (their optimizer, loss
     and constant schedule), and one device batch of ``train`` for ``step``."""
     device = config.device_list[0]
-    precision = amp_precision(device.type, config.amp, config.amp_dtype)
+    precision = amp_precision(device.type, config.amp, config.amp_dtype,
+                              cpu_bf16=cpu_bf16_override())
     torch.manual_seed(config.seed)
     model = create_model(config.arch, num_classes=num_classes)
     batch = next(iter(make_loader(train, config.batch_size, shuffle=True, seed=config.seed,

@@ -61,21 +61,18 @@ HEADER = ["contestant", "step ms", "IQR ms", "min..max ms", "img/s", "vs single"
           "engine bytes/step", "peak mem/device"]
 
 
-def _yes() -> bool:  # a report describes the machine it ran on, which had bf16 if it used it
-    return True
-
-
 def _precision(c: dict) -> str:
     """The run's --amp or --variants, as ``tandem.precision`` resolves them on its device."""
     from tandem.precision import amp_precision
 
+    # cpu_bf16=True: a report describes the machine it ran on, which had bf16 if it used it
     device_type = c["device_list"][0].split(":")[0]
     if c.get("variants"):
-        amp = amp_precision(device_type, True, c["amp_dtype"], has_bf16=_yes).describe() if any(
+        amp = amp_precision(device_type, True, c["amp_dtype"], cpu_bf16=True).describe() if any(
             "amp" in v for v in c["variants"]) else ""
         return f"variants {','.join(c['variants'])}" + (f" (amp: {amp.removeprefix('amp ')})"
                                                         if amp else "")
-    return amp_precision(device_type, c["amp"], c["amp_dtype"], has_bf16=_yes).describe()
+    return amp_precision(device_type, c["amp"], c["amp_dtype"], cpu_bf16=True).describe()
 
 
 def format_table(report: dict) -> str:

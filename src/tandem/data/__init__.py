@@ -7,11 +7,11 @@
 from .base import DatasetInfo, ImageDataset
 from .load import DATASET_NAMES, load_dataset
 from .device import Normalization, batch_to_device
-from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order, make_loader,
-                     shard_sizes)
+from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order,
+                     make_loader)
 
 __all__ = [
     "load_dataset", "make_loader", "DatasetInfo", "ImageDataset", "DATASET_NAMES",
-    "ShardedBatchSampler", "shard_sizes", "epoch_order", "LoaderCache", "Normalization",
+    "ShardedBatchSampler", "epoch_order", "LoaderCache", "Normalization",
     "batch_to_device", "batches_per_epoch",
 ]

@@ -16,7 +16,8 @@ __all__ = ["DistEnv", "read_env", "in_torchrun", "env_rank", "is_main_process",
            "dist_timeout", "DEFAULT_TIMEOUT",
            "TIMEOUT_VAR", "LAUNCH_HINT", "LAUNCH_ID_VAR", "LAUNCH_VAR", "launch_id", "restart_count",
            "restarts_left", "NODE_VAR", "ADDR_VAR", "speaks_for_node", "join_timeout",
-           "DEFAULT_JOIN_TIMEOUT", "JOIN_TIMEOUT_VAR", "several_processes"]
+           "DEFAULT_JOIN_TIMEOUT", "JOIN_TIMEOUT_VAR", "several_processes",
+           "SPLIT_CLOCK_VAR", "split_clock", "CPU_BF16_VAR", "cpu_bf16_override"]
 
 #: Seconds a collective may wait for the other ranks before it raises (and the job ends).
 DEFAULT_TIMEOUT = 120.0
@@ -189,3 +190,26 @@ def speaks_for_node(environ: Mapping[str, str] | None = None) -> bool:
     outside torchrun). Rank 0 speaks for the job; the others' first worker for their node."""
     environ = os.environ if environ is None else environ
     return environ.get("LOCAL_RANK", "0") == "0"
+
+
+# -- test switches: the one read of each, passed by the callers into the engine ------------------
+#: per-sample seconds per device (``"2,1"``, noisy: ``"1,1~0.4"``) that replace what
+#: ``--split auto`` measures: for tests and demos that must decide the same shares on every run
+#: (:func:`tandem.parallel.split.clock_from_spec`)
+SPLIT_CLOCK_VAR = "TANDEM_SPLIT_CLOCK"
+#: set to 1 to take this CPU as having bf16 (bf16 is then emulated: same numbers, slower): for
+#: tests, and for checking an ``--amp`` recipe on a machine without bf16 instructions
+CPU_BF16_VAR = "TANDEM_CPU_BF16"
+
+
+def split_clock(environ: Mapping[str, str] | None = None) -> str | None:
+    """What :data:`SPLIT_CLOCK_VAR` says (``None``: not set, real time)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(SPLIT_CLOCK_VAR) or None
+
+
+def cpu_bf16_override(environ: Mapping[str, str] | None = None) -> bool | None:
+    """``True`` when :data:`CPU_BF16_VAR` is 1 (take this CPU as computing bf16), else ``None``
+    (its own flags say): ``tandem.precision.amp_precision``'s ``cpu_bf16``."""
+    environ = os.environ if environ is None else environ
+    return True if environ.get(CPU_BF16_VAR) == "1" else None

@@ -10,9 +10,10 @@ loss); only the time a step takes does.
 from __future__ import annotations
 
 import math
-import os
 import random
 from typing import Callable, Sequence
+
+import torch
 
 from tandem.errors import UsageError
 
@@ -21,22 +22,19 @@ from .shares import capped, format_shares, shares
 from .work_clock import Span, seconds_of
 
 __all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
-           "BatchSplit", "AUTO", "format_shares", "clock_from_env", "CLOCK_VAR", "split_report"]
+           "BatchSplit", "AUTO", "format_shares", "clock_from_spec", "split_report"]
 
 AUTO = "auto"
-#: per-sample seconds per device (``"2,1"``) that replace what ``--split auto`` measures: for
-#: tests and demos that must decide the same shares on every run. ``"1,1~0.4"`` adds noise:
-#: each measurement is scaled by a factor drawn uniformly from [0.6, 1.4] (seeded by device)
-CLOCK_VAR = "TANDEM_SPLIT_CLOCK"
 
 
-def clock_from_env() -> "Callable[[int, int, float], float] | None":
-    """The clock :data:`CLOCK_VAR` asks for, read once: ``(device, samples, seconds) ->
-    seconds`` as the variable says device ``device`` takes (``None``: not set, real time)."""
-    fake = os.environ.get(CLOCK_VAR)
-    if not fake:
+def clock_from_spec(spec: str | None) -> "Callable[[int, int, float], float] | None":
+    """The test clock ``spec`` asks for (``tandem.distributed.env.SPLIT_CLOCK_VAR``'s form:
+    per-sample seconds per device, ``"2,1"``; ``"1,1~0.4"`` scales each measurement by a
+    factor drawn uniformly from [0.6, 1.4], seeded by device): ``(device, samples, seconds) ->
+    seconds`` as it says device ``device`` takes (``None``: no spec, real time)."""
+    if not spec:
         return None
-    fake, _, spread = fake.partition("~")
+    fake, _, spread = spec.partition("~")
     per_sample = [float(v) for v in fake.split(",")]
     noise: dict[int, random.Random] = {}  # each device's seeded draws of the noisy clock
 
@@ -136,17 +134,25 @@ class BatchSplit:
     records its replicas' forwards (their backwards run inside autograd). ``by_loader`` (ddp):
     the loader cuts each global batch (:meth:`loader_split`) and has drawn some batches
     already, so a move takes effect at a later batch, the same on every rank (``reduce`` sums
-    the ranks' records). ``clock``: the test clock (default: :data:`CLOCK_VAR`, read here once).
+    the ranks' records). ``clock``: a test clock (:func:`clock_from_spec`; default ``None``:
+    real time).
+    ``steps_itself`` (a ``DataParallel``'s own split, with no loop to step it): the times of a
+    :meth:`timed` forward are observed at the next :meth:`sizes`.
     """
+
+    steps_itself = False  # the class's, for an object pickled before these existed
+    _unobserved = False
 
     def __init__(self, split, count: int, max_share: int | None = None, *,
                  by_loader: bool = False, reduce: Callable | None = None,
-                 clock: Callable | None = None):
+                 clock: Callable | None = None, steps_itself: bool = False):
         self.count, self.max_share, self.by_loader = count, max_share, by_loader
+        self.steps_itself = steps_itself
+        self._unobserved = False  # a timed forward's records wait for the next sizes()
         self.fixed = None if split is None or split == AUTO else tuple(split)
         self.auto = AutoSplit(count) if split == AUTO else None
         self.reduce = reduce
-        self.clock = clock if clock is not None else clock_from_env()
+        self.clock = clock
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
         self._samples, self._seconds = [0] * count, [[] for _ in range(count)]
         self._last_batch: int | None = None
@@ -175,6 +181,9 @@ class BatchSplit:
               ) -> list[int] | None:
         """Each device's samples of ``batch`` (``None``: not split, even shares); with
         ``(epoch, index)``, those of that global batch under the moves scheduled so far."""
+        if self._unobserved:  # the last timed forward's work is long done by now
+            self._unobserved = False
+            self.step(0, 0)
         if not self.active:
             return None
         weights = self.weights()
@@ -199,6 +208,27 @@ class BatchSplit:
         a CUDA device's time is known once its work is done)."""
         self._samples[index] += samples
         self._seconds[index].append(seconds)
+
+    def timed(self, replicas: Sequence, devices: Sequence, shares: Sequence[int] | None,
+              training: bool) -> list:
+        """``replicas`` (one per device with samples, on ``devices``), each made to record the
+        span of its forward with its share (``shares``: one per device, as :meth:`sizes` cut
+        the batch) when ``--split auto`` times this forward: in training, with grad, the batch
+        cut by this split. Else ``replicas`` as they are. A split that ``steps_itself``
+        observes them at the next :meth:`sizes`: stepped at once, it would wait for this
+        forward's device work before the backward could be queued."""
+        if self.auto is None or not training or not torch.is_grad_enabled() or shares is None:
+            return replicas
+        runs = list(replicas)
+        busy = [i for i, n in enumerate(shares) if n]
+        for i, n in enumerate(shares):
+            if not n:
+                self.record(i, 0, 0.0)
+        if len(busy) == len(runs):  # else an empty batch (one replica, no samples): no time
+            for k, i in enumerate(busy):
+                runs[k] = _Timed(runs[k], devices[k], self, i, shares[i])
+        self._unobserved = self.steps_itself
+        return runs
 
     def discard(self) -> None:
         """Forget what was recorded since the last :meth:`step`: a rehearsal such as the
@@ -242,8 +272,6 @@ class BatchSplit:
         samples = self._samples
         seconds = [sum(seconds_of(s) for s in spans) for spans in self._seconds]
         if self.reduce is not None:  # every rank gets every rank's record: alike decisions
-            import torch
-
             both = self.reduce(torch.tensor([*samples, *seconds], dtype=torch.float64))
             both = both.tolist()
             samples, seconds = [int(n) for n in both[:self.count]], both[self.count:]
@@ -266,3 +294,18 @@ class BatchSplit:
             self.auto.load_state_dict(state["auto"])
             self._schedule = [(int(e), int(b), tuple(w)) for e, b, w in state.get("schedule", [])]
             self._shown = self.weights()
+
+
+class _Timed:
+    """Call a replica and record the span of its work on ``device`` in ``split`` as device
+    ``index``'s, with ``samples`` (:mod:`~tandem.parallel.work_clock`)."""
+
+    def __init__(self, module, device, split: BatchSplit, index: int, samples: int):
+        self.module, self.device, self.split = module, device, split
+        self.index, self.samples = index, samples
+
+    def __call__(self, *args, **kwargs):
+        span = Span(self.device)
+        out = self.module(*args, **kwargs)
+        self.split.record(self.index, self.samples, span.stop())
+        return out

@@ -84,7 +84,8 @@ class DDPStrategy(Strategy):
         self._stop_calls = 0  # see stop_vote
         # --split: each rank loads its share of every global batch, the same on every rank
         self.split = BatchSplit(split, self.world_size, max_share, by_loader=True,
-                                reduce=lambda t: all_reduce_sum(t, self._device))
+                                reduce=lambda t: all_reduce_sum(t, self._device),
+                                clock=self.split.clock)
         self.split.check_weights("split")
 
     @property

@@ -31,13 +31,14 @@ from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
-from tandem.distributed.env import in_torchrun, is_main_process, restart_count
+from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process,
+                                    restart_count, split_clock)
 from tandem.errors import UsageError, first_line
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel import threaded_backward
 from tandem.parallel.devices import parse_device_spec
-from tandem.parallel.split import parse_split
+from tandem.parallel.split import clock_from_spec, parse_split
 from tandem.precision import amp_precision
 from tandem.strategies import (Strategy, auto, create_strategy, strategy_class,
                                strategy_names)
@@ -139,7 +140,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
     if cfg.parallel.amp and cfg.parallel.amp_dtype is None and ckpt is None:
         # the config records what --amp resolved to here (bf16 on a CPU), not null
-        dtype = amp_precision(strategy.device.type, True).amp_dtype
+        dtype = amp_precision(strategy.device.type, True, cpu_bf16=cpu_bf16_override()).amp_dtype
         cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied,
                    race=race, opening=tuple(opening), data=data)
@@ -291,7 +292,7 @@ def _split(cfg: ParallelConfig) -> dict:
     if cfg.split is None and cfg.max_share is None:
         return {}
     return {"split": None if cfg.split is None else parse_split(cfg.split),
-            "max_share": cfg.max_share}
+            "max_share": cfg.max_share, "split_clock": clock_from_spec(split_clock())}
 
 
 def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
@@ -329,7 +330,8 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
                          f"({', '.join(strategy_names(splits_batch=True))}), not --strategy "
                          f"{cfg.strategy}")
     strategy.split.check_weights("--split")
-    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype)  # one line where it cannot run
+    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype,  # one line where it cannot run
+                  cpu_bf16=cpu_bf16_override())
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
     if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (build)
@@ -384,7 +386,8 @@ def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tupl
     options = dataclasses.asdict(cfg.model)
     result = auto.resolve(
         devices, model, (images, targets), options=options, check=check,
-        amp=amp_precision(devices[0].type, p.amp, p.amp_dtype), lr=cfg.optim.lr,
+        amp=amp_precision(devices[0].type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()),
+        lr=cfg.optim.lr,
         channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
         rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size))
     print(auto.format_block(result, result.planned,
