@@ -174,9 +174,9 @@ def test_cli_user_mistakes_are_one_line(capsys):
     (dict(amp_dtype="fp8"), "amp dtype"),
     (dict(amp=True, amp_dtype="fp16"), "fp16 is for CUDA"),  # --amp on the CPU is bf16
     (dict(variants="fp32,fp8"), "fp8"),
-    (dict(variants="amp", channels_last=True), "leave out --amp and --channels-last"),
+    (dict(variants="amp", channels_last=True), "leave out amp and channels_last"),
     (dict(threads=0), "threads"),
-    (dict(compile_mode="max-autotune"), "--compile-mode needs --compile"),
+    (dict(compile_mode="max-autotune"), "compile_mode needs compile"),
     (dict(compile=True, compile_mode="fast"), "bad compile mode"),
     (dict(compile=True, warmup=0), "the first step compiles"),
 ])

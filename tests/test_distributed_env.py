@@ -79,7 +79,7 @@ def test_pick_device_takes_entry_local_rank_of_an_accelerator_list():
     # torch.device("cuda", i) can be built without CUDA; pick_device does not touch the GPU.
     gpus = [torch.device("cuda", i) for i in (2, 3)]
     assert pick_device(read_env(ENV), gpus) == torch.device("cuda", 3)
-    with pytest.raises(ValueError, match="LOCAL_RANK=1 but --devices lists only 1"):
+    with pytest.raises(ValueError, match="LOCAL_RANK=1 but devices lists only 1"):
         pick_device(read_env(ENV), gpus[:1])
     one = read_env({**ENV, "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
     assert pick_device(one, [torch.device("cuda", 5)]) == torch.device("cuda", 5)
@@ -380,7 +380,7 @@ def test_the_route_to_a_loopback_master_is_the_loopback_interface_and_a_bad_ifac
 
     route = route_to("127.0.0.1")  # a UDP connect: nothing is sent
     assert route.iface == "lo" and is_loopback(route.local) and is_loopback(route.remote)
-    with pytest.raises(ValueError, match=r"^--iface nosuch0: no such interface .* \(it has: "):
+    with pytest.raises(ValueError, match=r"^iface nosuch0: no such interface .* \(it has: "):
         route_to("127.0.0.1", "nosuch0")
     with pytest.raises(ValueError, match="cannot resolve the master address 'no.such.host.'"):
         route_to("no.such.host.")

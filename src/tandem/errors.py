@@ -22,7 +22,10 @@ _PARAM = re.compile(f"{_OPEN}([^{_CLOSE}]*){_CLOSE}")
 
 def param(name: str) -> str:
     """``name`` (a config field's or a keyword's) marked as a parameter, for a message built
-    with an f-string: ``UsageError(f"bad {param('lr')} {lr}: must be > 0")``."""
+    with an f-string: ``UsageError(f"bad {param('lr')} {lr}: must be > 0")``. A flag is taken
+    as its parameter: ``param("--max-share")`` is ``param("max_share")``."""
+    if name.startswith("--"):
+        name = name[2:].replace("-", "_")
     return f"{_OPEN}{name}{_CLOSE}"
 
 

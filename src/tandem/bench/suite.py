@@ -22,8 +22,10 @@ import torch
 from torch import nn
 
 from tandem import cpu_malloc
-from tandem.errors import first_line
+from tandem.config import flagged
+from tandem.errors import UsageError, first_line
 from tandem.strategies import strategy_class
+from tandem.strategies.compile import check_compile
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .config import BenchConfig
@@ -52,9 +54,10 @@ def strategy_skip_reason(name: str, model: nn.Module, arch: str, compiled: bool 
     if problem:
         return f"{arch}: {name} {problem}"
     if compiled:
-        from tandem.strategies.compile import compile_skip_reason
-
-        return compile_skip_reason(name, device_type)
+        try:
+            check_compile(strategy_class(name), device_type)
+        except UsageError as exc:
+            return flagged(exc)  # the bench's report speaks the command line
     return None
 
 

@@ -17,13 +17,13 @@ import types
 import typing
 import warnings
 
-from tandem.config import SECTIONS, flag_of
+from tandem.config import flag_for, flag_of, flagged
 from tandem.distributed.env import in_torchrun, is_main_process
 from tandem.errors import TandemError, first_line
 from tandem.suggest import did_you_mean
 
 __all__ = ["add_config_arguments", "command_parser", "config_from_args", "error_line",
-           "flag_for", "flag_of", "given_fields", "tandem_warnings", "ShowDefaults",
+           "flag_for", "flag_of", "flagged", "given_fields", "tandem_warnings", "ShowDefaults",
            "TandemParser"]
 
 _GIVEN = "given_fields"  # namespace attribute: the dests whose flag was typed
@@ -114,23 +114,9 @@ def command_parser(modules: dict, *, version: str | None = None) -> TandemParser
     return parser
 
 
-def flag_for(name: str) -> str:
-    """The flag an error message gives parameter ``name``: a training config field's long flag
-    spelt like the field (``--weight-decay``, not ``--wd``; ``--lr``, not ``--learning-rate``),
-    else its first long flag; any other parameter (``tandem launch``'s, ``tandem bench``'s)
-    the flag its name makes (``nproc_per_node``: ``--nproc-per-node``)."""
-    own = "--" + name.replace("_", "-")
-    for section in SECTIONS.values():
-        for f in dataclasses.fields(section):
-            if f.name == name:
-                flags = [flag for flag in flag_of(f) if flag.startswith("--")]
-                return own if own in flags else flags[0]
-    return own
-
-
 def error_line(exc: TandemError) -> str:
     """``exc`` as the command line says it: one line, each parameter by its flag."""
-    return first_line(exc.worded(flag_for), limit=None)
+    return first_line(flagged(exc), limit=None)
 
 
 def given_fields(args: argparse.Namespace) -> frozenset[str]:

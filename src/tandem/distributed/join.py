@@ -22,7 +22,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from tandem.errors import TandemError
+from tandem.errors import TandemError, param
 
 from .env import ADDR_VAR, NODE_VAR, DistEnv, read_env, restart_count, several_processes
 
@@ -161,7 +161,7 @@ def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
                     f"{bound:.0f} s: {count['here']} of {env.world_size} here at {where}, "
                     f"missing rank{'s' if len(missing) != 1 else ''} "
                     f"{', '.join(map(str, missing))} (is every node started, with the same "
-                    "--nnodes and --master-addr/--master-port?)")
+                    f"{param('nnodes')} and {param('master_addr')}/{param('master_port')}?)")
             time.sleep(0.05)
             count["here"] = store.add(f"{prefix}/here", 0)
     names = store.multi_get([f"{prefix}/who/{r}" for r in range(env.world_size)])
