@@ -462,3 +462,22 @@ def test_watchdog_names_a_silent_rank_and_a_lagging_one(monkeypatch, capsys):
     assert "rank 0 (node 0, 192.0.2.1): step 5 has waited" in err
     assert "rank 1 (node 1, 192.0.2.2), at step 3" in err and "rank 2 (node 1, 192.0.2.2), at " \
         "step 3" in err
+
+
+def test_the_environment_is_read_once_into_a_frozen_copy(monkeypatch):
+    from tandem.distributed.env import (Environment, address_of, launch_described, node_of,
+                                        torchrun_run_id)
+
+    monkeypatch.setenv("TANDEM_NODE_RANK", "3")
+    held = Environment.read()
+    monkeypatch.setenv("TANDEM_NODE_RANK", "5")  # after the reading: the copy keeps 3
+    assert node_of(held) == "3" and node_of() == "5"
+    with pytest.raises(TypeError):
+        held.values["TANDEM_NODE_RANK"] = "7"  # frozen
+    given = Environment({"RANK": "1", "WORLD_SIZE": "2", "GROUP_RANK": "1",
+                         "TANDEM_NODE_ADDR": "10.0.0.2", "TORCHELASTIC_RUN_ID": "r1",
+                         "TANDEM_LAUNCH": '{"nproc_per_node": 2, "nnodes": "2"}'})
+    assert (node_of(given), address_of(given), torchrun_run_id(given)) == ("1", "10.0.0.2", "r1")
+    assert launch_described(given) == {"nproc_per_node": 2, "nnodes": "2"}
+    assert torchrun_run_id(Environment({"TORCHELASTIC_RUN_ID": "r1"})) is None  # no torchrun
+    assert launch_described(Environment({"TANDEM_LAUNCH": "not json"})) is None

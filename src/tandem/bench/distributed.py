@@ -27,7 +27,7 @@ import tempfile
 import torch
 
 from tandem.distributed import launch
-from tandem.distributed.env import DistEnv, read_env
+from tandem.distributed.env import DistEnv, read_env, threads_set
 from tandem.distributed.process_group import destroy_process_group, init_process_group
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
@@ -81,7 +81,7 @@ def distributed_phase(config: BenchConfig, entries: list[Entry], custom_model: b
 def _launch(config: BenchConfig, entries: list[Entry]) -> list[dict]:
     nproc = len(config.device_list)
     threads = config.threads
-    if threads is None and "OMP_NUM_THREADS" not in os.environ:
+    if threads is None and not threads_set():
         threads = max(1, torch.get_num_threads() // nproc)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cfg_path, out_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "out.json")
