@@ -66,7 +66,7 @@ def test_the_default_strategies_come_from_the_registrys_abilities(monkeypatch):
     """`tandem bench` without --strategies races every single-process strategy that takes any
     model, asked of the registry: a new one joins the default, a multi-process one or one
     with model needs (hybrid's split) does not."""
-    from tandem.bench.config import default_strategies
+    from tandem.bench.options import default_strategies
     from tandem.cli.main import build_parser
     from tandem.strategies import Strategy, base
 

@@ -7,7 +7,7 @@ from sklearn.datasets import load_digits
 
 from tandem.data import (DatasetInfo, batches_per_epoch, epoch_order, load_dataset, make_loader,
                          shard_sizes)
-from tandem.data.base import stratified_split
+from tandem.data.dataset import stratified_split
 from tandem.data.digits import SPLIT_SEED, VAL_FRACTION
 
 

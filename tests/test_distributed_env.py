@@ -13,7 +13,7 @@ from tandem.distributed.env import (DEFAULT_TIMEOUT, LAUNCH_ID_VAR, DistEnv, dis
                                     in_torchrun, launch_id, read_env)
 from child_hooks.faults import maybe_inject_fault, parse_fault
 from tandem.distributed.global_loss import local_sum
-from tandem.distributed.launch import LaunchSpec, check_port_free, torchrun_argv
+from tandem.distributed.torchrun import LaunchSpec, check_port_free, torchrun_argv
 from tandem.distributed.process_group import backend_for, pick_device
 
 ENV = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
@@ -387,7 +387,7 @@ def test_the_route_to_a_loopback_master_is_the_loopback_interface_and_a_bad_ifac
 
 
 def test_the_command_to_continue_names_each_node_s_flags(monkeypatch):
-    from tandem.distributed.launch import LaunchSpec
+    from tandem.distributed.torchrun import LaunchSpec
     from tandem.distributed.resume_command import resume_command_here
 
     spec = LaunchSpec(nproc_per_node=2, command=["train"], nnodes="2", node_rank=1,

@@ -1,7 +1,7 @@
 """The torchrun phase: ``ddp`` and ``torch_ddp`` (and twins, ``ddp/loop`` too), one process
 per device.
 
-The bench runs torchrun (:func:`tandem.distributed.launch.run_captured`) with one worker per
+The bench runs torchrun (:func:`tandem.distributed.torchrun.run_captured`) with one worker per
 device; each worker rebuilds the model and batch from the seed, takes its shard and races its
 contestants in the same order on every rank, so collectives pair up. Rank 0 writes the
 results. This phase is not interleaved with the in-process one, so the machine may have changed
@@ -26,12 +26,12 @@ import tempfile
 
 import torch
 
-from tandem.distributed import launch
+from tandem.distributed import torchrun
 from tandem.distributed.env import DistEnv, read_env, threads_set
 from tandem.distributed.process_group import destroy_process_group, init_process_group
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
-from .config import BenchConfig
+from .options import BenchConfig
 from .contestants import Contestant, synthetic_batch
 from .entry import Entry
 from .loop import build_strategy
@@ -90,13 +90,13 @@ def _launch(config: BenchConfig, entries: list[Entry]) -> list[dict]:
             json.dump(config.to_dict(), f)
         with open(entries_path, "w") as f:
             json.dump([entry.to_json() for entry in entries], f)
-        spec = launch.LaunchSpec(
+        spec = torchrun.LaunchSpec(
             nproc_per_node=nproc, module="tandem.bench.distributed",
             command=["--config", cfg_path, "--contestants", entries_path, "--out", out_path],
             rdzv_endpoint="127.0.0.1:0", max_restarts=0,
             extra_env={} if threads is None else {"OMP_NUM_THREADS": str(threads)})
         try:
-            proc = launch.run_captured(spec, timeout=config.dist_timeout)
+            proc = torchrun.run_captured(spec, timeout=config.dist_timeout)
             error = None if proc.returncode == 0 else (
                 f"torchrun phase exited with {proc.returncode}: {_last_error(proc.stderr)}")
         except subprocess.TimeoutExpired:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tandem.data.base import split_key
+from tandem.data.dataset import split_key
 from tandem.data.decode import decoding, default_decoder
 from tandem.data.imagefolder import (MEAN, STD, ImageFolderDataset, first_decodable,
                                      load_imagefolder)

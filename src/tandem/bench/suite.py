@@ -28,7 +28,7 @@ from tandem.strategies import strategy_class
 from tandem.strategies.compile import check_compile
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
-from .config import BenchConfig
+from .options import BenchConfig
 from .contestants import Contestant, skipped, synthetic_batch
 from .entry import Entry, lineup
 from .loop import build_strategy

@@ -11,7 +11,7 @@ import argparse
 import os
 
 from tandem.distributed.env import Environment
-from tandem.distributed.launch import LaunchSpec, launch
+from tandem.distributed.torchrun import LaunchSpec, launch
 from tandem.distributed.slurm import slurm_job
 from tandem.errors import UsageError
 
