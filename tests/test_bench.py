@@ -22,7 +22,7 @@ from conftest import run_bounded, with_hooks
 from tandem.bench import RESULT_FIELDS, BenchConfig, explain, format_table, run_bench, write_json
 from tandem.bench.contestants import Contestant
 from tandem.bench.runner import race
-from tandem.bench.suite import registered_strategies
+from tandem.bench.skips import registered_strategies
 from tandem.bench.timing import MemoryProbe, resident_bytes, summarize
 from tandem.cli.main import main
 from tandem.data.decode import default_decoder

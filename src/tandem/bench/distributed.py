@@ -36,6 +36,7 @@ from .contestants import Contestant, synthetic_batch
 from .entry import Entry
 from .loop import build_strategy
 from .runner import empty_result, race
+from .skips import strategy_skip_reason
 
 __all__ = ["distributed_phase", "worker_main"]
 
@@ -51,8 +52,6 @@ def _skip_reason(entry: Entry, config: BenchConfig, custom_model: bool) -> str |
             # tandem's ddp handles empty shares; torch's DDP is not asked to
             reason = f"batch {config.batch_size} is smaller than the {len(devices)} processes"
     else:
-        from .suite import strategy_skip_reason
-
         reason = strategy_skip_reason(entry.base, None, config.arch, entry.compiled,
                                       devices[0].type)
     if reason is None and custom_model:
