@@ -6,7 +6,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from tandem.data import DatasetInfo, batches_per_epoch, epoch_order, load_dataset, make_loader
-from tandem.data.base import stratified_split
+from tandem.data.dataset import stratified_split
 from tandem.parallel.shares import shares
 from tandem.data.digits import SPLIT_SEED, VAL_FRACTION
 

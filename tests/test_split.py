@@ -19,6 +19,7 @@ from ddp_runs import launch_runs, outputs
 from exact import check_invariance, same_bits
 from torch import nn
 
+from tandem.cli.common import error_line
 from tandem.errors import UsageError
 from tandem.parallel import (DataParallel, DataParallelCriterion, DataParallelModel,
                              convert_sync_batchnorm)
@@ -530,8 +531,9 @@ def test_bench_races_equal_auto_and_ideal_splits(monkeypatch):
 def test_bad_handicap_is_one_usage_error(handicap):
     from tandem.bench import BenchConfig
 
-    with pytest.raises(UsageError, match="--handicap"):
+    with pytest.raises(UsageError, match="^bad handicap ") as caught:
         BenchConfig(arch="cifar_resnet20", devices="cpu:2", handicap=handicap)
+    assert error_line(caught.value).startswith("bad --handicap ")  # the CLI's words
 
 
 @pytest.mark.parametrize("name, split", [("dp", (3, 1)), ("balanced", (1, 0, 2)),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.distributed.env import CPU_BF16_VAR
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
 __all__ = ["AMP_DTYPES", "CPU_BF16_FLAGS", "Precision", "amp_precision", "amp_refusal",
            "amp_flags", "cpu_has_bf16", "cpu_flags"]
@@ -87,19 +87,19 @@ def amp_precision(device_type: str, amp: bool, amp_dtype: str | None = None, *,
     if not amp:
         return Precision(device_type)
     if amp_dtype is not None and amp_dtype not in AMP_DTYPES:
-        raise UsageError(f"bad --amp-dtype {amp_dtype!r}: choose bf16 or fp16")
+        raise UsageError(f"bad {param('amp_dtype')} {amp_dtype!r}: choose bf16 or fp16")
     if device_type == "cuda":
         dtype = amp_dtype or "fp16"
         return Precision(device_type, _TORCH_DTYPES[dtype], scaled=dtype == "fp16")
     if device_type != "cpu":
-        raise UsageError(f"--amp needs a CUDA device or a CPU, not {device_type}")
+        raise UsageError(f"{param('amp')} needs a CUDA device or a CPU, not {device_type}")
     if amp_dtype == "fp16":
-        raise UsageError("--amp-dtype fp16 is for CUDA; --amp on the CPU is bf16 (leave "
-                         "--amp-dtype out)")
+        raise UsageError(f"{param('amp_dtype')} fp16 is for CUDA; {param('amp')} on the CPU is "
+                         f"bf16 (leave {param('amp_dtype')} out)")
     if not (cpu_has_bf16() if cpu_bf16 is None else cpu_bf16):
-        raise UsageError(f"--amp on the CPU needs bf16 instructions (avx512_bf16 or amx_bf16), "
-                         "which this CPU lacks; run without --amp (float32 is faster here), or set "
-                         f"{CPU_BF16_VAR}=1 to run it emulated (slower)")
+        raise UsageError(f"{param('amp')} on the CPU needs bf16 instructions (avx512_bf16 or "
+                         f"amx_bf16), which this CPU lacks; run without {param('amp')} (float32 is "
+                         f"faster here), or set {CPU_BF16_VAR}=1 to run it emulated (slower)")
     return Precision(device_type, torch.bfloat16, scaled=False)
 
 

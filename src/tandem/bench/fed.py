@@ -35,7 +35,7 @@ from tandem.data import loader as loader_module
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.imagefolder import load_imagefolder
 from tandem.data.loader import batches_per_epoch, make_loader
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 from tandem.models import create_model
 from tandem.precision import amp_precision
 from tandem.strategies import strategy_names
@@ -184,7 +184,7 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     batches, wave = batches_per_epoch(train, config.batch_size), start_up_batches(workers)
     if batches < 2 * wave:
         raise UsageError(
-            f"--data '{data}': {len(train)} training images make {batches} batch(es) of "
+            f"{param('data')} '{data}': {len(train)} training images make {batches} batch(es) of "
             f"{config.batch_size}, too few to rate -j {workers}: a pass needs {2 * wave} at "
             f"least (its first {wave}, one per worker, are start-up); add images, or lower "
             "-b or -j")

@@ -13,6 +13,8 @@ import json
 import sys
 from typing import TextIO
 
+from tandem.distributed.env import malloc_left_alone
+
 from .entry import LOOP
 from .timing import IMPOSSIBLE, impossible, impossible_lines, is_noise, noise_lines
 
@@ -186,8 +188,6 @@ def explain(model, devices, batch_size: int, image_size: int, split=None,
 def run_setup(devices, threads: int | None) -> str:
     """What ``--explain`` says of how the race runs its CPU replicas' backward (decided when
     each ``DataParallel`` is built, from the race's ``threads``) and of glibc's malloc."""
-    import os
-
     import torch
 
     from tandem.parallel import threaded_backward
@@ -203,7 +203,7 @@ def run_setup(devices, threads: int | None) -> str:
         line = (f"backward: {', '.join(strategy_names(replica_threads=True))} on {cpu} CPU "
                 f"replicas with {threads} "
                 f"intra-op thread(s): {how} (with a split: in threads)")
-    default = os.environ.get("TANDEM_MALLOC", "").strip().lower() == "default"
+    default = malloc_left_alone()
     return line + "\nmalloc: " + ("glibc's own (TANDEM_MALLOC=default)" if default else
                                   "glibc's thresholds fixed for this process (tandem.cpu_malloc)")
 

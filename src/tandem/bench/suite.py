@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import datetime
 import gc
-import importlib
 import os
 import platform
 from typing import Callable
@@ -26,36 +25,15 @@ from tandem.errors import first_line
 from tandem.strategies import strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
-from .config import BenchConfig
+from .options import BenchConfig
 from .contestants import Contestant, skipped, synthetic_batch
+from .distributed import distributed_phase
 from .entry import Entry, lineup
 from .loop import build_strategy
 from .runner import add_ratios, race
+from .skips import strategy_skip_reason
 
-__all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason"]
-
-
-def registered_strategies() -> list[str]:
-    """Names in tandem's strategy registry (importing ``tandem.strategies`` registers them)."""
-    importlib.import_module("tandem.strategies")
-    from tandem.strategies.base import strategy_names
-
-    return strategy_names()
-
-
-def strategy_skip_reason(name: str, model: nn.Module, arch: str, compiled: bool = False,
-                         device_type: str = "cpu") -> str | None:
-    """Why tandem strategy ``name`` (compiled if ``compiled``) cannot run with ``model``."""
-    if name not in registered_strategies():
-        return f"strategy {name!r} is not available (not registered in tandem.strategies)"
-    problem = None if model is None else strategy_class(name).check_model(model)
-    if problem:
-        return f"{arch}: {name} {problem}"
-    if compiled:
-        from tandem.strategies.compile import compile_skip_reason
-
-        return compile_skip_reason(name, device_type)
-    return None
+__all__ = ["run_bench", "machine_info"]
 
 
 def machine_info(devices: list[torch.device]) -> dict:
@@ -172,8 +150,6 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
 
 
 def _run(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> dict:
-    from .distributed import distributed_phase
-
     devices = config.device_list
     machine = machine_info(devices)  # taken before the run: its date and load average
     template = _template(config, model_fn)

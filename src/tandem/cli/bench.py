@@ -27,7 +27,7 @@ from .common import add_config_arguments, config_from_args, given_fields
 __all__ = ["add_parser", "run"]
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from tandem.bench.config import BASELINES, BenchConfig
+    from tandem.bench.options import BASELINES, BenchConfig
 
     p = subparsers.add_parser(
         "bench", help="time training steps of strategies and torch baselines side by side",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from tandem.distributed.launch import LaunchSpec, launch
+from tandem.distributed.env import Environment
+from tandem.distributed.torchrun import LaunchSpec, launch
 from tandem.distributed.slurm import slurm_job
 from tandem.errors import UsageError
 
@@ -90,7 +91,7 @@ def _from_slurm(args: argparse.Namespace) -> dict:
     no rendezvous endpoint) from SLURM's variables, said in one line."""
     given = dict(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                  master_port=args.master_port, slurm=False)
-    job = None if args.rdzv_endpoint else slurm_job(os.environ)
+    job = None if args.rdzv_endpoint else slurm_job(Environment.read())
     if job is not None and job.nnodes > 1:
         taken = dict(nnodes=str(job.nnodes), node_rank=job.node_rank,
                      master_addr=job.master_addr, master_port=job.master_port)

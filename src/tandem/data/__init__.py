@@ -4,7 +4,7 @@
     loader = make_loader(train_ds, 128, shuffle=True, seed=0, epoch=0, workers=2)
 """
 
-from .base import DatasetInfo, ImageDataset
+from .dataset import DatasetInfo, ImageDataset
 from .load import DATASET_NAMES, load_dataset
 from .device import Normalization, batch_to_device
 from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order,

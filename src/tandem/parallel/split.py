@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
 from .auto_split import AutoSplit
 from .shares import capped, format_shares, shares
@@ -47,7 +47,7 @@ def clock_from_spec(spec: str | None) -> "Callable[[int, int, float], float] | N
     return clock
 
 
-def parse_split(text: str, flag: str = "--split") -> tuple[float, ...] | str:
+def parse_split(text: str, name: str = "split") -> tuple[float, ...] | str:
     """``"3,1"`` -> ``(3.0, 1.0)``; ``"auto"`` -> ``"auto"``; anything else a one-line error."""
     text = text.strip()
     if text == AUTO:
@@ -55,15 +55,17 @@ def parse_split(text: str, flag: str = "--split") -> tuple[float, ...] | str:
     try:
         weights = tuple(float(w) for w in text.split(","))
     except ValueError:
-        raise UsageError(f"bad {flag} {text!r}: give weights like 3,1 (one per device) "
-                         f"or auto") from None
-    return check_weights(weights, None, flag)
+        raise UsageError(f"bad {param(name)} {text!r}: give weights like 3,1 (one per "
+                         "device) or auto") from None
+    return check_weights(weights, None, name)
 
 
 def check_weights(weights: Sequence[float], devices: int | None, name: str = "split"
                   ) -> tuple[float, ...]:
     """``weights`` as a tuple of floats, once known to be one finite, non-negative weight per
-    device (``devices``; ``None``: any count) and not all zero."""
+    device (``devices``; ``None``: any count) and not all zero; errors name parameter
+    ``name``."""
+    name = param(name)
     weights = tuple(float(w) for w in weights)
     shown = ",".join(f"{w:g}" for w in weights)
     if devices is not None and len(weights) != devices:
@@ -77,21 +79,22 @@ def check_weights(weights: Sequence[float], devices: int | None, name: str = "sp
 
 
 def check_max_share(batch: int, weights: Sequence[float] | str, devices: int,
-                    max_share: int | None, what: str = "--batch-size") -> None:
+                    max_share: int | None, what: str = param("batch_size")) -> None:
     """Refuse, in one line, a batch whose shares would give a device more than ``max_share``
     samples (``weights`` may be ``"auto"``: then the batch must fit the caps at all)."""
     if max_share is None:
         return
     if batch > max_share * devices:
-        raise UsageError(f"{what} {batch} does not fit --max-share {max_share} on {devices} "
-                         f"device(s): at most {max_share * devices}")
+        raise UsageError(f"{what} {batch} does not fit {param('max_share')} {max_share} on "
+                         f"{devices} device(s): at most {max_share * devices}")
     if weights == AUTO:
         return
     sizes = shares(batch, weights)
     worst = max(range(len(sizes)), key=lambda i: sizes[i])
     if sizes[worst] > max_share:
-        raise UsageError(f"--split {format_shares(weights)} gives device {worst} "
-                         f"{sizes[worst]} of {batch} samples, over --max-share {max_share}")
+        raise UsageError(f"{param('split')} {format_shares(weights)} gives device {worst} "
+                         f"{sizes[worst]} of {batch} samples, over {param('max_share')} "
+                         f"{max_share}")
 
 
 def split_report(batch: int, devices: int, weights: Sequence[float] | None = None,
@@ -168,12 +171,12 @@ class BatchSplit:
         """The weights now (``None``: even shares)."""
         return tuple(self.auto.weights) if self.auto is not None else self.fixed
 
-    def check_weights(self, flag: str = "--split") -> None:
+    def check_weights(self, name: str = "split") -> None:
         """Refuse (one line) weights that are not one valid weight per device."""
         if self.fixed is not None:
-            self.fixed = check_weights(self.fixed, self.count, flag)
+            self.fixed = check_weights(self.fixed, self.count, name)
 
-    def check_fits(self, batch: int, what: str = "--batch-size") -> None:
+    def check_fits(self, batch: int, what: str = param("batch_size")) -> None:
         """Refuse (one line) a ``batch`` the ``--max-share`` caps cannot hold."""
         check_max_share(batch, self.fixed or AUTO, self.count, self.max_share, what)
 
