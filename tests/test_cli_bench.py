@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from tandem.bench import BenchConfig, loader_bench
+from tandem.bench import BenchConfig
 from tandem.bench.distributed import distributed_phase, worker_main
 from tandem.bench.entry import Entry
 from tandem.cli.common import config_from_args
@@ -94,7 +94,7 @@ def test_data_counts_passes_with_the_loader_benchs_defaults(monkeypatch, tmp_pat
         seen.update(kwargs, data=data)
         raise _Stop
 
-    monkeypatch.setattr(loader_bench, "run_loader_bench", spy)
+    monkeypatch.setattr("tandem.cli.bench.run_loader_bench", spy)  # where the CLI took it
     with pytest.raises(_Stop):
         main(["bench", "--data", str(tmp_path), *argv])
     assert seen == {"data": str(tmp_path), "workers": 0, "batch_size": 64, "seed": 0, **passes}

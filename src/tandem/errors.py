@@ -12,7 +12,7 @@ import re
 from typing import Callable
 
 __all__ = ["TandemError", "UsageError", "MissingFileError", "CheckpointError",
-           "TrainingDiverged", "first_line", "param"]
+           "TrainingDiverged", "first_line", "param", "quoted"]
 
 # A parameter's name inside a message sits between two private-use characters, which no
 # value a message quotes (a path, a number, a model's name) carries.
@@ -85,3 +85,9 @@ def first_line(exc: BaseException | str, limit: int | None = 200) -> str:
     message is empty."""
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
+def quoted(exc: BaseException) -> str:
+    """The first line of ``exc``'s message with its parameters still marked (:func:`param`),
+    for the message of an error that quotes it: the command line then words both alike."""
+    return first_line(getattr(exc, "marked", None) or exc)

@@ -26,15 +26,17 @@ import tempfile
 
 import torch
 
+from tandem import cpu_malloc
 from tandem.distributed import torchrun
 from tandem.distributed.env import DistEnv, read_env, threads_set
 from tandem.distributed.process_group import destroy_process_group, init_process_group
+from tandem.models import create_model
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
-from .options import BenchConfig
 from .contestants import Contestant, synthetic_batch
 from .entry import Entry
 from .loop import build_strategy
+from .options import BenchConfig
 from .runner import empty_result, race
 from .skips import strategy_skip_reason
 
@@ -137,7 +139,6 @@ class _Worker:
     collectives pair up; it starts a process group for ``torch_ddp`` where no strategy did."""
 
     def __init__(self, config: BenchConfig, env: DistEnv, device: torch.device):
-        from tandem.models import create_model
 
         self.config, self.env, self.device = config, env, device
         rank, world = env.rank, env.world_size
@@ -187,7 +188,6 @@ def worker_main(argv: list[str] | None = None) -> int:
     """Entry point of one torchrun worker (see the module docstring)."""
     import torch.distributed as dist
 
-    from tandem import cpu_malloc
 
     config, entries, out = _read_args(argv)
     cpu_malloc.tune()  # as the tandem command does, so both phases time the same allocator

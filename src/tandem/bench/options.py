@@ -7,19 +7,22 @@ from dataclasses import MISSING, asdict, dataclass, field
 import torch
 
 from tandem.config import opt
-from tandem.strategies.compile import COMPILE_MODES
+from tandem.distributed.env import cpu_bf16_override
+from tandem.errors import UsageError, param
+from tandem.models import model_info
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.devices import parse_device_spec
-from tandem.errors import UsageError, param
-from tandem.distributed.env import cpu_bf16_override
 from tandem.precision import AMP_DTYPES, amp_precision
+from tandem.strategies import strategy_class, strategy_names
+from tandem.strategies.compile import COMPILE_MODES
+
+from .variants import VARIANTS
 
 __all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_strategies"]
 
 
 def default_strategies() -> tuple[str, ...]:
     """Every single-process strategy that takes any model (multi-process ones need torchrun)."""
-    from tandem.strategies import strategy_class, strategy_names
 
     return tuple(n for n in strategy_names(multiprocess=False)
                  if strategy_class(n).takes_any_model())
@@ -54,7 +57,6 @@ def parse_names(text, valid: tuple[str, ...], name: str, allow_empty: bool = Fal
 
 def _strategies_help() -> str:
     """Asked when the parser is built: the registry's names and the default they give."""
-    from tandem.strategies import strategy_names
 
     return (f"comma list of {', '.join(strategy_names())}; by default every single-process "
             f"strategy that takes any model (default: {','.join(default_strategies())})")
@@ -122,13 +124,11 @@ class BenchConfig:
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        from tandem.strategies import strategy_names
 
         if self.strategies is None:
             self.strategies = default_strategies()
         self.strategies = parse_names(self.strategies, tuple(strategy_names()), "strategies")
         self.baselines = parse_names(self.baselines, BASELINES, "baselines", allow_empty=True)
-        from tandem.models import model_info
 
         info = model_info(self.arch)  # an unknown arch is a ValueError listing valid ones
         if self.image_size is None:
@@ -143,7 +143,6 @@ class BenchConfig:
         if self.amp_dtype is not None and self.amp_dtype not in AMP_DTYPES:
             raise UsageError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
         if self.variants is not None:
-            from .variants import VARIANTS
 
             self.variants = parse_names(self.variants, VARIANTS, "variants")
             if self.amp or self.channels_last:

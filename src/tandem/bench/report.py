@@ -14,6 +14,11 @@ import sys
 from typing import TextIO
 
 from tandem.distributed.env import malloc_left_alone
+from tandem.hybrid import plan
+from tandem.parallel import threaded_backward
+from tandem.parallel.split import split_report
+from tandem.precision import amp_precision
+from tandem.strategies import strategy_names
 
 from .entry import LOOP
 from .timing import IMPOSSIBLE, impossible, impossible_lines, is_noise, noise_lines
@@ -65,7 +70,6 @@ HEADER = ["contestant", "step ms", "IQR ms", "min..max ms", "img/s", "vs single"
 
 def _precision(c: dict) -> str:
     """The run's --amp or --variants, as ``tandem.precision`` resolves them on its device."""
-    from tandem.precision import amp_precision
 
     # cpu_bf16=True: a report describes the machine it ran on, which had bf16 if it used it
     device_type = c["device_list"][0].split(":")[0]
@@ -167,12 +171,6 @@ def explain(model, devices, batch_size: int, image_size: int, split=None,
     """tandem.hybrid's cost report (``plan(...).report()``) for ``model``, or why there is none;
     with ``split``/``per_sample`` (``--handicap``) it includes what that split costs, and says
     so for a model that has no hybrid plan too (:func:`tandem.parallel.split.split_report`)."""
-    from tandem.parallel.split import split_report
-
-    try:
-        from tandem.hybrid import plan
-    except ImportError:
-        return "--explain: tandem.hybrid has no plan() in this build"
     if not (hasattr(model, "features") and hasattr(model, "classifier")):
         line = (f"--explain: {type(model).__name__} has no .features/.classifier split; "
                 "hybrid does not apply")
@@ -190,8 +188,6 @@ def run_setup(devices, threads: int | None) -> str:
     each ``DataParallel`` is built, from the race's ``threads``) and of glibc's malloc."""
     import torch
 
-    from tandem.parallel import threaded_backward
-    from tandem.strategies import strategy_names
 
     threads = torch.get_num_threads() if threads is None else threads
     cpu = sum(torch.device(d).type == "cpu" for d in devices)

@@ -21,15 +21,17 @@ import torch
 from torch import nn
 
 from tandem import cpu_malloc
+from tandem.config import flagged
 from tandem.errors import first_line
+from tandem.models import create_model
 from tandem.strategies import strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
-from .options import BenchConfig
 from .contestants import Contestant, skipped, synthetic_batch
 from .distributed import distributed_phase
 from .entry import Entry, lineup
 from .loop import build_strategy
+from .options import BenchConfig
 from .runner import add_ratios, race
 from .skips import strategy_skip_reason
 
@@ -65,7 +67,7 @@ def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Co
         return contestant
     except Exception as exc:
         return Contestant(name=name, kind=kind, devices=list(devices),
-                          failure=f"setup: {type(exc).__name__}: {first_line(exc)}")
+                          failure=f"setup: {type(exc).__name__}: {first_line(flagged(exc))}")
 
 
 def _strategy(entry: Entry, template: nn.Module, config: BenchConfig, batch) -> Contestant:
@@ -99,7 +101,6 @@ def _baseline(entry: Entry, template: nn.Module, config: BenchConfig, batch) -> 
 def _template(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> nn.Module:
     """The seeded model every contestant copies: ``model_fn()``, else ``config.arch``'s."""
     if model_fn is None:
-        from tandem.models import create_model
 
         def model_fn():
             return create_model(config.arch, num_classes=config.num_classes)

@@ -14,6 +14,7 @@ import sys
 
 from tandem.distributed.join import announce_failure
 from tandem.errors import TandemError
+from tandem.version import __version__
 
 from . import bench, launch, models, train
 from . import eval as eval_command
@@ -27,7 +28,6 @@ SUBCOMMANDS = list(_MODULES)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tandem.version import __version__
 
     return command_parser(_MODULES, version=f"tandem {__version__}")
 

@@ -31,6 +31,7 @@ from tandem.errors import UsageError, first_line, param
 from .decode import DECODER_ERRORS, default_decoder
 from .decode_stream import DecodeStream
 from .encoded import EncodedBatch, EncodedFolder, collate_encoded
+from .imagefolder import ImageFolderDataset
 
 __all__ = ["DECODE_MODES", "resolve_decode", "decode_on", "decoded_on", "nvjpeg_decode", "host_decode",
            "resample", "crop_resize", "DeviceDecoded", "DeviceDecoder", "DecodingLoader"]
@@ -248,7 +249,6 @@ class DeviceDecoded(EncodedFolder):
 def decoded_on(*datasets) -> str | None:
     """Where the JPEGs of ``datasets`` (:func:`decode_on`'s) are decoded: ``"gpu"``, ``"cpu"``,
     or None where they hold no JPEG files (what config.json records as ``resolved.decode``)."""
-    from .imagefolder import ImageFolderDataset
 
     if any(isinstance(d, DeviceDecoded) for d in datasets):
         return "gpu"
@@ -276,7 +276,6 @@ def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode
     """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` when
     ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given.
     ``auto`` says in one line which decoder runs, and why."""
-    from .imagefolder import ImageFolderDataset
 
     train, val, info = data
     choice, why = resolve_decode(mode, device)

@@ -33,7 +33,7 @@ from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
 from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process,
                                     restart_count, split_clock)
-from tandem.errors import UsageError, first_line
+from tandem.errors import UsageError, param, quoted
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel import threaded_backward
@@ -207,8 +207,8 @@ def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str],
     if "epochs" in given and epochs < epoch + (1 if batch else 0):
         done = (f"{epoch} epoch{'' if epoch == 1 else 's'}"
                 + (f" and {batch} batches of epoch {epoch + 1}" if batch else ""))
-        raise UsageError(f"--epochs {epochs} is fewer than {name} has done ({done}); give "
-                         f"--epochs {epoch + 1} or more to train it further")
+        raise UsageError(f"{param('epochs')} {epochs} is fewer than {name} has done ({done}); "
+                         f"give {param('epochs')} {epoch + 1} or more to train it further")
     if epoch >= epochs:
         where = ", ".join([f"{epoch}/{epochs} epochs"] + ([f"step {step}"] if step else []) +
                           [f"best val acc {float(ckpt.get('best_acc1') or 0.0):.2f}%"])
@@ -240,9 +240,10 @@ def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int) -> None:
     runs the command line that reached it: there the loop says there is nothing to train."""
     max_steps = cfg.optim.max_steps
     if max_steps is not None and max_steps <= step and not restart_count():
-        raise UsageError(f"--max-steps {max_steps}: {_named(cfg.run.resume, ckpt)[1]} has "
-                         f"already made {step} optimizer steps (--max-steps counts them from "
-                         f"the run's start); give more, e.g. --max-steps {step + max_steps} "
+        flag = param("max_steps")
+        raise UsageError(f"{flag} {max_steps}: {_named(cfg.run.resume, ckpt)[1]} has "
+                         f"already made {step} optimizer steps ({flag} counts them from "
+                         f"the run's start); give more, e.g. {flag} {step + max_steps} "
                          f"for {max_steps} more")
 
 
@@ -284,7 +285,7 @@ def check_model(strategy: Strategy, model: nn.Module) -> None:
     """Refuse a model ``strategy`` cannot train, in one line."""
     problem = strategy.check_model(model, **strategy.options)
     if problem:
-        raise UsageError(f"--strategy {strategy.name} {problem}")
+        raise UsageError(f"{param('strategy')} {strategy.name} {problem}")
 
 
 def _split(cfg: ParallelConfig) -> dict:
@@ -354,8 +355,8 @@ def _simplest(parallel: ParallelConfig, build: Callable[[ParallelConfig], Strate
                 build(replace(parallel, strategy=name))
                 return replace(parallel, strategy=name)
         except UsageError as exc:
-            refusals.append(first_line(exc))
-    raise UsageError(f"--strategy auto: no strategy can run this here: {refusals[0]}")
+            refusals.append(quoted(exc))
+    raise UsageError(f"{param('strategy')} auto: no strategy can run this here: {refusals[0]}")
 
 
 # -- --strategy auto's race ---------------------------------------------------------------------
@@ -380,7 +381,7 @@ def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tupl
                 warnings.simplefilter("ignore")
                 _strategy(replace(p, strategy=name), cfg.model, supplied.model)
         except UsageError as exc:
-            return first_line(exc)
+            return quoted(exc)
         return None
 
     options = dataclasses.asdict(cfg.model)
@@ -428,8 +429,9 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
     """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
     minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
     if info.image_size < minimum:
-        raise UsageError(f"--arch {cfg.arch} needs images of at least {minimum}px, but "
-                         f"{info.name} gives {info.image_size}px (set --image-size)")
+        raise UsageError(f"{param('arch')} {cfg.arch} needs images of at least {minimum}px, "
+                         f"but {info.name} gives {info.image_size}px (set "
+                         f"{param('image_size')})")
     kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
     seed_everything(seed)
     return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
