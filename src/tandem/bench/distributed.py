@@ -35,7 +35,7 @@ from tandem.models import create_model
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .contestants import Contestant, synthetic_batch
 from .entry import Entry
-from .loop import build_strategy
+from .loop_twin import build_strategy
 from .options import BenchConfig
 from .runner import empty_result, race
 from .skips import strategy_skip_reason

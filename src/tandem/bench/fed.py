@@ -43,7 +43,7 @@ from tandem.train.loop import Position
 
 from .contestants import prepare_strategy
 from .loader_bench import bench_root, cpu_seconds
-from .loop import loop_config, loop_trainer
+from .loop_twin import loop_config, loop_trainer
 from .suite import machine_info
 from .timing import (IMPOSSIBLE, clock, impossible, impossible_lines, is_noise, noise_lines,
                      summarize, synchronize)

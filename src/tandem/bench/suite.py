@@ -4,7 +4,7 @@ Every contestant gets a deep copy of one seeded template model and the same batc
 contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``torch_ddp`` in a
 torchrun subprocess. ``--variants`` twins (:mod:`~tandem.bench.variants`) race next to each
 other; ``+compile`` twins compile in their warm-up step (``first_step_s``); ``--loop`` twins
-(:mod:`~tandem.bench.loop`) race next to their strategy contestant.
+(:mod:`~tandem.bench.loop_twin`) race next to their strategy contestant.
 A skipped or failed contestant is reported with its reason and never stops the others.
 """
 
@@ -30,7 +30,7 @@ from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reaso
 from .contestants import Contestant, skipped, synthetic_batch
 from .distributed import distributed_phase
 from .entry import Entry, lineup
-from .loop import build_strategy
+from .loop_twin import build_strategy
 from .options import BenchConfig
 from .runner import add_ratios, race
 from .skips import strategy_skip_reason
