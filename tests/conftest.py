@@ -4,7 +4,8 @@ import pytest
 import torch
 
 # bf16 autocast runs (emulated, slower) on a CPU without bf16 instructions too: the --amp tests
-# run on every CPU, and the refusal is tested by patching tandem.precision.cpu_has_bf16.
+# run on every CPU (read by tandem.distributed.env.cpu_bf16_override, which the callers of
+# tandem.precision pass on), and the refusal is tested by faking tandem.precision.cpu_flags.
 os.environ["TANDEM_CPU_BF16"] = "1"
 
 

@@ -19,7 +19,7 @@ def launch_runs(runs: list[tuple[list, bool]], nproc: int = 2, timeout: float = 
     """Run ``runs`` (``[(argv, busy), ...]``) in one `tandem launch` of ``nproc`` workers."""
     from conftest import cli_env, run_bounded
 
-    code = ("import sys; from tandem.distributed.launch import LaunchSpec, launch; "
+    code = ("import sys; from tandem.distributed.torchrun import LaunchSpec, launch; "
             f"sys.exit(launch(LaunchSpec(nproc_per_node={nproc}, command=sys.argv[1:], "
             "module='ddp_runs')))")
     payload = json.dumps([[[str(a) for a in argv], bool(busy)] for argv, busy in runs])

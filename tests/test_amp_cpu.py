@@ -16,7 +16,8 @@ from tandem.bench import BenchConfig, format_table, run_bench
 from tandem.bench.contestants import TrainStep
 from tandem.cli.main import main
 from tandem.errors import UsageError
-from tandem.precision import amp_precision
+from tandem.distributed.env import cpu_bf16_override
+from tandem.precision import amp_precision, amp_refusal
 
 TINY = ["--data", "synthetic", "--synthetic-size", "20", "--image-size", "8", "--num-classes",
         "4", "-a", "cifar_resnet20", "-b", "6", "--no-progress", "--seed", "3"]
@@ -32,18 +33,19 @@ def epoch_row(out, epoch: int) -> dict:
 
 # -- what --amp means ------------------------------------------------------------------------
 def test_amp_is_bf16_without_scaling_on_the_cpu_and_fp16_with_scaling_on_cuda():
-    cpu = amp_precision("cpu", True, has_bf16=lambda: True)
+    cpu = amp_precision("cpu", True, cpu_bf16=True)
     assert (cpu.dtype, cpu.scaled) == (torch.bfloat16, False)
     assert (amp_precision("cuda", True).dtype, amp_precision("cuda", True).scaled) == (
         torch.float16, True)
     assert amp_precision("cuda", True, "bf16").scaled is False
     assert amp_precision("cpu", False).dtype is None  # fp32: no autocast at all
     with pytest.raises(UsageError, match="fp16 is for CUDA"):
-        amp_precision("cpu", True, "fp16", has_bf16=lambda: True)
+        amp_precision("cpu", True, "fp16", cpu_bf16=True)
 
 
 def test_a_cpu_without_bf16_is_refused_in_one_line(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(tandem.precision, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(tandem.precision, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.delenv("TANDEM_CPU_BF16")
     for argv in (["train", *TINY, "--amp", "--devices", "cpu", "--out", str(tmp_path / "o")],
                  ["bench", "-a", "cifar_resnet20", "--devices", "cpu", "--amp"],
                  ["bench", "-a", "cifar_resnet20", "--devices", "cpu", "--variants", "fp32,amp"]):
@@ -178,7 +180,7 @@ def test_bench_variants_reach_the_torchrun_phase():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not tandem.precision.cpu_has_native_bf16(),
+@pytest.mark.skipif(not tandem.precision.cpu_has_bf16(),
                     reason="compiling emulated bf16 kernels takes minutes on a CPU without bf16")
 def test_with_compile_it_trains_and_evaluates(tmp_path, monkeypatch):
     """--compile --amp --channels-last: compiled under bf16 autocast (minutes cold, seconds
@@ -205,10 +207,13 @@ def test_with_compile_it_trains_and_evaluates(tmp_path, monkeypatch):
 
 
 def test_the_force_variable_takes_a_cpu_without_bf16_as_having_it(monkeypatch):
+    """The variable is read by the callers (tandem.distributed.env), never by amp_precision:
+    conftest sets it, and the default still asks the CPU's flags."""
     monkeypatch.setattr(tandem.precision, "cpu_flags", lambda: frozenset({"avx2"}))
-    monkeypatch.delenv(tandem.precision.FORCE_BF16_VAR, raising=False)
     assert not tandem.precision.cpu_has_bf16()
     with pytest.raises(UsageError, match="TANDEM_CPU_BF16=1"):
         amp_precision("cpu", True)
-    monkeypatch.setenv(tandem.precision.FORCE_BF16_VAR, "1")
-    assert amp_precision("cpu", True).dtype == torch.bfloat16
+    assert cpu_bf16_override({}) is None and cpu_bf16_override({"TANDEM_CPU_BF16": "0"}) is None
+    forced = cpu_bf16_override({"TANDEM_CPU_BF16": "1"})
+    assert amp_precision("cpu", True, cpu_bf16=forced).dtype == torch.bfloat16
+    assert amp_refusal("cpu", None) is not None and amp_refusal("cpu", None, cpu_bf16=forced) is None

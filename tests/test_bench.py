@@ -22,7 +22,7 @@ from conftest import run_bounded, with_hooks
 from tandem.bench import RESULT_FIELDS, BenchConfig, explain, format_table, run_bench, write_json
 from tandem.bench.contestants import Contestant
 from tandem.bench.runner import race
-from tandem.bench.suite import registered_strategies
+from tandem.bench.skips import registered_strategies
 from tandem.bench.timing import MemoryProbe, resident_bytes, summarize
 from tandem.cli.main import main
 from tandem.data.decode import default_decoder
@@ -66,7 +66,7 @@ def test_the_default_strategies_come_from_the_registrys_abilities(monkeypatch):
     """`tandem bench` without --strategies races every single-process strategy that takes any
     model, asked of the registry: a new one joins the default, a multi-process one or one
     with model needs (hybrid's split) does not."""
-    from tandem.bench.config import default_strategies
+    from tandem.bench.options import default_strategies
     from tandem.cli.main import build_parser
     from tandem.strategies import Strategy, base
 
@@ -174,9 +174,9 @@ def test_cli_user_mistakes_are_one_line(capsys):
     (dict(amp_dtype="fp8"), "amp dtype"),
     (dict(amp=True, amp_dtype="fp16"), "fp16 is for CUDA"),  # --amp on the CPU is bf16
     (dict(variants="fp32,fp8"), "fp8"),
-    (dict(variants="amp", channels_last=True), "leave out --amp and --channels-last"),
+    (dict(variants="amp", channels_last=True), "leave out amp and channels_last"),
     (dict(threads=0), "threads"),
-    (dict(compile_mode="max-autotune"), "--compile-mode needs --compile"),
+    (dict(compile_mode="max-autotune"), "compile_mode needs compile"),
     (dict(compile=True, compile_mode="fast"), "bad compile mode"),
     (dict(compile=True, warmup=0), "the first step compiles"),
 ])
@@ -567,7 +567,7 @@ def test_a_broken_setup_is_reported_as_failed_and_the_cli_exits_1(monkeypatch, c
         report["results"].append(result)
         return report
 
-    monkeypatch.setattr("tandem.bench.run_bench", fake_run_bench)
+    monkeypatch.setattr("tandem.cli.bench.run_bench", fake_run_bench)  # where the CLI took it
     code = main(["bench", "--arch", "cifar_resnet20", "--strategies", "single", "--devices",
                  "cpu", "--baselines", "none", "--batch-size", "2", "--steps", "1",
                  "--warmup", "0", "--image-size", "8", "--num-classes", "5"])

@@ -1,5 +1,5 @@
 """tandem bench's flags against BenchConfig's fields, its torchrun phase against
-tandem.distributed.launch (spied on, never run here). Nothing is timed."""
+tandem.distributed.torchrun (spied on, never run here). Nothing is timed."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from collections import Counter
 
 import pytest
 
-from tandem.bench import BenchConfig, loader_bench
+from tandem.bench import BenchConfig
 from tandem.bench.distributed import distributed_phase, worker_main
 from tandem.bench.entry import Entry
 from tandem.cli.common import config_from_args
 from tandem.cli.main import build_parser, main
-from tandem.distributed import launch
+from tandem.distributed import torchrun
 from tandem.errors import UsageError
 
 
@@ -94,13 +94,13 @@ def test_data_counts_passes_with_the_loader_benchs_defaults(monkeypatch, tmp_pat
         seen.update(kwargs, data=data)
         raise _Stop
 
-    monkeypatch.setattr(loader_bench, "run_loader_bench", spy)
+    monkeypatch.setattr("tandem.cli.bench.run_loader_bench", spy)  # where the CLI took it
     with pytest.raises(_Stop):
         main(["bench", "--data", str(tmp_path), *argv])
     assert seen == {"data": str(tmp_path), "workers": 0, "batch_size": 64, "seed": 0, **passes}
 
 
-# -- the torchrun phase goes through tandem.distributed.launch ------------------------------
+# -- the torchrun phase goes through tandem.distributed.torchrun ------------------------------
 
 def _config(**kw) -> BenchConfig:
     return BenchConfig(arch="cifar_resnet20", strategies="single,ddp", devices="cpu:2",
@@ -108,22 +108,22 @@ def _config(**kw) -> BenchConfig:
 
 
 def _spy_launcher(monkeypatch, returncode=0, stderr="", write=True, expire=False) -> list:
-    """Replace launch.run_captured; it records its calls and acts as torchrun would have."""
+    """Replace torchrun.run_captured; it records its calls and acts as torchrun would have."""
     calls = []
 
     def run_captured(spec, timeout=None):
         calls.append((spec, timeout))
         if expire:
-            raise subprocess.TimeoutExpired(launch.torchrun_argv(spec), timeout)
+            raise subprocess.TimeoutExpired(torchrun.torchrun_argv(spec), timeout)
         command = spec.command
         if write:
             with open(command[command.index("--contestants") + 1]) as f:
                 names = [Entry.from_json(data).name for data in json.load(f)]
             with open(command[command.index("--out") + 1], "w") as f:
                 json.dump([{"name": n, "status": "ok"} for n in names], f)
-        return subprocess.CompletedProcess(launch.torchrun_argv(spec), returncode, "", stderr)
+        return subprocess.CompletedProcess(torchrun.torchrun_argv(spec), returncode, "", stderr)
 
-    monkeypatch.setattr(launch, "run_captured", run_captured)
+    monkeypatch.setattr(torchrun, "run_captured", run_captured)
     return calls
 
 
@@ -133,7 +133,7 @@ def test_the_torchrun_phase_runs_through_launch_run_captured(monkeypatch):
     [(spec, timeout)] = calls
     assert timeout == 7 and spec.nproc_per_node == 2 and spec.max_restarts == 0
     assert spec.extra_env == {"OMP_NUM_THREADS": "1"}
-    argv = launch.torchrun_argv(spec)
+    argv = torchrun.torchrun_argv(spec)
     assert argv[argv.index("-m") + 1:argv.index("-m") + 3] == ["tandem.bench.distributed",
                                                                "--config"]
     assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"

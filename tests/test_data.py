@@ -5,9 +5,9 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from tandem.data import (DatasetInfo, batches_per_epoch, epoch_order, load_dataset, make_loader,
-                         shard_sizes)
-from tandem.data.base import stratified_split
+from tandem.data import DatasetInfo, batches_per_epoch, epoch_order, load_dataset, make_loader
+from tandem.data.dataset import stratified_split
+from tandem.parallel.shares import shares
 from tandem.data.digits import SPLIT_SEED, VAL_FRACTION
 
 
@@ -197,6 +197,8 @@ def test_digits_upsampled(digits):
 # -- make_loader -----------------------------------------------------------------------------
 
 def test_shard_sizes():
+    def shard_sizes(batch, world):
+        return shares(batch, [1] * world)  # the loader's rule
     assert shard_sizes(10, 4) == [3, 3, 2, 2]
     assert shard_sizes(9, 4) == [3, 2, 2, 2]  # never empty while batch >= world size
     assert shard_sizes(2, 4) == [1, 1, 0, 0]
@@ -238,7 +240,7 @@ def test_rank_shards_rebuild_the_global_batches(world, n, batch):
         assert len(per_rank[r]) == len(ref) == len(loader)
     for step, (x, y) in enumerate(ref):
         shards = [per_rank[r][step] for r in range(world)]
-        assert [len(s[1]) for s in shards] == shard_sizes(len(y), world)
+        assert [len(s[1]) for s in shards] == shares(len(y), [1] * world)
         assert torch.equal(torch.cat([s[0] for s in shards]), x)  # contiguous, in rank order
         assert torch.equal(torch.cat([s[1] for s in shards]), y)
         for sx, sy in shards:  # empty shards still have the right shape and dtype

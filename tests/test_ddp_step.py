@@ -60,9 +60,9 @@ def _criterion(kind: str) -> nn.Module:
 
 
 def _shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    from tandem.data.loader import shard_sizes  # the loader's own split rule
+    from tandem.parallel.shares import shares  # the loader's own split rule
 
-    return t.split(shard_sizes(t.shape[0], world))[rank]
+    return t.split(shares(t.shape[0], [1] * world))[rank]
 
 
 def _batches(sizes):

@@ -19,6 +19,7 @@ from tandem.data import device_decode
 from tandem.data.device_decode import (DeviceDecoded, DeviceDecoder, decode_on, host_decode,
                                        nvjpeg_decode, resample, resolve_decode)
 from tandem.data.encoded import Encoded, collate_encoded
+from tandem.cli.common import error_line
 from tandem.errors import UsageError
 from tandem.train import build as run_module
 
@@ -359,9 +360,9 @@ def test_a_decode_that_cannot_run_is_found_before_the_run(folder, monkeypatch, m
 
     with caplog.at_level(logging.INFO, logger="tandem.data"):
         if mode == "gpu":
-            with pytest.raises(UsageError, match=r"^--decode gpu: torchvision could not decode "
+            with pytest.raises(UsageError, match=r"^decode gpu: torchvision could not decode "
                                                  r"a JPEG on cpu \(.*nvJPEG support\); use "
-                                                 r"--decode cpu$"):
+                                                 r"decode cpu$"):
                 device_decode.decode_on(data, mode, torch.device("cpu"), broken)
         else:
             assert device_decode.decode_on(data, mode, torch.device("cpu"), broken) is data
@@ -380,14 +381,16 @@ def test_a_decode_that_cannot_run_is_found_before_the_run(folder, monkeypatch, m
 def test_decode_resolves_to_the_cpu_without_cuda_and_says_what_gpu_needs(monkeypatch):
     assert resolve_decode("cpu", torch.device("cuda")) == ("cpu", None)
     assert resolve_decode("auto", torch.device("cpu")) == ("cpu", None)
-    with pytest.raises(UsageError, match=r"^--decode gpu needs a CUDA device, and this run's "
-                                         r"is cpu \(use --decode cpu or auto\)$"):
+    with pytest.raises(UsageError, match=r"^decode gpu needs a CUDA device, and this run's "
+                                         r"is cpu \(use decode cpu or auto\)$") as caught:
         resolve_decode("gpu", torch.device("cpu"))
+    assert error_line(caught.value) == ("--decode gpu needs a CUDA device, and this run's is "
+                                        "cpu (use --decode cpu or auto)")  # the CLI's words
     found = {"torchvision": None}
     monkeypatch.setattr("importlib.util.find_spec", lambda name: found.get(name, "spec"))
     choice, notice = resolve_decode("auto", torch.device("cuda"))
     assert choice == "cpu" and "\n" not in notice and "torchvision" in notice
-    with pytest.raises(UsageError, match="^--decode gpu needs torchvision"):
+    with pytest.raises(UsageError, match="^decode gpu needs torchvision"):
         resolve_decode("gpu", torch.device("cuda:0"))
     found.clear()
     assert resolve_decode("auto", torch.device("cuda")) == ("gpu", None)

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from tandem.cli.common import error_line
 from tandem.parallel.devices import parse_device_spec, resolve_devices, as_device
 
 
@@ -31,10 +32,11 @@ def test_cuda_ordinal_without_cuda():
 
 @pytest.mark.parametrize("flag,n", [("cpu", 1), ("cpu:3", 3), ("CPU:2", 2)])
 def test_flag(flag, n):
-    assert parse_device_spec(flag, "--devices") == [torch.device("cpu")] * n
+    assert parse_device_spec(flag, "devices") == [torch.device("cpu")] * n
 
 
 @pytest.mark.parametrize("flag", ["cpu:0", "cpu:x", "tpu", "cuda:a"])
 def test_bad_flag(flag):
-    with pytest.raises(ValueError, match="bad --devices"):
-        parse_device_spec(flag, "--devices")
+    with pytest.raises(ValueError, match="^bad devices ") as caught:
+        parse_device_spec(flag, "devices")
+    assert error_line(caught.value).startswith("bad --devices ")  # the CLI's words

@@ -13,7 +13,7 @@ from tandem.distributed.env import (DEFAULT_TIMEOUT, LAUNCH_ID_VAR, DistEnv, dis
                                     in_torchrun, launch_id, read_env)
 from child_hooks.faults import maybe_inject_fault, parse_fault
 from tandem.distributed.global_loss import local_sum
-from tandem.distributed.launch import LaunchSpec, check_port_free, torchrun_argv
+from tandem.distributed.torchrun import LaunchSpec, check_port_free, torchrun_argv
 from tandem.distributed.process_group import backend_for, pick_device
 
 ENV = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
@@ -79,7 +79,7 @@ def test_pick_device_takes_entry_local_rank_of_an_accelerator_list():
     # torch.device("cuda", i) can be built without CUDA; pick_device does not touch the GPU.
     gpus = [torch.device("cuda", i) for i in (2, 3)]
     assert pick_device(read_env(ENV), gpus) == torch.device("cuda", 3)
-    with pytest.raises(ValueError, match="LOCAL_RANK=1 but --devices lists only 1"):
+    with pytest.raises(ValueError, match="LOCAL_RANK=1 but devices lists only 1"):
         pick_device(read_env(ENV), gpus[:1])
     one = read_env({**ENV, "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
     assert pick_device(one, [torch.device("cuda", 5)]) == torch.device("cuda", 5)
@@ -380,14 +380,14 @@ def test_the_route_to_a_loopback_master_is_the_loopback_interface_and_a_bad_ifac
 
     route = route_to("127.0.0.1")  # a UDP connect: nothing is sent
     assert route.iface == "lo" and is_loopback(route.local) and is_loopback(route.remote)
-    with pytest.raises(ValueError, match=r"^--iface nosuch0: no such interface .* \(it has: "):
+    with pytest.raises(ValueError, match=r"^iface nosuch0: no such interface .* \(it has: "):
         route_to("127.0.0.1", "nosuch0")
     with pytest.raises(ValueError, match="cannot resolve the master address 'no.such.host.'"):
         route_to("no.such.host.")
 
 
 def test_the_command_to_continue_names_each_node_s_flags(monkeypatch):
-    from tandem.distributed.launch import LaunchSpec
+    from tandem.distributed.torchrun import LaunchSpec
     from tandem.distributed.resume_command import resume_command_here
 
     spec = LaunchSpec(nproc_per_node=2, command=["train"], nnodes="2", node_rank=1,
@@ -462,3 +462,22 @@ def test_watchdog_names_a_silent_rank_and_a_lagging_one(monkeypatch, capsys):
     assert "rank 0 (node 0, 192.0.2.1): step 5 has waited" in err
     assert "rank 1 (node 1, 192.0.2.2), at step 3" in err and "rank 2 (node 1, 192.0.2.2), at " \
         "step 3" in err
+
+
+def test_the_environment_is_read_once_into_a_frozen_copy(monkeypatch):
+    from tandem.distributed.env import (Environment, address_of, launch_described, node_of,
+                                        torchrun_run_id)
+
+    monkeypatch.setenv("TANDEM_NODE_RANK", "3")
+    held = Environment.read()
+    monkeypatch.setenv("TANDEM_NODE_RANK", "5")  # after the reading: the copy keeps 3
+    assert node_of(held) == "3" and node_of() == "5"
+    with pytest.raises(TypeError):
+        held.values["TANDEM_NODE_RANK"] = "7"  # frozen
+    given = Environment({"RANK": "1", "WORLD_SIZE": "2", "GROUP_RANK": "1",
+                         "TANDEM_NODE_ADDR": "10.0.0.2", "TORCHELASTIC_RUN_ID": "r1",
+                         "TANDEM_LAUNCH": '{"nproc_per_node": 2, "nnodes": "2"}'})
+    assert (node_of(given), address_of(given), torchrun_run_id(given)) == ("1", "10.0.0.2", "r1")
+    assert launch_described(given) == {"nproc_per_node": 2, "nnodes": "2"}
+    assert torchrun_run_id(Environment({"TORCHELASTIC_RUN_ID": "r1"})) is None  # no torchrun
+    assert launch_described(Environment({"TANDEM_LAUNCH": "not json"})) is None

@@ -114,9 +114,33 @@ def test_zero_grad_in_a_replica_warns_and_keeps_the_real_gradients(n):
     out.square().sum().backward()
     reference(x2).square().sum().backward()
     _assert_all_close(_grads(model), _grads(reference))
-    assert all("zero_grad" not in m.__dict__ for m in model.modules())  # gone after the call
-    model.zero_grad()  # outside a parallel call it works as usual
+    guards = [m.__dict__["zero_grad"] for m in model.modules()]  # installed once, not per call
+    wrapped.eval()
+    with pytest.warns(UserWarning, match="no effect"):
+        wrapped(x1)
+    assert [m.__dict__["zero_grad"] for m in model.modules()] == guards
+    model.b.zero_grad(set_to_none=False)  # outside a parallel call it works as usual
+    assert all(not p.grad.any() for p in model.b.parameters())
+    model.zero_grad()
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_zero_grad_guard_follows_copies_and_pickles():
+    """A deep copy's guard clears the copy's gradients, never the original's; a pickled module
+    keeps a working guard."""
+    import pickle
+
+    model = ZeroGradInForward()
+    model.clear = False
+    DataParallel(model, ["cpu"] * 2)(torch.randn(4, 4)).sum().backward()
+    twin = copy.deepcopy(model)
+    twin.zero_grad()
+    assert all(p.grad is None for p in twin.parameters())
+    assert all(p.grad is not None for p in model.parameters())  # the original kept its own
+    again = pickle.loads(pickle.dumps(model))
+    again.zero_grad()
+    assert all(p.grad is None for p in again.parameters())
+    assert all(p.grad is not None for p in model.parameters())
 
 
 # -- 3. no inputs --------------------------------------------------------------------------------
@@ -242,7 +266,7 @@ class CopiedDP(DataParallel):
     def __init__(self, *args, **kw):
         super().__init__(*args, backward_threads=False, **kw)
 
-    def replicate(self, module, device_ids):
+    def replicate(self, module, device_ids, *chunks):
         replicas = replicate(module, device_ids, share_params=False)
         self.copies = [r for r in replicas if r is not module]  # the last forward's copies
         return replicas

@@ -129,7 +129,8 @@ def test_no_val_data_and_own_criterion(tmp_path):
 @pytest.mark.parametrize("settings, line", [
     (dict(epoch=3), "tandem.fit() got an unknown setting 'epoch': did you mean epochs?"),
     (dict(batch_size="8"), "bad batch_size '8': must be int"),
-    (dict(batch_size=0), "bad --batch-size 0: must be >= 1"),
+    (dict(batch_size=0), "bad batch_size 0: must be >= 1"),  # the parameter, not --batch-size
+    (dict(lr=-1), "bad lr -1: must be > 0"),
     (dict(strategy="nope"), "unknown strategy 'nope'"),
     (dict(arch="cifar_resnet20"), "tandem.fit() got a model and arch=: give one of them"),
     (dict(augment="standard"), "augment 'standard' applies to tandem's own data sets"),

@@ -18,7 +18,8 @@ import torch
 
 from conftest import make_image_folder, run_in_process
 from tandem import checkpoint
-from tandem.checkpoint.compat import final_layer, foreign_scheduler, strip_wrappers
+from tandem.checkpoint.compat import final_layer, foreign_scheduler
+from tandem.state_keys import strip_wrappers
 from tandem.config import TrainConfig
 from tandem.train.loop import Trainer
 from tandem.train.plan import plan_train

@@ -256,9 +256,9 @@ def test_sigkill_of_rank0_keeps_last_checkpoint_and_every_rank_resumes(tmp_path)
 
 @pytest.mark.slow
 def test_run_captured_runs_a_module_on_every_worker_and_returns_its_output(tmp_path):
-    """The bench's way in (tandem.distributed.launch.run_captured): torchrun in a child, its
+    """The bench's way in (tandem.distributed.torchrun.run_captured): torchrun in a child, its
     workers' output captured, ``extra_env`` added to what this process has."""
-    from tandem.distributed.launch import LaunchSpec, run_captured
+    from tandem.distributed.torchrun import LaunchSpec, run_captured
 
     # One write per worker: the two share torchrun's pipe, and print()'s pieces, unbuffered,
     # interleaved there ("rank 0rank 2  yes1 ...") once in a few runs.
@@ -323,7 +323,7 @@ def test_a_signal_that_breaks_torchruns_own_bookkeeping_is_still_one_line(monkey
     Negative control: the same failure with no signal behind it is raised as it is."""
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from tandem.distributed.launch import LaunchSpec, launch
+    from tandem.distributed.torchrun import LaunchSpec, launch
 
     spec = LaunchSpec(nproc_per_node=1, command=["train", "--strategy", "ddp"])
     monkeypatch.setenv("TANDEM_LAUNCH_ID", "x")  # launch() sets it when unset

@@ -52,7 +52,7 @@ def test_dataparallel_checkpoint_is_a_source(tmp_path, weights):
 
 def test_other_mismatches_are_one_line_errors(tmp_path, weights):
     path, state = weights
-    with pytest.raises(PretrainedError, match="does not fit --arch cifar_resnet32: .*missing"):
+    with pytest.raises(PretrainedError, match="does not fit arch cifar_resnet32: .*missing"):
         load_pretrained(create_model("cifar_resnet32"), str(path), "cifar_resnet32")
     bad = dict(state, **{"conv1.weight": torch.zeros(16, 3, 5, 5)})
     torch.save(bad, tmp_path / "bad.pth")

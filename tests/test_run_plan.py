@@ -69,10 +69,10 @@ def test_the_same_command_into_a_new_directory_reaches_data_and_launch(tmp_path,
 
 
 @pytest.mark.parametrize("section, values, message", [
-    ("parallel", {"amp": True, "amp_dtype": "fp16"}, "--amp-dtype fp16 is for CUDA"),
+    ("parallel", {"amp": True, "amp_dtype": "fp16"}, "amp_dtype fp16 is for CUDA"),
     ("parallel", {"compile": True, "strategy": "dp", "devices": "cpu:2"},
-     "--compile does not work with --strategy dp"),
-    ("parallel", {"devices": "tpu:3"}, "--devices"),
+     "compile does not work with strategy dp"),
+    ("parallel", {"devices": "tpu:3"}, "bad devices 'tpu:3'"),
     ("run", {"out": "FILE"}, "is an existing file, not a directory"),
 ])
 def test_impossible_combinations_are_refused_by_the_plan(tmp_path, spies, section, values,

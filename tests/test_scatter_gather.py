@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tandem.parallel import gather, scatter, scatter_kwargs
-from tandem.parallel.scatter_gather import chunk_sizes
+from tandem.parallel.shares import shares
 from tandem.parallel.traffic import TrafficMeter
 
 Pair = collections.namedtuple("Pair", "left right")
@@ -98,7 +98,34 @@ def test_gather_scatter_round_trip(data, batch, num_devices):
     (10, 4, [3, 3, 2, 2]), (2, 4, [1, 1]), (5, 1, [5]), (4, 4, [1, 1, 1, 1]), (0, 3, [0]),
 ])
 def test_chunk_sizes_are_balanced_and_never_empty(batch, devices, sizes):
-    assert chunk_sizes(batch, devices) == sizes
+    parts = scatter(torch.arange(batch), ["cpu"] * devices)
+    assert [len(p) for p in parts] == sizes
+
+
+def _old_chunk_sizes(batch: int, num_devices: int) -> list[int]:
+    """scatter_gather.chunk_sizes as it was before shares() became the one divider."""
+    if batch <= 0:
+        return [0]
+    n = min(batch, num_devices)
+    base, extra = divmod(batch, n)
+    return [base + 1] * extra + [base] * (n - extra)
+
+
+def _old_shard_sizes(batch: int, world_size: int) -> list[int]:
+    """data.loader.shard_sizes as it was."""
+    base, extra = divmod(batch, world_size)
+    return [base + (1 if r < extra else 0) for r in range(world_size)]
+
+
+def test_equal_shares_are_the_old_balanced_cuts_bit_for_bit():
+    """shares(b, [1] * n) replaced both balanced dividers: the same lists for every batch, uneven
+    ones and batches smaller than the device count included."""
+    for batch in range(0, 300):
+        for n in range(1, 17):
+            assert shares(batch, [1] * n) == _old_shard_sizes(batch, n), (batch, n)
+            used = max(1, min(batch, n))  # what scatter keeps: no empty chunk
+            assert shares(batch, [1] * used) == _old_chunk_sizes(batch, n), (batch, n)
+    assert shares(7, [1] * 3) != shares(7, [1, 2, 1])  # control: the weights matter
 
 
 def test_small_batch_uses_fewer_replicas():

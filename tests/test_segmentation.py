@@ -256,13 +256,13 @@ def test_the_example_s_factories_under_launch_then_eval(tmp_path, monkeypatch):
 
 # -- ddp: 2 gloo processes (this file is their worker program) --------------------------------
 def worker_main(out_dir: str) -> None:
-    from tandem.data.loader import shard_sizes
+    from tandem.parallel.shares import shares
     from tandem.strategies.ddp import DDPStrategy
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
     def shard(t):
-        return t.split(shard_sizes(t.shape[0], world))[rank]
+        return t.split(shares(t.shape[0], [1] * world))[rank]
 
     with DDPStrategy([CPU], sync_bn=True) as strategy:
         losses, grads, state = _train(strategy, shard=shard)

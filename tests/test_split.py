@@ -19,10 +19,11 @@ from ddp_runs import launch_runs, outputs
 from exact import check_invariance, same_bits
 from torch import nn
 
+from tandem.cli.common import error_line
 from tandem.errors import UsageError
 from tandem.parallel import (DataParallel, DataParallelCriterion, DataParallelModel,
                              convert_sync_batchnorm)
-from tandem.parallel.split import (AutoSplit, BatchSplit, capped, check_max_share,
+from tandem.parallel.split import (AutoSplit, BatchSplit, capped, check_max_share, clock_from_spec,
                                    parse_split, shares)
 
 CPU = "cpu"
@@ -123,9 +124,9 @@ def test_auto_converges_to_the_speed_ratio():
 
 
 def test_auto_follows_a_handicap_through_data_parallel(monkeypatch):
-    monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "3,1")  # replica 0 takes 3x as long per sample
-    net = nn.Linear(4, 3)
-    dp = DataParallel(net, [CPU, CPU], split="auto")
+    monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "1,3")  # read by the callers, never by the engine
+    net = nn.Linear(4, 3)  # replica 0 takes 3x as long per sample:
+    dp = DataParallel(net, [CPU, CPU], split="auto", split_clock=clock_from_spec("3,1"))
     seen = []
     for _ in range(4):
         dp(torch.randn(16, 4))
@@ -530,8 +531,9 @@ def test_bench_races_equal_auto_and_ideal_splits(monkeypatch):
 def test_bad_handicap_is_one_usage_error(handicap):
     from tandem.bench import BenchConfig
 
-    with pytest.raises(UsageError, match="--handicap"):
+    with pytest.raises(UsageError, match="^bad handicap ") as caught:
         BenchConfig(arch="cifar_resnet20", devices="cpu:2", handicap=handicap)
+    assert error_line(caught.value).startswith("bad --handicap ")  # the CLI's words
 
 
 @pytest.mark.parametrize("name, split", [("dp", (3, 1)), ("balanced", (1, 0, 2)),

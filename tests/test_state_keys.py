@@ -87,3 +87,19 @@ def test_compiled_and_data_parallel_wrapped_state_dict_round_trip(order):
     plain = _model(seed=2)
     plain.load_state_dict(target.state_dict())  # strict, into an unwrapped model
     _same_state(plain.state_dict(), model.state_dict())
+
+
+def test_strip_wrappers_front_only_leaves_a_models_own_module_paths():
+    """nested=False (a model's own state, model_state) strips only what every key starts with;
+    the reader of others' files (nested=True) also strips a wrapped submodule's path."""
+    from tandem.state_keys import strip_wrappers
+
+    alexnet = {"features.module.0.weight": 1, "classifier.1.weight": 2}
+    assert strip_wrappers(alexnet, nested=False) is alexnet
+    assert list(strip_wrappers(alexnet)) == ["features.0.weight", "classifier.1.weight"]
+    partly = {"module.module.a": 1, "b": 2}  # not every key is wrapped at the front
+    assert list(strip_wrappers(partly, nested=False)) == ["module.module.a", "b"]
+    assert list(strip_wrappers(partly)) == ["module.a", "b"]
+    twice = {"module.module.a": 1, "module.module.b": 2}
+    assert list(strip_wrappers(twice, nested=False)) == ["a", "b"] == list(strip_wrappers(twice))
+    assert strip_wrappers({}, nested=False) == {}

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from tandem.cli.common import error_line
 from tandem.cli.main import build_parser
 from tandem.cli.train import config_from_namespace
 from tandem.config import OptimConfig, TrainConfig
@@ -59,9 +60,12 @@ def test_parsing_does_not_mutate_args():
     (["--image-size", "0"], "--image-size"),
 ])
 def test_bad_values_are_one_line_value_errors_naming_the_flag(argv, flag):
+    """The command line's line names the flag; the library's message the parameter."""
     with pytest.raises(ValueError) as info:
         parse(*argv)
-    assert flag in str(info.value) and "\n" not in str(info.value)
+    line = error_line(info.value)
+    assert flag in line and "\n" not in line
+    assert f"bad {flag[2:].replace('-', '_')} " in str(info.value), str(info.value)
 
 
 def test_help_lists_every_field(capsys):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from tandem.data.device_decode import DECODE_MODES
 from tandem.data.load import AUGMENT_CHOICES
-from tandem.errors import UsageError
+from tandem.errors import TandemError, UsageError, param
 from tandem.suggest import did_you_mean
 from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choice, check_type,
                                   flag_of, opt)
@@ -22,14 +22,14 @@ from tandem.config_parallel import DTYPES, ParallelConfig
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
     "SCHEDULES", "DTYPES", "FIXED", "MAY_CHANGE", "PER_CALL",
-    "flag_of", "opt", "NO_WEIGHTS_FILE", "SECTIONS",
+    "flag_of", "flag_for", "flagged", "opt", "NO_WEIGHTS_FILE", "SECTIONS",
 ]
 
 SCHEDULES = ("cosine", "step", "constant")
 
-NO_WEIGHTS_FILE = ("--pretrained needs a FILE: tandem never downloads weights; save a "
-                    "torchvision state dict (e.g. resnet18-f37072fd.pth) or a checkpoint and "
-                    "pass --pretrained FILE (alias --weights FILE)")
+NO_WEIGHTS_FILE = (f"{param('pretrained')} needs a FILE: tandem never downloads weights; save "
+                   "a torchvision state dict (e.g. resnet18-f37072fd.pth) or a checkpoint and "
+                   f"pass {param('pretrained')} FILE (alias --weights FILE)")
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,12 @@ class ModelConfig:
                                   "(default: classifier, else fc)", metavar="ATTR")
 
     def __post_init__(self):
-        check(bool(self.arch), "--arch must not be empty")
+        check(bool(self.arch), f"{param('arch')} must not be empty")
         check(self.pretrained != "", NO_WEIGHTS_FILE)
         check(self.dropout is None or 0.0 <= self.dropout < 1.0,
-               f"bad --dropout {self.dropout}: must be in [0, 1)")
-        check(self.output_key != "", "--output-key must not be empty")
-        check(self.hybrid_head != "", "--hybrid-head must not be empty")
+               f"bad {param('dropout')} {self.dropout}: must be in [0, 1)")
+        check(self.output_key != "", f"{param('output_key')} must not be empty")
+        check(self.hybrid_head != "", f"{param('hybrid_head')} must not be empty")
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,14 @@ class DataConfig:
                       "else cpu)", choices=DECODE_MODES, on_resume=MAY_CHANGE)
 
     def __post_init__(self):
-        check(bool(self.data), "--data must not be empty")
-        check_choice(self.augment, AUGMENT_CHOICES, "--augment")
+        check(bool(self.data), f"{param('data')} must not be empty")
+        check_choice(self.augment, AUGMENT_CHOICES, "augment")
         for name in ("image_size", "num_classes", "synthetic_size"):
             value = getattr(self, name)
             check(value is None or value >= 1,
-                   f"bad --{name.replace('_', '-')} {value}: must be >= 1")
-        check(self.workers >= 0, f"bad --workers {self.workers}: must be >= 0")
-        check_choice(self.decode, DECODE_MODES, "--decode")
+                   f"bad {param(name)} {value}: must be >= 1")
+        check(self.workers >= 0, f"bad {param('workers')} {self.workers}: must be >= 0")
+        check_choice(self.decode, DECODE_MODES, "decode")
 
 
 @dataclass(frozen=True)
@@ -126,23 +126,25 @@ class OptimConfig:
                                 on_resume=PER_CALL)
 
     def __post_init__(self):
-        check(self.epochs >= 1, f"bad --epochs {self.epochs}: must be >= 1")
-        check(self.batch_size >= 1, f"bad --batch-size {self.batch_size}: must be >= 1")
-        check(self.lr > 0, f"bad --lr {self.lr}: must be > 0")
-        check(0 <= self.momentum < 1, f"bad --momentum {self.momentum}: must be in [0, 1) "
+        check(self.epochs >= 1, f"bad {param('epochs')} {self.epochs}: must be >= 1")
+        check(self.batch_size >= 1, f"bad {param('batch_size')} {self.batch_size}: must be >= 1")
+        check(self.lr > 0, f"bad {param('lr')} {self.lr}: must be > 0")
+        check(0 <= self.momentum < 1, f"bad {param('momentum')} {self.momentum}: must be in [0, 1) "
                f"(e.g. 0.9; at 1 or more the steps never decay)")
-        check(self.weight_decay >= 0, f"bad --weight-decay {self.weight_decay}: must be >= 0")
+        check(self.weight_decay >= 0,
+              f"bad {param('weight_decay')} {self.weight_decay}: must be >= 0")
         check(not self.nesterov or self.momentum > 0,
-               f"--nesterov needs a --momentum above 0, not {self.momentum}")
-        check_choice(self.lr_schedule, SCHEDULES, "--lr-schedule")
-        check(self.lr_step > 0, f"bad --lr-step {self.lr_step}: must be > 0")
-        check(self.lr_gamma > 0, f"bad --lr-gamma {self.lr_gamma}: must be > 0")
-        check(self.warmup_epochs >= 0, f"bad --warmup-epochs {self.warmup_epochs}: must be >= 0")
+               f"{param('nesterov')} needs a {param('momentum')} above 0, not {self.momentum}")
+        check_choice(self.lr_schedule, SCHEDULES, "lr_schedule")
+        check(self.lr_step > 0, f"bad {param('lr_step')} {self.lr_step}: must be > 0")
+        check(self.lr_gamma > 0, f"bad {param('lr_gamma')} {self.lr_gamma}: must be > 0")
+        check(self.warmup_epochs >= 0,
+              f"bad {param('warmup_epochs')} {self.warmup_epochs}: must be >= 0")
         check(0.0 <= self.label_smoothing < 1.0,
-               f"bad --label-smoothing {self.label_smoothing}: must be in [0, 1)")
-        check(self.accum_steps >= 1, f"bad --accum-steps {self.accum_steps}: must be >= 1")
+               f"bad {param('label_smoothing')} {self.label_smoothing}: must be in [0, 1)")
+        check(self.accum_steps >= 1, f"bad {param('accum_steps')} {self.accum_steps}: must be >= 1")
         check(self.max_steps is None or self.max_steps >= 1,
-               f"bad --max-steps {self.max_steps}: must be >= 1")
+               f"bad {param('max_steps')} {self.max_steps}: must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -167,14 +169,34 @@ class RunConfig:
                           "-p", "--print-freq", metavar="N", on_resume=MAY_CHANGE)
 
     def __post_init__(self):
-        check(bool(self.out), "--out must not be empty")
-        check(self.print_freq >= 0, f"bad --print-freq {self.print_freq}: must be >= 0")
+        check(bool(self.out), f"{param('out')} must not be empty")
+        check(self.print_freq >= 0, f"bad {param('print_freq')} {self.print_freq}: must be >= 0")
         check(self.save_every is None or self.save_every >= 1,
-               f"bad --save-every {self.save_every}: must be >= 1")
+               f"bad {param('save_every')} {self.save_every}: must be >= 1")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
             "parallel": ParallelConfig, "run": RunConfig}
+
+
+def flag_for(name: str) -> str:
+    """The flag that names parameter ``name`` on the command line: a training config field's
+    long flag spelt like the field (``--weight-decay``, not ``--wd``; ``--lr``, not
+    ``--learning-rate``), else its first long flag; any other parameter (``tandem launch``'s,
+    ``tandem bench``'s) the flag its name makes (``nproc_per_node``: ``--nproc-per-node``)."""
+    own = "--" + name.replace("_", "-")
+    for section in SECTIONS.values():
+        for f in dataclasses.fields(section):
+            if f.name == name:
+                flags = [flag for flag in flag_of(f) if flag.startswith("--")]
+                return own if own in flags else flags[0]
+    return own
+
+
+def flagged(exc: BaseException) -> str:
+    """``exc``'s message as the command line says it: each parameter it names by its flag
+    (:func:`flag_for`); another exception's message as it is."""
+    return exc.worded(flag_for) if isinstance(exc, TandemError) else str(exc)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import typing
 from dataclasses import field
 from typing import Any, Callable
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
 __all__ = ["FIXED", "MAY_CHANGE", "PER_CALL", "opt", "flag_of", "check", "check_choice",
            "check_type"]
@@ -47,8 +47,9 @@ def check(ok: bool, message: str) -> None:
         raise UsageError(message)
 
 
-def check_choice(value: str, choices: tuple, flag: str) -> None:
-    check(value in choices, f"bad {flag} {value!r}: choose one of {', '.join(choices)}")
+def check_choice(value: str, choices: tuple, name: str) -> None:
+    """Refuse ``value`` of parameter ``name`` unless it is one of ``choices``."""
+    check(value in choices, f"bad {param(name)} {value!r}: choose one of {', '.join(choices)}")
 
 
 def check_type(section, name: str, value) -> None:
@@ -60,5 +61,5 @@ def check_type(section, name: str, value) -> None:
     ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
     if not ok and float in allowed:
         ok = isinstance(value, int) and not isinstance(value, bool)
-    check(ok, f"bad {name} {value!r}: must be {' or '.join(t.__name__ for t in allowed)}"
+    check(ok, f"bad {param(name)} {value!r}: must be {' or '.join(t.__name__ for t in allowed)}"
               f"{' or None' if type(None) in typing.get_args(hint) else ''}")

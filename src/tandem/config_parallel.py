@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tandem.config_fields import MAY_CHANGE, check, check_choice, opt
+from tandem.errors import param
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.split import parse_split
 from tandem.precision import AMP_DTYPES
@@ -73,29 +74,32 @@ class ParallelConfig:
                                 metavar="N", on_resume=MAY_CHANGE)
     # Like --compile, the backward's threads change how a step runs and its last bits only.
     backward_threads: str | None = opt(None, "strategies with replica threads: on runs each CPU "
-                                       "replica's backward in its own thread, off all in autograd's one "
-                                       "(default: on when the replicas' threads add cores or "
-                                       "with --split; decided when the run starts, kept in "
-                                       "config.json and on resume)", choices=("on", "off"),
+                                             "replica's backward in its own thread, off all in "
+                                             "autograd's one (default: on when the replicas' "
+                                             "threads add cores or with --split; decided when the "
+                                             "run starts, kept in "
+                                             "config.json and on resume)", choices=("on", "off"),
                                        on_resume=MAY_CHANGE)
 
     def __post_init__(self):
-        check(bool(self.strategy), "--strategy must not be empty")
+        check(bool(self.strategy), f"{param('strategy')} must not be empty")
         if self.backward_threads is not None:
-            check_choice(self.backward_threads, ("on", "off"), "--backward-threads")
-        check_choice(self.buffers, POLICIES, "--buffers")
-        check_choice(self.dtype, DTYPES, "--dtype")
+            check_choice(self.backward_threads, ("on", "off"), "backward_threads")
+        check_choice(self.buffers, POLICIES, "buffers")
+        check_choice(self.dtype, DTYPES, "dtype")
         check(not (self.amp and self.dtype != "float32"),
-               f"--amp mixes bf16/fp16 into float32 work; it cannot run with --dtype {self.dtype}")
+               f"{param('amp')} mixes bf16/fp16 into float32 work; it cannot run with "
+               f"{param('dtype')} {self.dtype}")
         if self.amp_dtype is not None:
-            check_choice(self.amp_dtype, AMP_DTYPES, "--amp-dtype")
-            check(self.amp, f"--amp-dtype {self.amp_dtype} needs --amp")
+            check_choice(self.amp_dtype, AMP_DTYPES, "amp_dtype")
+            check(self.amp, f"{param('amp_dtype')} {self.amp_dtype} needs {param('amp')}")
         if self.split is not None:
             parse_split(self.split)
         check(self.auto_steps is None or self.auto_steps >= 1,
-              f"bad --auto-steps {self.auto_steps}: must be >= 1")
+              f"bad {param('auto_steps')} {self.auto_steps}: must be >= 1")
         check(self.max_share is None or self.max_share >= 1,
-               f"bad --max-share {self.max_share}: must be >= 1")
+               f"bad {param('max_share')} {self.max_share}: must be >= 1")
         if self.compile_mode is not None:
-            check_choice(self.compile_mode, COMPILE_MODES, "--compile-mode")
-            check(self.compile, f"--compile-mode {self.compile_mode} needs --compile")
+            check_choice(self.compile_mode, COMPILE_MODES, "compile_mode")
+            check(self.compile, f"{param('compile_mode')} {self.compile_mode} needs "
+                                f"{param('compile')}")

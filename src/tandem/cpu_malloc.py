@@ -13,7 +13,8 @@ behaviour; where the C library is not glibc nothing changes.
 from __future__ import annotations
 
 import ctypes
-import os
+
+from tandem.distributed.env import malloc_left_alone
 
 __all__ = ["tune", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
@@ -29,7 +30,7 @@ def tune() -> bool:
     if _done is not None:
         return _done
     _done = False
-    if os.environ.get("TANDEM_MALLOC", "").strip().lower() == "default":
+    if malloc_left_alone():
         return False
     try:
         libc = ctypes.CDLL(None)  # the symbols already loaded: the C library's among them

@@ -1,12 +1,32 @@
 """tandem's own errors: mistakes in what it was given, reported by the CLI as one line.
 
-Each also derives from the built-in error a caller expects (``ValueError``, ...).
+Each also derives from the built-in error a caller expects (``ValueError``, ...). A message
+names a parameter (a config field, a keyword) through :func:`param`: the library's message
+says the parameter's name (``bad lr -1: must be > 0``), and the command line renders the
+same error with the parameter's flag (``bad --lr -1``; :meth:`TandemError.worded`).
 """
 
 from __future__ import annotations
 
+import re
+from typing import Callable
+
 __all__ = ["TandemError", "UsageError", "MissingFileError", "CheckpointError",
-           "TrainingDiverged", "first_line"]
+           "TrainingDiverged", "first_line", "param", "quoted"]
+
+# A parameter's name inside a message sits between two private-use characters, which no
+# value a message quotes (a path, a number, a model's name) carries.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_PARAM = re.compile(f"{_OPEN}([^{_CLOSE}]*){_CLOSE}")
+
+
+def param(name: str) -> str:
+    """``name`` (a config field's or a keyword's) marked as a parameter, for a message built
+    with an f-string: ``UsageError(f"bad {param('lr')} {lr}: must be > 0")``. A flag is taken
+    as its parameter: ``param("--max-share")`` is ``param("max_share")``."""
+    if name.startswith("--"):
+        name = name[2:].replace("-", "_")
+    return f"{_OPEN}{name}{_CLOSE}"
 
 
 class TandemError(Exception):
@@ -19,9 +39,25 @@ class TandemError(Exception):
     quiet = False
 
     def __init__(self, *args, quiet: bool | None = None):
+        # the message as written, parameters marked; args and str() say the names
+        self.marked = args[0] if args and isinstance(args[0], str) else None
+        if self.marked is not None:
+            args = (_PARAM.sub(r"\1", self.marked), *args[1:])
         super().__init__(*args)
         if quiet is not None:  # a process other than the one that speaks for the job
             self.quiet = quiet
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The parameters the message names, in order."""
+        return tuple(_PARAM.findall(self.marked or ""))
+
+    def worded(self, name: Callable[[str], str]) -> str:
+        """The message with each parameter written as ``name(parameter)`` says (the command
+        line: its flag); ``str(error)`` writes the parameter's own name."""
+        if self.marked is None:
+            return str(self)
+        return _PARAM.sub(lambda m: name(m.group(1)), self.marked)
 
 
 class UsageError(TandemError, ValueError):
@@ -43,8 +79,15 @@ class TrainingDiverged(TandemError, FloatingPointError):
     exit_status = 3
 
 
-def first_line(exc: BaseException, limit: int | None = 200) -> str:
-    """The first line of ``exc``'s message (at most ``limit`` characters, ``None``: all), for
-    one-line errors; the exception's type name when the message is empty."""
+def first_line(exc: BaseException | str, limit: int | None = 200) -> str:
+    """The first line of ``exc``'s message (or of a message itself; at most ``limit``
+    characters, ``None``: all), for one-line errors; the exception's type name when the
+    message is empty."""
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
+def quoted(exc: BaseException) -> str:
+    """The first line of ``exc``'s message with its parameters still marked (:func:`param`),
+    for the message of an error that quotes it: the command line then words both alike."""
+    return first_line(getattr(exc, "marked", None) or exc)

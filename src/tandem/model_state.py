@@ -13,11 +13,9 @@ import torch
 from torch import nn
 
 from tandem.errors import first_line
-from tandem.state_keys import strip_prefix
+from tandem.state_keys import strip_wrappers
 
 __all__ = ["unwrap", "plain_state_dict", "load_plain_state_dict", "fit_report"]
-
-_PREFIX = "module."
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -30,19 +28,12 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def _strip_prefix(state: dict) -> dict:
-    """Drop ``module.`` prefixes, but only when *every* key has one (as DataParallel saves)."""
-    while state and all(isinstance(k, str) and k.startswith(_PREFIX) for k in state):
-        state = strip_prefix(state, _PREFIX)
-    return state
-
-
 def plain_state_dict(model: nn.Module) -> dict:
     """The state dict of the plain model inside ``model``, buffers in, no ``module.`` prefix."""
     inner = unwrap(model)
     if callable(getattr(inner, "plain_state_dict", None)):
-        return _strip_prefix(inner.plain_state_dict())
-    return _strip_prefix(inner.state_dict())
+        return strip_wrappers(inner.plain_state_dict(), nested=False)
+    return strip_wrappers(inner.state_dict(), nested=False)
 
 
 def fit_report(state: dict, expected: dict) -> str | None:

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from tandem.errors import UsageError
+from tandem.distributed.env import CPU_BF16_VAR
+from tandem.errors import UsageError, param
 
 __all__ = ["AMP_DTYPES", "CPU_BF16_FLAGS", "Precision", "amp_precision", "amp_refusal",
-           "amp_flags", "cpu_has_bf16", "cpu_flags", "cpu_has_native_bf16", "FORCE_BF16_VAR"]
+           "amp_flags", "cpu_has_bf16", "cpu_flags"]
 
 AMP_DTYPES = ("bf16", "fp16")
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 (AVX-512, AMX); aarch64 ("bf16")
@@ -41,19 +40,8 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-#: set to 1 to take this CPU as having bf16 (bf16 is then emulated: same numbers, slower): for
-#: tests, and for checking an ``--amp`` recipe on a machine without bf16 instructions
-FORCE_BF16_VAR = "TANDEM_CPU_BF16"
-
-
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (so bf16 autocast beats float32), or
-    :data:`FORCE_BF16_VAR` says to take it so."""
-    return os.environ.get(FORCE_BF16_VAR) == "1" or cpu_has_native_bf16()
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU has bf16 instructions, whatever :data:`FORCE_BF16_VAR` says."""
+    """Whether this CPU has bf16 instructions (so bf16 autocast beats float32)."""
     return any(flag in cpu_flags() for flag in CPU_BF16_FLAGS)
 
 
@@ -88,37 +76,40 @@ class Precision:
 
 
 def amp_precision(device_type: str, amp: bool, amp_dtype: str | None = None, *,
-                  has_bf16: Callable[[], bool] | None = None) -> Precision:
+                  cpu_bf16: bool | None = None) -> Precision:
     """What ``--amp`` (``amp``) with ``--amp-dtype`` (``amp_dtype``, ``None``: the device's
     choice) means on ``device_type``; a one-line :class:`UsageError` where it cannot run.
 
-    ``has_bf16`` answers whether the CPU has bf16 instructions (default :func:`cpu_has_bf16`).
+    ``cpu_bf16``: whether to take the CPU as computing bf16; ``True`` runs it emulated where
+    it has no bf16 instructions (what ``TANDEM_CPU_BF16=1`` asks for:
+    :func:`tandem.distributed.env.cpu_bf16_override`); ``None`` (default): :func:`cpu_has_bf16`.
     """
     if not amp:
         return Precision(device_type)
     if amp_dtype is not None and amp_dtype not in AMP_DTYPES:
-        raise UsageError(f"bad --amp-dtype {amp_dtype!r}: choose bf16 or fp16")
+        raise UsageError(f"bad {param('amp_dtype')} {amp_dtype!r}: choose bf16 or fp16")
     if device_type == "cuda":
         dtype = amp_dtype or "fp16"
         return Precision(device_type, _TORCH_DTYPES[dtype], scaled=dtype == "fp16")
     if device_type != "cpu":
-        raise UsageError(f"--amp needs a CUDA device or a CPU, not {device_type}")
+        raise UsageError(f"{param('amp')} needs a CUDA device or a CPU, not {device_type}")
     if amp_dtype == "fp16":
-        raise UsageError("--amp-dtype fp16 is for CUDA; --amp on the CPU is bf16 (leave "
-                         "--amp-dtype out)")
-    if not (has_bf16 or cpu_has_bf16)():
-        raise UsageError(f"--amp on the CPU needs bf16 instructions (avx512_bf16 or amx_bf16), "
-                         "which this CPU lacks; run without --amp (float32 is faster here), or set "
-                         f"{FORCE_BF16_VAR}=1 to run it emulated (slower)")
+        raise UsageError(f"{param('amp_dtype')} fp16 is for CUDA; {param('amp')} on the CPU is "
+                         f"bf16 (leave {param('amp_dtype')} out)")
+    if not (cpu_has_bf16() if cpu_bf16 is None else cpu_bf16):
+        raise UsageError(f"{param('amp')} on the CPU needs bf16 instructions (avx512_bf16 or "
+                         f"amx_bf16), which this CPU lacks; run without {param('amp')} (float32 is "
+                         f"faster here), or set {CPU_BF16_VAR}=1 to run it emulated (slower)")
     return Precision(device_type, torch.bfloat16, scaled=False)
 
 
-def amp_refusal(device_type: str, amp_dtype: str | None) -> str | None:
+def amp_refusal(device_type: str, amp_dtype: str | None, *, cpu_bf16: bool | None = None
+                ) -> str | None:
     """Why ``--amp`` with ``amp_dtype`` cannot run on ``device_type`` (the line
-    :func:`amp_precision` refuses it with), or ``None`` where it can: what a run's recorded
-    precision meets on another machine (eval, resume)."""
+    :func:`amp_precision` refuses it with; ``cpu_bf16`` as there), or ``None`` where it can:
+    what a run's recorded precision meets on another machine (eval, resume)."""
     try:
-        amp_precision(device_type, True, amp_dtype)
+        amp_precision(device_type, True, amp_dtype, cpu_bf16=cpu_bf16)
     except UsageError as exc:
         return str(exc)
     return None

@@ -13,7 +13,7 @@ from torch import nn
 from . import checkpoint
 from .checkpoint import compat as checkpoint_compat
 from .config import NO_WEIGHTS_FILE
-from .errors import TandemError
+from .errors import TandemError, param
 from .model_state import load_plain_state_dict, plain_state_dict
 
 __all__ = ["load_pretrained", "PretrainedError", "NO_FILE"]
@@ -37,8 +37,8 @@ def load_pretrained(model: nn.Module, path: str, arch: str = "the model", strate
     if not path:
         raise PretrainedError(NO_FILE)
     if Path(path).is_dir():
-        raise PretrainedError(f"--pretrained '{path}' is a directory; {NO_FILE} (a data "
-                              f"directory goes after the flags or in --data)")
+        raise PretrainedError(f"{param('pretrained')} '{path}' is a directory; {NO_FILE} (a data "
+                              f"directory goes after the flags or in {param('data')})")
     state = checkpoint.load(path)["state_dict"]
     expected = strategy.state_dict(model) if strategy else plain_state_dict(model)
     head = checkpoint_compat.final_layer(expected)
@@ -47,7 +47,8 @@ def load_pretrained(model: nn.Module, path: str, arch: str = "the model", strate
     if missing or unexpected:
         what = (f"{len(missing)} missing key(s) (e.g. {missing[0]})" if missing else
                 f"{len(unexpected)} unexpected key(s) (e.g. {unexpected[0]})")
-        raise PretrainedError(f"--pretrained '{path}' does not fit --arch {arch}: {what}")
+        raise PretrainedError(f"{param('pretrained')} '{path}' does not fit {param('arch')} "
+                              f"{arch}: {what}")
     skipped = []
     for key, want in expected.items():
         have = state[key]
@@ -56,8 +57,9 @@ def load_pretrained(model: nn.Module, path: str, arch: str = "the model", strate
         if head and key.rsplit(".", 1)[0] == head[0]:
             skipped.append(key)
             continue
-        raise PretrainedError(f"--pretrained '{path}' does not fit --arch {arch}: {key} is "
-                              f"{_shape(have)} in the file but {_shape(want)} in the model")
+        raise PretrainedError(f"{param('pretrained')} '{path}' does not fit {param('arch')} "
+                              f"{arch}: {key} is {_shape(have)} in the file but {_shape(want)} in "
+                              "the model")
     merged = {k: (want if k in skipped else state[k]) for k, want in expected.items()}
     checkpoint.load_weights(model, merged, path,
                             strategy.load_state_dict if strategy else load_plain_state_dict)

@@ -1,7 +1,11 @@
 """A wrapper's prefix in state-dict keys (``module.``, ``_orig_mod.``): dropped on save, put back
-on load. The one home of that renaming, for wrappers and checkpoint readers alike.
+on load, stripped from what others saved. The one home of that renaming, for wrappers
+(:func:`register_plain_keys`), plain model state (``tandem.model_state``) and checkpoint readers
+(``tandem.checkpoint.compat``) alike.
 
 It imports nothing from tandem or torch, so every layer may use it. Prefixes end with a dot.
+torch's ``consume_prefix_in_state_dict_if_present`` renames in place and moves the renamed keys
+after the others; these copy and keep the order, ``_metadata`` included.
 """
 
 from __future__ import annotations
@@ -9,7 +13,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from functools import partial
 
-__all__ = ["strip_prefix", "replace_prefix", "register_plain_keys"]
+__all__ = ["strip_prefix", "replace_prefix", "strip_wrappers", "register_plain_keys", "WRAPPER"]
+
+WRAPPER = "module."  # DataParallel / DistributedDataParallel keep the model in ``.module``
 
 
 def _moved(key, old: str, new: str):
@@ -50,6 +56,31 @@ def strip_prefix(state: dict, prefix: str) -> dict:
     """A copy of ``state`` without ``prefix`` in front of the keys that have it (``_metadata``
     too). Keys without it are kept, so a caller that wants all-or-nothing checks first."""
     return replace_prefix(state, prefix, "")
+
+
+def strip_wrappers(state: dict, *, nested: bool = True) -> dict:
+    """``state`` without the :data:`WRAPPER` path components that DataParallel/DDP wrappers put
+    in its keys (a copy when any is dropped; ``state`` itself when none is).
+
+    ``P.module.`` is a wrapper only when *every* key under ``P.`` goes through it (a model's
+    own submodule called ``module`` among others stays). ``nested=False`` strips only at the
+    front, while every key has it (what a wrapped model saves): a model's own state keeps a
+    deeper ``module`` path its ``load_state_dict`` expects.
+    """
+    if not nested:
+        while state and all(isinstance(k, str) and k.startswith(WRAPPER) for k in state):
+            state = strip_prefix(state, WRAPPER)
+        return state
+    keys = list(state)
+    if not all(isinstance(k, str) for k in keys):
+        return state
+    paths = {k[:i] for k in keys for i in range(len(k))  # each P where some key goes on P.module.
+             if k.startswith(WRAPPER, i) and (i == 0 or k[i - 1] == ".")}
+    wrapped = [p for p in paths if all(k.startswith(p + WRAPPER) for k in keys if k.startswith(p))]
+    renamed = state
+    for path in sorted(wrapped, key=len, reverse=True):  # inner first: outer paths stay put
+        renamed = replace_prefix(renamed, path + WRAPPER, path)
+    return renamed if len(renamed) == len(state) else state
 
 
 def _save_plain(inner: str, module, state_dict, prefix, local_metadata) -> None:

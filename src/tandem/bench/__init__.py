@@ -3,7 +3,7 @@
 ``run_bench(BenchConfig(...))`` returns a dict; ``format_table`` prints it, ``write_json`` saves it.
 """
 
-from .config import BASELINES, BenchConfig, default_strategies, parse_names
+from .options import BASELINES, BenchConfig, default_strategies, parse_names
 from .report import explain, format_table, run_setup, write_json
 from .runner import RESULT_FIELDS
 from .suite import run_bench

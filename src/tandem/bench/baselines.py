@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.distributed.process_group import release_ddp
 from tandem.precision import Precision
 from tandem.strategies import compile as compiling
 
@@ -93,7 +94,6 @@ def torch_ddp_contestant(model: nn.Module, device: torch.device, batch, *, amp: 
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    from tandem.distributed.process_group import release_ddp
 
     if sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)

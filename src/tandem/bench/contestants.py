@@ -14,8 +14,9 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from tandem.distributed.env import env_rank
+from tandem.distributed.env import env_rank, split_clock
 from tandem.parallel import context
+from tandem.parallel.split import clock_from_spec
 from tandem.precision import Precision
 from tandem.strategies.step_timer import StrategyStep, TrainStep, launched
 
@@ -154,11 +155,14 @@ def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
 
 def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],
                      batch: tuple[torch.Tensor, torch.Tensor], *,
-                     handicap: tuple[int, float] | None = None, **setup):
+                     handicap: tuple[int, float] | None = None, split=None, **setup):
     """Launch strategy ``name`` on ``devices`` and set ``model`` (which it takes over) up in it
     (:func:`~tandem.strategies.step_timer.launched`, whose keywords ``setup`` are);
-    ``(strategy, wrapped, images, targets)``. ``handicap`` ``(I, F)`` wraps the model in
+    ``(strategy, wrapped, images, targets)``. ``split`` is ``--split`` (its clock the one
+    ``TANDEM_SPLIT_CLOCK`` names); ``handicap`` ``(I, F)`` wraps the model in
     :class:`Handicap`."""
+    if split is not None:
+        setup.update(split=split, split_clock=clock_from_spec(split_clock()))
     if handicap is not None:
         model = Handicap(model, *handicap)
     return launched(name, model, devices, batch, **setup)

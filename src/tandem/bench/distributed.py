@@ -1,7 +1,7 @@
 """The torchrun phase: ``ddp`` and ``torch_ddp`` (and twins, ``ddp/loop`` too), one process
 per device.
 
-The bench runs torchrun (:func:`tandem.distributed.launch.run_captured`) with one worker per
+The bench runs torchrun (:func:`tandem.distributed.torchrun.run_captured`) with one worker per
 device; each worker rebuilds the model and batch from the seed, takes its shard and races its
 contestants in the same order on every rank, so collectives pair up. Rank 0 writes the
 results. This phase is not interleaved with the in-process one, so the machine may have changed
@@ -26,16 +26,19 @@ import tempfile
 
 import torch
 
-from tandem.distributed import launch
-from tandem.distributed.env import DistEnv, read_env
+from tandem import cpu_malloc
+from tandem.distributed import torchrun
+from tandem.distributed.env import DistEnv, read_env, threads_set
 from tandem.distributed.process_group import destroy_process_group, init_process_group
+from tandem.models import create_model
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
-from .config import BenchConfig
 from .contestants import Contestant, synthetic_batch
 from .entry import Entry
-from .loop import build_strategy
+from .loop_twin import build_strategy
+from .options import BenchConfig
 from .runner import empty_result, race
+from .skips import strategy_skip_reason
 
 __all__ = ["distributed_phase", "worker_main"]
 
@@ -51,8 +54,6 @@ def _skip_reason(entry: Entry, config: BenchConfig, custom_model: bool) -> str |
             # tandem's ddp handles empty shares; torch's DDP is not asked to
             reason = f"batch {config.batch_size} is smaller than the {len(devices)} processes"
     else:
-        from .suite import strategy_skip_reason
-
         reason = strategy_skip_reason(entry.base, None, config.arch, entry.compiled,
                                       devices[0].type)
     if reason is None and custom_model:
@@ -81,7 +82,7 @@ def distributed_phase(config: BenchConfig, entries: list[Entry], custom_model: b
 def _launch(config: BenchConfig, entries: list[Entry]) -> list[dict]:
     nproc = len(config.device_list)
     threads = config.threads
-    if threads is None and "OMP_NUM_THREADS" not in os.environ:
+    if threads is None and not threads_set():
         threads = max(1, torch.get_num_threads() // nproc)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cfg_path, out_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "out.json")
@@ -90,13 +91,13 @@ def _launch(config: BenchConfig, entries: list[Entry]) -> list[dict]:
             json.dump(config.to_dict(), f)
         with open(entries_path, "w") as f:
             json.dump([entry.to_json() for entry in entries], f)
-        spec = launch.LaunchSpec(
+        spec = torchrun.LaunchSpec(
             nproc_per_node=nproc, module="tandem.bench.distributed",
             command=["--config", cfg_path, "--contestants", entries_path, "--out", out_path],
             rdzv_endpoint="127.0.0.1:0", max_restarts=0,
             extra_env={} if threads is None else {"OMP_NUM_THREADS": str(threads)})
         try:
-            proc = launch.run_captured(spec, timeout=config.dist_timeout)
+            proc = torchrun.run_captured(spec, timeout=config.dist_timeout)
             error = None if proc.returncode == 0 else (
                 f"torchrun phase exited with {proc.returncode}: {_last_error(proc.stderr)}")
         except subprocess.TimeoutExpired:
@@ -138,7 +139,6 @@ class _Worker:
     collectives pair up; it starts a process group for ``torch_ddp`` where no strategy did."""
 
     def __init__(self, config: BenchConfig, env: DistEnv, device: torch.device):
-        from tandem.models import create_model
 
         self.config, self.env, self.device = config, env, device
         rank, world = env.rank, env.world_size
@@ -188,7 +188,6 @@ def worker_main(argv: list[str] | None = None) -> int:
     """Entry point of one torchrun worker (see the module docstring)."""
     import torch.distributed as dist
 
-    from tandem import cpu_malloc
 
     config, entries, out = _read_args(argv)
     cpu_malloc.tune()  # as the tandem command does, so both phases time the same allocator

@@ -30,11 +30,12 @@ from dataclasses import replace
 import torch
 
 from tandem.config import DataConfig
+from tandem.distributed.env import cpu_bf16_override
 from tandem.data import loader as loader_module
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.imagefolder import load_imagefolder
 from tandem.data.loader import batches_per_epoch, make_loader
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 from tandem.models import create_model
 from tandem.precision import amp_precision
 from tandem.strategies import strategy_names
@@ -42,7 +43,7 @@ from tandem.train.loop import Position
 
 from .contestants import prepare_strategy
 from .loader_bench import bench_root, cpu_seconds
-from .loop import loop_config, loop_trainer
+from .loop_twin import loop_config, loop_trainer
 from .suite import machine_info
 from .timing import (IMPOSSIBLE, clock, impossible, impossible_lines, is_noise, noise_lines,
                      summarize, synchronize)
@@ -57,7 +58,8 @@ def _trainer(config, train, num_classes: int, workers: int):
     on the dataset ``train``, built as the bench's ``/loop`` twins are (their optimizer, loss
     and constant schedule), and one device batch of ``train`` for ``step``."""
     device = config.device_list[0]
-    precision = amp_precision(device.type, config.amp, config.amp_dtype)
+    precision = amp_precision(device.type, config.amp, config.amp_dtype,
+                              cpu_bf16=cpu_bf16_override())
     torch.manual_seed(config.seed)
     model = create_model(config.arch, num_classes=num_classes)
     batch = next(iter(make_loader(train, config.batch_size, shuffle=True, seed=config.seed,
@@ -182,7 +184,7 @@ def run_fed_bench(config, data: str, *, workers: int = 0, rounds: int = 3,
     batches, wave = batches_per_epoch(train, config.batch_size), start_up_batches(workers)
     if batches < 2 * wave:
         raise UsageError(
-            f"--data '{data}': {len(train)} training images make {batches} batch(es) of "
+            f"{param('data')} '{data}': {len(train)} training images make {batches} batch(es) of "
             f"{config.batch_size}, too few to rate -j {workers}: a pass needs {2 * wave} at "
             f"least (its first {wave}, one per worker, are start-up); add images, or lower "
             "-b or -j")

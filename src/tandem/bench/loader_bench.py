@@ -22,14 +22,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tandem.data.base import split_key
+from tandem.data.dataset import split_key
 from tandem.data.decode import decoding, default_decoder
 from tandem.data.imagefolder import (MEAN, STD, ImageFolderDataset, first_decodable,
                                      load_imagefolder)
 from tandem.data.imagenet_transforms import random_resized_box
 from tandem.data.loader import make_loader
 from tandem.data.transforms import SampleRandom
-from tandem.errors import MissingFileError, UsageError
+from tandem.errors import MissingFileError, UsageError, param
 
 from .suite import machine_info
 from .timing import clock, is_noise, noise_lines, summarize
@@ -106,7 +106,7 @@ def bench_root(data: str, **counts: tuple[int, int]) -> Path:
             raise UsageError(f"bad {name} {value!r}: must be an int >= {least}")
     root = Path(data).expanduser()
     if not root.is_dir():
-        raise MissingFileError(f"--data '{data}' is not a directory")
+        raise MissingFileError(f"{param('data')} '{data}' is not a directory")
     return root
 
 

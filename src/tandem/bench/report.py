@@ -13,6 +13,13 @@ import json
 import sys
 from typing import TextIO
 
+from tandem.distributed.env import malloc_left_alone
+from tandem.hybrid import plan
+from tandem.parallel import threaded_backward
+from tandem.parallel.split import split_report
+from tandem.precision import amp_precision
+from tandem.strategies import strategy_names
+
 from .entry import LOOP
 from .timing import IMPOSSIBLE, impossible, impossible_lines, is_noise, noise_lines
 
@@ -61,21 +68,17 @@ HEADER = ["contestant", "step ms", "IQR ms", "min..max ms", "img/s", "vs single"
           "engine bytes/step", "peak mem/device"]
 
 
-def _yes() -> bool:  # a report describes the machine it ran on, which had bf16 if it used it
-    return True
-
-
 def _precision(c: dict) -> str:
     """The run's --amp or --variants, as ``tandem.precision`` resolves them on its device."""
-    from tandem.precision import amp_precision
 
+    # cpu_bf16=True: a report describes the machine it ran on, which had bf16 if it used it
     device_type = c["device_list"][0].split(":")[0]
     if c.get("variants"):
-        amp = amp_precision(device_type, True, c["amp_dtype"], has_bf16=_yes).describe() if any(
+        amp = amp_precision(device_type, True, c["amp_dtype"], cpu_bf16=True).describe() if any(
             "amp" in v for v in c["variants"]) else ""
         return f"variants {','.join(c['variants'])}" + (f" (amp: {amp.removeprefix('amp ')})"
                                                         if amp else "")
-    return amp_precision(device_type, c["amp"], c["amp_dtype"], has_bf16=_yes).describe()
+    return amp_precision(device_type, c["amp"], c["amp_dtype"], cpu_bf16=True).describe()
 
 
 def format_table(report: dict) -> str:
@@ -168,12 +171,6 @@ def explain(model, devices, batch_size: int, image_size: int, split=None,
     """tandem.hybrid's cost report (``plan(...).report()``) for ``model``, or why there is none;
     with ``split``/``per_sample`` (``--handicap``) it includes what that split costs, and says
     so for a model that has no hybrid plan too (:func:`tandem.parallel.split.split_report`)."""
-    from tandem.parallel.split import split_report
-
-    try:
-        from tandem.hybrid import plan
-    except ImportError:
-        return "--explain: tandem.hybrid has no plan() in this build"
     if not (hasattr(model, "features") and hasattr(model, "classifier")):
         line = (f"--explain: {type(model).__name__} has no .features/.classifier split; "
                 "hybrid does not apply")
@@ -189,12 +186,8 @@ def explain(model, devices, batch_size: int, image_size: int, split=None,
 def run_setup(devices, threads: int | None) -> str:
     """What ``--explain`` says of how the race runs its CPU replicas' backward (decided when
     each ``DataParallel`` is built, from the race's ``threads``) and of glibc's malloc."""
-    import os
-
     import torch
 
-    from tandem.parallel import threaded_backward
-    from tandem.strategies import strategy_names
 
     threads = torch.get_num_threads() if threads is None else threads
     cpu = sum(torch.device(d).type == "cpu" for d in devices)
@@ -206,7 +199,7 @@ def run_setup(devices, threads: int | None) -> str:
         line = (f"backward: {', '.join(strategy_names(replica_threads=True))} on {cpu} CPU "
                 f"replicas with {threads} "
                 f"intra-op thread(s): {how} (with a split: in threads)")
-    default = os.environ.get("TANDEM_MALLOC", "").strip().lower() == "default"
+    default = malloc_left_alone()
     return line + "\nmalloc: " + ("glibc's own (TANDEM_MALLOC=default)" if default else
                                   "glibc's thresholds fixed for this process (tandem.cpu_malloc)")
 

@@ -4,7 +4,7 @@ Every contestant gets a deep copy of one seeded template model and the same batc
 contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``torch_ddp`` in a
 torchrun subprocess. ``--variants`` twins (:mod:`~tandem.bench.variants`) race next to each
 other; ``+compile`` twins compile in their warm-up step (``first_step_s``); ``--loop`` twins
-(:mod:`~tandem.bench.loop`) race next to their strategy contestant.
+(:mod:`~tandem.bench.loop_twin`) race next to their strategy contestant.
 A skipped or failed contestant is reported with its reason and never stops the others.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import datetime
 import gc
-import importlib
 import os
 import platform
 from typing import Callable
@@ -22,40 +21,21 @@ import torch
 from torch import nn
 
 from tandem import cpu_malloc
+from tandem.config import flagged
 from tandem.errors import first_line
+from tandem.models import create_model
 from tandem.strategies import strategy_class
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
-from .config import BenchConfig
 from .contestants import Contestant, skipped, synthetic_batch
+from .distributed import distributed_phase
 from .entry import Entry, lineup
-from .loop import build_strategy
+from .loop_twin import build_strategy
+from .options import BenchConfig
 from .runner import add_ratios, race
+from .skips import strategy_skip_reason
 
-__all__ = ["run_bench", "machine_info", "registered_strategies", "strategy_skip_reason"]
-
-
-def registered_strategies() -> list[str]:
-    """Names in tandem's strategy registry (importing ``tandem.strategies`` registers them)."""
-    importlib.import_module("tandem.strategies")
-    from tandem.strategies.base import strategy_names
-
-    return strategy_names()
-
-
-def strategy_skip_reason(name: str, model: nn.Module, arch: str, compiled: bool = False,
-                         device_type: str = "cpu") -> str | None:
-    """Why tandem strategy ``name`` (compiled if ``compiled``) cannot run with ``model``."""
-    if name not in registered_strategies():
-        return f"strategy {name!r} is not available (not registered in tandem.strategies)"
-    problem = None if model is None else strategy_class(name).check_model(model)
-    if problem:
-        return f"{arch}: {name} {problem}"
-    if compiled:
-        from tandem.strategies.compile import compile_skip_reason
-
-        return compile_skip_reason(name, device_type)
-    return None
+__all__ = ["run_bench", "machine_info"]
 
 
 def machine_info(devices: list[torch.device]) -> dict:
@@ -87,7 +67,7 @@ def _build(name: str, kind: str, devices, build: Callable[[], Contestant]) -> Co
         return contestant
     except Exception as exc:
         return Contestant(name=name, kind=kind, devices=list(devices),
-                          failure=f"setup: {type(exc).__name__}: {first_line(exc)}")
+                          failure=f"setup: {type(exc).__name__}: {first_line(flagged(exc))}")
 
 
 def _strategy(entry: Entry, template: nn.Module, config: BenchConfig, batch) -> Contestant:
@@ -121,7 +101,6 @@ def _baseline(entry: Entry, template: nn.Module, config: BenchConfig, batch) -> 
 def _template(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> nn.Module:
     """The seeded model every contestant copies: ``model_fn()``, else ``config.arch``'s."""
     if model_fn is None:
-        from tandem.models import create_model
 
         def model_fn():
             return create_model(config.arch, num_classes=config.num_classes)
@@ -172,8 +151,6 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
 
 
 def _run(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> dict:
-    from .distributed import distributed_phase
-
     devices = config.device_list
     machine = machine_info(devices)  # taken before the run: its date and load average
     template = _template(config, model_fn)

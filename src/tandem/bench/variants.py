@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.distributed.env import cpu_bf16_override
 from tandem.precision import Precision, amp_precision
 
 __all__ = ["VARIANTS", "Variant", "variants_of"]
@@ -35,11 +36,11 @@ class Variant:
         return cls("amp" in parts, "cl" in parts, "" if name == "fp32" else "+" + name)
 
     def precision(self, device: torch.device, amp_dtype: str | None) -> Precision:
-        return amp_precision(device.type, self.amp, amp_dtype)
+        return amp_precision(device.type, self.amp, amp_dtype, cpu_bf16=cpu_bf16_override())
 
 
 def variants_of(config) -> list[Variant]:
-    """The variants a :class:`~tandem.bench.config.BenchConfig` races, in table order."""
+    """The variants a :class:`~tandem.bench.options.BenchConfig` races, in table order."""
     if config.variants is None:
         return [Variant(config.amp, config.channels_last)]
     return [Variant.named(n) for n in config.variants]

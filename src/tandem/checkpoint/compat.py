@@ -1,6 +1,6 @@
 """Reading checkpoints that other programs wrote, chiefly the PyTorch imagenet example.
 
-:func:`normalise` strips DataParallel's ``module.`` from keys, and makes ``best_acc1`` (or the
+:func:`normalise` strips DataParallel's ``module.`` from keys (``tandem.state_keys``), and makes ``best_acc1`` (or the
 older ``best_prec1``) a float; :mod:`tandem.checkpoint` calls it on every file it reads.
 """
 
@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from tandem.state_keys import replace_prefix
+from tandem.state_keys import strip_wrappers
 
-__all__ = ["normalise", "strip_wrappers", "best_accuracy", "foreign_scheduler", "final_layer",
+__all__ = ["normalise", "best_accuracy", "foreign_scheduler", "final_layer",
            "is_tandem", "tandem_scheduler"]
-
-_WRAPPER = "module"  # the attribute DataParallel / DistributedDataParallel keep the model in
 
 # A scheduler's class, told from the keys of its state dict (first match wins).
 _SCHEDULER_KEYS = (
@@ -28,24 +26,6 @@ _SCHEDULER_KEYS = (
 def is_tandem(ckpt: dict) -> bool:
     """True when tandem wrote ``ckpt`` (it then carries tandem's ``format`` tag)."""
     return str(ckpt.get("format", "")).startswith("tandem.checkpoint/")
-
-
-def strip_wrappers(state: dict) -> dict:
-    """Drop the ``module`` path components that DataParallel/DDP wrappers put in the keys.
-
-    ``P.module.`` is a wrapper only when *every* key under ``P.`` goes through it.
-    """
-    keys = list(state)
-    if not all(isinstance(k, str) for k in keys):
-        return state
-    marker = _WRAPPER + "."
-    paths = {k[:i] for k in keys for i in range(len(k))  # each P where some key goes on P.module.
-             if k.startswith(marker, i) and (i == 0 or k[i - 1] == ".")}
-    wrapped = [p for p in paths if all(k.startswith(p + marker) for k in keys if k.startswith(p))]
-    renamed = state
-    for path in sorted(wrapped, key=len, reverse=True):  # inner first: outer paths stay put
-        renamed = replace_prefix(renamed, path + marker, path)
-    return renamed if len(renamed) == len(state) else state
 
 
 def best_accuracy(ckpt: dict) -> float | None:

@@ -19,15 +19,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tandem.bench import explain, format_table, run_bench, run_setup, write_json
+from tandem.bench.fed import format_fed_table, run_fed_bench
+from tandem.bench.loader_bench import format_loader_table, run_loader_bench
+from tandem.bench.options import BASELINES, BenchConfig
+from tandem.bench.report import planned_vs_measured
 from tandem.config import DataConfig
 from tandem.errors import UsageError
+from tandem.models import create_model
+from tandem.strategies.auto import planned_bytes
 
 from .common import add_config_arguments, config_from_args, given_fields
 
 __all__ = ["add_parser", "run"]
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from tandem.bench.config import BASELINES, BenchConfig
 
     p = subparsers.add_parser(
         "bench", help="time training steps of strategies and torch baselines side by side",
@@ -50,8 +56,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _run_data(args: argparse.Namespace) -> int:
-    from tandem.bench import write_json
-    from tandem.bench.loader_bench import format_loader_table, run_loader_bench
 
     # --steps and --warmup count passes here; not given, run_loader_bench's defaults apply.
     given = given_fields(args)
@@ -72,8 +76,6 @@ def _run_data(args: argparse.Namespace) -> int:
 
 def _run_fed(args: argparse.Namespace) -> int:
     """``--data DIR -a ARCH``: the train loop fed by the loader against each alone."""
-    from tandem.bench import BenchConfig, write_json
-    from tandem.bench.fed import format_fed_table, run_fed_bench
 
     config = config_from_args(BenchConfig, args)
     if config.variants or config.compile or config.loop or config.handicap:
@@ -92,9 +94,6 @@ def _run_fed(args: argparse.Namespace) -> int:
 
 
 def _planned(config, report: dict) -> str:
-    from tandem.bench.report import planned_vs_measured
-    from tandem.models import create_model
-    from tandem.strategies.auto import planned_bytes
 
     model = create_model(config.arch, num_classes=config.num_classes)
     return planned_vs_measured(report, planned_bytes(
@@ -102,7 +101,6 @@ def _planned(config, report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.bench import BenchConfig, explain, format_table, run_bench, run_setup, write_json
 
     if args.data is not None:
         return _run_data(args) if args.arch is None else _run_fed(args)
@@ -112,7 +110,6 @@ def run(args: argparse.Namespace) -> int:
     # With --json - the JSON owns stdout, so the table goes to stderr.
     out = sys.stderr if args.json == "-" else sys.stdout
     if args.explain:
-        from tandem.models import create_model
 
         model = create_model(config.arch, num_classes=config.num_classes)
         spec = config.handicap_spec()  # per-sample times of a handicap: 1, or F for device I

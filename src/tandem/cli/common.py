@@ -17,12 +17,14 @@ import types
 import typing
 import warnings
 
-from tandem.config import flag_of
+from tandem.config import flag_for, flag_of, flagged
 from tandem.distributed.env import in_torchrun, is_main_process
+from tandem.errors import TandemError, first_line
 from tandem.suggest import did_you_mean
 
-__all__ = ["add_config_arguments", "command_parser", "config_from_args", "flag_of",
-           "given_fields", "tandem_warnings", "ShowDefaults", "TandemParser"]
+__all__ = ["add_config_arguments", "command_parser", "config_from_args", "error_line",
+           "flag_for", "flag_of", "flagged", "given_fields", "tandem_warnings", "ShowDefaults",
+           "TandemParser"]
 
 _GIVEN = "given_fields"  # namespace attribute: the dests whose flag was typed
 
@@ -110,6 +112,11 @@ def command_parser(modules: dict, *, version: str | None = None) -> TandemParser
     for module in modules.values():
         module.add_parser(sub)
     return parser
+
+
+def error_line(exc: TandemError) -> str:
+    """``exc`` as the command line says it: one line, each parameter by its flag."""
+    return first_line(flagged(exc), limit=None)
 
 
 def given_fields(args: argparse.Namespace) -> frozenset[str]:

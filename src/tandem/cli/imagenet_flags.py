@@ -19,6 +19,7 @@ from tandem.data.synthetic import split_sizes
 from tandem.errors import UsageError
 from tandem.factory import is_reference
 from tandem.models import model_info
+from tandem.strategies import strategy_names
 
 from .common import add_config_arguments
 
@@ -151,7 +152,6 @@ def launch_command(args: argparse.Namespace) -> str:
         if url.port:
             cmd += ["--master-port", str(url.port)]
     rest = _train_args(list(getattr(args, "argv", None) or []))
-    from tandem.strategies import strategy_names
 
     multi = strategy_names(multiprocess=True)[0]  # one process per device, like the example
     cmd += ["--", "train", *rest, "--strategy", multi, "--devices", "cuda" if gpus else "cpu"]

@@ -10,9 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from tandem.distributed.launch import LaunchSpec, launch
+from tandem.config import TrainConfig
+from tandem.distributed.env import Environment
 from tandem.distributed.slurm import slurm_job
+from tandem.distributed.torchrun import LaunchSpec, launch
 from tandem.errors import UsageError
+from tandem.strategies import strategy_class, strategy_names
+from tandem.strategies.auto import AUTO, launchable
+from tandem.train.rundir import RunDir
 
 from . import train as train_command
 from .common import command_parser, given_fields
@@ -90,7 +95,7 @@ def _from_slurm(args: argparse.Namespace) -> dict:
     no rendezvous endpoint) from SLURM's variables, said in one line."""
     given = dict(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                  master_port=args.master_port, slurm=False)
-    job = None if args.rdzv_endpoint else slurm_job(os.environ)
+    job = None if args.rdzv_endpoint else slurm_job(Environment.read())
     if job is not None and job.nnodes > 1:
         taken = dict(nnodes=str(job.nnodes), node_rank=job.node_rank,
                      master_addr=job.master_addr, master_port=job.master_port)
@@ -106,8 +111,6 @@ def _from_slurm(args: argparse.Namespace) -> dict:
 def _check_multiprocess(command: list[str], other_node: bool = False) -> None:
     """Refuse to launch a ``train`` whose strategy is not one process per device. On a node
     other than 0, a resumed run's strategy is rank 0's to read (its copy of the run counts)."""
-    from tandem.strategies import strategy_names
-    from tandem.strategies.auto import AUTO, launchable
 
     name = _train_strategy(command, other_node)  # auto: the workers' plan makes it the multi-process one
     if not launchable(name):
@@ -122,8 +125,6 @@ def _train_strategy(command: list[str], other_node: bool = False) -> str:
     """The strategy the workers' ``train ...`` will use, read as they will read it: their
     parser (so ``--strategy=ddp`` and argparse's abbreviations such as ``--strat ddp`` count)
     and their config. Without the flag, a resumed run keeps its own (its ``config.json``)."""
-    from tandem.config import TrainConfig
-    from tandem.train.rundir import RunDir
 
     # the workers' parser for their `train` (a bad flag: the error the workers would give)
     args = command_parser({"train": train_command}).parse_args(command)
@@ -133,7 +134,6 @@ def _train_strategy(command: list[str], other_node: bool = False) -> str:
     if "strategy" in given_fields(args) or not resume:
         return cfg.parallel.strategy
     if other_node:  # no shared disk assumed: node 0's copy of the run is the one that counts
-        from tandem.strategies.auto import AUTO
 
         return AUTO
     run = RunDir(resume) if os.path.isdir(resume) else RunDir.of(resume)

@@ -13,11 +13,12 @@ import signal
 import sys
 
 from tandem.distributed.join import announce_failure
-from tandem.errors import TandemError, first_line
+from tandem.errors import TandemError
+from tandem.version import __version__
 
 from . import bench, launch, models, train
 from . import eval as eval_command
-from .common import command_parser
+from .common import command_parser, error_line
 
 __all__ = ["main", "entry", "build_parser", "SUBCOMMANDS"]
 
@@ -27,7 +28,6 @@ SUBCOMMANDS = list(_MODULES)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tandem.version import __version__
 
     return command_parser(_MODULES, version=f"tandem {__version__}")
 
@@ -42,10 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that left meets it here, not at the interpreter's exit
         return code
     except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
+        # one line, also when the message carries a library's many-line text, each parameter
+        # it names by its flag
+        line = error_line(exc)
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
-            # one line, also when the message carries a library's many-line text
-            print(f"tandem: error: {first_line(exc, limit=None)}", file=sys.stderr)
-        announce_failure(first_line(exc, limit=None))  # the job's other ranks stop waiting
+            print(f"tandem: error: {line}", file=sys.stderr)
+        announce_failure(line)  # the job's other ranks stop waiting
         return exc.exit_status
     except BrokenPipeError:  # the reader left (`tandem models | head`): stop quietly, as cat
         # does; stdout goes to /dev/null so that the interpreter's last flush fails no more

@@ -4,14 +4,14 @@
     loader = make_loader(train_ds, 128, shuffle=True, seed=0, epoch=0, workers=2)
 """
 
-from .base import DatasetInfo, ImageDataset
+from .dataset import DatasetInfo, ImageDataset
 from .load import DATASET_NAMES, load_dataset
 from .device import Normalization, batch_to_device
-from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order, make_loader,
-                     shard_sizes)
+from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order,
+                     make_loader)
 
 __all__ = [
     "load_dataset", "make_loader", "DatasetInfo", "ImageDataset", "DATASET_NAMES",
-    "ShardedBatchSampler", "shard_sizes", "epoch_order", "LoaderCache", "Normalization",
+    "ShardedBatchSampler", "epoch_order", "LoaderCache", "Normalization",
     "batch_to_device", "batches_per_epoch",
 ]

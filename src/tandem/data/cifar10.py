@@ -14,7 +14,7 @@ import numpy as np
 
 from tandem.errors import MissingFileError, UsageError
 
-from .base import SPLITS, DatasetInfo, ImageDataset
+from .dataset import SPLITS, DatasetInfo, ImageDataset
 from .transforms import resize_array
 
 __all__ = ["Cifar10Dataset", "load_cifar10", "find_cifar_dir", "read_batch", "CIFAR10_CLASSES"]

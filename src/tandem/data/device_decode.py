@@ -26,11 +26,12 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from tandem.errors import UsageError, first_line
+from tandem.errors import UsageError, first_line, param
 
 from .decode import DECODER_ERRORS, default_decoder
 from .decode_stream import DecodeStream
 from .encoded import EncodedBatch, EncodedFolder, collate_encoded
+from .imagefolder import ImageFolderDataset
 
 __all__ = ["DECODE_MODES", "resolve_decode", "decode_on", "decoded_on", "nvjpeg_decode", "host_decode",
            "resample", "crop_resize", "DeviceDecoded", "DeviceDecoder", "DecodingLoader"]
@@ -69,19 +70,19 @@ def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
     CUDA device and torchvision (found, not imported): without them ``gpu`` is refused in one
     line; ``auto`` decodes on the CPU, and says why where only torchvision lacks."""
     if mode not in DECODE_MODES:
-        raise UsageError(f"bad --decode {mode!r}: choose one of {', '.join(DECODE_MODES)}")
+        raise UsageError(f"bad {param('decode')} {mode!r}: choose one of {', '.join(DECODE_MODES)}")
     if mode == "cpu":
         return "cpu", None
     device = torch.device(device)
     if device.type != "cuda":
         if mode == "gpu":
-            raise UsageError(f"--decode gpu needs a CUDA device, and this run's is "
-                             f"{device} (use --decode cpu or auto)")
+            raise UsageError(f"{param('decode')} gpu needs a CUDA device, and this run's is "
+                             f"{device} (use {param('decode')} cpu or auto)")
         return "cpu", None
     if importlib.util.find_spec("torchvision") is None:
         if mode == "gpu":
-            raise UsageError(f"--decode gpu needs torchvision ({_EXTRA}), which is not "
-                             f"installed (use --decode cpu or auto)")
+            raise UsageError(f"{param('decode')} gpu needs torchvision ({_EXTRA}), which is not "
+                             f"installed (use {param('decode')} cpu or auto)")
         return "cpu", f"no torchvision for nvJPEG ({_EXTRA})"
     return "gpu", None
 
@@ -248,7 +249,6 @@ class DeviceDecoded(EncodedFolder):
 def decoded_on(*datasets) -> str | None:
     """Where the JPEGs of ``datasets`` (:func:`decode_on`'s) are decoded: ``"gpu"``, ``"cpu"``,
     or None where they hold no JPEG files (what config.json records as ``resolved.decode``)."""
-    from .imagefolder import ImageFolderDataset
 
     if any(isinstance(d, DeviceDecoded) for d in datasets):
         return "gpu"
@@ -267,7 +267,7 @@ def _probed(mode: str, device: torch.device, decode) -> tuple[str, str | None]:
     except Exception as exc:  # any failure here is the setup's: there is no user file yet
         why = f"torchvision could not decode a JPEG on {device} ({first_line(exc)})"
         if mode == "gpu":
-            raise UsageError(f"--decode gpu: {why}; use --decode cpu") from None
+            raise UsageError(f"{param('decode')} gpu: {why}; use {param('decode')} cpu") from None
         return "cpu", why
     return "gpu", None
 
@@ -276,7 +276,6 @@ def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode
     """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` when
     ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given.
     ``auto`` says in one line which decoder runs, and why."""
-    from .imagefolder import ImageFolderDataset
 
     train, val, info = data
     choice, why = resolve_decode(mode, device)

@@ -14,7 +14,7 @@ import numpy as np
 
 from tandem.errors import UsageError
 
-from .base import SPLITS, DatasetInfo, ImageDataset, stratified_split
+from .dataset import SPLITS, DatasetInfo, ImageDataset, stratified_split
 from .transforms import resize_array
 
 __all__ = ["DigitsDataset", "load_digits_data", "SPLIT_SEED", "VAL_FRACTION"]

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, IterableDataset
 from tandem import factory
 from tandem.errors import UsageError
 
-from .base import SPLITS, DatasetInfo, split_key
+from .dataset import SPLITS, DatasetInfo, split_key
 
 __all__ = ["GivenDataset", "given_data", "load_factory"]
 

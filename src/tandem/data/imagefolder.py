@@ -27,7 +27,7 @@ import torch
 
 from tandem.errors import TandemError, UsageError
 
-from .base import SPLITS, DatasetInfo, ImageDataset, stratified_split
+from .dataset import SPLITS, DatasetInfo, ImageDataset, stratified_split
 from .decode import UnreadableImage, decoding
 from .device import Normalization
 from .imagenet_transforms import train_crop, val_crop

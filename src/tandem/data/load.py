@@ -18,7 +18,7 @@ from tandem.errors import MissingFileError, UsageError
 from tandem.factory import is_reference
 from tandem.suggest import closest_names
 
-from .base import AUGMENT_MODES, SPLITS
+from .dataset import AUGMENT_MODES, SPLITS
 
 __all__ = ["load_dataset", "check_spec", "DATASET_NAMES", "GIVEN_DATA", "AUGMENT_CHOICES", "DEFAULT_AUGMENT",
            "SPLITS"]

@@ -2,7 +2,7 @@
 
 Global batch ``b`` is ``order[b*B:(b+1)*B]`` of a permutation seeded by ``(seed, epoch)``;
 nothing is dropped, padded or repeated. With ``world_size > 1`` rank ``r`` loads only its
-contiguous share (:func:`shard_sizes`, or as ``split`` says). Warning: when a last global batch has fewer samples
+contiguous share (balanced, :func:`tandem.parallel.shares.shares`, or as ``split`` says). Warning: when a last global batch has fewer samples
 than ranks, trailing ranks get an *empty* batch, so every rank yields the same number of
 batches; callers must cope with a zero-sample step. ``start_batch`` resumes mid-epoch, and
 :class:`LoaderCache` keeps persistent workers alive for the whole run.
@@ -18,19 +18,14 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from tandem.errors import UsageError
+from tandem.parallel.shares import shares
 
 from .transforms import mix_seed
 
-__all__ = ["make_loader", "ShardedBatchSampler", "shard_sizes", "collate", "epoch_order",
+__all__ = ["make_loader", "ShardedBatchSampler", "collate", "epoch_order",
            "LoaderCache", "PREFETCH", "batches_per_epoch"]
 
 PREFETCH = 4  # batches in flight per worker
-
-
-def shard_sizes(batch: int, world_size: int) -> list[int]:
-    """Per-rank sample counts of a global batch of ``batch`` samples (sum is ``batch``)."""
-    base, extra = divmod(batch, world_size)
-    return [base + (1 if r < extra else 0) for r in range(world_size)]
 
 
 def batches_per_epoch(dataset, batch_size: int) -> int:
@@ -87,7 +82,7 @@ class ShardedBatchSampler(Sampler):
                             epoch=self.epoch).tolist()
         for b in range(self.start_batch, self.total_batches):
             batch = order[b * self.batch_size:(b + 1) * self.batch_size]
-            sizes = (shard_sizes(len(batch), self.world_size) if self.split is None
+            sizes = (shares(len(batch), [1] * self.world_size) if self.split is None
                      else self.split(self.epoch, b, len(batch)))
             lo = sum(sizes[:self.rank])
             yield [(i, self.seed, self.epoch) for i in batch[lo:lo + sizes[self.rank]]]

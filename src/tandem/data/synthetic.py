@@ -11,7 +11,7 @@ import numpy as np
 
 from tandem.errors import UsageError
 
-from .base import SPLITS, DatasetInfo, ImageDataset
+from .dataset import SPLITS, DatasetInfo, ImageDataset
 from .transforms import mix_seed
 
 __all__ = ["SyntheticDataset", "load_synthetic", "split_sizes", "SYNTHETIC_DEFAULTS"]

@@ -1,7 +1,7 @@
 """tandem.distributed: many processes, many machines, on torch.distributed.
 
 :mod:`.env` reads torchrun's environment, :mod:`.process_group` joins with a timeout,
-:mod:`.global_loss` splits a loss into per-rank sums, :mod:`.launch` runs torchrun.
+:mod:`.global_loss` splits a loss into per-rank sums, :mod:`.torchrun` runs torchrun.
 """
 
 from .env import DEFAULT_TIMEOUT, DistEnv, dist_timeout, in_torchrun, read_env

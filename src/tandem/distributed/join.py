@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import threading
 import time
@@ -22,9 +21,10 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from tandem.errors import TandemError
+from tandem.errors import TandemError, param
 
-from .env import ADDR_VAR, NODE_VAR, DistEnv, read_env, restart_count, several_processes
+from .env import (DistEnv, address_of, node_of, read_env, restart_count,
+                  several_processes)
 
 __all__ = ["JoinFailed", "job_store", "attempt_prefix", "roll_call", "peer_name", "peers",
            "every", "abandoned_if_another_fails", "announce_failure", "SAY_EVERY"]
@@ -41,15 +41,6 @@ class JoinFailed(TandemError, RuntimeError):
     """The ranks of a job did not all meet; the message names who is missing, and where."""
 
     exit_status = 4
-
-
-def node_of(env: DistEnv) -> str:
-    """This worker's node index as the launcher numbered it (torchrun's GROUP_RANK)."""
-    return os.environ.get(NODE_VAR) or os.environ.get("GROUP_RANK") or "0"
-
-
-def address_of() -> str:
-    return os.environ.get(ADDR_VAR) or socket.gethostname()
 
 
 def talks(env: DistEnv) -> bool:
@@ -123,7 +114,7 @@ def _told_failure(store) -> str | None:
 
 
 def peer_name_of(env: DistEnv) -> str:
-    return f"rank {env.rank} (node {node_of(env)})"
+    return f"rank {env.rank} (node {node_of()})"
 
 
 def attempt_prefix(kind: str) -> str:
@@ -136,7 +127,7 @@ def attempt_prefix(kind: str) -> str:
 def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
     """Count this rank in under ``prefix`` and wait until all ``world_size`` have come; say who
     is here every :data:`SAY_EVERY` s; past ``bound`` seconds raise :class:`JoinFailed`."""
-    store.set(f"{prefix}/who/{env.rank}", f"{node_of(env)} {address_of()}")
+    store.set(f"{prefix}/who/{env.rank}", f"{node_of()} {address_of()}")
     here = store.add(f"{prefix}/here", 1)
     started = time.monotonic()
     where = f"{env.master_addr}:{env.master_port}"
@@ -161,7 +152,7 @@ def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
                     f"{bound:.0f} s: {count['here']} of {env.world_size} here at {where}, "
                     f"missing rank{'s' if len(missing) != 1 else ''} "
                     f"{', '.join(map(str, missing))} (is every node started, with the same "
-                    "--nnodes and --master-addr/--master-port?)")
+                    f"{param('nnodes')} and {param('master_addr')}/{param('master_port')}?)")
             time.sleep(0.05)
             count["here"] = store.add(f"{prefix}/here", 0)
     names = store.multi_get([f"{prefix}/who/{r}" for r in range(env.world_size)])

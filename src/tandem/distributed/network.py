@@ -15,7 +15,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
 __all__ = ["Route", "route_to", "interface_address", "is_loopback", "has_reverse_name",
            "IFACE_VARS"]
@@ -77,8 +77,8 @@ def route_to(host: str, iface: str | None = None) -> Route:
         local = interface_address(iface)
         if local is None:
             names = ", ".join(name for _, name in socket.if_nameindex())
-            raise UsageError(f"--iface {iface}: no such interface with an IPv4 address on this "
-                             f"machine (it has: {names})")
+            raise UsageError(f"{param('iface')} {iface}: no such interface with an IPv4 address on "
+                             f"this machine (it has: {names})")
         return Route(iface, local, remote)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
@@ -90,7 +90,7 @@ def route_to(host: str, iface: str | None = None) -> Route:
     name = _interface_holding(local)
     if name is None:
         raise UsageError(f"cannot tell which interface holds {local}, this machine's address "
-                         f"towards {host}; name it with --iface")
+                         f"towards {host}; name it with {param('iface')}")
     return Route(name, local, remote)
 
 

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
 from . import faults, join
 from .watchdog import Watchdog
@@ -45,22 +45,23 @@ def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
     """
     devices = list(devices)
     if not devices:
-        raise UsageError("--strategy ddp needs a device; got an empty device list")
+        raise UsageError(f"{param('strategy')} ddp needs a device; got an empty device list")
     kinds = {d.type for d in devices}
     if len(kinds) != 1:
-        raise UsageError(f"--strategy ddp needs one kind of device, got {sorted(kinds)}")
+        raise UsageError(f"{param('strategy')} ddp needs one kind of device, got {sorted(kinds)}")
     if devices[0].type == "cpu":
         if len(devices) > 1:
             raise UsageError(
-                f"--strategy ddp runs one device per process, got {len(devices)} CPU replicas; "
-                "use --devices cpu and more processes (--nproc-per-node N)"
+                f"{param('strategy')} ddp runs one device per process, got {len(devices)} CPU "
+                f"replicas; use {param('devices')} cpu and more processes "
+                f"({param('nproc_per_node')} N)"
             )
         return devices[0]
     if len(devices) == 1 and env.local_world_size == 1:
         return devices[0]
     if env.local_rank >= len(devices):
         raise UsageError(
-            f"rank {env.rank}: LOCAL_RANK={env.local_rank} but --devices lists only "
+            f"rank {env.rank}: LOCAL_RANK={env.local_rank} but {param('devices')} lists only "
             f"{len(devices)} {devices[0].type} device(s) ({', '.join(map(str, devices))}); "
             f"give one device per process on this machine ({env.local_world_size})"
         )

@@ -7,10 +7,8 @@ It lives here, not in a strategy: it is about how processes are started, and the
 
 from __future__ import annotations
 
-import json
-import os
 
-from .env import LAUNCH_VAR, NODE_VAR, read_env
+from .env import NODE_VAR, Environment, launch_described, read_env
 
 __all__ = ["resume_command", "resume_command_here", "launch_command"]
 
@@ -56,7 +54,7 @@ def resume_command_here(target: str, multiprocess: bool, this_node: bool = False
     torchrun's environment."""
     if not multiprocess:
         return resume_command(target)
-    launch = _launched()
+    launch = launch_described()
     if launch is None:
         env = read_env(who="a multi-process strategy")
         return resume_command(target, True, env.world_size,
@@ -68,16 +66,9 @@ def resume_command_here(target: str, multiprocess: bool, this_node: bool = False
         return launch_command(launch) + tail + every
     count = int(nnodes.split(":")[-1])
     if this_node:
-        node = os.environ.get(NODE_VAR, "0")
+        node = Environment.read().get(NODE_VAR, "0")
         return f"on node {node}: {launch_command(launch, node)}{tail}"
     if count > _LISTED_NODES:
         return f"on node R (0 to {count - 1}): {launch_command(launch, 'R')}{tail}"
     return "; ".join(f"on node {r}: {launch_command(launch, r)}{tail}" for r in range(count))
 
-
-def _launched() -> dict | None:
-    try:
-        launch = json.loads(os.environ.get(LAUNCH_VAR) or "null")
-    except ValueError:
-        return None
-    return launch if isinstance(launch, dict) and "nproc_per_node" in launch else None

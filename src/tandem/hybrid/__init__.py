@@ -8,7 +8,7 @@ the static cost report :func:`plan` are usable on their own.
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .cost import HybridPlan, plan
 from .group_conv import GroupParallelConv2d
-from .hybrid import HybridParallel
+from .wrapper import HybridParallel
 
 __all__ = ["HybridParallel", "ColumnParallelLinear", "RowParallelLinear", "Shardwise",
            "GroupParallelConv2d", "HybridPlan", "plan"]

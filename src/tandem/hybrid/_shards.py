@@ -16,7 +16,7 @@ from tandem.errors import UsageError
 from ..parallel import traffic
 from ..parallel.devices import index_of
 from ..parallel.parallel_apply import parallel_apply
-from ..parallel.scatter_gather import chunk_sizes
+from ..parallel.shares import shares
 
 __all__ = ["split_sizes", "home_index", "move", "run_shards", "ACTIVATIONS", "ACTIVATION_GRADS"]
 
@@ -36,7 +36,7 @@ def split_sizes(total: int, parts: int) -> list[int]:
         raise UsageError(f"cannot split {total} features: need at least 1")
     if parts < 1:
         raise UsageError(f"cannot split over {parts} devices: need at least 1")
-    return chunk_sizes(total, parts)  # the same balance as a scattered batch
+    return shares(total, [1] * min(total, parts))  # the same balance as a scattered batch
 
 
 def home_index(devices: Sequence[torch.device], output_device: torch.device) -> int | None:

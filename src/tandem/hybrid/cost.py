@@ -18,6 +18,7 @@ from torch import nn
 
 from tandem.errors import UsageError
 
+from ..models import mac_breakdown
 from ..parallel.devices import resolve_devices
 from ..parallel.split import check_weights, shares, split_report
 from ._shards import split_sizes
@@ -202,7 +203,6 @@ def _traced(model: nn.Module, name: str, shape: tuple) -> tuple[int, int, dict]:
 
     hooks = [getattr(meta, name).register_forward_hook(sizes_hook)]
     try:
-        from ..models import mac_breakdown
 
         macs = mac_breakdown(meta, (1,) + shape)
     finally:

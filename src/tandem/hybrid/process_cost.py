@@ -27,7 +27,7 @@ from torch import nn
 
 from tandem.errors import UsageError
 
-from ..data.loader import shard_sizes
+from ..parallel.shares import shares as cut
 from .across_processes import block_sizes
 from .layout import classifier_layout, find_head, head_sequential
 
@@ -109,7 +109,7 @@ def step_bytes(model: nn.Module, batch_size: int, processes: int,
         raise UsageError(f"step_bytes needs a batch and processes >= 1, got batch "
                          f"{batch_size} over {processes}")
     name = find_head(model, head, who="step_bytes")
-    shares = shard_sizes(batch_size, processes)  # the loader's, some maybe empty
+    shares = cut(batch_size, [1] * processes)  # the loader's, some maybe empty
     first = next(model.parameters(), None)
     e = first.element_size() if first is not None else 4
     mods = list(head_sequential(getattr(model, name)))

@@ -36,8 +36,9 @@ __all__ = ["all_shares", "gather_rows", "sum_rows", "rows_of_columns", "gather_a
 
 # torch 2.13 names these ``*_single`` and warns at the older names, which older torch (2.11,
 # on a GPU machine) has alone
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def all_shares(count: int, device: torch.device, group=None) -> list[int]:
     """Every rank's row count, in rank order, given this rank's (one small all-gather, read on
@@ -45,7 +46,7 @@ def all_shares(count: int, device: torch.device, group=None) -> list[int]:
     world = dist.get_world_size(group)
     mine = torch.tensor([count], dtype=torch.int64, device=device)
     every = torch.empty(world, dtype=torch.int64, device=device)
-    _all_gather(every, mine, group=group)
+    _gather_into(every, mine, group=group)
     return [int(c) for c in every.tolist()]
 
 
@@ -67,7 +68,7 @@ def _all_gather(x: torch.Tensor, shares: Sequence[int], group, kind: str) -> tor
     """Every rank's rows (``x``: this rank's), concatenated in rank order: ``(sum(shares), ...)``."""
     world, most = len(shares), max(shares)
     out = x.new_empty((world * most, *x.shape[1:]))
-    _all_gather(out, _padded(x, most), group=group)
+    _gather_into(out, _padded(x, most), group=group)
     traffic.record(kind, (world - 1) * most * _row_bytes(x))
     return torch.cat([out[r * most: r * most + n] for r, n in enumerate(shares)])
 
@@ -161,6 +162,6 @@ def gather_along(t: torch.Tensor, dim: int, sizes: Sequence[int], group=None) ->
     world, most = len(sizes), max(sizes)
     front = t.detach().movedim(dim, 0)
     out = front.new_empty((world * most, *front.shape[1:]))
-    _all_gather(out, _padded(front, most), group=group)
+    _gather_into(out, _padded(front, most), group=group)
     whole = torch.cat([out[r * most: r * most + n] for r, n in enumerate(sizes)])
     return whole.movedim(0, dim).contiguous()

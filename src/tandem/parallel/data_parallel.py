@@ -11,7 +11,7 @@ refused where torch returns one value per replica, whose mean is wrong for uneve
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -19,16 +19,15 @@ from torch import nn
 from tandem.state_keys import register_plain_keys
 
 from .buffers import check_policy, sync_buffers
-from .context import ReplicaGroup
 from .devices import resolve_devices, as_device
 from .parallel_apply import parallel_apply
-from .replicate import replicate, replicate_detached
+from .replicate import replicate
 from . import threaded_backward
 from .gather_outputs import gather
-from .guards import acting_as_replica, initialise_lazy, split_inputs
-from .scatter_gather import batch_size, chunk_sizes, scatter_kwargs
+from .guards import initialise_lazy, split_inputs
+from .scatter_gather import batch_size, scatter_kwargs
+from .shares import shares
 from .split import BatchSplit
-from .work_clock import Span
 
 __all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
 
@@ -71,6 +70,8 @@ class DataParallel(nn.Module):
     ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
     :class:`~tandem.parallel.split.BatchSplit`; a strategy passes its own as ``split`` and
     steps it once per optimizer step. The update is the same whatever the shares.
+    ``split_clock``: a test clock for ``"auto"``
+    (:func:`~tandem.parallel.split.clock_from_spec`; default: real time).
     ``last_shares`` holds the chunk sizes of the last forward, one per device.
 
     ``backward_threads``: ``True`` runs each CPU replica's backward in its own thread instead
@@ -82,23 +83,22 @@ class DataParallel(nn.Module):
     kept in ``self.backward_threads``; a later ``torch.set_num_threads`` does not change it.
     """
 
-    _unobserved = False  # the class's, for an object pickled before the attribute existed
-
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
                  output_device=None, dim: int = 0, buffers: str = "replica0", gather_dim=None,
-                 split=None, max_share: int | None = None, backward_threads: bool | None = None):
+                 split=None, max_share: int | None = None, backward_threads: bool | None = None,
+                 split_clock: Callable | None = None):
         super().__init__()
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
         n = len(self.device_ids)
-        self.owns_split = not isinstance(split, BatchSplit)  # else the strategy steps it
-        self.split = BatchSplit(split, n, max_share) if self.owns_split else split
-        if self.owns_split:
+        if isinstance(split, BatchSplit):  # a strategy's: it steps it once per optimizer step
+            self.split = split
+        else:
+            self.split = BatchSplit(split, n, max_share, clock=split_clock, steps_itself=True)
             self.split.check_weights("split")
         self.backward_threads = threaded_backward.decide(
             self.device_ids, backward_threads, split=self.split.weights() is not None)
         self.last_shares: list[int] | None = None
-        self._unobserved = False  # an owned "auto" split holds a forward's times, not stepped
         self.output_device = self.device_ids[0] if output_device is None else as_device(output_device)
         self.dim = dim
         self.gather_dim = dim if gather_dim is None else gather_dim
@@ -109,34 +109,13 @@ class DataParallel(nn.Module):
         if len(self.device_ids) == 1:  # one device: the module itself, nothing in between
             home = self.device_ids[0]
             return self.single(self.module(*_move_to(inputs, home), **_move_to(kwargs, home)))
-        if self._unobserved:  # the last training forward's times, its work long done
-            self._unobserved = False
-            self.split.step(0, 0)
         # (B, ...) -> chunks of the split's shares (default about B/n) on the devices used
         devices, sizes = self.placement(inputs, kwargs)
         inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
         devices = devices[: len(inputs)]
         initialise_lazy(self.module, inputs[0], kwargs[0])  # once, here, not in every thread
-        threaded = threaded_backward.applies(devices, inputs, kwargs, self.backward_threads)
-        if threaded:  # detached replicas: each runs its backward in its own thread
-            replicas, leaves = replicate_detached(self.module, devices)
-        else:
-            replicas = self.replicate(self.module, devices)
-        timed = (self.split.auto is not None and self.training and torch.is_grad_enabled()
-                 and self.last_shares is not None)  # None: no tensor to cut, nothing to time
-        runs = [_Timed(r, d) for r, d in zip(replicas, devices)] if timed else replicas
-        with acting_as_replica(self.module):  # replica 0 is the module: zero_grad must not clear
-            group = ReplicaGroup(devices, separate_backward=threaded)
-            outputs = self.parallel_apply(runs, inputs, kwargs, devices, group=group)
-        if timed:
-            spans = iter(r.span for r in runs)
-            for i, n in enumerate(self.last_shares):
-                self.split.record(i, n, next(spans) if n else 0.0)
-            # one forward, one step, taken at the next forward: stepped here, it would wait
-            # for this forward's device work before the backward could be queued
-            self._unobserved = self.owns_split
-        if threaded:
-            outputs = threaded_backward.join(outputs, leaves, group)
+        replicas = self.replicate(self.module, devices, inputs, kwargs)
+        outputs = self.parallel_apply(replicas, inputs, kwargs, devices)
         self.sync_buffers(replicas, inputs, kwargs)
         # n outputs of about B/n each -> one output of B on output_device
         return self.gather(outputs, self.output_device)
@@ -151,7 +130,7 @@ class DataParallel(nn.Module):
         batch = batch_size((() if inputs is None else tuple(inputs), kwargs or {}), self.dim)
         sizes = None if batch is None else self.split.sizes(batch)
         if sizes is None:
-            self.last_shares = None if batch is None else _balanced(batch, len(self.device_ids))
+            self.last_shares = None if batch is None else shares(batch, [1] * len(self.device_ids))
             return self.device_ids, None
         self.last_shares = sizes
         used = [d for d, n in zip(self.device_ids, sizes) if n]
@@ -164,12 +143,19 @@ class DataParallel(nn.Module):
             return split_inputs(inputs, kwargs, device_ids, self.dim)
         return scatter_kwargs(inputs, kwargs, device_ids, self.dim, chunk_sizes)
 
-    def replicate(self, module: nn.Module, device_ids: Sequence[torch.device]) -> list[nn.Module]:
+    def replicate(self, module: nn.Module, device_ids: Sequence[torch.device],
+                  inputs=(), kwargs=()) -> list[nn.Module]:
+        """Detached replicas that run their own backward when the chunks ``inputs`` and
+        ``kwargs`` take that path (:func:`~tandem.parallel.threaded_backward.applies`)."""
+        if threaded_backward.applies(device_ids, inputs, kwargs, self.backward_threads):
+            return threaded_backward.Replicas(module, device_ids)
         return replicate(module, device_ids)
 
-    def parallel_apply(self, replicas, inputs, kwargs, device_ids,
-                       group: ReplicaGroup | None = None) -> list:
-        return parallel_apply(replicas, inputs, kwargs, device_ids, group=group)
+    def parallel_apply(self, replicas, inputs, kwargs, device_ids) -> list:
+        runs = self.split.timed(replicas, device_ids, self.last_shares, self.training)
+        if isinstance(replicas, threaded_backward.Replicas):
+            return threaded_backward.apply(runs, replicas.leaves, inputs, kwargs, device_ids)
+        return parallel_apply(runs, inputs, kwargs, device_ids)
 
     def sync_buffers(self, replicas: Sequence[nn.Module], inputs, kwargs) -> None:
         sizes = [batch_size((a, k), self.dim) or 1 for a, k in zip(inputs, kwargs)]
@@ -187,26 +173,6 @@ class DataParallel(nn.Module):
         split = "" if self.weights() is None else f", split={self.weights()}"
         return (f"device_ids=[{devices}], output_device={self.output_device}, "
                 f"buffers={self.buffer_policy!r}{split}")
-
-
-class _Timed:
-    """Call a replica and keep the span of its work on ``device`` (``--split auto`` measures
-    speeds: :mod:`~tandem.parallel.work_clock`)."""
-
-    def __init__(self, module, device: torch.device):
-        self.module, self.device, self.span = module, device, None
-
-    def __call__(self, *args, **kwargs):
-        span = Span(self.device)
-        try:
-            return self.module(*args, **kwargs)
-        finally:
-            self.span = span.stop()
-
-
-def _balanced(batch: int, devices: int) -> list[int]:
-    sizes = chunk_sizes(batch, devices)
-    return sizes + [0] * (devices - len(sizes))
 
 
 class DataParallelModel(DataParallel):
@@ -241,8 +207,7 @@ def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
     used = devices[: len(inputs)]
     initialise_lazy(module, inputs[0], kwargs[0])
     replicas = replicate(module, used)
-    with acting_as_replica(module):
-        outputs = parallel_apply(replicas, inputs, kwargs, used)
+    outputs = parallel_apply(replicas, inputs, kwargs, used)
     sync_buffers(module, replicas, [1] * len(replicas), "replica0")
     return gather(outputs, output_device, dim if gather_dim is None else gather_dim,
                   scalars="refuse")

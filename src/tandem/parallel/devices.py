@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
 __all__ = ["resolve_devices", "parse_device_spec", "as_device", "index_of"]
 
@@ -75,13 +75,14 @@ def resolve_devices(device_ids: Iterable | None) -> list[torch.device]:
     return devices
 
 
-def parse_device_spec(spec: str, name: str = "device spec") -> list[torch.device]:
-    """Parse a device spec (the CLI's ``--devices``); errors call it ``name``.
+def parse_device_spec(spec: str, name: str = "devices") -> list[torch.device]:
+    """Parse a device spec (the CLI's ``--devices``); errors name it as parameter ``name``.
 
     Accepted forms: ``cpu`` (one CPU replica), ``cpu:N`` (N CPU replicas, N >= 1), ``cuda``
     (every CUDA device), ``cuda:0,1`` (those CUDA devices), ``auto`` (every CUDA device, else
     one CPU). Raises ``ValueError`` with a one-line message for anything else.
     """
+    name = param(name)
     text = spec.strip().lower()
     kinds = sorted({part.split(":")[0].strip() for part in text.split(",")} & {"cpu", "cuda"})
     if "," in text and len(kinds) > 1:

@@ -3,13 +3,13 @@
 A call with no tensor to split runs the module once, on the first device. A lazy module gets
 one dry forward on the first chunk in the caller's thread (eval mode, no grad), so replica
 threads never race to materialise it. ``zero_grad`` in a replica warns and does nothing, as in
-torch; the module itself (replica 0) gets that only while the replicas run.
+torch, the module itself (replica 0) included: :class:`ReplicaZeroGrad`, installed once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
+import weakref
 from typing import Sequence
 
 import torch
@@ -18,10 +18,10 @@ from torch.nn.parameter import is_lazy
 
 from tandem.errors import UsageError
 
+from .context import current
 from .scatter_gather import batch_size, scatter_kwargs
 
-__all__ = ["split_inputs", "first_lazy", "initialise_lazy", "acting_as_replica",
-           "replica_zero_grad"]
+__all__ = ["split_inputs", "first_lazy", "initialise_lazy", "ReplicaZeroGrad", "guard_zero_grad"]
 
 
 def split_inputs(inputs, kwargs, devices: Sequence[torch.device], dim: int):
@@ -68,26 +68,42 @@ def initialise_lazy(module: nn.Module, args, kwargs) -> None:
                          f"the first chunk; initialise the module before wrapping it")
 
 
-def replica_zero_grad(set_to_none: bool = True) -> None:
-    """``zero_grad`` of a replica (an instance attribute): warns and leaves every grad alone."""
-    warnings.warn("zero_grad() in a DataParallel replica has no effect: the replicas' gradients "
-                  "sum into the original module's parameters, so clear them outside the "
-                  "forward (or use torch.autograd.grad there)", UserWarning, stacklevel=2)
+class ReplicaZeroGrad:
+    """A module's ``zero_grad`` that has no effect in a replica, as torch's replicas' has none.
+
+    In a replica thread (a :class:`~tandem.parallel.context.ReplicaContext` is current) it
+    warns and leaves every gradient alone; elsewhere it is the module's own ``zero_grad``.
+    Replica 0 is the module itself, so its ``zero_grad`` must know where it is called from:
+    torch's copies carry ``_is_replica``, which ``Module.zero_grad`` only warns about. Held
+    weakly (no cycle through the module's ``__dict__``); a deep copy guards the copy.
+    """
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module: nn.Module):
+        self._module = weakref.ref(module)
+
+    def __call__(self, set_to_none: bool = True) -> None:
+        if current() is not None:
+            warnings.warn("zero_grad() in a DataParallel replica has no effect: the replicas' "
+                          "gradients sum into the original module's parameters, so clear them "
+                          "outside the forward (or use torch.autograd.grad there)", UserWarning,
+                          stacklevel=2)
+            return
+        module = self._module()
+        type(module).zero_grad(module, set_to_none)
+
+    def __deepcopy__(self, memo):
+        module = self._module()
+        return ReplicaZeroGrad(memo.get(id(module), module))
+
+    def __reduce__(self):
+        return (ReplicaZeroGrad, (self._module(),))
 
 
-@contextlib.contextmanager
-def acting_as_replica(module: nn.Module):
-    """Give ``module``'s tree the replicas' ``zero_grad`` for the duration of a parallel forward."""
-    saved = []
-    for m in module.modules():
-        d = m.__dict__
-        saved.append((d, d.get("zero_grad")))
-        d["zero_grad"] = replica_zero_grad
-    try:
-        yield
-    finally:
-        for d, before in saved:
-            if before is None:
-                d.pop("zero_grad", None)
-            else:
-                d["zero_grad"] = before
+def guard_zero_grad(module: nn.Module) -> None:
+    """Give ``module`` (one module, not its tree) a :class:`ReplicaZeroGrad`, once; a
+    ``zero_grad`` already in its ``__dict__`` (another one's) is left as it is."""
+    d = module.__dict__
+    if "zero_grad" not in d:
+        d["zero_grad"] = ReplicaZeroGrad(module)

@@ -9,7 +9,9 @@ buffers; the others get fresh buffer copies on every call (what happens to their
 
 Warning: the copies are cached on ``module`` (weakly, per device tuple and thread) and reused
 while its structure is unchanged, so the same thread gets the same replica objects next call:
-finish one forward before calling ``replicate`` again.
+finish one forward before calling ``replicate`` again. Each module of the tree also keeps,
+from its first replication on, a ``zero_grad`` that has no effect inside a replica
+(:class:`~tandem.parallel.guards.ReplicaZeroGrad`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch.nn.parameter import is_lazy
 from . import traffic
 from .broadcast import copy_params
 from .devices import resolve_devices
-from .guards import first_lazy, replica_zero_grad
+from .guards import first_lazy, guard_zero_grad
 
 __all__ = ["replicate", "replicate_detached", "ReplicaCache"]
 
@@ -65,6 +67,7 @@ def _walk(root: nn.Module):
             continue
         seen.add(id(m))
         modules.append(m)
+        guard_zero_grad(m)  # once per module; its copies take it with its __dict__
         d = m.__dict__
         add(id(m))
         add(len(d))
@@ -164,7 +167,6 @@ class _ReplicaSet:
                 own_modules, own_params = rd["_modules"], rd["_parameters"]
                 rd.update(md)  # training flag, hooks, plain attributes
                 rd.pop(_CACHE_ATTR, None)
-                rd["zero_grad"] = replica_zero_grad  # warns and does nothing, as in torch
                 rd["_modules"] = own_modules
                 for name in names:
                     p = md["_parameters"][name]

@@ -20,21 +20,10 @@ from tandem.errors import UsageError
 
 from . import traffic
 from .devices import index_of
+from .shares import shares
 
-__all__ = ["scatter", "scatter_kwargs", "chunk_sizes", "batch_size", "first_tensor", "map_tensors",
+__all__ = ["scatter", "scatter_kwargs", "batch_size", "first_tensor", "map_tensors",
            "tensors_in"]
-
-
-def chunk_sizes(batch: int, num_devices: int) -> list[int]:
-    """Balanced chunk sizes for ``batch`` items over at most ``num_devices`` replicas.
-
-    Never returns an empty chunk for ``batch > 0``; a batch of 0 gives ``[0]``.
-    """
-    if batch <= 0:
-        return [0]
-    n = min(batch, num_devices)
-    base, extra = divmod(batch, n)
-    return [base + 1] * extra + [base] * (n - extra)
 
 
 def _cuda_index(device: torch.device) -> int:
@@ -162,7 +151,7 @@ def _scatter_tensor(t: torch.Tensor, devices, dim, sizes) -> list[torch.Tensor]:
         chunks = [t.to(dev) for dev in devices]
     else:
         if sizes is None:  # _plan trimmed devices so that this never gives an empty chunk
-            sizes = chunk_sizes(t.shape[d], len(devices))
+            sizes = shares(t.shape[d], [1] * len(devices))
         if t.device.type in ("cuda", "cpu") and all(dev.type == "cuda" for dev in devices):
             chunks = list(_CudaScatter.apply(devices, sizes, d, t))
         else:
@@ -208,9 +197,8 @@ def _plan(obj, devices: Sequence, dim: int, sizes: Sequence[int] | None) -> tupl
     _batch_sizes(obj, dim, found)
     if not found:
         return devices, None
-    smallest = min(found)
-    n = len(chunk_sizes(smallest, len(devices)))
-    return devices[:n], None
+    used = max(1, min(min(found), len(devices)))  # no replica gets an empty chunk
+    return devices[:used], None
 
 
 def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] | None = None) -> list:

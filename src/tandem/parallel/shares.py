@@ -1,6 +1,8 @@
-"""A batch cut by weights: the arithmetic of ``--split`` (see :mod:`tandem.parallel.split`).
+"""A batch cut by weights: the one home of dividing a batch (``--split``, the scattered chunks,
+the loader's per-rank shards, hybrid's feature shards).
 
-Largest remainder, ties to the lower index, so every process cuts a batch alike.
+Largest remainder, ties to the lower index, so every process cuts a batch alike. Equal weights
+give the balanced cut, larger first: 10 over 4 is 3, 3, 2, 2; 2 over 4 is 1, 1, 0, 0.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ __all__ = ["shares", "capped", "format_shares"]
 
 
 def shares(batch: int, weights: Sequence[float]) -> list[int]:
-    """Samples per device for ``batch``: proportional to ``weights``, largest remainder."""
+    """Samples per device for ``batch``: proportional to ``weights``, largest remainder
+    (``[1] * n``: balanced over ``n``)."""
     total = float(sum(weights))
     exact = [batch * w / total for w in weights]
     out = [math.floor(x) for x in exact]

@@ -10,33 +10,31 @@ loss); only the time a step takes does.
 from __future__ import annotations
 
 import math
-import os
 import random
 from typing import Callable, Sequence
 
-from tandem.errors import UsageError
+import torch
+
+from tandem.errors import UsageError, param
 
 from .auto_split import AutoSplit
 from .shares import capped, format_shares, shares
 from .work_clock import Span, seconds_of
 
 __all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
-           "BatchSplit", "AUTO", "format_shares", "clock_from_env", "CLOCK_VAR", "split_report"]
+           "BatchSplit", "AUTO", "format_shares", "clock_from_spec", "split_report"]
 
 AUTO = "auto"
-#: per-sample seconds per device (``"2,1"``) that replace what ``--split auto`` measures: for
-#: tests and demos that must decide the same shares on every run. ``"1,1~0.4"`` adds noise:
-#: each measurement is scaled by a factor drawn uniformly from [0.6, 1.4] (seeded by device)
-CLOCK_VAR = "TANDEM_SPLIT_CLOCK"
 
 
-def clock_from_env() -> "Callable[[int, int, float], float] | None":
-    """The clock :data:`CLOCK_VAR` asks for, read once: ``(device, samples, seconds) ->
-    seconds`` as the variable says device ``device`` takes (``None``: not set, real time)."""
-    fake = os.environ.get(CLOCK_VAR)
-    if not fake:
+def clock_from_spec(spec: str | None) -> "Callable[[int, int, float], float] | None":
+    """The test clock ``spec`` asks for (``tandem.distributed.env.SPLIT_CLOCK_VAR``'s form:
+    per-sample seconds per device, ``"2,1"``; ``"1,1~0.4"`` scales each measurement by a
+    factor drawn uniformly from [0.6, 1.4], seeded by device): ``(device, samples, seconds) ->
+    seconds`` as it says device ``device`` takes (``None``: no spec, real time)."""
+    if not spec:
         return None
-    fake, _, spread = fake.partition("~")
+    fake, _, spread = spec.partition("~")
     per_sample = [float(v) for v in fake.split(",")]
     noise: dict[int, random.Random] = {}  # each device's seeded draws of the noisy clock
 
@@ -49,7 +47,7 @@ def clock_from_env() -> "Callable[[int, int, float], float] | None":
     return clock
 
 
-def parse_split(text: str, flag: str = "--split") -> tuple[float, ...] | str:
+def parse_split(text: str, name: str = "split") -> tuple[float, ...] | str:
     """``"3,1"`` -> ``(3.0, 1.0)``; ``"auto"`` -> ``"auto"``; anything else a one-line error."""
     text = text.strip()
     if text == AUTO:
@@ -57,15 +55,17 @@ def parse_split(text: str, flag: str = "--split") -> tuple[float, ...] | str:
     try:
         weights = tuple(float(w) for w in text.split(","))
     except ValueError:
-        raise UsageError(f"bad {flag} {text!r}: give weights like 3,1 (one per device) "
-                         f"or auto") from None
-    return check_weights(weights, None, flag)
+        raise UsageError(f"bad {param(name)} {text!r}: give weights like 3,1 (one per "
+                         "device) or auto") from None
+    return check_weights(weights, None, name)
 
 
 def check_weights(weights: Sequence[float], devices: int | None, name: str = "split"
                   ) -> tuple[float, ...]:
     """``weights`` as a tuple of floats, once known to be one finite, non-negative weight per
-    device (``devices``; ``None``: any count) and not all zero."""
+    device (``devices``; ``None``: any count) and not all zero; errors name parameter
+    ``name``."""
+    name = param(name)
     weights = tuple(float(w) for w in weights)
     shown = ",".join(f"{w:g}" for w in weights)
     if devices is not None and len(weights) != devices:
@@ -79,21 +79,22 @@ def check_weights(weights: Sequence[float], devices: int | None, name: str = "sp
 
 
 def check_max_share(batch: int, weights: Sequence[float] | str, devices: int,
-                    max_share: int | None, what: str = "--batch-size") -> None:
+                    max_share: int | None, what: str = param("batch_size")) -> None:
     """Refuse, in one line, a batch whose shares would give a device more than ``max_share``
     samples (``weights`` may be ``"auto"``: then the batch must fit the caps at all)."""
     if max_share is None:
         return
     if batch > max_share * devices:
-        raise UsageError(f"{what} {batch} does not fit --max-share {max_share} on {devices} "
-                         f"device(s): at most {max_share * devices}")
+        raise UsageError(f"{what} {batch} does not fit {param('max_share')} {max_share} on "
+                         f"{devices} device(s): at most {max_share * devices}")
     if weights == AUTO:
         return
     sizes = shares(batch, weights)
     worst = max(range(len(sizes)), key=lambda i: sizes[i])
     if sizes[worst] > max_share:
-        raise UsageError(f"--split {format_shares(weights)} gives device {worst} "
-                         f"{sizes[worst]} of {batch} samples, over --max-share {max_share}")
+        raise UsageError(f"{param('split')} {format_shares(weights)} gives device {worst} "
+                         f"{sizes[worst]} of {batch} samples, over {param('max_share')} "
+                         f"{max_share}")
 
 
 def split_report(batch: int, devices: int, weights: Sequence[float] | None = None,
@@ -136,17 +137,25 @@ class BatchSplit:
     records its replicas' forwards (their backwards run inside autograd). ``by_loader`` (ddp):
     the loader cuts each global batch (:meth:`loader_split`) and has drawn some batches
     already, so a move takes effect at a later batch, the same on every rank (``reduce`` sums
-    the ranks' records). ``clock``: the test clock (default: :data:`CLOCK_VAR`, read here once).
+    the ranks' records). ``clock``: a test clock (:func:`clock_from_spec`; default ``None``:
+    real time).
+    ``steps_itself`` (a ``DataParallel``'s own split, with no loop to step it): the times of a
+    :meth:`timed` forward are observed at the next :meth:`sizes`.
     """
+
+    steps_itself = False  # the class's, for an object pickled before these existed
+    _unobserved = False
 
     def __init__(self, split, count: int, max_share: int | None = None, *,
                  by_loader: bool = False, reduce: Callable | None = None,
-                 clock: Callable | None = None):
+                 clock: Callable | None = None, steps_itself: bool = False):
         self.count, self.max_share, self.by_loader = count, max_share, by_loader
+        self.steps_itself = steps_itself
+        self._unobserved = False  # a timed forward's records wait for the next sizes()
         self.fixed = None if split is None or split == AUTO else tuple(split)
         self.auto = AutoSplit(count) if split == AUTO else None
         self.reduce = reduce
-        self.clock = clock if clock is not None else clock_from_env()
+        self.clock = clock
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
         self._samples, self._seconds = [0] * count, [[] for _ in range(count)]
         self._last_batch: int | None = None
@@ -162,12 +171,12 @@ class BatchSplit:
         """The weights now (``None``: even shares)."""
         return tuple(self.auto.weights) if self.auto is not None else self.fixed
 
-    def check_weights(self, flag: str = "--split") -> None:
+    def check_weights(self, name: str = "split") -> None:
         """Refuse (one line) weights that are not one valid weight per device."""
         if self.fixed is not None:
-            self.fixed = check_weights(self.fixed, self.count, flag)
+            self.fixed = check_weights(self.fixed, self.count, name)
 
-    def check_fits(self, batch: int, what: str = "--batch-size") -> None:
+    def check_fits(self, batch: int, what: str = param("batch_size")) -> None:
         """Refuse (one line) a ``batch`` the ``--max-share`` caps cannot hold."""
         check_max_share(batch, self.fixed or AUTO, self.count, self.max_share, what)
 
@@ -175,6 +184,9 @@ class BatchSplit:
               ) -> list[int] | None:
         """Each device's samples of ``batch`` (``None``: not split, even shares); with
         ``(epoch, index)``, those of that global batch under the moves scheduled so far."""
+        if self._unobserved:  # the last timed forward's work is long done by now
+            self._unobserved = False
+            self.step(0, 0)
         if not self.active:
             return None
         weights = self.weights()
@@ -199,6 +211,27 @@ class BatchSplit:
         a CUDA device's time is known once its work is done)."""
         self._samples[index] += samples
         self._seconds[index].append(seconds)
+
+    def timed(self, replicas: Sequence, devices: Sequence, shares: Sequence[int] | None,
+              training: bool) -> list:
+        """``replicas`` (one per device with samples, on ``devices``), each made to record the
+        span of its forward with its share (``shares``: one per device, as :meth:`sizes` cut
+        the batch) when ``--split auto`` times this forward: in training, with grad, the batch
+        cut by this split. Else ``replicas`` as they are. A split that ``steps_itself``
+        observes them at the next :meth:`sizes`: stepped at once, it would wait for this
+        forward's device work before the backward could be queued."""
+        if self.auto is None or not training or not torch.is_grad_enabled() or shares is None:
+            return replicas
+        runs = list(replicas)
+        busy = [i for i, n in enumerate(shares) if n]
+        for i, n in enumerate(shares):
+            if not n:
+                self.record(i, 0, 0.0)
+        if len(busy) == len(runs):  # else an empty batch (one replica, no samples): no time
+            for k, i in enumerate(busy):
+                runs[k] = _Timed(runs[k], devices[k], self, i, shares[i])
+        self._unobserved = self.steps_itself
+        return runs
 
     def discard(self) -> None:
         """Forget what was recorded since the last :meth:`step`: a rehearsal such as the
@@ -242,8 +275,6 @@ class BatchSplit:
         samples = self._samples
         seconds = [sum(seconds_of(s) for s in spans) for spans in self._seconds]
         if self.reduce is not None:  # every rank gets every rank's record: alike decisions
-            import torch
-
             both = self.reduce(torch.tensor([*samples, *seconds], dtype=torch.float64))
             both = both.tolist()
             samples, seconds = [int(n) for n in both[:self.count]], both[self.count:]
@@ -266,3 +297,18 @@ class BatchSplit:
             self.auto.load_state_dict(state["auto"])
             self._schedule = [(int(e), int(b), tuple(w)) for e, b, w in state.get("schedule", [])]
             self._shown = self.weights()
+
+
+class _Timed:
+    """Call a replica and record the span of its work on ``device`` in ``split`` as device
+    ``index``'s, with ``samples`` (:mod:`~tandem.parallel.work_clock`)."""
+
+    def __init__(self, module, device, split: BatchSplit, index: int, samples: int):
+        self.module, self.device, self.split = module, device, split
+        self.index, self.samples = index, samples
+
+    def __call__(self, *args, **kwargs):
+        span = Span(self.device)
+        out = self.module(*args, **kwargs)
+        self.split.record(self.index, self.samples, span.stop())
+        return out

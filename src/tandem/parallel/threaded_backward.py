@@ -15,7 +15,7 @@ replica threads (``ReplicaGroup.separate_backward``), so every replica runs its 
 zero gradients for outputs the loss did not use. Limit: no double backward
 (``create_graph=True`` is refused). :func:`decide` chooses the path once, from the layout
 (``DataParallel`` when it is built, a run in its plan); :func:`applies` then says which
-forwards take it.
+forwards take it, whose :class:`Replicas` :func:`apply` runs.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import torch
 from .broadcast import ordered_sum
 from .context import ReplicaGroup
 from .parallel_apply import parallel_apply
+from .replicate import replicate_detached
 from .scatter_gather import map_tensors, tensors_in
 
-__all__ = ["decide", "applies", "join"]
+__all__ = ["decide", "applies", "Replicas", "apply", "join"]
 
 
 def decide(devices: Sequence[torch.device], wanted: bool | None = None, split: bool = False,
@@ -62,6 +63,25 @@ def applies(devices: Sequence[torch.device], inputs, kwargs, threaded: bool) -> 
         return False
     cpu = sum(d.type == "cpu" for d in devices)
     return cpu >= 2 and not any(t.requires_grad for t in tensors_in((inputs, kwargs)))
+
+
+class Replicas(list):
+    """Replicas whose parameters are detached leaves
+    (:func:`~tandem.parallel.replicate.replicate_detached`); ``leaves[i]`` lists replica
+    ``i``'s ``(parameter, leaf)`` pairs."""
+
+    def __init__(self, module, devices: Sequence[torch.device]):
+        replicas, self.leaves = replicate_detached(module, devices)
+        super().__init__(replicas)
+
+
+def apply(modules: Sequence, leaves: list, inputs, kwargs, devices: Sequence[torch.device]
+          ) -> list:
+    """``parallel_apply`` of ``modules`` (a :class:`Replicas`' replicas, or callables around
+    them) in a group where each replica runs its own backward, the outputs :func:`join`-ed."""
+    group = ReplicaGroup(devices, separate_backward=True)
+    outputs = parallel_apply(modules, inputs, kwargs, devices, group=group)
+    return join(outputs, leaves, group)
 
 
 class _Backward:

@@ -92,15 +92,16 @@ class Strategy:
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", output_key: str | int | None = None,
                  options: dict | None = None, split=None, max_share: int | None = None,
-                 backward_threads: bool | None = None):
+                 backward_threads: bool | None = None, split_clock: Callable | None = None):
         self.devices = list(devices)
         self.sync_bn = sync_bn
         self.buffers = buffers
         self.output_key = output_key  # picks the logits of a dict or tuple output
         # the model options this strategy takes (model_options), from those handed to it
         self.options = {k: (options or {}).get(k) for k in self.model_options}
-        # --split/--max-share: the shares of a batch, one per device (ranks: see ddp)
-        self.split = BatchSplit(split, len(self.devices), max_share)
+        # --split/--max-share: the shares of a batch, one per device (ranks: see ddp); a test
+        # clock for --split auto (parallel.split.clock_from_spec; None: real time)
+        self.split = BatchSplit(split, len(self.devices), max_share, clock=split_clock)
         self.backward_threads = backward_threads  # replica threads: the run plan's choice
 
     # -- topology ---------------------------------------------------------------------------

@@ -14,13 +14,12 @@ import shutil
 import torch
 from torch import nn
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 from tandem.state_keys import register_plain_keys
 
-from .base import Strategy, strategy_class, strategy_names
+from .base import Strategy, strategy_names
 
-__all__ = ["COMPILE_MODES", "compiled", "compiling_strategies", "check_compile",
-           "compile_skip_reason"]
+__all__ = ["COMPILE_MODES", "compiled", "compiling_strategies", "check_compile"]
 
 #: torch.compile's modes (``None``: torch's default)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -35,19 +34,12 @@ def check_compile(strategy: Strategy | type[Strategy], device_type: str = "cpu")
     """Raise a one-line ``UsageError`` when ``--compile`` can't work (CPU: needs a C++ compiler)."""
     reason = strategy.compile_unsupported
     if reason:
-        raise UsageError(f"--compile does not work with --strategy {strategy.name}: {reason}; "
-                         f"use --strategy {' or '.join(compiling_strategies())}")
+        raise UsageError(f"{param('compile')} does not work with {param('strategy')} "
+                         f"{strategy.name}: {reason}; use {param('strategy')} "
+                         f"{' or '.join(compiling_strategies())}")
     if device_type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        raise UsageError("--compile on the CPU needs a C++ compiler (g++ or clang++) on PATH")
-
-
-def compile_skip_reason(name: str, device_type: str = "cpu") -> str | None:
-    """The one-line reason why registered strategy ``name`` cannot compile, else ``None``."""
-    try:
-        check_compile(strategy_class(name), device_type)
-    except ValueError as exc:
-        return str(exc)
-    return None
+        raise UsageError(f"{param('compile')} on the CPU needs a C++ compiler (g++ or clang++) on "
+                         "PATH")
 
 
 def compiled(model: nn.Module, mode: str | None = None) -> nn.Module:
@@ -55,7 +47,8 @@ def compiled(model: nn.Module, mode: str | None = None) -> nn.Module:
 
     It checks only ``mode``: whether the run can compile at all is :func:`check_compile`'s."""
     if mode not in (None, *COMPILE_MODES):
-        raise UsageError(f"bad --compile-mode {mode!r}: choose one of {', '.join(COMPILE_MODES)}")
+        raise UsageError(f"bad {param('compile_mode')} {mode!r}: choose one of "
+                         f"{', '.join(COMPILE_MODES)}")
     module = torch.compile(model, mode=None if mode == "default" else mode)
     register_plain_keys(module, "_orig_mod")  # where OptimizedModule keeps the model
     return module

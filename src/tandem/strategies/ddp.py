@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tandem.distributed import faults
 from tandem.distributed.env import read_env
 from tandem.distributed.global_loss import global_mean, local_sum
+from tandem.errors import param
 from tandem.distributed.process_group import (
     all_reduce_sum,
     any_rank,
@@ -70,7 +71,7 @@ class DDPStrategy(Strategy):
                  max_share: int | None = None, **kwargs):
         super().__init__(devices, sync_bn=sync_bn, buffers=buffers, **kwargs)
         check_policy(buffers)
-        self.env = read_env(who=f"--strategy {self.name}")
+        self.env = read_env(who=f"{param('strategy')} {self.name}")
         self.rank = self.env.rank
         self.world_size = self.env.world_size
         self._device = pick_device(self.env, self.devices)
@@ -84,7 +85,8 @@ class DDPStrategy(Strategy):
         self._stop_calls = 0  # see stop_vote
         # --split: each rank loads its share of every global batch, the same on every rank
         self.split = BatchSplit(split, self.world_size, max_share, by_loader=True,
-                                reduce=lambda t: all_reduce_sum(t, self._device))
+                                reduce=lambda t: all_reduce_sum(t, self._device),
+                                clock=self.split.clock)
         self.split.check_weights("split")
 
     @property

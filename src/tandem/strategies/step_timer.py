@@ -118,12 +118,14 @@ def timed_devices(strategy: Strategy) -> list[torch.device]:
 def launched(name: str, model: nn.Module, devices: list[torch.device],
              batch: tuple[torch.Tensor, torch.Tensor], *, channels_last: bool = False,
              sync_bn: bool = False, buffers: str = "replica0", compiled: bool = False,
-             compile_mode: str | None = None, split=None, options: dict | None = None):
+             compile_mode: str | None = None, split=None, split_clock=None,
+             options: dict | None = None):
     """Launch strategy ``name`` on ``devices`` and set ``model`` (which it takes over) up in it;
     ``(strategy, wrapped, images, targets)``, the batch on the strategy's device.
     ``compiled`` compiles as ``tandem train --compile`` does; ``split`` is ``--split``;
-    ``options`` the model options a strategy may take (hybrid's head)."""
-    extra = {} if split is None else {"split": split}
+    ``split_clock`` its clock (``None``: the wall clock); ``options`` the model options a
+    strategy may take (hybrid's head)."""
+    extra = {} if split is None else {"split": split, "split_clock": split_clock}
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, options=options,
                                **extra).launch()
     device = strategy.device

@@ -23,7 +23,7 @@ from tandem.config import OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.given import GivenDataset
-from tandem.distributed.env import launch_id
+from tandem.distributed.env import cpu_bf16_override, launch_id
 from tandem.errors import UsageError, first_line
 from tandem.factory import is_reference
 from tandem.precision import amp_precision
@@ -103,8 +103,8 @@ def build(plan: RunPlan) -> dict:
         criterion=make_criterion(optim, strategy, plan.supplied.criterion),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
-        scaler=amp_precision(strategy.device.type, cfg.parallel.amp,
-                             cfg.parallel.amp_dtype).scaler(),
+        scaler=amp_precision(strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
+                             cpu_bf16=cpu_bf16_override()).scaler(),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
         config_dict=_resolved(plan, cfg, info, (train_set, val_set)))
 

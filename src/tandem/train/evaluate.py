@@ -7,6 +7,7 @@ from dataclasses import replace
 from tandem import checkpoint
 from tandem.config import ParallelConfig, TrainConfig
 from tandem.parallel.devices import parse_device_spec
+from tandem.distributed.env import cpu_bf16_override
 from tandem.precision import amp_flags, amp_refusal
 from tandem.data.load import GIVEN_DATA
 from tandem.factory import is_reference
@@ -31,7 +32,7 @@ def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | Non
         return replace(parallel, amp=False, amp_dtype=None), "", None
     dtype = saved.parallel.amp_dtype
     device = parse_device_spec(parallel.devices, "--devices")[0]
-    if amp_refusal(device.type, dtype) is not None:  # a CUDA run's fp16 on a CPU, say
+    if amp_refusal(device.type, dtype, cpu_bf16=cpu_bf16_override()) is not None:  # fp16 on a CPU
         return (replace(parallel, amp=False, amp_dtype=None), "",
                 f"precision: float32 (the run's {amp_flags(dtype)} cannot run on {device.type})")
     return (replace(parallel, amp=True, amp_dtype=dtype),

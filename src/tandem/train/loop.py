@@ -36,6 +36,7 @@ from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
+from tandem.distributed.env import cpu_bf16_override
 from tandem.precision import amp_precision
 from tandem.strategies import Strategy
 from tandem.strategies.outputs import label_smoothing
@@ -389,7 +390,8 @@ class Trainer:
 
     def autocast(self):
         p = self.cfg.parallel
-        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype).autocast()
+        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype,
+                             cpu_bf16=cpu_bf16_override()).autocast()
 
     def batch_shares(self) -> dict | None:
         """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""

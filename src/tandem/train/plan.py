@@ -31,13 +31,14 @@ from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
-from tandem.distributed.env import in_torchrun, is_main_process, read_env, restart_count
-from tandem.errors import UsageError, first_line
+from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process, read_env,
+                                    restart_count, split_clock)
+from tandem.errors import UsageError, param, quoted
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel import threaded_backward
 from tandem.parallel.devices import parse_device_spec
-from tandem.parallel.split import parse_split
+from tandem.parallel.split import clock_from_spec, parse_split
 from tandem.precision import amp_precision
 from tandem.strategies import (Strategy, auto, create_strategy, strategy_class,
                                strategy_names)
@@ -139,7 +140,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
     if cfg.parallel.amp and cfg.parallel.amp_dtype is None and ckpt is None:
         # the config records what --amp resolved to here (bf16 on a CPU), not null
-        dtype = amp_precision(strategy.device.type, True).amp_dtype
+        dtype = amp_precision(strategy.device.type, True, cpu_bf16=cpu_bf16_override()).amp_dtype
         cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied,
                    race=race, opening=tuple(opening), data=data)
@@ -206,8 +207,8 @@ def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str],
     if "epochs" in given and epochs < epoch + (1 if batch else 0):
         done = (f"{epoch} epoch{'' if epoch == 1 else 's'}"
                 + (f" and {batch} batches of epoch {epoch + 1}" if batch else ""))
-        raise UsageError(f"--epochs {epochs} is fewer than {name} has done ({done}); give "
-                         f"--epochs {epoch + 1} or more to train it further")
+        raise UsageError(f"{param('epochs')} {epochs} is fewer than {name} has done ({done}); "
+                         f"give {param('epochs')} {epoch + 1} or more to train it further")
     if epoch >= epochs:
         where = ", ".join([f"{epoch}/{epochs} epochs"] + ([f"step {step}"] if step else []) +
                           [f"best val acc {float(ckpt.get('best_acc1') or 0.0):.2f}%"])
@@ -239,9 +240,10 @@ def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int) -> None:
     runs the command line that reached it: there the loop says there is nothing to train."""
     max_steps = cfg.optim.max_steps
     if max_steps is not None and max_steps <= step and not restart_count():
-        raise UsageError(f"--max-steps {max_steps}: {_named(cfg.run.resume, ckpt)[1]} has "
-                         f"already made {step} optimizer steps (--max-steps counts them from "
-                         f"the run's start); give more, e.g. --max-steps {step + max_steps} "
+        flag = param("max_steps")
+        raise UsageError(f"{flag} {max_steps}: {_named(cfg.run.resume, ckpt)[1]} has "
+                         f"already made {step} optimizer steps ({flag} counts them from "
+                         f"the run's start); give more, e.g. {flag} {step + max_steps} "
                          f"for {max_steps} more")
 
 
@@ -283,7 +285,7 @@ def check_model(strategy: Strategy, model: nn.Module) -> None:
     """Refuse a model ``strategy`` cannot train, in one line."""
     problem = strategy.check_model(model, **strategy.options)
     if problem:
-        raise UsageError(f"--strategy {strategy.name} {problem}")
+        raise UsageError(f"{param('strategy')} {strategy.name} {problem}")
 
 
 def _split(cfg: ParallelConfig) -> dict:
@@ -291,7 +293,7 @@ def _split(cfg: ParallelConfig) -> dict:
     if cfg.split is None and cfg.max_share is None:
         return {}
     return {"split": None if cfg.split is None else parse_split(cfg.split),
-            "max_share": cfg.max_share}
+            "max_share": cfg.max_share, "split_clock": clock_from_spec(split_clock())}
 
 
 def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
@@ -329,7 +331,8 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
                          f"({', '.join(strategy_names(splits_batch=True))}), not --strategy "
                          f"{cfg.strategy}")
     strategy.split.check_weights("--split")
-    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype)  # one line where it cannot run
+    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype,  # one line where it cannot run
+                  cpu_bf16=cpu_bf16_override())
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
     if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (build)
@@ -352,8 +355,8 @@ def _simplest(parallel: ParallelConfig, build: Callable[[ParallelConfig], Strate
                 build(replace(parallel, strategy=name))
                 return replace(parallel, strategy=name)
         except UsageError as exc:
-            refusals.append(first_line(exc))
-    raise UsageError(f"--strategy auto: no strategy can run this here: {refusals[0]}")
+            refusals.append(quoted(exc))
+    raise UsageError(f"{param('strategy')} auto: no strategy can run this here: {refusals[0]}")
 
 
 # -- --strategy auto's race ---------------------------------------------------------------------
@@ -378,14 +381,15 @@ def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tupl
                 warnings.simplefilter("ignore")
                 _strategy(replace(p, strategy=name), cfg.model, supplied.model)
         except UsageError as exc:
-            return first_line(exc)
+            return quoted(exc)
         return None
 
     options = dataclasses.asdict(cfg.model)
     processes = read_env().world_size if in_torchrun() else 0  # tandem launch: its processes
     result = auto.resolve(
         devices, model, (images, targets), options=options, check=check,
-        amp=amp_precision(devices[0].type, p.amp, p.amp_dtype), lr=cfg.optim.lr,
+        amp=amp_precision(devices[0].type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()),
+        lr=cfg.optim.lr,
         channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
         rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size),
         processes=processes)
@@ -430,8 +434,9 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
     """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
     minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
     if info.image_size < minimum:
-        raise UsageError(f"--arch {cfg.arch} needs images of at least {minimum}px, but "
-                         f"{info.name} gives {info.image_size}px (set --image-size)")
+        raise UsageError(f"{param('arch')} {cfg.arch} needs images of at least {minimum}px, "
+                         f"but {info.name} gives {info.image_size}px (set "
+                         f"{param('image_size')})")
     kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
     seed_everything(seed)
     return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,

@@ -16,7 +16,8 @@ import torch
 
 from tandem import checkpoint, cpu_malloc
 from tandem.config import TrainConfig
-from tandem.distributed.env import is_main_process, restart_count, speaks_for_node
+from tandem.distributed.env import (cpu_bf16_override, is_main_process, restart_count,
+                                    speaks_for_node)
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
@@ -110,8 +111,8 @@ def say_starting(plan: RunPlan, trainer: Trainer) -> None:
         lines += [settings.size_line(cfg, plan.given, size),
                   *settings.example_block(cfg, plan.given)]
     p = cfg.parallel
-    lines.append(settings.precision_line(amp_precision(plan.strategy.device.type, p.amp,
-                                                      p.amp_dtype), " (--amp)"))
+    lines.append(settings.precision_line(amp_precision(
+        plan.strategy.device.type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()), " (--amp)"))
     for line in lines:
         if line:
             print(line, flush=True)
@@ -154,7 +155,8 @@ def validate(plan: RunPlan) -> dict:
                 "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main, "image_size": info.image_size,
                 "precision": settings.precision_line(amp_precision(
-                    strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype))}
+                    strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
+                    cpu_bf16=cpu_bf16_override()))}
 
 
 # -- --compile: compiled before the clock starts ---------------------------------------------------

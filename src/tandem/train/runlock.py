@@ -20,7 +20,7 @@ import socket
 import time
 from typing import IO
 
-from tandem.distributed.env import in_torchrun, launch_id
+from tandem.distributed.env import in_torchrun, launch_id, torchrun_run_id
 from tandem.errors import UsageError
 
 from .rundir import RunDir
@@ -31,7 +31,7 @@ __all__ = ["check_free", "check_saved", "held"]
 def _me() -> dict:
     """What the lock file says about its owner: pid, host, and the launch it belongs to
     (``tandem launch``'s id, else a torchrun rendezvous id; ``agent``: torchrun's process)."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") if in_torchrun() else None
+    run_id = torchrun_run_id()
     return {"pid": os.getpid(), "host": socket.gethostname(),
             "launch": launch_id() or (run_id if run_id != "none" else None),
             "agent": os.getppid() if in_torchrun() else None}

@@ -37,8 +37,8 @@ from tandem import checkpoint
 from tandem.checkpoint.compat import foreign_scheduler
 from tandem.config import TrainConfig
 from tandem.data.cifar10 import find_cifar_dir
-from tandem.distributed.env import (in_torchrun, is_main_process, join_timeout, launch_id,
-                                    restart_count, several_processes)
+from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process,
+                                    join_timeout, launch_id, restart_count, several_processes)
 from tandem.distributed.shared_resume import Continued, continue_from_rank0
 from tandem.errors import UsageError
 from tandem.factory import is_reference, rebuildable
@@ -145,7 +145,7 @@ def _check_precision_runs(cfg: TrainConfig, path: str) -> None:
     if not p.amp:
         return
     device = parse_device_spec(p.devices, "--devices")[0]
-    refusal = amp_refusal(device.type, p.amp_dtype)
+    refusal = amp_refusal(device.type, p.amp_dtype, cpu_bf16=cpu_bf16_override())
     if refusal is not None:
         why = "fp16 autocast is for CUDA" if p.amp_dtype == "fp16" else refusal
         raise UsageError(f"'{path}' trains with {amp_flags(p.amp_dtype)}, which cannot run on "

@@ -7,18 +7,22 @@ from dataclasses import MISSING, asdict, dataclass, field
 import torch
 
 from tandem.config import opt
-from tandem.strategies.compile import COMPILE_MODES
+from tandem.distributed.env import cpu_bf16_override
+from tandem.errors import UsageError, param
+from tandem.models import model_info
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.devices import parse_device_spec
-from tandem.errors import UsageError
 from tandem.precision import AMP_DTYPES, amp_precision
+from tandem.strategies import strategy_class, strategy_names
+from tandem.strategies.compile import COMPILE_MODES
+
+from .variants import VARIANTS
 
 __all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_strategies"]
 
 
 def default_strategies() -> tuple[str, ...]:
     """Every single-process strategy that takes any model (multi-process ones need torchrun)."""
-    from tandem.strategies import strategy_class, strategy_names
 
     return tuple(n for n in strategy_names(multiprocess=False)
                  if strategy_class(n).takes_any_model())
@@ -28,31 +32,31 @@ def default_strategies() -> tuple[str, ...]:
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 
-def parse_names(text, valid: tuple[str, ...], flag: str, allow_empty: bool = False
+def parse_names(text, valid: tuple[str, ...], name: str, allow_empty: bool = False
                 ) -> tuple[str, ...]:
     """``"single,dp"`` (or a sequence) -> ``("single", "dp")``, checked against ``valid``.
 
-    Unknown or repeated names are a ``ValueError`` naming ``flag``; ``"none"`` is ``()`` when
-    ``allow_empty``.
+    Unknown or repeated names are a ``ValueError`` naming parameter ``name``; ``"none"`` is
+    ``()`` when ``allow_empty``.
     """
+    what = param(name)
     if not isinstance(text, str):
         text = ",".join(text)
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if names == ("none",):
         names = ()
     if not names and not allow_empty:
-        raise UsageError(f"bad {flag} {text!r}: give at least one of {', '.join(valid)}")
-    for name in names:
-        if name not in valid:
-            raise UsageError(f"unknown name {name!r} in {flag}; choose from {', '.join(valid)}")
+        raise UsageError(f"bad {what} {text!r}: give at least one of {', '.join(valid)}")
+    for given in names:
+        if given not in valid:
+            raise UsageError(f"unknown name {given!r} in {what}; choose from {', '.join(valid)}")
     if len(set(names)) != len(names):
-        raise UsageError(f"bad {flag} {text!r}: a name is listed twice")
+        raise UsageError(f"bad {what} {text!r}: a name is listed twice")
     return names
 
 
 def _strategies_help() -> str:
     """Asked when the parser is built: the registry's names and the default they give."""
-    from tandem.strategies import strategy_names
 
     return (f"comma list of {', '.join(strategy_names())}; by default every single-process "
             f"strategy that takes any model (default: {','.join(default_strategies())})")
@@ -120,13 +124,11 @@ class BenchConfig:
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        from tandem.strategies import strategy_names
 
         if self.strategies is None:
             self.strategies = default_strategies()
-        self.strategies = parse_names(self.strategies, tuple(strategy_names()), "--strategies")
-        self.baselines = parse_names(self.baselines, BASELINES, "--baselines", allow_empty=True)
-        from tandem.models import model_info
+        self.strategies = parse_names(self.strategies, tuple(strategy_names()), "strategies")
+        self.baselines = parse_names(self.baselines, BASELINES, "baselines", allow_empty=True)
 
         info = model_info(self.arch)  # an unknown arch is a ValueError listing valid ones
         if self.image_size is None:
@@ -141,12 +143,11 @@ class BenchConfig:
         if self.amp_dtype is not None and self.amp_dtype not in AMP_DTYPES:
             raise UsageError(f"bad amp dtype {self.amp_dtype!r}: choose bf16 or fp16")
         if self.variants is not None:
-            from .variants import VARIANTS
 
-            self.variants = parse_names(self.variants, VARIANTS, "--variants")
+            self.variants = parse_names(self.variants, VARIANTS, "variants")
             if self.amp or self.channels_last:
-                raise UsageError("--variants names each twin's precision and layout; leave out "
-                                 "--amp and --channels-last")
+                raise UsageError(f"{param('variants')} names each twin's precision and layout; "
+                                 f"leave out {param('amp')} and {param('channels_last')}")
         if self.buffers not in POLICIES:
             raise UsageError(f"bad buffers {self.buffers!r}: choose replica0 or average")
         if self.threads is not None and self.threads < 1:
@@ -155,18 +156,20 @@ class BenchConfig:
             raise UsageError(f"bad compile mode {self.compile_mode!r}: choose one of "
                              f"{', '.join(COMPILE_MODES)}")
         if self.compile_mode is not None and not self.compile:
-            raise UsageError("--compile-mode needs --compile")
+            raise UsageError(f"{param('compile_mode')} needs {param('compile')}")
         if self.compile and self.warmup < 1:
-            raise UsageError("--compile needs --warmup >= 1 (the first step compiles)")
+            raise UsageError(f"{param('compile')} needs {param('warmup')} >= 1 (the first step "
+                             "compiles)")
         if self.print_freq < 0:
             raise UsageError(f"bad print_freq {self.print_freq!r}: must be >= 0")
         if self.print_freq and not self.loop:
-            raise UsageError("--print-freq is the loop twins' (it needs --loop)")
+            raise UsageError(f"{param('print_freq')} is the loop twins' (it needs {param('loop')})")
         if self.dist_timeout <= 0:
             raise UsageError(f"bad dist_timeout {self.dist_timeout!r}: must be > 0")
-        self.device_list = parse_device_spec(self.devices, "--devices")
+        self.device_list = parse_device_spec(self.devices, "devices")
         if self.amp or any("amp" in v for v in self.variants or ()):  # one line where it can't
-            amp_precision(self.device_list[0].type, True, self.amp_dtype)
+            amp_precision(self.device_list[0].type, True, self.amp_dtype,
+                          cpu_bf16=cpu_bf16_override())
         self.handicap_spec()  # a bad --handicap is refused here
 
     def handicap_spec(self) -> tuple[int, float] | None:
@@ -177,12 +180,13 @@ class BenchConfig:
             index, factor = self.handicap.split(":")
             index, factor = int(index), float(factor)
         except ValueError:
-            raise UsageError(f"bad --handicap {self.handicap!r}: give I:F, e.g. 1:2") from None
+            raise UsageError(f"bad {param('handicap')} {self.handicap!r}: give I:F, e.g. "
+                             "1:2") from None
         if not 0 <= index < len(self.device_list):
-            raise UsageError(f"bad --handicap {self.handicap}: index {index} is not one of the "
-                             f"{len(self.device_list)} device(s)")
+            raise UsageError(f"bad {param('handicap')} {self.handicap}: index {index} is not one "
+                             f"of the {len(self.device_list)} device(s)")
         if not factor >= 1:
-            raise UsageError(f"bad --handicap {self.handicap}: F must be >= 1")
+            raise UsageError(f"bad {param('handicap')} {self.handicap}: F must be >= 1")
         return index, factor
 
     def ideal_split(self) -> tuple[float, ...] | None:

@@ -32,7 +32,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
 from . import network
 from .env import (ADDR_VAR, DEFAULT_JOIN_TIMEOUT, JOIN_TIMEOUT_VAR, LAUNCH_ID_VAR, LAUNCH_VAR,
@@ -103,7 +103,7 @@ class LaunchSpec:
 
     def __post_init__(self):
         if self.nproc_per_node < 1:
-            raise UsageError(f"bad --nproc-per-node {self.nproc_per_node}: must be >= 1")
+            raise UsageError(f"bad {param('nproc_per_node')} {self.nproc_per_node}: must be >= 1")
         if not self.command:
             raise UsageError("no command to launch: add it after `--`, e.g. "
                              "`tandem launch --nproc-per-node 2 -- train --strategy ddp`")
@@ -112,29 +112,33 @@ class LaunchSpec:
                              f"be a tandem subcommand ({', '.join(_SUBCOMMANDS)})")
         lo, hi = _parse_nnodes(self.nnodes)
         if lo != hi and not self.rdzv_endpoint:
-            raise UsageError(f"--nnodes {self.nnodes} (elastic) needs --rdzv-endpoint")
+            raise UsageError(f"{param('nnodes')} {self.nnodes} (elastic) needs "
+                             f"{param('rdzv_endpoint')}")
         if self.max_restarts < 0:
-            raise UsageError(f"bad --max-restarts {self.max_restarts}: must be >= 0")
+            raise UsageError(f"bad {param('max_restarts')} {self.max_restarts}: must be >= 0")
         if self.dist_timeout is not None and self.dist_timeout <= 0:
-            raise UsageError(f"bad --dist-timeout {self.dist_timeout}: must be > 0 seconds")
+            raise UsageError(f"bad {param('dist_timeout')} {self.dist_timeout}: "
+                             "must be > 0 seconds")
         if self.join_timeout is not None and self.join_timeout <= 0:
-            raise UsageError(f"bad --join-timeout {self.join_timeout}: must be > 0 seconds")
+            raise UsageError(f"bad {param('join_timeout')} {self.join_timeout}: "
+                             "must be > 0 seconds")
         if self.master_port is not None and not 0 <= self.master_port < 65536:
-            raise UsageError(f"bad --master-port {self.master_port}: must be 0-65535")
+            raise UsageError(f"bad {param('master_port')} {self.master_port}: must be 0-65535")
         if self.rdzv_endpoint:
             if self.master_addr or self.master_port:
-                raise UsageError("give either --rdzv-endpoint or --master-addr/--master-port, "
-                                 "not both")
+                raise UsageError(f"give either {param('rdzv_endpoint')} or "
+                                 f"{param('master_addr')}/{param('master_port')}, not both")
             return
         if self.rdzv_backend or self.rdzv_id:
-            raise UsageError("--rdzv-backend and --rdzv-id need --rdzv-endpoint")
+            raise UsageError(f"{param('rdzv_backend')} and {param('rdzv_id')} need "
+                             f"{param('rdzv_endpoint')}")
         if not 0 <= self.node_rank < hi:
-            raise UsageError(f"bad --node-rank {self.node_rank}: must be in [0, {hi}) "
-                             f"for --nnodes {self.nnodes}")
+            raise UsageError(f"bad {param('node_rank')} {self.node_rank}: must be in [0, {hi}) "
+                             f"for {param('nnodes')} {self.nnodes}")
         if hi > 1 and (not self.master_addr or not self.master_port):
-            raise UsageError(f"--nnodes {self.nnodes} needs --master-addr and a non-zero "
-                             "--master-port (the address and port of node 0), or "
-                             "--rdzv-endpoint HOST:PORT")
+            raise UsageError(f"{param('nnodes')} {self.nnodes} needs {param('master_addr')} and a "
+                             f"non-zero {param('master_port')} (the address and port of node 0), "
+                             f"or {param('rdzv_endpoint')} HOST:PORT")
 
     @property
     def multi_node(self) -> bool:
@@ -164,7 +168,8 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
     except ValueError:
         lo = hi = 0
     if lo < 1 or hi < lo:
-        raise UsageError(f"bad --nnodes {text!r}: expected M or MIN:MAX with 1 <= MIN <= MAX")
+        raise UsageError(f"bad {param('nnodes')} {text!r}: expected M or MIN:MAX with "
+                         "1 <= MIN <= MAX")
     return lo, hi
 
 
@@ -180,7 +185,7 @@ def check_port_free(addr: str, port: int) -> None:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise UsageError(f"port {port} on {addr} is already in use; pick another with "
-                                 "--master-port") from None
+                                 f"{param('master_port')}") from None
             raise UsageError(f"cannot use port {port} on {addr}: {exc.strerror}") from None
 
 
@@ -379,7 +384,8 @@ def _wait_for_master(spec: LaunchSpec) -> None:
         if waited > bound:
             raise JoinFailed(f"node {spec.node_rank}: node 0 did not answer at {host}:{port} "
                              f"within {bound:.0f} s ({reason.lower()}); start it with the same "
-                             "command and --node-rank 0, or check --master-addr and --master-port")
+                             f"command and {param('node_rank')} 0, or check {param('master_addr')} "
+                             f"and {param('master_port')}")
         if waited - said >= SAY_EVERY:
             said = waited
             print(f"tandem launch: node {spec.node_rank}: waiting for node 0 at {host}:{port} "
