@@ -44,7 +44,7 @@ from tandem.errors import UsageError
 
 from ..parallel import traffic
 from ..parallel.guards import first_lazy
-from ..parallel.scatter_gather import chunk_sizes
+from ..parallel.shares import shares
 from .layout import classifier_layout, find_head, head_sequential
 from .optimizer_state import load_plain_optimizer_state, plain_optimizer_state
 from .rank_collectives import all_shares, gather_along, gather_rows, rows_of_columns, sum_rows
@@ -60,8 +60,7 @@ GRADIENTS = "gradients"
 def block_sizes(features: int, world: int) -> list[int]:
     """Each rank's block of ``features`` split features, one entry per rank: as the one-process
     hybrid splits them (10 over 3 is 4+3+3); ranks past the features get 0 (2 over 3: 1+1+0)."""
-    sizes = chunk_sizes(features, world)
-    return sizes + [0] * (world - len(sizes))
+    return shares(features, [1] * world)
 
 
 def summing_hook(group, bucket):  # DDP checks an annotation; a string one fails

@@ -68,6 +68,9 @@ class Strategy:
     #: a multi-process strategy: the one-process strategy whose update it computes with one
     #: process per device, which ``--strategy NAME`` under ``tandem launch`` then runs
     across_processes_of: ClassVar[str | None] = None
+    #: its model's state is gathered from every rank (a collective): after a lost peer the
+    #: survivors cannot save it, and the run goes on from its last checkpoint
+    state_needs_every_rank: ClassVar[bool] = False
     #: one process runs a replica per device in threads (``--backward-threads`` applies)
     replica_threads: ClassVar[bool] = False
 

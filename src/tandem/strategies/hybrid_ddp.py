@@ -41,6 +41,7 @@ class HybridDDPStrategy(DDPStrategy):
     splits_batch = False  # even shares (--split would need its timing across the split head)
     compile_unsupported = "its trunk and head blocks would each need compiling"
     across_processes_of = "hybrid"  # `--strategy hybrid` under tandem launch runs this
+    state_needs_every_rank = True  # each rank holds a block of the head
     model_options = ("hybrid_head",)  # the attribute holding the Linear head to split
 
     @classmethod

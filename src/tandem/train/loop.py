@@ -499,7 +499,7 @@ class Trainer:
         start, self.in_flight = self.in_flight, None
         if start is not None:
             start.restore_buffers(self.model)
-        if not self.strategy.is_main:
+        if not self.strategy.is_main or self.strategy.state_needs_every_rank:
             return None
         self.save(is_best=False, progress={LOST_BEFORE: self.position.batch,
                                            "lr_steps": thinned(self.lr_steps)},
@@ -523,6 +523,13 @@ class Trainer:
         goes on (the launcher restarts it, or the command for each node)."""
         pos, out = self.position, self.cfg.run.out
         left = restarts_left()
+        if self.strategy.state_needs_every_rank:  # its blocks went with the lost peer
+            kept = (f"{self.run_dir.latest} from step {self.saved_step}"
+                    if self.saved_step is not None else "no checkpoint of this run yet")
+            goes_on = ("the launcher restarts the job from it" if left else
+                       f"continue with: {resume_command_here(out, True)}")
+            return (f"its model is split across the processes and cannot be saved without "
+                    f"the lost one: the last checkpoint stands ({kept}); {goes_on}")
         if saved is None:
             return ("rank 0 saves the last completed step" + (
                 "; the launcher restarts the job" if left else
