@@ -524,8 +524,9 @@ class Trainer:
         pos, out = self.position, self.cfg.run.out
         left = restarts_left()
         if self.strategy.state_needs_every_rank:  # its blocks went with the lost peer
-            kept = (f"{self.run_dir.latest} from step {self.saved_step}"
-                    if self.saved_step is not None else "no checkpoint of this run yet")
+            step = self.kept_step()
+            kept = (f"{self.run_dir.latest} from step {step}" if step is not None else
+                    "no checkpoint of this run yet")
             goes_on = ("the launcher restarts the job from it" if left else
                        f"continue with: {resume_command_here(out, True)}")
             return (f"its model is split across the processes and cannot be saved without "
