@@ -23,6 +23,8 @@ extensions = [
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
+# flags stay as typed: no "--resume" turned into an en dash, no curly quotes in commands
+smartquotes = False
 exclude_patterns = ["_build", "_generated", "README.md", "Thumbs.db", ".DS_Store"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]

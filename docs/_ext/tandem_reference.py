@@ -14,6 +14,7 @@ same functions).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -133,8 +134,10 @@ def strategies_markdown() -> str:
     out = ["<!-- written by docs/_ext/tandem_reference.py from the strategy registry -->", ""]
     for name in strategy_names():
         cls = strategy_class(name)
-        out += [f"# `{name}`", "", f"```{{autoclass}} {cls.__module__}.{cls.__qualname__}",
-                ":members:", ":exclude-members: name", "```", ""]
+        # autodoc's output is reStructuredText: MyST reads it only inside eval-rst
+        out += [f"# `{name}`", "", "```{eval-rst}",
+                f".. autoclass:: {cls.__module__}.{cls.__qualname__}", "   :members:",
+                "   :exclude-members: name", "```", ""]
     return "\n".join(out)
 
 
@@ -145,7 +148,10 @@ def write_generated(app=None) -> None:
     for name, text in (("cli.md", cli_markdown()), ("strategies.md", strategies_markdown())):
         path = GENERATED / name
         if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+            # whole or not at all: two builds at once (two test workers) never read half a file
+            side = path.with_name(f".{name}.{os.getpid()}")
+            side.write_text(text)
+            os.replace(side, path)
 
 
 def setup(app):
