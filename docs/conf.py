@@ -40,4 +40,5 @@ html_theme_options = {
     "source_edit_link": None,
     "navigation_with_keys": True,
 }
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["tandem.css"]

@@ -105,7 +105,11 @@ def _groups(parser: argparse.ArgumentParser):
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    return parser.format_usage().strip().removeprefix("usage: ")
+    """``--help``'s usage lines, without the ``usage:`` before them (the continuation lines
+    lose as many columns, so that they stay aligned under the first)."""
+    lines = parser.format_usage().strip().splitlines()
+    cut = len("usage: ")
+    return "\n".join([lines[0][cut:], *(line[cut:] for line in lines[1:])])
 
 
 def cli_markdown() -> str:
