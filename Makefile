@@ -1,4 +1,4 @@
-# Two commands do all the set-up: `make demo` and `make test`.
+# Two commands do all the set-up: `make demo` and `make test` (`make docs` builds the docs).
 # Each builds .venv if it is missing. torch is pinned to the CPU wheel that lies on this
 # machine's disk (2.13.0) unless some torch is already importable, so pip never pulls a
 # multi-GB CUDA build.
@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tandem-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test install clean bench gpu-check
+.PHONY: demo test install clean bench gpu-check docs docs-extra
 
 # pip --no-compile, then compileall: bytecode on all cores instead of pip's one (about 20 s
 # less). A file that does not compile (torch ships a test file in Python 3.12's syntax) only
@@ -33,9 +33,22 @@ TEST_WORKERS ?= 2
 
 # bytecode for src and tests first: with PYTHONDONTWRITEBYTECODE set (as on this machine) each
 # of the suite's hundreds of interpreters would compile tandem again (this takes under 1 s)
-test: $(STAMP)
+test: $(STAMP) docs-extra
 	-$(BIN)/python -m compileall -qq -j 0 src tests
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+# The documentation site: Sphinx with MyST Markdown pages and the furo theme, chosen over MkDocs
+# Material because the docstrings are reStructuredText with Sphinx cross-references, which
+# autodoc renders as they are (docs/README.md says more). The docs extra is installed into
+# .venv when it is missing (also for `make test`: tests/test_docs.py builds the site). -W:
+# every warning is an error; docs/_ext/tandem_reference.py writes the CLI page from the parsers.
+docs-extra: $(STAMP)
+	@$(BIN)/python -c "import sphinx, myst_parser, furo" 2>/dev/null || \
+		$(BIN)/python -m pip install -q --no-compile -e '.[docs]'
+
+docs: docs-extra
+	$(BIN)/python -m sphinx -b html -W --keep-going -q docs docs/_build/html
+	@echo "docs/_build/html/index.html"
 
 demo: $(STAMP)
 	$(BIN)/tandem train --arch cifar_resnet20 --data digits --strategy dp --devices cpu:2 \
@@ -50,4 +63,4 @@ gpu-check:
 	scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs docs/_build docs/_generated

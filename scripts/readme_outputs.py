@@ -1,15 +1,17 @@
-"""Regenerate the README's shown outputs from real runs: ``python scripts/readme_outputs.py``.
+"""Regenerate the shown outputs of README.md and the docs pages from real runs:
+``python scripts/readme_outputs.py``.
 
-Each output block of README.md sits under a marker line ``<!-- readme_outputs: NAME -->``;
-this script runs NAME's commands (below, in order: later blocks continue the runs of earlier
-ones) in a scratch directory, as a user would from the repository root, and writes each
-command (``$ ...``) and its stdout and stderr into the block. The marker
+Each output block of README.md or a page under docs/ sits under a marker line
+``<!-- readme_outputs: NAME -->``; this script runs NAME's commands (below, in order: later
+blocks continue the runs of earlier ones) in a scratch directory, as a user would from the
+repository root, and writes each command (``$ ...``) and its stdout and stderr into the block
+(a block may be shown on more than one page: each copy gets the same output). The marker
 ``<!-- readme_outputs: machine -->`` is followed by one line naming the machine and torch.
 ``--check`` only lists the blocks and their commands. Its runs train for about a minute on a
 quiet 2-core machine; shared with other jobs (load 6) the demo alone took almost 10 minutes.
-The README is written once, at the end: a run stopped part-way changes nothing. A block inside
+The files are written once, at the end: a run stopped part-way changes nothing. A block inside
 a list item keeps its fence's indentation. :func:`shape` is a block's lines with every number
-masked: tests/test_readme.py runs the quick blocks and compares their shapes with the README's.
+masked: tests/test_readme.py runs the quick blocks and compares their shapes with the pages'.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+
+
+def pages() -> list[Path]:
+    """README.md and the docs pages that may hold output blocks (generated pages aside)."""
+    docs = REPO / "docs"
+    return [README, *sorted(p for p in docs.rglob("*.md")
+                            if "_generated" not in p.parts and "_build" not in p.parts
+                            and p != docs / "README.md")]
 MARK = re.compile(r"^<!-- readme_outputs: ([\w-]+) -->$")
 
 # Hidden set-up steps start with "#": run, not shown.
@@ -95,6 +105,8 @@ BLOCKS: dict[str, list[str]] = {
         "--out runs/ft"],
     "bare-eval": ["tandem eval --resume resnet18.pth --data flowers",
                   "tandem eval --resume resnet18.pth -a resnet18 --data flowers"],
+    "bench": ["tandem bench -a cifar_resnet20 --strategies single,dp,balanced --devices cpu:2 "
+              "-b 32 --steps 5 --warmup 2 --image-size 16"],
 }
 
 
@@ -106,11 +118,11 @@ def machine() -> str:
     torch = subprocess.run([str(REPO / ".venv/bin/python"), "-c",
                             "import torch; print(torch.__version__)"],
                            capture_output=True, text=True).stdout.strip()
-    return (f"The outputs shown in this README were made by `python scripts/readme_outputs.py` "
+    return (f"The outputs shown on this page were made by `python scripts/readme_outputs.py` "
             f"on a {os.cpu_count()}-core {model} ({platform.system()} {platform.machine()}), "
             f"torch {torch}, Python {platform.python_version()}, on "
             f"{time.strftime('%Y-%m-%d', time.gmtime())}; on another machine the numbers "
-            f"differ (see \"Same update, same bits, and drift\").")
+            f"differ (see \"The same update as one device\" in the docs).")
 
 
 def run_block(commands: list[str], cwd: Path, env: dict) -> list[str]:
@@ -147,7 +159,7 @@ def shape(lines: list[str]) -> list[str]:
 
 
 def shown(text: str) -> dict[str, list[str]]:
-    """Each marked block's lines in ``text`` (README.md), its fence's indentation removed."""
+    """Each marked block's lines in ``text`` (a page), its fence's indentation removed."""
     lines, blocks = text.splitlines(), {}
     for i, line in enumerate(lines):
         m = MARK.match(line.strip())
@@ -158,26 +170,12 @@ def shown(text: str) -> dict[str, list[str]]:
     return blocks
 
 
-def main(argv: list[str]) -> int:
-    text = README.read_text()
-    names = [m.group(1) for m in map(MARK.match, (x.strip() for x in text.splitlines())) if m]
-    missing = [n for n in names if n not in BLOCKS and n != "machine"]
-    unused = [n for n in BLOCKS if n not in names]
-    if missing or unused:
-        raise SystemExit(f"README markers without commands: {missing}; "
-                         f"commands without a marker: {unused}")
-    if "--check" in argv:
-        for name, commands in BLOCKS.items():
-            print(name, *commands, sep="\n  ")
-        return 0
-    outputs = {"machine": [machine()]}
-    with tempfile.TemporaryDirectory(prefix="readme_outputs.") as tmp:
-        root = Path(tmp)
-        env = scratch(root)
-        for name, commands in BLOCKS.items():  # in this order: later blocks use earlier runs
-            start = time.monotonic()
-            outputs[name] = run_block(commands, root, env)
-            print(f"{name}: {time.monotonic() - start:.0f}s", file=sys.stderr)
+def markers(text: str) -> list[str]:
+    return [m.group(1) for m in map(MARK.match, (x.strip() for x in text.splitlines())) if m]
+
+
+def filled(text: str, outputs: dict[str, list[str]]) -> str:
+    """``text`` with every marked block (and the machine line) replaced by ``outputs``."""
     lines, out, i = text.splitlines(), [], 0
     while i < len(lines):
         out.append(lines[i])
@@ -194,7 +192,32 @@ def main(argv: list[str]) -> int:
             i = end
             continue
         i += 1
-    README.write_text("\n".join(out) + "\n")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    texts = {page: page.read_text() for page in pages()}
+    names = {name for text in texts.values() for name in markers(text)}
+    missing = sorted(n for n in names if n not in BLOCKS and n != "machine")
+    unused = [n for n in BLOCKS if n not in names]
+    if missing or unused:
+        raise SystemExit(f"output markers without commands: {missing}; "
+                         f"commands without a marker: {unused}")
+    if "--check" in argv:
+        for name, commands in BLOCKS.items():
+            print(name, *commands, sep="\n  ")
+        return 0
+    outputs = {"machine": [machine()]}
+    with tempfile.TemporaryDirectory(prefix="readme_outputs.") as tmp:
+        root = Path(tmp)
+        env = scratch(root)
+        for name, commands in BLOCKS.items():  # in this order: later blocks use earlier runs
+            start = time.monotonic()
+            outputs[name] = run_block(commands, root, env)
+            print(f"{name}: {time.monotonic() - start:.0f}s", file=sys.stderr)
+    for page, text in texts.items():
+        if markers(text):
+            page.write_text(filled(text, outputs))
     return 0
 
 
