@@ -199,7 +199,8 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
 
     Returns where the trainer starts (``position``, ``best_acc1``, ``carried``: its fields)
     and the lines to say about it. An imagenet-example checkpoint resumes at the start of
-    epoch ``ckpt['epoch']``, with its StepLR as the run's step schedule (:mod:`.foreign`).
+    epoch ``ckpt['epoch']``, with its StepLR as the run's step schedule
+    (:func:`.settings.file_settings`).
     """
     steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
     epoch, batch, step = saved_position(ckpt)
