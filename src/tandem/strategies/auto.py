@@ -37,12 +37,16 @@ from tandem.parallel.work_clock import synchronize
 from . import step_timer
 from .base import strategy_class, strategy_names
 
-__all__ = ["AUTO", "NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept", "is_resolver", "launched",
+__all__ = ["AUTO", "NOISE", "PROCESS_NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept", "is_resolver", "launched",
            "under_launch", "launchable", "simplest_first", "candidates", "budget_s", "race", "across_processes", "planned_process_bytes",
            "resolve", "choose", "planned_bytes", "format_block"]
 
 AUTO = "auto"
 NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
+# across processes a step waits on the link too, whose share of the machine's noise is larger:
+# the same two-machine step measured 0.70x and 1.08x of another in two runs (BENCHMARKS.md
+# section 16), so a race across processes calls medians within 10% a tie
+PROCESS_NOISE = 0.10
 MIN_S, EPOCH_SHARE, MAX_S = 5.0, 0.05, 30.0  # the race's time budget (see budget_s)
 MIN_ROUNDS, MAX_ROUNDS = 3, 30  # timed rounds: fewer than 3 have no quartiles to judge by
 PROCESS_ROUNDS = 5  # timed rounds of a race across processes (--auto-steps to change)
@@ -277,7 +281,8 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
                       planned_bytes(model, devices, len(images), tuple(images.shape[1:]), head,
                                     split))
     result.link_bytes_per_s = link.get("rate")
-    result.choice, result.reason = (choose(result.rows, result.planned) if result.rows else
+    noise = PROCESS_NOISE if processes > 1 else NOISE
+    result.choice, result.reason = (choose(result.rows, result.planned, noise) if result.rows else
                                     (names[0], f"{names[0]}: the only candidate"))
     result.not_raced, result.raced = not_raced, names
     return result
@@ -316,15 +321,17 @@ def planned_process_bytes(model, batch_size: int, processes: int,
     return {n: v for n, v in predicted.items() if n in strategy_names()}
 
 
-def _tied(a: dict, b: dict) -> bool:
-    """Within the noise: medians within :data:`NOISE`, or overlapping quartiles."""
-    close = abs(a["median_s"] - b["median_s"]) <= NOISE * min(a["median_s"], b["median_s"])
+def _tied(a: dict, b: dict, noise: float = NOISE) -> bool:
+    """Within the noise: medians within ``noise`` of each other, or overlapping quartiles."""
+    close = abs(a["median_s"] - b["median_s"]) <= noise * min(a["median_s"], b["median_s"])
     return close or (a["q1_s"] <= b["q3_s"] and b["q1_s"] <= a["q3_s"])
 
 
-def choose(rows: list[dict], planned: dict | None = None) -> tuple[str, str]:
+def choose(rows: list[dict], planned: dict | None = None,
+           noise: float = NOISE) -> tuple[str, str]:
     """``(name, reason)``: the shortest median step, or the simplest candidate within the
-    noise of it; ``planned`` (:func:`planned_bytes`) adds the bytes the plan predicts."""
+    noise of it (``noise``: :data:`NOISE`, or :data:`PROCESS_NOISE` across processes);
+    ``planned`` (:func:`planned_bytes`) adds the bytes the plan predicts."""
     timed = {r["name"]: r for r in rows if "median_s" in r}
     if not timed:
         raise RuntimeError("--strategy auto: every candidate failed: " + "; ".join(
@@ -332,7 +339,7 @@ def choose(rows: list[dict], planned: dict | None = None) -> tuple[str, str]:
     order = [n for n in simplest_first() if n in timed] + \
         [n for n in timed if n not in simplest_first()]
     fastest = min(order, key=lambda n: timed[n]["median_s"])
-    tied = [n for n in order if n == fastest or _tied(timed[n], timed[fastest])]
+    tied = [n for n in order if n == fastest or _tied(timed[n], timed[fastest], noise)]
     pick = tied[0]
     others = [n for n in order if n != pick]
     if not others:
