@@ -9,6 +9,8 @@ Example::
         --batch-size 64 --steps 20
     tandem bench -a resnet50 --image-size 112 -b 16 --strategies single --devices cpu \
         --baselines none --variants fp32,cl,amp,amp+cl --compile  # bf16 and NHWC on the CPU
+    tandem bench -a alexnet --devices cpu:2 --strategies single,ddp -b 8 --image-size 64 \
+        --explain --link-rate 100mbit  # ddp and hybrid-ddp side by side, and a slow link's cost
     tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json  # input pipeline
     tandem bench --data runs/jpegs -a resnet18 --image-size 64 -b 32 -j 1  # fed vs unfed
     tandem bench --data runs/jpegs -a resnet50 -b 256 -j 14 --devices cuda --amp --decode gpu
