@@ -88,7 +88,7 @@ def test_cli_bench_json_every_field(tmp_path):
                      "--steps", "2", "--warmup", "1", "--image-size", "16", "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    assert set(report) == {"config", "machine", "results"}
+    assert set(report) == {"config", "machine", "results", "link"}
     config = report["config"]
     assert config["arch"] == "cifar_resnet20" and config["batch_size"] == 4
     assert config["device_list"] == ["cpu", "cpu"] and config["num_classes"] == 10
@@ -129,13 +129,29 @@ def test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu(tmp_path):
                      "--warmup", "0", "--image-size", "8", "--dist-timeout", "200",
                      "--threads", "1", "--json", str(out)], timeout=300)
     assert proc.returncode == 0, proc.stderr
-    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    report = json.loads(out.read_text())
+    results = {r["name"]: r for r in report["results"]}
     ddp = results["ddp"]
     _check_result_shape(ddp, batch=4, steps=1)
     assert ddp["status"] == "ok", ddp["reason"]
     assert ddp["phase"] == "torchrun" and ddp["devices"] == ["cpu", "cpu"]
-    assert ddp["bytes_per_step"]["uncounted"] == "torch DDP's gradient all-reduce"
+    assert ddp["bytes_per_step"]["uncounted"] == ("torch DDP's gradient all-reduce and buffer "
+                                                  "broadcast")  # BatchNorm's, --buffers replica0
     assert ddp["notes"] == ["torchrun phase: 2 processes, 1 torch threads each"]
+    # the hybrid across processes beside it: its trunk's gradients counted by its comm hook,
+    # the head's activations by its collectives, each as this process sends them
+    hybrid = results["hybrid-ddp"]
+    _check_result_shape(hybrid, batch=4, steps=1)
+    assert hybrid["status"] == "ok", hybrid["reason"]
+    assert hybrid["phase"] == "torchrun" and hybrid["notes"] == ddp["notes"]
+    traffic = hybrid["bytes_per_step"]
+    assert traffic["uncounted"] == "torch DDP's buffer broadcast"
+    planned = report["link"]["bytes_per_step"]["hybrid-ddp"]["by_kind"]
+    # the plan's, to a byte, but for the buffers torch broadcasts (planned, not counted)
+    assert traffic["by_kind"] == {k: v for k, v in planned.items() if k != "buffers"}
+    assert planned["buffers"] > 0
+    assert traffic["by_kind"]["gradients"] > 0 and traffic["by_kind"]["activations"] > 0
+    assert report["link"]["rates_bytes_per_s"]["measured"] > 0  # the phase's all-reduce
     # torch's own DDP (gloo, plain BatchNorm) ran beside it on the CPU, in the same phase
     peer = results["torch_ddp"]
     _check_result_shape(peer, batch=4, steps=1)
@@ -150,7 +166,7 @@ def test_torch_ddp_with_sync_bn_on_cpu_says_why_it_cannot_run():
 
     config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu:2",
                          baselines="torch_ddp", sync_bn=True)
-    [result] = distributed_phase(config, [Entry("torch_ddp", "baseline")])  # skipped before any torchrun
+    [result] = distributed_phase(config, [Entry("torch_ddp", "baseline")]).results  # no torchrun
     assert result["status"] == "skipped"
     assert result["reason"] == "--sync-bn needs CUDA here (torch's nn.SyncBatchNorm is CUDA-only)"
 
@@ -655,9 +671,11 @@ def test_an_entry_renders_todays_names_and_survives_json():
     assert "dp/ideal+cl+compile/loop" in names and "ddp/auto+cl/loop" in names
     assert names[-4:] == ["torch_ddp", "torch_ddp+compile", "torch_ddp+cl",
                           "torch_ddp+cl+compile"]
-    assert len(names) == len(set(names)) == 4 + 8 + 3 * 8 + 3 * 8 + 4 + 4
+    assert len(names) == len(set(names)) == 4 + 8 + 3 * 8 + 3 * 8 + 8 + 4 + 4
+    assert names[names.index("ddp/ideal+cl+compile/loop") + 1] == "hybrid-ddp"  # it joins ddp
+    assert "hybrid-ddp/auto" not in names  # it splits the batch evenly only
     assert [e.name for e in entries if e.multiprocess] == [
-        n for n in names if n.startswith(("ddp", "torch_ddp"))]
+        n for n in names if n.startswith(("ddp", "hybrid-ddp", "torch_ddp"))]
     ideal = next(e for e in entries if e.name == "dp/ideal")
     assert ideal.split == config.ideal_split() and ideal.handicap == (1, 3.0)
     assert all(Entry.from_json(json.loads(json.dumps(e.to_json()))) == e for e in entries)

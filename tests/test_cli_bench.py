@@ -13,7 +13,7 @@ import pytest
 
 from tandem.bench import BenchConfig
 from tandem.bench.distributed import distributed_phase, worker_main
-from tandem.bench.entry import Entry
+from tandem.bench.entry import Entry, lineup
 from tandem.cli.common import config_from_args
 from tandem.cli.main import build_parser, main
 from tandem.distributed import torchrun
@@ -48,7 +48,8 @@ def test_the_flags_are_the_ones_it_had_plus_the_fields_that_had_none():
     flags = {s for a in _bench_parser()._actions for s in a.option_strings}
     added_since = {"--handicap", "--variants",  # issues 22 and 24's fields, derived alike
                    "--loop", "-p", "--print-freq",
-                   "--decode"}  # issue 34: the fed race's decoder, tandem train's flag
+                   "--decode",  # issue 34: the fed race's decoder, tandem train's flag
+                   "--link-rate", "--link-processes"}  # issue 48: the link plan's
     assert flags == _FLAGS_BEFORE | {"--lr", "--no-cudnn-benchmark"} | added_since
 
 
@@ -63,13 +64,14 @@ def test_every_flag_reaches_its_field():
                   "--amp", "--amp-dtype", "bf16", "--channels-last", "--sync-bn", "--buffers",
                   "average", "--baselines", "none", "--lr", "0.5", "--seed", "3",
                   "--dist-timeout", "10", "--no-cudnn-benchmark", "--threads", "2", "--compile",
-                  "--compile-mode", "max-autotune", "--loop", "-p", "4")
+                  "--compile-mode", "max-autotune", "--loop", "-p", "4", "--link-rate", "1gbit",
+                  "--link-processes", "3")
     assert config_from_args(BenchConfig, args) == BenchConfig(
         arch="resnet18", strategies=("single", "dp"), devices="cpu:2", batch_size=8, steps=2,
         warmup=1, image_size=16, num_classes=5, amp=True, amp_dtype="bf16", channels_last=True,
         sync_bn=True, buffers="average", baselines=(), lr=0.5, seed=3, dist_timeout=10.0,
         cudnn_benchmark=False, threads=2, compile=True, compile_mode="max-autotune",
-        loop=True, print_freq=4)
+        loop=True, print_freq=4, link_rate="1gbit", link_processes=3)
 
 
 def test_a_bad_choice_is_the_configs_one_line(capsys):
@@ -107,8 +109,10 @@ def _config(**kw) -> BenchConfig:
                        baselines="none", dist_timeout=7, **kw)
 
 
-def _spy_launcher(monkeypatch, returncode=0, stderr="", write=True, expire=False) -> list:
-    """Replace torchrun.run_captured; it records its calls and acts as torchrun would have."""
+def _spy_launcher(monkeypatch, returncode=0, stderr="", write=True, expire=False,
+                  rate=1e9) -> list:
+    """Replace torchrun.run_captured; it records its calls and acts as torchrun would have
+    (its link measured at ``rate``)."""
     calls = []
 
     def run_captured(spec, timeout=None):
@@ -120,7 +124,8 @@ def _spy_launcher(monkeypatch, returncode=0, stderr="", write=True, expire=False
             with open(command[command.index("--contestants") + 1]) as f:
                 names = [Entry.from_json(data).name for data in json.load(f)]
             with open(command[command.index("--out") + 1], "w") as f:
-                json.dump([{"name": n, "status": "ok"} for n in names], f)
+                json.dump({"results": [{"name": n, "status": "ok"} for n in names],
+                           "link_bytes_per_s": rate}, f)
         return subprocess.CompletedProcess(torchrun.torchrun_argv(spec), returncode, "", stderr)
 
     monkeypatch.setattr(torchrun, "run_captured", run_captured)
@@ -129,7 +134,8 @@ def _spy_launcher(monkeypatch, returncode=0, stderr="", write=True, expire=False
 
 def test_the_torchrun_phase_runs_through_launch_run_captured(monkeypatch):
     calls = _spy_launcher(monkeypatch)
-    assert distributed_phase(_config(threads=1), [Entry("ddp")]) == [{"name": "ddp", "status": "ok"}]
+    phase = distributed_phase(_config(threads=1), [Entry("ddp")])
+    assert phase.results == [{"name": "ddp", "status": "ok"}] and phase.link_bytes_per_s == 1e9
     [(spec, timeout)] = calls
     assert timeout == 7 and spec.nproc_per_node == 2 and spec.max_restarts == 0
     assert spec.extra_env == {"OMP_NUM_THREADS": "1"}
@@ -159,9 +165,11 @@ def test_without_threads_the_workers_split_torchs_or_keep_omp(monkeypatch):
 def test_a_failed_torchrun_phase_fails_each_contestant_with_one_reason(monkeypatch, spy,
                                                                        reason):
     _spy_launcher(monkeypatch, **spy)
-    [result] = distributed_phase(_config(), [Entry("ddp")])
+    phase = distributed_phase(_config(), [Entry("ddp")])
+    [result] = phase.results
     assert (result["status"], result["reason"], result["phase"]) == ("failed", reason,
                                                                      "torchrun")
+    assert phase.link_bytes_per_s is None  # nothing measured
 
 
 def test_a_worker_started_by_hand_says_how_to_launch(monkeypatch, tmp_path):
@@ -174,3 +182,67 @@ def test_a_worker_started_by_hand_says_how_to_launch(monkeypatch, tmp_path):
     with pytest.raises(UsageError, match="tandem.bench.distributed needs torchrun's environment"):
         worker_main(["--config", str(config), "--contestants", str(entries), "--out",
                      str(tmp_path / "o")])
+
+
+def headless(num_classes: int = 5, in_channels: int = 3):
+    """A model with no Linear head (``test_cli_bench:headless`` as --arch)."""
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(in_channels, num_classes, 3), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten())
+
+
+def test_hybrid_ddp_joins_ddp_and_a_model_without_a_head_skips_it_with_the_reason(monkeypatch):
+    calls = _spy_launcher(monkeypatch)
+    config = BenchConfig(arch="test_cli_bench:headless", strategies="single,ddp",
+                         devices="cpu:2", baselines="none", image_size=8)
+    entries = [e for e in lineup(config) if e.multiprocess]
+    assert [e.name for e in entries] == ["ddp", "hybrid-ddp"]  # side by side
+    ddp, hybrid = distributed_phase(config, entries).results
+    assert hybrid["status"] == "skipped" and hybrid["reason"].startswith(
+        "test_cli_bench:headless: hybrid-ddp needs a Linear head to split")
+    assert ddp["status"] == "ok"
+    [(spec, _)] = calls  # ddp alone went to the workers (the spy says ok to what it got)
+    assert spec.nproc_per_node == 2
+    # a model with a head: both go
+    both = distributed_phase(_config(), entries).results
+    assert [r["status"] for r in both] == ["ok", "ok"]
+
+
+# -- --link-rate and --explain -------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--link-rate", "100mb"], "bad --link-rate '100mb': give a rate with its unit, e.g. "
+                               "100mbit, 1gbit or 12.5MB/s"),
+    (["--link-rate", "0mbit"], "bad --link-rate '0mbit': must be > 0 and finite"),
+    (["--link-processes", "0"], "bad --link-processes 0: must be >= 1"),
+])
+def test_a_bad_link_option_is_one_line_naming_the_flag(capsys, argv, message):
+    assert main(["bench", "-a", "cifar_resnet20", "--devices", "cpu", *argv]) == 2
+    assert capsys.readouterr().err.strip() == f"tandem: error: {message}"
+
+
+@pytest.mark.parametrize("processes", [None, 3])
+def test_explain_with_a_link_rate_prints_the_bytes_and_their_time(capsys, tmp_path, processes):
+    from tandem.bench.link import plan_link
+    from tandem.models import create_model
+
+    out = tmp_path / "bench.json"
+    more = [] if processes is None else ["--link-processes", str(processes)]
+    assert main(["bench", "-a", "cifar_resnet20", "--devices", "cpu:2", "--strategies",
+                 "single", "--baselines", "none", "-b", "4", "--image-size", "8", "--steps",
+                 "1", "--warmup", "0", "--explain", "--link-rate", "100mbit", "--json",
+                 str(out), *more]) == 0
+    text = capsys.readouterr().out
+    w = processes or 2  # one per device by default
+    plan = plan_link(create_model("cifar_resnet20", num_classes=10), 4, w)
+    assert plan.report(12.5e6) in text
+    assert f"batch 4 over {w} processes" in text
+    assert "link at 100 Mbit/s (--link-rate): ddp " in text
+    assert "measured by an all-reduce" not in text  # no torchrun phase ran
+    link = json.loads(out.read_text())["link"]
+    assert link["processes"] == w and link["rates_bytes_per_s"] == {"given": 12.5e6,
+                                                                    "measured": None}
+    assert link["predicted_s"]["given"] == pytest.approx(
+        {name: total / 12.5e6 for name, total in plan.totals().items()})
+    assert link["bytes_per_step"]["ddp"]["total"] > 0

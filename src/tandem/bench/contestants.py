@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from tandem.distributed.env import env_rank, split_clock
+from tandem.hybrid.across_processes import DistributedHybrid
 from tandem.parallel import context
 from tandem.parallel.split import clock_from_spec
 from tandem.precision import Precision
@@ -169,10 +170,20 @@ def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],
 
 
 def uncounted_traffic(strategy, wrapped: nn.Module) -> str | None:
-    """Traffic left to torch, which the engine's count misses (DDP's gradient all-reduce)."""
-    if isinstance(wrapped, nn.parallel.DistributedDataParallel) and strategy.world_size > 1:
-        return "torch DDP's gradient all-reduce"
-    return None
+    """Traffic left to torch, which the engine's count misses: DDP's gradient all-reduce (the
+    hybrid across processes sums its trunk's through a comm hook that counts them) and the
+    buffers DDP sends from rank 0 at every forward (``--buffers replica0``)."""
+    if strategy.world_size < 2:
+        return None
+    if isinstance(wrapped, DistributedHybrid):
+        ddp, missed = wrapped.dp, []
+    elif isinstance(wrapped, nn.parallel.DistributedDataParallel):
+        ddp, missed = wrapped, ["gradient all-reduce"]
+    else:
+        return None
+    if strategy.buffers == "replica0" and next(ddp.module.buffers(), None) is not None:
+        missed.append("buffer broadcast")
+    return "torch DDP's " + " and ".join(missed) if missed else None
 
 
 def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device],

@@ -1,10 +1,11 @@
-"""The torchrun phase: ``ddp`` and ``torch_ddp`` (and twins, ``ddp/loop`` too), one process
-per device.
+"""The torchrun phase: ``ddp``, ``hybrid-ddp`` and ``torch_ddp`` (and twins, ``ddp/loop`` too),
+one process per device.
 
 The bench runs torchrun (:func:`tandem.distributed.torchrun.run_captured`) with one worker per
 device; each worker rebuilds the model and batch from the seed, takes its shard and races its
-contestants in the same order on every rank, so collectives pair up. Rank 0 writes the
-results. This phase is not interleaved with the in-process one, so the machine may have changed
+contestants in the same order on every rank, so collectives pair up. After the race a short
+all-reduce measures the link (:func:`tandem.strategies.auto.link_rate`), and rank 0 writes the
+results and that rate. This phase is not interleaved with the in-process one, so the machine may have changed
 in between. Directly::
 
     python -m torch.distributed.run --nnodes 1 --nproc-per-node N \\
@@ -20,17 +21,21 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import subprocess
 import tempfile
+from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from tandem import cpu_malloc
 from tandem.distributed import torchrun
 from tandem.distributed.env import DistEnv, read_env, threads_set
 from tandem.distributed.process_group import destroy_process_group, init_process_group
 from tandem.models import create_model
+from tandem.strategies.auto import link_rate
 
 from .baselines import torch_ddp_contestant, torch_ddp_skip_reason
 from .contestants import Contestant, synthetic_batch
@@ -40,11 +45,29 @@ from .options import BenchConfig
 from .runner import empty_result, race
 from .skips import strategy_skip_reason
 
-__all__ = ["distributed_phase", "worker_main"]
+__all__ = ["TorchrunPhase", "distributed_phase", "worker_main"]
 
 
-def _skip_reason(entry: Entry, config: BenchConfig, custom_model: bool) -> str | None:
-    """Why ``entry`` cannot run in a torchrun phase here, machine limits first."""
+@dataclass
+class TorchrunPhase:
+    """What the phase gives back: one result per entry, and the link's rate (bytes per second
+    each process sent in an all-reduce; ``None`` where the phase did not run or failed)."""
+
+    results: list[dict] = field(default_factory=list)
+    link_bytes_per_s: float | None = None
+
+
+def _shape_only(config: BenchConfig) -> nn.Module:
+    """``config.arch``'s model on the meta device: its structure, for a strategy's
+    ``check_model``, without its memory."""
+    with torch.device("meta"):
+        return create_model(config.arch, num_classes=config.num_classes)
+
+
+def _skip_reason(entry: Entry, config: BenchConfig, custom_model: bool,
+                 model: nn.Module | None) -> str | None:
+    """Why ``entry`` cannot run in a torchrun phase here, machine limits first; ``model``
+    (its structure) for the strategy's own checks (hybrid-ddp needs a head to split)."""
     devices = config.device_list
     if not torch.distributed.is_available():
         return "torch.distributed is not available in this build"
@@ -54,7 +77,7 @@ def _skip_reason(entry: Entry, config: BenchConfig, custom_model: bool) -> str |
             # tandem's ddp handles empty shares; torch's DDP is not asked to
             reason = f"batch {config.batch_size} is smaller than the {len(devices)} processes"
     else:
-        reason = strategy_skip_reason(entry.base, None, config.arch, entry.compiled,
+        reason = strategy_skip_reason(entry.base, model, config.arch, entry.compiled,
                                       devices[0].type)
     if reason is None and custom_model:
         reason = "a custom model cannot be rebuilt in torchrun workers"
@@ -62,24 +85,27 @@ def _skip_reason(entry: Entry, config: BenchConfig, custom_model: bool) -> str |
 
 
 def distributed_phase(config: BenchConfig, entries: list[Entry], custom_model: bool = False,
-                      ) -> list[dict]:
-    """Time ``entries`` (``ddp``, ``torch_ddp``, their twins) under torchrun; one result each."""
+                      ) -> TorchrunPhase:
+    """Time ``entries`` (``ddp``, ``hybrid-ddp``, ``torch_ddp``, their twins) under torchrun;
+    one result each, in their order, and the link's rate."""
     devices = config.device_list
-    results, runnable = {}, []
+    results, runnable, rate = {}, [], None
+    model = None if custom_model else _shape_only(config)
     for entry in entries:
-        reason = _skip_reason(entry, config, custom_model)
+        reason = _skip_reason(entry, config, custom_model, model)
         if reason:
             results[entry.name] = empty_result(entry.name, entry.kind, devices, "skipped",
                                                reason)
         else:
             runnable.append(entry)
     if runnable:
-        for result in _launch(config, runnable):
+        launched, rate = _launch(config, runnable)
+        for result in launched:
             results[result["name"]] = result
-    return [results[entry.name] for entry in entries]
+    return TorchrunPhase([results[entry.name] for entry in entries], rate)
 
 
-def _launch(config: BenchConfig, entries: list[Entry]) -> list[dict]:
+def _launch(config: BenchConfig, entries: list[Entry]) -> tuple[list[dict], float | None]:
     nproc = len(config.device_list)
     threads = config.threads
     if threads is None and not threads_set():
@@ -106,9 +132,10 @@ def _launch(config: BenchConfig, entries: list[Entry]) -> list[dict]:
             error = "torchrun phase wrote no results"
         if error is not None:
             return [empty_result(e.name, e.kind, config.device_list, "failed", error,
-                                 "torchrun") for e in entries]
+                                 "torchrun") for e in entries], None
         with open(out_path) as f:
-            return json.load(f)
+            out = json.load(f)
+        return out["results"], out["link_bytes_per_s"]
 
 
 def _last_error(stderr: str) -> str:
@@ -172,8 +199,9 @@ class _Worker:
 
 
 def _write_results(results: list[dict], config: BenchConfig, rank: int, world: int,
-                   out: str) -> None:
-    """Rank 0 writes ``results`` with every rank's peak memory (each knows only its own)."""
+                   out: str, rate: float | None) -> None:
+    """Rank 0 writes ``results`` with every rank's peak memory (each knows only its own), and
+    the link's ``rate``."""
     peaks = [None] * world
     torch.distributed.all_gather_object(peaks, [r["peak_memory_bytes"][0] for r in results])
     if rank == 0:
@@ -181,7 +209,7 @@ def _write_results(results: list[dict], config: BenchConfig, rank: int, world: i
             result["devices"] = [str(d) for d in config.device_list]
             result["peak_memory_bytes"] = [peaks[r][i] for r in range(world)]
         with open(out, "w") as f:
-            json.dump(results, f)
+            json.dump({"results": results, "link_bytes_per_s": rate}, f)
 
 
 def worker_main(argv: list[str] | None = None) -> int:
@@ -204,7 +232,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         contestant.notes.append(f"torchrun phase: {world} processes, {threads} torch threads each")
     results = race(contestants, config.steps, config.warmup, config.batch_size,
                    phase="torchrun", catch=False)
-    _write_results(results, config, rank, world, out)
+    rate = link_rate()  # on the group the contestants joined, every rank alike
+    _write_results(results, config, rank, world, out, rate if math.isfinite(rate) else None)
     # Nobody tears its process group down while a peer may still be talking to it.
     dist.barrier()
     for contestant in contestants:

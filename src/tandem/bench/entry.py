@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tandem.strategies import strategy_class
+from tandem.strategies import strategy_class, strategy_names
 
 from .variants import Variant, variants_of
 
@@ -95,16 +95,29 @@ def _splits(config, name: str) -> tuple[list, tuple[int, float] | None]:
     return [None, "auto", config.ideal_split()], config.handicap_spec()
 
 
+def _strategies(config) -> list[str]:
+    """``config.strategies``, and where one of them is multi-process, every other
+    multi-process strategy after the last one named: the torchrun phase races them side by
+    side (ddp and hybrid-ddp; one that cannot take the model says why in its row)."""
+    names = list(config.strategies)
+    multi = [n for n in names if strategy_class(n).multiprocess]
+    if multi:
+        at = names.index(multi[-1]) + 1
+        names[at:at] = [n for n in strategy_names(multiprocess=True) if n not in names]
+    return names
+
+
 def lineup(config) -> list[Entry]:
     """Every contestant of ``config`` (a :class:`~.config.BenchConfig`) in table order:
-    ``bare``, the strategies (each split), ``torch_dp``, ``torch_ddp``; per contestant its
-    variants, each followed by its compiled twin; a strategy's each followed by its loop twin."""
+    ``bare``, the strategies (each split; every multi-process one once one is named),
+    ``torch_dp``, ``torch_ddp``; per contestant its variants, each followed by its compiled
+    twin; a strategy's each followed by its loop twin."""
     twins = [(v, c) for v in variants_of(config)
              for c in ((False, True) if config.compile else (False,))]
     loops = (False, True) if config.loop else (False,)
     entries = [Entry("bare", "baseline", variant=v, compiled=c)
                for v, c in twins if "bare" in config.baselines]
-    for name in config.strategies:
+    for name in _strategies(config):
         splits, handicap = _splits(config, name)
         entries += [Entry(name, split=s, variant=v, compiled=c, loop=loop, handicap=handicap)
                     for s in splits for v, c in twins for loop in loops]

@@ -16,6 +16,7 @@ from tandem.precision import AMP_DTYPES, amp_precision
 from tandem.strategies import strategy_class, strategy_names
 from tandem.strategies.compile import COMPILE_MODES
 
+from .link import parse_rate
 from .variants import VARIANTS
 
 __all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_strategies"]
@@ -121,6 +122,12 @@ class BenchConfig:
                                "(extra passes over its own chunk, not a sleep); each "
                                "strategy that splits the batch then races with an equal "
                                "split, --split auto and the ideal split", metavar="I:F")
+    link_rate: str | None = opt(None, "a link rate for the link plan's communication time a "
+                                "step (--explain, and the JSON's link block), e.g. 100mbit, "
+                                "1gbit or 12.5MB/s; a torchrun phase measures its own too",
+                                metavar="RATE")
+    link_processes: int | None = opt(None, "processes the link plan counts (default: one per "
+                                     "device, as the torchrun phase runs them)", metavar="N")
     device_list: list[torch.device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -171,6 +178,10 @@ class BenchConfig:
             amp_precision(self.device_list[0].type, True, self.amp_dtype,
                           cpu_bf16=cpu_bf16_override())
         self.handicap_spec()  # a bad --handicap is refused here
+        self.link_bytes_per_s()  # and a bad --link-rate
+        if self.link_processes is not None and self.link_processes < 1:
+            raise UsageError(f"bad {param('link_processes')} {self.link_processes!r}: must be "
+                             ">= 1")
 
     def handicap_spec(self) -> tuple[int, float] | None:
         """``--handicap I:F`` as ``(I, F)``, checked against the devices; ``None`` without."""
@@ -188,6 +199,14 @@ class BenchConfig:
         if not factor >= 1:
             raise UsageError(f"bad {param('handicap')} {self.handicap}: F must be >= 1")
         return index, factor
+
+    def link_bytes_per_s(self) -> float | None:
+        """``--link-rate`` in bytes per second (:func:`.link.parse_rate`); ``None`` without."""
+        return None if self.link_rate is None else parse_rate(self.link_rate, "link_rate")
+
+    def processes(self) -> int:
+        """The processes the link plan counts: ``--link-processes``, else one per device."""
+        return self.link_processes or len(self.device_list)
 
     def ideal_split(self) -> tuple[float, ...] | None:
         """The shares that even out ``--handicap``'s speeds (1 / F for the slow one)."""

@@ -209,15 +209,19 @@ UNIT = " sample-times"  # one sample on a device without the handicap
 
 def planned_vs_measured(report: dict, planned: dict[str, int]) -> str:
     """``--explain`` after the race: each strategy's bytes per step as the plan predicts them
-    (:func:`tandem.strategies.auto.planned_bytes`) next to its measured step and counted bytes,
-    so a plan and a clock that disagree show."""
+    (:func:`tandem.strategies.auto.planned_bytes`; a multi-process one's, each process's:
+    :func:`~tandem.strategies.auto.planned_process_bytes`) next to its measured step and
+    counted bytes (and what the count misses), so a plan and a clock that disagree show."""
     lines = ["plan vs clock: strategy, planned bytes/step, counted bytes/step, step ms"]
     for r in report["results"]:
         if r["kind"] != "strategy" or r["status"] != "ok":
             continue
-        counted = (r["bytes_per_step"] or {}).get("total")
-        lines.append(f"  {r['name']:<18}{format_bytes(planned.get(r['name'])):>10}"
-                     f"{format_bytes(counted):>12}{_ms(r['step_time_s']['median']):>10}")
+        traffic = r["bytes_per_step"] or {}
+        line = (f"  {r['name']:<18}{format_bytes(planned.get(r['name'])):>10}"
+                f"{format_bytes(traffic.get('total')):>12}{_ms(r['step_time_s']['median']):>10}")
+        if traffic.get("uncounted"):
+            line += f"  + {traffic['uncounted']} (not counted)"
+        lines.append(line)
     if not planned:
         lines.append("  (no plan: the model has no Linear head tandem.hybrid can plan)")
     return "\n".join(lines)

@@ -1,8 +1,10 @@
 """``run_bench``: build every contestant, race them, and return the whole report as a dict.
 
 Every contestant gets a deep copy of one seeded template model and the same batch. In-process
-contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``torch_ddp`` in a
-torchrun subprocess. ``--variants`` twins (:mod:`~tandem.bench.variants`) race next to each
+contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``hybrid-ddp``/
+``torch_ddp`` in a torchrun subprocess. The report's ``link`` is what the link costs a step
+(:mod:`.link`): the bytes each process sends, planned, and the time they take at
+``--link-rate`` and at the rate the torchrun phase measured. ``--variants`` twins (:mod:`~tandem.bench.variants`) race next to each
 other; ``+compile`` twins compile in their warm-up step (``first_step_s``); ``--loop`` twins
 (:mod:`~tandem.bench.loop_twin`) race next to their strategy contestant.
 A skipped or failed contestant is reported with its reason and never stops the others.
@@ -30,6 +32,7 @@ from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reaso
 from .contestants import Contestant, skipped, synthetic_batch
 from .distributed import distributed_phase
 from .entry import Entry, lineup
+from .link import plan_link
 from .loop_twin import build_strategy
 from .options import BenchConfig
 from .runner import add_ratios, race
@@ -157,13 +160,18 @@ def _run(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> dict:
     if any(d.type == "cuda" for d in devices):
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
     entries = lineup(config)
+    link = plan_link(template, config.batch_size, config.processes())
     results = _race_here(config, [e for e in entries if not e.multiprocess], template)
     del template
     _free_memory(devices)
     remote = [e for e in entries if e.multiprocess]
+    measured = None
     if remote:
-        results += distributed_phase(config, remote, custom_model=model_fn is not None)
+        phase = distributed_phase(config, remote, custom_model=model_fn is not None)
+        results += phase.results
+        measured = phase.link_bytes_per_s
     order = [e.name for e in entries]
     results.sort(key=lambda r: order.index(r["name"]))
     return {"config": config.to_dict(), "machine": machine,
-            "results": add_ratios(results, entries)}
+            "results": add_ratios(results, entries),
+            "link": link.record(config.link_bytes_per_s(), measured)}

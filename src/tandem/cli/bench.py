@@ -9,6 +9,8 @@ Example::
         --batch-size 64 --steps 20
     tandem bench -a resnet50 --image-size 112 -b 16 --strategies single --devices cpu \
         --baselines none --variants fp32,cl,amp,amp+cl --compile  # bf16 and NHWC on the CPU
+    tandem bench -a alexnet --devices cpu:2 --strategies single,ddp -b 8 --image-size 64 \
+        --explain --link-rate 100mbit  # ddp and hybrid-ddp side by side, and a slow link's cost
     tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json  # input pipeline
     tandem bench --data runs/jpegs -a resnet18 --image-size 64 -b 32 -j 1  # fed vs unfed
     tandem bench --data runs/jpegs -a resnet50 -b 256 -j 14 --devices cuda --amp --decode gpu
@@ -21,13 +23,14 @@ import sys
 
 from tandem.bench import explain, format_table, run_bench, run_setup, write_json
 from tandem.bench.fed import format_fed_table, run_fed_bench
+from tandem.bench.link import plan_link
 from tandem.bench.loader_bench import format_loader_table, run_loader_bench
 from tandem.bench.options import BASELINES, BenchConfig
 from tandem.bench.report import planned_vs_measured
 from tandem.config import DataConfig
 from tandem.errors import UsageError
 from tandem.models import create_model
-from tandem.strategies.auto import planned_bytes
+from tandem.strategies.auto import planned_bytes, planned_process_bytes
 
 from .common import add_config_arguments, config_from_args, given_fields
 
@@ -50,7 +53,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write every field as JSON to PATH ('-' for stdout)")
     p.add_argument("--explain", action="store_true",
-                   help="print tandem.hybrid's cost report for the model first")
+                   help="print tandem.hybrid's cost report for the model first, and the bytes "
+                        "each process sends a step under ddp and hybrid-ddp (with "
+                        "--link-rate: the time they take)")
     p.set_defaults(func=run)
     return p
 
@@ -94,10 +99,13 @@ def _run_fed(args: argparse.Namespace) -> int:
 
 
 def _planned(config, report: dict) -> str:
-
+    """The bytes the plans predict: the one-process strategies' between devices, the
+    multi-process ones' that each process sends (the torchrun phase's, one per device)."""
     model = create_model(config.arch, num_classes=config.num_classes)
-    return planned_vs_measured(report, planned_bytes(
-        model, config.device_list, config.batch_size, config.image_size))
+    planned = planned_bytes(model, config.device_list, config.batch_size, config.image_size)
+    if planned:
+        planned.update(planned_process_bytes(model, config.batch_size, len(config.device_list)))
+    return planned_vs_measured(report, planned)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,11 +125,18 @@ def run(args: argparse.Namespace) -> int:
             spec[1] if i == spec[0] else 1.0 for i in range(len(config.device_list))]
         print(explain(model, config.device_list, config.batch_size, config.image_size,
                       config.ideal_split(), per_sample), file=out)
+        link = plan_link(model, config.batch_size, config.processes())
+        print(link.report(config.link_bytes_per_s()), file=out)
         print(run_setup(config.device_list, config.threads), file=out)
+        del model
     report = run_bench(config)
     print(format_table(report), file=out)
-    if args.explain:  # the plan's bytes next to the measured times
+    if args.explain:  # the plan's bytes next to the measured times, and the measured link
         print(_planned(config, report), file=out)
+        measured = link.measured_line(report["link"]["rates_bytes_per_s"]["measured"],
+                                      len(config.device_list))
+        if measured:
+            print(measured, file=out)
     if args.json:
         write_json(report, args.json)
     return 1 if any(r["status"] == "failed" for r in report["results"]) else 0

@@ -37,9 +37,10 @@ from tandem.parallel.work_clock import synchronize
 from . import step_timer
 from .base import strategy_class, strategy_names
 
-__all__ = ["AUTO", "NOISE", "PROCESS_NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept", "is_resolver", "launched",
-           "under_launch", "launchable", "simplest_first", "candidates", "budget_s", "race", "across_processes", "planned_process_bytes",
-           "resolve", "choose", "planned_bytes", "format_block"]
+__all__ = ["AUTO", "NOISE", "PROCESS_NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept",
+           "is_resolver", "launched", "under_launch", "launchable", "simplest_first",
+           "candidates", "budget_s", "race", "across_processes", "planned_process_bytes",
+           "link_rate", "resolve", "choose", "planned_bytes", "format_block"]
 
 AUTO = "auto"
 NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
@@ -262,7 +263,7 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
     link: dict = {}
 
     def agree(rows: dict) -> dict:  # the group the candidates joined is up
-        shared = [rows, _link_rate()]
+        shared = [rows, link_rate()]
         dist.broadcast_object_list(shared, src=0)
         link["rate"] = shared[1]
         return shared[0]
@@ -288,7 +289,7 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
     return result
 
 
-def _link_rate(nbytes: int = 8_000_000, repeats: int = 3) -> float:
+def link_rate(nbytes: int = 8_000_000, repeats: int = 3) -> float:
     """Bytes per second each process sends in a ring all-reduce of ``nbytes`` on the job's
     group (the fastest of ``repeats``, after one untimed): what the link gives a step."""
     device = (torch.device("cuda", torch.cuda.current_device())
