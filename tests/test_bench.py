@@ -532,7 +532,12 @@ def test_compiled_baselines_save_the_plain_models_keys(tmp_path):
 def test_explain_prints_the_hybrid_plan_or_says_why_not():
     text = explain(TinySplitNet(5), ["cpu", "cpu"], batch_size=8, image_size=8)
     assert text.startswith("hybrid plan:")
-    assert "no .features/.classifier" in explain(nn.Linear(2, 2), ["cpu"], 8, 8)
+    headless = explain(nn.Linear(2, 2), ["cpu"], 8, 8)
+    assert headless.startswith("--explain: Linear: hybrid does not apply (")
+    assert "--hybrid-head" in headless  # the CLI's words for the option that names a head
+    from tandem.models import create_model  # a ResNet's .fc is a head too
+    assert explain(create_model("resnet18", num_classes=10), ["cpu", "cpu"], 8, 64).startswith(
+        "hybrid plan: ResNet")
 
 
 def _cuda_devices_flag() -> str:

@@ -13,7 +13,11 @@ import json
 import sys
 from typing import TextIO
 
+import torch
+
+from tandem.config import flagged
 from tandem.distributed.env import malloc_left_alone
+from tandem.errors import TandemError, first_line
 from tandem.hybrid import plan
 from tandem.parallel import threaded_backward
 from tandem.parallel.split import split_report
@@ -171,24 +175,22 @@ def explain(model, devices, batch_size: int, image_size: int, split=None,
     """tandem.hybrid's cost report (``plan(...).report()``) for ``model``, or why there is none;
     with ``split``/``per_sample`` (``--handicap``) it includes what that split costs, and says
     so for a model that has no hybrid plan too (:func:`tandem.parallel.split.split_report`)."""
-    if not (hasattr(model, "features") and hasattr(model, "classifier")):
-        line = (f"--explain: {type(model).__name__} has no .features/.classifier split; "
-                "hybrid does not apply")
-        if per_sample is None:
-            return line
-        sample = 3 * image_size * image_size * next(model.parameters()).element_size()
-        return "\n".join([line, *split_report(batch_size, len(devices), split, per_sample,
-                                                sample, unit=UNIT)])
-    return plan(model, devices, batch_size=batch_size, input_size=image_size, split=split,
-                per_sample=per_sample, unit=None if per_sample is None else UNIT).report()
+    try:
+        return plan(model, devices, batch_size=batch_size, input_size=image_size, split=split,
+                    per_sample=per_sample, unit=None if per_sample is None else UNIT).report()
+    except TandemError as exc:  # no head it can split
+        line = (f"--explain: {type(model).__name__}: hybrid does not apply "
+                f"({first_line(flagged(exc))})")
+    if per_sample is None:
+        return line
+    sample = 3 * image_size * image_size * next(model.parameters()).element_size()
+    return "\n".join([line, *split_report(batch_size, len(devices), split, per_sample,
+                                            sample, unit=UNIT)])
 
 
 def run_setup(devices, threads: int | None) -> str:
     """What ``--explain`` says of how the race runs its CPU replicas' backward (decided when
     each ``DataParallel`` is built, from the race's ``threads``) and of glibc's malloc."""
-    import torch
-
-
     threads = torch.get_num_threads() if threads is None else threads
     cpu = sum(torch.device(d).type == "cpu" for d in devices)
     if cpu < 2:

@@ -15,7 +15,7 @@ from tandem.distributed.env import Environment
 from tandem.distributed.slurm import slurm_job
 from tandem.distributed.torchrun import LaunchSpec, launch
 from tandem.errors import UsageError
-from tandem.strategies import strategy_class, strategy_names
+from tandem.strategies import strategy_names
 from tandem.strategies.auto import AUTO, launchable
 from tandem.train.rundir import RunDir
 
