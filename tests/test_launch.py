@@ -219,6 +219,30 @@ def test_hung_worker_times_out(tmp_path):
     _assert_no_workers_left(str(out))
 
 
+def test_a_lost_peer_under_hybrid_keeps_the_last_checkpoint_and_says_so(tmp_path):
+    """hybrid-ddp's head is split over the ranks: the survivor cannot gather the model once a
+    peer is gone, so it saves nothing then and says which checkpoint stands (the one saved at
+    step 2, untouched), instead of hanging in a gather or writing a wrong one."""
+    out = tmp_path / "hybrid"
+    job = ["train", "--data", "synthetic", "--synthetic-size", "40", "--image-size", "16",
+           "--num-classes", "3", "--batch-size", "4", "--epochs", "1", "--save-every", "2",
+           "--no-progress", "--seed", "3", "--devices", "cpu", "--strategy", "hybrid",
+           "--out", str(out)]
+    proc, _ = _run(["launch", "--nproc-per-node", "2", "--", *job],
+                   TANDEM_INJECT_FAULT="1:4:kill")
+    # rank 0's exit status 4 or the launcher's word on the killed rank 1, whichever torchrun
+    # sees first (as for ddp); rank 0's line is the same either way
+    assert proc.returncode != 0, proc.stderr[-4000:]
+    assert re.search(r"^tandem: error: rank 0 \(node 0, \S+\): lost rank 1 \(node 0, \S+\) in "
+                     r"step 4: .*; its model is split across the processes and cannot be saved "
+                     r"without the lost one: the last checkpoint stands \(\S+checkpoint.pt from "
+                     r"step 2\); continue with: tandem launch --nproc-per-node 2 -- train "
+                     r"--resume ", proc.stderr, re.M), proc.stderr[-4000:]
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["data_position"]["step"] == 2
+    _assert_no_workers_left(str(out))
+
+
 def test_sigkill_of_rank0_keeps_last_checkpoint_and_every_rank_resumes(tmp_path):
     out = tmp_path / "killed"
     long_run = ["train", "--data", "synthetic", "--synthetic-size", "20", "--image-size", "8",
