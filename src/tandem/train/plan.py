@@ -268,6 +268,9 @@ def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> None:
     alone = [n for n in strategy_names(multiprocess=False, portable_optimizer_state=True)
              if not cfg.parallel.compile or strategy_class(n).compile_unsupported is None]
     alone.sort(key=lambda n: strategy_class(n).max_devices is not None)  # all devices first
+    if cls.across_processes_of in alone:  # hybrid-ddp's own update, in one process: hybrid
+        alone.remove(cls.across_processes_of)
+        alone.insert(0, cls.across_processes_of)
     launch = (f"run '{target}' ran as {processes} {cls.name} process"
               f"{'' if processes == 1 else 'es'}: continue it with "
               f"`{rundir.command(saved, target, out)}`")
