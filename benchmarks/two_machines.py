@@ -1,9 +1,9 @@
 """DDP across two machines: step time and bytes on the wire, per link speed.
 
-Two network namespaces joined by a veth pair (tests/two_machines.py; needs root and iproute2),
-the link unshaped or limited with ``tc ... tbf``. For each model and rate the same two-node
-``tandem launch ... -- train --strategy ddp`` runs twice, for 1 and for 1 + K optimizer steps;
-the differences give one step's seconds (the epoch's train time from metrics.jsonl, without
+Two network namespaces joined by a veth pair (tests/support/two_machines.py; needs root and
+iproute2), the link unshaped or limited with ``tc ... tbf``. For each model and rate the same
+two-node ``tandem launch ... -- train --strategy ddp`` runs twice, for 1 and for 1 + K optimizer
+steps; the differences give one step's seconds (the epoch's train time from metrics.jsonl, without
 start-up or validation) and its bytes (both veth ends' transmitted bytes). Run as root::
 
     python benchmarks/two_machines.py                       # resnet18 alexnet vgg11, 3 rates
@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 from two_machines import ADDRS, TwoMachines, unavailable  # noqa: E402
 
