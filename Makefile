@@ -40,8 +40,9 @@ test: $(STAMP) docs-extra
 # The documentation site: Sphinx with MyST Markdown pages and the furo theme, chosen over MkDocs
 # Material because the docstrings are reStructuredText with Sphinx cross-references, which
 # autodoc renders as they are (docs/README.md says more). The docs extra is installed into
-# .venv when it is missing (also for `make test`: tests/test_docs.py builds the site). -W:
-# every warning is an error; docs/_ext/tandem_reference.py writes the CLI page from the parsers.
+# .venv when it is missing (also for `make test`: tests/integration/cli/test_docs.py builds
+# the site). -W: every warning is an error; docs/_ext/tandem_reference.py writes the CLI page
+# from the parsers.
 docs-extra: $(STAMP)
 	@$(BIN)/python -c "import sphinx, myst_parser, furo" 2>/dev/null || \
 		$(BIN)/python -m pip install -q --no-compile -e '.[docs]'

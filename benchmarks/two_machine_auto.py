@@ -1,7 +1,7 @@
 """What ``--strategy auto`` picks across two machines, and that a resume keeps it.
 
-Two network namespaces joined by a veth pair (tests/two_machines.py; needs root and iproute2),
-the link shaped with ``tc ... tbf``. For each model, one two-node ``tandem launch ... -- train
+Two network namespaces joined by a veth pair (tests/support/two_machines.py; needs root and
+iproute2), the link shaped with ``tc ... tbf``. For each model, one two-node ``tandem launch ... -- train
 --strategy auto`` races ddp and hybrid-ddp on the two processes and the link, trains one step
 and records the race in node 0's ``config.json``; then the same command with ``--resume``
 goes on with the choice, and node 0's output must say so without a race block. Run as root::
@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 from two_machines import ADDRS, TwoMachines, unavailable  # noqa: E402
 

@@ -1,10 +1,10 @@
 """What each node of a two-node ddp job prints when a fault hits it, and how long it takes.
 
-Two network namespaces joined by a veth pair (tests/two_machines.py; needs root and iproute2).
-Each fault is injected into rank 1 at its 9th training step (tests/child_hooks/faults.py); the
-time to notice runs from the fault's own line on node 1 to each node's exit. Then every node
-runs the command it was given (or the job ends by itself), and the final weights are compared
-with the same job run straight through. Run as root::
+Two network namespaces joined by a veth pair (tests/support/two_machines.py; needs root and
+iproute2). Each fault is injected into rank 1 at its 9th training step
+(tests/support/child_hooks/faults.py); the time to notice runs from the fault's own line on node 1
+to each node's exit. Then every node runs the command it was given (or the job ends by itself), and
+the final weights are compared with the same job run straight through. Run as root::
 
     python benchmarks/two_machine_faults.py
 """
@@ -21,7 +21,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(HERE, "..", "tests")
-sys.path.insert(0, TESTS)
+# conftest's helpers, tests/support's harness and the two-machine tests' job
+for _folder in ("", "support", os.path.join("integration", "two_machines")):
+    sys.path.insert(0, os.path.join(TESTS, _folder))
 
 import torch  # noqa: E402
 from conftest import cli_env  # noqa: E402

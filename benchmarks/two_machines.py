@@ -1,7 +1,7 @@
 """DDP and the hybrid across two machines: step time and bytes on the wire, per link speed.
 
-Two network namespaces joined by a veth pair (tests/two_machines.py; needs root and iproute2),
-the link unshaped or limited with ``tc ... tbf``. For each model and rate, each strategy's
+Two network namespaces joined by a veth pair (tests/support/two_machines.py; needs root and
+iproute2), the link unshaped or limited with ``tc ... tbf``. For each model and rate, each strategy's
 two-node ``tandem launch ... -- train --strategy S`` runs twice, for 1 and for 1 + K optimizer
 steps, the strategies interleaved (ddp 1, hybrid-ddp 1, ddp 1+K, hybrid-ddp 1+K) so that both
 see the same machine; the differences give one step's seconds (the epoch's train time from
@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 from two_machines import ADDRS, TwoMachines, unavailable  # noqa: E402
 

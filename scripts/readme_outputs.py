@@ -11,7 +11,8 @@ repository root, and writes each command (``$ ...``) and its stdout and stderr i
 quiet 2-core machine; shared with other jobs (load 6) the demo alone took almost 10 minutes.
 The files are written once, at the end: a run stopped part-way changes nothing. A block inside
 a list item keeps its fence's indentation. :func:`shape` is a block's lines with every number
-masked: tests/test_readme.py runs the quick blocks and compares their shapes with the pages'.
+masked: tests/integration/cli/test_readme.py runs the quick blocks and compares their shapes with
+the pages'.
 """
 
 from __future__ import annotations

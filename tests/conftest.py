@@ -1,7 +1,12 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+TESTS = Path(__file__).resolve().parent  # this folder: unit/, integration/, support/
+ROOT = TESTS.parent  # the repository
+SUPPORT = TESTS / "support"  # the helper modules (on sys.path: pyproject's pythonpath)
 
 # bf16 autocast runs (emulated, slower) on a CPU without bf16 instructions too: the --amp tests
 # run on every CPU (read by tandem.distributed.env.cpu_bf16_override, which the callers of
@@ -44,7 +49,7 @@ DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
               "TANDEM_INJECT_FAULT", "TANDEM_LAUNCH_ID")
 
 
-HOOKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_hooks")
+HOOKS_DIR = str(SUPPORT / "child_hooks")
 
 
 def with_hooks(env: dict) -> dict:
@@ -193,10 +198,65 @@ def make_image_folder(root, classes=("cat", "dog", "fox"), per_class=8, size=32)
     return root
 
 
+def write_image(path, value, size=(12, 10)):
+    """A solid-colour RGB image whose red channel encodes ``value``."""
+    import numpy as np
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = np.zeros((size[1], size[0], 3), dtype=np.uint8)
+    arr[..., 0] = value
+    Image.fromarray(arr).save(path)
+
+
+def write_truncated_png(path):
+    """A PNG whose header is intact and whose pixels are cut off."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    arr = (rng.random((32, 32, 3)) * 255).astype(np.uint8)
+    Image.fromarray(arr).save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def write_cifar(root, n=6):
+    """A CIFAR-10 directory as the python version's pickles: 5 training batches and a test
+    batch of ``n`` random images each, and batches.meta."""
+    import pickle
+
+    import numpy as np
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for k, name in enumerate(files):
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+        labels = [(k + i) % 10 for i in range(n)]
+        with open(root / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"data": data, b"labels": labels,
+                         b"filenames": [b"x.png"] * n}, f, protocol=2)
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [f"c{i}".encode() for i in range(10)],
+                     b"num_vis": 3072}, f, protocol=2)
+    return root
+
+
 def snapshot(run) -> dict:
     """Every file under the run directory ``run`` (``tb/`` too): its bytes and mtime."""
     return {str(p.relative_to(run)): (p.read_bytes(), p.stat().st_mtime_ns)
             for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def board_scalars(run) -> dict:
+    """Every scalar in ``run/tb``, read by TensorBoard's own reader: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
 
 
 def write_measured(name: str, figures: dict) -> None:

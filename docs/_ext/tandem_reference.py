@@ -7,8 +7,8 @@ class with autodoc wherever it lives. Both are written into ``docs/_generated/``
 builder starts, and pages pull them in with ``{include}`` (and ``:heading-offset:``, as their
 headings start at ``#``); so a flag or a strategy added to
 the code is on the pages at the next ``make docs``, and a moved module breaks no page.
-``python docs/_ext/tandem_reference.py`` prints the CLI page (tests/test_docs.py uses the
-same functions).
+``python docs/_ext/tandem_reference.py`` prints the CLI page (tests/integration/cli/test_docs.py
+uses the same functions).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A decoder opens the file's bytes, tells its size, and decodes it whole, at the s
 ``1/2^k`` scale (k <= 3) that still leaves the crop box at least the output's size: libjpeg's
 DCT scaling, which Pillow calls ``draft``. Both decoders pick the same scale by the same rule
 and both wrap libjpeg-turbo, so a JPEG gives the same pixels, or pixels within the tolerance
-``tests/test_decode.py`` states, whichever decoded it. simplejpeg (when installed) decodes
+``tests/unit/data/test_decode.py`` states, whichever decoded it. simplejpeg (when installed) decodes
 straight into a numpy array, without Pillow's RGBX image in between; Pillow remains the decoder
 for every other format, for CMYK JPEGs, and for every file when ``decoder="pillow"``.
 At scale ``1/k`` pixel ``i`` of the decoded image is the ``k``-pixel block that starts at
