@@ -1,9 +1,9 @@
 """What ``--strategy auto`` picks across two machines, and that a resume keeps it.
 
 Two network namespaces joined by a veth pair (tests/support/two_machines.py; needs root and
-iproute2), the link shaped with ``tc ... tbf``. For each model, one two-node ``tandem launch ... -- train
---strategy auto`` races ddp and hybrid-ddp on the two processes and the link, trains one step
-and records the race in node 0's ``config.json``; then the same command with ``--resume``
+iproute2), the link shaped with ``tc ... tbf``. For each model, one two-node ``tandem launch
+... -- train --strategy auto`` races ddp and hybrid-ddp on the two processes and the link,
+trains one step and records the race in node 0's ``config.json``; then the same command with ``--resume``
 goes on with the choice, and node 0's output must say so without a race block. Run as root::
 
     python benchmarks/two_machine_auto.py                    # alexnet and resnet18, 100mbit
