@@ -89,17 +89,18 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
     (:func:`destroy_process_group` leaves only a group made here).
     ``timeout`` (seconds) defaults to ``TANDEM_DIST_TIMEOUT``.
     """
+    global _joined, _watchdog, _work_group, _made_here
     backend = backend_for(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if dist.is_initialized():
+        _joined = True  # a group of the caller's: its gloo threads outlive it all the same
         if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
             raise RuntimeError(
                 f"a process group already exists with rank {dist.get_rank()} of "
                 f"{dist.get_world_size()}, but torchrun says rank {env.rank} of {env.world_size}"
             )
         return dist.get_backend()
-    global _work_group, _made_here
     seconds = dist_timeout() if timeout is None else float(timeout)
     startup = max(seconds, join_timeout())
     kwargs = {"device_id": device} if device.type != "cpu" else {}
@@ -115,7 +116,6 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
             )
             _work_group = None if startup == seconds else dist.new_group(
                 backend=backend, timeout=timedelta(seconds=seconds))
-        global _joined, _watchdog
         _joined = _made_here = True
         _watchdog = Watchdog(env, prefix, talk=join.talks(env))
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError

@@ -275,8 +275,13 @@ def test_a_group_the_caller_made_is_reused_and_left_to_the_caller(tmp_path, monk
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
                             world_size=1, timeout=timedelta(seconds=60))
     try:
+        from tandem.distributed import process_group
+
+        monkeypatch.setattr(process_group, "_joined", False)
         strategy = DDPStrategy([CPU], timeout=30).launch()
         assert strategy.backend == "gloo"
+        # its gloo threads outlive it too: tandem.exit must not finalize the interpreter
+        assert process_group.joined_a_group()
         strategy.close()
         assert dist.is_initialized()
         dist.barrier()  # still usable
