@@ -18,7 +18,8 @@ from ..parallel.devices import index_of
 from ..parallel.parallel_apply import parallel_apply
 from ..parallel.shares import shares
 
-__all__ = ["split_sizes", "home_index", "move", "run_shards", "ACTIVATIONS", "ACTIVATION_GRADS"]
+__all__ = ["split_sizes", "home_index", "move", "run_shards", "check_plain_keys", "ACTIVATIONS",
+           "ACTIVATION_GRADS"]
 
 #: Traffic kinds recorded by the model-parallel layers (forward values, backward gradients).
 ACTIVATIONS = "activations"
@@ -83,3 +84,14 @@ def run_shards(modules: Sequence[torch.nn.Module], inputs: Sequence[torch.Tensor
     the engine's ``parallel_apply`` with a message naming the replica (shard) and its device.
     """
     return list(parallel_apply(list(modules), [(x,) for x in inputs], devices=list(devices)))
+
+
+def check_plain_keys(keys, state: dict, what: str) -> None:
+    """Refuse, in one line, a plain state dict whose keys are not ``keys`` (a split model's
+    plain layout): how many are missing and unexpected, with an example of each."""
+    missing = [k for k in keys if k not in state]
+    unexpected = [k for k in state if k not in keys]
+    if missing or unexpected:
+        raise UsageError(f"plain state dict does not fit {what}: {len(missing)} missing "
+                         f"(e.g. {missing[:1]}), {len(unexpected)} unexpected "
+                         f"(e.g. {unexpected[:1]})")

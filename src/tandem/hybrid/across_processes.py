@@ -45,6 +45,7 @@ from tandem.errors import UsageError
 from ..parallel import traffic
 from ..parallel.guards import first_lazy
 from ..parallel.shares import shares
+from ._shards import check_plain_keys
 from .layout import classifier_layout, find_head, head_sequential
 from .optimizer_state import load_plain_optimizer_state, plain_optimizer_state
 from .rank_collectives import all_shares, gather_along, gather_rows, rows_of_columns, sum_rows
@@ -261,12 +262,8 @@ class DistributedHybrid(nn.Module):
     def load_plain_state_dict(self, state: dict, strict: bool = True) -> None:
         """Load a plain model's state dict (any strategy's): split layers take this rank's
         blocks. Local: no collective. A key missing or extra (when ``strict``) is an error."""
-        missing = [k for k in self._keys if k not in state]
-        unexpected = [k for k in state if k not in self._keys]
-        if strict and (missing or unexpected):
-            raise UsageError(f"plain state dict does not fit the model: {len(missing)} missing "
-                             f"(e.g. {missing[:1]}), {len(unexpected)} unexpected "
-                             f"(e.g. {unexpected[:1]})")
+        if strict:
+            check_plain_keys(self._keys, state, "the model")
         with torch.no_grad():
             for prefix, module in self._parts:
                 if prefix:

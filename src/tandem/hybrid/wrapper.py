@@ -25,6 +25,7 @@ from ..parallel import DataParallelModel, gather
 from ..parallel.devices import resolve_devices, as_device
 from ..parallel.guards import first_lazy
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
+from ._shards import check_plain_keys
 from .layout import classifier_layout, find_head, head_sequential
 from .trunk import trunk_of
 from .optimizer_state import load_plain_optimizer_state, plain_optimizer_state
@@ -186,12 +187,8 @@ class HybridParallel(nn.Module):
         """Load a plain model's state dict (as :meth:`plain_state_dict` returns) into the split
         layout; split layers take their slices. A missing or unexpected key (when ``strict``)
         or a wrong shape is a ``ValueError`` naming it."""
-        missing = [k for k in self._keys if k not in state]
-        unexpected = [k for k in state if k not in self._keys]
-        if strict and (missing or unexpected):
-            raise UsageError(f"plain state dict does not fit {type(self._skeleton).__name__}: "
-                             f"{len(missing)} missing (e.g. {missing[:1]}), "
-                             f"{len(unexpected)} unexpected (e.g. {unexpected[:1]})")
+        if strict:
+            check_plain_keys(self._keys, state, type(self._skeleton).__name__)
         for prefix, module in self._parts:
             sub = self._share(state, prefix)
             if isinstance(module, _SPLIT):
