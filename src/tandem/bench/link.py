@@ -19,7 +19,7 @@ from torch import nn
 from tandem.errors import UsageError, param
 from tandem.hybrid.process_cost import ProcessBytes, step_bytes
 from tandem.strategies import strategy_class
-from tandem.strategies.auto import across_processes, launched
+from tandem.strategies.auto import link_pair
 
 __all__ = ["parse_rate", "format_rate", "LinkPlan", "plan_link"]
 
@@ -77,7 +77,7 @@ class LinkPlan:
     @property
     def names(self) -> tuple[str, str]:
         """The multi-process strategies planned: the plain one (ddp) and the hybrid's form."""
-        return launched(), across_processes("hybrid")
+        return link_pair()
 
     def busiest(self) -> dict[str, dict[str, float]]:
         """Per strategy, the busiest rank's bytes by kind (``{}`` without a plan)."""
@@ -150,7 +150,7 @@ def plan_link(model: nn.Module, batch_size: int, processes: int,
               head: str | None = None) -> LinkPlan:
     """The :class:`LinkPlan` of ``model`` (nothing is run), or one that says why there is none."""
     name = type(model).__name__
-    why = strategy_class(across_processes("hybrid")).check_model(model, hybrid_head=head)
+    why = strategy_class(link_pair()[1]).check_model(model, hybrid_head=head)
     if why:
         return LinkPlan(name, batch_size, processes, None, why)
     return LinkPlan(name, batch_size, processes, step_bytes(model, batch_size, processes, head))

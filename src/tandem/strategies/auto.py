@@ -40,7 +40,7 @@ from .base import strategy_class, strategy_names
 __all__ = ["AUTO", "NOISE", "PROCESS_NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept",
            "is_resolver", "launched", "under_launch", "launchable", "simplest_first",
            "candidates", "budget_s", "race", "across_processes", "planned_process_bytes",
-           "link_rate", "resolve", "choose", "planned_bytes", "format_block"]
+           "link_rate", "link_pair", "resolve", "choose", "planned_bytes", "format_block"]
 
 AUTO = "auto"
 NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
@@ -70,6 +70,12 @@ def across_processes(name: str) -> str | None:
     one process per device (``hybrid``: its classifier split across the processes), if any."""
     return next((n for n in strategy_names(multiprocess=True)
                  if strategy_class(n).across_processes_of == name), None)
+
+
+def link_pair() -> tuple[str, str | None]:
+    """The two multi-process strategies a link's cost compares: the plain one (every gradient
+    all-reduced) and the one that splits the model's head across the processes."""
+    return launched(), across_processes("hybrid")
 
 
 def launchable(name: str) -> bool:

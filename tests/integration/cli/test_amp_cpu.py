@@ -174,7 +174,8 @@ def test_bench_variants_reach_the_torchrun_phase():
                          baselines="torch_ddp", batch_size=4, steps=1, warmup=1, image_size=8,
                          num_classes=5, variants="fp32,amp+cl")
     results = {r["name"]: r for r in run_bench(config)["results"]}
-    assert list(results) == ["ddp", "ddp+amp+cl", "torch_ddp", "torch_ddp+amp+cl"]
+    assert list(results) == ["ddp", "ddp+amp+cl", "hybrid-ddp", "hybrid-ddp+amp+cl",
+                             "torch_ddp", "torch_ddp+amp+cl"]  # hybrid-ddp joins ddp
     for name, r in results.items():
         assert r["status"] == "ok" and r["phase"] == "torchrun", (name, r["reason"])
 

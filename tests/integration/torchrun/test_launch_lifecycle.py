@@ -190,7 +190,7 @@ def test_bench_torchrun_phase_succeeds_and_its_workers_skip_finalization(tmp_pat
                          baselines="none", batch_size=4, steps=1, warmup=0, image_size=8,
                          dist_timeout=200, threads=1)
     for attempt in range(2):  # the probe fails on every round; stress_mp.sh hunts rarer races
-        (result,) = distributed_phase(config, [Entry("ddp")])
+        (result,) = distributed_phase(config, [Entry("ddp")]).results
         assert result["status"] == "ok", (attempt, result.get("reason"))
         ended = sorted(p.name.split(".")[0] for p in finalized.iterdir())
         assert ended == ["agent"], (attempt, ended)  # neither worker0 nor worker1

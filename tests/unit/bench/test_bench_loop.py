@@ -69,8 +69,9 @@ def test_cli_bench_loop_twin_of_ddp_runs_under_torchrun(tmp_path):
                    "--warmup", "1", "--image-size", "16", "--loop", "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
     results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
-    assert list(results) == ["ddp", "ddp/loop", "torch_ddp"]  # no twin of a baseline
-    _check_twins(results, ["ddp"])
+    # hybrid-ddp joins ddp, twins and all; no twin of a baseline
+    assert list(results) == ["ddp", "ddp/loop", "hybrid-ddp", "hybrid-ddp/loop", "torch_ddp"]
+    _check_twins(results, ["ddp", "hybrid-ddp"])
     assert results["ddp/loop"]["phase"] == "torchrun"
 
 
