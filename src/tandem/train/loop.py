@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import time
@@ -388,10 +389,15 @@ class Trainer:
             images = images.to(getattr(torch, self.cfg.parallel.dtype))
         return images, targets.to(device, non_blocking=True)
 
-    def autocast(self):
+    @functools.cached_property
+    def precision(self):
+        """What ``--amp`` is on this process's device, decided once for the run's steps."""
         p = self.cfg.parallel
         return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype,
-                             cpu_bf16=cpu_bf16_override()).autocast()
+                             cpu_bf16=cpu_bf16_override())
+
+    def autocast(self):
+        return self.precision.autocast()
 
     def batch_shares(self) -> dict | None:
         """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""
@@ -461,11 +467,14 @@ class Trainer:
         ``progress`` is the epoch under way's train sums when saving mid-epoch; ``rng`` the
         RNG states to save (default: as they are now).
         """
-        # every process that calls it asks: a strategy whose ranks each hold a block of the
-        # model (hybrid across processes) gathers the plain state here, a collective
-        state = self.strategy.state_dict(self.model)  # plain keys, split layers merged
-        plain_optimizer = self.strategy.optimizer_state_dict(self.model, self.optimizer)
-        if not self.strategy.is_main:
+        s = self.strategy
+        if not s.is_main and not s.state_needs_every_rank:
+            return
+        # a strategy whose ranks each hold a block of the model (hybrid across processes)
+        # gathers the plain state here, a collective every rank joins; others read it locally
+        state = s.state_dict(self.model)  # plain keys, split layers merged
+        plain_optimizer = s.optimizer_state_dict(self.model, self.optimizer)
+        if not s.is_main:
             return
         pos = self.position
         extra = dict(
