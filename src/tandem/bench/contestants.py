@@ -19,7 +19,8 @@ from tandem.hybrid.across_processes import DistributedHybrid
 from tandem.parallel import context
 from tandem.parallel.split import clock_from_spec
 from tandem.precision import Precision
-from tandem.strategies.step_timer import StrategyStep, TrainStep, launched
+from tandem.strategies.step_timer import (StrategyStep, TrainStep, launched, module_tensors,
+                                          place)
 
 __all__ = ["Contestant", "Handicap", "TrainStep", "synthetic_batch",
            "module_tensors", "strategy_contestant", "skipped", "place",
@@ -127,31 +128,6 @@ def synthetic_batch(batch_size: int, image_size: int, num_classes: int,
     images = torch.randn(batch_size, 3, image_size, image_size, generator=generator)
     targets = torch.randint(0, num_classes, (batch_size,), generator=generator)
     return images, targets
-
-
-def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                   *extra: torch.Tensor) -> Iterable[torch.Tensor]:
-    """Parameters, their gradients, buffers, optimizer state tensors and ``extra`` tensors."""
-    for param in module.parameters():
-        yield param
-        if param.grad is not None:
-            yield param.grad
-    yield from module.buffers()
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
-    yield from extra
-
-
-def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
-          device: torch.device, channels_last: bool):
-    """Move the batch to ``device``; with ``channels_last`` convert the model and the images."""
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-        images = images.to(device).contiguous(memory_format=torch.channels_last)
-    else:
-        images = images.to(device)
-    return model, images, targets.to(device)
 
 
 def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],

@@ -35,7 +35,7 @@ from . import compile as compiling
 from .base import Strategy, create_strategy
 
 __all__ = ["TrainStep", "StrategyStep", "launched", "Lane", "interleave", "summarize", "Stats", "clock",
-           "rank_share", "timed_devices", "describe"]
+           "rank_share", "timed_devices", "describe", "module_tensors", "place"]
 
 
 def clock() -> float:
@@ -71,6 +71,20 @@ def summarize(samples: Sequence[float]) -> Stats:
         q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return Stats(median=statistics.median(values), q1=q1, q3=q3, iqr=q3 - q1,
                  min=values[0], max=values[-1], mean=statistics.fmean(values), n=len(values))
+
+
+def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   *extra: torch.Tensor) -> Iterable[torch.Tensor]:
+    """Parameters, their gradients, buffers, optimizer state tensors and ``extra`` tensors."""
+    for param in module.parameters():
+        yield param
+        if param.grad is not None:
+            yield param.grad
+    yield from module.buffers()
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+    yield from extra
 
 
 class TrainStep:
@@ -115,6 +129,17 @@ def timed_devices(strategy: Strategy) -> list[torch.device]:
     return list(strategy.devices) if strategy.world_size == 1 else [strategy.device]
 
 
+def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+          device: torch.device, channels_last: bool):
+    """Move the batch to ``device``; with ``channels_last`` convert the model and the images."""
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        images = images.to(device).contiguous(memory_format=torch.channels_last)
+    else:
+        images = images.to(device)
+    return model, images, targets.to(device)
+
+
 def launched(name: str, model: nn.Module, devices: list[torch.device],
              batch: tuple[torch.Tensor, torch.Tensor], *, channels_last: bool = False,
              sync_bn: bool = False, buffers: str = "replica0", compiled: bool = False,
@@ -128,17 +153,11 @@ def launched(name: str, model: nn.Module, devices: list[torch.device],
     extra = {} if split is None else {"split": split, "split_clock": split_clock}
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, options=options,
                                **extra).launch()
-    device = strategy.device
-    images, targets = batch
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-        images = images.to(device).contiguous(memory_format=torch.channels_last)
-    else:
-        images = images.to(device)
+    model, images, targets = place(model, *batch, strategy.device, channels_last)
     if compiled:
-        compiling.check_compile(strategy, device.type)
+        compiling.check_compile(strategy, strategy.device.type)
         model = compiling.compiled(model, compile_mode)
-    return strategy, strategy.setup(model), images, targets.to(device)
+    return strategy, strategy.setup(model), images, targets
 
 
 class StrategyStep:
@@ -174,14 +193,7 @@ class StrategyStep:
     def tensors(self) -> Iterable[torch.Tensor]:
         """What this step keeps on its devices: parameters, gradients, buffers, optimizer
         state and the batch."""
-        for param in self.model.parameters():
-            yield param
-            if param.grad is not None:
-                yield param.grad
-        yield from self.model.buffers()
-        for state in self.train_step.optimizer.state.values():
-            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
-        yield from (self.images, self.targets)
+        return module_tensors(self.model, self.train_step.optimizer, self.images, self.targets)
 
     def close(self) -> None:
         self.strategy.close()
