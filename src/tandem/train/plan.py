@@ -151,8 +151,7 @@ def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing, and
     ``--strategy auto`` validates with the simplest strategy that can (no race)."""
     if auto.is_resolver(cfg.parallel.strategy):
-        cfg = replace(cfg, parallel=_simplest(cfg.parallel, lambda p: _strategy(
-            p, cfg.model, supplied.model)))
+        cfg = replace(cfg, parallel=_simplest(cfg.parallel, cfg.model, supplied.model))
     strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
     return RunPlan(cfg, strategy, EVALUATE, checkpoint=ckpt, notes=tuple(notes),
@@ -346,19 +345,29 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
     return strategy
 
 
-def _simplest(parallel: ParallelConfig, build: Callable[[ParallelConfig], Strategy]
-              ) -> ParallelConfig:
-    """``parallel`` with the simplest candidate that ``build`` (the plan's checks) accepts;
-    refused, with the first refusal, when none does."""
+def _refusal(parallel: ParallelConfig, model_cfg: ModelConfig,
+             model: nn.Module | None) -> str | None:
+    """Why the plan's checks refuse ``parallel``'s strategy for the model (one line, its
+    parameters still marked), else ``None``."""
+    try:
+        with warnings.catch_warnings():  # single on several devices: the caller says so
+            warnings.simplefilter("ignore")
+            _strategy(parallel, model_cfg, model)
+    except UsageError as exc:
+        return quoted(exc)
+    return None
+
+
+def _simplest(parallel: ParallelConfig, model_cfg: ModelConfig,
+              model: nn.Module | None) -> ParallelConfig:
+    """``parallel`` with the simplest candidate the plan's checks accept; refused, with the
+    first refusal, when none does."""
     refusals = []
     for name in auto.simplest_first():
-        try:
-            with warnings.catch_warnings():  # single on several devices: said by the race
-                warnings.simplefilter("ignore")
-                build(replace(parallel, strategy=name))
-                return replace(parallel, strategy=name)
-        except UsageError as exc:
-            refusals.append(quoted(exc))
+        why = _refusal(replace(parallel, strategy=name), model_cfg, model)
+        if why is None:
+            return replace(parallel, strategy=name)
+        refusals.append(why)
     raise UsageError(f"{param('strategy')} auto: no strategy can run this here: {refusals[0]}")
 
 
@@ -379,13 +388,7 @@ def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tupl
     split = None if p.split is None else parse_split(p.split)
 
     def check(name: str) -> str | None:  # the run's own refusals (--compile, --split)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                _strategy(replace(p, strategy=name), cfg.model, supplied.model)
-        except UsageError as exc:
-            return quoted(exc)
-        return None
+        return _refusal(replace(p, strategy=name), cfg.model, supplied.model)
 
     options = dataclasses.asdict(cfg.model)
     processes = read_env().world_size if in_torchrun() else 0  # tandem launch: its processes
