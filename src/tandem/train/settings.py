@@ -70,8 +70,8 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
             notes = [*notes, f"--strategy auto: the run already has --strategy "
                              f"{cfg.parallel.strategy} ({raced}); it goes on with it, no race"]
         return cfg, ckpt, notes  # else a fresh run, or a file from elsewhere: it races
-    twin = auto.under_launch(name) if in_torchrun() else name
-    if twin != name and twin == auto.across_processes(name):
+    twin = auto.across_processes(name) if in_torchrun() else None
+    if twin is not None:
         if is_main_process():
             print(f"--strategy {name}: under tandem launch it runs as {twin}, one process per "
                   f"device", flush=True)
