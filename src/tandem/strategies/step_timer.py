@@ -18,6 +18,7 @@ them, so the rounds are ours and the statistics are the usual ones.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -241,17 +242,11 @@ def interleave(lanes: Sequence[Lane], rounds: int, warmup: int = 0, *, clock=clo
 
 def _once(lane: Lane, timed: bool, clock, around) -> None:
     synchronize(lane.devices)
-    if around is None:
+    with around(lane, timed) if around is not None else contextlib.nullcontext():
         start = clock()
         lane.loss = lane.step()
         synchronize(lane.devices)
         elapsed = clock() - start
-    else:
-        with around(lane, timed):
-            start = clock()
-            lane.loss = lane.step()
-            synchronize(lane.devices)
-            elapsed = clock() - start
     if lane.first_s is None:
         lane.first_s = elapsed
     if timed:
