@@ -45,7 +45,8 @@ class ModelConfig:
     pretrained: str | None = opt(None, "start from these weights: a torchvision state-dict file "
                                  "or a checkpoint; nothing is downloaded (a classifier of "
                                  "another size is re-initialised)", "--pretrained", "--weights",
-                                 metavar="FILE", on_resume=PER_CALL, nargs="?", const="")
+                                 metavar="FILE", on_resume=PER_CALL, nargs="?", const="",
+                                 per_node=True)
     output_key: str | None = opt(None, "the logits in a model that returns a dict (its key) or a "
                                  "tuple (its index)", metavar="KEY")
     hybrid_head: str | None = opt(None, "hybrid: the attribute holding the Linear head to split "
@@ -66,7 +67,7 @@ class DataConfig:
                     "CIFAR-10 python directory, or package.module:function returning your own "
                     "(train, val[, class_names]). An ImageFolder without train/ and val/ is split "
                     "80/20 per class by a fixed shuffle, the same whatever --seed (one line "
-                    "says so)", metavar="NAME|DIR")
+                    "says so)", metavar="NAME|DIR", per_node=True)
     augment: str = opt("auto", "training augmentation. auto (default): imagenet for an ImageFolder "
                        "directory, standard for digits, synthetic and CIFAR-10; standard: random "
                        "shifts (and flips where the data allows); imagenet: RandomResizedCrop + "
@@ -82,12 +83,12 @@ class DataConfig:
                                   "resumed file's larger classifier)", metavar="N")
     synthetic_size: int | None = opt(None, "samples in the synthetic dataset", metavar="N")
     workers: int = opt(0, "data loading worker processes (seeded)", "-j", "--workers",
-                       metavar="N", on_resume=MAY_CHANGE)
+                       metavar="N", on_resume=MAY_CHANGE, per_node=True)
     decode: str = opt("auto", "where ImageFolder JPEGs are decoded: gpu (the workers read the "
                       "files and draw the crops; nvJPEG decodes each batch on the CUDA device, "
                       "which crops and resizes it; needs torchvision), cpu (the workers decode), "
                       "or auto (default: gpu on a CUDA device when torchvision is installed, "
-                      "else cpu)", choices=DECODE_MODES, on_resume=MAY_CHANGE)
+                      "else cpu)", choices=DECODE_MODES, on_resume=MAY_CHANGE, per_node=True)
 
     def __post_init__(self):
         check(bool(self.data), f"{param('data')} must not be empty")
@@ -151,20 +152,25 @@ class OptimConfig:
 class RunConfig:
     out: str = opt("runs/train", "run directory (checkpoints, metrics, curves); with --resume: "
                    "the resumed run's own directory unless given", metavar="DIR",
-                   on_resume=PER_CALL)
+                   on_resume=PER_CALL, per_node=True)
     seed: int = opt(0, "seed for model init, data order and augmentation", metavar="S")
     resume: str | None = opt(None, "continue the run in RUN (a run directory or its "
                              "checkpoint.pt) with its own settings", metavar="RUN",
-                             on_resume=PER_CALL)
+                             on_resume=PER_CALL, per_node=True)
     overwrite: bool = opt(False, "let a fresh run replace the run already in --out",
                           on_resume=PER_CALL)
     save_every: int | None = opt(None, "also save checkpoint.pt every N optimizer steps "
                                  "(default: at the end of each epoch only)", metavar="N",
                                  on_resume=MAY_CHANGE)
+    save_minutes: float | None = opt(None, "also save checkpoint.pt after every M minutes of "
+                                     "training, 0 for never (default: 10 under several "
+                                     "processes, where a lost machine can cost every step "
+                                     "since the last checkpoint; else 0)", metavar="M",
+                                     on_resume=MAY_CHANGE)
     evaluate: bool = opt(False, "only validate (the --resume checkpoint, if given)",
                          "-e", "--evaluate", on_resume=PER_CALL)
     no_progress: bool = opt(False, "no progress bar (epoch summaries are still printed)",
-                            on_resume=MAY_CHANGE)
+                            on_resume=MAY_CHANGE, per_node=True)
     print_freq: int = opt(0, "without a progress bar, print a line every N steps (0: never)",
                           "-p", "--print-freq", metavar="N", on_resume=MAY_CHANGE)
 
@@ -173,6 +179,8 @@ class RunConfig:
         check(self.print_freq >= 0, f"bad {param('print_freq')} {self.print_freq}: must be >= 0")
         check(self.save_every is None or self.save_every >= 1,
                f"bad {param('save_every')} {self.save_every}: must be >= 1")
+        check(self.save_minutes is None or self.save_minutes >= 0,
+              f"bad {param('save_minutes')} {self.save_minutes}: must be >= 0 minutes")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
@@ -223,6 +231,13 @@ class TrainConfig:
                 if f.metadata.get("on_resume", FIXED) == PER_CALL:
                     del saved[name][f.name]
         return saved
+
+    def job_settings(self) -> dict:
+        """``{"optim.lr": 0.01, ...}``: every field the ranks of a job must agree on (all but
+        those each machine may give its own: ``per_node``)."""
+        return {f"{name}.{f.name}": getattr(getattr(self, name), f.name)
+                for name, section in SECTIONS.items() for f in dataclasses.fields(section)
+                if not f.metadata.get("per_node")}
 
     @classmethod
     def from_settings(cls, settings: dict, caller: str = "tandem.fit()") -> "TrainConfig":

@@ -88,11 +88,23 @@ def _resolved(plan: RunPlan, cfg: TrainConfig, info, datasets) -> dict:
     return out
 
 
+def same_data(agreement, train_set, val_set, info) -> None:
+    """Every rank's data against rank 0's (its size, classes and images): each machine reads
+    its own copy, and copies that differ would give the ranks different batches (one line,
+    before any step)."""
+    size = lambda dataset: None if dataset is None else len(dataset)  # noqa: E731
+    agreement.settings({"training samples": size(train_set), "validation samples":
+                        size(val_set), "classes": info.num_classes, "image size":
+                        info.image_size, "channels": info.in_channels}, named=str,
+                       what="every node must have the same data (see --data)")
+
+
 def build(plan: RunPlan) -> dict:
     """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
     schedule and scaler, and the resolved config (the keyword arguments of :class:`Trainer`)."""
     strategy = plan.strategy
     train_set, val_set, info = data(plan)
+    same_data(plan.agreement, train_set, val_set, info)
     cfg = with_model_classes(plan.cfg, info, plan.checkpoint)
     wrapped = prepared_model(plan, cfg, info, train_set)
     optim = cfg.optim
@@ -103,8 +115,10 @@ def build(plan: RunPlan) -> dict:
         criterion=make_criterion(optim, strategy, plan.supplied.criterion),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
-        scaler=amp_precision(strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
-                             cpu_bf16=cpu_bf16_override()).scaler(),
+        # fp16's skipped steps agreed by every rank (tandem.distributed.agree)
+        scaler=strategy.agreement.grad_scaler(strategy.device.type, amp_precision(
+            strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
+            cpu_bf16=cpu_bf16_override()).scaled),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
         config_dict=_resolved(plan, cfg, info, (train_set, val_set)))
 
