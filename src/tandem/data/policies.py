@@ -60,8 +60,7 @@ class Policy:
     def on_uint8(self, image: np.ndarray, rng: SampleRandom, fill) -> np.ndarray:
         """An ``(H, W, C)`` ``uint8`` image, augmented (a new array)."""
         img = Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image)
-        out = np.asarray(self(img, rng, fill))
-        return np.ascontiguousarray(out.reshape(image.shape))
+        return np.array(self(img, rng, fill)).reshape(image.shape)  # writable, contiguous
 
     def on_float(self, image: np.ndarray, rng: SampleRandom, fill) -> np.ndarray:
         """A ``(C, H, W)`` float image in ``[0, 1]``, augmented through ``uint8`` pixels."""
