@@ -8,7 +8,8 @@ cutmix three times and mixup once (checked below), and most partners of a rank's
 on the other rank. Controls (tests/support/exact.py): the float32 run's distance (noise
 floor); mixing changes the run (against no mixing, by more than 1e-4); and the negative
 control, partners drawn per rank (each of 2 ranks pairing its own share, as a per-process mix
-such as timm's does under DDP), which must differ.
+such as timm's does under DDP), which must differ. A run stopped after 2 steps and resumed on 3
+replicas is the straight run, and ``tandem.fit`` mixes a user's data set alike.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from tandem.parallel.shares import shares
 pytestmark = pytest.mark.slow
 
 MIX = ["--mixup", "0.2", "--cutmix", "1.0"]
-RUN = ["train", "--data", "synthetic", "--synthetic-size", "16", "--image-size", "8",
-       "--num-classes", "4", "-a", "cifar_resnet20", "-b", "7", "--epochs", "2",
-       "--max-steps", "4", "--no-progress", "--seed", "3", "--lr-schedule", "constant", *MIX]
+BASE = ["train", "--data", "synthetic", "--synthetic-size", "16", "--image-size", "8",
+        "--num-classes", "4", "-a", "cifar_resnet20", "-b", "7", "--epochs", "2",
+        "--no-progress", "--seed", "3", "--lr-schedule", "constant", *MIX]
+RUN = [*BASE, "--max-steps", "4"]
 F64 = ["--dtype", "float64"]
 
 
@@ -101,3 +103,36 @@ def launched(tmp_path_factory):
 @pytest.mark.parametrize("name", ["ddp", "hybrid"], ids=["ddp", "hybrid-ddp"])
 def test_two_processes_equal_single(single, launched, name):
     _matches_single(single, launched / name / "checkpoint.pt")
+
+
+def test_a_mixed_run_resumed_on_three_replicas_is_the_straight_run(single, tmp_path):
+    """2 steps on one device, the next 2 (mid-epoch) on 3 replicas: the draws are the batch's,
+    so the resumed run mixes as the straight one did."""
+    ok(*BASE, *F64, "--sync-bn", "--max-steps", "2", "--out", tmp_path)
+    ok("train", "--resume", tmp_path, "--strategy", "dp", "--devices", "cpu:3",
+       "--max-steps", "4")
+    diff = max_diff(state(tmp_path / "checkpoint.pt"), state(single / "f64" / "checkpoint.pt"))
+    assert diff < 1e-9, diff
+
+
+def test_fit_mixes_a_users_data_set_alike_on_three_replicas(tmp_path):
+    import copy
+
+    import tandem
+    from torch import nn
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(11, 2, 4, 4, generator=g),
+                                          torch.randint(0, 3, (11,), generator=g))
+    net = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(4, 3))
+    settings = dict(batch_size=5, epochs=1, dtype="float64", mixup=0.4, cutmix=1.0,
+                    no_progress=True, seed=1)
+    models = {}
+    for name, extra in {"single": {}, "balanced": dict(strategy="balanced", devices="cpu:3"),
+                        "unmixed": dict(mixup=0.0, cutmix=0.0)}.items():
+        models[name] = copy.deepcopy(net)
+        tandem.fit(models[name], data, out=str(tmp_path / name), **{**settings, **extra})
+    ref = models["single"].state_dict()
+    assert max_diff(models["balanced"].state_dict(), ref) < 1e-12
+    assert max_diff(models["unmixed"].state_dict(), ref) > 1e-4

@@ -151,3 +151,27 @@ def test_mixing_refuses_dense_targets():
         mixing_of(cfg, Masks())
     assert mixing_of(TrainConfig.from_settings({"num_classes": 3}), Masks()) is None
     assert math.isclose(mixing_of(cfg, object()).mixup, 0.2)
+
+
+def test_a_device_decoded_folder_mixes_its_shares_alike(tmp_path):
+    """--decode gpu (its device half on the CPU here): the decoded batch keeps its pairing,
+    and the shares of 2 ranks mix as the whole batch does."""
+    from conftest import make_image_folder
+
+    from tandem.data.device import Normalization
+    from tandem.data.device_decode import DeviceDecoded, host_decode
+
+    train, _, _ = load_dataset(str(make_image_folder(tmp_path, per_class=4, size=20)),
+                               augment="auto", image_size=16)
+    decoded = DeviceDecoded(train, "cpu", host_decode)
+    norm = Normalization(train.mean, train.std)
+
+    def batches(world):
+        per_rank = [[(norm(x.contiguous()), y, p) for x, y, p in make_loader(
+            decoded, 5, shuffle=True, seed=2, epoch=0, rank=r, world_size=world, mix=MIXING)]
+            for r in range(world)]
+        return [[p.mix(x, y) for x, y, p in (rank[i] for rank in per_rank)]
+                for i in range(len(per_rank[0]))]
+    for alone, shared in zip(batches(1), batches(2)):
+        assert torch.equal(alone[0][0], torch.cat([s[0] for s in shared]))
+        assert torch.equal(alone[0][1], torch.cat([s[1] for s in shared]))
