@@ -4,10 +4,10 @@ magnitudes.
 The operations are timm's (``timm/data/auto_augment.py``, its ``_RAND_TRANSFORMS``: the 14 of
 Cubuk et al. 2020, RandAugment, arXiv 1909.13719, less identity, with invert and solarize-add):
 Pillow's ``ImageOps`` and ``ImageEnhance``, and affine maps whose uncovered area takes
-``fill``, the data's mean colour (timm's ``img_mean``). Each takes the image and its argument; a geometric one also the
-resampling filter and the fill. Posterize and solarize run as lookup tables written here, so
-that 0 bits (timm's level below 2.5) gives black, as TensorFlow's posterize does, where
-Pillow's own refuses it.
+``fill``, the data's mean colour (timm's ``img_mean``). Each takes the image and its argument;
+a geometric one also the resampling filter and the fill. Posterize and solarize run as lookup
+tables written here, so that 0 bits (timm's level below 2.5) gives black, as TensorFlow's
+posterize does, where Pillow's own refuses it.
 
 Magnitudes, as timm's RandAugment (``rand-mM-nN``, ``_LEVEL_DENOM`` 10) maps its ``M`` in
 ``[0, 10]``: rotate ``30 M/10`` degrees, shear ``0.3 M/10``, translate ``0.45 M/10`` of the

@@ -111,9 +111,10 @@ def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
 
     ``augment`` (one of :data:`AUGMENT_FORMS`) and random erasing with probability
     ``reprob`` apply to the training split only; validation is never augmented (``auto``:
-    the data's own recipe, see :data:`DEFAULT_AUGMENT`; a policy follows it). ``seed`` chooses the ``synthetic`` data; real data splits are fixed
-    whatever the seed, so the validation set never changes between runs. ``synthetic_size``
-    and ``num_classes`` shape the synthetic data; for real data ``num_classes`` is the model's
+    the data's own recipe, see :data:`DEFAULT_AUGMENT`; a policy follows it). ``seed``
+    chooses the ``synthetic`` data; real data splits are fixed whatever the seed, so the
+    validation set never changes between runs. ``synthetic_size`` and ``num_classes`` shape
+    the synthetic data; for real data ``num_classes`` is the model's
     outputs, so it must be at least the data's class count (labels index the first outputs).
     """
     spec, splits = _checked(spec, splits)

@@ -5,8 +5,9 @@ nothing is dropped, padded or repeated. With ``world_size > 1`` rank ``r`` loads
 contiguous share (balanced, :func:`tandem.parallel.shares.shares`, or as ``split`` says); with
 ``mix`` (mixup, cutmix) also the partners its share lacks (:mod:`.paired`). Warning: when a
 last global batch has fewer samples than ranks, trailing ranks get an *empty* batch, so every
-rank yields the same number of batches; callers must cope with a zero-sample step. ``start_batch`` resumes mid-epoch, and
-:class:`LoaderCache` keeps persistent workers alive for the whole run.
+rank yields the same number of batches; callers must cope with a zero-sample step.
+``start_batch`` resumes mid-epoch, and :class:`LoaderCache` keeps persistent workers alive for
+the whole run.
 """
 
 from __future__ import annotations

@@ -175,3 +175,20 @@ def test_a_device_decoded_folder_mixes_its_shares_alike(tmp_path):
     for alone, shared in zip(batches(1), batches(2)):
         assert torch.equal(alone[0][0], torch.cat([s[0] for s in shared]))
         assert torch.equal(alone[0][1], torch.cat([s[1] for s in shared]))
+
+
+def test_label_smoothing_of_mixed_targets_is_timms():
+    """timm's mixup_target smooths each label (off = e / C, on = 1 - e + off) and mixes the
+    two; torch's CrossEntropyLoss(label_smoothing=e) on the mixed probabilities is the same
+    loss (smoothing is affine)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    own, partner, lam, e = torch.tensor([0, 1, 4, 2]), torch.tensor([3, 1, 0, 2]), 0.3, 0.1
+    off, on = e / 5, 1 - e + e / 5
+    def smoothed(labels):
+        return torch.nn.functional.one_hot(labels, 5).double() * (on - off) + off
+    timm = smoothed(own) * lam + smoothed(partner) * (1 - lam)
+    expected = -(timm * logits.log_softmax(1)).sum(1).mean()
+    ours = torch.nn.CrossEntropyLoss(label_smoothing=e)(
+        logits, soft_targets(own, partner, lam, 5, torch.float64))
+    assert torch.allclose(ours, expected, rtol=1e-12, atol=0)
