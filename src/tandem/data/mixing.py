@@ -96,8 +96,8 @@ def draw_mix(mixing: Mixing, seed: int, epoch: int, batch: int, size: int) -> Mi
             kind = "cutmix" if g.random() < mixing.switch_prob else "mixup"
         else:
             kind = "mixup" if mixing.mixup > 0 else "cutmix"
-        lam = float(g.beta(mixing.mixup if kind == "mixup" else mixing.cutmix,
-                           mixing.mixup if kind == "mixup" else mixing.cutmix))
+        alpha = mixing.mixup if kind == "mixup" else mixing.cutmix
+        lam = float(g.beta(alpha, alpha))
     return MixDraw(partner, kind, lam, centre)
 
 
