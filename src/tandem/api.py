@@ -70,7 +70,8 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     data = None
     if train_data is not None:
         data = given_data(train_data, val_data, classes, name="tandem.fit()",
-                          augment=cfg.data.augment, image_size=cfg.data.image_size,
+                          augment=cfg.data.augment, reprob=cfg.data.reprob,
+                          image_size=cfg.data.image_size,
                           num_classes=cfg.data.num_classes)
         cfg = replace(cfg, data=replace(cfg.data, data=GIVEN_DATA))
     elif val_data is not None or classes is not None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from tandem.data.dataset import parse_augment
 from tandem.data.device_decode import DECODE_MODES
-from tandem.data.load import AUGMENT_CHOICES
+from tandem.data.mixing import Mixing
 from tandem.errors import TandemError, UsageError, param
 from tandem.suggest import did_you_mean
 from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choice, check_type,
@@ -71,7 +72,23 @@ class DataConfig:
     augment: str = opt("auto", "training augmentation. auto (default): imagenet for an ImageFolder "
                        "directory, standard for digits, synthetic and CIFAR-10; standard: random "
                        "shifts (and flips where the data allows); imagenet: RandomResizedCrop + "
-                       "flip (ImageFolder only); none", choices=AUGMENT_CHOICES)
+                       "flip (ImageFolder only); none; randaugment:N:M: auto's, then timm's "
+                       "RandAugment, N operations of magnitude M (0 to 10), e.g. randaugment:2:9; "
+                       "trivialaugment: auto's, then TrivialAugment Wide. Drawn per sample: the "
+                       "same images on any devices", metavar="MODE")
+    reprob: float = opt(0.0, "random erasing (timm's, pixel mode): the probability that a "
+                        "training image gets a box of noise", metavar="P")
+    mixup: float = opt(0.0, "mixup: Beta(A, A)'s alpha, drawn for each global batch (0: off; "
+                       "e.g. 0.2 or 0.8). Targets become class probabilities (label smoothing "
+                       "applies to them); training accuracy counts the dominant label",
+                       metavar="A")
+    cutmix: float = opt(0.0, "cutmix: Beta(A, A)'s alpha for the pasted box's share (0: off; "
+                        "e.g. 1.0); with --mixup, each mixed batch is one or the other",
+                        metavar="A")
+    mix_prob: float = opt(1.0, "with --mixup or --cutmix: the probability that a global batch "
+                          "is mixed", metavar="P")
+    mix_switch_prob: float = opt(0.5, "with --mixup and --cutmix: the probability that a "
+                                 "mixed batch is cutmix rather than mixup", metavar="P")
     image_size: int | None = opt(None, "resize images to this side (default: for an "
                                  "ImageFolder the arch's native size, e.g. 224 crops with "
                                  "resize 256 + centre crop 224 for validation, or the shorter "
@@ -92,13 +109,20 @@ class DataConfig:
 
     def __post_init__(self):
         check(bool(self.data), f"{param('data')} must not be empty")
-        check_choice(self.augment, AUGMENT_CHOICES, "augment")
+        parse_augment(self.augment, self.reprob)  # one line for a bad value
+        self.mixing()
         for name in ("image_size", "num_classes", "synthetic_size"):
             value = getattr(self, name)
             check(value is None or value >= 1,
                    f"bad {param(name)} {value}: must be >= 1")
         check(self.workers >= 0, f"bad {param('workers')} {self.workers}: must be >= 0")
         check_choice(self.decode, DECODE_MODES, "decode")
+
+    def mixing(self, num_classes: int = 1) -> Mixing | None:
+        """The run's mixup and cutmix over ``num_classes`` (checked), or None when off."""
+        mixing = Mixing(self.mixup, self.cutmix, self.mix_prob, self.mix_switch_prob,
+                        num_classes)
+        return mixing if mixing.active else None
 
 
 @dataclass(frozen=True)

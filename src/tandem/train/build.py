@@ -24,7 +24,7 @@ from tandem.data import batches_per_epoch
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.given import GivenDataset
 from tandem.distributed.env import cpu_bf16_override, launch_id
-from tandem.errors import UsageError, first_line
+from tandem.errors import UsageError, first_line, param
 from tandem.factory import is_reference
 from tandem.precision import amp_precision
 from tandem.pretrained import load_pretrained
@@ -38,7 +38,7 @@ from .plan import (RunPlan, build_data, build_model, check_max_steps, check_mode
 from .schedule import lr_factor, make_scheduler
 
 __all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes", "check_inputs",
-           "make_optimizer", "make_criterion"]
+           "make_optimizer", "make_criterion", "mixing_of"]
 
 
 def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
@@ -65,6 +65,16 @@ def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Modul
         return given.to(strategy.device) if isinstance(given, nn.Module) else given
     return nn.CrossEntropyLoss(ignore_index=cfg.ignore_index,
                                label_smoothing=cfg.label_smoothing).to(strategy.device)
+
+
+def mixing_of(cfg: TrainConfig, train_set):
+    """The run's mixup and cutmix (:class:`~tandem.data.mixing.Mixing`) over the model's
+    classes, or None when off; refused for data whose targets are not class indices."""
+    mixing = cfg.data.mixing(cfg.data.num_classes)
+    if mixing is not None and getattr(train_set, "target_shape", ()):
+        raise UsageError(f"{param('mixup')} and {param('cutmix')} mix class-index targets; "
+                         f"this data's targets are {tuple(train_set.target_shape)} per sample")
+    return mixing
 
 
 def _resolved(plan: RunPlan, cfg: TrainConfig, info, datasets) -> dict:
@@ -120,6 +130,7 @@ def build(plan: RunPlan) -> dict:
             strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
             cpu_bf16=cpu_bf16_override()).scaled),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
+        mixing=mixing_of(cfg, train_set),
         config_dict=_resolved(plan, cfg, info, (train_set, val_set)))
 
 

@@ -32,6 +32,7 @@ from tandem import checkpoint
 from tandem.config import MAY_CHANGE, OptimConfig, TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
+from tandem.data.mixing import Mixing, Pairing
 from tandem.distributed.env import restarts_left, speaks_for_node
 from tandem.distributed.faults import RAISES, PeerLost
 from tandem.distributed.resume_command import resume_command_here
@@ -173,6 +174,9 @@ class Trainer:
     # where the node's launcher reads what it says after the workers were aborted
     # (tandem.distributed.launch_state; None: not under tandem launch)
     launch_state: object = None
+    # mixup and cutmix of the training batches (None: off): the loader adds each share's
+    # partners, device_batch mixes them (tandem.data.mixing)
+    mixing: Mixing | None = None
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
@@ -286,9 +290,8 @@ class Trainer:
         loader = self.loader(self.train_set, train=True, epoch=self.position.epoch,
                              start_batch=self.position.batch)
         try:
-            for index, (images, targets) in enumerate(self.wait.timed(loader),
-                                                      start=self.position.batch):
-                images, targets = self.device_batch(images, targets)
+            for index, batch in enumerate(self.wait.timed(loader), start=self.position.batch):
+                images, targets = self.device_batch(*batch)  # a mixed batch: mixed here
                 if self.train_batch(run, index, images, targets) and self.after_step(run):
                     break
         finally:
@@ -310,7 +313,8 @@ class Trainer:
                             f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
                             bar=s.is_main and not cfg.run.no_progress,
                             print_freq=print_freq if s.is_main else 0,
-                            scope="rank 0 " if s.world_size > 1 else "", wait=self.wait)
+                            scope="rank 0 " if s.world_size > 1 else "", wait=self.wait,
+                            mixed=self.mixing is not None)
         self.wait.start_epoch()
         self.model.train()
         return EpochRun(meter, progress, carried_seconds)
@@ -436,17 +440,22 @@ class Trainer:
                                 workers=self.cfg.data.workers, rank=s.rank,
                                 world_size=s.world_size, start_batch=start_batch,
                                 pin_memory=s.device.type == "cuda",
-                                split=s.split.loader_split() if train else None)
+                                split=s.split.loader_split() if train else None,
+                                mix=self.mixing if train else None)
 
-    def device_batch(self, images: torch.Tensor, targets: torch.Tensor):
+    def device_batch(self, images: torch.Tensor, targets: torch.Tensor,
+                     pairing: Pairing | None = None):
         """Copy a batch to the device; uint8 images are normalised there (train and val
-        splits share their normalisation, so the val set's serves both)."""
+        splits share their normalisation, so the val set's serves both). A mixed batch's
+        share (``pairing``: its own samples, then their partners) is mixed there, in the run's
+        dtype: its own samples, and class probabilities for targets."""
         device = self.strategy.device
         images = batch_to_device(images, device, channels_last=self.cfg.parallel.channels_last,
                                  normalization=getattr(self.val_set, "normalization", None))
         if images.is_floating_point():  # --dtype float64: after the float32 normalisation
             images = images.to(getattr(torch, self.cfg.parallel.dtype))
-        return images, targets.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        return (images, targets) if pairing is None else pairing.mix(images, targets)
 
     def global_batch(self, dataset, index: int) -> int:
         """The size of global batch ``index`` of ``dataset`` (the last one short), which the
@@ -654,6 +663,7 @@ class Trainer:
             "batches": pos.batch if stopped else self.batches_per_epoch,
             "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
             "train_loss": train.loss, **score_fields("train", train),
+            **({"train_targets": "mixed"} if self.mixing is not None else {}),
             "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
             **({"val_plain_ce": val.ce} if label_smoothing(self.criterion) else {}),
             "lr": self.optimizer.param_groups[0]["lr"],

@@ -451,7 +451,7 @@ def build_data(cfg, seed: int, splits: tuple[str, ...] = ("train", "val")):
     info)``, as built (decoded where ``--decode`` says only by the build)."""
     return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
                         synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
-                        splits=splits)
+                        splits=splits, reprob=cfg.reprob)
 
 
 def seed_everything(seed: int) -> None:

@@ -235,8 +235,8 @@ def warm_up(trainer: Trainer, train: bool = True) -> float:
 def _first_batch(trainer: Trainer, dataset, train: bool):
     """This process's share of the first global batch (maybe empty under ddp, as in the loop)."""
     loader = trainer.loader(dataset, train=train, epoch=trainer.position.epoch)
-    for images, targets in loader:
-        return trainer.device_batch(images, targets)
+    for batch in loader:  # (images, targets), or a mixed batch's three
+        return trainer.device_batch(*batch)
     return None
 
 
