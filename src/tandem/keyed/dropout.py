@@ -82,6 +82,11 @@ class _KeyedMixin:
     _alpha = False
 
     def _keyed(self, x: torch.Tensor, torch_forward):
+        if torch.compiler.is_compiling():  # traced: the draw runs eagerly (see _eager)
+            return _eager()(self, x, torch_forward)
+        return self._draw(x, torch_forward)
+
+    def _draw(self, x: torch.Tensor, torch_forward):
         place = stream.current()
         lowest = 2 if self._per == "channel" else 1  # a batch of samples (of channels)
         if not self.training or place is None or self.p in (0.0, 1.0) or x.dim() < lowest:
@@ -93,6 +98,19 @@ class _KeyedMixin:
         if self._alpha:
             return _alpha(x, keep, self.p, self.inplace)
         return _Scaled.apply(x, keep, self.p, self.inplace)
+
+
+_EAGER: list = []
+
+
+def _eager():
+    """The keyed draw out of ``torch.compile``'s reach: its keys are new integers at every
+    step, which a traced graph would take for constants (and recompile for). Made at the first
+    compiled call, as ``torch.compiler.disable`` imports dynamo (a second), which an eager run
+    never needs; compiled code breaks its graph around each keyed layer."""
+    if not _EAGER:
+        _EAGER.append(torch.compiler.disable(_KeyedMixin._draw))
+    return _EAGER[0]
 
 
 class KeyedDropout(_KeyedMixin, nn.Dropout):
