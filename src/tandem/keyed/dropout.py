@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from . import stream
-from .keys import threshold, words
+from .keys import row_words, threshold, words
 
 __all__ = ["KeyedDropout", "KeyedDropout1d", "KeyedDropout2d", "KeyedDropout3d",
            "KeyedAlphaDropout", "KeyedFeatureAlphaDropout", "DropPath", "KEYED_LAYERS",
@@ -62,14 +62,15 @@ def _alpha(x: torch.Tensor, keep: torch.Tensor, p: float, inplace: bool) -> torc
 def _keep(place: stream.Place, name: str, x: torch.Tensor, p: float, per: str) -> torch.Tensor:
     """The keep mask of ``x``'s rows at ``place``: one entry per element (``per`` "element"),
     per channel (dimension 1: "channel") or per sample ("sample"), shaped to broadcast."""
-    rows = x.shape[0]
+    key, rows = place.draw(name), (place.first_row, x.shape[0])
+    if per == "sample":  # a word per sample: no columns to hash
+        return (row_words(key, rows, x.device) >= threshold(p)).view(
+            (x.shape[0],) + (1,) * (x.dim() - 1))
     if per == "element":
-        shape, cols = x.shape, x[0].numel() if rows else 0
-    elif per == "channel":
-        shape, cols = (rows, x.shape[1]) + (1,) * (x.dim() - 2), x.shape[1]
+        shape, cols = x.shape, x[0].numel() if x.shape[0] else 0
     else:
-        shape, cols = (rows,) + (1,) * (x.dim() - 1), 1
-    grid = words(place.draw(name), (place.first_row, rows), (place.first_col, cols), x.device)
+        shape, cols = (x.shape[0], x.shape[1]) + (1,) * (x.dim() - 2), x.shape[1]
+    grid = words(key, rows, (place.first_col, cols), x.device)
     return (grid >= threshold(p)).view(shape)
 
 

@@ -20,7 +20,7 @@ import zlib
 
 import torch
 
-__all__ = ["mix_seed", "splitmix64", "name_key", "words", "threshold"]
+__all__ = ["mix_seed", "splitmix64", "name_key", "row_words", "words", "threshold"]
 
 _MASK64 = (1 << 64) - 1
 _MASK32 = (1 << 32) - 1
@@ -67,6 +67,12 @@ def _line(key: int, first: int, count: int, device) -> torch.Tensor:
     return _hash_(_hash_(index.bitwise_xor_(low)).bitwise_xor_(high))
 
 
+def row_words(key: int, rows: tuple[int, int], device=None) -> torch.Tensor:
+    """``(rows[1],)`` int64 tensor of random 32-bit words, one for each row of
+    ``rows[0] .. rows[0] + rows[1] - 1`` under ``key``: a draw per sample (drop path)."""
+    return _line(mix_seed(key, 1), rows[0], rows[1], device)
+
+
 def words(key: int, rows: tuple[int, int], cols: tuple[int, int], device=None) -> torch.Tensor:
     """``(rows[1], cols[1])`` int64 tensor of random 32-bit words on ``device``: entry
     ``(a, b)`` is the word of row ``rows[0] + a`` and column ``cols[0] + b`` under ``key``.
@@ -75,7 +81,7 @@ def words(key: int, rows: tuple[int, int], cols: tuple[int, int], device=None) -
     the whole grid. Rows and columns each get a word of their own (two keys drawn from
     ``key``), and an entry is the hash of the two words' xor.
     """
-    row = _line(mix_seed(key, 1), rows[0], rows[1], device)
+    row = row_words(key, rows, device)
     col = _line(mix_seed(key, 2), cols[0], cols[1], device)
     return _hash_(row[:, None] ^ col[None, :])  # the xor is a new tensor: hashed in place
 

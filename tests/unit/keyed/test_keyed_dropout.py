@@ -244,3 +244,23 @@ def test_drop_path_keeps_or_drops_each_sample_whole_scaled_by_keep():
 def test_drop_path_rates_are_linear_over_depth_as_timms():
     assert drop_path_rates(0.1, 5) == pytest.approx([0.0, 0.025, 0.05, 0.075, 0.1])
     assert drop_path_rates(0.2, 1) == [0.2] and drop_path_rates(0.2, 0) == []
+
+
+# -- on a GPU ----------------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind,shape", [LAYERS[0], LAYERS[2]], ids=["Dropout", "Dropout2d"])
+def test_on_cuda_the_masks_are_the_cpus_drawn_without_a_host_sync(kind, shape):
+    """The words are integer tensor ops on the device: the same masks as on the CPU, and
+    nothing waits for the device (torch's sync debug mode raises on a synchronising call)."""
+    net = keyed_dropout(nn.Sequential(kind(0.5), DropPath(0.3)))
+    x = torch.randn(shape, device="cuda", requires_grad=True)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with step_stream(3, 5, 0, first_row=2):
+            y = net(x)
+        y.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    with step_stream(3, 5, 0, first_row=2):
+        ref = net(x.detach().cpu())
+    assert torch.equal(y.detach().cpu() == 0, ref == 0) and (ref == 0).any()
