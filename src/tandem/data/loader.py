@@ -35,13 +35,14 @@ def batches_per_epoch(dataset, batch_size: int) -> int:
     return -(-len(dataset) // batch_size)
 
 
-def rank_rows(num_samples: int, batch_size: int, batch: int, rank: int = 0,
+def rank_rows(num_samples: int | None, batch_size: int, batch: int, rank: int = 0,
               world_size: int = 1, split=None, epoch: int = 0) -> tuple[int, int]:
-    """``(first, count)``: rank ``rank``'s rows of global batch ``batch`` of an epoch, the
-    first as an index into that global batch (``split``: as for
-    :class:`ShardedBatchSampler`). What the sampler yields, and where keyed dropout places a
-    rank's samples (:mod:`tandem.keyed`)."""
-    size = max(0, min(batch_size, num_samples - batch * batch_size))
+    """``(first, count)``: rank ``rank``'s rows of global batch ``batch`` of an epoch of
+    ``num_samples`` (``None``: a whole batch), the first as an index into that global batch
+    (``split``: as for :class:`ShardedBatchSampler`). What the sampler yields, and where keyed
+    dropout places a rank's samples (:mod:`tandem.keyed`)."""
+    left = batch_size if num_samples is None else num_samples - batch * batch_size
+    size = max(0, min(batch_size, left))
     sizes = (shares(size, [1] * world_size) if split is None
              else split(epoch, batch, size))
     return sum(sizes[:rank]), sizes[rank]

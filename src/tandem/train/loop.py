@@ -407,8 +407,9 @@ class Trainer:
         if self.cfg.model.dropout_rng != KEYED:
             return contextlib.nullcontext()
         s, pos = self.strategy, self.position
-        first, _ = rank_rows(len(self.train_set), self.cfg.optim.batch_size, index, s.rank,
-                             s.world_size, s.split.loader_split(), pos.epoch)
+        samples = None if self.train_set is None else len(self.train_set)  # no set: a bench twin
+        first, _ = rank_rows(samples, self.cfg.optim.batch_size, index, s.rank, s.world_size,
+                             s.split.loader_split(), pos.epoch)
         return step_stream(self.cfg.run.seed, pos.step, micro, first)
 
     def batch_shares(self) -> dict | None:
