@@ -250,6 +250,24 @@ def test_a_resume_under_keyed_dropout_needs_no_rng_state(tmp_path):
                            ["5.weight"])  # keyed and torch's draws: other masks
 
 
+def test_a_run_saved_before_dropout_was_keyed_goes_on_with_torchs_draws(tmp_path):
+    """A checkpoint whose config has no ``dropout_rng`` (saved before keyed dropout) resumes
+    with ``--dropout-rng torch``, the draws it was trained with: bitwise the straight torch
+    run (resumed keyed, the default, its later masks would differ)."""
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    ok("train", *DROPOUT_RUN, "--dropout-rng", "torch", "--out", straight)
+    ok("train", *DROPOUT_RUN, "--dropout-rng", "torch", "--max-steps", "1", "--out", run)
+    ckpt = state(run / "checkpoint.pt")
+    del ckpt["config"]["model"]["dropout_rng"]
+    torch.save(ckpt, run / "checkpoint.pt")
+    config = json.loads((run / "config.json").read_text())
+    del config["model"]["dropout_rng"]
+    (run / "config.json").write_text(json.dumps(config))
+    ok("train", "--resume", run)
+    assert state(run / "checkpoint.pt")["config"]["model"]["dropout_rng"] == "torch"
+    assert_bitwise_equal(straight / "checkpoint.pt", run / "checkpoint.pt")
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_saves_mid_epoch_and_says_how_to_continue(tmp_path):
     """Ctrl-C after a few steps of a long epoch: saved at that step, not at an epoch end."""
