@@ -27,7 +27,7 @@ __all__ = ["KeyedDropout", "KeyedDropout1d", "KeyedDropout2d", "KeyedDropout3d",
            "KeyedAlphaDropout", "KeyedFeatureAlphaDropout", "DropPath", "KEYED_LAYERS",
            "keyed_dropout", "drop_path_rates"]
 
-_ALPHA = 1.7580993408473766  # SELU's -alpha * scale: where alpha dropout sets a dropped value
+_ALPHA = 1.7580993408473766  # SELU's alpha times its scale: a dropped value is minus this
 
 
 class _Scaled(torch.autograd.Function):
