@@ -50,7 +50,7 @@ class ModelConfig:
                            choices=DROPOUT_RNGS)
     drop_path: float = opt(0.0, "stochastic depth for the zoo's ResNets: the last residual "
                            "block's branch is dropped with probability P, earlier ones "
-                           "linearly less, the first never, as in timm (default: 0, none)",
+                           "linearly less, the first never, as in timm; 0: none",
                            metavar="P")
     # Only the fresh run reads the file; a resumed run's weights come from its checkpoint.
     pretrained: str | None = opt(None, "start from these weights: a torchvision state-dict file "
