@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 from tandem.errors import UsageError
+from tandem.keyed import KeyedAlphaDropout, KeyedDropout
 
 __all__ = ["ELEMENTWISE", "HEADS", "Stage", "classifier_layout", "is_elementwise", "find_head",
            "head_problem", "head_sequential"]
@@ -23,9 +24,10 @@ __all__ = ["ELEMENTWISE", "HEADS", "Stage", "classifier_layout", "is_elementwise
 HEADS = ("classifier", "fc")
 
 #: Layers that act on each element alone and hold no parameters or buffers.
-ELEMENTWISE = (nn.Identity, nn.Dropout, nn.AlphaDropout, nn.ReLU, nn.ReLU6, nn.LeakyReLU,
-               nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid,
-               nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus)
+ELEMENTWISE = (nn.Identity, nn.Dropout, nn.AlphaDropout, KeyedDropout, KeyedAlphaDropout,
+               nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
+               nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid,
+               nn.Softplus)
 
 
 def is_elementwise(module: nn.Module) -> bool:

@@ -26,6 +26,7 @@ from tandem.data.given import GivenDataset
 from tandem.distributed.env import cpu_bf16_override, launch_id
 from tandem.errors import UsageError, first_line, param
 from tandem.factory import is_reference
+from tandem.keyed import KEYED, keyed_dropout
 from tandem.precision import amp_precision
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy
@@ -200,6 +201,8 @@ def prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Mo
         seed_everything(cfg.run.seed)
         model = given
     model = model.to(getattr(torch, cfg.parallel.dtype))
+    if cfg.model.dropout_rng == KEYED:  # masks keyed by sample: the same run on 1 device or N
+        model = keyed_dropout(model)
     check_inputs(model, dataset, getattr(torch, cfg.parallel.dtype))
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)

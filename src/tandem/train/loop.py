@@ -31,12 +31,13 @@ from torch import nn
 from tandem import checkpoint
 from tandem.config import MAY_CHANGE, OptimConfig, TrainConfig
 from tandem.data import LoaderCache, batch_to_device
-from tandem.data.loader import PREFETCH
+from tandem.data.loader import PREFETCH, rank_rows
 from tandem.data.mixing import Mixing, Pairing
 from tandem.distributed.env import restarts_left, speaks_for_node
 from tandem.distributed.faults import RAISES, PeerLost
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
+from tandem.keyed import KEYED, step_stream
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
 from tandem.distributed.env import cpu_bf16_override
@@ -351,7 +352,7 @@ class Trainer:
             # forward faulted it in again (about 6% of a CPU step, BENCHMARKS.md section 11)
             self.optimizer.zero_grad(set_to_none=True)
         with sync:
-            with self.autocast():
+            with self.autocast(), self.keyed_stream(index, index - group_start):
                 out = s.forward_loss(self.model, self.criterion, images, targets,
                                      batch_size=self.global_batch(self.train_set, index))
             self.scaler.scale(out.loss / group_size).backward()
@@ -472,6 +473,18 @@ class Trainer:
 
     def autocast(self):
         return self.precision.autocast()
+
+    def keyed_stream(self, index: int, micro: int):
+        """Where dropout and drop path draw in the forward of global batch ``index``
+        (``--dropout-rng keyed``, :mod:`tandem.keyed`): keyed by the seed, the optimizer step
+        and the micro-batch, at this process's first row of the global batch."""
+        if self.cfg.model.dropout_rng != KEYED:
+            return contextlib.nullcontext()
+        s, pos = self.strategy, self.position
+        samples = None if self.train_set is None else len(self.train_set)  # no set: a bench twin
+        first, _ = rank_rows(samples, self.cfg.optim.batch_size, index, s.rank, s.world_size,
+                             s.split.loader_split(), pos.epoch)
+        return step_stream(self.cfg.run.seed, pos.step, micro, first)
 
     def batch_shares(self) -> dict | None:
         """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""

@@ -36,7 +36,7 @@ from tandem.distributed.env import cpu_bf16_override, in_torchrun, restart_count
 from tandem.distributed.process_group import Job
 from tandem.errors import UsageError, param, quoted
 from tandem.factory import is_reference
-from tandem.models import create_model, model_info
+from tandem.models import create_model, list_models, model_info
 from tandem.parallel import threaded_backward
 from tandem.parallel.devices import parse_device_spec
 from tandem.parallel.split import clock_from_spec, parse_split
@@ -49,7 +49,8 @@ from . import rundir, runlock, settings
 from .rundir import RunDir
 
 __all__ = ["RunPlan", "Supplied", "check_model", "plan_train", "plan_eval", "FRESH", "RESUMED",
-           "FORKED", "EVALUATE", "build_data", "build_model", "seed_everything",
+           "FORKED", "EVALUATE", "build_data", "build_model", "check_drop_path",
+           "seed_everything",
            "check_max_steps", "saved_position"]
 
 #: what a run does to its directory: starts it, continues it there, continues it in a new one,
@@ -120,6 +121,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
             cfg = settings.sized(cfg, given)  # the file's arch at its native size
     if supplied.model is None:
         model_info(cfg.model.arch)  # a mistyped --arch (or a factory that fails to import)
+    check_drop_path(cfg.model, supplied.model)
     if supplied.data is None:
         check_spec(cfg.data.data)  # a mistyped --data, or a path that is not there
     if cfg.run.evaluate:  # notes: only what a file from elsewhere is evaluated as
@@ -454,6 +456,22 @@ def build_data(cfg, seed: int, splits: tuple[str, ...] = ("train", "val")):
                         splits=splits, reprob=cfg.reprob)
 
 
+def check_drop_path(cfg: ModelConfig, model: nn.Module | None = None) -> None:
+    """Refuse, in one line, ``--drop-path`` for a model it cannot reach: one handed over
+    (``model``), or one of the zoo without residual blocks (a factory's gets ``drop_path=``)."""
+    if not cfg.drop_path:
+        return
+    flag = f"{param('drop_path')} {cfg.drop_path}"
+    if model is not None:
+        raise UsageError(f"{flag} is for a model tandem builds (the zoo's ResNets); the model "
+                         f"handed over is yours: put tandem.keyed.DropPath in its residual "
+                         f"branches")
+    if not is_reference(cfg.arch) and "drop_path" not in model_info(cfg.arch).options:
+        takers = [n for n in list_models() if "drop_path" in model_info(n).options]
+        raise UsageError(f"{flag}: {cfg.arch} has no residual blocks to drop; the models "
+                         f"that take it: {', '.join(takers)}")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -468,6 +486,8 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
                          f"but {info.name} gives {info.image_size}px (set "
                          f"{param('image_size')})")
     kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
+    if cfg.drop_path:
+        kwargs["drop_path"] = cfg.drop_path
     seed_everything(seed)
     return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
                         **kwargs)

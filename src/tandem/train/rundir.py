@@ -19,6 +19,7 @@ from tandem.distributed.env import is_main_process
 from tandem.distributed.resume_command import resume_command
 from tandem.errors import UsageError
 from tandem.factory import is_reference, rebuildable
+from tandem.keyed import TORCH
 from tandem.strategies import strategy_class
 
 from .metrics import MetricsLog
@@ -222,6 +223,9 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
     if not isinstance(saved, dict):
         return cfg, []
     run = TrainConfig.from_dict(saved)
+    if "dropout_rng" not in (saved.get("model") or {}):  # saved before dropout was keyed:
+        run = dataclasses.replace(  # it goes on drawing from torch's generator, as it did
+            run, model=dataclasses.replace(run.model, dropout_rng=TORCH))
     sections, notes = {}, []
     for name in SECTIONS:
         mine, theirs = getattr(cfg, name), getattr(run, name)

@@ -46,6 +46,10 @@ def test_train_usage_errors(argv, needles, tmp_path, capsys):
     (["--resume", "no/such/checkpoint.pt"], ["no/such/checkpoint.pt"]),
     (["--strategy", "hybrid", "--devices", "cpu:2", "--hybrid-head", "head"],
      ["--strategy hybrid", "looked for .head on ResNet", "(its children: "]),
+    (["--drop-path", "1.5"], ["bad --drop-path 1.5: must be in [0, 1)"]),
+    (["--drop-path", "0.1", "-a", "alexnet"],
+     ["--drop-path 0.1: alexnet has no residual blocks", "cifar_resnet20", "resnet50"]),
+    (["--dropout-rng", "numpy"], ["bad --dropout-rng 'numpy': choose one of keyed, torch"]),
 ])
 def test_more_usage_errors_in_process(argv, needles, tmp_path, capsys):
     """The same path as above (cli.main), without paying a process start per case."""

@@ -109,6 +109,25 @@ def test_fit_then_resume_equals_one_straight_fit_bitwise(tmp_path):
     assert len(rows) == 2
 
 
+def test_fit_keys_the_dropout_of_a_handed_model(tmp_path):
+    """tandem.fit converts a handed model's nn.Dropout layers too (AlexNet's classifier,
+    tests/support/dropout_net.py): 3 CPU replicas equal single in float64; under
+    ``dropout_rng="torch"`` they do not (torch's draws depend on the replicas)."""
+    from dropout_net import alexnet_like
+    from exact import TOL64, max_diff
+
+    def run(name, **settings):
+        torch.manual_seed(0)
+        fit(tmp_path / name, model=alexnet_like(3, 1), **STEPS, dtype="float64", **settings)
+        return ckpt(tmp_path / name)["state_dict"]
+
+    single, dp = run("single"), run("dp", strategy="dp", devices="cpu:3")
+    assert max_diff(single, dp) < TOL64
+    single_torch = run("single_torch", dropout_rng="torch")
+    dp_torch = run("dp_torch", strategy="dp", devices="cpu:3", dropout_rng="torch")
+    assert max_diff(single_torch, dp_torch) > 1e-4
+
+
 def test_no_val_data_and_own_criterion(tmp_path):
     torch.manual_seed(0)
     calls = []
@@ -131,6 +150,8 @@ def test_no_val_data_and_own_criterion(tmp_path):
     (dict(strategy="nope"), "unknown strategy 'nope'"),
     (dict(arch="cifar_resnet20"), "tandem.fit() got a model and arch=: give one of them"),
     (dict(augment="standard"), "augment 'standard' applies to tandem's own data sets"),
+    (dict(drop_path=0.1), "drop_path 0.1 is for a model tandem builds"),
+    (dict(dropout_rng="numpy"), "bad dropout_rng 'numpy': choose one of keyed, torch"),
 ])
 def test_settings_are_checked_in_one_line(settings, line, tmp_path):
     with pytest.raises(UsageError) as info:

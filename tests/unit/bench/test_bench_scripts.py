@@ -108,3 +108,15 @@ def test_jpeg_decoders_script_runs_every_way(tmp_path, capsys):
         assert rows["decode", way]["crop_diff_mean"] < 0.5
         assert rows["decode", way]["crop_diff_max"] <= 8
     assert "simplejpeg" in capsys.readouterr().out
+
+
+def test_keyed_dropout_script_steps_both_ways(tmp_path, capsys):
+    """One round of the keyed-dropout benchmark: a step with torch's draws and one with keyed
+    masks, each timed; whether the ratio meets its target is the benchmark's to say."""
+    keyed = _load("keyed_dropout")
+    out = tmp_path / "keyed.json"
+    (row,) = keyed.main(["--models", "resnet20", "--rounds", "1", "--warmup", "0",
+                         "--json", str(out)])
+    assert set(row["median_s"]) == {"torch", "keyed"} and math.isfinite(row["ratio"])
+    assert json.loads(out.read_text())["results"][0]["model"] == "resnet20"
+    assert "resnet20" in capsys.readouterr().out
