@@ -21,7 +21,7 @@ from tandem.config import TrainConfig
 from tandem.data.given import given_data
 from tandem.data.load import GIVEN_DATA
 from tandem.distributed.env import in_torchrun, is_main_process
-from tandem.errors import UsageError
+from tandem.errors import UsageError, a
 from tandem.parallel.devices import parse_device_spec
 from tandem.strategies import auto
 from tandem.train.plan import Supplied, plan_train
@@ -60,7 +60,7 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     if train_data is not None and "data" in settings:
         raise UsageError("tandem.fit() got train_data and data=: give one of them")
     if model is not None and not isinstance(model, nn.Module):
-        raise UsageError(f"tandem.fit(): model is a {type(model).__name__}, not a "
+        raise UsageError(f"tandem.fit(): model is {a(type(model).__name__)}, not a "
                          f"torch.nn.Module")
     cfg, given = _multiprocess(cfg, given)
     if model is not None:  # what the run's config says built it (re-importable if a module's)

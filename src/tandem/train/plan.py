@@ -125,6 +125,11 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     if continues:
         source = RunDir.of(cfg.run.resume)
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
+    # the flags first (a bad --devices is the mistake to name, not the run already in --out);
+    # the race, which takes seconds, only once the run directory is known to take the run
+    racing = auto.is_resolver(cfg.parallel.strategy)
+    parse_device_spec(cfg.parallel.devices, "devices")
+    strategy = None if racing else _strategy(cfg.parallel, cfg.model, supplied.model)
     if is_main_process():  # the run directory is the main process's alone (no shared disk)
         if mode != RESUMED:
             run.check_fresh(cfg.run.overwrite)
@@ -180,12 +185,17 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
     what = " and ".join(_HANDED[n][0] for n in missing)
     args = ", ".join(["model" if "arch" in handed else "None",
                       "train_data, val_data" if "data" in handed else "None"])
-    flags = " ".join(_HANDED[n][2] for n in missing)
+    # every stand-in the run needs: a placeholder where missing, else what was given for it
+    # (a command that offers only the missing one would drop the other, and then ask for it)
+    typed = {"arch": cfg.model.arch, "data": cfg.data.data}
+    flags = " ".join(_HANDED[n][2] if n in missing or rundir.stands_in(n, typed[n])
+                     else f"{_HANDED[n][2].split()[0]} {typed[n]}"
+                     for n in ("arch", "data") if n in handed)
     meaning = " and ".join(_HANDED[n][3] for n in missing)
     raise UsageError(f"run '{target}' was trained by tandem.fit on the {what} handed to it, "
-                     f"which tandem cannot load by name: continue it with tandem.fit({args}, "
-                     f"resume='{target}'), or with `tandem train --resume {target} {flags}` "
-                     f"({meaning})")
+                     f"which tandem cannot load by name",
+                     hint=f"continue it with tandem.fit({args}, resume='{target}'), or with "
+                          f"`tandem train --resume {target} {flags}` ({meaning})")
 
 
 def saved_position(ckpt: dict) -> tuple[int, int, int | None]:

@@ -1,0 +1,88 @@
+"""The first day, fourth pass (issue 55, "The new user and the imagenet example's user"): what
+a new user and main.py's user met, through the CLI and tandem.fit, against the one-line errors
+(with their ``hint:`` line) and the lines the docs promise."""
+
+import importlib
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import (SUPPORT, hint_of, make_image_folder, ok, one_line_error,
+                      run_in_process)
+from own_model import Pairs
+
+import tandem
+from tandem.bench import BenchConfig, format_table, run_bench
+from tandem.bench.timing import summarize
+from tandem.errors import UsageError
+
+TINY = ["--data", "synthetic", "--synthetic-size", "12", "--image-size", "8", "--num-classes",
+        "3", "-a", "cifar_resnet20", "-b", "6", "--no-progress", "--devices", "cpu"]
+
+# A user's module: data sets and models wrong in the ways a first day meets.
+MINE = '''
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+class Mixed(Dataset):  # 3x8x8 and 1x8x8 in turn
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return torch.randn(3 if i % 2 == 0 else 1, 8, 8), i % 4
+
+def mixed():
+    return Mixed(), Mixed()
+
+def eight():  # 8 classes, targets 0..7
+    x, y = torch.randn(32, 1, 8, 8), torch.arange(32) % 8
+    return TensorDataset(x[:24], y[:24]), TensorDataset(x[24:], y[24:])
+
+def four(num_classes=10, in_channels=1):  # always 4 outputs, whatever num_classes says
+    return nn.Sequential(nn.Conv2d(in_channels, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(4, 4))
+
+COUNT = 3  # not a function
+'''
+
+
+@pytest.fixture
+def mine(tmp_path, monkeypatch):
+    name = f"mine_{abs(hash(str(tmp_path))) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(MINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
+# -- messages ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("done") / "run"
+    ok("train", *TINY, "--epochs", 1, "--out", run)
+    return run
+
+
+def test_a_bad_flag_is_named_before_the_run_in_out(done_run):
+    line = one_line_error(run_in_process("train", *TINY, "--devices", "cpu:0", "--out",
+                                         done_run), "bad --devices 'cpu:0'")
+    assert "already holds a run" not in line
+    result = run_in_process("train", *TINY, "--strategy", "dpp", "--out", done_run)
+    assert one_line_error(result) == "tandem: error: unknown --strategy 'dpp': did you mean dp?"
+    assert hint_of(result).endswith("ddp, hybrid-ddp or auto")
+
+
+def test_a_resume_that_changes_several_settings_names_them_all_at_once(done_run):
+    result = run_in_process("train", "--resume", done_run, "-b", 4, "--seed", 9, "--lr", 0.5)
+    line = one_line_error(result)
+    assert line.startswith("tandem: error: --batch-size 4, --lr 0.5 and --seed 9 would change "
+                           "the run of")
+    assert line.endswith("which has --batch-size 6, --lr 0.05 and --seed 0")
+    assert hint_of(result) == "resume without them, or start a new run with another --out"
+
+
+def test_an_int_is_an_int(mine, tmp_path):
+    one_line_error(run_in_process("train", "--data", f"{mine.__name__}:COUNT", "--out",
+                                  tmp_path / "x"), f"'{mine.__name__}:COUNT' is an int, not a "
+                                                   f"function")
