@@ -56,6 +56,21 @@ def mine(tmp_path, monkeypatch):
     return importlib.import_module(name)
 
 
+# -- bad 2: a data factory whose items differ in shape ------------------------------------------
+def test_items_of_two_shapes_are_one_line_naming_both_before_training(mine, tmp_path):
+    out = tmp_path / "cli"
+    result = run_in_process("train", "-a", f"{mine.__name__}:four", "--data",
+                            f"{mine.__name__}:mixed", "--out", out)
+    one_line_error(result, f"{mine.__name__}:mixed train data[1] has an input of shape 1x8x8",
+                   "train data[0] 3x8x8")
+    assert "the same shape" in hint_of(result)
+    assert not out.exists()  # refused before anything was written
+    with pytest.raises(UsageError, match=r"tandem.fit\(\) train data\[1\] has an input of shape "
+                                         r"1x8x8, but tandem.fit\(\) train data\[0\] 3x8x8"):
+        tandem.fit(mine.four(), *mine.mixed(), out=str(tmp_path / "fit"), no_progress=True)
+    assert not (tmp_path / "fit").exists()
+
+
 # -- messages ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def done_run(tmp_path_factory):
