@@ -22,7 +22,6 @@ from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch
 from tandem.data.device_decode import decode_on, decoded_on
-from tandem.data.given import GivenDataset
 from tandem.distributed.env import cpu_bf16_override, launch_id
 from tandem.errors import UsageError, first_line
 from tandem.factory import is_reference
@@ -30,6 +29,7 @@ from tandem.precision import amp_precision
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy
 from tandem.strategies.compile import compiled
+from tandem.strategies.outputs import pick_output
 
 from . import settings
 from .loop import Position
@@ -37,8 +37,8 @@ from .plan import (RunPlan, build_data, build_model, check_max_steps, check_mode
                    saved_position, seed_everything)
 from .schedule import lr_factor, make_scheduler
 
-__all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes", "check_inputs",
-           "make_optimizer", "make_criterion"]
+__all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes",
+           "check_fits", "make_optimizer", "make_criterion"]
 
 
 def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
@@ -141,24 +141,39 @@ def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig
     return replace(cfg, data=replace(cfg.data, num_classes=classes))
 
 
-def check_inputs(model: nn.Module, dataset, dtype: torch.dtype) -> None:
-    """Refuse, in one line, a model that cannot take a user's data set's inputs (flat vectors
-    into a conv net): one forward of a batch of one zero input, in eval mode (no state
-    changes), that says which shape the model got."""
-    if not isinstance(dataset, GivenDataset):
+def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name: str,
+               output_key=None, handed: bool = False) -> None:
+    """Refuse, in one line, a model that cannot train on the data set before anything is
+    written: one that cannot take its inputs (flat vectors into a conv net), or that gives
+    fewer outputs than there are classes (a factory that ignores ``num_classes``: else the
+    loss fails deep inside, ``Target 5 is out of bounds``). One forward of a batch of one zero
+    input of the data's shape, in eval mode (no state changes); ``name``: the data's;
+    ``handed``: the model was handed to ``tandem.fit`` (else a factory built it)."""
+    shape = getattr(dataset, "shape", None)
+    if shape is None:
         return
-    x = torch.zeros((1, *dataset.shape), dtype=dtype)
+    x = torch.zeros((1, *shape), dtype=dtype)
     was_training = model.training
     try:
         with torch.no_grad():
             model.eval()
-            model(x)
+            out = model(x)
     except (RuntimeError, ValueError) as exc:  # shape and size mismatches
-        raise UsageError(f"the model cannot take {dataset.name}'s inputs: it got a batch of "
-                         f"shape {tuple(x.shape)} (inputs of shape {dataset.shape}) and "
-                         f"raised {type(exc).__name__}: {first_line(exc)}") from None
+        raise UsageError(f"the model cannot take {getattr(dataset, 'name', name)}'s inputs: it "
+                         f"got a batch of shape {tuple(x.shape)} (inputs of shape "
+                         f"{tuple(shape)}) and raised {type(exc).__name__}: {first_line(exc)}"
+                         ) from None
     finally:
         model.train(was_training)
+    logits = pick_output(out, output_key)
+    width = logits.shape[1] if logits.dim() >= 2 else 1
+    if width < classes:
+        remedy = (f"hand tandem.fit a model with {classes} outputs" if handed else
+                  f"build the model with num_classes outputs (the factory is called with "
+                  f"num_classes={classes})")
+        raise UsageError(f"the model gives {width} output{'s' if width != 1 else ''} per "
+                         f"sample, but {name} has {classes} classes (targets 0 to "
+                         f"{classes - 1})", hint=remedy)
 
 
 def prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
@@ -175,7 +190,9 @@ def prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Mo
         seed_everything(cfg.run.seed)
         model = given
     model = model.to(getattr(torch, cfg.parallel.dtype))
-    check_inputs(model, dataset, getattr(torch, cfg.parallel.dtype))
+    if given is not None or is_reference(cfg.model.arch):  # the zoo's models fit by build
+        check_fits(model, dataset, getattr(torch, cfg.parallel.dtype), cfg.data.num_classes,
+                   info.name, cfg.model.output_key, handed=given is not None)
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if cfg.parallel.compile:
