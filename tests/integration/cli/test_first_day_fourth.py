@@ -86,6 +86,20 @@ def test_a_model_narrower_than_the_classes_is_one_line_before_training(mine, tmp
     assert not (tmp_path / "fit").exists()
 
 
+# -- bad 4: --dummy is main.py's --dummy, resnet18 included --------------------------------------
+def test_dummy_without_arch_trains_main_pys_resnet18_at_224_on_1000_classes(tmp_path):
+    out = tmp_path / "run"
+    proc = ok("train", "--dummy", "-b", 2, "--synthetic-size", 3, "--max-steps", 1, "--devices",
+              "cpu", "--no-progress", "--out", out)
+    assert proc.stdout.splitlines()[0].startswith(
+        "--dummy: resnet18 (the imagenet example's default -a), on random 3x224x224 images of "
+        "1000 classes")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["arch"] == "resnet18"
+    assert (config["resolved"]["dataset"]["image_size"],
+            config["resolved"]["dataset"]["num_classes"]) == (224, 1000)
+
+
 # -- messages ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def done_run(tmp_path_factory):
