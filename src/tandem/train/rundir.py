@@ -176,6 +176,11 @@ def checkpoint_path(resume: str) -> str:
     run = RunDir(resume)
     if os.path.isdir(resume) and os.path.isfile(run.latest):
         return run.latest
+    if os.path.isdir(resume) and os.path.isfile(run.file(run.CONFIG)):
+        raise UsageError(f"run '{resume}' has no checkpoint yet: it stopped before its first "
+                         f"save", hint=f"start it again with the command that started it (a "
+                                       f"fresh run may replace a run without a checkpoint; "
+                                       f"its settings are in {run.file(run.CONFIG)})")
     return resume  # checkpoint.load names whatever is wrong with it
 
 

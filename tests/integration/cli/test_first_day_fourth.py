@@ -130,3 +130,15 @@ def test_an_int_is_an_int(mine, tmp_path):
     one_line_error(run_in_process("train", "--data", f"{mine.__name__}:COUNT", "--out",
                                   tmp_path / "x"), f"'{mine.__name__}:COUNT' is an int, not a "
                                                    f"function")
+
+
+# -- a run directory with its config.json and no checkpoint ---------------------------------------
+def test_a_run_that_never_saved_says_so_and_how_to_start_it_again(done_run, tmp_path):
+    run = tmp_path / "unsaved"
+    run.mkdir()
+    shutil.copy(done_run / "config.json", run / "config.json")  # as a run killed before a save
+    for command in ("train", "eval"):
+        result = run_in_process(command, "--resume", run)
+        line = one_line_error(result, f"run '{run}' has no checkpoint yet")
+        assert "is a directory" not in line
+        assert hint_of(result).startswith("start it again with the command that started it")
