@@ -33,7 +33,7 @@ from tandem.strategies.outputs import pick_output
 
 from . import settings
 from .loop import Position
-from .plan import (RunPlan, build_data, build_model, check_max_steps, check_model,
+from .plan import (EVALUATE, RunPlan, build_data, build_model, check_max_steps, check_model,
                    saved_position, seed_everything)
 from .schedule import lr_factor, make_scheduler
 
@@ -47,7 +47,8 @@ def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
     if plan.supplied.data is None:  # --decode gpu: its ImageFolder data decoded on the device
         read = plan.data if plan.data is not None else build_data(plan.cfg.data,
                                                                   plan.cfg.run.seed, splits)
-        return decode_on(read, plan.cfg.data.decode, plan.strategy.device)
+        return decode_on(read, plan.cfg.data.decode, plan.strategy.device,
+                         say=plan.mode != EVALUATE)  # tandem eval, train -e: no run to tell of
     train_set, val_set, info = plan.supplied.data
     return (train_set if "train" in splits else None), val_set, info
 

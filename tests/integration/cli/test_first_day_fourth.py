@@ -142,3 +142,19 @@ def test_a_run_that_never_saved_says_so_and_how_to_start_it_again(done_run, tmp_
         line = one_line_error(result, f"run '{run}' has no checkpoint yet")
         assert "is a directory" not in line
         assert hint_of(result).startswith("start it again with the command that started it")
+
+
+# -- tandem eval ----------------------------------------------------------------------------------
+def test_eval_says_no_decoder_line_and_its_json_takes_a_path(tmp_path):
+    folder = make_image_folder(tmp_path / "photos", per_class=5, size=20)
+    run = tmp_path / "run"
+    trained = ok("train", "--data", folder, "-a", "cifar_resnet20", "--image-size", "16", "-b",
+                 "4", "--max-steps", "1", "--no-progress", "--out", run)
+    assert "--decode auto: " in trained.stdout  # a run says which decoder it uses
+    for argv in (("eval", "--resume", run), ("train", "-e", "--resume", run)):
+        said = ok(*argv)
+        assert "--decode" not in said.stdout + said.stderr  # a validation pass is no run
+    evaluated = ok("eval", "--resume", run, "--json", tmp_path / "scores.json")
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert evaluated.stdout.strip().endswith(f"({scores['count']} images)")
+    assert json.loads(ok("eval", "--resume", run, "--json").stdout) == scores
