@@ -45,8 +45,8 @@ from tandem.strategies.outputs import label_smoothing
 from .curves import plot_curves
 from .datawait import DataWait
 from .interrupt import Interrupted, StopRequest
-from .metrics import (Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score_fields,
-                      summary_line)
+from .metrics import (Meter, MetricsLog, not_validated, peak_memory_mb, reset_peak_memory,
+                      score_fields, summary_line, validated)
 from .progress import Progress
 from .rundir import RunDir
 from .schedule import epoch_state, example_optimizer_state, lr_factor
@@ -207,6 +207,9 @@ class Trainer:
         """Where the best weights are; or, when no validation was finite (so none was "best"),
         that no best.pt was written and which file holds the weights instead."""
         run = self.run_dir
+        if self.val_set is None:
+            return (f"no validation data (val_data=None), so no {run.BEST}: the last weights "
+                    f"are in {run.latest}")
         if os.path.exists(run.best):
             return f"best val acc {self.best_acc1:.2f}%: {run.best}"
         return (f"no validation was finite (val loss nan or inf), so no {run.BEST} was "
@@ -236,8 +239,8 @@ class Trainer:
             pos.epoch, pos.batch = pos.epoch + 1, 0
         # The first validation of a run directory always writes best.pt (even at 0%),
         # unless its loss is not finite: such a model is never "best".
-        is_best = val.finite and (val.acc > self.best_acc1
-                                  or not os.path.exists(self.run_dir.best))
+        is_best = self.val_set is not None and val.finite and (  # no validation: no best
+            val.acc > self.best_acc1 or not os.path.exists(self.run_dir.best))
         if val.finite:
             self.best_acc1 = max(self.best_acc1, val.acc)
         record = self.epoch_record(train, val, stopped, seconds)
@@ -561,8 +564,8 @@ class Trainer:
             "batches": pos.batch if stopped else self.batches_per_epoch,
             "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
             "train_loss": train.loss, **score_fields("train", train),
-            "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
-            **({"val_plain_ce": val.ce} if label_smoothing(self.criterion) else {}),
+            **(validated(val, label_smoothing(self.criterion)) if self.val_set is not None
+               else not_validated(val)),
             "lr": self.optimizer.param_groups[0]["lr"],
             "lr_steps": thinned(self.lr_steps),  # [step, lr] each step used (curves.png)
             "images_per_sec": train.count / seconds if seconds > 0 else None,

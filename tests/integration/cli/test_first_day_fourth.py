@@ -158,3 +158,11 @@ def test_eval_says_no_decoder_line_and_its_json_takes_a_path(tmp_path):
     scores = json.loads((tmp_path / "scores.json").read_text())
     assert evaluated.stdout.strip().endswith(f"({scores['count']} images)")
     assert json.loads(ok("eval", "--resume", run, "--json").stdout) == scores
+
+
+# -- data -----------------------------------------------------------------------------------------
+def test_an_empty_class_folder_is_refused_as_torchvision_refuses_it(tmp_path):
+    folder = make_image_folder(tmp_path / "photos", per_class=4, size=20)
+    (folder / "emu").mkdir()
+    result = run_in_process("train", "--data", folder, "--out", tmp_path / "run")
+    one_line_error(result, f"ImageFolder '{folder}': class folder 'emu' holds no image files")
