@@ -598,7 +598,8 @@ class Trainer:
         per_epoch = -(-self.batches_per_epoch // optim.accum_steps)
         base = self.scheduler.base_lrs[0]
         plot_curves(records, self.run_dir.curves, schedule=(
-            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)))
+            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)),
+            classes=self.cfg.data.num_classes)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
