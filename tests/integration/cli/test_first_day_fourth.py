@@ -166,3 +166,34 @@ def test_an_empty_class_folder_is_refused_as_torchvision_refuses_it(tmp_path):
     (folder / "emu").mkdir()
     result = run_in_process("train", "--data", folder, "--out", tmp_path / "run")
     one_line_error(result, f"ImageFolder '{folder}': class folder 'emu' holds no image files")
+
+
+# -- bench's figures with their doubt ---------------------------------------------------------
+def test_bench_marks_a_speed_up_beyond_the_devices_and_a_split_beyond_its_handicap():
+    config = BenchConfig(arch="cifar_resnet20", strategies="single,dp", devices="cpu:2",
+                         baselines="none", batch_size=4, steps=1, warmup=0, image_size=8,
+                         num_classes=5, handicap="1:2")
+    report = run_bench(config)
+    times = {"single": 3.8, "dp": 1.0, "dp/auto": 0.9, "dp/ideal": 0.4}  # a loaded single
+    for r in report["results"]:
+        r["step_time_s"] = summarize([times[r["name"]]] * 5).as_dict()
+        r["speedup_vs_single"] = 3.8 / times[r["name"]]
+    lines = format_table(report).splitlines()
+    rows = {line.split()[0]: line for line in lines if line.split()[0] in times}
+    assert " 3.80x ?" in rows["dp"] and "?" not in rows["single"]
+    [doubt] = [line for line in lines if line.startswith("? vs single beyond")]
+    assert "dp 3.80x on 2 device(s)" in doubt
+    [split] = [line for line in lines if line.startswith("split vs even split")]
+    assert "dp/auto 1.11x, dp/ideal 2.50x ?" in split and "a split gains 1.33x at most" in split  # 3+1 of 4
+    assert any(line.startswith("? beyond what the handicap allows: dp/ideal 2.50x")
+               for line in lines)
+
+
+def test_the_hybrid_verdict_says_about_the_same_rather_than_1_0x_fewer():
+    from tandem.hybrid import plan
+    from tandem.models import create_model
+
+    verdict = plan(create_model("cifar_resnet20"), ["cpu", "cpu"], batch_size=32,
+                   input_size=16).verdict
+    assert "1.0x" not in verdict
+    assert verdict.startswith("hybrid and data parallel move about the same bytes (")
