@@ -40,7 +40,9 @@ class ParallelConfig:
                         "drive this model here, keep the fastest)", choices=_strategy_names,
                         on_resume=MAY_CHANGE)
     auto_steps: int | None = opt(None, "with --strategy auto: timed rounds of the race, 3 at least "
-                                 "(default: as many as fit 5 s or 5%% of an epoch, at most 30 s)",
+                                 "(default: after one cold round, as many as fit 5 s or 5%% of "
+                                 "an epoch, at most 30 s, but 3 however long they take; under "
+                                 "tandem launch 5, however long)",
                                  metavar="N", on_resume=MAY_CHANGE)
     devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
                        metavar="SPEC", on_resume=MAY_CHANGE)

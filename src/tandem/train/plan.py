@@ -136,10 +136,10 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         run.check_writable()
         runlock.check_free(run)  # another run writes there: refused, --overwrite or not
     race = data = None
-    if auto.is_resolver(cfg.parallel.strategy):  # --strategy auto: race now, once
+    if racing:  # --strategy auto: race now, once
         with auto.rng_kept():
             cfg, race, data = _race(cfg, supplied)
-    strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+        strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
     cfg = _backward_recorded(cfg, strategy)
     strategy.split.check_fits(cfg.optim.batch_size)
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
@@ -402,6 +402,8 @@ def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tupl
 
     options = dataclasses.asdict(cfg.model)
     processes = read_env().world_size if in_torchrun() else 0  # tandem launch: its processes
+    if processes > 1 and is_main_process():  # no budget there: say what it will take first
+        print(auto.process_race_line(processes, p.auto_steps), flush=True)
     result = auto.resolve(
         devices, model, (images, targets), options=options, check=check,
         amp=amp_precision(devices[0].type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()),
