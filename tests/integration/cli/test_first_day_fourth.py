@@ -197,3 +197,19 @@ def test_the_hybrid_verdict_says_about_the_same_rather_than_1_0x_fewer():
                    input_size=16).verdict
     assert "1.0x" not in verdict
     assert verdict.startswith("hybrid and data parallel move about the same bytes (")
+
+
+# -- one-machine launches: the err=-3 note ---------------------------------------------------
+def test_a_one_machine_launch_notes_the_err_3_warnings_where_loopback_has_no_name(monkeypatch):
+    import torch.distributed.run as torchrun_module
+
+    from tandem.distributed import network
+
+    monkeypatch.setattr(network, "has_reverse_name", lambda address: False)
+    monkeypatch.setattr(torchrun_module, "run", lambda args: None)  # no workers started
+    for name in ("TANDEM_LAUNCH", "TANDEM_LAUNCH_ID", "TANDEM_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    proc = run_in_process("launch", "--nproc-per-node", "1", "--", "models")
+    assert proc.returncode == 0, proc.stderr
+    assert ("tandem launch: note: 127.0.0.1 has no host name here (no DNS answer), so torch "
+            "warns 'The hostname of the client socket cannot be retrieved. err=-3'") in proc.stdout
