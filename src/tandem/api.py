@@ -35,23 +35,29 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
         classes=None, **settings) -> dict | None:
     """Train ``model`` on ``train_data``, validating on ``val_data`` after every epoch.
 
-    ``train_data`` and ``val_data`` are map-style data sets of ``(input, target)`` pairs,
-    floating-point inputs and class-index targets (``val_data`` may be ``None``: no
-    validation); ``classes``, their names. ``settings`` are ``tandem train``'s, under the
-    config's field names (``batch_size=64``, ``strategy="dp"``, ``resume="runs/mine"``), with
-    the same checks and one-line errors (:class:`~tandem.errors.UsageError`). ``criterion``
-    defaults to cross-entropy with ``ignore_index`` and ``label_smoothing``; it is not saved,
-    so a resume is handed it again. ``model=None`` builds ``arch`` and ``train_data=None``
-    loads ``data``, as the CLI does.
-
-    Returns the last metrics row (a ``metrics.jsonl`` row; with ``evaluate=True`` the
-    validation's figures), on the main process; ``None`` on the other ranks of a launch. The
-    model is left holding the final weights; they are also in ``out``/``checkpoint.pt``.
     Warning: the model's initial weights are used as they are (seed them yourself), and with
     several processes, rank 0's. Under torchrun a one-process ``strategy`` becomes one process
     per device (``ddp``), and one line says so. As ``tandem train`` does, training sets glibc's
     malloc thresholds for the whole process, which then keeps its peak memory
     (:mod:`tandem.cpu_malloc`; ``TANDEM_MALLOC=default`` keeps glibc's own behaviour).
+
+    :param model: the model to train; it is left holding the final weights (they are also in
+        ``out``/``checkpoint.pt``). ``None`` builds ``arch``, as the CLI does.
+    :param train_data: a map-style data set of ``(input, target)`` pairs: floating-point
+        inputs of one shape, class-index targets (or tensors of them: masks). ``None`` loads
+        ``data``, as the CLI does.
+    :param val_data: the same for validation after every epoch; ``None``: no validation (no
+        ``best.pt``, and the rows' validation fields are null).
+    :param criterion: the loss, ``criterion(outputs, targets)``; default cross-entropy with
+        ``ignore_index`` and ``label_smoothing``. It is not saved: a resume is handed it again.
+    :param classes: the class names (their count is the model's outputs); default the data
+        sets' own ``classes``, else the largest target + 1.
+    :param settings: ``tandem train``'s settings under the config's field names
+        (``batch_size=64``, ``strategy="dp"``, ``devices="cpu:3"``, ``epochs=10``,
+        ``out="runs/mine"``, ``resume="runs/mine"``, ...), with the same checks and one-line
+        errors (:class:`~tandem.errors.UsageError`).
+    :returns: the last metrics row (a ``metrics.jsonl`` row; with ``evaluate=True`` the
+        validation's figures), on the main process; ``None`` on the other ranks of a launch.
     """
     cfg = TrainConfig.from_settings(settings)
     given = frozenset(settings)

@@ -153,6 +153,58 @@ def test_the_api_page_documents_the_package_faces(site):
         assert name in text, name
 
 
+@needs_docs_extra
+def test_the_api_page_lists_every_parameter_of_tandem_fit(site):
+    """Each parameter of tandem.fit's signature has its entry under "Parameters" (autodoc
+    lists only the annotated ones unless the docstring names them all)."""
+    import inspect
+
+    import tandem
+
+    text = page_sections(site / "reference" / "api.html")["tandem-fit"]
+    listed = text.split("Parameters", 1)[1].split("Return", 1)[0]
+    for name in inspect.signature(tandem.fit).parameters:
+        assert re.search(rf"(?<![\w*]){re.escape(name)} ", listed), (name, listed[:600])
+
+
+class _Anchors(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.links = set(), []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href"):
+            self.links.append(attrs["href"])
+
+
+def broken_anchors(site: Path) -> list[str]:
+    """The site's links to an anchor (``page.html#id``, ``#id``) that its page does not have
+    (the source view's ``[docs]`` links too)."""
+    pages = {}
+    for page in site.rglob("*.html"):
+        parsed = _Anchors()
+        parsed.feed(page.read_text())
+        pages[page.resolve()] = parsed
+    bad = []
+    for page, parsed in pages.items():
+        for link in parsed.links:
+            target, _, anchor = link.partition("#")
+            if not anchor or "://" in target:
+                continue
+            where = (page.parent / target).resolve() if target else page
+            if where in pages and anchor not in pages[where].ids:
+                bad.append(f"{page.relative_to(site.resolve())}: {link}")
+    return bad
+
+
+@needs_docs_extra
+def test_every_anchor_the_site_links_to_exists(site):
+    assert not (bad := broken_anchors(site)), bad
+
+
 def tandem_strategy_classes() -> list[str]:
     from tandem.strategies import strategy_class, strategy_names
 
