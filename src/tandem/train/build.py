@@ -29,16 +29,15 @@ from tandem.precision import amp_precision
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy
 from tandem.strategies.compile import compiled
-from tandem.strategies.outputs import pick_output
 
 from . import settings
 from .loop import Position
-from .plan import (EVALUATE, RunPlan, build_data, build_model, check_max_steps, check_model,
-                   saved_position, seed_everything)
+from .plan import (EVALUATE, RunPlan, build_data, build_model, check_fits, check_max_steps,
+                   check_model, saved_position, seed_everything)
 from .schedule import lr_factor, make_scheduler
 
 __all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes",
-           "check_fits", "make_optimizer", "make_criterion"]
+           "make_optimizer", "make_criterion"]
 
 
 def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
@@ -140,41 +139,6 @@ def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig
         layer = checkpoint_compat.final_layer(ckpt["state_dict"]) if ckpt is not None else None
         classes = layer[1] if layer and layer[1] > info.num_classes else info.num_classes
     return replace(cfg, data=replace(cfg.data, num_classes=classes))
-
-
-def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name: str,
-               output_key=None, handed: bool = False) -> None:
-    """Refuse, in one line, a model that cannot train on the data set before anything is
-    written: one that cannot take its inputs (flat vectors into a conv net), or that gives
-    fewer outputs than there are classes (a factory that ignores ``num_classes``: else the
-    loss fails deep inside, ``Target 5 is out of bounds``). One forward of a batch of one zero
-    input of the data's shape, in eval mode (no state changes); ``name``: the data's;
-    ``handed``: the model was handed to ``tandem.fit`` (else a factory built it)."""
-    shape = getattr(dataset, "shape", None)
-    if shape is None:
-        return
-    x = torch.zeros((1, *shape), dtype=dtype)
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()
-            out = model(x)
-    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
-        raise UsageError(f"the model cannot take {getattr(dataset, 'name', name)}'s inputs: it "
-                         f"got a batch of shape {tuple(x.shape)} (inputs of shape "
-                         f"{tuple(shape)}) and raised {type(exc).__name__}: {first_line(exc)}"
-                         ) from None
-    finally:
-        model.train(was_training)
-    logits = pick_output(out, output_key)
-    width = logits.shape[1] if logits.dim() >= 2 else 1
-    if width < classes:
-        remedy = (f"hand tandem.fit a model with {classes} outputs" if handed else
-                  f"build the model with num_classes outputs (the factory is called with "
-                  f"num_classes={classes})")
-        raise UsageError(f"the model gives {width} output{'s' if width != 1 else ''} per "
-                         f"sample, but {name} has {classes} classes (targets 0 to "
-                         f"{classes - 1})", hint=remedy)
 
 
 def prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Module:

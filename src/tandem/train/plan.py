@@ -33,7 +33,7 @@ from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
 from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process, read_env,
                                     restart_count, split_clock)
-from tandem.errors import UsageError, param, quoted
+from tandem.errors import UsageError, first_line, param, quoted
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
 from tandem.parallel import threaded_backward
@@ -43,11 +43,12 @@ from tandem.precision import amp_precision
 from tandem.strategies import (Strategy, auto, create_strategy, strategy_class,
                                strategy_names)
 from tandem.strategies.compile import check_compile
+from tandem.strategies.outputs import pick_output
 
 from . import rundir, runlock, settings
 from .rundir import RunDir
 
-__all__ = ["RunPlan", "Supplied", "check_model", "plan_train", "plan_eval", "FRESH", "RESUMED",
+__all__ = ["RunPlan", "Supplied", "check_model", "check_fits", "plan_train", "plan_eval", "FRESH", "RESUMED",
            "FORKED", "EVALUATE", "build_data", "build_model", "seed_everything",
            "check_max_steps", "saved_position"]
 
@@ -300,6 +301,41 @@ def check_model(strategy: Strategy, model: nn.Module) -> None:
         raise UsageError(f"{param('strategy')} {strategy.name} {problem}")
 
 
+def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name: str,
+               output_key=None, handed: bool = False) -> None:
+    """Refuse, in one line, a model that cannot train on the data set before anything is
+    written: one that cannot take its inputs (flat vectors into a conv net), or that gives
+    fewer outputs than there are classes (a factory that ignores ``num_classes``: else the
+    loss fails deep inside, ``Target 5 is out of bounds``). One forward of a batch of one zero
+    input of the data's shape, in eval mode (no state changes); ``name``: the data's;
+    ``handed``: the model was handed to ``tandem.fit`` (else a factory built it)."""
+    shape = getattr(dataset, "shape", None)
+    if shape is None:
+        return
+    x = torch.zeros((1, *shape), dtype=dtype)
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            out = model(x)
+    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
+        raise UsageError(f"the model cannot take {getattr(dataset, 'name', name)}'s inputs: it "
+                         f"got a batch of shape {tuple(x.shape)} (inputs of shape "
+                         f"{tuple(shape)}) and raised {type(exc).__name__}: {first_line(exc)}"
+                         ) from None
+    finally:
+        model.train(was_training)
+    logits = pick_output(out, output_key)
+    width = logits.shape[1] if logits.dim() >= 2 else 1
+    if width < classes:
+        remedy = (f"hand tandem.fit a model with {classes} outputs" if handed else
+                  f"build the model with num_classes outputs (the factory is called with "
+                  f"num_classes={classes})")
+        raise UsageError(f"the model gives {width} output{'s' if width != 1 else ''} per "
+                         f"sample, but {name} has {classes} classes (targets 0 to "
+                         f"{classes - 1})", hint=remedy)
+
+
 def _split(cfg: ParallelConfig) -> dict:
     """The strategy's ``split`` and ``max_share`` keywords (none when not asked for)."""
     if cfg.split is None and cfg.max_share is None:
@@ -394,6 +430,9 @@ def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tupl
     dtype = getattr(torch, p.dtype)
     model = (copy.deepcopy(supplied.model) if supplied.model is not None else
              build_model(cfg.model, replace(info, num_classes=classes), cfg.run.seed)).to(dtype)
+    if supplied.model is not None or is_reference(cfg.model.arch):  # as the build checks it
+        check_fits(model, train_set, dtype, classes, info.name, cfg.model.output_key,
+                   handed=supplied.model is not None)
     images, targets = _batch(train_set, info, classes, cfg.optim.batch_size, dtype)
     split = None if p.split is None else parse_split(p.split)
 

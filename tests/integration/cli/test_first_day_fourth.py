@@ -74,11 +74,13 @@ def test_items_of_two_shapes_are_one_line_naming_both_before_training(mine, tmp_
 # -- bad 3: a model that gives fewer outputs than there are classes -----------------------------
 def test_a_model_narrower_than_the_classes_is_one_line_before_training(mine, tmp_path):
     out = tmp_path / "cli"
-    result = run_in_process("train", "-a", f"{mine.__name__}:four", "--data",
-                            f"{mine.__name__}:eight", "--out", out)
-    one_line_error(result, "the model gives 4 outputs per sample", "8 classes (targets 0 to 7)")
-    assert "num_classes=8" in hint_of(result)
-    assert not out.exists()
+    for race in ((), ("--strategy", "auto", "--devices", "cpu:2")):  # auto: before its race
+        result = run_in_process("train", "-a", f"{mine.__name__}:four", "--data",
+                                f"{mine.__name__}:eight", "--out", out, *race)
+        one_line_error(result, "the model gives 4 outputs per sample",
+                       "8 classes (targets 0 to 7)")
+        assert "num_classes=8" in hint_of(result)
+        assert not out.exists()
     with pytest.raises(UsageError, match="the model gives 4 outputs per sample, but "
                                          r"tandem.fit\(\) has 8 classes") as caught:
         tandem.fit(mine.four(), *mine.eight(), out=str(tmp_path / "fit"), no_progress=True)
