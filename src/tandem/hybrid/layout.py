@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torch import nn
-from tandem.errors import UsageError
+from tandem.errors import UsageError, a
 from tandem.keyed import KeyedAlphaDropout, KeyedDropout
 
 __all__ = ["ELEMENTWISE", "HEADS", "Stage", "classifier_layout", "is_elementwise", "find_head",
@@ -89,8 +89,8 @@ def _splittable(module) -> str | None:
         if any(isinstance(m, nn.Linear) for m in module):
             return None
         return "an nn.Sequential without an nn.Linear"
-    return f"a {type(module).__name__}" if isinstance(module, nn.Module) else (
-        f"a {type(module).__name__}, not a module")
+    return a(type(module).__name__) if isinstance(module, nn.Module) else (
+        f"{a(type(module).__name__)}, not a module")
 
 
 def head_problem(model: nn.Module, head: str | None = None) -> str | None:

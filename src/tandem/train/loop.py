@@ -48,8 +48,8 @@ from tandem.strategies.outputs import label_smoothing
 from .curves import plot_curves
 from .datawait import DataWait
 from .interrupt import Interrupted, StopRequest
-from .metrics import (Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score_fields,
-                      summary_line)
+from .metrics import (Meter, MetricsLog, not_validated, peak_memory_mb, reset_peak_memory,
+                      score_fields, summary_line, validated)
 from .progress import Progress
 from .rundir import RunDir
 from .schedule import epoch_state, example_optimizer_state, lr_factor
@@ -242,6 +242,9 @@ class Trainer:
         """Where the best weights are; or, when no validation was finite (so none was "best"),
         that no best.pt was written and which file holds the weights instead."""
         run = self.run_dir
+        if self.val_set is None:
+            return (f"no validation data (val_data=None), so no {run.BEST}: the last weights "
+                    f"are in {run.latest}")
         if self.best_written:
             return f"best val acc {self.best_acc1:.2f}%: {run.best}"
         return (f"no validation was finite (val loss nan or inf), so no {run.BEST} was "
@@ -274,7 +277,8 @@ class Trainer:
             pos.epoch, pos.batch = pos.epoch + 1, 0
         # The first validation of a run directory always writes best.pt (even at 0%),
         # unless its loss is not finite: such a model is never "best".
-        is_best = val.finite and (val.acc > self.best_acc1 or not self.best_written)
+        is_best = self.val_set is not None and val.finite and (  # no validation: no best
+            val.acc > self.best_acc1 or not self.best_written)
         if val.finite:
             self.best_acc1 = max(self.best_acc1, val.acc)
         record = self.epoch_record(train, val, stopped, seconds)
@@ -677,8 +681,8 @@ class Trainer:
             "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
             "train_loss": train.loss, **score_fields("train", train),
             **({"train_targets": "mixed"} if self.mixing is not None else {}),
-            "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
-            **({"val_plain_ce": val.ce} if label_smoothing(self.criterion) else {}),
+            **(validated(val, label_smoothing(self.criterion)) if self.val_set is not None
+               else not_validated(val)),
             "lr": self.optimizer.param_groups[0]["lr"],
             "lr_steps": thinned(self.lr_steps),  # [step, lr] each step used (curves.png)
             "images_per_sec": train.count / seconds if seconds > 0 else None,
@@ -712,8 +716,9 @@ class Trainer:
         optim = self.cfg.optim
         per_epoch = -(-self.batches_per_epoch // optim.accum_steps)
         base, path, rows = self.scheduler.base_lrs[0], self.run_dir.curves, list(records)
+        classes = self.cfg.data.num_classes
         self.writer.write(path, lambda: plot_curves(rows, path, schedule=(
-            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch))))
+            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)), classes=classes))
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

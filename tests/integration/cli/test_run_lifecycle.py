@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from conftest import cli_env, default_sigint, ok, run_in_process, snapshot
+from conftest import cli_env, default_sigint, ok, one_line_error, run_in_process, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -83,11 +83,10 @@ def test_refused_changes_leave_the_run_untouched(tmp_path):
                              ("--seed", "4", "3"), ("--data", "digits", "synthetic"),
                              ("-a", "cifar_resnet32", "cifar_resnet20")):
         proc = run_in_process("train", "--resume", run, flag, value)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        line = one_line_error(proc, "another --out")
         long_flag = {"-b": "--batch-size", "-a": "--arch"}.get(flag, flag)
-        assert lines[0].startswith(f"tandem: error: {long_flag} {value} would change the run")
-        assert f"which has {long_flag} {old}" in lines[0] and "another --out" in lines[0]
+        assert line.startswith(f"tandem: error: {long_flag} {value} would change the run")
+        assert f"which has {long_flag} {old}" in line
         assert snapshot(run) == before  # byte-identical, not even rewritten
 
 
@@ -125,8 +124,7 @@ def test_fresh_run_into_a_run_directory_is_refused_and_best_pt_survives(tmp_path
     before = snapshot(run)
     acc = max(r["val_acc"] for r in rows(run))
     proc = run_in_process("train", *TINY, "--lr", "0.5", "--out", run, "--devices", "cpu")
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert f"already holds a run (2 epoch(s), best val acc {acc:.2f}%)" in proc.stderr
+    one_line_error(proc, f"already holds a run (2 epoch(s), best val acc {acc:.2f}%)")
     for choice in (f"--resume {run}", "another --out", "--overwrite"):
         assert choice in proc.stderr
     assert snapshot(run) == before
