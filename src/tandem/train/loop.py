@@ -466,6 +466,8 @@ class Trainer:
         """The size of global batch ``index`` of ``dataset`` (the last one short), which the
         processes' shares add up to."""
         batch = self.cfg.optim.batch_size
+        if dataset is None:  # a bench twin steps one whole batch again and again
+            return batch
         return max(0, min(batch, len(dataset) - index * batch))
 
     @functools.cached_property
