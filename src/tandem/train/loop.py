@@ -35,6 +35,7 @@ from tandem.data.loader import PREFETCH
 from tandem.distributed.env import restarts_left, speaks_for_node
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
+from tandem.optim import GradClip, ModelEma
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
 from tandem.distributed.env import cpu_bf16_override
@@ -151,6 +152,8 @@ class Trainer:
     # [step, lr] of each optimizer step of the epoch under way (a resumed one's earlier steps
     # too, carried in its checkpoint): the lr each step used, for its row and curves.png
     lr_steps: list = field(default_factory=list)
+    clip: GradClip | None = None  # --clip-grad, by the plain model's norm (tandem.optim)
+    ema: ModelEma | None = None  # --model-ema: validated and saved beside the weights
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
@@ -208,7 +211,8 @@ class Trainer:
         that no best.pt was written and which file holds the weights instead."""
         run = self.run_dir
         if os.path.exists(run.best):
-            return f"best val acc {self.best_acc1:.2f}%: {run.best}"
+            judged = " (of the EMA weights, --model-ema)" if self.ema is not None else ""
+            return f"best val acc{judged} {self.best_acc1:.2f}%: {run.best}"
         return (f"no validation was finite (val loss nan or inf), so no {run.BEST} was "
                 f"written: the last weights are in {run.latest} (tandem eval --resume "
                 f"{run.latest}; --resume {run.path} continues the run)")
@@ -232,15 +236,18 @@ class Trainer:
         # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
         # is reported, not fatal: only train loss and weights stop a run (above).
         val = self.validate()
+        ema_val = self.validate_ema()  # None without --model-ema
         if not stopped:
             pos.epoch, pos.batch = pos.epoch + 1, 0
         # The first validation of a run directory always writes best.pt (even at 0%),
-        # unless its loss is not finite: such a model is never "best".
-        is_best = val.finite and (val.acc > self.best_acc1
-                                  or not os.path.exists(self.run_dir.best))
-        if val.finite:
-            self.best_acc1 = max(self.best_acc1, val.acc)
-        record = self.epoch_record(train, val, stopped, seconds)
+        # unless its loss is not finite: such a model is never "best". With --model-ema
+        # the average's score decides.
+        judged = val if ema_val is None else ema_val
+        is_best = judged.finite and (judged.acc > self.best_acc1
+                                     or not os.path.exists(self.run_dir.best))
+        if judged.finite:
+            self.best_acc1 = max(self.best_acc1, judged.acc)
+        record = self.epoch_record(train, val, stopped, seconds, ema_val)
         with stop.critical():
             self.save(is_best, progress=epoch_progress(train, seconds, self.lr_steps)
                       if stopped else None)
@@ -333,7 +340,12 @@ class Trainer:
             return False
         pos = self.position
         self.lr_steps.append([pos.step, self.optimizer.param_groups[0]["lr"]])  # a host float
+        if self.clip is not None:  # the true gradients (fp16: unscaled first), all reduced
+            self.scaler.unscale_(self.optimizer)
+            self.clip()
         optimizer_step(self.optimizer, self.scaler, self.scheduler)
+        if self.ema is not None:
+            self.ema.update()
         pos.batch, pos.step = index + 1, pos.step + 1
         self.in_flight = None
         s.step_done(pos.step)
@@ -426,6 +438,14 @@ class Trainer:
                          out.ce_sum)
         return meter.reduced(self.strategy)
 
+    def validate_ema(self) -> Meter | None:
+        """:meth:`validate` with the EMA of the weights in the model (``None`` without
+        ``--model-ema``)."""
+        if self.ema is None:
+            return None
+        with self.ema.swapped():
+            return self.validate()
+
     # -- a loss or weights no longer finite ---------------------------------------------------
     def check_finite(self, meter: Meter | None, *, weights: bool = False,
                      what: str = "train loss") -> None:
@@ -474,6 +494,7 @@ class Trainer:
         # gathers the plain state here, a collective every rank joins; others read it locally
         state = s.state_dict(self.model)  # plain keys, split layers merged
         plain_optimizer = s.optimizer_state_dict(self.model, self.optimizer)
+        ema = None if self.ema is None else self.ema.state_dict(lambda: s.state_dict(self.model))
         if not s.is_main:
             return
         pos = self.position
@@ -489,6 +510,7 @@ class Trainer:
             epoch_progress=progress,
             split=self.strategy.split.state_dict(),
             config=self.config_dict,
+            **({} if ema is None else {"ema": ema}),  # plain layout, as state_dict
         )
         # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
         optimizer = example_optimizer_state(  # in the plain layout: any strategy loads it
@@ -550,10 +572,11 @@ class Trainer:
         return f"{done}; continue with: {resume_command_here(out, True)}"
 
     # -- the epoch's outputs ------------------------------------------------------------------
-    def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float) -> dict:
-        """The metrics row of the epoch just trained (reduced ``train`` and ``val`` meters),
-        read after the position moved on; ``partial`` when ``--max-steps`` stopped it
-        part-way."""
+    def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float,
+                     ema_val: Meter | None = None) -> dict:
+        """The metrics row of the epoch just trained (reduced ``train`` and ``val`` meters,
+        and ``ema_val``, the EMA's validation), read after the position moved on; ``partial``
+        when ``--max-steps`` stopped it part-way."""
         pos, s = self.position, self.strategy
         record = {
             "epoch": pos.epoch if not stopped else pos.epoch + 1,
@@ -570,6 +593,11 @@ class Trainer:
             **self.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
             "peak_memory_mb": peak_memory_mb(s.devices),
         }
+        if ema_val is not None:
+            record.update(ema_val_loss=ema_val.loss, ema_val_finite=ema_val.finite,
+                          **score_fields("ema_val", ema_val))
+        if self.clip is not None:
+            record.update(self.clip.fields())  # clipped_steps
         if self.batch_shares() is not None:
             record["split"] = self.batch_shares()
         if self.train_from is not None:  # the sums before it were lost with a peer

@@ -243,7 +243,8 @@ def loss_words(loss: float, smoothing: float, plain_ce: float | None) -> str:
 
 def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> str:
     """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so,
-    and a loss with label ``smoothing`` says so (:func:`loss_words`, ``r['val_plain_ce']``)."""
+    and a loss with label ``smoothing`` says so (:func:`loss_words`, ``r['val_plain_ce']``);
+    with ``--model-ema`` the average's validation follows the weights'."""
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
     if "val_miou" in r:  # dense outputs
@@ -255,6 +256,8 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
                   f"val {loss_words(r['val_loss'], smoothing, r.get('val_plain_ce'))} "
                   f"acc {r['val_acc']:.2f}% "
                   f"acc5 {r['val_acc5']:.2f}% ")
+    if "ema_val_loss" in r:  # --model-ema: the average's validation
+        scores += f"| ema val loss {r['ema_val_loss']:.4f} acc {r['ema_val_acc']:.2f}% "
     return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: {scores}"
             f"| {rate} {r['seconds']:.1f}s")
 
