@@ -92,4 +92,4 @@ def _square(t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     """``t``'s squared 2-norm in float64 on ``device`` (0 for ``None`` or an empty block)."""
     if t is None or t.numel() == 0:
         return torch.zeros((), dtype=torch.float64, device=device)
-    return torch.linalg.vector_norm(t.detach(), dtype=torch.float64).square().to(device)
+    return t.detach().double().square().sum().to(device)
