@@ -21,6 +21,7 @@ from tandem.config import TrainConfig
 from tandem.data.given import given_data
 from tandem.data.load import GIVEN_DATA
 from tandem.distributed.env import in_torchrun, is_main_process
+from tandem.distributed.process_group import Job
 from tandem.errors import UsageError
 from tandem.parallel.devices import parse_device_spec
 from tandem.strategies import auto
@@ -69,13 +70,15 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     data = None
     if train_data is not None:
         data = given_data(train_data, val_data, classes, name="tandem.fit()",
-                          augment=cfg.data.augment, image_size=cfg.data.image_size,
+                          augment=cfg.data.augment, reprob=cfg.data.reprob,
+                          image_size=cfg.data.image_size,
                           num_classes=cfg.data.num_classes)
         cfg = replace(cfg, data=replace(cfg.data, data=GIVEN_DATA))
     elif val_data is not None or classes is not None:
         raise UsageError("tandem.fit() got val_data or classes without train_data")
-    plan = plan_train(cfg, given, Supplied(model, data, criterion))
-    row = execute(plan)
+    with Job() as job:  # several processes: the job's group, for this run
+        plan = plan_train(cfg, given, Supplied(model, data, criterion), job=job)
+        row = execute(plan)
     if isinstance(plan, str) and is_main_process():  # complete already
         rows = RunDir.of(checkpoint_path(cfg.run.resume)).read_metrics()
         return rows[-1] if rows else None

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from tandem.data.dataset import parse_augment
 from tandem.data.device_decode import DECODE_MODES
-from tandem.data.load import AUGMENT_CHOICES
+from tandem.data.mixing import Mixing
 from tandem.errors import TandemError, UsageError, param
 from tandem.optim import CLIP_MODES, EXCLUDES_NORM, LR_SCALES, OPTIMIZERS
 from tandem.suggest import did_you_mean
@@ -46,7 +47,8 @@ class ModelConfig:
     pretrained: str | None = opt(None, "start from these weights: a torchvision state-dict file "
                                  "or a checkpoint; nothing is downloaded (a classifier of "
                                  "another size is re-initialised)", "--pretrained", "--weights",
-                                 metavar="FILE", on_resume=PER_CALL, nargs="?", const="")
+                                 metavar="FILE", on_resume=PER_CALL, nargs="?", const="",
+                                 per_node=True)
     output_key: str | None = opt(None, "the logits in a model that returns a dict (its key) or a "
                                  "tuple (its index)", metavar="KEY")
     hybrid_head: str | None = opt(None, "hybrid: the attribute holding the Linear head to split "
@@ -67,11 +69,27 @@ class DataConfig:
                     "CIFAR-10 python directory, or package.module:function returning your own "
                     "(train, val[, class_names]). An ImageFolder without train/ and val/ is split "
                     "80/20 per class by a fixed shuffle, the same whatever --seed (one line "
-                    "says so)", metavar="NAME|DIR")
+                    "says so)", metavar="NAME|DIR", per_node=True)
     augment: str = opt("auto", "training augmentation. auto (default): imagenet for an ImageFolder "
                        "directory, standard for digits, synthetic and CIFAR-10; standard: random "
                        "shifts (and flips where the data allows); imagenet: RandomResizedCrop + "
-                       "flip (ImageFolder only); none", choices=AUGMENT_CHOICES)
+                       "flip (ImageFolder only); none; randaugment:N:M: auto's, then timm's "
+                       "RandAugment, N operations of magnitude M (0 to 10), e.g. randaugment:2:9; "
+                       "trivialaugment: auto's, then TrivialAugment Wide. Drawn per sample: the "
+                       "same images on any devices", metavar="MODE")
+    reprob: float = opt(0.0, "random erasing (timm's, pixel mode): the probability that a "
+                        "training image gets a box of noise", metavar="P")
+    mixup: float = opt(0.0, "mixup: Beta(A, A)'s alpha, drawn for each global batch (0: off; "
+                       "e.g. 0.2 or 0.8). Targets become class probabilities (label smoothing "
+                       "applies to them); training accuracy counts the dominant label",
+                       metavar="A")
+    cutmix: float = opt(0.0, "cutmix: Beta(A, A)'s alpha for the pasted box's share (0: off; "
+                        "e.g. 1.0); with --mixup, each mixed batch is one or the other",
+                        metavar="A")
+    mix_prob: float = opt(1.0, "with --mixup or --cutmix: the probability that a global batch "
+                          "is mixed", metavar="P")
+    mix_switch_prob: float = opt(0.5, "with --mixup and --cutmix: the probability that a "
+                                 "mixed batch is cutmix rather than mixup", metavar="P")
     image_size: int | None = opt(None, "resize images to this side (default: for an "
                                  "ImageFolder the arch's native size, e.g. 224 crops with "
                                  "resize 256 + centre crop 224 for validation, or the shorter "
@@ -83,22 +101,29 @@ class DataConfig:
                                   "resumed file's larger classifier)", metavar="N")
     synthetic_size: int | None = opt(None, "samples in the synthetic dataset", metavar="N")
     workers: int = opt(0, "data loading worker processes (seeded)", "-j", "--workers",
-                       metavar="N", on_resume=MAY_CHANGE)
+                       metavar="N", on_resume=MAY_CHANGE, per_node=True)
     decode: str = opt("auto", "where ImageFolder JPEGs are decoded: gpu (the workers read the "
                       "files and draw the crops; nvJPEG decodes each batch on the CUDA device, "
                       "which crops and resizes it; needs torchvision), cpu (the workers decode), "
                       "or auto (default: gpu on a CUDA device when torchvision is installed, "
-                      "else cpu)", choices=DECODE_MODES, on_resume=MAY_CHANGE)
+                      "else cpu)", choices=DECODE_MODES, on_resume=MAY_CHANGE, per_node=True)
 
     def __post_init__(self):
         check(bool(self.data), f"{param('data')} must not be empty")
-        check_choice(self.augment, AUGMENT_CHOICES, "augment")
+        parse_augment(self.augment, self.reprob)  # one line for a bad value
+        self.mixing()
         for name in ("image_size", "num_classes", "synthetic_size"):
             value = getattr(self, name)
             check(value is None or value >= 1,
                    f"bad {param(name)} {value}: must be >= 1")
         check(self.workers >= 0, f"bad {param('workers')} {self.workers}: must be >= 0")
         check_choice(self.decode, DECODE_MODES, "decode")
+
+    def mixing(self, num_classes: int = 1) -> Mixing | None:
+        """The run's mixup and cutmix over ``num_classes`` (checked), or None when off."""
+        mixing = Mixing(self.mixup, self.cutmix, self.mix_prob, self.mix_switch_prob,
+                        num_classes)
+        return mixing if mixing.active else None
 
 
 @dataclass(frozen=True)
@@ -244,20 +269,25 @@ class OptimConfig:
 class RunConfig:
     out: str = opt("runs/train", "run directory (checkpoints, metrics, curves); with --resume: "
                    "the resumed run's own directory unless given", metavar="DIR",
-                   on_resume=PER_CALL)
+                   on_resume=PER_CALL, per_node=True)
     seed: int = opt(0, "seed for model init, data order and augmentation", metavar="S")
     resume: str | None = opt(None, "continue the run in RUN (a run directory or its "
                              "checkpoint.pt) with its own settings", metavar="RUN",
-                             on_resume=PER_CALL)
+                             on_resume=PER_CALL, per_node=True)
     overwrite: bool = opt(False, "let a fresh run replace the run already in --out",
                           on_resume=PER_CALL)
     save_every: int | None = opt(None, "also save checkpoint.pt every N optimizer steps "
                                  "(default: at the end of each epoch only)", metavar="N",
                                  on_resume=MAY_CHANGE)
+    save_minutes: float | None = opt(None, "also save checkpoint.pt after every M minutes of "
+                                     "training, 0 for never (default: 10 under several "
+                                     "processes, where a lost machine can cost every step "
+                                     "since the last checkpoint; else 0)", metavar="M",
+                                     on_resume=MAY_CHANGE)
     evaluate: bool = opt(False, "only validate (the --resume checkpoint, if given)",
                          "-e", "--evaluate", on_resume=PER_CALL)
     no_progress: bool = opt(False, "no progress bar (epoch summaries are still printed)",
-                            on_resume=MAY_CHANGE)
+                            on_resume=MAY_CHANGE, per_node=True)
     print_freq: int = opt(0, "without a progress bar, print a line every N steps (0: never)",
                           "-p", "--print-freq", metavar="N", on_resume=MAY_CHANGE)
 
@@ -266,6 +296,8 @@ class RunConfig:
         check(self.print_freq >= 0, f"bad {param('print_freq')} {self.print_freq}: must be >= 0")
         check(self.save_every is None or self.save_every >= 1,
                f"bad {param('save_every')} {self.save_every}: must be >= 1")
+        check(self.save_minutes is None or self.save_minutes >= 0,
+              f"bad {param('save_minutes')} {self.save_minutes}: must be >= 0 minutes")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
@@ -316,6 +348,13 @@ class TrainConfig:
                 if f.metadata.get("on_resume", FIXED) == PER_CALL:
                     del saved[name][f.name]
         return saved
+
+    def job_settings(self) -> dict:
+        """``{"optim.lr": 0.01, ...}``: every field the ranks of a job must agree on (all but
+        those each machine may give its own: ``per_node``)."""
+        return {f"{name}.{f.name}": getattr(getattr(self, name), f.name)
+                for name, section in SECTIONS.items() for f in dataclasses.fields(section)
+                if not f.metadata.get("per_node")}
 
     @classmethod
     def from_settings(cls, settings: dict, caller: str = "tandem.fit()") -> "TrainConfig":

@@ -25,14 +25,16 @@ PER_CALL = "per_call"    # this invocation only: never taken from the run
 
 def opt(default: Any, help: str | Callable[[], str], *flags: str, choices: tuple | None = None,
         metavar: str | None = None, on_resume: str = FIXED, nargs: str | None = None,
-        const: Any = None):
+        const: Any = None, per_node: bool = False):
     """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``.
+    ``per_node``: each machine of a job may give its own value (a path on its own disk); the
+    job's ranks compare every other field (``TrainConfig.job_settings``).
 
     ``help`` may be a callable, asked when the parser is built (as ``choices`` may);
     ``default`` may be ``dataclasses.MISSING`` for a required field, whose flag defaults to None.
     """
     meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,
-            "on_resume": on_resume, "nargs": nargs, "const": const}
+            "on_resume": on_resume, "nargs": nargs, "const": const, "per_node": per_node}
     return field(default=default, metadata=meta)
 
 

@@ -42,7 +42,7 @@ class ParallelConfig:
                                  "(default: as many as fit 5 s or 5%% of an epoch, at most 30 s)",
                                  metavar="N", on_resume=MAY_CHANGE)
     devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
-                       metavar="SPEC", on_resume=MAY_CHANGE)
+                       metavar="SPEC", on_resume=MAY_CHANGE, per_node=True)
     sync_bn: bool = opt(False, "batch norm over the whole global batch (SyncBatchNorm)")
     buffers: str = opt("replica0", "dp: which replicas' batch-norm running stats to keep",
                        choices=POLICIES)

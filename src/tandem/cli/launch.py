@@ -16,7 +16,7 @@ from tandem.distributed.slurm import slurm_job
 from tandem.distributed.torchrun import LaunchSpec, launch
 from tandem.errors import UsageError
 from tandem.strategies import strategy_names
-from tandem.strategies.auto import AUTO, launchable
+from tandem.strategies.auto import AUTO, check_launchable
 from tandem.train.rundir import RunDir
 
 from . import train as train_command
@@ -113,12 +113,7 @@ def _check_multiprocess(command: list[str], other_node: bool = False) -> None:
     other than 0, a resumed run's strategy is rank 0's to read (its copy of the run counts)."""
 
     name = _train_strategy(command, other_node)  # auto: the workers' plan makes it the multi-process one
-    if not launchable(name):
-        ok = [n for n in strategy_names() if launchable(n)] + [AUTO]
-        multi = f"{', '.join(ok[:-1])} or {ok[-1]}"
-        raise UsageError(f"`tandem launch -- train` needs --strategy {multi} (each process "
-                         "trains its share of every batch; any other strategy would train N "
-                         "independent copies writing the same files)")
+    check_launchable(name)
 
 
 def _train_strategy(command: list[str], other_node: bool = False) -> str:

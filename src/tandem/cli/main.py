@@ -12,6 +12,9 @@ import os
 import signal
 import sys
 
+from tandem.distributed import faults
+from tandem.distributed.agree import Agreement
+from tandem.distributed.env import read_env, several_processes
 from tandem.distributed.join import announce_failure
 from tandem.errors import TandemError
 from tandem.version import __version__
@@ -49,6 +52,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tandem: error: {line}", file=sys.stderr)
         announce_failure(line)  # the job's other ranks stop waiting
         return exc.exit_status
+    except RuntimeError as exc:  # a peer of a torchrun job gone outside the loop's watch
+        if not several_processes() or not faults.is_peer_failure(exc):
+            raise
+        env = read_env()
+        lost = faults.lost_peer(exc, Agreement(env.rank, env.world_size), "")
+        if not lost.quiet:
+            print(f"tandem: error: {error_line(lost)}", file=sys.stderr)
+        return lost.exit_status
     except BrokenPipeError:  # the reader left (`tandem models | head`): stop quietly, as cat
         # does; stdout goes to /dev/null so that the interpreter's last flush fails no more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

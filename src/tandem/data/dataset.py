@@ -4,27 +4,35 @@ A dataset is indexed by a sample key ``(index, seed, epoch)`` (a plain ``int`` m
 ``(index, 0, 0)``) that seeds that sample's augmentation, so a sample looks the same whichever
 worker, rank or strategy loads it. Subclasses implement ``__len__`` and ``raw(index)``; a
 ``uint8`` dataset names a ``normalization`` that the training step applies on the device.
+A :class:`Recipe` says a training split's augmentation: its geometry (``standard``,
+``imagenet``), then a policy (RandAugment, TrivialAugment: :mod:`.policies`), then random
+erasing (:mod:`.erasing`), every draw from the one stream of the sample.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
+from .erasing import erase_normalised
+from .policies import POLICY_FORMS, Policy, parse_policy
 from .transforms import SampleRandom, hflip, random_shift, to_tensor
 
 __all__ = [
-    "DatasetInfo", "ImageDataset", "AUGMENT_MODES", "check_augment", "split_key",
-    "stratified_split", "SPLITS",
+    "DatasetInfo", "ImageDataset", "AUGMENT_MODES", "AUGMENT_FORMS", "check_augment",
+    "Recipe", "parse_augment", "split_key", "stratified_split", "SPLITS",
 ]
 
 AUGMENT_MODES = ("none", "standard", "imagenet")
+#: what ``--augment`` takes: ``auto`` (the data's own geometry), a geometry, or a policy
+#: after the data's own geometry
+AUGMENT_FORMS = ("auto", *AUGMENT_MODES, *POLICY_FORMS)
 SPLITS = ("train", "val")  # what every loader returns, in this order, then the DatasetInfo
 
 
@@ -45,6 +53,42 @@ def check_augment(augment: str) -> str:
     return augment
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """A split's augmentation: ``geometry`` (one of :data:`AUGMENT_MODES`, or ``auto`` until
+    the data resolves it), then ``policy``, then random erasing with probability ``reprob``."""
+
+    geometry: str = "none"
+    policy: Policy | None = None
+    reprob: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.reprob <= 1.0:
+            raise UsageError(f"bad {param('reprob')} {self.reprob:g}: must be in [0, 1]")
+
+    @property
+    def pixels(self) -> bool:
+        """Whether it changes pixels after the crop (a policy, erasing): work the device's
+        crop (``--decode gpu``) cannot do."""
+        return self.policy is not None or self.reprob > 0
+
+    def resolved(self, geometry: str) -> "Recipe":
+        """The recipe with an ``auto`` geometry as ``geometry``."""
+        return replace(self, geometry=geometry) if self.geometry == "auto" else self
+
+
+def parse_augment(augment: str | Recipe, reprob: float = 0.0) -> Recipe:
+    """``--augment``'s value (one of :data:`AUGMENT_FORMS`; a policy keeps the data's own
+    geometry, ``auto``) and ``--reprob`` as a :class:`Recipe`; anything else is one line."""
+    if isinstance(augment, Recipe):
+        return augment
+    if augment == "auto" or augment in AUGMENT_MODES:
+        return Recipe(augment, None, reprob)
+    if not isinstance(augment, str) or not augment.startswith(("randaugment", "trivialaugment")):
+        raise UsageError(f"bad {param('augment')} {augment!r}: choose one of "
+                         f"{', '.join(AUGMENT_FORMS)}")
+    return Recipe("auto", parse_policy(augment), reprob)
+
 def split_key(key) -> tuple[int, int, int]:
     """``(index, seed, epoch)`` from a sample key or a bare int index."""
     if isinstance(key, tuple):
@@ -56,9 +100,11 @@ def split_key(key) -> tuple[int, int, int]:
 class ImageDataset(Dataset):
     """Base class: key -> raw sample -> (augmentation) -> normalisation -> ``(image, label)``.
 
-    ``augment="standard"`` shifts the image by up to ``pad`` pixels (zero fill) and, when
-    ``flip`` is true, mirrors it with probability 1/2. ``augment="none"`` returns the raw
-    sample, normalised. Labels are ints; :func:`make_loader` collates them into a long tensor.
+    ``augment`` (a geometry, or a :class:`Recipe`): ``"standard"`` shifts the image by up to
+    ``pad`` pixels (zero fill) and, when ``flip`` is true, mirrors it with probability 1/2;
+    ``"none"`` returns the raw sample, normalised. A recipe's policy then works on the float
+    image in ``[0, 1]``, and its erasing on the normalised one. Labels are ints;
+    :func:`make_loader` collates them into a long tensor.
     """
 
     dtype = torch.float32  # of the images __getitem__ returns
@@ -67,7 +113,9 @@ class ImageDataset(Dataset):
     def __init__(self, *, shape: tuple[int, int, int], augment: str, pad: int, flip: bool,
                  mean: Sequence[float], std: Sequence[float]):
         self.shape = tuple(shape)  # (C, H, W) of every sample this dataset returns
-        self.augment = check_augment(augment)
+        self.recipe = parse_augment(augment)
+        self.augment = check_augment(self.recipe.geometry)  # the geometry
+        self.policy, self.reprob = self.recipe.policy, self.recipe.reprob
         self.pad = pad
         self.flip = flip
         self.mean = list(mean)
@@ -89,15 +137,27 @@ class ImageDataset(Dataset):
                              f"of {n} samples")
         return index, seed, epoch
 
+    @property
+    def fill(self) -> tuple[int, ...] | int:
+        """The mean colour as ``uint8`` pixels: what a policy's geometry fills with (timm's
+        ``img_mean``); an int for one channel."""
+        pixels = tuple(min(255, round(255 * m)) for m in self.mean)
+        return pixels[0] if len(pixels) == 1 else pixels
+
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
         index, seed, epoch = self._split(key)
         image, label = self.raw(index)
+        rng = SampleRandom(seed, epoch, index)  # the sample's one stream, drawn in this order
         if self.augment == "standard":
-            rng = SampleRandom(seed, epoch, index)
             image = random_shift(image, self.pad, rng)
             if self.flip and rng.coin():
                 image = hflip(image)
-        return to_tensor((image - self._mean) * self._inv_std), label
+        if self.policy is not None:
+            image = self.policy.on_float(image, rng, self.fill)
+        image = (image - self._mean) * self._inv_std
+        if self.reprob:
+            image = erase_normalised(image, self.reprob, rng)
+        return to_tensor(image), label
 
 
 def stratified_split(labels: Sequence[int], val_fraction: float, seed: int

@@ -226,8 +226,8 @@ class DecodingLoader:
         return getattr(self.loader, name)
 
     def __iter__(self):
-        for batch, labels in self.loader:
-            yield self.decoder(batch, labels)
+        for batch, labels, *rest in self.loader:  # rest: a mixed batch's pairing (.paired)
+            yield (*self.decoder(batch, labels), *rest)
 
 
 class DeviceDecoded(EncodedFolder):

@@ -8,7 +8,8 @@ decode and the resampling to the main process (:mod:`~tandem.data.device_decode`
 else takes the CPU path whole, in the worker, as without ``--decode gpu``: a file that is not a
 JPEG, a CMYK one, one cut short (no end marker), one whose header fails (then warned about and
 replaced, see :func:`~tandem.data.imagefolder.first_decodable`), and every sample under
-``--augment standard``. :func:`collate_encoded` packs a batch's files into one byte tensor.
+``--augment standard``, a policy (RandAugment, TrivialAugment) or ``--reprob``.
+:func:`collate_encoded` packs a batch's files into one byte tensor.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class EncodedFolder(torch.utils.data.Dataset):
         base, (index, seed, epoch) = self.base, key
         rng = SampleRandom(seed, epoch, index)  # as ImageFolderDataset.decode_key seeds it
         path = base.samples[i][0]
-        if base.augment in ("imagenet", "none"):
+        if base.augment in ("imagenet", "none") and not base.recipe.pixels:
             try:
                 data = read_bytes(path)
             except OSError:

@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from tandem import factory
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 
-from .dataset import SPLITS, DatasetInfo, split_key
+from .dataset import SPLITS, DatasetInfo, Recipe, parse_augment, split_key
 
 __all__ = ["GivenDataset", "given_data", "load_factory"]
 
@@ -110,18 +110,24 @@ class GivenDataset(Dataset):
 
 
 def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] = SPLITS,
-               augment: str = "auto", image_size: int | None = None,
-               num_classes: int | None = None):
+               augment: str | Recipe = "auto", image_size: int | None = None,
+               num_classes: int | None = None, reprob: float = 0.0):
     """``(train, val, info)`` of a user's data sets (``val`` may be None), as
     :func:`~tandem.data.load_dataset` returns them; a split not in ``splits`` is None.
 
     ``classes`` (names) gives the class count; without it, the data sets' own ``classes``
     (torchvision's convention: ImageFolder, CIFAR10), else the targets are read (max + 1).
-    ``augment`` and ``image_size`` act on tandem's own data sets only: a user's data set does
-    its own, and asking for them here is refused."""
-    if augment not in ("auto", "none"):
-        raise UsageError(f"augment {augment!r} applies to tandem's own data sets; {name} does "
+    ``augment``, ``reprob`` and ``image_size`` act on tandem's own data sets only: a user's
+    data set does its own, and asking for them here is refused (mixup and cutmix, which mix
+    whole batches, apply to any)."""
+    recipe = parse_augment(augment, reprob)
+    if recipe.geometry not in ("auto", "none") or recipe.policy is not None:
+        shown = recipe.policy.spec if recipe.policy is not None else recipe.geometry
+        raise UsageError(f"augment {shown!r} applies to tandem's own data sets; {name} does "
                          f"its own augmentation (leave augment at auto or none)")
+    if recipe.reprob:
+        raise UsageError(f"{param('reprob')} {recipe.reprob:g} erases tandem's own data sets' "
+                         f"images; {name} does its own augmentation")
     if image_size is not None:
         raise UsageError(f"image_size {image_size} resizes tandem's own data sets; {name} "
                          f"gives its inputs at their own size")
@@ -168,7 +174,8 @@ def _listed_classes(*datasets):
     return None
 
 
-def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS, augment: str = "auto",
+def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS,
+                 augment: str | Recipe = "auto",
                  image_size: int | None = None, num_classes: int | None = None):
     """``--data package.module:function``: call it (no arguments) for ``(train, val)`` or
     ``(train, val, class_names)``, then :func:`given_data`."""

@@ -30,6 +30,7 @@ from tandem.errors import TandemError, UsageError
 from .dataset import SPLITS, DatasetInfo, ImageDataset, stratified_split
 from .decode import UnreadableImage, decoding
 from .device import Normalization
+from .erasing import erase_pixels
 from .imagenet_transforms import train_crop, val_crop
 from .transforms import SampleRandom, hflip, random_shift
 
@@ -143,14 +144,20 @@ class ImageFolderDataset(ImageDataset):
         return len(self.samples)
 
     def _decode(self, index: int, rng: SampleRandom) -> np.ndarray:
-        """``(S, S, 3)`` uint8 crop of file ``index``; the draws come from ``rng``."""
+        """``(S, S, 3)`` uint8 crop of file ``index``, then the recipe's policy and erasing
+        (still ``uint8``, see :mod:`.erasing`); the draws come from ``rng``."""
         path = self.samples[index][0]
         if self.augment == "imagenet":
-            return train_crop(path, self.image_size, rng, self.decoder)
-        image = val_crop(path, self.image_size)
+            image = train_crop(path, self.image_size, rng, self.decoder)
+        else:
+            image = val_crop(path, self.image_size)
         if self.augment == "standard":
             chw = random_shift(image.transpose(2, 0, 1), self.pad, rng)
             image = np.ascontiguousarray((hflip(chw) if rng.coin() else chw).transpose(1, 2, 0))
+        if self.policy is not None:
+            image = self.policy.on_uint8(image, rng, self.fill)
+        if self.reprob:
+            image = erase_pixels(image, self.reprob, rng, self.mean, self.std)
         return image
 
     def decode_key(self, key) -> tuple[np.ndarray, int]:

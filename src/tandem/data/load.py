@@ -18,28 +18,27 @@ from tandem.errors import MissingFileError, UsageError
 from tandem.factory import is_reference
 from tandem.suggest import closest_names
 
-from .dataset import AUGMENT_MODES, SPLITS
+from .dataset import AUGMENT_FORMS, SPLITS, Recipe, parse_augment
 
-__all__ = ["load_dataset", "check_spec", "DATASET_NAMES", "GIVEN_DATA", "AUGMENT_CHOICES", "DEFAULT_AUGMENT",
-           "SPLITS"]
+__all__ = ["load_dataset", "check_spec", "DATASET_NAMES", "GIVEN_DATA", "AUGMENT_FORMS",
+           "DEFAULT_AUGMENT", "SPLITS"]
 
 DATASET_NAMES = ("synthetic", "digits")
 # "auto" is each kind of data's own recipe: DEFAULT_AUGMENT["imagefolder"] for ImageFolder
-# directories, DEFAULT_AUGMENT["other"] for digits, synthetic and CIFAR-10.
-AUGMENT_CHOICES = ("auto", *AUGMENT_MODES)
+# directories, DEFAULT_AUGMENT["other"] for digits, synthetic and CIFAR-10; a policy
+# (randaugment:N:M, trivialaugment: AUGMENT_FORMS) follows that geometry.
 DEFAULT_AUGMENT = {"imagefolder": "imagenet", "other": "standard"}
 #: what a run's config records for data sets handed to ``tandem.fit`` (nothing to load again)
 GIVEN_DATA = "given-to-tandem.fit"
 
 
-def _augment_for(augment: str, kind: str, spec: str) -> str:
+def _augment_for(recipe: Recipe, kind: str, spec: str) -> Recipe:
     """Resolve ``auto`` for this kind of data; ``imagenet`` needs an ImageFolder directory."""
-    if augment == "auto":
-        return DEFAULT_AUGMENT[kind]
-    if augment == "imagenet" and kind != "imagefolder":
+    recipe = recipe.resolved(DEFAULT_AUGMENT[kind])
+    if recipe.geometry == "imagenet" and kind != "imagefolder":
         raise UsageError(f"augment 'imagenet' (RandomResizedCrop) needs an ImageFolder "
                          f"directory; data '{spec}' is not one (use 'standard')")
-    return augment
+    return recipe
 
 
 def _check_splits(splits) -> tuple[str, ...]:
@@ -74,11 +73,8 @@ def check_spec(spec: str) -> None:
         f"package.module:function returning your own)")
 
 
-def _checked(spec, augment: str, splits) -> tuple[str, tuple[str, ...]]:
+def _checked(spec, splits) -> tuple[str, tuple[str, ...]]:
     """``spec`` as a string and ``splits`` checked, or a one-line refusal of the arguments."""
-    if augment not in AUGMENT_CHOICES:
-        raise UsageError(f"unknown augment {augment!r}; choose one of: "
-                         f"{', '.join(AUGMENT_CHOICES)}")
     if not isinstance(spec, (str, os.PathLike)):
         raise UsageError(f"data spec must be a name or a path, got {spec!r}")
     spec = os.fspath(spec)
@@ -90,7 +86,7 @@ def _checked(spec, augment: str, splits) -> tuple[str, tuple[str, ...]]:
     return spec, splits
 
 
-def _load_directory(spec: str, augment: str, image_size: int | None, splits):
+def _load_directory(spec: str, augment: Recipe, image_size: int | None, splits):
     """A CIFAR-10 pickle directory, else an ImageFolder directory."""
     check_spec(spec)
     path = Path(spec).expanduser()
@@ -108,33 +104,36 @@ def _load_directory(spec: str, augment: str, image_size: int | None, splits):
 
 def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
                  image_size: int | None = None, synthetic_size: int | None = None,
-                 num_classes: int | None = None, splits: tuple[str, ...] = SPLITS):
+                 num_classes: int | None = None, splits: tuple[str, ...] = SPLITS,
+                 reprob: float = 0.0):
     """Return ``(train_dataset, val_dataset, DatasetInfo)`` for ``spec`` (``splits``: see the
     module doc).
 
-    ``augment`` (one of :data:`AUGMENT_CHOICES`) applies to the training split only;
-    validation is never augmented (``auto``: the data's own recipe, see
-    :data:`DEFAULT_AUGMENT`). ``seed`` chooses the ``synthetic`` data; real data splits are fixed
-    whatever the seed, so the validation set never changes between runs. ``synthetic_size``
-    and ``num_classes`` shape the synthetic data; for real data ``num_classes`` is the model's
+    ``augment`` (one of :data:`AUGMENT_FORMS`) and random erasing with probability
+    ``reprob`` apply to the training split only; validation is never augmented (``auto``:
+    the data's own recipe, see :data:`DEFAULT_AUGMENT`; a policy follows it). ``seed``
+    chooses the ``synthetic`` data; real data splits are fixed whatever the seed, so the
+    validation set never changes between runs. ``synthetic_size`` and ``num_classes`` shape
+    the synthetic data; for real data ``num_classes`` is the model's
     outputs, so it must be at least the data's class count (labels index the first outputs).
     """
-    spec, splits = _checked(spec, augment, splits)
+    spec, splits = _checked(spec, splits)
+    recipe = parse_augment(augment, reprob)
     if is_reference(spec) and not os.path.exists(spec):
         from .given import load_factory
-        result = load_factory(spec, splits=splits, augment=augment, image_size=image_size,
+        result = load_factory(spec, splits=splits, augment=recipe, image_size=image_size,
                               num_classes=num_classes)
     elif spec == "synthetic":
         from .synthetic import load_synthetic
-        return load_synthetic(augment=_augment_for(augment, "other", spec), seed=seed,
+        return load_synthetic(augment=_augment_for(recipe, "other", spec), seed=seed,
                               image_size=image_size, size=synthetic_size, num_classes=num_classes,
                               splits=splits)
     elif spec == "digits":
         from .digits import load_digits_data
-        result = load_digits_data(augment=_augment_for(augment, "other", spec),
+        result = load_digits_data(augment=_augment_for(recipe, "other", spec),
                                   image_size=image_size, splits=splits)
     else:
-        result = _load_directory(spec, augment, image_size, splits)
+        result = _load_directory(spec, recipe, image_size, splits)
     info = result[2]
     if num_classes is not None and num_classes < info.num_classes:
         raise UsageError(f"data '{spec}' has {info.num_classes} classes, more than num_classes="

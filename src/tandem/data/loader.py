@@ -2,10 +2,12 @@
 
 Global batch ``b`` is ``order[b*B:(b+1)*B]`` of a permutation seeded by ``(seed, epoch)``;
 nothing is dropped, padded or repeated. With ``world_size > 1`` rank ``r`` loads only its
-contiguous share (balanced, :func:`tandem.parallel.shares.shares`, or as ``split`` says). Warning: when a last global batch has fewer samples
-than ranks, trailing ranks get an *empty* batch, so every rank yields the same number of
-batches; callers must cope with a zero-sample step. ``start_batch`` resumes mid-epoch, and
-:class:`LoaderCache` keeps persistent workers alive for the whole run.
+contiguous share (balanced, :func:`tandem.parallel.shares.shares`, or as ``split`` says); with
+``mix`` (mixup, cutmix) also the partners its share lacks (:mod:`.paired`). Warning: when a
+last global batch has fewer samples than ranks, trailing ranks get an *empty* batch, so every
+rank yields the same number of batches; callers must cope with a zero-sample step.
+``start_batch`` resumes mid-epoch, and :class:`LoaderCache` keeps persistent workers alive for
+the whole run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from torch.utils.data import DataLoader, Sampler
 from tandem.errors import UsageError
 from tandem.parallel.shares import shares
 
+from .mixing import Mixing, pair
+from .paired import Paired, PairedKeys
 from .transforms import mix_seed
 
 __all__ = ["make_loader", "ShardedBatchSampler", "collate", "epoch_order",
@@ -48,11 +52,13 @@ class ShardedBatchSampler(Sampler):
 
     ``split``: ``None`` (even shares), or a callable ``(epoch, batch, size) -> sizes`` (one
     per rank) asked as each batch is drawn (``--split``). The keys do not depend on it.
+    ``mix``: a :class:`~.mixing.Mixing` whose draw each global batch gets; the share's keys
+    are then followed by its partners' (:class:`~.paired.PairedKeys`).
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int,
                  epoch: int, rank: int = 0, world_size: int = 1, start_batch: int = 0,
-                 split=None):
+                 split=None, mix: Mixing | None = None):
         _check_int("batch_size", batch_size, 1)
         _check_int("world_size", world_size, 1)
         if not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -63,6 +69,7 @@ class ShardedBatchSampler(Sampler):
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.split = split
+        self.mix = mix if mix is not None and mix.active else None
         self.set_position(epoch, start_batch)
 
     def set_position(self, epoch: int, start_batch: int = 0) -> None:
@@ -85,7 +92,15 @@ class ShardedBatchSampler(Sampler):
             sizes = (shares(len(batch), [1] * self.world_size) if self.split is None
                      else self.split(self.epoch, b, len(batch)))
             lo = sum(sizes[:self.rank])
-            yield [(i, self.seed, self.epoch) for i in batch[lo:lo + sizes[self.rank]]]
+            hi = lo + sizes[self.rank]
+            keys = [(i, self.seed, self.epoch) for i in batch[lo:hi]]
+            if self.mix is None:
+                yield keys
+                continue
+            pairing = pair(self.mix.draw(self.seed, self.epoch, b, len(batch)), lo, hi,
+                           self.mix.num_classes)
+            yield PairedKeys(keys + [(batch[q], self.seed, self.epoch) for q in pairing.extra],
+                             pairing)
 
 
 def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
@@ -125,27 +140,33 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: int,
                 workers: int = 0, rank: int = 0, world_size: int = 1, start_batch: int = 0,
-                pin_memory: bool = False, persistent: bool = False, split=None) -> DataLoader:
+                pin_memory: bool = False, persistent: bool = False, split=None,
+                mix: Mixing | None = None) -> DataLoader:
     """A DataLoader over this rank's share of the epoch's global batches (see module doc).
 
     ``batch_size`` is the global batch. ``dataset`` must accept ``(index, seed, epoch)`` keys
     (every tandem dataset does) and have a ``shape`` attribute ``(C, H, W)`` (and optionally a
     ``dtype`` and a ``target_shape``) used to shape empty batches, unless it has its own
     ``collate`` (and ``finish_loader``, which wraps the loader). ``persistent`` keeps the
-    workers between epochs.
+    workers between epochs. ``mix`` (:class:`~.mixing.Mixing`): each batch is ``(images,
+    targets, pairing)``, the share's own samples then its partners, to mix on the device.
     """
     _check_int("workers", workers, 0)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
                                   epoch=epoch, rank=rank, world_size=world_size,
-                                  start_batch=start_batch, split=split)
+                                  start_batch=start_batch, split=split, mix=mix)
     base = mix_seed(seed, epoch, 104729)
+    collate_fn = getattr(dataset, "collate", None) or functools.partial(
+        collate, shape=tuple(dataset.shape), dtype=getattr(dataset, "dtype", torch.float32),
+        target_shape=tuple(getattr(dataset, "target_shape", ())))
+    if sampler.mix is not None:
+        dataset = Paired(dataset, collate_fn)
+        collate_fn = dataset.collate
     loader = DataLoader(
         dataset,
         batch_sampler=sampler,
         num_workers=workers,
-        collate_fn=getattr(dataset, "collate", None) or functools.partial(
-            collate, shape=tuple(dataset.shape), dtype=getattr(dataset, "dtype", torch.float32),
-            target_shape=tuple(getattr(dataset, "target_shape", ()))),
+        collate_fn=collate_fn,
         worker_init_fn=functools.partial(_seed_worker, base=base) if workers else None,
         generator=torch.Generator().manual_seed(base),  # keeps the global RNG untouched
         pin_memory=pin_memory,

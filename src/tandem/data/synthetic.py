@@ -70,6 +70,10 @@ def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int
     """Train split of ``size`` samples (default 1024) and a val split of ``size // 4`` (>= 1);
     a split not in ``splits`` is None (not generated)."""
     size = split_sizes(size)[0]
+    policy = getattr(augment, "policy", None)
+    if policy is not None:
+        raise UsageError(f"augment {policy.spec!r} works on images (pixels in [0, 1]), and "
+                         f"synthetic data is noise: use digits, CIFAR-10 or an ImageFolder")
     num_classes = SYNTHETIC_DEFAULTS["num_classes"] if num_classes is None else num_classes
     image_size = SYNTHETIC_DEFAULTS["image_size"] if image_size is None else image_size
     channels = SYNTHETIC_DEFAULTS["in_channels"]

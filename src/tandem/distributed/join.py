@@ -1,19 +1,22 @@
-"""Meeting the other ranks: the job's store, a roll call, and who is where.
+"""Meeting the other ranks: the job's store, the arrival of every rank, and a failure told.
 
-Each join of a process group (and each resume a rank 0 shares, :mod:`.shared_resume`) works
-under a key prefix of its own, made of torchrun's restart count and how often this process has
-joined: keys a dead attempt left in the launcher's store (its gloo addresses above all) are
-never read by the next one. The roll call counts the ranks that arrived and, while some are
-missing, says so every :data:`SAY_EVERY` seconds (``waiting for the other ranks at
-192.0.2.1:29555: 1 of 2 here``); past its bound it ends in one line naming the missing ranks.
-Each rank leaves its node and address, so that a failure can name the rank it lost
-(:func:`peer_name`).
+torchrun's rendezvous starts every node's workers once the nodes have met; what is left
+before the process group is made is the skew of the workers' own start (16 workers importing
+torch on a small machine take a minute). :func:`arrive` waits for it with the join bound
+(``tandem launch --join-timeout``), so that the group itself can carry the collectives' short
+timeout (``--dist-timeout``) instead of a second, shorter-lived group: torch's
+``TORCH_DIST_INIT_BARRIER`` runs after the group's connections are made, under the group's own
+timeout, and a group's timeout has no public setter. It costs each rank three store requests,
+and while ranks are missing one more a second (to stop at once when a rank says it failed:
+:func:`announce_failure`), with a line every :data:`SAY_EVERY` seconds naming how many came.
+Keys live under the restart's prefix, so that a dead attempt's keys are never read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import threading
 import time
@@ -23,18 +26,19 @@ import torch.distributed as dist
 
 from tandem.errors import TandemError, param
 
-from .env import (DistEnv, address_of, node_of, read_env, restart_count,
-                  several_processes)
+from .env import DistEnv, address_of, node_of, read_env, restart_count, several_processes
 
-__all__ = ["JoinFailed", "job_store", "attempt_prefix", "roll_call", "peer_name", "peers",
-           "every", "abandoned_if_another_fails", "announce_failure", "SAY_EVERY"]
+__all__ = ["JoinFailed", "job_store", "short_store", "arrive", "joins", "every",
+           "announce_failure", "told_failure", "abandoned_if_another_fails", "talks",
+           "SAY_EVERY", "peer_name_of"]
 
 #: seconds between two "still waiting" lines
 SAY_EVERY = 30.0
+#: seconds between two looks at the store while ranks are missing
+_LOOK_EVERY = 1.0
 
 _store = None  # (job, store): the job's store (a client of the launcher's, or rank 0's own)
-_joins = {"group": 0, "resume": 0}  # how often this process made each kind of prefix
-_peers: dict[int, tuple[str, str]] = {}  # rank -> (node, address), after a roll call
+_joins = 0  # how often this process has arrived (every rank of a job arrives as often)
 
 
 class JoinFailed(TandemError, RuntimeError):
@@ -90,119 +94,122 @@ def job_store(env: DistEnv, bound: float):
     return _store[1]
 
 
-def _failure_key() -> str:
-    """Where a rank of this attempt of the job leaves the line it failed with."""
-    return f"tandem/{restart_count()}/failed"
+def joins() -> int:
+    """How often this process has arrived (:func:`arrive`)."""
+    return _joins
+
+
+def _prefix() -> str:
+    return f"tandem/{restart_count()}"
+
+
+def short_store(seconds: float = 3.0):
+    """A client of the job's store (torchrun's, at MASTER_ADDR:MASTER_PORT, under no prefix)
+    whose requests wait ``seconds`` at most: for the words a failing rank leaves, when the
+    store itself may be gone."""
+    env = read_env()
+    # a plain connection first: a store client that cannot connect logs torch's C++ error
+    # with its stack on stderr, a page of noise under the one line (OSError when so)
+    socket.create_connection((env.master_addr, env.master_port), timeout=seconds).close()
+    return dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                         timeout=timedelta(seconds=seconds), wait_for_workers=False)
 
 
 def announce_failure(line: str) -> None:
     """Leave this rank's one-line failure in the job's store, so that the ranks waiting for it
-    (a roll call, a connect) stop at once with it instead of waiting out their bound. Best
-    effort, and only in a torchrun job of several processes."""
+    (:func:`arrive`, a collective) stop with it instead of waiting out their bound or naming
+    a lost peer (:func:`told_failure`). Best effort, and only in a torchrun job of several
+    processes."""
     try:
         if not several_processes():
             return
-        env = read_env()
-        job_store(env, 10.0).set(_failure_key(), f"{peer_name_of(env)}: {line}")
+        short_store().set(f"{_prefix()}/failed", f"{peer_name_of(read_env())}: {line}")
     except Exception:  # no store to tell: the others find out by their own bounds
         pass
 
 
-def _told_failure(store) -> str | None:
-    key = _failure_key()
-    return store.get(key).decode() if store.check([key]) else None
+def told_failure(store=None) -> str | None:
+    """The line a rank that failed left with :func:`announce_failure` (``None``: none, or no
+    store answers)."""
+    try:
+        store = store or short_store()
+        key = f"{_prefix()}/failed"
+        return store.get(key).decode() if store.check([key]) else None
+    except Exception:
+        return None
 
 
 def peer_name_of(env: DistEnv) -> str:
     return f"rank {env.rank} (node {node_of()})"
 
 
-def attempt_prefix(kind: str) -> str:
-    """A fresh key prefix for this process's next ``kind`` ("group" or "resume") under this
-    restart of the job; every rank asks in the same order, so the prefixes agree."""
-    _joins[kind] += 1
-    return f"tandem/{restart_count()}/{kind}{_joins[kind]}"
-
-
-def roll_call(env: DistEnv, store, prefix: str, bound: float) -> None:
-    """Count this rank in under ``prefix`` and wait until all ``world_size`` have come; say who
-    is here every :data:`SAY_EVERY` s; past ``bound`` seconds raise :class:`JoinFailed`."""
+def arrive(env: DistEnv, store, bound: float) -> dict[int, tuple[str, str]]:
+    """Count this rank in and wait until all ``world_size`` ranks have come; say how many
+    every :data:`SAY_EVERY` s (the node's first worker); past ``bound`` seconds, or when a
+    rank told that it failed, raise :class:`JoinFailed` naming who is missing. Returns where
+    each rank runs: ``{rank: (node, address)}``."""
+    global _joins
+    _joins += 1
+    prefix = f"{_prefix()}/join{_joins}"
     store.set(f"{prefix}/who/{env.rank}", f"{node_of()} {address_of()}")
-    here = store.add(f"{prefix}/here", 1)
-    started = time.monotonic()
+    all_here = f"{prefix}/all-here"
+    if store.add(f"{prefix}/here", 1) == env.world_size:
+        store.set(all_here, "1")
+    started = said = time.monotonic()
     where = f"{env.master_addr}:{env.master_port}"
-    count = {"here": here}
-
-    def line() -> str:
-        return (f"{peer_name_of(env)}: waiting for the other ranks at {where}: "
-                f"{count['here']} of {env.world_size} here "
-                f"({time.monotonic() - started:.0f} s)")
-
-    with every(SAY_EVERY, line, enabled=talks(env)):
-        while count["here"] < env.world_size:
-            told = _told_failure(store)
-            if told is not None:
-                raise JoinFailed(f"{peer_name_of(env)}: the job cannot start: {told}",
-                                 quiet=not talks(env))
-            if time.monotonic() - started > bound:
-                missing = [r for r in range(env.world_size)
-                           if not store.check([f"{prefix}/who/{r}"])]
-                raise JoinFailed(
-                    f"{peer_name_of(env)}: the other ranks did not come within "
-                    f"{bound:.0f} s: {count['here']} of {env.world_size} here at {where}, "
-                    f"missing rank{'s' if len(missing) != 1 else ''} "
-                    f"{', '.join(map(str, missing))} (is every node started, with the same "
-                    f"{param('nnodes')} and {param('master_addr')}/{param('master_port')}?)")
-            time.sleep(0.05)
-            count["here"] = store.add(f"{prefix}/here", 0)
-    names = store.multi_get([f"{prefix}/who/{r}" for r in range(env.world_size)])
-    _peers.clear()
-    for rank, value in enumerate(names):
-        node, _, addr = value.decode().partition(" ")
-        _peers[rank] = (node, addr)
+    failures = short_store(10.0)  # where a rank that failed before coming leaves its line
+    while True:
+        try:
+            store.wait([all_here], timedelta(seconds=_LOOK_EVERY))
+            break
+        except RuntimeError:  # DistStoreError: not yet
+            pass
+        told = told_failure(failures)
+        if told is not None:
+            raise JoinFailed(f"{peer_name_of(env)}: the job cannot start: {told}",
+                             quiet=not talks(env))
+        now = time.monotonic()
+        here = store.add(f"{prefix}/here", 0)
+        if now - started > bound:
+            missing = [r for r in range(env.world_size) if not store.check([f"{prefix}/who/{r}"])]
+            raise JoinFailed(
+                f"{peer_name_of(env)}: the other ranks did not come within {bound:.0f} s: "
+                f"{here} of {env.world_size} here at {where}, missing "
+                f"rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))} (is "
+                f"every node started, with the same {param('nnodes')} and "
+                f"{param('master_addr')}/{param('master_port')}?)")
+        if talks(env) and now - said >= SAY_EVERY:
+            said = now
+            print(f"{peer_name_of(env)}: waiting for the other ranks at {where}: {here} of "
+                  f"{env.world_size} here ({now - started:.0f} s)", file=sys.stderr, flush=True)
+    who = store.multi_get([f"{prefix}/who/{r}" for r in range(env.world_size)])
+    return {r: tuple(value.decode().partition(" ")[::2]) for r, value in enumerate(who)}
 
 
 @contextlib.contextmanager
-def abandoned_if_another_fails(env: DistEnv, prefix: str):
-    """While this rank connects to the others (inside torch, which cannot be interrupted): if
-    another rank says it failed (:func:`announce_failure`), or the job's store goes away, end this
-    process in one line (exit status 4) instead of waiting out the connect timeout."""
+def abandoned_if_another_fails(env: DistEnv):
+    """While this rank makes the group's connections (inside torch, which cannot be
+    interrupted): if another rank says it failed (:func:`announce_failure`), end this process
+    in one line (exit status 4) instead of waiting out the connect's timeout."""
     done = threading.Event()
 
     def watch():
-        where = f"{env.master_addr}:{env.master_port}"
         try:
-            store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
-                                  timeout=timedelta(seconds=10), wait_for_workers=False)
+            store = short_store(10.0)
         except Exception:
             return  # the main thread meets the same store and says why
         while not done.wait(0.5):
-            try:
-                told = _told_failure(store)
-            except Exception:
-                told = f"the job's store at {where} went away (node 0 ended?)"
+            told = told_failure(store)
             if told and not done.is_set():
-                print(f"tandem: error: {peer_name_of(env)}: the job cannot "
-                      f"start: {told}", file=sys.stderr, flush=True)
+                print(f"tandem: error: {peer_name_of(env)}: the job cannot start: {told}",
+                      file=sys.stderr, flush=True)
                 os._exit(JoinFailed.exit_status)
 
-    thread = threading.Thread(target=watch, name="tandem-join-watch", daemon=True)
-    thread.start()
+    threading.Thread(target=watch, name="tandem-join-watch", daemon=True).start()
     try:
         yield
     finally:
         done.set()
-
-
-def peers() -> dict[int, tuple[str, str]]:
-    """rank -> (node, address) of the last roll call (empty before one)."""
-    return dict(_peers)
-
-
-def peer_name(rank: int) -> str:
-    """``rank 1 (node 1, 192.0.2.2)``, as far as the roll call told."""
-    node, addr = _peers.get(rank, ("?", ""))
-    return f"rank {rank} (node {node}{', ' + addr if addr else ''})"
 
 
 def _reason(exc: BaseException) -> str:

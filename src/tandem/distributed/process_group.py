@@ -1,9 +1,11 @@
 """Join and leave the torch.distributed process group of a torchrun job, one device per worker.
 
-The backend follows the device (gloo for CPU, NCCL for CUDA). Training collectives use a work
-group with the ``TANDEM_DIST_TIMEOUT`` timeout, so a dead or hung peer makes the job fail
-instead of hang; joining waits longer (``tandem launch --join-timeout``), as slow starters are
-not dead.
+One group carries everything, with the collectives' timeout (``TANDEM_DIST_TIMEOUT``), so a
+dead or hung peer makes the job fail instead of hang; every rank arrives first (:func:`.join.
+arrive`, with the longer join bound), as slow starters are not dead. Its backend is gloo for
+CPU tensors and, on a machine with CUDA, NCCL for CUDA ones (``cpu:gloo,cuda:nccl``): the
+job's agreements (:mod:`.agree`) travel on the CPU. :class:`Job` joins it for a run, once, and
+leaves it at the end; a strategy launched outside a job joins and leaves on its own.
 Also two helpers for torch's DDP: free its reducer in time, hand it gradients in its layout.
 """
 
@@ -19,20 +21,19 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from tandem.errors import UsageError, param
+from tandem.errors import TandemError, UsageError, param
 
 from . import faults, join
-from .watchdog import Watchdog
-from .env import DistEnv, dist_timeout, join_timeout
+from .agree import LOCAL, Agreement
+from .env import (DistEnv, address_of, dist_timeout, join_timeout, node_of, read_env,
+                  restart_count, several_processes)
 
-__all__ = ["pick_device", "backend_for", "init_process_group", "destroy_process_group",
-           "release_ddp", "grads_in_param_strides", "joined_a_group", "all_reduce_sum", "work_group",
-           "barrier", "any_rank", "step_done"]
+__all__ = ["pick_device", "backend_for", "group_backend", "init_process_group",
+           "destroy_process_group", "Job", "release_ddp", "grads_in_param_strides",
+           "joined_a_group", "all_reduce_sum", "barrier", "exit_process"]
 
-_work_group = None  # the group with the collective timeout (None: the default group)
 _joined = False  # this process has joined a process group (see joined_a_group)
 _made_here = False  # the default group now is one init_process_group made (not the caller's)
-_watchdog = None  # heartbeats while the group made here lives (see watchdog)
 
 
 def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
@@ -80,19 +81,33 @@ def backend_for(device: torch.device) -> str:
     return default(device)
 
 
+def group_backend(device_type: str) -> str:
+    """The default group's backend for a job whose devices are of ``device_type``: gloo for
+    CPU tensors, and the accelerator's own backend for its tensors."""
+    if device_type == "cpu":
+        return "gloo"
+    return f"cpu:gloo,{device_type}:{backend_for(torch.device(device_type))}"
+
+
 def init_process_group(env: DistEnv, device: torch.device, timeout: float | None = None) -> str:
-    """Join the job's process group (``env://`` rendezvous at MASTER_ADDR:MASTER_PORT).
+    """Join the job's process group (``env://`` rendezvous at MASTER_ADDR:MASTER_PORT), or
+    reuse the one that exists (a :class:`Job`'s, or the caller's, after checking its size and
+    rank, and left to its maker: :func:`destroy_process_group` leaves only a group made here).
 
     Sets the current CUDA device first for a CUDA worker (NCCL's collectives and the saved
-    random state go by it). Returns the backend name. If a group already exists (e.g. the
-    caller made one), it is reused after checking its size and rank, and left to its maker
-    (:func:`destroy_process_group` leaves only a group made here).
+    random state go by it). Returns the backend of ``device``'s tensors.
     ``timeout`` (seconds) defaults to ``TANDEM_DIST_TIMEOUT``.
     """
-    global _joined, _watchdog, _work_group, _made_here
-    backend = backend_for(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    _join(env, group_backend(device.type), timeout)
+    return backend_for(device)
+
+
+def _join(env: DistEnv, backend: str, timeout: float | None) -> dict | None:
+    """Join the default group, returning where each rank runs (``{rank: (node, address)}``),
+    or reuse the one that exists (``None``)."""
+    global _joined, _made_here
     if dist.is_initialized():
         _joined = True  # a group of the caller's: its gloo threads outlive it all the same
         if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
@@ -100,32 +115,63 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
                 f"a process group already exists with rank {dist.get_rank()} of "
                 f"{dist.get_world_size()}, but torchrun says rank {env.rank} of {env.world_size}"
             )
-        return dist.get_backend()
+        return None
     seconds = dist_timeout() if timeout is None else float(timeout)
-    startup = max(seconds, join_timeout())
-    kwargs = {"device_id": device} if device.type != "cpu" else {}
+    bound = max(seconds, join_timeout())
+    store = join.job_store(env, bound)
+    peers = join.arrive(env, store, bound)
     started = time.monotonic()
-    store = join.job_store(env, startup)
-    prefix = join.attempt_prefix("group")
-    join.roll_call(env, store, prefix, join_timeout())
     try:
-        with join.abandoned_if_another_fails(env, prefix):
-            dist.init_process_group(
-                backend, store=dist.PrefixStore(f"{prefix}/pg", store), rank=env.rank,
-                world_size=env.world_size, timeout=timedelta(seconds=startup), **kwargs,
-            )
-            _work_group = None if startup == seconds else dist.new_group(
-                backend=backend, timeout=timedelta(seconds=seconds))
-        _joined = _made_here = True
-        _watchdog = Watchdog(env, prefix, talk=join.talks(env))
+        with join.abandoned_if_another_fails(env):
+            dist.init_process_group(backend, store=dist.PrefixStore(_group_prefix(), store),
+                                    rank=env.rank, world_size=env.world_size,
+                                    timeout=timedelta(seconds=seconds))
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
-        why = faults.why(exc)
         raise join.JoinFailed(
-            f"rank {env.rank} on {device}: every rank came to {env.master_addr}:"
-            f"{env.master_port}, but the {backend} connections failed after "
-            f"{time.monotonic() - started:.1f} s: {why}{_loopback_hint(exc)}"
-        ) from None
-    return backend
+            f"rank {env.rank}: every rank came to {env.master_addr}:{env.master_port}, but "
+            f"the {backend} connections failed after {time.monotonic() - started:.1f} s: "
+            f"{faults.why(exc)}{_loopback_hint(exc)}") from None
+    _joined = _made_here = True
+    return peers
+
+
+def _group_prefix() -> str:
+    """The store prefix of the group a join makes (the join's own: stale keys are not read)."""
+    return f"tandem/{restart_count()}/pg{join.joins()}"
+
+
+class Job:
+    """The process group of one run, joined once its own checks pass (:meth:`join`) and left
+    when the block ends: the run's plan, race and strategy all work in it. Outside a torchrun
+    job of several processes it joins nothing, and its agreement is every process's own."""
+
+    def __init__(self):
+        self.agreement: Agreement = LOCAL
+        self._made = False
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        # A run that fails on a mistake of its own (a TandemError) keeps the group: the caller
+        # says the line and leaves it in the job's store for the others, who must meet the
+        # closed connections after it, not before (``tandem`` then ends the process); a
+        # later run in this process reuses the group.
+        if self._made and not isinstance(error, TandemError):
+            destroy_process_group()
+            self._made = False
+
+    def join(self) -> Agreement:
+        """Join the job's group (every rank meets here) and return its agreement; the same
+        agreement when called again."""
+        if self.agreement is not LOCAL or not several_processes():
+            return self.agreement
+        env = read_env()
+        peers = _join(env, group_backend("cuda" if torch.cuda.is_available() else "cpu"), None)
+        self._made = peers is not None
+        self.agreement = Agreement(env.rank, env.world_size, node=node_of(), addr=address_of())
+        self.agreement.peers.update(peers or {})
+        return self.agreement
 
 
 def _loopback_hint(exc: BaseException) -> str:
@@ -158,11 +204,6 @@ def exit_process(code: int = 0) -> None:
     if _joined:
         os._exit(code)
     sys.exit(code)
-
-
-def work_group():
-    """The group training collectives use (``None``, the default group, if not set up)."""
-    return _work_group
 
 
 def release_ddp(wrapped) -> None:
@@ -201,20 +242,10 @@ def _restride_grad(param: torch.Tensor) -> None:
         param.grad = grad.as_strided(param.shape, param.stride(), grad.storage_offset())
 
 
-def step_done(step: int) -> None:
-    """Tell the watchdog that this rank completed optimizer step ``step``."""
-    if _watchdog is not None:
-        _watchdog.step(step)
-
-
 def destroy_process_group() -> None:
     """Leave the process group that :func:`init_process_group` made, if there is one (safe to
     call twice); a group the caller made is theirs to destroy, and stays."""
-    global _work_group, _made_here, _watchdog
-    _work_group = None
-    if _watchdog is not None:
-        _watchdog.close()
-        _watchdog = None
+    global _made_here
     if _made_here and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _made_here = False
@@ -227,16 +258,10 @@ def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     NCCL only reduces CUDA tensors; a CPU tensor on a CUDA worker is copied there and back.
     """
     work = tensor.detach().to(device, copy=True)
-    dist.all_reduce(work, op=dist.ReduceOp.SUM, group=_work_group)
+    dist.all_reduce(work, op=dist.ReduceOp.SUM, group=None)
     return work.to(tensor.device)
 
 
 def barrier() -> None:
     """Wait for every rank (in the work group)."""
-    dist.barrier(group=_work_group)
-
-
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank when ``flag`` is true on any (one all-reduce, read on the host)."""
-    votes = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
-    return bool(all_reduce_sum(votes, device).item() > 0)
+    dist.barrier(group=None)

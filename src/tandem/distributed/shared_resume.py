@@ -1,46 +1,51 @@
-"""The checkpoint a job continues, decided by rank 0 and sent to the ranks that lack it.
+"""The checkpoint a job continues, decided by rank 0 and sent to the machines that lack it.
 
 Only rank 0 writes the run directory, so another machine (with a disk of its own) has no copy
-of it. Under several processes, rank 0 alone decides what the job continues (``--resume``, or
-the run a restart picks up) and says so through the job's store; a rank whose own copy of that
-file is missing, or differs from rank 0's (by SHA-256), gets rank 0's bytes through the store
-in chunks and says so in one line. The store is the launcher's, so this works before any
-process group exists (the run's plan reads the checkpoint before it joins one).
+of it. Rank 0 alone decides what the job continues (``--resume``, or the run a restart picks
+up) and every rank hears it (:meth:`~.agree.Agreement.rank0`). Each machine's first rank then
+looks for the file on its own disk: where it is missing or differs from rank 0's (by SHA-256),
+rank 0 broadcasts its bytes, over the job's group, to those machines' first ranks only (one
+copy per machine, in chunks, on a group of just them), which write it to a temporary file the
+machine's other ranks read too. A rank that fails or is lost meanwhile ends the others in one
+line, as any lost peer does; nothing is left behind in the job's store.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import tempfile
-import time
 from typing import Callable, NamedTuple
 
-from tandem.errors import TandemError, first_line
+import torch
+import torch.distributed as dist
 
-from . import join
+from tandem.errors import TandemError
+
+from .agree import Agreement
 from .env import read_env
 
-__all__ = ["Continued", "continue_from_rank0", "ResumeRefused"]
+__all__ = ["Continued", "continue_from_rank0", "done_with", "ResumeRefused", "CHUNK"]
 
-#: bytes per store value (the store takes at most 8 MiB in one message)
-CHUNK = 4 << 20
+#: bytes per broadcast
+CHUNK = 64 << 20
 
 
 class ResumeRefused(TandemError, ValueError):
-    """The checkpoint to continue could not be shared: rank 0 refused the resume (it says why;
-    the other ranks end quietly), or its bytes arrived damaged."""
+    """The checkpoint sent by rank 0 arrived damaged."""
 
 
 class Continued(NamedTuple):
     """Rank 0's path of the checkpoint to continue (None: a fresh run), a file on this machine
-    with its bytes, and whether torchrun restarted the run."""
+    with its bytes (a copy sent to it, which :func:`done_with` removes once read), whether
+    torchrun restarted the run, and whether a copy was sent to any machine (every rank knows
+    it alike)."""
 
     path: str | None
     local: str | None
     restarted: bool
+    sent: bool = False
 
 
 def _sha256(path: str) -> str:
@@ -51,84 +56,79 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]], bound: float
-                        ) -> Continued:
-    """``decide()`` on rank 0 (``(path or None, restarted)``), shared with every rank of the
-    job; on the others, a local file with rank 0's bytes (their own copy when it is the same).
-    ``bound``: seconds to wait for rank 0 or for the ranks' answers."""
-    env = read_env()
-    store = join.job_store(env, bound)
-    prefix = join.attempt_prefix("resume")
-    if env.rank == 0:
-        return _send(env, store, prefix, decide, bound)
-    return _receive(env, store, prefix)
-
-
-def _send(env, store, prefix: str, decide, bound: float) -> Continued:
-    try:
+def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
+                        agreement: Agreement) -> Continued:
+    """``decide()`` on rank 0 (``(path or None, restarted)``), heard by every rank of the
+    job; on the others, a local file with rank 0's bytes (their machine's own copy when it is
+    the same). A refusal rank 0 raises is raised on every rank (said by rank 0)."""
+    def decision():
         path, restarted = decide()
-    except TandemError as exc:
-        store.set(f"{prefix}/decision", json.dumps({"error": first_line(exc, None)}))
-        raise
-    sha = _sha256(path) if path else None
-    store.set(f"{prefix}/decision", json.dumps({"path": path, "restarted": restarted,
-                                                "sha": sha}))
-    if path is None or env.world_size == 1:
+        return path, restarted, (_sha256(path) if path else None)
+
+    path, restarted, sha = agreement.rank0(decision)
+    if path is None or not agreement.several:
         return Continued(path, path, restarted)
-    started = time.monotonic()
-    while (store.add(f"{prefix}/answered", 0) < env.world_size - 1
-           and time.monotonic() - started < bound):
-        time.sleep(0.05)
-    need = store.add(f"{prefix}/need", 0)
-    if need:
-        size = os.path.getsize(path)
-        chunks = max(1, -(-size // CHUNK))
-        with open(path, "rb") as f:
-            for i in range(chunks):
-                store.set(f"{prefix}/chunk/{i}", f.read(CHUNK))
-        store.set(f"{prefix}/chunks", str(chunks))
-        while (store.add(f"{prefix}/done", 0) < need
-               and time.monotonic() - started < bound):
-            time.sleep(0.05)
-        for i in range(chunks):
-            store.delete_key(f"{prefix}/chunk/{i}")
-    return Continued(path, path, restarted)
-
-
-def _receive(env, store, prefix: str) -> Continued:
-    decision = json.loads(store.get(f"{prefix}/decision"))
-    if "error" in decision:
-        refused = ResumeRefused(f"rank 0 refused the resume: {decision['error']}")
-        refused.quiet = True
-        raise refused
-    path, sha = decision["path"], decision["sha"]
-    if path is None:
-        return Continued(None, None, decision["restarted"])
-    own = os.path.isfile(path)
-    same = own and _sha256(path) == sha
-    store.add(f"{prefix}/need", 0 if same else 1)
-    store.add(f"{prefix}/answered", 1)
-    if same:
-        return Continued(path, path, decision["restarted"])
-    local = _fetch(store, prefix, sha)
-    if env.local_rank == 0:
-        what = ("differs from rank 0's" if own else "is not on this machine")
-        print(f"{join.peer_name_of(env)}: {path} {what}; using rank 0's "
-              f"(sent over the network, {os.path.getsize(local) / 2**20:.1f} MiB)",
-              file=sys.stderr, flush=True)
-    return Continued(path, local, decision["restarted"])
-
-
-def _fetch(store, prefix: str, sha: str) -> str:
-    chunks = int(store.get(f"{prefix}/chunks"))
-    fd, local = tempfile.mkstemp(prefix="tandem-resume-", suffix=".pt")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for i in range(chunks):
-                f.write(store.get(f"{prefix}/chunk/{i}"))
-    finally:
-        store.add(f"{prefix}/done", 1)
-    if _sha256(local) != sha:
+    env = read_env()
+    leader = env.local_rank == 0  # the machine's first rank looks, and receives for it
+    own = leader and os.path.isfile(path)
+    same = own and (env.rank == 0 or _sha256(path) == sha)
+    needs = agreement.each(leader and not same)
+    local = _tempname(sha)
+    if any(needs):
+        _send(path, local, needs, env.rank)
+    if needs[env.rank] and _sha256(local) != sha:
         os.unlink(local)
-        raise ResumeRefused("the checkpoint sent by rank 0 arrived damaged (its SHA-256 differs)")
-    return local
+        raise ResumeRefused("the checkpoint sent by rank 0 arrived damaged (its SHA-256 "
+                            "differs)")
+    if needs[env.rank]:
+        what = "differs from rank 0's" if own else "is not on this machine"
+        print(f"{agreement.peer_name(env.rank)}: {path} {what}; using rank 0's (sent over "
+              f"the network, {os.path.getsize(local) / 2**20:.1f} MiB)", file=sys.stderr,
+              flush=True)
+    # the machine's other ranks read what its first rank holds: its own copy or the one sent
+    first = env.rank - env.local_rank
+    return Continued(path, local if needs[first] else path, restarted, any(needs))
+
+
+def done_with(continued: Continued, agreement: Agreement) -> None:
+    """Every rank has read the checkpoint: the machine's first rank removes a copy that was
+    sent to it (call on every rank, after reading)."""
+    if not continued.sent:  # the same on every rank, as the collective below must be
+        return
+    agreement.any_of(False)  # every rank has read it
+    env = read_env()
+    if env.local_rank == 0 and continued.local != continued.path:
+        try:
+            os.unlink(continued.local)
+        except FileNotFoundError:
+            pass
+
+
+def _tempname(sha: str | None) -> str:
+    return os.path.join(tempfile.gettempdir(), f"tandem-resume-{(sha or '')[:16]}-"
+                        f"{read_env().master_port}.pt")
+
+
+def _send(path: str, local: str, needs: list[bool], rank: int) -> None:
+    """Rank 0's file, broadcast in chunks to the ranks that need it, on a group of just them
+    (every rank takes part in making the group); each receiver writes ``local``."""
+    members = [0] + [r for r, need in enumerate(needs) if need and r != 0]
+    group = dist.new_group(members, backend="gloo")
+    try:
+        if rank not in members:
+            return
+        size = torch.tensor([os.path.getsize(path) if rank == 0 else 0], dtype=torch.int64)
+        dist.broadcast(size, src=0, group=group)
+        total = int(size.item())
+        with (open(path, "rb") if rank == 0 else open(local + ".part", "wb")) as f:
+            for start in range(0, total, CHUNK):
+                n = min(CHUNK, total - start)
+                chunk = (torch.frombuffer(bytearray(f.read(n)), dtype=torch.uint8) if rank == 0
+                         else torch.empty(n, dtype=torch.uint8))
+                dist.broadcast(chunk, src=0, group=group)
+                if rank != 0:
+                    f.write(chunk.numpy().tobytes())
+        if rank != 0:
+            os.replace(local + ".part", local)
+    finally:
+        dist.destroy_process_group(group)

@@ -23,10 +23,12 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -34,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 from tandem.errors import UsageError, param
 
-from . import network
+from . import launch_state, network
 from .env import (ADDR_VAR, DEFAULT_JOIN_TIMEOUT, JOIN_TIMEOUT_VAR, LAUNCH_ID_VAR, LAUNCH_VAR,
                   NODE_VAR, TIMEOUT_VAR)
 from .join import SAY_EVERY, JoinFailed, every
@@ -292,6 +294,9 @@ def launch(spec: LaunchSpec) -> int:
                           f"{spec.rdzv_id or ''}@{spec.rdzv_endpoint or spec.master_addr}:"
                           f"{spec.master_port or ''}")
     os.environ[LAUNCH_VAR] = spec.described()
+    state = _state_file()  # what the workers tell this launcher (read after an abort)
+    for var, value in _nccl_defaults(os.path.dirname(state)).items():
+        os.environ.setdefault(var, value)
     if spec.rdzv_endpoint:  # the rendezvous numbers the nodes (torchrun's GROUP_RANK)
         os.environ.pop(NODE_VAR, None)
     else:
@@ -304,32 +309,109 @@ def launch(spec: LaunchSpec) -> int:
         route.local == route.remote if route is not None else None))
     if spec.multi_node and not spec.rdzv_endpoint and spec.node_rank > 0:
         _wait_for_master(spec)
+    with _removed(os.path.dirname(state)):  # read after the workers, then removed
+        try:
+            with quiet_agent(), _waiting_for_nodes(spec):
+                run(args)
+        except ChildFailedError as exc:
+            rank, failure = exc.get_first_failure()
+            if failure.exitcode not in _TOLD:  # else the worker said why in its own line
+                print(f"tandem launch: {_failed_line(exc, spec, launch_state.read(state))}",
+                      file=sys.stderr, flush=True)
+            return _exit_code(failure.exitcode)
+        except Exception as exc:
+            stopped = _signal_behind(exc, SignalException)
+            if stopped is None:
+                told = _rendezvous_failure(exc, spec)
+                if told is None:
+                    raise
+                print(f"tandem launch: {told}", file=sys.stderr, flush=True)
+                return TOLD_EXIT
+            # a signal behind another error: torchrun's timing wrapper, hit by it before its
+            # start time was set, failed in its own `finally` (UnboundLocalError), and the
+            # agent stopped the workers with SIGTERM, which they take as SIGINT (a stop at the
+            # next vote, saved)
+            told = "passed it on" if stopped is exc else "stopped"
+            print(f"tandem launch: stopped by {stopped.sigval.name}; the workers were {told}",
+                  file=sys.stderr, flush=True)
+            return 128 + int(stopped.sigval)
+        return 0
+
+
+@contextlib.contextmanager
+def _removed(directory: str):
+    """Remove this launch's own directory at the end, unless NCCL's flight recorder wrote
+    into it (the line names it then)."""
     try:
-        with quiet_agent(), _waiting_for_nodes(spec):
-            run(args)
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        if failure.exitcode not in _TOLD:  # else the worker said why in its own line
-            print(f"tandem launch: rank {rank} (local rank {failure.local_rank}, pid "
-                  f"{failure.pid}) {_describe(failure.exitcode)}; the job was stopped "
-                  f"({len(exc.failures)} failed worker(s))", file=sys.stderr, flush=True)
-        return _exit_code(failure.exitcode)
-    except Exception as exc:
-        stopped = _signal_behind(exc, SignalException)
-        if stopped is None:
-            told = _rendezvous_failure(exc, spec)
-            if told is None:
-                raise
-            print(f"tandem launch: {told}", file=sys.stderr, flush=True)
-            return TOLD_EXIT
-        # a signal behind another error: torchrun's timing wrapper, hit by it before its start
-        # time was set, failed in its own `finally` (UnboundLocalError), and the agent stopped the
-        # workers with SIGTERM, which they take as SIGINT (a stop at the next vote, saved)
-        told = "passed it on" if stopped is exc else "stopped"
-        print(f"tandem launch: stopped by {stopped.sigval.name}; the workers were {told}",
-              file=sys.stderr, flush=True)
-        return 128 + int(stopped.sigval)
-    return 0
+        yield
+    finally:
+        if not _dumped():
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _state_file() -> str:
+    """The file this node's first worker keeps for the launcher (:mod:`.launch_state`), in a
+    directory of this launch's own, named to the workers by ``TANDEM_LAUNCH_STATE``."""
+    directory = tempfile.mkdtemp(prefix="tandem-launch-")
+    path = os.path.join(directory, "state.json")
+    os.environ[launch_state.STATE_VAR] = path
+    return path
+
+
+def _nccl_defaults(directory: str) -> dict[str, str]:
+    """NCCL's own error handling, set unless the user set it: a failed or timed-out
+    collective aborts the workers at once (torchrun's default too), and the flight recorder
+    keeps each rank's last collectives and dumps them on a timeout into ``directory``, for
+    ``torchfrtrace DIRECTORY`` to say which rank stopped where. gloo ignores them."""
+    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_FR_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_FR_DUMP_TEMP_FILE": os.path.join(directory, "nccl_trace_rank_")}
+
+
+def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
+    """The one line for workers that did not say why they ended: those killed from outside or
+    aborted, the cause on this node first; after an abort (NCCL's watchdog ends every worker
+    whose collective failed), what the run keeps and how it goes on, as the workers last
+    told (:mod:`.launch_state`)."""
+    failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
+    aborted = [r for r, f in failures if f.exitcode == -signal.SIGABRT]
+    others = [(r, f) for r, f in failures if f.exitcode != -signal.SIGABRT]
+    node = os.environ.get(NODE_VAR) or state.get("node") or "?"
+    parts = []
+    for rank, failure in others[:1]:
+        parts.append(f"rank {rank} (node {node}, local rank {failure.local_rank}, pid "
+                     f"{failure.pid}) {_describe(failure.exitcode)}")
+    if aborted:
+        ranks = ", ".join(map(str, aborted))
+        cause = "" if others else " by a lost or silent rank on another node"
+        parts.append(f"rank{'s' if len(aborted) > 1 else ''} {ranks} aborted (SIGABRT): a "
+                     f"collective failed{cause}, and under NCCL the watchdog ends every worker "
+                     "that waits on one")
+    line = "; ".join(parts) + f"; the job was stopped ({len(failures)} failed worker(s))"
+    exact = state.get("speaker") == 0  # rank 0 itself told this node what it saved
+    lost_rank0 = any(r == 0 for r, _ in others)
+    if not state or not (aborted or lost_rank0 or state.get("aborts")):
+        return line  # a survivor's own line says what the run keeps
+    step, where = state.get("saved_step"), state.get("checkpoint")
+    heard = "" if exact else " that this node heard of"
+    kept = (f"the last checkpoint{heard} is {where} from step {step} on node 0"
+            if step is not None else
+            f"the run has no checkpoint{heard} yet: start it again (the same command, with "
+            "--overwrite)")
+    line += f"; {kept}"
+    if step is not None and state.get("resume"):
+        line += f"; continue with: {state['resume']}"
+    if _dumped():
+        dumps = os.path.dirname(os.environ["TORCH_FR_DUMP_TEMP_FILE"])
+        line += f"; NCCL's flight recorder: torchfrtrace {dumps}"
+    return line
+
+
+def _dumped() -> bool:
+    """Whether NCCL's flight recorder left its dumps where the workers were told."""
+    dumps = os.path.dirname(os.environ.get("TORCH_FR_DUMP_TEMP_FILE", ""))
+    return os.path.isdir(dumps) and any(n.startswith("nccl_trace_rank_")
+                                        for n in os.listdir(dumps))
 
 
 def _network(spec: LaunchSpec) -> network.Route | None:

@@ -213,9 +213,17 @@ class DistributedHybrid(nn.Module):
         """Gradients accumulate on each rank, not summed, until a forward outside it."""
         return self.dp.no_sync()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shares: list[int] | None = None) -> torch.Tensor:
+        """This rank's rows of the logits. ``shares``: every rank's rows of the global batch,
+        as the loader cut it (``None``: asked of the other ranks, one all-gather read on the
+        host)."""
         h = self.dp(x)  # (b_r, A): this rank's rows
-        shares = self.shares = all_shares(h.shape[0], h.device, self.group)
+        if shares is None:
+            shares = all_shares(h.shape[0], h.device, self.group)
+        elif shares[self.rank] != h.shape[0]:
+            raise ValueError(f"rank {self.rank} has {h.shape[0]} rows but its share of the "
+                             f"batch is {shares[self.rank]} ({shares})")
+        self.shares = list(shares)
         rank, group = self.rank, self.group
         for step in self._steps:
             if step[0] == "local":

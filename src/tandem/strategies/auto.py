@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tandem.distributed.agree import LOCAL
 from tandem.errors import TandemError, UsageError
 from tandem.hybrid import plan as hybrid_plan
 from tandem.hybrid.process_cost import step_bytes
@@ -38,7 +39,7 @@ from . import step_timer
 from .base import strategy_class, strategy_names
 
 __all__ = ["AUTO", "NOISE", "PROCESS_NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept",
-           "is_resolver", "launched", "under_launch", "launchable", "simplest_first",
+           "is_resolver", "launched", "under_launch", "launchable", "check_launchable", "simplest_first",
            "candidates", "budget_s", "race", "across_processes", "planned_process_bytes",
            "link_rate", "link_pair", "resolve", "choose", "planned_bytes", "format_block"]
 
@@ -84,6 +85,17 @@ def launchable(name: str) -> bool:
     any other one-process strategy would train N independent copies writing the same files."""
     return (is_resolver(name) or strategy_class(name).multiprocess
             or across_processes(name) is not None)
+
+
+def check_launchable(name: str, how: str = "`tandem launch -- train`") -> None:
+    """Refuse, in one line, to run ``--strategy name`` in several processes when it is not
+    :func:`launchable` (``how``: what started them)."""
+    if launchable(name):
+        return
+    ok = [n for n in strategy_names() if launchable(n)] + [AUTO]
+    raise UsageError(f"{how} needs --strategy {', '.join(ok[:-1])} or {ok[-1]}, not "
+                     f"{name} (each process trains its share of every batch; a one-process "
+                     "strategy would train N independent copies writing the same files)")
 
 
 def under_launch(name: str) -> str:
@@ -179,29 +191,42 @@ def _row(lane) -> dict:
             "q3_s": t.q3}
 
 
-def race(names: list[str], build: Callable[[str], step_timer.StrategyStep], *,
+def race(names: list[str], place: Callable[[str], Callable[[], step_timer.StrategyStep]], *,
          rounds: int | None = None, epoch_batches: int = 1,
-         clock: Callable[[], float] | None = None,
+         clock: Callable[[], float] | None = None, agreement=LOCAL,
          agree: Callable[[dict], dict] | None = None) -> RaceResult:
-    """Race ``build(name)`` (a :class:`~.step_timer.StrategyStep`) for each of ``names``: one
-    cold round, then as many timed rounds as :func:`budget_s` leaves, and at least
-    :data:`MIN_ROUNDS`: a cold step also times first-call costs (allocation, lazy set-up),
-    which misled a pick (BENCHMARKS.md section 13), and one warm round has no spread.
-    ``rounds`` gives that many timed rounds (at least :data:`MIN_ROUNDS`) after one warm-up.
-    ``clock`` is injectable (tests). ``agree(rows)``, called while the candidates still stand
-    (a process group up), gives the rows every process decides on (rank 0's, under
-    ``tandem launch``)."""
+    """Race each of ``names``: ``place(name)`` builds it and puts a copy of the model and the
+    batch on its device, with no collective (:func:`~.step_timer.placed`), and returns what
+    launches it (a :class:`~.step_timer.StrategyStep`); one cold round, then as many timed
+    rounds as :func:`budget_s` leaves, and at least :data:`MIN_ROUNDS`: a cold step also times
+    first-call costs (allocation, lazy set-up), which misled a pick (BENCHMARKS.md section
+    13), and one warm round has no spread. ``rounds`` gives that many timed rounds (at least
+    :data:`MIN_ROUNDS`) after one warm-up. ``clock`` is injectable (tests).
+
+    Across processes (``agreement`` a job's) every rank races the same candidates: those that
+    every rank could place (out of memory on one rank drops it on all, before any of its
+    collectives), and ``agree(rows)``, called while the candidates still stand, gives the
+    rows every process decides on (rank 0's)."""
     clock = clock or step_timer.clock
     start = clock()
-    built, lanes, rows = [], [], {}
+    built, lanes, rows, ready = [], [], {}, {}
     with rng_kept():
         try:
             for name in names:
                 try:
-                    step = build(name)
+                    ready[name] = place(name)
                 except torch.OutOfMemoryError:
                     rows[name] = {"name": name, "note": f"dropped: {OUT_OF_MEMORY}"}
+            everywhere = agreement.all_of([n in ready for n in names])
+            for name, kept in zip(names, everywhere):
+                if name not in ready:
                     continue
+                candidate = ready.pop(name)
+                if not kept:  # placed here, not on another rank: no rank launches it
+                    rows[name] = {"name": name, "note": f"dropped: {OUT_OF_MEMORY} on another "
+                                                        "rank"}
+                    continue
+                step = candidate()
                 built.append(step)
                 lanes.append(step_timer.Lane(name, step, step.devices))
             if rounds is None:  # one cold round, never the one that decides
@@ -218,8 +243,9 @@ def race(names: list[str], build: Callable[[str], step_timer.StrategyStep], *,
             if agree is not None:
                 rows = agree(rows)
         finally:
-            for step in built:
-                step.close()
+            ready.clear()
+            for step in reversed(built):  # the last launched leaves first: the groups the
+                step.close()              # first one joined outlive the later ones' reducers
             built.clear()  # the copies go before the run builds its own
             for lane in lanes:
                 lane.step = None
@@ -244,44 +270,45 @@ def _rounds(lanes: list, elapsed: float, epoch_batches: int) -> int:
 def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
             options: dict | None = None, check: Callable[[str], str | None] | None = None,
             rounds: int | None = None, epoch_batches: int = 1, clock=None,
-            split=None, processes: int = 0, **step) -> RaceResult:
+            split=None, agreement=LOCAL, amp=None, lr: float = 0.1, **step) -> RaceResult:
     """``auto`` resolved on ``devices`` for ``model`` (a copy each candidate takes over) and
     the global ``batch``: the candidates (:func:`candidates`) raced (:func:`race`), the choice
     and its reason (:func:`choose`, with the bytes :func:`planned_bytes` predicts). ``step``:
-    :class:`~.step_timer.StrategyStep`'s keywords (``amp``, ``lr``, ``channels_last``,
-    ``sync_bn``, ``buffers``); refused in one line when no strategy can run the model.
+    :func:`~.step_timer.placed`'s keywords (``channels_last``, ``sync_bn``, ``buffers``);
+    refused in one line when no strategy can run the model.
 
-    ``processes`` (under ``tandem launch``: the job's process count) races the multi-process
-    candidates on the real processes and the real link: every process runs the same rounds
-    (``rounds``, at least :data:`MIN_ROUNDS`; no budget, which each process would judge alike
-    only by chance), a short all-reduce measures the link, and rank 0's table decides for all.
+    Under ``tandem launch`` (``agreement`` a job's of several processes) it races the
+    multi-process candidates on the real processes and the real link: every process runs the
+    same rounds (``rounds``, at least :data:`MIN_ROUNDS`; no budget, which each process would
+    judge alike only by chance), a short all-reduce measures the link, and rank 0's table
+    decides for all.
     """
+    processes = agreement.world_size
     names, not_raced = candidates(devices, model, options, check, processes=processes > 1)
     if not names:
         raise UsageError("--strategy auto: no strategy can run this here: " + "; ".join(
             f"{n}: {why}" for n, why in not_raced.items()))
 
-    def build(name: str) -> step_timer.StrategyStep:
+    def place(name: str) -> Callable[[], step_timer.StrategyStep]:
         few = devices[:strategy_class(name).max_devices or len(devices)]
-        return step_timer.StrategyStep.build(name, copy.deepcopy(model), few, batch, split=split,
-                                             options=options, **step)
+        ready = step_timer.placed(name, copy.deepcopy(model), few, batch, split=split,
+                                  options=options, agreement=agreement, **step)
+        return lambda: step_timer.StrategyStep.start(ready, amp=amp, lr=lr)
 
     link: dict = {}
 
-    def agree(rows: dict) -> dict:  # the group the candidates joined is up
-        shared = [rows, link_rate()]
-        dist.broadcast_object_list(shared, src=0)
-        link["rate"] = shared[1]
-        return shared[0]
+    def agree(rows: dict) -> dict:  # the candidates still stand, each rank's table timed
+        rows, link["rate"] = agreement.from_rank0((rows, link_rate()))
+        return rows
 
     images = batch[0]
     if len(names) == 1:  # nothing to race
         result = RaceResult([], 0, 0.0)
     elif processes > 1:
-        result = race(names, build, rounds=max(MIN_ROUNDS, rounds or PROCESS_ROUNDS),
-                      clock=clock, agree=agree)
+        result = race(names, place, rounds=max(MIN_ROUNDS, rounds or PROCESS_ROUNDS),
+                      clock=clock, agreement=agreement, agree=agree)
     else:
-        result = race(names, build, rounds=rounds, clock=clock, epoch_batches=epoch_batches)
+        result = race(names, place, rounds=rounds, clock=clock, epoch_batches=epoch_batches)
     head = (options or {}).get("hybrid_head")
     result.planned = (planned_process_bytes(model, len(images), processes, head)
                       if processes > 1 else

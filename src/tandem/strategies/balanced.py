@@ -42,7 +42,7 @@ class BalancedStrategy(ReplicatedStrategy):
         return self._criteria[key][1]
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
-                     targets: torch.Tensor) -> StepOutput:
+                     targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         outputs = [self._logits(o) for o in wrapped(images)]  # one chunk per used device
         loss = self._parallel_criterion(criterion)(outputs, targets)
         chunks = scatter(targets, [o.device for o in outputs],

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from tandem import model_state
+from tandem.distributed import faults
+from tandem.distributed.agree import LOCAL, Agreement
 from tandem.errors import UsageError
 from tandem.parallel.split import BatchSplit
 from tandem.plain_norms import PlainNorms
@@ -52,7 +54,8 @@ class Strategy:
     batch's shares, :class:`~tandem.parallel.split.BatchSplit`); ``with strategy:``;
     ``setup``, ``state_dict``/``load_state_dict``, ``optimizer_state_dict``/
     ``load_optimizer_state_dict``, ``plain_norms``, ``forward_loss``, ``no_sync``; the
-    collectives ``all_reduce_sum``, ``barrier``, ``any_process`` and ``stop_vote``.
+    collectives ``all_reduce_sum`` and ``barrier``; and ``agreement``, through which every
+    decision all processes must share goes (:mod:`tandem.distributed.agree`).
     """
 
     name: ClassVar[str] = ""
@@ -96,8 +99,12 @@ class Strategy:
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", output_key: str | int | None = None,
                  options: dict | None = None, split=None, max_share: int | None = None,
-                 backward_threads: bool | None = None, split_clock: Callable | None = None):
+                 backward_threads: bool | None = None, split_clock: Callable | None = None,
+                 agreement: Agreement | None = None):
         self.devices = list(devices)
+        # the job's decisions (one process: its own); a multi-process strategy makes its own
+        # when launched outside a job (tandem.distributed.process_group.Job)
+        self.agreement = agreement or LOCAL
         self.sync_bn = sync_bn
         self.buffers = buffers
         self.output_key = output_key  # picks the logits of a dict or tuple output
@@ -176,8 +183,11 @@ class Strategy:
         return PlainNorms(wrapped.parameters(), device=self.device)
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
-                     targets: torch.Tensor) -> StepOutput:
-        """Run the model and the criterion on this process's share of the batch."""
+                     targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
+        """Run the model and the criterion on this process's share of the batch;
+        ``batch_size``: the whole global batch's (every process's shares together), which
+        the loader knows (a strategy that splits its model across processes needs it; None:
+        it asks the other processes)."""
         outputs = self._logits(wrapped(images))
         loss = criterion(outputs, targets)
         return StepOutput(loss, *self._score(criterion, outputs, targets, targets.shape[0]))
@@ -209,32 +219,30 @@ class Strategy:
     def barrier(self) -> None:
         """Wait for every process. No-op in one process."""
 
-    def any_process(self, flag: bool) -> bool:
-        """True on every process when ``flag`` is true on any (e.g. a stop request)."""
-        return flag
-
-    #: when a stop request takes effect, as the signal's line says it (see stop_vote)
-    stops_when: ClassVar[str] = "after this step"
-
-    def stop_vote(self, flag: bool) -> bool:
-        """Whether every process stops after this optimizer step, for a stop request
-        (``flag``) on any. A multi-process strategy may vote only every few steps, so that a
-        step reads nothing from the device; the loop calls it once per step on every process."""
-        return self.any_process(flag)
+    @property
+    def stops_when(self) -> str:
+        """When a signal stops the run, as its line says it: the ranks of several processes
+        read their vote one step late (:meth:`~tandem.distributed.agree.Agreement.vote`)."""
+        return "after the next step (when every rank has heard)" if self.agreement.several \
+            else "after this step"
 
     def no_sync(self, wrapped: nn.Module):
         """Context that skips gradient synchronisation (for accumulation steps)."""
         return contextlib.nullcontext()
 
-    def step_done(self, step: int) -> None:
-        """The loop completed optimizer step ``step`` (a multi-process strategy's watchdog
-        tells a stalled collective by it). No-op in one process."""
+    #: what a lost peer means to the survivors (:data:`~tandem.distributed.faults.RAISES`:
+    #: they get a Python error, save the last completed step and say so in one line;
+    #: :data:`~tandem.distributed.faults.ABORTS`: the backend ends them, as NCCL's watchdog
+    #: does, and the launcher says the line); one process has no peer to lose
+    peer_loss: str = faults.RAISES
 
     def lost_peer(self, exc: BaseException, where: str):
         """A :class:`~tandem.distributed.faults.PeerLost` when ``exc`` means another process
-        of the job is gone or silent (``where``: what this one was doing), else None. Never
-        in one process."""
-        return None
+        of the job is gone or silent (``where``: what this one was doing), else None (always
+        in one process). One line per node: the node's first process says it."""
+        if not self.agreement.several:
+            return None
+        return faults.lost_peer(exc, self.agreement, where)
 
 
 _REGISTRY: dict[str, type[Strategy]] = {}

@@ -14,25 +14,25 @@ import weakref
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.distributed import faults
-from tandem.distributed.env import read_env
+from tandem.distributed.agree import Agreement
+from tandem.distributed.env import address_of, node_of, read_env
 from tandem.distributed.global_loss import global_mean, local_sum
 from tandem.errors import param
 from tandem.distributed.process_group import (
     all_reduce_sum,
-    any_rank,
     barrier,
     destroy_process_group,
     grads_in_param_strides,
+    backend_for,
     init_process_group,
     pick_device,
     release_ddp,
-    step_done,
-    work_group,
 )
 from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
 from tandem.parallel.buffers import check_policy
@@ -82,7 +82,10 @@ class DDPStrategy(Strategy):
         self._plain_bn: list = []  # BatchNorms that do not sync: see rank_batchnorm
         self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
         self._hooks: list = []  # grads_in_param_strides', --split auto's; removed by close()
-        self._stop_calls = 0  # see stop_vote
+        self._joined = False  # launch() made the group (outside a Job): close() leaves it
+        if not self.agreement.several:  # launched outside a Job: its own, on the same group
+            self.agreement = Agreement(self.rank, self.world_size, node=node_of(),
+                                       addr=address_of())
         # --split: each rank loads its share of every global batch, the same on every rank
         self.split = BatchSplit(split, self.world_size, max_share, by_loader=True,
                                 reduce=lambda t: all_reduce_sum(t, self._device),
@@ -93,10 +96,21 @@ class DDPStrategy(Strategy):
     def device(self) -> torch.device:
         return self._device
 
+    @property
+    def peer_loss(self) -> str:
+        """gloo's survivors get an error; NCCL's watchdog aborts them."""
+        return faults.RAISES if self.backend_of_device() == "gloo" else faults.ABORTS
+
+    def backend_of_device(self) -> str:
+        return backend_for(self._device)
+
     def launch(self) -> "DDPStrategy":
-        """Join the process group (every rank meets here; see init_process_group)."""
+        """Join the process group, or the job's, which a :class:`~tandem.distributed.
+        process_group.Job` joined (every rank meets here; see init_process_group)."""
         if self.backend is None:
+            made = not dist.is_initialized()
             self.backend = init_process_group(self.env, self._device, self.timeout)
+            self._joined = made
         return self
 
     # -- model ------------------------------------------------------------------------------
@@ -106,7 +120,7 @@ class DDPStrategy(Strategy):
         Its gradients reach DDP in their parameters' strides (:func:`grads_in_param_strides`).
         """
         if self.sync_bn:
-            model = convert_sync_batchnorm(model, process_group=work_group())
+            model = convert_sync_batchnorm(model)
         model = model.to(self._device)
         self._plain_bn = _plain_batchnorms(model)
         # Gradients in their parameters' strides, as DDP's buckets have them (digits' conv1).
@@ -123,11 +137,10 @@ class DDPStrategy(Strategy):
         are synced at construction either way)."""
         device_ids = [self._device] if self._device.type == "cuda" else None
         flag = "forward_sync_buffers" if _HAS_FORWARD_SYNC else "broadcast_buffers"
-        return {"device_ids": device_ids, "process_group": work_group(),
-                flag: self.buffers == "replica0"}
+        return {"device_ids": device_ids, flag: self.buffers == "replica0"}
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
-                     targets: torch.Tensor) -> StepOutput:
+                     targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         """Forward this rank's share; one small all-reduce per call on every rank, in eval too,
         and no read of the device."""
         training = torch.is_grad_enabled() and wrapped.training
@@ -158,25 +171,9 @@ class DDPStrategy(Strategy):
     def barrier(self) -> None:
         barrier()
 
-    def any_process(self, flag: bool) -> bool:
-        return any_rank(flag, self._device)
-
-    #: optimizer steps between two stop votes: a vote reads one number back from the device
-    STOP_VOTE_EVERY = 8
-    stops_when = f"at the processes' next vote (within {STOP_VOTE_EVERY} steps)"
-
-    def stop_vote(self, flag: bool) -> bool:
-        """Vote every :attr:`STOP_VOTE_EVERY` calls only (every rank calls it once a step, so
-        the ranks count alike and stop at the same step); a signal waits for the next vote."""
-        self._stop_calls += 1
-        return self._stop_calls % self.STOP_VOTE_EVERY == 0 and self.any_process(flag)
-
-    def step_done(self, step: int) -> None:
-        step_done(step)
-
     def lost_peer(self, exc: BaseException, where: str):
         """See :func:`tandem.distributed.faults.lost_peer`; one line per node (local rank 0)."""
-        lost = faults.lost_peer(exc, self.rank, where)
+        lost = super().lost_peer(exc, where)
         if lost is not None:
             lost.quiet = self.env.local_rank != 0
         return lost
@@ -187,13 +184,18 @@ class DDPStrategy(Strategy):
             contextlib.nullcontext())
 
     def close(self) -> None:
-        """Free the DDP wrappers' reducers, then leave the process group (see release_ddp)."""
+        """Free the DDP wrappers' reducers, then leave the process group if :meth:`launch`
+        made it (see release_ddp)."""
+        self.release()
+        if self.backend is not None and self._joined:
+            destroy_process_group()
+        self.backend, self._joined = None, False
+
+    def release(self) -> None:
+        """Free the DDP wrappers' reducers and remove the hooks (safe twice)."""
         for ref in self._wrappers:
             release_ddp(ref())
         self._wrappers.clear()
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
-        if self.backend is not None:
-            destroy_process_group()
-            self.backend = None

@@ -21,10 +21,11 @@ from tandem import model_state
 from tandem.errors import first_line
 from tandem.distributed.env import dist_timeout
 from tandem.distributed.global_loss import global_mean, local_sum
-from tandem.distributed.process_group import grads_in_param_strides, work_group
+from tandem.distributed.process_group import grads_in_param_strides
 from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
 from tandem.hybrid.across_processes import DistributedHybrid
 from tandem.hybrid.layout import head_problem
+from tandem.parallel.shares import shares
 from tandem.parallel.sync_batchnorm import convert_sync_batchnorm
 
 from .base import StepOutput, register
@@ -62,6 +63,9 @@ class HybridDDPStrategy(DDPStrategy):
         return self
 
     def close(self) -> None:
+        """Free the DDP reducer, then leave the activations' group, then ddp's (the order
+        :func:`~tandem.distributed.process_group.release_ddp` asks)."""
+        self.release()
         if self.activations is not None and dist.is_initialized():
             dist.destroy_process_group(self.activations)
         self.activations = None
@@ -71,7 +75,7 @@ class HybridDDPStrategy(DDPStrategy):
     def setup(self, model: nn.Module) -> nn.Module:
         """Convert BN if ``sync_bn``, move ``model`` to this rank's device, split its head."""
         if self.sync_bn:
-            model = convert_sync_batchnorm(model, process_group=work_group())
+            model = convert_sync_batchnorm(model)
         model = model.to(self._device)
         self._plain_bn = _plain_batchnorms(model)
         self._hooks += grads_in_param_strides(model)
@@ -84,7 +88,7 @@ class HybridDDPStrategy(DDPStrategy):
         return wrapped.no_sync()
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
-                     targets: torch.Tensor) -> StepOutput:
+                     targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         """Forward this rank's share (collectives on every rank, in eval too). The loss it
         backpropagates is its rows' part of the global mean: no average over ranks follows."""
         training = torch.is_grad_enabled() and wrapped.training
@@ -92,8 +96,10 @@ class HybridDDPStrategy(DDPStrategy):
         targets = targets.to(self._device, non_blocking=True)
         count = int(targets.shape[0])
         frozen = self._plain_bn if (count == 0 and wrapped.training) else []
+        # every rank's rows, as the loader cut them (even shares), so no collective asks
+        rows = None if batch_size is None else shares(batch_size, [1] * self.world_size)
         with frozen_batchnorm(frozen):
-            outputs = self._logits(wrapped(images))  # (count, classes): this rank's rows
+            outputs = self._logits(wrapped(images, rows))  # (count, classes): this rank's rows
         summed, denominator = local_sum(criterion, outputs, targets)
         loss, total_count = global_mean(criterion, summed, denominator, count, 1, self._device)
         if training and self.buffers == "average":

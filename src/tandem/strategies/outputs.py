@@ -3,6 +3,8 @@
 Two kinds of output, told apart by shape:
 
 * classification: ``(N, classes)`` logits and ``(N,)`` class targets; top-1 and top-5 hits.
+* classification against class probabilities ``(N, classes)`` (mixup's and cutmix's mixed
+  targets): the hits count each sample's dominant label, the class of largest weight.
 * dense (segmentation): ``(N, classes, *positions)`` logits and ``(N, *positions)`` class
   targets; a ``classes x classes`` confusion matrix (rows: target, columns: prediction) over
   the positions whose target is not ``ignore_index``. Pixel accuracy and mean IoU are read
@@ -85,8 +87,11 @@ def confusion_matrix(outputs: torch.Tensor, targets: torch.Tensor,
 
 def hits(outputs: torch.Tensor, targets: torch.Tensor, ignore_index: int):
     """``(correct, correct5, confusion)`` for one chunk: top-1/top-5 hits and ``None`` for
-    classification; correct positions, ``None`` and the confusion matrix for dense outputs."""
+    classification; correct positions, ``None`` and the confusion matrix for dense outputs.
+    Class-probability targets (mixed ones) are scored against their dominant label."""
     targets = targets.to(outputs.device)
+    if targets.is_floating_point() and targets.dim() == 2 and outputs.dim() == 2:
+        targets = targets.argmax(1)
     if is_dense(outputs, targets):
         confusion = confusion_matrix(outputs, targets, ignore_index)
         return confusion.diagonal().sum(), None, confusion

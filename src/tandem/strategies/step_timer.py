@@ -35,7 +35,7 @@ from tandem.precision import Precision
 from . import compile as compiling
 from .base import Strategy, create_strategy
 
-__all__ = ["TrainStep", "StrategyStep", "launched", "Lane", "interleave", "summarize", "Stats", "clock",
+__all__ = ["TrainStep", "StrategyStep", "Placed", "placed", "launched", "Lane", "interleave", "summarize", "Stats", "clock",
            "rank_share", "timed_devices", "describe", "module_tensors", "place"]
 
 
@@ -141,24 +141,50 @@ def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
     return model, images, targets.to(device)
 
 
-def launched(name: str, model: nn.Module, devices: list[torch.device],
-             batch: tuple[torch.Tensor, torch.Tensor], *, channels_last: bool = False,
-             sync_bn: bool = False, buffers: str = "replica0", compiled: bool = False,
-             compile_mode: str | None = None, split=None, split_clock=None,
-             options: dict | None = None):
-    """Launch strategy ``name`` on ``devices`` and set ``model`` (which it takes over) up in it;
-    ``(strategy, wrapped, images, targets)``, the batch on the strategy's device.
-    ``compiled`` compiles as ``tandem train --compile`` does; ``split`` is ``--split``;
-    ``split_clock`` its clock (``None``: the wall clock); ``options`` the model options a
-    strategy may take (hybrid's head)."""
+@dataclass
+class Placed:
+    """A strategy built but not launched, and a model and batch on its device: what a
+    candidate holds before any collective (a race agrees here that every rank got this far,
+    out of memory being a rank's own failure)."""
+
+    strategy: Strategy
+    model: nn.Module
+    images: torch.Tensor
+    targets: torch.Tensor
+    compiled: bool = False
+    compile_mode: str | None = None
+
+    def launch(self):
+        """``(strategy, wrapped, images, targets)``: the strategy launched (joining its
+        group: every rank meets there), the model compiled if asked and set up in it."""
+        strategy, model = self.strategy.launch(), self.model
+        if self.compiled:
+            compiling.check_compile(strategy, strategy.device.type)
+            model = compiling.compiled(model, self.compile_mode)
+        return strategy, strategy.setup(model), self.images, self.targets
+
+
+def placed(name: str, model: nn.Module, devices: list[torch.device],
+           batch: tuple[torch.Tensor, torch.Tensor], *, channels_last: bool = False,
+           sync_bn: bool = False, buffers: str = "replica0", compiled: bool = False,
+           compile_mode: str | None = None, split=None, split_clock=None,
+           options: dict | None = None, agreement=None) -> Placed:
+    """Strategy ``name`` built on ``devices`` (not launched) and ``model`` (which it takes
+    over) with the batch on its device. ``compiled`` compiles as ``tandem train --compile``
+    does, at launch; ``split`` is ``--split``; ``split_clock`` its clock (``None``: the wall
+    clock); ``options`` the model options a strategy may take (hybrid's head);
+    ``agreement`` the job's (:mod:`tandem.distributed.agree`)."""
     extra = {} if split is None else {"split": split, "split_clock": split_clock}
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, options=options,
-                               **extra).launch()
+                               agreement=agreement, **extra)
     model, images, targets = place(model, *batch, strategy.device, channels_last)
-    if compiled:
-        compiling.check_compile(strategy, strategy.device.type)
-        model = compiling.compiled(model, compile_mode)
-    return strategy, strategy.setup(model), images, targets
+    return Placed(strategy, model, images, targets, compiled, compile_mode)
+
+
+def launched(name: str, model: nn.Module, devices: list[torch.device],
+             batch: tuple[torch.Tensor, torch.Tensor], **setup):
+    """:func:`placed`, then launched: ``(strategy, wrapped, images, targets)``."""
+    return placed(name, model, devices, batch, **setup).launch()
 
 
 class StrategyStep:
@@ -179,12 +205,18 @@ class StrategyStep:
               batch: tuple[torch.Tensor, torch.Tensor], *, amp: Precision, lr: float,
               **setup) -> "StrategyStep":
         """Strategy ``name`` launched on ``devices`` around ``model`` (which it takes over),
-        and its step; ``setup``: :func:`launched`'s keywords."""
-        return cls(*launched(name, model, devices, batch, **setup), amp=amp, lr=lr)
+        and its step; ``setup``: :func:`placed`'s keywords."""
+        return cls.start(placed(name, model, devices, batch, **setup), amp=amp, lr=lr)
+
+    @classmethod
+    def start(cls, ready: Placed, *, amp: Precision, lr: float) -> "StrategyStep":
+        """The step of a :class:`Placed` candidate, launched now."""
+        return cls(*ready.launch(), amp=amp, lr=lr)
 
     def forward_loss(self) -> torch.Tensor:
         x, y = rank_share(self.strategy, self.images, self.targets)
-        return self.strategy.forward_loss(self.model, self.criterion, x, y).loss
+        return self.strategy.forward_loss(self.model, self.criterion, x, y,
+                                          batch_size=len(self.targets)).loss
 
     def __call__(self) -> torch.Tensor:
         loss = self.train_step()

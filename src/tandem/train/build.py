@@ -24,7 +24,7 @@ from tandem.data import batches_per_epoch
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.given import GivenDataset
 from tandem.distributed.env import cpu_bf16_override, launch_id
-from tandem.errors import CheckpointError, UsageError, first_line
+from tandem.errors import CheckpointError, UsageError, first_line, param
 from tandem.factory import is_reference
 from tandem.precision import amp_precision
 from tandem.pretrained import load_pretrained
@@ -39,7 +39,7 @@ from .recipe import make_clip, make_ema, make_optimizer, scaled_lr
 from .schedule import lr_factor, make_scheduler
 
 __all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes", "check_inputs",
-           "make_criterion"]
+           "make_criterion", "mixing_of"]
 
 
 def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
@@ -60,6 +60,16 @@ def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Modul
         return given.to(strategy.device) if isinstance(given, nn.Module) else given
     return nn.CrossEntropyLoss(ignore_index=cfg.ignore_index,
                                label_smoothing=cfg.label_smoothing).to(strategy.device)
+
+
+def mixing_of(cfg: TrainConfig, train_set):
+    """The run's mixup and cutmix (:class:`~tandem.data.mixing.Mixing`) over the model's
+    classes, or None when off; refused for data whose targets are not class indices."""
+    mixing = cfg.data.mixing(cfg.data.num_classes)
+    if mixing is not None and getattr(train_set, "target_shape", ()):
+        raise UsageError(f"{param('mixup')} and {param('cutmix')} mix class-index targets; "
+                         f"this data's targets are {tuple(train_set.target_shape)} per sample")
+    return mixing
 
 
 def _resolved(plan: RunPlan, cfg: TrainConfig, info, datasets) -> dict:
@@ -85,12 +95,24 @@ def _resolved(plan: RunPlan, cfg: TrainConfig, info, datasets) -> dict:
     return out
 
 
+def same_data(agreement, train_set, val_set, info) -> None:
+    """Every rank's data against rank 0's (its size, classes and images): each machine reads
+    its own copy, and copies that differ would give the ranks different batches (one line,
+    before any step)."""
+    size = lambda dataset: None if dataset is None else len(dataset)  # noqa: E731
+    agreement.settings({"training samples": size(train_set), "validation samples":
+                        size(val_set), "classes": info.num_classes, "image size":
+                        info.image_size, "channels": info.in_channels}, named=str,
+                       what="every node must have the same data (see --data)")
+
+
 def build(plan: RunPlan) -> dict:
     """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
     schedule and scaler, the clip and the EMA, and the resolved config (the keyword arguments
     of :class:`Trainer`)."""
     strategy = plan.strategy
     train_set, val_set, info = data(plan)
+    same_data(plan.agreement, train_set, val_set, info)
     cfg = with_model_classes(plan.cfg, info, plan.checkpoint)
     wrapped = prepared_model(plan, cfg, info, train_set)
     optim = cfg.optim
@@ -102,9 +124,12 @@ def build(plan: RunPlan) -> dict:
         criterion=make_criterion(optim, strategy, plan.supplied.criterion),
         optimizer=optimizer, clip=make_clip(optim, norms), ema=make_ema(optim, wrapped),
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
-        scaler=amp_precision(strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
-                             cpu_bf16=cpu_bf16_override()).scaler(),
+        # fp16's skipped steps agreed by every rank (tandem.distributed.agree)
+        scaler=strategy.agreement.grad_scaler(strategy.device.type, amp_precision(
+            strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
+            cpu_bf16=cpu_bf16_override()).scaled),
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
+        mixing=mixing_of(cfg, train_set),
         config_dict=_resolved(plan, cfg, info, (train_set, val_set)))
 
 

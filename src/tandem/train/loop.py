@@ -32,7 +32,9 @@ from tandem import checkpoint
 from tandem.config import MAY_CHANGE, OptimConfig, TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH
+from tandem.data.mixing import Mixing, Pairing
 from tandem.distributed.env import restarts_left, speaks_for_node
+from tandem.distributed.faults import RAISES, PeerLost
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
 from tandem.optim import GradClip, ModelEma
@@ -52,10 +54,11 @@ from .progress import Progress
 from .rundir import RunDir
 from .schedule import epoch_state, example_optimizer_state, lr_factor
 from .tensorboard import TensorBoard
+from .writer import Writer, snapshot
 
 __all__ = ["Trainer", "Position", "EpochRun", "StepStart", "optimizer_step", "LOST_BEFORE",
-           "CURVES_EVERY_S", "epoch_progress", "thinned", "weights_finite", "diverged_message",
-           "lr_may_change"]
+           "CURVES_EVERY_S", "SAVE_MINUTES", "epoch_progress", "thinned", "weights_finite",
+           "diverged_message", "lr_may_change"]
 
 #: the ``epoch_progress`` of a checkpoint saved at a lost peer: the batch its sums were lost at
 LOST_BEFORE = "sums_lost_before_batch"
@@ -64,6 +67,11 @@ LOST_BEFORE = "sums_lost_before_batch"
 #: second of CPU), and always when the run ends or stops, so short epochs do not pay a draw
 #: each while a long run's figure is never more than one epoch or this many seconds behind
 CURVES_EVERY_S = 30.0
+
+#: minutes of training between two checkpoints under several processes, unless
+#: ``--save-minutes`` says otherwise: what a lost peer can cost where no survivor can save (a
+#: lost rank 0, a split model, NCCL's abort); one process saves at each epoch's end only
+SAVE_MINUTES = 10.0
 
 # torch's LRScheduler says this when the optimizer has not stepped before the schedule's first
 # step: here that is GradScaler skipping a step it found inf gradients in, which is expected
@@ -140,8 +148,11 @@ class Trainer:
     # saved with a mid-epoch checkpoint so that the resumed epoch still gets one whole row.
     carried: dict | None = None
     loaders: LoaderCache = field(default_factory=LoaderCache)  # persistent workers
-    # The step of the checkpoint.pt this run saved last (see kept_step).
+    # The step of the checkpoint.pt this run saved last (see kept_step): every rank knows it,
+    # as the ranks save together (rank 0 writes)
     saved_step: int | None = None
+    # the step of the checkpoint --out held at the start (the one a resume continues there)
+    kept_at_start: int | None = None
     started_at: Position = field(default_factory=Position)  # where this invocation began
     wait: DataWait = field(default_factory=DataWait)  # the epoch's data wait (.datawait)
     # the optimizer step under way, as it began (several processes only: a lost peer can cut
@@ -152,6 +163,21 @@ class Trainer:
     # [step, lr] of each optimizer step of the epoch under way (a resumed one's earlier steps
     # too, carried in its checkpoint): the lr each step used, for its row and curves.png
     lr_steps: list = field(default_factory=list)
+    # rank 0's files, written off the step's path (.writer)
+    writer: Writer = field(default_factory=Writer)
+    # every rank stops at this step: the ranks agreed on it (a signal on any of them)
+    stopping: bool = False
+    # the step of the last checkpoint rank 0 has on disk, as every rank heard it (its vote)
+    job_saved_step: int | None = None
+    # best.pt exists in --out (at the start, or handed to the writer since)
+    best_written: bool = False
+    last_save_at: float = field(default_factory=time.monotonic)  # the main process's clock
+    # where the node's launcher reads what it says after the workers were aborted
+    # (tandem.distributed.launch_state; None: not under tandem launch)
+    launch_state: object = None
+    # mixup and cutmix of the training batches (None: off): the loader adds each share's
+    # partners, device_batch mixes them (tandem.data.mixing)
+    mixing: Mixing | None = None
     clip: GradClip | None = None  # --clip-grad, by the plain model's norm (tandem.optim)
     ema: ModelEma | None = None  # --model-ema: validated and saved beside the weights
 
@@ -168,6 +194,8 @@ class Trainer:
         self.stop = stop or self.stop
         s = self.strategy
         self.started_at = replace(self.position)
+        self.best_written = s.is_main and os.path.exists(self.run_dir.best)
+        self.job_saved_step = self.kept_at_start
         records = log.read() if s.is_main else []
         board, figure = None, _Figure()
         if s.is_main and log is not None:
@@ -179,16 +207,22 @@ class Trainer:
         except RuntimeError as exc:
             where = (f"in step {self.position.step + 1}" if self.in_flight is not None else
                      f"after step {self.position.step}")
-            lost = s.lost_peer(exc, where)
+            # the agreement's own collectives say it already (PeerLost)
+            lost = exc if isinstance(exc, PeerLost) else s.lost_peer(exc, where)
             if lost is None:
                 raise
             saved = self.save_at_failure()
-            raise type(lost)(f"{lost}; {self.after_loss(saved)}", quiet=lost.quiet) from None
+            raise type(lost)(f"{lost}; {self.after_loss(saved, lost.lost)}", quiet=lost.quiet,
+                             lost=lost.lost) from None
+        except BaseException:  # a signal or an error ends the run: its files first
+            figure.catch_up(self, records)
+            self.writer.flush()
+            raise
         finally:
-            figure.catch_up(self, records)  # also when a signal or an error ends it
+            figure.catch_up(self, records)
             if board is not None:
                 board.close()
-        return records
+        return records  # the caller flushes the writer (after the ranks' last collective)
 
     def _epochs(self, log: MetricsLog | None, records: list[dict],
                 board: TensorBoard | None, figure: "_Figure") -> None:
@@ -210,7 +244,7 @@ class Trainer:
         """Where the best weights are; or, when no validation was finite (so none was "best"),
         that no best.pt was written and which file holds the weights instead."""
         run = self.run_dir
-        if os.path.exists(run.best):
+        if self.best_written:
             judged = " (of the EMA weights, --model-ema)" if self.ema is not None else ""
             return f"best val acc{judged} {self.best_acc1:.2f}%: {run.best}"
         return (f"no validation was finite (val loss nan or inf), so no {run.BEST} was "
@@ -226,9 +260,12 @@ class Trainer:
         s, pos, stop = self.strategy, self.position, self.stop
         reset_peak_memory(s.devices)
         train, stopped, seconds = self.train_epoch()
+        self.heard(s.agreement.settle())  # the vote of the epoch's last step
+        if not self.stopping and s.agreement.any_of(stop.requested):  # a signal since then
+            self.stopping = True
         train = train.reduced(s)
         self.check_finite(train, weights=True)  # nothing non-finite is ever saved
-        if stop.requested:
+        if self.stopping:
             with stop.critical():
                 self.save(is_best=False, progress=epoch_progress(train, seconds, self.lr_steps))
             message = self.interrupted_message()
@@ -243,8 +280,7 @@ class Trainer:
         # unless its loss is not finite: such a model is never "best". With --model-ema
         # the average's score decides.
         judged = val if ema_val is None else ema_val
-        is_best = judged.finite and (judged.acc > self.best_acc1
-                                     or not os.path.exists(self.run_dir.best))
+        is_best = judged.finite and (judged.acc > self.best_acc1 or not self.best_written)
         if judged.finite:
             self.best_acc1 = max(self.best_acc1, judged.acc)
         record = self.epoch_record(train, val, stopped, seconds, ema_val)
@@ -261,9 +297,8 @@ class Trainer:
         loader = self.loader(self.train_set, train=True, epoch=self.position.epoch,
                              start_batch=self.position.batch)
         try:
-            for index, (images, targets) in enumerate(self.wait.timed(loader),
-                                                      start=self.position.batch):
-                images, targets = self.device_batch(images, targets)
+            for index, batch in enumerate(self.wait.timed(loader), start=self.position.batch):
+                images, targets = self.device_batch(*batch)  # a mixed batch: mixed here
                 if self.train_batch(run, index, images, targets) and self.after_step(run):
                     break
         finally:
@@ -285,7 +320,8 @@ class Trainer:
                             f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
                             bar=s.is_main and not cfg.run.no_progress,
                             print_freq=print_freq if s.is_main else 0,
-                            scope="rank 0 " if s.world_size > 1 else "", wait=self.wait)
+                            scope="rank 0 " if s.world_size > 1 else "", wait=self.wait,
+                            mixed=self.mixing is not None)
         self.wait.start_epoch()
         self.model.train()
         return EpochRun(meter, progress, carried_seconds)
@@ -315,7 +351,7 @@ class Trainer:
         last_micro = index == group_start + group_size - 1
         sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
         if index == group_start:
-            if s.multiprocess:
+            if s.multiprocess and s.peer_loss == RAISES:  # the survivors save (save_at_failure)
                 self.in_flight = StepStart.capture(self.model, s.device)
             # free the last step's gradients here, just before the forward allocates: freed
             # after the step instead, glibc gave the memory back to the system and this
@@ -323,7 +359,8 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
         with sync:
             with self.autocast():
-                out = s.forward_loss(self.model, self.criterion, images, targets)
+                out = s.forward_loss(self.model, self.criterion, images, targets,
+                                     batch_size=self.global_batch(self.train_set, index))
             self.scaler.scale(out.loss / group_size).backward()
         # no host sync: the sums stay on the device
         run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
@@ -348,7 +385,6 @@ class Trainer:
             self.ema.update()
         pos.batch, pos.step = index + 1, pos.step + 1
         self.in_flight = None
-        s.step_done(pos.step)
         self._rebalance(run.progress)
         if run.look:
             run.look = False
@@ -356,21 +392,48 @@ class Trainer:
         return True
 
     def after_step(self, run: EpochRun) -> bool:
-        """After an optimizer step: ``--max-steps``, the stop vote (every process, every step)
-        and ``--save-every``. True when the epoch ends here (``run.stopped``: part-way)."""
+        """After an optimizer step: ``--max-steps``, the ranks' vote (every process, every
+        step: a stop, a save due by rank 0's clock, the step rank 0 has on disk) and
+        ``--save-every``. True when the epoch ends here (``run.stopped``: part-way)."""
         cfg, s, pos = self.cfg, self.strategy, self.position
         max_steps, save_every = cfg.optim.max_steps, cfg.run.save_every
         if max_steps is not None and pos.step >= max_steps:
             run.stopped = pos.batch < self.batches_per_epoch
             return True
-        if s.stop_vote(self.stop.requested):  # every rank stops at this step
-            self.stop.requested = True
+        verdict = s.agreement.vote(self.stop.requested, self.save_due(), self.writer.written_step)
+        self.heard(verdict)
+        if self.stopping:  # every rank stops at this step
             return True
-        if save_every and pos.step % save_every == 0 and pos.batch < self.batches_per_epoch:
+        due = verdict.save or (save_every and pos.step % save_every == 0)
+        if due and pos.batch < self.batches_per_epoch:
             sums = run.meter.reduced(s)
             self.check_finite(sums, weights=True)
             self.save(is_best=False, progress=epoch_progress(sums, run.seconds(), self.lr_steps))
         return False
+
+    def heard(self, verdict) -> None:
+        """Take what the ranks agreed (:class:`~tandem.distributed.agree.Verdict`): a stop, and
+        the step of rank 0's last checkpoint on disk (which the node's launcher is told)."""
+        if verdict.stop:
+            self.stop.requested = self.stopping = True
+        if verdict.saved_step is not None and verdict.saved_step != self.job_saved_step:
+            self.job_saved_step = verdict.saved_step
+            if self.launch_state is not None:
+                self.launch_state.saved(verdict.saved_step)
+
+    def save_minutes(self) -> float:
+        """Minutes of training between two checkpoints (0: only at the end of an epoch)."""
+        minutes = self.cfg.run.save_minutes
+        if minutes is None:
+            return SAVE_MINUTES if self.strategy.multiprocess else 0.0
+        return minutes
+
+    def save_due(self) -> bool:
+        """Whether the main process's clock says a checkpoint is due (its vote; the ranks save
+        together when the vote comes back)."""
+        minutes = self.save_minutes()
+        return (self.strategy.is_main and minutes > 0
+                and time.monotonic() - self.last_save_at >= 60.0 * minutes)
 
     def _rebalance(self, progress: Progress) -> None:
         """``--split auto``: let the strategy move the shares; say so when they moved."""
@@ -389,17 +452,28 @@ class Trainer:
                                 workers=self.cfg.data.workers, rank=s.rank,
                                 world_size=s.world_size, start_batch=start_batch,
                                 pin_memory=s.device.type == "cuda",
-                                split=s.split.loader_split() if train else None)
+                                split=s.split.loader_split() if train else None,
+                                mix=self.mixing if train else None)
 
-    def device_batch(self, images: torch.Tensor, targets: torch.Tensor):
+    def device_batch(self, images: torch.Tensor, targets: torch.Tensor,
+                     pairing: Pairing | None = None):
         """Copy a batch to the device; uint8 images are normalised there (train and val
-        splits share their normalisation, so the val set's serves both)."""
+        splits share their normalisation, so the val set's serves both). A mixed batch's
+        share (``pairing``: its own samples, then their partners) is mixed there, in the run's
+        dtype: its own samples, and class probabilities for targets."""
         device = self.strategy.device
         images = batch_to_device(images, device, channels_last=self.cfg.parallel.channels_last,
                                  normalization=getattr(self.val_set, "normalization", None))
         if images.is_floating_point():  # --dtype float64: after the float32 normalisation
             images = images.to(getattr(torch, self.cfg.parallel.dtype))
-        return images, targets.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        return (images, targets) if pairing is None else pairing.mix(images, targets)
+
+    def global_batch(self, dataset, index: int) -> int:
+        """The size of global batch ``index`` of ``dataset`` (the last one short), which the
+        processes' shares add up to."""
+        batch = self.cfg.optim.batch_size
+        return max(0, min(batch, len(dataset) - index * batch))
 
     @functools.cached_property
     def precision(self):
@@ -430,10 +504,13 @@ class Trainer:
         if self.val_set is None:
             return meter
         self.model.eval()
-        for images, targets in self.loader(self.val_set, train=False, epoch=0):
+        for index, (images, targets) in enumerate(self.loader(self.val_set, train=False,
+                                                              epoch=0)):
             images, targets = self.device_batch(images, targets)
             with self.autocast():
-                out = self.strategy.forward_loss(self.model, self.criterion, images, targets)
+                out = self.strategy.forward_loss(self.model, self.criterion, images, targets,
+                                                 batch_size=self.global_batch(self.val_set,
+                                                                              index))
             meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
                          out.ce_sum)
         return meter.reduced(self.strategy)
@@ -457,7 +534,7 @@ class Trainer:
         bad = meter is not None and not meter.finite
         if weights and not bad:
             bad, what = not weights_finite(self.model, s.device), "the weights"
-        if not s.any_process(bad):
+        if not s.agreement.any_of(bad):
             return
         pos, cfg = self.position, self.cfg
         text = diverged_message(what, pos.epoch + 1, pos.step, cfg.optim.lr, cfg.run.out,
@@ -468,12 +545,8 @@ class Trainer:
 
     def kept_step(self) -> int | None:
         """The step of the checkpoint in --out: the last this run saved, else the one it
-        resumed from (the only checkpoint.pt a run directory can hold at its start); ``None``:
-        none."""
-        if self.saved_step is not None:
-            return self.saved_step
-        exists = os.path.exists(self.run_dir.latest)
-        return self.started_at.step if exists else None
+        resumed from there; ``None``: none. The same on every rank."""
+        return self.saved_step if self.saved_step is not None else self.kept_at_start
 
     # -- saving -----------------------------------------------------------------------------
     @property
@@ -488,6 +561,7 @@ class Trainer:
         RNG states to save (default: as they are now).
         """
         s = self.strategy
+        self.saved_step = self.position.step  # every rank: the ranks save together
         if not s.is_main and not s.state_needs_every_rank:
             return
         # a strategy whose ranks each hold a block of the model (hybrid across processes)
@@ -515,11 +589,20 @@ class Trainer:
         # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
         optimizer = example_optimizer_state(  # in the plain layout: any strategy loads it
             self.optimizer, pos.epoch, plain_optimizer)
-        checkpoint.save(self.run_dir.latest, state, optimizer, **extra)
-        self.run_dir.write_config(self.config_dict)  # the settings of the checkpoint just saved
-        self.saved_step = pos.step
+        # a copy taken now, written by the writer's thread while training goes on
+        state, optimizer, extra = snapshot((state, optimizer, extra))
+        run, config = self.run_dir, extra["config"]
+
+        def write_latest():
+            checkpoint.save(run.latest, state, optimizer, **extra)
+            run.write_config(config)  # the settings of the checkpoint just saved
+
+        self.writer.write(run.latest, write_latest, step=pos.step)
+        self.last_save_at = time.monotonic()
         if is_best:
-            checkpoint.save(self.run_dir.best, state, optimizer, **extra)
+            self.writer.write(run.best, lambda: checkpoint.save(run.best, state, optimizer,
+                                                                **extra))
+            self.best_written = True
 
     def save_at_failure(self) -> str | None:
         """After a lost peer: undo the step it cut short (:class:`StepStart`) and save the last
@@ -535,6 +618,7 @@ class Trainer:
         self.save(is_best=False, progress={LOST_BEFORE: self.position.batch,
                                            "lr_steps": thinned(self.lr_steps)},
                   rng=start.rng if start is not None else None)
+        self.writer.flush()  # on disk before the line says so
         return self.run_dir.latest
 
     def interrupted_message(self) -> str:
@@ -549,27 +633,45 @@ class Trainer:
         return (f"rank 0 saved {where} (on node 0); continue with: "
                 f"{resume_command_here(out, True, this_node=True)}")
 
-    def after_loss(self, saved: str | None) -> str:
-        """What a lost peer leaves: the checkpoint the main process saved, and how the run
-        goes on (the launcher restarts it, or the command for each node)."""
-        pos, out = self.position, self.cfg.run.out
+    def after_loss(self, saved: str | None, lost: tuple[int, ...] = ()) -> str:
+        """What a lost peer leaves, as this rank knows it: the checkpoint the main process
+        saved (or the last one it has, when it cannot save, or is lost itself), and how the
+        run goes on (the launcher restarts it, or the command for each node)."""
+        s, pos, out = self.strategy, self.position, self.cfg.run.out
         left = restarts_left()
-        if self.strategy.state_needs_every_rank:  # its blocks went with the lost peer
-            step = self.kept_step()
-            kept = (f"{self.run_dir.latest} from step {step}" if step is not None else
-                    "no checkpoint of this run yet")
-            goes_on = ("the launcher restarts the job from it" if left else
-                       f"continue with: {resume_command_here(out, True)}")
-            return (f"its model is split across the processes and cannot be saved without "
-                    f"the lost one: the last checkpoint stands ({kept}); {goes_on}")
-        if saved is None:
-            return ("rank 0 saves the last completed step" + (
-                "; the launcher restarts the job" if left else
+        if saved is not None:  # the main process saved the last completed step
+            done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
+            if left:
+                return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
+            return f"{done}; continue with: {resume_command_here(out, True)}"
+        if not s.state_needs_every_rank and 0 not in lost and not s.is_main:
+            return (f"rank 0 saves the last completed step ({pos.step}) on node 0" + (
+                "; the launcher restarts the job from it" if left else
                 f"; continue with: {resume_command_here(out, True, this_node=True)}"))
-        done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
-        if left:
-            return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
-        return f"{done}; continue with: {resume_command_here(out, True)}"
+        why = ("its model is split across the processes and cannot be saved without the lost "
+               "one" if s.state_needs_every_rank else
+               "rank 0, which alone writes the run, is lost with it")
+        kept = self._kept_line()
+        if kept is None:
+            return (f"{why}, and the run has no checkpoint yet: start it again (the same "
+                    f"command, with --overwrite)" + ("; the launcher restarts it from step 1"
+                                                     if left else ""))
+        goes_on = ("the launcher restarts the job from it" if left else
+                   f"continue with: {resume_command_here(out, True, this_node=not s.is_main)}")
+        return f"{why}: the last checkpoint stands ({kept}); {goes_on}"
+
+    def _kept_line(self) -> str | None:
+        """Which checkpoint of the run rank 0's disk holds, as this rank knows it: the step of
+        the last save the ranks made, and, while rank 0 had not yet said it was written, the
+        one before (``None``: none)."""
+        made, confirmed = self.kept_step(), self.job_saved_step
+        if made is None:
+            return None
+        where = f"{self.run_dir.latest} from step {made} on node 0"
+        if self.strategy.is_main or confirmed == made:
+            return where
+        before = f"step {confirmed}" if confirmed is not None else "none"
+        return f"{where}, if rank 0 finished writing it (else {before})"
 
     # -- the epoch's outputs ------------------------------------------------------------------
     def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float,
@@ -584,6 +686,7 @@ class Trainer:
             "batches": pos.batch if stopped else self.batches_per_epoch,
             "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
             "train_loss": train.loss, **score_fields("train", train),
+            **({"train_targets": "mixed"} if self.mixing is not None else {}),
             "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
             **({"val_plain_ce": val.ce} if label_smoothing(self.criterion) else {}),
             "lr": self.optimizer.param_groups[0]["lr"],
@@ -609,7 +712,8 @@ class Trainer:
         """The main process's outputs of one epoch: the metrics row, figure, board and line."""
         cfg = self.cfg
         records.append(record)
-        log.append(record)
+        # after the epoch's checkpoint, by the same writer: a row on disk means it is saved
+        self.writer.write(log.path, lambda: log.append(record), supersedes=False)
         figure.row_added(self, records)
         if board is not None:
             board.add_row(record)
@@ -618,12 +722,13 @@ class Trainer:
         self.wait.advise(cfg.data, self.strategy.device)  # once per run, when data waits
 
     def plot(self, records: list[dict]) -> None:
-        """``curves.png`` of ``records``, with the learning rate of every step (host-side)."""
+        """``curves.png`` of ``records``, with the learning rate of every step, drawn by the
+        writer's thread (about half a second of CPU)."""
         optim = self.cfg.optim
         per_epoch = -(-self.batches_per_epoch // optim.accum_steps)
-        base = self.scheduler.base_lrs[0]
-        plot_curves(records, self.run_dir.curves, schedule=(
-            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)))
+        base, path, rows = self.scheduler.base_lrs[0], self.run_dir.curves, list(records)
+        self.writer.write(path, lambda: plot_curves(rows, path, schedule=(
+            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch))))
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

@@ -241,10 +241,16 @@ def loss_words(loss: float, smoothing: float, plain_ce: float | None) -> str:
     return f"loss {loss:.4f} (label-smoothed {smoothing:g}; plain cross-entropy {plain_ce:.4f})"
 
 
+#: what a training loss and accuracy add when the targets were mixed (mixup, cutmix): the loss
+#: is against the mixed class probabilities, the accuracies count the label of larger weight
+MIXED_WORDS = (" (mixed targets)", " (dominant label)")
+
+
 def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> str:
     """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so,
-    and a loss with label ``smoothing`` says so (:func:`loss_words`, ``r['val_plain_ce']``);
-    with ``--model-ema`` the average's validation follows the weights'."""
+    a loss with label ``smoothing`` says so (:func:`loss_words`, ``r['val_plain_ce']``), and
+    so do mixed training targets (``r['train_targets']``, :data:`MIXED_WORDS`); with
+    ``--model-ema`` the average's validation follows the weights'."""
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
     if "val_miou" in r:  # dense outputs
@@ -252,7 +258,8 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
                   f"val loss {r['val_loss']:.4f} pixel acc {r['val_pixel_acc']:.2f}% "
                   f"mIoU {r['val_miou']:.2f}% ")
     else:
-        scores = (f"train loss {r['train_loss']:.4f} acc {r['train_acc']:.2f}% | "
+        loss, acc = MIXED_WORDS if r.get("train_targets") == "mixed" else ("", "")
+        scores = (f"train loss {r['train_loss']:.4f}{loss} acc{acc} {r['train_acc']:.2f}% | "
                   f"val {loss_words(r['val_loss'], smoothing, r.get('val_plain_ce'))} "
                   f"acc {r['val_acc']:.2f}% "
                   f"acc5 {r['val_acc5']:.2f}% ")

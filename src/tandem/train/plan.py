@@ -31,8 +31,9 @@ from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
-from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process, read_env,
-                                    restart_count, split_clock)
+from tandem.distributed.agree import LOCAL, Agreement
+from tandem.distributed.env import cpu_bf16_override, in_torchrun, restart_count, split_clock
+from tandem.distributed.process_group import Job
 from tandem.errors import UsageError, param, quoted
 from tandem.factory import is_reference
 from tandem.models import create_model, model_info
@@ -85,6 +86,8 @@ class RunPlan:
     # the config's data sets (train, val, info) as read for the race, which the build then
     # takes instead of reading them again; None: the build reads them
     data: tuple | None = field(default=None, repr=False)
+    # the job's decisions (tandem.distributed.agree); one process: its own
+    agreement: Agreement = field(default=LOCAL, repr=False)
 
     @property
     def resume_path(self) -> str | None:
@@ -92,10 +95,19 @@ class RunPlan:
 
 
 def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
-               supplied: Supplied = Supplied(), opening: tuple[str, ...] = ()) -> RunPlan | str:
+               supplied: Supplied = Supplied(), opening: tuple[str, ...] = (),
+               job: Job | None = None) -> RunPlan | str:
     """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed; ``opening``:
-    :attr:`RunPlan.opening`); or, for a complete run, the one line to print instead."""
-    cfg, ckpt, notes = settings.resumed_config(cfg, given)
+    :attr:`RunPlan.opening`); or, for a complete run, the one line to print instead.
+
+    Under several processes (``job``: the run's :class:`~tandem.distributed.process_group.
+    Job`) the plan joins the job's group once its own flags pass, and every decision the
+    ranks share is made through the job's agreement: the checkpoint to continue and what
+    rank 0's run directory allows (rank 0's), the settings (every rank's against rank 0's,
+    before any step or race), the race."""
+    settings.check_launchable(cfg, given)  # a one-process strategy under torchrun: one line
+    agreement = job.join() if job is not None else LOCAL
+    cfg, ckpt, notes = settings.resumed_config(cfg, given, agreement)
     newer = None
     if ckpt is not None:
         _check_handed(cfg, ckpt, supplied)
@@ -125,16 +137,20 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     if continues:
         source = RunDir.of(cfg.run.resume)
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
-    if is_main_process():  # the run directory is the main process's alone (no shared disk)
+
+    def run_dir_allows() -> None:  # the run directory is rank 0's alone (no shared disk)
         if mode != RESUMED:
             run.check_fresh(cfg.run.overwrite)
         run.check_writable()
         runlock.check_free(run)  # another run writes there: refused, --overwrite or not
+
+    agreement.rank0(run_dir_allows)
+    agreement.settings({**cfg.job_settings(), "device": _device_kind(cfg.parallel)})
     race = data = None
     if auto.is_resolver(cfg.parallel.strategy):  # --strategy auto: race now, once
         with auto.rng_kept():
-            cfg, race, data = _race(cfg, supplied)
-    strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+            cfg, race, data = _race(cfg, supplied, agreement)
+    strategy = _strategy(cfg.parallel, cfg.model, supplied.model, agreement)
     cfg = _backward_recorded(cfg, strategy)
     strategy.split.check_fits(cfg.optim.batch_size)
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
@@ -143,7 +159,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         dtype = amp_precision(strategy.device.type, True, cpu_bf16=cpu_bf16_override()).amp_dtype
         cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied,
-                   race=race, opening=tuple(opening), data=data)
+                   race=race, opening=tuple(opening), data=data, agreement=agreement)
 
 
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
@@ -318,15 +334,22 @@ def _backward_recorded(cfg: TrainConfig, strategy: Strategy) -> TrainConfig:
     return replace(cfg, parallel=replace(cfg.parallel, backward_threads=path))
 
 
+def _device_kind(cfg: ParallelConfig) -> str:
+    """The kind of device ``--devices`` gives on this machine (``cpu``, ``cuda``): each machine
+    may name its own devices, but a job's ranks must train on one kind."""
+    return parse_device_spec(cfg.devices, "--devices")[0].type
+
+
 def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
-              model: nn.Module | None = None) -> Strategy:
+              model: nn.Module | None = None, agreement: Agreement = LOCAL) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
     ``model`` (else ``model_cfg.arch``) with the options asked for."""
     devices = parse_device_spec(cfg.devices, "--devices")
     strategy = create_strategy(cfg.strategy, devices, sync_bn=cfg.sync_bn, buffers=cfg.buffers,
                                output_key=model_cfg.output_key,
                                options=dataclasses.asdict(model_cfg),
-                               backward_threads=_backward_threads(cfg, devices), **_split(cfg))
+                               backward_threads=_backward_threads(cfg, devices),
+                               agreement=agreement, **_split(cfg))
     if (cfg.split or cfg.max_share) and not strategy.splits_batch:
         flag = "--split" if cfg.split else "--max-share"
         raise UsageError(f"{flag} needs a strategy that splits the batch "
@@ -372,7 +395,8 @@ def _simplest(parallel: ParallelConfig, model_cfg: ModelConfig,
 
 
 # -- --strategy auto's race ---------------------------------------------------------------------
-def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tuple | None]:
+def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement
+          ) -> tuple[TrainConfig, dict, tuple | None]:
     """``cfg`` with ``auto`` raced and replaced by the choice (and, for ``single``, the one
     device it drives); the race's record; the data sets read for it (``None``: handed over).
     Prints the race's block. The caller keeps every RNG as it was (:func:`auto.rng_kept`)."""
@@ -391,15 +415,15 @@ def _race(cfg: TrainConfig, supplied: Supplied) -> tuple[TrainConfig, dict, tupl
         return _refusal(replace(p, strategy=name), cfg.model, supplied.model)
 
     options = dataclasses.asdict(cfg.model)
-    processes = read_env().world_size if in_torchrun() else 0  # tandem launch: its processes
+    processes = agreement.world_size
     result = auto.resolve(
         devices, model, (images, targets), options=options, check=check,
         amp=amp_precision(devices[0].type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()),
         lr=cfg.optim.lr,
         channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
         rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size),
-        processes=processes)
-    if is_main_process():
+        agreement=agreement)
+    if agreement.rank == 0:
         where = f"{processes} processes" if processes > 1 else p.devices
         print(auto.format_block(result, result.planned,
                                 f"{', '.join(result.raced)} on {where}, global batch "
@@ -427,7 +451,7 @@ def build_data(cfg, seed: int, splits: tuple[str, ...] = ("train", "val")):
     info)``, as built (decoded where ``--decode`` says only by the build)."""
     return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
                         synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
-                        splits=splits)
+                        splits=splits, reprob=cfg.reprob)
 
 
 def seed_everything(seed: int) -> None:

@@ -12,6 +12,8 @@ import time
 
 from tqdm import tqdm
 
+from .metrics import MIXED_WORDS
+
 __all__ = ["Progress"]
 
 
@@ -23,11 +25,12 @@ class Progress:
     bar's values are this process's own, prefixed with ``scope`` (``"rank 0 "`` under ddp);
     a line shows the meter it is given (the loop gives the sums over every process).
     With ``wait`` (a :class:`~.datawait.DataWait`) it shows the share of time the step
-    waited for data (``data 62%``, this process's own).
+    waited for data (``data 62%``, this process's own). ``mixed``: the targets are mixup's or
+    cutmix's, and the loss and accuracy say so (:data:`~.metrics.MIXED_WORDS`).
     """
 
     def __init__(self, total: int, initial: int, desc: str, *, bar: bool, print_freq: int = 0,
-                 refresh: float = 1.0, scope: str = "", wait=None):
+                 refresh: float = 1.0, scope: str = "", wait=None, mixed: bool = False):
         self.desc = desc
         self.scope = scope
         self.total = total
@@ -44,6 +47,7 @@ class Progress:
         self.batch = initial
         self.shares = ""  # the devices' shares of a batch, once --split auto moved them
         self.wait = wait
+        self.mixed = mixed
 
     def note(self, line: str) -> None:
         """Print ``line`` now (above the bar when there is one); ``shares`` shows it after."""
@@ -79,7 +83,8 @@ class Progress:
         shares = f" split {self.shares}" if self.shares else ""
         share = None if self.wait is None else self.wait.share
         data = "" if share is None else f" data {share:.0%}"
-        return (f"loss {meter.loss:.4f} acc {meter.acc:.2f}% acc5 {meter.acc5:.2f}% "
+        loss, acc = MIXED_WORDS if self.mixed else ("", "")
+        return (f"loss {meter.loss:.4f}{loss} acc{acc} {meter.acc:.2f}% acc5 {meter.acc5:.2f}% "
                 f"{rate:.0f} img/s{data}{shares}")
 
     def close(self) -> None:

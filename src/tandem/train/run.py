@@ -18,6 +18,11 @@ from tandem import checkpoint, cpu_malloc
 from tandem.config import TrainConfig
 from tandem.distributed.env import (cpu_bf16_override, is_main_process, restart_count,
                                     speaks_for_node)
+from tandem.distributed.env import Environment, dist_timeout
+from tandem.distributed.faults import ABORTS
+from tandem.distributed.launch_state import LaunchState
+from tandem.distributed.process_group import Job
+from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
 from tandem.precision import amp_precision
@@ -27,6 +32,7 @@ from . import runlock, settings
 from .build import build, data, make_criterion, prepared_model, resumed, with_model_classes
 from .interrupt import StopRequest
 from .loop import Trainer
+from .writer import Writer
 from .metrics import MetricsLog, eval_scores
 from .plan import EVALUATE, FORKED, FRESH, RESUMED, RunPlan, plan_train
 from .recipe import lr_line
@@ -37,8 +43,11 @@ __all__ = ["train", "execute", "validate", "warm_up", "describe_compile"]
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
           opening: tuple[str, ...] = ()) -> int:
     """``tandem train``: fit (or only validate). ``given``: fields typed on the command line;
-    ``opening``: lines the command line has to say as the run starts."""
-    execute(plan_train(cfg, given, opening=opening))  # every check, before anything is done
+    ``opening``: lines the command line has to say as the run starts. Under several processes
+    the run is the job's (:class:`~tandem.distributed.process_group.Job`): its plan joins the
+    job's group, which is left at the end."""
+    with Job() as job:  # every check, before anything is done
+        execute(plan_train(cfg, given, opening=opening, job=job))
     return 0
 
 
@@ -58,7 +67,7 @@ def execute(plan: RunPlan | str) -> dict | None:
     with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
         parts = build(plan)
         start, notes = resumed(plan, parts)
-        trainer = Trainer(**parts, **start)
+        trainer = Trainer(**parts, **start, **_run_facts(plan, start))
         _compile_now(trainer, train=True)
         log = open_run_dir(plan, trainer, notes)
         if strategy.is_main:
@@ -68,7 +77,29 @@ def execute(plan: RunPlan | str) -> dict | None:
         if plan.supplied.model is not None:
             load_plain_state_dict(plan.supplied.model, strategy.state_dict(trainer.model))
         strategy.barrier()
+        trainer.writer.flush()  # rank 0's files, after the ranks' last collective
     return records[-1] if records and strategy.is_main else None
+
+
+def _run_facts(plan: RunPlan, start: dict) -> dict:
+    """What the trainer takes from the job besides its parts: the step of the checkpoint
+    ``--out`` holds (the one a resume continues there), the writer of rank 0's files (a write
+    slower than the collectives' timeout is said), and the file the node's launcher reads
+    after an abort, with what it says from the start."""
+    strategy, out = plan.strategy, plan.cfg.run.out
+    position = start.get("position")
+    kept = position.step if plan.mode == RESUMED and position is not None else None
+    state = LaunchState.of_worker(Environment.read(), speaks_for_node())
+    if state is not None:
+        state.update(run=out, checkpoint=plan.run_dir.latest, saved_step=kept,
+                     speaker=strategy.rank,
+                     aborts=strategy.peer_loss == ABORTS,
+                     peers={str(r): list(p) for r, p in strategy.agreement.peers.items()},
+                     resume=resume_command_here(out, strategy.multiprocess, this_node=True))
+    slow = dist_timeout() if strategy.multiprocess else None
+    told = state.saved if state is not None and strategy.is_main else None
+    return {"kept_at_start": kept, "writer": Writer(slow_after=slow, on_written=told),
+            "launch_state": state}
 
 
 # -- the run directory, and the lines said as a run starts ----------------------------------------
@@ -206,8 +237,8 @@ def warm_up(trainer: Trainer, train: bool = True) -> float:
 def _first_batch(trainer: Trainer, dataset, train: bool):
     """This process's share of the first global batch (maybe empty under ddp, as in the loop)."""
     loader = trainer.loader(dataset, train=train, epoch=trainer.position.epoch)
-    for images, targets in loader:
-        return trainer.device_batch(images, targets)
+    for batch in loader:  # (images, targets), or a mixed batch's three
+        return trainer.device_batch(*batch)
     return None
 
 

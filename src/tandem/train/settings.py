@@ -37,9 +37,10 @@ from tandem import checkpoint
 from tandem.checkpoint.compat import foreign_scheduler
 from tandem.config import TrainConfig
 from tandem.data.cifar10 import find_cifar_dir
-from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process,
-                                    join_timeout, launch_id, restart_count, several_processes)
-from tandem.distributed.shared_resume import Continued, continue_from_rank0
+from tandem.distributed.agree import LOCAL, Agreement
+from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process, launch_id,
+                                    restart_count, several_processes)
+from tandem.distributed.shared_resume import Continued, continue_from_rank0, done_with
 from tandem.errors import UsageError
 from tandem.factory import is_reference, rebuildable
 from tandem.models import model_info, native_input_size
@@ -49,22 +50,35 @@ from tandem.strategies import auto, strategy_class
 
 from . import rundir, runlock
 
-__all__ = ["resumed_config", "fresh_defaults", "sized", "size_rule", "size_line",
+__all__ = ["check_launchable", "resumed_config", "fresh_defaults", "sized", "size_rule", "size_line",
            "is_imagefolder", "example_block", "precision_line", "IMAGEFOLDER_ARCH", "DATA_SIZE",
            "is_foreign", "file_settings", "takes_schedule", "assumed", "eval_settings",
            "checkpoint_arch", "device_spec", "race_record"]
 
 
 # -- a run's own settings, or a file's --------------------------------------------------------
-def resumed_config(cfg: TrainConfig, given: frozenset[str]):
+def check_launchable(cfg: TrainConfig, given: frozenset[str]) -> None:
+    """Under torchrun with several processes (``tandem launch``, or plain ``torchrun -m
+    tandem train``), refuse a one-process strategy that has no multi-process form, in one
+    line in every worker, before they meet; a resumed run's own strategy (not typed) is
+    rank 0's to read."""
+    if several_processes() and ("strategy" in given or not cfg.run.resume):
+        try:
+            auto.check_launchable(cfg.parallel.strategy, "several processes (torchrun)")
+        except UsageError as exc:  # every worker refuses alike; rank 0 says it
+            raise UsageError(exc.marked, quiet=not is_main_process()) from None
+
+
+def resumed_config(cfg: TrainConfig, given: frozenset[str], agreement: Agreement = LOCAL):
     """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
-    saying what was taken (:func:`_continued`). ``--strategy auto`` on a run that has its
+    saying what was taken (:func:`_continued`); under several processes rank 0 decides which
+    checkpoint, through the job's ``agreement``. ``--strategy auto`` on a run that has its
     strategy (a resume, a torchrun restart) keeps that one, no race; a fresh run races in its
     plan. Under torchrun a one-process strategy with a multi-process form
     (:func:`~tandem.strategies.auto.across_processes`: hybrid) runs as that, said in a line."""
     name = cfg.parallel.strategy
     if auto.is_resolver(name):
-        cfg, ckpt, notes = _continued(cfg, given - {"strategy"})  # the run's own strategy
+        cfg, ckpt, notes = _continued(cfg, given - {"strategy"}, agreement)  # its own strategy
         if ckpt is not None and not auto.is_resolver(cfg.parallel.strategy):
             raced = "chosen by its race" if race_record(ckpt) else "as it started"
             notes = [*notes, f"--strategy auto: the run already has --strategy "
@@ -76,7 +90,7 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str]):
             print(f"--strategy {name}: under tandem launch it runs as {twin}, one process per "
                   f"device", flush=True)
         cfg = replace(cfg, parallel=replace(cfg.parallel, strategy=twin))
-    return _continued(cfg, given)
+    return _continued(cfg, given, agreement)
 
 
 def race_record(ckpt: dict | None) -> dict | None:
@@ -85,18 +99,24 @@ def race_record(ckpt: dict | None) -> dict | None:
     return (config.get("resolved") or {}).get("auto")
 
 
-def _continued(cfg: TrainConfig, given: frozenset[str]):
+def _continued(cfg: TrainConfig, given: frozenset[str], agreement: Agreement):
     """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
     saying what was taken: a tandem run's settings (:mod:`.rundir`) or what a file from
     elsewhere holds (:func:`file_settings`)."""
-    path, local, restarted = _to_continue(cfg)
-    if restarted and path is None:  # failed before its first save: start it again
+    continued = _to_continue(cfg, agreement)
+    path, restarted = continued.path, continued.restarted
+    if restarted and path is None:  # failed before its first save: start it again, said
+        if is_main_process():
+            print(f"torchrun restart {restart_count()}: the run had saved no checkpoint "
+                  f"before the failure, so it starts again from step 1 (--save-every or "
+                  f"--save-minutes bound what a failure costs)", flush=True)
         return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
     if path is None:
         return cfg, None, []
-    ckpt = checkpoint.load(local)
-    if local != path:  # rank 0's bytes, sent to this machine (shared_resume)
-        os.unlink(local)
+    try:
+        ckpt = checkpoint.load(continued.local)
+    finally:
+        done_with(continued, agreement)  # a copy sent to this machine goes
     if is_foreign(ckpt):
         cfg, notes = file_settings(cfg, given, ckpt, path)
     else:
@@ -108,10 +128,10 @@ def _continued(cfg: TrainConfig, given: frozenset[str]):
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
 
 
-def _to_continue(cfg: TrainConfig) -> Continued:
+def _to_continue(cfg: TrainConfig, agreement: Agreement) -> Continued:
     """The checkpoint this run continues (``None``: a fresh run), and whether torchrun
-    restarted it. Under several processes rank 0 decides and sends the file to the ranks
-    whose machine lacks it (:mod:`tandem.distributed.shared_resume`): only rank 0 writes."""
+    restarted it. Under several processes rank 0 decides and sends the file to the machines
+    that lack it (:mod:`tandem.distributed.shared_resume`): only rank 0 writes."""
     def decide() -> tuple[str | None, bool]:
         run = rundir.RunDir(cfg.run.out)
         if not cfg.run.resume and restart_count() > 0:  # torchrun restarted the workers
@@ -128,14 +148,12 @@ def _to_continue(cfg: TrainConfig) -> Continued:
             raise UsageError("--pretrained starts a new run from a weights file and --resume "
                              "continues a run from its checkpoint: give one of them")
         runlock.check_saved(cfg.run.resume)  # a run that has not saved yet: its process, named
-        return rundir.checkpoint_path(cfg.run.resume), False
+        path = rundir.checkpoint_path(cfg.run.resume)
+        if not os.path.isfile(path):
+            checkpoint.load(path)  # one line saying what is wrong with it, on rank 0's machine
+        return path, False
 
-    if not cfg.run.resume and restart_count() == 0:
-        return Continued(None, None, False)  # a fresh run: every rank knows it alike
-    if several_processes():
-        return continue_from_rank0(decide, join_timeout())
-    path, restarted = decide()
-    return Continued(path, path, restarted)
+    return continue_from_rank0(decide, agreement)  # rank 0's decision, for every rank
 
 
 def _check_precision_runs(cfg: TrainConfig, path: str) -> None:

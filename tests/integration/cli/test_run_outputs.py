@@ -376,14 +376,12 @@ def test_training_steps_that_print_nothing_read_nothing_from_the_device(tmp_path
     assert (tally["replica ops"] > 0) == threads
 
 
-def test_a_ddp_step_reads_nothing_but_its_stop_vote_every_few_steps(tmp_path, monkeypatch):
-    """ddp in one process (world 1, gloo): its loss all-reduce stays on the device; the only
-    read in 9 steps that print nothing is the stop vote at step 8 (``STOP_VOTE_EVERY``)."""
+def test_a_ddp_step_reads_nothing_from_the_device(tmp_path, monkeypatch):
+    """ddp in one process (world 1, gloo): its loss all-reduce stays on the device, and 9
+    steps that print nothing read nothing (the ranks' vote, under several processes, is a CPU
+    tensor read one step late: tests/integration/torchrun/test_agreement.py)."""
     import socket
 
-    from tandem.strategies.ddp import DDPStrategy
-
-    assert DDPStrategy.STOP_VOTE_EVERY == 8
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -396,5 +394,5 @@ def test_a_ddp_step_reads_nothing_but_its_stop_vote_every_few_steps(tmp_path, mo
         ok("train", *TINY, "--strategy", "ddp", "--devices", "cpu", "--epochs", "3",
            "--max-steps", "9", "--print-freq", "0", "--out", tmp_path)
     where = ["".join(w) for w in tally.get("where", [])]
-    assert tally["in steps"] == 1 and "stop_vote" in where[0], "".join(where)
+    assert tally["in steps"] == 0, "".join(where)
     assert [r["step"] for r in rows(tmp_path)] == [4, 8, 9]

@@ -238,7 +238,7 @@ def test_a_lost_peer_under_hybrid_keeps_the_last_checkpoint_and_says_so(tmp_path
     assert re.search(r"^tandem: error: rank 0 \(node 0, \S+\): lost rank 1 \(node 0, \S+\) in "
                      r"step 4: .*; its model is split across the processes and cannot be saved "
                      r"without the lost one: the last checkpoint stands \(\S+checkpoint.pt from "
-                     r"step 2\); continue with: tandem launch --nproc-per-node 2 -- train "
+                     r"step 2 on node 0\); continue with: tandem launch --nproc-per-node 2 -- train "
                      r"--resume ", proc.stderr, re.M), proc.stderr[-4000:]
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ckpt["data_position"]["step"] == 2
@@ -267,7 +267,8 @@ def test_sigkill_of_rank0_keeps_last_checkpoint_and_every_rank_resumes(tmp_path)
     finally:
         launcher.kill()
     assert launcher.returncode == 128 + signal.SIGKILL, stderr[-4000:]
-    assert "tandem launch: rank 0 (local rank 0" in stderr and "SIGKILL" in stderr
+    assert "tandem launch: rank 0 (node 0, local rank 0" in stderr and "SIGKILL" in stderr
+    assert "the last checkpoint is " in stderr and "continue with: tandem launch" in stderr
     _assert_no_workers_left(str(out))
     ckpt = checkpoint.load(str(out / "checkpoint.pt"))  # loadable, not torn
     assert ckpt["epoch"] >= 1
@@ -445,3 +446,20 @@ def test_ddp_on_cuda_with_nccl_matches_single(tmp_path):
     a, b = _weights(ddp / "checkpoint.pt"), _weights(single / "checkpoint.pt")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=5e-3, rtol=1e-2, msg=k)
+
+
+def test_plain_torchrun_with_a_one_process_strategy_is_refused_in_one_line(tmp_path):
+    """`torchrun -m tandem train --strategy dp` (not through `tandem launch`, which refuses it
+    itself): every worker refuses before the workers meet, rank 0 says it in one line, and
+    nothing is trained or written (two copies would otherwise write one run directory)."""
+    out = tmp_path / "dp"
+    proc = run_bounded([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", "-m", "tandem", *TRAIN, "--strategy", "dp",
+                        "--devices", "cpu:2", "--out", str(out)], 150, _env())
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("tandem: ")]
+    assert ours == ["tandem: error: several processes (torchrun) needs --strategy hybrid, ddp, "
+                    "hybrid-ddp or auto, not dp (each process trains its share of every batch; "
+                    "a one-process strategy would train N independent copies writing the same "
+                    "files)"], proc.stderr[-3000:]
+    assert not out.exists()  # (torchrun's agent itself prints its ChildFailedError whole)

@@ -158,6 +158,87 @@ def test_sigkilled_worker_restarted_by_torchrun_finishes_equal_to_the_straight_r
     assert torchrun_workers(str(run)) == {}
 
 
+def test_sigterm_to_one_rank_stops_every_rank_within_two_steps_and_saves(tmp_path):
+    """A scheduler's SIGTERM reaching one worker (rank 1): the ranks' vote, cast every step
+    and read one step later, stops every rank at the same step at most two steps later, and
+    rank 0 saves there (a scheduler's grace before SIGKILL is often 30 s). Each step takes
+    0.3 s more (a test hook), so that the step the signal lands in is known."""
+    run, log = tmp_path / "run", tmp_path / "stdout.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(launch("--", *JOB, "--out", run), stdout=out,
+                                stderr=subprocess.PIPE, text=True,
+                                env=cli_env(TANDEM_SLOW_STEP="0.3"), start_new_session=True)
+    try:
+        wait_for(lambda: "[5/40]" in log.read_text(), proc, "step 5")
+        pid = torchrun_workers(str(run)).get(1)
+        assert pid is not None, "rank 1 not found"
+        os.kill(pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        stop(proc, run)
+    position = torch.load(run / "checkpoint.pt", weights_only=True)["data_position"]
+    assert 5 < position["step"] <= 7, (position, err[-3000:])  # within 2 steps of step 5
+    assert (f"tandem: interrupted; saved {run / 'checkpoint.pt'} at epoch 1, step "
+            f"{position['step']}; continue with: tandem launch --nproc-per-node 2 -- train "
+            f"--resume {run}") in err, err[-3000:]
+    assert "Traceback" not in err and torchrun_workers(str(run)) == {}
+
+
+def test_a_checkpoint_write_slower_than_dist_timeout_does_not_end_the_job(tmp_path):
+    """Rank 0 writes its files off the step's path: each write slowed to 8 s (a test hook)
+    against a --dist-timeout of 5 s costs the other rank no timeout, the job ends well, and
+    one line per slow write says so."""
+    run = tmp_path / "run"
+    proc = run_bounded(launch("--dist-timeout", "5", "--", *JOB, "--max-steps", "6",
+                              "--save-every", "2", "--out", run), 300,
+                       cli_env(TANDEM_SLOW_WRITE="8"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    slow = [line for line in proc.stderr.splitlines() if "took" in line]
+    assert slow and all(re.fullmatch(
+        r"tandem: writing \S+ took \d+\.\d s, more than --dist-timeout \(5 s\); training "
+        r"went on meanwhile \(rank 0 writes its files off the step's path\)", line)
+        for line in slow), proc.stderr[-3000:]
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["data_position"]["step"] == 6
+    assert (run / "best.pt").exists() and "lost" not in proc.stderr
+
+
+@pytest.mark.parametrize("restarts", [0, 1], ids=["no_restart", "max_restarts_1"])
+def test_under_nccl_s_failure_model_a_lost_peer_ends_in_one_line_and_goes_on_bitwise(
+        straight, tmp_path, restarts):
+    """The aborting failure model, simulated on gloo (a test hook: a rank that learns of a
+    lost peer aborts, SIGABRT, as NCCL's watchdog ends it): no worker can speak, so the
+    launcher says the one line, from what the workers told it (the checkpoint of step 8,
+    --save-every 4); its command resumes bitwise, and --max-restarts goes on from it alone."""
+    run = tmp_path / "run"
+    env = cli_env(TANDEM_SIMULATE_NCCL_ABORT="1", TANDEM_INJECT_FAULT="1:9:kill")
+    proc = run_bounded(launch("--max-restarts", restarts, "--", *JOB, "--save-every", "4",
+                              "--out", run), 400, env)
+    if restarts:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        resumed = [line for line in proc.stdout.splitlines() if line.startswith("resuming ")]
+        assert resumed == [f"resuming {run / 'checkpoint.pt'} at epoch 1/2, step 8 (8/40 "
+                           "batches of the epoch done) (torchrun restart 1)"], proc.stdout
+    else:
+        assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-3000:]
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("tandem launch:")]
+        assert len(lines) == 1, proc.stderr[-3000:]
+        assert re.match(r"tandem launch: rank 1 \(node 0, local rank 1, pid \d+\) was killed by "
+                        r"SIGKILL; rank 0 aborted \(SIGABRT\): a collective failed, and under "
+                        r"NCCL the watchdog ends every worker that waits on one; the job was "
+                        r"stopped \(2 failed worker\(s\)\); the last checkpoint is \S+ from step "
+                        r"8 on node 0; continue with: tandem launch --nproc-per-node 2 -- "
+                        r"train --resume ", lines[0]), lines[0]
+        assert "Traceback" not in proc.stderr
+        command = lines[0].split("continue with: ")[1].split()
+        again = run_bounded([sys.executable, "-m", "tandem", *command[1:]], 300, cli_env())
+        assert again.returncode == 0, again.stderr[-3000:]
+        # the aborted rank 0 left its run.lock behind: taken over, said, then resumed
+        assert f"\nresuming {run / 'checkpoint.pt'} at epoch 1/2, step 8" in again.stdout, \
+            again.stdout[-2000:]
+    assert_bitwise_equal(run / "checkpoint.pt", straight / "checkpoint.pt")
+    assert torchrun_workers(str(run)) == {}
+
+
 # Written into a folder put first on the job's PYTHONPATH: every process of the torchrun job
 # (agent and workers) leaves a file when its interpreter finalizes (atexit runs).
 _FINALIZE_PROBE = """

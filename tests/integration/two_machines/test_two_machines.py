@@ -142,8 +142,8 @@ def test_partition_past_dist_timeout_ends_both_nodes_in_one_line_and_resumes_bit
         resumed = run_both(net, [commands[0], commands[1]])
         for code, out, err in resumed:
             assert code == 0, err[-3000:]
-        assert ("rank 1 (node 1): runs/job/checkpoint.pt differs from rank 0's; using rank 0's"
-                in resumed[1][2]), resumed[1][2]
+        assert ("rank 1 (node 1, 192.0.2.2): runs/job/checkpoint.pt differs from rank 0's; "
+                "using rank 0's" in resumed[1][2]), resumed[1][2]
         assert_bitwise_equal(os.path.join(net.dirs[0], "runs/job/checkpoint.pt"),
                              os.path.join(straight[0][0], "runs/job/checkpoint.pt"))
 
@@ -176,7 +176,8 @@ def test_ctrl_c_on_node_1_stops_both_saves_and_each_node_gets_its_command(straig
             net, [launch_argv(n, port) for n in (0, 1)], fault)
         assert code0 == code1 == 130, (err0[-2000:], err1[-2000:])
         [line0] = [x for x in told(err0) if x.startswith("tandem: interrupted")]
-        assert "saved runs/job/checkpoint.pt at epoch 1, step 8" in line0
+        # Ctrl-C in step 5 on node 1 alone: the ranks' vote stops both one step later
+        assert re.search(r"saved runs/job/checkpoint.pt at epoch 1, step [67];", line0), line0
         assert len(told(err0)) == 1, err0  # the launcher adds nothing to the worker's line
         [line1] = [x for x in told(err1) if x.startswith("tandem: interrupted")]
         own = continue_commands(line1)
@@ -221,7 +222,7 @@ def test_a_rank_that_gives_the_others_its_loopback_address_ends_every_node_in_on
     for code, out, err in results:
         assert code == 4 and "Traceback" not in err, err[-3000:]
         last.append(told(err)[-1])
-    assert any(re.match(r"tandem: error: rank \d on cpu: every rank came to 192\.0\.2\.1:\d+, but "
+    assert any(re.search(r"rank \d: every rank came to 192\.0\.2\.1:\d+, but "
                         r"the gloo connections failed after \d+\.\d s: connection refused "
                         r"\(127\.0\.0\.1:\d+\); a rank gave its loopback address", line)
                for line in last), last
@@ -259,4 +260,102 @@ def test_a_node_without_the_data_ends_every_node_at_once_saying_why(tmp_path):
     assert code1 == 2 and told(err1)[-1].startswith("tandem: error: "), err1[-2000:]
     missing = told(err1)[-1][len("tandem: error: "):]
     assert code0 == 4 and told(err0) == [
-        f"tandem: error: rank 0 (node 0): the job cannot start: rank 1 (node 1): {missing}"], err0
+        f"tandem: error: rank 0 (node 0, {ADDRS[0]}): the job cannot go on: rank 1 (node 1): "
+        f"{missing}"], err0
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--lr", "0.02"], "--lr 0.02 where rank 0 (node 0, 192.0.2.1) has 0.05"),
+    (["-b", "8"], "--batch-size 8 where rank 0 (node 0, 192.0.2.1) has 4"),
+    (["-a", "cifar_resnet32"], "--arch cifar_resnet32 where rank 0 (node 0, 192.0.2.1) has "
+                               "cifar_resnet20"),
+], ids=["lr", "batch_size", "arch"])
+def test_nodes_started_with_different_settings_refuse_in_one_line_before_any_step(
+        tmp_path, flags, said):
+    """A typo on one machine of many: node 1 types one flag otherwise. Both nodes end in the
+    same one line naming the setting, its two values and the ranks, before any step (not a
+    run that is neither, a hang until the timeout, or torch's traceback)."""
+    with TwoMachines(tmp_path) as net:
+        port = next(_ports)
+        results = run_both(net, [launch_argv(0, port), launch_argv(1, port, job=[*JOB, *flags])],
+                           timeout=180)
+        for node, (code, out, err) in enumerate(results):
+            assert code == 2, err[-3000:]
+            assert told(err) == [f"tandem: error: rank 1 (node 1, 192.0.2.2) has {said}: every "
+                                 "node must run the same command (only --node-rank differs)"], err
+            assert "epoch 1/1" not in out and "Traceback" not in err
+        assert not os.path.exists(os.path.join(net.dirs[0], "runs/job/checkpoint.pt"))
+
+
+@pytest.mark.parametrize("save_every", [None, 4], ids=["no_save_every", "save_every_4"])
+def test_a_lost_rank_0_ends_in_true_lines_and_a_bitwise_resume_or_a_refusal(straight, tmp_path,
+                                                                           save_every):
+    """Rank 0, which alone writes the run, is killed at step 9. Node 1's survivor says so and
+    which checkpoint stands on node 0 (step 8's, as --save-every 4 made it; or that there is
+    none and how to start again), node 0's launcher says the same; their commands resume
+    bitwise, or a resume of the run with no checkpoint is refused in one line."""
+    fault = cli_env(TANDEM_INJECT_FAULT="0:9:kill")
+    flags = ["--save-every", str(save_every)] if save_every else []
+    with TwoMachines(tmp_path) as net:
+        port = next(_ports)
+        (code0, _, err0), (code1, _, err1) = run_both(
+            net, [launch_argv(n, port, job=[*JOB, *flags]) for n in (0, 1)], fault)
+        line1 = told(err1)[-1]
+        assert code1 == 4 and len(told(err1)) == 1, err1[-3000:]
+        assert line1.startswith("tandem: error: rank 1 (node 1, 192.0.2.2): lost rank 0 (node 0, "
+                                "192.0.2.1) in step 9: "), line1
+        [line0] = [x for x in told(err0) if x.startswith("tandem launch:")]
+        assert code0 == 128 + 9 and line0.startswith("tandem launch: rank 0 (node 0, local rank "
+                                                      "0, pid "), err0[-3000:]
+        if save_every is None:
+            assert line1.endswith("rank 0, which alone writes the run, is lost with it, and the "
+                                  "run has no checkpoint yet: start it again (the same command, "
+                                  "with --overwrite)"), line1
+            assert line0.endswith("the run has no checkpoint yet: start it again (the same "
+                                  "command, with --overwrite)"), line0
+            again = next(_ports)
+            resumed = run_both(net, [launch_argv(n, again, job=[
+                "train", "--resume", "runs/job", "--no-progress"]) for n in (0, 1)])
+            assert resumed[0][0] == 2 and "no checkpoint" in told(resumed[0][2])[-1], resumed
+            return
+        # the checkpoint of step 8 was being written off the step's path when rank 0 died a
+        # step later: the survivor, which heard of it only as made, says both; node 0's
+        # launcher, told by rank 0's writer, says the one on its disk
+        assert ("rank 0, which alone writes the run, is lost with it: the last checkpoint stands "
+                "(runs/job/checkpoint.pt from step 8 on node 0") in line1, line1
+        on_disk = torch.load(os.path.join(net.dirs[0], "runs/job/checkpoint.pt"),
+                             weights_only=True)["data_position"]["step"]
+        assert on_disk in (4, 8)
+        assert (f"the last checkpoint is runs/job/checkpoint.pt from step {on_disk} on node 0"
+                in line0), line0
+        commands = {**continue_commands(line0), **continue_commands(line1)}
+        assert sorted(commands) == [0, 1], (line0, line1)
+        for code, out, err in run_both(net, [commands[0], commands[1]]):
+            assert code == 0, err[-3000:]
+        assert_bitwise_equal(os.path.join(net.dirs[0], "runs/job/checkpoint.pt"),
+                             os.path.join(straight[0][0], "runs/job/checkpoint.pt"))
+
+
+@pytest.mark.parametrize("save_every", [None, 4], ids=["no_save_every", "save_every_4"])
+def test_max_restarts_after_losing_rank_0_continues_from_its_last_checkpoint(straight, tmp_path,
+                                                                           save_every):
+    """torchrun restarts the job after rank 0 was killed: from the last checkpoint on rank 0's
+    disk (--save-every 4), or, with none saved, from step 1 and saying so; bitwise equal to the
+    straight run either way."""
+    fault = cli_env(TANDEM_INJECT_FAULT="0:9:kill")
+    flags = ["--save-every", str(save_every)] if save_every else []
+    with TwoMachines(tmp_path) as net:
+        port = next(_ports)
+        results = run_both(net, [launch_argv(n, port, "--max-restarts", "1",
+                                             job=[*JOB, *flags]) for n in (0, 1)], fault)
+        for code, out, err in results:
+            assert code == 0, err[-3000:]
+        out0 = results[0][1]
+        if save_every is None:
+            assert ("torchrun restart 1: the run had saved no checkpoint before the failure, so "
+                    "it starts again from step 1") in out0, out0
+        else:  # step 8's checkpoint, or step 4's where rank 0 died while writing step 8's
+            assert re.search(r"resuming runs/job/checkpoint.pt at epoch 1/1, step ([48]) \(\1/16 "
+                             r"batches of the epoch done\) \(torchrun restart 1\)", out0), out0
+        assert_bitwise_equal(os.path.join(net.dirs[0], "runs/job/checkpoint.pt"),
+                             os.path.join(straight[0][0], "runs/job/checkpoint.pt"))

@@ -84,7 +84,7 @@ def builder(clock, costs, built=None, fail=None, cold=None):
         if built is not None:
             built.append(name)
         return _Timed(c, timed)
-    return build
+    return lambda name: (lambda: build(name))  # placed, then launched (auto.race)
 
 
 def _race(costs, rounds=3, **kw):

@@ -1,0 +1,131 @@
+"""RandAugment and TrivialAugment, each draw from the sample's own :class:`SampleRandom`.
+
+``randaugment:N:M`` is timm's ``rand-mM-nN``: ``N`` operations picked uniformly, with
+replacement, from :data:`~.augment_ops.RAND_OPS`, each applied with probability 1/2 at the fixed
+magnitude ``M`` (0 to 10; timm's ``magnitude_std`` 0). ``trivialaugment`` is TrivialAugment
+Wide: one operation picked uniformly from :data:`~.augment_ops.WIDE_OPS` (identity among
+them), always applied, at a magnitude bin picked uniformly from 0..30. A signed argument is
+negated with probability 1/2; a geometric operation resamples with bilinear or bicubic, picked
+uniformly (timm's random interpolation), and fills with the data's mean colour. Every draw
+comes from the sample's stream, in that order, so an image is the same whoever loads it.
+
+The operations work on ``uint8`` pixels (Pillow): an ImageFolder crop as it is; a float image
+in ``[0, 1]`` (digits, CIFAR-10) is rounded to ``uint8`` for them and brought back
+(:meth:`Policy.on_float`; CIFAR-10's pixels are ``uint8`` already, digits' sixteenths are
+rounded to 255ths).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PIL import Image
+
+from tandem.errors import UsageError, param
+
+from .augment_ops import RAND_MAX, RAND_OPS, WIDE_BINS, WIDE_OPS, Op
+from .transforms import SampleRandom
+
+__all__ = ["Policy", "RandAugment", "TrivialAugment", "parse_policy", "POLICY_FORMS"]
+
+POLICY_FORMS = ("randaugment:N:M", "trivialaugment")
+_FILTERS = (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC)
+
+
+class Policy:
+    """A way to draw and apply operations to one image; ``spec`` is how ``--augment`` says it."""
+
+    spec = ""
+
+    def draw(self, rng: SampleRandom) -> list[tuple[str, float | None]]:  # pragma: no cover
+        """The operations for one image and their magnitudes (``None``: none)."""
+        raise NotImplementedError
+
+    def table(self) -> dict[str, Op]:  # pragma: no cover
+        raise NotImplementedError
+
+    def __call__(self, img: Image.Image, rng: SampleRandom, fill) -> Image.Image:
+        """``img`` with the operations drawn from ``rng`` applied in turn."""
+        table = self.table()
+        for name, magnitude in self.draw(rng):
+            op = table[name]
+            arg = () if op.level is None else (op.level(magnitude, *img.size),)
+            if op.signed and rng.coin():
+                arg = (-arg[0],)
+            extra = (_FILTERS[rng.randint(2)], fill) if op.geometric else ()
+            img = op.fn(img, *arg, *extra)
+        return img
+
+    def on_uint8(self, image: np.ndarray, rng: SampleRandom, fill) -> np.ndarray:
+        """An ``(H, W, C)`` ``uint8`` image, augmented (a new array)."""
+        img = Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image)
+        return np.array(self(img, rng, fill)).reshape(image.shape)  # writable, contiguous
+
+    def on_float(self, image: np.ndarray, rng: SampleRandom, fill) -> np.ndarray:
+        """A ``(C, H, W)`` float image in ``[0, 1]``, augmented through ``uint8`` pixels."""
+        pixels = np.clip(np.rint(image * 255.0), 0, 255).astype(np.uint8).transpose(1, 2, 0)
+        out = self.on_uint8(np.ascontiguousarray(pixels), rng, fill)
+        return out.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+
+class RandAugment(Policy):
+    """timm's RandAugment: ``num_ops`` picks with replacement, each applied with probability
+    1/2, at ``magnitude`` in ``[0, 10]``."""
+
+    names = tuple(RAND_OPS)
+
+    def __init__(self, num_ops: int, magnitude: float):
+        self.num_ops, self.magnitude = num_ops, magnitude
+        self.spec = f"randaugment:{num_ops}:{magnitude:g}"
+
+    def table(self) -> dict[str, Op]:
+        return RAND_OPS
+
+    def draw(self, rng: SampleRandom) -> list[tuple[str, float | None]]:
+        picks = [self.names[rng.randint(len(self.names))] for _ in range(self.num_ops)]
+        return [(name, self.magnitude) for name in picks if rng.uniform(0.0, 1.0) <= 0.5]
+
+
+class TrivialAugment(Policy):
+    """TrivialAugment Wide: one operation, always, at a uniform bin of 31."""
+
+    names = tuple(WIDE_OPS)
+    spec = "trivialaugment"
+
+    def table(self) -> dict[str, Op]:
+        return WIDE_OPS
+
+    def draw(self, rng: SampleRandom) -> list[tuple[str, float | None]]:
+        name = self.names[rng.randint(len(self.names))]
+        return [(name, rng.randint(WIDE_BINS) if WIDE_OPS[name].level is not None else None)]
+
+
+def parse_policy(text: str, name: str = "augment") -> Policy:
+    """``randaugment:N:M`` or ``trivialaugment`` as a :class:`Policy`; anything else (or
+    ``N`` below 1, ``M`` outside ``[0, 10]``) a one-line error naming parameter ``name``."""
+    if text == TrivialAugment.spec:
+        return TrivialAugment()
+    parts = text.split(":")
+    if parts[0] == "randaugment":
+        form = (f"bad {param(name)} {text!r}: give randaugment:N:M, N operations (1 or more) "
+                f"of magnitude M (0 to {RAND_MAX:g}), e.g. randaugment:2:9")
+        if len(parts) != 3:
+            raise UsageError(form)
+        try:
+            num_ops, magnitude = int(parts[1]), float(parts[2])
+        except ValueError:
+            raise UsageError(form) from None
+        if num_ops < 1 or not math.isfinite(magnitude) or not 0 <= magnitude <= RAND_MAX:
+            raise UsageError(form)
+        return RandAugment(num_ops, magnitude)
+    raise UsageError(f"bad {param(name)} {text!r}: not one of {', '.join(POLICY_FORMS)}")

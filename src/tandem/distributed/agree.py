@@ -1,0 +1,245 @@
+"""The decisions every rank of a job must share, each made here, once, for all of them.
+
+NCCL matches collectives by their order, not their name: a rank that decides alone (to skip
+a step, drop a candidate, stop, save) issues a collective its peers do not, and the job hangs
+until the watchdog aborts it. So every decision that must be the same on all ranks is a
+method of :class:`Agreement`, one collective each, and nothing else in tandem decides for the
+job:
+
+============================  ==========================  =====================================
+decision                      method                      collective
+============================  ==========================  =====================================
+the job's settings, its data  :meth:`settings`            ``all_gather_object``, at the start
+what rank 0 decided           :meth:`rank0`, ...          ``broadcast_object_list``
+what each rank found          :meth:`each`                ``all_gather_object``
+what every rank can do        :meth:`all_of`              ``all_reduce`` MIN of a mask
+whether any rank found it     :meth:`any_of`              ``all_reduce`` MAX
+stop, save, the step saved    :meth:`vote`                one ``all_reduce`` a step, read later
+fp16's skipped step           :meth:`grad_scaler`         torch's ``ShardedGradScaler``
+a lost peer                   :meth:`peer_name`, ...      none: from what was agreed before
+============================  ==========================  =====================================
+
+Its collectives run on CPU tensors, which a job on CUDA sends over the group's gloo backend
+(``cpu:gloo,cuda:nccl``): an agreement never waits on a GPU, and a peer lost during one is a
+Python error there, not NCCL's abort: one line (:class:`~.faults.PeerLost`), with the line the
+lost rank left, where it left one (a rank that refused its flags ends the others so). In one
+process every method returns the caller's own value and nothing is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+from tandem.errors import TandemError, UsageError, param
+
+from . import faults
+
+T = TypeVar("T")
+
+__all__ = ["Agreement", "Verdict", "SettingsDiffer", "LOCAL"]
+
+
+class SettingsDiffer(UsageError):
+    """The ranks of a job were started with different settings (a typo on one machine)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the ranks agreed after a step (:meth:`Agreement.vote`): stop (a signal on any
+    rank), save now (rank 0's clock said a save is due), and the optimizer step of the last
+    checkpoint rank 0 has on disk (``None``: none yet)."""
+
+    stop: bool = False
+    save: bool = False
+    saved_step: int | None = None
+
+
+class Agreement:
+    """The decisions of one job: rank ``rank`` of ``world_size`` on the default process group
+    (``group=None``) or ``group``. ``node`` and ``addr`` say where this rank runs (its node's
+    index and address towards the master), for the lines that name a rank."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1, group=None, node: str = "0",
+                 addr: str = ""):
+        self.rank, self.world_size, self.group = rank, world_size, group
+        # rank -> (node, address), every rank's after settings(); this one's before
+        self.peers: dict[int, tuple[str, str]] = {rank: (node, addr)}
+        self._pending = None  # the last step's vote, in flight (several processes)
+
+    @property
+    def several(self) -> bool:
+        return self.world_size > 1
+
+    # -- where each rank runs ------------------------------------------------------------
+    def peer_name(self, rank: int) -> str:
+        """``rank 1 (node 1, 192.0.2.2)``, as far as the start of the job told."""
+        if rank not in self.peers:
+            return f"rank {rank}"
+        node, addr = self.peers[rank]
+        return f"rank {rank} (node {node}{', ' + addr if addr else ''})"
+
+    def ranks_at(self, address: str) -> list[int]:
+        """The ranks (other than this one) that run at ``address``."""
+        return [r for r, (_, addr) in self.peers.items() if addr == address and r != self.rank]
+
+    # -- decisions ---------------------------------------------------------------------------
+    def settings(self, mine: dict[str, Any], named: Callable[[str], str] | None = None,
+                 what: str = "every node must run the same command (only --node-rank differs)"
+                 ) -> None:
+        """Check every rank's settings (``{"optim.lr": 0.01, ...}``) against rank 0's, and
+        learn where every rank runs (:attr:`peers`). A difference is a :class:`SettingsDiffer`
+        on every rank, naming the setting (``named(key)``; default: the config field's
+        parameter) and the ranks, and saying ``what`` must hold, before any step: a typo on
+        one machine of many would otherwise train a run that is neither (or hang)."""
+        if not self.several:
+            return
+        node, addr = self.peers[self.rank]
+        everyone = self.each((node, addr, mine))
+        self.peers = {r: (n, a) for r, (n, a, _) in enumerate(everyone)}
+        reference = everyone[0][2]
+        named = named or (lambda key: param(key.rsplit(".", 1)[-1]))
+        for rank, (_, _, theirs) in enumerate(everyone):
+            differs = sorted(k for k in set(reference) | set(theirs)
+                             if reference.get(k) != theirs.get(k))
+            if differs:
+                raise SettingsDiffer(_differ_line(self, rank, differs, reference, theirs, named,
+                                                  what),
+                                     quiet=self.rank != 0 and self.rank != rank)
+
+    def rank0(self, decide: Callable[[], T]) -> T:
+        """``decide()`` run on rank 0 alone (what only its machine can tell: its run
+        directory, its checkpoint) and its result on every rank; a mistake it raises
+        (a :class:`~tandem.errors.TandemError`) is raised on every rank, said by rank 0."""
+        if not self.several:
+            return decide()
+        outcome: tuple = (None, None, None)
+        if self.rank == 0:
+            try:
+                outcome = (decide(), None, None)
+            except TandemError as exc:
+                outcome = (None, type(exc), exc.marked or str(exc))
+        value, kind, message = self.from_rank0(outcome)
+        if kind is not None:
+            raise kind(message, quiet=self.rank != 0)
+        return value
+
+    def from_rank0(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (what rank 0 decided; the others pass anything)."""
+        if not self.several:
+            return value
+        box = [value]
+        with self._collective("what rank 0 decided"):
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def each(self, value: Any) -> list:
+        """Every rank's ``value``, in rank order (what each rank found: a file it lacks)."""
+        if not self.several:
+            return [value]
+        everyone: list = [None] * self.world_size
+        with self._collective("what each rank found"):
+            dist.all_gather_object(everyone, value, group=self.group)
+        return everyone
+
+    def all_of(self, flags: Sequence[bool]) -> list[bool]:
+        """Entry ``i`` is true on every rank when ``flags[i]`` is true on all of them."""
+        return self._reduced(flags, dist.ReduceOp.MIN)
+
+    def any_of(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any."""
+        return self._reduced([flag], dist.ReduceOp.MAX)[0]
+
+    def _reduced(self, flags: Sequence[bool], op) -> list[bool]:
+        if not self.several:
+            return [bool(f) for f in flags]
+        votes = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64)
+        with self._collective("a vote"):
+            dist.all_reduce(votes, op=op, group=self.group)
+        return [bool(v) for v in votes.tolist()]
+
+    # -- the vote after every optimizer step -----------------------------------------------------
+    def vote(self, stop: bool, save: bool = False, saved_step: int | None = None) -> Verdict:
+        """Cast this step's votes and return the verdict of the previous step's: every rank
+        calls it once per optimizer step, so every rank reads the same verdict at the same
+        step. ``stop`` (this rank got a signal) and ``save`` count on any rank; ``saved_step``
+        is rank 0's (the step of its last checkpoint on disk).
+
+        Several processes: one all-reduce of three numbers a step, started without waiting
+        and read one step later, when it has long arrived: a step never waits on it, and a
+        signal stops the job after the next step. One process: this step's own votes."""
+        if not self.several:
+            return Verdict(stop, save, saved_step)
+        cast = torch.tensor([float(stop), float(save),
+                             -1.0 if saved_step is None else float(saved_step)],
+                            dtype=torch.float64)
+        with self._collective("the step's vote"):
+            work = dist.all_reduce(cast, op=dist.ReduceOp.MAX, group=self.group,
+                                   async_op=True)
+            previous, self._pending = self._pending, (work, cast)
+            return _read(previous)
+
+    def settle(self) -> Verdict:
+        """The verdict of the vote still in flight (every rank calls it at the same point: the
+        end of an epoch, of the run), and none in flight after it."""
+        previous, self._pending = self._pending, None
+        with self._collective("the step's vote"):
+            return _read(previous)
+
+    @contextlib.contextmanager
+    def _collective(self, what: str):
+        """A collective of the agreement's: a peer lost meanwhile is one line
+        (:class:`~.faults.PeerLost`; with the line the lost rank left in the job's store, when
+        it left one); any other error stays as it is."""
+        try:
+            yield
+        except RuntimeError as exc:
+            if isinstance(exc, TandemError):
+                raise
+            lost = faults.lost_peer(exc, self, f"while agreeing on {what}")
+            if lost is None:
+                raise
+            raise lost from None
+
+    # -- fp16's found_inf ------------------------------------------------------------------------
+    def grad_scaler(self, device_type: str, enabled: bool) -> torch.amp.GradScaler:
+        """The loss scaler of a step: with several processes torch's ``ShardedGradScaler``,
+        whose ``unscale_`` all-reduces ``found_inf`` over the group, so that an inf in any
+        rank's gradients (a block of hybrid's split head lives on one rank only) makes every
+        rank skip the step and back off its scale alike; else torch's ``GradScaler``."""
+        if not (self.several and enabled):
+            return torch.amp.GradScaler(device_type, enabled=enabled)
+        group = self.group if self.group is not None else dist.group.WORLD
+        return ShardedGradScaler(device_type, process_group=group)
+
+
+def _read(pending) -> Verdict:
+    if pending is None:
+        return Verdict()
+    work, cast = pending
+    work.wait()
+    stop, save, saved = cast.tolist()
+    return Verdict(stop > 0, save > 0, None if saved < 0 else int(saved))
+
+
+def _differ_line(agreement: Agreement, rank: int, differs: list[str], reference: dict,
+                 theirs: dict, named: Callable[[str], str], what: str) -> str:
+    """One line: the first setting ``rank`` runs with that rank 0 does not, both values, how
+    many more differ, and what must hold."""
+    key = differs[0]
+    more = f" (and {len(differs) - 1} more)" if len(differs) > 1 else ""
+    return (f"{agreement.peer_name(rank)} has {named(key)} {_shown(theirs.get(key))} where "
+            f"{agreement.peer_name(0)} has {_shown(reference.get(key))}{more}: {what}")
+
+
+def _shown(value: Any) -> str:
+    return "(not set)" if value is None else str(value)
+
+
+#: the agreement of a process that is the whole job
+LOCAL = Agreement()

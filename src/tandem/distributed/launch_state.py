@@ -1,0 +1,67 @@
+"""What a node's workers tell its launcher, for the line it says when they were aborted.
+
+Under NCCL a failed or timed-out collective ends every worker by SIGABRT (the process group's
+watchdog): no worker can then say what was lost or what was kept. So the node's first worker
+keeps a small JSON file that ``tandem launch`` named (``TANDEM_LAUNCH_STATE``) up to date: the
+run directory, the step of rank 0's last checkpoint as every rank heard it (the ranks' vote,
+:class:`~.agree.Verdict`), where each rank runs, and the command that continues the run on
+this node. The launcher reads it when a worker died of a signal (:func:`read`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from typing import Mapping
+
+__all__ = ["STATE_VAR", "LaunchState", "read"]
+
+STATE_VAR = "TANDEM_LAUNCH_STATE"
+
+
+class LaunchState:
+    """The file at ``path``, written whole (atomically) at every :meth:`update` (from the
+    training thread and rank 0's writer: one at a time)."""
+
+    def __init__(self, path: str):
+        self.path, self.facts = path, {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of_worker(cls, environ: Mapping[str, str], speaks: bool) -> "LaunchState | None":
+        """The file the node's launcher named, for the worker that ``speaks`` for the node;
+        ``None`` elsewhere (another worker, or no ``tandem launch``)."""
+        path = environ.get(STATE_VAR)
+        return cls(path) if path and speaks else None
+
+    def update(self, **facts) -> None:
+        with self._lock:
+            self.facts.update(facts)
+            directory = os.path.dirname(self.path) or "."
+            try:
+                fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state-")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(self.facts, f)
+                os.replace(tmp, self.path)
+            except OSError:  # the launcher then says less; training goes on
+                pass
+
+    def saved(self, step: int) -> None:
+        """Rank 0's checkpoint of ``step`` is on its disk (as rank 0 or the ranks' vote
+        said); an older word never replaces a newer one."""
+        if step >= (self.facts.get("saved_step") or -1):
+            self.update(saved_step=step)
+
+
+def read(path: str | None) -> dict:
+    """What the workers last wrote to ``path`` (``{}``: nothing, or no file)."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            facts = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return facts if isinstance(facts, dict) else {}

@@ -1,0 +1,109 @@
+"""Rank 0's files written off the step's path: checkpoints, ``config.json`` and ``curves.png``.
+
+Only the main process writes the run directory; under several processes the others meanwhile
+wait in the next step's collective, whose timeout (``--dist-timeout``) a large checkpoint on a
+slow disk would outlast: the job would take rank 0 for lost, or NCCL's watchdog abort it. So
+the main process hands what it saves (a copy of the state, taken at once: the training goes
+on changing the original) to one thread that writes the files in the order given, and trains
+on. A file handed over again before its last copy was begun replaces it (a slow disk holds
+at most two copies of the model, not one per save). A write slower than ``slow_after``
+seconds is said in one line when it ends. A failed one (a full disk) is raised as one line
+at the next hand-over or at :meth:`Writer.flush`, which the run calls before it ends,
+whatever ends it (after the ranks' last collective: the wait is rank 0's alone).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+from tandem.errors import CheckpointError
+
+__all__ = ["Writer", "snapshot"]
+
+
+def snapshot(obj: Any) -> Any:
+    """``obj`` with every tensor in it copied to the CPU (dicts, lists and tuples walked):
+    what a write in the background may hold while training changes the originals."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return type(obj)((k, snapshot(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(snapshot(v) for v in obj)
+    return obj
+
+
+class Writer:
+    """One thread writing files in order. :meth:`write` hands a job over (``what``: the file,
+    for the lines; ``step``: the optimizer step a checkpoint holds); :attr:`written_step` is
+    the step of the last checkpoint on disk (``on_written(step)`` is told each); :meth:`flush`
+    waits for all of them."""
+
+    def __init__(self, slow_after: float | None = None, say: Callable[[str], None] | None = None,
+                 on_written: Callable[[int], None] | None = None):
+        self.slow_after = slow_after
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.on_written = on_written
+        self.written_step: int | None = None
+        self._pending: list[tuple[str, Callable[[], None], int | None, bool]] = []
+        self._busy = False
+        self._cv = threading.Condition()
+        self._failed: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def write(self, what: str, job: Callable[[], None], step: int | None = None,
+              supersedes: bool = True) -> None:
+        """Run ``job`` (which writes ``what``) after the jobs handed over before it; with
+        ``supersedes`` (a file written whole), one for the same file not yet begun is
+        replaced by it (not so for an append)."""
+        self._raise_failure()
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tandem-writer",
+                                                daemon=True)
+                self._thread.start()
+            kept = [p for p in self._pending if not (supersedes and p[0] == what and p[3])]
+            self._pending = kept + [(what, job, step, supersedes)]
+            self._cv.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every job handed over is done; raise the first that failed."""
+        with self._cv:
+            self._cv.wait_for(lambda: not self._pending and not self._busy)
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._pending)
+                what, job, step, _ = self._pending.pop(0)
+                self._busy = True
+            started = time.monotonic()
+            try:
+                job()
+                if step is not None:
+                    self.written_step = step
+                    if self.on_written is not None:
+                        self.on_written(step)
+            except BaseException as exc:  # kept for the main thread, which says it
+                if self._failed is None:
+                    self._failed = CheckpointError(f"could not write {what}: {exc}")
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+            took = time.monotonic() - started
+            if self.slow_after is not None and took > self.slow_after:
+                self.say(f"tandem: writing {what} took {took:.1f} s, more than --dist-timeout "
+                         f"({self.slow_after:.0f} s); training went on meanwhile (rank 0 "
+                         "writes its files off the step's path)")

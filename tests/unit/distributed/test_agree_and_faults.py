@@ -1,0 +1,121 @@
+"""The one agreement in one process (each decision is the caller's own), a lost peer told apart
+from a bug by the transport's own text, and the lost ranks named from the job's table or from
+who still answers in the job's store; compared with what gloo itself raises."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tandem.distributed import faults
+from tandem.distributed.agree import LOCAL, Agreement, Verdict
+
+GLOO_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+               "Connection closed by peer [192.0.2.2]:23979. This is typically caused by a "
+               "remote worker crashing.")
+GLOO_TIMEOUT = ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+                "waiting 20000ms for recv operation to complete")
+
+
+def test_one_process_decides_alone_and_sends_nothing():
+    assert not LOCAL.several
+    assert LOCAL.vote(True, False, 4) == Verdict(True, False, 4)  # this step's own, at once
+    assert LOCAL.settle() == Verdict()
+    assert LOCAL.all_of([True, False]) == [True, False] and LOCAL.any_of(True)
+    assert LOCAL.rank0(lambda: 7) == 7 and LOCAL.from_rank0("x") == "x" and LOCAL.each(3) == [3]
+    LOCAL.settings({"optim.lr": 0.1})  # nothing to compare with
+    assert type(LOCAL.grad_scaler("cpu", True)) is torch.amp.GradScaler
+
+
+def test_a_lost_peer_is_the_transport_s_words_from_the_transport_not_any_eof():
+    assert faults.is_peer_failure(RuntimeError(GLOO_CLOSED))
+    assert faults.is_peer_failure(RuntimeError(GLOO_TIMEOUT))
+    assert faults.is_peer_failure(dist.DistNetworkError("the store went away"))
+    # a data file's or an image decoder's failure says "EOF" or "read error": not a peer
+    assert not faults.is_peer_failure(RuntimeError("unexpected EOF, expected 1024 more bytes"))
+    assert not faults.is_peer_failure(RuntimeError("image file is truncated: read error"))
+    assert not faults.is_peer_failure(ValueError(GLOO_CLOSED))  # a bug's type stays a bug
+
+
+def _real_gloo_error() -> str:
+    """What gloo raises in the survivor when its peer dies (a real 2-process job)."""
+    code = textwrap.dedent("""
+        import os, sys, torch, torch.distributed as dist
+        from datetime import timedelta
+        r = int(sys.argv[1])
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=r,
+                                world_size=2, timeout=timedelta(seconds=20))
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        if r == 1:
+            os._exit(0)
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as exc:
+            print(str(exc).splitlines()[0])
+        os._exit(0)
+    """)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    peer = subprocess.Popen([sys.executable, "-c", code, "1", port], env=env)
+    try:
+        out = subprocess.run([sys.executable, "-c", code, "0", port], env=env, timeout=120,
+                             capture_output=True, text=True).stdout
+    finally:
+        peer.wait(timeout=60)
+    return out.strip()
+
+
+@pytest.mark.distributed
+def test_what_gloo_raises_for_a_dead_peer_is_a_lost_peer_named_by_its_address():
+    text = _real_gloo_error()
+    assert text, "the survivor's collective did not fail"
+    agreement = Agreement(0, 2)
+    agreement.peers = {0: ("0", "127.0.0.2"), 1: ("1", "127.0.0.1")}
+    lost = faults.lost_peer(RuntimeError(text), agreement, "in step 9")
+    assert lost is not None and lost.lost == (1,)
+    assert str(lost).startswith("rank 0 (node 0, 127.0.0.2): lost rank 1 (node 1, 127.0.0.1) "
+                                "in step 9: connection")
+
+
+def test_a_timeout_names_the_ranks_that_no_longer_answer_in_the_job_s_store(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setattr(faults, "_ROLL_S", 0.5)
+    store.set("tandem/0/alive/2", "1")  # rank 2 survived and said so; rank 1 is silent
+    agreement = Agreement(0, 3)
+    agreement.peers = {0: ("0", "192.0.2.1"), 1: ("1", "192.0.2.2"), 2: ("1", "192.0.2.2")}
+    lost = faults.lost_peer(RuntimeError(GLOO_TIMEOUT), agreement, "after step 3")
+    assert lost.lost == (1,)
+    assert str(lost) == ("rank 0 (node 0, 192.0.2.1): lost rank 1 (node 1, 192.0.2.2) after "
+                         "step 3: no answer for 20 s (--dist-timeout)")
+    assert store.check(["tandem/0/alive/0"])  # this survivor marked itself, once
+
+
+def test_a_store_out_of_reach_means_node_0_and_its_ranks_are_lost(monkeypatch):
+    with socket.socket() as s:  # nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for var, value in dict(RANK="2", WORLD_SIZE="3", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(faults, "_ROLL_S", 0.5)
+    agreement = Agreement(2, 3)
+    agreement.peers = {0: ("0", "192.0.2.1"), 1: ("0", "192.0.2.1"), 2: ("1", "192.0.2.2")}
+    assert faults.lost_peer(RuntimeError(GLOO_TIMEOUT), agreement, "in step 2").lost == (0, 1)
