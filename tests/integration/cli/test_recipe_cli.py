@@ -151,7 +151,9 @@ def _loop_step(scaler, *, unscale: bool = True):
     trainer = Trainer(cfg=cfg, strategy=strategy, model=model,
                       criterion=torch.nn.CrossEntropyLoss(), optimizer=optimizer,
                       scheduler=make_scheduler(optimizer, cfg.optim, 10), scaler=scaler,
-                      train_set=None, val_set=None, batches_per_epoch=10, config_dict={},
+                      train_set=torch.utils.data.TensorDataset(torch.zeros(60, 3, 8, 8),
+                                                               torch.zeros(60)),
+                      val_set=None, batches_per_epoch=10, config_dict={},
                       clip=make_clip(cfg.optim, strategy.plain_norms(model)))
     if not unscale:  # the control: the clip sees the scaled gradients (step unscales after)
         calls, unscale_ = [], scaler.unscale_
