@@ -1,6 +1,6 @@
 """Large batches on digits: each optimizer at 1x, 4x and 16x the global batch, with and without
 the linear scaling rule, accuracy after the same epochs (docs/benchmarks/large-batch.md,
-section 17).
+section 18).
 
 A larger global batch is what more devices and machines give a run: the same epochs then make
 fewer optimizer steps. Goyal et al. (2017) keep the recipe by scaling the learning rate with

@@ -111,19 +111,48 @@ BLOCKS: dict[str, list[str]] = {
 }
 
 
+def cpu_words() -> str:
+    """The CPU as precisely as the kernels care: ``/proc/cpuinfo``'s model name (a virtual
+    machine's may be as short as "AMD EPYC"), the instruction set torch's CPU kernels were
+    chosen for here (``torch.backends.cpu.get_cpu_capability()``: AVX2, AVX512, ...) and the
+    flags that change oneDNN's kernels (bf16, AMX). Two machines sold under one name but with
+    other kernels round the same sums differently, so a block's losses differ between them."""
+    model, flags = platform.processor() or "unknown CPU", set()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == (platform.processor() or "unknown CPU"):
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    capability = subprocess.run([str(REPO / ".venv/bin/python"), "-c",
+                                 "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                                capture_output=True, text=True).stdout.strip() or "unknown"
+    extras = [("avx512_bf16" if "avx512_bf16" in flags else "no avx512_bf16"),
+              ("AMX" if {"amx_tile", "amx_bf16"} & flags else "no AMX")]
+    return f"{model} (torch's {capability} kernels; {', '.join(extras)})"
+
+
 def machine() -> str:
-    """One line: the CPU model and count, the OS and torch, as the outputs were made."""
-    model = next((line.split(":", 1)[1].strip() for line in
-                  subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                  if line.startswith("Model name")), platform.processor() or "unknown CPU")
+    """One line: the CPU (:func:`cpu_words`) and count, the OS, the load where other jobs
+    shared the cores, and torch, as the outputs were made, and which of their figures depend
+    on the machine."""
     torch = subprocess.run([str(REPO / ".venv/bin/python"), "-c",
                             "import torch; print(torch.__version__)"],
                            capture_output=True, text=True).stdout.strip()
+    cores, load = os.cpu_count() or 1, os.getloadavg()[0]
+    shared = (f", shared with other jobs (load average {load:.1f} as it began: the times show "
+              f"it)" if load > cores / 2 else "")
     return (f"The outputs shown on this page were made by `python scripts/readme_outputs.py` "
-            f"on a {os.cpu_count()}-core {model} ({platform.system()} {platform.machine()}), "
-            f"torch {torch}, Python {platform.python_version()}, on "
-            f"{time.strftime('%Y-%m-%d', time.gmtime())}; on another machine the numbers "
-            f"differ (see \"The same update as one device\" in the docs).")
+            f"on a {cores}-core {cpu_words()}, {platform.system()} "
+            f"{platform.machine()}{shared}, torch {torch}, Python {platform.python_version()}, "
+            f"on {time.strftime('%Y-%m-%d', time.gmtime())}. Machine-dependent: every time and "
+            f"rate (s, ms, img/s), a race's choice, and the losses and accuracies, which "
+            f"another CPU's kernels round otherwise (see \"The same update as one device\" in "
+            f"the docs); the lines' words, sizes, counts and commands are not.")
 
 
 def run_block(commands: list[str], cwd: Path, env: dict) -> list[str]:

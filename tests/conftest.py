@@ -294,10 +294,21 @@ def fresh_imagefolder_warnings():
 
 def one_line_error(result, *words):
     """``result`` (a finished `tandem` command) failed with exit status 2 and one line on stderr,
-    ``tandem: error: ...``, that holds each of ``words``; returns the line."""
+    ``tandem: error: ...``, maybe followed by its remedy on a line of its own, ``hint: ...``
+    (git's and pip's way); each of ``words`` is in one of them. Returns the error line (the
+    hint: :func:`hint_of`)."""
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tandem: error:"), result.stderr
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("tandem: error:"), result.stderr
+    assert len(lines) == 1 or lines[1].startswith("hint: "), result.stderr
     for word in words:
-        assert word in lines[0], lines[0]
+        assert any(word in line for line in lines), result.stderr
     return lines[0]
+
+
+def hint_of(result) -> str | None:
+    """The ``hint: ...`` line under a `tandem` command's one-line error, without its
+    ``hint: `` (``None``: none)."""
+    lines = result.stderr.strip().splitlines()
+    return lines[1].removeprefix("hint: ") if len(lines) == 2 and \
+        lines[1].startswith("hint: ") else None

@@ -2,7 +2,7 @@
 
 Layers (data flows down; nothing imports upward)::
 
-    cli -> train -> strategies -> parallel / hybrid / distributed -> models, data
+    cli -> train -> strategies -> parallel / hybrid / distributed -> models, data -> keyed
 
 Every strategy computes the same update as one device training on the whole batch.
 ``tandem.fit(model, train_data, val_data, **settings)`` trains a model of your own

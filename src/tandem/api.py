@@ -22,7 +22,7 @@ from tandem.data.given import given_data
 from tandem.data.load import GIVEN_DATA
 from tandem.distributed.env import in_torchrun, is_main_process
 from tandem.distributed.process_group import Job
-from tandem.errors import UsageError
+from tandem.errors import UsageError, a
 from tandem.parallel.devices import parse_device_spec
 from tandem.strategies import auto
 from tandem.train.plan import Supplied, plan_train
@@ -36,23 +36,29 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
         classes=None, **settings) -> dict | None:
     """Train ``model`` on ``train_data``, validating on ``val_data`` after every epoch.
 
-    ``train_data`` and ``val_data`` are map-style data sets of ``(input, target)`` pairs,
-    floating-point inputs and class-index targets (``val_data`` may be ``None``: no
-    validation); ``classes``, their names. ``settings`` are ``tandem train``'s, under the
-    config's field names (``batch_size=64``, ``strategy="dp"``, ``resume="runs/mine"``), with
-    the same checks and one-line errors (:class:`~tandem.errors.UsageError`). ``criterion``
-    defaults to cross-entropy with ``ignore_index`` and ``label_smoothing``; it is not saved,
-    so a resume is handed it again. ``model=None`` builds ``arch`` and ``train_data=None``
-    loads ``data``, as the CLI does.
-
-    Returns the last metrics row (a ``metrics.jsonl`` row; with ``evaluate=True`` the
-    validation's figures), on the main process; ``None`` on the other ranks of a launch. The
-    model is left holding the final weights; they are also in ``out``/``checkpoint.pt``.
     Warning: the model's initial weights are used as they are (seed them yourself), and with
     several processes, rank 0's. Under torchrun a one-process ``strategy`` becomes one process
     per device (``ddp``), and one line says so. As ``tandem train`` does, training sets glibc's
     malloc thresholds for the whole process, which then keeps its peak memory
     (:mod:`tandem.cpu_malloc`; ``TANDEM_MALLOC=default`` keeps glibc's own behaviour).
+
+    :param model: the model to train; it is left holding the final weights (they are also in
+        ``out``/``checkpoint.pt``). ``None`` builds ``arch``, as the CLI does.
+    :param train_data: a map-style data set of ``(input, target)`` pairs: floating-point
+        inputs of one shape, class-index targets (or tensors of them: masks). ``None`` loads
+        ``data``, as the CLI does.
+    :param val_data: the same for validation after every epoch; ``None``: no validation (no
+        ``best.pt``, and the rows' validation fields are null).
+    :param criterion: the loss, ``criterion(outputs, targets)``; default cross-entropy with
+        ``ignore_index`` and ``label_smoothing``. It is not saved: a resume is handed it again.
+    :param classes: the class names (their count is the model's outputs); default the data
+        sets' own ``classes``, else the largest target + 1.
+    :param settings: ``tandem train``'s settings under the config's field names
+        (``batch_size=64``, ``strategy="dp"``, ``devices="cpu:3"``, ``epochs=10``,
+        ``out="runs/mine"``, ``resume="runs/mine"``, ...), with the same checks and one-line
+        errors (:class:`~tandem.errors.UsageError`).
+    :returns: the last metrics row (a ``metrics.jsonl`` row; with ``evaluate=True`` the
+        validation's figures), on the main process; ``None`` on the other ranks of a launch.
     """
     cfg = TrainConfig.from_settings(settings)
     given = frozenset(settings)
@@ -61,7 +67,7 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     if train_data is not None and "data" in settings:
         raise UsageError("tandem.fit() got train_data and data=: give one of them")
     if model is not None and not isinstance(model, nn.Module):
-        raise UsageError(f"tandem.fit(): model is a {type(model).__name__}, not a "
+        raise UsageError(f"tandem.fit(): model is {a(type(model).__name__)}, not a "
                          f"torch.nn.Module")
     cfg, given = _multiprocess(cfg, given)
     if model is not None:  # what the run's config says built it (re-importable if a module's)

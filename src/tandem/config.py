@@ -15,6 +15,7 @@ from tandem.data.dataset import parse_augment
 from tandem.data.device_decode import DECODE_MODES
 from tandem.data.mixing import Mixing
 from tandem.errors import TandemError, UsageError, param
+from tandem.keyed import DROPOUT_RNGS, KEYED
 from tandem.optim import CLIP_MODES, EXCLUDES_NORM, LR_SCALES, OPTIMIZERS
 from tandem.suggest import did_you_mean
 from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choice, check_type,
@@ -43,6 +44,16 @@ class ModelConfig:
                     "-a", "--arch", metavar="ARCH")
     dropout: float | None = opt(None, "dropout probability for models with dropout "
                                 "(default: the model's own)", metavar="P")
+    dropout_rng: str = opt(KEYED, "where dropout and drop path draw their masks in training: "
+                           "keyed (default) draws each sample's from a stream keyed by the "
+                           "seed, the step and the sample's place in the global batch, so "
+                           "every strategy and device count computes the same run; torch "
+                           "draws from torch's generator, as torch's layers do",
+                           choices=DROPOUT_RNGS)
+    drop_path: float = opt(0.0, "stochastic depth for the zoo's ResNets: the last residual "
+                           "block's branch is dropped with probability P, earlier ones "
+                           "linearly less, the first never, as in timm; 0: none",
+                           metavar="P")
     # Only the fresh run reads the file; a resumed run's weights come from its checkpoint.
     pretrained: str | None = opt(None, "start from these weights: a torchvision state-dict file "
                                  "or a checkpoint; nothing is downloaded (a classifier of "
@@ -59,6 +70,9 @@ class ModelConfig:
         check(self.pretrained != "", NO_WEIGHTS_FILE)
         check(self.dropout is None or 0.0 <= self.dropout < 1.0,
                f"bad {param('dropout')} {self.dropout}: must be in [0, 1)")
+        check_choice(self.dropout_rng, DROPOUT_RNGS, "dropout_rng")
+        check(0.0 <= self.drop_path < 1.0,
+              f"bad {param('drop_path')} {self.drop_path}: must be in [0, 1)")
         check(self.output_key != "", f"{param('output_key')} must not be empty")
         check(self.hybrid_head != "", f"{param('hybrid_head')} must not be empty")
 

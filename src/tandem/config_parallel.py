@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tandem.config_fields import MAY_CHANGE, check, check_choice, opt
-from tandem.errors import param
+from tandem.errors import UsageError, param
 from tandem.parallel.buffers import POLICIES
 from tandem.parallel.split import parse_split
 from tandem.precision import AMP_DTYPES
 from tandem.strategies import strategy_names
 from tandem.strategies.auto import AUTO
 from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
+from tandem.suggest import did_you_mean
 
 __all__ = ["DTYPES", "ParallelConfig"]
 
@@ -39,7 +40,9 @@ class ParallelConfig:
                         "drive this model here, keep the fastest)", choices=_strategy_names,
                         on_resume=MAY_CHANGE)
     auto_steps: int | None = opt(None, "with --strategy auto: timed rounds of the race, 3 at least "
-                                 "(default: as many as fit 5 s or 5%% of an epoch, at most 30 s)",
+                                 "(default: after one cold round, as many as fit 5 s or 5%% of "
+                                 "an epoch, at most 30 s, but 3 however long they take; under "
+                                 "tandem launch 5, however long)",
                                  metavar="N", on_resume=MAY_CHANGE)
     devices: str = opt("auto", "cpu, cpu:N (N CPU replicas), cuda, cuda:0,1 or auto",
                        metavar="SPEC", on_resume=MAY_CHANGE, per_node=True)
@@ -83,6 +86,11 @@ class ParallelConfig:
 
     def __post_init__(self):
         check(bool(self.strategy), f"{param('strategy')} must not be empty")
+        names = _strategy_names()
+        if self.strategy not in names:
+            raise UsageError(f"unknown {param('strategy')} {self.strategy!r}"
+                             f"{did_you_mean(self.strategy, list(names))}",
+                             hint=f"choose one of {', '.join(names[:-1])} or {names[-1]}")
         if self.backward_threads is not None:
             check_choice(self.backward_threads, ("on", "off"), "backward_threads")
         check_choice(self.buffers, POLICIES, "buffers")

@@ -3,7 +3,9 @@
 Each also derives from the built-in error a caller expects (``ValueError``, ...). A message
 names a parameter (a config field, a keyword) through :func:`param`: the library's message
 says the parameter's name (``bad lr -1: must be > 0``), and the command line renders the
-same error with the parameter's flag (``bad --lr -1``; :meth:`TandemError.worded`).
+same error with the parameter's flag (``bad --lr -1``; :meth:`TandemError.worded`). A remedy
+goes in ``hint``, as git and pip print theirs: the CLI says it on a line of its own,
+``hint: ...``, under the one-line error.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from typing import Callable
 
 __all__ = ["TandemError", "UsageError", "MissingFileError", "CheckpointError",
-           "TrainingDiverged", "first_line", "param", "quoted"]
+           "TrainingDiverged", "first_line", "param", "quoted", "a"]
 
 # A parameter's name inside a message sits between two private-use characters, which no
 # value a message quotes (a path, a number, a model's name) carries.
@@ -29,20 +31,30 @@ def param(name: str) -> str:
     return f"{_OPEN}{name}{_CLOSE}"
 
 
+def a(noun: str) -> str:
+    """``noun`` with its indefinite article: ``a(int)`` is "an int", ``a("list")`` "a list"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 class TandemError(Exception):
     """A mistake of the user's: a bad value, file or combination of settings.
 
-    The CLI prints it as one line (none where ``quiet``) and exits with ``exit_status``.
+    The CLI prints it as one line (none where ``quiet``), then ``hint``, the remedy, on a
+    line of its own, and exits with ``exit_status``. ``str()`` holds both lines.
     """
 
     exit_status = 2
     quiet = False
 
-    def __init__(self, *args, quiet: bool | None = None):
+    def __init__(self, *args, quiet: bool | None = None, hint: str | None = None):
         # the message as written, parameters marked; args and str() say the names
         self.marked = args[0] if args and isinstance(args[0], str) else None
+        self.hint_marked = hint
         if self.marked is not None:
-            args = (_PARAM.sub(r"\1", self.marked), *args[1:])
+            plain = _PARAM.sub(r"\1", self.marked)
+            if hint:
+                plain += "\nhint: " + _PARAM.sub(r"\1", hint)
+            args = (plain, *args[1:])
         super().__init__(*args)
         if quiet is not None:  # a process other than the one that speaks for the job
             self.quiet = quiet
@@ -58,6 +70,12 @@ class TandemError(Exception):
         if self.marked is None:
             return str(self)
         return _PARAM.sub(lambda m: name(m.group(1)), self.marked)
+
+    def hint(self, name: Callable[[str], str]) -> str | None:
+        """The remedy, each parameter written as ``name(parameter)`` says (``None``: none)."""
+        if not self.hint_marked:
+            return None
+        return _PARAM.sub(lambda m: name(m.group(1)), self.hint_marked)
 
 
 class UsageError(TandemError, ValueError):

@@ -18,7 +18,7 @@ import re
 import sys
 from typing import Callable
 
-from tandem.errors import UsageError, first_line
+from tandem.errors import UsageError, a, first_line
 from tandem.suggest import did_you_mean
 
 __all__ = ["is_reference", "rebuildable", "names_module", "resolve", "call"]
@@ -91,7 +91,7 @@ def resolve(reference: str, what: str) -> Callable:
             raise UsageError(f"{what} '{reference}': {owner} has no {part!r}{hint}")
         found, owner = getattr(found, part), part
     if not callable(found):
-        raise UsageError(f"{what} '{reference}' is a {type(found).__name__}, not a function")
+        raise UsageError(f"{what} '{reference}' is {a(type(found).__name__)}, not a function")
     return found
 
 

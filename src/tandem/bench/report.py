@@ -20,7 +20,7 @@ from tandem.distributed.env import malloc_left_alone
 from tandem.errors import TandemError, first_line
 from tandem.hybrid import plan
 from tandem.parallel import threaded_backward
-from tandem.parallel.split import split_report
+from tandem.parallel.split import split_gain, split_report
 from tandem.precision import amp_precision
 from tandem.strategies import strategy_names
 
@@ -46,6 +46,19 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
+# a speed-up over single this far beyond the contestant's device count is not believed
+BEYOND_LINEAR = 1.1
+
+
+def beyond_linear(r: dict) -> bool:
+    """True when row ``r``, on N >= 2 devices (replicas or processes), claims more speed over
+    ``single`` than they can give: N devices make a step at most about N times faster than
+    one, so such a ratio says that single's time, or this one's, was disturbed (a loaded
+    machine). One device against another (bare vs single) is an overhead, not a bound."""
+    gain, devices = r.get("speedup_vs_single"), len(r.get("devices") or ())
+    return gain is not None and devices >= 2 and gain > BEYOND_LINEAR * devices
+
+
 def _row(r: dict) -> list[str]:
     name = r["name"] + (" *" if r["kind"] == "baseline" else "")
     if r["status"] == "ok" and is_noise(r["step_time_s"]):
@@ -54,6 +67,7 @@ def _row(r: dict) -> list[str]:
         return [name, f"{r['status']}: {r['reason']}"]
     t = r["step_time_s"]
     ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    vs_single = ratio(r["speedup_vs_single"]) + (f" {IMPOSSIBLE}" if beyond_linear(r) else "")
     traffic = r["bytes_per_step"]
     if traffic is None:
         moved = "not counted"
@@ -64,7 +78,7 @@ def _row(r: dict) -> list[str]:
             moved += f" + {traffic['uncounted']} (not counted)"
     memory = " ".join(format_bytes(m) for m in r["peak_memory_bytes"])
     return [name, _ms(t["median"]), _ms(t["iqr"]), f"{_ms(t['min'])}..{_ms(t['max'])}",
-            f"{r['images_per_sec']['median']:.1f}", ratio(r["speedup_vs_single"]),
+            f"{r['images_per_sec']['median']:.1f}", vs_single,
             ratio(r["speedup_vs_bare"]), moved, memory]
 
 
@@ -109,6 +123,8 @@ def format_table(report: dict) -> str:
                  "Ratios are median step times (>1 is faster). "
                  "Bytes are tandem-engine transfers per step (logical, between replicas).")
     lines += _noise_lines(report["results"])
+    lines += _beyond_lines(report["results"])
+    lines += split_lines(report)
     compiled = [r for r in report["results"] if r["name"].endswith("+compile")
                 and r["status"] == "ok" and r.get("first_step_s") is not None]
     if compiled:
@@ -136,6 +152,50 @@ def _noise_lines(results: list[dict]) -> list[str]:
     return noise_lines([(r["name"], r["step_time_s"]) for r in results if r["status"] == "ok"],
                        "their times and ratios say nothing. Rerun on an idle machine or with "
                        "more --steps.")
+
+
+def _beyond_lines(results: list[dict]) -> list[str]:
+    """The line under the table naming the speed-ups over single marked ``?``, if any."""
+    claims = [f"{r['name']} {r['speedup_vs_single']:.2f}x on {len(r['devices'])} device(s)"
+              for r in results if r["status"] == "ok" and beyond_linear(r)]
+    if not claims:
+        return []
+    return [f"{IMPOSSIBLE} vs single beyond what the devices can give: {'; '.join(claims)}: "
+            f"single's step (or this one's) was disturbed; rerun on an idle machine or with "
+            f"more --steps"]
+
+
+def split_lines(report: dict) -> list[str]:
+    """With ``--handicap``: each uneven split's measured speed over its strategy's even split
+    beside the most the handicap lets a split gain (:func:`~tandem.parallel.split.split_gain`,
+    the slowest device setting the pace); one measured beyond it is marked ``?``."""
+    c = report["config"]
+    if not c.get("handicap"):
+        return []
+    index, factor = c["handicap"].split(":")
+    per_sample = [float(factor) if i == int(index) else 1.0 for i in range(len(c["device_list"]))]
+    best = split_gain(c["batch_size"], per_sample, [1 / t for t in per_sample])
+    ok = {r["name"]: r for r in report["results"] if r["status"] == "ok"}
+    measured, claims = [], []
+    for name, r in ok.items():
+        base = ok.get(name.split("/")[0])
+        if "/" not in name or base is None or base is r:
+            continue
+        gain = base["step_time_s"]["median"] / r["step_time_s"]["median"]
+        beyond = gain > BEYOND_LINEAR * best
+        measured.append(f"{name} {gain:.2f}x{f' {IMPOSSIBLE}' if beyond else ''}")
+        if beyond:
+            claims.append(f"{name} {gain:.2f}x")
+    if not measured:
+        return []
+    lines = [f"split vs even split of the same strategy: {', '.join(measured)}; under "
+             f"--handicap {c['handicap']} a split gains {best:.2f}x at most (the slowest "
+             f"device sets the pace)"]
+    if claims:
+        lines.append(f"{IMPOSSIBLE} beyond what the handicap allows: {'; '.join(claims)}: the "
+                     f"even split's step (or this one's) was disturbed; rerun on an idle "
+                     f"machine or with more --steps")
+    return lines
 
 
 def _loop_lines(results: list[dict]) -> list[str]:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tandem.version import __version__
-from tandem.errors import CheckpointError
+from tandem.errors import CheckpointError, a
 from tandem.model_state import load_plain_state_dict, plain_state_dict
 
 from . import compat
@@ -167,7 +167,7 @@ def _read(path: Path, map_location) -> dict:
         raise CheckpointError(f"checkpoint '{path}' is corrupt or unreadable "
                               f"({type(exc).__name__}: {reason(exc)})") from None
     if not isinstance(obj, dict):
-        raise CheckpointError(f"checkpoint '{path}' holds a {type(obj).__name__}, not a "
+        raise CheckpointError(f"checkpoint '{path}' holds {a(type(obj).__name__)}, not a "
                               f"checkpoint dict or state dict")
     if "state_dict" in obj:
         ckpt = dict(obj)

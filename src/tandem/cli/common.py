@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import sys
 import types
 import typing
@@ -23,10 +24,13 @@ from tandem.errors import TandemError, first_line
 from tandem.suggest import did_you_mean
 
 __all__ = ["add_config_arguments", "command_parser", "config_from_args", "error_line",
-           "flag_for", "flag_of", "flagged", "given_fields", "tandem_warnings", "ShowDefaults",
-           "TandemParser"]
+           "error_lines", "flag_for", "flag_of", "flagged", "given_fields", "tandem_warnings",
+           "ShowDefaults", "TandemParser"]
 
 _GIVEN = "given_fields"  # namespace attribute: the dests whose flag was typed
+# argparse's words for a value outside an argument's choices, and the quoted names in them
+_INVALID_CHOICE = re.compile(r"argument (.+?): invalid choice: '(.*?)' \(choose from (.*)\)$")
+_QUOTED = re.compile(r"'([^']*)'")
 
 
 class _Recorded(argparse.Action):
@@ -90,10 +94,18 @@ class TandemParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         """One line, as tandem's own errors are (not argparse's whole usage block), with
-        the hint a value starting with ``-`` needs; exit status 2."""
+        the hint a value starting with ``-`` needs, or the close names of a mistyped choice
+        (a subcommand: "unknown command"); exit status 2."""
         hint = ""
         if message.endswith("expected one argument"):
             hint = "; a value that starts with '-' is written --flag=VALUE (e.g. --split=-1,2)"
+        choice = _INVALID_CHOICE.match(message)
+        if choice:
+            typed, choices = choice.group(2), _QUOTED.findall(choice.group(3))
+            commands = getattr(self, "commands", None)
+            if commands is not None and choice.group(1) == commands.metavar:
+                message = f"unknown command {typed!r}"
+            hint = did_you_mean(typed, choices) or f"; choose one of {', '.join(choices)}"
         self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
 
 
@@ -117,6 +129,14 @@ def command_parser(modules: dict, *, version: str | None = None) -> TandemParser
 def error_line(exc: TandemError) -> str:
     """``exc`` as the command line says it: one line, each parameter by its flag."""
     return first_line(flagged(exc), limit=None)
+
+
+def error_lines(exc: TandemError, prog: str = "tandem") -> list[str]:
+    """What the command line prints for ``exc``: ``PROG: error: ...`` and, where it has a
+    remedy, ``hint: ...`` on the next line (as git and pip do), each parameter by its flag."""
+    lines = [f"{prog}: error: {error_line(exc)}"]
+    remedy = exc.hint(flag_for) if isinstance(exc, TandemError) else None
+    return lines + ([f"hint: {remedy}"] if remedy else [])
 
 
 def given_fields(args: argparse.Namespace) -> frozenset[str]:

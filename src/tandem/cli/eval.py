@@ -70,10 +70,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--ema", action="store_true",
                         help="evaluate the checkpoint's exponential moving average of the "
                              "weights (a run trained with --model-ema) instead of its weights")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object (arch, loss, label_smoothing, plain_ce: "
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                        help="write one JSON object (arch, loss, label_smoothing, plain_ce: "
                              "plain cross-entropy beside a label-smoothed loss, acc1, acc5, "
-                             "count; acc = acc1)")
+                             "count; acc = acc1) to PATH, as tandem bench's --json; alone or "
+                             "'-': to stdout, instead of the line")
     parser.set_defaults(func=run)
     return parser
 
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         model_info(args.arch)  # a typo: the closest names, before any file is read
     parallel = config_from_args(ParallelConfig, args, amp=False, amp_dtype=None)
     _check_launched(parallel, args)
-    with tandem_warnings(notes_to_stderr=args.json):  # stdout stays one JSON object
+    to_stdout = args.json == "-"  # stdout is then one JSON object, and the notes go to stderr
+    with tandem_warnings(notes_to_stderr=to_stdout):
         result = evaluate(args.resume, parallel=parallel, data=data,
                           batch_size=args.batch_size, seed=args.seed,
                           label_smoothing=args.label_smoothing, arch=args.arch,
@@ -98,18 +100,30 @@ def run(args: argparse.Namespace) -> int:
     if not result.pop("is_main"):
         return 0  # under ddp every rank validates its share; rank 0 reports the total
     if note:  # on stderr with --json, so that stdout stays one JSON object
-        print(note, file=sys.stderr if args.json else sys.stdout)
+        print(note, file=sys.stderr if to_stdout else sys.stdout)
     if precision:
-        print(precision, file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(dict(result, **({"ema": True} if args.ema else {}))))
+        print(precision, file=sys.stderr if to_stdout else sys.stdout)
+    if args.ema:
+        result["ema"] = True  # the figures are the EMA's
+    if to_stdout:
+        print(json.dumps(result))
         return 0
+    if args.json:
+        _write_json(result, args.json)
     if result["compile_seconds"] is not None:
         print(describe_compile(result["compile_seconds"], args.compile_mode))
     which = " (its EMA of the weights)" if args.ema else ""
     print(f"{args.resume}{which}: {result['arch']} {eval_scores(result)} "
           f"({result['count']} images)")
     return 0
+
+
+def _write_json(result: dict, path: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(result) + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write --json '{path}': {exc.strerror or exc}") from None
 
 
 def _check_launched(parallel: ParallelConfig, args: argparse.Namespace) -> None:

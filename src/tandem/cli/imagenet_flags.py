@@ -2,7 +2,8 @@
 
 The positional ``DIR`` is ``--data DIR``, ``--gpu N`` is ``--devices cuda:N``,
 ``--no-accel`` is ``--devices cpu`` and ``--dummy`` is ``--data synthetic``, for an ImageNet
-arch at its native size with 1000 classes, as the example's (:func:`dummy_line` says so). The
+arch at its native size with 1000 classes, and without ``-a`` the example's default arch,
+resnet18: the example's ``--dummy`` whole (:func:`dummy_line` says so). The
 example's distributed flags are refused with the equivalent ``tandem launch`` command, and
 ``--start-epoch`` because the epoch comes from ``--resume``.
 """
@@ -14,12 +15,13 @@ import os
 import shlex
 from urllib.parse import urlparse
 
-from tandem.config import NO_WEIGHTS_FILE, DataConfig, ParallelConfig
+from tandem.config import NO_WEIGHTS_FILE, OptimConfig, ParallelConfig
 from tandem.data.synthetic import split_sizes
 from tandem.errors import UsageError
 from tandem.factory import is_reference
 from tandem.models import model_info
 from tandem.strategies import strategy_names
+from tandem.train.settings import EXAMPLE_CLASSES, IMAGEFOLDER_ARCH
 
 from .common import add_config_arguments
 
@@ -38,7 +40,8 @@ def add_example_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the example's --no-accel: same as --devices cpu")
     group.add_argument("--dummy", action="store_true",
                        help="the example's --dummy: --data synthetic, for an ImageNet arch at "
-                            "its native size with 1000 classes")
+                            "its native size with 1000 classes (without -a: resnet18, the "
+                            "example's default)")
     group.add_argument("--start-epoch", type=int, default=None, metavar="N",
                        help="not supported: --resume FILE continues at the epoch stored in FILE")
     _add_distributed(group)
@@ -61,9 +64,10 @@ def _add_distributed(group) -> None:
 def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
     """Config values implied by the example's flags, and the field names they count as given."""
     if any(getattr(args, name, None) not in (None, False) for name in _DIST):
+        note = batch_note(args)
         raise UsageError("tandem runs several processes through `tandem launch`, not with "
-                         "--dist-url/--world-size/--rank/--multiprocessing-distributed; run: "
-                         + launch_command(args))
+                         "--dist-url/--world-size/--rank/--multiprocessing-distributed",
+                         hint="run: " + launch_command(args) + (f" ({note})" if note else ""))
     if args.start_epoch is not None:
         raise UsageError("--start-epoch is not supported: --resume FILE continues at the epoch "
                          "stored in FILE, and a fresh run starts at epoch 1")
@@ -79,7 +83,9 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
             raise UsageError(f"two datasets given: --dummy (same as --data synthetic) and "
                              f"{other}: give one")
         values["data"] = "synthetic"
-        values.update(_dummy_shape(args.arch, given))
+        if "arch" not in given:  # the example's default arch, as its --dummy trains it
+            values["arch"] = IMAGEFOLDER_ARCH
+        values.update(_dummy_shape(values.get("arch", args.arch), given))
     if getattr(args, "no_accel", False):
         if args.gpu is not None or ("devices" in given and args.devices != "cpu"):
             other = f"--gpu {args.gpu}" if args.gpu is not None else f"--devices {args.devices}"
@@ -99,27 +105,28 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
     return values, set(values)
 
 
-_IMAGENET_CLASSES = 1000
-
-
 def _dummy_shape(arch: str, given: set[str]) -> dict:
     """The example's ``--dummy`` for an ImageNet ``arch``: its native image size and 1000
     classes, each unless typed; nothing for another arch (tandem's synthetic data)."""
-    if is_reference(arch) or model_info(arch).default_num_classes != _IMAGENET_CLASSES:
+    if is_reference(arch) or model_info(arch).default_num_classes != EXAMPLE_CLASSES:
         return {}
-    shape = {"image_size": model_info(arch).native_input_size, "num_classes": _IMAGENET_CLASSES}
+    shape = {"image_size": model_info(arch).native_input_size, "num_classes": EXAMPLE_CLASSES}
     return {name: value for name, value in shape.items() if name not in given}
 
 
-def dummy_line(args: argparse.Namespace, data: DataConfig) -> str | None:
-    """The line saying what ``--dummy`` gives an ImageNet arch (``None``: not asked for, or
-    another arch); ``data``: the run's data settings."""
-    if not getattr(args, "dummy", False) or not _dummy_shape(args.arch, set()):
+def dummy_line(args: argparse.Namespace, cfg) -> str | None:
+    """The line saying what ``--dummy`` trains (``None``: not asked for, or not an ImageNet
+    arch): without ``-a`` the example's default arch, as its ``--dummy``; ``cfg``: the run's
+    config."""
+    arch, data = cfg.model.arch, cfg.data
+    if not getattr(args, "dummy", False) or not _dummy_shape(arch, set()):
         return None
     train, val = split_sizes(data.synthetic_size)
     side = data.image_size
-    return (f"--dummy: random 3x{side}x{side} images of {data.num_classes} classes, as the "
-            f"imagenet example's ({args.arch}'s native size; --image-size and --num-classes "
+    which = ("" if "arch" in getattr(args, "given_fields", ()) else
+             f"{arch} (the imagenet example's default -a), on ")
+    return (f"--dummy: {which}random 3x{side}x{side} images of {data.num_classes} classes, as "
+            f"the imagenet example's ({arch}'s native size; --image-size and --num-classes "
             f"to change); {train} to train and {val} to validate (--synthetic-size to change)")
 
 
@@ -131,6 +138,7 @@ def _train_args(argv: list[str]) -> list[str]:
     _add_gpu(replaced)
     _add_distributed(replaced)
     add_config_arguments(replaced, ParallelConfig, only=("devices", "strategy"))
+    add_config_arguments(replaced, OptimConfig, only=("batch_size",))
     # argv has been parsed by train's parser, a superset of these flags: an abbreviation it
     # read as one of them is unique here too, and one it read as another flag matches none
     # here (no train flag is a prefix of these).
@@ -152,7 +160,19 @@ def launch_command(args: argparse.Namespace) -> str:
         if url.port:
             cmd += ["--master-port", str(url.port)]
     rest = _train_args(list(getattr(args, "argv", None) or []))
-
+    if "batch_size" in getattr(args, "given_fields", ()):
+        # the example's -b is each machine's batch (split over its GPUs), tandem's the global
+        rest += ["-b", str(args.batch_size * nodes)]
     multi = strategy_names(multiprocess=True)[0]  # one process per device, like the example
     cmd += ["--", "train", *rest, "--strategy", multi, "--devices", "cuda" if gpus else "cpu"]
     return shlex.join(cmd)
+
+
+def batch_note(args: argparse.Namespace) -> str | None:
+    """What :func:`launch_command` did to the example's ``-b`` on several machines (``None``:
+    nothing): it is each machine's batch there, and tandem's is the global one."""
+    nodes = int(args.world_size) if str(args.world_size or "").isdigit() else 1
+    if nodes < 2 or "batch_size" not in getattr(args, "given_fields", ()):
+        return None
+    return (f"-b {args.batch_size * nodes}: the example's -b {args.batch_size} is each of the "
+            f"{nodes} machines' batch, and tandem's -b the global one")

@@ -23,7 +23,7 @@ from . import train as train_command
 from .common import command_parser, given_fields
 from .train import config_from_namespace
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "spec_of"]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -72,12 +72,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def spec_of(args: argparse.Namespace) -> LaunchSpec:
+    """The checked :class:`LaunchSpec` of ``tandem launch``'s flags (and SLURM's variables);
+    a combination that cannot work is refused here, before anything starts."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     where = _from_slurm(args)
-    spec = LaunchSpec(
+    return LaunchSpec(
         nproc_per_node=args.nproc_per_node, command=command, nnodes=where["nnodes"],
         node_rank=where["node_rank"], master_addr=where["master_addr"],
         master_port=where["master_port"], slurm=where["slurm"],
@@ -85,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
         iface=args.iface, join_timeout=args.join_timeout,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_of(args)
     if spec.command[0] == "train":
         _check_multiprocess(spec.command, spec.multi_node and spec.node_rank > 0)
     return launch(spec)

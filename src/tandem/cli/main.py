@@ -21,7 +21,7 @@ from tandem.version import __version__
 
 from . import bench, launch, models, train
 from . import eval as eval_command
-from .common import command_parser, error_line
+from .common import command_parser, error_line, error_lines
 
 __all__ = ["main", "entry", "build_parser", "SUBCOMMANDS"]
 
@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:  # `tandem` alone: what it does and its commands, as git's usage
+        print(parser.format_help(), end="")
+        return 2
     args = parser.parse_args(argv)
     args.argv = argv  # as typed, for messages that echo a command (imagenet_flags)
     try:
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         # it names by its flag
         line = error_line(exc)
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
-            print(f"tandem: error: {line}", file=sys.stderr)
+            print(*error_lines(exc), sep="\n", file=sys.stderr)
         announce_failure(line)  # the job's other ranks stop waiting
         return exc.exit_status
     except RuntimeError as exc:  # a peer of a torchrun job gone outside the loop's watch

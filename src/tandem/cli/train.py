@@ -52,7 +52,8 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
     values, _ = example_overrides(args)
     data = {k: values[k] for k in ("data", "image_size", "num_classes") if k in values}
     devices = {k: values[k] for k in ("devices",) if k in values}
-    return TrainConfig(model=config_from_args(ModelConfig, args),
+    model = {k: values[k] for k in ("arch",) if k in values}
+    return TrainConfig(model=config_from_args(ModelConfig, args, **model),
                        data=config_from_args(DataConfig, args, **data),
                        optim=config_from_args(OptimConfig, args),
                        parallel=config_from_args(ParallelConfig, args, **devices),
@@ -62,6 +63,6 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_namespace(args)
     given = given_fields(args) | example_overrides(args)[1]
-    opening = dummy_line(args, cfg.data)
+    opening = dummy_line(args, cfg)
     with tandem_warnings():
         return train(cfg, given=given, opening=(opening,) if opening else ())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.errors import MissingFileError, UsageError
+from tandem.errors import MissingFileError, UsageError, a
 
 from .dataset import SPLITS, DatasetInfo, ImageDataset
 from .transforms import resize_array
@@ -63,7 +63,7 @@ def read_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
         raise UsageError(f"CIFAR-10 file '{file}' is corrupt or not a CIFAR batch "
                          f"({type(exc).__name__}: {exc})") from None
     if not isinstance(batch, dict):
-        raise UsageError(f"CIFAR-10 file '{file}' holds a {type(batch).__name__}, not a dict")
+        raise UsageError(f"CIFAR-10 file '{file}' holds {a(type(batch).__name__)}, not a dict")
     data = batch.get(b"data", batch.get("data"))
     labels = batch.get(b"labels", batch.get("labels"))
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \

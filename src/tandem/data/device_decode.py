@@ -272,17 +272,19 @@ def _probed(mode: str, device: torch.device, decode) -> tuple[str, str | None]:
     return "gpu", None
 
 
-def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode) -> tuple:
+def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode,
+              say: bool = True) -> tuple:
     """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` when
     ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given.
-    ``auto`` says in one line which decoder runs, and why."""
+    ``auto`` says in one line which decoder a run uses, and why (not where ``say`` is False:
+    a validation pass, which is no run)."""
 
     train, val, info = data
     choice, why = resolve_decode(mode, device)
     folders = [d for d in (train, val) if isinstance(d, ImageFolderDataset)]
     if choice == "gpu" and folders:  # nothing to probe for data sets of no JPEG files
         choice, why = _probed(mode, device, decode)
-    if mode == "auto" and folders:
+    if mode == "auto" and folders and say:
         decoder = folders[0].decoder or default_decoder()
         log.info(f"--decode auto: JPEGs decoded on {device} by nvJPEG (torchvision)"
                  if choice == "gpu" else f"--decode auto: JPEGs decoded on the CPU ({decoder}, "

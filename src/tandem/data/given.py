@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from tandem import factory
-from tandem.errors import UsageError, param
+from tandem.errors import UsageError, a, param
 
 from .dataset import SPLITS, DatasetInfo, Recipe, parse_augment, split_key
 
@@ -23,8 +23,9 @@ __all__ = ["GivenDataset", "given_data", "load_factory"]
 IGNORED = -100  # cross-entropy's default ignore_index: a target that counts for nothing
 
 
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+def _dims(shape) -> str:
+    """A shape as a reader writes it: ``3x8x8``."""
+    return "x".join(map(str, shape)) or "a scalar"
 
 
 class GivenDataset(Dataset):
@@ -33,13 +34,14 @@ class GivenDataset(Dataset):
     def __init__(self, dataset, name: str):
         if isinstance(dataset, IterableDataset) or not (
                 hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise UsageError(f"{name} is {_a(type(dataset).__name__)}, not a map-style data "
+            raise UsageError(f"{name} is {a(type(dataset).__name__)}, not a map-style data "
                              f"set (with __len__ and __getitem__ giving (input, target) pairs)")
         if len(dataset) == 0:
             raise UsageError(f"{name} is empty")
         self.dataset, self.name = dataset, name
         self.num_classes: int | None = None  # set by given_data: targets must lie below it
         self._labels: np.ndarray | None = None  # every target, once read (labels())
+        self.shape: tuple[int, ...] | None = None  # item 0's input's, once read
         first, target = self.sample(0)
         if not first.is_floating_point():
             raise UsageError(f"{name}[0] has a {first.dtype} input: give floating-point inputs "
@@ -57,7 +59,7 @@ class GivenDataset(Dataset):
         class indices (a dense target, e.g. an ``(H, W)`` mask)."""
         item = self.dataset[index]
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise UsageError(f"{self.name}[{index}] is a {type(item).__name__}, not an "
+            raise UsageError(f"{self.name}[{index}] is {a(type(item).__name__)}, not an "
                              f"(input, target) pair")
         inputs, target = item
         try:
@@ -72,7 +74,19 @@ class GivenDataset(Dataset):
                              f"the target a class index or a tensor of them "
                              f"({type(exc).__name__}: {exc})") from None
         self.check_target(target, index)
+        self.check_shape(inputs, index)
         return inputs, target
+
+    def check_shape(self, inputs: torch.Tensor, index: int) -> None:
+        """Refuse an input whose shape is not item 0's: a batch stacks them (else the loader
+        fails deep inside with a traceback). Every item read up front is checked, and every
+        item the loader reads later."""
+        if self.shape is None or tuple(inputs.shape) == self.shape:
+            return
+        raise UsageError(f"{self.name}[{index}] has an input of shape {_dims(inputs.shape)}, but "
+                         f"{self.name}[0] {_dims(self.shape)}: a batch needs one shape",
+                         hint="give every input the same shape (crop, resize or pad them in "
+                              "the data set)")
 
     def check_target(self, target: int, index: int) -> None:
         """Refuse a class index outside ``[0, num_classes)`` (the loss's default ignore
@@ -182,7 +196,7 @@ def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS,
     fn = factory.resolve(reference, "data factory")
     result = factory.call(reference, fn, "data factory")
     if not (isinstance(result, (tuple, list)) and len(result) in (2, 3)):
-        raise UsageError(f"data factory '{reference}' returned {_a(type(result).__name__)}, "
+        raise UsageError(f"data factory '{reference}' returned {a(type(result).__name__)}, "
                          f"not (train, val) or (train, val, class_names)")
     train, val, classes = (*result, None)[:3]
     return given_data(train, val, classes, name=reference, splits=splits, augment=augment,

@@ -193,12 +193,14 @@ def load_imagefolder(root: Path, *, augment: str, image_size: int | None,
             raise UsageError(f"ImageFolder '{val_dir}' has classes not in train/: "
                              f"{', '.join(extra[:5])}")
         _check_classes(train_dir, classes)
-        found = {split: (f"'{where}'", _check_listed(where, list_images(where, classes)))
+        found = {split: (f"'{where}'", _check_listed(where, list_images(where, classes),
+                                                     classes if split == "train" else None))
                  for split, where in (("train", train_dir), ("val", val_dir)) if split in wanted}
     else:
         classes = _classes(root)
         _check_classes(root, classes)
-        both = zip(SPLITS, _split_flat(root, _check_listed(root, list_images(root, classes))))
+        both = zip(SPLITS, _split_flat(root, _check_listed(root, list_images(root, classes),
+                                                            classes)))
         found = {split: (f"'{root}' ({split} split)", samples) for split, samples in both
                  if split in wanted}
     sizes = {split: _check_readable(where, samples) for split, (where, samples) in found.items()}
@@ -229,10 +231,20 @@ def _check_classes(root: Path, classes: list[str]) -> None:
         raise UsageError(f"ImageFolder '{root}' is empty: expected one subdirectory per class")
 
 
-def _check_listed(root: Path, samples: list) -> list:
+def _check_listed(root: Path, samples: list, classes: list[str] | None = None) -> list:
+    """``samples``, refused when there are none, or when one of ``classes`` (the training
+    set's) has none: an empty class folder would count as a class no image teaches, and
+    torchvision's ImageFolder refuses it too."""
     if not samples:
         raise UsageError(f"ImageFolder '{root}' has no image files "
                          f"(extensions: {' '.join(IMG_EXTENSIONS)})")
+    empty = sorted(set(classes) - {classes[label] for _, label in samples}) if classes else []
+    if empty:
+        listed = ", ".join(f"'{name}'" for name in empty[:3]) + (" ..." if len(empty) > 3 else "")
+        raise UsageError(f"ImageFolder '{root}': class folder{'s' if len(empty) > 1 else ''} "
+                         f"{listed} {'hold' if len(empty) > 1 else 'holds'} no image files",
+                         hint=f"add its images or remove the folder (extensions: "
+                              f"{' '.join(IMG_EXTENSIONS)})")
     return samples
 
 

@@ -27,7 +27,7 @@ from .paired import Paired, PairedKeys
 from .transforms import mix_seed
 
 __all__ = ["make_loader", "ShardedBatchSampler", "collate", "epoch_order",
-           "LoaderCache", "PREFETCH", "batches_per_epoch"]
+           "LoaderCache", "PREFETCH", "batches_per_epoch", "rank_rows"]
 
 PREFETCH = 4  # batches in flight per worker
 
@@ -37,6 +37,19 @@ def batches_per_epoch(dataset, batch_size: int) -> int:
     short, none dropped (what :func:`make_loader` yields); no loader is built to know it."""
     _check_int("batch_size", batch_size, 1)
     return -(-len(dataset) // batch_size)
+
+
+def rank_rows(num_samples: int | None, batch_size: int, batch: int, rank: int = 0,
+              world_size: int = 1, split=None, epoch: int = 0) -> tuple[int, int]:
+    """``(first, count)``: rank ``rank``'s rows of global batch ``batch`` of an epoch of
+    ``num_samples`` (``None``: a whole batch), the first as an index into that global batch
+    (``split``: as for :class:`ShardedBatchSampler`). What the sampler yields, and where keyed
+    dropout places a rank's samples (:mod:`tandem.keyed`)."""
+    left = batch_size if num_samples is None else num_samples - batch * batch_size
+    size = max(0, min(batch_size, left))
+    sizes = (shares(size, [1] * world_size) if split is None
+             else split(epoch, batch, size))
+    return sum(sizes[:rank]), sizes[rank]
 
 
 def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
@@ -89,15 +102,13 @@ class ShardedBatchSampler(Sampler):
                             epoch=self.epoch).tolist()
         for b in range(self.start_batch, self.total_batches):
             batch = order[b * self.batch_size:(b + 1) * self.batch_size]
-            sizes = (shares(len(batch), [1] * self.world_size) if self.split is None
-                     else self.split(self.epoch, b, len(batch)))
-            lo = sum(sizes[:self.rank])
-            hi = lo + sizes[self.rank]
-            keys = [(i, self.seed, self.epoch) for i in batch[lo:hi]]
+            lo, n = rank_rows(self.num_samples, self.batch_size, b, self.rank,
+                              self.world_size, self.split, self.epoch)
+            keys = [(i, self.seed, self.epoch) for i in batch[lo:lo + n]]
             if self.mix is None:
                 yield keys
                 continue
-            pairing = pair(self.mix.draw(self.seed, self.epoch, b, len(batch)), lo, hi,
+            pairing = pair(self.mix.draw(self.seed, self.epoch, b, len(batch)), lo, lo + n,
                            self.mix.num_classes)
             yield PairedKeys(keys + [(batch[q], self.seed, self.epoch) for q in pairing.extra],
                              pairing)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from tandem.keyed.keys import mix_seed, splitmix64 as _splitmix64  # the keys' one home
+
 __all__ = [
     "SampleRandom", "mix_seed", "shorter_side_size", "center_offset", "to_array",
     "random_shift", "hflip", "to_tensor", "resize_array",
@@ -21,26 +23,11 @@ __all__ = [
 _MASK = (1 << 64) - 1
 
 
-def _splitmix64(x: int) -> int:
-    """One round of splitmix64: a well-mixed 64-bit integer from any 64-bit integer."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
-def mix_seed(*parts: int) -> int:
-    """Hash integers (e.g. ``seed, epoch, index``) into one 63-bit seed; order matters."""
-    h = 0x1234567
-    for p in parts:
-        h = _splitmix64(h ^ (int(p) & _MASK))
-    return h >> 1  # 63 bits: valid for torch.Generator.manual_seed and numpy
-
-
 class SampleRandom:
     """A deterministic stream of random numbers for one sample: ``SampleRandom(seed, epoch, i)``.
 
-    Counter-based (splitmix64 over a running counter), so creating one costs about a
+    Counter-based (splitmix64 over a running counter, from :func:`mix_seed` of the key, as
+    the model's keyed dropout is: :mod:`tandem.keyed`), so creating one costs about a
     microsecond and no global RNG is touched.
     """
 

@@ -419,6 +419,7 @@ def _network(spec: LaunchSpec) -> network.Route | None:
     the workers' transports are given unless the user named theirs; a loopback master or own
     address is refused before any rendezvous. One line says which interface."""
     if not (spec.multi_node or spec.rdzv_endpoint):
+        _note_no_name("127.0.0.1")  # one machine: the workers meet on its loopback
         return None
     host, port = spec.master
     route = network.route_to(host, spec.iface)
@@ -443,11 +444,17 @@ def _network(spec: LaunchSpec) -> network.Route | None:
         print(f"tandem launch: {node}: the workers talk through "
               + ", ".join(f"{var}={value}" for var, value in named.items())
               + f" (as set; {route.iface} reaches {host})", flush=True)
-    if not network.has_reverse_name(route.remote):
-        print(f"tandem launch: note: {route.remote} has no host name here (no DNS answer), so "
+    _note_no_name(route.remote)
+    return route
+
+
+def _note_no_name(address: str) -> None:
+    """The note that torch's c10d ``err=-3`` warnings are harmless, where ``address`` (the
+    one the workers connect to) has no host name here."""
+    if not network.has_reverse_name(address):
+        print(f"tandem launch: note: {address} has no host name here (no DNS answer), so "
               "torch warns 'The hostname of the client socket cannot be retrieved. err=-3' "
               "at each connection; it is harmless", flush=True)
-    return route
 
 
 def _wait_for_master(spec: LaunchSpec) -> None:

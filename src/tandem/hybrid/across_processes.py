@@ -26,8 +26,8 @@ global mean (``world_size=1`` in :func:`tandem.distributed.global_loss.global_me
 split block's gradient, computed on the whole batch, is complete on its owner, and the
 data-parallel gradients are the sum over ranks. Warnings: each rank holds only its blocks, so
 :meth:`plain_state_dict` and :meth:`plain_optimizer_state` are collectives that every rank must
-call; a rank lost is its blocks lost (resume from the last checkpoint). Dropout in split layers
-draws per block, as in the one-process hybrid.
+call; a rank lost is its blocks lost (resume from the last checkpoint). Keyed dropout between
+split layers draws this rank's columns of the whole batch's mask (:mod:`tandem.keyed`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.errors import UsageError
+from tandem.keyed import stream as keyed_stream
 from tandem.plain_norms import PlainNorms
 
 from ..parallel import traffic
@@ -236,7 +237,10 @@ class DistributedHybrid(nn.Module):
                 continue
             _, _, between, row = step
             work = torch.promote_types(block.dtype, torch.float32)  # as one matmul would sum
-            partial = row(between(block)).to(work)  # (N, out): this rank's term
+            # every rank's rows, this rank's columns: keyed dropout draws that block of the mask
+            with keyed_stream.at(0, sum(column.sizes[:rank])):
+                block = between(block)
+            partial = row(block).to(work)  # (N, out): this rank's term
             h = sum_rows(partial, shares, rank, group).to(block.dtype)  # (b_r, out)
         return h
 

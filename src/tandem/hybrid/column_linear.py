@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from tandem.errors import UsageError
+from tandem.keyed import stream as keyed_stream
 
 from ..parallel.devices import resolve_devices, as_device
 from ._shards import home_index, move, run_shards, split_sizes
@@ -230,10 +231,10 @@ class Shardwise(nn.Module):
 
     Only correct for elementwise modules (ReLU, Dropout, ...): a block is a slice of features,
     so an elementwise op on the blocks equals the op on the whole tensor. Blocks run in shard
-    order in the calling thread, which keeps random draws reproducible: ``Dropout`` draws an
-    independent mask per block from that block's device generator, so each element is still
-    dropped with probability ``p`` and scaled by ``1/(1-p)`` (the same distribution as the
-    original layer) but the mask is not bit-identical to one drawn for the whole tensor.
+    order in the calling thread. Keyed dropout (:mod:`tandem.keyed`) draws each block's
+    columns of the whole activation's mask, so the blocks together are the plain layer's
+    output bit for bit; torch's own ``Dropout`` draws an independent mask per block from that
+    block's device generator (the same distribution, not the same mask).
     """
 
     def __init__(self, *modules: nn.Module):
@@ -241,7 +242,13 @@ class Shardwise(nn.Module):
         self.body = nn.Sequential(*modules)
 
     def forward(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return [self.body(x) for x in xs]
+        out, first = [], 0
+        with keyed_stream.blocks() as block:
+            for x in xs:  # x: (..., sizes[j]), features first .. first + sizes[j] - 1
+                with block(first):
+                    out.append(self.body(x))
+                first += x.shape[-1]
+        return out
 
 
 def _linear_from(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:

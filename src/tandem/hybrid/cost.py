@@ -73,6 +73,13 @@ class HybridPlan:
     def verdict(self) -> str:
         if self.dp_total == 0 and self.hybrid_total == 0:
             return "one device: nothing moves either way"
+        if self.dp_total and self.hybrid_total and round(max(self.ratio, 1 / self.ratio), 1) < 1.1:
+            # "1.0x fewer" says nothing: within 5% the two move about the same
+            fewer, more = sorted((self.dp_total, self.hybrid_total))
+            share = f"{100 * (more - fewer) / more:.1f}% fewer"
+            if self.hybrid_total < self.dp_total:
+                return f"hybrid and data parallel move about the same bytes (hybrid {share})"
+            return f"hybrid and data parallel move about the same bytes (data parallel {share})"
         if self.hybrid_total < self.dp_total:
             text = f"hybrid moves {self.ratio:.1f}x fewer bytes than data parallel"
             if self.break_even_batch is not None:

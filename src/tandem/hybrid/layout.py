@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torch import nn
-from tandem.errors import UsageError
+from tandem.errors import UsageError, a
+from tandem.keyed import KeyedAlphaDropout, KeyedDropout
 
 __all__ = ["ELEMENTWISE", "HEADS", "Stage", "classifier_layout", "is_elementwise", "find_head",
            "head_problem", "head_sequential"]
@@ -23,9 +24,10 @@ __all__ = ["ELEMENTWISE", "HEADS", "Stage", "classifier_layout", "is_elementwise
 HEADS = ("classifier", "fc")
 
 #: Layers that act on each element alone and hold no parameters or buffers.
-ELEMENTWISE = (nn.Identity, nn.Dropout, nn.AlphaDropout, nn.ReLU, nn.ReLU6, nn.LeakyReLU,
-               nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid,
-               nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus)
+ELEMENTWISE = (nn.Identity, nn.Dropout, nn.AlphaDropout, KeyedDropout, KeyedAlphaDropout,
+               nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
+               nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid,
+               nn.Softplus)
 
 
 def is_elementwise(module: nn.Module) -> bool:
@@ -87,8 +89,8 @@ def _splittable(module) -> str | None:
         if any(isinstance(m, nn.Linear) for m in module):
             return None
         return "an nn.Sequential without an nn.Linear"
-    return f"a {type(module).__name__}" if isinstance(module, nn.Module) else (
-        f"a {type(module).__name__}, not a module")
+    return a(type(module).__name__) if isinstance(module, nn.Module) else (
+        f"{a(type(module).__name__)}, not a module")
 
 
 def head_problem(model: nn.Module, head: str | None = None) -> str | None:

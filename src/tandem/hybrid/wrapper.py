@@ -7,8 +7,9 @@ The classifier's split follows :mod:`tandem.hybrid.layout`; another model whose 
 last call is split the same way (``head=``, see :class:`HybridParallel`). Warnings:
 ``features`` are shared and trained in place, but the classifier's Linear layers are *copied*
 into shards, so the originals go stale (read back with :meth:`plain_state_dict` or
-:meth:`to_model`). Dropout masks differ from the plain model's under the same seed; with
-``p = 0`` or in eval the output equals ``model(x)``.
+:meth:`to_model`). Keyed dropout (:mod:`tandem.keyed`, tandem's default in training) draws
+the plain model's masks; torch's own draws other masks under the same seed, so with it the
+output equals ``model(x)`` only with ``p = 0`` or in eval.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from tandem.errors import UsageError
+from tandem.keyed import DropPath, drop_path_rates
 from tandem.models.meta import on_meta
 
 __all__ = ["ResNetBuilder", "ResNet", "BasicBlock", "Bottleneck", "ZeroPadShortcut",
@@ -50,7 +51,8 @@ class ZeroPadShortcut(nn.Module):
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 convs (stride on the first) plus a shortcut; ``out = relu(F(x) + shortcut(x))``."""
+    """Two 3x3 convs (stride on the first) plus a shortcut; ``out = relu(F(x) + shortcut(x))``,
+    ``F(x)`` through ``drop_path`` when the builder gives the block one."""
 
     last_bn = "bn2"  # the BN zeroed by zero_init_residual
 
@@ -62,11 +64,14 @@ class BasicBlock(nn.Module):
         self.conv2 = _conv3x3(cout, cout)
         self.bn2 = nn.BatchNorm2d(cout)
         self.downsample = downsample
+        self.drop_path: DropPath | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
+        if self.drop_path is not None:
+            out = self.drop_path(out)  # each sample's branch kept or dropped whole
         return self.relu(out + identity)
 
 
@@ -85,12 +90,15 @@ class Bottleneck(nn.Module):
         self.bn3 = nn.BatchNorm2d(cout)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
+        self.drop_path: DropPath | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
+        if self.drop_path is not None:
+            out = self.drop_path(out)
         return self.relu(out + identity)
 
 
@@ -132,9 +140,12 @@ class ResNetBuilder:
     """
 
     def __init__(self, in_channels: int = 3, *, shortcut: str = "projection",
-                 zero_init_residual: bool = False):
+                 zero_init_residual: bool = False, drop_path: float = 0.0):
         if shortcut not in ("projection", "zero_pad"):
             raise UsageError(f"shortcut must be 'projection' or 'zero_pad', got {shortcut!r}")
+        if not 0.0 <= drop_path < 1.0:
+            raise UsageError(f"drop_path must be in [0, 1), got {drop_path!r}")
+        self.drop_path = float(drop_path)
         self.channels = in_channels
         self.shortcut = shortcut
         self.zero_init_residual = zero_init_residual
@@ -180,10 +191,17 @@ class ResNetBuilder:
         return self
 
     def build(self) -> ResNet:
-        """Initialise (see :func:`init_resnet`) and return the model; needs a head."""
+        """Initialise (see :func:`init_resnet`) and return the model; needs a head. With a
+        ``drop_path`` rate, block ``k`` of ``n`` drops its branch with ``rate * k / (n - 1)``
+        (the first never: it gets no :class:`~tandem.keyed.DropPath`)."""
         if "fc" not in self._layers:
             raise UsageError("ResNetBuilder.build(): call add_head(num_classes) first")
-        return init_resnet(ResNet(self._layers), self.zero_init_residual)
+        model = ResNet(self._layers)
+        blocks = [m for m in model.modules() if isinstance(m, (BasicBlock, Bottleneck))]
+        for block, rate in zip(blocks, drop_path_rates(self.drop_path, len(blocks))):
+            if rate > 0:
+                block.drop_path = DropPath(rate)
+        return init_resnet(model, self.zero_init_residual)
 
     # -- internals ------------------------------------------------------------------------
 

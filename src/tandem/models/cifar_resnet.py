@@ -19,12 +19,14 @@ DEPTHS = {"cifar_resnet20": 20, "cifar_resnet32": 32, "cifar_resnet44": 44,
 
 
 def cifar_resnet(depth: int, num_classes: int = 10, in_channels: int = 3,
-                 zero_init_residual: bool = False) -> ResNet:
-    """Build the ``depth``-layer CIFAR ResNet; ``depth`` must be 6n+2."""
+                 zero_init_residual: bool = False, drop_path: float = 0.0) -> ResNet:
+    """Build the ``depth``-layer CIFAR ResNet; ``depth`` must be 6n+2. ``drop_path``:
+    stochastic depth's rate at the last block (see :class:`~tandem.models.ResNetBuilder`)."""
     if depth < 8 or (depth - 2) % 6:
         raise UsageError(f"CIFAR ResNet depth must be 6n+2 (20, 32, 44, ...), got {depth}")
     n = (depth - 2) // 6
-    b = ResNetBuilder(in_channels, shortcut="zero_pad", zero_init_residual=zero_init_residual)
+    b = ResNetBuilder(in_channels, shortcut="zero_pad", zero_init_residual=zero_init_residual,
+                      drop_path=drop_path)
     b.add_stem(WIDTHS[0], kernel_size=3, stride=1, max_pool=False)
     for stage, width in enumerate(WIDTHS):
         b.start_stage()
@@ -38,8 +40,8 @@ def _entry(name: str):
     depth = DEPTHS[name]
 
     def fn(num_classes: int = 10, in_channels: int = 3,
-           zero_init_residual: bool = False) -> ResNet:
-        return cifar_resnet(depth, num_classes, in_channels, zero_init_residual)
+           zero_init_residual: bool = False, drop_path: float = 0.0) -> ResNet:
+        return cifar_resnet(depth, num_classes, in_channels, zero_init_residual, drop_path)
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"{name}: {depth} layers (n={(depth - 2) // 6}), 32x32 input, 10 classes."

@@ -20,7 +20,7 @@ from typing import Callable
 
 from torch import nn
 from tandem import factory
-from tandem.errors import UsageError
+from tandem.errors import UsageError, a
 from tandem.suggest import closest_names
 
 __all__ = ["ModelInfo", "FACTORY", "register_model", "create_model", "list_models", "model_info",
@@ -151,7 +151,7 @@ def _from_factory(info: ModelInfo, num_classes: int | None, kwargs: dict) -> nn.
     offered = {"num_classes": num_classes, "in_channels": kwargs.pop("in_channels", None)}
     model = factory.call(info.name, info.fn, "model factory", offered=offered, required=kwargs)
     if not isinstance(model, nn.Module):
-        raise UsageError(f"model factory '{info.name}' returned a {type(model).__name__}, not "
+        raise UsageError(f"model factory '{info.name}' returned {a(type(model).__name__)}, not "
                          f"a torch.nn.Module")
     return model
 

@@ -24,10 +24,12 @@ LAYOUTS: dict[str, tuple[str, tuple[int, int, int, int]]] = {
 
 
 def imagenet_resnet(layout: str, num_classes: int = 1000, in_channels: int = 3,
-                    zero_init_residual: bool = False) -> ResNet:
-    """Build the ImageNet ResNet named ``layout`` (a key of :data:`LAYOUTS`)."""
+                    zero_init_residual: bool = False, drop_path: float = 0.0) -> ResNet:
+    """Build the ImageNet ResNet named ``layout`` (a key of :data:`LAYOUTS`); ``drop_path``:
+    stochastic depth's rate at the last block (see :class:`ResNetBuilder`)."""
     block, depths = LAYOUTS[layout]
-    b = ResNetBuilder(in_channels, shortcut="projection", zero_init_residual=zero_init_residual)
+    b = ResNetBuilder(in_channels, shortcut="projection", zero_init_residual=zero_init_residual,
+                      drop_path=drop_path)
     b.add_stem(WIDTHS[0], kernel_size=7, stride=2, max_pool=True)
     add = b.add_basic_block if block == "basic" else b.add_bottleneck
     for stage, (depth, width) in enumerate(zip(depths, WIDTHS)):
@@ -40,8 +42,8 @@ def imagenet_resnet(layout: str, num_classes: int = 1000, in_channels: int = 3,
 
 def _entry(layout: str):
     def fn(num_classes: int = 1000, in_channels: int = 3,
-           zero_init_residual: bool = False) -> ResNet:
-        return imagenet_resnet(layout, num_classes, in_channels, zero_init_residual)
+           zero_init_residual: bool = False, drop_path: float = 0.0) -> ResNet:
+        return imagenet_resnet(layout, num_classes, in_channels, zero_init_residual, drop_path)
 
     fn.__name__ = fn.__qualname__ = layout
     fn.__doc__ = f"{layout}: {LAYOUTS[layout][0]} blocks {LAYOUTS[layout][1]}, 224x224 input."

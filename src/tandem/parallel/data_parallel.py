@@ -11,11 +11,13 @@ refused where torch returns one value per replica, whose mean is wrong for uneve
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
+from tandem.keyed import stream as keyed_stream
 from tandem.state_keys import register_plain_keys
 
 from .buffers import check_policy, sync_buffers
@@ -153,6 +155,7 @@ class DataParallel(nn.Module):
 
     def parallel_apply(self, replicas, inputs, kwargs, device_ids) -> list:
         runs = self.split.timed(replicas, device_ids, self.last_shares, self.training)
+        runs = _at_rows(runs, inputs, kwargs, self.dim)  # keyed dropout: each its own rows
         if isinstance(replicas, threaded_backward.Replicas):
             return threaded_backward.apply(runs, replicas.leaves, inputs, kwargs, device_ids)
         return parallel_apply(runs, inputs, kwargs, device_ids)
@@ -173,6 +176,28 @@ class DataParallel(nn.Module):
         split = "" if self.weights() is None else f", split={self.weights()}"
         return (f"device_ids=[{devices}], output_device={self.output_device}, "
                 f"buffers={self.buffer_policy!r}{split}")
+
+
+def _at_rows(runs: Sequence, inputs, kwargs, dim: int) -> list:
+    """``runs`` (one per chunk of ``inputs``/``kwargs``), each placed at its chunk's first
+    row of the caller's rows, where keyed dropout draws its masks (:mod:`tandem.keyed`); as
+    they are outside a keyed stream."""
+    if keyed_stream.current() is None:
+        return runs
+    sizes = [batch_size((a, k), dim) or 0 for a, k in zip(inputs, kwargs)]
+    firsts = itertools.accumulate([0, *sizes[:-1]])
+    return [_FromRow(run, first) if first else run for run, first in zip(runs, firsts)]
+
+
+class _FromRow:
+    """Call a replica with the keyed stream moved on to its chunk's first row."""
+
+    def __init__(self, module, first: int):
+        self.module, self.first = module, first
+
+    def __call__(self, *args, **kwargs):
+        with keyed_stream.shifted(self.first):
+            return self.module(*args, **kwargs)
 
 
 class DataParallelModel(DataParallel):
@@ -207,7 +232,7 @@ def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
     used = devices[: len(inputs)]
     initialise_lazy(module, inputs[0], kwargs[0])
     replicas = replicate(module, used)
-    outputs = parallel_apply(replicas, inputs, kwargs, used)
+    outputs = parallel_apply(_at_rows(replicas, inputs, kwargs, dim), inputs, kwargs, used)
     sync_buffers(module, replicas, [1] * len(replicas), "replica0")
     return gather(outputs, output_device, dim if gather_dim is None else gather_dim,
                   scalars="refuse")

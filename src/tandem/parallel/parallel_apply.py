@@ -2,10 +2,10 @@
 
 Threads come from a small persistent pool. Each replica runs in a
 :class:`~tandem.parallel.context.ReplicaContext`, with the caller's grad, inference and autocast
-modes, on its device (with the caller's current CUDA stream of every device), and on CPU with
-``max(1, torch.get_num_threads() // n)`` intra-op threads. If a replica raises, the group is
-aborted, every replica is waited for, and the first real error is re-raised with
-``replica N on DEVICE`` at the front of its message.
+modes and keyed stream (:mod:`tandem.keyed.stream`), on its device (with the caller's current
+CUDA stream of every device), and on CPU with ``max(1, torch.get_num_threads() // n)``
+intra-op threads. If a replica raises, the group is aborted, every replica is waited for, and
+the first real error is re-raised with ``replica N on DEVICE`` at the front of its message.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from tandem.errors import UsageError
+from tandem.keyed import stream as keyed_stream
 
 from .context import ReplicaAborted, ReplicaContext, ReplicaGroup, use
 from .scatter_gather import first_tensor
@@ -87,6 +88,7 @@ class _State:
         self.autocast = [(t, torch.get_autocast_dtype(t)) for t in sorted(types)
                          if torch.amp.is_autocast_available(t) and torch.is_autocast_enabled(t)]
         self.autocast_cache = torch.is_autocast_cache_enabled()
+        self.place = keyed_stream.current()  # where keyed dropout stands (tandem.keyed)
         self.streams = {d: torch.cuda.current_stream(d) for d in set(devices) if d.type == "cuda"}
         self.total_threads = torch.get_num_threads()
         cpu_replicas = sum(d.type == "cpu" for d in devices)
@@ -97,6 +99,7 @@ class _State:
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.inference_mode() if self.inference
                                 else torch.set_grad_enabled(self.grad))
+            stack.enter_context(keyed_stream.use(self.place))
             for device_type, dtype in self.autocast:
                 stack.enter_context(torch.autocast(device_type, dtype=dtype,
                                                    cache_enabled=self.autocast_cache))

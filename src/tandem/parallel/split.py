@@ -22,7 +22,8 @@ from .shares import capped, format_shares, shares
 from .work_clock import Span, seconds_of
 
 __all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
-           "BatchSplit", "AUTO", "format_shares", "clock_from_spec", "split_report"]
+           "BatchSplit", "AUTO", "format_shares", "clock_from_spec", "split_report",
+           "split_gain"]
 
 AUTO = "auto"
 
@@ -95,6 +96,16 @@ def check_max_share(batch: int, weights: Sequence[float] | str, devices: int,
         raise UsageError(f"{param('split')} {format_shares(weights)} gives device {worst} "
                          f"{sizes[worst]} of {batch} samples, over {param('max_share')} "
                          f"{max_share}")
+
+
+def split_gain(batch: int, per_sample: Sequence[float], weights: Sequence[float]) -> float:
+    """How many times faster than the even split a step of ``batch`` split by ``weights`` can
+    be, the slowest device setting the pace (``per_sample``: each device's time per sample):
+    the most such a split gains, the serial parts of a step aside."""
+    def pace(sizes):
+        return max(n * t for n, t in zip(sizes, per_sample))
+
+    return pace(shares(batch, [1.0] * len(per_sample))) / pace(shares(batch, weights))
 
 
 def split_report(batch: int, devices: int, weights: Sequence[float] | None = None,

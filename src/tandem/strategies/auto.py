@@ -39,8 +39,9 @@ from . import step_timer
 from .base import strategy_class, strategy_names
 
 __all__ = ["AUTO", "NOISE", "PROCESS_NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept",
-           "is_resolver", "launched", "under_launch", "launchable", "check_launchable", "simplest_first",
-           "candidates", "budget_s", "race", "across_processes", "planned_process_bytes",
+           "is_resolver", "launched", "under_launch", "launchable", "check_launchable",
+           "simplest_first", "candidates", "budget_s", "race", "process_rounds",
+           "process_race_line", "across_processes", "planned_process_bytes",
            "link_rate", "link_pair", "resolve", "choose", "planned_bytes", "format_block"]
 
 AUTO = "auto"
@@ -305,8 +306,8 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
     if len(names) == 1:  # nothing to race
         result = RaceResult([], 0, 0.0)
     elif processes > 1:
-        result = race(names, place, rounds=max(MIN_ROUNDS, rounds or PROCESS_ROUNDS),
-                      clock=clock, agreement=agreement, agree=agree)
+        result = race(names, place, rounds=process_rounds(rounds), clock=clock,
+                      agreement=agreement, agree=agree)
     else:
         result = race(names, place, rounds=rounds, clock=clock, epoch_batches=epoch_batches)
     head = (options or {}).get("hybrid_head")
@@ -320,6 +321,21 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
                                     (names[0], f"{names[0]}: the only candidate"))
     result.not_raced, result.raced = not_raced, names
     return result
+
+
+def process_rounds(asked: int | None) -> int:
+    """The timed rounds of a race across processes: ``--auto-steps`` (at least
+    :data:`MIN_ROUNDS`), else :data:`PROCESS_ROUNDS`. No time budget bounds them: each
+    process would judge one alike only by chance."""
+    return max(MIN_ROUNDS, asked or PROCESS_ROUNDS)
+
+
+def process_race_line(processes: int, asked: int | None) -> str:
+    """The line said before a race across ``processes`` starts: its rounds, and that no time
+    bounds them (a one-process race's budget does not apply; a slow link makes it long)."""
+    return (f"strategy auto: racing across {processes} processes, {process_rounds(asked)} timed "
+            f"rounds of each candidate after one warm-up, however long they take (no time "
+            f"budget across processes; --auto-steps N for fewer or more)")
 
 
 def link_rate(nbytes: int = 8_000_000, repeats: int = 3) -> float:

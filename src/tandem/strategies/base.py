@@ -18,6 +18,7 @@ from tandem.distributed import faults
 from tandem.distributed.agree import LOCAL, Agreement
 from tandem.errors import UsageError
 from tandem.parallel.split import BatchSplit
+from tandem.suggest import did_you_mean
 from tandem.plain_norms import PlainNorms
 
 from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, plain_ce_sum, top5_hits
@@ -266,8 +267,9 @@ def strategy_names(**abilities) -> list[str]:
 def strategy_class(name: str) -> type[Strategy]:
     """The class registered as ``name``; an unknown name is an error listing them."""
     if name not in _REGISTRY:
-        raise UsageError(f"unknown strategy {name!r}; choose one of: "
-                         f"{', '.join(strategy_names())}")
+        names = strategy_names()
+        raise UsageError(f"unknown strategy {name!r}{did_you_mean(str(name), names)}",
+                         hint=f"choose one of {', '.join(names)}")
     return _REGISTRY[name]
 
 

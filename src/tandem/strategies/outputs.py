@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tandem.errors import UsageError
+from tandem.errors import UsageError, a
 
 __all__ = ["pick_output", "is_dense", "top5_hits", "confusion_matrix", "hits", "label_smoothing",
            "plain_ce_sum",
@@ -38,7 +38,7 @@ def pick_output(output: Any, key: str | int | None) -> torch.Tensor:
         if isinstance(output, torch.Tensor):
             return output
         kind = "dict" if isinstance(output, dict) else type(output).__name__
-        raise UsageError(f"the model returned a {kind}, not a tensor: pick the logits with "
+        raise UsageError(f"the model returned {a(kind)}, not a tensor: pick the logits with "
                          f"output_key= (--output-key), a dict key or a tuple index")
     if isinstance(output, dict):
         if key not in output:

@@ -22,10 +22,10 @@ from tandem.checkpoint import compat as checkpoint_compat
 from tandem.config import OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch
 from tandem.data.device_decode import decode_on, decoded_on
-from tandem.data.given import GivenDataset
 from tandem.distributed.env import cpu_bf16_override, launch_id
 from tandem.errors import CheckpointError, UsageError, first_line, param
 from tandem.factory import is_reference
+from tandem.keyed import KEYED, keyed_dropout
 from tandem.precision import amp_precision
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy
@@ -33,12 +33,12 @@ from tandem.strategies.compile import compiled
 
 from . import settings
 from .loop import Position
-from .plan import (RunPlan, build_data, build_model, check_max_steps, check_model,
-                   saved_position, seed_everything)
+from .plan import (EVALUATE, RunPlan, build_data, build_model, check_fits, check_max_steps,
+                   check_model, saved_position, seed_everything)
 from .recipe import make_clip, make_ema, make_optimizer, scaled_lr
 from .schedule import lr_factor, make_scheduler
 
-__all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes", "check_inputs",
+__all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes",
            "make_criterion", "mixing_of"]
 
 
@@ -48,7 +48,8 @@ def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
     if plan.supplied.data is None:  # --decode gpu: its ImageFolder data decoded on the device
         read = plan.data if plan.data is not None else build_data(plan.cfg.data,
                                                                   plan.cfg.run.seed, splits)
-        return decode_on(read, plan.cfg.data.decode, plan.strategy.device)
+        return decode_on(read, plan.cfg.data.decode, plan.strategy.device,
+                         say=plan.mode != EVALUATE)  # tandem eval, train -e: no run to tell of
     train_set, val_set, info = plan.supplied.data
     return (train_set if "train" in splits else None), val_set, info
 
@@ -182,26 +183,6 @@ def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig
     return replace(cfg, data=replace(cfg.data, num_classes=classes))
 
 
-def check_inputs(model: nn.Module, dataset, dtype: torch.dtype) -> None:
-    """Refuse, in one line, a model that cannot take a user's data set's inputs (flat vectors
-    into a conv net): one forward of a batch of one zero input, in eval mode (no state
-    changes), that says which shape the model got."""
-    if not isinstance(dataset, GivenDataset):
-        return
-    x = torch.zeros((1, *dataset.shape), dtype=dtype)
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()
-            model(x)
-    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
-        raise UsageError(f"the model cannot take {dataset.name}'s inputs: it got a batch of "
-                         f"shape {tuple(x.shape)} (inputs of shape {dataset.shape}) and "
-                         f"raised {type(exc).__name__}: {first_line(exc)}") from None
-    finally:
-        model.train(was_training)
-
-
 def prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
     """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`with_model_classes`)
     set up by the plan's strategy, then given its weights by it (the checkpoint's, or
@@ -216,7 +197,11 @@ def prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Mo
         seed_everything(cfg.run.seed)
         model = given
     model = model.to(getattr(torch, cfg.parallel.dtype))
-    check_inputs(model, dataset, getattr(torch, cfg.parallel.dtype))
+    if cfg.model.dropout_rng == KEYED:  # masks keyed by sample: the same run on 1 device or N
+        model = keyed_dropout(model)
+    if given is not None or is_reference(cfg.model.arch):  # the zoo's models fit by build
+        check_fits(model, dataset, getattr(torch, cfg.parallel.dtype), cfg.data.num_classes,
+                   info.name, cfg.model.output_key, handed=given is not None)
     if cfg.parallel.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if cfg.parallel.compile:

@@ -50,19 +50,23 @@ def _line(ax, xs, records, key, style, label):
         ax.plot(*zip(*pairs), style, label=label)
 
 
-def _used_line(ax, records: list[dict], unit: str, per_epoch: int) -> bool:
-    """The lr each step used, as the rows record it (``lr_steps``), to each row's own (the
-    lr its next step takes, where no later step says otherwise); False when no row records
-    its steps."""
+def _used(records: list[dict]) -> dict[int, float] | None:
+    """The lr of each optimizer step: the one it used, as the rows record it (``lr_steps``),
+    else a row's own (the lr its next step takes, where no later step says otherwise);
+    ``None`` when no row records its steps."""
     if not any(r.get("lr_steps") for r in records):
-        return False
+        return None
     used = {r["step"]: r["lr"] for r in records
             if isinstance(r.get("step"), int) and r.get("lr") is not None}
     used.update((t, lr) for r in records for t, lr in r.get("lr_steps") or [])
-    used = sorted(used.items())
-    xs = [float(t) if unit == "step" else t / max(1, per_epoch) for t, _ in used]
-    ax.plot(xs, [lr for _, lr in used], "-", color="grey", label="used at each step")
-    return True
+    return used
+
+
+def _used_line(ax, used: dict[int, float], unit: str, per_epoch: int) -> None:
+    """The lr each step used (:func:`_used`)."""
+    steps = sorted(used.items())
+    xs = [float(t) if unit == "step" else t / max(1, per_epoch) for t, _ in steps]
+    ax.plot(xs, [lr for _, lr in steps], "-", color="grey", label="used at each step")
 
 
 def _schedule_line(ax, schedule: Schedule, records: list[dict], unit: str) -> None:
@@ -88,8 +92,9 @@ def _schedule_line(ax, schedule: Schedule, records: list[dict], unit: str) -> No
 
 
 def build_figure(records: list[dict], title: str = "",
-                 schedule: Schedule | None = None) -> Figure:
-    """Three panels (loss, accuracy, learning rate) of ``records``, titled ``title``."""
+                 schedule: Schedule | None = None, classes: int | None = None) -> Figure:
+    """Three panels (loss, accuracy, learning rate) of ``records``, titled ``title``. Top-5
+    is left out for ``classes`` of 5 or fewer (it is 100% whatever the model does)."""
     # imported here: matplotlib takes about 0.7 s to import, and only the main process draws
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, MaxNLocator
@@ -107,14 +112,21 @@ def build_figure(records: list[dict], title: str = "",
         ax_loss.yaxis.set_minor_formatter(plain)
     _line(ax_acc, xs, records, "train_acc", "o-", "train")
     _line(ax_acc, xs, records, "val_acc", "o-", "validation top-1")
-    _line(ax_acc, xs, records, "val_acc5", "s--", "validation top-5")
+    if classes is None or classes > 5:
+        _line(ax_acc, xs, records, "val_acc5", "s--", "validation top-5")
     _line(ax_acc, xs, records, "val_miou", "d-", "validation mIoU")
     ax_acc.set(ylabel="accuracy (%)", title="accuracy")
     per_epoch = schedule[0] if schedule is not None else \
         max([r["batches"] for r in records if r.get("batches")], default=1)
-    if not _used_line(ax_lr, records, unit, per_epoch) and schedule is not None:
+    used, dots = _used(records), records
+    if used is not None:
+        _used_line(ax_lr, used, unit, per_epoch)
+        # each row's dot on that line: the lr its next step used (a resume with more
+        # --epochs gave it another than the row recorded, the old schedule's end)
+        dots = [dict(r, lr=used.get(r.get("step"), r.get("lr"))) for r in records]
+    elif schedule is not None:
         _schedule_line(ax_lr, schedule, records, unit)
-    _line(ax_lr, xs, records, "lr", "o", "at each row")
+    _line(ax_lr, xs, dots, "lr", "o", "at each row")
     ax_lr.set(ylabel="learning rate", title="learning rate")
     partial = [(x, r[k]) for x, r in zip(xs, records) if r.get("partial")
                for k in ("train_loss", "val_loss") if r.get(k) is not None]
@@ -134,7 +146,7 @@ def build_figure(records: list[dict], title: str = "",
 
 
 def plot_curves(records: list[dict], path: str, title: str | None = None,
-                schedule: Schedule | None = None) -> None:
+                schedule: Schedule | None = None, classes: int | None = None) -> None:
     """Write :func:`build_figure` of ``records`` to ``path``; no rows removes ``path``.
 
     ``title`` defaults to the name of the run directory holding ``path``. Written to a
@@ -146,7 +158,7 @@ def plot_curves(records: list[dict], path: str, title: str | None = None,
         return
     if title is None:
         title = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    fig = build_figure(records, title, schedule)
+    fig = build_figure(records, title, schedule, classes)
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
     os.replace(tmp, path)

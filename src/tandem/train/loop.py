@@ -31,12 +31,13 @@ from torch import nn
 from tandem import checkpoint
 from tandem.config import MAY_CHANGE, OptimConfig, TrainConfig
 from tandem.data import LoaderCache, batch_to_device
-from tandem.data.loader import PREFETCH
+from tandem.data.loader import PREFETCH, rank_rows
 from tandem.data.mixing import Mixing, Pairing
 from tandem.distributed.env import restarts_left, speaks_for_node
 from tandem.distributed.faults import RAISES, PeerLost
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
+from tandem.keyed import KEYED, step_stream
 from tandem.optim import GradClip, ModelEma
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
@@ -48,8 +49,8 @@ from tandem.strategies.outputs import label_smoothing
 from .curves import plot_curves
 from .datawait import DataWait
 from .interrupt import Interrupted, StopRequest
-from .metrics import (Meter, MetricsLog, peak_memory_mb, reset_peak_memory, score_fields,
-                      summary_line)
+from .metrics import (Meter, MetricsLog, not_validated, peak_memory_mb, reset_peak_memory,
+                      score_fields, summary_line, validated)
 from .progress import Progress
 from .rundir import RunDir
 from .schedule import epoch_state, example_optimizer_state, lr_factor
@@ -244,6 +245,9 @@ class Trainer:
         """Where the best weights are; or, when no validation was finite (so none was "best"),
         that no best.pt was written and which file holds the weights instead."""
         run = self.run_dir
+        if self.val_set is None:
+            return (f"no validation data (val_data=None), so no {run.BEST}: the last weights "
+                    f"are in {run.latest}")
         if self.best_written:
             judged = " (of the EMA weights, --model-ema)" if self.ema is not None else ""
             return f"best val acc{judged} {self.best_acc1:.2f}%: {run.best}"
@@ -280,7 +284,8 @@ class Trainer:
         # unless its loss is not finite: such a model is never "best". With --model-ema
         # the average's score decides.
         judged = val if ema_val is None else ema_val
-        is_best = judged.finite and (judged.acc > self.best_acc1 or not self.best_written)
+        is_best = self.val_set is not None and judged.finite and (  # no validation: no best
+            judged.acc > self.best_acc1 or not self.best_written)
         if judged.finite:
             self.best_acc1 = max(self.best_acc1, judged.acc)
         record = self.epoch_record(train, val, stopped, seconds, ema_val)
@@ -358,7 +363,7 @@ class Trainer:
             # forward faulted it in again (about 6% of a CPU step, BENCHMARKS.md section 11)
             self.optimizer.zero_grad(set_to_none=True)
         with sync:
-            with self.autocast():
+            with self.autocast(), self.keyed_stream(index, index - group_start):
                 out = s.forward_loss(self.model, self.criterion, images, targets,
                                      batch_size=self.global_batch(self.train_set, index))
             self.scaler.scale(out.loss / group_size).backward()
@@ -484,6 +489,18 @@ class Trainer:
 
     def autocast(self):
         return self.precision.autocast()
+
+    def keyed_stream(self, index: int, micro: int):
+        """Where dropout and drop path draw in the forward of global batch ``index``
+        (``--dropout-rng keyed``, :mod:`tandem.keyed`): keyed by the seed, the optimizer step
+        and the micro-batch, at this process's first row of the global batch."""
+        if self.cfg.model.dropout_rng != KEYED:
+            return contextlib.nullcontext()
+        s, pos = self.strategy, self.position
+        samples = None if self.train_set is None else len(self.train_set)  # no set: a bench twin
+        first, _ = rank_rows(samples, self.cfg.optim.batch_size, index, s.rank, s.world_size,
+                             s.split.loader_split(), pos.epoch)
+        return step_stream(self.cfg.run.seed, pos.step, micro, first)
 
     def batch_shares(self) -> dict | None:
         """Each device's (or rank's) samples of a whole batch under ``--split``, else None."""
@@ -687,8 +704,8 @@ class Trainer:
             "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
             "train_loss": train.loss, **score_fields("train", train),
             **({"train_targets": "mixed"} if self.mixing is not None else {}),
-            "val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
-            **({"val_plain_ce": val.ce} if label_smoothing(self.criterion) else {}),
+            **(validated(val, label_smoothing(self.criterion)) if self.val_set is not None
+               else not_validated(val)),
             "lr": self.optimizer.param_groups[0]["lr"],
             "lr_steps": thinned(self.lr_steps),  # [step, lr] each step used (curves.png)
             "images_per_sec": train.count / seconds if seconds > 0 else None,
@@ -727,8 +744,9 @@ class Trainer:
         optim = self.cfg.optim
         per_epoch = -(-self.batches_per_epoch // optim.accum_steps)
         base, path, rows = self.scheduler.base_lrs[0], self.run_dir.curves, list(records)
+        classes = self.cfg.data.num_classes
         self.writer.write(path, lambda: plot_curves(rows, path, schedule=(
-            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch))))
+            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)), classes=classes))
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

@@ -17,7 +17,7 @@ import torch
 from tandem.strategies.outputs import mean_iou, pixel_accuracy
 
 __all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "loss_words",
-           "summary_line", "score_fields", "eval_scores"]
+           "summary_line", "score_fields", "validated", "not_validated", "eval_scores"]
 
 
 _FIXED = 4  # the sums before a dense meter's confusion matrix
@@ -253,7 +253,11 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
     ``--model-ema`` the average's validation follows the weights'."""
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
-    if "val_miou" in r:  # dense outputs
+    if r.get("val_loss") is None and r.get("val_acc") is None:  # no validation set
+        train = (f"pixel acc {r['train_pixel_acc']:.2f}%" if "train_pixel_acc" in r else
+                 f"acc {r['train_acc']:.2f}%")
+        scores = f"train loss {r['train_loss']:.4f} {train} | no validation data "
+    elif "val_miou" in r:  # dense outputs
         scores = (f"train loss {r['train_loss']:.4f} pixel acc {r['train_pixel_acc']:.2f}% | "
                   f"val loss {r['val_loss']:.4f} pixel acc {r['val_pixel_acc']:.2f}% "
                   f"mIoU {r['val_miou']:.2f}% ")
@@ -278,6 +282,19 @@ def score_fields(prefix: str, meter: Meter) -> dict:
         if prefix == "val":
             row["val_miou"] = meter.miou
     return row
+
+
+def validated(val: Meter, smoothing: float) -> dict:
+    """A metrics row's validation fields of ``val`` (with ``smoothing``, the plain loss too)."""
+    return {"val_loss": val.loss, "val_finite": val.finite, **score_fields("val", val),
+            **({"val_plain_ce": val.ce} if smoothing else {})}
+
+
+def not_validated(train: Meter) -> dict:
+    """A metrics row's validation fields where there is no validation set
+    (``tandem.fit(..., val_data=None)``): null, as the row's JSON keeps them, not NaN."""
+    keys = ["val_loss", "val_finite", *score_fields("val", train)]
+    return dict.fromkeys(keys)
 
 
 def eval_scores(result: dict) -> str:

@@ -34,9 +34,9 @@ from tandem.data.load import check_spec
 from tandem.distributed.agree import LOCAL, Agreement
 from tandem.distributed.env import cpu_bf16_override, in_torchrun, restart_count, split_clock
 from tandem.distributed.process_group import Job
-from tandem.errors import UsageError, param, quoted
+from tandem.errors import UsageError, first_line, param, quoted
 from tandem.factory import is_reference
-from tandem.models import create_model, model_info
+from tandem.models import create_model, list_models, model_info
 from tandem.parallel import threaded_backward
 from tandem.parallel.devices import parse_device_spec
 from tandem.parallel.split import clock_from_spec, parse_split
@@ -44,12 +44,14 @@ from tandem.precision import amp_precision
 from tandem.strategies import (Strategy, auto, create_strategy, strategy_class,
                                strategy_names)
 from tandem.strategies.compile import check_compile
+from tandem.strategies.outputs import pick_output
 
 from . import rundir, runlock, settings
 from .rundir import RunDir
 
-__all__ = ["RunPlan", "Supplied", "check_model", "plan_train", "plan_eval", "FRESH", "RESUMED",
-           "FORKED", "EVALUATE", "build_data", "build_model", "seed_everything",
+__all__ = ["RunPlan", "Supplied", "check_model", "check_fits", "plan_train", "plan_eval",
+           "FRESH", "RESUMED", "FORKED", "EVALUATE", "build_data", "build_model",
+           "check_drop_path", "seed_everything",
            "check_max_steps", "saved_position"]
 
 #: what a run does to its directory: starts it, continues it there, continues it in a new one,
@@ -120,6 +122,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
             cfg = settings.sized(cfg, given)  # the file's arch at its native size
     if supplied.model is None:
         model_info(cfg.model.arch)  # a mistyped --arch (or a factory that fails to import)
+    check_drop_path(cfg.model, supplied.model)
     if supplied.data is None:
         check_spec(cfg.data.data)  # a mistyped --data, or a path that is not there
     if cfg.run.evaluate:  # notes: only what a file from elsewhere is evaluated as
@@ -137,6 +140,13 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     if continues:
         source = RunDir.of(cfg.run.resume)
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
+    # the flags first (a bad --devices is the mistake to name, not the run already in --out);
+    # the race, which takes seconds, only once the run directory is known to take the run
+    racing = auto.is_resolver(cfg.parallel.strategy)
+    parse_device_spec(cfg.parallel.devices, "devices")
+    strategy = None if racing else _strategy(cfg.parallel, cfg.model, supplied.model,
+                                             agreement)
+    agreement.settings({**cfg.job_settings(), "device": _device_kind(cfg.parallel)})
 
     def run_dir_allows() -> None:  # the run directory is rank 0's alone (no shared disk)
         if mode != RESUMED:
@@ -145,12 +155,11 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         runlock.check_free(run)  # another run writes there: refused, --overwrite or not
 
     agreement.rank0(run_dir_allows)
-    agreement.settings({**cfg.job_settings(), "device": _device_kind(cfg.parallel)})
     race = data = None
-    if auto.is_resolver(cfg.parallel.strategy):  # --strategy auto: race now, once
+    if racing:  # --strategy auto: race now, once
         with auto.rng_kept():
             cfg, race, data = _race(cfg, supplied, agreement)
-    strategy = _strategy(cfg.parallel, cfg.model, supplied.model, agreement)
+        strategy = _strategy(cfg.parallel, cfg.model, supplied.model, agreement)
     cfg = _backward_recorded(cfg, strategy)
     strategy.split.check_fits(cfg.optim.batch_size)
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
@@ -196,12 +205,17 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
     what = " and ".join(_HANDED[n][0] for n in missing)
     args = ", ".join(["model" if "arch" in handed else "None",
                       "train_data, val_data" if "data" in handed else "None"])
-    flags = " ".join(_HANDED[n][2] for n in missing)
+    # every stand-in the run needs: a placeholder where missing, else what was given for it
+    # (a command that offers only the missing one would drop the other, and then ask for it)
+    typed = {"arch": cfg.model.arch, "data": cfg.data.data}
+    flags = " ".join(_HANDED[n][2] if n in missing or rundir.stands_in(n, typed[n])
+                     else f"{_HANDED[n][2].split()[0]} {typed[n]}"
+                     for n in ("arch", "data") if n in handed)
     meaning = " and ".join(_HANDED[n][3] for n in missing)
     raise UsageError(f"run '{target}' was trained by tandem.fit on the {what} handed to it, "
-                     f"which tandem cannot load by name: continue it with tandem.fit({args}, "
-                     f"resume='{target}'), or with `tandem train --resume {target} {flags}` "
-                     f"({meaning})")
+                     f"which tandem cannot load by name",
+                     hint=f"continue it with tandem.fit({args}, resume='{target}'), or with "
+                          f"`tandem train --resume {target} {flags}` ({meaning})")
 
 
 def saved_position(ckpt: dict) -> tuple[int, int, int | None]:
@@ -306,6 +320,41 @@ def check_model(strategy: Strategy, model: nn.Module) -> None:
         raise UsageError(f"{param('strategy')} {strategy.name} {problem}")
 
 
+def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name: str,
+               output_key=None, handed: bool = False) -> None:
+    """Refuse, in one line, a model that cannot train on the data set before anything is
+    written: one that cannot take its inputs (flat vectors into a conv net), or that gives
+    fewer outputs than there are classes (a factory that ignores ``num_classes``: else the
+    loss fails deep inside, ``Target 5 is out of bounds``). One forward of a batch of one zero
+    input of the data's shape, in eval mode (no state changes); ``name``: the data's;
+    ``handed``: the model was handed to ``tandem.fit`` (else a factory built it)."""
+    shape = getattr(dataset, "shape", None)
+    if shape is None:
+        return
+    x = torch.zeros((1, *shape), dtype=dtype)
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            out = model(x)
+    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
+        raise UsageError(f"the model cannot take {getattr(dataset, 'name', name)}'s inputs: it "
+                         f"got a batch of shape {tuple(x.shape)} (inputs of shape "
+                         f"{tuple(shape)}) and raised {type(exc).__name__}: {first_line(exc)}"
+                         ) from None
+    finally:
+        model.train(was_training)
+    logits = pick_output(out, output_key)
+    width = logits.shape[1] if logits.dim() >= 2 else 1
+    if width < classes:
+        remedy = (f"hand tandem.fit a model with {classes} outputs" if handed else
+                  f"build the model with num_classes outputs (the factory is called with "
+                  f"num_classes={classes})")
+        raise UsageError(f"the model gives {width} output{'s' if width != 1 else ''} per "
+                         f"sample, but {name} has {classes} classes (targets 0 to "
+                         f"{classes - 1})", hint=remedy)
+
+
 def _split(cfg: ParallelConfig) -> dict:
     """The strategy's ``split`` and ``max_share`` keywords (none when not asked for)."""
     if cfg.split is None and cfg.max_share is None:
@@ -408,6 +457,9 @@ def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement
     dtype = getattr(torch, p.dtype)
     model = (copy.deepcopy(supplied.model) if supplied.model is not None else
              build_model(cfg.model, replace(info, num_classes=classes), cfg.run.seed)).to(dtype)
+    if supplied.model is not None or is_reference(cfg.model.arch):  # as the build checks it
+        check_fits(model, train_set, dtype, classes, info.name, cfg.model.output_key,
+                   handed=supplied.model is not None)
     images, targets = _batch(train_set, info, classes, cfg.optim.batch_size, dtype)
     split = None if p.split is None else parse_split(p.split)
 
@@ -416,6 +468,8 @@ def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement
 
     options = dataclasses.asdict(cfg.model)
     processes = agreement.world_size
+    if processes > 1 and agreement.rank == 0:  # no budget there: say what it will take first
+        print(auto.process_race_line(processes, p.auto_steps), flush=True)
     result = auto.resolve(
         devices, model, (images, targets), options=options, check=check,
         amp=amp_precision(devices[0].type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()),
@@ -454,6 +508,22 @@ def build_data(cfg, seed: int, splits: tuple[str, ...] = ("train", "val")):
                         splits=splits, reprob=cfg.reprob)
 
 
+def check_drop_path(cfg: ModelConfig, model: nn.Module | None = None) -> None:
+    """Refuse, in one line, ``--drop-path`` for a model it cannot reach: one handed over
+    (``model``), or one of the zoo without residual blocks (a factory's gets ``drop_path=``)."""
+    if not cfg.drop_path:
+        return
+    flag = f"{param('drop_path')} {cfg.drop_path}"
+    if model is not None:
+        raise UsageError(f"{flag} is for a model tandem builds (the zoo's ResNets); the model "
+                         f"handed over is yours: put tandem.keyed.DropPath in its residual "
+                         f"branches")
+    if not is_reference(cfg.arch) and "drop_path" not in model_info(cfg.arch).options:
+        takers = [n for n in list_models() if "drop_path" in model_info(n).options]
+        raise UsageError(f"{flag}: {cfg.arch} has no residual blocks to drop; the models "
+                         f"that take it: {', '.join(takers)}")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -468,6 +538,8 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
                          f"but {info.name} gives {info.image_size}px (set "
                          f"{param('image_size')})")
     kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
+    if cfg.drop_path:
+        kwargs["drop_path"] = cfg.drop_path
     seed_everything(seed)
     return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
                         **kwargs)

@@ -17,8 +17,9 @@ from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, fl
 from tandem.data.load import GIVEN_DATA
 from tandem.distributed.env import is_main_process
 from tandem.distributed.resume_command import resume_command
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 from tandem.factory import is_reference, rebuildable
+from tandem.keyed import TORCH
 from tandem.strategies import strategy_class
 
 from .metrics import MetricsLog
@@ -113,9 +114,10 @@ class RunDir:
             raise UsageError(f"--out '{self.path}' is an existing file, not a directory")
         what = self.describe()
         if what and not overwrite:
-            raise UsageError(f"--out '{self.path}' already holds a run ({what}); continue it "
-                             f"with --resume {self.path}, choose another --out, or replace it "
-                             f"with --overwrite")
+            raise UsageError(f"{param('out')} '{self.path}' already holds a run ({what})",
+                             hint=f"continue it with {param('resume')} {self.path}, choose "
+                                  f"another {param('out')}, or replace it with "
+                                  f"{param('overwrite')}")
 
     def check_writable(self) -> None:
         """Refuse a run that could not write here (the directory, or one of its files, is
@@ -169,10 +171,17 @@ class RunDir:
 
 
 def checkpoint_path(resume: str) -> str:
-    """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from."""
+    """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from. A run that
+    stopped before its first save (a ``config.json`` alone) is refused in one line that says
+    so, not as a directory that is no checkpoint."""
     run = RunDir(resume)
     if os.path.isdir(resume) and os.path.isfile(run.latest):
         return run.latest
+    if os.path.isdir(resume) and os.path.isfile(run.file(run.CONFIG)):
+        raise UsageError(f"run '{resume}' has no checkpoint yet: it stopped before its first "
+                         f"save", hint=f"start it again with the command that started it (a "
+                                       f"fresh run may replace a run without a checkpoint; "
+                                       f"its settings are in {run.file(run.CONFIG)})")
     return resume  # checkpoint.load names whatever is wrong with it
 
 
@@ -222,7 +231,10 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
     if not isinstance(saved, dict):
         return cfg, []
     run = TrainConfig.from_dict(saved)
-    sections, notes = {}, []
+    if "dropout_rng" not in (saved.get("model") or {}):  # saved before dropout was keyed:
+        run = dataclasses.replace(  # it goes on drawing from torch's generator, as it did
+            run, model=dataclasses.replace(run.model, dropout_rng=TORCH))
+    sections, notes, refused = {}, [], []
     for name in SECTIONS:
         mine, theirs = getattr(cfg, name), getattr(run, name)
         values = {}
@@ -232,16 +244,15 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
             changed = f.name in given and new != old
             flag = flag_of(f)[-1]
             if policy == FIXED and changed and not cfg.run.evaluate and not stands_in(f.name, old):
-                raise UsageError(
-                    f"{flag} {_show(new)} would change the run of '{path}', which has "
-                    f"{flag} {_show(old)}: resume without {flag}, or start a new run with "
-                    f"another --out")
+                refused.append((f.name, new, old))
             values[f.name] = new if policy == PER_CALL or changed else old
             if policy == MAY_CHANGE and changed:
                 notes.append(_change_note(flag, new, old))
             elif policy == FIXED and changed:  # what tandem.fit was handed, named here
                 notes.append(f"{flag} {new}: in place of what tandem.fit was handed")
         sections[name] = type(mine)(**values)
+    if refused:
+        _refuse_changes(refused, path)
     source = RunDir.of(path)
     out = cfg.run.out if "out" in given else source.path
     # -e (main.py's `-e --resume RUN/best.pt`) writes nothing; only the main process writes
@@ -251,6 +262,20 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
         notes.append(f"--out {out}: a new run directory, forked from '{source.path}'")
     sections["run"] = dataclasses.replace(sections["run"], out=out)
     return TrainConfig(**sections), notes
+
+
+def _refuse_changes(refused: list[tuple], path: str) -> None:
+    """Refuse, all in one line, the settings typed that would change what the run computes
+    (``(field, typed, the run's)``), with the run's values beside them."""
+    def listed(values) -> str:
+        items = [f"{param(name)} {_show(value)}" for name, value in values]
+        return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+    them = "it" if len(refused) == 1 else "them"
+    raise UsageError(f"{listed((n, new) for n, new, _ in refused)} would change the run of "
+                     f"'{path}', which has {listed((n, old) for n, _, old in refused)}",
+                     hint=f"resume without {them}, or start a new run with another "
+                          f"{param('out')}")
 
 
 def stands_in(name: str, value) -> bool:

@@ -50,8 +50,9 @@ from tandem.strategies import auto, strategy_class
 
 from . import rundir, runlock
 
-__all__ = ["check_launchable", "resumed_config", "fresh_defaults", "sized", "size_rule", "size_line",
-           "is_imagefolder", "example_block", "precision_line", "IMAGEFOLDER_ARCH", "DATA_SIZE",
+__all__ = ["check_launchable", "resumed_config", "fresh_defaults", "sized", "size_rule",
+           "size_line", "is_imagefolder", "example_block", "precision_line", "IMAGEFOLDER_ARCH",
+           "EXAMPLE_CLASSES", "DATA_SIZE",
            "is_foreign", "file_settings", "takes_schedule", "assumed", "eval_settings",
            "checkpoint_arch", "device_spec", "race_record"]
 
@@ -213,6 +214,9 @@ _EXAMPLE = (("optim", "lr", 0.1, "--lr"), ("optim", "weight_decay", 1e-4, "--wd"
             ("run", "seed", None, "--seed"))
 
 
+EXAMPLE_CLASSES = 1000  # the imagenet example's models' outputs, whatever its data
+
+
 def is_imagefolder(spec: str) -> bool:
     """True when ``--data`` names an ImageFolder directory (a directory, not CIFAR-10's)."""
     if not isinstance(spec, str) or spec in ("synthetic", "digits"):
@@ -283,6 +287,10 @@ def example_block(cfg: TrainConfig, given: frozenset[str]) -> list[str]:
             fixed = ", fixed" if theirs is None else ""  # the example's runs differ, ours not
             lines.append(f"  {flag} {_show(mine)}{fixed} (the example: "
                          f"{'unseeded' if theirs is None else _show(theirs)})")
+    classes = cfg.data.num_classes  # the model's outputs, once the data is read
+    if "num_classes" not in given and classes is not None and classes != EXAMPLE_CLASSES:
+        lines.append(f"  --num-classes {classes}, the data's (the example: always "
+                     f"{EXAMPLE_CLASSES}; its main.py cannot load a {classes}-class checkpoint)")
     if not lines:
         return []
     return ["tandem's defaults that differ from the imagenet example's (give the flag to "

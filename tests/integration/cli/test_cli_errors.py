@@ -1,4 +1,5 @@
-"""A user's mistake is one line `tandem: error: ...` on stderr, exit status 2, no traceback."""
+"""A user's mistake is one line `tandem: error: ...` on stderr (its remedy, where it has one, on
+a `hint: ...` line under it), exit status 2, no traceback."""
 
 import warnings
 
@@ -17,18 +18,15 @@ TINY = ["--data", "synthetic", "--synthetic-size", "8", "--image-size", "8", "--
 
 def assert_one_line_error(result, *needles):
     assert result.returncode == 2, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tandem: error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+    assert_error_line(result.returncode, result.stderr, *needles)
 
 
 @pytest.mark.parametrize("argv, needles", [
     (["--arch", "resnet_nope"], ["resnet_nope", "did you mean", "`tandem models`"]),
     (["--arch", "zzz"], ["zzz", "cifar_resnet20", "vgg11"]),  # nothing close: lists them all
     (["--devices", "cpu:0"], ["cpu:0"]),
-    (["--strategy", "nope"], ["nope", *strategy_names()]),  # lists the registered ones
+    (["--strategy", "nope"], ["nope", *strategy_names(), "or auto"]),  # lists them, and auto
+    (["--strategy", "dpp"], ["unknown --strategy 'dpp': did you mean dp?"]),
 ])
 def test_train_usage_errors(argv, needles, tmp_path, capsys):
     """Through cli.main in this process: the message is the CLI's, whatever the process;
@@ -46,16 +44,17 @@ def test_train_usage_errors(argv, needles, tmp_path, capsys):
     (["--resume", "no/such/checkpoint.pt"], ["no/such/checkpoint.pt"]),
     (["--strategy", "hybrid", "--devices", "cpu:2", "--hybrid-head", "head"],
      ["--strategy hybrid", "looked for .head on ResNet", "(its children: "]),
+    (["--drop-path", "1.5"], ["bad --drop-path 1.5: must be in [0, 1)"]),
+    (["--drop-path", "0.1", "-a", "alexnet"],
+     ["--drop-path 0.1: alexnet has no residual blocks", "cifar_resnet20", "resnet50"]),
+    (["--dropout-rng", "numpy"], ["bad --dropout-rng 'numpy': choose one of keyed, torch"]),
 ])
 def test_more_usage_errors_in_process(argv, needles, tmp_path, capsys):
     """The same path as above (cli.main), without paying a process start per case."""
     if "--amp" in argv or "--channels-last" in argv:
         argv = [*argv, "--devices", "cpu"]
     code = main(["train", *TINY, "--out", str(tmp_path / "out"), *argv])
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith("tandem: error: ") and err.count("\n") == 1, err
-    for needle in needles:
-        assert needle in err, err
+    assert_error_line(code, capsys.readouterr().err, *needles)
     assert not (tmp_path / "out" / "checkpoint.pt").exists()
 
 
@@ -123,11 +122,13 @@ def run_in_process(capsys, *argv):
 
 
 def assert_error_line(code, err, *needles):
+    """One error line, maybe its ``hint:`` line, and each of ``needles`` in one of them."""
     assert code == 2 and "Traceback" not in err, (code, err)
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tandem: error: "), err
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("tandem: error: "), err
+    assert len(lines) == 1 or lines[1].startswith("hint: "), err
     for needle in needles:
-        assert needle in lines[0], lines[0]
+        assert any(needle in line for line in lines), err
 
 
 @pytest.mark.parametrize("argv", [
@@ -193,8 +194,10 @@ def test_out_must_be_a_directory(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, needles", [
     (["eval"], ["--resume"]),
-    ([], ["required"]),
     (["bench", "-a", "nosuch"], ["nosuch", "vgg11"]),
+    (["trian", "--data", "digits"], ["unknown command 'trian': did you mean train? (see tandem "
+                                     "--help)"]),
+    (["xyz"], ["unknown command 'xyz'; choose one of train, eval, bench, launch, models"]),
 ])
 def test_missing_or_unknown_commands(argv, needles, capsys):
     code, err = run_in_process(capsys, *argv)
@@ -202,6 +205,15 @@ def test_missing_or_unknown_commands(argv, needles, capsys):
     assert "error:" in err.splitlines()[-1]  # argparse's own errors follow their usage line
     for needle in needles:
         assert needle in err.splitlines()[-1], err
+
+
+def test_tandem_alone_prints_its_usage(capsys):
+    """`tandem` with no command: its usage and commands, as git's, not an argparse error."""
+    assert main([]) == 2
+    printed = capsys.readouterr()
+    assert printed.out.startswith("usage: tandem") and printed.err == ""
+    for command in ("train", "eval", "bench", "launch", "models"):
+        assert command in printed.out
 
 
 def test_cuda_on_a_cpu_machine(tmp_path, capsys):

@@ -12,12 +12,14 @@ import argparse
 import html
 import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT
 
 DOCS = ROOT / "docs"
@@ -153,6 +155,58 @@ def test_the_api_page_documents_the_package_faces(site):
         assert name in text, name
 
 
+@needs_docs_extra
+def test_the_api_page_lists_every_parameter_of_tandem_fit(site):
+    """Each parameter of tandem.fit's signature has its entry under "Parameters" (autodoc
+    lists only the annotated ones unless the docstring names them all)."""
+    import inspect
+
+    import tandem
+
+    text = page_sections(site / "reference" / "api.html")["tandem-fit"]
+    listed = text.split("Parameters", 1)[1].split("Return", 1)[0]
+    for name in inspect.signature(tandem.fit).parameters:
+        assert re.search(rf"(?<![\w*]){re.escape(name)} ", listed), (name, listed[:600])
+
+
+class _Anchors(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.links = set(), []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href"):
+            self.links.append(attrs["href"])
+
+
+def broken_anchors(site: Path) -> list[str]:
+    """The site's links to an anchor (``page.html#id``, ``#id``) that its page does not have
+    (the source view's ``[docs]`` links too)."""
+    pages = {}
+    for page in site.rglob("*.html"):
+        parsed = _Anchors()
+        parsed.feed(page.read_text())
+        pages[page.resolve()] = parsed
+    bad = []
+    for page, parsed in pages.items():
+        for link in parsed.links:
+            target, _, anchor = link.partition("#")
+            if not anchor or "://" in target:
+                continue
+            where = (page.parent / target).resolve() if target else page
+            if where in pages and anchor not in pages[where].ids:
+                bad.append(f"{page.relative_to(site.resolve())}: {link}")
+    return bad
+
+
+@needs_docs_extra
+def test_every_anchor_the_site_links_to_exists(site):
+    assert not (bad := broken_anchors(site)), bad
+
+
 def tandem_strategy_classes() -> list[str]:
     from tandem.strategies import strategy_class, strategy_names
 
@@ -188,57 +242,134 @@ def test_every_code_block_says_what_it_is():
     assert {kind for *_, kind, _ in BLOCKS} >= KINDS
 
 
-def tandem_commands(lines: list[str]) -> list[tuple[str, list[str]]]:
-    """(subcommand, flags) of each ``tandem SUBCOMMAND ...`` in shell lines (continuations
-    joined, comments dropped; a launch's ``-- COMMAND`` counted as that command's)."""
-    joined = " ".join(line.rstrip("\\") if line.endswith("\\") else line + "\n"
-                      for line in lines)
+# -- every `tandem ...` command line, through the real parser ------------------------------------
+# What stands for a value in a page's command (an argument the reader fills in), and what a
+# parse takes instead: `R` and `HOST0` of the several-machines guide, `DIR` of an ImageFolder.
+PLACEHOLDERS = {"DIR": "/data/photos", "ARCH": "resnet18", "N": "2", "R": "0",
+                "HOST0": "192.0.2.1", "PATH": "out.json", "K": "1"}
+
+
+def command_lines(page: Path) -> list[tuple[int, str]]:
+    """(line number, command) of each shell command a reader may type on ``page``: a bash
+    block's lines (continuations joined, comments dropped) and a console block's ``$ `` lines
+    whose output shows no error (those show a refusal on purpose, and scripts/readme_outputs.py
+    runs them)."""
     found = []
-    for line in joined.splitlines():
-        line = re.sub(r"(^|\s)#.*", "", line)
-        m = re.search(r"\btandem (train|eval|bench|launch|models)\b(.*)", line)
-        if not m:
-            continue
-        parts = [(m.group(1), m.group(2))]
-        if m.group(1) == "launch" and " -- " in m.group(2):
-            head, tail = m.group(2).split(" -- ", 1)
-            sub, _, rest = tail.strip().partition(" ")
-            parts = [("launch", head), (sub, rest)]
-        for sub, rest in parts:
-            flags = [t.split("=", 1)[0] for t in rest.split()
-                     if re.fullmatch(r"--?[A-Za-z][\w-]*(=.*)?", t)]
-            found.append((sub, flags))
+    for n, kind, body in fences(page):
+        if kind == "bash":
+            joined, first = "", None
+            for i, line in enumerate(body):
+                first = n + 1 + i if first is None else first
+                line = re.sub(r"(^|\s)#.*", "", line)
+                if line.endswith("\\"):
+                    joined += line[:-1] + " "
+                    continue
+                if (joined + line).strip():
+                    found.append((first, joined + line))
+                joined, first = "", None
+        elif kind == "console":
+            commands = [i for i, line in enumerate(body) if line.startswith("$ ")]
+            for i, j in zip(commands, commands[1:] + [len(body)]):
+                if not any("error:" in line for line in body[i + 1:j]):
+                    found.append((n + 1 + i, body[i][2:]))
     return found
 
 
-def unknown_flags(lines: list[str]) -> list[str]:
-    bad = []
-    for sub, flags in tandem_commands(lines):
-        parser = SUBCOMMANDS.get(sub)
-        if parser is None:
-            bad.append(f"tandem {sub}: no such subcommand")
-            continue
-        known = set(tandem_reference.visible_flags(parser)) | {"-h", "--help"}
-        bad += [f"tandem {sub} {flag}" for flag in flags if flag not in known]
-    return bad
+def tandem_argvs(command: str) -> list[list[str]]:
+    """The arguments of each ``tandem ...`` (or ``python -m tandem`` / ``torchrun ... -m
+    tandem``) in a shell ``command``, each placeholder filled in (``...`` and ``[--flag X]``:
+    left out, and the flag taken)."""
+    argvs = []
+    for part in re.split(r"[;|&]+", command):
+        words = shlex.split(part)
+        for i, word in enumerate(words):
+            if word == "tandem" and (i == 0 or words[i - 1] in ("-m", "srun") or
+                                     words[i - 1].endswith("/tandem")):
+                argv = [w for w in words[i + 1:] if w != "..."]
+                argvs.append([PLACEHOLDERS.get(w.strip("[]"), w.strip("[]")) for w in argv])
+                break
+    return argvs
 
 
-def test_every_tandem_flag_in_a_bash_block_exists():
-    bash = [(page, n, body) for page, n, kind, body in BLOCKS if kind == "bash"]
-    assert len(bash) >= 10
-    bad = [f"{page.relative_to(ROOT)}:{n}: {flag}"
-           for page, n, body in bash for flag in unknown_flags(body)]
-    assert not bad, bad
+def parse_problem(argv: list[str]) -> str | None:
+    """What the real command line says of ``argv`` before it runs anything (its parser, then
+    the checks of the config it derives: a train's, a bench's, a launch's spec and the command
+    it launches), or ``None`` when it takes it."""
+    import contextlib
+    import io
+
+    from tandem.bench import BenchConfig
+    from tandem.cli import launch
+    from tandem.cli.common import config_from_args, error_line
+    from tandem.cli.train import config_from_namespace
+    from tandem.errors import TandemError
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = build_parser().parse_args(argv)
+        command = argv[0]  # (launch's own `command` is what it launches)
+        if command == "train":
+            config_from_namespace(args)
+        elif command == "bench" and args.arch is not None and (
+                torch.cuda.is_available() or "cuda" not in (args.devices or "")):
+            config_from_args(BenchConfig, args)  # (it resolves its devices: CUDA ones need one)
+        elif command == "launch":
+            return parse_problem(launch.spec_of(args).command)
+    except SystemExit:
+        return err.getvalue().strip() or "exit"
+    except TandemError as exc:
+        return error_line(exc)
+    return None
 
 
-def test_a_mistyped_flag_in_a_bash_block_is_found():
-    """Negative control: the check above names a flag that no parser has, in a launch's
-    inner command and after a continuation line."""
-    lines = ["tandem launch --nproc-per-node 2 -- train --strategy ddp \\",
-             "    --sync-bm --data digits   # --not-a-flag in a comment is fine"]
-    assert unknown_flags(lines) == ["tandem train --sync-bm"]
-    assert unknown_flags(["tandem models --json resnet18"]) == []
-    assert unknown_flags(["tandem bench --epochs 3"]) == ["tandem bench --epochs"]
+def test_every_tandem_command_line_in_the_pages_parses_with_the_real_parser():
+    """Each command a reader may copy from README.md or a docs page (bash blocks, and the
+    console blocks' commands that show no refusal) is taken by `tandem`'s own parser and the
+    checks it makes before running anything; a launch line's own flags (its spec) and the
+    command it launches too. The prose's inline `tandem ...` are fragments, not lines."""
+    checked, bad = [], []
+    for page in PAGES:
+        for n, command in command_lines(page):
+            for argv in tandem_argvs(command):
+                checked.append(argv)
+                problem = parse_problem(argv)
+                if problem is not None:
+                    bad.append(f"{page.relative_to(ROOT)}:{n}: tandem {' '.join(argv)}\n"
+                               f"    {problem}")
+    assert not bad, "\n".join(bad)
+    assert len(checked) >= 60
+    launches = [argv for argv in checked if argv[0] == "launch"]
+    assert any("--nnodes" in argv for argv in launches) and len(launches) >= 8
+
+
+def test_a_command_line_the_parser_refuses_is_found():
+    """Negative control: a launch across machines without --master-port, a mistyped flag in
+    a launch's inner command after a continuation line, a bad value, a mistyped subcommand."""
+    def problems(lines):
+        return [parse_problem(argv) for n, command in _commands(["```bash", *lines, "```"])
+                for argv in tandem_argvs(command)]
+
+    def _commands(text_lines):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            page = Path(tmp) / "page.md"
+            page.write_text("\n".join(text_lines) + "\n")
+            return command_lines(page)
+
+    [missing_port] = problems(["tandem launch --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 "
+                               "--nproc-per-node 8 -- train --strategy ddp"])
+    assert "--nnodes 2 needs --master-addr and a non-zero --master-port" in missing_port
+    [typo] = problems(["tandem launch --nproc-per-node 2 -- train --strategy ddp \\",
+                       "    --sync-bm --data digits   # --not-a-flag in a comment is fine"])
+    assert "unrecognized arguments: --sync-bm" in typo
+    assert problems(["tandem train --strategy dpp"]) == [
+        "unknown --strategy 'dpp': did you mean dp?"]
+    assert "unknown command 'trian'" in problems(["tandem trian --data digits"])[0]
+    taken = ["tandem models --json resnet18", "tandem eval --resume runs/x [--data DIR]",
+             "torchrun --nproc-per-node 2 -m tandem train --strategy ddp ..."]
+    assert problems(taken) == [None] * 3
 
 
 def test_the_readme_is_a_front_door_whose_links_resolve():

@@ -30,14 +30,17 @@ def test_fresh_imagefolder_run_is_resnet18_at_224_and_lists_the_examples_default
                         "validation resized to 256 and centre-cropped to 224; --image-size "
                         "to change)")
     assert lines[2].startswith("tandem's defaults that differ from the imagenet example's")
-    assert lines[3:9] == ["  --wd 0.0005 (the example: 0.0001)", "  -j 0 (the example: 4)",
+    assert lines[3:10] == ["  --wd 0.0005 (the example: 0.0001)", "  -j 0 (the example: 4)",
                           "  --label-smoothing 0.1 (the example: 0)",
                           "  --lr-schedule cosine (the example: step)",
                           "  -p 0 (the example: 10)",
-                          "  --seed 0, fixed (the example: unseeded)"]
-    assert lines[9].startswith("epoch 1/1 (partial: 1/3 batches) step 1: ")
+                          "  --seed 0, fixed (the example: unseeded)",
+                          # main.py builds 1000 outputs: it could not continue this run
+                          "  --num-classes 3, the data's (the example: always 1000; its main.py "
+                          "cannot load a 3-class checkpoint)"]
+    assert lines[10].startswith("epoch 1/1 (partial: 1/3 batches) step 1: ")
     assert "--lr " not in proc.stdout  # typed: the user chose it
-    assert "val loss " in lines[9] and " (label-smoothed 0.1; plain cross-entropy " in lines[9]
+    assert "val loss " in lines[10] and " (label-smoothed 0.1; plain cross-entropy " in lines[10]
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["arch"] == "resnet18" and config["data"]["image_size"] == 224
     assert config["resolved"]["dataset"]["image_size"] == 224

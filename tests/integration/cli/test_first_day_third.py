@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, SUPPORT, make_image_folder, one_line_error, run_in_process
+from conftest import ROOT, SUPPORT, hint_of, make_image_folder, one_line_error, run_in_process
 from own_model import Pairs
 
 import tandem
@@ -28,10 +28,18 @@ def test_the_fit_call_a_resume_suggests_continues_the_run(tmp_path, monkeypatch)
     run = tmp_path / "fit1"
     tandem.fit(_sequential(), Pairs(30, seed=0), Pairs(11, seed=1), batch_size=10, epochs=2,
                max_steps=2, no_progress=True, out=str(run))  # stopped in its first epoch
-    line = one_line_error(run_in_process("train", "--resume", run, "--data", "own_model:pairs"),
-                          "tandem.fit")
-    call = line.split("continue it with ", 1)[1].split(", or with `")[0]
+    with_data = run_in_process("train", "--resume", run, "--data", "own_model:pairs")
+    one_line_error(with_data, "tandem.fit")
+    call = hint_of(with_data).split("continue it with ", 1)[1].split(", or with `")[0]
     assert call.startswith("tandem.fit(")
+    # the command it offers keeps the flag given, and so does the one typing -a instead gets:
+    # following one hint does not lead to the other
+    assert f"`tandem train --resume {run} -a package.module:function --data own_model:pairs`" \
+        in hint_of(with_data)
+    with_arch = run_in_process("train", "--resume", run, "-a", "own_model:make_net")
+    one_line_error(with_arch, "tandem.fit on the data sets handed to it")
+    assert f"`tandem train --resume {run} -a own_model:make_net --data package.module:function`" \
+        in hint_of(with_arch)
     row = eval(call, {"tandem": tandem, "model": _sequential(), "train_data": Pairs(30, seed=0),
                       "val_data": Pairs(11, seed=1)})  # the call the line suggests, as typed
     assert row["epoch"] == 2

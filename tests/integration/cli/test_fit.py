@@ -3,7 +3,7 @@
 and 2-process ddp (float64, with the controls of tests/support/exact.py); a fit resumed equals one
 straight fit bit for bit; its settings are checked as the CLI's, in one line."""
 
-import math
+import json
 import sys
 
 import pytest
@@ -109,7 +109,28 @@ def test_fit_then_resume_equals_one_straight_fit_bitwise(tmp_path):
     assert len(rows) == 2
 
 
-def test_no_val_data_and_own_criterion(tmp_path):
+def test_fit_keys_the_dropout_of_a_handed_model(tmp_path):
+    """tandem.fit converts a handed model's nn.Dropout layers too (AlexNet's classifier,
+    tests/support/dropout_net.py): 3 CPU replicas equal single in float64; under
+    ``dropout_rng="torch"`` they do not (torch's draws depend on the replicas)."""
+    from dropout_net import alexnet_like
+    from exact import TOL64, max_diff
+
+    def run(name, **settings):
+        torch.manual_seed(0)
+        fit(tmp_path / name, model=alexnet_like(3, 1), **STEPS, dtype="float64", **settings)
+        return ckpt(tmp_path / name)["state_dict"]
+
+    single, dp = run("single"), run("dp", strategy="dp", devices="cpu:3")
+    assert max_diff(single, dp) < TOL64
+    single_torch = run("single_torch", dropout_rng="torch")
+    dp_torch = run("dp_torch", strategy="dp", devices="cpu:3", dropout_rng="torch")
+    assert max_diff(single_torch, dp_torch) > 1e-4
+
+
+def test_no_val_data_and_own_criterion(tmp_path, capsys):
+    """Without val_data: the lines say so (no nan, no "best val acc 0.00%"), no best.pt is
+    written, and the returned row holds null validation fields, as metrics.jsonl does."""
     torch.manual_seed(0)
     calls = []
 
@@ -118,9 +139,17 @@ def test_no_val_data_and_own_criterion(tmp_path):
         return torch.nn.functional.cross_entropy(outputs, targets)
 
     row = tandem.fit(Net(), Pairs(30, seed=0), None, criterion=criterion, batch_size=10,
-                     epochs=1, out=str(tmp_path), no_progress=True)
-    assert calls == [10, 10, 10] and row["step"] == 3
-    assert math.isnan(row["val_loss"]) and row["train_loss"] > 0
+                     epochs=2, out=str(tmp_path), no_progress=True)
+    assert calls == [10] * 6 and row["step"] == 6 and row["train_loss"] > 0
+    printed = capsys.readouterr().out
+    assert "nan" not in printed and "best val acc" not in printed
+    assert printed.count("| no validation data |") == 2
+    assert printed.splitlines()[-1] == (f"no validation data (val_data=None), so no best.pt: "
+                                        f"the last weights are in {tmp_path / 'checkpoint.pt'}")
+    assert (row["val_loss"], row["val_acc"], row["val_acc5"]) == (None, None, None)
+    assert not (tmp_path / "best.pt").exists()
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {k: last[k] for k in ("val_loss", "val_acc")} == {"val_loss": None, "val_acc": None}
 
 
 @pytest.mark.parametrize("settings, line", [
@@ -131,11 +160,15 @@ def test_no_val_data_and_own_criterion(tmp_path):
     (dict(strategy="nope"), "unknown strategy 'nope'"),
     (dict(arch="cifar_resnet20"), "tandem.fit() got a model and arch=: give one of them"),
     (dict(augment="standard"), "augment 'standard' applies to tandem's own data sets"),
+    (dict(drop_path=0.1), "drop_path 0.1 is for a model tandem builds"),
+    (dict(dropout_rng="numpy"), "bad dropout_rng 'numpy': choose one of keyed, torch"),
 ])
 def test_settings_are_checked_in_one_line(settings, line, tmp_path):
     with pytest.raises(UsageError) as info:
         fit(tmp_path, **settings)
-    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+    first, *rest = str(info.value).splitlines()  # one line, and maybe its remedy's
+    assert first.startswith(line) and len(rest) <= 1
+    assert all(remedy.startswith("hint: ") for remedy in rest)
     assert not tmp_path.joinpath("checkpoint.pt").exists()
 
 

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from conftest import make_image_folder, run_in_process
+from conftest import hint_of, make_image_folder, one_line_error, run_in_process
 from tandem.cli.main import build_parser
 from tandem.cli.train import config_from_namespace
 from tandem.cli.common import given_fields
@@ -49,14 +49,19 @@ def test_dir_and_gpu_map_onto_data_and_devices_and_count_as_given():
 
 
 def test_distributed_flags_print_the_launch_command():
+    """The command on the hint line, with the example's -b (each of the 2 machines' batch)
+    carried over as tandem's global -b, and said."""
     proc = run_in_process("train", "-a", "resnet50", "--dist-url", "tcp://10.1.1.1:23456",
                           "--dist-backend", "nccl", "--multiprocessing-distributed",
                           "--world-size", 2, "--rank", 1, "-b", 256, "/data/imagenet")
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "tandem launch --nproc-per-node" in proc.stderr
-    assert "--nnodes 2 --node-rank 1 --master-addr 10.1.1.1 --master-port 23456" in proc.stderr
-    assert "-- train -a resnet50 -b 256 /data/imagenet --strategy ddp" in proc.stderr
-    assert "--dist-url" not in proc.stderr.split("run:")[1]
+    one_line_error(proc, "through `tandem launch`")
+    hint = hint_of(proc)
+    assert hint.startswith("run: tandem launch --nproc-per-node")
+    assert "--nnodes 2 --node-rank 1 --master-addr 10.1.1.1 --master-port 23456" in hint
+    assert "-- train -a resnet50 /data/imagenet -b 512 --strategy ddp" in hint
+    assert hint.endswith("(-b 512: the example's -b 256 is each of the 2 machines' batch, and "
+                         "tandem's -b the global one)")
+    assert "--dist-url" not in hint
 
 
 def test_the_launch_command_drops_the_flags_it_replaces_however_typed():
@@ -65,12 +70,12 @@ def test_the_launch_command_drops_the_flags_it_replaces_however_typed():
     proc = run_in_process("train", "-a", "resnet50", "--dist-ur", "tcp://10.1.1.1:23456",
                           "--multiproc", "--world-size=2", "--rank", 1, "--gpu=0", "--dev", "cpu",
                           "--strat", "dp", "-b", 256, "/data/imagenet")
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    command = shlex.split(proc.stderr.split("run: ", 1)[1])
+    one_line_error(proc, "through `tandem launch`")
+    command = shlex.split(hint_of(proc).removeprefix("run: ").split(" (-b ")[0])
     assert "--nnodes 2 --node-rank 1 --master-addr 10.1.1.1 --master-port 23456" in \
         shlex.join(command)
     train = command[command.index("--") + 1:]
-    assert train[:7] == ["train", "-a", "resnet50", "-b", "256", "/data/imagenet", "--strategy"]
+    assert train[:7] == ["train", "-a", "resnet50", "/data/imagenet", "-b", "512", "--strategy"]
     args = build_parser().parse_args(train)  # the launch command's workers parse it so
     assert (args.dist_url, args.world_size, args.rank, args.gpu) == (None,) * 4
     assert not args.multiprocessing_distributed and args.strategy == "ddp"

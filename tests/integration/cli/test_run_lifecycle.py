@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from conftest import cli_env, default_sigint, ok, run_in_process, snapshot
+from conftest import cli_env, default_sigint, ok, one_line_error, run_in_process, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -83,11 +83,10 @@ def test_refused_changes_leave_the_run_untouched(tmp_path):
                              ("--seed", "4", "3"), ("--data", "digits", "synthetic"),
                              ("-a", "cifar_resnet32", "cifar_resnet20")):
         proc = run_in_process("train", "--resume", run, flag, value)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        line = one_line_error(proc, "another --out")
         long_flag = {"-b": "--batch-size", "-a": "--arch"}.get(flag, flag)
-        assert lines[0].startswith(f"tandem: error: {long_flag} {value} would change the run")
-        assert f"which has {long_flag} {old}" in lines[0] and "another --out" in lines[0]
+        assert line.startswith(f"tandem: error: {long_flag} {value} would change the run")
+        assert f"which has {long_flag} {old}" in line
         assert snapshot(run) == before  # byte-identical, not even rewritten
 
 
@@ -125,8 +124,7 @@ def test_fresh_run_into_a_run_directory_is_refused_and_best_pt_survives(tmp_path
     before = snapshot(run)
     acc = max(r["val_acc"] for r in rows(run))
     proc = run_in_process("train", *TINY, "--lr", "0.5", "--out", run, "--devices", "cpu")
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert f"already holds a run (2 epoch(s), best val acc {acc:.2f}%)" in proc.stderr
+    one_line_error(proc, f"already holds a run (2 epoch(s), best val acc {acc:.2f}%)")
     for choice in (f"--resume {run}", "another --out", "--overwrite"):
         assert choice in proc.stderr
     assert snapshot(run) == before
@@ -187,21 +185,24 @@ def test_save_every_writes_mid_epoch_checkpoints(tmp_path, monkeypatch):
     assert checkpoint_writes(tmp_path / "never") == [(1, 0, 4, None), (2, 0, 8, None)]
 
 
+DROPOUT_RUN = ["--data", "synthetic", "--synthetic-size", "8", "--image-size", "8",
+               "--num-classes", "4", "-a", "dropout_net:make", "--dropout", "0.5", "-b", "4",
+               "--seed", "3", "--epochs", "1", "--no-progress", "--strategy", "single",
+               "--devices", "cpu"]
+
+
 def test_resume_restores_the_global_rng_that_dropout_draws_from(tmp_path):
     """Interrupted and resumed == the straight run, bitwise, where the steps after the resume
-    draw from torch's global RNG: the dropout masks of tests/support/dropout_net.py (nn.Dropout, as
-    alexnet's and vgg's, in a model of a few hundred weights; `single`, as dropout in CPU
-    replica threads is not bit-reproducible).
+    draw from torch's global RNG: the dropout masks of tests/support/dropout_net.py under
+    ``--dropout-rng torch`` (nn.Dropout, as alexnet's and vgg's, in a model of a few hundred
+    weights; `single`, as torch's dropout in CPU replica threads is not bit-reproducible).
 
     The data cannot carry this: the sampler and the augmentation are keyed by seed, epoch and
     sample. The control resumes the same checkpoint without its ``rng`` entry: the masks after
     the resume are then drawn from the state the model's seeded initialisation left, and the
     weights differ, so the comparison depends on the RNG restore.
     """
-    args = ["--data", "synthetic", "--synthetic-size", "8", "--image-size", "8",
-            "--num-classes", "4", "-a", "dropout_net:make", "--dropout", "0.5", "-b", "4",
-            "--seed", "3", "--epochs", "1", "--no-progress", "--strategy", "single",
-            "--devices", "cpu"]
+    args = [*DROPOUT_RUN, "--dropout-rng", "torch"]
     straight, run, no_rng = tmp_path / "straight", tmp_path / "run", tmp_path / "no_rng"
     ok("train", *args, "--out", straight)
     ok("train", *args, "--max-steps", "1", "--out", run)
@@ -220,6 +221,49 @@ def test_resume_restores_the_global_rng_that_dropout_draws_from(tmp_path):
     b = state(no_rng / "run" / "checkpoint.pt")["state_dict"]
     assert state(no_rng / "run" / "checkpoint.pt")["data_position"]["step"] == 2
     assert not torch.equal(a["5.weight"], b["5.weight"])
+
+
+def test_a_resume_under_keyed_dropout_needs_no_rng_state(tmp_path):
+    """Keyed dropout (the default) draws from the seed and the step: interrupted and resumed ==
+    the straight run bitwise, also resumed from the checkpoint without its ``rng`` entry, and
+    the checkpoint holds what it held before (nothing new to save). The control: under
+    ``--dropout-rng torch`` the same resume without ``rng`` differs (the test above)."""
+    straight, run, no_rng = tmp_path / "straight", tmp_path / "run", tmp_path / "no_rng"
+    ok("train", *DROPOUT_RUN, "--out", straight)
+    ok("train", *DROPOUT_RUN, "--max-steps", "1", "--out", run)
+    ckpt = state(run / "checkpoint.pt")
+    torch_run = tmp_path / "torch"
+    ok("train", *DROPOUT_RUN, "--dropout-rng", "torch", "--max-steps", "1", "--out", torch_run)
+    assert ckpt.keys() == state(torch_run / "checkpoint.pt").keys()
+    del ckpt["rng"]
+    no_rng.mkdir()
+    torch.save(ckpt, no_rng / "stopped.pt")
+    ok("train", "--resume", run)
+    assert_bitwise_equal(straight / "checkpoint.pt", run / "checkpoint.pt")
+    ok("train", "--resume", no_rng / "stopped.pt", "--out", no_rng / "run")
+    a = state(straight / "checkpoint.pt")["state_dict"]
+    b = state(no_rng / "run" / "checkpoint.pt")["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["5.weight"], state(torch_run / "checkpoint.pt")["state_dict"]
+                           ["5.weight"])  # keyed and torch's draws: other masks
+
+
+def test_a_run_saved_before_dropout_was_keyed_goes_on_with_torchs_draws(tmp_path):
+    """A checkpoint whose config has no ``dropout_rng`` (saved before keyed dropout) resumes
+    with ``--dropout-rng torch``, the draws it was trained with: bitwise the straight torch
+    run (resumed keyed, the default, its later masks would differ)."""
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    ok("train", *DROPOUT_RUN, "--dropout-rng", "torch", "--out", straight)
+    ok("train", *DROPOUT_RUN, "--dropout-rng", "torch", "--max-steps", "1", "--out", run)
+    ckpt = state(run / "checkpoint.pt")
+    del ckpt["config"]["model"]["dropout_rng"]
+    torch.save(ckpt, run / "checkpoint.pt")
+    config = json.loads((run / "config.json").read_text())
+    del config["model"]["dropout_rng"]
+    (run / "config.json").write_text(json.dumps(config))
+    ok("train", "--resume", run)
+    assert state(run / "checkpoint.pt")["config"]["model"]["dropout_rng"] == "torch"
+    assert_bitwise_equal(straight / "checkpoint.pt", run / "checkpoint.pt")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

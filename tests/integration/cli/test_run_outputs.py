@@ -107,6 +107,9 @@ def test_a_one_epoch_run_plots_steps_from_0_with_the_runs_name_lr_and_log_loss(t
     assert loss.get_yscale() == "log"
     assert [list(line.get_ydata()) for line in loss.get_lines()] == [[row["train_loss"]],
                                                                      [row["val_loss"]]]
+    # 4 classes: top-5 is 100% whatever the model does, so it is not drawn
+    assert row["val_acc5"] == 100.0
+    assert [line.get_label() for line in acc.get_lines()] == ["train", "validation top-1"]
     # The lr each step used, from 0 (lr 0.05) down the cosine to the row's, where the row's
     # lr sits.
     schedule, at_row = lr.get_lines()
@@ -136,6 +139,8 @@ def test_lr_after_a_resume_with_more_epochs_is_the_lr_each_step_used(tmp_path, f
     assert lrs[second["step"]] > 0  # ... is not what the next step used after the resume
     assert [[t, lrs[t]] for t, _ in third["lr_steps"]] == third["lr_steps"]
     assert lrs[third["step"]] == pytest.approx(third["lr"])
+    # each row's dot sits on that line: the lr its next step used (row 2's is not its 0)
+    assert list(at_row.get_ydata()) == [lrs[r["step"]] for r in (first, second, third)]
 
 
 def test_two_epochs_and_a_partial_one_plot_epochs(tmp_path, figures):

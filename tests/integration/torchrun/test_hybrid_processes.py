@@ -458,6 +458,10 @@ def test_auto_under_launch_races_the_processes_once_and_a_resume_keeps_the_choic
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     first, second = outputs(proc.stdout)
     assert proc.stdout.count("strategy auto: ddp, hybrid-ddp on 2 processes") == 1
+    # no time budget bounds a race across processes: what it takes is said before it starts
+    said = ("strategy auto: racing across 2 processes, 3 timed rounds of each candidate after "
+            "one warm-up, however long they take (no time budget across processes")
+    assert first.index(said) < first.index("strategy auto: ddp, hybrid-ddp on 2 processes")
     assert "link: " in first and "chosen: " in first
     config = json.loads((run / "config.json").read_text())
     record = config["resolved"]["auto"]

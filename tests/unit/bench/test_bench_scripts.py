@@ -110,6 +110,18 @@ def test_jpeg_decoders_script_runs_every_way(tmp_path, capsys):
     assert "simplejpeg" in capsys.readouterr().out
 
 
+def test_keyed_dropout_script_steps_both_ways(tmp_path, capsys):
+    """One round of the keyed-dropout benchmark: a step with torch's draws and one with keyed
+    masks, each timed; whether the ratio meets its target is the benchmark's to say."""
+    keyed = _load("keyed_dropout")
+    out = tmp_path / "keyed.json"
+    (row,) = keyed.main(["--models", "resnet20", "--rounds", "1", "--warmup", "0",
+                         "--json", str(out)])
+    assert set(row["median_s"]) == {"torch", "keyed"} and math.isfinite(row["ratio"])
+    assert json.loads(out.read_text())["results"][0]["model"] == "resnet20"
+    assert "resnet20" in capsys.readouterr().out
+
+
 def test_large_batch_runs_each_optimizer_at_each_batch_with_commands_tandem_takes():
     """benchmarks/large_batch.py: its grid (1x once, 4x and 16x unscaled and scaled), its
     commands parsed by tandem's own train parser, and its table from rows (nothing runs)."""

@@ -434,7 +434,7 @@ def test_train_and_eval_run_the_gpu_path_on_the_cpu_device_with_a_worker(folder,
     32 px most training crops are reduced-scale ones (see the bounds): two steps' train loss
     measured 3.180 (cpu) and 3.200 (gpu); the same weights' val loss (val crops within 1
     level) 1.9382 (cpu) and 1.9387 (gpu)."""
-    def on_cpu(data, mode, device):
+    def on_cpu(data, mode, device, say=True):
         train, val, info = data
         return _on_cpu(train), _on_cpu(val), info
 

@@ -344,3 +344,31 @@ def test_a_meta_build_skips_the_weight_init(name, monkeypatch):
     assert all(p.is_meta for p in model.parameters()) and calls == []
     create_model(name, num_classes=3)
     assert calls and not any(t.is_meta for t in calls)
+
+
+# -- drop path ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["cifar_resnet20", "resnet50"])
+def test_drop_path_is_linear_over_depth_and_leaves_the_model_alone(name):
+    """``drop_path=P``: block k of n drops its branch with P k / (n - 1), as timm's ResNets
+    (the first block gets no DropPath); the same weights, keys and parameter count; by
+    default no DropPath at all (the model is the paper's)."""
+    from tandem.keyed import DropPath
+
+    torch.manual_seed(0)
+    plain = create_model(name, num_classes=5)
+    torch.manual_seed(0)
+    dropped = create_model(name, num_classes=5, drop_path=0.2)
+    assert not any(isinstance(m, DropPath) for m in plain.modules())
+    blocks = [m for m in dropped.modules() if isinstance(m, (BasicBlock, Bottleneck))]
+    rates = [0.0 if b.drop_path is None else b.drop_path.p for b in blocks]
+    assert rates == pytest.approx([0.2 * k / (len(blocks) - 1) for k in range(len(blocks))])
+    assert blocks[0].drop_path is None
+    assert count_parameters(plain) == count_parameters(dropped)
+    a, b = plain.state_dict(), dropped.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(dropped.eval()(x), plain.eval()(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="drop_path"):
+        create_model(name, drop_path=1.0)
+    with pytest.raises(ValueError, match="drop_path"):
+        create_model("alexnet", drop_path=0.1)

@@ -81,6 +81,38 @@ def test_compiled_training_matches_eager_and_keeps_plain_keys():
         torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5)
 
 
+@needs_cxx
+def test_compiled_keyed_dropout_draws_eagers_masks_without_recompiling():
+    """Keyed dropout under --compile (tandem.keyed): each keyed layer runs eagerly between
+    graphs (its key is a new integer at every step, which a graph would take for a constant),
+    so the compiled model drops what eager drops, and steps after the first compile nothing
+    new (dynamo's frame count stays)."""
+    import copy
+
+    from torch._dynamo.utils import counters
+
+    from tandem.keyed import DropPath, keyed_dropout, step_stream
+
+    torch.manual_seed(0)
+    eager = keyed_dropout(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5),
+                                        nn.Linear(16, 3), DropPath(0.5)))
+    model = compiling.compiled(copy.deepcopy(eager))
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(6, 8)
+    frames = []
+    for step in range(4):
+        with step_stream(0, step, 0):
+            out = model(x)
+        with step_stream(0, step, 0):
+            ref = eager(x)
+        out.sum().backward()
+        assert torch.equal(out == 0, ref == 0) and (ref == 0).any()
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        frames.append(counters["frames"]["total"])
+    assert frames[0] > 0 and frames[1:] == [frames[1]] * 3, frames
+
+
 def test_strategies_declare_whether_they_compile():
     assert compiling_strategies() == ["ddp", "single"]
     for name in ("dp", "balanced", "hybrid"):

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conftest import run_in_process
+from conftest import one_line_error, run_in_process
 from tandem.config import TrainConfig
 from tandem.models import create_model
 from tandem.strategies import Strategy, create_strategy, strategy_class, strategy_names
@@ -52,8 +52,7 @@ def test_compile_into_an_existing_run_is_refused_before_compile_or_data(finished
     mtimes = {n: os.path.getmtime(finished_run / n) for n in before}
     proc = run_in_process("train", "-a", "cifar_resnet20", "--data", "digits", "--compile",
                           "--out", finished_run, "--no-progress")
-    assert proc.returncode == 2
-    assert "already holds a run" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    one_line_error(proc, "already holds a run")
     assert spies == []  # no data, no compile, no process group
     assert sorted(os.listdir(finished_run)) == before
     assert {n: os.path.getmtime(finished_run / n) for n in before} == mtimes

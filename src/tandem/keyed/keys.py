@@ -1,0 +1,92 @@
+"""Random numbers that are a function of integers, not of a generator's history.
+
+On the host, :func:`mix_seed` hashes integers (a seed, an epoch, a sample's index) into one
+63-bit key with splitmix64, so a draw keyed by a sample is the same whoever makes it: the
+loader's :class:`~tandem.data.transforms.SampleRandom`, and the model's dropout masks.
+
+On a device, :func:`words` gives a random 32-bit word for each (row, column) of a grid: row
+``i`` is the sample at index ``i`` of the global batch, column ``j`` an element (or a channel)
+of that sample. Each word is a hash of ``(key, i, j)`` alone, computed with integer tensor ops
+where the tensor lives (no generator, no host sync), so a replica, a rank or a block of a split
+layer computes exactly its part of the whole batch's grid, and nothing else. The hash is two
+xorshift-multiply rounds, as murmur3's finaliser, with the multipliers of Chris Wellons'
+``hash-prospector`` (0x21f0aaad, 0x735a2d97), both below 2**31: a 32-bit value times one stays
+below 2**63, so int64 tensors compute it exactly on every device, without overflow.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+__all__ = ["mix_seed", "splitmix64", "name_key", "row_words", "words", "threshold"]
+
+_MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
+_ROUNDS = ((16, 0x21F0AAAD), (15, 0x735A2D97))  # (shift, multiplier) of each round
+_LAST_SHIFT = 15
+
+
+def splitmix64(x: int) -> int:
+    """One round of splitmix64: a well-mixed 64-bit integer from any 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def mix_seed(*parts: int) -> int:
+    """Hash integers (e.g. ``seed, epoch, index``) into one 63-bit seed; order matters."""
+    h = 0x1234567
+    for p in parts:
+        h = splitmix64(h ^ (int(p) & _MASK64))
+    return h >> 1  # 63 bits: valid for torch.Generator.manual_seed and numpy
+
+
+def name_key(name: str) -> int:
+    """A layer's qualified name (``classifier.3``) as an integer, the same in every process
+    (Python's own ``hash`` of a string differs from one process to the next)."""
+    return zlib.crc32(name.encode())
+
+
+def _hash_(x: torch.Tensor) -> torch.Tensor:
+    """The 32-bit hash of every value of ``x`` (int64, values in [0, 2**32)), in place."""
+    t = torch.empty_like(x)
+    for shift, multiplier in _ROUNDS:
+        torch.bitwise_right_shift(x, shift, out=t)
+        x.bitwise_xor_(t).mul_(multiplier).bitwise_and_(_MASK32)
+    torch.bitwise_right_shift(x, _LAST_SHIFT, out=t)
+    return x.bitwise_xor_(t)
+
+
+def _line(key: int, first: int, count: int, device) -> torch.Tensor:
+    """A random word for each index of ``first .. first + count - 1``, under ``key``."""
+    low, high = key & _MASK32, (key >> 32) & _MASK32
+    index = torch.arange(first, first + count, dtype=torch.int64, device=device)
+    return _hash_(_hash_(index.bitwise_xor_(low)).bitwise_xor_(high))
+
+
+def row_words(key: int, rows: tuple[int, int], device=None) -> torch.Tensor:
+    """``(rows[1],)`` int64 tensor of random 32-bit words, one for each row of
+    ``rows[0] .. rows[0] + rows[1] - 1`` under ``key``: a draw per sample (drop path)."""
+    return _line(mix_seed(key, 1), rows[0], rows[1], device)
+
+
+def words(key: int, rows: tuple[int, int], cols: tuple[int, int], device=None) -> torch.Tensor:
+    """``(rows[1], cols[1])`` int64 tensor of random 32-bit words on ``device``: entry
+    ``(a, b)`` is the word of row ``rows[0] + a`` and column ``cols[0] + b`` under ``key``.
+
+    A function of ``(key, row, column)`` alone: any block of the grid equals that block of
+    the whole grid. Rows and columns each get a word of their own (two keys drawn from
+    ``key``), and an entry is the hash of the two words' xor.
+    """
+    row = row_words(key, rows, device)
+    col = _line(mix_seed(key, 2), cols[0], cols[1], device)
+    return _hash_(row[:, None] ^ col[None, :])  # the xor is a new tensor: hashed in place
+
+
+def threshold(p: float) -> int:
+    """The word below which an entry is dropped with probability ``p`` (a word is uniform
+    over [0, 2**32))."""
+    return round(p * (1 << 32))
