@@ -16,6 +16,7 @@ from tandem.data.device_decode import DECODE_MODES
 from tandem.data.mixing import Mixing
 from tandem.errors import TandemError, UsageError, param
 from tandem.keyed import DROPOUT_RNGS, KEYED
+from tandem.optim import CLIP_MODES, EXCLUDES_NORM, LR_SCALES, OPTIMIZERS
 from tandem.suggest import did_you_mean
 from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choice, check_type,
                                   flag_of, opt)
@@ -145,11 +146,48 @@ class OptimConfig:
                       metavar="N", on_resume=MAY_CHANGE)
     batch_size: int = opt(32, "GLOBAL batch size, over all devices and processes",
                           "-b", "--batch-size", metavar="N")
-    lr: float = opt(0.05, "initial learning rate (SGD)", "--lr", "--learning-rate",
+    lr: float = opt(0.05, "initial learning rate, the schedule's peak (with --lr-scale: at "
+                    "--lr-base-batch images per step)", "--lr", "--learning-rate",
                     metavar="LR")
-    momentum: float = opt(0.9, "SGD momentum", metavar="M")
-    weight_decay: float = opt(5e-4, "weight decay", "--wd", "--weight-decay", metavar="W")
+    optimizer: str = opt("sgd", "optimizer: sgd (momentum, --nesterov: the imagenet "
+                         "example's), adamw (torch's AdamW), lars (You et al. 2017: SGD with a "
+                         "trust ratio per layer) or lamb (You et al. 2019: Adam with one); "
+                         "see the recipes guide", "--opt", choices=OPTIMIZERS)
+    momentum: float = opt(0.9, "momentum of sgd and lars", metavar="M")
+    weight_decay: float = opt(5e-4, "weight decay (adamw, lamb: decoupled from the gradient)",
+                              "--wd", "--weight-decay", metavar="W")
+    wd_exclude_norm: str | None = opt(None, "no weight decay on biases and normalisation "
+                                      "weights (parameters of one dimension), and no lars or "
+                                      "lamb trust ratio there (default: on for adamw, lars and "
+                                      "lamb, as timm; off for sgd, as the imagenet example)",
+                                      choices=("on", "off"))
     nesterov: bool = opt(False, "Nesterov momentum (SGD)")
+    opt_eps: float | None = opt(None, "epsilon of adamw and lamb (in the denominator of "
+                                "Adam's step) and of lars (in its trust ratio's) (default: "
+                                "1e-8; lamb 1e-6)", metavar="EPS")
+    opt_betas: str | None = opt(None, "adamw's and lamb's moment decays (default: 0.9,0.999)",
+                                metavar="B1,B2")
+    lars_trust: float = opt(0.001, "lars: the trust coefficient, the fraction of a layer's "
+                            "weight norm that one step moves it by at lr 1 (You et al.'s eta)",
+                            metavar="ETA")
+    clip_grad: float | None = opt(None, "clip gradients: by the norm of the whole model's "
+                                  "gradient (every strategy's blocks and processes counted), "
+                                  "or by value with --clip-mode value", metavar="NORM")
+    clip_mode: str = opt("norm", "with --clip-grad: norm (scale every gradient so that the "
+                         "total norm is at most NORM) or value (clamp each element to "
+                         "[-NORM, NORM])", choices=CLIP_MODES)
+    model_ema: float | None = opt(None, "keep an exponential moving average of the weights "
+                                  "and buffers with this decay (e.g. 0.9998), validated each "
+                                  "epoch beside them and saved in checkpoints; best.pt goes "
+                                  "by its score (tandem eval --ema)", metavar="DECAY")
+    model_ema_warmup: bool = opt(True, "without --model-ema's warm-up of the decay (timm's: "
+                                 "1-(1+n)^(-2/3) until it reaches DECAY)",
+                                 "--no-model-ema-warmup")
+    lr_scale: str = opt("none", "scale --lr with the images per optimizer step (global batch x "
+                        "--accum-steps) over --lr-base-batch: linear (Goyal et al. 2017), sqrt, "
+                        "or none", choices=LR_SCALES)
+    lr_base_batch: int = opt(256, "with --lr-scale: the images per step --lr is given for",
+                             metavar="N")
     lr_schedule: str = opt("cosine", "learning-rate schedule, stepped every optimizer step",
                            choices=SCHEDULES)
     lr_step: float = opt(30.0, "step schedule: epochs between decays", metavar="EPOCHS")
@@ -174,6 +212,8 @@ class OptimConfig:
               f"bad {param('weight_decay')} {self.weight_decay}: must be >= 0")
         check(not self.nesterov or self.momentum > 0,
                f"{param('nesterov')} needs a {param('momentum')} above 0, not {self.momentum}")
+        self._check_optimizer()
+        self._check_recipe()
         check_choice(self.lr_schedule, SCHEDULES, "lr_schedule")
         check(self.lr_step > 0, f"bad {param('lr_step')} {self.lr_step}: must be > 0")
         check(self.lr_gamma > 0, f"bad {param('lr_gamma')} {self.lr_gamma}: must be > 0")
@@ -184,6 +224,59 @@ class OptimConfig:
         check(self.accum_steps >= 1, f"bad {param('accum_steps')} {self.accum_steps}: must be >= 1")
         check(self.max_steps is None or self.max_steps >= 1,
                f"bad {param('max_steps')} {self.max_steps}: must be >= 1")
+
+    def _check_optimizer(self) -> None:
+        """``--opt`` and the settings that belong to some optimizers only."""
+        name = self.optimizer
+        close = did_you_mean(name, list(OPTIMIZERS)).removeprefix(": ")
+        check(name in OPTIMIZERS, f"bad {param('optimizer')} {name!r}: choose one of "
+                                  f"{', '.join(OPTIMIZERS)}" + (f" ({close})" if close else ""))
+        check(not self.nesterov or name == "sgd",
+              f"{param('nesterov')} is sgd's; {param('optimizer')} {name} has none")
+        check(self.opt_eps is None or name != "sgd",
+              f"{param('opt_eps')} is adamw's, lars' and lamb's; sgd has none")
+        check(self.opt_eps is None or self.opt_eps > 0,
+              f"bad {param('opt_eps')} {self.opt_eps}: must be > 0")
+        if self.opt_betas is not None:
+            check(name in ("adamw", "lamb"), f"{param('opt_betas')} are adamw's and lamb's; "
+                                             f"{param('optimizer')} {name} has none")
+            self.betas()  # its check
+        check(self.lars_trust > 0, f"bad {param('lars_trust')} {self.lars_trust}: must be > 0")
+        if self.wd_exclude_norm is not None:
+            check_choice(self.wd_exclude_norm, ("on", "off"), "wd_exclude_norm")
+
+    def _check_recipe(self) -> None:
+        """Clipping, the EMA and the lr's scaling."""
+        check(self.clip_grad is None or self.clip_grad > 0,
+              f"bad {param('clip_grad')} {self.clip_grad}: must be > 0 (e.g. 1.0)")
+        check_choice(self.clip_mode, CLIP_MODES, "clip_mode")
+        check(self.model_ema is None or 0 < self.model_ema < 1,
+              f"bad {param('model_ema')} {self.model_ema}: the decay must be in (0, 1), "
+              f"e.g. 0.9998")
+        check_choice(self.lr_scale, LR_SCALES, "lr_scale")
+        check(self.lr_base_batch >= 1,
+              f"bad {param('lr_base_batch')} {self.lr_base_batch}: must be >= 1")
+
+    def betas(self) -> tuple[float, float]:
+        """``--opt-betas`` as two floats (default 0.9, 0.999), each in [0, 1)."""
+        if self.opt_betas is None:
+            return (0.9, 0.999)
+        parts = self.opt_betas.split(",")
+        try:
+            values = tuple(float(p) for p in parts)
+        except ValueError:
+            values = ()
+        check(len(values) == 2 and all(0 <= b < 1 for b in values),
+              f"bad {param('opt_betas')} {self.opt_betas!r}: two decays in [0, 1), e.g. "
+              f"0.9,0.999")
+        return values
+
+    def excludes_norm(self) -> bool:
+        """``--wd-exclude-norm`` resolved: as given, else on for the optimizers timm excludes
+        for (adamw, lars, lamb), off for sgd."""
+        if self.wd_exclude_norm is None:
+            return self.optimizer in EXCLUDES_NORM
+        return self.wd_exclude_norm == "on"
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from torch import nn
 from tandem.config import ModelConfig, OptimConfig, ParallelConfig, RunConfig, TrainConfig
 from tandem.precision import Precision
 from tandem.strategies.step_timer import rank_share, timed_devices
-from tandem.train.build import make_criterion, make_optimizer
+from tandem.train.build import make_criterion
 from tandem.train.loop import Trainer
+from tandem.train.recipe import make_optimizer
 from tandem.train.schedule import make_scheduler
 
 from .contestants import (Contestant, module_tensors, prepare_strategy, strategy_contestant,

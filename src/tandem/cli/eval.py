@@ -67,6 +67,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--no-amp", dest="amp", action="store_false",
                         help="evaluate in float32, also a run trained with --amp (default: "
                              "the run's precision)")
+    parser.add_argument("--ema", action="store_true",
+                        help="evaluate the checkpoint's exponential moving average of the "
+                             "weights (a run trained with --model-ema) instead of its weights")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                         help="write one JSON object (arch, loss, label_smoothing, plain_ce: "
                              "plain cross-entropy beside a label-smoothed loss, acc1, acc5, "
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         result = evaluate(args.resume, parallel=parallel, data=data,
                           batch_size=args.batch_size, seed=args.seed,
                           label_smoothing=args.label_smoothing, arch=args.arch,
-                          amp=args.amp, amp_dtype=args.amp_dtype)
+                          amp=args.amp, amp_dtype=args.amp_dtype, ema=args.ema)
     note, precision = result.pop("note"), result.pop("precision")
     if not result.pop("is_main"):
         return 0  # under ddp every rank validates its share; rank 0 reports the total
@@ -100,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr if to_stdout else sys.stdout)
     if precision:
         print(precision, file=sys.stderr if to_stdout else sys.stdout)
+    if args.ema:
+        result["ema"] = True  # the figures are the EMA's
     if to_stdout:
         print(json.dumps(result))
         return 0
@@ -107,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
         _write_json(result, args.json)
     if result["compile_seconds"] is not None:
         print(describe_compile(result["compile_seconds"], args.compile_mode))
-    print(f"{args.resume}: {result['arch']} {eval_scores(result)} ({result['count']} images)")
+    which = " (its EMA of the weights)" if args.ema else ""
+    print(f"{args.resume}{which}: {result['arch']} {eval_scores(result)} "
+          f"({result['count']} images)")
     return 0
 
 

@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tandem.errors import UsageError
 from tandem.keyed import stream as keyed_stream
+from tandem.plain_norms import PlainNorms
 
 from ..parallel import traffic
 from ..parallel.guards import first_lazy
@@ -255,6 +256,15 @@ class DistributedHybrid(nn.Module):
             for k, (param, dim, sizes) in module.pieces().items():
                 where[prefix + k] = (prefix + k, param, dim, sizes)
         return [where[n] for n in self._param_names]
+
+    def plain_norms(self, reduce) -> PlainNorms:
+        """Norms of the plain model's parameters (:mod:`tandem.plain_norms`): a split layer's
+        blocks summed over the ranks by ``reduce`` (a collective every rank joins); what every
+        rank holds whole counted once."""
+        pieces = self.pieces()
+        return PlainNorms([p for _, p, _, _ in pieces],
+                          spread=[k for k, (_, _, dim, _) in enumerate(pieces) if dim is not None],
+                          reduce=reduce, device=self.device)
 
     def plain_state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """The plain model's state dict on every rank (split layers gathered): the same keys and

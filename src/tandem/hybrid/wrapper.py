@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from tandem.errors import UsageError
+from tandem.plain_norms import PlainNorms
 
 from ..parallel import DataParallelModel, gather
 from ..parallel.devices import resolve_devices, as_device
@@ -167,6 +168,15 @@ class HybridParallel(nn.Module):
                 for key, param in module.named_parameters():
                     where.setdefault(prefix + key, (prefix + key, [param], None))
         return [where[name] for name in self._param_names]
+
+    def plain_norms(self) -> PlainNorms:
+        """Norms of the plain model's parameters (:mod:`tandem.plain_norms`): a split layer's
+        shards summed into the layer's, on the output device."""
+        params, owners = [], []
+        for k, (_, shards, _) in enumerate(self._plain_pieces()):
+            params += shards
+            owners += [k] * len(shards)
+        return PlainNorms(params, owners, device=self.output_device)
 
     def plain_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """``optimizer``'s state (an optimizer of :meth:`parameters`) as an optimizer of the

@@ -19,6 +19,7 @@ from tandem.distributed.agree import LOCAL, Agreement
 from tandem.errors import UsageError
 from tandem.parallel.split import BatchSplit
 from tandem.suggest import did_you_mean
+from tandem.plain_norms import PlainNorms
 
 from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, plain_ce_sum, top5_hits
 
@@ -53,7 +54,7 @@ class Strategy:
     abilities; ``devices``/``device``, ``rank``/``world_size``/``is_main``; ``split`` (the
     batch's shares, :class:`~tandem.parallel.split.BatchSplit`); ``with strategy:``;
     ``setup``, ``state_dict``/``load_state_dict``, ``optimizer_state_dict``/
-    ``load_optimizer_state_dict``, ``forward_loss``, ``no_sync``; the
+    ``load_optimizer_state_dict``, ``plain_norms``, ``forward_loss``, ``no_sync``; the
     collectives ``all_reduce_sum`` and ``barrier``; and ``agreement``, through which every
     decision all processes must share goes (:mod:`tandem.distributed.agree`).
     """
@@ -174,6 +175,13 @@ class Strategy:
         """Load a plain model's optimizer state (:meth:`optimizer_state_dict` of any
         strategy) into ``optimizer``; one that does not fit is a ``ValueError``."""
         optimizer.load_state_dict(state)
+
+    def plain_norms(self, wrapped: nn.Module) -> PlainNorms:
+        """The norms of the optimizer's parameters (``wrapped.parameters()``) as the plain
+        model has them (:mod:`tandem.plain_norms`), for gradient clipping and LARS's and
+        LAMB's trust ratios. Default: each parameter whole, and the same on every process
+        (after DDP's reduction a replica's gradient is the whole batch's)."""
+        return PlainNorms(wrapped.parameters(), device=self.device)
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:

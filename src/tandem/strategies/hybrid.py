@@ -32,6 +32,9 @@ class HybridStrategy(ReplicatedStrategy):
     def optimizer_state_dict(self, wrapped: nn.Module, optimizer) -> dict:
         return wrapped.plain_optimizer_state(optimizer)
 
+    def plain_norms(self, wrapped: nn.Module):
+        return wrapped.plain_norms()  # a split layer's shards summed
+
     def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer, state: dict) -> None:
         wrapped.load_plain_optimizer_state(optimizer, state)
 

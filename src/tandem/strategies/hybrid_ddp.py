@@ -124,5 +124,10 @@ class HybridDDPStrategy(DDPStrategy):
     def optimizer_state_dict(self, wrapped: nn.Module, optimizer) -> dict:
         return wrapped.plain_optimizer_state(optimizer)
 
+    def plain_norms(self, wrapped: nn.Module):
+        """A split layer's blocks summed over the ranks (one all-reduce per call, on
+        every rank); the replicated trunk counted once."""
+        return wrapped.plain_norms(self.all_reduce_sum)
+
     def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer, state: dict) -> None:
         wrapped.load_plain_optimizer_state(optimizer, state)

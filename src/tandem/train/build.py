@@ -1,6 +1,6 @@
 """What a plan builds before the loop runs: the data, the model with its weights, the
-optimizer, the schedule and the scaler, and the checkpoint's states restored (settings →
-:mod:`.plan` → build → :mod:`.loop`).
+optimizer, the schedule and the scaler (with the recipe's clip and EMA, :mod:`.recipe`), and
+the checkpoint's states restored (settings → :mod:`.plan` → build → :mod:`.loop`).
 
 The model is built on the CPU from a seed (initial weights never depend on devices), checked
 against a user's data, set up by the strategy and given its weights (the checkpoint's, or
@@ -23,7 +23,7 @@ from tandem.config import OptimConfig, TrainConfig
 from tandem.data import batches_per_epoch
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.distributed.env import cpu_bf16_override, launch_id
-from tandem.errors import UsageError, first_line, param
+from tandem.errors import CheckpointError, UsageError, first_line, param
 from tandem.factory import is_reference
 from tandem.keyed import KEYED, keyed_dropout
 from tandem.precision import amp_precision
@@ -35,10 +35,11 @@ from . import settings
 from .loop import Position
 from .plan import (EVALUATE, RunPlan, build_data, build_model, check_fits, check_max_steps,
                    check_model, saved_position, seed_everything)
+from .recipe import make_clip, make_ema, make_optimizer, scaled_lr
 from .schedule import lr_factor, make_scheduler
 
 __all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes",
-           "make_optimizer", "make_criterion", "mixing_of"]
+           "make_criterion", "mixing_of"]
 
 
 def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
@@ -51,12 +52,6 @@ def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
                          say=plan.mode != EVALUATE)  # tandem eval, train -e: no run to tell of
     train_set, val_set, info = plan.supplied.data
     return (train_set if "train" in splits else None), val_set, info
-
-
-def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
-    """SGD as ``cfg`` sets it (learning rate, momentum, weight decay, Nesterov)."""
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
 
 
 def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Module:
@@ -91,6 +86,8 @@ def _resolved(plan: RunPlan, cfg: TrainConfig, info, datasets) -> dict:
                     "in_channels": info.in_channels, "image_size": info.image_size},
         "decode": decoded_on(*datasets),
         "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
+        "lr": scaled_lr(cfg.optim),  # --lr after --lr-scale
+        "wd_exclude_norm": cfg.optim.excludes_norm(),
         "launch_id": launch_id(),
     }
     race = plan.race or settings.race_record(plan.checkpoint)
@@ -112,19 +109,21 @@ def same_data(agreement, train_set, val_set, info) -> None:
 
 def build(plan: RunPlan) -> dict:
     """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
-    schedule and scaler, and the resolved config (the keyword arguments of :class:`Trainer`)."""
+    schedule and scaler, the clip and the EMA, and the resolved config (the keyword arguments
+    of :class:`Trainer`)."""
     strategy = plan.strategy
     train_set, val_set, info = data(plan)
     same_data(plan.agreement, train_set, val_set, info)
     cfg = with_model_classes(plan.cfg, info, plan.checkpoint)
     wrapped = prepared_model(plan, cfg, info, train_set)
     optim = cfg.optim
-    optimizer = make_optimizer(optim, wrapped.parameters())
+    norms = strategy.plain_norms(wrapped)  # the plain model's norms, split layers summed
+    optimizer = make_optimizer(optim, wrapped.parameters(), norms)
     batches = batches_per_epoch(train_set, optim.batch_size)
     return dict(
         cfg=cfg, strategy=strategy, model=wrapped,
         criterion=make_criterion(optim, strategy, plan.supplied.criterion),
-        optimizer=optimizer,
+        optimizer=optimizer, clip=make_clip(optim, norms), ema=make_ema(optim, wrapped),
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
         # fp16's skipped steps agreed by every rank (tandem.distributed.agree)
         scaler=strategy.agreement.grad_scaler(strategy.device.type, amp_precision(
@@ -147,10 +146,27 @@ def resumed(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
                            lambda state: plan.strategy.load_optimizer_state_dict(
                                model, optimizer, state))
     plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
+    if parts["ema"] is not None:
+        notes += _restore_ema(parts["ema"], ckpt, path, plan.strategy, model)
     if settings.is_foreign(ckpt):
         check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
         notes += settings.assumed(cfg, plan.given, parts["config_dict"], ckpt)
     return start, [*plan.notes, *notes]
+
+
+def _restore_ema(ema, ckpt: dict, path: str, strategy: Strategy, model: nn.Module) -> list[str]:
+    """Load the checkpoint's EMA into ``ema`` through the strategy (any strategy's plain layout
+    fits); a file without one starts the average from its weights, and says so."""
+    entry = ckpt.get("ema")
+    if entry is None:
+        return [f"--model-ema: '{path}' holds no average of the weights; it starts from the "
+                f"file's weights"]
+    try:
+        ema.load_state_dict(entry, lambda state: strategy.load_state_dict(model, state))
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint '{path}': its EMA does not fit the model: "
+                              f"{first_line(exc)}") from None
+    return []
 
 
 def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig:
@@ -220,7 +236,17 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
                          f"--accum-steps it was saved with")
     foreign_schedule = checkpoint_compat.foreign_scheduler(ckpt)
     own_schedule = checkpoint_compat.tandem_scheduler(ckpt)
-    checkpoint.load_optimizer_state(optimizer, ckpt, path, load_optimizer)
+    # this run's settings of each group (momentum, weight decay, betas, ...) win over the
+    # file's: kept here, put back after the load
+    settings_of = [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
+                   for group in optimizer.param_groups]
+    notes = []
+    if settings.is_foreign(ckpt) and not _takes_foreign_state(cfg.optim, optimizer):
+        notes.append(f"its optimizer state is SGD's, one group: --opt {cfg.optim.optimizer}"
+                     f"{' with --wd-exclude-norm on' if cfg.optim.excludes_norm() else ''} "
+                     f"starts its own")
+    else:
+        checkpoint.load_optimizer_state(optimizer, ckpt, path, load_optimizer)
     try:
         if own_schedule is not None:
             scheduler.load_state_dict(own_schedule)
@@ -237,9 +263,8 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
         raise UsageError(f"checkpoint '{path}' does not fit this run's scheduler or scaler: "
                          f"{first_line(exc)}") from None
     _check_optimizer_shapes(optimizer, path)
-    for group in optimizer.param_groups:  # this run's flags win over the file's
-        group.update(momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay,
-                     nesterov=cfg.optim.nesterov)
+    for group, own in zip(optimizer.param_groups, settings_of):  # this run's flags win
+        group.update(own)
     if own_schedule is None:  # set the lr where tandem's schedule stands
         factor = lr_factor(position.step, cfg.optim, steps_per_epoch)
         for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
@@ -252,7 +277,6 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
     best = float(ckpt.get("best_acc1") or 0.0)
     start = {"position": position, "best_acc1": 0.0 if settings.is_foreign(ckpt) else best,
              "carried": ckpt.get("epoch_progress") if position.batch else None}
-    notes = []
     lr = optimizer.param_groups[0]['lr']
     if foreign_schedule == "StepLR" and cfg.optim.lr_schedule == "step":
         notes.append(f"its StepLR goes on at epoch {position.epoch + 1} (lr {lr:.4g})")
@@ -264,6 +288,12 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
         notes.append(f"best.pt starts afresh in --out {cfg.run.out}: the file's best_acc1 "
                      f"{best:.2f}% was its own best model's, which this file does not hold")
     return start, notes
+
+
+def _takes_foreign_state(cfg: OptimConfig, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a file from elsewhere (the imagenet example's: SGD, one group) gives its state
+    to this run's optimizer: an SGD of one group."""
+    return cfg.optimizer == "sgd" and len(optimizer.param_groups) == 1
 
 
 def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:

@@ -10,6 +10,7 @@ from tandem.parallel.devices import parse_device_spec
 from tandem.distributed.env import cpu_bf16_override
 from tandem.precision import amp_flags, amp_refusal
 from tandem.data.load import GIVEN_DATA
+from tandem.errors import UsageError, param
 from tandem.factory import is_reference
 
 from . import runlock, settings
@@ -39,10 +40,19 @@ def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | Non
             " (the run's --amp; --no-amp for float32)", None)
 
 
+def _averaged(ckpt: dict, path: str) -> dict:
+    """``ckpt`` with its EMA of the weights (``--model-ema``'s) as its weights."""
+    entry = ckpt.get("ema")
+    if not isinstance(entry, dict) or not isinstance(entry.get("state_dict"), dict):
+        raise UsageError(f"checkpoint '{path}' holds no EMA of the weights (its run trained "
+                         f"without {param('model_ema')}): leave out {param('ema')}")
+    return dict(ckpt, state_dict=entry["state_dict"])
+
+
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
              batch_size: int | None = None, seed: int | None = None,
              label_smoothing: float | None = None, arch: str | None = None,
-             amp: bool | None = None, amp_dtype: str | None = None) -> dict:
+             amp: bool | None = None, amp_dtype: str | None = None, ema: bool = False) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
     Architecture, data settings, loss and seed come from the checkpoint's config, each
@@ -57,6 +67,8 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     runlock.check_saved(checkpoint_path)  # a run that has not saved yet: its process, named
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)
+    if ema:
+        ckpt = _averaged(ckpt, checkpoint_path)
     newer = example_file_note(checkpoint_path, (data or {}).get(
         "data", ((ckpt.get("config") or {}).get("data") or {}).get("data")), evaluate=True)
     arch = settings.checkpoint_arch(ckpt, arch, checkpoint_path)

@@ -38,6 +38,7 @@ from tandem.distributed.faults import RAISES, PeerLost
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
 from tandem.keyed import KEYED, step_stream
+from tandem.optim import GradClip, ModelEma
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
 from tandem.distributed.env import cpu_bf16_override
@@ -178,6 +179,8 @@ class Trainer:
     # mixup and cutmix of the training batches (None: off): the loader adds each share's
     # partners, device_batch mixes them (tandem.data.mixing)
     mixing: Mixing | None = None
+    clip: GradClip | None = None  # --clip-grad, by the plain model's norm (tandem.optim)
+    ema: ModelEma | None = None  # --model-ema: validated and saved beside the weights
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
@@ -246,7 +249,8 @@ class Trainer:
             return (f"no validation data (val_data=None), so no {run.BEST}: the last weights "
                     f"are in {run.latest}")
         if self.best_written:
-            return f"best val acc {self.best_acc1:.2f}%: {run.best}"
+            judged = " (of the EMA weights, --model-ema)" if self.ema is not None else ""
+            return f"best val acc{judged} {self.best_acc1:.2f}%: {run.best}"
         return (f"no validation was finite (val loss nan or inf), so no {run.BEST} was "
                 f"written: the last weights are in {run.latest} (tandem eval --resume "
                 f"{run.latest}; --resume {run.path} continues the run)")
@@ -273,15 +277,18 @@ class Trainer:
         # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
         # is reported, not fatal: only train loss and weights stop a run (above).
         val = self.validate()
+        ema_val = self.validate_ema()  # None without --model-ema
         if not stopped:
             pos.epoch, pos.batch = pos.epoch + 1, 0
         # The first validation of a run directory always writes best.pt (even at 0%),
-        # unless its loss is not finite: such a model is never "best".
-        is_best = self.val_set is not None and val.finite and (  # no validation: no best
-            val.acc > self.best_acc1 or not self.best_written)
-        if val.finite:
-            self.best_acc1 = max(self.best_acc1, val.acc)
-        record = self.epoch_record(train, val, stopped, seconds)
+        # unless its loss is not finite: such a model is never "best". With --model-ema
+        # the average's score decides.
+        judged = val if ema_val is None else ema_val
+        is_best = self.val_set is not None and judged.finite and (  # no validation: no best
+            judged.acc > self.best_acc1 or not self.best_written)
+        if judged.finite:
+            self.best_acc1 = max(self.best_acc1, judged.acc)
+        record = self.epoch_record(train, val, stopped, seconds, ema_val)
         with stop.critical():
             self.save(is_best, progress=epoch_progress(train, seconds, self.lr_steps)
                       if stopped else None)
@@ -375,7 +382,12 @@ class Trainer:
             return False
         pos = self.position
         self.lr_steps.append([pos.step, self.optimizer.param_groups[0]["lr"]])  # a host float
+        if self.clip is not None:  # the true gradients (fp16: unscaled first), all reduced
+            self.scaler.unscale_(self.optimizer)
+            self.clip()
         optimizer_step(self.optimizer, self.scaler, self.scheduler)
+        if self.ema is not None:
+            self.ema.update()
         pos.batch, pos.step = index + 1, pos.step + 1
         self.in_flight = None
         self._rebalance(run.progress)
@@ -522,6 +534,14 @@ class Trainer:
                          out.ce_sum)
         return meter.reduced(self.strategy)
 
+    def validate_ema(self) -> Meter | None:
+        """:meth:`validate` with the EMA of the weights in the model (``None`` without
+        ``--model-ema``)."""
+        if self.ema is None:
+            return None
+        with self.ema.swapped():
+            return self.validate()
+
     # -- a loss or weights no longer finite ---------------------------------------------------
     def check_finite(self, meter: Meter | None, *, weights: bool = False,
                      what: str = "train loss") -> None:
@@ -567,6 +587,7 @@ class Trainer:
         # gathers the plain state here, a collective every rank joins; others read it locally
         state = s.state_dict(self.model)  # plain keys, split layers merged
         plain_optimizer = s.optimizer_state_dict(self.model, self.optimizer)
+        ema = None if self.ema is None else self.ema.state_dict(lambda: s.state_dict(self.model))
         if not s.is_main:
             return
         pos = self.position
@@ -582,6 +603,7 @@ class Trainer:
             epoch_progress=progress,
             split=self.strategy.split.state_dict(),
             config=self.config_dict,
+            **({} if ema is None else {"ema": ema}),  # plain layout, as state_dict
         )
         # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
         optimizer = example_optimizer_state(  # in the plain layout: any strategy loads it
@@ -671,10 +693,11 @@ class Trainer:
         return f"{where}, if rank 0 finished writing it (else {before})"
 
     # -- the epoch's outputs ------------------------------------------------------------------
-    def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float) -> dict:
-        """The metrics row of the epoch just trained (reduced ``train`` and ``val`` meters),
-        read after the position moved on; ``partial`` when ``--max-steps`` stopped it
-        part-way."""
+    def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float,
+                     ema_val: Meter | None = None) -> dict:
+        """The metrics row of the epoch just trained (reduced ``train`` and ``val`` meters,
+        and ``ema_val``, the EMA's validation), read after the position moved on; ``partial``
+        when ``--max-steps`` stopped it part-way."""
         pos, s = self.position, self.strategy
         record = {
             "epoch": pos.epoch if not stopped else pos.epoch + 1,
@@ -692,6 +715,11 @@ class Trainer:
             **self.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
             "peak_memory_mb": peak_memory_mb(s.devices),
         }
+        if ema_val is not None:
+            record.update(ema_val_loss=ema_val.loss, ema_val_finite=ema_val.finite,
+                          **score_fields("ema_val", ema_val))
+        if self.clip is not None:
+            record.update(self.clip.fields())  # clipped_steps
         if self.batch_shares() is not None:
             record["split"] = self.batch_shares()
         if self.train_from is not None:  # the sums before it were lost with a peer

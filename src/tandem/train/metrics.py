@@ -249,7 +249,8 @@ MIXED_WORDS = (" (mixed targets)", " (dominant label)")
 def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> str:
     """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so,
     a loss with label ``smoothing`` says so (:func:`loss_words`, ``r['val_plain_ce']``), and
-    so do mixed training targets (``r['train_targets']``, :data:`MIXED_WORDS`)."""
+    so do mixed training targets (``r['train_targets']``, :data:`MIXED_WORDS`); with
+    ``--model-ema`` the average's validation follows the weights'."""
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
     if r.get("val_loss") is None and r.get("val_acc") is None:  # no validation set
@@ -266,6 +267,8 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
                   f"val {loss_words(r['val_loss'], smoothing, r.get('val_plain_ce'))} "
                   f"acc {r['val_acc']:.2f}% "
                   f"acc5 {r['val_acc5']:.2f}% ")
+    if "ema_val_loss" in r:  # --model-ema: the average's validation
+        scores += f"| ema val loss {r['ema_val_loss']:.4f} acc {r['ema_val_acc']:.2f}% "
     return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: {scores}"
             f"| {rate} {r['seconds']:.1f}s")
 

@@ -35,6 +35,7 @@ from .loop import Trainer
 from .writer import Writer
 from .metrics import MetricsLog, eval_scores
 from .plan import EVALUATE, FORKED, FRESH, RESUMED, RunPlan, plan_train
+from .recipe import lr_line
 
 __all__ = ["train", "execute", "validate", "warm_up", "describe_compile"]
 
@@ -135,7 +136,7 @@ def say_starting(plan: RunPlan, trainer: Trainer) -> None:
     """The command line's own lines (:attr:`~.plan.RunPlan.opening`), a fresh run's image
     size and how tandem's defaults differ from the imagenet example's (a run from another
     program's file says both in :func:`.settings.assumed`); any run's precision under
-    ``--amp``."""
+    ``--amp`` and learning rate under ``--lr-scale``."""
     cfg, lines = trainer.cfg, list(plan.opening)
     if plan.checkpoint is None and plan.supplied.data is None:  # a file's: settings.assumed
         size = trainer.config_dict["resolved"]["dataset"]["image_size"]
@@ -144,6 +145,7 @@ def say_starting(plan: RunPlan, trainer: Trainer) -> None:
     p = cfg.parallel
     lines.append(settings.precision_line(amp_precision(
         plan.strategy.device.type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()), " (--amp)"))
+    lines.append(lr_line(cfg.optim))
     for line in lines:
         if line:
             print(line, flush=True)

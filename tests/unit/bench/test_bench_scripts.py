@@ -120,3 +120,31 @@ def test_keyed_dropout_script_steps_both_ways(tmp_path, capsys):
     assert set(row["median_s"]) == {"torch", "keyed"} and math.isfinite(row["ratio"])
     assert json.loads(out.read_text())["results"][0]["model"] == "resnet20"
     assert "resnet20" in capsys.readouterr().out
+
+
+def test_large_batch_runs_each_optimizer_at_each_batch_with_commands_tandem_takes():
+    """benchmarks/large_batch.py: its grid (1x once, 4x and 16x unscaled and scaled), its
+    commands parsed by tandem's own train parser, and its table from rows (nothing runs)."""
+    from tandem.cli.main import build_parser
+
+    large_batch = _load("large_batch")
+    runs = large_batch.grid(("sgd", "lars"), (1, 4))
+    assert [(r["opt"], r["multiple"], r["scale"]) for r in runs] == [
+        ("sgd", 1, "none"), ("sgd", 4, "none"), ("sgd", 4, "linear"),
+        ("lars", 1, "none"), ("lars", 4, "none"), ("lars", 4, "linear")]
+    parser = build_parser()
+    for run in runs:
+        argv = large_batch.command(run, ROOT / "runs" / "x", epochs=2, seed=0)
+        assert argv[:2] == ["tandem", "train"]
+        args = parser.parse_args(argv[1:])
+        assert (args.optimizer, args.accum_steps, args.lr_scale) == (
+            run["opt"], run["multiple"], run["scale"])
+        assert args.lr_base_batch == args.batch_size == large_batch.BASE_BATCH
+    rows = [dict(r, steps=10 // r["multiple"], lr=0.1 * (r["multiple"] if r["scale"] ==
+                                                         "linear" else 1),
+                 val_acc=90.0, diverged=r["opt"] == "lars" and r["scale"] == "linear")
+            for r in runs]
+    lines = large_batch.table(rows).splitlines()
+    assert lines[2] == "| sgd | 32 (1x) | 10 | 0.1 | 90.00% |  |  |"
+    assert lines[3] == "| sgd | 128 (4x) | 2 | 0.1 | 90.00% | 0.4 | 90.00% |"
+    assert lines[5] == "| lars | 128 (4x) | 2 | 0.1 | 90.00% | 0.4 | diverged |"

@@ -1,0 +1,84 @@
+"""LAMB: Adam with a layer-wise trust ratio (You et al. 2019, "Large batch optimization for deep
+learning: training BERT in 76 minutes", Algorithm 2, with φ the identity).
+
+For each layer (a parameter tensor), at step ``t``:
+
+    m ← β1 m + (1 − β1) g,      v ← β2 v + (1 − β2) g²
+    r = (m / (1 − β1^t)) / (√(v / (1 − β2^t)) + ε)
+    u = r + λ w                                     (λ: weight decay)
+    w ← w − γ (‖w‖ / ‖u‖) u                          (γ: the scheduled learning rate)
+
+Where ``‖w‖`` or ``‖u‖`` is 0 the ratio is 1; a group with ``trust=False`` (biases and
+normalisation weights, without weight decay) takes ``w ← w − γ u``, Adam's step. The norms are
+the plain model's, whatever a strategy split a layer into
+(:class:`~tandem.plain_norms.PlainNorms`): every update is computed first, then one call
+gives every layer's two norms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.plain_norms import PlainNorms
+
+__all__ = ["LAMB"]
+
+
+class LAMB(torch.optim.Optimizer):
+    """LAMB (module docstring). ``norms``: the plain model's norms of ``params`` (default:
+    each parameter whole, in this process)."""
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0,
+                 norms: PlainNorms | None = None):
+        if lr <= 0 or not all(0 <= b < 1 for b in betas) or eps < 0 or weight_decay < 0:
+            raise ValueError(f"LAMB: bad lr {lr}, betas {betas}, eps {eps} or weight decay "
+                             f"{weight_decay}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        trust=True)
+        super().__init__(params, defaults)
+        self.norms = norms or PlainNorms(p for g in self.param_groups for p in g["params"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params, updates = [], []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    params.append(p)
+                    updates.append(self._update(p, group))
+        weights, sizes = self.norms.squares(params, params, updates)
+        done = {id(p): (u, w.sqrt(), s.sqrt()) for p, u, w, s in zip(params, updates, weights,
+                                                                     sizes)}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                update, w_norm, u_norm = done[id(p)]
+                if group["trust"]:
+                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+                    update.mul_(ratio.to(p.dtype))
+                p.sub_(update, alpha=group["lr"])
+        return loss
+
+    def _update(self, p: torch.Tensor, group: dict) -> torch.Tensor:
+        """``u`` of the module docstring for ``p``, its moments moved one step."""
+        beta1, beta2 = group["betas"]
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] += 1
+        t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+        v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        denominator = (v / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
+        update = (m / (1 - beta1 ** t)).div_(denominator)
+        if group["weight_decay"]:
+            update.add_(p, alpha=group["weight_decay"])
+        return update

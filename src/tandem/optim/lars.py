@@ -1,0 +1,71 @@
+"""LARS: layer-wise adaptive rate scaling (You, Gitman and Ginsburg 2017, Algorithm 1).
+
+Each layer ``l`` (a parameter tensor) takes a local learning rate from the ratio of its
+weight's norm to its gradient's, so that every layer moves by about the same fraction of its
+weights whatever the batch:
+
+    λ = η ‖w‖ / (‖g‖ + β ‖w‖ + ε)          (η: trust coefficient, β: weight decay)
+    v ← m v + γ λ (g + β w)                 (γ: the scheduled learning rate, m: momentum)
+    w ← w − v
+
+The learning rate sits inside the momentum, as in the paper (torch's SGD multiplies it
+after): the two differ only while the schedule changes it. Where ``‖w‖`` or ``‖g‖`` is 0 the
+ratio is 1. A group with ``trust=False`` (biases and normalisation weights, which take no
+weight decay) keeps the plain momentum step, ``λ = 1``. The norms are the plain model's,
+whatever a strategy split a layer into (:class:`~tandem.plain_norms.PlainNorms`, one call
+per step for every group).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.plain_norms import PlainNorms
+
+__all__ = ["LARS"]
+
+
+class LARS(torch.optim.Optimizer):
+    """LARS (module docstring). ``norms``: the plain model's norms of ``params`` (default:
+    each parameter whole, in this process)."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                 trust_coefficient: float = 0.001, eps: float = 1e-8,
+                 norms: PlainNorms | None = None):
+        if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0 or trust_coefficient <= 0 \
+                or eps < 0:
+            raise ValueError(f"LARS: bad lr {lr}, momentum {momentum}, weight decay "
+                             f"{weight_decay}, trust coefficient {trust_coefficient} or eps {eps}")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                        trust_coefficient=trust_coefficient, eps=eps, trust=True)
+        super().__init__(params, defaults)
+        self.norms = norms or PlainNorms(p for g in self.param_groups for p in g["params"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        weights, grads = self.norms.squares(params, params, [p.grad for p in params])
+        norms = {id(p): (w.sqrt(), g.sqrt()) for p, w, g in zip(params, weights, grads)}
+        for group in self.param_groups:
+            lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                direction = p.grad.add(p, alpha=decay) if decay else p.grad.clone()
+                if group["trust"]:
+                    w_norm, g_norm = norms[id(p)]
+                    ratio = group["trust_coefficient"] * w_norm / (
+                        g_norm + decay * w_norm + group["eps"])
+                    ratio = torch.where((w_norm > 0) & (g_norm > 0), ratio, 1.0)
+                    direction.mul_(ratio.to(p.dtype))
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                buffer = state["momentum_buffer"]
+                buffer.mul_(momentum).add_(direction, alpha=lr)
+                p.sub_(buffer)
+        return loss
