@@ -396,14 +396,15 @@ def test_the_command_to_continue_names_each_node_s_flags(monkeypatch):
     from tandem.distributed.resume_command import resume_command_here
 
     spec = LaunchSpec(nproc_per_node=2, command=["train"], nnodes="2", node_rank=1,
-                      master_addr="192.0.2.1", master_port=29555, dist_timeout=20.0)
+                      master_addr="192.0.2.1", master_port=29555, dist_timeout=20.0,
+                      join_timeout=600.0)
     monkeypatch.setenv("TANDEM_LAUNCH", spec.described())
     monkeypatch.setenv("TANDEM_NODE_RANK", "1")
     every = resume_command_here("runs/a", True)
     assert every == "; ".join(
         f"on node {r}: tandem launch --nproc-per-node 2 --nnodes 2 --node-rank {r} "
-        "--master-addr 192.0.2.1 --master-port 29555 --dist-timeout 20.0 -- train --resume "
-        "runs/a" for r in (0, 1))
+        "--master-addr 192.0.2.1 --master-port 29555 --dist-timeout 20.0 --join-timeout 600.0 "
+        "-- train --resume runs/a" for r in (0, 1))
     assert resume_command_here("runs/a", True, this_node=True) == every.split("; ")[1]
     slurm = LaunchSpec(nproc_per_node=4, command=["train"], nnodes="8", node_rank=3,
                        master_addr="gpu1", master_port=15007, slurm=True)
