@@ -414,6 +414,21 @@ def test_the_command_to_continue_names_each_node_s_flags(monkeypatch):
     assert resume_command_here("runs/a", False) == "tandem train --resume runs/a"
 
 
+def test_each_machine_s_copy_of_rank_0_s_checkpoint_has_a_file_of_its_own():
+    """Nodes that share /tmp (several on one host) once wrote one file name, and one node's
+    rename took the other's half-written copy (FileNotFoundError on 3 nodes of 4); a machine's
+    other ranks read its first rank's file."""
+    from tandem.distributed.env import DistEnv
+    from tandem.distributed.shared_resume import _tempname
+
+    def name(rank):  # 4 nodes of 2 workers
+        return _tempname("ab" * 32, DistEnv(rank, 8, rank % 2, 2, "192.0.2.1", 29555))
+
+    assert len({name(r) for r in (0, 2, 4, 6)}) == 4
+    assert name(3) == name(2) and name(7) == name(6)
+    assert name(2).endswith("tandem-resume-abababababababab-29555-2.pt")
+
+
 def test_the_environment_is_read_once_into_a_frozen_copy(monkeypatch):
     from tandem.distributed.env import (Environment, address_of, launch_described, node_of,
                                         torchrun_run_id)
