@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         line = error_line(exc)
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
             print(f"tandem: error: {line}", file=sys.stderr)
-        announce_failure(line)  # the job's other ranks stop waiting
+        if not isinstance(exc, faults.PeerLost):  # the others learn a loss from their own
+            announce_failure(line)  # transport; this rank's own failure, they wait for no more
         return exc.exit_status
     except RuntimeError as exc:  # a peer of a torchrun job gone outside the loop's watch
         if not several_processes() or not faults.is_peer_failure(exc):
