@@ -76,6 +76,7 @@ def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
     local = _tempname(sha, env)
     if any(needs):
         _send(path, local, needs, env.rank)
+        agreement.any_of(False)  # each machine's first rank has written it: the others read
     if needs[env.rank] and _sha256(local) != sha:
         os.unlink(local)
         raise ResumeRefused("the checkpoint sent by rank 0 arrived damaged (its SHA-256 "
