@@ -198,8 +198,7 @@ def _killed(net, nodes: int, per_node: int, port: int, straight: dict) -> dict:
     said = [_survivor_lines(job, n) for n in range(nodes)]
     commands = continue_commands(" ".join(said[0]))
     row = {"noticed_s": max(ended) - hit, "noticed_node0_s": ended[0] - hit,
-           "killed_codes": job.codes, "lines": [len(s) for s in said], "said": said,
-           "resumed": None}
+           "killed_codes": job.codes, "said": said, "resumed": None}
     if sorted(commands) != list(range(nodes)):
         return row
     started = time.monotonic()
@@ -252,11 +251,18 @@ def growth(rows: list[dict], key: str) -> float | None:
             / sum((x - mx) ** 2 for x, _ in points))
 
 
+def _lines(said: list[str]) -> str:
+    """``tandem's lines (+ torch's [c10d] warnings)`` of one node's stderr."""
+    ours = sum(line.startswith("tandem") for line in said)
+    torch_said = sum("[c10d]" in line for line in said)
+    return f"{ours}" + (f" (+{torch_said})" if torch_said else "")
+
+
 def table(rows: list[dict]) -> str:
     head = ("| ranks (nodes x processes) | join s | store requests to step 1 (connections) "
             "| requests / step | requests after the last step | old watchdog: requests / 5 s "
-            "beat | killed rank noticed, every node out (node 0) | lines a node (the killed "
-            "rank's last) | resume "
+            "beat | killed rank noticed, every node out (node 0) | lines a node, the killed "
+            "rank's last (+ torch's) | resume "
             "| --max-restarts 1 |\n|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
@@ -264,7 +270,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['ranks']} ({r['nodes']} x {r['per_node']}) | {r['join_s']:.1f} | "
             f"{r['join_requests']} ({r['join_connections']}) | {r['step_requests']:.1f} | "
             f"{r['end_requests']} | {r['old_beat_requests']} | {r['noticed_s']:.1f} s "
-            f"({r['noticed_node0_s']:.1f} s) | {', '.join(map(str, r['lines']))} | "
+            f"({r['noticed_node0_s']:.1f} s) | {', '.join(_lines(n) for n in r['said'])} | "
             f"{r['resumed'] or '?'} | {r['restarted']} ({r['restart_s']:.0f} s) |")
     fits = [(name, growth(rows, key)) for name, key in
             (("join s", "join_s"), ("store requests to step 1", "join_requests"),
@@ -280,7 +286,13 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", default="2,4,8,16", help="rank counts, comma-separated")
     p.add_argument("--port", type=int, default=29700, help="the first --master-port")
     p.add_argument("--json", default=None)
+    p.add_argument("--table-from", default=None, metavar="JSON",
+                   help="print the table of an earlier run's --json, and run nothing")
     args = p.parse_args(argv)
+    if args.table_from:
+        with open(args.table_from) as f:
+            print(table(json.load(f)))
+        return 0
     counts = [int(w) for w in args.ranks.split(",")]
     for ranks in counts:
         layout(ranks)  # a bad count is told before anything starts
