@@ -118,12 +118,14 @@ def short_store(seconds: float = 3.0):
 def announce_failure(line: str) -> None:
     """Leave this rank's one-line failure in the job's store, so that the ranks waiting for it
     (:func:`arrive`, a collective) stop with it instead of waiting out their bound or naming
-    a lost peer (:func:`told_failure`). Best effort, and only in a torchrun job of several
+    a lost peer (:func:`told_failure`). The first rank's line stays: one that ends because of
+    it (and quotes it) does not replace it. Best effort, and only in a torchrun job of several
     processes."""
     try:
         if not several_processes():
             return
-        short_store().set(f"{_prefix()}/failed", f"{peer_name_of(read_env())}: {line}")
+        short_store().compare_set(f"{_prefix()}/failed", "",
+                                  f"{peer_name_of(read_env())}: {line}")
     except Exception:  # no store to tell: the others find out by their own bounds
         pass
 

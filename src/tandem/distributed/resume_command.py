@@ -42,7 +42,7 @@ def launch_command(launch: dict, node: int | str | None = None) -> str:
     elif nnodes != "1":
         parts += [f"--nnodes {nnodes}", f"--node-rank {node}",
                   f"--master-addr {launch['master_addr']}", f"--master-port {launch['master_port']}"]
-    for key in ("max_restarts", "dist_timeout", "iface"):
+    for key in ("max_restarts", "dist_timeout", "join_timeout", "iface"):
         if launch.get(key):
             parts.append(f"--{key.replace('_', '-')} {launch[key]}")
     return " ".join(parts)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from tandem.errors import TandemError
 
 from .agree import Agreement
-from .env import read_env
+from .env import DistEnv, read_env
 
 __all__ = ["Continued", "continue_from_rank0", "done_with", "ResumeRefused", "CHUNK"]
 
@@ -73,9 +73,10 @@ def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
     own = leader and os.path.isfile(path)
     same = own and (env.rank == 0 or _sha256(path) == sha)
     needs = agreement.each(leader and not same)
-    local = _tempname(sha)
+    local = _tempname(sha, env)
     if any(needs):
         _send(path, local, needs, env.rank)
+        agreement.any_of(False)  # each machine's first rank has written it: the others read
     if needs[env.rank] and _sha256(local) != sha:
         os.unlink(local)
         raise ResumeRefused("the checkpoint sent by rank 0 arrived damaged (its SHA-256 "
@@ -104,9 +105,13 @@ def done_with(continued: Continued, agreement: Agreement) -> None:
             pass
 
 
-def _tempname(sha: str | None) -> str:
+def _tempname(sha: str | None, env: DistEnv) -> str:
+    """The file a machine's first rank writes rank 0's bytes to and its other ranks read:
+    named by the job's port and that first rank, so that nodes sharing a temporary directory
+    (several on one host, as the tests' namespaces are) never write the same file."""
+    first = env.rank - env.local_rank
     return os.path.join(tempfile.gettempdir(), f"tandem-resume-{(sha or '')[:16]}-"
-                        f"{read_env().master_port}.pt")
+                        f"{env.master_port}-{first}.pt")
 
 
 def _send(path: str, local: str, needs: list[bool], rank: int) -> None:

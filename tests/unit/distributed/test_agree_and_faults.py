@@ -119,3 +119,33 @@ def test_a_store_out_of_reach_means_node_0_and_its_ranks_are_lost(monkeypatch):
     agreement = Agreement(2, 3)
     agreement.peers = {0: ("0", "192.0.2.1"), 1: ("0", "192.0.2.1"), 2: ("1", "192.0.2.2")}
     assert faults.lost_peer(RuntimeError(GLOO_TIMEOUT), agreement, "in step 2").lost == (0, 1)
+
+
+def test_the_store_keeps_the_first_rank_s_own_line_and_no_survivor_s_lost_peer(monkeypatch):
+    """Every survivor once left its lost-peer line there, each replacing the one before: the
+    next survivor then quoted another's loss as the cause (at 8 ranks, 3 deep: "rank 4: the
+    job cannot go on: rank 5 (node 2): rank 5 ...: the job cannot go on: rank 6 ...: lost rank
+    7 ...", with other nodes' commands). A lost peer leaves nothing; a rank's own failure
+    stays as the first one said it."""
+    from tandem.cli import main as cli
+    from tandem.distributed.join import announce_failure, told_failure
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    for var, value in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port), TANDEM_NODE_RANK="1").items():
+        monkeypatch.setenv(var, value)
+
+    def lost(args):
+        raise faults.PeerLost("rank 1 (node 1, 192.0.2.2): lost rank 0 in step 3: connection "
+                              "reset by peer")
+
+    monkeypatch.setattr("tandem.cli.models.run", lost)
+    assert cli.main(["models"]) == 4
+    assert told_failure(store) is None
+    announce_failure("data/train: no such directory")
+    announce_failure("the job cannot go on: rank 0 (node 0): data/train: no such directory")
+    assert told_failure(store) == "rank 1 (node 1): data/train: no such directory"

@@ -396,14 +396,15 @@ def test_the_command_to_continue_names_each_node_s_flags(monkeypatch):
     from tandem.distributed.resume_command import resume_command_here
 
     spec = LaunchSpec(nproc_per_node=2, command=["train"], nnodes="2", node_rank=1,
-                      master_addr="192.0.2.1", master_port=29555, dist_timeout=20.0)
+                      master_addr="192.0.2.1", master_port=29555, dist_timeout=20.0,
+                      join_timeout=600.0)
     monkeypatch.setenv("TANDEM_LAUNCH", spec.described())
     monkeypatch.setenv("TANDEM_NODE_RANK", "1")
     every = resume_command_here("runs/a", True)
     assert every == "; ".join(
         f"on node {r}: tandem launch --nproc-per-node 2 --nnodes 2 --node-rank {r} "
-        "--master-addr 192.0.2.1 --master-port 29555 --dist-timeout 20.0 -- train --resume "
-        "runs/a" for r in (0, 1))
+        "--master-addr 192.0.2.1 --master-port 29555 --dist-timeout 20.0 --join-timeout 600.0 "
+        "-- train --resume runs/a" for r in (0, 1))
     assert resume_command_here("runs/a", True, this_node=True) == every.split("; ")[1]
     slurm = LaunchSpec(nproc_per_node=4, command=["train"], nnodes="8", node_rank=3,
                        master_addr="gpu1", master_port=15007, slurm=True)
@@ -411,6 +412,21 @@ def test_the_command_to_continue_names_each_node_s_flags(monkeypatch):
     assert resume_command_here("runs/a", True) == (
         "srun tandem launch --nproc-per-node 4 -- train --resume runs/a (on every node)")
     assert resume_command_here("runs/a", False) == "tandem train --resume runs/a"
+
+
+def test_each_machine_s_copy_of_rank_0_s_checkpoint_has_a_file_of_its_own():
+    """Nodes that share /tmp (several on one host) once wrote one file name, and one node's
+    rename took the other's half-written copy (FileNotFoundError on 3 nodes of 4); a machine's
+    other ranks read its first rank's file."""
+    from tandem.distributed.env import DistEnv
+    from tandem.distributed.shared_resume import _tempname
+
+    def name(rank):  # 4 nodes of 2 workers
+        return _tempname("ab" * 32, DistEnv(rank, 8, rank % 2, 2, "192.0.2.1", 29555))
+
+    assert len({name(r) for r in (0, 2, 4, 6)}) == 4
+    assert name(3) == name(2) and name(7) == name(6)
+    assert name(2).endswith("tandem-resume-abababababababab-29555-2.pt")
 
 
 def test_the_environment_is_read_once_into_a_frozen_copy(monkeypatch):
