@@ -52,14 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         # it names by its flag
         line = error_line(exc)
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
-<<<<<<< HEAD
             print(*error_lines(exc), sep="\n", file=sys.stderr)
-        announce_failure(line)  # the job's other ranks stop waiting
-=======
-            print(f"tandem: error: {line}", file=sys.stderr)
         if not isinstance(exc, faults.PeerLost):  # the others learn a loss from their own
             announce_failure(line)  # transport; this rank's own failure, they wait for no more
->>>>>>> h-scale
         return exc.exit_status
     except RuntimeError as exc:  # a peer of a torchrun job gone outside the loop's watch
         if not several_processes() or not faults.is_peer_failure(exc):
