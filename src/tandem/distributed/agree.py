@@ -34,7 +34,6 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from tandem.errors import TandemError, UsageError, param
 
@@ -215,6 +214,9 @@ class Agreement:
         if not (self.several and enabled):
             return torch.amp.GradScaler(device_type, enabled=enabled)
         group = self.group if self.group is not None else dist.group.WORLD
+        # imported here: torch.distributed.fsdp costs every process 0.8 s to import
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
         return ShardedGradScaler(device_type, process_group=group)
 
 
