@@ -14,7 +14,54 @@ SUPPORT = TESTS / "support"  # the helper modules (on sys.path: pyproject's pyth
 os.environ["TANDEM_CPU_BF16"] = "1"
 
 
+# The extended tier (marker `extended`): `make test` (and CI) leaves these out, `make test-all`
+# runs them. Each is a second route to what a test of the default tier already shows, or a tool
+# of the repository's (a benchmark under torchrun, the GPU check's dry run, torch.compile's C++
+# build), and each costs 10 s to 40 s of a 2-core machine; the default tier keeps `make test`
+# on a fresh clone under 15 minutes. Listed here, in one place, with what covers them.
+EXTENDED = {
+    "integration/cli/test_gpu_check.py::test_the_dry_run_writes_a_summary_and_the_json":
+        "the script's own dry run (its argument checks stay in the default tier)",
+    "integration/cli/test_first_day_resume.py::test_a_ddp_run_resumed_without_launch_says_how":
+        "the resume line's wording is tested in-process",
+    "integration/torchrun/test_determinism.py::test_two_process_ddp_gives_the_same_bits_twice":
+        "every bitwise resume test runs a straight run against a resumed one",
+    "integration/two_machines/test_two_machines.py::test_a_lost_rank_0_ends_in_true_lines_and_a"
+    "_bitwise_resume_or_a_refusal[no_save_every]": "its [save_every_4] form",
+    "integration/two_machines/test_two_machines.py::test_max_restarts_after_losing_rank_0_continu"
+    "es_from_its_last_checkpoint[no_save_every]": "its [save_every_4] form",
+    "integration/torchrun/test_launch_lifecycle.py::test_sigkilled_worker_restarted_by_torchrun_"
+    "finishes_equal_to_the_straight_run": "the NCCL failure model's [max_restarts_1] form and the "
+    "two-machine restarts",
+    "integration/torchrun/test_launch.py::test_sigkill_of_rank0_keeps_last_checkpoint_and_every_"
+    "rank_resumes": "the two-machine lost rank 0",
+    "integration/torchrun/test_launch.py::test_two_machines_match_single":
+        "the two-machine tests in network namespaces",
+    "unit/bench/test_bench.py::test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu":
+        "the bench's in-process tests",
+    "integration/torchrun/test_launch_lifecycle.py::test_bench_torchrun_phase_succeeds_and_its_w"
+    "orkers_skip_finalization": "the bench's in-process tests",
+    "unit/bench/test_bench_loop.py::test_cli_bench_loop_twin_of_ddp_runs_under_torchrun":
+        "the loop twin's in-process tests",
+    "unit/strategies/test_compile.py::test_cli_train_compile_then_load_and_eval_uncompiled":
+        "torch.compile's C++ build",
+    "unit/strategies/test_compile.py::test_compiled_training_matches_eager_and_keeps_plain_keys":
+        "torch.compile's C++ build",
+    "integration/cli/test_amp_cpu.py::test_with_compile_it_trains_and_evaluates":
+        "torch.compile's C++ build",
+    "unit/strategies/test_segmentation.py::test_the_example_s_factories_under_launch_then_eval":
+        "the example in one process, and the factories under launch (test_factories)",
+    "integration/torchrun/test_launch_lifecycle.py::test_sigint_to_a_ddp_launch_saves_where_all_"
+    "ranks_stop_then_resumes_exactly": "Ctrl-C on node 1 of two machines, and SIGTERM to one rank",
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    extended = pytest.mark.extended
+    for item in items:
+        if item.nodeid.removeprefix("tests/").split("[")[0] in EXTENDED or \
+                item.nodeid.removeprefix("tests/") in EXTENDED:
+            item.add_marker(extended)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
