@@ -35,14 +35,15 @@ TEST_WORKERS ?= 3
 
 # bytecode for src and tests first: with PYTHONDONTWRITEBYTECODE set (as on this machine) each
 # of the suite's hundreds of interpreters would compile tandem again (this takes under 1 s)
+# make test leaves the extended tier out (tests/conftest.py's EXTENDED: second routes and
+# tools); make test-all is the same run with it in
+TEST_SELECT ?= -m "not extended"
 test: $(STAMP) docs-extra
 	-$(BIN)/python -m compileall -qq -j 0 src tests
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not extended"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(TEST_SELECT)
 
-# the default tier and the extended one (tests/conftest.py's EXTENDED: second routes and tools)
-test-all: $(STAMP) docs-extra
-	-$(BIN)/python -m compileall -qq -j 0 src tests
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+test-all: TEST_SELECT =
+test-all: test
 
 # The documentation site: Sphinx with MyST Markdown pages and the furo theme, chosen over MkDocs
 # Material because the docstrings are reStructuredText with Sphinx cross-references, which

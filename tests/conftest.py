@@ -57,17 +57,13 @@ EXTENDED = {
 
 
 def pytest_collection_modifyitems(config, items):
-    extended = pytest.mark.extended
+    no_cuda = not torch.cuda.is_available()
     for item in items:
-        if item.nodeid.removeprefix("tests/").split("[")[0] in EXTENDED or \
-                item.nodeid.removeprefix("tests/") in EXTENDED:
-            item.add_marker(extended)
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        node = item.nodeid.removeprefix("tests/")  # a test listed whole, or one parametrization
+        if node in EXTENDED or node.split("[")[0] in EXTENDED:
+            item.add_marker(pytest.mark.extended)
+        if no_cuda and "cuda" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
 
 
 @pytest.fixture(autouse=True)
