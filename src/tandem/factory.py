@@ -21,8 +21,6 @@ from typing import Callable
 from tandem.errors import UsageError, a, first_line
 from tandem.suggest import did_you_mean
 
-__all__ = ["is_reference", "rebuildable", "names_module", "resolve", "call"]
-
 _NAME = r"[A-Za-z_]\w*"
 _REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")
 

@@ -15,8 +15,6 @@ from torch import nn
 from tandem.errors import first_line
 from tandem.state_keys import strip_wrappers
 
-__all__ = ["unwrap", "plain_state_dict", "load_plain_state_dict", "fit_report"]
-
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The innermost model: what answers ``plain_state_dict``, else ``.module`` followed."""

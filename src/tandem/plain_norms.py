@@ -17,8 +17,6 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-__all__ = ["PlainNorms"]
-
 
 class PlainNorms:
     """Squared norms of tensors shaped like the optimizer's parameters (their gradients, the

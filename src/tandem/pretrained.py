@@ -16,8 +16,6 @@ from .config import NO_WEIGHTS_FILE
 from .errors import TandemError, param
 from .model_state import load_plain_state_dict, plain_state_dict
 
-__all__ = ["load_pretrained", "PretrainedError", "NO_FILE"]
-
 NO_FILE = NO_WEIGHTS_FILE  # one wording, kept with the flag's check
 
 

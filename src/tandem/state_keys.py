@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from functools import partial
 
-__all__ = ["strip_prefix", "replace_prefix", "strip_wrappers", "register_plain_keys", "WRAPPER"]
-
 WRAPPER = "module."  # DataParallel / DistributedDataParallel keep the model in ``.module``
 
 

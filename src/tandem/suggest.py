@@ -7,8 +7,6 @@ from __future__ import annotations
 import difflib
 import re
 
-__all__ = ["closest_names", "did_you_mean"]
-
 
 def closest_names(name: str, names: list[str], limit: int = 3) -> list[str]:
     """Up to ``limit`` of ``names`` that look like ``name`` (difflib), best first.

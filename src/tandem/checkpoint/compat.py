@@ -10,9 +10,6 @@ import torch
 
 from tandem.state_keys import strip_wrappers
 
-__all__ = ["normalise", "best_accuracy", "foreign_scheduler", "final_layer",
-           "is_tandem", "tandem_scheduler"]
-
 # A scheduler's class, told from the keys of its state dict (first match wins).
 _SCHEDULER_KEYS = (
     ("lr_lambdas", "LambdaLR"), ("_schedulers", "SequentialLR/ChainedScheduler"),

@@ -26,8 +26,6 @@ from tandem.model_state import load_plain_state_dict, plain_state_dict
 from . import compat
 from .rng import capture_rng
 
-__all__ = ["FORMAT", "save", "load", "load_optimizer_state", "load_weights"]
-
 FORMAT = "tandem.checkpoint/1"
 
 

@@ -8,8 +8,6 @@ import numpy as np
 import torch
 from tandem.errors import UsageError
 
-__all__ = ["capture_rng", "restore_rng"]
-
 
 def _own_cuda(device) -> int:
     """The CUDA device a process trains on (``device``'s index; else the current one)."""

@@ -23,10 +23,6 @@ from torch import nn
 from . import stream
 from .keys import row_words, threshold, words
 
-__all__ = ["KeyedDropout", "KeyedDropout1d", "KeyedDropout2d", "KeyedDropout3d",
-           "KeyedAlphaDropout", "KeyedFeatureAlphaDropout", "DropPath", "KEYED_LAYERS",
-           "keyed_dropout", "drop_path_rates"]
-
 _ALPHA = 1.7580993408473766  # SELU's alpha times its scale: a dropped value is minus this
 
 

@@ -20,8 +20,6 @@ import zlib
 
 import torch
 
-__all__ = ["mix_seed", "splitmix64", "name_key", "row_words", "words", "threshold"]
-
 _MASK64 = (1 << 64) - 1
 _MASK32 = (1 << 32) - 1
 _ROUNDS = ((16, 0x21F0AAAD), (15, 0x735A2D97))  # (shift, multiplier) of each round

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field, replace
 
 from .keys import mix_seed, name_key
 
-__all__ = ["Place", "current", "step_stream", "use", "shifted", "at", "blocks"]
-
 
 @dataclass(frozen=True)
 class Place:

@@ -14,8 +14,6 @@ from torch import nn
 from tandem.models.registry import register_model
 from tandem.errors import UsageError
 
-__all__ = ["AlexNet", "make_classifier", "alexnet", "alexnet_grouped"]
-
 
 def make_classifier(in_features: int, hidden_features: int, num_classes: int,
                     dropout: float) -> nn.Sequential:

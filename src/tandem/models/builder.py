@@ -17,9 +17,6 @@ from tandem.errors import UsageError
 from tandem.keyed import DropPath, drop_path_rates
 from tandem.models.meta import on_meta
 
-__all__ = ["ResNetBuilder", "ResNet", "BasicBlock", "Bottleneck", "ZeroPadShortcut",
-           "init_resnet"]
-
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)

@@ -10,9 +10,6 @@ from tandem.models.builder import ResNet, ResNetBuilder
 from tandem.models.registry import register_model
 from tandem.errors import UsageError
 
-__all__ = ["DEPTHS", "cifar_resnet", "cifar_resnet20", "cifar_resnet32", "cifar_resnet44",
-           "cifar_resnet56", "cifar_resnet110"]
-
 WIDTHS = (16, 32, 64)
 DEPTHS = {"cifar_resnet20": 20, "cifar_resnet32": 32, "cifar_resnet44": 44,
           "cifar_resnet56": 56, "cifar_resnet110": 110}

@@ -20,8 +20,6 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from tandem.errors import UsageError
 
-__all__ = ["count_macs", "mac_breakdown", "count_parameters"]
-
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 

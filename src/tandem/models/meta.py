@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["on_meta"]
-
 
 def on_meta(model: nn.Module) -> bool:
     """True when any of ``model``'s parameters lives on the meta device."""

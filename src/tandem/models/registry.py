@@ -23,9 +23,6 @@ from tandem import factory
 from tandem.errors import UsageError, a
 from tandem.suggest import closest_names
 
-__all__ = ["ModelInfo", "FACTORY", "register_model", "create_model", "list_models", "model_info",
-           "native_input_size", "closest_names", "unknown_model_message"]
-
 
 @dataclass(frozen=True)
 class ModelInfo:

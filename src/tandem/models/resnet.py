@@ -10,9 +10,6 @@ from __future__ import annotations
 from tandem.models.builder import ResNet, ResNetBuilder
 from tandem.models.registry import register_model
 
-__all__ = ["LAYOUTS", "imagenet_resnet", "resnet18", "resnet34", "resnet50", "resnet101",
-           "resnet152"]
-
 WIDTHS = (64, 128, 256, 512)
 LAYOUTS: dict[str, tuple[str, tuple[int, int, int, int]]] = {
     "resnet18": ("basic", (2, 2, 2, 2)),

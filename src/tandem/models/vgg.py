@@ -14,9 +14,6 @@ from tandem.models.registry import register_model
 from tandem.errors import UsageError
 from tandem.models.meta import on_meta
 
-__all__ = ["CFGS", "VGG", "make_features", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16",
-           "vgg16_bn", "vgg19", "vgg19_bn"]
-
 CFGS: dict[str, list[int | str]] = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     "vgg13": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],

@@ -22,8 +22,6 @@ from torch.nn.utils import clip_grad_value_, clip_grads_with_norm_
 
 from tandem.plain_norms import PlainNorms
 
-__all__ = ["GradClip", "CLIP_MODES"]
-
 #: what ``--clip-mode`` accepts
 CLIP_MODES = ("norm", "value")
 

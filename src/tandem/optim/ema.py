@@ -30,8 +30,6 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
-__all__ = ["ModelEma", "ema_decay"]
-
 #: timm's ``ModelEmaV3`` warm-up: d_n = 1 - (1 + n / gamma) ** -power, gamma 1
 WARMUP_POWER = 2 / 3
 

@@ -21,8 +21,6 @@ import torch
 
 from tandem.plain_norms import PlainNorms
 
-__all__ = ["LAMB"]
-
 
 class LAMB(torch.optim.Optimizer):
     """LAMB (module docstring). ``norms``: the plain model's norms of ``params`` (default:

@@ -22,8 +22,6 @@ import torch
 
 from tandem.plain_norms import PlainNorms
 
-__all__ = ["LARS"]
-
 
 class LARS(torch.optim.Optimizer):
     """LARS (module docstring). ``norms``: the plain model's norms of ``params`` (default:

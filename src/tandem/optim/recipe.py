@@ -23,9 +23,6 @@ from tandem.plain_norms import PlainNorms
 from .lamb import LAMB
 from .lars import LARS
 
-__all__ = ["OPTIMIZERS", "LR_SCALES", "EXCLUDES_NORM", "lr_scaled", "decay_groups",
-           "create_optimizer"]
-
 #: what ``--opt`` accepts
 OPTIMIZERS = ("sgd", "adamw", "lars", "lamb")
 #: what ``--lr-scale`` accepts
