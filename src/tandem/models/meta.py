@@ -1,8 +1,5 @@
-"""Whether a model was built on the meta device (shapes only, no values).
-
-Such a model skips its weight initialisation: a meta tensor has no values to set, and torch's
-``normal_`` on one imports ``torch._dynamo`` (about 2 s of CPU in every process that does it;
-``tandem train`` builds a meta model to plan each run, ``tandem models`` one per model).
+"""Whether a model was built on the meta device (shapes only), so that it skips its weight
+initialisation: torch's ``normal_`` on a meta tensor imports ``torch._dynamo`` (about 2 s).
 """
 
 from __future__ import annotations
