@@ -18,23 +18,11 @@ WIDE_BINS = 31  # TrivialAugment's magnitude bins: 0 to 30
 
 
 # -- colour: no argument, or one number ----------------------------------------------------
+auto_contrast, equalize, invert = ImageOps.autocontrast, ImageOps.equalize, ImageOps.invert
+
+
 def identity(img: Image.Image) -> Image.Image:
     return img
-
-
-def auto_contrast(img: Image.Image) -> Image.Image:
-    """Each channel stretched to 0..255 (Pillow's ``autocontrast``)."""
-    return ImageOps.autocontrast(img)
-
-
-def equalize(img: Image.Image) -> Image.Image:
-    """Each channel's histogram equalised (Pillow's ``equalize``)."""
-    return ImageOps.equalize(img)
-
-
-def invert(img: Image.Image) -> Image.Image:
-    """``255 - v``."""
-    return ImageOps.invert(img)
 
 
 def _table(img: Image.Image, lut: list[int]) -> Image.Image:
@@ -59,24 +47,13 @@ def solarize_add(img: Image.Image, add: int, threshold: int = 128) -> Image.Imag
     return _table(img, [min(255, v + add) if v < threshold else v for v in range(256)])
 
 
-def color(img: Image.Image, factor: float) -> Image.Image:
-    """Saturation: 0 grey, 1 unchanged (``ImageEnhance.Color``)."""
-    return ImageEnhance.Color(img).enhance(factor)
+def _enhancer(kind) -> Callable[[Image.Image, float], Image.Image]:
+    """``kind``'s blend by ``factor``: 0 grey, flat, black or smooth; 1 unchanged."""
+    return lambda img, factor: kind(img).enhance(factor)
 
 
-def contrast(img: Image.Image, factor: float) -> Image.Image:
-    """Blend with the mean grey: 0 flat, 1 unchanged (``ImageEnhance.Contrast``)."""
-    return ImageEnhance.Contrast(img).enhance(factor)
-
-
-def brightness(img: Image.Image, factor: float) -> Image.Image:
-    """Blend with black: 0 black, 1 unchanged (``ImageEnhance.Brightness``)."""
-    return ImageEnhance.Brightness(img).enhance(factor)
-
-
-def sharpness(img: Image.Image, factor: float) -> Image.Image:
-    """Blend with a smoothed copy: 0 smooth, 1 unchanged (``ImageEnhance.Sharpness``)."""
-    return ImageEnhance.Sharpness(img).enhance(factor)
+color, contrast, brightness, sharpness = (_enhancer(kind) for kind in (
+    ImageEnhance.Color, ImageEnhance.Contrast, ImageEnhance.Brightness, ImageEnhance.Sharpness))
 
 
 # -- geometry: an affine map, resampled, the uncovered area filled --------------------------

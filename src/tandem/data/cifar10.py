@@ -11,7 +11,7 @@ import numpy as np
 
 from tandem.errors import MissingFileError, UsageError, a
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset
+from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size
 from .transforms import resize_array
 
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
@@ -106,8 +106,7 @@ def load_cifar10(directory: Path, *, augment: str, image_size: int | None,
                  splits: tuple[str, ...] = SPLITS):
     """``(train, val, info)``; a split not in ``splits`` is None, its files not read."""
     size = 32 if image_size is None else image_size
-    if not isinstance(size, int) or size < 1:
-        raise UsageError(f"CIFAR-10: image_size must be a positive int, got {image_size!r}")
+    check_size(size, "CIFAR-10")
     train = val = None
     if "train" in splits:
         batches = [read_batch(directory / f) for f in TRAIN_FILES]

@@ -78,6 +78,12 @@ def parse_augment(augment: str | Recipe, reprob: float = 0.0) -> Recipe:
     return Recipe("auto", parse_policy(augment), reprob)
 
 
+def check_size(value, what: str, name: str = "image_size") -> None:
+    """Refuse a size that is not a positive int, naming the data (``what``) and the size."""
+    if not isinstance(value, int) or value < 1:
+        raise UsageError(f"{what}: {name} must be a positive int, got {value!r}")
+
+
 def split_key(key) -> tuple[int, int, int]:
     """``(index, seed, epoch)`` from a sample key or a bare int index."""
     if isinstance(key, tuple):

@@ -9,9 +9,7 @@ import os
 
 import numpy as np
 
-from tandem.errors import UsageError
-
-from .dataset import SPLITS, DatasetInfo, ImageDataset, stratified_split
+from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size, stratified_split
 from .transforms import resize_array
 
 SPLIT_SEED = 0
@@ -57,8 +55,7 @@ def load_digits_data(*, augment: str, image_size: int | None,
                      splits: tuple[str, ...] = SPLITS):
     """``(train, val, info)`` at ``image_size`` (default 8); a split not in ``splits`` is None."""
     size = 8 if image_size is None else image_size
-    if not isinstance(size, int) or size < 1:
-        raise UsageError(f"digits: image_size must be a positive int, got {image_size!r}")
+    check_size(size, "digits")
     pixels, labels = _bundled_digits()
     images = pixels.astype(np.float32)[:, None] / 16.0
     if size != 8:

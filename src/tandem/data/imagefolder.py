@@ -19,7 +19,7 @@ import torch
 
 from tandem.errors import TandemError, UsageError
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset, stratified_split
+from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size, stratified_split
 from .decode import UnreadableImage, decoding
 from .device import Normalization
 from .erasing import erase_pixels
@@ -72,16 +72,6 @@ def first_decodable(samples: list[tuple[str, int]], bad: set[int], index: int, d
     raise NoDecodableImage(f"no image in this ImageFolder split can be decoded (all {n}, "
                            f"first: '{samples[0][0]}')")
 
-
-def _readable_size(samples: list[tuple[str, int]]) -> int | None:
-    """The shorter side of the first sample whose header opens, or None."""
-    for path, _ in samples:
-        try:
-            with decoding(path), Image.open(path) as img:
-                return min(img.size)
-        except UnreadableImage as exc:
-            _warn_once(path, exc)
-    return None
 
 
 def _classes(root: Path) -> list[str]:
@@ -154,8 +144,8 @@ def load_imagefolder(root: Path, *, augment: str, image_size: int | None,
                      splits: tuple[str, ...] = SPLITS):
     """``(train, val, info)``; a split not in ``splits`` is None, not even listed (but the
     first validation image's header when it gives the size)."""
-    if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
-        raise UsageError(f"ImageFolder: image_size must be a positive int, got {image_size!r}")
+    if image_size is not None:
+        check_size(image_size, "ImageFolder")
     wanted = [s for s in SPLITS if s in splits or (s == "val" and image_size is None)]
     train_dir, val_dir = root / "train", root / "val"
     if train_dir.is_dir():
@@ -222,9 +212,12 @@ def _check_listed(root: Path, samples: list, classes: list[str] | None = None) -
 
 
 def _check_readable(where: str, samples: list) -> int:
-    """The shorter side of the first readable image of ``samples``; refused if none opens."""
-    size = _readable_size(samples)
-    if size is None:
-        raise UsageError(f"ImageFolder {where} has no readable images: all {len(samples)} "
-                         f"image files fail to open")
-    return size
+    """The shorter side of the first image of ``samples`` whose header opens; refused if none."""
+    for path, _ in samples:
+        try:
+            with decoding(path), Image.open(path) as img:
+                return min(img.size)
+        except UnreadableImage as exc:
+            _warn_once(path, exc)
+    raise UsageError(f"ImageFolder {where} has no readable images: all {len(samples)} "
+                     f"image files fail to open")

@@ -8,7 +8,7 @@ import numpy as np
 
 from tandem.errors import UsageError
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset
+from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size
 from .transforms import mix_seed
 
 SYNTHETIC_DEFAULTS = dict(size=1024, num_classes=10, in_channels=3, image_size=32)
@@ -73,8 +73,7 @@ def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int
     channels = SYNTHETIC_DEFAULTS["in_channels"]
     for name, value in (("synthetic_size", size), ("num_classes", num_classes),
                         ("image_size", image_size)):
-        if not isinstance(value, int) or value < 1:
-            raise UsageError(f"synthetic data: {name} must be a positive int, got {value!r}")
+        check_size(value, "synthetic data", name)
     common = dict(num_classes=num_classes, in_channels=channels, image_size=image_size, seed=seed)
     train = (SyntheticDataset(size, split=0, augment=augment, **common)
              if "train" in splits else None)

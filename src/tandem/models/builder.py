@@ -11,7 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 from tandem.errors import UsageError
 from tandem.keyed import DropPath, drop_path_rates
-from tandem.models.meta import on_meta
+
+
+def on_meta(model: nn.Module) -> bool:
+    """Whether ``model`` was built on the meta device (shapes only): it then skips its weight
+    initialisation, as ``normal_`` on a meta tensor imports ``torch._dynamo`` (about 2 s)."""
+    return any(p.is_meta for p in model.parameters())
 
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:

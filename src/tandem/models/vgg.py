@@ -11,7 +11,7 @@ from torch import nn
 
 from tandem.models.registry import register_model
 from tandem.errors import UsageError
-from tandem.models.meta import on_meta
+from tandem.models.builder import on_meta
 
 CFGS: dict[str, list[int | str]] = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
@@ -61,7 +61,7 @@ class VGG(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        if on_meta(self):  # shapes only: nothing to set (.meta)
+        if on_meta(self):  # shapes only: nothing to set
             return
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
