@@ -64,12 +64,9 @@ _AGENT_FAILED = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
 # node 0's agent may leave (and its store with it) while another node's still reads: torch
 # then logs this error with a traceback, after the job is done either way
 _EXIT_BARRIER = "Error waiting on exit barrier. Elapsed: %s seconds"
-#: a worker's exit status after it told in one line that a peer was lost or never came
-#: (tandem.distributed.faults.PeerLost, join.JoinFailed)
-TOLD_EXIT = 4
-#: seconds a node waits for the others to come (the master to answer, every rank to join)
-DEFAULT_JOIN_TIMEOUT = 300.0
-JOIN_TIMEOUT_VAR = "TANDEM_JOIN_TIMEOUT"
+#: a worker's exit status after it told in one line that a peer was lost (:mod:`.faults`)
+#: or never came
+TOLD_EXIT = JoinFailed.exit_status
 _RDZV_LOGGER = "torch.distributed.elastic.agent.server.api"
 # exit statuses after which the worker's own line said all (tandem.errors.TandemError's: a
 # mistake, a diverged run, a lost or missing peer; a stop on SIGINT or SIGTERM, saved, with
