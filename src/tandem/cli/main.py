@@ -22,6 +22,7 @@ from . import bench, launch, models, train
 from . import eval as eval_command
 from .common import command_parser, error_line, error_lines
 
+
 _MODULES = {"train": train, "eval": eval_command, "bench": bench, "launch": launch,
             "models": models}
 SUBCOMMANDS = list(_MODULES)

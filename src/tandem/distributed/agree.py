@@ -23,6 +23,7 @@ from tandem.errors import TandemError, UsageError, param
 
 from . import faults
 
+
 T = TypeVar("T")
 
 

@@ -23,6 +23,7 @@ from tandem.plain_norms import PlainNorms
 
 from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, plain_ce_sum
 
+
 @dataclass
 class StepOutput:
     """What one forward+loss returns to the loop: ``loss``, the mean over this process's

@@ -42,6 +42,7 @@ from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register
 
+
 _HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
 # BatchNorm classes that synchronise across processes: safe in training on 0 local samples.
 _SYNC_BN = (SyncBatchNorm, nn.SyncBatchNorm)

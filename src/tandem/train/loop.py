@@ -1,16 +1,10 @@
 """The training loop, top to bottom: :meth:`Trainer.fit` → an epoch → a step → the optimizer
-step, with where training stands, the stop on a non-finite loss and saving as the trainer's
-own. It knows strategies only through their interface (no strategy names).
-
-One optimizer step consumes ``accum_steps`` global batches (all but the last under
-``strategy.no_sync``). Each process loads its share of every batch in an order set by
-``(seed, epoch)`` only. The main process alone logs and writes checkpoints, which record
-``data_position`` so ``--resume`` restarts at the very next batch with the same RNG state.
-A step never reads the device: losses are summed there (:class:`~.metrics.Meter`) and read
-where the loop reads the device anyway (``--print-freq`` lines, progress-bar refreshes, saves,
-the end of an epoch); a non-finite one there stops the run (:meth:`Trainer.check_finite`).
-After each epoch: validate, save, the metrics row, ``curves.png``, TensorBoard, the summary
-line, and the stop a signal asked for.
+step, through the strategy's interface only. A step consumes ``accum_steps`` global batches
+(all but the last under ``no_sync``), each process its share, in an order set by ``(seed,
+epoch)``. The main process alone logs and saves (``data_position``: ``--resume`` restarts at
+the next batch, same RNG). A step never reads the device: losses are summed there and read
+where it is read anyway (``--print-freq``, saves, an epoch's end), a non-finite one stopping
+the run. A lost peer: :func:`tandem.distributed.faults.ended`.
 """
 
 from __future__ import annotations
@@ -57,9 +51,9 @@ from .schedule import epoch_state, example_optimizer_state, lr_factor
 from .tensorboard import TensorBoard
 from .writer import Writer, snapshot
 
-#: ``curves.png`` is drawn again after a row at most this often (a draw costs about half a
-#: second of CPU), and always when the run ends or stops, so short epochs do not pay a draw
-#: each while a long run's figure is never more than one epoch or this many seconds behind
+
+#: ``curves.png`` is drawn after a row at most this often (a draw costs about half a second of
+#: CPU), and always when the run ends or stops
 CURVES_EVERY_S = 30.0
 
 #: minutes of training between two checkpoints under several processes, unless
@@ -67,8 +61,7 @@ CURVES_EVERY_S = 30.0
 #: lost rank 0, a split model, NCCL's abort); one process saves at each epoch's end only
 SAVE_MINUTES = 10.0
 
-# torch's LRScheduler says this when the optimizer has not stepped before the schedule's first
-# step: here that is GradScaler skipping a step it found inf gradients in, which is expected
+# torch warns so when GradScaler skipped the first step (inf gradients): expected here
 _SKIPPED_FIRST = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
 
 
@@ -118,12 +111,10 @@ class Trainer:
     position: Position = field(default_factory=Position)
     best_acc1: float = 0.0
     stop: StopRequest = field(default_factory=lambda: StopRequest(enabled=False))
-    # The epoch under way's train sums (loss_sum, correct, count, seconds) over every process,
-    # saved with a mid-epoch checkpoint so that the resumed epoch still gets one whole row.
+    # a mid-epoch checkpoint's train sums over every process: the resumed epoch's row is whole
     carried: dict | None = None
     loaders: LoaderCache = field(default_factory=LoaderCache)  # persistent workers
-    # The step of the checkpoint.pt this run saved last (see kept_step): every rank knows it,
-    # as the ranks save together (rank 0 writes)
+    # the step of the checkpoint.pt this run saved last (every rank: they save together)
     saved_step: int | None = None
     # the step of the checkpoint --out held at the start (the one a resume continues there)
     kept_at_start: int | None = None
@@ -133,8 +124,7 @@ class Trainer:
     step_start: faults.StepStart | None = None
     # the batch this epoch's train sums count from, when those before it were lost with a peer
     train_from: int | None = None
-    # [step, lr] of each optimizer step of the epoch under way (a resumed one's earlier steps
-    # too, carried in its checkpoint): the lr each step used, for its row and curves.png
+    # [step, lr] of each optimizer step of the epoch under way, for its row and curves.png
     lr_steps: list = field(default_factory=list)
     # rank 0's files, written off the step's path (.writer)
     writer: Writer = field(default_factory=Writer)
@@ -145,25 +135,20 @@ class Trainer:
     # best.pt exists in --out (at the start, or handed to the writer since)
     best_written: bool = False
     last_save_at: float = field(default_factory=time.monotonic)  # the main process's clock
-    # where the node's launcher reads what it says after the workers were aborted
-    # (tandem.distributed.launch_state; None: not under tandem launch)
+    # what the node's launcher says after an abort (tandem.distributed.launch_state; or None)
     launch_state: object = None
-    # mixup and cutmix of the training batches (None: off): the loader adds each share's
-    # partners, device_batch mixes them (tandem.data.mixing)
+    # mixup and cutmix (None: off): the loader adds partners, device_batch mixes them
     mixing: Mixing | None = None
     clip: GradClip | None = None  # --clip-grad, by the plain model's norm (tandem.optim)
     ema: ModelEma | None = None  # --model-ema: validated and saved beside the weights
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
-        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch;
-        return the metrics rows (with those of ``log``, on the main process).
-
-        A signal on any process (``stop``) stops every process after the current optimizer
-        step, saves ``checkpoint.pt`` there and raises :class:`~.interrupt.Interrupted`. A
-        non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged` and save
-        nothing. A lost peer saves the last completed step and raises the strategy's error.
-        """
+        """Train until ``epochs`` or ``max_steps``, validating, logging and saving after each
+        epoch; return the metrics rows (with ``log``'s, on the main process). A signal on any
+        process stops all after a step, saved (:class:`~.interrupt.Interrupted`); a
+        non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged`, saving
+        nothing; a lost peer saves the last completed step where it can (``PeerLost``)."""
         self.stop = stop or self.stop
         s = self.strategy
         self.started_at = replace(self.position)
