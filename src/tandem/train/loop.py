@@ -148,7 +148,7 @@ class Trainer:
         epoch; return the metrics rows (with ``log``'s, on the main process). A signal on any
         process stops all after a step, saved (:class:`~.interrupt.Interrupted`); a
         non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged`, saving
-        nothing; a lost peer saves the last completed step where it can (``PeerLost``)."""
+        nothing; a lost peer saves the last completed step where it can (faults.ended)."""
         self.stop = stop or self.stop
         s = self.strategy
         self.started_at = replace(self.position)
