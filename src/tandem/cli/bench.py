@@ -1,6 +1,6 @@
 """``tandem bench``: time training steps of several strategies side by side.
 
-The race's flags come from the fields of :class:`tandem.bench.BenchConfig`; ``-j`` from
+The race's flags come from the fields of :class:`tandem_bench.BenchConfig`; ``-j`` from
 :class:`tandem.config.DataConfig`.
 
 Example::
@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tandem.bench import explain, format_table, run_bench, run_setup, write_json
-from tandem.bench.fed import format_fed_table, run_fed_bench
-from tandem.bench.link import plan_link
-from tandem.bench.loader_bench import format_loader_table, run_loader_bench
-from tandem.bench.options import BASELINES, BenchConfig
-from tandem.bench.report import planned_vs_measured
+from tandem_bench import explain, format_table, run_bench, run_setup, write_json
+from tandem_bench.fed import format_fed_table, run_fed_bench
+from tandem_bench.link import plan_link
+from tandem_bench.loader_bench import format_loader_table, run_loader_bench
+from tandem_bench.options import BASELINES, BenchConfig
+from tandem_bench.report import planned_vs_measured
 from tandem.config import DataConfig
 from tandem.errors import UsageError
 from tandem.models import create_model

@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from tandem.bench import BenchConfig
-from tandem.bench.distributed import distributed_phase, worker_main
-from tandem.bench.entry import Entry, lineup
+from tandem_bench import BenchConfig
+from tandem_bench.distributed import distributed_phase, worker_main
+from tandem_bench.entry import Entry, lineup
 from tandem.cli.common import config_from_args
 from tandem.cli.main import build_parser, main
 from tandem.distributed import torchrun
@@ -140,7 +140,7 @@ def test_the_torchrun_phase_runs_through_launch_run_captured(monkeypatch):
     assert timeout == 7 and spec.nproc_per_node == 2 and spec.max_restarts == 0
     assert spec.extra_env == {"OMP_NUM_THREADS": "1"}
     argv = torchrun.torchrun_argv(spec)
-    assert argv[argv.index("-m") + 1:argv.index("-m") + 3] == ["tandem.bench.distributed",
+    assert argv[argv.index("-m") + 1:argv.index("-m") + 3] == ["tandem_bench.distributed",
                                                                "--config"]
     assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
 
@@ -179,7 +179,7 @@ def test_a_worker_started_by_hand_says_how_to_launch(monkeypatch, tmp_path):
     config.write_text(json.dumps(_config().to_dict()))
     entries = tmp_path / "contestants.json"
     entries.write_text(json.dumps([Entry("ddp").to_json()]))
-    with pytest.raises(UsageError, match="tandem.bench.distributed needs torchrun's environment"):
+    with pytest.raises(UsageError, match="tandem_bench.distributed needs torchrun's environment"):
         worker_main(["--config", str(config), "--contestants", str(entries), "--out",
                      str(tmp_path / "o")])
 
@@ -224,7 +224,7 @@ def test_a_bad_link_option_is_one_line_naming_the_flag(capsys, argv, message):
 
 @pytest.mark.parametrize("processes", [None, 3])
 def test_explain_with_a_link_rate_prints_the_bytes_and_their_time(capsys, tmp_path, processes):
-    from tandem.bench.link import plan_link
+    from tandem_bench.link import plan_link
     from tandem.models import create_model
 
     out = tmp_path / "bench.json"

@@ -12,7 +12,7 @@ from own_model import Net, Pairs
 from torch import nn
 
 import tandem
-from tandem.bench.report import planned_vs_measured
+from tandem_bench.report import planned_vs_measured
 from tandem.precision import amp_precision
 from tandem.strategies import auto
 from tandem.strategies.step_timer import StrategyStep

@@ -40,7 +40,7 @@ class Variant:
 
 
 def variants_of(config) -> list[Variant]:
-    """The variants a :class:`~tandem.bench.options.BenchConfig` races, in table order."""
+    """The variants a :class:`~tandem_bench.options.BenchConfig` races, in table order."""
     if config.variants is None:
         return [Variant(config.amp, config.channels_last)]
     return [Variant.named(n) for n in config.variants]

@@ -29,7 +29,7 @@ def default_strategies() -> tuple[str, ...]:
                  if strategy_class(n).takes_any_model())
 
 
-# Plain-torch baselines (see tandem.bench.baselines); torch_ddp also runs under torchrun.
+# Plain-torch baselines (see tandem_bench.baselines); torch_ddp also runs under torchrun.
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 

@@ -1,4 +1,4 @@
-"""Turning a bench report (the dict from :func:`~tandem.bench.suite.run_bench`) into text.
+"""Turning a bench report (the dict from :func:`~tandem_bench.suite.run_bench`) into text.
 
 Per contestant: median step time and spread, images/s, speed-ups against ``single`` and
 ``bare``, bytes moved and peak memory ("n/a": the device reports none); with ``--loop`` each
