@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -96,7 +97,7 @@ def test_data_counts_passes_with_the_loader_benchs_defaults(monkeypatch, tmp_pat
         seen.update(kwargs, data=data)
         raise _Stop
 
-    monkeypatch.setattr("tandem.cli.bench.run_loader_bench", spy)  # where the CLI took it
+    monkeypatch.setattr("tandem_bench.cli.run_loader_bench", spy)  # where the CLI took it
     with pytest.raises(_Stop):
         main(["bench", "--data", str(tmp_path), *argv])
     assert seen == {"data": str(tmp_path), "workers": 0, "batch_size": 64, "seed": 0, **passes}
@@ -246,3 +247,11 @@ def test_explain_with_a_link_rate_prints_the_bytes_and_their_time(capsys, tmp_pa
     assert link["predicted_s"]["given"] == pytest.approx(
         {name: total / 12.5e6 for name, total in plan.totals().items()})
     assert link["bytes_per_step"]["ddp"]["total"] > 0
+
+
+def test_without_the_harness_bench_says_so_in_one_line_and_a_hint(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tandem_bench", None)  # as if not installed
+    assert main(["bench", "-a", "cifar_resnet20", "--steps", "2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("tandem: error: tandem bench needs the benchmark harness")
+    assert err[1].startswith("hint: ") and "pip install" in err[1] and len(err) == 2

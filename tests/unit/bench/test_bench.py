@@ -588,7 +588,7 @@ def test_a_broken_setup_is_reported_as_failed_and_the_cli_exits_1(monkeypatch, c
         report["results"].append(result)
         return report
 
-    monkeypatch.setattr("tandem.cli.bench.run_bench", fake_run_bench)  # where the CLI took it
+    monkeypatch.setattr("tandem_bench.cli.run_bench", fake_run_bench)  # where the CLI took it
     code = main(["bench", "--arch", "cifar_resnet20", "--strategies", "single", "--devices",
                  "cpu", "--baselines", "none", "--batch-size", "2", "--steps", "1",
                  "--warmup", "0", "--image-size", "8", "--num-classes", "5"])
