@@ -19,7 +19,7 @@ from torch import nn
 from tandem.errors import UsageError, param
 from tandem.hybrid.process_cost import ProcessBytes, step_bytes
 from tandem.strategies import strategy_class
-from tandem.strategies.auto import link_pair
+from tandem.strategies.auto import across_processes, launched
 
 __all__ = ["parse_rate", "format_rate", "LinkPlan", "plan_link"]
 
@@ -56,6 +56,12 @@ def format_rate(bytes_per_s: float) -> str:
         if bits >= size:
             return f"{bits / size:.3g} {unit}"
     return f"{bits:.3g} bit/s"
+
+
+def link_pair() -> tuple[str, str | None]:
+    """The two multi-process strategies a link's cost compares: the plain one (every gradient
+    all-reduced) and the one that splits the model's head across the processes."""
+    return launched(), across_processes("hybrid")
 
 
 def _duration(seconds: float) -> str:

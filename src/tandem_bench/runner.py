@@ -16,11 +16,11 @@ from typing import Sequence
 from tandem.parallel.traffic import TrafficMeter
 from tandem.strategies import strategy_names
 
-from tandem.strategies.step_timer import Lane, clock, describe, interleave, summarize
+from tandem.strategies.step_timer import Lane, clock, describe, interleave
 
 from .contestants import Contestant
 from .entry import Entry
-from .timing import MemoryProbe
+from .timing import MemoryProbe, summarize
 
 __all__ = ["RESULT_FIELDS", "race", "empty_result", "add_ratios"]
 
