@@ -18,9 +18,6 @@ from tandem.strategies import compile as compiling
 
 from .contestants import Contestant, TrainStep, place, module_tensors, skipped
 
-__all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_contestant",
-           "torch_dp_skip_reason", "torch_ddp_skip_reason"]
-
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 

@@ -21,10 +21,6 @@ from tandem.parallel.split import clock_from_spec
 from tandem.precision import Precision
 from tandem.strategies.step_timer import StrategyStep, TrainStep, place, placed
 
-__all__ = ["Contestant", "Handicap", "TrainStep", "synthetic_batch",
-           "module_tensors", "strategy_contestant", "skipped", "place",
-           "prepare_strategy", "uncounted_traffic"]
-
 
 def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
                    *extra: torch.Tensor) -> Iterable[torch.Tensor]:

@@ -45,8 +45,6 @@ from .options import BenchConfig
 from .runner import empty_result, race
 from .skips import strategy_skip_reason
 
-__all__ = ["TorchrunPhase", "distributed_phase", "worker_main"]
-
 
 @dataclass
 class TorchrunPhase:

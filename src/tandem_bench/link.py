@@ -21,8 +21,6 @@ from tandem.hybrid.process_cost import ProcessBytes, step_bytes
 from tandem.strategies import strategy_class
 from tandem.strategies.auto import across_processes, launched
 
-__all__ = ["parse_rate", "format_rate", "LinkPlan", "plan_link"]
-
 # bits per second, any case ("100mbit", "1Gbit/s"); bytes per second, as written ("12.5MB/s")
 _BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _BYTES = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,

@@ -19,8 +19,6 @@ from tandem.strategies.compile import COMPILE_MODES
 from .link import parse_rate
 from .variants import VARIANTS
 
-__all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_strategies"]
-
 
 def default_strategies() -> tuple[str, ...]:
     """Every single-process strategy that takes any model (multi-process ones need torchrun)."""

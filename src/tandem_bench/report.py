@@ -27,9 +27,6 @@ from tandem.strategies import strategy_names
 from .entry import LOOP
 from .timing import IMPOSSIBLE, impossible, impossible_lines, is_noise, noise_lines
 
-__all__ = ["format_table", "write_json", "format_bytes", "explain", "run_setup",
-           "planned_vs_measured"]
-
 
 def format_bytes(n: float | None) -> str:
     """``1536`` -> ``"1.5K"``; ``None`` -> ``"n/a"``."""

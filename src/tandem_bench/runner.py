@@ -22,8 +22,6 @@ from .contestants import Contestant
 from .entry import Entry
 from .timing import MemoryProbe, summarize
 
-__all__ = ["RESULT_FIELDS", "race", "empty_result", "add_ratios"]
-
 RESULT_FIELDS = (
     "name",               # "single", "dp", ..., "bare", "torch_dp", "torch_ddp"
     "kind",               # "strategy" or "baseline"

@@ -38,8 +38,6 @@ from .options import BenchConfig
 from .runner import add_ratios, race
 from .skips import strategy_skip_reason
 
-__all__ = ["run_bench", "machine_info"]
-
 
 def machine_info(devices: list[torch.device]) -> dict:
     """Where and when the numbers were taken."""

@@ -16,19 +16,6 @@ from tandem.parallel.work_clock import backend_module as _backend
 from tandem.parallel.work_clock import synchronize
 from tandem.strategies.step_timer import clock, quartiles
 
-__all__ = [
-    "synchronize",
-    "clock",
-    "Stats",
-    "NOISE_IQR",
-    "is_noise",
-    "noise_lines",
-    "summarize",
-    "memory_supported",
-    "MemoryProbe",
-    "resident_bytes",
-]
-
 
 @dataclass(frozen=True)
 class Stats:

@@ -15,8 +15,6 @@ import torch
 from tandem.distributed.env import cpu_bf16_override
 from tandem.precision import Precision, amp_precision
 
-__all__ = ["VARIANTS", "Variant", "variants_of"]
-
 VARIANTS = ("fp32", "cl", "amp", "amp+cl")
 
 

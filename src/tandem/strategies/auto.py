@@ -167,13 +167,11 @@ def race(names: list[str], place: Callable[[str], Callable[[], step_timer.Strate
          rounds: int | None = None, epoch_batches: int = 1,
          clock: Callable[[], float] | None = None, agreement=LOCAL,
          agree: Callable[[dict], dict] | None = None) -> RaceResult:
-    """Race ``names``: ``place(name)`` puts a candidate on its devices with no collective and
-    returns what launches it. One cold round (it times first-call costs, which misled a pick:
-    BENCHMARKS.md section 13), then the rounds :func:`budget_s` leaves, at least
-    :data:`MIN_ROUNDS`; or ``rounds`` (at least :data:`MIN_ROUNDS`) after one warm-up.
-
-    Across processes (``agreement`` a job's) every rank races the candidates every rank could
-    place, and ``agree(rows)``, called while they still stand, gives the rows all decide on."""
+    """Race ``names`` (``place(name)`` puts one on its devices, no collective, and returns what
+    launches it): a cold round (first-call costs misled a pick: BENCHMARKS.md section 13),
+    then the rounds :func:`budget_s` leaves, or ``rounds`` after a warm-up; at least
+    :data:`MIN_ROUNDS`. Across processes every rank races what every rank could place, and
+    ``agree(rows)``, called while the candidates stand, gives the rows all decide on."""
     clock = clock or step_timer.clock
     start = clock()
     built, lanes, rows, ready = [], [], {}, {}
@@ -238,13 +236,10 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
             options: dict | None = None, check: Callable[[str], str | None] | None = None,
             rounds: int | None = None, epoch_batches: int = 1, clock=None,
             split=None, agreement=LOCAL, amp=None, lr: float = 0.1, **step) -> RaceResult:
-    """``auto`` resolved on ``devices`` for ``model`` (a copy each candidate takes over) and the
-    global ``batch``: :func:`candidates` raced, then :func:`choose`; ``step``:
-    :func:`~.step_timer.placed`'s keywords. Refused in one line when no strategy can run it.
-
-    Under ``tandem launch`` (``agreement`` of several processes) every process races the
-    multi-process candidates for the same rounds (no budget: each would judge one alike only
-    by chance), a short all-reduce measures the link, and rank 0's table decides for all."""
+    """``auto`` resolved for ``model`` (each candidate takes a copy) on ``devices`` and the global
+    ``batch``: :func:`candidates` raced, then :func:`choose` (``step``: :func:`~.step_timer.placed`
+    keywords). Across processes all race the same rounds (no budget: each would judge one
+    alike only by chance), an all-reduce measures the link, and rank 0's table decides."""
     processes = agreement.world_size
     names, not_raced = candidates(devices, model, options, check, processes=processes > 1)
     if not names:
