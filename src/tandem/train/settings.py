@@ -67,7 +67,8 @@ def check_launchable(cfg: TrainConfig, given: frozenset[str]) -> None:
         try:
             auto.check_launchable(cfg.parallel.strategy, "several processes (torchrun)")
         except UsageError as exc:  # every worker refuses alike; rank 0 says it
-            raise UsageError(exc.marked, quiet=not is_main_process()) from None
+            raise UsageError(exc.marked, quiet=not is_main_process(),
+                             hint=exc.hint_marked) from None
 
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str], agreement: Agreement = LOCAL):
