@@ -82,7 +82,7 @@ def _run(net, arch: str, strategy: str, steps: int, args, port: int) -> tuple[fl
 
 def _predicted(arch: str, batch: int) -> dict:
     """step_bytes of ``arch`` (10 classes) over 2 processes, by strategy."""
-    cost = step_bytes(create_model(arch, num_classes=10), batch, 2)
+    cost = step_bytes(create_model(arch, num_classes=10), batch, 2, backend="gloo")
     return {"ddp": cost.ddp, "hybrid-ddp": cost.hybrid}
 
 

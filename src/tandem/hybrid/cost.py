@@ -316,39 +316,46 @@ class ProcessBytes:
     __str__ = report
 
 
-def _rank_head_bytes(stages, mods, shares_: list[int], rank: int, e: int) -> tuple[int, int]:
+def _rank_head_bytes(stages, mods, shares_: list[int], rank: int, e: int,
+                     backend: str) -> tuple[int, int]:
     """(forward, backward) bytes rank ``rank`` sends for the head's activations: a column
-    layer's input gathered, ``(W-1) m in e`` each way (``m`` the largest share); a row layer's
-    output reduce-scattered, ``(W-1) m out`` each way in float32 at least; a gathered column
-    layer's blocks exchanged, ``(N - s_r) c_r e`` forward and ``s_r (out - c_r) e`` back."""
+    layer's input all-gathered, ``(W-1) m in e``, and its gradient reduce-scattered back (``m``
+    the largest share); a row layer's output reduce-scattered, ``(W-1) m out``, in float32 at
+    least, and its gradient all-gathered; a gathered column layer's blocks exchanged,
+    ``(N - s_r) c_r e`` forward and ``s_r (out - c_r) e`` back. torch's gloo has no
+    reduce-scatter of its own: it all-reduces the whole tensor, twice the bytes."""
     world, most, n, mine = len(shares_), max(shares_), sum(shares_), shares_[rank]
+    scatter = 2 if backend == "gloo" else 1
     fwd = bwd = 0
     for stage in stages:
         if stage.kind == "local":
             continue
         lin = mods[stage.indices[0]]
         gathered = (world - 1) * most * lin.in_features * e
-        fwd, bwd = fwd + gathered, bwd + gathered
+        fwd, bwd = fwd + gathered, bwd + scatter * gathered
         if stage.kind == "column":
             cols = shares(lin.out_features, [1] * world)[rank]  # across_processes.block_sizes
             fwd += (n - mine) * cols * e
             bwd += mine * (lin.out_features - cols) * e
         else:
             summed = (world - 1) * most * mods[stage.indices[-1]].out_features * max(e, 4)
-            fwd, bwd = fwd + summed, bwd + summed
+            fwd, bwd = fwd + scatter * summed, bwd + summed
     return fwd, bwd
 
 
-def step_bytes(model: nn.Module, batch_size: int, processes: int,
-               head: str | None = None) -> ProcessBytes:
+def step_bytes(model: nn.Module, batch_size: int, processes: int, head: str | None = None,
+               backend: str = "nccl") -> ProcessBytes:
     """What each of ``processes`` ranks sends in one step of ``batch_size`` global samples, in
-    the loader's even shares. ddp: every gradient, ``2 (W-1)/W P e``; hybrid-ddp: the
+    the loader's even shares, over ``backend`` (``"nccl"``: bandwidth-optimal collectives, or
+    ``"gloo"``). ddp: every gradient, ``2 (W-1)/W P e`` (a ring all-reduce); hybrid-ddp: the
     data-parallel gradients so, and the head's activations (:func:`_rank_head_bytes`). Both:
     the BatchNorm buffers DDP broadcasts under ``--buffers replica0``, ``(W-1)/W`` of them per
     rank. Not counted: the few bytes of the loss and the shares."""
     if processes < 1 or batch_size < 1:
         raise UsageError(f"step_bytes needs a batch and processes >= 1, got batch "
                          f"{batch_size} over {processes}")
+    if backend not in ("nccl", "gloo"):
+        raise UsageError(f"step_bytes: backend must be 'nccl' or 'gloo', got {backend!r}")
     _, _, mods, _, stages, e = _head(model, head, "step_bytes")
     split = [mods[i] for s in stages if s.kind != "local" for i in (s.indices[0], s.indices[-1])]
     p_all, f_all = _count(model.parameters()), _count(model.buffers())
@@ -358,7 +365,7 @@ def step_bytes(model: nn.Module, batch_size: int, processes: int,
     ddp = [{"gradients": ring * p_all * e, "buffers": bcast * f_all * e} for _ in range(w)]
     hybrid = []
     for rank in range(w):
-        fwd, bwd = _rank_head_bytes(stages, mods, rows, rank, e)
+        fwd, bwd = _rank_head_bytes(stages, mods, rows, rank, e, backend)
         hybrid.append({"gradients": ring * (p_all - p_split) * e,
                        "buffers": bcast * f_all * e,  # split layers hold none
                        "activations": fwd, "activation_grads": bwd})

@@ -122,13 +122,20 @@ def test_step_bytes_each_process_sends_by_hand():
     assert "busiest rank" in cost.report() and str(cost) == cost.report()
 
 
-def test_step_bytes_in_half_precision_sum_partials_in_float32():
+def test_step_bytes_in_half_precision_and_over_gloo():
     # 2 bytes an element, but a row layer's partial sums travel in float32; one process sends
     # nothing
     cost = step_bytes(Tiny().half(), 4, 2)
     gathered, summed = 1 * 2 * (16 + 5) * 2, 1 * 2 * 5 * 4
     assert cost.hybrid[0]["activations"] == gathered + summed + 2 * 2 * 2  # 2 rows x 2 columns
     assert cost.ddp[0]["gradients"] == 1 * 267 * 2
+    # gloo reduce-scatters by an all-reduce of the whole tensor: the pair's input gradient and
+    # its partial sums, and the column's input gradient, twice (float32, rank 0: columns [2, 1])
+    gloo = step_bytes(Tiny(), 4, 2, backend="gloo").hybrid[0]
+    assert (gloo["activations"], gloo["activation_grads"]) == (
+        128 + 2 * 40 + 40 + 2 * 2 * 4, 2 * 128 + 40 + 2 * 40 + 2 * 1 * 4)
+    with pytest.raises(ValueError, match="backend must be 'nccl' or 'gloo'"):
+        step_bytes(Tiny(), 4, 2, backend="mpi")
     alone = step_bytes(Tiny(), 4, 1)
     assert alone.most(alone.ddp) == alone.most(alone.hybrid) == 0
     with pytest.raises(ValueError, match="step_bytes needs a batch and processes >= 1"):
