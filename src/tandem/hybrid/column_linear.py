@@ -40,17 +40,34 @@ class _ShardedLinear(nn.Module):
         self.home = index_of(self.output_device, self.devices)
         self.shards = nn.ModuleList()
 
-    def _offsets(self) -> list[tuple[int, int]]:
-        starts = [sum(self.sizes[:j]) for j in range(len(self.sizes))]
-        return [(a, a + n) for a, n in zip(starts, self.sizes)]
-
-    def _merged(self, dim: int) -> torch.Tensor:
-        return torch.cat([s.weight.detach().to(self.output_device) for s in self.shards], dim)
-
-    def _check_weight(self, weight: torch.Tensor) -> None:
+    @torch.no_grad()
+    def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected:
             raise UsageError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
+        held = self.plain_pieces()
+        if "bias" in held and bias is None:
+            raise UsageError("this layer has a bias but none was given")
+        for key, value in (("weight", weight), ("bias", bias)):
+            if key in held:
+                params, dim = held[key]
+                for p, v in zip(params, [value] if dim is None else value.split(self.sizes, dim)):
+                    p.copy_(v)
+
+    def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Detached full weight and bias on the output device."""
+        held = self.plain_pieces()
+
+        def whole(key: str) -> torch.Tensor | None:
+            if key not in held:
+                return None
+            params, dim = held[key]
+            if dim is None:  # the row layer's bias, on the output device
+                return params[0].detach()
+            return torch.cat([p.detach().to(self.output_device) for p in params], dim)
+
+        return whole("weight"), whole("bias")
 
     def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """``shards[j](inputs[j])``, each shard in its own thread (one inline)."""
@@ -101,30 +118,12 @@ class ColumnParallelLinear(_ShardedLinear):
         layer.load_linear(linear.weight, linear.bias)
         return layer
 
-    @torch.no_grad()
-    def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
-        self._check_weight(weight)
-        for shard, (a, b) in zip(self.shards, self._offsets()):
-            shard.weight.copy_(weight[a:b])
-            if shard.bias is not None:
-                if bias is None:
-                    raise UsageError("this layer has a bias but none was given")
-                shard.bias.copy_(bias[a:b])
-
     def plain_pieces(self) -> dict:
         """``{"weight"|"bias": (shard parameters, dim they are split along)}`` (:mod:`.plain`)."""
         pieces = {"weight": ([s.weight for s in self.shards], 0)}
         if self.shards[0].bias is not None:
             pieces["bias"] = ([s.bias for s in self.shards], 0)
         return pieces
-
-    def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Detached full weight and bias on the output device."""
-        weight = self._merged(0)
-        if self.shards[0].bias is None:
-            return weight, None
-        return weight, torch.cat([s.bias.detach().to(self.output_device) for s in self.shards])
 
     def _inputs(self, x) -> list[torch.Tensor]:
         if isinstance(x, torch.Tensor):  # on the output device: broadcast to every shard
@@ -178,27 +177,12 @@ class RowParallelLinear(_ShardedLinear):
         layer.load_linear(linear.weight, linear.bias)
         return layer
 
-    @torch.no_grad()
-    def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
-        self._check_weight(weight)
-        for shard, (a, b) in zip(self.shards, self._offsets()):
-            shard.weight.copy_(weight[:, a:b])
-        if self.bias is not None:
-            if bias is None:
-                raise UsageError("this layer has a bias but none was given")
-            self.bias.copy_(bias)
-
     def plain_pieces(self) -> dict:
         """The weight split along its inputs, the bias whole (on the output device)."""
         pieces = {"weight": ([s.weight for s in self.shards], 1)}
         if self.bias is not None:
             pieces["bias"] = ([self.bias], None)
         return pieces
-
-    def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Detached full weight and bias on the output device."""
-        return self._merged(1), None if self.bias is None else self.bias.detach()
 
     def _inputs(self, xs) -> list[torch.Tensor]:
         if isinstance(xs, torch.Tensor):  # whole input on the output device: split, then send
