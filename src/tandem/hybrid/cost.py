@@ -188,41 +188,6 @@ def _layout_rows(head: nn.Module, name: str, leading, stages, n: int) -> list[st
     return rows
 
 
-def _input_shape(input_size) -> tuple:
-    if isinstance(input_size, int):
-        return (3, input_size, input_size)
-    shape = tuple(int(v) for v in input_size)
-    if not shape or any(v < 1 for v in shape):
-        raise UsageError(f"input_size must be a side or a (C, H, W) shape, got {input_size!r}")
-    return shape
-
-
-def _device_count(device_ids) -> int:
-    """How many devices ``device_ids`` names: an int count, or a device list."""
-    if isinstance(device_ids, int) and not isinstance(device_ids, bool):
-        if device_ids < 1:
-            raise UsageError(f"plan needs at least 1 device, got {device_ids}")
-        return device_ids
-    return len(resolve_devices(device_ids))
-
-
-def _traced(model: nn.Module, name: str, shape: tuple) -> tuple[int, int, dict]:
-    """Forward MACs per sample of the trunk and of the head ``name``, and the per-sample sizes
-    of the head's input (``act``) and output (``out``), from one meta-device trace."""
-    meta, seen = meta_copy(model), {}
-
-    def sizes_hook(mod, args, out):
-        seen["act"], seen["out"] = args[0][0].numel(), out[0].numel()
-
-    hook = getattr(meta, name).register_forward_hook(sizes_hook)
-    try:
-        macs = mac_breakdown(meta, (1,) + shape)
-    finally:
-        hook.remove()
-    mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
-    return sum(macs.values()) - mac_cls, mac_cls, seen
-
-
 def _break_even(batch_size: int, common: dict) -> int | None:
     """The largest batch at which hybrid still moves fewer bytes than data parallel (inputs
     aside), when it does at ``batch_size``; else None."""
@@ -255,12 +220,28 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     split's expected step time. ``model`` is not run or modified (a meta copy is traced).
     """
     name, classifier, mods, leading, stages, s = _head(model, head, "plan")
-    n = _device_count(device_ids)
+    if isinstance(device_ids, int) and not isinstance(device_ids, bool):
+        if device_ids < 1:
+            raise UsageError(f"plan needs at least 1 device, got {device_ids}")
+        n = device_ids
+    else:
+        n = len(resolve_devices(device_ids))
     if batch_size < 1:
         raise UsageError(f"batch_size must be >= 1, got {batch_size}")
-    shape = _input_shape(input_size)
+    shape = (3, input_size, input_size) if isinstance(input_size, int) else tuple(
+        int(v) for v in input_size)
+    if not shape or any(v < 1 for v in shape):
+        raise UsageError(f"input_size must be a side or a (C, H, W) shape, got {input_size!r}")
     weights = None if split is None else check_weights(split, n)
-    mac_trunk, mac_cls, seen = _traced(model, name, shape)
+    meta, seen = meta_copy(model), {}  # one trace: MACs, the head's input and output sizes
+    hook = getattr(meta, name).register_forward_hook(
+        lambda mod, args, out: seen.update(act=args[0][0].numel(), out=out[0].numel()))
+    try:
+        macs = mac_breakdown(meta, (1,) + shape)
+    finally:
+        hook.remove()
+    mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
+    mac_trunk = sum(macs.values()) - mac_cls
     p_all, p_cls = _count(model.parameters()), _count(classifier.parameters())
     f_all, f_cls = _count(model.buffers()), _count(classifier.buffers())
     x = int(torch.Size(shape).numel())

@@ -102,7 +102,7 @@ def head_problem(model: nn.Module, head: str | None = None) -> str | None:
 
 
 def find_head(model: nn.Module, head: str | None = None, who: str = "HybridParallel") -> str:
-    """The attribute holding ``model``'s head; else :func:`head_problem`'s error, said by ``who``."""
+    """The attribute holding ``model``'s head; else :func:`head_problem`'s error, as ``who``."""
     problem = head_problem(model, head)
     if problem is not None:
         raise UsageError(f"{who} {problem}")

@@ -49,12 +49,14 @@ def _row_bytes(x: torch.Tensor) -> int:
     return int(torch.Size(x.shape[1:]).numel()) * x.element_size()
 
 
-def _all_gather(x: torch.Tensor, shares: Sequence[int], group, kind: str) -> torch.Tensor:
-    """Every rank's rows (``x``: this rank's), concatenated in rank order: ``(sum(shares), ...)``."""
+def _all_gather(x: torch.Tensor, shares: Sequence[int], group, kind: str | None) -> torch.Tensor:
+    """Every rank's rows (``x``: this rank's), concatenated in rank order: ``(sum(shares), ...)``;
+    recorded as ``kind`` (``None``: not recorded)."""
     world, most = len(shares), max(shares)
     out = x.new_empty((world * most, *x.shape[1:]))
     _gather_into(out, _padded(x, most), group=group)
-    traffic.record(kind, (world - 1) * most * _row_bytes(x))
+    if kind is not None:
+        traffic.record(kind, (world - 1) * most * _row_bytes(x))
     return torch.cat([out[r * most: r * most + n] for r, n in enumerate(shares)])
 
 
@@ -144,9 +146,4 @@ def rows_of_columns(h: torch.Tensor, shares: Sequence[int], cols: Sequence[int],
 def gather_along(t: torch.Tensor, dim: int, sizes: Sequence[int], group=None) -> torch.Tensor:
     """The whole tensor whose block ``r`` along ``dim`` (``sizes[r]`` long) is ``t`` on rank
     ``r``, on every rank, detached (for checkpoints; no traffic recorded)."""
-    world, most = len(sizes), max(sizes)
-    front = t.detach().movedim(dim, 0)
-    out = front.new_empty((world * most, *front.shape[1:]))
-    _gather_into(out, _padded(front, most), group=group)
-    whole = torch.cat([out[r * most: r * most + n] for r, n in enumerate(sizes)])
-    return whole.movedim(0, dim).contiguous()
+    return _all_gather(t.detach().movedim(dim, 0), sizes, group, None).movedim(0, dim).contiguous()

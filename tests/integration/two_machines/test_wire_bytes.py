@@ -66,7 +66,8 @@ def worker(rank: int, link: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{ADDRS[0]}:{PORT}", rank=rank,
                             world_size=2, timeout=timedelta(seconds=60))
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=g), torch.randint(10, (BATCH,), generator=g)
+    x = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=g)
+    y = torch.randint(10, (BATCH,), generator=g)
     mine = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
     counted = {}
     for name in STRATEGIES:
