@@ -6,7 +6,7 @@ two-node ``tandem launch ... -- train --strategy S`` runs twice, for 1 and for 1
 steps, the strategies interleaved (ddp 1, hybrid-ddp 1, ddp 1+K, hybrid-ddp 1+K) so that both
 see the same machine; the differences give one step's seconds (the epoch's train time from
 metrics.jsonl, without start-up or validation) and its bytes (both veth ends' transmitted
-bytes). Beside them: the bytes :func:`tandem.hybrid.process_cost.step_bytes` predicts (both
+bytes). Beside them: the bytes :func:`tandem.hybrid.cost.step_bytes` predicts (both
 ranks' sum, what both ends send) and the busiest rank's bytes over the rate (the predicted
 communication seconds; each direction of the link carries one rank's). Run as root::
 
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 from two_machines import ADDRS, TwoMachines, unavailable  # noqa: E402
 
-from tandem.hybrid.process_cost import step_bytes  # noqa: E402
+from tandem.hybrid.cost import ProcessBytes, step_bytes  # noqa: E402
 from tandem.models import create_model  # noqa: E402
 
 #: tc's rate units, in bits per second
@@ -82,7 +82,7 @@ def _run(net, arch: str, strategy: str, steps: int, args, port: int) -> tuple[fl
 
 def _predicted(arch: str, batch: int) -> dict:
     """step_bytes of ``arch`` (10 classes) over 2 processes, by strategy."""
-    cost = step_bytes(create_model(arch, num_classes=10), batch, 2)
+    cost = step_bytes(create_model(arch, num_classes=10), batch, 2, backend="gloo")
     return {"ddp": cost.ddp, "hybrid-ddp": cost.hybrid}
 
 
@@ -99,7 +99,7 @@ def _measure(net, arch: str, rate: str, strategies: list[str], args, port: int) 
     for strategy in strategies:
         (s1, b1), (sk, bk) = runs[strategy, 1], runs[strategy, 1 + args.steps]
         ranks = predicted[strategy]
-        busiest = max(sum(r.values()) for r in ranks)
+        busiest = ProcessBytes.most(ranks)
         rows.append({"arch": arch, "rate": rate, "strategy": strategy,
                      "step_s": (sk - s1) / args.steps,
                      "mb_per_step": (bk - b1) / args.steps / 1e6,

@@ -1,5 +1,5 @@
 """What the link costs a step: the bytes each process sends under ddp and under the hybrid
-across processes (:func:`tandem.hybrid.process_cost.step_bytes`), and the communication time
+across processes (:func:`tandem.hybrid.cost.step_bytes`), and the communication time
 they take at a link rate: ``--link-rate``, or the one a short all-reduce measures in the bench's
 torchrun phase (:func:`tandem.strategies.auto.link_rate`).
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from tandem.errors import UsageError, param
-from tandem.hybrid.process_cost import ProcessBytes, step_bytes
+from tandem.hybrid.cost import ProcessBytes, step_bytes
 from tandem.strategies import strategy_class
 from tandem.strategies.auto import across_processes, launched
 
@@ -87,7 +87,7 @@ class LinkPlan:
         """Per strategy, the busiest rank's bytes by kind (``{}`` without a plan)."""
         if self.cost is None:
             return {}
-        return {name: dict(max(rows, key=lambda row: sum(row.values())))
+        return {name: dict(self.cost.busiest(rows))
                 for name, rows in zip(self.names, (self.cost.ddp, self.cost.hybrid))}
 
     def totals(self) -> dict[str, float]:

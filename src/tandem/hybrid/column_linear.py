@@ -2,10 +2,9 @@
 
 A column layer gives each shard a block of output features (it needs all of ``x``); a row layer
 gives each shard a block of input features and sums the partial products on the output device.
-``Column(gather_output=False) -> Shardwise(ReLU, Dropout) -> Row`` moves activations once,
-since both split with :func:`~tandem.hybrid._shards.split_sizes`. Warning: the shards hold
-their *own* Parameters; the original layer is left untouched and goes stale (``to_linear()``
-merges a copy back).
+``Column(gather_output=False) -> Shardwise(ReLU, Dropout) -> Row`` moves activations once, since
+both split with :func:`~tandem.hybrid._shards.split_sizes`. Warning: the shards hold their *own*
+Parameters; the original layer goes stale (``to_linear()`` merges a copy back).
 """
 
 from __future__ import annotations
@@ -18,10 +17,9 @@ from torch import nn
 from tandem.errors import UsageError
 from tandem.keyed import stream as keyed_stream
 
-from ..parallel.devices import resolve_devices, as_device
-from ._shards import home_index, move, run_shards, split_sizes
-
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "Shardwise"]
+from ..parallel.devices import as_device, index_of, resolve_devices
+from ..parallel.parallel_apply import parallel_apply
+from ._shards import move, split_sizes
 
 
 def _check_linear(linear, what: str) -> None:
@@ -39,15 +37,52 @@ class _ShardedLinear(nn.Module):
         self.sizes = split_sizes(split, len(devices))
         self.devices = devices[: len(self.sizes)]  # only as many shards as features
         self.output_device = as_device(output_device) if output_device is not None else devices[0]
-        self.home = home_index(self.devices, self.output_device)
+        self.home = index_of(self.output_device, self.devices)
         self.shards = nn.ModuleList()
 
-    def _offsets(self) -> list[tuple[int, int]]:
-        starts = [sum(self.sizes[:j]) for j in range(len(self.sizes))]
-        return [(a, a + n) for a, n in zip(starts, self.sizes)]
+    @torch.no_grad()
+    def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
+        expected = (self.out_features, self.in_features)
+        if tuple(weight.shape) != expected:
+            raise UsageError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
+        held = self.plain_pieces()
+        if "bias" in held and bias is None:
+            raise UsageError("this layer has a bias but none was given")
+        for key, value in (("weight", weight), ("bias", bias)):
+            if key in held:
+                params, dim = held[key]
+                for p, v in zip(params, [value] if dim is None else value.split(self.sizes, dim)):
+                    p.copy_(v)
 
-    def _merged(self, dim: int) -> torch.Tensor:
-        return torch.cat([s.weight.detach().to(self.output_device) for s in self.shards], dim)
+    def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Detached full weight and bias on the output device."""
+        held = self.plain_pieces()
+
+        def whole(key: str) -> torch.Tensor | None:
+            if key not in held:
+                return None
+            params, dim = held[key]
+            if dim is None:  # the row layer's bias, on the output device
+                return params[0].detach()
+            return torch.cat([p.detach().to(self.output_device) for p in params], dim)
+
+        return whole("weight"), whole("bias")
+
+    def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``shards[j](inputs[j])``, each shard in its own thread (one inline)."""
+        return list(parallel_apply(list(self.shards), [(x,) for x in inputs], devices=self.devices))
+
+    def to_linear(self) -> nn.Linear:
+        """A new ``nn.Linear`` on the output device holding a copy of the merged parameters."""
+        weight, bias = self.merged_weight_bias()
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                           device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            if bias is not None:
+                linear.bias.copy_(bias)
+        return linear
 
     def extra_repr(self) -> str:
         devs = ", ".join(str(d) for d in self.devices)
@@ -56,14 +91,13 @@ class _ShardedLinear(nn.Module):
 
 
 class ColumnParallelLinear(_ShardedLinear):
-    """``nn.Linear`` with its output features split over ``device_ids`` (see module doc).
+    """``nn.Linear`` with its output features split over ``device_ids`` (10 over 3 devices is
+    4+3+3; with fewer outputs than devices only the first shards are used).
 
-    ``forward(x)`` accepts a tensor ``(..., in_features)`` on the output device, which is
-    broadcast to every shard, or a list of batch chunks (chunk ``i`` on ``device_ids[i]``,
-    as data-parallel replicas produce them), which every shard concatenates along dim 0. It
-    returns ``(..., out_features)`` on the output device when ``gather_output``, else the list
-    of per-shard blocks ``(..., sizes[j])`` on the shards. Uneven splits are fine (10 outputs
-    over 3 devices is 4+3+3); with fewer outputs than devices only the first shards are used.
+    ``forward(x)`` takes a tensor ``(..., in_features)`` on the output device, broadcast to
+    every shard, or a list of batch chunks (chunk ``i`` on ``device_ids[i]``, as data-parallel
+    replicas give them), which every shard concatenates. It returns ``(..., out_features)`` on
+    the output device when ``gather_output``, else the shards' blocks ``(..., sizes[j])``.
     """
 
     def __init__(self, in_features: int, out_features: int, device_ids=None, bias: bool = True,
@@ -84,37 +118,12 @@ class ColumnParallelLinear(_ShardedLinear):
         layer.load_linear(linear.weight, linear.bias)
         return layer
 
-    @torch.no_grad()
-    def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
-        expected = (self.out_features, self.in_features)
-        if tuple(weight.shape) != expected:
-            raise UsageError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
-        for shard, (a, b) in zip(self.shards, self._offsets()):
-            shard.weight.copy_(weight[a:b])
-            if shard.bias is not None:
-                if bias is None:
-                    raise UsageError("this layer has a bias but none was given")
-                shard.bias.copy_(bias[a:b])
-
     def plain_pieces(self) -> dict:
-        """``{"weight"|"bias": (shard parameters, dim they are split along)}``: where the
-        plain layer's parameters live (:mod:`.optimizer_state`)."""
+        """``{"weight"|"bias": (shard parameters, dim they are split along)}`` (:mod:`.plain`)."""
         pieces = {"weight": ([s.weight for s in self.shards], 0)}
         if self.shards[0].bias is not None:
             pieces["bias"] = ([s.bias for s in self.shards], 0)
         return pieces
-
-    def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Detached full weight and bias on the output device."""
-        weight = self._merged(0)
-        if self.shards[0].bias is None:
-            return weight, None
-        return weight, torch.cat([s.bias.detach().to(self.output_device) for s in self.shards])
-
-    def to_linear(self) -> nn.Linear:
-        """A new ``nn.Linear`` on the output device holding a copy of the merged parameters."""
-        return _linear_from(*self.merged_weight_bias())
 
     def _inputs(self, x) -> list[torch.Tensor]:
         if isinstance(x, torch.Tensor):  # on the output device: broadcast to every shard
@@ -125,7 +134,7 @@ class ColumnParallelLinear(_ShardedLinear):
 
     def forward(self, x):
         # x: (..., in) or [chunk_i (b_i, in)]  ->  ys[j]: (..., sizes[j]) on devices[j]
-        ys = run_shards(self.shards, self._inputs(x), self.devices)
+        ys = self._run(self._inputs(x))
         if not self.gather_output:
             return ys
         # (..., out) on the output device, blocks in feature order
@@ -133,14 +142,13 @@ class ColumnParallelLinear(_ShardedLinear):
 
 
 class RowParallelLinear(_ShardedLinear):
-    """``nn.Linear`` with its *input* features split over ``device_ids`` (see module doc).
+    """``nn.Linear`` with its *input* features split over ``device_ids``.
 
-    ``forward(xs)`` takes the list of per-shard input blocks ``(..., sizes[j])`` on
-    ``devices[j]`` (what ``ColumnParallelLinear(gather_output=False)`` returns for the same
-    devices) or one tensor ``(..., in_features)``, which is split and sent to the shards. It
-    returns ``(..., out_features)`` on the output device: the sum of the shards' partial
-    products plus the bias, which lives on the output device and is added once. The sum runs
-    in shard order, so results match ``nn.Linear`` up to float rounding, not bit for bit.
+    ``forward(xs)`` takes the shards' input blocks ``(..., sizes[j])`` on ``devices[j]`` (what
+    ``ColumnParallelLinear(gather_output=False)`` returns) or one tensor ``(..., in_features)``,
+    split and sent to the shards. It returns ``(..., out_features)`` on the output device: the
+    partial products summed in shard order (``nn.Linear``'s result up to float rounding) plus
+    the bias, which lives on the output device.
     """
 
     def __init__(self, in_features: int, out_features: int, device_ids=None, bias: bool = True,
@@ -169,34 +177,12 @@ class RowParallelLinear(_ShardedLinear):
         layer.load_linear(linear.weight, linear.bias)
         return layer
 
-    @torch.no_grad()
-    def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Copy a full ``(out, in)`` weight and ``(out,)`` bias into the shards' slices."""
-        expected = (self.out_features, self.in_features)
-        if tuple(weight.shape) != expected:
-            raise UsageError(f"weight has shape {tuple(weight.shape)}, expected {expected}")
-        for shard, (a, b) in zip(self.shards, self._offsets()):
-            shard.weight.copy_(weight[:, a:b])
-        if self.bias is not None:
-            if bias is None:
-                raise UsageError("this layer has a bias but none was given")
-            self.bias.copy_(bias)
-
     def plain_pieces(self) -> dict:
-        """As :meth:`ColumnParallelLinear.plain_pieces`: the weight split along its inputs,
-        the bias whole (on the output device)."""
+        """The weight split along its inputs, the bias whole (on the output device)."""
         pieces = {"weight": ([s.weight for s in self.shards], 1)}
         if self.bias is not None:
             pieces["bias"] = ([self.bias], None)
         return pieces
-
-    def merged_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Detached full weight and bias on the output device."""
-        return self._merged(1), None if self.bias is None else self.bias.detach()
-
-    def to_linear(self) -> nn.Linear:
-        """A new ``nn.Linear`` on the output device holding a copy of the merged parameters."""
-        return _linear_from(*self.merged_weight_bias())
 
     def _inputs(self, xs) -> list[torch.Tensor]:
         if isinstance(xs, torch.Tensor):  # whole input on the output device: split, then send
@@ -213,7 +199,7 @@ class RowParallelLinear(_ShardedLinear):
 
     def forward(self, xs):
         # xs[j]: (..., sizes[j]) on devices[j]  ->  partial[j]: (..., out) on devices[j]
-        partials = run_shards(self.shards, self._inputs(xs), self.devices)
+        partials = self._run(self._inputs(xs))
         # summed in shard order on the output device, in float32 at least: under autocast the
         # partials are bf16/fp16, and one matmul would have summed them in float32 too; the
         # result takes the partials' dtype, as nn.Linear's output has autocast's
@@ -249,14 +235,3 @@ class Shardwise(nn.Module):
                     out.append(self.body(x))
                 first += x.shape[-1]
         return out
-
-
-def _linear_from(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    """A new ``nn.Linear`` holding copies of ``weight`` (out, in) and ``bias``, on their device."""
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                       device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        linear.weight.copy_(weight)
-        if bias is not None:
-            linear.bias.copy_(bias)
-    return linear

@@ -1,11 +1,11 @@
-"""When does the "one weird trick" pay? A static cost report, built without running anything.
+"""The bytes a strategy moves in one training step, counted from the model's layers (nothing runs).
 
-:func:`plan` counts parameters and forward MACs of trunk versus classifier (on a meta-device
-copy) and the bytes one training step moves between devices, data parallel versus hybrid
-(formulas in :func:`_bytes`). The DP total equals what a ring all-reduce (DDP) sends, so the
-comparison holds for one process and for many. These are the bytes
-:class:`~tandem.parallel.traffic.TrafficMeter` counts, except that scatter and gather record
-only the forward direction.
+One process, :func:`plan`: the bytes crossing between devices, data parallel versus hybrid, and
+the split's sample-times (:func:`~tandem.parallel.split.split_report`). Several processes,
+:func:`step_bytes`: the bytes each rank sends, ddp versus hybrid-ddp, as ring all-reduce,
+all-gather, reduce-scatter and pairwise all-to-all send them. The engine's meter
+(:mod:`tandem.parallel.traffic`) records these bytes as it moves them; a wire adds TCP/IP and
+gloo framing (tests/integration/two_machines/test_wire_bytes.py measures it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..parallel.split import check_weights, shares, split_report
 from ._shards import split_sizes
 from .layout import classifier_layout, find_head, head_sequential
 
-__all__ = ["HybridPlan", "plan", "meta_copy"]
+_KINDS = ("gradients", "buffers", "activations", "activation_grads")  # step_bytes' rows
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -37,6 +37,21 @@ def meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def _count(tensors) -> int:
+    return sum(t.numel() for t in tensors if t.is_floating_point())
+
+
+def _head(model: nn.Module, head: str | None, who: str):
+    """``(name, head module, its layers, leading indices, stages, bytes per element)``."""
+    name = find_head(model, head, who=who)
+    module = getattr(model, name)
+    leading, stages = classifier_layout(head_sequential(module))
+    first = next(model.parameters(), None)
+    e = first.element_size() if first is not None else 4
+    return name, module, list(head_sequential(module)), leading, stages, e
+
+
+# -- one process: what crosses between its devices -------------------------------------------
 @dataclass
 class HybridPlan:
     """Parameters, MACs and cross-device bytes of one step, data parallel versus hybrid."""
@@ -76,10 +91,9 @@ class HybridPlan:
         if self.dp_total and self.hybrid_total and round(max(self.ratio, 1 / self.ratio), 1) < 1.1:
             # "1.0x fewer" says nothing: within 5% the two move about the same
             fewer, more = sorted((self.dp_total, self.hybrid_total))
-            share = f"{100 * (more - fewer) / more:.1f}% fewer"
-            if self.hybrid_total < self.dp_total:
-                return f"hybrid and data parallel move about the same bytes (hybrid {share})"
-            return f"hybrid and data parallel move about the same bytes (data parallel {share})"
+            who = "hybrid" if self.hybrid_total < self.dp_total else "data parallel"
+            return (f"hybrid and data parallel move about the same bytes ({who} "
+                    f"{100 * (more - fewer) / more:.1f}% fewer)")
         if self.hybrid_total < self.dp_total:
             text = f"hybrid moves {self.ratio:.1f}x fewer bytes than data parallel"
             if self.break_even_batch is not None:
@@ -92,7 +106,7 @@ class HybridPlan:
         """The plan as a text table."""
         p_all = self.params_trunk + self.params_classifier or 1
         m_all = self.macs_trunk + self.macs_classifier or 1
-        mb = 1e6
+        mb, n = 1e6, max(self.num_devices, 1)
         lines = [
             f"hybrid plan: {self.model}, batch {self.batch_size} over {self.num_devices} "
             f"device(s), input {'x'.join(map(str, self.input_size))}, "
@@ -104,14 +118,11 @@ class HybridPlan:
             lines.append(f"{name:<22}{p:>14,}{p / p_all:>8.1%}{m:>18,}{m / m_all:>8.1%}")
         lines += ["classifier layout:"] + [f"  {row}" for row in self.layout]
         lines.append(f"{'MB per step':<22}{'data parallel':>16}{'split':>12}")
-        for kind in ("inputs", "parameters", "buffers", "gradients", "activations"):
-            lines.append(f"  {kind:<20}{self.dp_bytes.get(kind, 0) / mb:>16.2f}"
-                         f"{self.hybrid_bytes.get(kind, 0) / mb:>12.2f}")
-        n = max(self.num_devices, 1)
-        lines.append(f"  {'total (no inputs)':<20}{self.dp_total / mb:>16.2f}"
-                     f"{self.hybrid_total / mb:>12.2f}")
-        lines.append(f"  {'per device':<20}{self.dp_total / n / mb:>16.2f}"
-                     f"{self.hybrid_total / n / mb:>12.2f}")
+        rows = [(k, self.dp_bytes.get(k, 0), self.hybrid_bytes.get(k, 0))
+                for k in ("inputs", "parameters", "buffers", "gradients", "activations")]
+        rows += [("total (no inputs)", self.dp_total, self.hybrid_total),
+                 ("per device", self.dp_total / n, self.hybrid_total / n)]
+        lines += [f"  {k:<20}{d / mb:>16.2f}{h / mb:>12.2f}" for k, d, h in rows]
         lines += self.split
         lines.append(f"verdict: {self.verdict}")
         return "\n".join(lines)
@@ -119,9 +130,9 @@ class HybridPlan:
     __str__ = report
 
 
-def _bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, stages, mods,
-           weights=None):
-    """(dp, hybrid) byte dicts for one batch size.
+def _device_bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, stages,
+                  mods, weights=None):
+    """(dp, hybrid) byte dicts of one step of ``batch`` over ``n`` devices.
 
     Replicas 1..m-1 receive parameters and buffers and send gradients (hybrid: the trunk's
     only); activations count each value and its gradient: DP gathers the logits, hybrid moves
@@ -133,23 +144,20 @@ def _bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, 
           "buffers": (m - 1) * f_all * s, "gradients": (m - 1) * p_all * s,
           "activations": 2 * rest * out_classes * s}
     moved = 0
-    first = True
-    for stage in stages:
+    for i, stage in enumerate(stages):
         if stage.kind == "local":
-            moved += rest * act if first else 0
-        else:
-            lin = mods[stage.indices[0]]
-            sizes = split_sizes(lin.out_features, n)
-            k = len(sizes)
-            if first:  # every shard gathers the chunks of the other replicas
-                moved += sum(batch - chunks[j] for j in range(k)) * lin.in_features
-            else:
-                moved += (k - 1) * batch * lin.in_features
-            if stage.kind == "column":
-                moved += batch * (lin.out_features - sizes[0])
-            else:
-                moved += (k - 1) * batch * mods[stage.indices[-1]].out_features
-        first = False
+            moved += rest * act if i == 0 else 0
+            continue
+        lin = mods[stage.indices[0]]
+        sizes = split_sizes(lin.out_features, n)
+        if i == 0:  # every shard gathers the chunks of the other replicas
+            moved += sum(batch - chunks[j] for j in range(len(sizes))) * lin.in_features
+        else:  # the other shards fetch the whole input from the output device
+            moved += (len(sizes) - 1) * batch * lin.in_features
+        if stage.kind == "column":  # the other shards' blocks, gathered
+            moved += batch * (lin.out_features - sizes[0])
+        else:  # the other shards' partial sums
+            moved += (len(sizes) - 1) * batch * mods[stage.indices[-1]].out_features
     hybrid = dict(dp, parameters=(m - 1) * p_trunk * s, buffers=(m - 1) * f_trunk * s,
                   gradients=(m - 1) * p_trunk * s, activations=2 * moved * s)
     return dp, hybrid
@@ -173,57 +181,18 @@ def _layout_rows(head: nn.Module, name: str, leading, stages, n: int) -> list[st
         rows.append(f"{at(i)} Linear {lin.in_features}->{lin.out_features}: column over "
                     f"{sizes}{', gathered' if stage.kind == 'column' else ', kept split'}")
         if stage.kind == "pair":
-            for j in stage.indices[1:-1]:
-                rows.append(f"{at(j)} {type(mods[j]).__name__}: per shard")
+            rows += [f"{at(j)} {type(mods[j]).__name__}: per shard" for j in stage.indices[1:-1]]
             row = mods[stage.indices[-1]]
             rows.append(f"{at(stage.indices[-1])} Linear {row.in_features}->"
                         f"{row.out_features}: row over {sizes}, partial sums to device 0")
     return rows
 
 
-def _input_shape(input_size) -> tuple:
-    if isinstance(input_size, int):
-        return (3, input_size, input_size)
-    shape = tuple(int(v) for v in input_size)
-    if not shape or any(v < 1 for v in shape):
-        raise UsageError(f"input_size must be a side or a (C, H, W) shape, got {input_size!r}")
-    return shape
-
-
-def _device_count(device_ids) -> int:
-    """How many devices ``device_ids`` names: an int count, or a device list."""
-    if isinstance(device_ids, int) and not isinstance(device_ids, bool):
-        if device_ids < 1:
-            raise UsageError(f"plan needs at least 1 device, got {device_ids}")
-        return device_ids
-    return len(resolve_devices(device_ids))
-
-
-def _traced(model: nn.Module, name: str, shape: tuple) -> tuple[int, int, dict]:
-    """Forward MACs per sample of the trunk and of the classifier ``name``, and the per-sample
-    sizes of the trunk output (``act``) and the logits (``out``), from one meta-device trace."""
-    meta = meta_copy(model)
-    seen: dict = {}
-
-    def sizes_hook(mod, args, out):  # per-sample sizes of the trunk output and the logits
-        seen["act"], seen["out"] = args[0][0].numel(), out[0].numel()
-
-    hooks = [getattr(meta, name).register_forward_hook(sizes_hook)]
-    try:
-
-        macs = mac_breakdown(meta, (1,) + shape)
-    finally:
-        for h in hooks:
-            h.remove()
-    mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
-    return sum(macs.values()) - mac_cls, mac_cls, seen
-
-
 def _break_even(batch_size: int, common: dict) -> int | None:
     """The largest batch at which hybrid still moves fewer bytes than data parallel (inputs
     aside), when it does at ``batch_size``; else None."""
     def hybrid_cheaper(b: int) -> bool:
-        d, h = _bytes(batch=b, **common)
+        d, h = _device_bytes(batch=b, **common)
         return sum(h.values()) - h["inputs"] < sum(d.values()) - d["inputs"]
 
     if not (common["n"] > 1 and hybrid_cheaper(batch_size)):
@@ -242,44 +211,143 @@ def _break_even(batch_size: int, common: dict) -> int | None:
 def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
          input_size=(3, 224, 224), head: str | None = None, split=None, per_sample=None,
          unit: str | None = None) -> HybridPlan:
-    """Cost report for training ``model`` hybrid versus data parallel (see the module doc).
+    """Cost of one step of ``model`` in one process, hybrid versus data parallel.
 
-    ``split``: the trunk's batch weights, as ``HybridParallel(split=)`` takes them (default
-    even); ``per_sample``: each device's seconds per sample, for the expected step time of
-    the split (default: 1 sample-time each; see :func:`tandem.parallel.split.split_report`).
-
-    ``device_ids`` is a device list as everywhere in tandem, or an int count (to plan for
-    devices this machine does not have). ``input_size`` is one sample's shape ``(C, H, W)`` or
-    a square side. ``head`` names the classifier as for :class:`HybridParallel`. ``model`` is
-    not run or modified: a meta-device copy is traced once.
+    ``device_ids``: a device list, or an int count (devices this machine need not have);
+    ``input_size``: one sample's ``(C, H, W)`` or a square side; ``head`` as for
+    :class:`HybridParallel`; ``split``: the trunk's batch weights (default even);
+    ``per_sample``: each device's seconds per sample (default 1 sample-time each), for the
+    split's expected step time. ``model`` is not run or modified (a meta copy is traced).
     """
-    name = find_head(model, head, who="plan")
-    classifier = getattr(model, name)
-    n = _device_count(device_ids)
+    name, classifier, mods, leading, stages, s = _head(model, head, "plan")
+    if isinstance(device_ids, int) and not isinstance(device_ids, bool):
+        if device_ids < 1:
+            raise UsageError(f"plan needs at least 1 device, got {device_ids}")
+        n = device_ids
+    else:
+        n = len(resolve_devices(device_ids))
     if batch_size < 1:
         raise UsageError(f"batch_size must be >= 1, got {batch_size}")
-    shape = _input_shape(input_size)
+    shape = (3, input_size, input_size) if isinstance(input_size, int) else tuple(
+        int(v) for v in input_size)
+    if not shape or any(v < 1 for v in shape):
+        raise UsageError(f"input_size must be a side or a (C, H, W) shape, got {input_size!r}")
     weights = None if split is None else check_weights(split, n)
-    leading, stages = classifier_layout(head_sequential(classifier))
-    mac_trunk, mac_cls, seen = _traced(model, name, shape)
-
-    def count(tensors):
-        return sum(t.numel() for t in tensors if t.is_floating_point())
-
-    p_all, p_cls = count(model.parameters()), count(classifier.parameters())
-    f_all, f_cls = count(model.buffers()), count(classifier.buffers())
-    first = next(model.parameters(), None)
-    s = first.element_size() if first is not None else 4
-    common = dict(n=n, s=s, x=int(torch.Size(shape).numel()), out_classes=seen["out"],
-                  p_all=p_all, f_all=f_all, p_trunk=p_all - p_cls, f_trunk=f_all - f_cls,
-                  act=seen["act"], stages=stages, mods=list(head_sequential(classifier)),
-                  weights=weights)
-    dp, hybrid = _bytes(batch=batch_size, **common)
+    meta, seen = meta_copy(model), {}  # one trace: MACs, the head's input and output sizes
+    hook = getattr(meta, name).register_forward_hook(
+        lambda mod, args, out: seen.update(act=args[0][0].numel(), out=out[0].numel()))
+    try:
+        macs = mac_breakdown(meta, (1,) + shape)
+    finally:
+        hook.remove()
+    mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
+    mac_trunk = sum(macs.values()) - mac_cls
+    p_all, p_cls = _count(model.parameters()), _count(classifier.parameters())
+    f_all, f_cls = _count(model.buffers()), _count(classifier.buffers())
+    x = int(torch.Size(shape).numel())
+    common = dict(n=n, s=s, x=x, out_classes=seen["out"], p_all=p_all, f_all=f_all,
+                  p_trunk=p_all - p_cls, f_trunk=f_all - f_cls, act=seen["act"],
+                  stages=stages, mods=mods, weights=weights)
+    dp, hybrid = _device_bytes(batch=batch_size, **common)
     return HybridPlan(
         model=type(model).__name__, batch_size=batch_size, num_devices=n, input_size=shape,
         bytes_per_element=s, params_trunk=p_all - p_cls, params_classifier=p_cls,
         macs_trunk=mac_trunk * batch_size, macs_classifier=mac_cls * batch_size,
         layout=_layout_rows(classifier, name, leading, stages, n),
         dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=_break_even(batch_size, common),
-        split=split_report(batch_size, n, weights, per_sample,
-                           int(torch.Size(shape).numel()) * s, unit))
+        split=split_report(batch_size, n, weights, per_sample, x * s, unit))
+
+
+# -- several processes: what each rank sends -------------------------------------------------
+@dataclass
+class ProcessBytes:
+    """Bytes each rank sends in one step, ddp and hybrid-ddp: one dict a rank, by kind
+    (gradients, buffers, activations, activation_grads)."""
+
+    model: str
+    batch_size: int
+    processes: int
+    ddp: list[dict]
+    hybrid: list[dict]
+
+    @staticmethod
+    def busiest(rows: list[dict]) -> dict:
+        """The busiest rank's row of ``rows`` (:attr:`ddp` or :attr:`hybrid`): what a link
+        carrying every rank's traffic waits for."""
+        return max(rows, key=lambda row: sum(row.values()))
+
+    @classmethod
+    def most(cls, rows: list[dict]) -> float:
+        """The busiest rank's bytes."""
+        return sum(cls.busiest(rows).values())
+
+    def report(self) -> str:
+        mb = 1e6
+        lines = [f"bytes sent per step per process: {self.model}, batch {self.batch_size} over "
+                 f"{self.processes} processes (busiest rank)",
+                 f"{'MB':<22}{'data parallel':>14}{'split head':>12}"]
+        for kind in _KINDS:
+            d = max(row.get(kind, 0) for row in self.ddp)
+            h = max(row.get(kind, 0) for row in self.hybrid)
+            lines.append(f"  {kind:<20}{d / mb:>14.2f}{h / mb:>12.2f}")
+        lines.append(f"  {'total':<20}{self.most(self.ddp) / mb:>14.2f}"
+                     f"{self.most(self.hybrid) / mb:>12.2f}")
+        return "\n".join(lines)
+
+    __str__ = report
+
+
+def _rank_head_bytes(stages, mods, shares_: list[int], rank: int, e: int,
+                     backend: str) -> tuple[int, int]:
+    """(forward, backward) bytes rank ``rank`` sends for the head's activations: a column
+    layer's input all-gathered, ``(W-1) m in e``, and its gradient reduce-scattered back (``m``
+    the largest share); a row layer's output reduce-scattered, ``(W-1) m out``, in float32 at
+    least, and its gradient all-gathered; a gathered column layer's blocks exchanged,
+    ``(N - s_r) c_r e`` forward and ``s_r (out - c_r) e`` back. torch's gloo has no
+    reduce-scatter of its own: it all-reduces the whole tensor, twice the bytes."""
+    world, most, n, mine = len(shares_), max(shares_), sum(shares_), shares_[rank]
+    scatter = 2 if backend == "gloo" else 1
+    fwd = bwd = 0
+    for stage in stages:
+        if stage.kind == "local":
+            continue
+        lin = mods[stage.indices[0]]
+        gathered = (world - 1) * most * lin.in_features * e
+        fwd, bwd = fwd + gathered, bwd + scatter * gathered
+        if stage.kind == "column":
+            cols = shares(lin.out_features, [1] * world)[rank]  # across_processes.block_sizes
+            fwd += (n - mine) * cols * e
+            bwd += mine * (lin.out_features - cols) * e
+        else:
+            summed = (world - 1) * most * mods[stage.indices[-1]].out_features * max(e, 4)
+            fwd, bwd = fwd + scatter * summed, bwd + summed
+    return fwd, bwd
+
+
+def step_bytes(model: nn.Module, batch_size: int, processes: int, head: str | None = None,
+               backend: str = "nccl") -> ProcessBytes:
+    """What each of ``processes`` ranks sends in one step of ``batch_size`` global samples, in
+    the loader's even shares, over ``backend`` (``"nccl"``: bandwidth-optimal collectives, or
+    ``"gloo"``). ddp: every gradient, ``2 (W-1)/W P e`` (a ring all-reduce); hybrid-ddp: the
+    data-parallel gradients so, and the head's activations (:func:`_rank_head_bytes`). Both:
+    the BatchNorm buffers DDP broadcasts under ``--buffers replica0``, ``(W-1)/W`` of them per
+    rank. Not counted: the few bytes of the loss and the shares."""
+    if processes < 1 or batch_size < 1:
+        raise UsageError(f"step_bytes needs a batch and processes >= 1, got batch "
+                         f"{batch_size} over {processes}")
+    if backend not in ("nccl", "gloo"):
+        raise UsageError(f"step_bytes: backend must be 'nccl' or 'gloo', got {backend!r}")
+    _, _, mods, _, stages, e = _head(model, head, "step_bytes")
+    split = [mods[i] for s in stages if s.kind != "local" for i in (s.indices[0], s.indices[-1])]
+    p_all, f_all = _count(model.parameters()), _count(model.buffers())
+    p_split = _count({id(p): p for m in split for p in m.parameters()}.values())
+    w, rows = processes, shares(batch_size, [1] * processes)
+    ring, bcast = 2 * (w - 1) / w, (w - 1) / w
+    ddp = [{"gradients": ring * p_all * e, "buffers": bcast * f_all * e} for _ in range(w)]
+    hybrid = []
+    for rank in range(w):
+        fwd, bwd = _rank_head_bytes(stages, mods, rows, rank, e, backend)
+        hybrid.append({"gradients": ring * (p_all - p_split) * e,
+                       "buffers": bcast * f_all * e,  # split layers hold none
+                       "activations": fwd, "activation_grads": bwd})
+    return ProcessBytes(type(model).__name__, batch_size, w, ddp, hybrid)

@@ -11,11 +11,9 @@ from torch import nn
 
 from tandem.errors import UsageError
 
-from ..parallel.devices import resolve_devices, as_device
-from ._shards import home_index, move, run_shards
-
-__all__ = ["GroupParallelConv2d"]
-
+from ..parallel.devices import as_device, index_of, resolve_devices
+from ..parallel.parallel_apply import parallel_apply
+from ._shards import move
 
 class GroupParallelConv2d(nn.Module):
     """``nn.Conv2d(groups=g)`` split by groups over devices. Build with :meth:`from_conv`.
@@ -38,7 +36,7 @@ class GroupParallelConv2d(nn.Module):
         #: groups_of[j]: the groups on shard j, in group order (j, j+n, j+2n, ...).
         self.groups_of = [list(range(j, self.groups, n)) for j in range(n)]
         self.output_device = as_device(output_device) if output_device is not None else devices[0]
-        self.home = home_index(self.devices, self.output_device)
+        self.home = index_of(self.output_device, self.devices)
         self.shards = nn.ModuleList(
             nn.Conv2d(len(gs) * self.cin_g, len(gs) * self.cout_g, conv.kernel_size, conv.stride,
                       conv.padding, conv.dilation, groups=len(gs), bias=conv.bias is not None,
@@ -110,7 +108,8 @@ class GroupParallelConv2d(nn.Module):
             parts = [x.narrow(-3, k * self.cin_g, self.cin_g) for k in gs]
             xj = parts[0] if len(parts) == 1 else torch.cat(parts, -3)
             inputs.append(move(xj, device, self.home, j))
-        ys = run_shards(self.shards, inputs, self.devices)  # ys[j]: (N, len(gs)*O/g, H', W')
+        ys = parallel_apply(list(self.shards), [(x,) for x in inputs], devices=self.devices)
+        # ys[j]: (N, len(gs)*O/g, H', W')
         ys = [move(y, self.output_device, j, self.home) for j, y in enumerate(ys)]
         return self._in_group_order(ys, -3)  # (N, O, H', W') on the output device
 

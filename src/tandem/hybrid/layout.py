@@ -17,9 +17,6 @@ from torch import nn
 from tandem.errors import UsageError, a
 from tandem.keyed import KeyedAlphaDropout, KeyedDropout
 
-__all__ = ["ELEMENTWISE", "HEADS", "Stage", "classifier_layout", "is_elementwise", "find_head",
-           "head_problem", "head_sequential"]
-
 #: Attributes looked for, in order, when no head is named: torchvision's AlexNet/VGG, ResNet.
 HEADS = ("classifier", "fc")
 
@@ -38,23 +35,17 @@ def is_elementwise(module: nn.Module) -> bool:
 
 @dataclass
 class Stage:
-    """One step of the split classifier; ``indices`` are positions in ``classifier``.
-
-    ``kind`` is ``"pair"`` (``indices[0]`` column, ``indices[1:-1]`` elementwise per shard,
-    ``indices[-1]`` row), ``"column"`` (one Linear, gathered) or ``"local"`` (one module run
-    as is on the output device).
-    """
+    """One step of the split classifier, ``indices`` its positions: ``"pair"`` (``indices[0]``
+    column, ``indices[1:-1]`` elementwise per shard, ``indices[-1]`` row), ``"column"`` (one
+    Linear, gathered) or ``"local"`` (one module run whole on the output device)."""
 
     kind: str
     indices: list[int] = field(default_factory=list)
 
 
 def classifier_layout(classifier: nn.Module) -> tuple[list[int], list[Stage]]:
-    """``(leading, stages)``: indices that join the trunk, then the head's stages in order.
-
-    Raises ``ValueError`` when ``classifier`` is not an ``nn.Sequential`` (its Linear layers
-    must be reachable one by one to be split).
-    """
+    """``(leading, stages)``: indices that join the trunk, then the head's stages in order; an
+    error unless ``classifier`` is an ``nn.Sequential`` (its layers are split one by one)."""
     if not isinstance(classifier, nn.Sequential):
         raise UsageError(f"HybridParallel needs model.classifier to be an nn.Sequential, got "
                          f"{type(classifier).__name__}")
@@ -111,8 +102,7 @@ def head_problem(model: nn.Module, head: str | None = None) -> str | None:
 
 
 def find_head(model: nn.Module, head: str | None = None, who: str = "HybridParallel") -> str:
-    """The attribute holding ``model``'s head (see :func:`head_problem`, raised as an error
-    that ``who`` says)."""
+    """The attribute holding ``model``'s head; else :func:`head_problem`'s error, as ``who``."""
     problem = head_problem(model, head)
     if problem is not None:
         raise UsageError(f"{who} {problem}")

@@ -1,24 +1,14 @@
 """Moving a hybrid head's activations between processes, with autograd: three layouts, three moves.
 
-Between the head's stages a rank holds one of three layouts of an ``(N, F)`` activation of the
-global batch (``shares[r]`` rows belong to rank ``r``, in rank order; a share may be 0):
-
-- *batch*: its own rows, every feature, ``(shares[rank], F)``;
-- *whole*: every row, every feature, ``(N, F)`` (what a column-split Linear reads);
-- *columns*: every row, its block of features, ``(N, cols[rank])``; or *partial*: every row,
-  every feature, one term of a sum over ranks (what a row-split Linear writes).
-
-:func:`gather_rows` (batch -> whole; backward: reduce-scatter, so each rank gets back the
-gradient of its own rows summed over the ranks that used them), :func:`sum_rows` (partial ->
-batch; backward: all-gather) and :func:`rows_of_columns` (columns -> batch, an all-to-all;
-backward: the reverse all-to-all). Gloo gathers equal pieces only, so rows are padded to the
-largest share (at most one row when shares are even). Every rank must call them in the same
-order, on the same group; ``group`` ``None`` is the default group.
-
-Each call records the bytes this rank *sends* in :mod:`tandem.parallel.traffic` (kinds
-``activations`` forward, ``activation_grads`` backward), as bandwidth-optimal algorithms (ring
-all-gather and reduce-scatter, pairwise all-to-all) send them: ``(W-1)`` padded pieces for a
-gather or a reduce-scatter over ``W`` ranks, the blocks bound elsewhere for an all-to-all.
+Rank ``r`` owns ``shares[r]`` rows of an ``(N, F)`` activation (rank order; a share may be 0)
+and holds one of: *batch*, its rows ``(shares[rank], F)``; *whole*, ``(N, F)``; *columns*,
+``(N, cols[rank])``, or *partial*, ``(N, F)`` terms of a sum over ranks. :func:`gather_rows`
+(batch -> whole; backward reduce-scatter), :func:`sum_rows` (partial -> batch; backward
+all-gather), :func:`rows_of_columns` (columns -> batch; all-to-all both ways). Gloo gathers equal
+pieces only, so rows are padded to the largest share. Every rank calls them in the same order on
+the same group (``None``: the default). Each records the bytes this rank sends, as bandwidth-
+optimal algorithms send them, in :mod:`tandem.parallel.traffic` (:func:`tandem.hybrid.cost.
+step_bytes` counts the same).
 """
 
 from __future__ import annotations
@@ -31,8 +21,6 @@ import torch.distributed as dist
 from ..parallel import traffic
 from ._shards import ACTIVATION_GRADS, ACTIVATIONS
 
-__all__ = ["all_shares", "gather_rows", "sum_rows", "rows_of_columns", "gather_along"]
-
 
 # torch 2.13 names these ``*_single`` and warns at the older names, which older torch (2.11,
 # on a GPU machine) has alone
@@ -41,8 +29,7 @@ _reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 
 def all_shares(count: int, device: torch.device, group=None) -> list[int]:
-    """Every rank's row count, in rank order, given this rank's (one small all-gather, read on
-    the host: the next collectives' shapes depend on it)."""
+    """Every rank's row count, given this rank's (a small all-gather, read on the host)."""
     world = dist.get_world_size(group)
     mine = torch.tensor([count], dtype=torch.int64, device=device)
     every = torch.empty(world, dtype=torch.int64, device=device)
@@ -51,7 +38,6 @@ def all_shares(count: int, device: torch.device, group=None) -> list[int]:
 
 
 def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x`` with zero rows appended up to ``rows``."""
     if x.shape[0] == rows:
         return x.contiguous()
     out = x.new_zeros((rows, *x.shape[1:]))
@@ -60,16 +46,17 @@ def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _row_bytes(x: torch.Tensor) -> int:
-    return x[0].numel() * x.element_size() if x.shape[0] else (
-        int(torch.Size(x.shape[1:]).numel()) * x.element_size())
+    return int(torch.Size(x.shape[1:]).numel()) * x.element_size()
 
 
-def _all_gather(x: torch.Tensor, shares: Sequence[int], group, kind: str) -> torch.Tensor:
-    """Every rank's rows (``x``: this rank's), concatenated in rank order: ``(sum(shares), ...)``."""
+def _all_gather(x: torch.Tensor, shares: Sequence[int], group, kind: str | None) -> torch.Tensor:
+    """Every rank's rows (``x``: this rank's), concatenated in rank order: ``(sum(shares), ...)``;
+    recorded as ``kind`` (``None``: not recorded)."""
     world, most = len(shares), max(shares)
     out = x.new_empty((world * most, *x.shape[1:]))
     _gather_into(out, _padded(x, most), group=group)
-    traffic.record(kind, (world - 1) * most * _row_bytes(x))
+    if kind is not None:
+        traffic.record(kind, (world - 1) * most * _row_bytes(x))
     return torch.cat([out[r * most: r * most + n] for r, n in enumerate(shares)])
 
 
@@ -87,8 +74,8 @@ def _reduce_scatter(y: torch.Tensor, shares: Sequence[int], rank: int, group,
 
 def _exchange(blocks: Sequence[torch.Tensor], shapes: Sequence[tuple], rank: int,
               group, kind: str) -> list[torch.Tensor]:
-    """All-to-all: send ``blocks[r]`` to rank ``r``; receive one block of ``shapes[r]`` from each
-    rank ``r`` (flattened, so that blocks of different widths travel in one call)."""
+    """All-to-all: ``blocks[r]`` to rank ``r``, a block of ``shapes[r]`` from each (flattened:
+    blocks of different widths travel in one call)."""
     send = torch.cat([b.reshape(-1) for b in blocks])
     sizes_in = [b.numel() for b in blocks]
     sizes_out = [int(torch.Size(s).numel()) for s in shapes]
@@ -157,11 +144,6 @@ def rows_of_columns(h: torch.Tensor, shares: Sequence[int], cols: Sequence[int],
 
 @torch.no_grad()
 def gather_along(t: torch.Tensor, dim: int, sizes: Sequence[int], group=None) -> torch.Tensor:
-    """The whole tensor whose rank-``r`` block along ``dim`` (``sizes[r]`` long) is ``t`` on
-    rank ``r``: on every rank, detached (checkpoints; no traffic is recorded)."""
-    world, most = len(sizes), max(sizes)
-    front = t.detach().movedim(dim, 0)
-    out = front.new_empty((world * most, *front.shape[1:]))
-    _gather_into(out, _padded(front, most), group=group)
-    whole = torch.cat([out[r * most: r * most + n] for r, n in enumerate(sizes)])
-    return whole.movedim(0, dim).contiguous()
+    """The whole tensor whose block ``r`` along ``dim`` (``sizes[r]`` long) is ``t`` on rank
+    ``r``, on every rank, detached (for checkpoints; no traffic recorded)."""
+    return _all_gather(t.detach().movedim(dim, 0), sizes, group, None).movedim(0, dim).contiguous()

@@ -1,9 +1,5 @@
-"""The data-parallel part of a hybrid model: everything before its Linear head.
-
-Both hybrids (one process, :class:`~tandem.hybrid.HybridParallel`; several,
-:class:`~tandem.hybrid.across_processes.DistributedHybrid`) run this part as data parallel and
-split the head. :func:`trunk_of` builds it and says where its state lives in the plain model.
-"""
+"""The data-parallel part of a hybrid model, everything before its Linear head, which both
+hybrids run data parallel: :func:`trunk_of` builds it and says where its state lives."""
 
 from __future__ import annotations
 
@@ -13,8 +9,6 @@ import torch
 from torch import nn
 
 from tandem.errors import UsageError
-
-__all__ = ["trunk_of"]
 
 _KNOWN_CHILDREN = ("features", "avgpool", "classifier")
 
@@ -44,12 +38,9 @@ class _HeadInput(nn.Identity):
 
 
 class _Body(nn.Module):
-    """The model with its head replaced by :class:`_HeadInput`, then the head's leading
-    elementwise layers: what the model's forward feeds its head. The copy shares every
-    submodule and parameter with ``model``.
-
-    Each forward checks that the model returned exactly what it fed its head, so a model that
-    does anything after its head is an error, never a silently different result."""
+    """The model (sharing every submodule) with its head replaced by :class:`_HeadInput`, then
+    the head's leading elementwise layers. Each forward checks that the model returned what it
+    fed its head: a model doing more after its head is an error, not a different result."""
 
     def __init__(self, model: nn.Module, head: str, leading: list[nn.Module]):
         super().__init__()
@@ -92,10 +83,9 @@ def _features_layout(model: nn.Module, head: str) -> bool:
 
 
 def trunk_of(model: nn.Module, name: str, leading: list[nn.Module]):
-    """``(trunk, parts)``: the data-parallel part of ``model`` whose head is ``model.<name>``
-    (``leading``: the head's leading elementwise layers, which join it), and the (prefix in the
-    plain state dict, module holding that state) pairs of its state. The trunk shares every
-    module and parameter with ``model``."""
+    """``(trunk, parts)``: the data-parallel part of ``model`` (sharing its modules) before its
+    head ``model.<name>``, the head's ``leading`` elementwise layers included, and the (prefix
+    in the plain state dict, module holding that state) pairs of its state."""
     if _features_layout(model, name):
         trunk = _Trunk(model.features, getattr(model, "avgpool", None), leading)
         parts = [("features.", trunk.features)]

@@ -1,15 +1,12 @@
 """``HybridParallel``: data-parallel features, model-parallel classifier (Krizhevsky 2014).
 
-Convs hold the compute and few parameters, so they run data-parallel; FC layers hold the
-parameters, so they are split by features and only activations move. The model must compute
-``classifier(flatten(avgpool(features(x)), 1))`` (``avgpool`` optional), as AlexNet and VGG do.
-The classifier's split follows :mod:`tandem.hybrid.layout`; another model whose head is its
-last call is split the same way (``head=``, see :class:`HybridParallel`). Warnings:
-``features`` are shared and trained in place, but the classifier's Linear layers are *copied*
-into shards, so the originals go stale (read back with :meth:`plain_state_dict` or
-:meth:`to_model`). Keyed dropout (:mod:`tandem.keyed`, tandem's default in training) draws
-the plain model's masks; torch's own draws other masks under the same seed, so with it the
-output equals ``model(x)`` only with ``p = 0`` or in eval.
+Convs hold the compute and few parameters, so they run data parallel; FC layers hold the
+parameters, so they are split by features (:mod:`.layout`) and only activations move. Warnings:
+the trunk is shared and trained in place, but the head's Linear layers are *copied* into shards,
+so the originals go stale (read back with :meth:`plain_state_dict` or :meth:`to_model`). Keyed
+dropout (:mod:`tandem.keyed`, tandem's default in training) draws the plain model's masks;
+torch's own draws other masks, so with it the output equals ``model(x)`` only with ``p = 0`` or
+in eval.
 """
 
 from __future__ import annotations
@@ -24,16 +21,13 @@ from tandem.errors import UsageError
 from tandem.plain_norms import PlainNorms
 
 from ..parallel import DataParallelModel, gather
-from ..parallel.devices import resolve_devices, as_device
-from ..parallel.guards import first_lazy
+from ..parallel.devices import as_device, resolve_devices
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
-from ._shards import check_plain_keys
-from .layout import classifier_layout, find_head, head_sequential
-from .trunk import trunk_of
-from .optimizer_state import load_plain_optimizer_state, plain_optimizer_state
 from .cost import meta_copy, plan
-
-__all__ = ["HybridParallel"]
+from .layout import classifier_layout, find_head, head_sequential
+from .plain import (check_initialised, check_plain_keys, in_order, load_part,
+                    load_plain_optimizer_state, plain_optimizer_state)
+from .trunk import trunk_of
 
 _SPLIT = (ColumnParallelLinear, RowParallelLinear)
 
@@ -50,15 +44,15 @@ class _Gather(nn.Module):
 
 
 class HybridParallel(nn.Module):
-    """Run ``model`` with data-parallel features and a model-parallel classifier.
+    """Run ``model`` with a data-parallel trunk and a model-parallel classifier, a drop-in
+    ``nn.Module`` whose logits land on ``output_device``.
 
     ``device_ids``, ``output_device`` (default ``device_ids[0]``), ``buffers`` (the trunk's),
-    ``split``, ``max_share`` and ``backward_threads`` are as for ``DataParallel``. A drop-in ``nn.Module``: the
-    logits land on ``output_device``, and :meth:`parameters` yields each trainable tensor once
-    (the trunk's shared ones, the shards' own); optimizer state is per shard, and checkpoints
-    use :meth:`plain_state_dict` and :meth:`plain_optimizer_state`. ``head`` names the classifier (see :mod:`.layout`). A model
-    other than AlexNet's ``features, avgpool, classifier`` must call its head last, on
-    ``(N, features)``: the rest runs data-parallel with the head replaced by ``nn.Identity``.
+    ``split``, ``max_share`` and ``backward_threads`` are as for ``DataParallel``; ``head``
+    names the classifier (:mod:`.layout`). :meth:`parameters` yields each trainable tensor once
+    (the trunk's shared ones, the shards' own); checkpoints use :meth:`plain_state_dict` and
+    :meth:`plain_optimizer_state`. A model other than AlexNet's ``features, avgpool,
+    classifier`` must call its head last, on ``(N, features)`` (:mod:`.trunk`).
     """
 
     plan = staticmethod(plan)
@@ -68,11 +62,7 @@ class HybridParallel(nn.Module):
                  max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
         name = find_head(model, head)
-        lazy = first_lazy(model)
-        if lazy is not None:  # the classifier is split here, before any forward could size it
-            raise UsageError(f"HybridParallel needs an initialised model: {lazy!r} of "
-                             f"{type(model).__name__} is lazy; run the model once on a batch "
-                             f"before wrapping it")
+        check_initialised(model, "HybridParallel")
         devices = resolve_devices(device_ids)
         self.devices = devices
         self.output_device = as_device(output_device) if output_device is not None else devices[0]
@@ -80,10 +70,9 @@ class HybridParallel(nn.Module):
         head_module = getattr(model, name)
         leading, stages = classifier_layout(head_sequential(head_module))
         mods = list(head_sequential(head_module))
-        indexed = isinstance(head_module, nn.Sequential)  # keys name.i. (else name.)
 
         def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
-            return f"{name}.{i}." if indexed else f"{name}."
+            return f"{name}.{i}." if isinstance(head_module, nn.Sequential) else f"{name}."
 
         trunk, self._parts = trunk_of(model, name, [mods[i] for i in leading])
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
@@ -93,14 +82,12 @@ class HybridParallel(nn.Module):
         self.head = nn.Sequential(*self._split_head(mods, stages, key))
         self._keys = list(model.state_dict().keys())
         self._param_names = [name for name, _ in model.named_parameters()]
-        # A parameter-free copy of the model's structure for to_model(); hidden from the module
-        # tree so that it adds no parameters, buffers or state-dict keys.
+        # the model's structure for to_model(), hidden from the module tree (no state)
         object.__setattr__(self, "_skeleton", meta_copy(model))
 
     def _split_head(self, mods: list[nn.Module], stages, key) -> list[nn.Module]:
-        """The head's layers after the leading ones, one stage at a time: local layers on the
-        output device, Linear layers split by columns (and rows, for a pair); each goes into
-        ``self._parts`` under its plain-model ``key``."""
+        """The head's stages: local layers on the output device, Linear layers split by
+        columns (and rows, for a pair), each in ``self._parts`` under its plain ``key``."""
         devices, out = self.devices, self.output_device
         head: list[nn.Module] = []
         if not stages or stages[0].kind == "local":
@@ -123,24 +110,15 @@ class HybridParallel(nn.Module):
                 self._parts.append((key(last), head[-1]))
         return head
 
-    def _share(self, state: dict, prefix: str) -> dict:
-        """The entries of a plain ``state`` that belong to the part at ``prefix``, unprefixed
-        (the body's part, prefix ``""``, holds every key but the head's)."""
-        if prefix:
-            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        return {k: v for k, v in state.items() if not k.startswith(self.head_name + ".")}
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         chunks = self.trunk(x)  # [replica i: (b_i, A) on devices[i]]
         return self.head(chunks)  # (N, classes) on output_device
 
     # -- the plain model's view ----------------------------------------------------------
     def plain_state_dict(self) -> "OrderedDict[str, torch.Tensor]":
-        """The plain model's state dict: same keys and order as ``model.state_dict()``.
-
-        Split layers are merged into new tensors on the output device; shared modules'
-        tensors are returned as ``state_dict()`` returns them (detached, not copied).
-        """
+        """The plain model's state dict (``model.state_dict()``'s keys and order): split layers
+        merged into new tensors on the output device, shared modules' tensors as
+        ``state_dict()`` returns them (detached, not copied)."""
         state: dict = {}
         for prefix, module in self._parts:
             if isinstance(module, _SPLIT):
@@ -149,16 +127,11 @@ class HybridParallel(nn.Module):
                 if bias is not None:
                     state[prefix + "bias"] = bias
             else:
-                for key, value in module.state_dict().items():
-                    state[prefix + key] = value
-        if set(state) != set(self._keys):  # a bug here, never a user error
-            raise RuntimeError(f"HybridParallel lost track of keys: "
-                               f"{sorted(set(state) ^ set(self._keys))[:3]}")
-        return OrderedDict((k, state[k]) for k in self._keys)
+                state.update((prefix + k, v) for k, v in module.state_dict().items())
+        return in_order(state, self._keys, "HybridParallel")
 
     def _plain_pieces(self) -> list[tuple[str, list[torch.Tensor], int | None]]:
-        """Where each of the plain model's parameters lives, in its order (see
-        :mod:`.optimizer_state`)."""
+        """Where each of the plain model's parameters lives, in its order (:mod:`.plain`)."""
         where = {}
         for prefix, module in self._parts:
             if isinstance(module, _SPLIT):
@@ -170,8 +143,8 @@ class HybridParallel(nn.Module):
         return [where[name] for name in self._param_names]
 
     def plain_norms(self) -> PlainNorms:
-        """Norms of the plain model's parameters (:mod:`tandem.plain_norms`): a split layer's
-        shards summed into the layer's, on the output device."""
+        """Norms of the plain model's parameters, a split layer's shards summed into the
+        layer's, on the output device."""
         params, owners = [], []
         for k, (_, shards, _) in enumerate(self._plain_pieces()):
             params += shards
@@ -179,14 +152,13 @@ class HybridParallel(nn.Module):
         return PlainNorms(params, owners, device=self.output_device)
 
     def plain_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        """``optimizer``'s state (an optimizer of :meth:`parameters`) as an optimizer of the
-        plain model holds it: split layers' states merged, so any strategy loads it."""
+        """``optimizer``'s state (of :meth:`parameters`) as the plain model's optimizer holds
+        it, split layers' states merged: any strategy loads it."""
         return plain_optimizer_state(optimizer, self._plain_pieces())
 
     def load_plain_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        """Load a plain model's optimizer state (:meth:`plain_optimizer_state`, or another
-        strategy's) into ``optimizer``; split layers take their slices. A state per shard (as
-        hybrid checkpoints held it before) loads as it is."""
+        """Load a plain model's optimizer state (any strategy's) into ``optimizer``, split
+        layers taking their slices; a state per shard (older hybrid checkpoints) loads as is."""
         pieces = self._plain_pieces()
         counted = sum(len(group["params"]) for group in state["param_groups"])
         if counted == sum(len(g["params"]) for g in optimizer.param_groups) != len(pieces):
@@ -195,33 +167,24 @@ class HybridParallel(nn.Module):
         load_plain_optimizer_state(optimizer, pieces, state)
 
     def load_plain_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Load a plain model's state dict (as :meth:`plain_state_dict` returns) into the split
-        layout; split layers take their slices. A missing or unexpected key (when ``strict``)
-        or a wrong shape is a ``ValueError`` naming it."""
+        """Load a plain model's state dict into the split layout, split layers taking their
+        slices. A missing or unexpected key (when ``strict``) or a wrong shape is an error."""
         if strict:
             check_plain_keys(self._keys, state, type(self._skeleton).__name__)
         for prefix, module in self._parts:
-            sub = self._share(state, prefix)
-            if isinstance(module, _SPLIT):
-                if "weight" not in sub:
-                    if strict:
-                        raise UsageError(f"plain state dict has no {prefix}weight")
-                    continue
+            if not isinstance(module, _SPLIT):
+                load_part(module, state, prefix, self.head_name, strict)
+            elif prefix + "weight" in state:
                 try:
-                    module.load_linear(sub["weight"], sub.get("bias"))
+                    module.load_linear(state[prefix + "weight"], state.get(prefix + "bias"))
                 except ValueError as exc:
                     raise UsageError(f"{prefix}weight: {exc}") from None
-            else:
-                try:
-                    module.load_state_dict(sub, strict=strict)
-                except RuntimeError as exc:
-                    first = str(exc).strip().splitlines()
-                    raise UsageError(f"cannot load {prefix}*: {first[-1].strip()}") from None
+            elif strict:
+                raise UsageError(f"plain state dict has no {prefix}weight")
 
     def to_model(self) -> nn.Module:
         """A new plain model on the output device holding a copy of the current weights, in
-        this module's train/eval mode. Non-persistent buffers (not in state dicts) are left
-        uninitialised."""
+        this module's train/eval mode; non-persistent buffers are left uninitialised."""
         model = copy.deepcopy(self._skeleton).to_empty(device=self.output_device)
         model.load_state_dict(self.plain_state_dict())
         return model.train(self.training)

@@ -1,8 +1,9 @@
-"""Counting the bytes the engine moves between replicas.
+"""A meter of the bytes the engine moves between replicas (and ranks), as it moves them.
 
-Transfers are reported with :func:`record` and summed, by kind and destination replica, by an
-open :class:`TrafficMeter`. Counts are *logical*: replicas ``i != j`` on one physical device
-still count, so CPU runs report what real devices would move. Free when no meter is open.
+:func:`record` reports a transfer; each open :class:`TrafficMeter` sums them by kind and
+destination. Counts are *logical*: replicas ``i != j`` on one physical device still count, so a
+CPU run reports what real devices would move. Free when no meter is open. It measures; the
+model of these bytes is :mod:`tandem.hybrid.cost`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-__all__ = ["record", "TrafficMeter", "metering"]
+__all__ = ["TrafficMeter"]
 
 _lock = threading.Lock()
 _meters: list["TrafficMeter"] = []
 
 
 def metering() -> bool:
-    """True while at least one :class:`TrafficMeter` is open (lets callers skip byte maths)."""
+    """True while a :class:`TrafficMeter` is open (callers may skip their byte maths)."""
     return bool(_meters)
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from tandem.distributed.agree import LOCAL
 from tandem.errors import TandemError, UsageError
 from tandem.hybrid import plan as hybrid_plan
-from tandem.hybrid.process_cost import step_bytes
+from tandem.hybrid.cost import step_bytes
 from tandem.parallel.work_clock import synchronize
 
 from . import step_timer
@@ -313,7 +313,7 @@ def link_rate(nbytes: int = 8_000_000, repeats: int = 3) -> float:
 
 def planned_process_bytes(model, batch_size: int, processes: int,
                           head: str | None = None) -> dict[str, int]:
-    """Bytes the busiest process sends in one step (:func:`tandem.hybrid.process_cost.
+    """Bytes the busiest process sends in one step (:func:`tandem.hybrid.cost.
     step_bytes`): ddp all its gradients, the hybrid across processes its trunk's gradients and
     the head's activations; ``{}`` for a model it cannot plan."""
     try:

@@ -8,7 +8,7 @@ outputs, losses, first-step gradients, weights, BN buffers and optimizer state a
 steps, with uneven shares, a batch smaller than the process count, accumulation (no_sync), a
 head BatchNorm and a split layer narrower than the process count; checkpoints in the plain
 layout (hybrid -> single, single -> hybrid, hybrid -> hybrid bit for bit); and the bytes each
-rank sends against :func:`tandem.hybrid.process_cost.step_bytes`. Controls: the float32 noise
+rank sends against :func:`tandem.hybrid.cost.step_bytes`. Controls: the float32 noise
 floor, and two wrong hybrids (gradients averaged over ranks; gathered rows' gradients not
 returned to their owners) that must differ.
 """
@@ -234,7 +234,7 @@ def _bytes(rank, world) -> dict:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from tandem.hybrid.across_processes import GRADIENTS
-    from tandem.hybrid.process_cost import step_bytes
+    from tandem.hybrid.cost import step_bytes
     from tandem.parallel import traffic
     from tandem.strategies.ddp import DDPStrategy
     from tandem.strategies.hybrid_ddp import HybridDDPStrategy
@@ -396,24 +396,27 @@ def test_step_bytes_match_the_collectives_of_a_run(ranks):
         assert b["recorded"]["hybrid-ddp"]["activations"] > 0
 
 
-@pytest.mark.parametrize("arch, batch, processes", [("alexnet", 8, 2), ("vgg11", 128, 4)])
-def test_step_bytes_sum_to_the_one_process_plans_figures(arch, batch, processes):
-    """Over all ranks, ddp's gradient all-reduce is the plan's data-parallel parameters and
-    gradients, and hybrid's activations are the plan's (batch and features divide evenly)."""
-    from tandem.hybrid import plan
-    from tandem.hybrid.process_cost import step_bytes
+# by hand, one rank's bytes (float32): the published parameter counts (torchvision: AlexNet
+# 61,100,840, its convs 2,469,696; VGG11 132,863,336, its convs 9,220,480), the ring's 2 (W-1)/W;
+# the head Linear 9216 (25088) -> 4096 -> 4096 -> 1000 as pair, ReLU, column: (W-1) m rows of
+# its 9216 (25088), 4096 and 4096 features each way (m the largest share, 4 of 8, 32 of 128),
+# and the last layer's blocks of 500 (250) columns: (N - m) rows out, m rows' other columns back
+@pytest.mark.parametrize("arch, batch, processes, params, convs, first", [
+    ("alexnet", 8, 2, 61_100_840, 2_469_696, 9216),
+    ("vgg11", 128, 4, 132_863_336, 9_220_480, 25088)])
+def test_step_bytes_of_alexnet_and_vgg11_by_hand(arch, batch, processes, params, convs, first):
+    from tandem.hybrid.cost import step_bytes
     from tandem.models import create_model
 
     with torch.device("meta"):
         model = create_model(arch, num_classes=1000)
-    planned, ours = plan(model, processes, batch), step_bytes(model, batch, processes)
-    ddp = sum(row["gradients"] for row in ours.ddp)
-    assert ddp == pytest.approx(planned.dp_bytes["gradients"] + planned.dp_bytes["parameters"])
-    moved = sum(row["activations"] + row["activation_grads"] for row in ours.hybrid)
-    assert moved == planned.hybrid_bytes["activations"]
-    trunk = sum(row["gradients"] for row in ours.hybrid)
-    assert trunk == pytest.approx(planned.hybrid_bytes["gradients"]
-                                  + planned.hybrid_bytes["parameters"])
+    w, m, e = processes, batch // processes, 4
+    ours = step_bytes(model, batch, processes)
+    ring = 2 * (w - 1) / w
+    each_way = (w - 1) * m * (first + 4096 + 4096) * e + (batch - m) * (1000 // w) * e
+    assert ours.ddp == [{"gradients": ring * params * e, "buffers": 0}] * w
+    assert ours.hybrid == [{"gradients": ring * convs * e, "buffers": 0, "activations": each_way,
+                            "activation_grads": each_way}] * w
     assert ours.most(ours.hybrid) < ours.most(ours.ddp) / 5  # the trick pays for these heads
 
 

@@ -1,10 +1,13 @@
-"""plan(): parameters, MACs and bytes per step checked against a hand computation."""
+"""The cost model (tandem.hybrid.cost): plan()'s parameters, MACs and bytes between devices, and
+step_bytes()'s bytes each process sends, checked against hand computations. The wire's count is
+tests/integration/two_machines/test_wire_bytes.py's."""
 
 import pytest
 import torch
 from torch import nn
 
 from tandem.hybrid import HybridParallel, plan
+from tandem.hybrid.cost import step_bytes
 from tandem.hybrid.layout import classifier_layout
 
 
@@ -90,3 +93,50 @@ def test_model_is_not_touched_and_bad_args():
         plan(model, 2, 0)
     with pytest.raises(ValueError, match="bad device"):
         plan(model, ["cpu", "gpu7"])
+
+
+class Normed(Tiny):
+    """Tiny with a BatchNorm in its trunk: 8 float buffers (its int step counter is not sent)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+
+
+def test_step_bytes_each_process_sends_by_hand():
+    # 7 samples over 3 ranks: shares [3, 2, 2], m = 3 the largest; float32. Parameters: trunk
+    # 112 + 8 (BN), head 102 + 35 + 18, all of it split (pair 1-3, local ReLU, column 5)
+    cost = step_bytes(Normed(), 7, 3)
+    ring, bcast = 2 * 2 / 3, 2 / 3
+    assert cost.ddp == [{"gradients": ring * 275 * 4, "buffers": bcast * 8 * 4}] * 3
+    # pair: 2 x 3 rows of 16 inputs gathered and 2 x 3 rows of 5 partial sums, each way; the
+    # column 5 -> 3 (a block of 1 column a rank): its 5 inputs gathered each way, then its
+    # block of the other ranks' rows out (7 - share) and its rows' other 2 columns back
+    both = 2 * 3 * 16 * 4 + 2 * 3 * 5 * 4 + 2 * 3 * 5 * 4
+    for rank, share in enumerate((3, 2, 2)):
+        assert cost.hybrid[rank] == {"gradients": ring * 120 * 4, "buffers": bcast * 8 * 4,
+                                     "activations": both + (7 - share) * 1 * 4,
+                                     "activation_grads": both + share * 2 * 4}
+    assert cost.busiest(cost.hybrid) is cost.hybrid[0]  # 640 + 648, rank 1 644 + 640
+    assert cost.most(cost.hybrid) == pytest.approx(ring * 120 * 4 + bcast * 8 * 4 + 640 + 648)
+    assert "busiest rank" in cost.report() and str(cost) == cost.report()
+
+
+def test_step_bytes_in_half_precision_and_over_gloo():
+    # 2 bytes an element, but a row layer's partial sums travel in float32; one process sends
+    # nothing
+    cost = step_bytes(Tiny().half(), 4, 2)
+    gathered, summed = 1 * 2 * (16 + 5) * 2, 1 * 2 * 5 * 4
+    assert cost.hybrid[0]["activations"] == gathered + summed + 2 * 2 * 2  # 2 rows x 2 columns
+    assert cost.ddp[0]["gradients"] == 1 * 267 * 2
+    # gloo reduce-scatters by an all-reduce of the whole tensor: the pair's input gradient and
+    # its partial sums, and the column's input gradient, twice (float32, rank 0: columns [2, 1])
+    gloo = step_bytes(Tiny(), 4, 2, backend="gloo").hybrid[0]
+    assert (gloo["activations"], gloo["activation_grads"]) == (
+        128 + 2 * 40 + 40 + 2 * 2 * 4, 2 * 128 + 40 + 2 * 40 + 2 * 1 * 4)
+    with pytest.raises(ValueError, match="backend must be 'nccl' or 'gloo'"):
+        step_bytes(Tiny(), 4, 2, backend="mpi")
+    alone = step_bytes(Tiny(), 4, 1)
+    assert alone.most(alone.ddp) == alone.most(alone.hybrid) == 0
+    with pytest.raises(ValueError, match="step_bytes needs a batch and processes >= 1"):
+        step_bytes(Tiny(), 0, 2)
