@@ -70,7 +70,7 @@ def _trainer(config, train, num_classes: int, workers: int):
     cfg = loop_config(one, config.arch, config.batch_size, precision, config.lr)
     cfg = replace(cfg, data=replace(DataConfig(), workers=workers),
                   parallel=replace(cfg.parallel, channels_last=config.channels_last))
-    trainer = loop_trainer(cfg, strategy, wrapped, precision.scaler(),
+    trainer = loop_trainer(cfg, strategy, wrapped, precision,
                            batches_per_epoch(train, config.batch_size), train_set=train)
     return trainer, trainer.device_batch(*batch)
 

@@ -14,7 +14,7 @@ import sys
 
 from tandem.distributed import faults
 from tandem.distributed.agree import Agreement
-from tandem.distributed.env import read_env, several_processes
+from tandem.distributed.env import Environment, read_env, several_processes
 from tandem.distributed.join import announce_failure
 from tandem.errors import TandemError
 from tandem.version import __version__
@@ -33,6 +33,16 @@ SUBCOMMANDS = list(_MODULES)
 def build_parser() -> argparse.ArgumentParser:
 
     return command_parser(_MODULES, version=f"tandem {__version__}")
+
+
+def _job_env():
+    """torchrun's variables in a job of several processes (``None``: one process, or a
+    worker whose variables are not torchrun's)."""
+    environ = Environment.read()
+    try:
+        return read_env(environ) if several_processes(environ) else None
+    except TandemError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
             print(*error_lines(exc), sep="\n", file=sys.stderr)
         if not isinstance(exc, faults.PeerLost):  # the others learn a loss from their own
-            announce_failure(line)  # transport; this rank's own failure, they wait for no more
+            announce_failure(line, _job_env())  # this rank's own failure: they wait no more
         return exc.exit_status
     except RuntimeError as exc:  # a peer of a torchrun job gone outside the loop's watch
-        if not several_processes() or not faults.is_peer_failure(exc):
+        env = _job_env()
+        if env is None or not faults.is_peer_failure(exc):
             raise
-        env = read_env()
-        lost = faults.lost_peer(exc, Agreement(env.rank, env.world_size), "")
+        lost = faults.lost_peer(exc, Agreement(env.rank, env.world_size, env=env), "")
         if not lost.quiet:
             print(f"tandem: error: {error_line(lost)}", file=sys.stderr)
         return lost.exit_status

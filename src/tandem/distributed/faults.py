@@ -28,8 +28,7 @@ import torch.distributed as dist
 
 from tandem.errors import TandemError
 
-from .env import restart_count
-from .join import short_store, told_failure
+from .join import key_prefix, short_store, told_failure
 
 __all__ = ["PeerLost", "is_peer_failure", "lost_peer", "why", "RAISES", "ABORTS"]
 
@@ -107,7 +106,7 @@ def lost_peer(exc: BaseException, agreement, where: str) -> PeerLost | None:
         return None
     me = agreement.peer_name(agreement.rank)
     lost = _suspects(exc, agreement)  # (waits a few seconds where no address tells)
-    told = told_failure()
+    told = told_failure(agreement.env)
     if told is not None:  # it said why before it left: that line, not the transport's
         return PeerLost(f"{me}: the job cannot go on: {told}", lost=tuple(lost),
                         quiet=agreement.rank != 0)
@@ -132,8 +131,8 @@ def _silent(agreement) -> list[int]:
     (each survivor marks itself once); every other rank when the store itself is out of reach
     (it lives on node 0: rank 0 is then lost with it)."""
     try:
-        store = short_store(_ROLL_S)
-        prefix = f"tandem/{restart_count()}/alive"
+        store = short_store(agreement.env, _ROLL_S)
+        prefix = f"{key_prefix(agreement.env)}/alive"
         store.set(f"{prefix}/{agreement.rank}", "1")
         others = [r for r in range(agreement.world_size) if r != agreement.rank]
         deadline = time.monotonic() + _ROLL_S

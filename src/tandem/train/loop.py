@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
 import os
 import time
@@ -33,7 +32,6 @@ from tandem.config import MAY_CHANGE, OptimConfig, TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH, rank_rows
 from tandem.data.mixing import Mixing, Pairing
-from tandem.distributed.env import restarts_left, speaks_for_node
 from tandem.distributed.faults import RAISES, PeerLost
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
@@ -41,8 +39,7 @@ from tandem.keyed import KEYED, step_stream
 from tandem.optim import GradClip, ModelEma
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
-from tandem.distributed.env import cpu_bf16_override
-from tandem.precision import amp_precision
+from tandem.precision import Precision
 from tandem.strategies import Strategy
 from tandem.strategies.outputs import label_smoothing
 
@@ -181,6 +178,7 @@ class Trainer:
     mixing: Mixing | None = None
     clip: GradClip | None = None  # --clip-grad, by the plain model's norm (tandem.optim)
     ema: ModelEma | None = None  # --model-ema: validated and saved beside the weights
+    precision: Precision | None = None  # what --amp is here, as the plan decided (None: fp32)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
@@ -482,15 +480,8 @@ class Trainer:
             return batch
         return max(0, min(batch, len(dataset) - index * batch))
 
-    @functools.cached_property
-    def precision(self):
-        """What ``--amp`` is on this process's device, decided once for the run's steps."""
-        p = self.cfg.parallel
-        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype,
-                             cpu_bf16=cpu_bf16_override())
-
     def autocast(self):
-        return self.precision.autocast()
+        return self.precision.autocast() if self.precision else contextlib.nullcontext()
 
     def keyed_stream(self, index: int, micro: int):
         """Where dropout and drop path draw in the forward of global batch ``index``
@@ -558,7 +549,7 @@ class Trainer:
         pos, cfg = self.position, self.cfg
         text = diverged_message(what, pos.epoch + 1, pos.step, cfg.optim.lr, cfg.run.out,
                                 self.kept_step(),
-                                resume_command_here(cfg.run.out, s.multiprocess)
+                                resume_command_here(cfg.run.out, s.agreement.env)
                                 ) if s.is_main else ""
         raise TrainingDiverged(text, quiet=not s.is_main)
 
@@ -646,27 +637,27 @@ class Trainer:
         s, pos, out = self.strategy, self.position, self.cfg.run.out
         where = f"{self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}"
         if s.is_main:
-            return f"saved {where}; continue with: {resume_command_here(out, s.multiprocess)}"
-        if not speaks_for_node():
+            return f"saved {where}; continue with: {resume_command_here(out, s.agreement.env)}"
+        if not s.agreement.env.speaks_for_node:
             return ""
         return (f"rank 0 saved {where} (on node 0); continue with: "
-                f"{resume_command_here(out, True, this_node=True)}")
+                f"{resume_command_here(out, s.agreement.env, this_node=True)}")
 
     def after_loss(self, saved: str | None, lost: tuple[int, ...] = ()) -> str:
         """What a lost peer leaves, as this rank knows it: the checkpoint the main process
         saved (or the last one it has, when it cannot save, or is lost itself), and how the
         run goes on (the launcher restarts it, or the command for each node)."""
         s, pos, out = self.strategy, self.position, self.cfg.run.out
-        left = restarts_left()
+        left = s.agreement.env.restarts_left
         if saved is not None:  # the main process saved the last completed step
             done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
             if left:
                 return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
-            return f"{done}; continue with: {resume_command_here(out, True)}"
+            return f"{done}; continue with: {resume_command_here(out, s.agreement.env)}"
         if not s.state_needs_every_rank and 0 not in lost and not s.is_main:
             return (f"rank 0 saves the last completed step ({pos.step}) on node 0" + (
                 "; the launcher restarts the job from it" if left else
-                f"; continue with: {resume_command_here(out, True, this_node=True)}"))
+                f"; continue with: {resume_command_here(out, s.agreement.env, this_node=True)}"))
         why = ("its model is split across the processes and cannot be saved without the lost "
                "one" if s.state_needs_every_rank else
                "rank 0, which alone writes the run, is lost with it")
@@ -676,7 +667,7 @@ class Trainer:
                     f"command, with --overwrite)" + ("; the launcher restarts it from step 1"
                                                      if left else ""))
         goes_on = ("the launcher restarts the job from it" if left else
-                   f"continue with: {resume_command_here(out, True, this_node=not s.is_main)}")
+                   f"continue with: {resume_command_here(out, s.agreement.env, this_node=not s.is_main)}")
         return f"{why}: the last checkpoint stands ({kept}); {goes_on}"
 
     def _kept_line(self) -> str | None:
