@@ -30,7 +30,7 @@ from dataclasses import replace
 import torch
 
 from tandem.config import DataConfig
-from tandem.distributed.env import cpu_bf16_override
+from tandem.distributed.env import Environment, cpu_bf16_override
 from tandem.data import loader as loader_module
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.imagefolder import load_imagefolder
@@ -59,7 +59,7 @@ def _trainer(config, train, num_classes: int, workers: int):
     and constant schedule), and one device batch of ``train`` for ``step``."""
     device = config.device_list[0]
     precision = amp_precision(device.type, config.amp, config.amp_dtype,
-                              cpu_bf16=cpu_bf16_override())
+                              cpu_bf16=cpu_bf16_override(Environment.read()))
     torch.manual_seed(config.seed)
     model = create_model(config.arch, num_classes=num_classes)
     batch = next(iter(make_loader(train, config.batch_size, shuffle=True, seed=config.seed,
