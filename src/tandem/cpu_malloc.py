@@ -1,14 +1,10 @@
 """Keep glibc's malloc from giving a training step's memory back to the system every step.
 
-A CPU training step frees and allocates again the same megabytes of activations and
-gradients. By default glibc serves blocks over its mmap threshold with fresh ``mmap`` and
-returns free memory at the top of the heap to the system past its trim threshold, both
-thresholds moving as the program runs, so a step can fault its memory in again page by page.
-:func:`tune` fixes the mmap threshold at glibc's largest (32 MiB on 64-bit) and the trim
-threshold at 2 GiB, as a caching allocator would: the process keeps its peak memory between
-steps; BENCHMARKS.md section 11 measures what it saves. ``TANDEM_MALLOC=default`` keeps glibc's own
-behaviour (the caller says so: ``tune(left_alone=True)``); where the C library is not glibc
-nothing changes.
+A CPU step frees and allocates again the same megabytes, and glibc's moving mmap and trim
+thresholds make it fault them in again page by page. :func:`tune` fixes the mmap threshold at
+glibc's largest (32 MiB) and the trim threshold at 2 GiB: the process keeps its peak memory
+(BENCHMARKS.md section 11). ``TANDEM_MALLOC=default`` keeps glibc's own (the caller passes
+``left_alone``); elsewhere than glibc nothing changes.
 """
 
 from __future__ import annotations

@@ -373,6 +373,6 @@ def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None
                 if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
                     raise UsageError(
                         f"checkpoint '{path}': optimizer state {name!r} has shape "
-                        f"{tuple(value.shape)} but its parameter {tuple(param.shape)}; was it "
-                        f"saved, before checkpoints held the plain layout, under a --strategy "
-                        f"with sharded layers (it then resumes only under that one)?")
+                        f"{tuple(value.shape)} but its parameter {tuple(param.shape)}",
+                        hint="a checkpoint saved before checkpoints held the plain layout, "
+                             "under a --strategy with sharded layers, resumes only under it")

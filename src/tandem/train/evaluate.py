@@ -47,14 +47,11 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
              environ: Environment = Environment()) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
-    Architecture, data settings, loss and seed come from the checkpoint's config, each
-    overridden by ``data`` / ``batch_size`` / ``label_smoothing`` / ``seed`` when given;
-    ``arch`` is for a file that names none (a bare state dict) and must match one that does.
-    A tandem run is evaluated at its own image size and precision (``amp``/``amp_dtype``:
-    ``None`` takes the run's; ``environ``: the process's variables). A file without tandem's config is evaluated as the imagenet
-    example does (plain cross-entropy, at the size of :func:`.start.size_rule`); ``note`` in
-    the result then says so, and also when the run holds a newer file of the example's
-    (:func:`.rundir.example_file_note`). Never augments.
+    Its run's settings, each overridden by ``data`` / ``batch_size`` / ``label_smoothing`` /
+    ``seed`` when given; ``arch`` for a file that names none. A tandem run is evaluated at its
+    own image size and precision (``amp``/``amp_dtype`` ``None``: the run's; float32, said,
+    where it cannot run here); a file from elsewhere as the imagenet example does, said in
+    ``note``. ``environ``: the process's variables, as read once. Never augments.
     """
     runlock.check_saved(checkpoint_path)  # a run that has not saved yet: its process, named
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest

@@ -667,7 +667,8 @@ class Trainer:
                     f"command, with --overwrite)" + ("; the launcher restarts it from step 1"
                                                      if left else ""))
         goes_on = ("the launcher restarts the job from it" if left else
-                   f"continue with: {resume_command_here(out, s.agreement.env, this_node=not s.is_main)}")
+                   "continue with: "
+                   f"{resume_command_here(out, s.agreement.env, this_node=not s.is_main)}")
         return f"{why}: the last checkpoint stands ({kept}); {goes_on}"
 
     def _kept_line(self) -> str | None:

@@ -261,9 +261,9 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
 def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str], restart: int = 0,
                   by_fit: bool = False) -> str | None:
     """The one line to print, instead of training, when the resumed run has done all its
-    epochs (``None`` while it has not); ``restart``: torchrun's count; ``by_fit``: it was
-    resumed by ``tandem.fit``, which the line then names. ``--epochs`` and ``--max-steps`` behind where it stands are
-    refused: the one would shorten what is done, the other would stop before it."""
+    epochs (``None`` while it has not; ``restart``: torchrun's count; ``by_fit``: resumed by
+    ``tandem.fit``, which the line then names). ``--epochs`` and ``--max-steps`` behind where
+    it stands are refused: the one would shorten what is done, the other stop before it."""
     epoch, batch, step = saved_position(ckpt)
     path, epochs, saved = cfg.run.resume, cfg.optim.epochs, ckpt.get("config")
     target, name = settings.resume_target(path, ckpt)

@@ -58,7 +58,8 @@ def execute(plan: RunPlan | str) -> dict | None:
     if plan.mode == EVALUATE:
         return _print_validation(plan)
     # the main process holds the run directory's lock from before it writes until the end
-    locked = runlock.held(plan.run_dir, plan.place) if plan.strategy.is_main else contextlib.nullcontext()
+    locked = (runlock.held(plan.run_dir, plan.place) if plan.strategy.is_main else
+              contextlib.nullcontext())
     cpu_malloc.tune(plan.place.malloc_default)  # a process that trains keeps its step's memory
     with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
         parts = build(plan)

@@ -1,13 +1,10 @@
 """One run at a time in a run directory: ``RUN/run.lock`` names the process that writes there.
 
-The main process (rank 0) takes the lock before it writes anything and removes it when the run
-ends, however it ends (an exception, Ctrl-C). While it runs it holds an OS lock on the file
-(``flock``), which the kernel releases when the process dies, however it dies; the file's record
-(pid, host, launch) names the owner in messages, and is what a process on another host, or on a
-file system without ``flock``, goes by. A second run into a directory in use is refused in one
-line, ``--overwrite`` or not. A lock left by a process that has ended on this host is taken
-over, and the run says so; so is one of this very launch (a torchrun restart under
-``--max-restarts``, or another rank of it), matched by ``TANDEM_LAUNCH_ID`` or torchrun's agent.
+The main process takes the lock before it writes and removes it however the run ends, holding
+an OS lock (``flock``) that the kernel releases when the process dies; the record (pid, host,
+launch) names the owner. A second run there is refused in one line, ``--overwrite`` or not; a
+lock of an ended process on this host, or of this very launch (a torchrun restart, another
+rank), is taken over.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """What a run takes that was not typed, and the lines that say so: the first stage of a run
-(settings → :mod:`.plan` → :mod:`.build` → :mod:`.loop`).
+(settings → :mod:`.plan` → :mod:`.build` → :mod:`.loop`); the plan calls these and binds what
+they return.
 
-:func:`resumed_config` gives the config to run and the checkpoint it continues: a tandem run's
-settings (:mod:`.rundir`), or what a file from elsewhere holds (below), or, for a fresh run,
-the config as typed; ``--strategy auto`` is settled there where no race is due (under
-``tandem launch``, or a resumed run that has its strategy). :func:`fresh_defaults` adds what a
-fresh run takes when not typed (an ImageFolder's arch and image size).
-
-One image-size rule for training and eval (:func:`size_rule`): an ImageFolder (photos of any
-size, cropped) gets the arch's native size (224: RandomResizedCrop 224 to train, resize 256 +
-centre crop 224 to validate); data of one fixed size (digits, CIFAR-10, synthetic, a factory's
-tensors) keeps its own; a ``package.module:function`` model has no native size, so an
-ImageFolder keeps its shorter side. A fresh run on an ImageFolder without ``-a`` builds the
-example's ``resnet18``, and one block lists tandem's defaults that differ from the imagenet
-example's (:func:`example_block`): tandem keeps its own (see the README for why).
-
-A file from elsewhere (no tandem config), such as the imagenet example's, gives its ``arch``,
-``epoch``, in its optimizer's ``param_groups`` the lr, momentum, weight decay and nesterov,
-and in a StepLR's state (the example's schedule) its step size and gamma: they become the
-run's unless a flag overrides them, and each override is said (:func:`file_settings`). It
-trains and is evaluated with plain cross-entropy, as the example does, unless
-``--label-smoothing`` is given. What the file does not say (global batch, epochs, image size,
-another scheduler's schedule) tandem assumes, and :func:`assumed` says so in one block.
-Nothing changes silently.
+:func:`resumed_config`: the config to run and the checkpoint it continues (a tandem run's
+settings, :mod:`.rundir`; a file from elsewhere, :func:`file_settings`). :func:`size_rule`:
+one image-size rule for training and eval (an ImageFolder gets the arch's native size; data of
+one fixed size keeps its own). A file from elsewhere (the imagenet example's) gives its arch,
+epoch, optimizer settings and StepLR; a flag overrides each, and every override and assumption
+is said (:func:`assumed`): nothing changes silently.
 """
 
 from __future__ import annotations
@@ -102,9 +87,9 @@ def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement:
     path, restarted = continued.path, continued.restarted
     if restarted and path is None:  # failed before its first save: start it again, said
         if place.main:
-            print(f"torchrun restart {place.restart}: the run had saved no checkpoint "
-                  f"before the failure, so it starts again from step 1 (--save-every or "
-                  f"--save-minutes bound what a failure costs)", flush=True)
+            print(f"torchrun restart {place.restart}: the run had saved no checkpoint before "
+                  f"the failure, so it starts again from step 1 (--save-every, --save-minutes "
+                  f"bound the loss)", flush=True)
         return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
     if path is None:
         return cfg, None, []
@@ -132,16 +117,16 @@ def _to_continue(cfg: TrainConfig, place: Place, agreement: Agreement) -> Contin
             if not run.launched_by(place.launch_id):
                 raise UsageError(
                     f"torchrun restarted this job (restart {place.restart}), but rank 0's "
-                    f"machine holds no run of this launch in '{cfg.run.out}': it cannot be "
-                    "continued, and starting it afresh would not be the run that failed; "
-                    "start a new launch (with --resume, if a checkpoint of it is elsewhere)")
+                    f"machine holds no run of this launch in '{cfg.run.out}' to continue",
+                    hint="start a new launch (with --resume, if a checkpoint of it is "
+                         "elsewhere): starting it afresh would not be the run that failed")
             return (run.latest if os.path.isfile(run.latest) else None), True
         if not cfg.run.resume:
             return None, False
         if cfg.model.pretrained:
             raise UsageError("--pretrained starts a new run from a weights file and --resume "
                              "continues a run from its checkpoint: give one of them")
-        runlock.check_saved(cfg.run.resume, place)  # a run that has not saved yet: its process, named
+        runlock.check_saved(cfg.run.resume, place)  # a run not saved yet: its process, named
         path = rundir.checkpoint_path(cfg.run.resume)
         if not os.path.isfile(path):
             checkpoint.load(path)  # one line saying what is wrong with it, on rank 0's machine
@@ -471,8 +456,9 @@ def checkpoint_arch(ckpt: dict, arch: str | None, path: str) -> str:
         if arch is not None:
             return arch
         raise UsageError(f"checkpoint '{path}' holds a model handed to tandem.fit, a "
-                         f"{named.split(':')[-1]} that tandem cannot rebuild by name: give "
-                         f"-a package.module:function, a function that builds the same model")
+                         f"{named.split(':')[-1]} that tandem cannot rebuild by name",
+                         hint="give -a package.module:function, a function that builds the "
+                              "same model")
     if named is not None and arch is not None and arch != named:
         raise UsageError(f"-a {arch} does not match checkpoint '{path}', which names {named} "
                          f"(leave out -a)")
