@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from tandem.parallel import DataParallel, DataParallelCriterion, DataParallelModel
-from tandem.bench import write_json
+from tandem_bench import write_json
 from tandem.parallel.traffic import TrafficMeter
 
 __all__ = ["TinyFCN", "measure", "main"]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from tandem import cpu_malloc
-from tandem.bench import write_json
+from tandem_bench import write_json
 from tandem.models import create_model
 from tandem.parallel import DataParallel
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tandem.bench import BenchConfig
-from tandem.bench.fed import format_fed_table, run_fed_bench
+from tandem_bench import BenchConfig
+from tandem_bench.fed import format_fed_table, run_fed_bench
 from tandem.data import loader
 
 SETTINGS = [  # (label, torch threads, prefetch, workers); the first is the baseline

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tandem.bench import BenchConfig, format_table, run_bench, write_json
+from tandem_bench import BenchConfig, format_table, run_bench, write_json
 
 REFERENCE = {
     "source": ("NVIDIA DeepLearningExamples PyTorch ResNet-50 v1.5 README, training "

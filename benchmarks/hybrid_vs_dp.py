@@ -32,7 +32,7 @@ from tandem.hybrid import HybridParallel, plan
 from tandem.models import create_model
 from tandem.parallel import DataParallel
 from tandem.parallel.devices import parse_device_spec
-from tandem.bench import write_json
+from tandem_bench import write_json
 from tandem.parallel.traffic import TrafficMeter
 
 __all__ = ["main", "run"]

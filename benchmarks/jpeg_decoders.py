@@ -32,7 +32,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from tandem.bench import write_json
+from tandem_bench import write_json
 from tandem.data.decode import PillowImage, SimpleJpegImage, reduction
 from tandem.data.imagenet_transforms import random_resized_box, resized_crop
 from tandem.data.transforms import SampleRandom

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from tandem import cpu_malloc
-from tandem.bench import write_json
+from tandem_bench import write_json
 from tandem.keyed import keyed_dropout, step_stream
 from tandem.models import create_model
 

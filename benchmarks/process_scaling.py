@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     print()
     print(report(res))
     if args.json:
-        from tandem.bench import write_json
+        from tandem_bench import write_json
 
         write_json(res, args.json)
     return 0

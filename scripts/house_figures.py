@@ -3,7 +3,7 @@
     .venv/bin/python scripts/house_figures.py [--detail]
 
 Prints: import cycles among tandem modules (imports inside functions included),
-modules outside bench/ and cli/ that import tandem.bench, files in train/,
+modules outside tandem_bench/ and cli/ that import tandem_bench, files in train/,
 imports of tandem modules inside functions, files that read the environment,
 raised errors outside cli/ whose message names a --flag, and __all__ names.
 """
@@ -143,8 +143,8 @@ def main(detail: bool) -> None:
             graph.setdefault(mod, set()).add(target)
             if in_fn:
                 inside.append(f"{mod} -> {target}")
-            if (target == "tandem.bench" or target.startswith("tandem.bench.")) and not (
-                mod.startswith("tandem.bench") or mod.startswith("tandem.cli")
+            if (target == "tandem_bench" or target.startswith("tandem_bench.")) and not (
+                mod.startswith("tandem_bench") or mod.startswith("tandem.cli")
             ):
                 bench_users.append(f"{mod} -> {target}")
         if n := env_reads(tree):
@@ -162,7 +162,7 @@ def main(detail: bool) -> None:
     print(f"import cycles (imports inside functions included): {len(cyc)}")
     for c in cyc:
         print(f"  {len(c)} modules: {' '.join(c) if detail or len(c) < 8 else ' '.join(c[:8]) + ' ...'}")
-    print(f"modules outside bench/ and cli/ importing tandem.bench: {len(bench_users)}")
+    print(f"modules outside tandem_bench/ and cli/ importing tandem_bench: {len(bench_users)}")
     for b in bench_users:
         print(f"  {b}")
     print(f"files in train/: {len(train)}")

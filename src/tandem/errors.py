@@ -1,11 +1,8 @@
 """tandem's own errors: mistakes in what it was given, reported by the CLI as one line.
 
 Each also derives from the built-in error a caller expects (``ValueError``, ...). A message
-names a parameter (a config field, a keyword) through :func:`param`: the library's message
-says the parameter's name (``bad lr -1: must be > 0``), and the command line renders the
-same error with the parameter's flag (``bad --lr -1``; :meth:`TandemError.worded`). A remedy
-goes in ``hint``, as git and pip print theirs: the CLI says it on a line of its own,
-``hint: ...``, under the one-line error.
+names a parameter through :func:`param` (``bad lr -1``; the CLI says ``bad --lr -1``); a
+remedy goes in ``hint``, which the CLI prints on a line of its own, as git and pip do.
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ _PARAM = re.compile(f"{_OPEN}([^{_CLOSE}]*){_CLOSE}")
 
 
 def param(name: str) -> str:
-    """``name`` (a config field's or a keyword's) marked as a parameter, for a message built
-    with an f-string: ``UsageError(f"bad {param('lr')} {lr}: must be > 0")``. A flag is taken
-    as its parameter: ``param("--max-share")`` is ``param("max_share")``."""
+    """``name`` marked as a parameter: ``UsageError(f"bad {param('lr')} {lr}: must be > 0")``
+    (a flag is taken as its parameter: ``--max-share`` is ``max_share``)."""
     if name.startswith("--"):
         name = name[2:].replace("-", "_")
     return f"{_OPEN}{name}{_CLOSE}"
@@ -37,11 +33,8 @@ def a(noun: str) -> str:
 
 
 class TandemError(Exception):
-    """A mistake of the user's: a bad value, file or combination of settings.
-
-    The CLI prints it as one line (none where ``quiet``), then ``hint``, the remedy, on a
-    line of its own, and exits with ``exit_status``. ``str()`` holds both lines.
-    """
+    """A mistake of the user's. The CLI prints it as one line (none where ``quiet``), then
+    ``hint`` on a line of its own, and exits with ``exit_status``; ``str()`` holds both."""
 
     exit_status = 2
     quiet = False
@@ -65,8 +58,8 @@ class TandemError(Exception):
         return tuple(_PARAM.findall(self.marked or ""))
 
     def worded(self, name: Callable[[str], str]) -> str:
-        """The message with each parameter written as ``name(parameter)`` says (the command
-        line: its flag); ``str(error)`` writes the parameter's own name."""
+        """The message with each parameter written as ``name(parameter)`` says (the CLI: its
+        flag)."""
         if self.marked is None:
             return str(self)
         return _PARAM.sub(lambda m: name(m.group(1)), self.marked)
@@ -98,14 +91,13 @@ class TrainingDiverged(TandemError, FloatingPointError):
 
 
 def first_line(exc: BaseException | str, limit: int | None = 200) -> str:
-    """The first line of ``exc``'s message (or of a message itself; at most ``limit``
-    characters, ``None``: all), for one-line errors; the exception's type name when the
-    message is empty."""
+    """The first line (at most ``limit`` characters) of ``exc``'s message or of a message;
+    the type's name when empty."""
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
 
 
 def quoted(exc: BaseException) -> str:
-    """The first line of ``exc``'s message with its parameters still marked (:func:`param`),
-    for the message of an error that quotes it: the command line then words both alike."""
+    """The first line of ``exc``'s message with its parameters still marked, for an error
+    that quotes it."""
     return first_line(getattr(exc, "marked", None) or exc)

@@ -1,11 +1,8 @@
-"""``package.module:function`` references: a model or data set of the user's own, by name.
+"""``package.module:function`` references (``-a pkg.mod:make_net``, ``--data pkg.mod:load``): a
+model or data set of the user's own, by name, imported again by eval, resume and every rank.
 
-``-a pkg.mod:make_net`` and ``--data pkg.mod:load`` name a function; the run's config keeps
-the string, so ``tandem eval``, ``--resume`` and every rank of a launch import it again. The
-current directory goes first on ``sys.path``, as with ``python -m``, so ``examples.x:f`` works
-from a repository's root. A reference that does not import, names nothing, or cannot be called
-with what tandem offers is one line naming it (:class:`~tandem.errors.UsageError`); an error
-raised *inside* the function is the user's code's and keeps its traceback.
+The current directory goes first on ``sys.path``, as with ``python -m``. A reference that fails
+to import or call is one line; an error raised *inside* the function keeps its traceback.
 """
 
 from __future__ import annotations
@@ -21,8 +18,6 @@ from typing import Callable
 from tandem.errors import UsageError, a, first_line
 from tandem.suggest import did_you_mean
 
-__all__ = ["is_reference", "rebuildable", "names_module", "resolve", "call"]
-
 _NAME = r"[A-Za-z_]\w*"
 _REFERENCE = re.compile(rf"^{_NAME}(\.{_NAME})*:{_NAME}(\.{_NAME})*$")
 
@@ -33,14 +28,13 @@ def is_reference(text) -> bool:
 
 
 def rebuildable(reference: str) -> bool:
-    """False for a reference to one of torch's own classes (``torch.nn...:Sequential``), as
-    ``tandem.fit`` records a model it was handed: its layers are not in its name."""
+    """False for one of torch's own classes (``torch.nn...:Sequential``, as ``tandem.fit``
+    records a model it was handed): its layers are not in its name."""
     return not (is_reference(reference) and reference.split(".", 1)[0].split(":")[0] == "torch")
 
 
 def _cwd_on_path() -> str:
-    """Put the current directory first on ``sys.path`` (what ``python -m`` does; the
-    ``tandem`` script alone would not); return it."""
+    """Put the current directory first on ``sys.path`` (as ``python -m`` does); return it."""
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -61,21 +55,21 @@ def names_module(name: str) -> bool:
 def _import(module_name: str, reference: str, what: str):
     if module_name == "__main__":
         raise UsageError(f"{what} '{reference}' was defined in a script run as __main__, "
-                         f"which cannot be imported again: move it into a module and name it "
-                         f"as module:function")
+                         f"which cannot be imported again",
+                         hint="move it into a module and name it as module:function")
     cwd = _cwd_on_path()
     try:
         return importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or anything the module raised while importing
-        hint = ""
+        hint = None
         if isinstance(exc, ModuleNotFoundError) and exc.name and (
                 exc.name == module_name or module_name.startswith(exc.name + ".")):
             # the module named (or its package), not one that it imports
-            hint = (f" (modules are looked for in the current directory, {cwd}, and on "
+            hint = (f"modules are looked for in the current directory, {cwd}, and on "
                     f"PYTHONPATH: run tandem from the directory that holds "
-                    f"{module_name.split('.')[0]}, or add that directory to PYTHONPATH)")
+                    f"{module_name.split('.')[0]}, or add that directory to PYTHONPATH")
         raise UsageError(f"{what} '{reference}': importing {module_name} failed: "
-                         f"{type(exc).__name__}: {first_line(exc)}{hint}") from None
+                         f"{type(exc).__name__}: {first_line(exc)}", hint=hint) from None
 
 
 def resolve(reference: str, what: str) -> Callable:
@@ -97,8 +91,8 @@ def resolve(reference: str, what: str) -> Callable:
 
 def call(reference: str, fn: Callable, what: str, *, offered: dict | None = None,
          required: dict | None = None):
-    """``fn(**kwargs)``: the ``offered`` keywords (not None) that its signature takes, and every
-    ``required`` one. Arguments that do not fit are one line naming ``reference``."""
+    """``fn(**kwargs)``: the ``offered`` keywords (not None) its signature takes, and every
+    ``required`` one; arguments that do not fit are one line naming ``reference``."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin without a signature: offer nothing

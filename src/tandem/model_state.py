@@ -1,10 +1,6 @@
-"""A model's plain state dict, whatever wraps it, and loading one back with a clear report.
-
-The one home of "unwrap": strategies save and load through these (``Strategy.state_dict``,
-``Strategy.load_state_dict``), and so does the library's ``checkpoint.save(path, model)``.
-A wrapper that splits layers (hybrid) answers ``plain_state_dict`` / ``load_plain_state_dict``;
-any other is followed through ``.module`` (DataParallel, DDP, torch.compile's is handled by
-its state-dict hooks).
+"""A model's plain state dict, whatever wraps it, and loading one back with a clear report: the
+one home of "unwrap". A wrapper that splits layers (hybrid) answers ``plain_state_dict`` and
+``load_plain_state_dict``; any other is followed through ``.module``.
 """
 
 from __future__ import annotations
@@ -14,8 +10,6 @@ from torch import nn
 
 from tandem.errors import first_line
 from tandem.state_keys import strip_wrappers
-
-__all__ = ["unwrap", "plain_state_dict", "load_plain_state_dict", "fit_report"]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -60,8 +54,8 @@ def _shape(t) -> str:
 
 
 def load_plain_state_dict(model: nn.Module, state: dict) -> None:
-    """Load a plain state dict into ``model`` or the model it wraps (strict). One that does
-    not fit is a ``ValueError`` whose one line says what is missing, extra or misshapen."""
+    """Load a plain state dict into the model ``model`` wraps (strict); a misfit is a
+    ``ValueError`` saying in one line what is missing, extra or misshapen."""
     report = fit_report(state, plain_state_dict(model))
     if report:
         raise ValueError(report)

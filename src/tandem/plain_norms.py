@@ -1,14 +1,8 @@
 """The norm of a parameter as the plain model sees it, whatever a strategy split it into.
 
-Gradient clipping takes the norm of the whole model's gradient; LARS and LAMB take, for each
-layer, the norms of its weight and of its update. A strategy that cuts a layer into blocks
-(``hybrid``'s shards on several devices of one process, ``hybrid-ddp``'s blocks on several
-processes) must sum each block's squares into its layer's before any square root, or a norm
-is a block's and the update is not the one device's. :class:`PlainNorms` is that sum, and
-strategies provide it (``Strategy.plain_norms``): the optimizer's parameters, which plain
-parameter each is a piece of, and which plain parameters lie on several processes (their
-sums go through one ``reduce``, the processes' sum). A parameter every process holds whole
-(a replica's, after DDP's reduction of its gradient) is counted once, never summed over them.
+Gradient clipping, LARS and LAMB take norms of whole layers: a strategy that cuts a layer into
+blocks (``hybrid``, ``hybrid-ddp``) must sum the blocks' squares before any square root, or the
+update is not the one device's. Strategies provide that sum (``Strategy.plain_norms``).
 """
 
 from __future__ import annotations
@@ -17,19 +11,14 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-__all__ = ["PlainNorms"]
-
 
 class PlainNorms:
-    """Squared norms of tensors shaped like the optimizer's parameters (their gradients, the
-    weights, an update), one per *plain* parameter.
+    """Squared norms of tensors shaped like the optimizer's ``params``, one per *plain*
+    parameter: ``owners[i]``, the one ``params[i]`` is a piece of; ``spread``, those whose
+    pieces lie on several processes, summed by ``reduce`` (in place or returned).
 
-    ``params``: the trainable parameters as the optimizer holds them; ``owners[i]``: the
-    index of the plain parameter ``params[i]`` is a piece of (default: each its own);
-    ``spread``: the plain parameters whose pieces lie on several processes, summed over them
-    by ``reduce`` (in place or returned); ``device``: where the sums are made (default: the
-    first parameter's). Every process must call it alike when ``spread`` is not empty: one
-    ``reduce`` per call, whatever the number of tensor lists.
+    Warning: with ``spread``, every process must call it alike (one ``reduce`` per call). A
+    parameter every process holds whole is counted once, never summed over them.
     """
 
     def __init__(self, params: Iterable[torch.Tensor], owners: Sequence[int] | None = None, *,
@@ -50,8 +39,7 @@ class PlainNorms:
 
     def _plain(self, params: Sequence[torch.Tensor],
                tensor_lists: Sequence[Sequence[torch.Tensor | None]]) -> torch.Tensor:
-        """``(lists, plain parameters)``: each list's squares summed into the plain
-        parameters (float64, on :attr:`device`), reduced over the processes once."""
+        """``(lists, plain parameters)`` float64 sums of squares, reduced over processes once."""
         index = torch.tensor([self._owner[id(p)] for p in params], dtype=torch.long,
                              device=self.device)
         rows = []
@@ -72,10 +60,9 @@ class PlainNorms:
 
     def squares(self, params: Sequence[torch.Tensor],
                 *tensor_lists: Sequence[torch.Tensor | None]) -> list[list[torch.Tensor]]:
-        """For each list of tensors (one per parameter of ``params``, ``None`` counting 0),
-        each tensor's plain parameter's squared norm: a float64 0-dim tensor on that
-        parameter's device. ``params`` must hold every piece of the plain parameters it
-        touches (a layer's blocks are summed only over what is given)."""
+        """For each list of tensors (one per parameter, ``None`` counting 0), each one's plain
+        parameter's squared norm, float64 on that parameter's device (``params`` must hold
+        every piece of the plain parameters it touches)."""
         params = list(params)
         plain = self._plain(params, tensor_lists)
         owners = [self._owner[id(p)] for p in params]
@@ -83,13 +70,12 @@ class PlainNorms:
 
     def total(self, params: Sequence[torch.Tensor],
               tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
-        """The whole model's squared norm of ``tensors`` (one per parameter of ``params``):
-        each plain parameter counted once, float64 on :attr:`device`."""
+        """The whole model's squared norm of ``tensors`` (one per parameter), float64."""
         return self._plain(list(params), [list(tensors)])[0].sum()
 
 
 def _square(t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """``t``'s squared 2-norm in float64 on ``device`` (0 for ``None`` or an empty block)."""
+    """``t``'s squared 2-norm, float64 on ``device`` (0 for ``None`` or an empty block)."""
     if t is None or t.numel() == 0:
         return torch.zeros((), dtype=torch.float64, device=device)
     return t.detach().double().square().sum().to(device)

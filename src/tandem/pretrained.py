@@ -1,7 +1,5 @@
-"""``--pretrained FILE``: start a model from published weights. Nothing is ever downloaded.
-
-``FILE`` is a torchvision state dict or any checkpoint :func:`tandem.checkpoint.load` reads.
-Only the final classifier may differ (in outputs): it then keeps its fresh initialisation.
+"""``--pretrained FILE``: start a model from a torchvision state dict or any checkpoint (nothing
+is downloaded). Only the final classifier may differ (in outputs): it then stays fresh.
 """
 
 from __future__ import annotations
@@ -16,15 +14,11 @@ from .config import NO_WEIGHTS_FILE
 from .errors import TandemError, param
 from .model_state import load_plain_state_dict, plain_state_dict
 
-__all__ = ["load_pretrained", "PretrainedError", "NO_FILE"]
-
 NO_FILE = NO_WEIGHTS_FILE  # one wording, kept with the flag's check
 
 
 class PretrainedError(TandemError, ValueError):
-    """The weights file does not fit the model; the message names the file and the layer.
-
-    A :class:`TandemError`, so the CLI reports it as one line and exit status 2."""
+    """The weights file does not fit the model; the message names the file and the layer."""
 
 
 def _shape(t) -> str:
@@ -32,8 +26,8 @@ def _shape(t) -> str:
 
 
 def load_pretrained(model: nn.Module, path: str, arch: str = "the model", strategy=None) -> str:
-    """Load the weights in ``path`` into ``model`` (plain or wrapped; with ``strategy``, what
-    its ``setup`` returned, read and loaded by it); return one line saying what loaded."""
+    """Load the weights in ``path`` into ``model`` (with ``strategy``: what its ``setup``
+    returned, loaded by it); return one line saying what loaded."""
     if not path:
         raise PretrainedError(NO_FILE)
     if Path(path).is_dir():

@@ -1,11 +1,7 @@
 """A wrapper's prefix in state-dict keys (``module.``, ``_orig_mod.``): dropped on save, put back
-on load, stripped from what others saved. The one home of that renaming, for wrappers
-(:func:`register_plain_keys`), plain model state (``tandem.model_state``) and checkpoint readers
-(``tandem.checkpoint.compat``) alike.
-
-It imports nothing from tandem or torch, so every layer may use it. Prefixes end with a dot.
-torch's ``consume_prefix_in_state_dict_if_present`` renames in place and moves the renamed keys
-after the others; these copy and keep the order, ``_metadata`` included.
+on load, stripped from what others saved; the one home of that renaming. It imports nothing
+from tandem or torch. Unlike torch's ``consume_prefix_in_state_dict_if_present`` these copy and
+keep the order, ``_metadata`` included. Prefixes end with a dot.
 """
 
 from __future__ import annotations
@@ -13,14 +9,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from functools import partial
 
-__all__ = ["strip_prefix", "replace_prefix", "strip_wrappers", "register_plain_keys", "WRAPPER"]
-
 WRAPPER = "module."  # DataParallel / DistributedDataParallel keep the model in ``.module``
 
 
 def _moved(key, old: str, new: str):
-    """``key`` with ``old`` in front replaced by ``new``. ``old`` less its dot is a module path
-    in ``_metadata`` (the wrapped module itself): it becomes ``new`` less its dot."""
+    """``key`` with ``old`` in front replaced by ``new`` (``old`` less its dot, a ``_metadata``
+    module path, becomes ``new`` less its dot)."""
     if not isinstance(key, str):
         return key
     if key + "." == old:
@@ -43,8 +37,7 @@ def _rename_state(state: dict, old: str, new: str) -> None:
 
 
 def replace_prefix(state: dict, old: str, new: str) -> dict:
-    """A copy of ``state`` whose keys that start with ``old`` start with ``new`` instead, in
-    the same order; its ``_metadata`` (copied) is renamed alike. ``state`` is left as it was."""
+    """A copy of ``state`` (``_metadata`` too) with ``old`` in front of keys replaced by ``new``."""
     out = OrderedDict(state)
     if getattr(state, "_metadata", None) is not None:
         out._metadata = OrderedDict(state._metadata)
@@ -53,20 +46,14 @@ def replace_prefix(state: dict, old: str, new: str) -> dict:
 
 
 def strip_prefix(state: dict, prefix: str) -> dict:
-    """A copy of ``state`` without ``prefix`` in front of the keys that have it (``_metadata``
-    too). Keys without it are kept, so a caller that wants all-or-nothing checks first."""
+    """A copy of ``state`` without ``prefix`` in front of the keys that have it (others kept)."""
     return replace_prefix(state, prefix, "")
 
 
 def strip_wrappers(state: dict, *, nested: bool = True) -> dict:
-    """``state`` without the :data:`WRAPPER` path components that DataParallel/DDP wrappers put
-    in its keys (a copy when any is dropped; ``state`` itself when none is).
-
-    ``P.module.`` is a wrapper only when *every* key under ``P.`` goes through it (a model's
-    own submodule called ``module`` among others stays). ``nested=False`` strips only at the
-    front, while every key has it (what a wrapped model saves): a model's own state keeps a
-    deeper ``module`` path its ``load_state_dict`` expects.
-    """
+    """``state`` without the :data:`WRAPPER` components DataParallel/DDP put in its keys (a copy
+    when any is dropped). ``P.module.`` is one only when *every* key under ``P.`` goes through
+    it; ``nested=False`` strips only at the front (a model's own deeper ``module`` stays)."""
     if not nested:
         while state and all(isinstance(k, str) and k.startswith(WRAPPER) for k in state):
             state = strip_prefix(state, WRAPPER)
@@ -89,15 +76,15 @@ def _save_plain(inner: str, module, state_dict, prefix, local_metadata) -> None:
 
 
 def _load_plain(inner: str, module, state_dict, prefix, *args) -> None:
-    """load_state_dict pre-hook: accept ``<prefix>x`` for ``<prefix><inner>x``. The metadata is
-    left alone: load_state_dict shares it with the caller's dict."""
+    """load_state_dict pre-hook: accept ``<prefix>x`` for ``<prefix><inner>x`` (metadata alone:
+    it is the caller's)."""
     for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + inner)]:
         state_dict[prefix + inner + key[len(prefix):]] = state_dict.pop(key)
 
 
 def register_plain_keys(module, attribute: str) -> None:
-    """Make ``module``, which keeps the wrapped model in ``module.<attribute>``, save the wrapped
-    model's keys (no ``<attribute>.``) and load them as well as its own prefixed ones."""
+    """Make ``module``, which wraps a model in ``module.<attribute>``, save the wrapped model's
+    keys and load them as well as its own prefixed ones."""
     inner = attribute + "."
     # partials of module-level functions, so a wrapper with these hooks still pickles
     module.register_state_dict_post_hook(partial(_save_plain, inner))

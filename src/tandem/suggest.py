@@ -1,22 +1,16 @@
-"""Did you mean: the names that look like a mistyped one. The one helper behind every one-line
-error that names what was typed and was not known: a model, a ``tandem.fit`` setting, a data
-set, a factory's function, a command-line flag."""
+"""Did you mean: the names that look like a mistyped one (a model, a setting, a data set, a
+factory's function, a flag)."""
 
 from __future__ import annotations
 
 import difflib
 import re
 
-__all__ = ["closest_names", "did_you_mean"]
-
 
 def closest_names(name: str, names: list[str], limit: int = 3) -> list[str]:
-    """Up to ``limit`` of ``names`` that look like ``name`` (difflib), best first.
-
-    Case, ``_`` and ``-`` are ignored (``ResNet_18`` is ``resnet18``); names scoring within
-    0.1 of the best are kept (only the best when it differs from ``name`` in just those),
-    ties going to the nearer depth (``cifar_resnet21``: ``cifar_resnet20`` first).
-    """
+    """Up to ``limit`` of ``names`` that look like ``name`` (difflib, ignoring case, ``_`` and
+    ``-``), best first: those within 0.1 of the best (the best alone when exact), ties to the
+    nearer depth (``cifar_resnet21``: ``cifar_resnet20`` first)."""
     def plain(s: str) -> str:
         return re.sub(r"[_\-]", "", s.lower())
 
@@ -39,8 +33,7 @@ def closest_names(name: str, names: list[str], limit: int = 3) -> list[str]:
 
 
 def did_you_mean(name: str, names: list[str], limit: int = 3) -> str:
-    """``": did you mean a, b or c?"`` for :func:`closest_names`, or ``""`` when none is
-    close."""
+    """``": did you mean a, b or c?"`` for :func:`closest_names`, or ``""``."""
     close = closest_names(name, names, limit)
     if not close:
         return ""

@@ -1,17 +1,10 @@
-"""Reading checkpoints that other programs wrote, chiefly the PyTorch imagenet example.
-
-:func:`normalise` strips DataParallel's ``module.`` from keys (``tandem.state_keys``), and makes ``best_acc1`` (or the
-older ``best_prec1``) a float; :mod:`tandem.checkpoint` calls it on every file it reads.
-"""
+"""Reading checkpoints that other programs wrote, chiefly the PyTorch imagenet example."""
 
 from __future__ import annotations
 
 import torch
 
 from tandem.state_keys import strip_wrappers
-
-__all__ = ["normalise", "best_accuracy", "foreign_scheduler", "final_layer",
-           "is_tandem", "tandem_scheduler"]
 
 # A scheduler's class, told from the keys of its state dict (first match wins).
 _SCHEDULER_KEYS = (
@@ -39,8 +32,7 @@ def best_accuracy(ckpt: dict) -> float | None:
 
 
 def tandem_scheduler(ckpt: dict) -> dict | None:
-    """tandem's own per-step schedule state: ``tandem_scheduler``, or ``scheduler`` in files
-    written before that key existed (a LambdaLR state, with ``lr_lambdas``)."""
+    """tandem's per-step schedule state: ``tandem_scheduler`` (older files: ``scheduler``)."""
     if not is_tandem(ckpt):
         return None
     state = ckpt.get("tandem_scheduler")
@@ -51,9 +43,7 @@ def tandem_scheduler(ckpt: dict) -> dict | None:
 
 
 def foreign_scheduler(ckpt: dict) -> str | None:
-    """The kind of a scheduler state tandem cannot load (another program's), else ``None``.
-
-    tandem's own files are never foreign: their ``scheduler`` is an epoch view for others."""
+    """The kind of another program's scheduler state, which tandem cannot load, else None."""
     state = ckpt.get("scheduler")
     if not isinstance(state, dict) or is_tandem(ckpt):
         return None
@@ -74,7 +64,8 @@ def final_layer(state: dict) -> tuple[str, int] | None:
 
 
 def normalise(ckpt: dict) -> dict:
-    """A checkpoint dict with plain model keys and ``best_acc1`` a float (or ``None``)."""
+    """A checkpoint dict with plain model keys (no ``module.``) and ``best_acc1`` (or the older
+    ``best_prec1``) a float or None; every file read goes through it."""
     ckpt = dict(ckpt)
     ckpt["state_dict"] = strip_wrappers(ckpt["state_dict"])
     if "best_acc1" in ckpt or "best_prec1" in ckpt:

@@ -1,7 +1,5 @@
-"""Writing a checkpoint atomically and reading one safely.
-
-:func:`save` stores only plain data, fsyncs a temporary file and renames it onto ``path``, so an
-interrupted save leaves the previous checkpoint intact. :func:`load` uses ``weights_only=True``.
+"""Writing a checkpoint atomically (an interrupted save leaves the previous one intact) and
+reading one with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -26,11 +24,7 @@ from tandem.model_state import load_plain_state_dict, plain_state_dict
 from . import compat
 from .rng import capture_rng
 
-__all__ = ["FORMAT", "save", "load", "load_optimizer_state", "load_weights"]
-
 FORMAT = "tandem.checkpoint/1"
-
-
 _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
             torch.Size)
 
@@ -60,7 +54,7 @@ def _plain(obj: Any, where: str) -> Any:
                     f"tensor, number, string or plain container")
 
 
-def _state_of(obj: Any) -> Any:
+def _state_of(obj: Any) -> Any:  # an optimizer or scheduler, or its state dict
     return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
 
 
@@ -78,7 +72,7 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
         "epoch": epoch, "arch": arch,
         "best_acc1": None if best_acc1 is None else torch.tensor(float(best_acc1)),
         "state_dict": dict(model) if isinstance(model, Mapping) else plain_state_dict(model),
-        "optimizer": None if optimizer is None else _state_of(optimizer),  # or its state dict
+        "optimizer": None if optimizer is None else _state_of(optimizer),
         "scheduler": None if scheduler is None else _state_of(scheduler),
     }
     if rng is True:
@@ -114,11 +108,8 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
 
 
 def _create_temp(path: Path) -> tuple[int, str]:
-    """A new, empty temporary file beside ``path``, opened for writing.
-
-    Created with mode 0666 less the umask, as ``open()`` makes ``config.json``: ``mkstemp``
-    would give 0600, and teammates on a shared cluster could not read the checkpoint.
-    """
+    """A new temporary file beside ``path``, mode 0666 less the umask (``mkstemp``'s 0600
+    would hide the checkpoint from teammates on a shared cluster)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     for _ in range(100):
         tmp = os.path.join(path.parent, f".{path.name}.{secrets.token_hex(6)}.tmp")
@@ -184,11 +175,9 @@ def _read(path: Path, map_location) -> dict:
 
 
 def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu") -> dict:
-    """Read a checkpoint safely; load it into ``model`` and ``optimizer`` when given.
-
-    Takes tandem, imagenet-example and bare state dicts (:mod:`tandem.checkpoint.compat`).
-    RNG states are *not* restored here (call :func:`restore_rng` with ``ckpt["rng"]``).
-    """
+    """Read a checkpoint safely (tandem's, the imagenet example's, a bare state dict); load it
+    into ``model`` and ``optimizer`` when given. RNG states are *not* restored here
+    (:func:`restore_rng` with ``ckpt["rng"]``)."""
     path = Path(path)
     ckpt = _read(path, map_location)
     if model is not None:
@@ -200,8 +189,8 @@ def load(path, model: nn.Module | None = None, optimizer=None, map_location="cpu
 
 def load_weights(model: nn.Module, state: dict, path,
                  load: Callable[[nn.Module, dict], None] = load_plain_state_dict) -> None:
-    """``load(model, state)`` (by default into the plain model inside ``model``); a state from
-    ``path`` that does not fit is a :class:`CheckpointError` naming the file."""
+    """``load(model, state)`` (default: into the plain model); a misfit is a
+    :class:`CheckpointError` naming ``path``."""
     try:
         load(model, state)
     except ValueError as exc:
@@ -209,7 +198,7 @@ def load_weights(model: nn.Module, state: dict, path,
 
 
 def reason(exc: BaseException) -> str:
-    """A short one-line reason from a (possibly long, multi-line) exception message."""
+    """A short one-line reason from a (possibly long) exception message."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     for ln in lines:  # torch's weights_only refusal hides the reason among advice
         low = ln.lower()
@@ -223,9 +212,8 @@ def reason(exc: BaseException) -> str:
 
 
 def load_optimizer_state(optimizer, ckpt: dict, path, load: Callable | None = None) -> None:
-    """Load ``ckpt``'s optimizer state (read from ``path``) into ``optimizer``, if it has one;
-    ``load(state)`` loads it instead of ``optimizer.load_state_dict`` (a strategy's, for
-    the plain layout checkpoints hold)."""
+    """Load ``ckpt``'s optimizer state, if any, into ``optimizer`` (or by ``load(state)``: a
+    strategy's, for the plain layout checkpoints hold)."""
     if ckpt.get("optimizer") is None:
         return
     try:

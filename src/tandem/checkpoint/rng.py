@@ -8,8 +8,6 @@ import numpy as np
 import torch
 from tandem.errors import UsageError
 
-__all__ = ["capture_rng", "restore_rng"]
-
 
 def _own_cuda(device) -> int:
     """The CUDA device a process trains on (``device``'s index; else the current one)."""
@@ -20,9 +18,8 @@ def _own_cuda(device) -> int:
 
 
 def capture_rng(device=None) -> dict:
-    """Every RNG state a training run uses; CUDA's only when CUDA is already initialised.
-    ``device``: the one the process trains on (default: the current CUDA device), whose
-    generator a resumed process takes as its own (see :func:`restore_rng`)."""
+    """Every RNG state a run uses (CUDA's when initialised); ``device``: the one it trains on,
+    whose generator a resumed process takes as its own."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, py_state, gauss_next = random.getstate()
     state = {
@@ -39,8 +36,7 @@ def capture_rng(device=None) -> dict:
 
 
 def restore_rng(state: dict, device=None) -> None:
-    """Restore what :func:`capture_rng` captured; missing parts are left alone. ``device``:
-    the one this process trains on (default: the current CUDA device)."""
+    """Restore what :func:`capture_rng` captured (missing parts left alone) for ``device``."""
     if not isinstance(state, dict):
         raise UsageError(f"RNG state must be a dict, got {type(state).__name__}")
     if "torch" in state:
@@ -57,10 +53,8 @@ def restore_rng(state: dict, device=None) -> None:
     if cuda and torch.cuda.is_available():
         for i, s in enumerate(cuda[:torch.cuda.device_count()]):
             torch.cuda.set_rng_state(s, i)
-        # this process's own device takes the saver's own device's state: a ddp rank r runs
-        # on cuda:r, and rank 0 (the saver) on cuda:0, whose generator went where rank r's
-        # did (every rank is seeded alike); rank 0's cuda:r generator was never used. The
-        # same holds between strategies: a single run on cuda:1 resumed by ranks on cuda:1,2
+        # this process's own device takes the saver's own device's state: rank 0 saves from
+        # cuda:0, whose generator went where rank r's on cuda:r did (all seeded alike)
         saver = state.get("cuda_current")
         if saver is not None and saver < len(cuda):
             torch.cuda.set_rng_state(cuda[saver], _own_cuda(device))

@@ -1,142 +1,34 @@
 """``tandem bench``: time training steps of several strategies side by side.
 
-The race's flags come from the fields of :class:`tandem.bench.BenchConfig`; ``-j`` from
-:class:`tandem.config.DataConfig`.
-
-Example::
-
-    tandem bench --arch cifar_resnet20 --strategies single,dp,balanced --devices cpu:2 \\
-        --batch-size 64 --steps 20
-    tandem bench -a resnet50 --image-size 112 -b 16 --strategies single --devices cpu \
-        --baselines none --variants fp32,cl,amp,amp+cl --compile  # bf16 and NHWC on the CPU
-    tandem bench -a alexnet --devices cpu:2 --strategies single,ddp -b 8 --image-size 64 \
-        --explain --link-rate 100mbit  # ddp and hybrid-ddp side by side, and a slow link's cost
-    tandem bench --data runs/jpegs --image-size 224 -j 2 --json loader.json  # input pipeline
-    tandem bench --data runs/jpegs -a resnet18 --image-size 64 -b 32 -j 1  # fed vs unfed
-    tandem bench --data runs/jpegs -a resnet50 -b 256 -j 14 --devices cuda --amp --decode gpu
+A thin command over the harness beside the library, :mod:`tandem_bench` (its flags, examples
+and what it runs: :mod:`tandem_bench.cli`), which training never imports.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from tandem.bench import explain, format_table, run_bench, run_setup, write_json
-from tandem.bench.fed import format_fed_table, run_fed_bench
-from tandem.bench.link import plan_link
-from tandem.bench.loader_bench import format_loader_table, run_loader_bench
-from tandem.bench.options import BASELINES, BenchConfig
-from tandem.bench.report import planned_vs_measured
-from tandem.config import DataConfig
 from tandem.errors import UsageError
-from tandem.models import create_model
-from tandem.strategies.auto import planned_bytes, planned_process_bytes
 
-from .common import add_config_arguments, config_from_args, given_fields
+__all__ = ["add_parser"]
 
-__all__ = ["add_parser", "run"]
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-
-    p = subparsers.add_parser(
-        "bench", help="time training steps of strategies and torch baselines side by side",
-        description="Warm up, then time full training steps (forward, loss, backward, SGD) on "
-                    "synthetic data, interleaving the strategies round by round.")
-    # The baselines' default shown as the comma list the flag takes.
-    add_config_arguments(p, BenchConfig, defaults={"baselines": ",".join(BASELINES)})
-    data = p.add_argument_group("input pipeline (--data)")
-    data.add_argument("--data", metavar="DIR", default=None,
-                      help="an ImageFolder directory: time tandem's input pipeline on it, next "
-                           "to a torchvision-style Pillow reference; with --arch, race the "
-                           "train loop fed by it (fed) against the loader and the step alone")
-    add_config_arguments(data, DataConfig, only=("workers", "decode"))
-    p.add_argument("--json", metavar="PATH", default=None,
-                   help="write every field as JSON to PATH ('-' for stdout)")
-    p.add_argument("--explain", action="store_true",
-                   help="print tandem.hybrid's cost report for the model first, and the bytes "
-                        "each process sends a step under ddp and hybrid-ddp (with "
-                        "--link-rate: the time they take)")
-    p.set_defaults(func=run)
-    return p
+    try:
+        from tandem_bench import cli
+    except ModuleNotFoundError as exc:  # the harness not installed: the command says so
+        if exc.name != "tandem_bench":
+            raise
+        # every argument taken as typed ('\0' prefixes no flag), to reach the one-line error
+        p = subparsers.add_parser("bench", help="time training steps (needs tandem_bench)",
+                                  add_help=False, prefix_chars="\0")
+        p.add_argument("typed", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_missing)
+        return p
+    return cli.add_parser(subparsers)
 
 
-def _run_data(args: argparse.Namespace) -> int:
-
-    # --steps and --warmup count passes here; not given, run_loader_bench's defaults apply.
-    given = given_fields(args)
-    if "decode" in given:
-        raise UsageError("--decode is the fed race's (--data DIR with -a ARCH): the loader "
-                         "bench alone decodes on the CPU")
-    passes = {key: getattr(args, name) for key, name in (("rounds", "steps"),
-                                                         ("warmup", "warmup")) if name in given}
-    if args.image_size:
-        passes["image_size"] = args.image_size
-    report = run_loader_bench(args.data, workers=args.workers, batch_size=args.batch_size,
-                              seed=args.seed, **passes)
-    print(format_loader_table(report), file=sys.stderr if args.json == "-" else sys.stdout)
-    if args.json:
-        write_json(report, args.json)
-    return 0
-
-
-def _run_fed(args: argparse.Namespace) -> int:
-    """``--data DIR -a ARCH``: the train loop fed by the loader against each alone."""
-
-    config = config_from_args(BenchConfig, args)
-    if config.variants or config.compile or config.loop or config.handicap:
-        raise UsageError("--data with --arch races loader, step and fed on one device: leave "
-                         "out --variants, --compile, --loop and --handicap (use --amp and "
-                         "--channels-last)")
-    given = given_fields(args)
-    passes = {key: getattr(args, name) for key, name in (("rounds", "steps"),
-                                                         ("warmup", "warmup")) if name in given}
-    report = run_fed_bench(config, args.data, workers=args.workers, decode=args.decode,
-                           **passes)
-    print(format_fed_table(report), file=sys.stderr if args.json == "-" else sys.stdout)
-    if args.json:
-        write_json(report, args.json)
-    return 0
-
-
-def _planned(config, report: dict) -> str:
-    """The bytes the plans predict: the one-process strategies' between devices, the
-    multi-process ones' that each process sends (the torchrun phase's, one per device)."""
-    model = create_model(config.arch, num_classes=config.num_classes)
-    planned = planned_bytes(model, config.device_list, config.batch_size, config.image_size)
-    if planned:
-        planned.update(planned_process_bytes(model, config.batch_size, len(config.device_list)))
-    return planned_vs_measured(report, planned)
-
-
-def run(args: argparse.Namespace) -> int:
-
-    if args.data is not None:
-        return _run_data(args) if args.arch is None else _run_fed(args)
-    if args.arch is None:
-        raise UsageError("bench needs --arch (or --data DIR to time the input pipeline)")
-    config = config_from_args(BenchConfig, args)
-    # With --json - the JSON owns stdout, so the table goes to stderr.
-    out = sys.stderr if args.json == "-" else sys.stdout
-    if args.explain:
-
-        model = create_model(config.arch, num_classes=config.num_classes)
-        spec = config.handicap_spec()  # per-sample times of a handicap: 1, or F for device I
-        per_sample = None if spec is None else [
-            spec[1] if i == spec[0] else 1.0 for i in range(len(config.device_list))]
-        print(explain(model, config.device_list, config.batch_size, config.image_size,
-                      config.ideal_split(), per_sample), file=out)
-        link = plan_link(model, config.batch_size, config.processes())
-        print(link.report(config.link_bytes_per_s()), file=out)
-        print(run_setup(config.device_list, config.threads), file=out)
-        del model
-    report = run_bench(config)
-    print(format_table(report), file=out)
-    if args.explain:  # the plan's bytes next to the measured times, and the measured link
-        print(_planned(config, report), file=out)
-        measured = link.measured_line(report["link"]["rates_bytes_per_s"]["measured"],
-                                      len(config.device_list))
-        if measured:
-            print(measured, file=out)
-    if args.json:
-        write_json(report, args.json)
-    return 1 if any(r["status"] == "failed" for r in report["results"]) else 0
+def _missing(args: argparse.Namespace) -> int:
+    raise UsageError("tandem bench needs the benchmark harness (package tandem_bench), which "
+                     "is not installed", hint="install tandem from its repository with the "
+                     "harness beside it: pip install -e .")

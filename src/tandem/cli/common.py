@@ -23,10 +23,6 @@ from tandem.distributed.env import Environment, in_torchrun, is_main_process
 from tandem.errors import TandemError, first_line
 from tandem.suggest import did_you_mean
 
-__all__ = ["add_config_arguments", "command_parser", "config_from_args", "error_line",
-           "error_lines", "flag_for", "flag_of", "flagged", "given_fields", "tandem_warnings",
-           "ShowDefaults", "TandemParser"]
-
 _GIVEN = "given_fields"  # namespace attribute: the dests whose flag was typed
 # argparse's words for a value outside an argument's choices, and the quoted names in them
 _INVALID_CHOICE = re.compile(r"argument (.+?): invalid choice: '(.*?)' \(choose from (.*)\)$")
@@ -42,11 +38,8 @@ class _Recorded(argparse.Action):
 
 
 class ShowDefaults:
-    """Formatter mix-in: an option's help ends with ``(default: X)`` when it has a default.
-
-    Left alone: options that take no value (``--amp``), a default of ``None``, and help that
-    already says its default in words (``--dropout``: "default: the model's own").
-    """
+    """Formatter mix-in: an option's help ends with ``(default: X)``, except for options that
+    take no value, a ``None`` default, and help that says its default in words."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -57,8 +50,8 @@ class ShowDefaults:
 
 
 class TandemParser(argparse.ArgumentParser):
-    """``ArgumentParser`` whose help shows every default (:class:`ShowDefaults`), on top of
-    whatever ``formatter_class`` it is given; its subcommands' parsers are built the same way."""
+    """``ArgumentParser`` whose help shows every default (:class:`ShowDefaults`) and whose
+    errors are one line; its subcommands' parsers are built the same way."""
 
     def __init__(self, *args, formatter_class=argparse.HelpFormatter, **kwargs):
         if not issubclass(formatter_class, ShowDefaults):
@@ -72,8 +65,7 @@ class TandemParser(argparse.ArgumentParser):
         return self.commands
 
     def parse_args(self, args=None, namespace=None):
-        """argparse's, with arguments it does not know refused by the subcommand that got
-        them (:meth:`unrecognized`), not by ``tandem`` as a whole."""
+        """argparse's, with unknown arguments refused by the subcommand that got them."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             commands = getattr(self, "commands", None)
@@ -83,8 +75,7 @@ class TandemParser(argparse.ArgumentParser):
         return parsed
 
     def unrecognized(self, extras: list[str]):
-        """One line for arguments this parser does not know, with the closest flag of its
-        own for each mistyped flag (:func:`~tandem.suggest.did_you_mean`)."""
+        """One line for unknown arguments, with the closest flag for each mistyped one."""
         options = [o for o in self._option_string_actions if o.startswith("--")]
         hints = [f"{flag}{hint}" if len(extras) > 1 else hint.removeprefix(": ")
                  for flag in (e.split("=", 1)[0] for e in extras if e.startswith("-"))
@@ -93,9 +84,8 @@ class TandemParser(argparse.ArgumentParser):
                    + (f"; {'; '.join(hints)}" if hints else ""))
 
     def error(self, message: str):
-        """One line, as tandem's own errors are (not argparse's whole usage block), with
-        the hint a value starting with ``-`` needs, or the close names of a mistyped choice
-        (a subcommand: "unknown command"); exit status 2."""
+        """One line (not argparse's usage block), with the hint a value starting with ``-``
+        needs or the close names of a mistyped choice; exit status 2."""
         hint = ""
         if message.endswith("expected one argument"):
             hint = "; a value that starts with '-' is written --flag=VALUE (e.g. --split=-1,2)"
@@ -110,10 +100,8 @@ class TandemParser(argparse.ArgumentParser):
 
 
 def command_parser(modules: dict, *, version: str | None = None) -> TandemParser:
-    """The ``tandem`` parser with a subcommand per entry of ``modules`` (its name: a module whose
-    ``add_parser(subparsers)`` adds it and sets ``func``), and ``--version`` when given one.
-    Every subcommand's parser is a TandemParser too (argparse builds them with this class):
-    each option with a default shows it in --help."""
+    """The ``tandem`` parser: a subcommand per module of ``modules`` (whose
+    ``add_parser(subparsers)`` adds it and sets ``func``), and ``--version`` when given one."""
     parser = TandemParser(
         prog="tandem", description="Train convolutional networks on several devices at once."
     )
@@ -146,7 +134,7 @@ def given_fields(args: argparse.Namespace) -> frozenset[str]:
 
 def _value_type(annotation) -> type:
     """``int | None`` -> ``int``; ``tuple[str, ...]`` -> ``str`` (a comma list the dataclass
-    splits and checks); plain types pass through."""
+    splits and checks)."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) != 1:
@@ -159,9 +147,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | N
                          only: typing.Iterable[str] | None = None,
                          defaults: dict | None = None) -> None:
     """Add one flag per field of ``cls`` (or of ``only``); ``defaults`` overrides field defaults.
-
-    Fields outside ``__init__`` get none. A bool field's flag sets the opposite of its default.
-    """
+    Fields outside ``__init__`` get none; a bool field's flag sets the opposite of its default."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(title) if title else parser
     wanted = set(only) if only is not None else None
@@ -190,21 +176,17 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, title: str | N
 
 def config_from_args(cls, args: argparse.Namespace, **overrides):
     """Build ``cls`` from the attributes of ``args`` named like its fields (absent: default)."""
-    values = {}
-    for f in dataclasses.fields(cls):
-        if hasattr(args, f.name):
-            values[f.name] = getattr(args, f.name)
-    values.update(overrides)
-    return cls(**values)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+              if hasattr(args, f.name)}
+    return cls(**{**values, **overrides})
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _LogLines(logging.Handler):
-    """tandem's log records as bare lines: INFO on stdout (stderr with ``to_stderr``), in the
-    main process only (under torchrun every rank loads the data); WARNING and above on stderr
-    in every process, as Python prints them without a handler."""
+    """tandem's log records as bare lines: INFO on stdout (``to_stderr``: stderr) in the main
+    process only; WARNING and above on stderr in every process."""
 
     def __init__(self, to_stderr: bool):
         super().__init__()
@@ -224,12 +206,9 @@ class _LogLines(logging.Handler):
 
 @contextlib.contextmanager
 def tandem_warnings(*, notes_to_stderr: bool = False):
-    """Show tandem's own warnings as one line, ``tandem: warning: ...``, while the block runs,
-    and its log lines (``tandem.*`` loggers, e.g. how an ImageFolder was split) as bare lines,
-    on stdout unless ``notes_to_stderr`` (when stdout is for JSON).
-
-    Other packages' warnings keep their file and line; everything is restored on exit.
-    """
+    """While the block runs, tandem's warnings as ``tandem: warning: ...`` lines and its log
+    lines bare, on stdout unless ``notes_to_stderr`` (stdout is for JSON); other packages'
+    warnings keep their file and line."""
     default = warnings.formatwarning
 
     def short(message, category, filename, lineno, line=None):

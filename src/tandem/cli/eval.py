@@ -1,11 +1,8 @@
 """``tandem eval --resume PATH``: validate a checkpoint and print its loss and accuracy.
 
-Architecture, data settings, image size, loss, precision (``--amp``) and seed come from the
-checkpoint; a flag given here overrides them (``--no-amp``: float32), except ``-a``, which
-names the architecture of a file that names none (a bare state dict). A file from elsewhere
-is evaluated as the imagenet example does (plain cross-entropy at the size training's rule
-gives: an ImageFolder at the arch's native size, fixed-size data at its own), and one line
-says so.
+The run's settings come from the checkpoint and a flag given here overrides them; ``-a`` names
+the arch of a file that names none. A file from elsewhere is evaluated as the imagenet example
+does, and one line says so.
 """
 
 from __future__ import annotations
@@ -20,14 +17,11 @@ from tandem.distributed.env import Environment, in_torchrun
 from tandem.errors import UsageError
 from tandem.models import model_info
 from tandem.strategies import strategy_class
-
 from tandem.train.evaluate import evaluate
 from tandem.train.metrics import eval_scores
 from tandem.train.run import describe_compile
 
 from .common import add_config_arguments, config_from_args, tandem_warnings
-
-__all__ = ["add_parser"]
 
 _DATA_FLAGS = ("data", "image_size", "num_classes", "synthetic_size", "workers", "decode")
 
@@ -100,10 +94,8 @@ def run(args: argparse.Namespace) -> int:
     note, precision = result.pop("note"), result.pop("precision")
     if not result.pop("is_main"):
         return 0  # under ddp every rank validates its share; rank 0 reports the total
-    if note:  # on stderr with --json, so that stdout stays one JSON object
-        print(note, file=sys.stderr if to_stdout else sys.stdout)
-    if precision:
-        print(precision, file=sys.stderr if to_stdout else sys.stdout)
+    for line in filter(None, (note, precision)):  # on stderr with --json (stdout: the JSON)
+        print(line, file=sys.stderr if to_stdout else sys.stdout)
     if args.ema:
         result["ema"] = True  # the figures are the EMA's
     if to_stdout:
@@ -128,10 +120,11 @@ def _write_json(result: dict, path: str) -> None:
 
 
 def _check_launched(parallel: ParallelConfig, args: argparse.Namespace) -> None:
-    """A multi-process strategy outside torchrun: the ``tandem launch`` command that runs
-    this very ``eval`` (the strategy's own hint names ``train``)."""
+    """A multi-process strategy outside torchrun: refused with the ``tandem launch`` command
+    that runs this very ``eval``."""
     if in_torchrun(Environment.read()) or not strategy_class(parallel.strategy).multiprocess:
         return
     typed = " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or ["eval", "..."])
-    raise UsageError(f"--strategy {parallel.strategy} runs one process per device; run it "
-                     f"with `tandem launch --nproc-per-node N -- {typed}` or torchrun")
+    raise UsageError(f"--strategy {parallel.strategy} runs one process per device",
+                     hint=f"run it with `tandem launch --nproc-per-node N -- {typed}` or "
+                          "torchrun")

@@ -1,11 +1,8 @@
 """The imagenet example's own command line, as typed, on ``tandem train``.
 
-The positional ``DIR`` is ``--data DIR``, ``--gpu N`` is ``--devices cuda:N``,
-``--no-accel`` is ``--devices cpu`` and ``--dummy`` is ``--data synthetic``, for an ImageNet
-arch at its native size with 1000 classes, and without ``-a`` the example's default arch,
-resnet18: the example's ``--dummy`` whole (:func:`dummy_line` says so). The
-example's distributed flags are refused with the equivalent ``tandem launch`` command, and
-``--start-epoch`` because the epoch comes from ``--resume``.
+``DIR`` is ``--data DIR``, ``--gpu N`` ``--devices cuda:N``, ``--no-accel`` ``--devices cpu``
+and ``--dummy`` the example's (:func:`dummy_line`). Its distributed flags are refused with the
+equivalent ``tandem launch`` command, ``--start-epoch`` because ``--resume`` gives the epoch.
 """
 
 from __future__ import annotations
@@ -24,8 +21,6 @@ from tandem.strategies import strategy_names
 from tandem.train.settings import EXAMPLE_CLASSES, IMAGEFOLDER_ARCH
 
 from .common import add_config_arguments
-
-__all__ = ["add_example_arguments", "example_overrides", "dummy_line", "launch_command"]
 
 _DIST = ("dist_url", "dist_backend", "world_size", "rank", "multiprocessing_distributed")
 
@@ -106,8 +101,8 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
 
 
 def _dummy_shape(arch: str, given: set[str]) -> dict:
-    """The example's ``--dummy`` for an ImageNet ``arch``: its native image size and 1000
-    classes, each unless typed; nothing for another arch (tandem's synthetic data)."""
+    """The example's ``--dummy`` for an ImageNet ``arch``: its native size and 1000 classes,
+    each unless typed; nothing for another arch (tandem's synthetic data)."""
     if is_reference(arch) or model_info(arch).default_num_classes != EXAMPLE_CLASSES:
         return {}
     shape = {"image_size": model_info(arch).native_input_size, "num_classes": EXAMPLE_CLASSES}
@@ -115,9 +110,8 @@ def _dummy_shape(arch: str, given: set[str]) -> dict:
 
 
 def dummy_line(args: argparse.Namespace, cfg) -> str | None:
-    """The line saying what ``--dummy`` trains (``None``: not asked for, or not an ImageNet
-    arch): without ``-a`` the example's default arch, as its ``--dummy``; ``cfg``: the run's
-    config."""
+    """The line saying what ``--dummy`` trains in run config ``cfg`` (``None``: not asked for,
+    or not an ImageNet arch)."""
     arch, data = cfg.model.arch, cfg.data
     if not getattr(args, "dummy", False) or not _dummy_shape(arch, set()):
         return None
@@ -131,9 +125,8 @@ def dummy_line(args: argparse.Namespace, cfg) -> str | None:
 
 
 def _train_args(argv: list[str]) -> list[str]:
-    """``argv`` after ``train``, without the flags the launch command drops or replaces, found by
-    argparse from their own definitions (``--dist-ur X``, ``--gpu=0`` and ``--strat`` too): the
-    rest is what argparse leaves unknown, in the order typed."""
+    """``argv`` after ``train`` without the flags the launch command drops or replaces, as
+    argparse finds them (``--dist-ur X``, ``--gpu=0`` and ``--strat`` too), in the order typed."""
     replaced = argparse.ArgumentParser(add_help=False)
     _add_gpu(replaced)
     _add_distributed(replaced)
@@ -151,7 +144,7 @@ def launch_command(args: argparse.Namespace) -> str:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cmd = ["tandem", "launch", "--nproc-per-node", str(gpus or 1)]
-    nodes = int(args.world_size) if str(args.world_size or "").isdigit() else 1
+    nodes = _nodes(args)
     if nodes > 1:
         cmd += ["--nnodes", str(nodes), "--node-rank", str(args.rank or 0)]
         url = urlparse(args.dist_url or "")
@@ -168,10 +161,14 @@ def launch_command(args: argparse.Namespace) -> str:
     return shlex.join(cmd)
 
 
+def _nodes(args: argparse.Namespace) -> int:
+    return int(args.world_size) if str(args.world_size or "").isdigit() else 1
+
+
 def batch_note(args: argparse.Namespace) -> str | None:
-    """What :func:`launch_command` did to the example's ``-b`` on several machines (``None``:
-    nothing): it is each machine's batch there, and tandem's is the global one."""
-    nodes = int(args.world_size) if str(args.world_size or "").isdigit() else 1
+    """What :func:`launch_command` did to the example's ``-b`` (each machine's batch there,
+    tandem's the global one) on several machines; ``None``: nothing."""
+    nodes = _nodes(args)
     if nodes < 2 or "batch_size" not in getattr(args, "given_fields", ()):
         return None
     return (f"-b {args.batch_size * nodes}: the example's -b {args.batch_size} is each of the "

@@ -14,16 +14,12 @@ from tandem.config import TrainConfig
 from tandem.distributed.env import Environment
 from tandem.distributed.slurm import slurm_job
 from tandem.distributed.torchrun import LaunchSpec, launch
-from tandem.errors import UsageError
-from tandem.strategies import strategy_names
 from tandem.strategies.auto import AUTO, check_launchable
 from tandem.train.rundir import RunDir
 
 from . import train as train_command
 from .common import command_parser, given_fields
 from .train import config_from_namespace
-
-__all__ = ["add_parser", "run", "spec_of"]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -73,16 +69,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def spec_of(args: argparse.Namespace) -> LaunchSpec:
-    """The checked :class:`LaunchSpec` of ``tandem launch``'s flags (and SLURM's variables);
-    a combination that cannot work is refused here, before anything starts."""
+    """The checked :class:`LaunchSpec` of ``tandem launch``'s flags (and SLURM's variables),
+    refused here, before anything starts, where it cannot work."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    where = _from_slurm(args)
     return LaunchSpec(
-        nproc_per_node=args.nproc_per_node, command=command, nnodes=where["nnodes"],
-        node_rank=where["node_rank"], master_addr=where["master_addr"],
-        master_port=where["master_port"], slurm=where["slurm"],
+        nproc_per_node=args.nproc_per_node, command=command, **_from_slurm(args),
         rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
         rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
         iface=args.iface, join_timeout=args.join_timeout,
@@ -97,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_slurm(args: argparse.Namespace) -> dict:
-    """The node count, this node's rank and the master: as given, else (under ``srun``, with
-    no rendezvous endpoint) from SLURM's variables, said in one line."""
+    """The node count, this node's rank and the master: as given, else (under ``srun``, with no
+    rendezvous endpoint) from SLURM's variables, said in one line."""
     given = dict(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                  master_port=args.master_port, slurm=False)
     job = None if args.rdzv_endpoint else slurm_job(Environment.read())
@@ -115,30 +108,20 @@ def _from_slurm(args: argparse.Namespace) -> dict:
 
 
 def _check_multiprocess(command: list[str], other_node: bool = False) -> None:
-    """Refuse to launch a ``train`` whose strategy is not one process per device. On a node
-    other than 0, a resumed run's strategy is rank 0's to read (its copy of the run counts)."""
-
-    name = _train_strategy(command, other_node)  # auto: the workers' plan makes it the multi-process one
-    check_launchable(name)
-
-
-def _train_strategy(command: list[str], other_node: bool = False) -> str:
-    """The strategy the workers' ``train ...`` will use, read as they will read it: their
-    parser (so ``--strategy=ddp`` and argparse's abbreviations such as ``--strat ddp`` count)
-    and their config. Without the flag, a resumed run keeps its own (its ``config.json``)."""
-
-    # the workers' parser for their `train` (a bad flag: the error the workers would give)
-    args = command_parser({"train": train_command}).parse_args(command)
+    """Refuse to launch a ``train`` whose strategy is not one process per device, read as the
+    workers will read it: their parser (``--strat ddp`` counts) and config; without the flag a
+    resumed run keeps its own (its ``config.json``), on a node other than 0 rank 0's to read."""
+    args = command_parser({"train": train_command}).parse_args(command)  # a bad flag: theirs
     args.argv = list(command)
     cfg = config_from_namespace(args)
-    resume = cfg.run.resume
-    if "strategy" in given_fields(args) or not resume:
-        return cfg.parallel.strategy
-    if other_node:  # no shared disk assumed: node 0's copy of the run is the one that counts
-
-        return AUTO
-    run = RunDir(resume) if os.path.isdir(resume) else RunDir.of(resume)
-    try:
-        return TrainConfig.from_dict(run.read_config()).parallel.strategy
-    except (ValueError, TypeError, AttributeError):  # no run's config: the default
-        return cfg.parallel.strategy
+    resume, name = cfg.run.resume, cfg.parallel.strategy
+    if resume and "strategy" not in given_fields(args):
+        if other_node:  # no shared disk assumed: node 0's copy of the run is the one that counts
+            name = AUTO  # the workers' plan makes auto the multi-process one
+        else:
+            run = RunDir(resume) if os.path.isdir(resume) else RunDir.of(resume)
+            try:
+                name = TrainConfig.from_dict(run.read_config()).parallel.strategy
+            except (ValueError, TypeError, AttributeError):  # no run's config: the default
+                pass
+    check_launchable(name)

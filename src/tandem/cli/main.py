@@ -1,8 +1,8 @@
 """`tandem` command line: ``train | eval | bench | launch | models``.
 
 Each subcommand module has ``add_parser(subparsers)``, which sets ``func``. A
-:class:`tandem.errors.TandemError` becomes one line on stderr and exit status 2 (3 when
-training diverged: :class:`tandem.errors.TrainingDiverged`).
+:class:`tandem.errors.TandemError` becomes one line on stderr (and a ``hint:``) and its exit
+status (2; 3 when training diverged; 4 for a lost peer, :mod:`tandem.distributed.faults`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import sys
 from tandem.distributed import faults
 from tandem.distributed.agree import Agreement
 from tandem.distributed.env import Environment, read_env, several_processes
-from tandem.distributed.join import announce_failure
 from tandem.errors import TandemError
 from tandem.version import __version__
 
@@ -23,7 +22,6 @@ from . import bench, launch, models, train
 from . import eval as eval_command
 from .common import command_parser, error_line, error_lines
 
-__all__ = ["main", "entry", "build_parser", "SUBCOMMANDS"]
 
 _MODULES = {"train": train, "eval": eval_command, "bench": bench, "launch": launch,
             "models": models}
@@ -31,7 +29,6 @@ SUBCOMMANDS = list(_MODULES)
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     return command_parser(_MODULES, version=f"tandem {__version__}")
 
 
@@ -57,23 +54,16 @@ def main(argv: list[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that left meets it here, not at the interpreter's exit
         return code
-    except TandemError as exc:  # a mistake of the user's; anything else keeps its traceback
-        # one line, also when the message carries a library's many-line text, each parameter
-        # it names by its flag
-        line = error_line(exc)
+    except (TandemError, RuntimeError) as exc:  # anything else keeps its traceback
+        if not isinstance(exc, TandemError):  # a torchrun job's peer lost outside the loop
+            env = _job_env() if faults.is_peer_failure(exc) else None
+            if env is None:
+                raise
+            exc = faults.lost_peer(exc, Agreement(env.rank, env.world_size, env=env), "")
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
             print(*error_lines(exc), sep="\n", file=sys.stderr)
-        if not isinstance(exc, faults.PeerLost):  # the others learn a loss from their own
-            announce_failure(line, _job_env())  # this rank's own failure: they wait no more
+        faults.tell_others(exc, error_line(exc), _job_env())
         return exc.exit_status
-    except RuntimeError as exc:  # a peer of a torchrun job gone outside the loop's watch
-        env = _job_env()
-        if env is None or not faults.is_peer_failure(exc):
-            raise
-        lost = faults.lost_peer(exc, Agreement(env.rank, env.world_size, env=env), "")
-        if not lost.quiet:
-            print(f"tandem: error: {error_line(lost)}", file=sys.stderr)
-        return lost.exit_status
     except BrokenPipeError:  # the reader left (`tandem models | head`): stop quietly, as cat
         # does; stdout goes to /dev/null so that the interpreter's last flush fails no more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

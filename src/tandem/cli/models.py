@@ -14,8 +14,6 @@ from tandem.errors import UsageError
 from tandem.models import count_macs, count_parameters, create_model, list_models, model_info
 from tandem.suggest import closest_names
 
-__all__ = ["add_parser", "run", "model_rows"]
-
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -36,8 +34,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 class _NamesNotArch(argparse.Action):
-    """``tandem models -a NAME`` (as ``train`` takes it): one line saying that ``models``
-    takes names, with the command that works (the closest zoo name for a mistyped one)."""
+    """``tandem models -a NAME``: one line saying that ``models`` takes names, with the command
+    that works (the closest zoo name for a mistyped one)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         names = list_models()

@@ -17,19 +17,16 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from tandem.config import (DataConfig, ModelConfig, OptimConfig, ParallelConfig, RunConfig,
-                           TrainConfig)
+from tandem.config import SECTIONS, TrainConfig
 from tandem.distributed.env import Environment
 from tandem.train.run import train
 
 from .common import add_config_arguments, config_from_args, given_fields, tandem_warnings
 from .imagenet_flags import add_example_arguments, dummy_line, example_overrides
 
-__all__ = ["add_parser", "config_from_namespace"]
-
-SECTIONS = (("model", ModelConfig), ("data", DataConfig), ("optimization", OptimConfig),
-            ("parallelism", ParallelConfig), ("run", RunConfig))
+_TITLES = {"optim": "optimization", "parallel": "parallelism"}  # --help's, by section
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -41,24 +38,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("Examples::", 1)[1],
     )
-    for title, cls in SECTIONS:
-        add_config_arguments(parser, cls, title=title)
+    for name, cls in SECTIONS.items():
+        add_config_arguments(parser, cls, title=_TITLES.get(name, name))
     add_example_arguments(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
-    """Read (never modify) ``args`` into a checked :class:`TrainConfig`."""
+    """Read (never modify) ``args`` into a checked :class:`TrainConfig`, the imagenet example's
+    flags included."""
     values, _ = example_overrides(args)
-    data = {k: values[k] for k in ("data", "image_size", "num_classes") if k in values}
-    devices = {k: values[k] for k in ("devices",) if k in values}
-    model = {k: values[k] for k in ("arch",) if k in values}
-    return TrainConfig(model=config_from_args(ModelConfig, args, **model),
-                       data=config_from_args(DataConfig, args, **data),
-                       optim=config_from_args(OptimConfig, args),
-                       parallel=config_from_args(ParallelConfig, args, **devices),
-                       run=config_from_args(RunConfig, args))
+    return TrainConfig(**{name: config_from_args(cls, args, **{
+        f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
+        for name, cls in SECTIONS.items()})
 
 
 def run(args: argparse.Namespace) -> int:

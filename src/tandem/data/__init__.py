@@ -5,13 +5,9 @@
 """
 
 from .dataset import DatasetInfo, ImageDataset
-from .load import DATASET_NAMES, load_dataset
 from .device import Normalization, batch_to_device
+from .load import DATASET_NAMES, load_dataset
 from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order,
                      make_loader)
 
-__all__ = [
-    "load_dataset", "make_loader", "DatasetInfo", "ImageDataset", "DATASET_NAMES",
-    "ShardedBatchSampler", "epoch_order", "LoaderCache", "Normalization",
-    "batch_to_device", "batches_per_epoch",
-]
+__all__ = ["load_dataset", "make_loader", "DatasetInfo"]

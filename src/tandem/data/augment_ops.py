@@ -1,22 +1,10 @@
-"""The image operations of RandAugment and TrivialAugment, on Pillow images, and their
-magnitudes.
+"""RandAugment's and TrivialAugment's image operations on Pillow images, and their magnitudes.
 
-The operations are timm's (``timm/data/auto_augment.py``, its ``_RAND_TRANSFORMS``: the 14 of
-Cubuk et al. 2020, RandAugment, arXiv 1909.13719, less identity, with invert and solarize-add):
-Pillow's ``ImageOps`` and ``ImageEnhance``, and affine maps whose uncovered area takes
-``fill``, the data's mean colour (timm's ``img_mean``). Each takes the image and its argument;
-a geometric one also the resampling filter and the fill. Posterize and solarize run as lookup
-tables written here, so that 0 bits (timm's level below 2.5) gives black, as TensorFlow's
-posterize does, where Pillow's own refuses it.
-
-Magnitudes, as timm's RandAugment (``rand-mM-nN``, ``_LEVEL_DENOM`` 10) maps its ``M`` in
-``[0, 10]``: rotate ``30 M/10`` degrees, shear ``0.3 M/10``, translate ``0.45 M/10`` of the
-side, the four enhancements a factor ``1.8 M/10 + 0.1``, posterize ``int(4 M/10)`` bits kept,
-solarize at ``int(256 M/10)``, solarize-add ``int(110 M/10)`` below 128 (the signed ones
-negated half the time). TrivialAugment's "wide" space (Müller and Hutter 2021, arXiv
-2103.10158, Table 1; torchvision's ``TrivialAugmentWide``, 31 bins): rotate to 135 degrees,
-shear to 0.99, translate to 32 pixels, enhancements ``1 ± 0.99``, posterize 8 down to 2 bits,
-solarize 255 down to 0.
+timm's ``_RAND_TRANSFORMS`` (``timm/data/auto_augment.py``; Cubuk et al. 2020 less identity,
+with invert and solarize-add) and TrivialAugment Wide's space (Müller and Hutter 2021, Table 1;
+torchvision's ``TrivialAugmentWide``, 31 bins); each table's level functions turn a magnitude
+into the argument. Geometric ones fill with the data's mean colour. Posterize and solarize are
+lookup tables, so that 0 bits gives black (as TensorFlow's), which Pillow's own refuses.
 """
 
 from __future__ import annotations
@@ -25,33 +13,16 @@ from typing import Callable, NamedTuple
 
 from PIL import Image, ImageEnhance, ImageOps
 
-__all__ = ["Op", "RAND_OPS", "WIDE_OPS", "WIDE_BINS", "RAND_MAX", "auto_contrast", "equalize",
-           "invert", "rotate", "posterize", "solarize", "solarize_add", "color", "contrast",
-           "brightness", "sharpness", "shear_x", "shear_y", "translate_x", "translate_y",
-           "identity"]
-
 RAND_MAX = 10.0  # timm's _LEVEL_DENOM: RandAugment's M runs from 0 to this
 WIDE_BINS = 31  # TrivialAugment's magnitude bins: 0 to 30
 
 
 # -- colour: no argument, or one number ----------------------------------------------------
+auto_contrast, equalize, invert = ImageOps.autocontrast, ImageOps.equalize, ImageOps.invert
+
+
 def identity(img: Image.Image) -> Image.Image:
     return img
-
-
-def auto_contrast(img: Image.Image) -> Image.Image:
-    """Each channel stretched to 0..255 (Pillow's ``autocontrast``)."""
-    return ImageOps.autocontrast(img)
-
-
-def equalize(img: Image.Image) -> Image.Image:
-    """Each channel's histogram equalised (Pillow's ``equalize``)."""
-    return ImageOps.equalize(img)
-
-
-def invert(img: Image.Image) -> Image.Image:
-    """``255 - v``."""
-    return ImageOps.invert(img)
 
 
 def _table(img: Image.Image, lut: list[int]) -> Image.Image:
@@ -76,24 +47,13 @@ def solarize_add(img: Image.Image, add: int, threshold: int = 128) -> Image.Imag
     return _table(img, [min(255, v + add) if v < threshold else v for v in range(256)])
 
 
-def color(img: Image.Image, factor: float) -> Image.Image:
-    """Saturation: 0 grey, 1 unchanged (``ImageEnhance.Color``)."""
-    return ImageEnhance.Color(img).enhance(factor)
+def _enhancer(kind) -> Callable[[Image.Image, float], Image.Image]:
+    """``kind``'s blend by ``factor``: 0 grey, flat, black or smooth; 1 unchanged."""
+    return lambda img, factor: kind(img).enhance(factor)
 
 
-def contrast(img: Image.Image, factor: float) -> Image.Image:
-    """Blend with the mean grey: 0 flat, 1 unchanged (``ImageEnhance.Contrast``)."""
-    return ImageEnhance.Contrast(img).enhance(factor)
-
-
-def brightness(img: Image.Image, factor: float) -> Image.Image:
-    """Blend with black: 0 black, 1 unchanged (``ImageEnhance.Brightness``)."""
-    return ImageEnhance.Brightness(img).enhance(factor)
-
-
-def sharpness(img: Image.Image, factor: float) -> Image.Image:
-    """Blend with a smoothed copy: 0 smooth, 1 unchanged (``ImageEnhance.Sharpness``)."""
-    return ImageEnhance.Sharpness(img).enhance(factor)
+color, contrast, brightness, sharpness = (_enhancer(kind) for kind in (
+    ImageEnhance.Color, ImageEnhance.Contrast, ImageEnhance.Brightness, ImageEnhance.Sharpness))
 
 
 # -- geometry: an affine map, resampled, the uncovered area filled --------------------------
@@ -127,9 +87,8 @@ def rotate(img: Image.Image, degrees: float, resample, fill) -> Image.Image:
 
 
 class Op(NamedTuple):
-    """One operation of a policy: its function, the argument a magnitude gives it
-    (``level(m, width, height)``; None: it takes none), whether that argument is negated half
-    the time, and whether it is geometric (takes a filter and a fill)."""
+    """A policy's operation: its function, ``level(m, width, height)`` (its argument; None:
+    none), whether that is negated half the time, whether it takes a filter and a fill."""
 
     fn: Callable
     level: Callable | None = None

@@ -1,8 +1,5 @@
-"""CIFAR-10 from its official python-pickle directory (``cifar-10-batches-py``).
-
-``test_batch`` serves as validation. Files are read with a restricted unpickler (numpy arrays
-and plain containers only), so a tampered file cannot run code; bad contents raise
-``ValueError`` naming the file. Images stay ``uint8`` in memory (150 MB).
+"""CIFAR-10 from its python-pickle directory; ``test_batch`` is validation. The unpickler takes
+numpy arrays and plain containers only, so a tampered file cannot run code.
 """
 
 from __future__ import annotations
@@ -14,10 +11,8 @@ import numpy as np
 
 from tandem.errors import MissingFileError, UsageError, a
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset
+from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size
 from .transforms import resize_array
-
-__all__ = ["Cifar10Dataset", "load_cifar10", "find_cifar_dir", "read_batch", "CIFAR10_CLASSES"]
 
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_FILE = "test_batch"
@@ -26,8 +21,7 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 
-# What a CIFAR pickle may reference: numpy's array reconstruction and nothing else
-# (``_codecs.encode`` is how Python 3 writes bytes at pickle protocol 2; it has no side effects).
+# numpy's array reconstruction (and ``_codecs.encode``: bytes at pickle protocol 2)
 _ALLOWED = {
     ("_codecs", "encode"),
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
@@ -44,7 +38,7 @@ class _ArraysOnly(pickle.Unpickler):
 
 
 def find_cifar_dir(path: Path) -> Path | None:
-    """``path`` or ``path/cifar-10-batches-py`` if it looks like a CIFAR-10 batch directory."""
+    """``path`` or ``path/cifar-10-batches-py`` if it holds CIFAR-10 batches."""
     for candidate in (path, path / "cifar-10-batches-py"):
         if (candidate / TEST_FILE).exists() or any(
                 (candidate / f).exists() for f in TRAIN_FILES):
@@ -82,9 +76,8 @@ def read_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_classes(directory: Path) -> list[str]:
-    meta = directory / "batches.meta"
     try:
-        with open(meta, "rb") as f:
+        with open(directory / "batches.meta", "rb") as f:
             names = _ArraysOnly(f, encoding="bytes").load()[b"label_names"]
         names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         return names if len(names) == 10 else CIFAR10_CLASSES
@@ -111,11 +104,9 @@ class Cifar10Dataset(ImageDataset):
 
 def load_cifar10(directory: Path, *, augment: str, image_size: int | None,
                  splits: tuple[str, ...] = SPLITS):
-    """``(train, val, info)``: the five training batches and ``test_batch`` as validation; a
-    split not in ``splits`` is None and its files are not read."""
+    """``(train, val, info)``; a split not in ``splits`` is None, its files not read."""
     size = 32 if image_size is None else image_size
-    if not isinstance(size, int) or size < 1:
-        raise UsageError(f"CIFAR-10: image_size must be a positive int, got {image_size!r}")
+    check_size(size, "CIFAR-10")
     train = val = None
     if "train" in splits:
         batches = [read_batch(directory / f) for f in TRAIN_FILES]

@@ -1,12 +1,7 @@
-"""What every tandem dataset shares: :class:`DatasetInfo`, sample keys, and the augmentation step.
+"""What every tandem dataset shares: :class:`DatasetInfo`, sample keys, the augmentation step.
 
-A dataset is indexed by a sample key ``(index, seed, epoch)`` (a plain ``int`` means
-``(index, 0, 0)``) that seeds that sample's augmentation, so a sample looks the same whichever
-worker, rank or strategy loads it. Subclasses implement ``__len__`` and ``raw(index)``; a
-``uint8`` dataset names a ``normalization`` that the training step applies on the device.
-A :class:`Recipe` says a training split's augmentation: its geometry (``standard``,
-``imagenet``), then a policy (RandAugment, TrivialAugment: :mod:`.policies`), then random
-erasing (:mod:`.erasing`), every draw from the one stream of the sample.
+A dataset is indexed by a sample key ``(index, seed, epoch)`` (an ``int`` is ``(index, 0, 0)``)
+that seeds that sample's augmentation, so a sample looks the same whoever loads it.
 """
 
 from __future__ import annotations
@@ -23,11 +18,6 @@ from tandem.errors import UsageError, param
 from .erasing import erase_normalised
 from .policies import POLICY_FORMS, Policy, parse_policy
 from .transforms import SampleRandom, hflip, random_shift, to_tensor
-
-__all__ = [
-    "DatasetInfo", "ImageDataset", "AUGMENT_MODES", "AUGMENT_FORMS", "check_augment",
-    "Recipe", "parse_augment", "split_key", "stratified_split", "SPLITS",
-]
 
 AUGMENT_MODES = ("none", "standard", "imagenet")
 #: what ``--augment`` takes: ``auto`` (the data's own geometry), a geometry, or a policy
@@ -55,8 +45,8 @@ def check_augment(augment: str) -> str:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A split's augmentation: ``geometry`` (one of :data:`AUGMENT_MODES`, or ``auto`` until
-    the data resolves it), then ``policy``, then random erasing with probability ``reprob``."""
+    """A split's augmentation: ``geometry`` (:data:`AUGMENT_MODES`, or ``auto`` until the data
+    resolves it), then ``policy`` (:mod:`.policies`), then random erasing (:mod:`.erasing`)."""
 
     geometry: str = "none"
     policy: Policy | None = None
@@ -68,8 +58,7 @@ class Recipe:
 
     @property
     def pixels(self) -> bool:
-        """Whether it changes pixels after the crop (a policy, erasing): work the device's
-        crop (``--decode gpu``) cannot do."""
+        """Whether it changes pixels after the crop, which ``--decode gpu`` cannot do."""
         return self.policy is not None or self.reprob > 0
 
     def resolved(self, geometry: str) -> "Recipe":
@@ -78,8 +67,7 @@ class Recipe:
 
 
 def parse_augment(augment: str | Recipe, reprob: float = 0.0) -> Recipe:
-    """``--augment``'s value (one of :data:`AUGMENT_FORMS`; a policy keeps the data's own
-    geometry, ``auto``) and ``--reprob`` as a :class:`Recipe`; anything else is one line."""
+    """``--augment`` (:data:`AUGMENT_FORMS`) and ``--reprob`` as a :class:`Recipe`."""
     if isinstance(augment, Recipe):
         return augment
     if augment == "auto" or augment in AUGMENT_MODES:
@@ -88,6 +76,13 @@ def parse_augment(augment: str | Recipe, reprob: float = 0.0) -> Recipe:
         raise UsageError(f"bad {param('augment')} {augment!r}: choose one of "
                          f"{', '.join(AUGMENT_FORMS)}")
     return Recipe("auto", parse_policy(augment), reprob)
+
+
+def check_size(value, what: str, name: str = "image_size") -> None:
+    """Refuse a size that is not a positive int, naming the data (``what``) and the size."""
+    if not isinstance(value, int) or value < 1:
+        raise UsageError(f"{what}: {name} must be a positive int, got {value!r}")
+
 
 def split_key(key) -> tuple[int, int, int]:
     """``(index, seed, epoch)`` from a sample key or a bare int index."""
@@ -98,13 +93,11 @@ def split_key(key) -> tuple[int, int, int]:
 
 
 class ImageDataset(Dataset):
-    """Base class: key -> raw sample -> (augmentation) -> normalisation -> ``(image, label)``.
+    """Base class: key -> ``raw(index)`` -> augmentation -> normalisation -> ``(image, label)``.
 
-    ``augment`` (a geometry, or a :class:`Recipe`): ``"standard"`` shifts the image by up to
-    ``pad`` pixels (zero fill) and, when ``flip`` is true, mirrors it with probability 1/2;
-    ``"none"`` returns the raw sample, normalised. A recipe's policy then works on the float
-    image in ``[0, 1]``, and its erasing on the normalised one. Labels are ints;
-    :func:`make_loader` collates them into a long tensor.
+    ``"standard"`` shifts by up to ``pad`` pixels (zero fill) and, with ``flip``, mirrors with
+    probability 1/2; a policy works on the float image in ``[0, 1]``, erasing on the
+    normalised one. A ``uint8`` subclass names the ``normalization`` the device applies.
     """
 
     dtype = torch.float32  # of the images __getitem__ returns
@@ -139,8 +132,7 @@ class ImageDataset(Dataset):
 
     @property
     def fill(self) -> tuple[int, ...] | int:
-        """The mean colour as ``uint8`` pixels: what a policy's geometry fills with (timm's
-        ``img_mean``); an int for one channel."""
+        """The mean colour as ``uint8`` pixels (timm's ``img_mean``); an int for one channel."""
         pixels = tuple(min(255, round(255 * m)) for m in self.mean)
         return pixels[0] if len(pixels) == 1 else pixels
 
@@ -162,13 +154,8 @@ class ImageDataset(Dataset):
 
 def stratified_split(labels: Sequence[int], val_fraction: float, seed: int
                      ) -> tuple[list[int], list[int]]:
-    """Split sample indices into ``(train, val)``, taking ``val_fraction`` of every class.
-
-    Each class's indices are shuffled by a generator seeded with ``seed`` and the first
-    ``round(val_fraction * n_class)`` go to val (at least one when a class has two or more
-    samples, none when it has one). Both lists come back sorted, so the split depends only on
-    the labels, the fraction and the seed.
-    """
+    """Sorted ``(train, val)`` indices, ``round(val_fraction * n)`` of each class to val (at
+    least one of a class of two or more, none of one), shuffled by ``seed``."""
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     train: list[int] = []

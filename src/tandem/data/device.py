@@ -1,8 +1,5 @@
-"""The device half of the input pipeline: ``uint8`` batches become normalised floats there.
-
-Images cross the worker pipe and the host-to-device copy as ``uint8`` (a quarter of the bytes)
-and are normalised inside the training step, in the same float32 order as the CPU path, so
-the results are bit-identical. Float datasets pass through unchanged apart from the copy.
+"""The device half of the input pipeline: ``uint8`` batches (a quarter of the bytes to copy)
+become normalised floats there, in the CPU path's float32 order, bit for bit.
 """
 
 from __future__ import annotations
@@ -12,8 +9,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from tandem.errors import UsageError
-
-__all__ = ["Normalization", "batch_to_device"]
 
 
 @dataclass(frozen=True)
@@ -25,10 +20,8 @@ class Normalization:
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def _constants(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """255, the mean and 1 / std as float32 tensors on ``device``. 255 is a 0-dim tensor
-        there, not a Python number: CUDA divides by a host scalar as a multiplication by its
-        reciprocal (a last bit off for about half of the 256 values), by a tensor truly, as
-        the CPU does."""
+        """255, the mean and 1 / std on ``device``; 255 as a tensor: CUDA divides by a host
+        scalar as a multiplication by its reciprocal (a last bit off for half the values)."""
         if device not in self._cache:
             mean = np.asarray(self.mean, dtype=np.float32).reshape(1, -1, 1, 1)
             inv_std = 1.0 / np.asarray(self.std, dtype=np.float32).reshape(1, -1, 1, 1)
@@ -48,9 +41,8 @@ class Normalization:
 def batch_to_device(images: torch.Tensor, device: torch.device, *,
                     normalization: Normalization | None = None,
                     channels_last: bool = False) -> torch.Tensor:
-    """Copy a batch to ``device``; there, ``uint8`` images are normalised, and put in
-    channels-last layout when asked, else contiguous NCHW (before the float conversion, which
-    keeps the layout: fewer bytes to move)."""
+    """Copy a batch to ``device``, lay it out (channels-last when asked) and normalise a
+    ``uint8`` one there."""
     images = images.to(device, non_blocking=True)
     if images.dim() == 4:  # batches may arrive channels-last (ImageFolder's do): fix the layout
         images = images.contiguous(memory_format=torch.channels_last if channels_last

@@ -1,17 +1,9 @@
 """The main process's half of ``--decode gpu``: nvJPEG decodes each batch, the device crops it.
 
-The workers send a batch's JPEG files with their crops (:mod:`~tandem.data.encoded`). Here
-``torchvision.io.decode_jpeg(files, device="cuda")`` decodes them all in one call, and the
-device cuts each box, resamples it (bilinear, antialiased, in float32, rounded back to
-``uint8``), then flips the batch's flipped ones in one go; the uint8 batch is then normalised
-as every batch is (:func:`~tandem.data.device.batch_to_device`). torchvision is imported
-here only, when a GPU decode is asked for: tandem's optional ``gpu`` extra, never a CPU need.
-The decode step is a parameter (``decode(files, device) -> images``): the tests decode on the
-host (:func:`host_decode`) and run the rest, the same code, on the CPU device. A file the
-device refuses is made by the CPU path in this process (said once a run, and counted; if the
-CPU decoders refuse it too, warned about and replaced, as without ``--decode gpu``). What is
-the device's or the build's, not a file's (out of memory, a CUDA error, no nvJPEG), is raised,
-and a probe decode when the run starts finds a torchvision that cannot decode at all.
+torchvision (the ``gpu`` extra) is imported only here, for a GPU decode. The decode is a
+parameter (``decode(files, device) -> images``; the tests pass :func:`host_decode`). A file the
+device refuses is made by the CPU path in this process; a fault of the device or the build
+(out of memory, a CUDA error, no nvJPEG) is raised.
 """
 
 from __future__ import annotations
@@ -33,31 +25,22 @@ from .decode_stream import DecodeStream
 from .encoded import EncodedBatch, EncodedFolder, collate_encoded
 from .imagefolder import ImageFolderDataset
 
-__all__ = ["DECODE_MODES", "resolve_decode", "decode_on", "decoded_on", "nvjpeg_decode", "host_decode",
-           "resample", "crop_resize", "DeviceDecoded", "DeviceDecoder", "DecodingLoader"]
-
 log = logging.getLogger("tandem.data")
 
 DECODE_MODES = ("auto", "cpu", "gpu")
 _EXTRA = "pip install 'tandem[gpu]', torchvision built for this torch"
-# RuntimeErrors that are the device's state, not a file's: out of memory, and a CUDA error
-# (sticky: every later call would fail too); the decode raises them instead of retrying
+# the device's state, not a file's (a CUDA error is sticky): raised, never retried
 _DEVICE_FAULTS = (torch.OutOfMemoryError, *((torch.AcceleratorError,)
                                             if hasattr(torch, "AcceleratorError") else ()))
-# the same, as torchvision's decode reports them: a plain RuntimeError ("Error while decoding
-# JPEG images: ...") around torch's out-of-memory or CUDA error, a failed stream sync, a
-# decoder that could not be made, or nvJPEG's status number after "Failed to ...": 5 its
-# allocator (its own buffers, outside torch's), 6 execution, 7 architecture, 8 internal
-# (2 to 4 are a file's: bad parameter, bad JPEG, JPEG not supported); or a torchvision built
-# without nvJPEG, which would refuse every file
+# the same in torchvision's RuntimeError text; nvJPEG's status 5 to 8 (allocator, execution,
+# architecture, internal) are the device's, 2 to 4 a file's
 _DEVICE_FAULT_WORDS = ("out of memory", "CUDA error", "Failed to synchronize CUDA stream",
                        "Failed to initialize nvjpeg", "Failed to create", "nvJPEG support")
 _DEVICE_STATUS = re.compile(r"Failed to [^:]*: [5-8]\b")
 
 
 def is_device_fault(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by the device's decode, is the device's (or the build's), not
-    a file's: raised, never retried file by file nor decoded on the CPU instead."""
+    """Whether ``exc``, raised by the device's decode, is the device's or the build's."""
     if isinstance(exc, _DEVICE_FAULTS):
         return True
     text = str(exc)
@@ -66,9 +49,8 @@ def is_device_fault(exc: BaseException) -> bool:
 
 
 def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
-    """``("gpu" or "cpu", why or None)`` for ``--decode mode`` on ``device``. ``gpu`` needs a
-    CUDA device and torchvision (found, not imported): without them ``gpu`` is refused in one
-    line; ``auto`` decodes on the CPU, and says why where only torchvision lacks."""
+    """``("gpu" or "cpu", why or None)`` for ``--decode mode`` on ``device``; ``gpu`` without
+    CUDA or torchvision is refused."""
     if mode not in DECODE_MODES:
         raise UsageError(f"bad {param('decode')} {mode!r}: choose one of {', '.join(DECODE_MODES)}")
     if mode == "cpu":
@@ -88,15 +70,14 @@ def resolve_decode(mode: str, device: torch.device) -> tuple[str, str | None]:
 
 
 def nvjpeg_decode(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """``(3, H, W)`` uint8 images on ``device`` (CUDA) of JPEG files, by nvJPEG in one call."""
+    """``(3, H, W)`` uint8 images on ``device`` of JPEG files, by nvJPEG in one call."""
     from torchvision.io import ImageReadMode, decode_jpeg  # the gpu path's alone
 
     return list(decode_jpeg(files, mode=ImageReadMode.RGB, device=device))
 
 
 def host_decode(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """:func:`nvjpeg_decode`'s stand-in: each file decoded whole by Pillow, then moved to
-    ``device`` (the tests run the device's half on the CPU with it)."""
+    """:func:`nvjpeg_decode`'s stand-in for the tests: Pillow, then moved to ``device``."""
     images = []
     for data in files:
         with Image.open(io.BytesIO(data.numpy().tobytes())) as img:
@@ -105,18 +86,14 @@ def host_decode(files: list[torch.Tensor], device: torch.device) -> list[torch.T
     return images
 
 
-# CUDA's antialiased kernel holds each output pixel's filter weights in shared memory and
-# refuses a downscale past about 90x ("Too much shared memory required"), e.g. a 4000 px photo
-# to --image-size 32: a larger one first averages whole blocks of pixels, which leaves at most
-# this factor to the antialiased pass (the box filter before it is what DCT scaling does on
-# the CPU path)
+# CUDA's antialiased kernel refuses a downscale past about 90x ("Too much shared memory
+# required"): a larger one first averages blocks, leaving at most this factor to it
 MAX_AA_SCALE = 32
 
 
 def resample(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """``(3, h, w)`` uint8 to ``(3, height, width)`` uint8: bilinear with antialiasing, as
-    Pillow's resize (float32 on the device: CUDA's antialiased kernel takes no uint8); past
-    :data:`MAX_AA_SCALE` x smaller, block averages first."""
+    """``(3, h, w)`` uint8 to ``(3, height, width)``: antialiased bilinear in float32 (CUDA's
+    kernel takes no uint8), as Pillow's resize."""
     x = image[None].float()
     blocks = (-(-x.shape[-2] // (height * MAX_AA_SCALE)), -(-x.shape[-1] // (width * MAX_AA_SCALE)))
     if blocks != (1, 1):
@@ -127,9 +104,8 @@ def resample(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def crop_resize(image: torch.Tensor, job, size: int) -> torch.Tensor:
-    """The crop ``job`` (an :class:`~tandem.data.encoded.Encoded`) asks of a decoded
-    ``(3, H, W)`` image: the whole resized first if ``job.resize``, then the box, resampled
-    to ``size x size`` unless it is that already. Not flipped: the batch is, at once."""
+    """The crop ``job`` (:class:`~tandem.data.encoded.Encoded`) asks of a decoded image, not
+    flipped (the batch is, at once)."""
     if job.resize is not None:
         image = resample(image, job.resize[1], job.resize[0])
     left, top, right, bottom = job.box
@@ -141,8 +117,7 @@ def crop_resize(image: torch.Tensor, job, size: int) -> torch.Tensor:
 
 class DeviceDecoder:
     """A worker's :class:`~tandem.data.encoded.EncodedBatch` to ``(N, 3, S, S)`` uint8 on
-    ``device``, with the labels (a substitute for a refused file brings its own). On CUDA the
-    decode and crops run on a side stream (:mod:`.decode_stream`: why), ``stream``."""
+    ``device`` and the labels, on a side stream (:mod:`.decode_stream`)."""
 
     def __init__(self, dataset: EncodedFolder, device: torch.device, decode=nvjpeg_decode,
                  stream: DecodeStream | None = None):
@@ -188,9 +163,8 @@ class DeviceDecoder:
                         self.device, first_line(why))
 
     def _decoded(self, files: list[torch.Tensor]) -> list[torch.Tensor | Exception]:
-        """The files decoded on the device in one call; if that fails, one by one, with the
-        error in place of each one refused. A device fault (:func:`is_device_fault`) is
-        raised: it is the device's, not the files', and no file-by-file retry may hide it."""
+        """The files decoded in one call; if that fails, one by one, the error in place of
+        each refused. A device fault is raised (no retry may hide it)."""
         if not files:
             return []
         refusals = (RuntimeError, *DECODER_ERRORS)
@@ -211,8 +185,7 @@ class DeviceDecoder:
 
 
 class DecodingLoader:
-    """A DataLoader of encoded batches that yields them decoded on the device; anything else
-    (``batch_sampler``, ``len``) is the DataLoader's."""
+    """A DataLoader of encoded batches that yields them decoded on the device."""
 
     def __init__(self, loader, decoder: DeviceDecoder):
         self.loader, self.decoder = loader, decoder
@@ -231,9 +204,8 @@ class DecodingLoader:
 
 
 class DeviceDecoded(EncodedFolder):
-    """An ImageFolder dataset decoded on ``device``: its loader's workers send files
-    (:meth:`collate`) and :meth:`finish_loader` decodes them here (see
-    :func:`~tandem.data.loader.make_loader`)."""
+    """An ImageFolder dataset decoded on ``device``: workers send files (:meth:`collate`),
+    :meth:`finish_loader` decodes them here."""
 
     def __init__(self, base, device: torch.device, decode=nvjpeg_decode):
         super().__init__(base)
@@ -247,18 +219,14 @@ class DeviceDecoded(EncodedFolder):
 
 
 def decoded_on(*datasets) -> str | None:
-    """Where the JPEGs of ``datasets`` (:func:`decode_on`'s) are decoded: ``"gpu"``, ``"cpu"``,
-    or None where they hold no JPEG files (what config.json records as ``resolved.decode``)."""
-
+    """``"gpu"``, ``"cpu"`` or None (no JPEG files): where ``datasets``' JPEGs are decoded."""
     if any(isinstance(d, DeviceDecoded) for d in datasets):
         return "gpu"
     return "cpu" if any(isinstance(d, ImageFolderDataset) for d in datasets) else None
 
 
 def _probed(mode: str, device: torch.device, decode) -> tuple[str, str | None]:
-    """``resolve_decode``'s gpu, once ``decode`` has decoded a small JPEG on ``device``: a
-    torchvision that cannot (built without nvJPEG, or for another CUDA) is refused in one
-    line for ``gpu``, and leaves ``auto`` on the CPU with a notice."""
+    """``resolve_decode``'s gpu, once ``decode`` has decoded a small JPEG on ``device``."""
     buffer = io.BytesIO()
     Image.new("RGB", (16, 16), (200, 100, 50)).save(buffer, format="JPEG")
     probe = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
@@ -274,11 +242,8 @@ def _probed(mode: str, device: torch.device, decode) -> tuple[str, str | None]:
 
 def decode_on(data: tuple, mode: str, device: torch.device, decode=nvjpeg_decode,
               say: bool = True) -> tuple:
-    """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` when
-    ``--decode mode`` resolves to gpu there (see :func:`resolve_decode`); else as given.
-    ``auto`` says in one line which decoder a run uses, and why (not where ``say`` is False:
-    a validation pass, which is no run)."""
-
+    """``(train, val, info)`` with its ImageFolder data sets decoded on ``device`` where
+    ``mode`` resolves to gpu; ``auto`` logs which decoder and why (unless not ``say``)."""
     train, val, info = data
     choice, why = resolve_decode(mode, device)
     folders = [d for d in (train, val) if isinstance(d, ImageFolderDataset)]

@@ -1,8 +1,5 @@
-"""``digits``: scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes).
-
-Nothing is downloaded. The 80/20 stratified split uses its own :data:`SPLIT_SEED`, so the
-validation set is always the same 360 images. ``augment="standard"`` shifts but never flips:
-digits are not mirror-symmetric.
+"""``digits``: scikit-learn's bundled 8x8 digits (1,797 images), split 80/20 by a fixed seed.
+``augment="standard"`` shifts but never flips: digits are not mirror-symmetric.
 """
 
 from __future__ import annotations
@@ -12,12 +9,8 @@ import os
 
 import numpy as np
 
-from tandem.errors import UsageError
-
-from .dataset import SPLITS, DatasetInfo, ImageDataset, stratified_split
+from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size, stratified_split
 from .transforms import resize_array
-
-__all__ = ["DigitsDataset", "load_digits_data", "SPLIT_SEED", "VAL_FRACTION"]
 
 SPLIT_SEED = 0
 VAL_FRACTION = 0.2
@@ -42,12 +35,8 @@ class DigitsDataset(ImageDataset):
 
 
 def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits as ``(images (1797, 8, 8) float64, labels int64)``.
-
-    Read from the file scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``: 64 pixels
-    and the label per row) without importing ``sklearn.datasets``, which takes about 1.8 s of
-    CPU in every process (each rank of a launch); its own loader is the fallback where that
-    file is not found as expected."""
+    """``(images (1797, 8, 8), labels)`` from scikit-learn's ``digits.csv.gz``, without
+    importing ``sklearn.datasets`` (1.8 s of CPU in every rank) unless the file is missing."""
     spec = importlib.util.find_spec("sklearn")
     places = list(spec.submodule_search_locations or []) if spec else []
     for place in places:
@@ -64,11 +53,9 @@ def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
 
 def load_digits_data(*, augment: str, image_size: int | None,
                      splits: tuple[str, ...] = SPLITS):
-    """``(train, val, info)`` for the digits data at ``image_size`` (default 8); a split not
-    in ``splits`` is None (both are in memory: the training images set the normalisation)."""
+    """``(train, val, info)`` at ``image_size`` (default 8); a split not in ``splits`` is None."""
     size = 8 if image_size is None else image_size
-    if not isinstance(size, int) or size < 1:
-        raise UsageError(f"digits: image_size must be a positive int, got {image_size!r}")
+    check_size(size, "digits")
     pixels, labels = _bundled_digits()
     images = pixels.astype(np.float32)[:, None] / 16.0
     if size != 8:

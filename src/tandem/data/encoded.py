@@ -1,15 +1,8 @@
 """The workers' half of ``--decode gpu``: a JPEG's bytes and the crop to make of it, not pixels.
 
-:class:`EncodedFolder` wraps an :class:`~tandem.data.imagefolder.ImageFolderDataset`. For a
-JPEG it reads the file and its header only (Pillow's lazy open: the size and colour mode) and
-draws the crop box and flip from the sample's key exactly as the CPU path does
-(:func:`~tandem.data.imagenet_transforms.train_draws`, :func:`val_geometry`), leaving the
-decode and the resampling to the main process (:mod:`~tandem.data.device_decode`). Anything
-else takes the CPU path whole, in the worker, as without ``--decode gpu``: a file that is not a
-JPEG, a CMYK one, one cut short (no end marker), one whose header fails (then warned about and
-replaced, see :func:`~tandem.data.imagefolder.first_decodable`), and every sample under
-``--augment standard``, a policy (RandAugment, TrivialAugment) or ``--reprob``.
-:func:`collate_encoded` packs a batch's files into one byte tensor.
+The box and flip are drawn as the CPU path draws them; the main process decodes
+(:mod:`.device_decode`). Anything else takes the CPU path in the worker: not a JPEG, CMYK, cut
+short, a bad header, and every sample under ``--augment standard``, a policy or ``--reprob``.
 """
 
 from __future__ import annotations
@@ -24,17 +17,13 @@ from .imagefolder import first_decodable
 from .imagenet_transforms import train_draws, val_geometry
 from .transforms import SampleRandom
 
-__all__ = ["Encoded", "EncodedBatch", "EncodedFolder", "collate_encoded", "jpeg_size"]
-
 _JPEG_START, _JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
 
 
 @dataclass(frozen=True)
 class Encoded:
-    """One sample left to the device: the file's bytes, then (in full-size pixels, or in
-    ``resize``'s when given) the box to cut and resample to the output size, and the flip.
-    ``resize``: the whole image's ``(w, h)`` before the box (the val crop). ``key`` is the
-    sample's, for a substitute should the device refuse the file."""
+    """One sample left to the device: the bytes, the box to cut (in ``resize``'s pixels when
+    given: the val crop's whole image) and the flip; ``key``, for a substitute if refused."""
 
     data: bytes
     box: tuple[int, int, int, int]
@@ -45,9 +34,8 @@ class Encoded:
 
 @dataclass
 class EncodedBatch:
-    """A batch as it leaves a worker: ``data`` holds the encoded files one after another
-    (``jobs``: each one's place in the batch, byte range and crop), ``crops`` the samples the
-    worker decoded itself, ``(M, 3, S, S)`` uint8, at ``crop_at``."""
+    """A batch from a worker: ``data`` the files end to end (``jobs``: each one's place, byte
+    range and crop), ``crops`` the samples it decoded itself (at ``crop_at``)."""
 
     size: int
     count: int
@@ -57,8 +45,7 @@ class EncodedBatch:
     crop_at: list[int] = field(default_factory=list)
 
     def pin_memory(self) -> "EncodedBatch":
-        """Pinned crops (the DataLoader's pin-memory thread asks); the bytes stay where they
-        are, nvJPEG reads them from the host."""
+        """Pinned crops; the bytes stay (nvJPEG reads them from the host)."""
         if self.crops is not None:
             self.crops = self.crops.pin_memory()
         return self
@@ -69,8 +56,7 @@ class EncodedBatch:
 
 
 def jpeg_size(data: bytes, path) -> tuple[int, int] | None:
-    """``(width, height)`` of a complete RGB or greyscale JPEG, from its header; None for
-    anything the CPU path should take (another format, CMYK, no end marker, a bad header)."""
+    """``(width, height)`` of a complete RGB or greyscale JPEG; None for the CPU path."""
     if not data.startswith(_JPEG_START) or _JPEG_END not in data[-32:]:
         return None
     try:
@@ -83,8 +69,8 @@ def jpeg_size(data: bytes, path) -> tuple[int, int] | None:
 
 
 class EncodedFolder(torch.utils.data.Dataset):
-    """``base`` (an ImageFolder dataset) as :class:`Encoded` samples where it can (see module
-    doc); everything else (length, shape, normalization, ...) is ``base``'s."""
+    """``base`` (an ImageFolder dataset) as :class:`Encoded` samples where it can; any other
+    attribute is ``base``'s."""
 
     def __init__(self, base):
         self.base = base
@@ -107,8 +93,7 @@ class EncodedFolder(torch.utils.data.Dataset):
         return sample, label
 
     def _encode(self, i: int, key) -> Encoded | np.ndarray:
-        """File ``i`` with the draws of sample ``key`` (the one asked for, even for a
-        substitute): an :class:`Encoded`, else the CPU path's ``(S, S, 3)`` crop."""
+        """File ``i`` with the draws of sample ``key`` (even for a substitute)."""
         base, (index, seed, epoch) = self.base, key
         rng = SampleRandom(seed, epoch, index)  # as ImageFolderDataset.decode_key seeds it
         path = base.samples[i][0]

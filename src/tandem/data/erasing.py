@@ -1,18 +1,9 @@
-"""Random erasing (Zhong et al. 2020, arXiv 1708.04896) as timm's ``RandomErasing`` does it,
-each draw from the sample's own :class:`SampleRandom`.
+"""Random erasing as timm's ``RandomErasing`` (``--remode pixel --recount 1``), each draw from
+the sample's own :class:`SampleRandom`: one box of per-pixel normal noise of the normalised image.
 
-With probability ``prob`` one box is erased: up to 10 tries draw an area of 2% to 1/3 of the
-image and an aspect ratio log-uniform in ``[0.3, 1/0.3]``; the first box that fits inside is
-placed uniformly and filled with per-pixel standard normal noise (timm's ``mode="pixel"``, one
-box: its ``--reprob P --remode pixel --recount 1``).
-
-timm erases after normalisation, so the noise is noise of the normalised image. Here it happens
-in the sample's own transform, in the loader, where its draws are the sample's wherever it
-is loaded: a float data set (digits, CIFAR-10) erases its normalised image exactly so
-(:func:`erase_normalised`); a ``uint8`` one (ImageFolder) keeps its pixels ``uint8`` until
-the device and erases with the noise taken back through its normalisation, ``255 (mean + std
-z)``, rounded and clipped to ``0..255`` (:func:`erase_pixels`): draws beyond about two
-standard deviations are clipped, and the rest are quantised to 1/255 of the range.
+A ``uint8`` data set (ImageFolder) erases with the noise taken back through its normalisation
+(:func:`erase_pixels`): draws beyond about two standard deviations are clipped, the rest
+quantised to 1/255 of the range.
 """
 
 from __future__ import annotations
@@ -24,8 +15,6 @@ import numpy as np
 
 from .transforms import SampleRandom
 
-__all__ = ["erase_box", "erase_normalised", "erase_pixels", "AREA", "ASPECT", "TRIES"]
-
 AREA = (0.02, 1 / 3)
 ASPECT = (0.3, 1 / 0.3)
 TRIES = 10
@@ -33,7 +22,8 @@ TRIES = 10
 
 def erase_box(height: int, width: int, prob: float, rng: SampleRandom
               ) -> tuple[int, int, int, int] | None:
-    """``(top, left, h, w)`` of the box to erase, or None (not erased, or no try fitted)."""
+    """``(top, left, h, w)`` of the box to erase (up to :data:`TRIES` of an :data:`AREA` and
+    an :data:`ASPECT`), or None."""
     if prob <= 0 or rng.uniform(0.0, 1.0) > prob:
         return None
     area = height * width
@@ -69,9 +59,8 @@ def erase_normalised(image: np.ndarray, prob: float, rng: SampleRandom) -> np.nd
 
 def erase_pixels(image: np.ndarray, prob: float, rng: SampleRandom, mean: Sequence[float],
                  std: Sequence[float]) -> np.ndarray:
-    """An ``(H, W, C)`` ``uint8`` image with a box of noise, with probability ``prob``: the
-    noise ``z`` of the normalised image, as the pixels ``255 (mean + std z)`` (rounded,
-    clipped) that the device's normalisation turns back into it."""
+    """An ``(H, W, C)`` ``uint8`` image with a box of noise ``z``, with probability ``prob``,
+    as the pixels ``255 (mean + std z)`` (rounded, clipped)."""
     height, width, channels = image.shape
     box = erase_box(height, width, prob, rng)
     if box is None:

@@ -1,10 +1,6 @@
 """Data sets of the user's own: map-style ``(input, target)`` data sets, as ``tandem.fit`` takes
-them or a ``--data package.module:function`` factory returns them.
-
-:class:`GivenDataset` lets one be read like tandem's own: by sample key ``(index, seed, epoch)``
-(only the index is used: the data set does its own augmentation, if any), with the ``shape``
-that empty batches take. Targets are class indices, or tensors of them (masks). :func:`given_data` is the one place that
-checks such a pair and says what a model needs to know about it (:class:`DatasetInfo`).
+them or a ``--data package.module:function`` factory returns them, read by sample key (only the
+index: they augment themselves). Targets are class indices, or tensors of them (masks).
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ from tandem import factory
 from tandem.errors import UsageError, a, param
 
 from .dataset import SPLITS, DatasetInfo, Recipe, parse_augment, split_key
-
-__all__ = ["GivenDataset", "given_data", "load_factory"]
 
 IGNORED = -100  # cross-entropy's default ignore_index: a target that counts for nothing
 
@@ -55,8 +49,7 @@ class GivenDataset(Dataset):
         return len(self.dataset)
 
     def sample(self, index: int) -> tuple[torch.Tensor, int | torch.Tensor]:
-        """Input and target of sample ``index``: an int class index, or an int64 tensor of
-        class indices (a dense target, e.g. an ``(H, W)`` mask)."""
+        """Input and target of sample ``index`` (an int, or an int64 tensor of class indices)."""
         item = self.dataset[index]
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise UsageError(f"{self.name}[{index}] is {a(type(item).__name__)}, not an "
@@ -78,9 +71,7 @@ class GivenDataset(Dataset):
         return inputs, target
 
     def check_shape(self, inputs: torch.Tensor, index: int) -> None:
-        """Refuse an input whose shape is not item 0's: a batch stacks them (else the loader
-        fails deep inside with a traceback). Every item read up front is checked, and every
-        item the loader reads later."""
+        """Refuse an input whose shape is not item 0's (else the loader fails deep inside)."""
         if self.shape is None or tuple(inputs.shape) == self.shape:
             return
         raise UsageError(f"{self.name}[{index}] has an input of shape {_dims(inputs.shape)}, but "
@@ -89,20 +80,19 @@ class GivenDataset(Dataset):
                               "the data set)")
 
     def check_target(self, target: int, index: int) -> None:
-        """Refuse a class index outside ``[0, num_classes)`` (the loss's default ignore
-        value, -100, passes): else the loss fails deep inside with a traceback."""
+        """Refuse a class index outside ``[0, num_classes)`` (the loss's ignored -100 passes)."""
         n = self.num_classes
         if n is not None and not 0 <= target < n and target != IGNORED:
             raise UsageError(f"{self.name}[{index}] has target {target}, but there are {n} "
-                             f"classes (targets 0 to {n - 1}); fix the labels or name every "
-                             f"class")
+                             f"classes (targets 0 to {n - 1})",
+                             hint="fix the labels or name every class")
 
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
         return self.sample(split_key(key)[0])
 
     def check_targets(self, every: bool = False) -> None:
-        """Check the targets now, before the run starts: all of them when the data set lists
-        them (``targets``) or ``every``, else the first sample's (later ones as read)."""
+        """Check the targets before the run: all when listed (``targets``) or ``every``, else
+        the first (the others as read)."""
         targets = getattr(self.dataset, "targets", None)
         listed = targets is not None and len(targets) == len(self)
         if self.target_shape or not (listed or every):
@@ -112,8 +102,7 @@ class GivenDataset(Dataset):
             self.check_target(int(target), index)
 
     def labels(self) -> np.ndarray:
-        """Every target: the data set's ``targets`` when it has them, else read one by one
-        (once: kept for the next call)."""
+        """Every target: the data set's ``targets``, else read one by one (once)."""
         if self._labels is None:
             targets = getattr(self.dataset, "targets", None)
             if targets is not None and len(targets) == len(self):
@@ -126,14 +115,10 @@ class GivenDataset(Dataset):
 def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] = SPLITS,
                augment: str | Recipe = "auto", image_size: int | None = None,
                num_classes: int | None = None, reprob: float = 0.0):
-    """``(train, val, info)`` of a user's data sets (``val`` may be None), as
-    :func:`~tandem.data.load_dataset` returns them; a split not in ``splits`` is None.
+    """``(train, val, info)`` of a user's data sets, as :func:`~tandem.data.load_dataset`.
 
-    ``classes`` (names) gives the class count; without it, the data sets' own ``classes``
-    (torchvision's convention: ImageFolder, CIFAR10), else the targets are read (max + 1).
-    ``augment``, ``reprob`` and ``image_size`` act on tandem's own data sets only: a user's
-    data set does its own, and asking for them here is refused (mixup and cutmix, which mix
-    whole batches, apply to any)."""
+    The class count is ``classes``'s, else the data sets' own ``classes`` (torchvision's),
+    else the targets' max + 1. ``augment``, ``reprob`` and ``image_size`` are refused."""
     recipe = parse_augment(augment, reprob)
     if recipe.geometry not in ("auto", "none") or recipe.policy is not None:
         shown = recipe.policy.spec if recipe.policy is not None else recipe.geometry
@@ -158,8 +143,9 @@ def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] =
         raise UsageError(f"{name}: train and val inputs differ in shape "
                          f"({' vs '.join(map(str, shapes))})")
     shape = present[0].shape
-    if classes is None:
-        classes = _listed_classes(train, val)
+    if classes is None:  # torchvision's convention: a list or tuple of names
+        listed = [getattr(d, "classes", None) for d in (train, val)]
+        classes = next((c for c in listed if isinstance(c, (list, tuple)) and c), None)
     if classes is not None:
         classes = [str(c) for c in classes]
         count = len(classes)
@@ -177,15 +163,6 @@ def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] =
                        shape[-1] if shape else 1, classes)
     return sets["train"], sets["val"], info
 
-
-def _listed_classes(*datasets):
-    """The class names a data set carries as ``classes`` (a list or tuple), as torchvision's
-    do; the first one's, or None."""
-    for dataset in datasets:
-        listed = getattr(dataset, "classes", None)
-        if isinstance(listed, (list, tuple)) and listed:
-            return listed
-    return None
 
 
 def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS,

@@ -1,17 +1,9 @@
-"""ImageFolder directories: ``root/<class>/**/<image>``, read with Pillow (training JPEGs with
-simplejpeg when it is installed, see :mod:`~tandem.data.decode`).
+"""ImageFolder directories: ``root/<class>/**/<image>``, as ``root/train`` and ``root/val`` or
+one directory split 80/20 per class by a fixed seed. Samples are ``uint8`` ``(3, S, S)``
+(``S``: default the shorter side of the first validation image), normalised on the device.
 
-Either ``root/train`` and ``root/val``, or one directory split 80/20 per class with the fixed
-:data:`SPLIT_SEED`, whatever the run's seed; that split is logged (``tandem.data``, INFO: the CLI
-prints it once). Samples are ``uint8`` ``(3, S, S)`` (``S``: ``image_size``, default the shorter
-side of the first validation image, which training and eval both read), normalised on the
-device. Loading lists files without opening them: only the split asked for, and in it only the
-first image's header, to fail early on a split with no readable image. Warning: a corrupt image
-is found when it is loaded, warned about once and replaced by the next sample that decodes,
-which then appears twice that epoch; it never crashes the run. Only a file the decoders refuse
-is replaced (:class:`~tandem.data.decode.UnreadableImage`): any other error in the decode path
-is a bug and stops the run with its traceback; a split in which no file decodes stops it with
-one line (:class:`NoDecodableImage`).
+Warning: a file the decoders refuse (:class:`~tandem.data.decode.UnreadableImage`) is warned
+about once and replaced by the next that decodes, which then appears twice that epoch.
 """
 
 from __future__ import annotations
@@ -27,15 +19,12 @@ import torch
 
 from tandem.errors import TandemError, UsageError
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset, stratified_split
+from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size, stratified_split
 from .decode import UnreadableImage, decoding
 from .device import Normalization
 from .erasing import erase_pixels
 from .imagenet_transforms import train_crop, val_crop
 from .transforms import SampleRandom, hflip, random_shift
-
-__all__ = ["ImageFolderDataset", "load_imagefolder", "list_images", "first_decodable",
-           "NoDecodableImage", "IMG_EXTENSIONS", "SPLIT_SEED", "VAL_FRACTION", "NORMALIZATION"]
 
 log = logging.getLogger("tandem.data")
 
@@ -57,9 +46,8 @@ def _warn_once(path: str, exc: UnreadableImage) -> None:
 
 
 class NoDecodableImage(TandemError, ValueError):
-    """No file of a split decodes. Raised in a DataLoader worker, torch re-raises it in the
-    main process built from the worker's whole traceback; the message is then cut back to the
-    original (the traceback's last line), so that the CLI's one line says it."""
+    """No file of a split decodes; re-raised from a worker, the message is cut back to the
+    original (the traceback's last line)."""
 
     def __init__(self, message: str):
         marker = f"{type(self).__name__}: "
@@ -69,10 +57,8 @@ class NoDecodableImage(TandemError, ValueError):
 
 
 def first_decodable(samples: list[tuple[str, int]], bad: set[int], index: int, decode):
-    """``(decode(i), label of i)`` for the first file ``i`` from ``index`` on (wrapping round)
-    that decodes. A file that raises :class:`~tandem.data.decode.UnreadableImage` is warned
-    about once per process and added to ``bad``, which is skipped from then on; any other
-    error propagates. None decodes: :class:`NoDecodableImage`."""
+    """``(decode(i), label of i)`` for the first file ``i`` from ``index`` on (wrapping) that
+    decodes; a refused file is warned about and added to ``bad``, any other error raised."""
     n = len(samples)
     for step in range(n):
         i = (index + step) % n
@@ -87,26 +73,13 @@ def first_decodable(samples: list[tuple[str, int]], bad: set[int], index: int, d
                            f"first: '{samples[0][0]}')")
 
 
-def _readable_size(samples: list[tuple[str, int]]) -> int | None:
-    """The shorter side of the first sample whose header opens (each one before it that does
-    not is warned about), or None when none does. One header in the usual case."""
-    for path, _ in samples:
-        try:
-            with decoding(path), Image.open(path) as img:
-                return min(img.size)
-        except UnreadableImage as exc:
-            _warn_once(path, exc)
-    return None
-
 
 def _classes(root: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
 
 
 def list_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """Sorted ``(path, class index)`` of the image files under ``root/<class>/``, by extension;
-    none is opened (a corrupt one is found when loaded, see
-    :meth:`ImageFolderDataset.decode_key`)."""
+    """Sorted ``(path, class index)`` of the image files under ``root/<class>/`` (not opened)."""
     samples = []
     for label, name in enumerate(classes):
         class_dir = root / name
@@ -120,13 +93,8 @@ def list_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
 
 
 class ImageFolderDataset(ImageDataset):
-    """A list of ``(path, label)`` decoded on access to ``uint8`` (see module doc).
-
-    ``decoder`` picks the training crops' JPEG decoder (None: simplejpeg if installed, see
-    :func:`~tandem.data.decode.open_image`); boxes and flips do not depend on it. It replaces
-    the float ``raw`` -> normalise path of :class:`ImageDataset` by its own ``__getitem__``:
-    crops come out of the decoder as ``uint8`` and stay so until the device.
-    """
+    """A list of ``(path, label)`` decoded on access to ``uint8`` crops; ``decoder``: the
+    training crops' JPEG decoder (:func:`~tandem.data.decode.open_image`)."""
 
     dtype = torch.uint8
     normalization = NORMALIZATION
@@ -144,8 +112,7 @@ class ImageFolderDataset(ImageDataset):
         return len(self.samples)
 
     def _decode(self, index: int, rng: SampleRandom) -> np.ndarray:
-        """``(S, S, 3)`` uint8 crop of file ``index``, then the recipe's policy and erasing
-        (still ``uint8``, see :mod:`.erasing`); the draws come from ``rng``."""
+        """``(S, S, 3)`` uint8 crop of file ``index``, then the recipe's policy and erasing."""
         path = self.samples[index][0]
         if self.augment == "imagenet":
             image = train_crop(path, self.image_size, rng, self.decoder)
@@ -161,27 +128,24 @@ class ImageFolderDataset(ImageDataset):
         return image
 
     def decode_key(self, key) -> tuple[np.ndarray, int]:
-        """``(HWC uint8 image, label)`` for a sample key, substituting the next decodable file
-        for one the decoders refuse (see :func:`first_decodable`)."""
+        """``(HWC uint8 image, label)`` for a sample key (:func:`first_decodable`)."""
         index, seed, epoch = self._split(key)
         # the draws are keyed by the sample asked for, even for a substitute
         return first_decodable(self.samples, self._bad, index,
                                lambda i: self._decode(i, SampleRandom(seed, epoch, index)))
 
     def __getitem__(self, key) -> tuple[torch.Tensor, int]:
-        """``(3, S, S)`` uint8, a view of the ``(S, S, 3)`` crop (channels-last strides, which
-        :func:`~tandem.data.loader.collate` keeps: no transpose on the CPU)."""
+        """``(3, S, S)`` uint8, a channels-last view of the crop (collate keeps it)."""
         image, label = self.decode_key(key)
         return torch.from_numpy(image).permute(2, 0, 1), label
 
 
 def load_imagefolder(root: Path, *, augment: str, image_size: int | None,
                      splits: tuple[str, ...] = SPLITS):
-    """``(train, val, info)`` for an ImageFolder directory (either layout). A split not in
-    ``splits`` is None and none of its files is opened (but the first validation image's
-    header when it gives the size); a train/ left out is not even listed."""
-    if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
-        raise UsageError(f"ImageFolder: image_size must be a positive int, got {image_size!r}")
+    """``(train, val, info)``; a split not in ``splits`` is None, not even listed (but the
+    first validation image's header when it gives the size)."""
+    if image_size is not None:
+        check_size(image_size, "ImageFolder")
     wanted = [s for s in SPLITS if s in splits or (s == "val" and image_size is None)]
     train_dir, val_dir = root / "train", root / "val"
     if train_dir.is_dir():
@@ -213,7 +177,7 @@ def load_imagefolder(root: Path, *, augment: str, image_size: int | None,
 
 
 def _split_flat(root: Path, samples: list) -> tuple[list, list]:
-    """``(train, val)`` samples of a directory without train/ and val/ (logged, see module doc)."""
+    """``(train, val)`` samples of a directory without train/ and val/ (logged)."""
     train_idx, val_idx = stratified_split([s[1] for s in samples], VAL_FRACTION, SPLIT_SEED)
     if not val_idx:
         _check_readable(f"'{root}'", samples)  # none readable: the more useful message
@@ -232,9 +196,8 @@ def _check_classes(root: Path, classes: list[str]) -> None:
 
 
 def _check_listed(root: Path, samples: list, classes: list[str] | None = None) -> list:
-    """``samples``, refused when there are none, or when one of ``classes`` (the training
-    set's) has none: an empty class folder would count as a class no image teaches, and
-    torchvision's ImageFolder refuses it too."""
+    """``samples``, refused when empty or when one of ``classes`` has none (a class no image
+    teaches; torchvision refuses it too)."""
     if not samples:
         raise UsageError(f"ImageFolder '{root}' has no image files "
                          f"(extensions: {' '.join(IMG_EXTENSIONS)})")
@@ -249,9 +212,12 @@ def _check_listed(root: Path, samples: list, classes: list[str] | None = None) -
 
 
 def _check_readable(where: str, samples: list) -> int:
-    """The shorter side of the first readable image of ``samples``; refused if none opens."""
-    size = _readable_size(samples)
-    if size is None:
-        raise UsageError(f"ImageFolder {where} has no readable images: all {len(samples)} "
-                         f"image files fail to open")
-    return size
+    """The shorter side of the first image of ``samples`` whose header opens; refused if none."""
+    for path, _ in samples:
+        try:
+            with decoding(path), Image.open(path) as img:
+                return min(img.size)
+        except UnreadableImage as exc:
+            _warn_once(path, exc)
+    raise UsageError(f"ImageFolder {where} has no readable images: all {len(samples)} "
+                     f"image files fail to open")

@@ -1,11 +1,7 @@
-"""ImageNet-style crops decoded straight to ``uint8``: RandomResizedCrop + flip, and the val crop.
+"""ImageNet crops decoded straight to ``uint8``: RandomResizedCrop + flip, and the val crop.
 
-The crop box is drawn from a :class:`~tandem.data.transforms.SampleRandom` keyed by the sample,
-so it does not depend on worker, rank or strategy, nor on the decoder. Training crops decode
-JPEGs with simplejpeg when it is installed, at reduced scale when the crop allows (see
-:mod:`~tandem.data.decode`), and resample only the box, in torch. The val crop is
-torchvision's ``Resize`` + ``CenterCrop``, pixel for pixel, in Pillow. Float conversion happens
-on the device.
+The box is drawn from the sample's :class:`~tandem.data.transforms.SampleRandom`, whatever the
+decoder; a training crop decodes at reduced scale where the box allows (:mod:`.decode`).
 """
 
 from __future__ import annotations
@@ -20,10 +16,6 @@ from PIL import Image
 from .decode import decoding, open_image, open_pillow, read_bytes
 from .transforms import SampleRandom, center_offset, shorter_side_size
 
-__all__ = ["SCALE", "RATIO", "TRIES", "VAL_RESIZE_RATIO", "random_resized_box", "val_resize",
-           "train_draws", "val_geometry", "train_crop", "val_crop", "resized_crop",
-           "decode_crop"]
-
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
 TRIES = 10
@@ -32,12 +24,8 @@ VAL_RESIZE_RATIO = 256 / 224  # val: resize the shorter side to size * 256/224, 
 
 def random_resized_box(width: int, height: int, rng: SampleRandom, scale=SCALE, ratio=RATIO,
                        tries: int = TRIES) -> tuple[int, int, int, int]:
-    """``(left, top, right, bottom)`` of a random crop inside a ``width x height`` image.
-
-    Each try draws an area fraction uniformly from ``scale`` and an aspect ratio (w/h)
-    log-uniformly from ``ratio``; the first box that fits is placed uniformly at random.
-    After ``tries`` misses, the largest centred box whose ratio lies in ``ratio`` is used.
-    """
+    """``(left, top, right, bottom)`` of torchvision's RandomResizedCrop box in a ``width x
+    height`` image (after ``tries`` misses, the largest centred box within ``ratio``)."""
     area = width * height
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for _ in range(tries):
@@ -66,16 +54,12 @@ def val_resize(size: int) -> int:
 
 
 def resized_crop(image: np.ndarray, box, scale: float, size: int, flip: bool) -> np.ndarray:
-    """``box`` (full-scale pixels) of ``image`` (decoded at ``1/scale``, ``scale`` the DCT
-    divisor, see :mod:`~tandem.data.decode`) resampled bilinearly to
-    ``size x size``, flipped left-right if ``flip``: an ``(S, S, 3)`` uint8 array.
+    """``box`` (full-scale pixels) of ``image`` (decoded at ``1/scale``) resampled bilinearly
+    to an ``(S, S, 3)`` uint8 crop, flipped if ``flip``.
 
-    At full scale the box is cut out, then resized with antialiasing, as torchvision's
-    ``RandomResizedCrop`` does on a PIL image (``crop`` then ``resize``). That runs in torch's
-    uint8 kernel, which matches Pillow's ``resize`` within 1 per pixel, needs no Pillow image
-    in between, and takes about a fifth of the time of Pillow's with its conversions
-    (``benchmarks/jpeg_decoders.py``). At reduced scale the box has fractional corners,
-    so Pillow resamples it in place (``resize(box=...)``, which may read pixels just outside).
+    At full scale in torch's uint8 kernel (within 1 of Pillow's, a fifth of its time:
+    ``benchmarks/jpeg_decoders.py``); at reduced scale the box's corners are fractional, and
+    Pillow resamples it in place.
     """
     if scale == 1:
         left, top, right, bottom = box
@@ -94,35 +78,27 @@ def resized_crop(image: np.ndarray, box, scale: float, size: int, flip: bool) ->
 
 
 def train_crop(path, size: int, rng: SampleRandom, decoder: str | None = None) -> np.ndarray:
-    """RandomResizedCrop to ``size x size`` then a horizontal flip with probability 1/2.
-    ``decoder``: see :func:`~tandem.data.decode.open_image`; the box and the flip do not
-    depend on it."""
+    """RandomResizedCrop to ``size x size``, then a flip with probability 1/2."""
     img = open_image(path, decoder)
     box, flip = train_draws(img.width, img.height, rng)
     return decode_crop(img, box, size, flip)
 
 
 def train_draws(width: int, height: int, rng: SampleRandom) -> tuple[tuple, bool]:
-    """The training crop's draws from ``rng``, in their order: the box, then the flip (the
-    GPU decode's workers draw them here too, so both paths crop alike)."""
+    """The training crop's draws, in order: the box, then the flip (``--decode gpu`` too)."""
     box = random_resized_box(width, height, rng)
     return box, rng.coin()
 
 
 def decode_crop(img, box, size: int, flip: bool) -> np.ndarray:
-    """``box`` of the opened image ``img`` (:func:`~tandem.data.decode.open_image`) as an
-    ``(S, S, 3)`` uint8 crop: decoded at the scale the box allows, then resampled."""
+    """``box`` of the opened image ``img`` as an ``(S, S, 3)`` uint8 crop."""
     image, scale = img.decode(box, size, size)
     return resized_crop(image, box, scale, size, flip)
 
 
 def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
-    """torchvision's ``Resize(resize_to)`` then ``CenterCrop(size)`` (``resize_to`` defaults
-    to :func:`val_resize`), pixel for pixel: the shorter side to ``resize_to``, the longer to
-    ``int(resize_to * long / short)``, bilinear over the whole decoded image, then the crop at
-    ``int(round(excess / 2.0))``. Validation accuracy is then the imagenet example's for the
-    same weights, so no ``draft`` here: a reduced-scale decode gives other pixels (and at 224 px
-    it applies only to photos with a shorter side of 512 or more)."""
+    """torchvision's ``Resize(resize_to)`` then ``CenterCrop(size)``, pixel for pixel, so
+    validation accuracy is the imagenet example's (no reduced-scale decode: other pixels)."""
     with decoding(path):  # the decode; what follows works on pixels in memory
         img = open_pillow(read_bytes(path), path)
         img.load()
@@ -137,8 +113,7 @@ def val_crop(path, size: int, resize_to: int | None = None) -> np.ndarray:
 
 def val_geometry(width: int, height: int, size: int, resize_to: int | None = None
                  ) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
-    """:func:`val_crop`'s ``(new_w, new_h)`` for the whole image and its centre ``size`` box
-    there (``(left, top, right, bottom)``)."""
+    """:func:`val_crop`'s resized ``(w, h)`` and its centre box ``(left, top, right, bottom)``."""
     resize_to = val_resize(size) if resize_to is None else resize_to
     new_w, new_h = shorter_side_size(width, height, resize_to)
     left, top = center_offset(new_w, size), center_offset(new_h, size)

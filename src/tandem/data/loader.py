@@ -1,13 +1,9 @@
 """Loaders whose global batches depend only on ``(seed, epoch)``.
 
 Global batch ``b`` is ``order[b*B:(b+1)*B]`` of a permutation seeded by ``(seed, epoch)``;
-nothing is dropped, padded or repeated. With ``world_size > 1`` rank ``r`` loads only its
-contiguous share (balanced, :func:`tandem.parallel.shares.shares`, or as ``split`` says); with
-``mix`` (mixup, cutmix) also the partners its share lacks (:mod:`.paired`). Warning: when a
-last global batch has fewer samples than ranks, trailing ranks get an *empty* batch, so every
-rank yields the same number of batches; callers must cope with a zero-sample step.
-``start_batch`` resumes mid-epoch, and :class:`LoaderCache` keeps persistent workers alive for
-the whole run.
+nothing is dropped, padded or repeated; rank ``r`` loads its contiguous share. Warning: when a
+last batch has fewer samples than ranks, trailing ranks get an *empty* batch (every rank
+yields the same number of batches): callers must cope with a zero-sample step.
 """
 
 from __future__ import annotations
@@ -26,25 +22,19 @@ from .mixing import Mixing, pair
 from .paired import Paired, PairedKeys
 from .transforms import mix_seed
 
-__all__ = ["make_loader", "ShardedBatchSampler", "collate", "epoch_order",
-           "LoaderCache", "PREFETCH", "batches_per_epoch", "rank_rows"]
-
 PREFETCH = 4  # batches in flight per worker
 
 
 def batches_per_epoch(dataset, batch_size: int) -> int:
-    """Global batches in one epoch of ``dataset``: ``ceil(len / batch_size)``, the last one
-    short, none dropped (what :func:`make_loader` yields); no loader is built to know it."""
+    """Global batches in one epoch of ``dataset``: ``ceil(len / batch_size)``, none dropped."""
     _check_int("batch_size", batch_size, 1)
     return -(-len(dataset) // batch_size)
 
 
 def rank_rows(num_samples: int | None, batch_size: int, batch: int, rank: int = 0,
               world_size: int = 1, split=None, epoch: int = 0) -> tuple[int, int]:
-    """``(first, count)``: rank ``rank``'s rows of global batch ``batch`` of an epoch of
-    ``num_samples`` (``None``: a whole batch), the first as an index into that global batch
-    (``split``: as for :class:`ShardedBatchSampler`). What the sampler yields, and where keyed
-    dropout places a rank's samples (:mod:`tandem.keyed`)."""
+    """``(first, count)``: rank ``rank``'s rows of global batch ``batch`` of ``num_samples``
+    (``None``: a whole batch); what the sampler yields and where keyed dropout places them."""
     left = batch_size if num_samples is None else num_samples - batch * batch_size
     size = max(0, min(batch_size, left))
     sizes = (shares(size, [1] * world_size) if split is None
@@ -63,10 +53,8 @@ def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> to
 class ShardedBatchSampler(Sampler):
     """Yields, per global batch, this rank's list of sample keys ``(index, seed, epoch)``.
 
-    ``split``: ``None`` (even shares), or a callable ``(epoch, batch, size) -> sizes`` (one
-    per rank) asked as each batch is drawn (``--split``). The keys do not depend on it.
-    ``mix``: a :class:`~.mixing.Mixing` whose draw each global batch gets; the share's keys
-    are then followed by its partners' (:class:`~.paired.PairedKeys`).
+    ``split``: ``None`` (even shares) or ``(epoch, batch, size) -> sizes`` (``--split``).
+    ``mix`` (:class:`~.mixing.Mixing`): the keys are followed by the partners' (:mod:`.paired`).
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int,
@@ -116,11 +104,8 @@ class ShardedBatchSampler(Sampler):
 
 def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
             target_shape: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``(image, label)`` pairs; an empty list gives ``(0, *shape)`` and
-    ``(0, *target_shape)`` tensors (labels are class indices, or tensors of them).
-
-    The batch keeps the samples' layout: channels-last samples give a channels-last batch.
-    """
+    """Stack ``(image, label)`` pairs, keeping the samples' layout (channels-last stays so); an
+    empty list gives ``(0, *shape)`` and ``(0, *target_shape)`` tensors."""
     if not samples:
         return (torch.empty((0, *shape), dtype=dtype),
                 torch.empty((0, *target_shape), dtype=torch.int64))
@@ -153,14 +138,11 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
                 workers: int = 0, rank: int = 0, world_size: int = 1, start_batch: int = 0,
                 pin_memory: bool = False, persistent: bool = False, split=None,
                 mix: Mixing | None = None) -> DataLoader:
-    """A DataLoader over this rank's share of the epoch's global batches (see module doc).
+    """A DataLoader over this rank's share of the epoch's global batches of ``batch_size``.
 
-    ``batch_size`` is the global batch. ``dataset`` must accept ``(index, seed, epoch)`` keys
-    (every tandem dataset does) and have a ``shape`` attribute ``(C, H, W)`` (and optionally a
-    ``dtype`` and a ``target_shape``) used to shape empty batches, unless it has its own
-    ``collate`` (and ``finish_loader``, which wraps the loader). ``persistent`` keeps the
-    workers between epochs. ``mix`` (:class:`~.mixing.Mixing`): each batch is ``(images,
-    targets, pairing)``, the share's own samples then its partners, to mix on the device.
+    ``dataset`` takes ``(index, seed, epoch)`` keys and has a ``shape`` (optionally ``dtype``,
+    ``target_shape``) for empty batches, or its own ``collate`` (and ``finish_loader``). With
+    ``mix`` each batch is ``(images, targets, pairing)``, to mix on the device.
     """
     _check_int("workers", workers, 0)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
@@ -189,14 +171,8 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
 
 
 class LoaderCache:
-    """One DataLoader per ``(dataset, settings)``, moved from epoch to epoch.
-
-    ``get`` takes :func:`make_loader`'s arguments. The first call builds the loader with
-    persistent workers; later calls with the same dataset and settings only move its sampler
-    (:meth:`ShardedBatchSampler.set_position`), so the workers, their open files and their
-    record of corrupt images survive. Batches are the same as from a fresh loader: the keys
-    are made in this process, and the workers' own RNGs are never used for augmentation.
-    """
+    """One DataLoader per ``(dataset, settings)`` with persistent workers, its sampler moved
+    from epoch to epoch; batches are a fresh loader's (the keys are made in this process)."""
 
     def __init__(self):
         self._loaders: dict[tuple, tuple[object, DataLoader]] = {}

@@ -1,24 +1,9 @@
-"""mixup and cutmix drawn for the whole global batch, and the mix itself on the device.
+"""mixup and cutmix as timm's ``Mixup`` in "batch" mode, drawn once per global batch from
+``(seed, epoch, batch)``, never from a process's own generator; the mix itself on the device.
 
-What timm's ``Mixup`` does in "batch" mode (Zhang et al. 2018, mixup; Yun et al. 2019,
-CutMix), drawn once per global batch from a generator keyed by ``(seed, epoch, batch)``,
-never from a process's own: whether the batch is mixed (``prob``), mixup or cutmix
-(``switch_prob`` when both are on), ``lam ~ Beta(alpha, alpha)``, cutmix's box centre, and a
-permutation of the batch that gives each sample its partner (timm pairs sample ``i`` with
-``N - 1 - i`` of an already shuffled batch; a drawn permutation, as in the mixup paper's
-code, works for any batch size, odd or of one). A share of the batch needs the partners of
-its own samples, which another rank may hold: the loader loads them too
-(:mod:`.paired`), so that each sample is mixed the same whatever holds it, and the step
-computes the whole batch's update.
-
-:func:`mix` runs on the device, after normalisation, in the run's dtype (mixing is affine, so
-mixing normalised images is normalising mixed ones): ``lam * x + (1 - lam) * x_partner``, or
-the partner's box pasted in, with ``lam`` corrected to the box's true area (timm's
-``correct_lam``). The targets become class probabilities, ``lam * onehot(y) + (1 - lam) *
-onehot(y_partner)``; a label-smoothed ``CrossEntropyLoss`` smooths them as timm's
-``mixup_target`` does (smoothing is affine too). A batch the draw leaves unmixed still gets
-(one-hot) probabilities, as in timm. A target outside ``[0, classes)`` (an ignored one)
-carries no weight.
+A drawn permutation gives each sample its partner (timm pairs ``i`` with ``N - 1 - i``), which
+another rank may hold: the loader loads it too (:mod:`.paired`). :func:`mix` runs after
+normalisation (mixing is affine); targets become class probabilities, one-hot when unmixed.
 """
 
 from __future__ import annotations
@@ -33,9 +18,6 @@ import torch.nn.functional as F
 from tandem.errors import UsageError, param
 
 from .transforms import mix_seed
-
-__all__ = ["Mixing", "MixDraw", "Pairing", "draw_mix", "pair", "cut_box", "mix",
-           "soft_targets"]
 
 _SALT = 0x6D6978  # "mix": this stream's own, apart from the epoch order's and the samples'
 
@@ -73,10 +55,8 @@ class Mixing:
 
 @dataclass(frozen=True)
 class MixDraw:
-    """One global batch's draws: ``partner[p]``, the position whose sample sample ``p`` mixes
-    with; ``kind`` (``"none"``, ``"mixup"`` or ``"cutmix"``); Beta's ``lam``; cutmix's box
-    centre as fractions of the height and width (the box is cut where the image's size is
-    known, :func:`cut_box`)."""
+    """One global batch's draws: ``partner[p]`` (whom sample ``p`` mixes with), ``kind``
+    (``none``, ``mixup``, ``cutmix``), Beta's ``lam``, cutmix's box centre (fractions)."""
 
     partner: tuple[int, ...]
     kind: str
@@ -85,8 +65,7 @@ class MixDraw:
 
 
 def draw_mix(mixing: Mixing, seed: int, epoch: int, batch: int, size: int) -> MixDraw:
-    """The draws of one global batch, in timm's order (mix at all, which, lam), keyed by
-    ``(seed, epoch, batch)`` alone: every process draws the same."""
+    """The draws of one global batch, in timm's order; every process draws the same."""
     g = np.random.Generator(np.random.Philox(key=mix_seed(seed, epoch, batch, _SALT)))
     partner = tuple(int(i) for i in g.permutation(size))
     centre = (float(g.random()), float(g.random()))
@@ -103,9 +82,8 @@ def draw_mix(mixing: Mixing, seed: int, epoch: int, batch: int, size: int) -> Mi
 
 @dataclass(frozen=True)
 class Pairing:
-    """How one share of a global batch is mixed: the batch's :class:`MixDraw`, and for each of
-    the share's own samples where its partner sits in what the share loaded (its own samples,
-    then ``extra``: the partners it does not hold, as global positions)."""
+    """How one share of a global batch is mixed: for each own sample, where its partner sits
+    in what the share loaded (its own, then ``extra``: the partners it lacks)."""
 
     draw: MixDraw
     gather: tuple[int, ...]
@@ -118,8 +96,7 @@ class Pairing:
 
 
 def pair(draw: MixDraw, lo: int, hi: int, num_classes: int) -> Pairing:
-    """The :class:`Pairing` of the share ``[lo, hi)`` of a global batch (an unmixed batch
-    needs no partner: each sample is its own)."""
+    """The :class:`Pairing` of the share ``[lo, hi)`` of a global batch."""
     if draw.kind == "none":
         return Pairing(draw, tuple(range(hi - lo)), (), num_classes)
     extra, gather = [], []
@@ -157,10 +134,8 @@ def soft_targets(own: torch.Tensor, partner: torch.Tensor, lam: float, classes: 
 
 
 def mix(images: torch.Tensor, labels: torch.Tensor, pairing: Pairing):
-    """``(mixed images, probabilities)`` of a share: ``images`` and ``labels`` are what it
-    loaded (its ``n`` own samples, then the extra partners) on the device; each output row is
-    an elementwise function of its sample and its partner alone, so it does not depend on the
-    share it was computed in."""
+    """``(mixed images, probabilities)`` of what a share loaded; a row depends on its sample
+    and its partner alone, not on the share (cutmix's ``lam`` is the box's true area)."""
     draw, n = pairing.draw, len(pairing.gather)
     if images.dim() != 4:
         raise UsageError(f"mixup and cutmix mix images (N, C, H, W), got a batch of shape "
@@ -184,10 +159,6 @@ def mix(images: torch.Tensor, labels: torch.Tensor, pairing: Pairing):
     dtype = images.dtype if images.is_floating_point() else torch.float32
     targets = soft_targets(labels[:n], labels.index_select(0, gather.to(labels.device)), lam,
                            pairing.num_classes, dtype)
-    return mixed.contiguous(memory_format=_layout(images)), targets
-
-
-def _layout(images: torch.Tensor) -> torch.memory_format:
-    """The layout a batch came in (``--channels-last``), which the mixed batch keeps."""
     last = images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
-    return torch.channels_last if last else torch.contiguous_format
+    return mixed.contiguous(memory_format=torch.channels_last if last
+                            else torch.contiguous_format), targets

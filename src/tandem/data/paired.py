@@ -1,14 +1,7 @@
 """A mixed batch through the DataLoader: a share's own samples, the partners it lacks, and how
-to mix them.
+to mix them (:class:`~.mixing.Pairing`), collated as ``(images, targets, pairing)``.
 
-The batch sampler (main process) draws each global batch's :class:`~.mixing.MixDraw` and
-yields, for this rank's share, the keys of its own samples followed by those of the partners
-it does not hold, as :class:`PairedKeys` (a list that carries the share's
-:class:`~.mixing.Pairing`, and reaches the workers pickled). :class:`Paired` wraps the data set
-so that the DataLoader hands it the whole list (``__getitems__``) and its collate returns
-``(images, targets, pairing)``; the step mixes them on the device (:func:`~.mixing.mix`). In
-one process every partner is in the batch already: nothing is loaded twice. Under ddp a rank
-loads, on average, ``1 - 1/ranks`` of its share again as partners.
+Under ddp a rank loads, on average, ``1 - 1/ranks`` of its share again as partners.
 """
 
 from __future__ import annotations
@@ -16,8 +9,6 @@ from __future__ import annotations
 from torch.utils.data import Dataset
 
 from .mixing import Pairing
-
-__all__ = ["PairedKeys", "Paired", "Fetched"]
 
 
 class PairedKeys(list):
@@ -32,8 +23,7 @@ class PairedKeys(list):
 
 
 class Fetched(list):
-    """The samples of a :class:`PairedKeys` list, with its ``pairing``: what
-    :meth:`Paired.__getitems__` gives the collate."""
+    """The samples of a :class:`PairedKeys` list, with its ``pairing``."""
 
     def __init__(self, samples, pairing: Pairing):
         super().__init__(samples)
@@ -41,9 +31,8 @@ class Fetched(list):
 
 
 class Paired(Dataset):
-    """``dataset`` read a share at a time, its batches collated by ``collate`` into
-    ``(images, targets)`` and given their pairing; anything else (length, shape,
-    normalization, ``finish_loader``) is ``dataset``'s."""
+    """``dataset`` read a share at a time (``__getitems__``), collated with its pairing; any
+    other attribute is ``dataset``'s."""
 
     def __init__(self, dataset, collate):
         self.dataset, self._collate = dataset, collate

@@ -1,18 +1,9 @@
-"""RandAugment and TrivialAugment, each draw from the sample's own :class:`SampleRandom`.
+"""RandAugment (``randaugment:N:M``, timm's ``rand-mM-nN``) and TrivialAugment Wide, every draw
+from the sample's own :class:`SampleRandom`, so an image is the same whoever loads it.
 
-``randaugment:N:M`` is timm's ``rand-mM-nN``: ``N`` operations picked uniformly, with
-replacement, from :data:`~.augment_ops.RAND_OPS`, each applied with probability 1/2 at the fixed
-magnitude ``M`` (0 to 10; timm's ``magnitude_std`` 0). ``trivialaugment`` is TrivialAugment
-Wide: one operation picked uniformly from :data:`~.augment_ops.WIDE_OPS` (identity among
-them), always applied, at a magnitude bin picked uniformly from 0..30. A signed argument is
-negated with probability 1/2; a geometric operation resamples with bilinear or bicubic, picked
-uniformly (timm's random interpolation), and fills with the data's mean colour. Every draw
-comes from the sample's stream, in that order, so an image is the same whoever loads it.
-
-The operations work on ``uint8`` pixels (Pillow): an ImageFolder crop as it is; a float image
-in ``[0, 1]`` (digits, CIFAR-10) is rounded to ``uint8`` for them and brought back
-(:meth:`Policy.on_float`; CIFAR-10's pixels are ``uint8`` already, digits' sixteenths are
-rounded to 255ths).
+A signed argument is negated with probability 1/2; a geometric operation resamples with
+bilinear or bicubic (timm's random interpolation). The operations work on ``uint8`` pixels: a
+float image in ``[0, 1]`` is rounded to them and back (:meth:`Policy.on_float`).
 """
 
 from __future__ import annotations
@@ -26,8 +17,6 @@ from tandem.errors import UsageError, param
 
 from .augment_ops import RAND_MAX, RAND_OPS, WIDE_BINS, WIDE_OPS, Op
 from .transforms import SampleRandom
-
-__all__ = ["Policy", "RandAugment", "TrivialAugment", "parse_policy", "POLICY_FORMS"]
 
 POLICY_FORMS = ("randaugment:N:M", "trivialaugment")
 _FILTERS = (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC)
@@ -111,8 +100,8 @@ class TrivialAugment(Policy):
 
 
 def parse_policy(text: str, name: str = "augment") -> Policy:
-    """``randaugment:N:M`` or ``trivialaugment`` as a :class:`Policy`; anything else (or
-    ``N`` below 1, ``M`` outside ``[0, 10]``) a one-line error naming parameter ``name``."""
+    """``randaugment:N:M`` or ``trivialaugment`` as a :class:`Policy`; else an error naming
+    parameter ``name``."""
     if text == TrivialAugment.spec:
         return TrivialAugment()
     parts = text.split(":")

@@ -1,8 +1,5 @@
-"""``synthetic``: random images generated on demand from a seed, for speed runs and tests.
-
-Sample ``i`` comes from its own generator seeded by ``(seed, split, i)``: its class's fixed
-low-resolution template plus unit noise, so the data is learnable and independent of load
-order. Splits that fit in :data:`CACHE_BYTES` are generated once, up front.
+"""``synthetic``: random images from a seed, for speed runs and tests. Sample ``i`` is its
+class's template plus noise from ``(seed, split, i)``: learnable, whatever the load order.
 """
 
 from __future__ import annotations
@@ -11,10 +8,8 @@ import numpy as np
 
 from tandem.errors import UsageError
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset
+from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size
 from .transforms import mix_seed
-
-__all__ = ["SyntheticDataset", "load_synthetic", "split_sizes", "SYNTHETIC_DEFAULTS"]
 
 SYNTHETIC_DEFAULTS = dict(size=1024, num_classes=10, in_channels=3, image_size=32)
 _TEMPLATE = 4  # side of the per-class template before upsampling
@@ -67,8 +62,7 @@ def split_sizes(size: int | None) -> tuple[int, int]:
 
 def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int | None,
                    num_classes: int | None, splits: tuple[str, ...] = SPLITS):
-    """Train split of ``size`` samples (default 1024) and a val split of ``size // 4`` (>= 1);
-    a split not in ``splits`` is None (not generated)."""
+    """``(train, val, info)``; a split not in ``splits`` is None (not generated)."""
     size = split_sizes(size)[0]
     policy = getattr(augment, "policy", None)
     if policy is not None:
@@ -79,8 +73,7 @@ def load_synthetic(*, augment: str, seed: int, image_size: int | None, size: int
     channels = SYNTHETIC_DEFAULTS["in_channels"]
     for name, value in (("synthetic_size", size), ("num_classes", num_classes),
                         ("image_size", image_size)):
-        if not isinstance(value, int) or value < 1:
-            raise UsageError(f"synthetic data: {name} must be a positive int, got {value!r}")
+        check_size(value, "synthetic data", name)
     common = dict(num_classes=num_classes, in_channels=channels, image_size=image_size, seed=seed)
     train = (SyntheticDataset(size, split=0, augment=augment, **common)
              if "train" in splits else None)

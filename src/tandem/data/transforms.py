@@ -1,9 +1,5 @@
-"""The few image transforms tandem needs, written on PIL and numpy (no torchvision).
-
-torchvision's resize and crop geometry (the crops that decode files are in
-:mod:`~tandem.data.imagenet_transforms`); augmentation on small CHW float32 numpy arrays (a
-numpy op costs about a microsecond, a torch op tens). Randomness comes only from :class:`SampleRandom`, keyed by the
-sample, so augmentation is the same whatever the workers, ranks or strategy.
+"""The few image transforms tandem needs, on PIL and CHW float32 numpy arrays (a numpy op costs
+about a microsecond, a torch op tens). Randomness comes only from :class:`SampleRandom`.
 """
 
 from __future__ import annotations
@@ -15,21 +11,12 @@ from PIL import Image
 
 from tandem.keyed.keys import mix_seed, splitmix64 as _splitmix64  # the keys' one home
 
-__all__ = [
-    "SampleRandom", "mix_seed", "shorter_side_size", "center_offset", "to_array",
-    "random_shift", "hflip", "to_tensor", "resize_array",
-]
-
 _MASK = (1 << 64) - 1
 
 
 class SampleRandom:
-    """A deterministic stream of random numbers for one sample: ``SampleRandom(seed, epoch, i)``.
-
-    Counter-based (splitmix64 over a running counter, from :func:`mix_seed` of the key, as
-    the model's keyed dropout is: :mod:`tandem.keyed`), so creating one costs about a
-    microsecond and no global RNG is touched.
-    """
+    """A deterministic stream for one sample, ``SampleRandom(seed, epoch, i)``: splitmix64 over
+    a counter from :func:`mix_seed` of the key; about a microsecond, no global RNG touched."""
 
     __slots__ = ("_state",)
 
@@ -53,8 +40,6 @@ class SampleRandom:
         return low + (high - low) * ((self._next() >> 11) * 2.0 ** -53)
 
 
-# -- sizes and PIL conversion --------------------------------------------------------------
-
 def shorter_side_size(w: int, h: int, size: int) -> tuple[int, int]:
     """``(w, h)`` scaled so the shorter side is ``size``: torchvision's ``Resize(size)``, whose
     longer side is ``int(size * long / short)`` (truncated, not rounded)."""
@@ -77,8 +62,6 @@ def to_array(img: Image.Image) -> np.ndarray:
     return arr.transpose(2, 0, 1)
 
 
-# -- arrays --------------------------------------------------------------------------------
-
 def resize_array(img: np.ndarray, size: int) -> np.ndarray:
     """Resize a CHW array to ``size x size`` (bilinear; the same array when already that size)."""
     if img.shape[-1] == size and img.shape[-2] == size:
@@ -89,11 +72,8 @@ def resize_array(img: np.ndarray, size: int) -> np.ndarray:
 
 
 def random_shift(img: np.ndarray, padding: int, rng: SampleRandom) -> np.ndarray:
-    """Zero-pad ``padding`` pixels on every side, then crop the original size at a random offset.
-
-    This is the classic CIFAR "random crop with padding": content moves by up to ``padding``
-    pixels in each direction and the uncovered border is zero (black before normalisation).
-    """
+    """CIFAR's random crop with padding: content moved up to ``padding`` pixels each way, the
+    uncovered border zero."""
     if padding <= 0:
         return img
     h, w = img.shape[-2:]

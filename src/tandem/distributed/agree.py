@@ -1,34 +1,18 @@
 """The decisions every rank of a job must share, each made here, once, for all of them.
 
-NCCL matches collectives by their order, not their name: a rank that decides alone (to skip
-a step, drop a candidate, stop, save) issues a collective its peers do not, and the job hangs
-until the watchdog aborts it. So every decision that must be the same on all ranks is a
-method of :class:`Agreement`, one collective each, and nothing else in tandem decides for the
-job:
-
-============================  ==========================  =====================================
-decision                      method                      collective
-============================  ==========================  =====================================
-the job's settings, its data  :meth:`settings`            ``all_gather_object``, at the start
-what rank 0 decided           :meth:`rank0`, ...          ``broadcast_object_list``
-what each rank found          :meth:`each`                ``all_gather_object``
-what every rank can do        :meth:`all_of`              ``all_reduce`` MIN of a mask
-whether any rank found it     :meth:`any_of`              ``all_reduce`` MAX
-stop, save, the step saved    :meth:`vote`                one ``all_reduce`` a step, read later
-fp16's skipped step           :meth:`grad_scaler`         torch's ``ShardedGradScaler``
-a lost peer                   :meth:`peer_name`, ...      none: from what was agreed before
-============================  ==========================  =====================================
-
-Its collectives run on CPU tensors, which a job on CUDA sends over the group's gloo backend
-(``cpu:gloo,cuda:nccl``): an agreement never waits on a GPU, and a peer lost during one is a
-Python error there, not NCCL's abort: one line (:class:`~.faults.PeerLost`), with the line the
-lost rank left, where it left one (a rank that refused its flags ends the others so). In one
-process every method returns the caller's own value and nothing is sent.
+NCCL matches collectives by order, not name: a rank that decides alone (to skip a step, stop,
+save) issues a collective its peers do not, and the job hangs. So each such decision is one
+method of :class:`Agreement`, one collective each: :meth:`~Agreement.settings` (at the start),
+:meth:`~Agreement.rank0` / :meth:`~Agreement.from_rank0` (what rank 0 decided),
+:meth:`~Agreement.each`, :meth:`~Agreement.all_of`, :meth:`~Agreement.any_of`,
+:meth:`~Agreement.vote` (stop, save, the step saved: one all-reduce a step, read a step late)
+and :meth:`~Agreement.grad_scaler` (fp16's skipped step). They run on CPU tensors (gloo under
+``cpu:gloo,cuda:nccl``): an agreement never waits on a GPU, and a peer lost during one is one
+line (:func:`~.faults.watched`). In one process each returns the caller's own value.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -39,9 +23,8 @@ from tandem.errors import TandemError, UsageError, param
 
 from . import faults
 
-T = TypeVar("T")
 
-__all__ = ["Agreement", "Verdict", "SettingsDiffer", "LOCAL"]
+T = TypeVar("T")
 
 
 class SettingsDiffer(UsageError):
@@ -51,8 +34,7 @@ class SettingsDiffer(UsageError):
 @dataclass(frozen=True)
 class Verdict:
     """What the ranks agreed after a step (:meth:`Agreement.vote`): stop (a signal on any
-    rank), save now (rank 0's clock said a save is due), and the optimizer step of the last
-    checkpoint rank 0 has on disk (``None``: none yet)."""
+    rank), save now (rank 0's clock), the step of rank 0's last checkpoint on disk."""
 
     stop: bool = False
     save: bool = False
@@ -60,9 +42,8 @@ class Verdict:
 
 
 class Agreement:
-    """The decisions of one job: rank ``rank`` of ``world_size`` on the default process group
-    (``group=None``) or ``group``. ``node`` and ``addr`` say where this rank runs (its node's
-    index and address towards the master), for the lines that name a rank."""
+    """The decisions of one job: rank ``rank`` of ``world_size`` on ``group`` (None: the
+    default group); ``node`` and ``addr`` (towards the master) name this rank in lines."""
 
     def __init__(self, rank: int = 0, world_size: int = 1, group=None, node: str = "0",
                  addr: str = "", env=None):
@@ -75,7 +56,6 @@ class Agreement:
     def several(self) -> bool:
         return self.world_size > 1
 
-    # -- where each rank runs ------------------------------------------------------------
     def peer_name(self, rank: int) -> str:
         """``rank 1 (node 1, 192.0.2.2)``, as far as the start of the job told."""
         if rank not in self.peers:
@@ -87,15 +67,13 @@ class Agreement:
         """The ranks (other than this one) that run at ``address``."""
         return [r for r, (_, addr) in self.peers.items() if addr == address and r != self.rank]
 
-    # -- decisions ---------------------------------------------------------------------------
     def settings(self, mine: dict[str, Any], named: Callable[[str], str] | None = None,
                  what: str = "every node must run the same command (only --node-rank differs)"
                  ) -> None:
-        """Check every rank's settings (``{"optim.lr": 0.01, ...}``) against rank 0's, and
+        """Check every rank's settings (``{"optim.lr": 0.01, ...}``) against rank 0's and
         learn where every rank runs (:attr:`peers`). A difference is a :class:`SettingsDiffer`
-        on every rank, naming the setting (``named(key)``; default: the config field's
-        parameter) and the ranks, and saying ``what`` must hold, before any step: a typo on
-        one machine of many would otherwise train a run that is neither (or hang)."""
+        on every rank, naming the setting (``named(key)``, default its parameter), the ranks
+        and ``what`` must hold: a typo on one machine would train a run that is neither."""
         if not self.several:
             return
         node, addr = self.peers[self.rank]
@@ -112,9 +90,8 @@ class Agreement:
                                      quiet=self.rank != 0 and self.rank != rank)
 
     def rank0(self, decide: Callable[[], T]) -> T:
-        """``decide()`` run on rank 0 alone (what only its machine can tell: its run
-        directory, its checkpoint) and its result on every rank; a mistake it raises
-        (a :class:`~tandem.errors.TandemError`) is raised on every rank, said by rank 0."""
+        """``decide()`` run on rank 0 alone (what only its machine can tell) and its result on
+        every rank; a :class:`~tandem.errors.TandemError` it raises is raised on every rank."""
         if not self.several:
             return decide()
         outcome: tuple = (None, None, None)
@@ -133,7 +110,7 @@ class Agreement:
         if not self.several:
             return value
         box = [value]
-        with self._collective("what rank 0 decided"):
+        with faults.watched(self, "what rank 0 decided"):
             dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
@@ -142,7 +119,7 @@ class Agreement:
         if not self.several:
             return [value]
         everyone: list = [None] * self.world_size
-        with self._collective("what each rank found"):
+        with faults.watched(self, "what each rank found"):
             dist.all_gather_object(everyone, value, group=self.group)
         return everyone
 
@@ -158,59 +135,37 @@ class Agreement:
         if not self.several:
             return [bool(f) for f in flags]
         votes = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64)
-        with self._collective("a vote"):
+        with faults.watched(self, "a vote"):
             dist.all_reduce(votes, op=op, group=self.group)
         return [bool(v) for v in votes.tolist()]
 
-    # -- the vote after every optimizer step -----------------------------------------------------
     def vote(self, stop: bool, save: bool = False, saved_step: int | None = None) -> Verdict:
-        """Cast this step's votes and return the verdict of the previous step's: every rank
-        calls it once per optimizer step, so every rank reads the same verdict at the same
-        step. ``stop`` (this rank got a signal) and ``save`` count on any rank; ``saved_step``
-        is rank 0's (the step of its last checkpoint on disk).
-
-        Several processes: one all-reduce of three numbers a step, started without waiting
-        and read one step later, when it has long arrived: a step never waits on it, and a
-        signal stops the job after the next step. One process: this step's own votes."""
+        """Cast this step's votes and return the previous step's verdict (every rank calls it
+        once per optimizer step). ``stop`` (a signal) and ``save`` count on any rank,
+        ``saved_step`` is rank 0's. One all-reduce a step, read one step later, so a step
+        never waits on it and a signal stops the job after the next step; one process: this
+        step's own votes."""
         if not self.several:
             return Verdict(stop, save, saved_step)
         cast = torch.tensor([float(stop), float(save),
                              -1.0 if saved_step is None else float(saved_step)],
                             dtype=torch.float64)
-        with self._collective("the step's vote"):
+        with faults.watched(self, "the step's vote"):
             work = dist.all_reduce(cast, op=dist.ReduceOp.MAX, group=self.group,
                                    async_op=True)
             previous, self._pending = self._pending, (work, cast)
             return _read(previous)
 
     def settle(self) -> Verdict:
-        """The verdict of the vote still in flight (every rank calls it at the same point: the
-        end of an epoch, of the run), and none in flight after it."""
+        """The verdict of the vote still in flight (every rank calls it at the same point)."""
         previous, self._pending = self._pending, None
-        with self._collective("the step's vote"):
+        with faults.watched(self, "the step's vote"):
             return _read(previous)
 
-    @contextlib.contextmanager
-    def _collective(self, what: str):
-        """A collective of the agreement's: a peer lost meanwhile is one line
-        (:class:`~.faults.PeerLost`; with the line the lost rank left in the job's store, when
-        it left one); any other error stays as it is."""
-        try:
-            yield
-        except RuntimeError as exc:
-            if isinstance(exc, TandemError):
-                raise
-            lost = faults.lost_peer(exc, self, f"while agreeing on {what}")
-            if lost is None:
-                raise
-            raise lost from None
-
-    # -- fp16's found_inf ------------------------------------------------------------------------
     def grad_scaler(self, device_type: str, enabled: bool) -> torch.amp.GradScaler:
-        """The loss scaler of a step: with several processes torch's ``ShardedGradScaler``,
-        whose ``unscale_`` all-reduces ``found_inf`` over the group, so that an inf in any
-        rank's gradients (a block of hybrid's split head lives on one rank only) makes every
-        rank skip the step and back off its scale alike; else torch's ``GradScaler``."""
+        """The loss scaler: with several processes torch's ``ShardedGradScaler``, whose
+        ``unscale_`` all-reduces ``found_inf``, so an inf on any rank (a block of hybrid's split
+        head) makes every rank skip the step alike; else torch's ``GradScaler``."""
         if not (self.several and enabled):
             return torch.amp.GradScaler(device_type, enabled=enabled)
         group = self.group if self.group is not None else dist.group.WORLD
@@ -231,8 +186,7 @@ def _read(pending) -> Verdict:
 
 def _differ_line(agreement: Agreement, rank: int, differs: list[str], reference: dict,
                  theirs: dict, named: Callable[[str], str], what: str) -> str:
-    """One line: the first setting ``rank`` runs with that rank 0 does not, both values, how
-    many more differ, and what must hold."""
+    """The first setting ``rank`` has unlike rank 0, both values, how many more, ``what``."""
     key = differs[0]
     more = f" (and {len(differs) - 1} more)" if len(differs) > 1 else ""
     return (f"{agreement.peer_name(rank)} has {named(key)} {_shown(theirs.get(key))} where "

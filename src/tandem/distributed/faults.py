@@ -1,41 +1,40 @@
-"""A collective that failed because a peer went away, told apart from a bug, in one line.
+"""What happens when a peer of a multi-process job is lost, in one place.
 
-gloo reports a dead or unreachable peer as a plain ``RuntimeError`` in its transport's words
-(``Connection closed by peer [192.0.2.2]:41234``, ``Timed out waiting 20000ms for recv
-operation``, ``Application timeout caused pair closure``); NCCL and the store raise torch's
-``DistError`` family. :func:`is_peer_failure` takes only those (words that other errors say
-too, ``read error``, only with a transport's source named): a data file's ``unexpected EOF``
-is no lost peer. :func:`lost_peer` reads them into :class:`PeerLost`,
-naming the lost ranks by the address in the text (the job's table of where each rank runs,
-:class:`~.agree.Agreement`), else by which ranks no longer answer in the job's store (each
-survivor marks itself once: one request a rank, read once), or saying the line a rank that
-failed left there before it ended; anything else keeps its traceback.
+Told apart from a bug (:func:`is_peer_failure`: torch's ``DistError`` family, or gloo's
+``RuntimeError`` in its transport's words, with its source named where other errors say them
+too), named (:func:`lost_peer`: by the address in the text, else by who still answers in the
+job's store, else by the line a failed rank left there), and ended: the step it cut short
+undone, the last completed step saved where a survivor can save it, else the last checkpoint
+kept, one line with how the run goes on (:func:`ended`), exit status 4.
 
-Why not torch's ``monitored_barrier``, which names the ranks that did not come: every rank
-must call it at the same point, rank 0 collecting, on a group that works; after a failure the
-group is broken and rank 0 may be the one lost. Nor a heartbeat thread (tandem had one): it
-cost every rank a store request for every other rank every 5 s (O(W**2) a beat on node 0's
-store); the marks here cost O(W) requests, once, when a peer is lost. Under NCCL the flight
-recorder keeps each rank's last collectives, dumped at a timeout (:mod:`.torchrun`).
+Not torch's ``monitored_barrier``: every rank must call it at one point, on a working group,
+rank 0 collecting, and rank 0 may be the one lost. Not a heartbeat (O(W**2) store requests a
+beat); the marks here cost O(W) requests, once. NCCL's flight recorder: :mod:`.torchrun`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
+from tandem import checkpoint
 from tandem.errors import TandemError
 
-from .join import key_prefix, short_store, told_failure
+from .join import announce_failure, key_prefix, short_store, told_failure
+from .resume_command import resume_command_here
 
-__all__ = ["PeerLost", "is_peer_failure", "lost_peer", "why", "RAISES", "ABORTS"]
-
-#: the failure models of a backend: after a peer is lost, the survivors' collective raises a
+#: a strategy's ``failure_model``: after a peer is lost, the survivors' collective raises a
 #: Python error (gloo), or the backend's watchdog aborts the process (NCCL: SIGABRT, unless
-#: TORCH_NCCL_ASYNC_ERROR_HANDLING is 0)
+#: TORCH_NCCL_ASYNC_ERROR_HANDLING is 0) and the launcher says the line
 RAISES, ABORTS = "raises", "aborts"
+#: the ``epoch_progress`` key of a checkpoint saved at a lost peer: the batch its sums were
+#: lost at (the resumed epoch's row counts from there, ``train_from_batch``)
+LOST_BEFORE = "sums_lost_before_batch"
 
 _ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:(\d+)")
 _TIMEOUT = re.compile(r"[Tt]imed out|[Tt]imeout", re.S)
@@ -43,8 +42,8 @@ _TIMEOUT = re.compile(r"[Tt]imed out|[Tt]imeout", re.S)
 _GONE = ("connection reset by peer", "connection closed by peer", "application timeout caused "
          "pair closure", "timed out waiting", "ncclremoteerror", "nccl communicator was aborted",
          "connectfullmesh failed")
-# words that other errors say too (a file on a network disk, a URL): a peer's only when the
-# text names a transport's source as well
+# words that other errors say too (a file on a network disk): a peer's only with a transport's
+# source named as well
 _GENERIC = ("broken pipe", "connection refused", "no route to host", "network is unreachable",
             "read error", "write error", "socket timeout")
 _SOURCES = ("gloo/", "processgroupgloo", "processgroupnccl", "nccl")
@@ -85,9 +84,7 @@ def why(exc: BaseException) -> str:
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    """True when ``exc`` is a collective's failure because a peer is gone or silent: torch's
-    ``DistError`` family, or a ``RuntimeError`` raised by a transport (its source named in
-    the text) in a transport's words."""
+    """True when ``exc`` is a collective's failure because a peer is gone or silent."""
     if not isinstance(exc, RuntimeError) or isinstance(exc, TandemError):
         return False
     dist_error = getattr(dist, "DistError", None)
@@ -99,9 +96,9 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 
 def lost_peer(exc: BaseException, agreement, where: str) -> PeerLost | None:
-    """:class:`PeerLost` for ``exc`` if a peer's failure caused it, else None. ``where``
-    says what this rank was doing (``after step 9``); ``agreement`` (the job's
-    :class:`~.agree.Agreement`) names the ranks."""
+    """:class:`PeerLost` for ``exc`` if a peer's failure caused it, else None. ``where``:
+    what this rank was doing (``after step 9``); ``agreement`` (:class:`~.agree.Agreement`)
+    names the ranks."""
     if not is_peer_failure(exc):
         return None
     me = agreement.peer_name(agreement.rank)
@@ -145,3 +142,128 @@ def _silent(agreement) -> list[int]:
         node0 = agreement.peers.get(0, ("0", ""))[0]
         return [r for r, (node, _) in sorted(agreement.peers.items())
                 if node == node0 and r != agreement.rank] or [0]
+
+
+@contextlib.contextmanager
+def watched(agreement, what: str):
+    """A collective of ``agreement``'s: a peer lost meanwhile is one line (:class:`PeerLost`,
+    "while agreeing on ``what``"); any other error stays as it is."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if isinstance(exc, TandemError):
+            raise
+        lost = lost_peer(exc, agreement, f"while agreeing on {what}")
+        if lost is None:
+            raise
+        raise lost from None
+
+
+def tell_others(exc: TandemError, line: str, env) -> None:
+    """Leave this rank's own failure ``line`` for the ranks that wait on it (``env``: its
+    :class:`~.env.DistEnv`; ``None``: no job to tell); a lost peer leaves nothing (the others
+    learn it from their own transport)."""
+    if not isinstance(exc, PeerLost):
+        announce_failure(line, env)
+
+
+@dataclass
+class StepStart:
+    """What optimizer step ``step`` changes before its optimizer step, as it was when it began:
+    the model's buffers (BatchNorm's running statistics) and the RNG states. A step a lost
+    peer cut short is undone with it, so the checkpoint then saved is the last completed one
+    (weights and optimizer change only at the optimizer step)."""
+
+    step: int
+    buffers: list
+    rng: dict
+
+    @classmethod
+    def of(cls, trainer) -> "StepStart | None":
+        """The start of ``trainer``'s next step, where its survivors save after a lost peer
+        (several processes whose collectives raise); else None."""
+        s = trainer.strategy
+        if not (s.multiprocess and s.failure_model == RAISES):
+            return None
+        return cls(trainer.position.step, [b.detach().clone() for b in trainer.model.buffers()],
+                   checkpoint.capture_rng(s.device))
+
+
+def ended(trainer, exc: RuntimeError) -> PeerLost | None:
+    """The :class:`PeerLost` that ends ``trainer``'s run (a :class:`~tandem.train.loop.
+    Trainer`; None: ``exc`` is no lost peer): the step it cut short undone, the last completed
+    step saved with no collective where the main process can, and one line per node (its
+    first process) saying what the run keeps and how it goes on."""
+    s, pos = trainer.strategy, trainer.position
+    start = trainer.step_start
+    if start is not None and start.step != pos.step:
+        start = None  # that step completed: none is under way
+    lost = exc
+    if not isinstance(exc, PeerLost):  # else the agreement's own collective said it (watched)
+        where = f"in step {pos.step + 1}" if start is not None else f"after step {pos.step}"
+        lost = lost_peer(exc, s.agreement, where) if s.agreement.several else None
+        if lost is None:
+            return None
+        lost.quiet = s.local_rank != 0
+    saved = _save(trainer, start)
+    return PeerLost(f"{lost}; {_goes_on(trainer, saved, lost.lost)}", quiet=lost.quiet,
+                    lost=lost.lost)
+
+
+def _save(trainer, start: StepStart | None) -> str | None:
+    """Undo the step under way (``start``) and save the last completed step on the main
+    process (its path); nothing where the state needs every rank. The epoch's train sums need
+    the others: the resumed epoch's row counts from this batch (:data:`LOST_BEFORE`)."""
+    s = trainer.strategy
+    if start is not None:
+        with torch.no_grad():
+            for saved, buffer in zip(start.buffers, trainer.model.buffers()):
+                buffer.copy_(saved)
+    if not s.is_main or s.state_needs_every_rank:
+        return None
+    trainer.save(is_best=False, progress={LOST_BEFORE: trainer.position.batch,
+                                          "lr_steps": trainer.lr_steps},
+                 rng=start.rng if start is not None else None)
+    trainer.writer.flush()  # on disk before the line says so
+    return trainer.run_dir.latest
+
+
+def _goes_on(trainer, saved: str | None, lost: tuple[int, ...]) -> str:
+    """What the run keeps, as this rank knows it (the checkpoint the main process saved, or
+    the last one it has), and how it goes on (the launcher restarts it, or each node's
+    command)."""
+    s, pos, out = trainer.strategy, trainer.position, trainer.cfg.run.out
+    left = s.agreement.env.restarts_left
+    if saved is not None:
+        done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
+        if left:
+            return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
+        return f"{done}; continue with: {resume_command_here(out, s.agreement.env)}"
+    if not s.state_needs_every_rank and 0 not in lost and not s.is_main:
+        return (f"rank 0 saves the last completed step ({pos.step}) on node 0" + (
+            "; the launcher restarts the job from it" if left else
+            f"; continue with: {resume_command_here(out, s.agreement.env, this_node=True)}"))
+    why = ("its model is split across the processes and cannot be saved without the lost "
+           "one" if s.state_needs_every_rank else
+           "rank 0, which alone writes the run, is lost with it")
+    kept = _kept(trainer)
+    if kept is None:
+        return (f"{why}, and the run has no checkpoint yet: start it again (the same "
+                f"command, with --overwrite)" + ("; the launcher restarts it from step 1"
+                                                 if left else ""))
+    goes_on = ("the launcher restarts the job from it" if left else
+               f"continue with: {resume_command_here(out, s.agreement.env, this_node=not s.is_main)}")
+    return f"{why}: the last checkpoint stands ({kept}); {goes_on}"
+
+
+def _kept(trainer) -> str | None:
+    """The checkpoint rank 0's disk holds, as this rank knows it: the last save the ranks
+    made, and, while rank 0 had not said it was written, the one before (None: none)."""
+    made, confirmed = trainer.kept_step(), trainer.job_saved_step
+    if made is None:
+        return None
+    where = f"{trainer.run_dir.latest} from step {made} on node 0"
+    if trainer.strategy.is_main or confirmed == made:
+        return where
+    before = f"step {confirmed}" if confirmed is not None else "none"
+    return f"{where}, if rank 0 finished writing it (else {before})"

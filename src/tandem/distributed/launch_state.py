@@ -1,11 +1,9 @@
 """What a node's workers tell its launcher, for the line it says when they were aborted.
 
-Under NCCL a failed or timed-out collective ends every worker by SIGABRT (the process group's
-watchdog): no worker can then say what was lost or what was kept. So the node's first worker
-keeps a small JSON file that ``tandem launch`` named (``TANDEM_LAUNCH_STATE``) up to date: the
-run directory, the step of rank 0's last checkpoint as every rank heard it (the ranks' vote,
-:class:`~.agree.Verdict`), where each rank runs, and the command that continues the run on
-this node. The launcher reads it when a worker died of a signal (:func:`read`).
+Under NCCL a failed collective ends every worker by SIGABRT, so no worker can say what was
+kept. The node's first worker keeps a JSON file (``TANDEM_LAUNCH_STATE``) up to date: the run
+directory, the step of rank 0's last checkpoint as the ranks' vote said, where each rank runs,
+and this node's command to continue; the launcher reads it after a signal (:func:`read`).
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import tempfile
 import threading
 from typing import Mapping
 
-__all__ = ["STATE_VAR", "LaunchState", "read"]
 
 STATE_VAR = "TANDEM_LAUNCH_STATE"
 

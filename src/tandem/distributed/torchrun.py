@@ -1,15 +1,9 @@
 """``tandem launch``: run a tandem command on many processes and machines with torchrun.
 
 ``torch.distributed.run`` starts and watches the workers; we add a free-port check,
-``--dist-timeout`` (``TANDEM_DIST_TIMEOUT``), a one-line failure summary and
-``TANDEM_LAUNCH_ID`` so restarted workers resume their own run. On several machines we also
-give the workers the interface that reaches the master (:mod:`.network`), refuse a loopback
-master, say while a node waits for the others, and tell the workers how this node was started
-(``TANDEM_LAUNCH``) so that a message can give each node its command to continue. We keep
-torchrun's own
-warnings about what tandem reports itself (a Ctrl-C, stopping the workers) off the terminal
-(:func:`quiet_agent`). :func:`run_captured` runs a job in a child process and returns its
-output instead (the bench's torchrun phase). Two machines::
+``--dist-timeout``, a one-line failure summary, ``TANDEM_LAUNCH_ID`` (restarted workers resume
+their run) and, on several machines, the interface that reaches the master (:mod:`.network`),
+lines while a node waits, and ``TANDEM_LAUNCH`` (each node's command to continue). Two machines::
 
     tandem launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 \\
         --nproc-per-node 2 -- train --strategy ddp ...
@@ -41,15 +35,11 @@ from .env import (ADDR_VAR, DEFAULT_JOIN_TIMEOUT, JOIN_TIMEOUT_VAR, LAUNCH_ID_VA
                   NODE_VAR, TIMEOUT_VAR)
 from .join import SAY_EVERY, JoinFailed, every
 
-__all__ = ["LaunchSpec", "torchrun_argv", "check_port_free", "quiet_agent", "launch",
-           "run_captured"]
 
 _SUBCOMMANDS = ("train", "eval", "bench", "models")
 
-# What torchrun's agent logs as warnings while it stops the workers: a signal it passes on and
-# each worker it stops. tandem says both itself ("stopped by SIGINT ...", "the job was
-# stopped"), so these lines ("W1123 12:00:00.000 ... Received 2 death signal, shutting down
-# workers") are noise. Matched by their message templates: anything else it logs still shows.
+# torchrun's agent's warnings while it stops the workers, which tandem says itself (matched by
+# template: anything else it logs still shows)
 _AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api",
                   "torch.distributed.elastic.multiprocessing.api",
                   "torch.distributed.elastic.rendezvous.dynamic_rendezvous")
@@ -60,31 +50,21 @@ _AGENT_NOISE = frozenset({
 })
 # the agent's error line for a failed worker: the worker's own line, or tandem launch's, says it
 _AGENT_FAILED = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
-# after its workers finished, an agent waits for the other nodes' agents in node 0's store;
-# node 0's agent may leave (and its store with it) while another node's still reads: torch
-# then logs this error with a traceback, after the job is done either way
+# an agent waiting for the others in node 0's store after the job, when node 0 left first
 _EXIT_BARRIER = "Error waiting on exit barrier. Elapsed: %s seconds"
-#: a worker's exit status after it told in one line that a peer was lost or never came
-#: (tandem.distributed.faults.PeerLost, join.JoinFailed)
-TOLD_EXIT = 4
-#: seconds a node waits for the others to come (the master to answer, every rank to join)
-DEFAULT_JOIN_TIMEOUT = 300.0
-JOIN_TIMEOUT_VAR = "TANDEM_JOIN_TIMEOUT"
+#: a worker's exit status after it told in one line that a peer was lost (:mod:`.faults`)
+#: or never came
+TOLD_EXIT = JoinFailed.exit_status
 _RDZV_LOGGER = "torch.distributed.elastic.agent.server.api"
-# exit statuses after which the worker's own line said all (tandem.errors.TandemError's: a
-# mistake, a diverged run, a lost or missing peer; a stop on SIGINT or SIGTERM, saved, with
-# the command to continue)
+# exit statuses after which the worker's own line said all (a TandemError's; a saved stop)
 _TOLD = (2, 3, TOLD_EXIT, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
     """What ``tandem launch`` was asked to run; ``__post_init__`` rejects what cannot work.
-
-    ``nnodes`` is ``"M"`` or ``"MIN:MAX"`` (elastic); ``master_port`` ``None``/``0`` on one node
-    picks a free one. The workers run ``python -m MODULE COMMAND``; with the default module,
-    ``tandem``, the command must be one of its subcommands.
-    """
+    ``nnodes``: ``"M"`` or ``"MIN:MAX"`` (elastic); ``master_port`` None/0 on one node: a free
+    one. The workers run ``python -m MODULE COMMAND`` (``tandem``: one of its subcommands)."""
 
     nproc_per_node: int
     command: list[str]
@@ -177,10 +157,8 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
 
 
 def check_port_free(addr: str, port: int) -> None:
-    """Raise a one-line ``ValueError`` when something on this machine listens on ``port``.
-
-    Racy by nature: a port taken after this check fails in torchrun itself.
-    """
+    """A one-line error when something on this machine listens on ``port`` (racy: a port
+    taken after the check fails in torchrun)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -200,10 +178,8 @@ def torchrun_argv(spec: LaunchSpec, local_addr: str | None = None,
     argv = ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
             "--max-restarts", str(spec.max_restarts)]
     if not (spec.rdzv_endpoint or spec.multi_node or spec.master_port):
-        # one node, no port given: a free port, chosen by the rendezvous (torchrun's own
-        # default in newer torch; older ones take a fixed 29500, which two jobs collide on)
-        # and this machine's loopback address for the workers (else its FQDN, which may not
-        # resolve where a container names itself)
+        # one node, no port: a free one (older torch takes 29500, which two jobs collide on),
+        # and the loopback address (a container's FQDN may not resolve)
         argv += ["--standalone", "--local-addr", "127.0.0.1"]
     elif spec.rdzv_endpoint:
         argv += ["--rdzv-backend", spec.rdzv_backend or "c10d",
@@ -211,8 +187,7 @@ def torchrun_argv(spec: LaunchSpec, local_addr: str | None = None,
         if spec.rdzv_id:
             argv += ["--rdzv-id", spec.rdzv_id]
         if hosts_endpoint is not None and (spec.rdzv_backend or "c10d") == "c10d":
-            # torch tells the endpoint's machine by its host name's addresses, which miss it
-            # where the name resolves to 127.0.0.1: then no node would serve the rendezvous
+            # torch finds the endpoint's machine by its host name, which misses a 127.0.0.1 one
             argv += ["--rdzv-conf", f"is_host={int(hosts_endpoint)}"]
     else:
         argv += ["--node-rank", str(spec.node_rank),
@@ -257,10 +232,7 @@ class _DropAgentNoise(logging.Filter):
 
 @contextlib.contextmanager
 def quiet_agent():
-    """Drop torchrun's agent warnings in :data:`_AGENT_NOISE` in this process meanwhile.
-
-    Its errors (a failed worker, one that would not stop) and every other message still show.
-    """
+    """Drop torchrun's agent warnings in :data:`_AGENT_NOISE` meanwhile (its errors show)."""
     noise = _DropAgentNoise()
     loggers = [logging.getLogger(name) for name in _AGENT_LOGGERS]
     for logger in loggers:
@@ -286,11 +258,9 @@ def launch(spec: LaunchSpec) -> int:
     if spec.join_timeout is not None:
         os.environ[JOIN_TIMEOUT_VAR] = str(spec.join_timeout)
     if spec.nproc_per_node > 1:
-        # torchrun would set this too (with a banner): one intra-op thread per worker, so N
-        # workers do not fight over the cores. An explicit OMP_NUM_THREADS wins.
+        # one intra-op thread per worker, as torchrun would (with a banner); the user's wins
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # One id for this launch, the same in restarted workers: they continue its run directory.
-    # Every node of a multi-node job must derive the same one.
+    # one id for this launch, the same on every node and in restarted workers (their run dir)
     os.environ.setdefault(LAUNCH_ID_VAR, uuid.uuid4().hex if not spec.multi_node else
                           f"{spec.rdzv_id or ''}@{spec.rdzv_endpoint or spec.master_addr}:"
                           f"{spec.master_port or ''}")
@@ -328,10 +298,8 @@ def launch(spec: LaunchSpec) -> int:
                     raise
                 print(f"tandem launch: {told}", file=sys.stderr, flush=True)
                 return TOLD_EXIT
-            # a signal behind another error: torchrun's timing wrapper, hit by it before its
-            # start time was set, failed in its own `finally` (UnboundLocalError), and the
-            # agent stopped the workers with SIGTERM, which they take as SIGINT (a stop at the
-            # next vote, saved)
+            # a signal behind another error (torchrun's timing wrapper failing in its own
+            # `finally`): the agent stopped the workers with SIGTERM, a saved stop to them
             told = "passed it on" if stopped is exc else "stopped"
             print(f"tandem launch: stopped by {stopped.sigval.name}; the workers were {told}",
                   file=sys.stderr, flush=True)
@@ -341,8 +309,7 @@ def launch(spec: LaunchSpec) -> int:
 
 @contextlib.contextmanager
 def _removed(directory: str):
-    """Remove this launch's own directory at the end, unless NCCL's flight recorder wrote
-    into it (the line names it then)."""
+    """Remove this launch's directory at the end, unless NCCL's flight recorder wrote there."""
     try:
         yield
     finally:
@@ -351,8 +318,7 @@ def _removed(directory: str):
 
 
 def _state_file() -> str:
-    """The file this node's first worker keeps for the launcher (:mod:`.launch_state`), in a
-    directory of this launch's own, named to the workers by ``TANDEM_LAUNCH_STATE``."""
+    """The file this node's first worker keeps for the launcher (:mod:`.launch_state`)."""
     directory = tempfile.mkdtemp(prefix="tandem-launch-")
     path = os.path.join(directory, "state.json")
     os.environ[launch_state.STATE_VAR] = path
@@ -360,20 +326,18 @@ def _state_file() -> str:
 
 
 def _nccl_defaults(directory: str) -> dict[str, str]:
-    """NCCL's own error handling, set unless the user set it: a failed or timed-out
-    collective aborts the workers at once (torchrun's default too), and the flight recorder
-    keeps each rank's last collectives and dumps them on a timeout into ``directory``, for
-    ``torchfrtrace DIRECTORY`` to say which rank stopped where. gloo ignores them."""
+    """NCCL's own error handling, unless the user set it: a failed collective aborts the
+    workers, and the flight recorder dumps each rank's last collectives on a timeout into
+    ``directory`` (``torchfrtrace DIRECTORY`` says which rank stopped where)."""
     return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_FR_BUFFER_SIZE": "2000",
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
             "TORCH_FR_DUMP_TEMP_FILE": os.path.join(directory, "nccl_trace_rank_")}
 
 
 def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
-    """The one line for workers that did not say why they ended: those killed from outside or
-    aborted, the cause on this node first; after an abort (NCCL's watchdog ends every worker
-    whose collective failed), what the run keeps and how it goes on, as the workers last
-    told (:mod:`.launch_state`)."""
+    """The line for workers that did not say why they ended (killed, or aborted by NCCL's
+    watchdog), the cause on this node first; after an abort, what the run keeps and how it
+    goes on, as the workers last told (:mod:`.launch_state`)."""
     failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
     aborted = [r for r, f in failures if f.exitcode == -signal.SIGABRT]
     others = [(r, f) for r, f in failures if f.exitcode != -signal.SIGABRT]
@@ -416,9 +380,8 @@ def _dumped() -> bool:
 
 
 def _network(spec: LaunchSpec) -> network.Route | None:
-    """On several nodes (or a rendezvous endpoint): the route to the master, whose interface
-    the workers' transports are given unless the user named theirs; a loopback master or own
-    address is refused before any rendezvous. One line says which interface."""
+    """Several nodes: the route to the master, whose interface the workers get unless the
+    user named theirs (one line says which); a loopback master or own address is refused."""
     if not (spec.multi_node or spec.rdzv_endpoint):
         _note_no_name("127.0.0.1")  # one machine: the workers meet on its loopback
         return None
@@ -459,9 +422,8 @@ def _note_no_name(address: str) -> None:
 
 
 def _wait_for_master(spec: LaunchSpec) -> None:
-    """A node other than 0: wait until node 0's rendezvous port answers, saying so every
-    :data:`~.join.SAY_EVERY` seconds; past the join timeout, one line and exit status 4.
-    (torchrun's own wait says nothing for ten minutes.)"""
+    """A node other than 0: wait for node 0's port, saying so every :data:`~.join.SAY_EVERY`
+    seconds (torchrun says nothing for ten minutes); past the join timeout, one line, status 4."""
     host, port = spec.master
     bound, started, said = join_timeout(spec), time.monotonic(), 0.0
     while True:
@@ -499,8 +461,7 @@ class _RendezvousDone(logging.Filter):
 
 @contextlib.contextmanager
 def _waiting_for_nodes(spec: LaunchSpec):
-    """Node 0 of several: until the nodes have met, a line every :data:`~.join.SAY_EVERY`
-    seconds (torchrun says nothing while its store waits for the other nodes)."""
+    """Node 0 of several: a line every :data:`~.join.SAY_EVERY` seconds until the nodes met."""
     if not spec.multi_node or spec.node_rank != 0 or spec.rdzv_endpoint:
         yield
         return
@@ -551,12 +512,9 @@ def _signal_behind(exc: BaseException, kind: type) -> BaseException | None:
 
 
 def run_captured(spec: LaunchSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run ``spec`` under torchrun in a child process; return its exit status and text output.
-
-    The child gets this process's environment plus ``spec.extra_env``, and none of
-    :func:`launch`'s additions. Past ``timeout`` seconds torchrun is killed and
-    ``subprocess.TimeoutExpired`` raised.
-    """
+    """Run ``spec`` under torchrun in a child process (this environment plus ``extra_env``,
+    none of :func:`launch`'s additions); its status and output. Past ``timeout``:
+    ``subprocess.TimeoutExpired``."""
     argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(spec)]
     return subprocess.run(argv, env={**os.environ, **spec.extra_env}, capture_output=True,
                           text=True, timeout=timeout)

@@ -1,9 +1,8 @@
 """tandem.keyed: randomness keyed by sample, so that a run is the same on 1 device or N.
 
-The model's dropout and drop path draw each sample's mask from a stream keyed by (run seed,
-optimizer step, micro-batch, layer, the sample's index in the global batch), as the loader's
-augmentation is keyed by the sample: :mod:`.keys` (the hashes), :mod:`.stream` (where a forward
-stands), :mod:`.dropout` (the layers, and :func:`keyed_dropout` to convert a model).
+Dropout and drop path draw each sample's mask from a stream keyed by (run seed, optimizer
+step, micro-batch, layer, the sample's index in the global batch): :mod:`.keys` (the hashes),
+:mod:`.stream` (where a forward stands), :mod:`.dropout` (the layers).
 """
 
 from .dropout import (KEYED_LAYERS, DropPath, KeyedAlphaDropout, KeyedDropout, KeyedDropout1d,
@@ -12,10 +11,7 @@ from .dropout import (KEYED_LAYERS, DropPath, KeyedAlphaDropout, KeyedDropout, K
 from .keys import mix_seed
 from .stream import step_stream
 
-__all__ = ["KeyedDropout", "KeyedDropout1d", "KeyedDropout2d", "KeyedDropout3d",
-           "KeyedAlphaDropout", "KeyedFeatureAlphaDropout", "DropPath", "KEYED_LAYERS",
-           "keyed_dropout", "drop_path_rates", "mix_seed", "step_stream", "KEYED", "TORCH",
-           "DROPOUT_RNGS"]
+__all__ = ["keyed_dropout", "step_stream", "DropPath", "drop_path_rates"]
 
 #: ``--dropout-rng``: keyed by sample (the default), or torch's own generator
 KEYED, TORCH = "keyed", "torch"

@@ -1,18 +1,9 @@
 """Dropout and drop path whose masks are keyed by sample, so that a run is the same on 1 device
-or N.
+or N: sample ``i``'s element, channel or whole branch is dropped when its word
+(:func:`~.keys.words`, this call's key: :mod:`.stream`) is below the threshold of ``p``.
 
-Each layer draws the mask of sample ``i`` (the index in the global batch) from
-:func:`~.keys.words` under the key of this call of the layer (:mod:`.stream`): element ``j``
-(``nn.Dropout``, ``AlphaDropout``), channel ``j`` (``Dropout1d/2d/3d``,
-``FeatureAlphaDropout``) or the whole sample (:class:`DropPath`) is dropped when its word is
-below :func:`~.keys.threshold` of ``p``. A replica computes only its rows, a block of a split
-layer only its columns. Outputs follow torch's formulas (kept values scaled by ``1/(1-p)``;
-alpha dropout's affine correction for SELU), and the backward keeps the boolean mask alone.
-
-In eval mode, at ``p`` 0 or 1, or outside a stream they are torch's own layers (which they
-subclass), drawing from torch's generator. :func:`keyed_dropout` converts a model's dropout
-layers and names every keyed layer; :func:`drop_path_rates` spreads a drop-path rate over a
-network's blocks.
+Outputs follow torch's formulas; the backward keeps the boolean mask alone. In eval mode, at
+``p`` 0 or 1, or outside a stream they are torch's own layers (which they subclass).
 """
 
 from __future__ import annotations
@@ -23,16 +14,11 @@ from torch import nn
 from . import stream
 from .keys import row_words, threshold, words
 
-__all__ = ["KeyedDropout", "KeyedDropout1d", "KeyedDropout2d", "KeyedDropout3d",
-           "KeyedAlphaDropout", "KeyedFeatureAlphaDropout", "DropPath", "KEYED_LAYERS",
-           "keyed_dropout", "drop_path_rates"]
-
 _ALPHA = 1.7580993408473766  # SELU's alpha times its scale: a dropped value is minus this
 
 
 class _Scaled(torch.autograd.Function):
-    """``x * keep / (1 - p)`` (``keep`` broadcast over ``x``); the backward keeps ``keep``
-    alone, a byte per entry, not the scaled mask."""
+    """``x * keep / (1 - p)``; the backward keeps ``keep`` alone (a byte per entry)."""
 
     @staticmethod
     def forward(ctx, x, keep, p, inplace):
@@ -60,8 +46,7 @@ def _alpha(x: torch.Tensor, keep: torch.Tensor, p: float, inplace: bool) -> torc
 
 
 def _keep(place: stream.Place, name: str, x: torch.Tensor, p: float, per: str) -> torch.Tensor:
-    """The keep mask of ``x``'s rows at ``place``: one entry per element (``per`` "element"),
-    per channel (dimension 1: "channel") or per sample ("sample"), shaped to broadcast."""
+    """The keep mask of ``x``'s rows at ``place``, ``per`` element, channel or sample."""
     key, rows = place.draw(name), (place.first_row, x.shape[0])
     if per == "sample":  # a word per sample: no columns to hash
         return (row_words(key, rows, x.device) >= threshold(p)).view(
@@ -105,10 +90,8 @@ _EAGER: list = []
 
 
 def _eager():
-    """The keyed draw out of ``torch.compile``'s reach: its keys are new integers at every
-    step, which a traced graph would take for constants (and recompile for). Made at the first
-    compiled call, as ``torch.compiler.disable`` imports dynamo (a second), which an eager run
-    never needs; compiled code breaks its graph around each keyed layer."""
+    """The keyed draw out of ``torch.compile``'s reach (its keys, new at every step, would be
+    constants in a graph); made at the first compiled call, as ``disable`` imports dynamo."""
     if not _EAGER:
         _EAGER.append(torch.compiler.disable(_KeyedMixin._draw))
     return _EAGER[0]
@@ -158,8 +141,7 @@ class KeyedDropout1d(_Channels, nn.Dropout1d):
 
 
 class KeyedDropout2d(_Channels, nn.Dropout2d):
-    """``nn.Dropout2d`` keyed by sample: ``(N, C, H, W)`` (a 3-D input is ``(N, C, L)``, as
-    torch reads it), whole channels."""
+    """``nn.Dropout2d`` keyed by sample: whole channels (a 3-D input is ``(N, C, L)``)."""
 
 
 class KeyedDropout3d(_Channels, nn.Dropout3d):
@@ -169,9 +151,8 @@ class KeyedDropout3d(_Channels, nn.Dropout3d):
 
 
 class DropPath(_KeyedMixin, nn.Module):
-    """Stochastic depth (Huang et al. 2016) on a residual branch: each sample's branch is
-    dropped with probability ``p`` and kept ones scaled by ``1/(1-p)``, as timm's
-    ``DropPath`` (``scale_by_keep``). Keyed by sample in a stream; else torch's generator."""
+    """Stochastic depth (Huang et al. 2016): each sample's branch dropped with probability
+    ``p``, kept ones scaled by ``1/(1-p)`` (timm's ``DropPath``)."""
 
     _per = "sample"
     inplace = False
@@ -209,10 +190,8 @@ def _converted(module: nn.Module) -> nn.Module:
 
 
 def keyed_dropout(model: nn.Module) -> nn.Module:
-    """``model`` with its torch dropout layers replaced by keyed ones (in place; a layer held
-    in two places is replaced by one keyed layer), and every keyed layer (:class:`DropPath`
-    too) named by its qualified name, its key. Returns the model (a new one when ``model``
-    itself is a dropout layer). Parameters and state dict are unchanged: dropout has none."""
+    """``model`` with its torch dropout layers replaced by keyed ones, in place (a new model
+    when it is one), and every keyed layer named by its qualified name, its key."""
     if type(model) in KEYED_LAYERS:
         model = _converted(model)
     done: dict[int, nn.Module] = {}
@@ -229,8 +208,7 @@ def keyed_dropout(model: nn.Module) -> nn.Module:
 
 
 def drop_path_rates(rate: float, blocks: int) -> list[float]:
-    """Each block's drop-path probability: linear in depth from 0 at the first block to
-    ``rate`` at the last, as timm's ResNets spread ``drop_path_rate``."""
+    """Each block's drop-path probability, linear from 0 at the first to ``rate`` (timm's)."""
     if blocks <= 1:
         return [rate] * blocks
     return [rate * i / (blocks - 1) for i in range(blocks)]

@@ -1,17 +1,9 @@
 """Random numbers that are a function of integers, not of a generator's history.
 
-On the host, :func:`mix_seed` hashes integers (a seed, an epoch, a sample's index) into one
-63-bit key with splitmix64, so a draw keyed by a sample is the same whoever makes it: the
-loader's :class:`~tandem.data.transforms.SampleRandom`, and the model's dropout masks.
-
-On a device, :func:`words` gives a random 32-bit word for each (row, column) of a grid: row
-``i`` is the sample at index ``i`` of the global batch, column ``j`` an element (or a channel)
-of that sample. Each word is a hash of ``(key, i, j)`` alone, computed with integer tensor ops
-where the tensor lives (no generator, no host sync), so a replica, a rank or a block of a split
-layer computes exactly its part of the whole batch's grid, and nothing else. The hash is two
-xorshift-multiply rounds, as murmur3's finaliser, with the multipliers of Chris Wellons'
-``hash-prospector`` (0x21f0aaad, 0x735a2d97), both below 2**31: a 32-bit value times one stays
-below 2**63, so int64 tensors compute it exactly on every device, without overflow.
+On the host :func:`mix_seed` hashes integers into a 63-bit key (splitmix64). On a device
+:func:`words` gives a 32-bit word per (sample row, column) of a grid, a hash of ``(key, i, j)``
+alone, so a replica, rank or block computes exactly its part. The hash is two xorshift-multiply
+rounds (Wellons' ``hash-prospector`` multipliers, below 2**31: exact in int64 on every device).
 """
 
 from __future__ import annotations
@@ -19,8 +11,6 @@ from __future__ import annotations
 import zlib
 
 import torch
-
-__all__ = ["mix_seed", "splitmix64", "name_key", "row_words", "words", "threshold"]
 
 _MASK64 = (1 << 64) - 1
 _MASK32 = (1 << 32) - 1
@@ -45,8 +35,7 @@ def mix_seed(*parts: int) -> int:
 
 
 def name_key(name: str) -> int:
-    """A layer's qualified name (``classifier.3``) as an integer, the same in every process
-    (Python's own ``hash`` of a string differs from one process to the next)."""
+    """A layer's qualified name as an integer, the same in every process (unlike ``hash``)."""
     return zlib.crc32(name.encode())
 
 
@@ -68,25 +57,18 @@ def _line(key: int, first: int, count: int, device) -> torch.Tensor:
 
 
 def row_words(key: int, rows: tuple[int, int], device=None) -> torch.Tensor:
-    """``(rows[1],)`` int64 tensor of random 32-bit words, one for each row of
-    ``rows[0] .. rows[0] + rows[1] - 1`` under ``key``: a draw per sample (drop path)."""
+    """A random 32-bit word (int64) for each of ``rows[1]`` rows from ``rows[0]`` under ``key``."""
     return _line(mix_seed(key, 1), rows[0], rows[1], device)
 
 
 def words(key: int, rows: tuple[int, int], cols: tuple[int, int], device=None) -> torch.Tensor:
-    """``(rows[1], cols[1])`` int64 tensor of random 32-bit words on ``device``: entry
-    ``(a, b)`` is the word of row ``rows[0] + a`` and column ``cols[0] + b`` under ``key``.
-
-    A function of ``(key, row, column)`` alone: any block of the grid equals that block of
-    the whole grid. Rows and columns each get a word of their own (two keys drawn from
-    ``key``), and an entry is the hash of the two words' xor.
-    """
+    """``(rows[1], cols[1])`` words: entry ``(a, b)`` is the hash of the xor of row
+    ``rows[0] + a``'s and column ``cols[0] + b``'s words under ``key``."""
     row = row_words(key, rows, device)
     col = _line(mix_seed(key, 2), cols[0], cols[1], device)
     return _hash_(row[:, None] ^ col[None, :])  # the xor is a new tensor: hashed in place
 
 
 def threshold(p: float) -> int:
-    """The word below which an entry is dropped with probability ``p`` (a word is uniform
-    over [0, 2**32))."""
+    """The word below which an entry is dropped with probability ``p``."""
     return round(p * (1 << 32))

@@ -1,17 +1,9 @@
 """Where a forward stands in the run, for the layers that draw keyed randomness.
 
-The training loop opens one :func:`step_stream` per forward, keyed by ``(seed, optimizer step,
-micro-batch)`` and placed at this process's first row of the global batch. The code that cuts
-the batch then says where the part it runs sits: ``DataParallel`` moves each replica to its
-chunk's first row (:func:`shifted`), hybrid's split head moves a block of features to its
-first column (:func:`blocks` in one process, :func:`at` across processes), and
-``parallel_apply`` carries the place into each replica thread (:func:`use`). A keyed layer asks
-:meth:`Place.draw` for its key: the step's key, the layer's name, and how many times the layer
-ran before in this forward, counted per thread (each replica runs the whole forward once), so
-a layer that runs twice draws two masks.
-
-Outside a stream (validation, a model used outside tandem's loop) :func:`current` is ``None``
-and keyed layers draw from torch's generator, as torch's own do.
+The loop opens a :func:`step_stream` per forward at this process's first row; code that cuts
+the batch moves it (:func:`shifted`: a replica's rows, :func:`blocks` and :func:`at`: a split
+layer's columns, :func:`use`: into a replica thread). A layer's key counts its calls in this
+forward, so a layer that runs twice draws two masks. Outside a stream :func:`current` is None.
 """
 
 from __future__ import annotations
@@ -22,15 +14,11 @@ from dataclasses import dataclass, field, replace
 
 from .keys import mix_seed, name_key
 
-__all__ = ["Place", "current", "step_stream", "use", "shifted", "at", "blocks"]
-
 
 @dataclass(frozen=True)
 class Place:
-    """The step's key and where this code's rows and columns start: ``first_row`` is the
-    index in the global batch of its first sample, ``first_col`` the index of its first
-    feature (a block of a split layer; 0 otherwise). ``calls``: this thread's count of each
-    layer's calls in this forward."""
+    """The step's key, this code's first row of the global batch and first feature column,
+    and this thread's count of each layer's calls in this forward."""
 
     key: int
     first_row: int = 0
@@ -63,20 +51,17 @@ def _installed(place: Place | None):
 
 
 def step_stream(seed: int, step: int, micro: int, first_row: int = 0):
-    """The stream of micro-batch ``micro`` of optimizer step ``step`` (the loop's), whose
-    rows start at ``first_row`` of the global batch (this process's share)."""
+    """The stream of micro-batch ``micro`` of optimizer step ``step``, rows from ``first_row``."""
     return _installed(Place(mix_seed(seed, step, micro), first_row))
 
 
 def use(place: Place | None):
-    """Enter ``place`` (the caller's, captured with :func:`current`) in a replica thread, with
-    call counts of its own: every replica runs the whole forward."""
+    """Enter the caller's ``place`` in a replica thread, with call counts of its own."""
     return _installed(None if place is None else replace(place, calls=dict(place.calls)))
 
 
 def shifted(rows: int):
-    """This thread's place moved ``rows`` rows on (a replica's chunk within the caller's
-    rows); nothing outside a stream."""
+    """This thread's place moved ``rows`` rows on (a replica's chunk)."""
     place = current()
     if place is None or not rows:
         return contextlib.nullcontext()
@@ -84,8 +69,7 @@ def shifted(rows: int):
 
 
 def at(first_row: int, first_col: int):
-    """This thread's place with its rows starting at ``first_row`` of the global batch and
-    its features at ``first_col`` (a rank's block of a split layer, over every rank's rows)."""
+    """This thread's place at ``first_row`` and ``first_col`` (a rank's block of a split layer)."""
     place = current()
     if place is None:
         return contextlib.nullcontext()
@@ -95,10 +79,8 @@ def at(first_row: int, first_col: int):
 
 @contextlib.contextmanager
 def blocks():
-    """For the blocks of one split activation, run one after the other in this thread:
-    yields ``block(first_col)``, the context of the block whose features start at
-    ``first_col``. Each block counts calls from where the forward stood before the first, so
-    a layer run on every block draws as one call of it on the whole activation would."""
+    """Yields ``block(first_col)``, the context of each block of a split activation run in
+    this thread; every block counts calls from where the forward stood before the first."""
     place = current()
     if place is None:
         yield lambda first_col: contextlib.nullcontext()

@@ -1,9 +1,7 @@
-"""AlexNet in two layouts: torchvision's single-tower net and Krizhevsky 2012's two-tower net.
+"""AlexNet: torchvision's single tower, and Krizhevsky 2012's two towers (``groups=2``, LRN).
 
-``forward`` is exactly ``classifier(flatten(avgpool(features(x)), 1))`` with the Linear layers
-directly in ``classifier``, so hybrid parallelism can run ``features`` data-parallel and split
-the classifier. ``alexnet_grouped`` uses ``groups=2`` where the paper's towers stay on their own
-GPU (conv2, conv4, conv5) and the paper's LRN. Weights use torch's default initialisation.
+``forward`` is ``classifier(flatten(avgpool(features(x)), 1))``, the Linear layers directly in
+``classifier``, so hybrid parallelism can run ``features`` data-parallel and split the rest.
 """
 
 from __future__ import annotations
@@ -14,16 +12,11 @@ from torch import nn
 from tandem.models.registry import register_model
 from tandem.errors import UsageError
 
-__all__ = ["AlexNet", "make_classifier", "alexnet", "alexnet_grouped"]
-
 
 def make_classifier(in_features: int, hidden_features: int, num_classes: int,
                     dropout: float) -> nn.Sequential:
-    """Dropout, Linear, ReLU, Dropout, Linear, ReLU, Linear (AlexNet's fc6-fc8).
-
-    ReLUs here are not in-place: the classifier's inputs may be outputs of cross-device
-    autograd functions under hybrid parallelism, which must not be modified in place.
-    """
+    """AlexNet's fc6-fc8; the ReLUs are not in place: under hybrid parallelism their inputs
+    are outputs of cross-device autograd functions."""
     return nn.Sequential(
         nn.Dropout(dropout),
         nn.Linear(in_features, hidden_features),

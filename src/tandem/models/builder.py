@@ -1,9 +1,5 @@
-"""A small ResNet builder in the spirit of caffe2's ``ResNetBuilder``.
-
-The builder remembers the current channel count and appends modules, so a ResNet is a short
-table plus a loop (see :mod:`tandem.models.resnet`). Module names follow torchvision, so state
-dicts line up key for key. Shortcuts are ``"projection"`` (1x1 conv + BN, ImageNet) or
-``"zero_pad"`` (stride-2 subsampling plus zero channels, no parameters, CIFAR).
+"""A small ResNet builder in the spirit of caffe2's ``ResNetBuilder``: it keeps the channel
+count and appends modules named as torchvision's, so state dicts line up key for key.
 """
 
 from __future__ import annotations
@@ -15,10 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 from tandem.errors import UsageError
 from tandem.keyed import DropPath, drop_path_rates
-from tandem.models.meta import on_meta
 
-__all__ = ["ResNetBuilder", "ResNet", "BasicBlock", "Bottleneck", "ZeroPadShortcut",
-           "init_resnet"]
+
+def on_meta(model: nn.Module) -> bool:
+    """Whether ``model`` was built on the meta device (shapes only): it then skips its weight
+    initialisation, as ``normal_`` on a meta tensor imports ``torch._dynamo`` (about 2 s)."""
+    return any(p.is_meta for p in model.parameters())
 
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
@@ -30,12 +28,8 @@ def _conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
 
 
 class ZeroPadShortcut(nn.Module):
-    """He et al.'s option-A shortcut: subsample by ``stride`` and append zero channels.
-
-    Has no parameters. The appended channels are zeros, so the residual branch alone feeds
-    them. Spatial subsampling keeps every ``stride``-th pixel starting at 0, which gives the
-    same size as a 3x3 conv with padding 1 and the same stride (ceil(H / stride)).
-    """
+    """He et al.'s option-A shortcut, no parameters: every ``stride``-th pixel (a padded 3x3
+    conv's output size), then zero channels appended."""
 
     def __init__(self, stride: int, extra_channels: int):
         super().__init__()
@@ -103,20 +97,13 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Sequential):
-    """A ResNet as a flat sequence: stem, ``layer1..N`` stages of blocks, pool, ``fc``.
-
-    Being an ``nn.Sequential`` keeps ``forward`` free of Python control flow, so the model
-    scripts and compiles as is. Built by :class:`ResNetBuilder`.
-    """
+    """A ResNet as a flat sequence (stem, ``layer1..N``, pool, ``fc``): no control flow in
+    ``forward``, so it scripts and compiles as is."""
 
 
 def init_resnet(model: nn.Module, zero_init_residual: bool = False) -> nn.Module:
-    """Kaiming-normal (fan_out, ReLU) convs; BN weight 1, bias 0; Linear keeps torch's default.
-
-    With ``zero_init_residual`` the last BN of every residual block starts at weight 0, so each
-    block starts as the identity (Goyal et al. 2017). Returns ``model``, untouched when it
-    was built on the meta device (:mod:`.meta`).
-    """
+    """Kaiming-normal (fan_out) convs, BN 1 and 0, Linear torch's default; ``zero_init_residual``
+    starts each block as the identity (Goyal et al. 2017). A meta model is left untouched."""
     if on_meta(model):
         return model
     for m in model.modules():
@@ -133,11 +120,8 @@ def init_resnet(model: nn.Module, zero_init_residual: bool = False) -> nn.Module
 
 
 class ResNetBuilder:
-    """Append a stem, residual blocks grouped into stages, and a head; then :meth:`build`.
-
-    ``channels`` is the number of channels the next block receives (caffe2's ``prev_blob``
-    dimension). ``shortcut`` picks the shortcut used where a block changes shape.
-    """
+    """Append a stem, stages of residual blocks and a head; then :meth:`build`. ``shortcut``
+    (``"projection"``: 1x1 conv + BN, or ``"zero_pad"``) is where a block changes shape."""
 
     def __init__(self, in_channels: int = 3, *, shortcut: str = "projection",
                  zero_init_residual: bool = False, drop_path: float = 0.0):
@@ -182,6 +166,16 @@ class ResNetBuilder:
         block = Bottleneck(self.channels, width, cout, stride, self._make_shortcut(cout, stride))
         return self._append(block, cout)
 
+    def add_stages(self, block: str, depths, widths) -> "ResNetBuilder":
+        """One stage per ``(depth, width)`` of ``block`` (``"basic"``, ``"bottleneck"``), the
+        first block of every stage but the first with stride 2."""
+        add = self.add_basic_block if block == "basic" else self.add_bottleneck
+        for stage, (depth, width) in enumerate(zip(depths, widths)):
+            self.start_stage()
+            for i in range(depth):
+                add(width, stride=2 if stage > 0 and i == 0 else 1)
+        return self
+
     def add_head(self, num_classes: int) -> "ResNetBuilder":
         """Global average pool (any input size) + flatten + Linear classifier ``fc``."""
         self._close_stage()
@@ -191,9 +185,8 @@ class ResNetBuilder:
         return self
 
     def build(self) -> ResNet:
-        """Initialise (see :func:`init_resnet`) and return the model; needs a head. With a
-        ``drop_path`` rate, block ``k`` of ``n`` drops its branch with ``rate * k / (n - 1)``
-        (the first never: it gets no :class:`~tandem.keyed.DropPath`)."""
+        """The initialised model; block ``k`` of ``n`` drops its branch with ``drop_path * k /
+        (n - 1)`` (:func:`~tandem.keyed.drop_path_rates`)."""
         if "fc" not in self._layers:
             raise UsageError("ResNetBuilder.build(): call add_head(num_classes) first")
         model = ResNet(self._layers)
@@ -202,8 +195,6 @@ class ResNetBuilder:
             if rate > 0:
                 block.drop_path = DropPath(rate)
         return init_resnet(model, self.zero_init_residual)
-
-    # -- internals ------------------------------------------------------------------------
 
     def _append(self, block: nn.Module, cout: int) -> "ResNetBuilder":
         if self._stage is None:

@@ -1,14 +1,7 @@
-"""Count multiply-accumulates (MACs) with torch's ``FlopCounterMode``, and parameters.
+"""Multiply-accumulates (MACs) by torch's ``FlopCounterMode``, and parameters.
 
-Convs and Linears only, one MAC per weight tap per output element (a grouped conv costs
-1/groups); biases, norms, activations and pooling are not counted. These are the conventions
-behind torchvision's published "GFLOPS". Runs one forward on zeros in eval mode without
-autograd; build on the meta device to count a large model in milliseconds.
-
-``FlopCounterMode`` counts 2 FLOPs per MAC for convolutions and matrix products, per module;
-only the Conv/Linear modules' own counts are kept, so a matmul written in some other module's
-``forward`` is not counted. Checked equal to the forward-hook counter this replaced for every
-model in ``list_models()`` (1 and 3 input channels, native and 64-pixel inputs).
+Conv and Linear modules only (torchvision's "GFLOPS" conventions): a matmul in another
+module's ``forward`` is not counted. One forward on zeros; a meta model counts in milliseconds.
 """
 
 from __future__ import annotations
@@ -20,18 +13,12 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from tandem.errors import UsageError
 
-__all__ = ["count_macs", "mac_breakdown", "count_parameters"]
-
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 def mac_breakdown(model: nn.Module, input_size: Sequence[int]) -> dict[str, int]:
-    """MACs of every Conv/Linear layer, keyed by module name, for one input of ``input_size``.
-
-    ``input_size`` is the full input shape including the batch, e.g. ``(1, 3, 224, 224)``; the
-    counts are for the whole batch. The zero input is made on the device and in the dtype of
-    the model's first parameter. The model's training flag is restored afterwards.
-    """
+    """MACs of every Conv/Linear layer by module name, for an input of ``input_size`` (batch
+    included: ``(1, 3, 224, 224)``), in eval mode (the training flag is restored)."""
     shape = tuple(int(s) for s in input_size)
     if not shape or any(s < 1 for s in shape):
         raise UsageError(f"input_size must be a shape of positive ints, got {input_size!r}")

@@ -1,14 +1,8 @@
-"""The model registry: small entry points, looked up by name.
+"""The model registry: small entry points looked up by name, as timm's.
 
-Each model is a function decorated with :func:`register_model`, which records its
-``native_input_size`` (where ``tandem models`` counts MACs) and ``min_input_size`` (what a data
-set is checked against). :func:`create_model` checks keyword arguments against the entry point's
-signature, so a misspelt option is an error naming the accepted ones, never a silent default.
-The built-in models register when the package face (:mod:`tandem.models`) imports their
-modules, as timm's do; this module imports none of them.
-A name of the form ``package.module:function`` is a model factory of the user's own
-(:mod:`tandem.factory`): it is imported, and called with ``num_classes`` and ``in_channels``
-when its signature takes them.
+:func:`create_model` checks options against the entry point's signature, so a misspelt one is
+an error, never a silent default. ``package.module:function`` is a factory of the user's own
+(:mod:`tandem.factory`), called with ``num_classes`` and ``in_channels`` where it takes them.
 """
 
 from __future__ import annotations
@@ -23,9 +17,6 @@ from tandem import factory
 from tandem.errors import UsageError, a
 from tandem.suggest import closest_names
 
-__all__ = ["ModelInfo", "FACTORY", "register_model", "create_model", "list_models", "model_info",
-           "native_input_size", "closest_names", "unknown_model_message"]
-
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -39,8 +30,7 @@ class ModelInfo:
 
     @property
     def default_num_classes(self) -> int:
-        """The entry point's own ``num_classes`` default (1000 ImageNet, 10 CIFAR; ``None``
-        for a factory without one)."""
+        """The entry point's own ``num_classes`` default (``None`` for a factory without one)."""
         param = inspect.signature(self.fn).parameters.get("num_classes")
         return None if param is None or param.default is param.empty else param.default
 
@@ -56,22 +46,23 @@ _REGISTRY: dict[str, ModelInfo] = {}
 FACTORY = "factory"
 
 
-def register_model(*, native_input_size: int, min_input_size: int, family: str):
-    """Decorator adding an entry point to the registry under its function name.
+def register_model(*, native_input_size: int, min_input_size: int, family: str,
+                   name: str | None = None):
+    """Decorator adding an entry point to the registry under ``name`` (default: its own).
 
-    The function must take ``num_classes`` and ``in_channels`` keyword arguments with
-    defaults. Registering a name twice is an error (two homes for one model).
+    It must take ``num_classes`` and ``in_channels`` with defaults. ``native_input_size`` is
+    where ``tandem models`` counts MACs, ``min_input_size`` what data is checked against.
     """
 
     def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        name = fn.__name__
-        if name in _REGISTRY:
-            raise UsageError(f"model {name!r} is registered twice")
+        key = fn.__name__ if name is None else name
+        if key in _REGISTRY:
+            raise UsageError(f"model {key!r} is registered twice")
         params = inspect.signature(fn).parameters
         for required in ("num_classes", "in_channels"):
             if required not in params or params[required].default is inspect.Parameter.empty:
-                raise TypeError(f"model entry point {name!r} needs a {required}=... default")
-        _REGISTRY[name] = ModelInfo(name, fn, native_input_size, min_input_size, family)
+                raise TypeError(f"model entry point {key!r} needs a {required}=... default")
+        _REGISTRY[key] = ModelInfo(key, fn, native_input_size, min_input_size, family)
         return fn
 
     return wrap
@@ -79,17 +70,13 @@ def register_model(*, native_input_size: int, min_input_size: int, family: str):
 
 def list_models() -> list[str]:
     """Every registered model name, in natural order (``cifar_resnet20`` before ``..110``)."""
-    return sorted(_REGISTRY, key=_natural_key)
-
-
-def _natural_key(name: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    return sorted(_REGISTRY, key=lambda name: [int(part) if part.isdigit() else part
+                                               for part in re.split(r"(\d+)", name)])
 
 
 def model_info(name: str) -> ModelInfo:
-    """The :class:`ModelInfo` for ``name``; an unknown name is a ``UsageError`` suggesting the
-    closest names (or, with none close, listing every one). A ``package.module:function``
-    name is imported (a failure is one line naming it)."""
+    """The :class:`ModelInfo` for ``name`` (a ``package.module:function`` is imported); an
+    unknown name is a ``UsageError`` suggesting the closest ones."""
     if factory.is_reference(name):
         return ModelInfo(name, factory.resolve(name, "model factory"), 0, 1, FACTORY)
     try:
@@ -99,7 +86,7 @@ def model_info(name: str) -> ModelInfo:
 
 
 def unknown_model_message(name: str) -> str:
-    """What to say about an unknown model ``name``: the closest names first."""
+    """What to say about an unknown model ``name``."""
     names = list_models()
     close = closest_names(name, names)
     if not close:
@@ -126,8 +113,13 @@ def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Modu
     the accepted ones) or a bad value.
     """
     info = model_info(name)
-    if info.family == FACTORY:
-        return _from_factory(info, num_classes, kwargs)
+    if info.family == FACTORY:  # num_classes and in_channels where it takes them
+        offered = {"num_classes": num_classes, "in_channels": kwargs.pop("in_channels", None)}
+        model = factory.call(name, info.fn, "model factory", offered=offered, required=kwargs)
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"model factory '{name}' returned {a(type(model).__name__)}, not "
+                             f"a torch.nn.Module")
+        return model
     accepted = info.options
     unknown = sorted(k for k in kwargs if k not in accepted)
     if unknown:
@@ -143,15 +135,4 @@ def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Modu
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"model {name!r}: {key} must be a positive int, got {value!r}")
     return info.fn(**kwargs)
-
-
-def _from_factory(info: ModelInfo, num_classes: int | None, kwargs: dict) -> nn.Module:
-    """Call a model factory: ``num_classes`` and ``in_channels`` when it takes them, any other
-    option always; what it returns must be a module."""
-    offered = {"num_classes": num_classes, "in_channels": kwargs.pop("in_channels", None)}
-    model = factory.call(info.name, info.fn, "model factory", offered=offered, required=kwargs)
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"model factory '{info.name}' returned {a(type(model).__name__)}, not "
-                         f"a torch.nn.Module")
-    return model
 

@@ -1,17 +1,13 @@
-"""ImageNet ResNets (He et al. 2015), laid out exactly as torchvision's.
-
-Each variant is a row of :data:`LAYOUTS`; the stride sits on the bottleneck's 3x3 conv ("v1.5")
-and parameter counts equal torchvision's. The head pools adaptively, so any input of at least
-1x1 works.
+"""ImageNet ResNets (He et al. 2015), laid out as torchvision's ("v1.5": the stride on the
+bottleneck's 3x3), parameter for parameter; each a row of :data:`LAYOUTS`.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 from tandem.models.builder import ResNet, ResNetBuilder
 from tandem.models.registry import register_model
-
-__all__ = ["LAYOUTS", "imagenet_resnet", "resnet18", "resnet34", "resnet50", "resnet101",
-           "resnet152"]
 
 WIDTHS = (64, 128, 256, 512)
 LAYOUTS: dict[str, tuple[str, tuple[int, int, int, int]]] = {
@@ -25,33 +21,14 @@ LAYOUTS: dict[str, tuple[str, tuple[int, int, int, int]]] = {
 
 def imagenet_resnet(layout: str, num_classes: int = 1000, in_channels: int = 3,
                     zero_init_residual: bool = False, drop_path: float = 0.0) -> ResNet:
-    """Build the ImageNet ResNet named ``layout`` (a key of :data:`LAYOUTS`); ``drop_path``:
-    stochastic depth's rate at the last block (see :class:`ResNetBuilder`)."""
+    """The ImageNet ResNet ``layout`` (224x224 input; any of at least 1x1 works)."""
     block, depths = LAYOUTS[layout]
     b = ResNetBuilder(in_channels, shortcut="projection", zero_init_residual=zero_init_residual,
                       drop_path=drop_path)
     b.add_stem(WIDTHS[0], kernel_size=7, stride=2, max_pool=True)
-    add = b.add_basic_block if block == "basic" else b.add_bottleneck
-    for stage, (depth, width) in enumerate(zip(depths, WIDTHS)):
-        b.start_stage()
-        for i in range(depth):
-            add(width, stride=2 if stage > 0 and i == 0 else 1)
-    b.add_head(num_classes)
-    return b.build()
+    return b.add_stages(block, depths, WIDTHS).add_head(num_classes).build()
 
 
-def _entry(layout: str):
-    def fn(num_classes: int = 1000, in_channels: int = 3,
-           zero_init_residual: bool = False, drop_path: float = 0.0) -> ResNet:
-        return imagenet_resnet(layout, num_classes, in_channels, zero_init_residual, drop_path)
-
-    fn.__name__ = fn.__qualname__ = layout
-    fn.__doc__ = f"{layout}: {LAYOUTS[layout][0]} blocks {LAYOUTS[layout][1]}, 224x224 input."
-    return register_model(native_input_size=224, min_input_size=1, family="resnet")(fn)
-
-
-resnet18 = _entry("resnet18")
-resnet34 = _entry("resnet34")
-resnet50 = _entry("resnet50")
-resnet101 = _entry("resnet101")
-resnet152 = _entry("resnet152")
+for _name in LAYOUTS:
+    register_model(native_input_size=224, min_input_size=1, family="resnet",
+                   name=_name)(partial(imagenet_resnet, _name))

@@ -1,21 +1,17 @@
-"""VGG (Simonyan & Zisserman 2014) from a config table, in torchvision's layout.
-
-A row of :data:`CFGS` lists the conv widths, ``"M"`` a max-pool; ``_bn`` variants add BatchNorm
-after each conv (keeping its bias, as torchvision does, so parameter counts match). ``forward``
-is ``classifier(flatten(avgpool(features(x)), 1))``; inputs must be at least 32x32.
+"""VGG (Simonyan & Zisserman 2014) in torchvision's layout: a row of :data:`CFGS` lists the conv
+widths, ``"M"`` a max-pool; ``_bn`` variants add BatchNorm after each conv (keeping its bias).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch import nn
 
 from tandem.models.registry import register_model
 from tandem.errors import UsageError
-from tandem.models.meta import on_meta
-
-__all__ = ["CFGS", "VGG", "make_features", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16",
-           "vgg16_bn", "vgg19", "vgg19_bn"]
+from tandem.models.builder import on_meta
 
 CFGS: dict[str, list[int | str]] = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
@@ -65,7 +61,7 @@ class VGG(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        if on_meta(self):  # shapes only: nothing to set (.meta)
+        if on_meta(self):  # shapes only: nothing to set
             return
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
@@ -85,20 +81,13 @@ class VGG(nn.Module):
         return self.classifier(x)  # N, num_classes
 
 
-def _entry(name: str):
-    cfg_name, batch_norm = name.removesuffix("_bn"), name.endswith("_bn")
-
-    def fn(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
-           hidden_features: int = 4096) -> VGG:
-        features = make_features(CFGS[cfg_name], in_channels, batch_norm)
-        return VGG(features, num_classes, dropout, hidden_features)
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{name}: config {cfg_name}{' with BatchNorm' if batch_norm else ''}, 224x224."
-    return register_model(native_input_size=224, min_input_size=32, family="vgg")(fn)
+def vgg(name: str, num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
+        hidden_features: int = 4096) -> VGG:
+    """VGG ``name`` (a row of :data:`CFGS`, ``_bn`` for BatchNorm); 224x224, at least 32x32."""
+    features = make_features(CFGS[name.removesuffix("_bn")], in_channels, name.endswith("_bn"))
+    return VGG(features, num_classes, dropout, hidden_features)
 
 
-vgg11, vgg11_bn = _entry("vgg11"), _entry("vgg11_bn")
-vgg13, vgg13_bn = _entry("vgg13"), _entry("vgg13_bn")
-vgg16, vgg16_bn = _entry("vgg16"), _entry("vgg16_bn")
-vgg19, vgg19_bn = _entry("vgg19"), _entry("vgg19_bn")
+for _name in (n + bn for n in CFGS for bn in ("", "_bn")):
+    register_model(native_input_size=224, min_input_size=32, family="vgg",
+                   name=_name)(partial(vgg, _name))

@@ -1,18 +1,6 @@
-"""Gradient clipping by the whole model's norm, or by value, the same under every strategy.
-
-``--clip-grad NORM`` scales every gradient by ``min(1, NORM / (‖g‖ + 1e-6))``, ``‖g‖`` the norm
-of the whole model's gradient, as ``torch.nn.utils.clip_grad_norm_`` does. torch's function
-takes the norm of the tensors it is handed, which under ``hybrid`` and ``hybrid-ddp`` are
-blocks of the model's layers (and under ``hybrid-ddp`` only this process's blocks): so the norm
-comes from :class:`~tandem.plain_norms.PlainNorms` (the strategy's), and torch's
-``clip_grads_with_norm_`` applies it. Under ``ddp`` it runs after DDP has reduced the
-gradients (the loop clips after the backward of a step's last micro-batch), so every rank
-scales the same gradient by the same factor. ``--clip-mode value`` clamps each element to
-``[-NORM, NORM]`` (``clip_grad_value_``), elementwise and so exact under any split.
-
-Under fp16's grad scaling the loop unscales the gradients first (``GradScaler.unscale_``): the
-threshold is the true gradient's. Each step where the clip changed a gradient is counted on
-the device (no host sync); :meth:`GradClip.fields` reads and resets the count.
+"""Gradient clipping by the whole model's norm (``clip_grad_norm_``'s rule, the norm from
+:class:`~tandem.plain_norms.PlainNorms`, as torch's would be a block's under ``hybrid``), or by
+value, elementwise; the same under every strategy. Clipped steps are counted on the device.
 """
 
 from __future__ import annotations
@@ -21,8 +9,6 @@ import torch
 from torch.nn.utils import clip_grad_value_, clip_grads_with_norm_
 
 from tandem.plain_norms import PlainNorms
-
-__all__ = ["GradClip", "CLIP_MODES"]
 
 #: what ``--clip-mode`` accepts
 CLIP_MODES = ("norm", "value")
@@ -40,8 +26,8 @@ class GradClip:
 
     @torch.no_grad()
     def __call__(self) -> torch.Tensor:
-        """Clip now (every process alike: under ``hybrid-ddp`` the norm is a collective);
-        returns the total norm (by value: the largest magnitude) before clipping."""
+        """Clip now (every process alike: the norm may be a collective); returns the total
+        norm (by value: the largest magnitude) before clipping."""
         params = [p for p in self.norms.params if p.grad is not None]
         if self.mode == "value":
             grads = [p.grad.detach().abs().amax().to(self.norms.device) for p in params
@@ -57,7 +43,6 @@ class GradClip:
         return before
 
     def fields(self) -> dict:
-        """``{"clipped_steps": N}``: the steps since the last call whose gradients were
-        clipped (one host read), for the epoch's metrics row."""
+        """``{"clipped_steps": N}`` since the last call (one host read)."""
         clipped, self._clipped = self._clipped, None
         return {"clipped_steps": 0 if clipped is None else int(clipped)}

@@ -1,18 +1,6 @@
-"""LAMB: Adam with a layer-wise trust ratio (You et al. 2019, "Large batch optimization for deep
-learning: training BERT in 76 minutes", Algorithm 2, with φ the identity).
-
-For each layer (a parameter tensor), at step ``t``:
-
-    m ← β1 m + (1 − β1) g,      v ← β2 v + (1 − β2) g²
-    r = (m / (1 − β1^t)) / (√(v / (1 − β2^t)) + ε)
-    u = r + λ w                                     (λ: weight decay)
-    w ← w − γ (‖w‖ / ‖u‖) u                          (γ: the scheduled learning rate)
-
-Where ``‖w‖`` or ``‖u‖`` is 0 the ratio is 1; a group with ``trust=False`` (biases and
-normalisation weights, without weight decay) takes ``w ← w − γ u``, Adam's step. The norms are
-the plain model's, whatever a strategy split a layer into
-(:class:`~tandem.plain_norms.PlainNorms`): every update is computed first, then one call
-gives every layer's two norms.
+"""LAMB (You et al. 2019, Algorithm 2, φ the identity): Adam's update ``u = r + λ w`` per layer,
+then ``w ← w − γ (‖w‖ / ‖u‖) u`` (ratio 1 where a norm is 0; ``trust=False``: Adam's step).
+The norms are the plain model's (:class:`~tandem.plain_norms.PlainNorms`), one call a step.
 """
 
 from __future__ import annotations
@@ -21,12 +9,9 @@ import torch
 
 from tandem.plain_norms import PlainNorms
 
-__all__ = ["LAMB"]
-
 
 class LAMB(torch.optim.Optimizer):
-    """LAMB (module docstring). ``norms``: the plain model's norms of ``params`` (default:
-    each parameter whole, in this process)."""
+    """LAMB; ``norms``: the plain model's norms of ``params`` (default: each whole)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0,
@@ -66,7 +51,7 @@ class LAMB(torch.optim.Optimizer):
         return loss
 
     def _update(self, p: torch.Tensor, group: dict) -> torch.Tensor:
-        """``u`` of the module docstring for ``p``, its moments moved one step."""
+        """``u`` for ``p``, its moments moved one step."""
         beta1, beta2 = group["betas"]
         state = self.state[p]
         if not state:

@@ -1,19 +1,6 @@
-"""LARS: layer-wise adaptive rate scaling (You, Gitman and Ginsburg 2017, Algorithm 1).
-
-Each layer ``l`` (a parameter tensor) takes a local learning rate from the ratio of its
-weight's norm to its gradient's, so that every layer moves by about the same fraction of its
-weights whatever the batch:
-
-    λ = η ‖w‖ / (‖g‖ + β ‖w‖ + ε)          (η: trust coefficient, β: weight decay)
-    v ← m v + γ λ (g + β w)                 (γ: the scheduled learning rate, m: momentum)
-    w ← w − v
-
-The learning rate sits inside the momentum, as in the paper (torch's SGD multiplies it
-after): the two differ only while the schedule changes it. Where ``‖w‖`` or ``‖g‖`` is 0 the
-ratio is 1. A group with ``trust=False`` (biases and normalisation weights, which take no
-weight decay) keeps the plain momentum step, ``λ = 1``. The norms are the plain model's,
-whatever a strategy split a layer into (:class:`~tandem.plain_norms.PlainNorms`, one call
-per step for every group).
+"""LARS (You, Gitman and Ginsburg 2017, Algorithm 1): ``λ = η ‖w‖ / (‖g‖ + β ‖w‖ + ε)``,
+``v ← m v + γ λ (g + β w)``, ``w ← w − v`` (the learning rate inside the momentum, as in the
+paper; ratio 1 where a norm is 0; ``trust=False``: ``λ = 1``). The norms are the plain model's.
 """
 
 from __future__ import annotations
@@ -22,12 +9,9 @@ import torch
 
 from tandem.plain_norms import PlainNorms
 
-__all__ = ["LARS"]
-
 
 class LARS(torch.optim.Optimizer):
-    """LARS (module docstring). ``norms``: the plain model's norms of ``params`` (default:
-    each parameter whole, in this process)."""
+    """LARS; ``norms``: the plain model's norms of ``params`` (default: each whole)."""
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  trust_coefficient: float = 0.001, eps: float = 1e-8,

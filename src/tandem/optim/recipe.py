@@ -1,14 +1,6 @@
-"""Building the optimizer of a recipe: which one, its parameter groups, the learning rate.
-
-- ``sgd`` and ``adamw`` are torch's (``torch.optim.SGD``, ``torch.optim.AdamW``); ``lars`` and
-  ``lamb`` are tandem's (:mod:`.lars`, :mod:`.lamb`), which take the plain model's norms.
-- Weight-decay exclusion (:func:`decay_groups`): parameters of one dimension or none (biases,
-  BatchNorm's and LayerNorm's weights) go to a group without weight decay, and LARS and LAMB
-  apply no trust ratio there, as timm's ``param_groups_weight_decay`` does. It needs no names:
-  a bias is one-dimensional in every layout a strategy makes.
-- The linear scaling rule (Goyal et al. 2017, "Accurate, large minibatch SGD"): the learning
-  rate grows with the global batch, ``lr × batch / base``; ``sqrt`` takes the square root of
-  that ratio (Krizhevsky 2014, and a common choice for adaptive optimizers).
+"""The optimizer of a recipe: which one (torch's SGD and AdamW, tandem's LARS and LAMB), its
+weight-decay groups (timm's ``param_groups_weight_decay``) and the learning rate's scaling
+with the global batch (Goyal et al. 2017; ``sqrt``: Krizhevsky 2014).
 """
 
 from __future__ import annotations
@@ -23,9 +15,6 @@ from tandem.plain_norms import PlainNorms
 from .lamb import LAMB
 from .lars import LARS
 
-__all__ = ["OPTIMIZERS", "LR_SCALES", "EXCLUDES_NORM", "lr_scaled", "decay_groups",
-           "create_optimizer"]
-
 #: what ``--opt`` accepts
 OPTIMIZERS = ("sgd", "adamw", "lars", "lamb")
 #: what ``--lr-scale`` accepts
@@ -38,8 +27,8 @@ DEFAULT_EPS = {"adamw": 1e-8, "lamb": 1e-6, "lars": 1e-8}
 
 
 def lr_scaled(lr: float, rule: str, batch: int, base: int) -> float:
-    """``lr`` for a global ``batch`` under ``rule`` (module docstring), ``base`` the batch
-    ``lr`` was set for."""
+    """``lr`` (set for a batch of ``base``) for a global ``batch``: ``× batch / base``, or its
+    square root."""
     if rule == "none":
         return lr
     ratio = batch / base
@@ -48,9 +37,8 @@ def lr_scaled(lr: float, rule: str, batch: int, base: int) -> float:
 
 def decay_groups(params: Iterable[torch.Tensor], exclude_norm: bool,
                  excluded: dict | None = None) -> list[dict]:
-    """Parameter groups: all of ``params`` in one, or with ``exclude_norm`` those of more than
-    one dimension in the first and the others in a second with ``weight_decay`` 0 (and the
-    settings of ``excluded``). No group is empty; the order of ``params`` is kept in each."""
+    """All of ``params`` in one group, or with ``exclude_norm`` those of one dimension or none
+    (biases, norm weights: no names needed) in a second with ``weight_decay`` 0 and ``excluded``."""
     params = list(params)
     if not exclude_norm:
         return [{"params": params}]
@@ -67,10 +55,8 @@ def create_optimizer(name: str, params: Iterable[torch.Tensor], *, lr: float,
                      betas: tuple[float, float] = (0.9, 0.999), eps: float | None = None,
                      trust_coefficient: float = 0.001, exclude_norm: bool = False,
                      norms: PlainNorms | None = None) -> torch.optim.Optimizer:
-    """Optimizer ``name`` (:data:`OPTIMIZERS`) over ``params`` with these settings; each takes
-    those that are its own (momentum and Nesterov: SGD's and LARS's momentum; betas: AdamW's
-    and LAMB's). ``norms``: the plain model's norms of ``params``, for LARS and LAMB
-    (default: each parameter whole)."""
+    """Optimizer ``name`` (:data:`OPTIMIZERS`) over ``params``, each taking the settings that are
+    its own; ``norms``: the plain model's, for LARS and LAMB (default: each parameter whole)."""
     params = list(params)
     eps = DEFAULT_EPS.get(name) if eps is None else eps
     if name == "sgd":

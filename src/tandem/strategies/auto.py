@@ -1,18 +1,8 @@
-"""``--strategy auto``: a resolver, not a strategy. It races the strategies that can drive
-this model here and keeps the fastest; under ``tandem launch`` it is the multi-process one.
-
-Code outside this package asks :func:`is_resolver` rather than comparing names, and a launch
-asks :func:`under_launch` and :func:`launchable` (one policy for torchrun). Candidates are the
-one-process strategies whose declared abilities fit: ``check_model`` (hybrid needs a head it
-can split), ``max_devices``, and the run's own checks (``--compile``, ``--split``) through
-``check``. Each races a deep copy of the real model on a random batch of the data's shape,
-built and timed by :mod:`.step_timer`, interleaved round by round, never fewer than
-:data:`MIN_ROUNDS` timed rounds of each (a budget may end a race early, not make it
-meaningless). The shortest median step wins, unless a simpler candidate (registration order:
-single first) is within the noise of it: :data:`NOISE` of the median, or overlapping
-quartiles; the reason then says the race could not tell them apart. Running out of memory
-drops a candidate with a word. The torch, numpy and Python RNGs are left as they were, so the
-run that follows is the run with the choice named.
+"""``--strategy auto``: a resolver, not a strategy. It races the strategies that can drive this
+model here (:func:`candidates`) on a deep copy of it, timed by :mod:`.step_timer`, and keeps
+the fastest, or a simpler one within the noise (:func:`choose`); under ``tandem launch`` it
+races the multi-process ones. Out of memory drops a candidate with a word. The RNGs are left
+as they were, so the run that follows is the run with the choice named.
 """
 
 from __future__ import annotations
@@ -38,17 +28,10 @@ from tandem.parallel.work_clock import synchronize
 from . import step_timer
 from .base import strategy_class, strategy_names
 
-__all__ = ["AUTO", "NOISE", "PROCESS_NOISE", "MIN_ROUNDS", "RaceResult", "rng_kept",
-           "is_resolver", "launched", "under_launch", "launchable", "check_launchable",
-           "simplest_first", "candidates", "budget_s", "race", "process_rounds",
-           "process_race_line", "across_processes", "planned_process_bytes",
-           "link_rate", "link_pair", "resolve", "choose", "planned_bytes", "format_block"]
-
 AUTO = "auto"
 NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
-# across processes a step waits on the link too, whose share of the machine's noise is larger:
-# the same two-machine step measured 0.70x and 1.08x of another in two runs (BENCHMARKS.md
-# section 16), so a race across processes calls medians within 10% a tie
+# across processes a step waits on the link too, whose share of the noise is larger (the same
+# two-machine step measured 0.70x and 1.08x of another: BENCHMARKS.md section 16)
 PROCESS_NOISE = 0.10
 MIN_S, EPOCH_SHARE, MAX_S = 5.0, 0.05, 30.0  # the race's time budget (see budget_s)
 MIN_ROUNDS, MAX_ROUNDS = 3, 30  # timed rounds: fewer than 3 have no quartiles to judge by
@@ -74,36 +57,28 @@ def across_processes(name: str) -> str | None:
                  if strategy_class(n).across_processes_of == name), None)
 
 
-def link_pair() -> tuple[str, str | None]:
-    """The two multi-process strategies a link's cost compares: the plain one (every gradient
-    all-reduced) and the one that splits the model's head across the processes."""
-    return launched(), across_processes("hybrid")
-
-
 def launchable(name: str) -> bool:
-    """Whether ``tandem launch`` can run ``--strategy name``: a multi-process strategy, one
-    that has a multi-process form (:func:`across_processes`), or ``auto`` (which races them);
-    any other one-process strategy would train N independent copies writing the same files."""
+    """Whether ``tandem launch`` can run ``--strategy name``: a multi-process strategy, one with
+    a multi-process form, or ``auto``; any other would train N copies writing the same files."""
     return (is_resolver(name) or strategy_class(name).multiprocess
             or across_processes(name) is not None)
 
 
 def check_launchable(name: str, how: str = "`tandem launch -- train`") -> None:
-    """Refuse, in one line, to run ``--strategy name`` in several processes when it is not
-    :func:`launchable` (``how``: what started them)."""
+    """Refuse to run ``--strategy name`` in several processes (``how``: what started them)
+    when it is not :func:`launchable`."""
     if launchable(name):
         return
     ok = [n for n in strategy_names() if launchable(n)] + [AUTO]
-    raise UsageError(f"{how} needs --strategy {', '.join(ok[:-1])} or {ok[-1]}, not "
-                     f"{name} (each process trains its share of every batch; a one-process "
-                     "strategy would train N independent copies writing the same files)")
+    raise UsageError(f"{how} needs --strategy {', '.join(ok[:-1])} or {ok[-1]}, not {name}",
+                     hint="each process trains its share of every batch; a one-process "
+                          "strategy would train N independent copies writing the same files")
 
 
 def under_launch(name: str) -> str:
-    """What ``--strategy name`` runs as in a process torchrun started: a multi-process
-    strategy itself; a one-process strategy its multi-process form, else (``tandem.fit``
-    called under torchrun) the plain multi-process one, one process per device; ``auto``
-    races the multi-process candidates (:func:`process_candidates`) instead."""
+    """What ``--strategy name`` runs as in a process torchrun started: a multi-process strategy
+    itself, a one-process one its multi-process form, else (and ``auto``, which then races the
+    multi-process candidates) the plain multi-process one."""
     if not is_resolver(name) and strategy_class(name).multiprocess:
         return name
     return (None if is_resolver(name) else across_processes(name)) or launched()
@@ -117,14 +92,12 @@ def simplest_first() -> list[str]:
 def candidates(devices: list, model, options: dict | None = None,
                check: Callable[[str], str | None] | None = None, processes: bool = False
                ) -> tuple[list[str], dict[str, str]]:
-    """``(raced, not_raced)``: the strategies that can drive ``model`` on ``devices``, and why
-    each other one cannot (one line each): the one-process ones, or with ``processes`` (under
-    ``tandem launch``) the multi-process ones. ``options``: the model options a strategy may
-    take (hybrid's head); ``check(name)`` adds the run's own refusals."""
+    """``(raced, not_raced)``: the one-process strategies (with ``processes``: the multi-process
+    ones) that can drive ``model`` on ``devices``, and why each other cannot. ``options``: the
+    model options a strategy may take (hybrid's head); ``check(name)``: the run's refusals."""
     raced, left = [], {}
     for name in strategy_names(multiprocess=True) if processes else simplest_first():
         cls = strategy_class(name)
-        why = None
         if len(devices) == 1 and cls.max_devices is None and not processes:
             why = "one device: nothing to spread"
         else:
@@ -181,33 +154,24 @@ def rng_kept():
 
 
 def _row(lane) -> dict:
-    """A lane as the race's table keeps it: the step's median and quartiles, or why it was
-    dropped."""
+    """A lane as the race's table keeps it: the step's median and quartiles, or why dropped."""
     if lane.failure is not None:
         if lane.failure.startswith("OutOfMemoryError"):
             return {"name": lane.name, "note": f"dropped: {OUT_OF_MEMORY}"}
         return {"name": lane.name, "note": f"dropped: failed ({lane.failure})"}
-    t = step_timer.summarize(lane.times)
-    return {"name": lane.name, "median_s": t.median, "iqr_s": t.iqr, "q1_s": t.q1,
-            "q3_s": t.q3}
+    q1, median, q3 = step_timer.quartiles(lane.times)
+    return {"name": lane.name, "median_s": median, "iqr_s": q3 - q1, "q1_s": q1, "q3_s": q3}
 
 
 def race(names: list[str], place: Callable[[str], Callable[[], step_timer.StrategyStep]], *,
          rounds: int | None = None, epoch_batches: int = 1,
          clock: Callable[[], float] | None = None, agreement=LOCAL,
          agree: Callable[[dict], dict] | None = None) -> RaceResult:
-    """Race each of ``names``: ``place(name)`` builds it and puts a copy of the model and the
-    batch on its device, with no collective (:func:`~.step_timer.placed`), and returns what
-    launches it (a :class:`~.step_timer.StrategyStep`); one cold round, then as many timed
-    rounds as :func:`budget_s` leaves, and at least :data:`MIN_ROUNDS`: a cold step also times
-    first-call costs (allocation, lazy set-up), which misled a pick (BENCHMARKS.md section
-    13), and one warm round has no spread. ``rounds`` gives that many timed rounds (at least
-    :data:`MIN_ROUNDS`) after one warm-up. ``clock`` is injectable (tests).
-
-    Across processes (``agreement`` a job's) every rank races the same candidates: those that
-    every rank could place (out of memory on one rank drops it on all, before any of its
-    collectives), and ``agree(rows)``, called while the candidates still stand, gives the
-    rows every process decides on (rank 0's)."""
+    """Race ``names`` (``place(name)`` puts one on its devices, no collective, and returns what
+    launches it): a cold round (first-call costs misled a pick: BENCHMARKS.md section 13),
+    then the rounds :func:`budget_s` leaves, or ``rounds`` after a warm-up; at least
+    :data:`MIN_ROUNDS`. Across processes every rank races what every rank could place, and
+    ``agree(rows)``, called while the candidates stand, gives the rows all decide on."""
     clock = clock or step_timer.clock
     start = clock()
     built, lanes, rows, ready = [], [], {}, {}
@@ -272,18 +236,10 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
             options: dict | None = None, check: Callable[[str], str | None] | None = None,
             rounds: int | None = None, epoch_batches: int = 1, clock=None,
             split=None, agreement=LOCAL, amp=None, lr: float = 0.1, **step) -> RaceResult:
-    """``auto`` resolved on ``devices`` for ``model`` (a copy each candidate takes over) and
-    the global ``batch``: the candidates (:func:`candidates`) raced (:func:`race`), the choice
-    and its reason (:func:`choose`, with the bytes :func:`planned_bytes` predicts). ``step``:
-    :func:`~.step_timer.placed`'s keywords (``channels_last``, ``sync_bn``, ``buffers``);
-    refused in one line when no strategy can run the model.
-
-    Under ``tandem launch`` (``agreement`` a job's of several processes) it races the
-    multi-process candidates on the real processes and the real link: every process runs the
-    same rounds (``rounds``, at least :data:`MIN_ROUNDS`; no budget, which each process would
-    judge alike only by chance), a short all-reduce measures the link, and rank 0's table
-    decides for all.
-    """
+    """``auto`` resolved for ``model`` (each candidate takes a copy) on ``devices`` and the global
+    ``batch``: :func:`candidates` raced, then :func:`choose` (``step``: :func:`~.step_timer.placed`
+    keywords). Across processes all race the same rounds (no budget: each would judge one
+    alike only by chance), an all-reduce measures the link, and rank 0's table decides."""
     processes = agreement.world_size
     names, not_raced = candidates(devices, model, options, check, processes=processes > 1)
     if not names:
@@ -325,14 +281,12 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
 
 def process_rounds(asked: int | None) -> int:
     """The timed rounds of a race across processes: ``--auto-steps`` (at least
-    :data:`MIN_ROUNDS`), else :data:`PROCESS_ROUNDS`. No time budget bounds them: each
-    process would judge one alike only by chance."""
+    :data:`MIN_ROUNDS`), else :data:`PROCESS_ROUNDS`."""
     return max(MIN_ROUNDS, asked or PROCESS_ROUNDS)
 
 
 def process_race_line(processes: int, asked: int | None) -> str:
-    """The line said before a race across ``processes`` starts: its rounds, and that no time
-    bounds them (a one-process race's budget does not apply; a slow link makes it long)."""
+    """The line said before a race across ``processes`` starts: its rounds, unbounded in time."""
     return (f"strategy auto: racing across {processes} processes, {process_rounds(asked)} timed "
             f"rounds of each candidate after one warm-up, however long they take (no time "
             f"budget across processes; --auto-steps N for fewer or more)")
@@ -416,8 +370,8 @@ def _and(names: list[str]) -> str:
 def planned_bytes(model, devices: list, batch_size: int, input_size, head: str | None = None,
                   split=None) -> dict[str, int]:
     """Bytes one step moves between devices, inputs included, as :func:`tandem.hybrid.plan`
-    predicts them: single none, dp its data-parallel total, balanced the same less the gathered logits (it
-    sends loss terms instead), hybrid its split total; ``{}`` for a model it cannot plan."""
+    predicts: single none, dp its data-parallel total, balanced that less the gathered logits
+    (it sends loss terms), hybrid its split total; ``{}`` for a model it cannot plan."""
     try:
         p = hybrid_plan(model, devices, batch_size=batch_size, input_size=input_size, head=head,
                  split=None if split == "auto" else split)

@@ -18,8 +18,6 @@ from tandem.parallel import DataParallelCriterion, DataParallelModel, scatter, t
 from .base import StepOutput, register
 from .dp import ReplicatedStrategy, prepare_replicated
 
-__all__ = ["BalancedStrategy"]
-
 
 @register
 class BalancedStrategy(ReplicatedStrategy):

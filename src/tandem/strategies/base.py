@@ -21,22 +21,15 @@ from tandem.parallel.split import BatchSplit
 from tandem.suggest import did_you_mean
 from tandem.plain_norms import PlainNorms
 
-from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, plain_ce_sum, top5_hits
-
-__all__ = ["Strategy", "StepOutput", "register", "create_strategy", "strategy_class",
-           "strategy_names", "top5_hits"]
+from .outputs import DEFAULT_IGNORE_INDEX, hits, pick_output, plain_ce_sum
 
 
 @dataclass
 class StepOutput:
-    """What one forward+loss returns to the loop.
-
-    ``loss`` is the mean over this process's samples; ``correct``/``correct5`` are top-1/top-5
-    hits (``correct5`` may be ``None``) over ``count`` samples. Dense outputs (segmentation)
-    give ``confusion``, the ``classes x classes`` counts of this process's positions
-    (:mod:`.outputs`), and ``correct`` counts positions. ``ce_sum``: the summed plain
-    cross-entropy of a label-smoothed loss's validation (:func:`.outputs.plain_ce_sum`).
-    """
+    """What one forward+loss returns to the loop: ``loss``, the mean over this process's
+    samples; top-1/top-5 hits ``correct``/``correct5`` (or None) over ``count`` samples; for
+    dense outputs the ``confusion`` matrix (``correct`` then counts positions); ``ce_sum``, a
+    label-smoothed validation's plain cross-entropy (:func:`.outputs.plain_ce_sum`)."""
 
     loss: torch.Tensor
     correct: torch.Tensor
@@ -49,14 +42,9 @@ class StepOutput:
 class Strategy:
     """A way of running a training step on a set of devices.
 
-    Subclasses set ``name`` and declare their abilities below; defaults describe one process
-    driving every device it is given. What the loop, the run and the bench use: the
-    abilities; ``devices``/``device``, ``rank``/``world_size``/``is_main``; ``split`` (the
-    batch's shares, :class:`~tandem.parallel.split.BatchSplit`); ``with strategy:``;
-    ``setup``, ``state_dict``/``load_state_dict``, ``optimizer_state_dict``/
-    ``load_optimizer_state_dict``, ``plain_norms``, ``forward_loss``, ``no_sync``; the
-    collectives ``all_reduce_sum`` and ``barrier``; and ``agreement``, through which every
-    decision all processes must share goes (:mod:`tandem.distributed.agree`).
+    Subclasses set ``name`` and declare their abilities below (defaults: one process driving
+    every device it is given). Code outside asks the abilities, never the name; decisions all
+    processes must share go through ``agreement`` (:mod:`tandem.distributed.agree`).
     """
 
     name: ClassVar[str] = ""
@@ -76,6 +64,9 @@ class Strategy:
     #: its model's state is gathered from every rank (a collective): after a lost peer the
     #: survivors cannot save it, and the run goes on from its last checkpoint
     state_needs_every_rank: ClassVar[bool] = False
+    #: what a lost peer does to the survivors' collectives (:mod:`tandem.distributed.faults`:
+    #: ``RAISES``, they save and say the line; ``ABORTS``, NCCL's watchdog ends them)
+    failure_model: str = faults.RAISES
     #: one process runs a replica per device in threads (``--backward-threads`` applies)
     replica_threads: ClassVar[bool] = False
 
@@ -103,8 +94,8 @@ class Strategy:
                  backward_threads: bool | None = None, split_clock: Callable | None = None,
                  agreement: Agreement | None = None):
         self.devices = list(devices)
-        # the job's decisions (one process: its own); a multi-process strategy makes its own
-        # when launched outside a job (tandem.distributed.process_group.Job)
+        # the job's decisions (one process: its own; a multi-process strategy outside a Job
+        # makes its own)
         self.agreement = agreement or LOCAL
         self.sync_bn = sync_bn
         self.buffers = buffers
@@ -119,6 +110,7 @@ class Strategy:
     # -- topology ---------------------------------------------------------------------------
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0  # among the processes of this machine
 
     @property
     def is_main(self) -> bool:
@@ -130,9 +122,7 @@ class Strategy:
         """Where the loop puts inputs, targets and the model before :meth:`setup`."""
         return self.devices[0]
 
-    # -- lifetime ---------------------------------------------------------------------------
-    # Construction has no side effects: a run checks everything first (``RunPlan``), then
-    # launches. ``with strategy:`` launches and always closes.
+    # -- lifetime: construction has no side effects; ``with strategy:`` launches, then closes
     def launch(self) -> "Strategy":
         """Join what the strategy runs on (a process group); :meth:`close` leaves it."""
         return self
@@ -177,25 +167,21 @@ class Strategy:
         optimizer.load_state_dict(state)
 
     def plain_norms(self, wrapped: nn.Module) -> PlainNorms:
-        """The norms of the optimizer's parameters (``wrapped.parameters()``) as the plain
-        model has them (:mod:`tandem.plain_norms`), for gradient clipping and LARS's and
-        LAMB's trust ratios. Default: each parameter whole, and the same on every process
-        (after DDP's reduction a replica's gradient is the whole batch's)."""
+        """The norms of the optimizer's parameters as the plain model has them
+        (:mod:`tandem.plain_norms`), for clipping and LARS's and LAMB's trust ratios. Default:
+        each parameter whole, the same on every process."""
         return PlainNorms(wrapped.parameters(), device=self.device)
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         """Run the model and the criterion on this process's share of the batch;
-        ``batch_size``: the whole global batch's (every process's shares together), which
-        the loader knows (a strategy that splits its model across processes needs it; None:
-        it asks the other processes)."""
+        ``batch_size``: the whole global batch's (None: a strategy that needs it asks)."""
         outputs = self._logits(wrapped(images))
         loss = criterion(outputs, targets)
         return StepOutput(loss, *self._score(criterion, outputs, targets, targets.shape[0]))
 
     def _logits(self, output) -> torch.Tensor:
-        """The logits in what the model returned (``output_key`` picks them from a dict or a
-        tuple)."""
+        """The logits in what the model returned (``output_key`` picks them)."""
         return pick_output(output, self.output_key)
 
     @staticmethod
@@ -207,11 +193,6 @@ class Strategy:
         correct, correct5, confusion = hits(outputs, targets, ignore)
         return correct, count, correct5, confusion, plain_ce_sum(criterion, outputs, targets)
 
-    # -- data -------------------------------------------------------------------------------
-    # The loop builds its loaders with ``rank`` and ``world_size`` above: each process loads
-    # only its contiguous share of every *global* batch (see ``tandem.data.make_loader``), so
-    # every strategy sees the same global batches in the same order for the same seed.
-
     # -- collectives (no-ops in one process) ------------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over processes and return it. Identity in one process."""
@@ -222,28 +203,14 @@ class Strategy:
 
     @property
     def stops_when(self) -> str:
-        """When a signal stops the run, as its line says it: the ranks of several processes
-        read their vote one step late (:meth:`~tandem.distributed.agree.Agreement.vote`)."""
+        """When a signal stops the run, as its line says (several ranks read their vote a step
+        late)."""
         return "after the next step (when every rank has heard)" if self.agreement.several \
             else "after this step"
 
     def no_sync(self, wrapped: nn.Module):
         """Context that skips gradient synchronisation (for accumulation steps)."""
         return contextlib.nullcontext()
-
-    #: what a lost peer means to the survivors (:data:`~tandem.distributed.faults.RAISES`:
-    #: they get a Python error, save the last completed step and say so in one line;
-    #: :data:`~tandem.distributed.faults.ABORTS`: the backend ends them, as NCCL's watchdog
-    #: does, and the launcher says the line); one process has no peer to lose
-    peer_loss: str = faults.RAISES
-
-    def lost_peer(self, exc: BaseException, where: str):
-        """A :class:`~tandem.distributed.faults.PeerLost` when ``exc`` means another process
-        of the job is gone or silent (``where``: what this one was doing), else None (always
-        in one process). One line per node: the node's first process says it."""
-        if not self.agreement.several:
-            return None
-        return faults.lost_peer(exc, self.agreement, where)
 
 
 _REGISTRY: dict[str, type[Strategy]] = {}

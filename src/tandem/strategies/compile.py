@@ -19,7 +19,6 @@ from tandem.state_keys import register_plain_keys
 
 from .base import Strategy, strategy_names
 
-__all__ = ["COMPILE_MODES", "compiled", "compiling_strategies", "check_compile"]
 
 #: torch.compile's modes (``None``: torch's default)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -42,7 +42,6 @@ from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 from .base import StepOutput, Strategy, register
 
-__all__ = ["DDPStrategy"]
 
 _HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
 # BatchNorm classes that synchronise across processes: safe in training on 0 local samples.
@@ -55,10 +54,9 @@ def _plain_batchnorms(model: nn.Module) -> list:
 
 @register
 class DDPStrategy(Strategy):
-    """One torchrun worker per device, placed by ``env`` (torchrun's variables, as the plan
-    read them; default the agreement's); :meth:`launch` joins the process group and
-    :meth:`close` leaves it. ``timeout`` (seconds) defaults to ``env.timeout``.
-    """
+    """One torchrun worker per device, placed by ``env`` (torchrun's variables as the plan read
+    them; default the agreement's); :meth:`launch` joins the process group (``timeout``
+    seconds, default ``env.timeout``) and :meth:`close` leaves it."""
 
     name = "ddp"
     multiprocess = True
@@ -99,7 +97,11 @@ class DDPStrategy(Strategy):
         return self._device
 
     @property
-    def peer_loss(self) -> str:
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def failure_model(self) -> str:
         """gloo's survivors get an error; NCCL's watchdog aborts them."""
         return faults.RAISES if self.backend_of_device() == "gloo" else faults.ABORTS
 
@@ -117,15 +119,12 @@ class DDPStrategy(Strategy):
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """Move ``model`` to this rank's device, convert BN if ``sync_bn``, wrap it in DDP.
-
-        Its gradients reach DDP in their parameters' strides (:func:`grads_in_param_strides`).
-        """
+        """Convert BN if ``sync_bn``, move ``model`` to this rank's device, wrap it in DDP
+        (gradients in their parameters' strides, as DDP's buckets have them)."""
         if self.sync_bn:
             model = convert_sync_batchnorm(model)
         model = model.to(self._device)
         self._plain_bn = _plain_batchnorms(model)
-        # Gradients in their parameters' strides, as DDP's buckets have them (digits' conv1).
         self._hooks += grads_in_param_strides(model)
         self._hooks += self.split.time_backward_end(self.rank, model)
         wrapped = DistributedDataParallel(model, **self.ddp_options())
@@ -133,10 +132,9 @@ class DDPStrategy(Strategy):
         return wrapped
 
     def ddp_options(self) -> dict:
-        """The keywords this strategy gives ``DistributedDataParallel`` besides the module:
-        its device, the work group, and whether rank 0's buffers are broadcast at every
-        forward (under ``--buffers replica0`` only; newer torch renamed the flag, and buffers
-        are synced at construction either way)."""
+        """``DistributedDataParallel``'s keywords besides the module: the device, and rank 0's
+        buffers broadcast at every forward under ``--buffers replica0`` only (newer torch
+        renamed the flag)."""
         device_ids = [self._device] if self._device.type == "cuda" else None
         flag = "forward_sync_buffers" if _HAS_FORWARD_SYNC else "broadcast_buffers"
         return {"device_ids": device_ids, flag: self.buffers == "replica0"}
@@ -173,21 +171,13 @@ class DDPStrategy(Strategy):
     def barrier(self) -> None:
         barrier()
 
-    def lost_peer(self, exc: BaseException, where: str):
-        """See :func:`tandem.distributed.faults.lost_peer`; one line per node (local rank 0)."""
-        lost = super().lost_peer(exc, where)
-        if lost is not None:
-            lost.quiet = self.env.local_rank != 0
-        return lost
-
     def no_sync(self, wrapped: nn.Module):
         """DDP's ``no_sync``: gradients accumulate locally until a step outside it."""
         return wrapped.no_sync() if isinstance(wrapped, DistributedDataParallel) else (
             contextlib.nullcontext())
 
     def close(self) -> None:
-        """Free the DDP wrappers' reducers, then leave the process group if :meth:`launch`
-        made it (see release_ddp)."""
+        """Free the DDP wrappers' reducers, then leave the group if :meth:`launch` made it."""
         self.release()
         if self.backend is not None and self._joined:
             destroy_process_group()

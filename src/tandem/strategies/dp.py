@@ -12,8 +12,6 @@ from tandem.parallel import DataParallel, convert_sync_batchnorm
 
 from .base import Strategy, register
 
-__all__ = ["DataParallelStrategy", "ReplicatedStrategy", "prepare_replicated",
-           "REPLICAS_NOT_COMPILED"]
 
 # Replicas copy the model's attributes, so a compiled ``__call__`` would still run the
 # original module; each replica would need its own compiled graph, which is not built yet.

@@ -16,8 +16,6 @@ from tandem.hybrid.layout import head_problem
 from .base import register
 from .dp import ReplicatedStrategy, prepare_replicated
 
-__all__ = ["HybridStrategy"]
-
 
 @register
 class HybridStrategy(ReplicatedStrategy):

@@ -30,8 +30,6 @@ from tandem.parallel.sync_batchnorm import convert_sync_batchnorm
 from .base import StepOutput, register
 from .ddp import DDPStrategy, _plain_batchnorms
 
-__all__ = ["HybridDDPStrategy"]
-
 
 @register
 class HybridDDPStrategy(DDPStrategy):

@@ -23,9 +23,6 @@ from torch import nn
 
 from tandem.errors import UsageError, a
 
-__all__ = ["pick_output", "is_dense", "top5_hits", "confusion_matrix", "hits", "label_smoothing",
-           "plain_ce_sum",
-           "pixel_accuracy", "mean_iou", "DEFAULT_IGNORE_INDEX"]
 
 #: torch's ``CrossEntropyLoss`` default, used when the criterion has no ``ignore_index``
 DEFAULT_IGNORE_INDEX = -100

@@ -10,8 +10,6 @@ from tandem.errors import UsageError
 
 from .base import Strategy, register
 
-__all__ = ["SingleDevice"]
-
 
 @register
 class SingleDevice(Strategy):

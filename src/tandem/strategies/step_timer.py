@@ -1,19 +1,10 @@
-"""A small step timer: build one training step of a strategy, time rounds of it, summarise.
+"""The step ``--strategy auto`` races (:mod:`.auto`; ``tandem bench`` times the same one).
 
-``--strategy auto`` races its candidates with it (:mod:`.auto`), and ``tandem bench`` builds
-its strategy contestants on it, so both time the same step. :class:`StrategyStep` is one full
-training step (forward, loss, backward, SGD with momentum, in the run's precision) of a
-strategy launched on its devices around a model it takes over, on a fixed batch that each
-rank takes its share of. :func:`interleave` runs steps round by round, the order rotating every
-round so that a busy machine's noise falls on every candidate alike; the clock is read only
-after :func:`~tandem.parallel.work_clock.synchronize`. :func:`summarize` gives the median and
-quartiles.
-
-``torch.utils.benchmark.Timer`` measures one statement in blocks it sizes itself
-(``blocked_autorange``) and reports the same median and interquartile range; it times one
-candidate at a time, though, so the minutes a neighbour's job takes land on whichever ran
-then. Interleaving candidates round by round is what lets a race on a shared machine compare
-them, so the rounds are ours and the statistics are the usual ones.
+:class:`StrategyStep` is one full training step of a strategy launched around a model it takes
+over, on a fixed batch each rank takes its share of. :func:`interleave` runs steps round by
+round, the order rotating so that a busy machine's noise falls on every candidate alike
+(``torch.utils.benchmark.Timer`` times one statement at a time, so it cannot); the clock is
+read only after :func:`~tandem.parallel.work_clock.synchronize`.
 """
 
 from __future__ import annotations
@@ -21,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -35,57 +26,21 @@ from tandem.precision import Precision
 from . import compile as compiling
 from .base import Strategy, create_strategy
 
-__all__ = ["TrainStep", "StrategyStep", "Placed", "placed", "launched", "Lane", "interleave", "summarize", "Stats", "clock",
-           "rank_share", "timed_devices", "describe", "module_tensors", "place"]
-
 
 def clock() -> float:
     """A monotonic wall clock in seconds (what a user waiting for a step experiences)."""
     return time.perf_counter()
 
 
-@dataclass(frozen=True)
-class Stats:
-    """Median and spread of a sample of step times, in seconds."""
-
-    median: float
-    q1: float
-    q3: float
-    iqr: float
-    min: float
-    max: float
-    mean: float
-    n: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def summarize(samples: Sequence[float]) -> Stats:
-    """Median, quartiles (inclusive), min, max and mean; an empty sample is a ``ValueError``."""
+def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
+    """``(q1, median, q3)`` of ``samples`` (inclusive quartiles); empty: a ``ValueError``."""
     if not samples:
         raise ValueError("no timed steps to summarize")
     values = sorted(float(s) for s in samples)
     if len(values) == 1:
-        q1 = q3 = values[0]
-    else:
-        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return Stats(median=statistics.median(values), q1=q1, q3=q3, iqr=q3 - q1,
-                 min=values[0], max=values[-1], mean=statistics.fmean(values), n=len(values))
-
-
-def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                   *extra: torch.Tensor) -> Iterable[torch.Tensor]:
-    """Parameters, their gradients, buffers, optimizer state tensors and ``extra`` tensors."""
-    for param in module.parameters():
-        yield param
-        if param.grad is not None:
-            yield param.grad
-    yield from module.buffers()
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
-    yield from extra
+        return values[0], values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, statistics.median(values), q3
 
 
 class TrainStep:
@@ -143,9 +98,8 @@ def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
 
 @dataclass
 class Placed:
-    """A strategy built but not launched, and a model and batch on its device: what a
-    candidate holds before any collective (a race agrees here that every rank got this far,
-    out of memory being a rank's own failure)."""
+    """A strategy built but not launched, with a model and batch on its device: what a
+    candidate holds before any collective (out of memory here is a rank's own failure)."""
 
     strategy: Strategy
     model: nn.Module
@@ -169,11 +123,9 @@ def placed(name: str, model: nn.Module, devices: list[torch.device],
            sync_bn: bool = False, buffers: str = "replica0", compiled: bool = False,
            compile_mode: str | None = None, split=None, split_clock=None,
            options: dict | None = None, agreement=None) -> Placed:
-    """Strategy ``name`` built on ``devices`` (not launched) and ``model`` (which it takes
-    over) with the batch on its device. ``compiled`` compiles as ``tandem train --compile``
-    does, at launch; ``split`` is ``--split``; ``split_clock`` its clock (``None``: the wall
-    clock); ``options`` the model options a strategy may take (hybrid's head);
-    ``agreement`` the job's (:mod:`tandem.distributed.agree`)."""
+    """Strategy ``name`` built on ``devices`` around ``model`` (which it takes over), not
+    launched, with the batch on its device; the keywords are ``tandem train``'s (``split``:
+    ``--split``, ``split_clock`` its clock, ``options`` hybrid's head)."""
     extra = {} if split is None else {"split": split, "split_clock": split_clock}
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, options=options,
                                agreement=agreement, **extra)
@@ -181,17 +133,10 @@ def placed(name: str, model: nn.Module, devices: list[torch.device],
     return Placed(strategy, model, images, targets, compiled, compile_mode)
 
 
-def launched(name: str, model: nn.Module, devices: list[torch.device],
-             batch: tuple[torch.Tensor, torch.Tensor], **setup):
-    """:func:`placed`, then launched: ``(strategy, wrapped, images, targets)``."""
-    return placed(name, model, devices, batch, **setup).launch()
-
-
 class StrategyStep:
     """One training step of a launched ``strategy`` around its set-up model (``wrapped``) on
-    the global batch (``images``, ``targets``; a rank of a multi-process strategy takes its
-    share at every step). :meth:`build` launches one (:func:`launched`) first. :meth:`close`
-    leaves the process group a multi-process strategy joined."""
+    the global batch (a rank of a multi-process strategy takes its share at every step).
+    :meth:`close` leaves the process group a multi-process strategy joined."""
 
     def __init__(self, strategy: Strategy, wrapped: nn.Module, images: torch.Tensor,
                  targets: torch.Tensor, *, amp: Precision, lr: float):
@@ -199,14 +144,6 @@ class StrategyStep:
         self.criterion = nn.CrossEntropyLoss()
         self.train_step = TrainStep(self.forward_loss, self.model.parameters(), amp, lr)
         self.devices = timed_devices(self.strategy)
-
-    @classmethod
-    def build(cls, name: str, model: nn.Module, devices: list[torch.device],
-              batch: tuple[torch.Tensor, torch.Tensor], *, amp: Precision, lr: float,
-              **setup) -> "StrategyStep":
-        """Strategy ``name`` launched on ``devices`` around ``model`` (which it takes over),
-        and its step; ``setup``: :func:`placed`'s keywords."""
-        return cls.start(placed(name, model, devices, batch, **setup), amp=amp, lr=lr)
 
     @classmethod
     def start(cls, ready: Placed, *, amp: Precision, lr: float) -> "StrategyStep":
@@ -223,11 +160,6 @@ class StrategyStep:
         self.strategy.split.step(0, 0)  # --split auto: every rank decides alike
         return loss
 
-    def tensors(self) -> Iterable[torch.Tensor]:
-        """What this step keeps on its devices: parameters, gradients, buffers, optimizer
-        state and the batch."""
-        return module_tensors(self.model, self.train_step.optimizer, self.images, self.targets)
-
     def close(self) -> None:
         self.strategy.close()
 
@@ -235,8 +167,7 @@ class StrategyStep:
 @dataclass
 class Lane:
     """One candidate in :func:`interleave`: its step, the devices to synchronise around it,
-    the times of its timed rounds, its first (untimed or not) step's time, and why it failed
-    (``None`` while it runs)."""
+    its timed rounds' times, its first step's time and loss, and why it failed (or ``None``)."""
 
     name: str
     step: Callable[[], torch.Tensor] | None

@@ -1,16 +1,10 @@
 """The training loop, top to bottom: :meth:`Trainer.fit` → an epoch → a step → the optimizer
-step, with where training stands, the stop on a non-finite loss and saving as the trainer's
-own. It knows strategies only through their interface (no strategy names).
-
-One optimizer step consumes ``accum_steps`` global batches (all but the last under
-``strategy.no_sync``). Each process loads its share of every batch in an order set by
-``(seed, epoch)`` only. The main process alone logs and writes checkpoints, which record
-``data_position`` so ``--resume`` restarts at the very next batch with the same RNG state.
-A step never reads the device: losses are summed there (:class:`~.metrics.Meter`) and read
-where the loop reads the device anyway (``--print-freq`` lines, progress-bar refreshes, saves,
-the end of an epoch); a non-finite one there stops the run (:meth:`Trainer.check_finite`).
-After each epoch: validate, save, the metrics row, ``curves.png``, TensorBoard, the summary
-line, and the stop a signal asked for.
+step, through the strategy's interface only. A step consumes ``accum_steps`` global batches
+(all but the last under ``no_sync``), each process its share, in an order set by ``(seed,
+epoch)``. The main process alone logs and saves (``data_position``: ``--resume`` restarts at
+the next batch, same RNG). A step never reads the device: losses are summed there and read
+where it is read anyway (``--print-freq``, saves, an epoch's end), a non-finite one stopping
+the run. A lost peer: :func:`tandem.distributed.faults.ended`.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ from tandem.config import MAY_CHANGE, OptimConfig, TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH, rank_rows
 from tandem.data.mixing import Mixing, Pairing
-from tandem.distributed.faults import RAISES, PeerLost
+from tandem.distributed import faults
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
 from tandem.keyed import KEYED, step_stream
@@ -54,16 +48,9 @@ from .schedule import epoch_state, example_optimizer_state, lr_factor
 from .tensorboard import TensorBoard
 from .writer import Writer, snapshot
 
-__all__ = ["Trainer", "Position", "EpochRun", "StepStart", "optimizer_step", "LOST_BEFORE",
-           "CURVES_EVERY_S", "SAVE_MINUTES", "epoch_progress", "thinned", "weights_finite",
-           "diverged_message", "lr_may_change"]
 
-#: the ``epoch_progress`` of a checkpoint saved at a lost peer: the batch its sums were lost at
-LOST_BEFORE = "sums_lost_before_batch"
-
-#: ``curves.png`` is drawn again after a row at most this often (a draw costs about half a
-#: second of CPU), and always when the run ends or stops, so short epochs do not pay a draw
-#: each while a long run's figure is never more than one epoch or this many seconds behind
+#: ``curves.png`` is drawn after a row at most this often (a draw costs about half a second of
+#: CPU), and always when the run ends or stops
 CURVES_EVERY_S = 30.0
 
 #: minutes of training between two checkpoints under several processes, unless
@@ -71,8 +58,7 @@ CURVES_EVERY_S = 30.0
 #: lost rank 0, a split model, NCCL's abort); one process saves at each epoch's end only
 SAVE_MINUTES = 10.0
 
-# torch's LRScheduler says this when the optimizer has not stepped before the schedule's first
-# step: here that is GradScaler skipping a step it found inf gradients in, which is expected
+# torch warns so when GradScaler skipped the first step (inf gradients): expected here
 _SKIPPED_FIRST = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
 
 
@@ -105,26 +91,6 @@ class EpochRun:
 
 
 @dataclass
-class StepStart:
-    """What a step changes before its optimizer step, as it was when the step began: the
-    model's buffers (a forward updates BatchNorm's running statistics) and the RNG states. A
-    step a lost peer cut short is undone with it, so the checkpoint then saved is exactly the
-    last completed step (the weights and the optimizer change only at the optimizer step)."""
-
-    buffers: list
-    rng: dict
-
-    @classmethod
-    def capture(cls, model: torch.nn.Module, device) -> "StepStart":
-        return cls([b.detach().clone() for b in model.buffers()], checkpoint.capture_rng(device))
-
-    def restore_buffers(self, model: torch.nn.Module) -> None:
-        with torch.no_grad():
-            for saved, buffer in zip(self.buffers, model.buffers()):
-                buffer.copy_(saved)
-
-
-@dataclass
 class Trainer:
     """Everything a run needs, built by :mod:`tandem.train.build`; :meth:`fit` runs it."""
 
@@ -142,24 +108,20 @@ class Trainer:
     position: Position = field(default_factory=Position)
     best_acc1: float = 0.0
     stop: StopRequest = field(default_factory=lambda: StopRequest(enabled=False))
-    # The epoch under way's train sums (loss_sum, correct, count, seconds) over every process,
-    # saved with a mid-epoch checkpoint so that the resumed epoch still gets one whole row.
+    # a mid-epoch checkpoint's train sums over every process: the resumed epoch's row is whole
     carried: dict | None = None
     loaders: LoaderCache = field(default_factory=LoaderCache)  # persistent workers
-    # The step of the checkpoint.pt this run saved last (see kept_step): every rank knows it,
-    # as the ranks save together (rank 0 writes)
+    # the step of the checkpoint.pt this run saved last (every rank: they save together)
     saved_step: int | None = None
     # the step of the checkpoint --out held at the start (the one a resume continues there)
     kept_at_start: int | None = None
     started_at: Position = field(default_factory=Position)  # where this invocation began
     wait: DataWait = field(default_factory=DataWait)  # the epoch's data wait (.datawait)
-    # the optimizer step under way, as it began (several processes only: a lost peer can cut
-    # it short, and the run is then saved as it was before it; see save_at_failure)
-    in_flight: StepStart | None = None
+    # the last optimizer step's start, where a lost peer's survivors undo it (faults.StepStart)
+    step_start: faults.StepStart | None = None
     # the batch this epoch's train sums count from, when those before it were lost with a peer
     train_from: int | None = None
-    # [step, lr] of each optimizer step of the epoch under way (a resumed one's earlier steps
-    # too, carried in its checkpoint): the lr each step used, for its row and curves.png
+    # [step, lr] of each optimizer step of the epoch under way, for its row and curves.png
     lr_steps: list = field(default_factory=list)
     # rank 0's files, written off the step's path (.writer)
     writer: Writer = field(default_factory=Writer)
@@ -170,11 +132,9 @@ class Trainer:
     # best.pt exists in --out (at the start, or handed to the writer since)
     best_written: bool = False
     last_save_at: float = field(default_factory=time.monotonic)  # the main process's clock
-    # where the node's launcher reads what it says after the workers were aborted
-    # (tandem.distributed.launch_state; None: not under tandem launch)
+    # what the node's launcher says after an abort (tandem.distributed.launch_state; or None)
     launch_state: object = None
-    # mixup and cutmix of the training batches (None: off): the loader adds each share's
-    # partners, device_batch mixes them (tandem.data.mixing)
+    # mixup and cutmix (None: off): the loader adds partners, device_batch mixes them
     mixing: Mixing | None = None
     clip: GradClip | None = None  # --clip-grad, by the plain model's norm (tandem.optim)
     ema: ModelEma | None = None  # --model-ema: validated and saved beside the weights
@@ -182,14 +142,11 @@ class Trainer:
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
-        """Train until ``epochs`` or ``max_steps``; validate, log and save after each epoch;
-        return the metrics rows (with those of ``log``, on the main process).
-
-        A signal on any process (``stop``) stops every process after the current optimizer
-        step, saves ``checkpoint.pt`` there and raises :class:`~.interrupt.Interrupted`. A
-        non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged` and save
-        nothing. A lost peer saves the last completed step and raises the strategy's error.
-        """
+        """Train until ``epochs`` or ``max_steps``, validating, logging and saving after each
+        epoch; return the metrics rows (with ``log``'s, on the main process). A signal on any
+        process stops all after a step, saved (:class:`~.interrupt.Interrupted`); a
+        non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged`, saving
+        nothing; a lost peer saves the last completed step where it can (faults.ended)."""
         self.stop = stop or self.stop
         s = self.strategy
         self.started_at = replace(self.position)
@@ -203,16 +160,11 @@ class Trainer:
             board = TensorBoard.open(self.run_dir.tensorboard, records)
         try:
             self._epochs(log, records, board, figure)
-        except RuntimeError as exc:
-            where = (f"in step {self.position.step + 1}" if self.in_flight is not None else
-                     f"after step {self.position.step}")
-            # the agreement's own collectives say it already (PeerLost)
-            lost = exc if isinstance(exc, PeerLost) else s.lost_peer(exc, where)
-            if lost is None:
+        except RuntimeError as exc:  # a lost peer: what the run keeps, in one line
+            ended = faults.ended(self, exc)
+            if ended is None:
                 raise
-            saved = self.save_at_failure()
-            raise type(lost)(f"{lost}; {self.after_loss(saved, lost.lost)}", quiet=lost.quiet,
-                             lost=lost.lost) from None
+            raise ended from None
         except BaseException:  # a signal or an error ends the run: its files first
             figure.catch_up(self, records)
             self.writer.flush()
@@ -332,8 +284,8 @@ class Trainer:
     def _carried_meter(self) -> tuple[Meter, float]:
         """A meter holding the carried sums of this epoch (on the main process only)."""
         carried, self.carried = self.carried, None
-        if carried and LOST_BEFORE in carried:  # saved at a lost peer: the sums went with it
-            self.train_from = int(carried[LOST_BEFORE])
+        if carried and faults.LOST_BEFORE in carried:  # saved at a lost peer: sums went with it
+            self.train_from = int(carried[faults.LOST_BEFORE])
             return Meter(), 0.0
         if not carried or not self.strategy.is_main:
             return Meter(), 0.0
@@ -354,8 +306,7 @@ class Trainer:
         last_micro = index == group_start + group_size - 1
         sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
         if index == group_start:
-            if s.multiprocess and s.peer_loss == RAISES:  # the survivors save (save_at_failure)
-                self.in_flight = StepStart.capture(self.model, s.device)
+            self.step_start = faults.StepStart.of(self)  # None where no survivor saves
             # free the last step's gradients here, just before the forward allocates: freed
             # after the step instead, glibc gave the memory back to the system and this
             # forward faulted it in again (about 6% of a CPU step, BENCHMARKS.md section 11)
@@ -387,7 +338,6 @@ class Trainer:
         if self.ema is not None:
             self.ema.update()
         pos.batch, pos.step = index + 1, pos.step + 1
-        self.in_flight = None
         self._rebalance(run.progress)
         if run.look:
             run.look = False
@@ -572,6 +522,8 @@ class Trainer:
         """
         s = self.strategy
         self.saved_step = self.position.step  # every rank: the ranks save together
+        if progress is not None:  # an epoch's lr curve, not every step of a long one
+            progress = {**progress, "lr_steps": thinned(progress["lr_steps"])}
         if not s.is_main and not s.state_needs_every_rank:
             return
         # a strategy whose ranks each hold a block of the model (hybrid across processes)
@@ -614,23 +566,6 @@ class Trainer:
                                                                 **extra))
             self.best_written = True
 
-    def save_at_failure(self) -> str | None:
-        """After a lost peer: undo the step it cut short (:class:`StepStart`) and save the last
-        completed step, with no collective (the peers are gone); the path, on the main process.
-        The epoch under way's train sums are not saved (they need the other processes): the
-        resumed epoch's row counts the batches after the resume, and says from which
-        (``train_from_batch``)."""
-        start, self.in_flight = self.in_flight, None
-        if start is not None:
-            start.restore_buffers(self.model)
-        if not self.strategy.is_main or self.strategy.state_needs_every_rank:
-            return None
-        self.save(is_best=False, progress={LOST_BEFORE: self.position.batch,
-                                           "lr_steps": thinned(self.lr_steps)},
-                  rng=start.rng if start is not None else None)
-        self.writer.flush()  # on disk before the line says so
-        return self.run_dir.latest
-
     def interrupted_message(self) -> str:
         """Where the run stopped and how to continue it: the main process says it for the job,
         another machine's first process for its own node."""
@@ -642,47 +577,6 @@ class Trainer:
             return ""
         return (f"rank 0 saved {where} (on node 0); continue with: "
                 f"{resume_command_here(out, s.agreement.env, this_node=True)}")
-
-    def after_loss(self, saved: str | None, lost: tuple[int, ...] = ()) -> str:
-        """What a lost peer leaves, as this rank knows it: the checkpoint the main process
-        saved (or the last one it has, when it cannot save, or is lost itself), and how the
-        run goes on (the launcher restarts it, or the command for each node)."""
-        s, pos, out = self.strategy, self.position, self.cfg.run.out
-        left = s.agreement.env.restarts_left
-        if saved is not None:  # the main process saved the last completed step
-            done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
-            if left:
-                return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
-            return f"{done}; continue with: {resume_command_here(out, s.agreement.env)}"
-        if not s.state_needs_every_rank and 0 not in lost and not s.is_main:
-            return (f"rank 0 saves the last completed step ({pos.step}) on node 0" + (
-                "; the launcher restarts the job from it" if left else
-                f"; continue with: {resume_command_here(out, s.agreement.env, this_node=True)}"))
-        why = ("its model is split across the processes and cannot be saved without the lost "
-               "one" if s.state_needs_every_rank else
-               "rank 0, which alone writes the run, is lost with it")
-        kept = self._kept_line()
-        if kept is None:
-            return (f"{why}, and the run has no checkpoint yet: start it again (the same "
-                    f"command, with --overwrite)" + ("; the launcher restarts it from step 1"
-                                                     if left else ""))
-        goes_on = ("the launcher restarts the job from it" if left else
-                   "continue with: "
-                   f"{resume_command_here(out, s.agreement.env, this_node=not s.is_main)}")
-        return f"{why}: the last checkpoint stands ({kept}); {goes_on}"
-
-    def _kept_line(self) -> str | None:
-        """Which checkpoint of the run rank 0's disk holds, as this rank knows it: the step of
-        the last save the ranks made, and, while rank 0 had not yet said it was written, the
-        one before (``None``: none)."""
-        made, confirmed = self.kept_step(), self.job_saved_step
-        if made is None:
-            return None
-        where = f"{self.run_dir.latest} from step {made} on node 0"
-        if self.strategy.is_main or confirmed == made:
-            return where
-        before = f"step {confirmed}" if confirmed is not None else "none"
-        return f"{where}, if rank 0 finished writing it (else {before})"
 
     # -- the epoch's outputs ------------------------------------------------------------------
     def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float,
@@ -788,7 +682,7 @@ class _Figure:
 def epoch_progress(meter: Meter, seconds: float, lr_steps: list) -> dict:
     """A reduced meter, the seconds spent and the lr of each step so far, as a checkpoint's
     ``epoch_progress`` entry."""
-    return {**meter.progress(), "seconds": seconds, "lr_steps": thinned(lr_steps)}
+    return {**meter.progress(), "seconds": seconds, "lr_steps": lr_steps}
 
 
 def thinned(points: list, most: int = 200) -> list:

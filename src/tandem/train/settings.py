@@ -45,7 +45,7 @@ def check_launchable(cfg: TrainConfig, given: frozenset[str], place: Place) -> N
         try:
             auto.check_launchable(cfg.parallel.strategy, "several processes (torchrun)")
         except UsageError as exc:  # every worker refuses alike; rank 0 says it
-            raise UsageError(exc.marked, quiet=not place.main) from None
+            raise UsageError(exc.marked, quiet=not place.main, hint=exc.hint_marked) from None
 
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str], place: Place = Place(),

@@ -12,8 +12,8 @@ from conftest import ok, run_tandem, succeeded
 from torch import nn
 
 import tandem.precision
-from tandem.bench import BenchConfig, format_table, run_bench
-from tandem.bench.contestants import TrainStep
+from tandem_bench import BenchConfig, format_table, run_bench
+from tandem_bench.contestants import TrainStep
 from tandem.cli.main import main
 from tandem.errors import UsageError
 from tandem.distributed.env import cpu_bf16_override

@@ -7,13 +7,14 @@ import argparse
 import dataclasses
 import json
 import subprocess
+import sys
 from collections import Counter
 
 import pytest
 
-from tandem.bench import BenchConfig
-from tandem.bench.distributed import distributed_phase, worker_main
-from tandem.bench.entry import Entry, lineup
+from tandem_bench import BenchConfig
+from tandem_bench.distributed import distributed_phase, worker_main
+from tandem_bench.entry import Entry, lineup
 from tandem.cli.common import config_from_args
 from tandem.cli.main import build_parser, main
 from tandem.distributed import torchrun
@@ -96,7 +97,7 @@ def test_data_counts_passes_with_the_loader_benchs_defaults(monkeypatch, tmp_pat
         seen.update(kwargs, data=data)
         raise _Stop
 
-    monkeypatch.setattr("tandem.cli.bench.run_loader_bench", spy)  # where the CLI took it
+    monkeypatch.setattr("tandem_bench.cli.run_loader_bench", spy)  # where the CLI took it
     with pytest.raises(_Stop):
         main(["bench", "--data", str(tmp_path), *argv])
     assert seen == {"data": str(tmp_path), "workers": 0, "batch_size": 64, "seed": 0, **passes}
@@ -140,7 +141,7 @@ def test_the_torchrun_phase_runs_through_launch_run_captured(monkeypatch):
     assert timeout == 7 and spec.nproc_per_node == 2 and spec.max_restarts == 0
     assert spec.extra_env == {"OMP_NUM_THREADS": "1"}
     argv = torchrun.torchrun_argv(spec)
-    assert argv[argv.index("-m") + 1:argv.index("-m") + 3] == ["tandem.bench.distributed",
+    assert argv[argv.index("-m") + 1:argv.index("-m") + 3] == ["tandem_bench.distributed",
                                                                "--config"]
     assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
 
@@ -179,7 +180,7 @@ def test_a_worker_started_by_hand_says_how_to_launch(monkeypatch, tmp_path):
     config.write_text(json.dumps(_config().to_dict()))
     entries = tmp_path / "contestants.json"
     entries.write_text(json.dumps([Entry("ddp").to_json()]))
-    with pytest.raises(UsageError, match="tandem.bench.distributed needs torchrun's environment"):
+    with pytest.raises(UsageError, match="tandem_bench.distributed needs torchrun's environment"):
         worker_main(["--config", str(config), "--contestants", str(entries), "--out",
                      str(tmp_path / "o")])
 
@@ -224,7 +225,7 @@ def test_a_bad_link_option_is_one_line_naming_the_flag(capsys, argv, message):
 
 @pytest.mark.parametrize("processes", [None, 3])
 def test_explain_with_a_link_rate_prints_the_bytes_and_their_time(capsys, tmp_path, processes):
-    from tandem.bench.link import plan_link
+    from tandem_bench.link import plan_link
     from tandem.models import create_model
 
     out = tmp_path / "bench.json"
@@ -246,3 +247,11 @@ def test_explain_with_a_link_rate_prints_the_bytes_and_their_time(capsys, tmp_pa
     assert link["predicted_s"]["given"] == pytest.approx(
         {name: total / 12.5e6 for name, total in plan.totals().items()})
     assert link["bytes_per_step"]["ddp"]["total"] > 0
+
+
+def test_without_the_harness_bench_says_so_in_one_line_and_a_hint(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tandem_bench", None)  # as if not installed
+    assert main(["bench", "-a", "cifar_resnet20", "--steps", "2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("tandem: error: tandem bench needs the benchmark harness")
+    assert err[1].startswith("hint: ") and "pip install" in err[1] and len(err) == 2

@@ -180,9 +180,11 @@ def test_eval_under_ddp_without_torchrun_prints_the_eval_launch_command(tmp_path
     torch.save(create_model("cifar_resnet20", num_classes=3).state_dict(), path)
     proc = run_in_process("eval", "--resume", path, "-a", "cifar_resnet20", *DATA,
                           "--strategy", "ddp", "--devices", "cpu")
-    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    error, hint = proc.stderr.splitlines()  # the error, and the command in its hint
+    assert proc.returncode == 2 and error.endswith("runs one process per device"), proc.stderr
+    assert hint.startswith("hint: ")
     assert (f"`tandem launch --nproc-per-node N -- eval --resume {path} -a cifar_resnet20 "
-            f"{' '.join(DATA)} --strategy ddp --devices cpu`") in proc.stderr
+            f"{' '.join(DATA)} --strategy ddp --devices cpu`") in hint
     assert "-- train" not in proc.stderr
 
 

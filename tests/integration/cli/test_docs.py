@@ -298,7 +298,7 @@ def parse_problem(argv: list[str]) -> str | None:
     import contextlib
     import io
 
-    from tandem.bench import BenchConfig
+    from tandem_bench import BenchConfig
     from tandem.cli import launch
     from tandem.cli.common import config_from_args, error_line
     from tandem.cli.train import config_from_namespace

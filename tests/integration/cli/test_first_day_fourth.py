@@ -13,8 +13,8 @@ from conftest import (SUPPORT, hint_of, make_image_folder, ok, one_line_error,
 from own_model import Pairs
 
 import tandem
-from tandem.bench import BenchConfig, format_table, run_bench
-from tandem.bench.timing import summarize
+from tandem_bench import BenchConfig, format_table, run_bench
+from tandem_bench.timing import summarize
 from tandem.errors import UsageError
 
 TINY = ["--data", "synthetic", "--synthetic-size", "12", "--image-size", "8", "--num-classes",

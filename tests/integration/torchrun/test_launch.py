@@ -390,7 +390,9 @@ DDP = ["train", "--strategy=ddp"]
 def test_launch_mistakes_are_one_line(capsys, argv, message):
     assert main(["launch", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("tandem: error: ") and message in err and "\n" not in err, err
+    error, *hint = err.splitlines()  # one line, and maybe its remedy on a line of its own
+    assert error.startswith("tandem: error: ") and message in error, err
+    assert hint == [] or (len(hint) == 1 and hint[0].startswith("hint: ")), err
 
 
 def test_launch_reads_the_strategy_as_the_workers_parse_it(tmp_path, monkeypatch, capsys):
@@ -457,9 +459,10 @@ def test_plain_torchrun_with_a_one_process_strategy_is_refused_in_one_line(tmp_p
                         "--nproc-per-node", "2", "-m", "tandem", *TRAIN, "--strategy", "dp",
                         "--devices", "cpu:2", "--out", str(out)], 150, _env())
     assert proc.returncode != 0
-    ours = [line for line in proc.stderr.splitlines() if line.startswith("tandem: ")]
+    ours = [line for line in proc.stderr.splitlines() if line.startswith(("tandem: ", "hint: "))]
     assert ours == ["tandem: error: several processes (torchrun) needs --strategy hybrid, ddp, "
-                    "hybrid-ddp or auto, not dp (each process trains its share of every batch; "
-                    "a one-process strategy would train N independent copies writing the same "
-                    "files)"], proc.stderr[-3000:]
+                    "hybrid-ddp or auto, not dp",
+                    "hint: each process trains its share of every batch; a one-process "
+                    "strategy would train N independent copies writing the same files"
+                    ], proc.stderr[-3000:]
     assert not out.exists()  # (torchrun's agent itself prints its ChildFailedError whole)

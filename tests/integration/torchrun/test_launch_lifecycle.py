@@ -258,9 +258,9 @@ def test_bench_torchrun_phase_succeeds_and_its_workers_skip_finalization(tmp_pat
     os._exit, see process_group.exit_process): that fails on every round, not one in 20, if
     the worker ends with a plain exit again. The agent finalizes: the probe is active.
     ``scripts/stress_mp.sh`` repeats this test (beside busy CPU loops) to hunt rarer races."""
-    from tandem.bench.options import BenchConfig
-    from tandem.bench.distributed import distributed_phase
-    from tandem.bench.entry import Entry
+    from tandem_bench.options import BenchConfig
+    from tandem_bench.distributed import distributed_phase
+    from tandem_bench.entry import Entry
 
     (tmp_path / "sitecustomize.py").write_text(_FINALIZE_PROBE)
     finalized = tmp_path / "finalized"

@@ -9,7 +9,7 @@ first on PYTHONPATH, and Python imports ``sitecustomize`` at start-up):
 - with ``TANDEM_SIMULATE_NCCL_ABORT=1`` the gloo workers meet a lost peer as NCCL's workers
   do: the moment tandem learns that a collective failed because of a peer, the process
   aborts (SIGABRT) instead of raising, as NCCL's watchdog ends it; the strategies declare
-  that failure model (``peer_loss``), as ddp does on CUDA;
+  that failure model (``failure_model``), as ddp does on CUDA;
 - with ``TANDEM_SLOW_WRITE=SECONDS`` every file rank 0 writes off the step's path takes that
   much longer (a slow disk);
 - with ``TANDEM_SLOW_STEP=SECONDS`` every training forward of a multi-process strategy takes
@@ -61,7 +61,7 @@ if os.environ.get("TANDEM_SIMULATE_NCCL_ABORT") == "1":
 
     faults.lost_peer = _aborting_lost_peer
     for _name in strategy_names(multiprocess=True):
-        strategy_class(_name).peer_loss = property(lambda self: faults.ABORTS)
+        strategy_class(_name).failure_model = property(lambda self: faults.ABORTS)
 
 if os.environ.get("TANDEM_SLOW_STEP"):
     import time

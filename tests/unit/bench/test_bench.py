@@ -19,11 +19,11 @@ from torch import nn
 
 from conftest import run_bounded, with_hooks
 
-from tandem.bench import RESULT_FIELDS, BenchConfig, explain, format_table, run_bench, write_json
-from tandem.bench.contestants import Contestant
-from tandem.bench.runner import race
-from tandem.bench.skips import registered_strategies
-from tandem.bench.timing import MemoryProbe, resident_bytes, summarize
+from tandem_bench import RESULT_FIELDS, BenchConfig, explain, format_table, run_bench, write_json
+from tandem_bench.contestants import Contestant
+from tandem_bench.runner import race
+from tandem_bench.skips import registered_strategies
+from tandem_bench.timing import MemoryProbe, resident_bytes, summarize
 from tandem.cli.main import main
 from tandem.data.decode import default_decoder
 
@@ -66,7 +66,7 @@ def test_the_default_strategies_come_from_the_registrys_abilities(monkeypatch):
     """`tandem bench` without --strategies races every single-process strategy that takes any
     model, asked of the registry: a new one joins the default, a multi-process one or one
     with model needs (hybrid's split) does not."""
-    from tandem.bench.options import default_strategies
+    from tandem_bench.options import default_strategies
     from tandem.cli.main import build_parser
     from tandem.strategies import Strategy, base
 
@@ -161,8 +161,8 @@ def test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu(tmp_path):
 
 
 def test_torch_ddp_with_sync_bn_on_cpu_says_why_it_cannot_run():
-    from tandem.bench.distributed import distributed_phase
-    from tandem.bench.entry import Entry
+    from tandem_bench.distributed import distributed_phase
+    from tandem_bench.entry import Entry
 
     config = BenchConfig(arch="cifar_resnet20", strategies="single", devices="cpu:2",
                          baselines="torch_ddp", sync_bn=True)
@@ -412,7 +412,7 @@ def test_a_loop_faster_than_its_own_step_is_marked_as_a_ratio_that_cannot_be_tru
 
 
 def test_a_fed_loop_faster_than_its_bare_step_is_marked_as_a_ratio_that_cannot_be_true():
-    from tandem.bench.fed import format_fed_table
+    from tandem_bench.fed import format_fed_table
 
     def row(name, rate):
         return {"name": name, "images": 64, "images_per_sec": summarize([rate] * 3).as_dict(),
@@ -442,7 +442,7 @@ def test_the_baseline_footer_only_under_a_table_with_a_baseline(baselines, foote
 
 
 def test_loader_rows_whose_iqr_is_over_half_the_median_are_marked_noise():
-    from tandem.bench.loader_bench import format_loader_table
+    from tandem_bench.loader_bench import format_loader_table
 
     def row(name, rates):
         return {"name": name, "decoder": "pil", "images": 64,
@@ -504,7 +504,7 @@ def test_compiled_baselines_save_the_plain_models_keys(tmp_path):
 
     import torch.distributed as dist
 
-    from tandem.bench.baselines import bare_contestant, torch_ddp_contestant
+    from tandem_bench.baselines import bare_contestant, torch_ddp_contestant
     from tandem.precision import amp_precision
 
     plain = list(TinySplitNet(5).state_dict())
@@ -576,7 +576,7 @@ def test_cli_bench_ddp_and_torch_ddp_on_cuda(tmp_path):
 
 
 def test_a_broken_setup_is_reported_as_failed_and_the_cli_exits_1(monkeypatch, capsys):
-    from tandem.bench import suite
+    from tandem_bench import suite
 
     broken = suite._build("dp", "strategy", [torch.device("cpu")], lambda: 1 / 0)
     (result,) = race([broken], steps=1, warmup=0, batch_size=2)
@@ -588,7 +588,7 @@ def test_a_broken_setup_is_reported_as_failed_and_the_cli_exits_1(monkeypatch, c
         report["results"].append(result)
         return report
 
-    monkeypatch.setattr("tandem.cli.bench.run_bench", fake_run_bench)  # where the CLI took it
+    monkeypatch.setattr("tandem_bench.cli.run_bench", fake_run_bench)  # where the CLI took it
     code = main(["bench", "--arch", "cifar_resnet20", "--strategies", "single", "--devices",
                  "cpu", "--baselines", "none", "--batch-size", "2", "--steps", "1",
                  "--warmup", "0", "--image-size", "8", "--num-classes", "5"])
@@ -647,8 +647,8 @@ def test_bench_data_errors_are_one_line(tmp_path, capsys):
 
 # -- a contestant is a value: its name, its JSON, the threads it leaves behind ---------------
 def test_an_entry_renders_todays_names_and_survives_json():
-    from tandem.bench.entry import Entry, lineup
-    from tandem.bench.variants import Variant
+    from tandem_bench.entry import Entry, lineup
+    from tandem_bench.variants import Variant
 
     cl, amp_cl = Variant.named("cl"), Variant.named("amp+cl")
     cases = {
@@ -688,7 +688,7 @@ def test_an_entry_renders_todays_names_and_survives_json():
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_run_bench_gives_torch_its_threads_back(monkeypatch, fails):
-    from tandem.bench import suite
+    from tandem_bench import suite
 
     if fails:
         def broken_race(*args, **kwargs):

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import make_image_folder, run_in_process
 
-from tandem.bench import fed
+from tandem_bench import fed
 from tandem.data.device_decode import DeviceDecoded, host_decode
 
 pytestmark = pytest.mark.slow

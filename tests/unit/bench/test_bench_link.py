@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from tandem.bench import BenchConfig
-from tandem.bench.link import format_rate, parse_rate, plan_link
+from tandem_bench import BenchConfig
+from tandem_bench.link import format_rate, parse_rate, plan_link
 from tandem.errors import UsageError
 from tandem.hybrid.process_cost import step_bytes
 

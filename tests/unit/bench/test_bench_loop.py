@@ -17,8 +17,8 @@ from torch import nn
 
 from conftest import run_bounded, with_hooks
 
-from tandem.bench.contestants import strategy_contestant, synthetic_batch
-from tandem.bench.loop_twin import loop_contestant
+from tandem_bench.contestants import strategy_contestant, synthetic_batch
+from tandem_bench.loop_twin import loop_contestant
 from tandem.precision import amp_precision
 from tandem.train.loop import Trainer
 

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from conftest import run_tandem
-from tandem.bench.loader_bench import ReferenceDataset
+from tandem_bench.loader_bench import ReferenceDataset
 from tandem.cli.main import main
 from tandem.data import imagenet_transforms, load_dataset
 from tandem.data.decode import reduction

@@ -471,7 +471,7 @@ def test_cli_split_auto_moves_only_beyond_the_noise(clock, moved, tmp_path, monk
 
 # -- bench --handicap ------------------------------------------------------------------------
 def test_handicap_is_extra_work_on_one_replica_only():
-    from tandem.bench.contestants import Handicap
+    from tandem_bench.contestants import Handicap
 
     torch.manual_seed(0)
     net = convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)))
@@ -495,7 +495,7 @@ def test_handicap_is_extra_work_on_one_replica_only():
 
 @pytest.mark.slow
 def test_bench_races_equal_auto_and_ideal_splits(monkeypatch):
-    from tandem.bench import BenchConfig, contestants, run_bench
+    from tandem_bench import BenchConfig, contestants, run_bench
 
     prepare, forward = contestants.prepare_strategy, contestants.Handicap.forward
     split_of, sizes = {}, {}  # a contestant's handicapped model (its shadow) -> split, chunks
@@ -529,7 +529,7 @@ def test_bench_races_equal_auto_and_ideal_splits(monkeypatch):
 
 @pytest.mark.parametrize("handicap", ["2:2", "1", "1:0.5", "x:2"])
 def test_bad_handicap_is_one_usage_error(handicap):
-    from tandem.bench import BenchConfig
+    from tandem_bench import BenchConfig
 
     with pytest.raises(UsageError, match="^bad handicap ") as caught:
         BenchConfig(arch="cifar_resnet20", devices="cpu:2", handicap=handicap)

@@ -161,7 +161,7 @@ def test_a_config_from_before_the_field_loads_and_is_decided_by_the_plan():
 
 @pytest.mark.parametrize("threads", [1, 4])
 def test_bench_explain_says_the_path_a_replica_wrapper_built_then_takes(threads, monkeypatch):
-    from tandem.bench import run_setup
+    from tandem_bench import run_setup
 
     monkeypatch.delenv("TANDEM_MALLOC", raising=False)
     text = run_setup(["cpu", "cpu"], threads)

@@ -12,10 +12,10 @@ from own_model import Net, Pairs
 from torch import nn
 
 import tandem
-from tandem.bench.report import planned_vs_measured
+from tandem_bench.report import planned_vs_measured
 from tandem.precision import amp_precision
 from tandem.strategies import auto
-from tandem.strategies.step_timer import StrategyStep
+from tandem.strategies.step_timer import StrategyStep, placed
 from tandem.train import settings
 
 CPU2 = [torch.device("cpu"), torch.device("cpu")]
@@ -66,8 +66,8 @@ def builder(clock, costs, built=None, fail=None, cold=None):
 
     def build(name):
         devices = CPU2[:auto.strategy_class(name).max_devices or 2]
-        c = StrategyStep.build(name, Net(), devices, batch, lr=0.01,
-                              amp=amp_precision("cpu", False))
+        c = StrategyStep.start(placed(name, Net(), devices, batch), lr=0.01,
+                               amp=amp_precision("cpu", False))
         step = c
 
         def timed():

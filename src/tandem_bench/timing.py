@@ -1,5 +1,5 @@
-"""Noise judgements and memory readings for the benchmark harness (its clock and summary
-statistics are the step timer's, :mod:`tandem.strategies.step_timer`).
+"""Summary statistics, noise judgements and memory readings for the benchmark harness (its
+clock and quartiles are the step timer's, :mod:`tandem.strategies.step_timer`).
 
 Accelerators run asynchronously, so every clock reading follows :func:`synchronize`. Peak
 memory comes from the device allocator; the CPU reports none (``None``, not a guess).
@@ -7,25 +7,39 @@ memory comes from the device allocator; the CPU reports none (``None``, not a gu
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
 import torch
 from tandem.parallel.work_clock import backend_module as _backend
 from tandem.parallel.work_clock import synchronize
-from tandem.strategies.step_timer import Stats, clock, summarize
+from tandem.strategies.step_timer import clock, quartiles
 
-__all__ = [
-    "synchronize",
-    "clock",
-    "Stats",
-    "NOISE_IQR",
-    "is_noise",
-    "noise_lines",
-    "summarize",
-    "memory_supported",
-    "MemoryProbe",
-    "resident_bytes",
-]
+
+@dataclass(frozen=True)
+class Stats:
+    """Median and spread of a sample of step times, in seconds."""
+
+    median: float
+    q1: float
+    q3: float
+    iqr: float
+    min: float
+    max: float
+    mean: float
+    n: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(samples: Sequence[float]) -> Stats:
+    """Median, quartiles (inclusive), min, max and mean; an empty sample is a ``ValueError``."""
+    q1, median, q3 = quartiles(samples)
+    values = [float(s) for s in samples]
+    return Stats(median=median, q1=q1, q3=q3, iqr=q3 - q1, min=min(values), max=max(values),
+                 mean=statistics.fmean(values), n=len(values))
 
 
 #: a sample whose IQR is over this fraction of its median is noise: its ratios say nothing

@@ -29,8 +29,6 @@ from tandem.train.schedule import make_scheduler
 from .contestants import (Contestant, module_tensors, prepare_strategy, strategy_contestant,
                           uncounted_traffic)
 
-__all__ = ["loop_contestant", "loop_config", "loop_trainer", "build_strategy"]
-
 BATCHES = 10 ** 9  # the twin's epoch never ends: no step is the epoch's last
 
 

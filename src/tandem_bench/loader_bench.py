@@ -34,9 +34,6 @@ from tandem.errors import MissingFileError, UsageError, param
 from .suite import machine_info
 from .timing import clock, is_noise, noise_lines, summarize
 
-__all__ = ["ReferenceDataset", "run_loader_bench", "format_loader_table", "cpu_seconds",
-           "bench_root"]
-
 
 class ReferenceDataset(torch.utils.data.Dataset):
     """The torchvision-style training transform on ``(path, label)`` samples (see module doc)."""

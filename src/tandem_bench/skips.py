@@ -10,8 +10,6 @@ from tandem.errors import UsageError
 from tandem.strategies import strategy_class, strategy_names
 from tandem.strategies.compile import check_compile
 
-__all__ = ["registered_strategies", "strategy_skip_reason"]
-
 
 def registered_strategies() -> list[str]:
     """Names in tandem's strategy registry (importing ``tandem.strategies`` registered them)."""

@@ -48,8 +48,6 @@ from .suite import machine_info
 from .timing import (IMPOSSIBLE, clock, impossible, impossible_lines, is_noise, noise_lines,
                      summarize, synchronize)
 
-__all__ = ["run_fed_bench", "format_fed_table", "CONTESTANTS"]
-
 CONTESTANTS = ("loader", "step", "fed")
 
 

@@ -10,7 +10,7 @@ in between. Directly::
 
     python -m torch.distributed.run --nnodes 1 --nproc-per-node N \\
         --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \\
-        -m tandem.bench.distributed --config CONFIG.json --contestants ENTRIES.json \\
+        -m tandem_bench.distributed --config CONFIG.json --contestants ENTRIES.json \\
         --out OUT.json
 
 where ENTRIES.json is a list of :meth:`.entry.Entry.to_json`.
@@ -44,8 +44,6 @@ from .loop_twin import build_strategy
 from .options import BenchConfig
 from .runner import empty_result, race
 from .skips import strategy_skip_reason
-
-__all__ = ["TorchrunPhase", "distributed_phase", "worker_main"]
 
 
 @dataclass
@@ -118,7 +116,7 @@ def _launch(config: BenchConfig, entries: list[Entry]) -> tuple[list[dict], floa
         with open(entries_path, "w") as f:
             json.dump([entry.to_json() for entry in entries], f)
         spec = torchrun.LaunchSpec(
-            nproc_per_node=nproc, module="tandem.bench.distributed",
+            nproc_per_node=nproc, module="tandem_bench.distributed",
             command=["--config", cfg_path, "--contestants", entries_path, "--out", out_path],
             rdzv_endpoint="127.0.0.1:0", max_restarts=0,
             extra_env={} if threads is None else {"OMP_NUM_THREADS": str(threads)})
@@ -149,7 +147,7 @@ def _last_error(stderr: str) -> str:
 
 def _read_args(argv: list[str] | None) -> tuple[BenchConfig, list[Entry], str]:
     """The worker's config, its contestants and where rank 0 writes the results."""
-    parser = argparse.ArgumentParser(prog="tandem.bench.distributed")
+    parser = argparse.ArgumentParser(prog="tandem_bench.distributed")
     parser.add_argument("--config", required=True)
     parser.add_argument("--contestants", required=True, help="a JSON list of Entry.to_json")
     parser.add_argument("--out", required=True)
@@ -219,7 +217,7 @@ def worker_main(argv: list[str] | None = None) -> int:
 
     config, entries, out = _read_args(argv)
     cpu_malloc.tune(malloc_left_alone(Environment.read()))  # as the tandem command does
-    env = read_env(Environment.read(), who="tandem.bench.distributed")
+    env = read_env(Environment.read(), who="tandem_bench.distributed")
     rank, world = env.rank, env.world_size
     device = config.device_list[env.local_rank]
     if device.type == "cuda":

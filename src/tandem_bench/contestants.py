@@ -21,12 +21,21 @@ from tandem.parallel import context
 from tandem.parallel.split import clock_from_spec
 from tandem.precision import Precision
 from tandem.strategies import strategy_class
-from tandem.strategies.step_timer import (StrategyStep, TrainStep, launched, module_tensors,
-                                          place)
+from tandem.strategies.step_timer import StrategyStep, TrainStep, place, placed
 
-__all__ = ["Contestant", "Handicap", "TrainStep", "synthetic_batch",
-           "module_tensors", "strategy_contestant", "skipped", "place",
-           "prepare_strategy", "uncounted_traffic"]
+
+def module_tensors(module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   *extra: torch.Tensor) -> Iterable[torch.Tensor]:
+    """Parameters, their gradients, buffers, optimizer state tensors and ``extra`` tensors."""
+    for param in module.parameters():
+        yield param
+        if param.grad is not None:
+            yield param.grad
+    yield from module.buffers()
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+    yield from extra
 
 
 class Handicap(nn.Module):
@@ -136,7 +145,7 @@ def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],
                      batch: tuple[torch.Tensor, torch.Tensor], *,
                      handicap: tuple[int, float] | None = None, split=None, **setup):
     """Launch strategy ``name`` on ``devices`` and set ``model`` (which it takes over) up in it
-    (:func:`~tandem.strategies.step_timer.launched`, whose keywords ``setup`` are);
+    (:func:`~tandem.strategies.step_timer.placed`, whose keywords ``setup`` are);
     ``(strategy, wrapped, images, targets)``. ``split`` is ``--split`` (its clock the one
     ``TANDEM_SPLIT_CLOCK`` names); ``handicap`` ``(I, F)`` wraps the model in
     :class:`Handicap`."""
@@ -148,7 +157,7 @@ def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],
         env = read_env(Environment.read())
         setup.setdefault("agreement", Agreement(env.rank, env.world_size, node=env.node,
                                                 addr=env.addr, env=env))
-    return launched(name, model, devices, batch, **setup)
+    return placed(name, model, devices, batch, **setup).launch()
 
 
 def uncounted_traffic(strategy, wrapped: nn.Module) -> str | None:
@@ -181,7 +190,9 @@ def strategy_contestant(name: str, model: nn.Module, devices: list[torch.device]
     step = StrategyStep(*prepare_strategy(name, model, devices, batch, compiled=compiled,
                                           **setup), amp=amp, lr=lr)
     return Contestant(
-        name=name, kind="strategy", devices=step.devices, step=step, own_tensors=step.tensors,
+        name=name, kind="strategy", devices=step.devices, step=step,
+        own_tensors=lambda: module_tensors(step.model, step.train_step.optimizer, step.images,
+                                           step.targets),
         counts_traffic=True, uncounted_traffic=uncounted_traffic(step.strategy, step.model),
         close=step.close,
     )

@@ -19,8 +19,6 @@ from tandem.strategies.compile import COMPILE_MODES
 from .link import parse_rate
 from .variants import VARIANTS
 
-__all__ = ["BASELINES", "AMP_DTYPES", "BenchConfig", "parse_names", "default_strategies"]
-
 
 def default_strategies() -> tuple[str, ...]:
     """Every single-process strategy that takes any model (multi-process ones need torchrun)."""
@@ -29,7 +27,7 @@ def default_strategies() -> tuple[str, ...]:
                  if strategy_class(n).takes_any_model())
 
 
-# Plain-torch baselines (see tandem.bench.baselines); torch_ddp also runs under torchrun.
+# Plain-torch baselines (see tandem_bench.baselines); torch_ddp also runs under torchrun.
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 
 

@@ -1,4 +1,4 @@
-"""Turning a bench report (the dict from :func:`~tandem.bench.suite.run_bench`) into text.
+"""Turning a bench report (the dict from :func:`~tandem_bench.suite.run_bench`) into text.
 
 Per contestant: median step time and spread, images/s, speed-ups against ``single`` and
 ``bare``, bytes moved and peak memory ("n/a": the device reports none); with ``--loop`` each
@@ -26,9 +26,6 @@ from tandem.strategies import strategy_names
 
 from .entry import LOOP
 from .timing import IMPOSSIBLE, impossible, impossible_lines, is_noise, noise_lines
-
-__all__ = ["format_table", "write_json", "format_bytes", "explain", "run_setup",
-           "planned_vs_measured"]
 
 
 def format_bytes(n: float | None) -> str:

@@ -4,7 +4,7 @@ their ``+compile`` twins), timed next to tandem's strategies.
 ``bare`` is a hand-written step on the first device, so ``single / bare`` is the engine's
 overhead. ``torch_dp`` is ``nn.DataParallel`` (CUDA, two or more GPUs only; else skipped).
 ``torch_ddp`` is plain DDP, one process per device, built in the torchrun phase
-(:mod:`tandem.bench.distributed`). Their bytes moved are "not counted".
+(:mod:`tandem_bench.distributed`). Their bytes moved are "not counted".
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ from tandem.precision import Precision
 from tandem.strategies import compile as compiling
 
 from .contestants import Contestant, TrainStep, place, module_tensors, skipped
-
-__all__ = ["BASELINES", "bare_contestant", "torch_dp_contestant", "torch_ddp_contestant",
-           "torch_dp_skip_reason", "torch_ddp_skip_reason"]
 
 BASELINES = ("bare", "torch_dp", "torch_ddp")
 

@@ -15,8 +15,6 @@ import torch
 from tandem.distributed.env import Environment, cpu_bf16_override
 from tandem.precision import Precision, amp_precision
 
-__all__ = ["VARIANTS", "Variant", "variants_of"]
-
 VARIANTS = ("fp32", "cl", "amp", "amp+cl")
 
 
@@ -40,7 +38,7 @@ class Variant:
 
 
 def variants_of(config) -> list[Variant]:
-    """The variants a :class:`~tandem.bench.options.BenchConfig` races, in table order."""
+    """The variants a :class:`~tandem_bench.options.BenchConfig` races, in table order."""
     if config.variants is None:
         return [Variant(config.amp, config.channels_last)]
     return [Variant.named(n) for n in config.variants]

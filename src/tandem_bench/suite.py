@@ -1,12 +1,12 @@
 """``run_bench``: build every contestant, race them, and return the whole report as a dict.
 
 Every contestant gets a deep copy of one seeded template model and the same batch. In-process
-contestants race first (:func:`~tandem.bench.runner.race`), then ``ddp``/``hybrid-ddp``/
+contestants race first (:func:`~tandem_bench.runner.race`), then ``ddp``/``hybrid-ddp``/
 ``torch_ddp`` in a torchrun subprocess. The report's ``link`` is what the link costs a step
 (:mod:`.link`): the bytes each process sends, planned, and the time they take at
-``--link-rate`` and at the rate the torchrun phase measured. ``--variants`` twins (:mod:`~tandem.bench.variants`) race next to each
+``--link-rate`` and at the rate the torchrun phase measured. ``--variants`` twins (:mod:`~tandem_bench.variants`) race next to each
 other; ``+compile`` twins compile in their warm-up step (``first_step_s``); ``--loop`` twins
-(:mod:`~tandem.bench.loop_twin`) race next to their strategy contestant.
+(:mod:`~tandem_bench.loop_twin`) race next to their strategy contestant.
 A skipped or failed contestant is reported with its reason and never stops the others.
 """
 
@@ -38,8 +38,6 @@ from .loop_twin import build_strategy
 from .options import BenchConfig
 from .runner import add_ratios, race
 from .skips import strategy_skip_reason
-
-__all__ = ["run_bench", "machine_info"]
 
 
 def machine_info(devices: list[torch.device]) -> dict:

@@ -15,8 +15,6 @@ from tandem.strategies import strategy_class, strategy_names
 
 from .variants import Variant, variants_of
 
-__all__ = ["Entry", "lineup", "LOOP"]
-
 COMPILED = "+compile"  # suffix of a compiled twin ("single+compile")
 LOOP = "/loop"  # suffix of a strategy's loop twin ("dp+amp/loop"), last in every name
 # baselines timed under torchrun, one process per device (see .distributed)

@@ -19,9 +19,7 @@ from torch import nn
 from tandem.errors import UsageError, param
 from tandem.hybrid.process_cost import ProcessBytes, step_bytes
 from tandem.strategies import strategy_class
-from tandem.strategies.auto import link_pair
-
-__all__ = ["parse_rate", "format_rate", "LinkPlan", "plan_link"]
+from tandem.strategies.auto import across_processes, launched
 
 # bits per second, any case ("100mbit", "1Gbit/s"); bytes per second, as written ("12.5MB/s")
 _BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -56,6 +54,12 @@ def format_rate(bytes_per_s: float) -> str:
         if bits >= size:
             return f"{bits / size:.3g} {unit}"
     return f"{bits:.3g} bit/s"
+
+
+def link_pair() -> tuple[str, str | None]:
+    """The two multi-process strategies a link's cost compares: the plain one (every gradient
+    all-reduced) and the one that splits the model's head across the processes."""
+    return launched(), across_processes("hybrid")
 
 
 def _duration(seconds: float) -> str:

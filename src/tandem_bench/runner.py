@@ -1,7 +1,7 @@
 """The race: warm up every contestant, then time them interleaved, round by round.
 
 The order rotates every round, so machine noise hits every contestant alike; the clock is read
-only after :func:`~tandem.bench.timing.synchronize`. Every result has the keys in
+only after :func:`~tandem_bench.timing.synchronize`. Every result has the keys in
 :data:`RESULT_FIELDS`, whether it ran, was skipped or failed.
 """
 
@@ -16,13 +16,11 @@ from typing import Sequence
 from tandem.parallel.traffic import TrafficMeter
 from tandem.strategies import strategy_names
 
-from tandem.strategies.step_timer import Lane, clock, describe, interleave, summarize
+from tandem.strategies.step_timer import Lane, clock, describe, interleave
 
 from .contestants import Contestant
 from .entry import Entry
-from .timing import MemoryProbe
-
-__all__ = ["RESULT_FIELDS", "race", "empty_result", "add_ratios"]
+from .timing import MemoryProbe, summarize
 
 RESULT_FIELDS = (
     "name",               # "single", "dp", ..., "bare", "torch_dp", "torch_ddp"
@@ -86,7 +84,7 @@ def race(contestants: Sequence[Contestant], steps: int, warmup: int, batch_size:
     (:func:`~tandem.strategies.step_timer.interleave`); return one result per contestant.
 
     Where memory is reported, each contestant runs one extra untimed step alone first
-    (:class:`~tandem.bench.timing.MemoryProbe`). With ``catch`` a failing contestant is marked
+    (:class:`~tandem_bench.timing.MemoryProbe`). With ``catch`` a failing contestant is marked
     ``failed`` and the others go on; without it the error propagates (torchrun ranks need that).
     ``clock`` reads seconds (injectable for tests).
     """
