@@ -20,16 +20,12 @@ from torch import nn
 from tandem.config import TrainConfig
 from tandem.data.given import given_data
 from tandem.data.load import GIVEN_DATA
-from tandem.distributed.env import in_torchrun, is_main_process
+from tandem.distributed.env import Environment
 from tandem.distributed.process_group import Job
 from tandem.errors import UsageError, a
-from tandem.parallel.devices import parse_device_spec
-from tandem.strategies import auto
 from tandem.train.plan import Supplied, plan_train
 from tandem.train.rundir import RunDir, checkpoint_path
 from tandem.train.run import execute
-
-__all__ = ["fit"]
 
 
 def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callable | None = None,
@@ -69,7 +65,6 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     if model is not None and not isinstance(model, nn.Module):
         raise UsageError(f"tandem.fit(): model is {a(type(model).__name__)}, not a "
                          f"torch.nn.Module")
-    cfg, given = _multiprocess(cfg, given)
     if model is not None:  # what the run's config says built it (re-importable if a module's)
         arch = f"{type(model).__module__}:{type(model).__qualname__}"
         cfg = replace(cfg, model=replace(cfg.model, arch=arch))
@@ -83,28 +78,11 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     elif val_data is not None or classes is not None:
         raise UsageError("tandem.fit() got val_data or classes without train_data")
     with Job() as job:  # several processes: the job's group, for this run
-        plan = plan_train(cfg, given, Supplied(model, data, criterion), job=job)
+        plan = plan_train(cfg, given, Supplied(model, data, criterion, by_fit=True), job=job,
+                          environ=Environment.read())
         row = execute(plan)
-    if isinstance(plan, str) and is_main_process():  # complete already
+    if isinstance(plan, str) and plan:  # complete already (the line: on the main process)
         rows = RunDir.of(checkpoint_path(cfg.run.resume)).read_metrics()
         return rows[-1] if rows else None
     return row
 
-
-def _multiprocess(cfg: TrainConfig, given: frozenset[str]):
-    """Under torchrun, a one-process strategy becomes its multi-process form (or the plain one),
-    one device per process (of the kind asked for); one line says so on rank 0. ``auto``
-    keeps its name: the plan races the multi-process candidates."""
-    asked = cfg.parallel.strategy
-    name = asked if auto.is_resolver(asked) else auto.under_launch(asked)
-    if not in_torchrun() or (name == asked and not auto.is_resolver(asked)):
-        return cfg, given
-    kind = parse_device_spec(cfg.parallel.devices, "devices")[0].type
-    if auto.is_resolver(asked):
-        parallel = replace(cfg.parallel, devices=kind)
-        return replace(cfg, parallel=parallel), given | {"devices"}
-    if is_main_process():
-        print(f"under torchrun: strategy {name} on {kind}, one process per device "
-              f"(instead of {cfg.parallel.strategy} on {cfg.parallel.devices})", flush=True)
-    parallel = replace(cfg.parallel, strategy=name, devices=kind)
-    return replace(cfg, parallel=parallel), given | {"strategy", "devices"}

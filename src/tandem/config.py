@@ -22,12 +22,6 @@ from tandem.config_fields import (FIXED, MAY_CHANGE, PER_CALL, check, check_choi
                                   flag_of, opt)
 from tandem.config_parallel import DTYPES, ParallelConfig
 
-__all__ = [
-    "ModelConfig", "DataConfig", "OptimConfig", "ParallelConfig", "RunConfig", "TrainConfig",
-    "SCHEDULES", "DTYPES", "FIXED", "MAY_CHANGE", "PER_CALL",
-    "flag_of", "flag_for", "flagged", "opt", "NO_WEIGHTS_FILE", "SECTIONS",
-]
-
 SCHEDULES = ("cosine", "step", "constant")
 
 NO_WEIGHTS_FILE = (f"{param('pretrained')} needs a FILE: tandem never downloads weights; save "

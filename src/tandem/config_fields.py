@@ -13,10 +13,6 @@ from typing import Any, Callable
 
 from tandem.errors import UsageError, param
 
-__all__ = ["FIXED", "MAY_CHANGE", "PER_CALL", "opt", "flag_of", "check", "check_choice",
-           "check_type"]
-
-
 # What a flag given with ``--resume`` may do (``on_resume`` in a field's metadata):
 FIXED = "fixed"          # part of the run: a different value is refused
 MAY_CHANGE = "may_change"  # where/how long it runs: taken from the run unless given, then said

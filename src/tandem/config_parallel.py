@@ -20,8 +20,6 @@ from tandem.strategies.auto import AUTO
 from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
 from tandem.suggest import did_you_mean
 
-__all__ = ["DTYPES", "ParallelConfig"]
-
 DTYPES = ("float32", "float64")
 
 

@@ -1,22 +1,15 @@
 """Keep glibc's malloc from giving a training step's memory back to the system every step.
 
-A CPU training step frees and allocates again the same megabytes of activations and
-gradients. By default glibc serves blocks over its mmap threshold with fresh ``mmap`` and
-returns free memory at the top of the heap to the system past its trim threshold, both
-thresholds moving as the program runs, so a step can fault its memory in again page by page.
-:func:`tune` fixes the mmap threshold at glibc's largest (32 MiB on 64-bit) and the trim
-threshold at 2 GiB, as a caching allocator would: the process keeps its peak memory between
-steps; BENCHMARKS.md section 11 measures what it saves. ``TANDEM_MALLOC=default`` keeps glibc's own
-behaviour; where the C library is not glibc nothing changes.
+A CPU step frees and allocates again the same megabytes, and glibc's moving mmap and trim
+thresholds make it fault them in again page by page. :func:`tune` fixes the mmap threshold at
+glibc's largest (32 MiB) and the trim threshold at 2 GiB: the process keeps its peak memory
+(BENCHMARKS.md section 11). ``TANDEM_MALLOC=default`` keeps glibc's own (the caller passes
+``left_alone``); elsewhere than glibc nothing changes.
 """
 
 from __future__ import annotations
 
 import ctypes
-
-from tandem.distributed.env import malloc_left_alone
-
-__all__ = ["tune", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # glibc's largest on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
@@ -24,13 +17,14 @@ TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int
 _done: bool | None = None
 
 
-def tune() -> bool:
-    """Set both thresholds once per process; True when glibc took them."""
+def tune(left_alone: bool = False) -> bool:
+    """Set both thresholds once per process (none when ``left_alone``); True when glibc took
+    them."""
     global _done
     if _done is not None:
         return _done
     _done = False
-    if malloc_left_alone():
+    if left_alone:
         return False
     try:
         libc = ctypes.CDLL(None)  # the symbols already loaded: the C library's among them

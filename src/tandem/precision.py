@@ -1,10 +1,9 @@
-"""What ``--amp`` means on a device: the one home of that decision (train, eval and bench).
+"""What ``--amp`` means on a device; a run's plan decides it once (``RunPlan.precision``).
 
-On the CPU, ``--amp`` is bfloat16 autocast with no loss scaling, and only on a CPU with native
-bf16 instructions (``avx512_bf16`` or ``amx_bf16``; elsewhere bf16 is emulated and slower than
-float32, and float16 autocast on the CPU slower still). On CUDA it is float16 autocast with a
+On the CPU, bfloat16 autocast with no loss scaling, and only on a CPU with bf16 instructions
+(elsewhere bf16 is emulated and slower than float32). On CUDA, float16 autocast with a
 ``GradScaler``, or bfloat16 without one (``amp_dtype="bf16"``). Weights, gradients, optimizer
-state and checkpoints stay float32 either way: autocast only lowers the matmuls and convolutions.
+state and checkpoints stay float32: autocast only lowers the matmuls and convolutions.
 """
 
 from __future__ import annotations
@@ -17,9 +16,6 @@ import torch
 
 from tandem.distributed.env import CPU_BF16_VAR
 from tandem.errors import UsageError, param
-
-__all__ = ["AMP_DTYPES", "CPU_BF16_FLAGS", "Precision", "amp_precision", "amp_refusal",
-           "amp_flags", "cpu_has_bf16", "cpu_flags"]
 
 AMP_DTYPES = ("bf16", "fp16")
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 (AVX-512, AMX); aarch64 ("bf16")
@@ -75,44 +71,41 @@ class Precision:
         return f"amp {self.amp_dtype}" + (" + grad scaling" if self.scaled else "")
 
 
+def amp_refusal(device_type: str, amp_dtype: str | None, *, cpu_bf16: bool | None = None
+                ) -> UsageError | None:
+    """Why ``--amp`` with ``amp_dtype`` cannot run on ``device_type`` (``None``: it can).
+    ``cpu_bf16``: take the CPU as computing bf16 (``True``: emulated where it has no bf16
+    instructions, what ``TANDEM_CPU_BF16=1`` asks for); ``None``: :func:`cpu_has_bf16`."""
+    if amp_dtype is not None and amp_dtype not in AMP_DTYPES:
+        return UsageError(f"bad {param('amp_dtype')} {amp_dtype!r}: choose bf16 or fp16")
+    if device_type == "cuda":
+        return None
+    if device_type != "cpu":
+        return UsageError(f"{param('amp')} needs a CUDA device or a CPU, not {device_type}")
+    if amp_dtype == "fp16":
+        return UsageError(f"{param('amp_dtype')} fp16 is for CUDA; {param('amp')} on the CPU "
+                          f"is bf16", hint=f"leave {param('amp_dtype')} out")
+    if not (cpu_has_bf16() if cpu_bf16 is None else cpu_bf16):
+        return UsageError(f"{param('amp')} on the CPU needs bf16 instructions (avx512_bf16 or "
+                          f"amx_bf16), which this CPU lacks",
+                          hint=f"run without {param('amp')} (float32 is faster here), or set "
+                               f"{CPU_BF16_VAR}=1 to run it emulated (slower)")
+    return None
+
+
 def amp_precision(device_type: str, amp: bool, amp_dtype: str | None = None, *,
                   cpu_bf16: bool | None = None) -> Precision:
     """What ``--amp`` (``amp``) with ``--amp-dtype`` (``amp_dtype``, ``None``: the device's
-    choice) means on ``device_type``; a one-line :class:`UsageError` where it cannot run.
-
-    ``cpu_bf16``: whether to take the CPU as computing bf16; ``True`` runs it emulated where
-    it has no bf16 instructions (what ``TANDEM_CPU_BF16=1`` asks for:
-    :func:`tandem.distributed.env.cpu_bf16_override`); ``None`` (default): :func:`cpu_has_bf16`.
-    """
+    choice) means on ``device_type``; :func:`amp_refusal`'s error where it cannot run."""
     if not amp:
         return Precision(device_type)
-    if amp_dtype is not None and amp_dtype not in AMP_DTYPES:
-        raise UsageError(f"bad {param('amp_dtype')} {amp_dtype!r}: choose bf16 or fp16")
+    refusal = amp_refusal(device_type, amp_dtype, cpu_bf16=cpu_bf16)
+    if refusal is not None:
+        raise refusal
     if device_type == "cuda":
         dtype = amp_dtype or "fp16"
         return Precision(device_type, _TORCH_DTYPES[dtype], scaled=dtype == "fp16")
-    if device_type != "cpu":
-        raise UsageError(f"{param('amp')} needs a CUDA device or a CPU, not {device_type}")
-    if amp_dtype == "fp16":
-        raise UsageError(f"{param('amp_dtype')} fp16 is for CUDA; {param('amp')} on the CPU is "
-                         f"bf16 (leave {param('amp_dtype')} out)")
-    if not (cpu_has_bf16() if cpu_bf16 is None else cpu_bf16):
-        raise UsageError(f"{param('amp')} on the CPU needs bf16 instructions (avx512_bf16 or "
-                         f"amx_bf16), which this CPU lacks; run without {param('amp')} (float32 is "
-                         f"faster here), or set {CPU_BF16_VAR}=1 to run it emulated (slower)")
     return Precision(device_type, torch.bfloat16, scaled=False)
-
-
-def amp_refusal(device_type: str, amp_dtype: str | None, *, cpu_bf16: bool | None = None
-                ) -> str | None:
-    """Why ``--amp`` with ``amp_dtype`` cannot run on ``device_type`` (the line
-    :func:`amp_precision` refuses it with; ``cpu_bf16`` as there), or ``None`` where it can:
-    what a run's recorded precision meets on another machine (eval, resume)."""
-    try:
-        amp_precision(device_type, True, amp_dtype, cpu_bf16=cpu_bf16)
-    except UsageError as exc:
-        return str(exc)
-    return None
 
 
 def amp_flags(amp_dtype: str | None) -> str:

@@ -14,11 +14,13 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from tandem.distributed.env import env_rank, split_clock
+from tandem.distributed.agree import Agreement
+from tandem.distributed.env import Environment, env_rank, read_env, split_clock
 from tandem.hybrid.across_processes import DistributedHybrid
 from tandem.parallel import context
 from tandem.parallel.split import clock_from_spec
 from tandem.precision import Precision
+from tandem.strategies import strategy_class
 from tandem.strategies.step_timer import StrategyStep, TrainStep, place, placed
 
 
@@ -97,7 +99,7 @@ class _ThenBackward(torch.autograd.Function):
 def _replica_index() -> int:
     """This replica thread's index, else this process's rank (0 outside torchrun)."""
     here = context.current()
-    return here.index if here is not None else env_rank()
+    return here.index if here is not None else env_rank(Environment.read())
 
 
 @dataclass
@@ -148,9 +150,13 @@ def prepare_strategy(name: str, model: nn.Module, devices: list[torch.device],
     ``TANDEM_SPLIT_CLOCK`` names); ``handicap`` ``(I, F)`` wraps the model in
     :class:`Handicap`."""
     if split is not None:
-        setup.update(split=split, split_clock=clock_from_spec(split_clock()))
+        setup.update(split=split, split_clock=clock_from_spec(split_clock(Environment.read())))
     if handicap is not None:
         model = Handicap(model, *handicap)
+    if strategy_class(name).multiprocess:  # placed by torchrun's variables, read here
+        env = read_env(Environment.read())
+        setup.setdefault("agreement", Agreement(env.rank, env.world_size, node=env.node,
+                                                addr=env.addr, env=env))
     return placed(name, model, devices, batch, **setup).launch()
 
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from tandem import cpu_malloc
 from tandem.distributed import torchrun
-from tandem.distributed.env import DistEnv, read_env, threads_set
+from tandem.distributed.env import DistEnv, Environment, malloc_left_alone, read_env, threads_set
 from tandem.distributed.process_group import destroy_process_group, init_process_group
 from tandem.models import create_model
 from tandem.strategies.auto import link_rate
@@ -106,7 +106,7 @@ def distributed_phase(config: BenchConfig, entries: list[Entry], custom_model: b
 def _launch(config: BenchConfig, entries: list[Entry]) -> tuple[list[dict], float | None]:
     nproc = len(config.device_list)
     threads = config.threads
-    if threads is None and not threads_set():
+    if threads is None and not threads_set(Environment.read()):
         threads = max(1, torch.get_num_threads() // nproc)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         cfg_path, out_path = os.path.join(tmp, "config.json"), os.path.join(tmp, "out.json")
@@ -216,8 +216,8 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 
     config, entries, out = _read_args(argv)
-    cpu_malloc.tune()  # as the tandem command does, so both phases time the same allocator
-    env = read_env(who="tandem_bench.distributed")
+    cpu_malloc.tune(malloc_left_alone(Environment.read()))  # as the tandem command does
+    env = read_env(Environment.read(), who="tandem_bench.distributed")
     rank, world = env.rank, env.world_size
     device = config.device_list[env.local_rank]
     if device.type == "cuda":

@@ -30,7 +30,7 @@ from dataclasses import replace
 import torch
 
 from tandem.config import DataConfig
-from tandem.distributed.env import cpu_bf16_override
+from tandem.distributed.env import Environment, cpu_bf16_override
 from tandem.data import loader as loader_module
 from tandem.data.device_decode import decode_on, decoded_on
 from tandem.data.imagefolder import load_imagefolder
@@ -57,7 +57,7 @@ def _trainer(config, train, num_classes: int, workers: int):
     and constant schedule), and one device batch of ``train`` for ``step``."""
     device = config.device_list[0]
     precision = amp_precision(device.type, config.amp, config.amp_dtype,
-                              cpu_bf16=cpu_bf16_override())
+                              cpu_bf16=cpu_bf16_override(Environment.read()))
     torch.manual_seed(config.seed)
     model = create_model(config.arch, num_classes=num_classes)
     batch = next(iter(make_loader(train, config.batch_size, shuffle=True, seed=config.seed,
@@ -68,7 +68,7 @@ def _trainer(config, train, num_classes: int, workers: int):
     cfg = loop_config(one, config.arch, config.batch_size, precision, config.lr)
     cfg = replace(cfg, data=replace(DataConfig(), workers=workers),
                   parallel=replace(cfg.parallel, channels_last=config.channels_last))
-    trainer = loop_trainer(cfg, strategy, wrapped, precision.scaler(),
+    trainer = loop_trainer(cfg, strategy, wrapped, precision,
                            batches_per_epoch(train, config.batch_size), train_set=train)
     return trainer, trainer.device_batch(*batch)
 

@@ -44,13 +44,15 @@ def loop_config(strategy: str, arch: str, batch_size: int, amp: Precision, lr: f
         run=RunConfig(no_progress=True, print_freq=print_freq))
 
 
-def loop_trainer(cfg, strategy, wrapped: nn.Module, scaler, batches: int, train_set=None):
+def loop_trainer(cfg, strategy, wrapped: nn.Module, precision: Precision, batches: int,
+                 train_set=None):
     """The :class:`~tandem.train.loop.Trainer` of the bench's loop twins: ``cfg``'s optimizer,
     loss and schedule over ``batches`` a epoch, on ``wrapped`` (``strategy``'s model)."""
     optimizer = make_optimizer(cfg.optim, wrapped.parameters())
     return Trainer(cfg=cfg, strategy=strategy, model=wrapped,
                    criterion=make_criterion(cfg.optim, strategy), optimizer=optimizer,
-                   scheduler=make_scheduler(optimizer, cfg.optim, batches), scaler=scaler,
+                   scheduler=make_scheduler(optimizer, cfg.optim, batches),
+                   scaler=precision.scaler(), precision=precision,
                    train_set=train_set, val_set=train_set, batches_per_epoch=batches,
                    config_dict={})
 
@@ -66,7 +68,7 @@ def loop_contestant(name: str, model: nn.Module, devices: list[torch.device],
     """
     strategy, wrapped, images, targets = prepare_strategy(name, model, devices, batch, **setup)
     cfg = loop_config(name, arch, len(targets), amp, lr, print_freq)
-    trainer = loop_trainer(cfg, strategy, wrapped, amp.scaler(), BATCHES)
+    trainer = loop_trainer(cfg, strategy, wrapped, amp, BATCHES)
     run = trainer.begin_epoch()
     out = contextlib.redirect_stdout(sys.stderr) if print_freq else contextlib.nullcontext()
 

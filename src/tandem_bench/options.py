@@ -7,7 +7,7 @@ from dataclasses import MISSING, asdict, dataclass, field
 import torch
 
 from tandem.config import opt
-from tandem.distributed.env import cpu_bf16_override
+from tandem.distributed.env import Environment, cpu_bf16_override
 from tandem.errors import UsageError, param
 from tandem.models import model_info
 from tandem.parallel.buffers import POLICIES
@@ -174,7 +174,7 @@ class BenchConfig:
         self.device_list = parse_device_spec(self.devices, "devices")
         if self.amp or any("amp" in v for v in self.variants or ()):  # one line where it can't
             amp_precision(self.device_list[0].type, True, self.amp_dtype,
-                          cpu_bf16=cpu_bf16_override())
+                          cpu_bf16=cpu_bf16_override(Environment.read()))
         self.handicap_spec()  # a bad --handicap is refused here
         self.link_bytes_per_s()  # and a bad --link-rate
         if self.link_processes is not None and self.link_processes < 1:

@@ -16,7 +16,7 @@ from typing import TextIO
 import torch
 
 from tandem.config import flagged
-from tandem.distributed.env import malloc_left_alone
+from tandem.distributed.env import Environment, malloc_left_alone
 from tandem.errors import TandemError, first_line
 from tandem.hybrid import plan
 from tandem.parallel import threaded_backward
@@ -258,7 +258,7 @@ def run_setup(devices, threads: int | None) -> str:
         line = (f"backward: {', '.join(strategy_names(replica_threads=True))} on {cpu} CPU "
                 f"replicas with {threads} "
                 f"intra-op thread(s): {how} (with a split: in threads)")
-    default = malloc_left_alone()
+    default = malloc_left_alone(Environment.read())
     return line + "\nmalloc: " + ("glibc's own (TANDEM_MALLOC=default)" if default else
                                   "glibc's thresholds fixed for this process (tandem.cpu_malloc)")
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from tandem import cpu_malloc
+from tandem.distributed.env import Environment, malloc_left_alone
 from tandem.config import flagged
 from tandem.errors import first_line
 from tandem.models import create_model
@@ -141,7 +142,7 @@ def run_bench(config: BenchConfig, model_fn: Callable[[], nn.Module] | None = No
     (:mod:`tandem.cpu_malloc`). A custom ``model_fn`` cannot be sent to torchrun workers, so it
     skips ``ddp`` and ``torch_ddp``.
     """
-    cpu_malloc.tune()  # its steps run as a training run's do: the process keeps its peak memory
+    cpu_malloc.tune(malloc_left_alone(Environment.read()))  # as a training run: it keeps its peak
     previous = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.distributed.env import cpu_bf16_override
+from tandem.distributed.env import Environment, cpu_bf16_override
 from tandem.precision import Precision, amp_precision
 
 VARIANTS = ("fp32", "cl", "amp", "amp+cl")
@@ -34,7 +34,7 @@ class Variant:
         return cls("amp" in parts, "cl" in parts, "" if name == "fp32" else "+" + name)
 
     def precision(self, device: torch.device, amp_dtype: str | None) -> Precision:
-        return amp_precision(device.type, self.amp, amp_dtype, cpu_bf16=cpu_bf16_override())
+        return amp_precision(device.type, self.amp, amp_dtype, cpu_bf16=cpu_bf16_override(Environment.read()))
 
 
 def variants_of(config) -> list[Variant]:

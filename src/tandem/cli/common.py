@@ -19,7 +19,7 @@ import typing
 import warnings
 
 from tandem.config import flag_for, flag_of, flagged
-from tandem.distributed.env import in_torchrun, is_main_process
+from tandem.distributed.env import Environment, in_torchrun, is_main_process
 from tandem.errors import TandemError, first_line
 from tandem.suggest import did_you_mean
 
@@ -191,12 +191,13 @@ class _LogLines(logging.Handler):
     def __init__(self, to_stderr: bool):
         super().__init__()
         self.to_stderr = to_stderr
+        self.environ = Environment.read()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             if record.levelno >= logging.WARNING:
                 print(record.getMessage(), file=sys.stderr)
-            elif not in_torchrun() or is_main_process():
+            elif not in_torchrun(self.environ) or is_main_process(self.environ):
                 print(record.getMessage(), file=sys.stderr if self.to_stderr else sys.stdout,
                       flush=True)
         except Exception:

@@ -13,7 +13,7 @@ import shlex
 import sys
 
 from tandem.config import DataConfig, OptimConfig, ParallelConfig, RunConfig
-from tandem.distributed.env import in_torchrun
+from tandem.distributed.env import Environment, in_torchrun
 from tandem.errors import UsageError
 from tandem.models import model_info
 from tandem.strategies import strategy_class
@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         result = evaluate(args.resume, parallel=parallel, data=data,
                           batch_size=args.batch_size, seed=args.seed,
                           label_smoothing=args.label_smoothing, arch=args.arch,
-                          amp=args.amp, amp_dtype=args.amp_dtype, ema=args.ema)
+                          amp=args.amp, amp_dtype=args.amp_dtype, ema=args.ema,
+                          environ=Environment.read())
     note, precision = result.pop("note"), result.pop("precision")
     if not result.pop("is_main"):
         return 0  # under ddp every rank validates its share; rank 0 reports the total
@@ -121,7 +122,7 @@ def _write_json(result: dict, path: str) -> None:
 def _check_launched(parallel: ParallelConfig, args: argparse.Namespace) -> None:
     """A multi-process strategy outside torchrun: refused with the ``tandem launch`` command
     that runs this very ``eval``."""
-    if in_torchrun() or not strategy_class(parallel.strategy).multiprocess:
+    if in_torchrun(Environment.read()) or not strategy_class(parallel.strategy).multiprocess:
         return
     typed = " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or ["eval", "..."])
     raise UsageError(f"--strategy {parallel.strategy} runs one process per device",

@@ -14,7 +14,7 @@ import sys
 
 from tandem.distributed import faults
 from tandem.distributed.agree import Agreement
-from tandem.distributed.env import read_env, several_processes
+from tandem.distributed.env import Environment, read_env, several_processes
 from tandem.errors import TandemError
 from tandem.version import __version__
 
@@ -32,6 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     return command_parser(_MODULES, version=f"tandem {__version__}")
 
 
+def _job_env():
+    """torchrun's variables in a job of several processes (``None``: one process, or a
+    worker whose variables are not torchrun's)."""
+    environ = Environment.read()
+    try:
+        return read_env(environ) if several_processes(environ) else None
+    except TandemError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -46,13 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except (TandemError, RuntimeError) as exc:  # anything else keeps its traceback
         if not isinstance(exc, TandemError):  # a torchrun job's peer lost outside the loop
-            env = read_env() if several_processes() and faults.is_peer_failure(exc) else None
+            env = _job_env() if faults.is_peer_failure(exc) else None
             if env is None:
                 raise
-            exc = faults.lost_peer(exc, Agreement(env.rank, env.world_size), "")
+            exc = faults.lost_peer(exc, Agreement(env.rank, env.world_size, env=env), "")
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
             print(*error_lines(exc), sep="\n", file=sys.stderr)
-        faults.tell_others(exc, error_line(exc))
+        faults.tell_others(exc, error_line(exc), _job_env())
         return exc.exit_status
     except BrokenPipeError:  # the reader left (`tandem models | head`): stop quietly, as cat
         # does; stdout goes to /dev/null so that the interpreter's last flush fails no more

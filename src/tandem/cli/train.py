@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 
 from tandem.config import SECTIONS, TrainConfig
+from tandem.distributed.env import Environment
 from tandem.train.run import train
 
 from .common import add_config_arguments, config_from_args, given_fields, tandem_warnings
@@ -58,4 +59,5 @@ def run(args: argparse.Namespace) -> int:
     given = given_fields(args) | example_overrides(args)[1]
     opening = dummy_line(args, cfg)
     with tandem_warnings():
-        return train(cfg, given=given, opening=(opening,) if opening else ())
+        return train(cfg, given=given, opening=(opening,) if opening else (),
+                     environ=Environment.read())

@@ -1,19 +1,10 @@
 """Image files to ``uint8`` RGB arrays for a training crop: simplejpeg for JPEGs, Pillow otherwise.
 
-A decoder opens the file's bytes, tells its size, and decodes it whole, at the smallest
-``1/2^k`` scale (k <= 3) that still leaves the crop box at least the output's size: libjpeg's
-DCT scaling, which Pillow calls ``draft``. Both decoders pick the same scale by the same rule
-and both wrap libjpeg-turbo, so a JPEG gives the same pixels, or pixels within the tolerance
-``tests/unit/data/test_decode.py`` states, whichever decoded it. simplejpeg (when installed) decodes
-straight into a numpy array, without Pillow's RGBX image in between; Pillow remains the decoder
-for every other format, for CMYK JPEGs, and for every file when ``decoder="pillow"``.
-At scale ``1/k`` pixel ``i`` of the decoded image is the ``k``-pixel block that starts at
-``k * i`` (the last one cut short where ``k`` does not divide the side, and the decoded side
-``ceil(side / k)``): a full-scale coordinate ``x`` is ``x / k`` there, on both axes.
-A file the decoders refuse (damaged, truncated, of a kind they do not read) raises
-:class:`UnreadableImage`, naming it; only the decoders' own calls are translated, so an
-error of tandem's in between keeps its type and traceback. The dataset substitutes another
-file for an unreadable one (see :meth:`~tandem.data.imagefolder.ImageFolderDataset.decode_key`).
+Both decode at the smallest ``1/2^k`` scale (k <= 3) that leaves the crop box at least the
+output's size (libjpeg's DCT scaling, Pillow's ``draft``), by the same rule, so a JPEG gives the
+same pixels (within ``tests/unit/data/test_decode.py``'s tolerance) whichever decoded it. At
+scale ``1/k`` pixel ``i`` is the block that starts at ``k * i``. A file the decoders refuse
+raises :class:`UnreadableImage`, naming it (the dataset substitutes another file).
 """
 
 from __future__ import annotations
@@ -31,10 +22,6 @@ except ImportError:  # pragma: no cover - exercised where simplejpeg is absent
     simplejpeg = None
 
 from tandem.errors import TandemError
-
-__all__ = ["DECODERS", "DECODER_ERRORS", "UnreadableImage", "decoding", "default_decoder",
-           "read_bytes", "open_pillow", "open_image", "reduction", "PillowImage",
-           "SimpleJpegImage"]
 
 DECODERS = ("simplejpeg", "pillow")
 _JPEG_MAGIC = b"\xff\xd8\xff"

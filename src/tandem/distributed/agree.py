@@ -46,8 +46,8 @@ class Agreement:
     default group); ``node`` and ``addr`` (towards the master) name this rank in lines."""
 
     def __init__(self, rank: int = 0, world_size: int = 1, group=None, node: str = "0",
-                 addr: str = ""):
-        self.rank, self.world_size, self.group = rank, world_size, group
+                 addr: str = "", env=None):
+        self.rank, self.world_size, self.group, self.env = rank, world_size, group, env
         # rank -> (node, address), every rank's after settings(); this one's before
         self.peers: dict[int, tuple[str, str]] = {rank: (node, addr)}
         self._pending = None  # the last step's vote, in flight (several processes)

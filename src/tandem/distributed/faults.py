@@ -25,8 +25,7 @@ import torch.distributed as dist
 from tandem import checkpoint
 from tandem.errors import TandemError
 
-from .env import restart_count, restarts_left
-from .join import announce_failure, short_store, told_failure
+from .join import announce_failure, key_prefix, short_store, told_failure
 from .resume_command import resume_command_here
 
 #: a strategy's ``failure_model``: after a peer is lost, the survivors' collective raises a
@@ -104,7 +103,7 @@ def lost_peer(exc: BaseException, agreement, where: str) -> PeerLost | None:
         return None
     me = agreement.peer_name(agreement.rank)
     lost = _suspects(exc, agreement)  # (waits a few seconds where no address tells)
-    told = told_failure()
+    told = told_failure(agreement.env)
     if told is not None:  # it said why before it left: that line, not the transport's
         return PeerLost(f"{me}: the job cannot go on: {told}", lost=tuple(lost),
                         quiet=agreement.rank != 0)
@@ -129,8 +128,8 @@ def _silent(agreement) -> list[int]:
     (each survivor marks itself once); every other rank when the store itself is out of reach
     (it lives on node 0: rank 0 is then lost with it)."""
     try:
-        store = short_store(_ROLL_S)
-        prefix = f"tandem/{restart_count()}/alive"
+        store = short_store(agreement.env, _ROLL_S)
+        prefix = f"{key_prefix(agreement.env)}/alive"
         store.set(f"{prefix}/{agreement.rank}", "1")
         others = [r for r in range(agreement.world_size) if r != agreement.rank]
         deadline = time.monotonic() + _ROLL_S
@@ -160,11 +159,12 @@ def watched(agreement, what: str):
         raise lost from None
 
 
-def tell_others(exc: TandemError, line: str) -> None:
-    """Leave this rank's own failure ``line`` for the ranks that wait on it; a lost peer
-    leaves nothing (the others learn it from their own transport)."""
+def tell_others(exc: TandemError, line: str, env) -> None:
+    """Leave this rank's own failure ``line`` for the ranks that wait on it (``env``: its
+    :class:`~.env.DistEnv`; ``None``: no job to tell); a lost peer leaves nothing (the others
+    learn it from their own transport)."""
     if not isinstance(exc, PeerLost):
-        announce_failure(line)
+        announce_failure(line, env)
 
 
 @dataclass
@@ -233,16 +233,16 @@ def _goes_on(trainer, saved: str | None, lost: tuple[int, ...]) -> str:
     the last one it has), and how it goes on (the launcher restarts it, or each node's
     command)."""
     s, pos, out = trainer.strategy, trainer.position, trainer.cfg.run.out
-    left = restarts_left()
+    left = s.agreement.env.restarts_left
     if saved is not None:
         done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
         if left:
             return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
-        return f"{done}; continue with: {resume_command_here(out, True)}"
+        return f"{done}; continue with: {resume_command_here(out, s.agreement.env)}"
     if not s.state_needs_every_rank and 0 not in lost and not s.is_main:
         return (f"rank 0 saves the last completed step ({pos.step}) on node 0" + (
             "; the launcher restarts the job from it" if left else
-            f"; continue with: {resume_command_here(out, True, this_node=True)}"))
+            f"; continue with: {resume_command_here(out, s.agreement.env, this_node=True)}"))
     why = ("its model is split across the processes and cannot be saved without the lost "
            "one" if s.state_needs_every_rank else
            "rank 0, which alone writes the run, is lost with it")
@@ -252,7 +252,7 @@ def _goes_on(trainer, saved: str | None, lost: tuple[int, ...]) -> str:
                 f"command, with --overwrite)" + ("; the launcher restarts it from step 1"
                                                  if left else ""))
     goes_on = ("the launcher restarts the job from it" if left else
-               f"continue with: {resume_command_here(out, True, this_node=not s.is_main)}")
+               f"continue with: {resume_command_here(out, s.agreement.env, this_node=not s.is_main)}")
     return f"{why}: the last checkpoint stands ({kept}); {goes_on}"
 
 

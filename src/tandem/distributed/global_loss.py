@@ -16,9 +16,6 @@ from tandem.errors import UsageError
 
 from .process_group import all_reduce_sum
 
-__all__ = ["reduction_of", "local_sum", "global_mean"]
-
-
 def reduction_of(criterion: Callable) -> str:
     """The criterion's ``reduction`` attribute; a plain function is taken to reduce by mean."""
     reduction = getattr(criterion, "reduction", "mean")

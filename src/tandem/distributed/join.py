@@ -1,15 +1,11 @@
 """Meeting the other ranks: the job's store, the arrival of every rank, and a failure told.
 
-torchrun's rendezvous starts every node's workers once the nodes have met; what is left
-before the process group is made is the skew of the workers' own start (16 workers importing
-torch on a small machine take a minute). :func:`arrive` waits for it with the join bound
-(``tandem launch --join-timeout``), so that the group itself can carry the collectives' short
-timeout (``--dist-timeout``) instead of a second, shorter-lived group: torch's
-``TORCH_DIST_INIT_BARRIER`` runs after the group's connections are made, under the group's own
-timeout, and a group's timeout has no public setter. It costs each rank three store requests,
-and while ranks are missing one more a second (to stop at once when a rank says it failed:
-:func:`announce_failure`), with a line every :data:`SAY_EVERY` seconds naming how many came.
-Keys live under the restart's prefix, so that a dead attempt's keys are never read.
+torchrun's rendezvous starts the nodes' workers; what is left before the process group is the
+skew of the workers' own start (16 workers importing torch on a small machine take a minute).
+:func:`arrive` waits for it with the join bound (``--join-timeout``), so that the group can
+carry the collectives' short timeout (``--dist-timeout``): torch's ``TORCH_DIST_INIT_BARRIER``
+runs under the group's own timeout, which has no public setter. Keys live under the
+restart's prefix, so that a dead attempt's keys are never read.
 """
 
 from __future__ import annotations
@@ -26,11 +22,7 @@ import torch.distributed as dist
 
 from tandem.errors import TandemError, param
 
-from .env import DistEnv, address_of, node_of, read_env, restart_count, several_processes
-
-__all__ = ["JoinFailed", "job_store", "short_store", "arrive", "joins", "every",
-           "announce_failure", "told_failure", "abandoned_if_another_fails", "talks",
-           "SAY_EVERY", "peer_name_of"]
+from .env import DistEnv
 
 #: seconds between two "still waiting" lines
 SAY_EVERY = 30.0
@@ -45,11 +37,6 @@ class JoinFailed(TandemError, RuntimeError):
     """The ranks of a job did not all meet; the message names who is missing, and where."""
 
     exit_status = 4
-
-
-def talks(env: DistEnv) -> bool:
-    """True in the one worker per node that prints waiting lines (local rank 0)."""
-    return env.local_rank == 0
 
 
 @contextlib.contextmanager
@@ -81,7 +68,7 @@ def job_store(env: DistEnv, bound: float):
         started = time.monotonic()
         where = f"{env.master_addr}:{env.master_port}"
         with every(SAY_EVERY, lambda: f"rank {env.rank}: waiting for the job's store at {where} "
-                   f"({time.monotonic() - started:.0f} s)", enabled=talks(env)):
+                   f"({time.monotonic() - started:.0f} s)", enabled=env.speaks_for_node):
             try:
                 store, _, _ = next(dist.rendezvous(
                     "env://", rank=env.rank, world_size=env.world_size,
@@ -99,15 +86,15 @@ def joins() -> int:
     return _joins
 
 
-def _prefix() -> str:
-    return f"tandem/{restart_count()}"
+def key_prefix(env: DistEnv) -> str:
+    """Where this restart's keys live in the job's store."""
+    return f"tandem/{env.restart}"
 
 
-def short_store(seconds: float = 3.0):
+def short_store(env: DistEnv, seconds: float = 3.0):
     """A client of the job's store (torchrun's, at MASTER_ADDR:MASTER_PORT, under no prefix)
     whose requests wait ``seconds`` at most: for the words a failing rank leaves, when the
     store itself may be gone."""
-    env = read_env()
     # a plain connection first: a store client that cannot connect logs torch's C++ error
     # with its stack on stderr, a page of noise under the one line (OSError when so)
     socket.create_connection((env.master_addr, env.master_port), timeout=seconds).close()
@@ -115,34 +102,31 @@ def short_store(seconds: float = 3.0):
                          timeout=timedelta(seconds=seconds), wait_for_workers=False)
 
 
-def announce_failure(line: str) -> None:
+def announce_failure(line: str, env: DistEnv | None) -> None:
     """Leave this rank's one-line failure in the job's store, so that the ranks waiting for it
-    (:func:`arrive`, a collective) stop with it instead of waiting out their bound or naming
-    a lost peer (:func:`told_failure`). The first rank's line stays: one that ends because of
-    it (and quotes it) does not replace it. Best effort, and only in a torchrun job of several
-    processes."""
+    stop with it instead of waiting out their bound (:func:`told_failure`). The first rank's
+    line stays. Best effort; nothing outside a job of several processes (``env`` None)."""
     try:
-        if not several_processes():
-            return
-        short_store().compare_set(f"{_prefix()}/failed", "",
-                                  f"{peer_name_of(read_env())}: {line}")
+        if env is not None:
+            short_store(env).compare_set(f"{key_prefix(env)}/failed", "",
+                                         f"{peer_name_of(env)}: {line}")
     except Exception:  # no store to tell: the others find out by their own bounds
         pass
 
 
-def told_failure(store=None) -> str | None:
+def told_failure(env: DistEnv, store=None) -> str | None:
     """The line a rank that failed left with :func:`announce_failure` (``None``: none, or no
     store answers)."""
     try:
-        store = store or short_store()
-        key = f"{_prefix()}/failed"
+        store = store or short_store(env)
+        key = f"{key_prefix(env)}/failed"
         return store.get(key).decode() if store.check([key]) else None
     except Exception:
         return None
 
 
 def peer_name_of(env: DistEnv) -> str:
-    return f"rank {env.rank} (node {node_of()})"
+    return f"rank {env.rank} (node {env.node})"
 
 
 def arrive(env: DistEnv, store, bound: float) -> dict[int, tuple[str, str]]:
@@ -152,39 +136,39 @@ def arrive(env: DistEnv, store, bound: float) -> dict[int, tuple[str, str]]:
     each rank runs: ``{rank: (node, address)}``."""
     global _joins
     _joins += 1
-    prefix = f"{_prefix()}/join{_joins}"
-    store.set(f"{prefix}/who/{env.rank}", f"{node_of()} {address_of()}")
-    all_here = f"{prefix}/all-here"
-    if store.add(f"{prefix}/here", 1) == env.world_size:
+    at = f"{key_prefix(env)}/join{_joins}"
+    store.set(f"{at}/who/{env.rank}", f"{env.node} {env.addr}")
+    all_here = f"{at}/all-here"
+    if store.add(f"{at}/here", 1) == env.world_size:
         store.set(all_here, "1")
     started = said = time.monotonic()
     where = f"{env.master_addr}:{env.master_port}"
-    failures = short_store(10.0)  # where a rank that failed before coming leaves its line
+    failures = short_store(env, 10.0)  # where a rank that failed before coming leaves its line
     while True:
         try:
             store.wait([all_here], timedelta(seconds=_LOOK_EVERY))
             break
         except RuntimeError:  # DistStoreError: not yet
             pass
-        told = told_failure(failures)
+        told = told_failure(env, failures)
         if told is not None:
             raise JoinFailed(f"{peer_name_of(env)}: the job cannot start: {told}",
-                             quiet=not talks(env))
+                             quiet=not env.speaks_for_node)
         now = time.monotonic()
-        here = store.add(f"{prefix}/here", 0)
+        here = store.add(f"{at}/here", 0)
         if now - started > bound:
-            missing = [r for r in range(env.world_size) if not store.check([f"{prefix}/who/{r}"])]
+            missing = [r for r in range(env.world_size) if not store.check([f"{at}/who/{r}"])]
             raise JoinFailed(
                 f"{peer_name_of(env)}: the other ranks did not come within {bound:.0f} s: "
                 f"{here} of {env.world_size} here at {where}, missing "
                 f"rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))} (is "
                 f"every node started, with the same {param('nnodes')} and "
                 f"{param('master_addr')}/{param('master_port')}?)")
-        if talks(env) and now - said >= SAY_EVERY:
+        if env.speaks_for_node and now - said >= SAY_EVERY:
             said = now
             print(f"{peer_name_of(env)}: waiting for the other ranks at {where}: {here} of "
                   f"{env.world_size} here ({now - started:.0f} s)", file=sys.stderr, flush=True)
-    who = store.multi_get([f"{prefix}/who/{r}" for r in range(env.world_size)])
+    who = store.multi_get([f"{at}/who/{r}" for r in range(env.world_size)])
     return {r: tuple(value.decode().partition(" ")[::2]) for r, value in enumerate(who)}
 
 
@@ -197,11 +181,11 @@ def abandoned_if_another_fails(env: DistEnv):
 
     def watch():
         try:
-            store = short_store(10.0)
+            store = short_store(env, 10.0)
         except Exception:
             return  # the main thread meets the same store and says why
         while not done.wait(0.5):
-            told = told_failure(store)
+            told = told_failure(env, store)
             if told and not done.is_set():
                 print(f"tandem: error: {peer_name_of(env)}: the job cannot start: {told}",
                       file=sys.stderr, flush=True)

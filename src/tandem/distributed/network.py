@@ -1,10 +1,8 @@
 """Which network interface reaches the job's master, for the workers' transports.
 
-gloo (and NCCL, TensorPipe) bind to the address the host name resolves to unless told an
-interface. Many container and cloud images resolve the host name to 127.0.0.1, and then rank 0
-advertises its loopback address to the other machines, which connect to their own. ``tandem
-launch`` asks the kernel which local address a packet to the master would leave from (a UDP
-``connect`` sends nothing) and names the interface holding it (:func:`route_to`).
+gloo and NCCL bind to the address the host name resolves to, which many images resolve to
+127.0.0.1: rank 0 then advertises its loopback. ``tandem launch`` asks the kernel which local
+address a packet to the master leaves from (a UDP ``connect`` sends nothing): :func:`route_to`.
 """
 
 from __future__ import annotations
@@ -16,9 +14,6 @@ import struct
 from dataclasses import dataclass
 
 from tandem.errors import UsageError, param
-
-__all__ = ["Route", "route_to", "interface_address", "is_loopback", "has_reverse_name",
-           "IFACE_VARS"]
 
 #: the variables that tell each transport its interface (gloo, NCCL's bootstrap and sockets,
 #: TensorPipe's RPC); a user's own setting of any of them is kept

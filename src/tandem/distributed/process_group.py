@@ -1,12 +1,9 @@
 """Join and leave the torch.distributed process group of a torchrun job, one device per worker.
 
-One group carries everything, with the collectives' timeout (``TANDEM_DIST_TIMEOUT``), so a
-dead or hung peer makes the job fail instead of hang; every rank arrives first (:func:`.join.
-arrive`, with the longer join bound), as slow starters are not dead. Its backend is gloo for
-CPU tensors and, on a machine with CUDA, NCCL for CUDA ones (``cpu:gloo,cuda:nccl``): the
-job's agreements (:mod:`.agree`) travel on the CPU. :class:`Job` joins it for a run, once, and
-leaves it at the end; a strategy launched outside a job joins and leaves on its own.
-Also two helpers for torch's DDP: free its reducer in time, hand it gradients in its layout.
+One group carries everything, with the collectives' timeout (``--dist-timeout``), so a dead
+peer makes the job fail instead of hang; every rank arrives first (:func:`.join.arrive`, with
+the longer join bound). Its backend is gloo for CPU tensors and, with CUDA, NCCL for CUDA ones:
+the job's agreements (:mod:`.agree`) travel on the CPU. :class:`Job` joins it once for a run.
 """
 
 from __future__ import annotations
@@ -25,12 +22,7 @@ from tandem.errors import TandemError, UsageError, param
 
 from . import faults, join
 from .agree import LOCAL, Agreement
-from .env import (DistEnv, address_of, dist_timeout, join_timeout, node_of, read_env,
-                  restart_count, several_processes)
-
-__all__ = ["pick_device", "backend_for", "group_backend", "init_process_group",
-           "destroy_process_group", "Job", "release_ddp", "grads_in_param_strides",
-           "joined_a_group", "all_reduce_sum", "barrier", "exit_process"]
+from .env import DistEnv
 
 _joined = False  # this process has joined a process group (see joined_a_group)
 _made_here = False  # the default group now is one init_process_group made (not the caller's)
@@ -95,8 +87,8 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
     rank, and left to its maker: :func:`destroy_process_group` leaves only a group made here).
 
     Sets the current CUDA device first for a CUDA worker (NCCL's collectives and the saved
-    random state go by it). Returns the backend of ``device``'s tensors.
-    ``timeout`` (seconds) defaults to ``TANDEM_DIST_TIMEOUT``.
+    random state go by it). Returns the backend of ``device``'s tensors; ``timeout``
+    (seconds) defaults to ``env.timeout``.
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -116,14 +108,16 @@ def _join(env: DistEnv, backend: str, timeout: float | None) -> dict | None:
                 f"{dist.get_world_size()}, but torchrun says rank {env.rank} of {env.world_size}"
             )
         return None
-    seconds = dist_timeout() if timeout is None else float(timeout)
-    bound = max(seconds, join_timeout())
+    seconds = env.timeout if timeout is None else float(timeout)
+    bound = max(seconds, env.join_timeout)
     store = join.job_store(env, bound)
     peers = join.arrive(env, store, bound)
     started = time.monotonic()
     try:
         with join.abandoned_if_another_fails(env):
-            dist.init_process_group(backend, store=dist.PrefixStore(_group_prefix(), store),
+            # the join's own prefix: a dead attempt's keys are not read
+            own = dist.PrefixStore(f"{join.key_prefix(env)}/pg{join.joins()}", store)
+            dist.init_process_group(backend, store=own,
                                     rank=env.rank, world_size=env.world_size,
                                     timeout=timedelta(seconds=seconds))
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
@@ -135,15 +129,9 @@ def _join(env: DistEnv, backend: str, timeout: float | None) -> dict | None:
     return peers
 
 
-def _group_prefix() -> str:
-    """The store prefix of the group a join makes (the join's own: stale keys are not read)."""
-    return f"tandem/{restart_count()}/pg{join.joins()}"
-
-
 class Job:
     """The process group of one run, joined once its own checks pass (:meth:`join`) and left
-    when the block ends: the run's plan, race and strategy all work in it. Outside a torchrun
-    job of several processes it joins nothing, and its agreement is every process's own."""
+    when the block ends: the run's plan, race and strategy all work in it."""
 
     def __init__(self):
         self.agreement: Agreement = LOCAL
@@ -161,15 +149,15 @@ class Job:
             destroy_process_group()
             self._made = False
 
-    def join(self) -> Agreement:
-        """Join the job's group (every rank meets here) and return its agreement; the same
-        agreement when called again."""
-        if self.agreement is not LOCAL or not several_processes():
+    def join(self, env: DistEnv | None) -> Agreement:
+        """Join the group of the job ``env`` describes (every rank meets here) and return its
+        agreement; the same one when called again. ``None`` (one process): joins nothing."""
+        if self.agreement is not LOCAL or env is None:
             return self.agreement
-        env = read_env()
         peers = _join(env, group_backend("cuda" if torch.cuda.is_available() else "cpu"), None)
         self._made = peers is not None
-        self.agreement = Agreement(env.rank, env.world_size, node=node_of(), addr=address_of())
+        self.agreement = Agreement(env.rank, env.world_size, node=env.node, addr=env.addr,
+                                   env=env)
         self.agreement.peers.update(peers or {})
         return self.agreement
 

@@ -14,9 +14,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .process_group import all_reduce_sum
 
-__all__ = ["frozen_batchnorm", "average_running_stats"]
-
-
 @contextlib.contextmanager
 def frozen_batchnorm(layers: list[_BatchNorm]):
     """Run ``layers`` in eval mode for one empty-share forward; ``num_batches_tracked`` advances."""

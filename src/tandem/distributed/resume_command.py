@@ -1,16 +1,10 @@
 """The command a message gives for continuing a run: ``tandem train --resume``, or under
 ``tandem launch`` as the job was launched, with each node's own flags.
-
-It lives here, not in a strategy: it is about how processes are started, and the train layer
-(which prints it) may import this layer, not the CLI's.
 """
 
 from __future__ import annotations
 
-
-from .env import NODE_VAR, Environment, launch_described, read_env
-
-__all__ = ["resume_command", "resume_command_here", "launch_command"]
+from .env import DistEnv
 
 #: up to this many nodes a message lists each node's command; past it, one with ``R``
 _LISTED_NODES = 4
@@ -48,15 +42,14 @@ def launch_command(launch: dict, node: int | str | None = None) -> str:
     return " ".join(parts)
 
 
-def resume_command_here(target: str, multiprocess: bool, this_node: bool = False) -> str:
-    """:func:`resume_command` for the job this process is part of: as ``tandem launch``
-    started it (every node's command, or only this node's with ``this_node``), else from
-    torchrun's environment."""
-    if not multiprocess:
+def resume_command_here(target: str, env: DistEnv | None, this_node: bool = False) -> str:
+    """:func:`resume_command` for the job of the worker ``env`` describes (``None``: one
+    process): as ``tandem launch`` started it (every node's command, or only this node's with
+    ``this_node``), else from torchrun's sizes."""
+    if env is None:
         return resume_command(target)
-    launch = launch_described()
+    launch = env.launch
     if launch is None:
-        env = read_env(who="a multi-process strategy")
         return resume_command(target, True, env.world_size,
                               env.world_size // max(1, env.local_world_size))
     tail = f" -- train --resume {target}"
@@ -66,8 +59,7 @@ def resume_command_here(target: str, multiprocess: bool, this_node: bool = False
         return launch_command(launch) + tail + every
     count = int(nnodes.split(":")[-1])
     if this_node:
-        node = Environment.read().get(NODE_VAR, "0")
-        return f"on node {node}: {launch_command(launch, node)}{tail}"
+        return f"on node {env.node}: {launch_command(launch, env.node)}{tail}"
     if count > _LISTED_NODES:
         return f"on node R (0 to {count - 1}): {launch_command(launch, 'R')}{tail}"
     return "; ".join(f"on node {r}: {launch_command(launch, r)}{tail}" for r in range(count))

@@ -1,13 +1,9 @@
 """The checkpoint a job continues, decided by rank 0 and sent to the machines that lack it.
 
-Only rank 0 writes the run directory, so another machine (with a disk of its own) has no copy
-of it. Rank 0 alone decides what the job continues (``--resume``, or the run a restart picks
-up) and every rank hears it (:meth:`~.agree.Agreement.rank0`). Each machine's first rank then
-looks for the file on its own disk: where it is missing or differs from rank 0's (by SHA-256),
-rank 0 broadcasts its bytes, over the job's group, to those machines' first ranks only (one
-copy per machine, in chunks, on a group of just them), which write it to a temporary file the
-machine's other ranks read too. A rank that fails or is lost meanwhile ends the others in one
-line, as any lost peer does; nothing is left behind in the job's store.
+Only rank 0 writes the run directory, so another machine may have no copy of it. Rank 0 decides
+what the job continues; each machine's first rank looks for the file on its own disk, and
+where it is missing or differs (by SHA-256) rank 0 broadcasts its bytes in chunks to those
+first ranks only, which write a temporary file the machine's other ranks read too.
 """
 
 from __future__ import annotations
@@ -24,9 +20,7 @@ import torch.distributed as dist
 from tandem.errors import TandemError
 
 from .agree import Agreement
-from .env import DistEnv, read_env
-
-__all__ = ["Continued", "continue_from_rank0", "done_with", "ResumeRefused", "CHUNK"]
+from .env import DistEnv
 
 #: bytes per broadcast
 CHUNK = 64 << 20
@@ -59,8 +53,8 @@ def _sha256(path: str) -> str:
 def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
                         agreement: Agreement) -> Continued:
     """``decide()`` on rank 0 (``(path or None, restarted)``), heard by every rank of the
-    job; on the others, a local file with rank 0's bytes (their machine's own copy when it is
-    the same). A refusal rank 0 raises is raised on every rank (said by rank 0)."""
+    job (``agreement.env``: this worker's); on the others, a local file with rank 0's bytes
+    (their machine's own copy when it is the same). Rank 0's refusal is raised on every rank."""
     def decision():
         path, restarted = decide()
         return path, restarted, (_sha256(path) if path else None)
@@ -68,7 +62,7 @@ def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
     path, restarted, sha = agreement.rank0(decision)
     if path is None or not agreement.several:
         return Continued(path, path, restarted)
-    env = read_env()
+    env = agreement.env
     leader = env.local_rank == 0  # the machine's first rank looks, and receives for it
     own = leader and os.path.isfile(path)
     same = own and (env.rank == 0 or _sha256(path) == sha)
@@ -97,8 +91,7 @@ def done_with(continued: Continued, agreement: Agreement) -> None:
     if not continued.sent:  # the same on every rank, as the collective below must be
         return
     agreement.any_of(False)  # every rank has read it
-    env = read_env()
-    if env.local_rank == 0 and continued.local != continued.path:
+    if agreement.env.local_rank == 0 and continued.local != continued.path:
         try:
             os.unlink(continued.local)
         except FileNotFoundError:

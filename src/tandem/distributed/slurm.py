@@ -14,8 +14,6 @@ from typing import Mapping
 
 from tandem.errors import UsageError
 
-__all__ = ["SlurmJob", "slurm_job", "first_host"]
-
 #: ports derived from a job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN)
 PORT_BASE, PORT_SPAN = 15000, 20000
 

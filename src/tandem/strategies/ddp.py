@@ -21,9 +21,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tandem.distributed import faults
 from tandem.distributed.agree import Agreement
-from tandem.distributed.env import address_of, node_of, read_env
+from tandem.distributed.env import LAUNCH_HINT, DistEnv
 from tandem.distributed.global_loss import global_mean, local_sum
-from tandem.errors import param
+from tandem.errors import UsageError, param
 from tandem.distributed.process_group import (
     all_reduce_sum,
     barrier,
@@ -54,9 +54,9 @@ def _plain_batchnorms(model: nn.Module) -> list:
 
 @register
 class DDPStrategy(Strategy):
-    """One torchrun worker per device. Creating it only reads torchrun's environment;
-    :meth:`launch` joins the process group (``timeout`` seconds, default
-    ``TANDEM_DIST_TIMEOUT``) and :meth:`close` leaves it."""
+    """One torchrun worker per device, placed by ``env`` (torchrun's variables as the plan read
+    them; default the agreement's); :meth:`launch` joins the process group (``timeout``
+    seconds, default ``env.timeout``) and :meth:`close` leaves it."""
 
     name = "ddp"
     multiprocess = True
@@ -65,10 +65,13 @@ class DDPStrategy(Strategy):
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", timeout: float | None = None, split=None,
-                 max_share: int | None = None, **kwargs):
+                 max_share: int | None = None, env: DistEnv | None = None, **kwargs):
         super().__init__(devices, sync_bn=sync_bn, buffers=buffers, **kwargs)
         check_policy(buffers)
-        self.env = read_env(who=f"{param('strategy')} {self.name}")
+        self.env = env if env is not None else self.agreement.env
+        if self.env is None:
+            raise UsageError(f"{param('strategy')} {self.name} needs torchrun's environment",
+                             hint=LAUNCH_HINT)
         self.rank = self.env.rank
         self.world_size = self.env.world_size
         self._device = pick_device(self.env, self.devices)
@@ -81,8 +84,8 @@ class DDPStrategy(Strategy):
         self._hooks: list = []  # grads_in_param_strides', --split auto's; removed by close()
         self._joined = False  # launch() made the group (outside a Job): close() leaves it
         if not self.agreement.several:  # launched outside a Job: its own, on the same group
-            self.agreement = Agreement(self.rank, self.world_size, node=node_of(),
-                                       addr=address_of())
+            self.agreement = Agreement(self.rank, self.world_size, node=self.env.node,
+                                       addr=self.env.addr, env=self.env)
         # --split: each rank loads its share of every global batch, the same on every rank
         self.split = BatchSplit(split, self.world_size, max_share, by_loader=True,
                                 reduce=lambda t: all_reduce_sum(t, self._device),

@@ -19,7 +19,6 @@ from torch import nn
 
 from tandem import model_state
 from tandem.errors import first_line
-from tandem.distributed.env import dist_timeout
 from tandem.distributed.global_loss import global_mean, local_sum
 from tandem.distributed.process_group import grads_in_param_strides
 from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
@@ -55,7 +54,7 @@ class HybridDDPStrategy(DDPStrategy):
         """Join the job's group (ddp's), then the activations' group (every rank meets)."""
         super().launch()
         if self.activations is None:
-            seconds = dist_timeout() if self.timeout is None else float(self.timeout)
+            seconds = self.env.timeout if self.timeout is None else float(self.timeout)
             self.activations = dist.new_group(backend=self.backend,
                                               timeout=timedelta(seconds=seconds))
         return self

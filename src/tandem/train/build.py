@@ -1,48 +1,45 @@
 """What a plan builds before the loop runs: the data, the model with its weights, the
-optimizer, the schedule and the scaler (with the recipe's clip and EMA, :mod:`.recipe`), and
-the checkpoint's states restored (settings → :mod:`.plan` → build → :mod:`.loop`).
+optimizer, schedule and scaler (with the recipe's clip and EMA), and the checkpoint's states
+restored (:mod:`.settings` → :mod:`.plan` → build → :mod:`.loop`); the plan's race builds its
+model here too.
 
 The model is built on the CPU from a seed (initial weights never depend on devices), checked
-against a user's data, set up by the strategy and given its weights (the checkpoint's, or
-``--pretrained``). :func:`build` returns the :class:`~.loop.Trainer`'s parts; :func:`restore`
-loads a checkpoint's optimizer, schedule, scaler and RNG into them and says where the trainer
-starts. ``tandem.fit`` runs the same path with the model, data sets and criterion it was handed
-(:class:`~.plan.Supplied`).
+against the data, set up by the strategy and given its weights (the checkpoint's, or
+``--pretrained``). :func:`build` returns the :class:`~.loop.Trainer`'s parts.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
+import numpy as np
 import torch
 from torch import nn
 
 from tandem import checkpoint
 from tandem.checkpoint import compat as checkpoint_compat
-from tandem.config import OptimConfig, TrainConfig
-from tandem.data import batches_per_epoch
+from tandem.config import ModelConfig, OptimConfig, TrainConfig
+from tandem.data import batches_per_epoch, load_dataset
 from tandem.data.device_decode import decode_on, decoded_on
-from tandem.distributed.env import cpu_bf16_override, launch_id
 from tandem.errors import CheckpointError, UsageError, first_line, param
 from tandem.factory import is_reference
 from tandem.keyed import KEYED, keyed_dropout
-from tandem.precision import amp_precision
+from tandem.models import create_model, model_info
 from tandem.pretrained import load_pretrained
 from tandem.strategies import Strategy
 from tandem.strategies.compile import compiled
+from tandem.strategies.outputs import pick_output
 
 from . import settings
 from .loop import Position
-from .plan import (EVALUATE, RunPlan, build_data, build_model, check_fits, check_max_steps,
-                   check_model, saved_position, seed_everything)
 from .recipe import make_clip, make_ema, make_optimizer, scaled_lr
+from .rundir import EVALUATE
 from .schedule import lr_factor, make_scheduler
-
-__all__ = ["build", "resumed", "restore", "data", "prepared_model", "with_model_classes",
-           "make_criterion", "mixing_of"]
+from .settings import check_max_steps, saved_position
 
 
-def data(plan: RunPlan, splits: tuple[str, ...] = ("train", "val")):
+def data(plan, splits: tuple[str, ...] = ("train", "val")):
     """``(train, val, info)``: the data sets handed over, else those the config names (read
     by the plan for its race, or now), decoded where ``--decode`` says."""
     if plan.supplied.data is None:  # --decode gpu: its ImageFolder data decoded on the device
@@ -73,7 +70,7 @@ def mixing_of(cfg: TrainConfig, train_set):
     return mixing
 
 
-def _resolved(plan: RunPlan, cfg: TrainConfig, info, datasets) -> dict:
+def _resolved(plan, cfg: TrainConfig, info, datasets) -> dict:
     """The run's settings plus what they resolved to (written to config.json and checkpoints):
     the devices, the data set, where ``datasets``' JPEGs are decoded (``--decode auto``), and
     ``--strategy auto``'s race (this run's, or the resumed run's)."""
@@ -88,7 +85,7 @@ def _resolved(plan: RunPlan, cfg: TrainConfig, info, datasets) -> dict:
         "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
         "lr": scaled_lr(cfg.optim),  # --lr after --lr-scale
         "wd_exclude_norm": cfg.optim.excludes_norm(),
-        "launch_id": launch_id(),
+        "launch_id": plan.place.launch_id,
     }
     race = plan.race or settings.race_record(plan.checkpoint)
     if race is not None:
@@ -107,7 +104,7 @@ def same_data(agreement, train_set, val_set, info) -> None:
                        what="every node must have the same data (see --data)")
 
 
-def build(plan: RunPlan) -> dict:
+def build(plan) -> dict:
     """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
     schedule and scaler, the clip and the EMA, and the resolved config (the keyword arguments
     of :class:`Trainer`)."""
@@ -126,15 +123,86 @@ def build(plan: RunPlan) -> dict:
         optimizer=optimizer, clip=make_clip(optim, norms), ema=make_ema(optim, wrapped),
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
         # fp16's skipped steps agreed by every rank (tandem.distributed.agree)
-        scaler=strategy.agreement.grad_scaler(strategy.device.type, amp_precision(
-            strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
-            cpu_bf16=cpu_bf16_override()).scaled),
+        scaler=strategy.agreement.grad_scaler(strategy.device.type, plan.precision.scaled),
+        precision=plan.precision,
         train_set=train_set, val_set=val_set, batches_per_epoch=batches,
         mixing=mixing_of(cfg, train_set),
         config_dict=_resolved(plan, cfg, info, (train_set, val_set)))
 
 
-def resumed(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
+# -- what the config names: its data sets and its model -----------------------------------------
+def build_data(cfg, seed: int, splits: tuple[str, ...] = ("train", "val")):
+    """The data sets ``cfg`` (a :class:`~tandem.config.DataConfig`) names: ``(train, val,
+    info)``, as built (decoded where ``--decode`` says only by the build)."""
+    return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
+                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
+                        splits=splits, reprob=cfg.reprob)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
+    """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
+    minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
+    if info.image_size < minimum:
+        raise UsageError(f"{param('arch')} {cfg.arch} needs images of at least {minimum}px, "
+                         f"but {info.name} gives {info.image_size}px (set "
+                         f"{param('image_size')})")
+    kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
+    if cfg.drop_path:
+        kwargs["drop_path"] = cfg.drop_path
+    seed_everything(seed)
+    return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
+                        **kwargs)
+
+
+def check_model(strategy: Strategy, model: nn.Module) -> None:
+    """Refuse a model ``strategy`` cannot train, in one line."""
+    problem = strategy.check_model(model, **strategy.options)
+    if problem:
+        raise UsageError(f"{param('strategy')} {strategy.name} {problem}")
+
+
+def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name: str,
+               output_key=None, handed: bool = False) -> None:
+    """Refuse, in one line, a model that cannot train on the data set before anything is
+    written: one that cannot take its inputs (flat vectors into a conv net), or that gives
+    fewer outputs than there are classes (a factory that ignores ``num_classes``: else the
+    loss fails deep inside, ``Target 5 is out of bounds``). One forward of a batch of one zero
+    input of the data's shape, in eval mode (no state changes); ``name``: the data's;
+    ``handed``: the model was handed to ``tandem.fit`` (else a factory built it)."""
+    shape = getattr(dataset, "shape", None)
+    if shape is None:
+        return
+    x = torch.zeros((1, *shape), dtype=dtype)
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            out = model(x)
+    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
+        raise UsageError(f"the model cannot take {getattr(dataset, 'name', name)}'s inputs: it "
+                         f"got a batch of shape {tuple(x.shape)} (inputs of shape "
+                         f"{tuple(shape)}) and raised {type(exc).__name__}: {first_line(exc)}"
+                         ) from None
+    finally:
+        model.train(was_training)
+    logits = pick_output(out, output_key)
+    width = logits.shape[1] if logits.dim() >= 2 else 1
+    if width < classes:
+        remedy = (f"hand tandem.fit a model with {classes} outputs" if handed else
+                  f"build the model with num_classes outputs (the factory is called with "
+                  f"num_classes={classes})")
+        raise UsageError(f"the model gives {width} output{'s' if width != 1 else ''} per "
+                         f"sample, but {name} has {classes} classes (targets 0 to "
+                         f"{classes - 1})", hint=remedy)
+
+
+def resumed(plan, parts: dict) -> tuple[dict, list[str]]:
     """Where the trainer starts (the checkpoint's position, best accuracy, RNG, with its
     optimizer, schedule and scaler loaded into ``parts``) and the lines to say about it."""
     if plan.checkpoint is None:
@@ -149,7 +217,8 @@ def resumed(plan: RunPlan, parts: dict) -> tuple[dict, list[str]]:
     if parts["ema"] is not None:
         notes += _restore_ema(parts["ema"], ckpt, path, plan.strategy, model)
     if settings.is_foreign(ckpt):
-        check_max_steps(cfg, ckpt, start["position"].step)  # now that its steps are known
+        # now that its steps are known
+        check_max_steps(cfg, ckpt, start["position"].step, restarted=plan.place.restart > 0)
         notes += settings.assumed(cfg, plan.given, parts["config_dict"], ckpt)
     return start, [*plan.notes, *notes]
 
@@ -183,7 +252,7 @@ def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig
     return replace(cfg, data=replace(cfg.data, num_classes=classes))
 
 
-def prepared_model(plan: RunPlan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
+def prepared_model(plan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
     """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`with_model_classes`)
     set up by the plan's strategy, then given its weights by it (the checkpoint's, or
     ``--pretrained``): the same for training and for validation."""
@@ -304,6 +373,6 @@ def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None
                 if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
                     raise UsageError(
                         f"checkpoint '{path}': optimizer state {name!r} has shape "
-                        f"{tuple(value.shape)} but its parameter {tuple(param.shape)}; was it "
-                        f"saved, before checkpoints held the plain layout, under a --strategy "
-                        f"with sharded layers (it then resumes only under that one)?")
+                        f"{tuple(value.shape)} but its parameter {tuple(param.shape)}",
+                        hint="a checkpoint saved before checkpoints held the plain layout, "
+                             "under a --strategy with sharded layers, resumes only under it")

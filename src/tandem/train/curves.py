@@ -1,14 +1,9 @@
 """``curves.png``: loss, accuracy and learning rate from the rows of ``metrics.jsonl``.
 
-:func:`build_figure` makes the matplotlib Figure (tests look at its axes), :func:`plot_curves`
-writes it. With rows of fewer than 2 epochs the x-axis is the optimizer step, from 0, so that
-a one-epoch run is not one point on an axis a tenth of an epoch wide; otherwise it is the
-epoch, a partial epoch's row placed at the fraction of it that was trained. Loss is drawn on a
-log scale, so that the first epoch's high loss does not flatten the rest. The learning rate
-is the one each step used, as the rows record it (``lr_steps``: whatever schedules resumes
-with other ``--epochs`` gave), with each row's value on it. Rows of older runs record no
-steps: their line is the run's schedule, joined to the lrs the rows recorded up to the last
-row that schedule does not give.
+Under 2 epochs the x-axis is the optimizer step, else the epoch (a partial epoch at the fraction
+trained); loss on a log scale; the learning rate as each step used it (``lr_steps``; an older
+run's rows without them: its schedule). :func:`build_figure` makes the Figure, :func:`plot_curves`
+writes it.
 """
 
 from __future__ import annotations
@@ -19,8 +14,6 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-__all__ = ["build_figure", "plot_curves", "positions", "Schedule"]
 
 # The learning rate at optimizer steps 0, 1, ...: (steps per epoch, lr of step -> float).
 Schedule = tuple[int, Callable[[int], float]]

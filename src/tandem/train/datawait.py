@@ -1,23 +1,15 @@
 """How long the training loop waits for its data: the host's wait for each next batch.
 
-:meth:`DataWait.timed` wraps the epoch's loader. The time spent inside the loader's
-``next()`` is the *data wait*; the time from a batch's arrival to the next request is the
-*step* (copy to the device, forward, backward, optimizer step, progress). Both are read on the
-host clock only, with no device sync, so on a GPU a step that merely queued kernels is short
-and the wait for the GPU shows up where the host next blocks (usually in the step). The first
-batch of an epoch is timed apart (``first_batch_seconds``): it holds the workers' start-up or
-their refill, which more workers do not shorten the way they shorten the rest.
-
-The figures are this process's own (rank 0's under ddp) and cover the batches this invocation
-trained: after a mid-epoch resume, the epoch's earlier part is not in them.
+:meth:`DataWait.timed` wraps the epoch's loader: time inside its ``next()`` is the data wait,
+the rest the step; host clock only, no device sync (a GPU's queued work shows where the host
+next blocks). An epoch's first batch is timed apart (workers' start-up). The figures are this
+process's own, for the batches this invocation trained.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Iterable, Iterator
-
-__all__ = ["DataWait", "WAIT_SHARE_WARNING", "TIMING_FIELDS"]
 
 WAIT_SHARE_WARNING = 0.2  # a data share above this, once in a run, earns one advice line
 # the metrics row's clock readings: they differ run to run (a resume's comparison drops them)

@@ -6,10 +6,8 @@ from dataclasses import replace
 
 from tandem import checkpoint
 from tandem.config import ParallelConfig, TrainConfig
-from tandem.parallel.devices import parse_device_spec
-from tandem.distributed.env import cpu_bf16_override
-from tandem.precision import amp_flags, amp_refusal
 from tandem.data.load import GIVEN_DATA
+from tandem.distributed.env import Environment
 from tandem.errors import UsageError, param
 from tandem.factory import is_reference
 
@@ -18,26 +16,19 @@ from .plan import plan_eval
 from .rundir import checkpoint_path as checkpoint_path_of, example_file_note
 from .run import validate
 
-__all__ = ["evaluate"]
-
 
 def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | None,
-                   amp_dtype: str | None) -> tuple[ParallelConfig, str, str | None]:
-    """``parallel`` with the ``--amp`` an eval uses: as typed (``amp``, ``amp_dtype``), else the
-    run's, or float32 where the run's cannot run (a GPU run's fp16 evaluated on a CPU); the
-    words for where it came from; and for that float32, the precision line that says so."""
+                   amp_dtype: str | None) -> tuple[ParallelConfig, str]:
+    """``parallel`` with the ``--amp`` an eval asks for: as typed (``amp``, ``amp_dtype``),
+    else the run's (the plan falls back to float32 where it cannot run, and says so); and the
+    words for where it came from."""
     if amp is not None or amp_dtype is not None:
         return replace(parallel, amp=bool(amp) or amp_dtype is not None,
-                       amp_dtype=amp_dtype), " (as given)", None
+                       amp_dtype=amp_dtype), " (as given)"
     if not saved.parallel.amp:
-        return replace(parallel, amp=False, amp_dtype=None), "", None
-    dtype = saved.parallel.amp_dtype
-    device = parse_device_spec(parallel.devices, "--devices")[0]
-    if amp_refusal(device.type, dtype, cpu_bf16=cpu_bf16_override()) is not None:  # fp16 on a CPU
-        return (replace(parallel, amp=False, amp_dtype=None), "",
-                f"precision: float32 (the run's {amp_flags(dtype)} cannot run on {device.type})")
-    return (replace(parallel, amp=True, amp_dtype=dtype),
-            " (the run's --amp; --no-amp for float32)", None)
+        return replace(parallel, amp=False, amp_dtype=None), ""
+    return (replace(parallel, amp=True, amp_dtype=saved.parallel.amp_dtype),
+            " (the run's --amp; --no-amp for float32)")
 
 
 def _averaged(ckpt: dict, path: str) -> dict:
@@ -52,17 +43,15 @@ def _averaged(ckpt: dict, path: str) -> dict:
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
              batch_size: int | None = None, seed: int | None = None,
              label_smoothing: float | None = None, arch: str | None = None,
-             amp: bool | None = None, amp_dtype: str | None = None, ema: bool = False) -> dict:
+             amp: bool | None = None, amp_dtype: str | None = None, ema: bool = False,
+             environ: Environment = Environment()) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
-    Architecture, data settings, loss and seed come from the checkpoint's config, each
-    overridden by ``data`` / ``batch_size`` / ``label_smoothing`` / ``seed`` when given;
-    ``arch`` is for a file that names none (a bare state dict) and must match one that does.
-    A tandem run is evaluated at its own image size and precision (``amp``/``amp_dtype``:
-    ``None`` takes the run's). A file without tandem's config is evaluated as the imagenet
-    example does (plain cross-entropy, at the size of :func:`.start.size_rule`); ``note`` in
-    the result then says so, and also when the run holds a newer file of the example's
-    (:func:`.rundir.example_file_note`). Never augments.
+    Its run's settings, each overridden by ``data`` / ``batch_size`` / ``label_smoothing`` /
+    ``seed`` when given; ``arch`` for a file that names none. A tandem run is evaluated at its
+    own image size and precision (``amp``/``amp_dtype`` ``None``: the run's; float32, said,
+    where it cannot run here); a file from elsewhere as the imagenet example does, said in
+    ``note``. ``environ``: the process's variables, as read once. Never augments.
     """
     runlock.check_saved(checkpoint_path)  # a run that has not saved yet: its process, named
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
@@ -76,7 +65,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     optim = replace(saved.optim, **{k: v for k, v in (("batch_size", batch_size),
                                                        ("label_smoothing", label_smoothing))
                                     if v is not None})
-    parallel, source, instead = _run_precision(parallel, saved, amp, amp_dtype)
+    parallel, source = _run_precision(parallel, saved, amp, amp_dtype)
     trained_at = ((ckpt.get("config") or {}).get("resolved") or {}).get("dataset") or {}
     spec = (data or {}).get("data", saved.data.data)
     if saved.data.image_size is None and trained_at.get("image_size") and \
@@ -90,12 +79,13 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
         given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
         cfg, note = settings.eval_settings(cfg, frozenset(given), checkpoint_path)
     cfg = replace(cfg, run=replace(cfg.run, resume=checkpoint_path))
-    result = validate(plan_eval(cfg, ckpt))
+    plan = plan_eval(cfg, ckpt, environ=environ, fall_back=amp is None and amp_dtype is None)
+    result = validate(plan)
     if note:
         note = note.replace(settings.DATA_SIZE, f"{result['image_size']}px")
     note = "\n".join(n for n in (newer, note) if n) or None
     if result["precision"]:
         result["precision"] += source
-    elif instead:
-        result["precision"] = instead
+    elif plan.notes:  # float32 in place of the run's --amp, which cannot run here
+        result["precision"] = plan.notes[-1]
     return dict(result, note=note)

@@ -12,8 +12,6 @@ import signal
 import sys
 import threading
 
-__all__ = ["StopRequest", "Interrupted"]
-
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 

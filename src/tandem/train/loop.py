@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
 import os
 import time
@@ -28,15 +27,13 @@ from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH, rank_rows
 from tandem.data.mixing import Mixing, Pairing
 from tandem.distributed import faults
-from tandem.distributed.env import speaks_for_node
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
 from tandem.keyed import KEYED, step_stream
 from tandem.optim import GradClip, ModelEma
 from tandem.parallel.split import format_shares
 from tandem.parallel.work_clock import synchronize
-from tandem.distributed.env import cpu_bf16_override
-from tandem.precision import amp_precision
+from tandem.precision import Precision
 from tandem.strategies import Strategy
 from tandem.strategies.outputs import label_smoothing
 
@@ -141,6 +138,7 @@ class Trainer:
     mixing: Mixing | None = None
     clip: GradClip | None = None  # --clip-grad, by the plain model's norm (tandem.optim)
     ema: ModelEma | None = None  # --model-ema: validated and saved beside the weights
+    precision: Precision | None = None  # what --amp is here, as the plan decided (None: fp32)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
@@ -432,15 +430,8 @@ class Trainer:
             return batch
         return max(0, min(batch, len(dataset) - index * batch))
 
-    @functools.cached_property
-    def precision(self):
-        """What ``--amp`` is on this process's device, decided once for the run's steps."""
-        p = self.cfg.parallel
-        return amp_precision(self.strategy.device.type, p.amp, p.amp_dtype,
-                             cpu_bf16=cpu_bf16_override())
-
     def autocast(self):
-        return self.precision.autocast()
+        return self.precision.autocast() if self.precision else contextlib.nullcontext()
 
     def keyed_stream(self, index: int, micro: int):
         """Where dropout and drop path draw in the forward of global batch ``index``
@@ -508,7 +499,7 @@ class Trainer:
         pos, cfg = self.position, self.cfg
         text = diverged_message(what, pos.epoch + 1, pos.step, cfg.optim.lr, cfg.run.out,
                                 self.kept_step(),
-                                resume_command_here(cfg.run.out, s.multiprocess)
+                                resume_command_here(cfg.run.out, s.agreement.env)
                                 ) if s.is_main else ""
         raise TrainingDiverged(text, quiet=not s.is_main)
 
@@ -581,11 +572,11 @@ class Trainer:
         s, pos, out = self.strategy, self.position, self.cfg.run.out
         where = f"{self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}"
         if s.is_main:
-            return f"saved {where}; continue with: {resume_command_here(out, s.multiprocess)}"
-        if not speaks_for_node():
+            return f"saved {where}; continue with: {resume_command_here(out, s.agreement.env)}"
+        if not s.agreement.env.speaks_for_node:
             return ""
         return (f"rank 0 saved {where} (on node 0); continue with: "
-                f"{resume_command_here(out, True, this_node=True)}")
+                f"{resume_command_here(out, s.agreement.env, this_node=True)}")
 
     # -- the epoch's outputs ------------------------------------------------------------------
     def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float,

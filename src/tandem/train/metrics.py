@@ -16,10 +16,6 @@ import torch
 
 from tandem.strategies.outputs import mean_iou, pixel_accuracy
 
-__all__ = ["Meter", "MetricsLog", "peak_memory_mb", "reset_peak_memory", "loss_words",
-           "summary_line", "score_fields", "validated", "not_validated", "eval_scores"]
-
-
 _FIXED = 4  # the sums before a dense meter's confusion matrix
 
 

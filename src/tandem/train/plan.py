@@ -1,72 +1,62 @@
 """A run's plan: everything it resolves, and every check it needs, before it touches anything
-(settings → plan → :mod:`.build` → :mod:`.loop`).
+(:mod:`.settings` → plan → :mod:`.build` → :mod:`.loop`).
 
-:func:`plan_train` and :func:`plan_eval` take the run's settings (:mod:`.settings`: the flags,
-and the checkpoint a resume names), refuse a resume that has nothing to do or needs its
-launcher, check what may happen to ``--out`` (a run there, one writing there now, a read-only
-file), pick the devices and the strategy and check what it can do (``--amp``,
-``--channels-last``, ``--compile``, the model). ``--strategy auto`` is resolved here: the
-candidates race on a throw-away copy of the model (:mod:`tandem.strategies.auto`), and the
-choice is the plan's strategy. The plan that returns is final: a refusal comes before any
-process group is joined, the run's model or loaders built, anything compiled or written.
-``tandem.fit`` hands over its model, data sets and criterion as :class:`Supplied`; the plan
-and the build then take them instead of building what the config names. A
-``package.module:function`` model is checked by its strategy once it is built.
+:func:`plan_train` and :func:`plan_eval` take the run's settings, the :class:`~tandem.
+distributed.env.Environment` the CLI or ``tandem.fit`` read once, and what ``tandem.fit`` was
+handed (:class:`Supplied`). They decide, once: the config to run, this process's place in
+its job, the devices and strategy (``--strategy auto`` races here, on a copy of the model the
+build makes), and the precision. A refusal comes before any process group is joined, the
+run's model or loaders built, anything compiled or written.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import random
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
 
 from tandem.config import ModelConfig, ParallelConfig, TrainConfig
-from tandem.data import batches_per_epoch, load_dataset
+from tandem.data import batches_per_epoch
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
 from tandem.distributed.agree import LOCAL, Agreement
-from tandem.distributed.env import cpu_bf16_override, in_torchrun, restart_count, split_clock
+from tandem.distributed.env import Environment, Place, place_of, read_env
 from tandem.distributed.process_group import Job
-from tandem.errors import UsageError, first_line, param, quoted
+from tandem.errors import UsageError, param, quoted
 from tandem.factory import is_reference
 from tandem.models import create_model, list_models, model_info
 from tandem.parallel import threaded_backward
 from tandem.parallel.devices import parse_device_spec
 from tandem.parallel.split import clock_from_spec, parse_split
-from tandem.precision import amp_precision
+from tandem.precision import Precision, amp_flags, amp_precision
 from tandem.strategies import (Strategy, auto, create_strategy, strategy_class,
                                strategy_names)
 from tandem.strategies.compile import check_compile
-from tandem.strategies.outputs import pick_output
 
 from . import rundir, runlock, settings
-from .rundir import RunDir
-
-__all__ = ["RunPlan", "Supplied", "check_model", "check_fits", "plan_train", "plan_eval",
-           "FRESH", "RESUMED", "FORKED", "EVALUATE", "build_data", "build_model",
-           "check_drop_path", "seed_everything",
-           "check_max_steps", "saved_position"]
-
-#: what a run does to its directory: starts it, continues it there, continues it in a new one,
-#: or writes nothing (validation only)
-FRESH, RESUMED, FORKED, EVALUATE = "fresh", "resumed", "forked", "evaluate"
+from .build import build_data, build_model, check_fits, check_model
+from .rundir import EVALUATE, FORKED, FRESH, RESUMED, RunDir
+from .settings import check_max_steps, saved_position
 
 
 @dataclass(frozen=True)
 class Supplied:
-    """What a caller hands over instead of the config's names (``tandem.fit``): a model,
+    """What ``tandem.fit`` (``by_fit``) hands over instead of the config's names: a model,
     the data sets ``(train, val, info)`` and a criterion; ``None``: built as configured."""
 
     model: nn.Module | None = field(default=None, repr=False)
     data: tuple | None = field(default=None, repr=False)
     criterion: Callable | None = field(default=None, repr=False)
+    by_fit: bool = False
+
+    @property
+    def handed(self) -> bool:
+        return any(x is not None for x in (self.model, self.data, self.criterion))
 
 
 @dataclass(frozen=True)
@@ -85,11 +75,12 @@ class RunPlan:
     supplied: Supplied = field(default_factory=Supplied)
     race: dict | None = None  # --strategy auto's record: its table, choice and reason
     opening: tuple[str, ...] = ()  # lines the command line says as the run starts (--dummy)
-    # the config's data sets (train, val, info) as read for the race, which the build then
-    # takes instead of reading them again; None: the build reads them
+    # the data sets (train, val, info) the race read, which the build takes (None: it reads)
     data: tuple | None = field(default=None, repr=False)
     # the job's decisions (tandem.distributed.agree); one process: its own
     agreement: Agreement = field(default=LOCAL, repr=False)
+    place: Place = field(default_factory=Place, repr=False)  # the environment, read once
+    precision: Precision = Precision("cpu")  # what --amp is on the strategy's device
 
     @property
     def resume_path(self) -> str | None:
@@ -98,18 +89,21 @@ class RunPlan:
 
 def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
                supplied: Supplied = Supplied(), opening: tuple[str, ...] = (),
-               job: Job | None = None) -> RunPlan | str:
-    """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed; ``opening``:
-    :attr:`RunPlan.opening`); or, for a complete run, the one line to print instead.
+               job: Job | None = None, environ: Environment = Environment()) -> RunPlan | str:
+    """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed, who then
+    gets a one-process strategy's multi-process form under torchrun; ``opening``:
+    :attr:`RunPlan.opening`; ``environ``: the process's variables, as read once); or, for a
+    complete run, the line to print instead (empty on a process that does not print).
 
-    Under several processes (``job``: the run's :class:`~tandem.distributed.process_group.
-    Job`) the plan joins the job's group once its own flags pass, and every decision the
-    ranks share is made through the job's agreement: the checkpoint to continue and what
-    rank 0's run directory allows (rank 0's), the settings (every rank's against rank 0's,
-    before any step or race), the race."""
-    settings.check_launchable(cfg, given)  # a one-process strategy under torchrun: one line
-    agreement = job.join() if job is not None else LOCAL
-    cfg, ckpt, notes = settings.resumed_config(cfg, given, agreement)
+    Under several processes (``job``) the plan joins the job's group once its own flags pass,
+    and the ranks share every decision through the job's agreement: the checkpoint and what
+    rank 0's run directory allows (rank 0's), the settings (every rank's against rank 0's),
+    the race."""
+    place = place_of(environ)
+    cfg, given = _by_fit_under_launch(cfg, given, supplied, place)
+    settings.check_launchable(cfg, given, place)  # a one-process strategy under torchrun
+    agreement = job.join(place.dist) if job is not None else LOCAL
+    cfg, ckpt, notes = settings.resumed_config(cfg, given, place, agreement)
     newer = None
     if ckpt is not None:
         _check_handed(cfg, ckpt, supplied)
@@ -129,12 +123,12 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         note = None
         if ckpt is not None and settings.is_foreign(ckpt):  # as the example's own -e
             cfg, note = settings.eval_settings(cfg, given, cfg.run.resume)
-        return plan_eval(cfg, ckpt, [n for n in (newer, note) if n], supplied)
+        return plan_eval(cfg, ckpt, [n for n in (newer, note) if n], supplied, environ)
     if ckpt is not None:
-        line = complete_line(cfg, ckpt, given, by_fit=supplied != Supplied())
+        line = complete_line(cfg, ckpt, given, place.restart, by_fit=supplied.handed)
         if line is not None:
-            return line
-        check_launched(cfg, ckpt, given)
+            return line if place.main else ""
+        check_launched(cfg, ckpt, given, place)
     run, source = RunDir(cfg.run.out), None
     continues = ckpt is not None and not settings.is_foreign(ckpt)
     if continues:
@@ -143,44 +137,90 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     # the flags first (a bad --devices is the mistake to name, not the run already in --out);
     # the race, which takes seconds, only once the run directory is known to take the run
     racing = auto.is_resolver(cfg.parallel.strategy)
-    parse_device_spec(cfg.parallel.devices, "devices")
-    strategy = None if racing else _strategy(cfg.parallel, cfg.model, supplied.model,
+    kind = _device_kind(cfg.parallel)
+    cfg, precision, _ = _precision(cfg, kind, place, keeps=cfg.run.resume if continues else None)
+    strategy = None if racing else _strategy(cfg.parallel, cfg.model, place, supplied.model,
                                              agreement)
-    agreement.settings({**cfg.job_settings(), "device": _device_kind(cfg.parallel)})
+    agreement.settings({**cfg.job_settings(), "device": kind})
 
     def run_dir_allows() -> None:  # the run directory is rank 0's alone (no shared disk)
         if mode != RESUMED:
             run.check_fresh(cfg.run.overwrite)
         run.check_writable()
-        runlock.check_free(run)  # another run writes there: refused, --overwrite or not
+        runlock.check_free(run, place)  # another run writes there: refused, --overwrite or not
 
     agreement.rank0(run_dir_allows)
     race = data = None
     if racing:  # --strategy auto: race now, once
         with auto.rng_kept():
-            cfg, race, data = _race(cfg, supplied, agreement)
-        strategy = _strategy(cfg.parallel, cfg.model, supplied.model, agreement)
+            cfg, race, data = _race(cfg, supplied, agreement, place, precision)
+        strategy = _strategy(cfg.parallel, cfg.model, place, supplied.model, agreement)
     cfg = _backward_recorded(cfg, strategy)
     strategy.split.check_fits(cfg.optim.batch_size)
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
-    if cfg.parallel.amp and cfg.parallel.amp_dtype is None and ckpt is None:
-        # the config records what --amp resolved to here (bf16 on a CPU), not null
-        dtype = amp_precision(strategy.device.type, True, cpu_bf16=cpu_bf16_override()).amp_dtype
-        cfg = replace(cfg, parallel=replace(cfg.parallel, amp_dtype=dtype))
     return RunPlan(cfg, strategy, mode, run, source, ckpt, tuple(notes), given, supplied,
-                   race=race, opening=tuple(opening), data=data, agreement=agreement)
+                   race=race, opening=tuple(opening), data=data, agreement=agreement,
+                   place=place, precision=precision)
 
 
-def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(),
-              supplied: Supplied = Supplied()) -> RunPlan:
+def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(), supplied: Supplied = Supplied(),
+              environ: Environment = Environment(), fall_back: bool = False) -> RunPlan:
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing, and
-    ``--strategy auto`` validates with the simplest strategy that can (no race)."""
+    ``--strategy auto`` validates with the simplest strategy that can (no race). With
+    ``fall_back``, an ``--amp`` that cannot run here validates in float32, said in a note."""
+    place = place_of(environ)
+    cfg, precision, instead = _precision(cfg, _device_kind(cfg.parallel), place,
+                                         fall_back=fall_back)
     if auto.is_resolver(cfg.parallel.strategy):
-        cfg = replace(cfg, parallel=_simplest(cfg.parallel, cfg.model, supplied.model))
-    strategy = _strategy(cfg.parallel, cfg.model, supplied.model)
+        cfg = replace(cfg, parallel=_simplest(cfg.parallel, cfg.model, place, supplied.model))
+    strategy = _strategy(cfg.parallel, cfg.model, place, supplied.model)
     resolve_decode(cfg.data.decode, strategy.device)  # --decode gpu without CUDA: one line
-    return RunPlan(cfg, strategy, EVALUATE, checkpoint=ckpt, notes=tuple(notes),
-                   supplied=supplied)
+    return RunPlan(cfg, strategy, EVALUATE, checkpoint=ckpt,
+                   notes=(*notes, *([instead] if instead else [])), supplied=supplied,
+                   place=place, precision=precision)
+
+
+def _by_fit_under_launch(cfg: TrainConfig, given: frozenset[str], supplied: Supplied,
+                         place: Place) -> tuple[TrainConfig, frozenset[str]]:
+    """Under torchrun, ``tandem.fit``'s one-process strategy becomes its multi-process form
+    (or the plain one), one device per process of the kind asked for, said on rank 0;
+    ``auto`` keeps its name (the plan races the multi-process candidates)."""
+    asked = cfg.parallel.strategy
+    name = asked if auto.is_resolver(asked) else auto.under_launch(asked)
+    if not supplied.by_fit or not place.torchrun or (name == asked and
+                                                     not auto.is_resolver(asked)):
+        return cfg, given
+    kind = _device_kind(cfg.parallel)
+    if not auto.is_resolver(asked) and place.main:
+        print(f"under torchrun: strategy {name} on {kind}, one process per device "
+              f"(instead of {asked} on {cfg.parallel.devices})", flush=True)
+    parallel = replace(cfg.parallel, strategy=name, devices=kind)
+    return replace(cfg, parallel=parallel), given | {"strategy", "devices"} - (
+        {"strategy"} if auto.is_resolver(asked) else set())
+
+
+def _precision(cfg: TrainConfig, kind: str, place: Place, keeps: str | None = None,
+               fall_back: bool = False) -> tuple[TrainConfig, Precision, str | None]:
+    """What ``--amp`` is on devices of ``kind``, decided once for the run; the config records
+    what it resolved to. Where it cannot run, one line; ``keeps``: the path of the run
+    resumed, which keeps its precision; ``fall_back``: float32 instead, and the line saying so."""
+    p = cfg.parallel
+    try:
+        precision = amp_precision(kind, p.amp, p.amp_dtype, cpu_bf16=place.cpu_bf16)
+    except UsageError as refusal:
+        if fall_back:
+            return (replace(cfg, parallel=replace(p, amp=False, amp_dtype=None)), Precision(kind),
+                    f"precision: float32 (the run's {amp_flags(p.amp_dtype)} cannot run on {kind})")
+        if keeps is None:
+            raise
+        why = "fp16 autocast is for CUDA" if p.amp_dtype == "fp16" else refusal.marked
+        raise UsageError(f"'{keeps}' trains with {amp_flags(p.amp_dtype)}, which cannot run on "
+                         f"{kind} ({why}); a run keeps its precision",
+                         hint="resume it on a device where it runs (`tandem eval` scores it "
+                              "here, in float32)") from None
+    if p.amp and p.amp_dtype is None and not cfg.run.resume:
+        cfg = replace(cfg, parallel=replace(p, amp_dtype=precision.amp_dtype))  # bf16 on a CPU
+    return cfg, precision, None
 
 
 # -- a resume with nothing to do, or that needs what it was handed or its launcher --------------
@@ -218,21 +258,15 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
                           f"`tandem train --resume {target} {flags}` ({meaning})")
 
 
-def saved_position(ckpt: dict) -> tuple[int, int, int | None]:
-    """Epochs done, batches of the next one done and optimizer steps (``None``: not saved)."""
-    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
-    return int(position["epoch"]), int(position["batch"]), position.get("step")
-
-
-def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str],
+def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str], restart: int = 0,
                   by_fit: bool = False) -> str | None:
     """The one line to print, instead of training, when the resumed run has done all its
-    epochs (``None`` while it has not); ``by_fit``: it was resumed by ``tandem.fit``, which
-    the line then names. ``--epochs`` and ``--max-steps`` behind where it stands are
-    refused: the one would shorten what is done, the other would stop before it."""
+    epochs (``None`` while it has not; ``restart``: torchrun's count; ``by_fit``: resumed by
+    ``tandem.fit``, which the line then names). ``--epochs`` and ``--max-steps`` behind where
+    it stands are refused: the one would shorten what is done, the other stop before it."""
     epoch, batch, step = saved_position(ckpt)
     path, epochs, saved = cfg.run.resume, cfg.optim.epochs, ckpt.get("config")
-    target, name = _named(path, ckpt)
+    target, name = settings.resume_target(path, ckpt)
     if "epochs" in given and epochs < epoch + (1 if batch else 0):
         done = (f"{epoch} epoch{'' if epoch == 1 else 's'}"
                 + (f" and {batch} batches of epoch {epoch + 1}" if batch else ""))
@@ -249,7 +283,7 @@ def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str],
         return (f"{name} is complete ({where}); to train it further, give it more epochs: "
                 f"{again} --epochs N (N > {epoch})")
     if step is not None:
-        check_max_steps(cfg, ckpt, step)
+        check_max_steps(cfg, ckpt, step, restarted=restart > 0)
     return None
 
 
@@ -263,32 +297,12 @@ def _needed_flags(cfg: TrainConfig, saved: dict, given: frozenset[str]) -> str:
     return "".join(f" {flag} {value}" for flag, value in flags)
 
 
-def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int) -> None:
-    """Refuse a ``--max-steps`` that the resumed run, at optimizer step ``step``, has reached
-    (it counts the run's steps from its start, not this invocation's). A torchrun restart
-    runs the command line that reached it: there the loop says there is nothing to train."""
-    max_steps = cfg.optim.max_steps
-    if max_steps is not None and max_steps <= step and not restart_count():
-        flag = param("max_steps")
-        raise UsageError(f"{flag} {max_steps}: {_named(cfg.run.resume, ckpt)[1]} has "
-                         f"already made {step} optimizer steps ({flag} counts them from "
-                         f"the run's start); give more, e.g. {flag} {step + max_steps} "
-                         f"for {max_steps} more")
-
-
-def _named(path: str, ckpt: dict) -> tuple[str, str]:
-    """What to give ``--resume`` for ``path`` and what to call it: ``run 'RUN'`` for a run's
-    latest checkpoint, else the file."""
-    target = rundir.target_of(path) if isinstance(ckpt.get("config"), dict) else path
-    return target, (f"run '{target}'" if target != path else f"'{path}'")
-
-
-def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> None:
+def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str], place: Place) -> None:
     """A multi-process run resumed outside its launcher: say how many processes it ran, the
     command that launches them, and a strategy that continues it in this one process."""
     saved, cls = ckpt.get("config"), strategy_class(cfg.parallel.strategy)
     if not isinstance(saved, dict) or "strategy" in given or not cls.multiprocess or \
-            in_torchrun():
+            place.torchrun:
         return
     target = rundir.target_of(cfg.run.resume)
     out = f" --out {cfg.run.out}" if "out" in given else ""
@@ -312,55 +326,12 @@ def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str]) -> None:
                      f"{out} --strategy {alone[0]} --devices {devices}`")
 
 
-# -- the strategy -------------------------------------------------------------------------------
-def check_model(strategy: Strategy, model: nn.Module) -> None:
-    """Refuse a model ``strategy`` cannot train, in one line."""
-    problem = strategy.check_model(model, **strategy.options)
-    if problem:
-        raise UsageError(f"{param('strategy')} {strategy.name} {problem}")
-
-
-def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name: str,
-               output_key=None, handed: bool = False) -> None:
-    """Refuse, in one line, a model that cannot train on the data set before anything is
-    written: one that cannot take its inputs (flat vectors into a conv net), or that gives
-    fewer outputs than there are classes (a factory that ignores ``num_classes``: else the
-    loss fails deep inside, ``Target 5 is out of bounds``). One forward of a batch of one zero
-    input of the data's shape, in eval mode (no state changes); ``name``: the data's;
-    ``handed``: the model was handed to ``tandem.fit`` (else a factory built it)."""
-    shape = getattr(dataset, "shape", None)
-    if shape is None:
-        return
-    x = torch.zeros((1, *shape), dtype=dtype)
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()
-            out = model(x)
-    except (RuntimeError, ValueError) as exc:  # shape and size mismatches
-        raise UsageError(f"the model cannot take {getattr(dataset, 'name', name)}'s inputs: it "
-                         f"got a batch of shape {tuple(x.shape)} (inputs of shape "
-                         f"{tuple(shape)}) and raised {type(exc).__name__}: {first_line(exc)}"
-                         ) from None
-    finally:
-        model.train(was_training)
-    logits = pick_output(out, output_key)
-    width = logits.shape[1] if logits.dim() >= 2 else 1
-    if width < classes:
-        remedy = (f"hand tandem.fit a model with {classes} outputs" if handed else
-                  f"build the model with num_classes outputs (the factory is called with "
-                  f"num_classes={classes})")
-        raise UsageError(f"the model gives {width} output{'s' if width != 1 else ''} per "
-                         f"sample, but {name} has {classes} classes (targets 0 to "
-                         f"{classes - 1})", hint=remedy)
-
-
-def _split(cfg: ParallelConfig) -> dict:
+def _split(cfg: ParallelConfig, place: Place) -> dict:
     """The strategy's ``split`` and ``max_share`` keywords (none when not asked for)."""
     if cfg.split is None and cfg.max_share is None:
         return {}
     return {"split": None if cfg.split is None else parse_split(cfg.split),
-            "max_share": cfg.max_share, "split_clock": clock_from_spec(split_clock())}
+            "max_share": cfg.max_share, "split_clock": clock_from_spec(place.split_clock)}
 
 
 def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
@@ -389,24 +360,28 @@ def _device_kind(cfg: ParallelConfig) -> str:
     return parse_device_spec(cfg.devices, "--devices")[0].type
 
 
-def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
+def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig, place: Place,
               model: nn.Module | None = None, agreement: Agreement = LOCAL) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
-    ``model`` (else ``model_cfg.arch``) with the options asked for."""
+    ``model`` (else ``model_cfg.arch``) with the options asked for; a multi-process one is
+    placed by torchrun's variables (the job's, else read from ``place`` now: one line if not
+    there)."""
     devices = parse_device_spec(cfg.devices, "--devices")
+    extra = _split(cfg, place)
+    if strategy_class(cfg.strategy).multiprocess:
+        extra["env"] = agreement.env or read_env(place.environ,
+                                                 who=f"{param('strategy')} {cfg.strategy}")
     strategy = create_strategy(cfg.strategy, devices, sync_bn=cfg.sync_bn, buffers=cfg.buffers,
                                output_key=model_cfg.output_key,
                                options=dataclasses.asdict(model_cfg),
                                backward_threads=_backward_threads(cfg, devices),
-                               agreement=agreement, **_split(cfg))
+                               agreement=agreement, **extra)
     if (cfg.split or cfg.max_share) and not strategy.splits_batch:
         flag = "--split" if cfg.split else "--max-share"
         raise UsageError(f"{flag} needs a strategy that splits the batch "
                          f"({', '.join(strategy_names(splits_batch=True))}), not --strategy "
                          f"{cfg.strategy}")
     strategy.split.check_weights("--split")
-    amp_precision(strategy.device.type, cfg.amp, cfg.amp_dtype,  # one line where it cannot run
-                  cpu_bf16=cpu_bf16_override())
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
     if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (build)
@@ -417,26 +392,26 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig,
     return strategy
 
 
-def _refusal(parallel: ParallelConfig, model_cfg: ModelConfig,
+def _refusal(parallel: ParallelConfig, model_cfg: ModelConfig, place: Place,
              model: nn.Module | None) -> str | None:
     """Why the plan's checks refuse ``parallel``'s strategy for the model (one line, its
     parameters still marked), else ``None``."""
     try:
         with warnings.catch_warnings():  # single on several devices: the caller says so
             warnings.simplefilter("ignore")
-            _strategy(parallel, model_cfg, model)
+            _strategy(parallel, model_cfg, place, model)
     except UsageError as exc:
         return quoted(exc)
     return None
 
 
-def _simplest(parallel: ParallelConfig, model_cfg: ModelConfig,
+def _simplest(parallel: ParallelConfig, model_cfg: ModelConfig, place: Place,
               model: nn.Module | None) -> ParallelConfig:
     """``parallel`` with the simplest candidate the plan's checks accept; refused, with the
     first refusal, when none does."""
     refusals = []
     for name in auto.simplest_first():
-        why = _refusal(replace(parallel, strategy=name), model_cfg, model)
+        why = _refusal(replace(parallel, strategy=name), model_cfg, place, model)
         if why is None:
             return replace(parallel, strategy=name)
         refusals.append(why)
@@ -444,8 +419,8 @@ def _simplest(parallel: ParallelConfig, model_cfg: ModelConfig,
 
 
 # -- --strategy auto's race ---------------------------------------------------------------------
-def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement
-          ) -> tuple[TrainConfig, dict, tuple | None]:
+def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement, place: Place,
+          precision: Precision) -> tuple[TrainConfig, dict, tuple | None]:
     """``cfg`` with ``auto`` raced and replaced by the choice (and, for ``single``, the one
     device it drives); the race's record; the data sets read for it (``None``: handed over).
     Prints the race's block. The caller keeps every RNG as it was (:func:`auto.rng_kept`)."""
@@ -464,7 +439,7 @@ def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement
     split = None if p.split is None else parse_split(p.split)
 
     def check(name: str) -> str | None:  # the run's own refusals (--compile, --split)
-        return _refusal(replace(p, strategy=name), cfg.model, supplied.model)
+        return _refusal(replace(p, strategy=name), cfg.model, place, supplied.model)
 
     options = dataclasses.asdict(cfg.model)
     processes = agreement.world_size
@@ -472,8 +447,7 @@ def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement
         print(auto.process_race_line(processes, p.auto_steps), flush=True)
     result = auto.resolve(
         devices, model, (images, targets), options=options, check=check,
-        amp=amp_precision(devices[0].type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()),
-        lr=cfg.optim.lr,
+        amp=precision, lr=cfg.optim.lr,
         channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
         rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size),
         agreement=agreement)
@@ -499,15 +473,6 @@ def _batch(train_set, info, classes: int, size: int, dtype) -> tuple[torch.Tenso
             torch.randint(0, classes, (size, *target), generator=generator))
 
 
-# -- what the config names: its data sets and its model -------------------------------------------
-def build_data(cfg, seed: int, splits: tuple[str, ...] = ("train", "val")):
-    """The data sets ``cfg`` (a :class:`~tandem.config.DataConfig`) names: ``(train, val,
-    info)``, as built (decoded where ``--decode`` says only by the build)."""
-    return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
-                        synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
-                        splits=splits, reprob=cfg.reprob)
-
-
 def check_drop_path(cfg: ModelConfig, model: nn.Module | None = None) -> None:
     """Refuse, in one line, ``--drop-path`` for a model it cannot reach: one handed over
     (``model``), or one of the zoo without residual blocks (a factory's gets ``drop_path=``)."""
@@ -524,22 +489,3 @@ def check_drop_path(cfg: ModelConfig, model: nn.Module | None = None) -> None:
                          f"that take it: {', '.join(takers)}")
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
-    """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
-    minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
-    if info.image_size < minimum:
-        raise UsageError(f"{param('arch')} {cfg.arch} needs images of at least {minimum}px, "
-                         f"but {info.name} gives {info.image_size}px (set "
-                         f"{param('image_size')})")
-    kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
-    if cfg.drop_path:
-        kwargs["drop_path"] = cfg.drop_path
-    seed_everything(seed)
-    return create_model(cfg.arch, num_classes=info.num_classes, in_channels=info.in_channels,
-                        **kwargs)

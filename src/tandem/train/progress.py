@@ -14,9 +14,6 @@ from tqdm import tqdm
 
 from .metrics import MIXED_WORDS
 
-__all__ = ["Progress"]
-
-
 class Progress:
     """Shows loss, accuracy and images/s while an epoch trains.
 

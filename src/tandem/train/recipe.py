@@ -1,10 +1,7 @@
-"""What a run's config makes of the training recipe (:mod:`tandem.optim`): the optimizer with
-its groups and scaled learning rate, the gradient clip and the EMA of the weights, and the
-line saying how ``--lr-scale`` set the learning rate (part of :mod:`.build`).
-
-Each norm these take is the plain model's, from the strategy
-(:meth:`~tandem.strategies.Strategy.plain_norms`): the loop then computes the one device's
-update under every strategy, split layers and processes included.
+"""What a run's config makes of the training recipe (:mod:`tandem.optim`): the optimizer with its
+groups and scaled learning rate, the gradient clip and the EMA, each by the plain model's norms
+(:meth:`~tandem.strategies.Strategy.plain_norms`), so every strategy computes one device's
+update.
 """
 
 from __future__ import annotations
@@ -15,9 +12,6 @@ from torch import nn
 from tandem.config import OptimConfig
 from tandem.optim import GradClip, ModelEma, create_optimizer, lr_scaled
 from tandem.plain_norms import PlainNorms
-
-__all__ = ["images_per_step", "scaled_lr", "lr_line", "make_optimizer", "make_clip", "make_ema"]
-
 
 def images_per_step(cfg: OptimConfig) -> int:
     """The images one optimizer step takes: the global batch times ``--accum-steps``."""

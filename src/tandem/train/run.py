@@ -16,16 +16,13 @@ import torch
 
 from tandem import checkpoint, cpu_malloc
 from tandem.config import TrainConfig
-from tandem.distributed.env import (cpu_bf16_override, is_main_process, restart_count,
-                                    speaks_for_node)
-from tandem.distributed.env import Environment, dist_timeout
+from tandem.distributed.env import Environment
 from tandem.distributed.faults import ABORTS
 from tandem.distributed.launch_state import LaunchState
 from tandem.distributed.process_group import Job
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import UsageError
 from tandem.model_state import load_plain_state_dict
-from tandem.precision import amp_precision
 from tandem.strategies.outputs import label_smoothing
 
 from . import runlock, settings
@@ -34,20 +31,19 @@ from .interrupt import StopRequest
 from .loop import Trainer
 from .writer import Writer
 from .metrics import MetricsLog, eval_scores
-from .plan import EVALUATE, FORKED, FRESH, RESUMED, RunPlan, plan_train
+from .plan import RunPlan, plan_train
 from .recipe import lr_line
-
-__all__ = ["train", "execute", "validate", "warm_up", "describe_compile"]
+from .rundir import EVALUATE, FORKED, FRESH, RESUMED
 
 
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
-          opening: tuple[str, ...] = ()) -> int:
+          opening: tuple[str, ...] = (), environ: Environment = Environment()) -> int:
     """``tandem train``: fit (or only validate). ``given``: fields typed on the command line;
-    ``opening``: lines the command line has to say as the run starts. Under several processes
-    the run is the job's (:class:`~tandem.distributed.process_group.Job`): its plan joins the
-    job's group, which is left at the end."""
+    ``opening``: lines the command line has to say as the run starts; ``environ``: the
+    process's variables, as read once. Under several processes the run is the job's
+    (:class:`~tandem.distributed.process_group.Job`), left at the end."""
     with Job() as job:  # every check, before anything is done
-        execute(plan_train(cfg, given, opening=opening, job=job))
+        execute(plan_train(cfg, given, opening=opening, job=job, environ=environ))
     return 0
 
 
@@ -56,14 +52,15 @@ def execute(plan: RunPlan | str) -> dict | None:
     metrics row (the validation's figures with ``-e``), on the main process, else ``None``.
     A supplied model is left holding the final weights."""
     if isinstance(plan, str):  # a complete run: one line, from the first process
-        if is_main_process():
+        if plan:
             print(plan, flush=True)
         return None
     if plan.mode == EVALUATE:
         return _print_validation(plan)
     # the main process holds the run directory's lock from before it writes until the end
-    locked = runlock.held(plan.run_dir) if plan.strategy.is_main else contextlib.nullcontext()
-    cpu_malloc.tune()  # a process that trains keeps its step's memory (tandem.cpu_malloc)
+    locked = (runlock.held(plan.run_dir, plan.place) if plan.strategy.is_main else
+              contextlib.nullcontext())
+    cpu_malloc.tune(plan.place.malloc_default)  # a process that trains keeps its step's memory
     with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
         parts = build(plan)
         start, notes = resumed(plan, parts)
@@ -72,7 +69,7 @@ def execute(plan: RunPlan | str) -> dict | None:
         log = open_run_dir(plan, trainer, notes)
         if strategy.is_main:
             say_starting(plan, trainer)
-        with StopRequest(quiet=not speaks_for_node(), when=strategy.stops_when) as stop:
+        with StopRequest(quiet=not plan.place.speaks, when=strategy.stops_when) as stop:
             records = trainer.fit(log, stop)
         if plan.supplied.model is not None:
             load_plain_state_dict(plan.supplied.model, strategy.state_dict(trainer.model))
@@ -89,14 +86,14 @@ def _run_facts(plan: RunPlan, start: dict) -> dict:
     strategy, out = plan.strategy, plan.cfg.run.out
     position = start.get("position")
     kept = position.step if plan.mode == RESUMED and position is not None else None
-    state = LaunchState.of_worker(Environment.read(), speaks_for_node())
+    state = LaunchState.of_worker(plan.place.environ, plan.place.speaks)
     if state is not None:
         state.update(run=out, checkpoint=plan.run_dir.latest, saved_step=kept,
                      speaker=strategy.rank,
                      aborts=strategy.failure_model == ABORTS,
                      peers={str(r): list(p) for r, p in strategy.agreement.peers.items()},
-                     resume=resume_command_here(out, strategy.multiprocess, this_node=True))
-    slow = dist_timeout() if strategy.multiprocess else None
+                     resume=resume_command_here(out, strategy.agreement.env, this_node=True))
+    slow = strategy.agreement.env.timeout if strategy.multiprocess else None
     told = state.saved if state is not None and strategy.is_main else None
     return {"kept_at_start": kept, "writer": Writer(slow_after=slow, on_written=told),
             "launch_state": state}
@@ -116,15 +113,15 @@ def open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsLo
     if plan.mode == FORKED:
         run.fork_from(plan.source)
     if plan.checkpoint is not None:
-        _say_resuming(trainer, plan.resume_path, notes)
+        _say_resuming(trainer, plan.resume_path, notes, plan.place.restart)
     if plan.mode != RESUMED:  # a resume's changes go in with its next checkpoint (Trainer.save)
         run.write_config(trainer.config_dict)
     return run.metrics_log(keep_epochs=None if plan.mode == FRESH else trainer.position.epoch)
 
 
-def _say_resuming(trainer: Trainer, path: str, notes: list[str]) -> None:
-    """The ``resuming`` line (naming a torchrun restart), then one line per accepted change."""
-    pos, restarts = trainer.position, restart_count()
+def _say_resuming(trainer: Trainer, path: str, notes: list[str], restarts: int) -> None:
+    """The ``resuming`` line (naming torchrun's ``restarts``), then one line per change."""
+    pos = trainer.position
     print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
           f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
           + (f" (torchrun restart {restarts})" if restarts else ""), flush=True)
@@ -142,9 +139,7 @@ def say_starting(plan: RunPlan, trainer: Trainer) -> None:
         size = trainer.config_dict["resolved"]["dataset"]["image_size"]
         lines += [settings.size_line(cfg, plan.given, size),
                   *settings.example_block(cfg, plan.given)]
-    p = cfg.parallel
-    lines.append(settings.precision_line(amp_precision(
-        plan.strategy.device.type, p.amp, p.amp_dtype, cpu_bf16=cpu_bf16_override()), " (--amp)"))
+    lines.append(settings.precision_line(plan.precision, " (--amp)"))
     lines.append(lr_line(cfg.optim))
     for line in lines:
         if line:
@@ -178,7 +173,8 @@ def validate(plan: RunPlan) -> dict:
                           model=prepared_model(plan, cfg, info, val_set),
                           criterion=make_criterion(cfg.optim, strategy, plan.supplied.criterion),
                           optimizer=None, scheduler=None, scaler=None, train_set=None,
-                          val_set=val_set, batches_per_epoch=0, config_dict={})
+                          val_set=val_set, batches_per_epoch=0, config_dict={},
+                          precision=plan.precision)
         seconds = _compile_now(trainer, train=False)
         val = trainer.validate()
         smoothing = label_smoothing(trainer.criterion)
@@ -187,9 +183,7 @@ def validate(plan: RunPlan) -> dict:
                 "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
                 "count": val.count, "compile_seconds": seconds,
                 "is_main": strategy.is_main, "image_size": info.image_size,
-                "precision": settings.precision_line(amp_precision(
-                    strategy.device.type, cfg.parallel.amp, cfg.parallel.amp_dtype,
-                    cpu_bf16=cpu_bf16_override()))}
+                "precision": settings.precision_line(plan.precision)}
 
 
 # -- --compile: compiled before the clock starts ---------------------------------------------------

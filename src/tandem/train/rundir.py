@@ -15,7 +15,6 @@ import shutil
 
 from tandem.config import FIXED, MAY_CHANGE, PER_CALL, SECTIONS, TrainConfig, flag_of
 from tandem.data.load import GIVEN_DATA
-from tandem.distributed.env import is_main_process
 from tandem.distributed.resume_command import resume_command
 from tandem.errors import UsageError, param
 from tandem.factory import is_reference, rebuildable
@@ -25,8 +24,9 @@ from tandem.strategies import strategy_class
 from .metrics import MetricsLog
 from .tensorboard import TensorBoard
 
-__all__ = ["RunDir", "checkpoint_path", "target_of", "command", "resume_config", "stands_in",
-           "handed_to_fit", "example_file_note"]
+#: what a run does to its directory: starts it, continues it there, continues it in a new one,
+#: or writes nothing (validation only)
+FRESH, RESUMED, FORKED, EVALUATE = "fresh", "resumed", "forked", "evaluate"
 
 
 class RunDir:
@@ -222,8 +222,9 @@ def _show(value) -> str:
 
 
 def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
-                  path: str) -> tuple[TrainConfig, list[str]]:
-    """The config to continue the run whose checkpoint at ``path`` holds ``saved``.
+                  path: str, main: bool = True) -> tuple[TrainConfig, list[str]]:
+    """The config to continue the run whose checkpoint at ``path`` holds ``saved`` (``main``:
+    this process writes the run).
 
     Returns it and one line per accepted change. Without ``saved`` (a foreign checkpoint) the
     command line rules and only ``arch`` comes from the file.
@@ -256,7 +257,7 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
     source = RunDir.of(path)
     out = cfg.run.out if "out" in given else source.path
     # -e (main.py's `-e --resume RUN/best.pt`) writes nothing; only the main process writes
-    if not cfg.run.evaluate and is_main_process():
+    if not cfg.run.evaluate and main:
         _check_rollback(path, RunDir(out), saved)
     if not RunDir(out).same(source):
         notes.append(f"--out {out}: a new run directory, forked from '{source.path}'")

@@ -1,13 +1,10 @@
 """One run at a time in a run directory: ``RUN/run.lock`` names the process that writes there.
 
-The main process (rank 0) takes the lock before it writes anything and removes it when the run
-ends, however it ends (an exception, Ctrl-C). While it runs it holds an OS lock on the file
-(``flock``), which the kernel releases when the process dies, however it dies; the file's record
-(pid, host, launch) names the owner in messages, and is what a process on another host, or on a
-file system without ``flock``, goes by. A second run into a directory in use is refused in one
-line, ``--overwrite`` or not. A lock left by a process that has ended on this host is taken
-over, and the run says so; so is one of this very launch (a torchrun restart under
-``--max-restarts``, or another rank of it), matched by ``TANDEM_LAUNCH_ID`` or torchrun's agent.
+The main process takes the lock before it writes and removes it however the run ends, holding
+an OS lock (``flock``) that the kernel releases when the process dies; the record (pid, host,
+launch) names the owner. A second run there is refused in one line, ``--overwrite`` or not; a
+lock of an ended process on this host, or of this very launch (a torchrun restart, another
+rank), is taken over.
 """
 
 from __future__ import annotations
@@ -20,21 +17,19 @@ import socket
 import time
 from typing import IO
 
-from tandem.distributed.env import in_torchrun, launch_id, torchrun_run_id
+from tandem.distributed.env import Place
 from tandem.errors import UsageError
 
 from .rundir import RunDir
 
-__all__ = ["check_free", "check_saved", "held"]
 
-
-def _me() -> dict:
+def _me(place: Place) -> dict:
     """What the lock file says about its owner: pid, host, and the launch it belongs to
     (``tandem launch``'s id, else a torchrun rendezvous id; ``agent``: torchrun's process)."""
-    run_id = torchrun_run_id()
+    run_id = place.run_id
     return {"pid": os.getpid(), "host": socket.gethostname(),
-            "launch": launch_id() or (run_id if run_id != "none" else None),
-            "agent": os.getppid() if in_torchrun() else None}
+            "launch": place.launch_id or (run_id if run_id != "none" else None),
+            "agent": os.getppid() if place.torchrun else None}
 
 
 def _read(run: RunDir) -> dict | None:
@@ -114,9 +109,14 @@ def _owner(run: RunDir) -> dict | None:
     return owner
 
 
-def check_free(run: RunDir) -> None:
-    """Refuse, in one line, a run into ``run`` while another run writes there."""
-    owner, me = _owner(run), _me()
+def check_free(run: RunDir, place: Place = Place()) -> None:
+    """Refuse, in one line, a run into ``run`` while another run writes there (``place``:
+    this process's, which may share the lock with its launch)."""
+    _check_free(run, _me(place))
+
+
+def _check_free(run: RunDir, me: dict) -> None:
+    owner = _owner(run)
     if owner is None or _same_launch(owner, me) or _stale(run, owner, me):
         return
     if not owner.get("pid"):
@@ -127,14 +127,14 @@ def check_free(run: RunDir) -> None:
                      f"remove {run.lock_file})")
 
 
-def check_saved(resume: str) -> None:
+def check_saved(resume: str, place: Place = Place()) -> None:
     """Refuse, in one line, ``--resume RUN`` of a run directory that holds no checkpoint yet
     while another process writes there: naming that process (as the lock records it), not
     the missing file."""
     run = RunDir(resume)
     if not os.path.isdir(resume) or os.path.isfile(run.latest):
         return
-    owner, me = _owner(run), _me()
+    owner, me = _owner(run), _me(place)
     if not owner or _same_launch(owner, me) or _stale(run, owner, me):
         return
     raise UsageError(f"run '{run.path}' is in use by {_who(owner)} (its {RunDir.LOCK}) and has "
@@ -190,7 +190,7 @@ def _take(run: RunDir, me: dict) -> tuple[IO, str | None]:
             return placed, None
         owner = _owner(run) or {}
         if not (_same_launch(owner, me) or _stale(run, owner, me)):
-            check_free(run)  # taken meanwhile: refuse, naming its owner
+            _check_free(run, me)  # taken meanwhile: refuse, naming its owner
         os.replace(temp, run.lock_file)  # atomic: a reader sees the old owner or the new one
         if _same_launch(owner, me):
             return f, None
@@ -204,13 +204,13 @@ def _take(run: RunDir, me: dict) -> tuple[IO, str | None]:
 
 
 @contextlib.contextmanager
-def held(run: RunDir):
+def held(run: RunDir, place: Place = Place()):
     """Hold ``run``'s lock while the block runs (the run directory is created if needed, and
     removed again if it is left empty); the lock is removed on the way out, whatever ends
     the block, and the OS lock released with it (the kernel releases it if the process dies)."""
     made = not os.path.isdir(run.path)
     run.create()
-    me = _me()
+    me = _me(place)
     f, line = _take(run, me)
     if line:
         print(line, flush=True)

@@ -14,8 +14,6 @@ import torch
 
 from tandem.config import OptimConfig
 
-__all__ = ["make_scheduler", "lr_factor", "epoch_state", "example_lr", "example_optimizer_state"]
-
 # The imagenet example's schedule: StepLR(step_size=30, gamma=0.1), stepped once per epoch.
 EXAMPLE_STEP, EXAMPLE_GAMMA = 30, 0.1
 

@@ -1,28 +1,13 @@
 """What a run takes that was not typed, and the lines that say so: the first stage of a run
-(settings → :mod:`.plan` → :mod:`.build` → :mod:`.loop`).
+(settings → :mod:`.plan` → :mod:`.build` → :mod:`.loop`); the plan calls these and binds what
+they return.
 
-:func:`resumed_config` gives the config to run and the checkpoint it continues: a tandem run's
-settings (:mod:`.rundir`), or what a file from elsewhere holds (below), or, for a fresh run,
-the config as typed; ``--strategy auto`` is settled there where no race is due (under
-``tandem launch``, or a resumed run that has its strategy). :func:`fresh_defaults` adds what a
-fresh run takes when not typed (an ImageFolder's arch and image size).
-
-One image-size rule for training and eval (:func:`size_rule`): an ImageFolder (photos of any
-size, cropped) gets the arch's native size (224: RandomResizedCrop 224 to train, resize 256 +
-centre crop 224 to validate); data of one fixed size (digits, CIFAR-10, synthetic, a factory's
-tensors) keeps its own; a ``package.module:function`` model has no native size, so an
-ImageFolder keeps its shorter side. A fresh run on an ImageFolder without ``-a`` builds the
-example's ``resnet18``, and one block lists tandem's defaults that differ from the imagenet
-example's (:func:`example_block`): tandem keeps its own (see the README for why).
-
-A file from elsewhere (no tandem config), such as the imagenet example's, gives its ``arch``,
-``epoch``, in its optimizer's ``param_groups`` the lr, momentum, weight decay and nesterov,
-and in a StepLR's state (the example's schedule) its step size and gamma: they become the
-run's unless a flag overrides them, and each override is said (:func:`file_settings`). It
-trains and is evaluated with plain cross-entropy, as the example does, unless
-``--label-smoothing`` is given. What the file does not say (global batch, epochs, image size,
-another scheduler's schedule) tandem assumes, and :func:`assumed` says so in one block.
-Nothing changes silently.
+:func:`resumed_config`: the config to run and the checkpoint it continues (a tandem run's
+settings, :mod:`.rundir`; a file from elsewhere, :func:`file_settings`). :func:`size_rule`:
+one image-size rule for training and eval (an ImageFolder gets the arch's native size; data of
+one fixed size keeps its own). A file from elsewhere (the imagenet example's) gives its arch,
+epoch, optimizer settings and StepLR; a flag overrides each, and every override and assumption
+is said (:func:`assumed`): nothing changes silently.
 """
 
 from __future__ import annotations
@@ -38,40 +23,33 @@ from tandem.checkpoint.compat import foreign_scheduler
 from tandem.config import TrainConfig
 from tandem.data.cifar10 import find_cifar_dir
 from tandem.distributed.agree import LOCAL, Agreement
-from tandem.distributed.env import (cpu_bf16_override, in_torchrun, is_main_process, launch_id,
-                                    restart_count, several_processes)
+from tandem.distributed.env import Place
 from tandem.distributed.shared_resume import Continued, continue_from_rank0, done_with
-from tandem.errors import UsageError
+from tandem.errors import UsageError, param
 from tandem.factory import is_reference, rebuildable
 from tandem.models import model_info, native_input_size
 from tandem.parallel.devices import parse_device_spec
-from tandem.precision import Precision, amp_flags, amp_refusal
+from tandem.precision import Precision
 from tandem.strategies import auto, strategy_class
 
 from . import rundir, runlock
 
-__all__ = ["check_launchable", "resumed_config", "fresh_defaults", "sized", "size_rule",
-           "size_line", "is_imagefolder", "example_block", "precision_line", "IMAGEFOLDER_ARCH",
-           "EXAMPLE_CLASSES", "DATA_SIZE",
-           "is_foreign", "file_settings", "takes_schedule", "assumed", "eval_settings",
-           "checkpoint_arch", "device_spec", "race_record"]
-
 
 # -- a run's own settings, or a file's --------------------------------------------------------
-def check_launchable(cfg: TrainConfig, given: frozenset[str]) -> None:
+def check_launchable(cfg: TrainConfig, given: frozenset[str], place: Place) -> None:
     """Under torchrun with several processes (``tandem launch``, or plain ``torchrun -m
     tandem train``), refuse a one-process strategy that has no multi-process form, in one
     line in every worker, before they meet; a resumed run's own strategy (not typed) is
     rank 0's to read."""
-    if several_processes() and ("strategy" in given or not cfg.run.resume):
+    if place.several and ("strategy" in given or not cfg.run.resume):
         try:
             auto.check_launchable(cfg.parallel.strategy, "several processes (torchrun)")
         except UsageError as exc:  # every worker refuses alike; rank 0 says it
-            raise UsageError(exc.marked, quiet=not is_main_process(),
-                             hint=exc.hint_marked) from None
+            raise UsageError(exc.marked, quiet=not place.main, hint=exc.hint_marked) from None
 
 
-def resumed_config(cfg: TrainConfig, given: frozenset[str], agreement: Agreement = LOCAL):
+def resumed_config(cfg: TrainConfig, given: frozenset[str], place: Place = Place(),
+                   agreement: Agreement = LOCAL):
     """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
     saying what was taken (:func:`_continued`); under several processes rank 0 decides which
     checkpoint, through the job's ``agreement``. ``--strategy auto`` on a run that has its
@@ -80,19 +58,19 @@ def resumed_config(cfg: TrainConfig, given: frozenset[str], agreement: Agreement
     (:func:`~tandem.strategies.auto.across_processes`: hybrid) runs as that, said in a line."""
     name = cfg.parallel.strategy
     if auto.is_resolver(name):
-        cfg, ckpt, notes = _continued(cfg, given - {"strategy"}, agreement)  # its own strategy
+        cfg, ckpt, notes = _continued(cfg, given - {"strategy"}, place, agreement)  # its own
         if ckpt is not None and not auto.is_resolver(cfg.parallel.strategy):
             raced = "chosen by its race" if race_record(ckpt) else "as it started"
             notes = [*notes, f"--strategy auto: the run already has --strategy "
                              f"{cfg.parallel.strategy} ({raced}); it goes on with it, no race"]
         return cfg, ckpt, notes  # else a fresh run, or a file from elsewhere: it races
-    twin = auto.across_processes(name) if in_torchrun() else None
+    twin = auto.across_processes(name) if place.torchrun else None
     if twin is not None:
-        if is_main_process():
+        if place.main:
             print(f"--strategy {name}: under tandem launch it runs as {twin}, one process per "
                   f"device", flush=True)
         cfg = replace(cfg, parallel=replace(cfg.parallel, strategy=twin))
-    return _continued(cfg, given, agreement)
+    return _continued(cfg, given, place, agreement)
 
 
 def race_record(ckpt: dict | None) -> dict | None:
@@ -101,17 +79,17 @@ def race_record(ckpt: dict | None) -> dict | None:
     return (config.get("resolved") or {}).get("auto")
 
 
-def _continued(cfg: TrainConfig, given: frozenset[str], agreement: Agreement):
+def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement: Agreement):
     """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
     saying what was taken: a tandem run's settings (:mod:`.rundir`) or what a file from
     elsewhere holds (:func:`file_settings`)."""
-    continued = _to_continue(cfg, agreement)
+    continued = _to_continue(cfg, place, agreement)
     path, restarted = continued.path, continued.restarted
     if restarted and path is None:  # failed before its first save: start it again, said
-        if is_main_process():
-            print(f"torchrun restart {restart_count()}: the run had saved no checkpoint "
-                  f"before the failure, so it starts again from step 1 (--save-every or "
-                  f"--save-minutes bound what a failure costs)", flush=True)
+        if place.main:
+            print(f"torchrun restart {place.restart}: the run had saved no checkpoint before "
+                  f"the failure, so it starts again from step 1 (--save-every, --save-minutes "
+                  f"bound the loss)", flush=True)
         return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
     if path is None:
         return cfg, None, []
@@ -122,55 +100,39 @@ def _continued(cfg: TrainConfig, given: frozenset[str], agreement: Agreement):
     if is_foreign(ckpt):
         cfg, notes = file_settings(cfg, given, ckpt, path)
     else:
-        cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path)
+        cfg, notes = rundir.resume_config(cfg, given, ckpt.get("config"), path, place.main)
         _check_portable(ckpt.get("config"), cfg.parallel.strategy, path)
         if "devices" not in given:
             cfg, notes = _fit_devices(cfg, notes)
-        _check_precision_runs(cfg, path)
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
 
 
-def _to_continue(cfg: TrainConfig, agreement: Agreement) -> Continued:
+def _to_continue(cfg: TrainConfig, place: Place, agreement: Agreement) -> Continued:
     """The checkpoint this run continues (``None``: a fresh run), and whether torchrun
     restarted it. Under several processes rank 0 decides and sends the file to the machines
     that lack it (:mod:`tandem.distributed.shared_resume`): only rank 0 writes."""
     def decide() -> tuple[str | None, bool]:
         run = rundir.RunDir(cfg.run.out)
-        if not cfg.run.resume and restart_count() > 0:  # torchrun restarted the workers
-            if not run.launched_by(launch_id()):
+        if not cfg.run.resume and place.restart > 0:  # torchrun restarted the workers
+            if not run.launched_by(place.launch_id):
                 raise UsageError(
-                    f"torchrun restarted this job (restart {restart_count()}), but rank 0's "
-                    f"machine holds no run of this launch in '{cfg.run.out}': it cannot be "
-                    "continued, and starting it afresh would not be the run that failed; "
-                    "start a new launch (with --resume, if a checkpoint of it is elsewhere)")
+                    f"torchrun restarted this job (restart {place.restart}), but rank 0's "
+                    f"machine holds no run of this launch in '{cfg.run.out}' to continue",
+                    hint="start a new launch (with --resume, if a checkpoint of it is "
+                         "elsewhere): starting it afresh would not be the run that failed")
             return (run.latest if os.path.isfile(run.latest) else None), True
         if not cfg.run.resume:
             return None, False
         if cfg.model.pretrained:
             raise UsageError("--pretrained starts a new run from a weights file and --resume "
                              "continues a run from its checkpoint: give one of them")
-        runlock.check_saved(cfg.run.resume)  # a run that has not saved yet: its process, named
+        runlock.check_saved(cfg.run.resume, place)  # a run not saved yet: its process, named
         path = rundir.checkpoint_path(cfg.run.resume)
         if not os.path.isfile(path):
             checkpoint.load(path)  # one line saying what is wrong with it, on rank 0's machine
         return path, False
 
     return continue_from_rank0(decide, agreement)  # rank 0's decision, for every rank
-
-
-def _check_precision_runs(cfg: TrainConfig, path: str) -> None:
-    """A run's ``--amp`` is part of what it computes and goes on as it was: refused in one
-    line, naming the run's flags, on a device where it cannot run (fp16 on a CPU)."""
-    p = cfg.parallel
-    if not p.amp:
-        return
-    device = parse_device_spec(p.devices, "--devices")[0]
-    refusal = amp_refusal(device.type, p.amp_dtype, cpu_bf16=cpu_bf16_override())
-    if refusal is not None:
-        why = "fp16 autocast is for CUDA" if p.amp_dtype == "fp16" else refusal
-        raise UsageError(f"'{path}' trains with {amp_flags(p.amp_dtype)}, which cannot run on "
-                         f"{device.type} ({why}); a run keeps its precision: resume it on a "
-                         "device where it runs (`tandem eval` scores it here, in float32)")
 
 
 def device_spec(devices: list[torch.device]) -> str:
@@ -201,6 +163,32 @@ def _check_portable(saved: dict | None, strategy: str, path: str) -> None:
         raise UsageError(f"--strategy {strategy}: the optimizer state in '{path}' was saved by "
                          f"--strategy {old}, and only that strategy can load it; resume "
                          f"without --strategy")
+
+
+def saved_position(ckpt: dict) -> tuple[int, int, int | None]:
+    """Epochs done, batches of the next one done and optimizer steps (``None``: not saved)."""
+    position = ckpt.get("data_position") or {"epoch": int(ckpt.get("epoch") or 0), "batch": 0}
+    return int(position["epoch"]), int(position["batch"]), position.get("step")
+
+
+def resume_target(path: str, ckpt: dict) -> tuple[str, str]:
+    """What to give ``--resume`` for ``path`` and what to call it: ``run 'RUN'`` for a run's
+    latest checkpoint, else the file."""
+    target = rundir.target_of(path) if isinstance(ckpt.get("config"), dict) else path
+    return target, (f"run '{target}'" if target != path else f"'{path}'")
+
+
+def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int, restarted: bool) -> None:
+    """Refuse a ``--max-steps`` that the resumed run, at optimizer step ``step``, has reached
+    (it counts the run's steps from its start, not this invocation's). A torchrun restart
+    runs the command line that reached it: there the loop says there is nothing to train."""
+    max_steps = cfg.optim.max_steps
+    if max_steps is not None and max_steps <= step and not restarted:
+        flag = param("max_steps")
+        raise UsageError(f"{flag} {max_steps}: {resume_target(cfg.run.resume, ckpt)[1]} has "
+                         f"already made {step} optimizer steps ({flag} counts them from "
+                         f"the run's start); give more, e.g. {flag} {step + max_steps} "
+                         f"for {max_steps} more")
 
 
 # -- a fresh run's defaults, and the lines said at its start ---------------------------------
@@ -468,8 +456,9 @@ def checkpoint_arch(ckpt: dict, arch: str | None, path: str) -> str:
         if arch is not None:
             return arch
         raise UsageError(f"checkpoint '{path}' holds a model handed to tandem.fit, a "
-                         f"{named.split(':')[-1]} that tandem cannot rebuild by name: give "
-                         f"-a package.module:function, a function that builds the same model")
+                         f"{named.split(':')[-1]} that tandem cannot rebuild by name",
+                         hint="give -a package.module:function, a function that builds the "
+                              "same model")
     if named is not None and arch is not None and arch != named:
         raise UsageError(f"-a {arch} does not match checkpoint '{path}', which names {named} "
                          f"(leave out -a)")

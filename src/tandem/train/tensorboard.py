@@ -1,19 +1,14 @@
 """TensorBoard scalars in ``RUN/tb``, written when the ``tensorboard`` package is installed.
 
-Each metrics row becomes scalars at the row's optimizer ``step`` (the global step): the same
-numbers as ``metrics.jsonl``, which stays the record. Without the package nothing is written
-and nothing is said (``pip install 'tandem[tensorboard]'`` adds it). Only the main process
-writes. A run, fresh or resumed, rewrites ``RUN/tb`` from the rows it keeps and then appends
-its own, so a resume never leaves a step twice or a dropped row's step behind; its first event
-asks a TensorBoard already showing the directory to forget what it had read.
+Each metrics row becomes scalars at its optimizer step; ``metrics.jsonl`` stays the record.
+Only the main process writes; a run rewrites ``RUN/tb`` from the rows it keeps, then appends,
+so a resume never leaves a step twice.
 """
 
 from __future__ import annotations
 
 import math
 import os
-
-__all__ = ["TensorBoard", "TAGS"]
 
 # metrics.jsonl key -> TensorBoard tag; dict-valued entries (peak memory per device, the
 # devices' shares of the batch) become one scalar per key, under their own name.

@@ -1,15 +1,10 @@
 """Rank 0's files written off the step's path: checkpoints, ``config.json`` and ``curves.png``.
 
-Only the main process writes the run directory; under several processes the others meanwhile
-wait in the next step's collective, whose timeout (``--dist-timeout``) a large checkpoint on a
-slow disk would outlast: the job would take rank 0 for lost, or NCCL's watchdog abort it. So
-the main process hands what it saves (a copy of the state, taken at once: the training goes
-on changing the original) to one thread that writes the files in the order given, and trains
-on. A file handed over again before its last copy was begun replaces it (a slow disk holds
-at most two copies of the model, not one per save). A write slower than ``slow_after``
-seconds is said in one line when it ends. A failed one (a full disk) is raised as one line
-at the next hand-over or at :meth:`Writer.flush`, which the run calls before it ends,
-whatever ends it (after the ranks' last collective: the wait is rank 0's alone).
+A large checkpoint on a slow disk would outlast the other ranks' collective timeout, so the
+main process hands a copy of what it saves to one thread that writes in order, and trains on.
+A file handed over again before its last copy was begun replaces it (at most two copies of the
+model). A write slower than ``slow_after`` seconds is said when it ends; a failed one is raised
+at the next hand-over or at :meth:`Writer.flush`, which the run calls before it ends.
 """
 
 from __future__ import annotations
@@ -22,9 +17,6 @@ from typing import Any, Callable
 import torch
 
 from tandem.errors import CheckpointError
-
-__all__ = ["Writer", "snapshot"]
-
 
 def snapshot(obj: Any) -> Any:
     """``obj`` with every tensor in it copied to the CPU (dicts, lists and tuples walked):

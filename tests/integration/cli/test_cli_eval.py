@@ -84,7 +84,7 @@ def test_torch_dataparallel_checkpoint_evaluates_and_resumes(tmp_path, capsys):
     would have evaluated had it loaded nothing."""
     from tandem.config import ModelConfig
     from tandem.data import load_dataset
-    from tandem.train.plan import build_model
+    from tandem.train.build import build_model
 
     model = _perturbed_model(num_classes=3, in_channels=3)
     want, count = _val_loss(model)
@@ -144,7 +144,7 @@ def test_a_bare_state_dict_evaluates_with_a(tmp_path):
     own arch is one line."""
     from tandem.config import ModelConfig
     from tandem.data import load_dataset
-    from tandem.train.plan import build_model
+    from tandem.train.build import build_model
 
     model = _perturbed_model(num_classes=10, in_channels=1)
     path = tmp_path / "plain_state_dict.pt"
@@ -207,7 +207,7 @@ def test_a_gpu_fp16_run_is_scored_here_in_float32_and_not_resumed_here(tmp_path,
     assert out[-1].split(": ", 1)[1] == twin[-1].split(": ", 1)[1]  # the same scores
     assert main(["train", "--resume", str(tmp_path / "gpu.pt"), "--devices", "cpu",
                  "--epochs", "2", "--out", str(tmp_path / "more")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "trains with --amp --amp-dtype fp16, which cannot run on cpu" \
-        in err, err
+    error, hint = capsys.readouterr().err.strip().splitlines()  # the error, then the remedy
+    assert "trains with --amp --amp-dtype fp16, which cannot run on cpu" in error, error
+    assert hint.startswith("hint: resume it on a device where it runs")
     assert not (tmp_path / "more").exists()

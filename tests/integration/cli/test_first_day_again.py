@@ -220,16 +220,16 @@ def test_a_lock_written_in_two_steps_is_waited_for(tmp_path, monkeypatch):
     thread that takes 0.3 s between the two)."""
     import threading
 
-    from tandem.distributed.env import LAUNCH_ID_VAR
+    from tandem.distributed.env import Place
     from tandem.train import runlock
     from tandem.train.rundir import RunDir
 
     run = RunDir(str(tmp_path / "run"))
     run.create()
-    monkeypatch.setenv(LAUNCH_ID_VAR, "launch-a")
+    launch_a, launch_b = Place(launch_id="launch-a"), Place(launch_id="launch-b")
     # rank 0 of the same launch; a live process (the parent), so that the negative control
     # below is refused for its launch, not let through as a stale lock of an ended pid
-    owner = dict(runlock._me(), pid=os.getppid())
+    owner = dict(runlock._me(launch_a), pid=os.getppid())
     created = threading.Event()
 
     def rank0():
@@ -241,11 +241,10 @@ def test_a_lock_written_in_two_steps_is_waited_for(tmp_path, monkeypatch):
     writer = threading.Thread(target=rank0)
     writer.start()
     created.wait(10)
-    runlock.check_free(run)  # no UsageError: it read the content once written
+    runlock.check_free(run, launch_a)  # no UsageError: it read the content once written
     writer.join(10)
-    monkeypatch.setenv(LAUNCH_ID_VAR, "launch-b")
     with pytest.raises(UsageError, match=f"in use by process {owner['pid']}"):
-        runlock.check_free(run)  # the negative control: another launch is refused
+        runlock.check_free(run, launch_b)  # the negative control: another launch is refused
 
 
 def test_an_unreadable_lock_is_one_line_that_says_so(run_copy):
@@ -288,18 +287,18 @@ def test_another_rank_reading_the_lock_as_it_is_written_is_never_refused(tmp_pat
     ?"): it read the file between its creation and its content. Every moment the lock is
     written, rank 1 of the same launch looks, and must be let through. The negative control:
     a lock of another launch, read the same way, is refused."""
-    from tandem.distributed.env import LAUNCH_ID_VAR
+    from tandem.distributed.env import Place
     from tandem.train import runlock
     from tandem.train.rundir import RunDir
 
     run = RunDir(str(tmp_path / "run"))
-    monkeypatch.setenv(LAUNCH_ID_VAR, "launch-a")
+    launch_a = Place(launch_id="launch-a")
     real_dump, looks = json.dump, []
 
     def rank1_looks(launch):
-        me = dict(runlock._me(), pid=os.getpid() + 1, launch=launch)
+        me = dict(runlock._me(launch_a), pid=os.getpid() + 1, launch=launch)
         with monkeypatch.context() as m:
-            m.setattr(runlock, "_me", lambda: me)
+            m.setattr(runlock, "_me", lambda place: me)
             try:
                 runlock.check_free(run)
                 looks.append("let through")
@@ -313,7 +312,7 @@ def test_another_rank_reading_the_lock_as_it_is_written_is_never_refused(tmp_pat
         rank1_looks("launch-a")
 
     monkeypatch.setattr(json, "dump", dump)
-    with runlock.held(run):
+    with runlock.held(run, launch_a):
         assert looks and set(looks) == {"let through"}, looks
         monkeypatch.setattr(json, "dump", real_dump)
         rank1_looks("launch-b")  # another launch: refused, naming rank 0

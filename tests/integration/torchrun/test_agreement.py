@@ -77,9 +77,10 @@ def _hybrid(rank, world, agreed: bool):
     Returns the plain state, the scale, the scaler's kind and where rank 1's block starts in
     the plain weight (its dim and offset)."""
     from tandem.parallel.shares import shares
+    from tandem.distributed.env import read_env
     from tandem.strategies.hybrid_ddp import HybridDDPStrategy
 
-    strategy = HybridDDPStrategy([torch.device("cpu")]).launch()
+    strategy = HybridDDPStrategy([torch.device("cpu")], env=read_env(os.environ)).launch()
     try:
         wrapped = strategy.setup(_init())
         scaler = (strategy.agreement.grad_scaler("cpu", True) if agreed
@@ -194,12 +195,13 @@ def _race(agreement, rank, events) -> dict:
 def _shares_asked(rank, world) -> dict:
     """hybrid-ddp's forward told the global batch's size asks the other ranks nothing."""
     from tandem.hybrid import across_processes
+    from tandem.distributed.env import read_env
     from tandem.strategies.hybrid_ddp import HybridDDPStrategy
 
     asked = []
     all_shares = across_processes.all_shares
     across_processes.all_shares = lambda *a, **k: asked.append(1) or all_shares(*a, **k)
-    strategy = HybridDDPStrategy([torch.device("cpu")]).launch()
+    strategy = HybridDDPStrategy([torch.device("cpu")], env=read_env(os.environ)).launch()
     try:
         wrapped = strategy.setup(_init())
         x, y = _batches()[0]
@@ -214,11 +216,12 @@ def _shares_asked(rank, world) -> dict:
 
 
 def worker_main(out_dir: str) -> None:
+    from tandem.distributed.env import read_env
     from tandem.distributed.process_group import Job
 
     events: list[str] = []
     with Job() as job:
-        agreement = job.join()
+        agreement = job.join(read_env(os.environ))
         rank, world = agreement.rank, agreement.world_size
         results = {"vote": _vote(agreement, rank), "refusals": _refusals(agreement, rank),
                    "race": _race(agreement, rank, events), "skips": _skips(rank, world),

@@ -20,6 +20,8 @@ import pytest
 import torch
 from torch import nn
 
+from tandem.distributed.env import read_env
+
 # name: (model, sync_bn, buffers, global batch sizes of one optimizer step, criterion)
 CASES = {
     "nobn_uneven_5_over_2": ("plain", False, "replica0", [5], "ce"),
@@ -136,7 +138,8 @@ def _run_case(name, spec, rank, world) -> dict:
     init = _model(kind)
     ref_params, ref_buffers, ref_losses = _reference(kind, sync_bn, buffers, _batches(sizes),
                                                      crit_kind, init, world)
-    strategy = DDPStrategy([torch.device("cpu")], sync_bn=sync_bn, buffers=buffers).launch()
+    strategy = DDPStrategy([torch.device("cpu")], sync_bn=sync_bn, buffers=buffers,
+                           env=read_env(os.environ)).launch()
     wrapped = strategy.setup(copy.deepcopy(init))
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
     criterion = _criterion(crit_kind)
@@ -230,7 +233,8 @@ def _layout_case() -> dict:
         release_ddp(wrapped)
         return params, any("Grad strides" in str(w.message) for w in caught)
 
-    ours, warned = backward(DDPStrategy([torch.device("cpu")]).launch().setup(copy.deepcopy(init)))
+    ours, warned = backward(DDPStrategy([torch.device("cpu")], env=read_env(os.environ)).launch()
+                             .setup(copy.deepcopy(init)))
     theirs, control_warned = backward(DistributedDataParallel(copy.deepcopy(init)))
     return {"warned": warned, "control_warned": control_warned,
             "same_grads": all(torch.equal(p.grad, q.grad) for p, q in zip(ours, theirs)),

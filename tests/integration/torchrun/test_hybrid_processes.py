@@ -25,6 +25,8 @@ import pytest
 import torch
 from torch import nn
 
+from tandem.distributed.env import read_env
+
 TOL = 1e-9
 EPS32, EPS64 = torch.finfo(torch.float32).eps, torch.finfo(torch.float64).eps
 # name: (global batch sizes of each step's micro-batches by world size, classes, head BN);
@@ -145,7 +147,7 @@ def _case(strategy_cls, case, rank, world, dtype=torch.float64) -> dict:
     sizes, classes, head_bn = CASES[case]
     init = _init(classes, head_bn, dtype)
     steps = _batches(sizes[world], classes, dtype)
-    strategy = strategy_cls([torch.device("cpu")], sync_bn=True).launch()
+    strategy = strategy_cls([torch.device("cpu")], sync_bn=True, env=read_env(os.environ)).launch()
     try:
         wrapped = strategy.setup(copy.deepcopy(init))
         opt = _sgd(wrapped.parameters())
@@ -190,7 +192,7 @@ def _checkpoints(rank, world) -> dict:
     init, steps = _init(classes, head_bn), _batches(sizes[world], classes)
     *_, straight, _ = _single(init, steps)
     *_, ref2, ref2_opt = _single(init, steps, upto=2)
-    strategy = HybridDDPStrategy([torch.device("cpu")], sync_bn=True).launch()
+    strategy = HybridDDPStrategy([torch.device("cpu")], sync_bn=True, env=read_env(os.environ)).launch()
     try:
         wrapped = strategy.setup(copy.deepcopy(init))
         opt = _sgd(wrapped.parameters())
@@ -248,7 +250,7 @@ def _bytes(rank, world) -> dict:
     (x, y), = _batches([[7]], 5)[0]
     recorded = {}
     for cls in (HybridDDPStrategy, DDPStrategy):
-        strategy = cls([torch.device("cpu")], sync_bn=True).launch()
+        strategy = cls([torch.device("cpu")], sync_bn=True, env=read_env(os.environ)).launch()
         try:
             wrapped = strategy.setup(copy.deepcopy(init))
             if cls is DDPStrategy:

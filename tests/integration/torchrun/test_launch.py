@@ -321,9 +321,9 @@ def test_ddp_without_torchrun_is_one_line(tmp_path, capsys, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     assert main([*TRAIN, "--strategy", "ddp", "--out", str(tmp_path)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
+    assert len(lines) == 2, lines  # the error, and how to launch it on a line of its own
     assert lines[0].startswith("tandem: error: --strategy ddp needs torchrun's environment")
-    assert "tandem launch --nproc-per-node N -- train" in lines[0]
+    assert lines[1].startswith("hint: run it with `tandem launch --nproc-per-node N -- train")
 
 
 def _torchruns_timing_wrapper(sigval):

@@ -26,16 +26,17 @@ def _worker() -> None:
 
     from tandem.distributed import shared_resume
     from tandem.distributed.agree import Agreement
+    from tandem.distributed.env import read_env
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=60))
     if rank == 2:  # the receiving machine's first rank: a slow disk
         replace = os.replace
         shared_resume.os.replace = lambda a, b: (time.sleep(2), replace(a, b))[1]
-    continued = shared_resume.continue_from_rank0(lambda: ("ck.pt", False), Agreement(rank, 4))
+    continued = shared_resume.continue_from_rank0(lambda: ("ck.pt", False), Agreement(rank, 4, env=read_env(os.environ)))
     with open(continued.local, "rb") as f:
         read = f.read().decode()
-    shared_resume.done_with(continued, Agreement(rank, 4))
+    shared_resume.done_with(continued, Agreement(rank, 4, env=read_env(os.environ)))
     print(json.dumps({"rank": rank, "read": read, "sent": continued.sent}), flush=True)
     dist.destroy_process_group()
 

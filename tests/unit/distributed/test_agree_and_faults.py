@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from tandem.distributed import faults
 from tandem.distributed.agree import LOCAL, Agreement, Verdict
+from tandem.distributed.env import Environment, read_env
 
 GLOO_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
                "Connection closed by peer [192.0.2.2]:23979. This is typically caused by a "
@@ -99,7 +100,7 @@ def test_a_timeout_names_the_ranks_that_no_longer_answer_in_the_job_s_store(monk
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.setattr(faults, "_ROLL_S", 0.5)
     store.set("tandem/0/alive/2", "1")  # rank 2 survived and said so; rank 1 is silent
-    agreement = Agreement(0, 3)
+    agreement = Agreement(0, 3, env=read_env(Environment.read()))
     agreement.peers = {0: ("0", "192.0.2.1"), 1: ("1", "192.0.2.2"), 2: ("1", "192.0.2.2")}
     lost = faults.lost_peer(RuntimeError(GLOO_TIMEOUT), agreement, "after step 3")
     assert lost.lost == (1,)
@@ -116,7 +117,7 @@ def test_a_store_out_of_reach_means_node_0_and_its_ranks_are_lost(monkeypatch):
                            MASTER_PORT=str(port)).items():
         monkeypatch.setenv(var, value)
     monkeypatch.setattr(faults, "_ROLL_S", 0.5)
-    agreement = Agreement(2, 3)
+    agreement = Agreement(2, 3, env=read_env(Environment.read()))
     agreement.peers = {0: ("0", "192.0.2.1"), 1: ("0", "192.0.2.1"), 2: ("1", "192.0.2.2")}
     assert faults.lost_peer(RuntimeError(GLOO_TIMEOUT), agreement, "in step 2").lost == (0, 1)
 
@@ -145,7 +146,8 @@ def test_the_store_keeps_the_first_rank_s_own_line_and_no_survivor_s_lost_peer(m
 
     monkeypatch.setattr("tandem.cli.models.run", lost)
     assert cli.main(["models"]) == 4
-    assert told_failure(store) is None
-    announce_failure("data/train: no such directory")
-    announce_failure("the job cannot go on: rank 0 (node 0): data/train: no such directory")
-    assert told_failure(store) == "rank 1 (node 1): data/train: no such directory"
+    env = read_env(Environment.read())
+    assert told_failure(env, store) is None
+    announce_failure("data/train: no such directory", env)
+    announce_failure("the job cannot go on: rank 0 (node 0): data/train: no such directory", env)
+    assert told_failure(env, store) == "rank 1 (node 1): data/train: no such directory"

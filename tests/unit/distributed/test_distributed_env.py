@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tandem.distributed.env import (DEFAULT_TIMEOUT, LAUNCH_ID_VAR, DistEnv, dist_timeout,
-                                    in_torchrun, launch_id, read_env)
+from tandem.distributed.env import (DEFAULT_TIMEOUT, LAUNCH_ID_VAR, DistEnv, Environment,
+                                    dist_timeout, in_torchrun, place_of, read_env)
 from child_hooks.faults import maybe_inject_fault, parse_fault
 from tandem.distributed.global_loss import local_sum
 from tandem.distributed.torchrun import LaunchSpec, check_port_free, torchrun_argv
@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 # -- env ---------------------------------------------------------------------------------------
 def test_read_env_parses_torchrun_variables():
     env = read_env(ENV)
-    assert env == DistEnv(1, 4, 1, 2, "10.0.0.1", 29500)
+    assert env == DistEnv(1, 4, 1, 2, "10.0.0.1", 29500, addr=socket.gethostname())
     assert in_torchrun(ENV) and not in_torchrun({})
 
 
@@ -36,9 +36,9 @@ def test_local_world_size_defaults_to_world_size():
 def test_missing_env_names_variables_and_says_how_to_launch():
     with pytest.raises(ValueError) as info:
         read_env({"RANK": "0"})
-    message = str(info.value)
-    assert "WORLD_SIZE" in message and "MASTER_PORT" in message and "\n" not in message
-    assert "tandem launch --nproc-per-node N -- train" in message
+    error, hint = str(info.value).split("\n")  # the error, and how to launch on a line of its own
+    assert "WORLD_SIZE" in error and "MASTER_PORT" in error
+    assert hint.startswith("hint: run it with `tandem launch --nproc-per-node N -- train")
 
 
 @pytest.mark.parametrize("key, value, words", [
@@ -60,8 +60,8 @@ def test_dist_timeout():
 
 
 def test_launch_id_is_tandem_launchs_or_none():
-    assert launch_id({LAUNCH_ID_VAR: "abc"}) == "abc"
-    assert launch_id({}) is None and launch_id({LAUNCH_ID_VAR: ""}) is None
+    assert place_of({LAUNCH_ID_VAR: "abc"}).launch_id == "abc"
+    assert place_of({}).launch_id is None and place_of({LAUNCH_ID_VAR: ""}).launch_id is None
 
 
 # -- devices -----------------------------------------------------------------------------------
@@ -205,7 +205,8 @@ def test_ddp_without_torchrun_env_is_one_line(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ValueError, match="needs torchrun's environment") as info:
         create_strategy("ddp", [CPU])
-    assert "\n" not in str(info.value)
+    error, hint = str(info.value).split("\n")  # the error, and how to launch it
+    assert hint.startswith("hint: run it with `tandem launch")
 
 
 @pytest.mark.distributed
@@ -227,7 +228,8 @@ def test_world_size_one_ddp_equals_plain_training(monkeypatch):
             s.bind(("127.0.0.1", 0))
             monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
         try:
-            strategy = DDPStrategy([CPU], sync_bn=True, timeout=30).launch()
+            strategy = DDPStrategy([CPU], sync_bn=True, timeout=30,
+                                   env=read_env(Environment.read())).launch()
             break
         except RuntimeError as exc:
             if "in use" not in str(exc).lower() or attempt == 2:
@@ -278,7 +280,7 @@ def test_a_group_the_caller_made_is_reused_and_left_to_the_caller(tmp_path, monk
         from tandem.distributed import process_group
 
         monkeypatch.setattr(process_group, "_joined", False)
-        strategy = DDPStrategy([CPU], timeout=30).launch()
+        strategy = DDPStrategy([CPU], timeout=30, env=read_env(Environment.read())).launch()
         assert strategy.backend == "gloo"
         # its gloo threads outlive it too: tandem.exit must not finalize the interpreter
         assert process_group.joined_a_group()
@@ -398,20 +400,20 @@ def test_the_command_to_continue_names_each_node_s_flags(monkeypatch):
     spec = LaunchSpec(nproc_per_node=2, command=["train"], nnodes="2", node_rank=1,
                       master_addr="192.0.2.1", master_port=29555, dist_timeout=20.0,
                       join_timeout=600.0)
-    monkeypatch.setenv("TANDEM_LAUNCH", spec.described())
-    monkeypatch.setenv("TANDEM_NODE_RANK", "1")
-    every = resume_command_here("runs/a", True)
+    worker = {**ENV, "TANDEM_LAUNCH": spec.described(), "TANDEM_NODE_RANK": "1"}
+    every = resume_command_here("runs/a", read_env(worker))
     assert every == "; ".join(
         f"on node {r}: tandem launch --nproc-per-node 2 --nnodes 2 --node-rank {r} "
         "--master-addr 192.0.2.1 --master-port 29555 --dist-timeout 20.0 --join-timeout 600.0 "
         "-- train --resume runs/a" for r in (0, 1))
-    assert resume_command_here("runs/a", True, this_node=True) == every.split("; ")[1]
+    assert resume_command_here("runs/a", read_env(worker), this_node=True) == \
+        every.split("; ")[1]
     slurm = LaunchSpec(nproc_per_node=4, command=["train"], nnodes="8", node_rank=3,
                        master_addr="gpu1", master_port=15007, slurm=True)
-    monkeypatch.setenv("TANDEM_LAUNCH", slurm.described())
-    assert resume_command_here("runs/a", True) == (
+    worker = {**ENV, "TANDEM_LAUNCH": slurm.described()}
+    assert resume_command_here("runs/a", read_env(worker)) == (
         "srun tandem launch --nproc-per-node 4 -- train --resume runs/a (on every node)")
-    assert resume_command_here("runs/a", False) == "tandem train --resume runs/a"
+    assert resume_command_here("runs/a", None) == "tandem train --resume runs/a"
 
 
 def test_each_machine_s_copy_of_rank_0_s_checkpoint_has_a_file_of_its_own():
@@ -430,19 +432,24 @@ def test_each_machine_s_copy_of_rank_0_s_checkpoint_has_a_file_of_its_own():
 
 
 def test_the_environment_is_read_once_into_a_frozen_copy(monkeypatch):
-    from tandem.distributed.env import (Environment, address_of, launch_described, node_of,
-                                        torchrun_run_id)
-
-    monkeypatch.setenv("TANDEM_NODE_RANK", "3")
+    """What the plan holds (its Place, and the DistEnv in it) comes from the copy: a variable
+    set after the reading changes neither the copy nor what is worked out from it."""
+    monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "1,3")
+    for key, value in {**ENV, "TANDEM_NODE_RANK": "3"}.items():
+        monkeypatch.setenv(key, value)
     held = Environment.read()
+    place = place_of(held)  # what the plan takes
     monkeypatch.setenv("TANDEM_NODE_RANK", "5")  # after the reading: the copy keeps 3
-    assert node_of(held) == "3" and node_of() == "5"
+    monkeypatch.setenv("TANDEM_SPLIT_CLOCK", "2,2")
+    assert (place.dist.node, place.split_clock) == ("3", "1,3")
+    assert place_of(held).dist.node == "3" and held["TANDEM_NODE_RANK"] == "3"
     with pytest.raises(TypeError):
         held.values["TANDEM_NODE_RANK"] = "7"  # frozen
-    given = Environment({"RANK": "1", "WORLD_SIZE": "2", "GROUP_RANK": "1",
-                         "TANDEM_NODE_ADDR": "10.0.0.2", "TORCHELASTIC_RUN_ID": "r1",
+    given = Environment({**ENV, "GROUP_RANK": "1", "TANDEM_NODE_ADDR": "10.0.0.2",
+                         "TORCHELASTIC_RUN_ID": "r1",
                          "TANDEM_LAUNCH": '{"nproc_per_node": 2, "nnodes": "2"}'})
-    assert (node_of(given), address_of(given), torchrun_run_id(given)) == ("1", "10.0.0.2", "r1")
-    assert launch_described(given) == {"nproc_per_node": 2, "nnodes": "2"}
-    assert torchrun_run_id(Environment({"TORCHELASTIC_RUN_ID": "r1"})) is None  # no torchrun
-    assert launch_described(Environment({"TANDEM_LAUNCH": "not json"})) is None
+    worker, place = read_env(given), place_of(given)
+    assert (worker.node, worker.addr, place.run_id) == ("1", "10.0.0.2", "r1")
+    assert worker.launch == {"nproc_per_node": 2, "nnodes": "2"}
+    assert place_of(Environment({"TORCHELASTIC_RUN_ID": "r1"})).run_id is None  # no torchrun
+    assert read_env({**ENV, "TANDEM_LAUNCH": "not json"}).launch is None

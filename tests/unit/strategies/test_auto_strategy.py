@@ -201,13 +201,14 @@ def test_under_launch_auto_is_left_to_the_plans_race_and_hybrid_runs_as_hybrid_d
     from tandem.config import ParallelConfig, TrainConfig
     from tandem.errors import UsageError
 
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    from tandem.distributed.env import Place
+
+    under_torchrun = Place(torchrun=True)  # rank 0 of a torchrun job
     cfg = TrainConfig(parallel=ParallelConfig(strategy="auto", devices="cpu"))
-    raced, ckpt, _ = settings.resumed_config(cfg, frozenset({"strategy"}))
+    raced, ckpt, _ = settings.resumed_config(cfg, frozenset({"strategy"}), under_torchrun)
     assert raced.parallel.strategy == "auto" and ckpt is None  # the plan races the processes
     hybrid = TrainConfig(parallel=ParallelConfig(strategy="hybrid", devices="cpu"))
-    cfg, _, _ = settings.resumed_config(hybrid, frozenset({"strategy"}))
+    cfg, _, _ = settings.resumed_config(hybrid, frozenset({"strategy"}), under_torchrun)
     assert cfg.parallel.strategy == "hybrid-ddp" == auto.under_launch("hybrid")
     assert "--strategy hybrid: under tandem launch it runs as hybrid-ddp" in capsys.readouterr().out
     assert auto.under_launch("dp") == auto.launched() == "ddp"

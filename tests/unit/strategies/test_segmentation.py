@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch import nn
 
+from tandem.distributed.env import read_env
 from tandem.parallel.traffic import TrafficMeter
 from tandem.strategies import create_strategy
 from tandem.strategies.outputs import mean_iou, pixel_accuracy
@@ -265,7 +266,7 @@ def worker_main(out_dir: str) -> None:
     def shard(t):
         return t.split(shares(t.shape[0], [1] * world))[rank]
 
-    with DDPStrategy([CPU], sync_bn=True) as strategy:
+    with DDPStrategy([CPU], sync_bn=True, env=read_env(os.environ)) as strategy:
         losses, grads, state = _train(strategy, shard=shard)
         wrapped = strategy.setup(seg.make_net().double())
         strategy.load_state_dict(wrapped, state)

@@ -10,8 +10,10 @@ from torch import nn
 
 from conftest import one_line_error, run_in_process
 from tandem.config import TrainConfig
+from tandem.distributed.env import Environment, read_env
 from tandem.models import create_model
 from tandem.strategies import Strategy, create_strategy, strategy_class, strategy_names
+from tandem.train import build as build_module
 from tandem.train import plan as plan_module
 from tandem.train import run as run_module
 
@@ -31,7 +33,7 @@ def spies(monkeypatch):
             return original(*args, **kwargs)
         return called
 
-    monkeypatch.setattr(plan_module, "load_dataset", spy("load_dataset"))
+    monkeypatch.setattr(build_module, "load_dataset", spy("load_dataset"))
     monkeypatch.setattr(torch, "compile", spy("torch.compile"))
     monkeypatch.setattr(Strategy, "launch", spy("launch", Strategy.launch))
     return calls
@@ -87,14 +89,13 @@ def test_impossible_combinations_are_refused_by_the_plan(tmp_path, spies, sectio
     assert spies == [] and not (tmp_path / "out").exists()
 
 
-def test_a_ddp_strategy_joins_nothing_until_launched(monkeypatch, tmp_path):
+def test_a_ddp_strategy_joins_nothing_until_launched(tmp_path):
     """Built from torchrun's environment, it has its rank and device; only launch() joins,
     so a plan refused after building it leaves no process group behind."""
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "TORCHELASTIC_RUN_ID": "x"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    strategy = create_strategy("ddp", [CPU])
+    env = Environment({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+                       "TORCHELASTIC_RUN_ID": "x"})
+    strategy = create_strategy("ddp", [CPU], env=read_env(env))
     assert (strategy.rank, strategy.world_size, strategy.device) == (0, 1, CPU)
     assert not dist.is_initialized() and strategy.backend is None
     strategy.close()  # nothing joined: nothing to leave, no error
@@ -104,7 +105,8 @@ def test_a_ddp_strategy_joins_nothing_until_launched(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="already holds a run"):
         plan_module.plan_train(TrainConfig.from_dict(
             {"model": {"arch": "cifar_resnet20"}, "data": {"data": "digits"},
-             "parallel": {"strategy": "ddp", "devices": "cpu"}, "run": {"out": str(existing)}}))
+             "parallel": {"strategy": "ddp", "devices": "cpu"}, "run": {"out": str(existing)}}),
+            environ=env)
     assert not dist.is_initialized()
 
 
