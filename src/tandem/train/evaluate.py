@@ -12,7 +12,7 @@ from tandem.errors import UsageError, param
 from tandem.factory import is_reference
 
 from . import runlock, settings
-from .plan import plan_eval
+from .plan import eval_place, plan_eval
 from .rundir import checkpoint_path as checkpoint_path_of, example_file_note
 from .run import validate
 
@@ -53,7 +53,8 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
     where it cannot run here); a file from elsewhere as the imagenet example does, said in
     ``note``. ``environ``: the process's variables, as read once. Never augments.
     """
-    runlock.check_saved(checkpoint_path)  # a run that has not saved yet: its process, named
+    place = eval_place(environ)
+    runlock.check_saved(checkpoint_path, place)  # a run not saved yet: its process, named
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)
     if ema:
@@ -79,7 +80,7 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
         given = set(data or {}) | ({"label_smoothing"} if label_smoothing is not None else set())
         cfg, note = settings.eval_settings(cfg, frozenset(given), checkpoint_path)
     cfg = replace(cfg, run=replace(cfg.run, resume=checkpoint_path))
-    plan = plan_eval(cfg, ckpt, environ=environ, fall_back=amp is None and amp_dtype is None)
+    plan = plan_eval(cfg, ckpt, place=place, fall_back=amp is None and amp_dtype is None)
     result = validate(plan)
     if note:
         note = note.replace(settings.DATA_SIZE, f"{result['image_size']}px")

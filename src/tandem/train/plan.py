@@ -163,12 +163,20 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
                    place=place, precision=precision)
 
 
+def eval_place(environ: Environment) -> Place:
+    """This process's place for ``tandem eval``, read once: its lock check comes before the
+    checkpoint is read, and its plan takes the same reading."""
+    return place_of(environ)
+
+
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(), supplied: Supplied = Supplied(),
-              environ: Environment = Environment(), fall_back: bool = False) -> RunPlan:
+              environ: Environment = Environment(), fall_back: bool = False,
+              place: Place | None = None) -> RunPlan:
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing, and
     ``--strategy auto`` validates with the simplest strategy that can (no race). With
-    ``fall_back``, an ``--amp`` that cannot run here validates in float32, said in a note."""
-    place = place_of(environ)
+    ``fall_back``, an ``--amp`` that cannot run here validates in float32, said in a note.
+    ``place``: ``environ`` as :func:`eval_place` read it (None: read here)."""
+    place = place or place_of(environ)
     cfg, precision, instead = _precision(cfg, _device_kind(cfg.parallel), place,
                                          fall_back=fall_back)
     if auto.is_resolver(cfg.parallel.strategy):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, SUPPORT, one_line_error, run_in_process, run_tandem
+from conftest import ROOT, SUPPORT, hint_of, one_line_error, run_in_process, run_tandem
 from own_model import Net, Pairs
 
 import tandem
@@ -383,9 +383,9 @@ def test_make_demo_and_the_readme_say_how_to_reach_tandem():
 
 
 def test_a_module_not_found_says_where_modules_are_looked_for():
-    line = one_line_error(run_in_process("train", "-a", "no_such_mod_32:make", "--data",
-                                         "digits"), "current directory", "PYTHONPATH")
-    assert os.getcwd() in line
+    result = run_in_process("train", "-a", "no_such_mod_32:make", "--data", "digits")
+    assert "no_such_mod_32" in one_line_error(result, "current directory", "PYTHONPATH")
+    assert os.getcwd() in hint_of(result)
 
 
 def test_a_module_given_as_arch_is_told_to_name_its_function():
@@ -445,3 +445,32 @@ def test_a_ddp_launch_is_refused_by_a_live_lock_on_every_rank(tmp_path):
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_eval_of_a_run_held_by_its_own_launch_is_not_refused_as_in_use(tmp_path):
+    """``tandem launch -- eval RUN`` beside the same launch's training: the lock is its own
+    (the launch id eval's plan read), so it is not the "in use" refusal; another launch is."""
+    from tandem.config import ParallelConfig
+    from tandem.distributed.env import LAUNCH_ID_VAR, Environment
+    from tandem.train.evaluate import evaluate
+    from tandem.train.rundir import RunDir
+
+    run = RunDir(str(tmp_path / "run"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import os, time\nfrom tandem.train import runlock, rundir\n"
+         "from tandem.distributed.env import Environment, place_of\n"
+         f"with runlock.held(rundir.RunDir({run.path!r}), place_of(Environment.read())):\n"
+         "    print('held', flush=True)\n    time.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, LAUNCH_ID_VAR: "launch-a"})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(UsageError, match="in use by .* no checkpoint yet"):
+            evaluate(run.path, parallel=ParallelConfig(),
+                     environ=Environment({LAUNCH_ID_VAR: "launch-b"}))
+        with pytest.raises(Exception) as own:
+            evaluate(run.path, parallel=ParallelConfig(),
+                     environ=Environment({LAUNCH_ID_VAR: "launch-a"}))
+        assert "in use" not in str(own.value) and run.path in str(own.value)
+    finally:
+        holder.kill()
+        holder.wait()
