@@ -26,7 +26,7 @@ from tandem.cli.common import add_config_arguments, config_from_args, given_fiel
 from tandem.config import DataConfig
 from tandem.errors import UsageError
 from tandem.models import create_model
-from tandem.strategies.auto import planned_bytes, planned_process_bytes
+from tandem.strategies.auto import planned_bytes, planned_process_bytes, wire_backend
 
 from .fed import format_fed_table, run_fed_bench
 from .link import plan_link
@@ -105,7 +105,8 @@ def _explain(config: BenchConfig, out):
         spec[1] if i == spec[0] else 1.0 for i in range(len(config.device_list))]
     print(explain(model, config.device_list, config.batch_size, config.image_size,
                   config.ideal_split(), per_sample), file=out)
-    link = plan_link(model, config.batch_size, config.processes())
+    link = plan_link(model, config.batch_size, config.processes(),
+                     backend=wire_backend(config.device_list[0]))
     print(link.report(config.link_bytes_per_s()), file=out)
     print(run_setup(config.device_list, config.threads), file=out)
     return link
@@ -117,7 +118,8 @@ def _planned(config: BenchConfig) -> dict:
     model = create_model(config.arch, num_classes=config.num_classes)
     planned = planned_bytes(model, config.device_list, config.batch_size, config.image_size)
     if planned:
-        planned.update(planned_process_bytes(model, config.batch_size, len(config.device_list)))
+        planned.update(planned_process_bytes(model, config.batch_size, len(config.device_list),
+                                             backend=wire_backend(config.device_list[0])))
     return planned
 
 

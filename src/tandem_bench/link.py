@@ -151,10 +151,12 @@ class LinkPlan:
 
 
 def plan_link(model: nn.Module, batch_size: int, processes: int,
-              head: str | None = None) -> LinkPlan:
-    """The :class:`LinkPlan` of ``model`` (nothing is run), or one that says why there is none."""
+              head: str | None = None, backend: str = "nccl") -> LinkPlan:
+    """The :class:`LinkPlan` of ``model`` over ``backend`` (nothing is run), or one that says why
+    there is none."""
     name = type(model).__name__
     why = strategy_class(link_pair()[1]).check_model(model, hybrid_head=head)
     if why:
         return LinkPlan(name, batch_size, processes, None, why)
-    return LinkPlan(name, batch_size, processes, step_bytes(model, batch_size, processes, head))
+    return LinkPlan(name, batch_size, processes, step_bytes(
+        model, batch_size, processes, head, backend=backend))

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from tandem.distributed.agree import LOCAL
+from tandem.distributed.process_group import backend_for
 from tandem.errors import TandemError, UsageError
 from tandem.hybrid import plan as hybrid_plan
 from tandem.hybrid.cost import step_bytes
@@ -267,7 +268,8 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
     else:
         result = race(names, place, rounds=rounds, clock=clock, epoch_batches=epoch_batches)
     head = (options or {}).get("hybrid_head")
-    result.planned = (planned_process_bytes(model, len(images), processes, head)
+    result.planned = (planned_process_bytes(model, len(images), processes, head,
+                                            backend=wire_backend(devices[0]))
                       if processes > 1 else
                       planned_bytes(model, devices, len(images), tuple(images.shape[1:]), head,
                                     split))
@@ -311,13 +313,18 @@ def link_rate(nbytes: int = 8_000_000, repeats: int = 3) -> float:
     return sent / best if best > 0 else math.inf
 
 
-def planned_process_bytes(model, batch_size: int, processes: int,
-                          head: str | None = None) -> dict[str, int]:
-    """Bytes the busiest process sends in one step (:func:`tandem.hybrid.cost.
-    step_bytes`): ddp all its gradients, the hybrid across processes its trunk's gradients and
-    the head's activations; ``{}`` for a model it cannot plan."""
+def wire_backend(device) -> str:
+    """The backend :func:`~tandem.hybrid.cost.step_bytes` counts for a run on ``device``: gloo
+    on the CPU (its reduce-scatter sends twice the bytes), else nccl's collectives."""
+    return "gloo" if backend_for(torch.device(device)) == "gloo" else "nccl"
+
+
+def planned_process_bytes(model, batch_size: int, processes: int, head: str | None = None,
+                          backend: str = "nccl") -> dict[str, int]:
+    """The busiest process's bytes a step over ``backend`` (:func:`wire_backend`), by
+    multi-process strategy (:func:`~tandem.hybrid.cost.step_bytes`); ``{}`` if it cannot plan."""
     try:
-        cost = step_bytes(model, batch_size, processes, head)
+        cost = step_bytes(model, batch_size, processes, head, backend=backend)
     except (TandemError, ValueError, TypeError, AttributeError):
         return {}
     predicted = {launched(): round(cost.most(cost.ddp)),

@@ -121,3 +121,22 @@ def test_explain_without_a_head_says_why_there_is_no_plan():
     assert record["rates_bytes_per_s"] == {"given": 125e6, "measured": 1e9}
     assert plan.measured_line(1e9, 2) == ("link: 8 Gbit/s measured by an all-reduce in the "
                                           "torchrun phase (2 processes on this machine)")
+
+
+def test_a_cpu_run_plans_the_bytes_gloo_sends():
+    """gloo (the CPU's backend) reduce-scatters by an all-reduce: twice the bytes, by hand."""
+    from tandem_bench.cli import _planned
+    from tandem.models import create_model
+    from tandem.strategies.auto import wire_backend
+
+    w, batch, e = 2, 8, 4
+    each_in, each_out = (w - 1) * (batch // w) * 16 * e, (w - 1) * (batch // w) * 5 * e
+    by_kind = plan_link(Headed(), batch, w, backend=wire_backend("cpu")).record(
+        None, None)["bytes_per_step"]["hybrid-ddp"]["by_kind"]
+    assert by_kind["activations"] == each_in + 2 * each_out  # row outputs reduce-scattered
+    assert by_kind["activation_grads"] == 2 * each_in + each_out  # column inputs' gradients
+    config = BenchConfig(arch="cifar_resnet20", devices="cpu:2", baselines="none")
+    model = create_model(config.arch, num_classes=config.num_classes)
+    gloo, nccl = (step_bytes(model, config.batch_size, 2, backend=b) for b in ("gloo", "nccl"))
+    planned = _planned(config)
+    assert planned["hybrid-ddp"] == round(gloo.most(gloo.hybrid)) > nccl.most(nccl.hybrid)
