@@ -1,14 +1,8 @@
 """The decisions every rank of a job must share, each made here, once, for all of them.
 
-NCCL matches collectives by order, not name: a rank that decides alone (to skip a step, stop,
-save) issues a collective its peers do not, and the job hangs. So each such decision is one
-method of :class:`Agreement`, one collective each: :meth:`~Agreement.settings` (at the start),
-:meth:`~Agreement.rank0` / :meth:`~Agreement.from_rank0` (what rank 0 decided),
-:meth:`~Agreement.each`, :meth:`~Agreement.all_of`, :meth:`~Agreement.any_of`,
-:meth:`~Agreement.vote` (stop, save, the step saved: one all-reduce a step, read a step late)
-and :meth:`~Agreement.grad_scaler` (fp16's skipped step). They run on CPU tensors (gloo under
-``cpu:gloo,cuda:nccl``): an agreement never waits on a GPU, and a peer lost during one is one
-line (:func:`~.faults.watched`). In one process each returns the caller's own value.
+NCCL matches collectives by order: a rank that decides alone (to skip a step, stop, save) hangs
+the job. So each decision is one method of :class:`Agreement`, one collective on CPU tensors
+(never waiting on a GPU); in one process each returns the caller's own value.
 """
 
 from __future__ import annotations
@@ -140,11 +134,9 @@ class Agreement:
         return [bool(v) for v in votes.tolist()]
 
     def vote(self, stop: bool, save: bool = False, saved_step: int | None = None) -> Verdict:
-        """Cast this step's votes and return the previous step's verdict (every rank calls it
-        once per optimizer step). ``stop`` (a signal) and ``save`` count on any rank,
-        ``saved_step`` is rank 0's. One all-reduce a step, read one step later, so a step
-        never waits on it and a signal stops the job after the next step; one process: this
-        step's own votes."""
+        """Cast this step's votes and return the previous step's verdict (every rank, once a
+        step): one all-reduce read a step later, so a step never waits on it."""
+
         if not self.several:
             return Verdict(stop, save, saved_step)
         cast = torch.tensor([float(stop), float(save),

@@ -1,15 +1,9 @@
-"""What happens when a peer of a multi-process job is lost, in one place.
+"""What happens when a peer of a multi-process job is lost, in one place: told apart from a bug
+(:func:`is_peer_failure`), named (:func:`lost_peer`), and ended (:func:`ended`): the step it cut
+short undone, the last completed step saved where a survivor can, one line, exit status 4.
 
-Told apart from a bug (:func:`is_peer_failure`: torch's ``DistError`` family, or gloo's
-``RuntimeError`` in its transport's words, with its source named where other errors say them
-too), named (:func:`lost_peer`: by the address in the text, else by who still answers in the
-job's store, else by the line a failed rank left there), and ended: the step it cut short
-undone, the last completed step saved where a survivor can save it, else the last checkpoint
-kept, one line with how the run goes on (:func:`ended`), exit status 4.
-
-Not torch's ``monitored_barrier``: every rank must call it at one point, on a working group,
-rank 0 collecting, and rank 0 may be the one lost. Not a heartbeat (O(W**2) store requests a
-beat); the marks here cost O(W) requests, once. NCCL's flight recorder: :mod:`.torchrun`.
+Not torch's ``monitored_barrier``: every rank must call it at one point, rank 0 collecting, and
+rank 0 may be the one lost. The store marks here cost O(W) requests, once.
 """
 
 from __future__ import annotations
@@ -124,9 +118,8 @@ def _suspects(exc: BaseException, agreement) -> list[int]:
 
 
 def _silent(agreement) -> list[int]:
-    """The ranks that did not mark themselves alive in the job's store within a few seconds
-    (each survivor marks itself once); every other rank when the store itself is out of reach
-    (it lives on node 0: rank 0 is then lost with it)."""
+    """The ranks that did not mark themselves alive in the job's store within a few seconds;
+    node 0's ranks when the store (on node 0) is out of reach."""
     try:
         store = short_store(agreement.env, _ROLL_S)
         prefix = f"{key_prefix(agreement.env)}/alive"
@@ -169,9 +162,7 @@ def tell_others(exc: TandemError, line: str, env) -> None:
 
 @dataclass
 class StepStart:
-    """What optimizer step ``step`` changes before its optimizer step, as it was when it began:
-    the model's buffers (BatchNorm's running statistics) and the RNG states. A step a lost
-    peer cut short is undone with it, so the checkpoint then saved is the last completed one
+    """The buffers and RNG states as step ``step`` began, to undo a step a lost peer cut short
     (weights and optimizer change only at the optimizer step)."""
 
     step: int
@@ -190,10 +181,8 @@ class StepStart:
 
 
 def ended(trainer, exc: RuntimeError) -> PeerLost | None:
-    """The :class:`PeerLost` that ends ``trainer``'s run (a :class:`~tandem.train.loop.
-    Trainer`; None: ``exc`` is no lost peer): the step it cut short undone, the last completed
-    step saved with no collective where the main process can, and one line per node (its
-    first process) saying what the run keeps and how it goes on."""
+    """The :class:`PeerLost` that ends ``trainer``'s run (None: ``exc`` is no lost peer), after
+    undoing the step under way and saving the last completed one where rank 0 can."""
     s, pos = trainer.strategy, trainer.position
     start = trainer.step_start
     if start is not None and start.step != pos.step:
@@ -212,8 +201,7 @@ def ended(trainer, exc: RuntimeError) -> PeerLost | None:
 
 def _save(trainer, start: StepStart | None) -> str | None:
     """Undo the step under way (``start``) and save the last completed step on the main
-    process (its path); nothing where the state needs every rank. The epoch's train sums need
-    the others: the resumed epoch's row counts from this batch (:data:`LOST_BEFORE`)."""
+    process (its path; None where the state needs every rank)."""
     s = trainer.strategy
     if start is not None:
         with torch.no_grad():
@@ -229,9 +217,8 @@ def _save(trainer, start: StepStart | None) -> str | None:
 
 
 def _goes_on(trainer, saved: str | None, lost: tuple[int, ...]) -> str:
-    """What the run keeps, as this rank knows it (the checkpoint the main process saved, or
-    the last one it has), and how it goes on (the launcher restarts it, or each node's
-    command)."""
+    """What the run keeps, as this rank knows it, and how it goes on."""
+
     s, pos, out = trainer.strategy, trainer.position, trainer.cfg.run.out
     left = s.agreement.env.restarts_left
     if saved is not None:

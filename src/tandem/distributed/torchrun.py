@@ -336,8 +336,8 @@ def _nccl_defaults(directory: str) -> dict[str, str]:
 
 def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
     """The line for workers that did not say why they ended (killed, or aborted by NCCL's
-    watchdog), the cause on this node first; after an abort, what the run keeps and how it
-    goes on, as the workers last told (:mod:`.launch_state`)."""
+    watchdog); after an abort, what the run keeps, as the workers last told."""
+
     failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
     aborted = [r for r, f in failures if f.exitcode == -signal.SIGABRT]
     others = [(r, f) for r, f in failures if f.exitcode != -signal.SIGABRT]
@@ -413,12 +413,12 @@ def _network(spec: LaunchSpec) -> network.Route | None:
 
 
 def _note_no_name(address: str) -> None:
-    """The note that torch's c10d ``err=-3`` warnings are harmless, where ``address`` (the
-    one the workers connect to) has no host name here."""
+    """Say that torch's c10d ``err=-3`` warnings are harmless where ``address`` has no name."""
     if not network.has_reverse_name(address):
-        print(f"tandem launch: note: {address} has no host name here (no DNS answer), so "
-              "torch warns 'The hostname of the client socket cannot be retrieved. err=-3' "
-              "at each connection; it is harmless", flush=True)
+        print(f"tandem launch: note: {address} has no host name here (no DNS answer): torch's "
+              "err=-3 warnings are harmless", flush=True)
+        print("hint: torch warns 'The hostname of the client socket cannot be retrieved. "
+              "err=-3' at each connection", flush=True)
 
 
 def _wait_for_master(spec: LaunchSpec) -> None:

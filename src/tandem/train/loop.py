@@ -1,10 +1,6 @@
-"""The training loop, top to bottom: :meth:`Trainer.fit` → an epoch → a step → the optimizer
-step, through the strategy's interface only. A step consumes ``accum_steps`` global batches
-(all but the last under ``no_sync``), each process its share, in an order set by ``(seed,
-epoch)``. The main process alone logs and saves (``data_position``: ``--resume`` restarts at
-the next batch, same RNG). A step never reads the device: losses are summed there and read
-where it is read anyway (``--print-freq``, saves, an epoch's end), a non-finite one stopping
-the run. A lost peer: :func:`tandem.distributed.faults.ended`.
+"""The training loop: :meth:`Trainer.fit` → an epoch → a step → the optimizer step, through
+the strategy's interface only. A step never reads the device: losses are summed there and read
+at ``--print-freq``, saves and an epoch's end. A lost peer: :func:`tandem.distributed.faults.ended`.
 """
 
 from __future__ import annotations
@@ -49,13 +45,11 @@ from .tensorboard import TensorBoard
 from .writer import Writer, snapshot
 
 
-#: ``curves.png`` is drawn after a row at most this often (a draw costs about half a second of
-#: CPU), and always when the run ends or stops
+#: seconds between two draws of ``curves.png`` (half a second of CPU each), and at the end
 CURVES_EVERY_S = 30.0
 
-#: minutes of training between two checkpoints under several processes, unless
-#: ``--save-minutes`` says otherwise: what a lost peer can cost where no survivor can save (a
-#: lost rank 0, a split model, NCCL's abort); one process saves at each epoch's end only
+#: minutes between checkpoints under several processes (``--save-minutes``): what a lost peer
+#: can cost where no survivor can save
 SAVE_MINUTES = 10.0
 
 # torch warns so when GradScaler skipped the first step (inf gradients): expected here
@@ -108,48 +102,34 @@ class Trainer:
     position: Position = field(default_factory=Position)
     best_acc1: float = 0.0
     stop: StopRequest = field(default_factory=lambda: StopRequest(enabled=False))
-    # a mid-epoch checkpoint's train sums over every process: the resumed epoch's row is whole
-    carried: dict | None = None
+    carried: dict | None = None  # a mid-epoch checkpoint's train sums (every process's)
     loaders: LoaderCache = field(default_factory=LoaderCache)  # persistent workers
-    # the step of the checkpoint.pt this run saved last (every rank: they save together)
-    saved_step: int | None = None
-    # the step of the checkpoint --out held at the start (the one a resume continues there)
-    kept_at_start: int | None = None
+    saved_step: int | None = None  # the step this run saved last (every rank)
+    kept_at_start: int | None = None  # the step of the checkpoint --out held at the start
     started_at: Position = field(default_factory=Position)  # where this invocation began
-    wait: DataWait = field(default_factory=DataWait)  # the epoch's data wait (.datawait)
-    # the last optimizer step's start, where a lost peer's survivors undo it (faults.StepStart)
-    step_start: faults.StepStart | None = None
-    # the batch this epoch's train sums count from, when those before it were lost with a peer
-    train_from: int | None = None
-    # [step, lr] of each optimizer step of the epoch under way, for its row and curves.png
-    lr_steps: list = field(default_factory=list)
-    # rank 0's files, written off the step's path (.writer)
-    writer: Writer = field(default_factory=Writer)
-    # every rank stops at this step: the ranks agreed on it (a signal on any of them)
-    stopping: bool = False
-    # the step of the last checkpoint rank 0 has on disk, as every rank heard it (its vote)
-    job_saved_step: int | None = None
-    # best.pt exists in --out (at the start, or handed to the writer since)
-    best_written: bool = False
+    wait: DataWait = field(default_factory=DataWait)
+    step_start: faults.StepStart | None = None  # where a lost peer's survivors undo a step
+    train_from: int | None = None  # the batch the epoch's sums count from (after a lost peer)
+    lr_steps: list = field(default_factory=list)  # [step, lr] of the epoch's steps
+    writer: Writer = field(default_factory=Writer)  # rank 0's files, off the step's path
+    stopping: bool = False  # the ranks agreed to stop at this step
+    job_saved_step: int | None = None  # rank 0's last checkpoint on disk, as the vote said
+    best_written: bool = False  # best.pt exists in --out
     last_save_at: float = field(default_factory=time.monotonic)  # the main process's clock
-    # what the node's launcher says after an abort (tandem.distributed.launch_state; or None)
-    launch_state: object = None
-    # mixup and cutmix (None: off): the loader adds partners, device_batch mixes them
-    mixing: Mixing | None = None
-    clip: GradClip | None = None  # --clip-grad, by the plain model's norm (tandem.optim)
-    ema: ModelEma | None = None  # --model-ema: validated and saved beside the weights
+    launch_state: object = None  # what the node's launcher reads after an abort (or None)
+    mixing: Mixing | None = None  # mixup and cutmix (None: off)
+    clip: GradClip | None = None  # --clip-grad
+    ema: ModelEma | None = None  # --model-ema
     precision: Precision | None = None  # what --amp is here, as the plan decided (None: fp32)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
-        """Train until ``epochs`` or ``max_steps``, validating, logging and saving after each
-        epoch; return the metrics rows (with ``log``'s, on the main process). A signal on any
-        process stops all after a step, saved (:class:`~.interrupt.Interrupted`); a
-        non-finite loss or weights raise :class:`~tandem.errors.TrainingDiverged`, saving
-        nothing; a lost peer saves the last completed step where it can (faults.ended)."""
+        """Train until ``epochs`` or ``max_steps``; return the metrics rows (main process). A
+        signal stops every process after a step, saved (:class:`~.interrupt.Interrupted`); a
+        non-finite loss raises :class:`~tandem.errors.TrainingDiverged`, saving nothing."""
         self.stop = stop or self.stop
-        s = self.strategy
-        self.started_at = replace(self.position)
+        s, pos, optim = self.strategy, self.position, self.cfg.optim
+        self.started_at = replace(pos)
         self.best_written = s.is_main and os.path.exists(self.run_dir.best)
         self.job_saved_step = self.kept_at_start
         records = log.read() if s.is_main else []
@@ -159,7 +139,14 @@ class Trainer:
                 figure.draw(self, records)
             board = TensorBoard.open(self.run_dir.tensorboard, records)
         try:
-            self._epochs(log, records, board, figure)
+            trained = False
+            while pos.epoch < optim.epochs and not (optim.max_steps
+                                                    and pos.step >= optim.max_steps):
+                trained = True
+                if self._epoch(log, records, board, figure):
+                    break
+            if s.is_main:
+                print(self._last_line(trained), flush=True)
         except RuntimeError as exc:  # a lost peer: what the run keeps, in one line
             ended = faults.ended(self, exc)
             if ended is None:
@@ -175,26 +162,12 @@ class Trainer:
                 board.close()
         return records  # the caller flushes the writer (after the ranks' last collective)
 
-    def _epochs(self, log: MetricsLog | None, records: list[dict],
-                board: TensorBoard | None, figure: "_Figure") -> None:
-        """Epochs until ``epochs`` or ``max_steps``; then say where the best weights are."""
-        cfg, pos = self.cfg, self.position
-        max_steps = cfg.optim.max_steps
-        trained = False
-        while pos.epoch < cfg.optim.epochs and not (max_steps and pos.step >= max_steps):
-            stopped = self._epoch(log, records, board, figure)
-            trained = True
-            if stopped:
-                break
-        if self.strategy.is_main:
-            print(self._best_line() if trained else
-                  f"nothing to train: at epoch {pos.epoch}/{cfg.optim.epochs}, step {pos.step}"
-                  + (f"/{max_steps}" if max_steps else ""), flush=True)
-
-    def _best_line(self) -> str:
-        """Where the best weights are; or, when no validation was finite (so none was "best"),
-        that no best.pt was written and which file holds the weights instead."""
-        run = self.run_dir
+    def _last_line(self, trained: bool) -> str:
+        """Where the best weights are, or why there is no best.pt and where the weights are."""
+        run, pos, optim = self.run_dir, self.position, self.cfg.optim
+        if not trained:
+            return (f"nothing to train: at epoch {pos.epoch}/{optim.epochs}, step {pos.step}"
+                    + (f"/{optim.max_steps}" if optim.max_steps else ""))
         if self.val_set is None:
             return (f"no validation data (val_data=None), so no {run.BEST}: the last weights "
                     f"are in {run.latest}")
@@ -209,8 +182,7 @@ class Trainer:
     def _epoch(self, log: MetricsLog | None, records: list[dict],
                board: TensorBoard | None, figure: "_Figure") -> bool:
         """Train one epoch (or to ``--max-steps``), validate, save, log; True when stopped
-        part-way. A stop request saves and raises :class:`Interrupted` instead of
-        validating."""
+        part-way. A stop saves and raises :class:`Interrupted` instead of validating."""
         s, pos, stop = self.strategy, self.position, self.stop
         reset_peak_memory(s.devices)
         train, stopped, seconds = self.train_epoch()
@@ -224,15 +196,11 @@ class Trainer:
                 self.save(is_best=False, progress=epoch_progress(train, seconds, self.lr_steps))
             message = self.interrupted_message()
             raise Interrupted(message, stop.signum, quiet=not message)
-        # A non-finite val loss (fp16 logits past 65504 from early BatchNorm statistics)
-        # is reported, not fatal: only train loss and weights stop a run (above).
-        val = self.validate()
+        val = self.validate()  # a non-finite val loss is reported, not fatal
         ema_val = self.validate_ema()  # None without --model-ema
         if not stopped:
             pos.epoch, pos.batch = pos.epoch + 1, 0
-        # The first validation of a run directory always writes best.pt (even at 0%),
-        # unless its loss is not finite: such a model is never "best". With --model-ema
-        # the average's score decides.
+        # the first finite validation always writes best.pt (even at 0%); the EMA's decides
         judged = val if ema_val is None else ema_val
         is_best = self.val_set is not None and judged.finite and (  # no validation: no best
             judged.acc > self.best_acc1 or not self.best_written)
@@ -258,18 +226,22 @@ class Trainer:
                     break
         finally:
             run.progress.close()
-        # the epoch's time (images_per_sec) ends when its queued GPU work does, not when the
-        # host has queued it
-        synchronize(self.strategy.devices)
+        synchronize(self.strategy.devices)  # the epoch's time ends with its queued GPU work
         return run.meter, run.stopped, run.seconds()
 
     def begin_epoch(self) -> EpochRun:
         """The epoch's meter (with carried sums), progress and clock; the model in training
-        mode. Data comes after: :meth:`train_batch` takes device batches (and frees the last
-        step's gradients before each step's first one)."""
+        mode. :meth:`train_batch` then takes device batches."""
         cfg, s, pos = self.cfg, self.strategy, self.position
         self.lr_steps = [list(p) for p in (self.carried or {}).get("lr_steps", [])]
-        meter, carried_seconds = self._carried_meter()
+        carried, self.carried = self.carried, None
+        meter, carried_seconds = Meter(), 0.0
+        if carried and faults.LOST_BEFORE in carried:  # saved at a lost peer: sums went with it
+            self.train_from = int(carried[faults.LOST_BEFORE])
+        elif carried and s.is_main:
+            meter = Meter.from_sums(carried["loss_sum"], carried["correct"], carried["count"],
+                                    carried.get("correct5", 0), carried.get("confusion"))
+            carried_seconds = float(carried["seconds"])
         print_freq = cfg.run.print_freq
         progress = Progress(self.batches_per_epoch, pos.batch,
                             f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
@@ -281,24 +253,12 @@ class Trainer:
         self.model.train()
         return EpochRun(meter, progress, carried_seconds)
 
-    def _carried_meter(self) -> tuple[Meter, float]:
-        """A meter holding the carried sums of this epoch (on the main process only)."""
-        carried, self.carried = self.carried, None
-        if carried and faults.LOST_BEFORE in carried:  # saved at a lost peer: sums went with it
-            self.train_from = int(carried[faults.LOST_BEFORE])
-            return Meter(), 0.0
-        if not carried or not self.strategy.is_main:
-            return Meter(), 0.0
-        return Meter.from_sums(carried["loss_sum"], carried["correct"], carried["count"],
-                               carried.get("correct5", 0), carried.get("confusion")), \
-            float(carried["seconds"])
 
     # -- one step ---------------------------------------------------------------------------
     def train_batch(self, run: EpochRun, index: int, images: torch.Tensor,
                     targets: torch.Tensor) -> bool:
-        """Global batch ``index`` of the epoch (this process's share, on the device): forward,
-        loss and backward (under ``no_sync`` but for a step's last micro-batch), the meter and
-        progress; after the last micro-batch the optimizer step. True when it stepped."""
+        """Global batch ``index`` (this process's share, on the device): forward and backward
+        (under ``no_sync`` but for a step's last micro-batch); True when it stepped."""
         s, k, n = self.strategy, self.cfg.optim.accum_steps, self.batches_per_epoch
         print_freq = self.cfg.run.print_freq
         group_start = index - index % k
@@ -307,25 +267,22 @@ class Trainer:
         sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
         if index == group_start:
             self.step_start = faults.StepStart.of(self)  # None where no survivor saves
-            # free the last step's gradients here, just before the forward allocates: freed
-            # after the step instead, glibc gave the memory back to the system and this
-            # forward faulted it in again (about 6% of a CPU step, BENCHMARKS.md section 11)
+            # freed just before the forward allocates: freed after the step, glibc returned
+            # the memory and this forward faulted it in again (BENCHMARKS.md section 11)
             self.optimizer.zero_grad(set_to_none=True)
         with sync:
             with self.autocast(), self.keyed_stream(index, index - group_start):
                 out = s.forward_loss(self.model, self.criterion, images, targets,
                                      batch_size=self.global_batch(self.train_set, index))
             self.scaler.scale(out.loss / group_size).backward()
-        # no host sync: the sums stay on the device
         run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
                          out.ce_sum)
         run.loss = out.loss.detach()
         due = print_freq > 0 and (index + 1) % print_freq == 0
-        # a --print-freq line shows the whole job's sums: every process reduces at the same
-        # batch (the line reads the device anyway); a bar's timed refresh shows rank 0's
+        # a --print-freq line shows the job's sums (every process reduces at that batch); a
+        # bar's timed refresh shows rank 0's
         shown = run.progress.update(out.count * s.world_size, run.meter.reduced(s)
                                     if due and s.world_size > 1 else run.meter)
-        # Every process reads at --print-freq batches; a bar's refresh only the main one.
         run.look |= (shown and s.world_size == 1) or due
         if not last_micro:
             return False
@@ -345,15 +302,19 @@ class Trainer:
         return True
 
     def after_step(self, run: EpochRun) -> bool:
-        """After an optimizer step: ``--max-steps``, the ranks' vote (every process, every
-        step: a stop, a save due by rank 0's clock, the step rank 0 has on disk) and
-        ``--save-every``. True when the epoch ends here (``run.stopped``: part-way)."""
+        """After an optimizer step: ``--max-steps``, the ranks' vote (a stop, a save due, rank
+        0's step on disk) and ``--save-every``. True when the epoch ends here."""
         cfg, s, pos = self.cfg, self.strategy, self.position
         max_steps, save_every = cfg.optim.max_steps, cfg.run.save_every
         if max_steps is not None and pos.step >= max_steps:
             run.stopped = pos.batch < self.batches_per_epoch
             return True
-        verdict = s.agreement.vote(self.stop.requested, self.save_due(), self.writer.written_step)
+        minutes = cfg.run.save_minutes
+        if minutes is None:
+            minutes = SAVE_MINUTES if s.multiprocess else 0.0
+        save_due = (s.is_main and minutes > 0  # rank 0's clock votes; the ranks save together
+                    and time.monotonic() - self.last_save_at >= 60.0 * minutes)
+        verdict = s.agreement.vote(self.stop.requested, save_due, self.writer.written_step)
         self.heard(verdict)
         if self.stopping:  # every rank stops at this step
             return True
@@ -365,8 +326,7 @@ class Trainer:
         return False
 
     def heard(self, verdict) -> None:
-        """Take what the ranks agreed (:class:`~tandem.distributed.agree.Verdict`): a stop, and
-        the step of rank 0's last checkpoint on disk (which the node's launcher is told)."""
+        """Take what the ranks agreed (:class:`~tandem.distributed.agree.Verdict`)."""
         if verdict.stop:
             self.stop.requested = self.stopping = True
         if verdict.saved_step is not None and verdict.saved_step != self.job_saved_step:
@@ -374,25 +334,11 @@ class Trainer:
             if self.launch_state is not None:
                 self.launch_state.saved(verdict.saved_step)
 
-    def save_minutes(self) -> float:
-        """Minutes of training between two checkpoints (0: only at the end of an epoch)."""
-        minutes = self.cfg.run.save_minutes
-        if minutes is None:
-            return SAVE_MINUTES if self.strategy.multiprocess else 0.0
-        return minutes
-
-    def save_due(self) -> bool:
-        """Whether the main process's clock says a checkpoint is due (its vote; the ranks save
-        together when the vote comes back)."""
-        minutes = self.save_minutes()
-        return (self.strategy.is_main and minutes > 0
-                and time.monotonic() - self.last_save_at >= 60.0 * minutes)
 
     def _rebalance(self, progress: Progress) -> None:
         """``--split auto``: let the strategy move the shares; say so when they moved."""
         s, pos = self.strategy, self.position
-        ahead = self.cfg.data.workers * PREFETCH  # batches the loader has drawn already
-        if s.split.step(pos.epoch, pos.batch, ahead) and s.is_main:
+        if s.split.step(pos.epoch, pos.batch, self.cfg.data.workers * PREFETCH) and s.is_main:
             progress.shares = format_shares(self.batch_shares().values())
             progress.note(f"step {pos.step}: split {progress.shares} "
                           f"(samples per device of {self.cfg.optim.batch_size})")
@@ -410,10 +356,8 @@ class Trainer:
 
     def device_batch(self, images: torch.Tensor, targets: torch.Tensor,
                      pairing: Pairing | None = None):
-        """Copy a batch to the device; uint8 images are normalised there (train and val
-        splits share their normalisation, so the val set's serves both). A mixed batch's
-        share (``pairing``: its own samples, then their partners) is mixed there, in the run's
-        dtype: its own samples, and class probabilities for targets."""
+        """Copy a batch to the device, normalising uint8 images there (the val set's
+        normalisation serves both splits); ``pairing`` mixes a mixup/cutmix batch there."""
         device = self.strategy.device
         images = batch_to_device(images, device, channels_last=self.cfg.parallel.channels_last,
                                  normalization=getattr(self.val_set, "normalization", None))
@@ -423,8 +367,7 @@ class Trainer:
         return (images, targets) if pairing is None else pairing.mix(images, targets)
 
     def global_batch(self, dataset, index: int) -> int:
-        """The size of global batch ``index`` of ``dataset`` (the last one short), which the
-        processes' shares add up to."""
+        """The size of global batch ``index`` of ``dataset`` (the last one short)."""
         batch = self.cfg.optim.batch_size
         if dataset is None:  # a bench twin steps one whole batch again and again
             return batch
@@ -434,9 +377,8 @@ class Trainer:
         return self.precision.autocast() if self.precision else contextlib.nullcontext()
 
     def keyed_stream(self, index: int, micro: int):
-        """Where dropout and drop path draw in the forward of global batch ``index``
-        (``--dropout-rng keyed``, :mod:`tandem.keyed`): keyed by the seed, the optimizer step
-        and the micro-batch, at this process's first row of the global batch."""
+        """``--dropout-rng keyed`` (:mod:`tandem.keyed`): dropout's draws keyed by seed, step,
+        micro-batch and this process's first row of global batch ``index``."""
         if self.cfg.model.dropout_rng != KEYED:
             return contextlib.nullcontext()
         s, pos = self.strategy, self.position
@@ -455,11 +397,8 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> Meter:
-        """Loss, top-1 and top-5 (pixel accuracy and mean IoU for dense outputs) over the whole
-        validation set, every sample counted once (none without one: ``tandem.fit(...,
-        val_data=None)``). Under autocast torch runs cross-entropy in float32 and the meter
-        sums in float64, so only logits that overflowed in the model (fp16 past 65504) make
-        the loss non-finite; the epoch reports that instead of stopping."""
+        """The meter over the whole validation set, every sample counted once (empty without
+        one). Only logits that overflowed in the model (fp16) make its loss non-finite."""
         meter = Meter()
         if self.val_set is None:
             return meter
@@ -476,8 +415,7 @@ class Trainer:
         return meter.reduced(self.strategy)
 
     def validate_ema(self) -> Meter | None:
-        """:meth:`validate` with the EMA of the weights in the model (``None`` without
-        ``--model-ema``)."""
+        """:meth:`validate` with the EMA of the weights (``None`` without ``--model-ema``)."""
         if self.ema is None:
             return None
         with self.ema.swapped():
@@ -486,10 +424,8 @@ class Trainer:
     # -- a loss or weights no longer finite ---------------------------------------------------
     def check_finite(self, meter: Meter | None, *, weights: bool = False,
                      what: str = "train loss") -> None:
-        """Raise :class:`TrainingDiverged` on every process when ``meter``'s loss, or with
-        ``weights`` the model's weights, are not finite on any process. Reads the meter
-        (once) and, with ``weights``, the model. What is kept is the last checkpoint written
-        with finite weights; :func:`diverged_message` says which, and how to go on."""
+        """Raise :class:`TrainingDiverged` on every process when ``meter``'s loss (or with
+        ``weights`` the model's weights) is not finite on any. Reads the device once."""
         s = self.strategy
         bad = meter is not None and not meter.finite
         if weights and not bad:
@@ -504,8 +440,7 @@ class Trainer:
         raise TrainingDiverged(text, quiet=not s.is_main)
 
     def kept_step(self) -> int | None:
-        """The step of the checkpoint in --out: the last this run saved, else the one it
-        resumed from there; ``None``: none. The same on every rank."""
+        """The step of the checkpoint in --out (``None``: none); the same on every rank."""
         return self.saved_step if self.saved_step is not None else self.kept_at_start
 
     # -- saving -----------------------------------------------------------------------------
@@ -514,21 +449,16 @@ class Trainer:
         return RunDir(self.cfg.run.out)
 
     def save(self, is_best: bool, progress: dict | None = None, rng: dict | None = None) -> None:
-        """Write ``checkpoint.pt`` (and ``best.pt``) atomically, on the main process only;
-        every process calls it, but after a lost peer only the main one does.
-
-        ``progress`` is the epoch under way's train sums when saving mid-epoch; ``rng`` the
-        RNG states to save (default: as they are now).
-        """
+        """Write ``checkpoint.pt`` (and ``best.pt``) on the main process; every process calls
+        it (a lost peer's survivor alone). ``progress``: a mid-epoch save's train sums; ``rng``:
+        the RNG states to save (default: now's)."""
         s = self.strategy
         self.saved_step = self.position.step  # every rank: the ranks save together
-        if progress is not None:  # an epoch's lr curve, not every step of a long one
+        if progress is not None:
             progress = {**progress, "lr_steps": thinned(progress["lr_steps"])}
         if not s.is_main and not s.state_needs_every_rank:
             return
-        # a strategy whose ranks each hold a block of the model (hybrid across processes)
-        # gathers the plain state here, a collective every rank joins; others read it locally
-        state = s.state_dict(self.model)  # plain keys, split layers merged
+        state = s.state_dict(self.model)  # a collective where the state needs every rank
         plain_optimizer = s.optimizer_state_dict(self.model, self.optimizer)
         ema = None if self.ema is None else self.ema.state_dict(lambda: s.state_dict(self.model))
         if not s.is_main:
@@ -548,11 +478,9 @@ class Trainer:
             config=self.config_dict,
             **({} if ema is None else {"ema": ema}),  # plain layout, as state_dict
         )
-        # the lr the example's StepLR continues with; tandem's own is in tandem_scheduler
-        optimizer = example_optimizer_state(  # in the plain layout: any strategy loads it
-            self.optimizer, pos.epoch, plain_optimizer)
-        # a copy taken now, written by the writer's thread while training goes on
-        state, optimizer, extra = snapshot((state, optimizer, extra))
+        # the lr the example's StepLR continues with, in the plain layout (any strategy loads it)
+        optimizer = example_optimizer_state(self.optimizer, pos.epoch, plain_optimizer)
+        state, optimizer, extra = snapshot((state, optimizer, extra))  # the writer's copy
         run, config = self.run_dir, extra["config"]
 
         def write_latest():
@@ -567,8 +495,8 @@ class Trainer:
             self.best_written = True
 
     def interrupted_message(self) -> str:
-        """Where the run stopped and how to continue it: the main process says it for the job,
-        another machine's first process for its own node."""
+        """Where the run stopped and how to continue it (rank 0 for the job, another node's
+        first process for its node)."""
         s, pos, out = self.strategy, self.position, self.cfg.run.out
         where = f"{self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}"
         if s.is_main:
@@ -581,9 +509,7 @@ class Trainer:
     # -- the epoch's outputs ------------------------------------------------------------------
     def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float,
                      ema_val: Meter | None = None) -> dict:
-        """The metrics row of the epoch just trained (reduced ``train`` and ``val`` meters,
-        and ``ema_val``, the EMA's validation), read after the position moved on; ``partial``
-        when ``--max-steps`` stopped it part-way."""
+        """The metrics row of the epoch just trained, read after the position moved on."""
         pos, s = self.position, self.strategy
         record = {
             "epoch": pos.epoch if not stopped else pos.epoch + 1,
@@ -606,8 +532,8 @@ class Trainer:
                           **score_fields("ema_val", ema_val))
         if self.clip is not None:
             record.update(self.clip.fields())  # clipped_steps
-        if self.batch_shares() is not None:
-            record["split"] = self.batch_shares()
+        if (shares := self.batch_shares()) is not None:
+            record["split"] = shares
         if self.train_from is not None:  # the sums before it were lost with a peer
             record["train_from_batch"], self.train_from = self.train_from, None
         return record
@@ -617,7 +543,7 @@ class Trainer:
         """The main process's outputs of one epoch: the metrics row, figure, board and line."""
         cfg = self.cfg
         records.append(record)
-        # after the epoch's checkpoint, by the same writer: a row on disk means it is saved
+        # by the checkpoint's writer, after it: a row on disk means its epoch is saved
         self.writer.write(log.path, lambda: log.append(record), supersedes=False)
         figure.row_added(self, records)
         if board is not None:
@@ -627,8 +553,7 @@ class Trainer:
         self.wait.advise(cfg.data, self.strategy.device)  # once per run, when data waits
 
     def plot(self, records: list[dict]) -> None:
-        """``curves.png`` of ``records``, with the learning rate of every step, drawn by the
-        writer's thread (about half a second of CPU)."""
+        """``curves.png`` of ``records`` with every step's lr, drawn by the writer's thread."""
         optim = self.cfg.optim
         per_epoch = -(-self.batches_per_epoch // optim.accum_steps)
         base, path, rows = self.scheduler.base_lrs[0], self.run_dir.curves, list(records)
@@ -639,13 +564,9 @@ class Trainer:
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                    scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> None:
-    """One optimizer step through ``scaler``, then one schedule step.
-
-    The schedule counts optimizer steps *attempted*: a step fp16's GradScaler skips (inf
-    gradients, while it finds its scale) still advances it, as in the imagenet example, so
-    the learning rate of step ``t`` is ``lr_factor(t)`` whatever the scaler did and a resume
-    lands on it. torch's warning about that skipped first step is therefore not shown.
-    """
+    """One optimizer step through ``scaler``, then one schedule step. The schedule counts steps
+    attempted (one GradScaler skips still counts, as in the imagenet example), so torch's
+    warning about a skipped first step is not shown."""
     scaler.step(optimizer)
     scaler.update()
     if scheduler is None:
@@ -659,8 +580,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
 
 
 class _Figure:
-    """When ``curves.png`` is drawn: after a row once :data:`CURVES_EVERY_S` have passed
-    since the last draw, else at the run's end (:meth:`catch_up`)."""
+    """Draws ``curves.png`` after a row at most every :data:`CURVES_EVERY_S`, and at the end."""
 
     def __init__(self):
         self.drawn_at, self.behind = time.monotonic(), False
@@ -680,14 +600,12 @@ class _Figure:
 
 
 def epoch_progress(meter: Meter, seconds: float, lr_steps: list) -> dict:
-    """A reduced meter, the seconds spent and the lr of each step so far, as a checkpoint's
-    ``epoch_progress`` entry."""
+    """A checkpoint's ``epoch_progress`` entry: a reduced meter's sums, seconds, lrs."""
     return {**meter.progress(), "seconds": seconds, "lr_steps": lr_steps}
 
 
 def thinned(points: list, most: int = 200) -> list:
-    """At most ``most`` of ``points``, evenly spread, the first and the last kept: an epoch's
-    lr curve, not every step of a long one."""
+    """At most ``most`` of ``points``, evenly spread, the first and the last kept."""
     if len(points) <= most:
         return [list(p) for p in points]
     every = (len(points) - 1) / (most - 1)
@@ -710,20 +628,17 @@ def lr_may_change() -> bool:
 
 def diverged_message(what: str, epoch: int, step: int, lr: float, out: str,
                      kept_step: int | None, resume_command: str) -> str:
-    """One line: what became non-finite and where, what was kept, how to go on.
-
-    ``kept_step``: the step of the checkpoint in ``out`` (``None``: there is none).
-    """
+    """One line: what became non-finite and where, what was kept (the checkpoint of
+    ``kept_step``, None: none), how to go on."""
     lower = f"{lr / 10:g}"
     head = f"{what} became non-finite by epoch {epoch}, step {step} (--lr {lr:g}); stopped"
     if kept_step is None:
         return (f"{head} before any checkpoint was saved; start the run again with a lower "
                 f"--lr (e.g. --lr {lower}) and --overwrite")
     run = RunDir(out)
-    ckpt = run.latest
-    kept = f"{head}, keeping {ckpt} from step {kept_step} (finite weights)"
+    kept = f"{head}, keeping {run.latest} from step {kept_step} (finite weights)"
     if lr_may_change():
         return f"{kept}; go on from it with a lower --lr: {resume_command} --lr {lower}"
     return (f"{kept}; --resume keeps a run's --lr, so to go on from those weights with a lower "
-            f"one start a new run with --pretrained {ckpt} --lr {lower} --out NEW_DIR and the "
-            f"run's other flags (in {run.file(run.CONFIG)})")
+            f"one start a new run with --pretrained {run.latest} --lr {lower} --out NEW_DIR and "
+            f"the run's other flags (in {run.file(run.CONFIG)})")
