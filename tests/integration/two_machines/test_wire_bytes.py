@@ -58,6 +58,7 @@ def worker(rank: int, link: str, out: str) -> None:
 
     import torch.distributed as dist
 
+    from tandem.distributed.env import read_env
     from tandem.strategies import strategy_class
 
     torch.set_num_threads(1)
@@ -71,7 +72,7 @@ def worker(rank: int, link: str, out: str) -> None:
     mine = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
     counted = {}
     for name in STRATEGIES:
-        strategy = strategy_class(name)([torch.device("cpu")]).launch()
+        strategy = strategy_class(name)([torch.device("cpu")], env=read_env(os.environ)).launch()
         torch.manual_seed(0)
         wrapped = strategy.setup(Net())
 
