@@ -13,7 +13,6 @@ from tandem.errors import UsageError
 
 from .shares import shares
 
-__all__ = ["AutoSplit"]
 
 
 #: two-sided 99.9% Student t quantiles by degrees of freedom (the largest key not above the

@@ -24,7 +24,6 @@ from tandem.keyed import stream as keyed_stream
 from .context import ReplicaAborted, ReplicaContext, ReplicaGroup, use
 from .scatter_gather import first_tensor
 
-__all__ = ["parallel_apply"]
 
 
 class _Worker:

@@ -25,7 +25,6 @@ from . import context
 from .sync_functions import (GlobalMoments, LocalMoments, Normalize, ReplicaMoments,
                              SharedMoments)
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
 # Replicas are (shallow or deep) copies, so they keep this number; it names "the same layer"
 # at the rendezvous. Pairing by call order (ReplicaContext.next_key) does the rest.

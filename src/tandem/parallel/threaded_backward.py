@@ -30,7 +30,6 @@ from .parallel_apply import parallel_apply
 from .replicate import replicate_detached
 from .scatter_gather import map_tensors, tensors_in
 
-__all__ = ["decide", "applies", "Replicas", "apply", "join"]
 
 
 def decide(devices: Sequence[torch.device], wanted: bool | None = None, split: bool = False,
