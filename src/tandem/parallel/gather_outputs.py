@@ -1,10 +1,10 @@
 """Put the replicas' outputs back together on one device (``gather``), with a dim per output.
 
 ``dim`` is one int, or a structure shaped like the output: an LSTM's ``(out, (h, c))`` gathers
-with ``dim=(0, 1)``. Replicas whose shapes differ outside the gather dim raise ``ValueError``
-naming the output's path (``output[1][0]``). A scalar per replica becomes a vector, or, with
+with ``dim=(0, 1)``. Replicas whose shapes differ outside the gather dim raise naming the
+output's path (``output[1][0]``). A scalar per replica becomes a vector, or, with
 ``scalars="refuse"`` (``DataParallel``), an error: no gather of per-chunk scalars is the whole
-batch's value in general (see :data:`SCALAR_REFUSED`).
+batch's value (a mean of chunk means is wrong for uneven chunks; a sum or a max is no mean).
 """
 
 from __future__ import annotations
@@ -18,18 +18,7 @@ from tandem.errors import UsageError
 
 from . import traffic
 from .devices import index_of
-from .scatter_gather import _CudaGather, _children, _nbytes, _rebuild
-
-__all__ = ["gather", "SCALAR_REFUSED"]
-
-#: Why a scalar output is refused; a mean over the chunk is exact only weighted by chunk sizes,
-#: and a sum, a max or a mean over non-ignored targets not even then.
-SCALAR_REFUSED = (
-    "DataParallel: {path} is a scalar on each of the {n} replicas, and no gather of per-chunk "
-    "scalars is the whole batch's value (a mean of chunk means is wrong for uneven chunks; a "
-    "sum or a max is no mean at all): return one value per sample (e.g. reduction='none') and "
-    "reduce after DataParallel, or compute the loss with DataParallelModel + "
-    "DataParallelCriterion, which is exact for uneven chunks")
+from .scatter_gather import _CudaGather, _children, _rebuild, nbytes
 
 
 def _all_equal(values: Sequence) -> bool:
@@ -67,37 +56,36 @@ def _child_dims(dim, obj, count: int, path: str) -> list:
     raise UsageError(f"gather: dim {dim!r} does not match the structure of {path}")
 
 
-def _shape_error(path: str, shapes: list, dim: int, differ: int) -> ValueError:
-    listed = ", ".join(str(tuple(s)) for s in shapes)
-    return ValueError(
-        f"gather: cannot concatenate {path} along dim {dim}: the replicas returned shapes "
-        f"{listed}, which differ in dim {differ}. If its batch is in dim {differ} (an RNN's "
-        f"hidden state is (layers, batch, features)), give it its own gather dim, "
-        f"DataParallel(..., gather_dim=...) or gather(..., dim=...) with {differ} at {path}, "
-        f"or return it batch-first")
-
-
 def _check_shapes(tensors: Sequence[torch.Tensor], dim: int, path: str) -> None:
-    shapes = [t.shape for t in tensors]
+    shapes = [tuple(t.shape) for t in tensors]
     if any(len(s) != len(shapes[0]) for s in shapes):
-        raise UsageError(f"gather: {path} has shapes {[tuple(s) for s in shapes]} on the "
-                         f"replicas, with different numbers of dimensions")
+        raise UsageError(f"gather: {path} has shapes {shapes} on the replicas, with different "
+                         f"numbers of dimensions")
     for k in range(len(shapes[0])):
         if k != dim and any(s[k] != shapes[0][k] for s in shapes):
-            raise _shape_error(path, shapes, dim, k)
+            raise UsageError(
+                f"gather: cannot concatenate {path} along dim {dim}: the replicas returned "
+                f"shapes {', '.join(map(str, shapes))}, which differ in dim {k}",
+                hint=f"if its batch is in dim {k} (an RNN's hidden state is (layers, batch, "
+                     f"features)), give {path} gather dim {k} with DataParallel(..., "
+                     f"gather_dim=...) or gather(..., dim=...), or return it batch-first")
 
 
 def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, path: str,
                     scalars: str):
     if not isinstance(dim, int):
         raise UsageError(f"gather: {path} is a tensor, so its dim must be an int, not {dim!r}")
-    if all(t.dim() == 0 for t in tensors) and scalars == "refuse":
-        if len(tensors) > 1:
-            raise UsageError(SCALAR_REFUSED.format(path=path, n=len(tensors)))
-        return tensors[0].to(target)  # one chunk: its scalar is the whole batch's
-    if all(t.dim() == 0 for t in tensors):  # scalars become a vector
-        tensors = [t.reshape(1) for t in tensors]
-        dim = 0
+    if all(t.dim() == 0 for t in tensors):
+        if scalars == "refuse":
+            if len(tensors) > 1:
+                raise UsageError(
+                    f"DataParallel: {path} is a scalar on each of the {len(tensors)} replicas, "
+                    f"and no gather of per-chunk scalars is the whole batch's value",
+                    hint="return one value per sample (e.g. reduction='none') and reduce after "
+                         "DataParallel, or compute the loss with DataParallelModel + "
+                         "DataParallelCriterion, which is exact for uneven chunks")
+            return tensors[0].to(target)  # one chunk: its scalar is the whole batch's
+        tensors, dim = [t.reshape(1) for t in tensors], 0  # scalars become a vector
     d = dim + tensors[0].dim() if dim < 0 else dim
     if not 0 <= d < tensors[0].dim():
         raise UsageError(f"gather: {path} has {tensors[0].dim()} dimensions, no dim {dim}")
@@ -106,7 +94,7 @@ def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, 
         home = index_of(target, [t.device for t in tensors])
         for i, t in enumerate(tensors):
             if i != home:
-                traffic.record("gather", _nbytes(t), home)
+                traffic.record("gather", nbytes(t), home)
     if target.type == "cuda" and all(t.device.type == "cuda" for t in tensors):
         return _CudaGather.apply(target, d, *tensors)
     if len(tensors) == 1:
@@ -147,20 +135,19 @@ def _gather(outputs: list, target: torch.device, dim, path: str, scalars: str) -
 
 
 def gather(outputs: Sequence, target_device, dim=0, *, scalars: str = "stack"):
-    """Concatenate the replicas' ``outputs`` along ``dim`` on ``target_device``.
+    """Concatenate the replicas' ``outputs`` along ``dim`` on ``target_device``, rebuilding
+    their common structure (see the module doc); differentiable.
 
-    ``dim`` is an int or a structure of ints shaped like the output (see the module
-    docstring). Rebuilds the replicas' common structure; 0-dim tensors become a vector with
-    one entry per replica (``scalars="stack"``), or a ``UsageError`` naming the output
-    (``scalars="refuse"``; one replica's scalar is the batch's own and passes); non-tensors equal in every replica come back once (else as a list,
-    one per replica). Differentiable.
+    0-dim tensors become a vector, one entry per replica (``scalars="stack"``), or an error
+    naming the output (``"refuse"``; one replica's scalar is the batch's own and passes).
+    Non-tensors equal in every replica come back once, else as a list, one per replica.
     """
     outputs = list(outputs)
     if not outputs:
         raise UsageError("gather needs at least one replica output")
     if scalars not in ("stack", "refuse"):
         raise UsageError(f"gather: scalars must be 'stack' or 'refuse', not {scalars!r}")
-    target = target_device if isinstance(target_device, torch.device) else torch.device(target_device)
+    target = torch.device(target_device)
     if target.type == "cuda" and target.index is None:
         target = torch.device("cuda", torch.cuda.current_device())
     return _gather(outputs, target, dim, "output", scalars)

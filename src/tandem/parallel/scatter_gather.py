@@ -1,10 +1,9 @@
 """Split a batch across replicas (``scatter``); the structure walking that ``gather`` shares.
 
 Nested tuples, lists, dicts, namedtuples and dataclasses are walked; tensors are split along
-``dim`` and other objects are handed to every replica as they are (the same object, not a
-copy). Chunks are balanced, larger first (10 over 4 gives 3, 3, 2, 2), and no replica gets an
-empty chunk: a batch of 2 over 4 devices gives 2 entries. Both directions are differentiable;
-bytes moved are reported to :mod:`tandem.parallel.traffic`.
+``dim``, other objects go to every replica as they are (not copied). Chunks are balanced, larger
+first (10 over 4: 3, 3, 2, 2), and none is empty: a batch of 2 over 4 devices gives 2 entries.
+Differentiable; bytes moved are reported to :mod:`tandem.parallel.traffic`.
 """
 
 from __future__ import annotations
@@ -19,15 +18,8 @@ import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 from tandem.errors import UsageError
 
 from . import traffic
-from .devices import index_of
+from .devices import cuda_index, index_of
 from .shares import shares
-
-__all__ = ["scatter", "scatter_kwargs", "batch_size", "first_tensor", "map_tensors",
-           "tensors_in"]
-
-
-def _cuda_index(device: torch.device) -> int:
-    return torch.cuda.current_device() if device.index is None else device.index
 
 
 class _CudaScatter(torch.autograd.Function):
@@ -36,7 +28,7 @@ class _CudaScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, devices, sizes, dim, input):
         ctx.dim, ctx.source = dim, input.device
-        return tuple(comm.scatter(input, [_cuda_index(d) for d in devices], sizes, dim))
+        return tuple(comm.scatter(input, [cuda_index(d) for d in devices], sizes, dim))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -55,11 +47,15 @@ class _CudaGather(torch.autograd.Function):
         ctx.dim = dim
         ctx.devices = [t.device for t in inputs]
         ctx.sizes = [t.shape[dim] for t in inputs]
-        return comm.gather(inputs, dim, _cuda_index(target))
+        return comm.gather(inputs, dim, cuda_index(target))
 
     @staticmethod
     def backward(ctx, grad):
         return (None, None) + _CudaScatter.apply(ctx.devices, ctx.sizes, ctx.dim, grad)
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _split_dim(t: torch.Tensor, dim: int) -> int | None:
@@ -68,17 +64,13 @@ def _split_dim(t: torch.Tensor, dim: int) -> int | None:
     return d if 0 <= d < t.dim() else None
 
 
-def _is_dataclass_instance(obj) -> bool:
-    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
-
-
 def _children(obj) -> list | None:
     """The items of a container ``_rebuild`` knows how to rebuild, else ``None``."""
     if isinstance(obj, (tuple, list)):
         return list(obj)
     if isinstance(obj, dict):
         return list(obj.values())
-    if _is_dataclass_instance(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return [getattr(obj, f.name) for f in dataclasses.fields(obj)]
     return None
 
@@ -103,18 +95,6 @@ def _rebuild(obj, items: list):
     return out
 
 
-def _batch_sizes(obj, dim: int, found: list[int]) -> None:
-    if isinstance(obj, torch.Tensor):
-        d = _split_dim(obj, dim)
-        if d is not None:
-            found.append(obj.shape[d])
-        return
-    items = _children(obj)
-    if items is not None:
-        for item in items:
-            _batch_sizes(item, dim, found)
-
-
 def map_tensors(obj, fn):
     """``obj`` with every tensor ``t`` in it replaced by ``fn(t)``, the containers rebuilt."""
     if isinstance(obj, torch.Tensor):
@@ -134,15 +114,19 @@ def tensors_in(obj):
         yield from tensors_in(item)
 
 
+def first_tensor(obj) -> torch.Tensor | None:
+    """The first tensor in ``obj`` (a tensor or a nested structure), or ``None``."""
+    return next(tensors_in(obj), None)
+
+
+def _batch_sizes(obj, dim: int) -> list[int]:
+    return [t.shape[d] for t in tensors_in(obj) if (d := _split_dim(t, dim)) is not None]
+
+
 def batch_size(obj, dim: int = 0) -> int | None:
     """Size along ``dim`` of the first splittable tensor in ``obj``, or ``None``."""
-    found: list[int] = []
-    _batch_sizes(obj, dim, found)
-    return found[0] if found else None
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    return next((t.shape[d] for t in tensors_in(obj) if (d := _split_dim(t, dim)) is not None),
+                None)
 
 
 def _scatter_tensor(t: torch.Tensor, devices, dim, sizes) -> list[torch.Tensor]:
@@ -160,7 +144,7 @@ def _scatter_tensor(t: torch.Tensor, devices, dim, sizes) -> list[torch.Tensor]:
         home = index_of(t.device, devices)
         for i, chunk in enumerate(chunks):
             if i != home:
-                traffic.record("scatter", _nbytes(chunk), i)
+                traffic.record("scatter", nbytes(chunk), i)
     return chunks
 
 
@@ -177,35 +161,28 @@ def _scatter(obj, devices, dim, sizes) -> list:
 
 
 def _plan(obj, devices: Sequence, dim: int, sizes: Sequence[int] | None) -> tuple[list, list | None]:
-    """The devices used and the chunk sizes to aim for."""
-    devices = [torch.device(d) if not isinstance(d, torch.device) else d for d in devices]
+    """The devices used and the chunk sizes to aim for (``None``: balanced)."""
+    devices = [torch.device(d) for d in devices]
     if not devices:
         raise UsageError("scatter needs at least one device")
-    if sizes is not None:
-        sizes = list(sizes)
-        if len(sizes) > len(devices) or any(s < 0 for s in sizes):
-            raise UsageError(f"chunk_sizes {sizes} do not fit {len(devices)} device(s)")
-        found: list[int] = []
-        _batch_sizes(obj, dim, found)
-        for b in found:
-            if b != sum(sizes):
-                raise UsageError(
-                    f"cannot scatter a tensor with {b} entries along dim {dim} into chunks {sizes}"
-                )
-        return devices[: len(sizes)], sizes
-    found = []
-    _batch_sizes(obj, dim, found)
-    if not found:
-        return devices, None
-    used = max(1, min(min(found), len(devices)))  # no replica gets an empty chunk
-    return devices[:used], None
+    found = _batch_sizes(obj, dim)
+    if sizes is None:  # no replica gets an empty chunk
+        return (devices[:max(1, min(min(found), len(devices)))] if found else devices), None
+    sizes = list(sizes)
+    if len(sizes) > len(devices) or any(s < 0 for s in sizes):
+        raise UsageError(f"chunk_sizes {sizes} do not fit {len(devices)} device(s)")
+    for b in found:
+        if b != sum(sizes):
+            raise UsageError(f"cannot scatter a tensor with {b} entries along dim {dim} into "
+                             f"chunks {sizes}")
+    return devices[: len(sizes)], sizes
 
 
 def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] | None = None) -> list:
-    """Split ``inputs`` into one entry per *used* device (see the module docstring).
+    """Split ``inputs`` into one structure like it per *used* device (see the module doc).
 
-    ``chunk_sizes`` forces the split (every splittable tensor must have ``sum(chunk_sizes)``
-    entries along ``dim``; one entry per chunk). Returns a list of structures like ``inputs``.
+    ``chunk_sizes`` forces the split: every splittable tensor must have ``sum(chunk_sizes)``
+    entries along ``dim``.
     """
     used, sizes = _plan(inputs, devices, dim, chunk_sizes)
     return _scatter(inputs, used, dim, sizes)
@@ -213,26 +190,9 @@ def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] 
 
 def scatter_kwargs(inputs, kwargs, devices: Sequence, dim: int = 0,
                    chunk_sizes: Sequence[int] | None = None) -> tuple[tuple, tuple]:
-    """Scatter positional ``inputs`` and ``kwargs`` together.
-
-    Returns ``(inputs_list, kwargs_list)`` of equal length: a tuple of per-replica argument
-    tuples and a tuple of per-replica keyword dicts.
-    """
+    """Scatter positional ``inputs`` and ``kwargs`` together: ``(inputs_list, kwargs_list)``,
+    per-replica argument tuples and keyword dicts, of equal length."""
     inputs = tuple(inputs) if inputs is not None else ()
     kwargs = dict(kwargs) if kwargs else {}
     pairs = scatter((inputs, kwargs), devices, dim, chunk_sizes)
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
-
-
-def first_tensor(obj) -> torch.Tensor | None:
-    """The first tensor in a tensor / (nested) list, tuple or dict, or ``None``."""
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = first_tensor(item)
-            if found is not None:
-                return found
-    return None
