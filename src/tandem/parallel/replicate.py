@@ -245,16 +245,9 @@ def _replica_set(module: nn.Module, devices: Sequence, share_params: bool, detac
     if not isinstance(cache, ReplicaCache):  # before the walk: it counts the root's attributes
         cache = module.__dict__[_CACHE_ATTR] = ReplicaCache()
     modules, fingerprint, where = _walk(module)
-    home = None
-    if len(where) <= 1:
-        place = next(iter(where), None)
-        for i, d in enumerate(devices):
-            if place is None or d == place:
-                home = i
-                break
-    if len(devices) == 1 and home == 0 and not detached:
-        if traffic.metering():
-            _record_traffic(module, devices, home)
+    place = next(iter(where), None) if len(where) <= 1 else False  # False: spread, no home
+    home = next((i for i, d in enumerate(devices) if place is None or d == place), None)
+    if len(devices) == 1 and home == 0 and not detached:  # nothing moves: no traffic either
         return [module], None
     key = (tuple(devices), bool(share_params), detached, threading.get_ident())
     entry = cache.entries.get(key)
