@@ -1,7 +1,6 @@
 """Batch shares by weight: how many samples of a batch each device (or rank) takes.
 
-The update does not depend on the shares (every wrapper computes the whole-batch loss); only
-the time a step takes does.
+Every wrapper computes the whole-batch loss, so the shares change a step's time, not its update.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from tandem.errors import UsageError, param
 from .auto_split import AutoSplit
 from .shares import capped, format_shares, shares
 from .work_clock import Span, seconds_of
-
 
 AUTO = "auto"
 
@@ -48,8 +46,8 @@ def parse_split(text: str, name: str = "split") -> tuple[float, ...] | str:
     try:
         weights = tuple(float(w) for w in text.split(","))
     except ValueError:
-        raise UsageError(f"bad {param(name)} {text!r}: give weights like 3,1 (one per "
-                         "device) or auto") from None
+        raise UsageError(f"bad {param(name)} {text!r}",
+                         hint="give weights like 3,1 (one per device) or auto") from None
     return check_weights(weights, None, name)
 
 
@@ -61,8 +59,8 @@ def check_weights(weights: Sequence[float], devices: int | None, name: str = "sp
     weights = tuple(float(w) for w in weights)
     shown = ",".join(f"{w:g}" for w in weights)
     if devices is not None and len(weights) != devices:
-        raise UsageError(f"bad {name} {shown}: {len(weights)} weight(s) for {devices} "
-                         f"device(s); give one per device")
+        raise UsageError(f"bad {name} {shown}: {len(weights)} weight(s) for {devices} device(s)",
+                         hint="give one weight per device")
     if not weights or any(not math.isfinite(w) or w < 0 for w in weights):
         raise UsageError(f"bad {name} {shown}: weights must be finite and >= 0")
     if not any(weights):
@@ -144,8 +142,7 @@ class BatchSplit:
         self._unobserved = False  # a timed forward's records wait for the next sizes()
         self.fixed = None if split is None or split == AUTO else tuple(split)
         self.auto = AutoSplit(count) if split == AUTO else None
-        self.reduce = reduce
-        self.clock = clock
+        self.reduce, self.clock = reduce, clock
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
         self._samples, self._seconds = [0] * count, [[] for _ in range(count)]
         self._last_batch: int | None = None
@@ -162,12 +159,12 @@ class BatchSplit:
         return tuple(self.auto.weights) if self.auto is not None else self.fixed
 
     def check_weights(self, name: str = "split") -> None:
-        """Refuse (one line) weights that are not one valid weight per device."""
+        """Refuse weights that are not one valid weight per device."""
         if self.fixed is not None:
             self.fixed = check_weights(self.fixed, self.count, name)
 
     def check_fits(self, batch: int, what: str = param("batch_size")) -> None:
-        """Refuse (one line) a ``batch`` the ``--max-share`` caps cannot hold."""
+        """Refuse a ``batch`` the ``--max-share`` caps cannot hold."""
         check_max_share(batch, self.fixed or AUTO, self.count, self.max_share, what)
 
     def sizes(self, batch: int, epoch: int | None = None, index: int | None = None
