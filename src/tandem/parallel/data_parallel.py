@@ -20,7 +20,7 @@ from .devices import resolve_devices, as_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate
 from . import threaded_backward
-from .gather_outputs import gather
+from .scatter_gather import gather
 from .guards import initialise_lazy, split_inputs
 from .scatter_gather import batch_size, scatter_kwargs
 from .shares import shares
