@@ -19,13 +19,12 @@ class ReplicaAborted(RuntimeError):
     """Raised in a replica that waited at a rendezvous while another replica failed."""
 
 
+@dataclass
 class _Meeting:
-    __slots__ = ("values", "arrived", "results", "taken")
-
-    def __init__(self, n: int):
-        self.values: list[Any] = [None] * n
-        self.arrived = self.taken = 0
-        self.results: Sequence[Any] | None = None
+    values: list
+    arrived: int = 0
+    taken: int = 0
+    results: Sequence[Any] | None = None
 
 
 class ReplicaGroup:
@@ -68,7 +67,7 @@ class ReplicaGroup:
             self._raise_if_aborted(index)
             meeting = self._meetings.get(key)
             if meeting is None:
-                meeting = self._meetings[key] = _Meeting(self.num_replicas)
+                meeting = self._meetings[key] = _Meeting([None] * self.num_replicas)
             meeting.values[index] = value
             meeting.arrived += 1
             if meeting.arrived == self.num_replicas:

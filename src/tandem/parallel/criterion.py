@@ -18,10 +18,9 @@ from tandem.errors import UsageError
 
 from . import traffic
 from .devices import as_device, device_scope, index_of, resolve_devices
-from .gather_outputs import gather
 from .loss_terms import REDUCTIONS, call_criterion, first_tensor, loss_terms, sample_mean_terms
 from .replicate import replicate
-from .scatter_gather import batch_size, nbytes, scatter
+from .scatter_gather import batch_size, gather, nbytes, scatter
 
 
 class DataParallelCriterion(nn.Module):
