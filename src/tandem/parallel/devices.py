@@ -83,18 +83,14 @@ def parse_device_spec(spec: str, name: str = "devices") -> list[torch.device]:
     if "," in text and len(kinds) > 1:
         raise UsageError(f"bad {name} {spec!r}: one run uses one device type, not "
                          f"{' and '.join(kinds)} together (e.g. cpu:2 or cuda:0,1)")
-    if text == "auto":
-        return resolve_devices(None)
-    if text == "cpu":
-        return [torch.device("cpu")]
-    if text.startswith("cpu:"):
-        count = text[4:]
+    if text == "cpu" or text.startswith("cpu:"):
+        count = "1" if text == "cpu" else text[4:]
         if not count.isdigit() or int(count) < 1:
             raise UsageError(f"bad {name} {spec!r}: cpu:N needs N >= 1 (e.g. cpu:2)")
         return [torch.device("cpu")] * int(count)
-    if text == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"bad {name} {spec!r}: CUDA is not available on this machine")
+    if text == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"bad {name} {spec!r}: CUDA is not available on this machine")
+    if text in ("auto", "cuda"):
         return resolve_devices(None)
     if text.startswith("cuda:"):
         parts = text[5:].split(",")

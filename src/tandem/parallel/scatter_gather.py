@@ -129,8 +129,7 @@ def _batch_sizes(obj, dim: int) -> list[int]:
 
 def batch_size(obj, dim: int = 0) -> int | None:
     """Size along ``dim`` of the first splittable tensor in ``obj``, or ``None``."""
-    return next((t.shape[d] for t in tensors_in(obj) if (d := _split_dim(t, dim)) is not None),
-                None)
+    return next(iter(_batch_sizes(obj, dim)), None)
 
 
 def _scatter_tensor(t: torch.Tensor, devices, dim, sizes) -> list[torch.Tensor]:
@@ -138,7 +137,7 @@ def _scatter_tensor(t: torch.Tensor, devices, dim, sizes) -> list[torch.Tensor]:
     if d is None:  # nothing to split: every replica gets its own copy of the whole tensor
         chunks = [t.to(dev) for dev in devices]
     else:
-        if sizes is None:  # _plan trimmed devices so that this never gives an empty chunk
+        if sizes is None:  # scatter trimmed devices so that this never gives an empty chunk
             sizes = shares(t.shape[d], [1] * len(devices))
         if t.device.type in ("cuda", "cpu") and all(dev.type == "cuda" for dev in devices):
             chunks = list(_CudaScatter.apply(devices, sizes, d, t))
@@ -164,32 +163,24 @@ def _scatter(obj, devices, dim, sizes) -> list:
     return [_rebuild(obj, list(replica_items)) for replica_items in zip(*per_item)]
 
 
-def _plan(obj, devices: Sequence, dim: int, sizes: Sequence[int] | None) -> tuple[list, list | None]:
-    """The devices used and the chunk sizes to aim for (``None``: balanced)."""
+def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] | None = None) -> list:
+    """Split ``inputs`` into one structure like it per *used* device (see the module doc).
+    ``chunk_sizes`` forces the split: every splittable tensor must have their sum along ``dim``."""
     devices = [torch.device(d) for d in devices]
     if not devices:
         raise UsageError("scatter needs at least one device")
-    found = _batch_sizes(obj, dim)
-    if sizes is None:  # no replica gets an empty chunk
-        return (devices[:max(1, min(min(found), len(devices)))] if found else devices), None
-    sizes = list(sizes)
+    found = _batch_sizes(inputs, dim)
+    if chunk_sizes is None:  # no replica gets an empty chunk
+        used = devices[:max(1, min(min(found), len(devices)))] if found else devices
+        return _scatter(inputs, used, dim, None)
+    sizes = list(chunk_sizes)
     if len(sizes) > len(devices) or any(s < 0 for s in sizes):
         raise UsageError(f"chunk_sizes {sizes} do not fit {len(devices)} device(s)")
     for b in found:
         if b != sum(sizes):
             raise UsageError(f"cannot scatter a tensor with {b} entries along dim {dim} into "
                              f"chunks {sizes}")
-    return devices[: len(sizes)], sizes
-
-
-def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] | None = None) -> list:
-    """Split ``inputs`` into one structure like it per *used* device (see the module doc).
-
-    ``chunk_sizes`` forces the split: every splittable tensor must have ``sum(chunk_sizes)``
-    entries along ``dim``.
-    """
-    used, sizes = _plan(inputs, devices, dim, chunk_sizes)
-    return _scatter(inputs, used, dim, sizes)
+    return _scatter(inputs, devices[: len(sizes)], dim, sizes)
 
 
 def scatter_kwargs(inputs, kwargs, devices: Sequence, dim: int = 0,
