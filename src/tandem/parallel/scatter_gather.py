@@ -1,14 +1,11 @@
 """Split a batch across replicas (``scatter``) and put their outputs back together (``gather``).
 
-Nested tuples, lists, dicts, namedtuples and dataclasses are walked; tensors are split along
-``dim``, other objects go to every replica as they are (not copied). Chunks are balanced, larger
-first (10 over 4: 3, 3, 2, 2), and none is empty: a batch of 2 over 4 devices gives 2 entries.
-``gather``'s ``dim`` is one int or a structure shaped like the output (an LSTM's
-``(out, (h, c))``: ``dim=(0, 1)``); shapes that differ outside it raise naming the output's path
-(``output[1][0]``). A scalar per replica becomes a vector, or, with ``scalars="refuse"``
-(``DataParallel``), an error: no gather of per-chunk scalars is the whole batch's value (a mean
-of chunk means is wrong for uneven chunks). Differentiable; bytes moved are reported to
-:mod:`tandem.parallel.traffic`.
+Tuples, lists, dicts, namedtuples and dataclasses are walked; tensors split along ``dim``, other
+objects go to every replica as they are. Chunks are balanced, larger first (10 over 4: 3, 3, 2,
+2), never empty (a batch of 2 over 4 devices gives 2). ``gather``'s ``dim`` is an int or one per
+output (an LSTM's ``(out, (h, c))``: ``(0, 1)``). A scalar per replica is refused by
+``DataParallel``: no gather of per-chunk scalars is the batch's (a mean of uneven chunks' means
+is not). Differentiable; bytes moved are reported to :mod:`tandem.parallel.traffic`.
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _split_dim(t: torch.Tensor, dim: int) -> int | None:
-    """``dim`` normalised for ``t``, or ``None`` when ``t`` has too few dimensions to split."""
+def _split_dim(t: torch.Tensor, dim: int) -> int | None:  # None: too few dims to split
     d = dim + t.dim() if dim < 0 else dim
     return d if 0 <= d < t.dim() else None
 
@@ -157,10 +153,9 @@ def _scatter(obj, devices, dim, sizes) -> list:
     items = _children(obj)
     if items is None:
         return [obj] * len(devices)
-    if not items:
-        return [_rebuild(obj, []) for _ in devices]
     per_item = [_scatter(item, devices, dim, sizes) for item in items]
-    return [_rebuild(obj, list(replica_items)) for replica_items in zip(*per_item)]
+    columns = zip(*per_item) if items else [()] * len(devices)  # an empty container: one each
+    return [_rebuild(obj, list(replica_items)) for replica_items in columns]
 
 
 def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] | None = None) -> list:
@@ -187,21 +182,12 @@ def scatter_kwargs(inputs, kwargs, devices: Sequence, dim: int = 0,
                    chunk_sizes: Sequence[int] | None = None) -> tuple[tuple, tuple]:
     """Scatter positional ``inputs`` and ``kwargs`` together: ``(inputs_list, kwargs_list)``,
     per-replica argument tuples and keyword dicts, of equal length."""
-    inputs = tuple(inputs) if inputs is not None else ()
-    kwargs = dict(kwargs) if kwargs else {}
-    pairs = scatter((inputs, kwargs), devices, dim, chunk_sizes)
+    pairs = scatter((() if inputs is None else tuple(inputs), dict(kwargs or {})), devices, dim,
+                    chunk_sizes)
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
-def _all_equal(values: Sequence) -> bool:
-    try:
-        return all(v is values[0] or bool(v == values[0]) for v in values[1:])
-    except Exception:  # ambiguous or failing comparisons (arrays, odd objects)
-        return False
-
-
-def _labels(obj) -> list[str]:
-    """How the path to each child of the container ``obj`` is written."""
+def _labels(obj) -> list[str]:  # each child's step in an output's path
     if isinstance(obj, dict):
         return [f"[{k!r}]" for k in obj]
     if dataclasses.is_dataclass(obj):
@@ -222,21 +208,6 @@ def _child_dims(dim, obj, count: int, path: str) -> list:
     raise UsageError(f"gather: dim {dim!r} does not match the structure of {path}")
 
 
-def _check_shapes(tensors: Sequence[torch.Tensor], dim: int, path: str) -> None:
-    shapes = [tuple(t.shape) for t in tensors]
-    if any(len(s) != len(shapes[0]) for s in shapes):
-        raise UsageError(f"gather: {path} has shapes {shapes} on the replicas, with different "
-                         f"numbers of dimensions")
-    for k in range(len(shapes[0])):
-        if k != dim and any(s[k] != shapes[0][k] for s in shapes):
-            raise UsageError(
-                f"gather: cannot concatenate {path} along dim {dim}: the replicas returned "
-                f"shapes {', '.join(map(str, shapes))}, which differ in dim {k}",
-                hint=f"if its batch is in dim {k} (an RNN's hidden state is (layers, batch, "
-                     f"features)), give {path} gather dim {k} with DataParallel(..., "
-                     f"gather_dim=...) or gather(..., dim=...), or return it batch-first")
-
-
 def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, path: str,
                     scalars: str):
     if not isinstance(dim, int):
@@ -255,7 +226,18 @@ def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, 
     d = dim + tensors[0].dim() if dim < 0 else dim
     if not 0 <= d < tensors[0].dim():
         raise UsageError(f"gather: {path} has {tensors[0].dim()} dimensions, no dim {dim}")
-    _check_shapes(tensors, d, path)
+    shapes = [tuple(t.shape) for t in tensors]
+    if any(len(s) != len(shapes[0]) for s in shapes):
+        raise UsageError(f"gather: {path} has shapes {shapes} on the replicas, with different "
+                         f"numbers of dimensions")
+    for k in range(len(shapes[0])):
+        if k != d and any(s[k] != shapes[0][k] for s in shapes):
+            raise UsageError(
+                f"gather: cannot concatenate {path} along dim {d}: the replicas returned "
+                f"shapes {', '.join(map(str, shapes))}, which differ in dim {k}",
+                hint=f"if its batch is in dim {k} (an RNN's hidden state is (layers, batch, "
+                     f"features)), give {path} gather dim {k} with DataParallel(..., "
+                     f"gather_dim=...) or gather(..., dim=...), or return it batch-first")
     if traffic.metering():
         home = index_of(target, [t.device for t in tensors])
         for i, t in enumerate(tensors):
@@ -279,8 +261,11 @@ def _gather(outputs: list, target: torch.device, dim, path: str, scalars: str) -
     if items is None:
         if first is None and all(o is None for o in outputs):
             return None
-        # the same object handed to every replica comes back once; differing values as a list
-        return first if _all_equal(outputs) else list(outputs)
+        try:  # the same object handed to every replica comes back once, else one per replica
+            same = all(o is first or bool(o == first) for o in outputs[1:])
+        except Exception:  # ambiguous or failing comparisons (arrays, odd objects)
+            same = False
+        return first if same else list(outputs)
     per_replica = []
     for i, o in enumerate(outputs):
         if type(o) is not type(first):
@@ -302,18 +287,14 @@ def _gather(outputs: list, target: torch.device, dim, path: str, scalars: str) -
 
 def gather(outputs: Sequence, target_device, dim=0, *, scalars: str = "stack"):
     """Concatenate the replicas' ``outputs`` along ``dim`` on ``target_device``, rebuilding
-    their common structure (see the module doc); differentiable.
-
-    0-dim tensors become a vector, one entry per replica (``scalars="stack"``), or an error
-    naming the output (``"refuse"``; one replica's scalar is the batch's own and passes).
-    Non-tensors equal in every replica come back once, else as a list, one per replica.
-    """
+    their structure. 0-dim tensors become a vector (``scalars="stack"``) or an error naming the
+    output (``"refuse"``; one replica's scalar passes). Other values equal in every replica come
+    back once, else as a list."""
     outputs = list(outputs)
     if not outputs:
         raise UsageError("gather needs at least one replica output")
     if scalars not in ("stack", "refuse"):
         raise UsageError(f"gather: scalars must be 'stack' or 'refuse', not {scalars!r}")
     target = torch.device(target_device)
-    if target.type == "cuda" and target.index is None:
-        target = torch.device("cuda", torch.cuda.current_device())
+    target = torch.device("cuda", cuda_index(target)) if target.type == "cuda" else target
     return _gather(outputs, target, dim, "output", scalars)
