@@ -102,7 +102,7 @@ class DataParallel(nn.Module):
         return self.split.weights()
 
     def placement(self, inputs: tuple, kwargs: dict):
-        """``(devices with samples, their chunk sizes)`` (``None``: balanced); sets ``last_shares``."""
+        """``(devices with samples, their chunk sizes)`` (``None``: even); sets ``last_shares``."""
         batch = batch_size((() if inputs is None else tuple(inputs), kwargs or {}), self.dim)
         sizes = None if batch is None else self.split.sizes(batch)
         if sizes is None:

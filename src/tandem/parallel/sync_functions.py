@@ -122,6 +122,22 @@ def _part_grads(group, local, merged, total, grads) -> torch.Tensor:
     return _merge_grads(local, merged, g_mean, g_m2)
 
 
+class SharedMoments:
+    """One layer call's global statistics and their backward, for :class:`GlobalMoments` and
+    :class:`ReplicaMoments`; ``stats[i]`` on ``devices[i]`` (default: the parts')."""
+
+    def __init__(self, group, parts: Sequence[torch.Tensor], devices=None):
+        self.group, self.devices = group, [p.device for p in parts]
+        self.local, self.merged, self.total, stats = _global_stats(group, parts)
+        # a copy per output: autograd must not see one tensor returned twice
+        self.stats = [stats.to(d, copy=True) for d in (devices or self.devices)]
+
+    def part_grads(self, grads: list) -> list:
+        """Each replica's part gradient, on its device (once, in backward)."""
+        found = _part_grads(self.group, self.local, self.merged, self.total, grads)
+        return [found[i].to(d) for i, d in enumerate(self.devices)]
+
+
 class GlobalMoments(torch.autograd.Function):
     """``apply(group, devices, anchor, *parts)``: every replica's ``(3, C)`` part (and with a
     process ``group``, every process's) merged; output ``i``, ``(4, C)`` stats on ``devices[i]``.
@@ -129,37 +145,16 @@ class GlobalMoments(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, group, devices: Sequence[torch.device], anchor, *parts):
-        local, merged, total, stats = _global_stats(group, parts)
-        ctx.group = group
-        ctx.devices = [p.device for p in parts]
-        ctx.save_for_backward(local, merged, total)
-        # a copy per output: autograd must not see one tensor returned twice
-        return tuple(stats.to(device, copy=True) for device in devices)
+        ctx.shared = SharedMoments(group, parts, devices)
+        stats, ctx.shared.stats = ctx.shared.stats, None  # ctx holds no output: no cycle
+        return tuple(stats)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, *grads):
-        local, merged, total = ctx.saved_tensors
-        part_grads = _part_grads(ctx.group, local, merged, total, grads)
-        out = [
-            part_grads[i].to(device) if ctx.needs_input_grad[3 + i] else None
-            for i, device in enumerate(ctx.devices)
-        ]
-        return (None, None, None, *out)
-
-
-class SharedMoments:
-    """One layer call's global statistics for :class:`ReplicaMoments`, built by the last arrival."""
-
-    def __init__(self, group, parts: Sequence[torch.Tensor]):
-        self.group, self.devices = group, [p.device for p in parts]
-        self.local, self.merged, self.total, stats = _global_stats(group, parts)
-        self.stats = [stats.to(d, copy=True) for d in self.devices]
-
-    def part_grads(self, grads: list) -> list:
-        """Each replica's part gradient, on its device (once, in backward)."""
-        found = _part_grads(self.group, self.local, self.merged, self.total, grads)
-        return [found[i].to(d) for i, d in enumerate(self.devices)]
+        found = ctx.shared.part_grads(grads)
+        return (None, None, None,
+                *(g if ctx.needs_input_grad[3 + i] else None for i, g in enumerate(found)))
 
 
 class ReplicaMoments(torch.autograd.Function):
