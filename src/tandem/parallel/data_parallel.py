@@ -20,9 +20,8 @@ from .devices import resolve_devices, as_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate
 from . import threaded_backward
-from .scatter_gather import gather
 from .guards import initialise_lazy, split_inputs
-from .scatter_gather import batch_size, scatter_kwargs
+from .scatter_gather import batch_size, gather, scatter_kwargs
 from .shares import shares
 from .split import BatchSplit
 
