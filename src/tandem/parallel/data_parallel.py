@@ -26,7 +26,6 @@ from .shares import shares
 from .split import BatchSplit
 
 
-
 def _move_to(obj, device: torch.device):
     """``obj`` with its tensors on ``device`` (the same object when they already are)."""
     if isinstance(obj, torch.Tensor):

@@ -23,7 +23,6 @@ from .devices import device_scope
 from .scatter_gather import first_tensor
 
 
-
 class _Worker:
     """A daemon thread that runs one job at a time from its own queue."""
 
@@ -62,14 +61,8 @@ def _take_workers(n: int) -> list[_Worker]:
     return taken + [_Worker() for _ in range(n - len(taken))]
 
 
-def _give_back(worker: _Worker) -> None:
-    with _idle_lock:
-        _idle.append(worker)
-
-
 def _infer_device(module, args, kwargs) -> torch.device:
-    t = first_tensor(args)
-    t = t if t is not None else first_tensor(kwargs)
+    t = first_tensor((args, kwargs))
     if t is None:
         t = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None
     return t.device if t is not None else torch.device("cpu")
@@ -205,7 +198,8 @@ def _in_threads(modules, inputs, kwargs_list, devices: list[torch.device],
                 group.abort(exc)  # wake replicas waiting for this one at a rendezvous
             finally:
                 work.clear()
-                _give_back(worker)
+                with _idle_lock:
+                    _idle.append(worker)
                 done.put(i)
         return run
 

@@ -21,7 +21,6 @@ from .replicate import replicate_detached
 from .scatter_gather import map_tensors, tensors_in
 
 
-
 def decide(devices: Sequence[torch.device], wanted: bool | None = None, split: bool = False,
            threads: int | None = None) -> bool:
     """Whether replicas on ``devices`` run their backward in threads: ``wanted`` if given, else
