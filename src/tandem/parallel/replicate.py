@@ -1,14 +1,10 @@
 """Replicas of a module, one per device, connected to autograd and reused across steps.
 
-A replica is a tree of shallow module copies holding differentiable views of the parameters
-(:mod:`tandem.parallel.broadcast`), whose gradients sum into the originals in replica order.
-The home replica is ``module`` itself; the others get fresh buffer copies on every call
-(:mod:`tandem.parallel.buffers` says what happens to their updates).
-
-Warning: the copies are cached on ``module`` (weakly, per device tuple and thread) and reused
-while its structure is unchanged: finish one forward before calling ``replicate`` again in the
-same thread. Each module of the tree keeps, from its first replication on, a ``zero_grad``
-that does nothing in a replica (:class:`~tandem.parallel.guards.ReplicaZeroGrad`).
+Replicas are shallow module copies holding differentiable views of the parameters, whose
+gradients sum into the originals in replica order; the home replica is ``module`` itself, the
+others get fresh buffer copies each call (:mod:`~tandem.parallel.buffers`). Warning: they are
+cached on ``module`` (per devices and thread): finish a forward before replicating again; and
+each replicated module's ``zero_grad`` does nothing in a replica (``guards.ReplicaZeroGrad``).
 """
 
 from __future__ import annotations
