@@ -6,10 +6,9 @@ Layered like ``torch.nn.parallel``: scatter/gather, replicate, parallel_apply, t
 
 from .criterion import DataParallelCriterion
 from .data_parallel import DataParallel, DataParallelModel, data_parallel
-from .gather_outputs import gather
 from .parallel_apply import parallel_apply
 from .replicate import replicate
-from .scatter_gather import scatter, scatter_kwargs
+from .scatter_gather import gather, scatter, scatter_kwargs
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 __all__ = [

@@ -1,8 +1,4 @@
-"""``--split auto``'s decision: move the weights to the measured speeds only beyond the noise.
-
-:class:`AutoSplit` holds the statistics; :class:`tandem.parallel.split.BatchSplit` feeds it
-once per optimizer step and keeps it in checkpoints.
-"""
+"""``--split auto``'s decision: move the weights to the measured speeds only beyond the noise."""
 
 from __future__ import annotations
 
@@ -13,11 +9,7 @@ from tandem.errors import UsageError
 
 from .shares import shares
 
-__all__ = ["AutoSplit"]
-
-
-#: two-sided 99.9% Student t quantiles by degrees of freedom (the largest key not above the
-#: dof applies): the confidence test of :class:`AutoSplit`
+# two-sided 99.9% Student t quantiles by degrees of freedom (the largest key not above applies)
 _T999 = {1: 636.6, 2: 31.6, 3: 12.92, 4: 8.61, 5: 6.87, 6: 5.96, 7: 5.41, 8: 5.04, 9: 4.78,
          10: 4.59, 12: 4.32, 15: 4.07, 20: 3.85, 25: 3.73, 30: 3.65, 60: 3.46}
 
@@ -27,18 +19,11 @@ def _t_quantile(dof: int) -> float:
 
 
 class AutoSplit:
-    """Weights that follow the devices' measured speeds (``--split auto``).
-
-    :meth:`observe` takes each device's seconds for its chunk of one step; the log of each
-    device's time per sample is kept for the steps since the weights last moved (at most
-    ``window``). :meth:`adjust` (from ``warmup`` observed steps on) moves the weights to the
-    speeds those steps measured only when the imbalance is beyond the noise: the slowest
-    device's chunks took longer than the fastest's by a paired t-test at 99.9% over those
-    steps, and by more than ``threshold`` (hysteresis; waived at the first step of a new
-    epoch, :meth:`at_epoch`). So equal devices under a noisy clock keep their equal split,
-    and a real difference moves it in a few steps. It returns True when the weights changed.
-    The state is a plain dict (:meth:`state_dict`), saved in checkpoints so that a resumed
-    run takes the same shares.
+    """Weights that follow the devices' measured speeds over the steps since they last moved
+    (at most ``window``). From ``warmup`` steps on they move only when the slowest device's
+    chunks took longer than the fastest's by a paired t-test at 99.9% and by more than
+    ``threshold`` (waived at a new epoch's first step): equal devices under a noisy clock keep
+    an even split, a real difference moves it in a few steps.
     """
 
     def __init__(self, devices: int, *, warmup: int = 2, window: int = 32,
@@ -53,15 +38,14 @@ class AutoSplit:
         self.force = False  # a new epoch began: no hysteresis at the next adjust
 
     def at_epoch(self, epoch: int) -> None:
-        """Say which epoch is under way; a new one waives the threshold at the next
-        :meth:`adjust`."""
+        """Say which epoch is under way; a new one waives the next :meth:`adjust`'s threshold."""
         if self.epoch is not None and epoch != self.epoch:
             self.force = True
         self.epoch = epoch
 
     def observe(self, sizes: Sequence[int], seconds: Sequence[float]) -> None:
-        """One step: ``sizes[i]`` samples took device ``i`` ``seconds[i]``. A step where a
-        device had no samples (or no time) tells nothing about the split and is not kept."""
+        """One step: ``sizes[i]`` samples took device ``i`` ``seconds[i]`` (kept only if every
+        device had samples and time)."""
         self.seen += 1
         if len(sizes) != len(self.weights) or any(n <= 0 or t <= 0
                                                   for n, t in zip(sizes, seconds)):
@@ -92,8 +76,8 @@ class AutoSplit:
         return var == 0 or gap / math.sqrt(var / k) > _t_quantile(k - 1)
 
     def adjust(self, batch: int | None = None) -> bool:
-        """Move the weights to the speeds when the imbalance is beyond the noise (see the
-        class doc); with ``batch``, only when that changes the batch's :func:`shares`."""
+        """Move the weights to the speeds when beyond the noise (with ``batch``: only when its
+        :func:`shares` change); whether they moved."""
         if self.seen < self.warmup or len(self.steps) < 2 or not self._beyond_noise():
             return False
         self.force = False

@@ -1,13 +1,10 @@
 """Differentiable parameter copies for replicas: broadcast forward, reduce-add backward in a
 fixed order.
 
-Every replica gets its own output tensor per parameter, so autograd hands all of their
-gradients to ONE backward call, which sums them in replica order. Left to autograd, replicas
-that use the same tensor would be summed in the order their backward branches finish, which
-depends on thread timing: the same run twice would not give the same bits. Replicas that share
-storage (on the parameter's own device, or one copy per device) get views, so sharing costs no
-memory. Between distinct CUDA devices the copies and the per-device sums are coalesced
-``torch.cuda.comm`` calls; elsewhere a ``to(copy=True)`` per copy, so tests run it on CPU.
+Each replica gets its own output per parameter, so ONE backward sums all their gradients in
+replica order: left to autograd, the order would follow thread timing, and two runs would
+differ in their last bits. Replicas on one device share storage (views). Between distinct CUDA
+devices copies and sums are coalesced ``torch.cuda.comm`` calls; elsewhere ``to(copy=True)``.
 """
 
 from __future__ import annotations
@@ -15,18 +12,14 @@ from __future__ import annotations
 import torch
 import torch.cuda.comm as comm  # a submodule: not loaded by ``import torch``
 
-__all__ = ["copy_params", "ordered_sum"]
-
-
-def _cuda_index(device: torch.device) -> int:
-    return torch.cuda.current_device() if device.index is None else device.index
+from .devices import cuda_index
 
 
 def _coalesced(source: torch.device, targets: list[torch.device]) -> bool:
     """Whether ``torch.cuda.comm`` can do the copies: CUDA to other, distinct CUDA devices."""
     if source.type != "cuda" or any(t.type != "cuda" for t in targets):
         return False
-    ordinals = [_cuda_index(source)] + [_cuda_index(t) for t in targets]
+    ordinals = [cuda_index(source)] + [cuda_index(t) for t in targets]
     return len(set(ordinals)) == len(ordinals)
 
 
@@ -36,9 +29,8 @@ def _copies(params, devices: list[torch.device], share: bool) -> list[list[torch
     if not share:
         return [[p.to(d, copy=True) for p in params] for d in devices]
     distinct = list(dict.fromkeys(d for d in devices if d != source))
-    moved = {}
     if distinct and _coalesced(source, distinct):
-        ordinals = [_cuda_index(source)] + [_cuda_index(d) for d in distinct]
+        ordinals = [cuda_index(source)] + [cuda_index(d) for d in distinct]
         moved = dict(zip(distinct, comm.broadcast_coalesced(params, ordinals)[1:]))
     else:
         moved = {d: [p.to(d, copy=True) for p in params] for d in distinct}
@@ -47,10 +39,7 @@ def _copies(params, devices: list[torch.device], share: bool) -> list[list[torch
 
 class _Broadcast(torch.autograd.Function):
     """``apply(devices, share, *params)``: one output per (replica, parameter), replica-major.
-
-    Backward sums each parameter's replica gradients on the parameter's device in replica
-    order: per device first, then over devices (coalesced between distinct CUDA devices).
-    """
+    Backward sums each parameter's gradients in replica order, per device, then over devices."""
 
     @staticmethod
     def forward(ctx, devices, share, *params):
@@ -74,10 +63,11 @@ class _Broadcast(torch.autograd.Function):
                 for device, rows in by_device.items()}
         targets = list(sums)
         if _coalesced(ctx.source, [d for d in targets if d != ctx.source]) and len(targets) > 1:
-            # comm's reduce lands on a device that holds one of its inputs: the source's own,
-            # unless its replica is the module itself (no copy), then the first copy's
-            onto = reduce_destination(ctx.source, targets)
-            total = comm.reduce_add_coalesced([sums[d] for d in targets], _cuda_index(onto))
+            # comm refuses a destination that holds none of its inputs: the source holds none
+            # when its replica is the module itself (DataParallel on 3+ GPUs), then add on the
+            # first copy's device and move
+            onto = ctx.source if ctx.source in targets else targets[0]
+            total = comm.reduce_add_coalesced([sums[d] for d in targets], cuda_index(onto))
             if onto != ctx.source:
                 total = [t.to(ctx.source) for t in total]
         else:
@@ -85,17 +75,8 @@ class _Broadcast(torch.autograd.Function):
         return (None, None) + tuple(total)
 
 
-def reduce_destination(source: torch.device, targets: list[torch.device]) -> torch.device:
-    """Where the coalesced reduce over ``targets`` (distinct CUDA devices) adds up:
-    ``torch.cuda.comm`` refuses a destination that holds none of its inputs, and the
-    parameters' own device holds none when its replica is the module itself (DataParallel's
-    home replica: 3 or more GPUs)."""
-    return source if source in targets else targets[0]
-
-
 def ordered_sum(tensors, device=None) -> torch.Tensor:
-    """``((t0 + t1) + t2) + ...`` on ``device`` (default: the first's), always in this order,
-    so a sum of replica gradients has the same bits however the replica threads finished."""
+    """``((t0 + t1) + t2) + ...`` on ``device`` (default: the first's), always in this order."""
     first = tensors[0] if device is None else tensors[0].to(device)
     if len(tensors) == 1:
         return first
@@ -108,7 +89,7 @@ def ordered_sum(tensors, device=None) -> torch.Tensor:
 def copy_params(params: list[torch.Tensor], replicas: list[tuple], share: bool = False) -> dict:
     """``{(id(param), replica index): differentiable tensor}`` for ``replicas``, a list of
     ``(replica index, device)``. ``share``: replicas on one device share one copy's storage,
-    and those on the parameters' own device share the parameters' storage."""
+    and those on the parameters' own device share the parameters'."""
     out: dict = {}
     flat = _Broadcast.apply([device for _, device in replicas], share, *params)
     for k, (i, _) in enumerate(replicas):

@@ -16,33 +16,26 @@ from torch import nn
 
 from tandem.errors import UsageError
 
-__all__ = ["POLICIES", "check_policy", "sync_buffers"]
-
 POLICIES = ("replica0", "average")
 
 
 def check_policy(policy: str) -> str:
-    """Return ``policy`` if it names a buffer policy, else raise ``ValueError`` listing them."""
+    """``policy`` if it names a buffer policy, else a ``UsageError`` listing them."""
     if not isinstance(policy, str) or policy not in POLICIES:
         raise UsageError(f"unknown buffers policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     return policy
 
 
 def _write(target: torch.Tensor, value: torch.Tensor) -> None:
-    # Write through ``.data``: autograd may have saved this buffer for backward (batch norm
-    # saves running_mean even in training mode, where its backward never reads it), and a
-    # tracked in-place write would make that backward fail on the version check. Batch norm's
-    # own running-stat update is untracked in the same way.
+    # Through ``.data``, untracked as batch norm's own update: autograd may have saved this
+    # buffer for backward, and a tracked in-place write would fail its version check.
     target.data.copy_(value)
 
 
 def sync_buffers(module: nn.Module, replicas: Sequence[nn.Module], weights: Sequence[float],
                  policy: str) -> None:
-    """Apply ``policy`` to ``module``'s buffers after ``replicas`` ran a forward.
-
-    ``replicas[i]`` processed a chunk of ``weights[i]`` samples; ``replicas`` may contain
-    ``module`` itself (the home replica, whose updates are already in place).
-    """
+    """Apply ``policy`` to ``module``'s buffers after ``replicas`` (``replicas[i]`` ran a chunk
+    of ``weights[i]`` samples; it may be ``module`` itself, whose updates are in place)."""
     if not replicas or (replicas[0] is module and (policy == "replica0" or len(replicas) < 2)):
         return  # replica 0 is the module: its updates are already in place
     originals = list(module.buffers())

@@ -14,39 +14,32 @@ from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
-__all__ = ["ReplicaAborted", "ReplicaGroup", "ReplicaContext", "current", "use"]
-
 
 class ReplicaAborted(RuntimeError):
     """Raised in a replica that waited at a rendezvous while another replica failed."""
 
 
+@dataclass
 class _Meeting:
-    __slots__ = ("values", "arrived", "results", "taken")
-
-    def __init__(self, n: int):
-        self.values: list[Any] = [None] * n
-        self.arrived = 0
-        self.results: Sequence[Any] | None = None
-        self.taken = 0
+    values: list
+    arrived: int = 0
+    taken: int = 0
+    results: Sequence[Any] | None = None
 
 
 class ReplicaGroup:
     """The rendezvous shared by the replicas of one ``parallel_apply`` call.
 
-    :meth:`combine` is the one primitive: every replica deposits a value under the same key,
-    the last to arrive runs ``fn(values)`` once (values in replica order) and every replica gets
-    its own entry of the returned sequence. Running ``fn`` once is what lets a caller build a
-    *single* autograd node whose inputs are every replica's tensors, so that backward needs no
-    barrier (replicas sharing one device run backward in one autograd thread), unless
-    ``separate_backward`` says each replica runs its own.
+    :meth:`combine` runs ``fn`` once over every replica's value, so a caller can build ONE
+    autograd node over all replicas' tensors and backward needs no barrier (replicas on one
+    device share an autograd thread), unless ``separate_backward``: each replica runs its own
+    backward in its own thread (:mod:`tandem.parallel.threaded_backward`) and layers may meet
+    there too.
     """
 
     def __init__(self, devices: Sequence[torch.device], timeout: float = 300.0,
                  separate_backward: bool = False):
         self.devices = list(devices)
-        #: each replica will run its own backward, in its own thread
-        #: (:mod:`tandem.parallel.threaded_backward`): layers may meet in backward too
         self.separate_backward = separate_backward
         self.num_replicas = len(self.devices)
         self.timeout = timeout
@@ -63,18 +56,18 @@ class ReplicaGroup:
 
     def _raise_if_aborted(self, index: int) -> None:
         if self._error is not None:
-            raise ReplicaAborted(
-                f"replica {index} on {self.devices[index]} stopped waiting: another replica "
-                f"failed with {type(self._error).__name__}: {self._error}"
-            )
+            raise ReplicaAborted(f"replica {index} on {self.devices[index]} stopped waiting: "
+                                 f"another replica failed with {type(self._error).__name__}: "
+                                 f"{self._error}")
 
     def combine(self, key: Hashable, index: int, value: Any, fn: Callable[[list], Sequence]) -> Any:
-        """Deposit ``value`` as replica ``index`` under ``key``; return ``fn(all values)[index]``."""
+        """Deposit ``value`` as replica ``index`` under ``key``; the last to arrive runs
+        ``fn(values in replica order)`` once; return its entry ``[index]``."""
         with self._cond:
             self._raise_if_aborted(index)
             meeting = self._meetings.get(key)
             if meeting is None:
-                meeting = self._meetings[key] = _Meeting(self.num_replicas)
+                meeting = self._meetings[key] = _Meeting([None] * self.num_replicas)
             meeting.values[index] = value
             meeting.arrived += 1
             if meeting.arrived == self.num_replicas:
@@ -82,20 +75,18 @@ class ReplicaGroup:
                     meeting.results = fn(meeting.values)
                 except BaseException as exc:
                     self._error = self._error or exc
-                    self._cond.notify_all()
                     raise
-                self._cond.notify_all()
+                finally:
+                    self._cond.notify_all()
             else:
                 done = self._cond.wait_for(
-                    lambda: meeting.results is not None or self._error is not None, self.timeout
-                )
+                    lambda: meeting.results is not None or self._error is not None, self.timeout)
                 self._raise_if_aborted(index)
                 if not done:
                     missing = [i for i, v in enumerate(meeting.values) if v is None]
-                    raise TimeoutError(
-                        f"replica {index} on {self.devices[index]} waited {self.timeout:.0f}s at "
-                        f"rendezvous {key!r} for replicas {missing}"
-                    )
+                    raise TimeoutError(f"replica {index} on {self.devices[index]} waited "
+                                       f"{self.timeout:.0f}s at rendezvous {key!r} for "
+                                       f"replicas {missing}")
             result = meeting.results[index]
             meeting.taken += 1
             if meeting.taken == self.num_replicas:
@@ -117,11 +108,8 @@ class ReplicaContext:
         return self.group.num_replicas
 
     def next_key(self, tag: Hashable) -> tuple:
-        """A key that is equal across replicas for the n-th call of the layer named ``tag``.
-
-        Replicas run the same code in the same order, so counting calls per tag pairs up the
-        calls of one layer across replicas, even when a layer runs several times per forward.
-        """
+        """A key equal across replicas for the n-th call of the layer named ``tag``: replicas
+        run the same code in the same order, so counting calls pairs them up."""
         n = self._calls.get(tag, 0)
         self._calls[tag] = n + 1
         return (tag, n)

@@ -2,14 +2,13 @@
 
 Paired with :class:`~tandem.parallel.DataParallelModel`, only scalar partial losses travel to
 ``output_device``, which keeps memory balanced. The result equals the single-device loss for
-uneven chunks (see :mod:`tandem.parallel.loss_terms`). ``reduction="none"`` concatenates the
+uneven chunks (:mod:`tandem.parallel.loss_terms`). ``reduction="none"`` concatenates the
 per-element losses on ``output_device``; a callable with a non-scalar result is gathered.
 ``CTCLoss`` is refused (per-sample normalisation, batch in dimension 1).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Sequence
 
 import torch
@@ -18,26 +17,19 @@ from torch import nn
 from tandem.errors import UsageError
 
 from . import traffic
-from .devices import resolve_devices, as_device
+from .devices import as_device, device_scope, index_of, resolve_devices
 from .loss_terms import REDUCTIONS, call_criterion, first_tensor, loss_terms, sample_mean_terms
 from .replicate import replicate
-from .gather_outputs import gather
-from .scatter_gather import batch_size, scatter
-
-__all__ = ["DataParallelCriterion"]
-
-
-def _device_scope(device: torch.device):
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+from .scatter_gather import batch_size, gather, nbytes, scatter
 
 
 class DataParallelCriterion(nn.Module):
     """Compute ``criterion`` on per-device outputs and return one scalar on ``output_device``.
 
-    ``forward(outputs, *targets, **kwargs)``: ``outputs`` is the list of per-device outputs of
-    :class:`~tandem.parallel.DataParallelModel` (each a tensor, or a tuple passed as
-    ``criterion(*output, *targets)``); a single tensor or tuple counts as one chunk. Targets
-    (and tensor kwargs) are split along ``dim`` to match each output's size and device.
+    ``forward(outputs, *targets, **kwargs)``: ``outputs`` lists
+    :class:`~tandem.parallel.DataParallelModel`'s per-device outputs (a tuple one is passed as
+    ``criterion(*output, *targets)``; a single tensor or tuple is one chunk). Targets and
+    tensor kwargs are split along ``dim`` to match each output's size and device.
     """
 
     def __init__(self, criterion: Callable, device_ids: Sequence | None = None,
@@ -65,35 +57,23 @@ class DataParallelCriterion(nn.Module):
         # targets follow the outputs: same chunk sizes, same devices
         shares = scatter((targets, kwargs), devices, self.dim, chunk_sizes=sizes)
         reduction = getattr(self.criterion, "reduction", None)
-        if isinstance(self.criterion, nn.Module) and reduction in REDUCTIONS:
-            return self._reduce_module(outputs, shares, devices, reduction)
-        return self._reduce_callable(outputs, shares, devices, sizes)
-
-    # -- torch losses ------------------------------------------------------------------------
-    def _reduce_module(self, outputs, shares, devices, reduction: str):
-        unique = list(dict.fromkeys(devices))
-        replicas = dict(zip(unique, replicate(self.criterion, unique)))  # weight on each device
-        chunks = []
-        for out, (tgts, kw), device in zip(outputs, shares, devices):
-            with _device_scope(device):
-                if reduction == "none":
-                    chunks.append(call_criterion(replicas[device], out, tgts, kw))
-                else:
-                    chunks.append(loss_terms(replicas[device], out, tgts, kw))
-        if reduction == "none":
-            return gather(chunks, self.output_device, self.dim)
-        return self._combine(chunks, devices, reduction == "sum")
-
-    # -- arbitrary callables -----------------------------------------------------------------
-    def _reduce_callable(self, outputs, shares, devices, sizes):
+        criterion = {d: self.criterion for d in devices}
+        torch_loss = isinstance(self.criterion, nn.Module) and reduction in REDUCTIONS
+        if torch_loss:  # its weight on each device
+            unique = list(dict.fromkeys(devices))
+            criterion = dict(zip(unique, replicate(self.criterion, unique)))
+        terms = torch_loss and reduction != "none"  # (S, D) per chunk
         losses = []
         for out, (tgts, kw), device in zip(outputs, shares, devices):
-            with _device_scope(device):
-                losses.append(call_criterion(self.criterion, out, tgts, kw))
-        if not all(isinstance(l, torch.Tensor) and l.dim() == 0 for l in losses):
+            with device_scope(device):
+                losses.append((loss_terms if terms else call_criterion)(criterion[device], out,
+                                                                        tgts, kw))
+        if terms:
+            return self._combine(losses, devices, reduction == "sum")
+        if torch_loss or not all(isinstance(l, torch.Tensor) and l.dim() == 0 for l in losses):
             return gather(losses, self.output_device, self.dim)
-        terms = [sample_mean_terms(l, n) for l, n in zip(losses, sizes)]
-        return self._combine(terms, devices, False)
+        return self._combine([sample_mean_terms(l, n) for l, n in zip(losses, sizes)], devices,
+                             False)
 
     def _combine(self, terms, devices, plain_sum: bool) -> torch.Tensor:
         """``sum S / sum D`` on ``output_device`` (``sum S`` alone for ``reduction="sum"``)."""
@@ -107,13 +87,12 @@ class DataParallelCriterion(nn.Module):
 
     def _sum_on_output(self, scalars: list[torch.Tensor], devices) -> torch.Tensor:
         """Move each chunk's scalar to ``output_device`` (recording it) and add them up."""
-        target = self.output_device
-        home = next((i for i, d in enumerate(devices) if d == target), None)
+        home = index_of(self.output_device, devices)
         total = None
         for i, s in enumerate(scalars):
             if i != home and traffic.metering():
-                traffic.record("loss", s.numel() * s.element_size(), home)
-            s = s.to(target)
+                traffic.record("loss", nbytes(s), home)
+            s = s.to(self.output_device)
             total = s if total is None else total + s
         return total
 

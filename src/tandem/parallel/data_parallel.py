@@ -1,12 +1,7 @@
 """Data parallelism in one process: ``DataParallel``, ``DataParallelModel`` and ``data_parallel``.
 
-A step scatters the batch, replicates the module (cached across steps), runs the replicas in
-threads, applies the buffer policy and gathers the outputs, so one optimizer on
-``module.parameters()`` sees the update of one device on the whole batch (batch norm aside:
-without ``SyncBatchNorm`` each replica normalises with its own chunk). Unlike
-``torch.nn.DataParallel`` it runs on any device type, uses fewer replicas for a small batch,
-its ``state_dict`` has the plain module's keys, and a model that returns a scalar (a loss) is
-refused where torch returns one value per replica, whose mean is wrong for uneven chunks.
+Unlike ``torch.nn.DataParallel``: any device type, fewer replicas for a small batch, the plain
+module's ``state_dict`` keys, and a scalar output (a loss) refused, not averaged per replica.
 """
 
 from __future__ import annotations
@@ -25,17 +20,14 @@ from .devices import resolve_devices, as_device
 from .parallel_apply import parallel_apply
 from .replicate import replicate
 from . import threaded_backward
-from .gather_outputs import gather
 from .guards import initialise_lazy, split_inputs
-from .scatter_gather import batch_size, scatter_kwargs
+from .scatter_gather import batch_size, gather, scatter_kwargs
 from .shares import shares
 from .split import BatchSplit
 
-__all__ = ["DataParallel", "DataParallelModel", "data_parallel"]
-
 
 def _move_to(obj, device: torch.device):
-    """``obj`` with its tensors on ``device``; the same object when they already are."""
+    """``obj`` with its tensors on ``device`` (the same object when they already are)."""
     if isinstance(obj, torch.Tensor):
         return obj if obj.device == device else obj.to(device)
     if isinstance(obj, (tuple, list)) and not hasattr(obj, "_fields"):
@@ -52,37 +44,18 @@ def _move_to(obj, device: torch.device):
 class DataParallel(nn.Module):
     """Run ``module`` on chunks of the batch on several devices and gather the outputs.
 
-    ``device_ids``: see :mod:`tandem.parallel.devices`. ``output_device`` (default
-    ``device_ids[0]``) receives the outputs. ``buffers``: ``"replica0"`` or ``"average"``
-    (:mod:`tandem.parallel.buffers`). ``gather_dim`` (default ``dim``): an int, or one per
-    output, e.g. ``(0, 1)`` for an LSTM. ``module`` is moved to ``device_ids[0]`` in place (an
-    optimizer built before stays valid); with one device it is called directly.
+    ``module`` is moved to ``device_ids[0]`` in place (an optimizer built before stays valid);
+    with one device it is called directly. ``buffers``: ``"replica0"`` or ``"average"``
+    (:mod:`~tandem.parallel.buffers`). ``gather_dim`` (default ``dim``): an int or one per output.
+    ``split``: weights such as ``(3, 1)``, ``"auto"`` (timed forwards move them) or a strategy's
+    :class:`~tandem.parallel.split.BatchSplit`; ``max_share`` caps a device's chunk; the update
+    is the same whatever the shares. ``last_shares``: the last forward's chunk sizes.
+    ``backward_threads``: each CPU replica's backward in its own thread (``None``: decided once,
+    :func:`~tandem.parallel.threaded_backward.decide`).
 
-    Warning: a scalar output from several replicas (a 0-dim tensor anywhere in the output,
-    such as a loss computed in ``forward``) is a ``UsageError`` naming it, because no gather of
-    per-chunk scalars is the whole batch's value (a mean is exact only weighted by chunk
-    sizes, a sum never): return per-sample values, or use :class:`DataParallelModel` +
-    :class:`~tandem.parallel.DataParallelCriterion`. One device, or a batch of one chunk,
-    returns the scalar itself.
-
-    ``split`` sets each device's share of a batch: weights such as ``(3, 1)`` (see
-    :mod:`tandem.parallel.split`; a device may get none), or ``"auto"``, which times each
-    replica's forward in training and moves the weights toward the speeds before the next
-    forward (read then, a CUDA device's time waits for no work still running).
-    ``max_share`` caps any device's chunk. Both end up in ``self.split``, a
-    :class:`~tandem.parallel.split.BatchSplit`; a strategy passes its own as ``split`` and
-    steps it once per optimizer step. The update is the same whatever the shares.
-    ``split_clock``: a test clock for ``"auto"``
-    (:func:`~tandem.parallel.split.clock_from_spec`; default: real time).
-    ``last_shares`` holds the chunk sizes of the last forward, one per device.
-
-    ``backward_threads``: ``True`` runs each CPU replica's backward in its own thread instead
-    of all in autograd's one CPU thread (:mod:`tandem.parallel.threaded_backward`; same
-    gradients, no double backward); ``False`` never; ``None`` (default) decides here, once,
-    with :func:`~tandem.parallel.threaded_backward.decide`: threads when they add cores
-    (fewer intra-op threads now than CPU replicas) or with a ``split``, whose shares can
-    finish together only if each replica's backward runs beside the others. The decision is
-    kept in ``self.backward_threads``; a later ``torch.set_num_threads`` does not change it.
+    Warning: a 0-dim output from several replicas (a loss in ``forward``) is a ``UsageError``:
+    no gather of per-chunk scalars is the batch's value. Return per-sample values, or use
+    :class:`DataParallelModel` with :class:`~tandem.parallel.DataParallelCriterion`.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence | None = None,
@@ -127,8 +100,7 @@ class DataParallel(nn.Module):
         return self.split.weights()
 
     def placement(self, inputs: tuple, kwargs: dict):
-        """``(devices, chunk_sizes)``: the devices with samples and their chunk sizes
-        (``None``: balanced), also kept as ``last_shares`` (one per device)."""
+        """``(devices with samples, their chunk sizes)`` (``None``: even); sets ``last_shares``."""
         batch = batch_size((() if inputs is None else tuple(inputs), kwargs or {}), self.dim)
         sizes = None if batch is None else self.split.sizes(batch)
         if sizes is None:
@@ -147,8 +119,7 @@ class DataParallel(nn.Module):
 
     def replicate(self, module: nn.Module, device_ids: Sequence[torch.device],
                   inputs=(), kwargs=()) -> list[nn.Module]:
-        """Detached replicas that run their own backward when the chunks ``inputs`` and
-        ``kwargs`` take that path (:func:`~tandem.parallel.threaded_backward.applies`)."""
+        """Detached replicas when this forward takes the threaded backward, else ``replicate``."""
         if threaded_backward.applies(device_ids, inputs, kwargs, self.backward_threads):
             return threaded_backward.Replicas(module, device_ids)
         return replicate(module, device_ids)
@@ -179,9 +150,7 @@ class DataParallel(nn.Module):
 
 
 def _at_rows(runs: Sequence, inputs, kwargs, dim: int) -> list:
-    """``runs`` (one per chunk of ``inputs``/``kwargs``), each placed at its chunk's first
-    row of the caller's rows, where keyed dropout draws its masks (:mod:`tandem.keyed`); as
-    they are outside a keyed stream."""
+    """``runs`` each moved to its chunk's first row, where keyed dropout draws its masks."""
     if keyed_stream.current() is None:
         return runs
     sizes = [batch_size((a, k), dim) or 0 for a, k in zip(inputs, kwargs)]
@@ -201,11 +170,8 @@ class _FromRow:
 
 
 class DataParallelModel(DataParallel):
-    """``DataParallel`` that returns the list of per-device outputs instead of gathering them.
-
-    Pair it with :class:`~tandem.parallel.DataParallelCriterion`, which computes each
-    device's share of the loss where its output lives, so outputs never pile up on one device.
-    """
+    """``DataParallel`` that returns the per-device outputs, for
+    :class:`~tandem.parallel.DataParallelCriterion`: no output piles up on one device."""
 
     def gather(self, outputs: list, output_device: torch.device) -> list:
         return list(outputs)
@@ -217,13 +183,8 @@ class DataParallelModel(DataParallel):
 def data_parallel(module: nn.Module, inputs, device_ids: Sequence | None = None,
                   output_device=None, dim: int = 0, module_kwargs: dict | None = None,
                   gather_dim=None):
-    """Evaluate ``module(*inputs, **module_kwargs)`` in parallel over ``device_ids`` and gather.
-
-    ``inputs`` is one argument, a tuple of them, or ``None`` (no inputs: one run on the first
-    device). ``module`` stays where it is (replicas are copied to devices it is not on);
-    buffers keep replica 0's updates. ``gather_dim`` and the refusal of scalar outputs are as
-    for ``DataParallel``.
-    """
+    """``module(*inputs, **module_kwargs)`` over ``device_ids``, gathered, as ``DataParallel``
+    does (``inputs``: one argument or a tuple); ``module`` stays put, buffers keep replica 0's."""
     if inputs is not None and not isinstance(inputs, tuple):
         inputs = (inputs,)
     devices = resolve_devices(device_ids)

@@ -1,13 +1,13 @@
 """What the wrappers do so that a module behaves in replicas as it does alone.
 
-A call with no tensor to split runs the module once, on the first device. A lazy module gets
-one dry forward on the first chunk in the caller's thread (eval mode, no grad), so replica
-threads never race to materialise it. ``zero_grad`` in a replica warns and does nothing, as in
-torch, the module itself (replica 0) included: :class:`ReplicaZeroGrad`, installed once.
+A call with no tensor to split runs once, on the first device. A lazy module gets one dry
+forward in the caller's thread, so replica threads never race to materialise it. ``zero_grad``
+in a replica warns and does nothing, as in torch, replica 0 (the module itself) included.
 """
 
 from __future__ import annotations
 
+import itertools
 import warnings
 import weakref
 from typing import Sequence
@@ -21,14 +21,10 @@ from tandem.errors import UsageError
 from .context import current
 from .scatter_gather import batch_size, scatter_kwargs
 
-__all__ = ["split_inputs", "first_lazy", "initialise_lazy", "ReplicaZeroGrad", "guard_zero_grad"]
-
 
 def split_inputs(inputs, kwargs, devices: Sequence[torch.device], dim: int):
-    """``scatter_kwargs``, but one entry for the first device when nothing can be split.
-
-    ``inputs=None`` means no positional inputs, as in torch.
-    """
+    """``scatter_kwargs``, but one entry for the first device when nothing can be split
+    (``inputs=None``: no positional inputs, as in torch)."""
     inputs = () if inputs is None else tuple(inputs)
     if batch_size((inputs, kwargs or {}), dim) is None:  # no batch: run once, not per replica
         devices = devices[:1]
@@ -37,21 +33,14 @@ def split_inputs(inputs, kwargs, devices: Sequence[torch.device], dim: int):
 
 def first_lazy(module: nn.Module) -> str | None:
     """The qualified name of ``module``'s first uninitialised parameter or buffer, or ``None``."""
-    for name, t in module.named_parameters(remove_duplicate=False):
-        if is_lazy(t):
-            return name
-    for name, t in module.named_buffers(remove_duplicate=False):
-        if is_lazy(t):
-            return name
-    return None
+    named = itertools.chain(module.named_parameters(remove_duplicate=False),
+                            module.named_buffers(remove_duplicate=False))
+    return next((name for name, t in named if is_lazy(t)), None)
 
 
 def initialise_lazy(module: nn.Module, args, kwargs) -> None:
-    """Materialise ``module``'s lazy parameters with one dry forward on ``(args, kwargs)``.
-
-    Runs in eval mode without grad (batch-norm statistics unchanged, no dropout draws) and
-    restores every submodule's training flag. Does nothing when nothing is lazy.
-    """
+    """Materialise lazy parameters with one forward on ``(args, kwargs)`` in eval mode without
+    grad (running stats unchanged, no dropout draws), training flags restored."""
     if first_lazy(module) is None:
         return
     modes = [(m, m.training) for m in module.modules()]
@@ -65,17 +54,14 @@ def initialise_lazy(module: nn.Module, args, kwargs) -> None:
     name = first_lazy(module)
     if name is not None:
         raise UsageError(f"lazy parameter {name!r} is still uninitialised after a forward on "
-                         f"the first chunk; initialise the module before wrapping it")
+                         f"the first chunk", hint="initialise the module before wrapping it")
 
 
 class ReplicaZeroGrad:
-    """A module's ``zero_grad`` that has no effect in a replica, as torch's replicas' has none.
+    """A ``zero_grad`` that warns and does nothing in a replica thread, else is the module's.
 
-    In a replica thread (a :class:`~tandem.parallel.context.ReplicaContext` is current) it
-    warns and leaves every gradient alone; elsewhere it is the module's own ``zero_grad``.
-    Replica 0 is the module itself, so its ``zero_grad`` must know where it is called from:
-    torch's copies carry ``_is_replica``, which ``Module.zero_grad`` only warns about. Held
-    weakly (no cycle through the module's ``__dict__``); a deep copy guards the copy.
+    Replica 0 is the module itself, so it must know where it is called from (torch's copies
+    carry ``_is_replica`` instead). Held weakly: no cycle through the module's ``__dict__``.
     """
 
     __slots__ = ("_module",)
@@ -85,10 +71,9 @@ class ReplicaZeroGrad:
 
     def __call__(self, set_to_none: bool = True) -> None:
         if current() is not None:
-            warnings.warn("zero_grad() in a DataParallel replica has no effect: the replicas' "
-                          "gradients sum into the original module's parameters, so clear them "
-                          "outside the forward (or use torch.autograd.grad there)", UserWarning,
-                          stacklevel=2)
+            warnings.warn("zero_grad() in a DataParallel replica has no effect (the gradients "
+                          "sum into the module's own): clear them outside the forward",
+                          UserWarning, stacklevel=2)
             return
         module = self._module()
         type(module).zero_grad(module, set_to_none)
@@ -99,11 +84,3 @@ class ReplicaZeroGrad:
 
     def __reduce__(self):
         return (ReplicaZeroGrad, (self._module(),))
-
-
-def guard_zero_grad(module: nn.Module) -> None:
-    """Give ``module`` (one module, not its tree) a :class:`ReplicaZeroGrad`, once; a
-    ``zero_grad`` already in its ``__dict__`` (another one's) is left as it is."""
-    d = module.__dict__
-    if "zero_grad" not in d:
-        d["zero_grad"] = ReplicaZeroGrad(module)

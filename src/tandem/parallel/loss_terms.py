@@ -1,30 +1,22 @@
 """Split a loss into a summed part and a normaliser that add up exactly over chunks.
 
-The one home of the exact-loss argument (``DataParallelCriterion``, :mod:`tandem.distributed.
-global_loss` and the ``ddp`` strategy point here). A mean loss is ``sum_i l_i / D``, with ``D``
-what torch divides by. When the batch is split into chunks (devices, or ranks), chunk ``c``
-gives ``S_c`` (its summed loss) and ``D_c`` (its share of ``D``). Both are additive, so
-``sum_c S_c / sum_c D_c`` equals the single-device loss, for uneven chunks too; averaging the
-chunks' own means would not. ``D`` for each criterion:
+The one home of the exact-loss argument. A mean loss is ``sum_i l_i / D``, ``D`` being what
+torch divides by. Split over chunks (devices or ranks), chunk ``c`` gives ``S_c`` (its summed
+loss) and ``D_c`` (its share of ``D``); both add up, so ``sum_c S_c / sum_c D_c`` is the
+single-device loss for uneven chunks too, where the mean of the chunks' means is not. ``D``:
 
-* ``CrossEntropyLoss`` / ``NLLLoss``, ``reduction="mean"``, class-index targets: the sum of
+* ``CrossEntropyLoss`` / ``NLLLoss``, ``"mean"``, class-index targets: the sum of
   ``weight[target]`` over targets that are not ``ignore_index`` (their count without
-  ``weight``), which is how torch normalises ``weight``, ``ignore_index`` and
-  ``label_smoothing``. A chunk whose targets are all ignored gives ``S = D = 0``, not the NaN of
-  its own mean. Class-probability targets: samples times positions
-  (``output.numel() // output.shape[1]``).
-* ``reduction="batchmean"`` (``KLDivLoss``): the batch size, ``output.shape[0]``.
-* any other torch loss with ``reduction="mean"``: the element count of its unreduced loss (it
-  runs once with ``reduction="none"``; this also covers margin losses that average over samples).
-* ``reduction="sum"``: ``D`` is 1.
-* any other callable: taken as a mean over the ``batch_dim`` samples, ``S = loss * n``,
-  ``D = n``; exact only for criteria that really are such a mean.
+  ``weight``), as torch normalises; a chunk of ignored targets gives ``S = D = 0``, not NaN.
+  Class-probability targets: samples times positions (``output.numel() // output.shape[1]``).
+* ``"batchmean"`` (``KLDivLoss``): ``output.shape[0]``. ``"sum"``: 1.
+* any other torch loss with ``"mean"``: the element count of its ``reduction="none"`` loss.
+* any other callable: taken as a mean over the ``batch_dim`` samples (``S = loss * n``,
+  ``D = n``); exact only for criteria that are such a mean.
 
-Over ranks, DDP *averages* gradients, so each rank back-propagates ``S_r * world_size / D``
-with ``D = sum_r D_r`` all-reduced every step; the average is ``sum_r S_r / D``, the gradient
-of the global mean. A rank with an empty share uses ``S = 0 * output.sum()`` and ``D = 0``:
-zero, yet in the graph, so its backward and DDP's gradient all-reduce still run.
-
+Over ranks DDP *averages* gradients, so each rank back-propagates ``S_r * world_size / D``
+with ``D = sum_r D_r`` all-reduced every step. A rank with an empty share uses
+``S = 0 * output.sum()`` and ``D = 0``: zero, yet in the graph, so DDP's all-reduce still runs.
 The criterion is never modified: other reductions run on shallow copies sharing its ``weight``.
 """
 
@@ -40,20 +32,13 @@ from tandem.errors import UsageError
 
 from .scatter_gather import first_tensor
 
-__all__ = ["REDUCTIONS", "LossTerms", "with_reduction", "class_normaliser", "sample_mean_terms",
-           "first_tensor", "call_criterion", "loss_terms"]
-
-# The torch ``reduction`` values whose chunked result tandem reproduces ("none" is concatenated
-# by the caller, not reduced here).
+# the torch ``reduction`` values reproduced over chunks ("none": the caller concatenates)
 REDUCTIONS = ("mean", "sum", "none", "batchmean")
 
 
 class LossTerms(NamedTuple):
-    """``summed``: the chunk's summed loss (with autograd). ``normaliser``: its share of ``D``.
-
-    ``normaliser`` is a Python float when shapes alone decide it (no device sync), and a 0-dim
-    floating tensor on the output's device when it depends on target values.
-    """
+    """A chunk's summed loss (with autograd) and its share of ``D``: a float when shapes decide
+    it (no device sync), else a 0-dim tensor on the output's device."""
 
     summed: torch.Tensor
     normaliser: torch.Tensor | float
@@ -68,14 +53,9 @@ def with_reduction(criterion: nn.Module, reduction: str) -> nn.Module:
 
 def class_normaliser(criterion: nn.Module, output: torch.Tensor,
                      target: torch.Tensor) -> torch.Tensor | float:
-    """torch's ``"mean"`` denominator of a CrossEntropy / NLL ``criterion`` for this chunk.
-
-    Class-index targets: ``sum(weight[t])`` over targets ``t != ignore_index`` (their count
-    without ``weight``), as a 0-dim tensor on ``output``'s device in ``output``'s floating
-    dtype (at least float32, so counts stay exact under half precision); computed without a
-    host sync. Class-probability targets: the float ``output.numel() // output.shape[1]``
-    (1 for an unbatched output).
-    """
+    """torch's ``"mean"`` denominator of a CrossEntropy / NLL ``criterion`` for this chunk,
+    without a host sync: a 0-dim tensor in ``output``'s floating dtype, at least float32 (counts
+    stay exact under half precision); a float for class-probability targets."""
     if target.is_floating_point():  # class probabilities: one per sample (and position)
         return float(output.numel() // output.shape[1] if output.dim() > 1 else 1)
     dtype = torch.promote_types(output.dtype, torch.float32)
@@ -102,13 +82,10 @@ def call_criterion(criterion: Callable, output, targets: tuple, kwargs: dict):
 
 def loss_terms(criterion: Callable, output: Any, targets: tuple = (),
                kwargs: dict | None = None, *, batch_dim: int = 0) -> LossTerms:
-    """``(S, D)`` of ``criterion`` on one chunk; see the module docstring for ``D``.
+    """``(S, D)`` of ``criterion`` on one chunk (see the module doc), running it once.
 
-    ``output`` is a tensor, or a tuple passed unpacked (``criterion(*output, *targets)``);
-    ``targets`` and ``kwargs`` are passed after it. The criterion runs once on this chunk.
-    ``batch_dim`` only matters for a plain callable (its sample count). Raises ``ValueError``
-    for a torch loss with ``reduction="none"`` (nothing to normalise: the caller concatenates)
-    and for a plain callable whose result is not a 0-dim tensor.
+    ``output``: a tensor, or a tuple passed unpacked; ``batch_dim``: a plain callable's sample
+    dim. Refuses ``reduction="none"`` and a plain callable whose result is not a 0-dim tensor.
     """
     kwargs = kwargs or {}
     first = first_tensor(output)
@@ -131,7 +108,7 @@ def loss_terms(criterion: Callable, output: Any, targets: tuple = (),
         summed = call_criterion(with_reduction(criterion, "sum"), output, targets, kwargs)
         return LossTerms(summed, float(first.shape[0]))
     if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
-        # The summed loss directly: a chunk whose targets are all ignored has a NaN mean.
+        # the summed loss directly: a chunk whose targets are all ignored has a NaN mean
         summed = call_criterion(with_reduction(criterion, "sum"), output, targets, kwargs)
         return LossTerms(summed, class_normaliser(criterion, first, targets[0]))
     losses = call_criterion(with_reduction(criterion, "none"), output, targets, kwargs)

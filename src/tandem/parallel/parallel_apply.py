@@ -1,11 +1,8 @@
-"""Run replicas side by side: one thread per replica, a single replica inline.
+"""Run replicas side by side: one pooled thread per replica, a single replica inline.
 
-Threads come from a small persistent pool. Each replica runs in a
-:class:`~tandem.parallel.context.ReplicaContext`, with the caller's grad, inference and autocast
-modes and keyed stream (:mod:`tandem.keyed.stream`), on its device (with the caller's current
-CUDA stream of every device), and on CPU with ``max(1, torch.get_num_threads() // n)``
-intra-op threads. If a replica raises, the group is aborted, every replica is waited for, and
-the first real error is re-raised with ``replica N on DEVICE`` at the front of its message.
+Each thread gets the caller's grad, inference, autocast and keyed-stream state and CUDA streams,
+and on CPU its share of the intra-op threads. A replica's error aborts the group and is
+re-raised, after every replica stopped, with ``replica N on DEVICE`` in front.
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ from tandem.errors import UsageError
 from tandem.keyed import stream as keyed_stream
 
 from .context import ReplicaAborted, ReplicaContext, ReplicaGroup, use
+from .devices import device_scope
 from .scatter_gather import first_tensor
-
-__all__ = ["parallel_apply"]
 
 
 class _Worker:
@@ -65,14 +61,8 @@ def _take_workers(n: int) -> list[_Worker]:
     return taken + [_Worker() for _ in range(n - len(taken))]
 
 
-def _give_back(worker: _Worker) -> None:
-    with _idle_lock:
-        _idle.append(worker)
-
-
 def _infer_device(module, args, kwargs) -> torch.device:
-    t = first_tensor(args)
-    t = t if t is not None else first_tensor(kwargs)
+    t = first_tensor((args, kwargs))
     if t is None:
         t = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None
     return t.device if t is not None else torch.device("cpu")
@@ -104,19 +94,16 @@ class _State:
                 stack.enter_context(torch.autocast(device_type, dtype=dtype,
                                                    cache_enabled=self.autocast_cache))
             if device.type == "cuda":
-                # every device's caller stream, not only its own: a replica that copies another
-                # replica's tensor (SyncBatchNorm's merge) orders the copy after the work on
-                # the source's current stream, which must be the one that work was queued on.
-                # Its own device first: a stream context, on exit, makes current again the
-                # device that was current when it was entered (cudaSetDevice), and a fresh
-                # thread's is cuda:0, which the run may not use at all
+                # every device's caller stream: a copy from another replica's tensor (SyncBatchNorm)
+                # orders after the work on the source's stream. Its own device first: a stream
+                # context restores on exit the device current at entry (a fresh thread: cuda:0)
                 stack.enter_context(torch.cuda.device(device))
                 for other, stream in self.streams.items():
                     if other != device:
                         stack.enter_context(torch.cuda.stream(stream))
                 stack.enter_context(torch.cuda.stream(self.streams[device]))
             else:
-                stack.enter_context(_current_device(device))
+                stack.enter_context(device_scope(device))
             changed = (_PER_THREAD_THREADS and device.type == "cpu"
                        and torch.get_num_threads() != self.cpu_threads)
             if changed:
@@ -125,24 +112,8 @@ class _State:
                 yield
             finally:
                 if changed:
-                    # set_num_threads also sets the default that threads started later take
-                    # up; put the caller's value back so nothing outside this call sees ours
+                    # it also sets the default of threads started later: put the caller's back
                     torch.set_num_threads(self.total_threads)
-
-
-def _current_device(device: torch.device):
-    """``device`` made the current one of its kind (CUDA or another accelerator) meanwhile, so
-    that code that allocates on "the" device (``device="cuda"``) lands on the replica's."""
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    if device.type != "cpu" and device.index is not None and _is_accelerator(device):
-        return torch.accelerator.device_index(device.index)
-    return contextlib.nullcontext()
-
-
-def _is_accelerator(device: torch.device) -> bool:
-    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    return acc is not None and acc.type == device.type
 
 
 def _call(module, args, kwargs):
@@ -151,28 +122,20 @@ def _call(module, args, kwargs):
     return module(*args, **kwargs)
 
 
-def _named(exc: BaseException, index: int, device: torch.device) -> BaseException:
-    """``exc`` re-made with the same type and ``replica N on DEVICE`` in its message."""
+def _raise_named(exc: BaseException, index: int, device: torch.device):
+    """Raise ``exc`` re-made with the same type and ``replica N on DEVICE`` in its message."""
     where = f"replica {index} on {device}"
     try:
         renamed = type(exc)(f"{where}: {exc}")
     except Exception:
         renamed = None
     if renamed is not None and type(renamed) is type(exc):
-        renamed.__cause__ = exc
-        return renamed
+        raise renamed from exc
     # the type needs other constructor arguments: keep the object, name the replica in it
     if exc.args and isinstance(exc.args[0], str):
         exc.args = (f"{where}: {exc.args[0]}",) + tuple(exc.args[1:])
     exc.add_note(f"raised in {where}")
-    return exc
-
-
-def _raise_named(exc: BaseException, index: int, device: torch.device):
-    renamed = _named(exc, index, device)
-    if renamed is exc:
-        raise exc
-    raise renamed from exc
+    raise exc
 
 
 def _layout(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None,
@@ -194,15 +157,9 @@ def _layout(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None,
 
 def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
                    devices: Sequence | None = None, group: ReplicaGroup | None = None) -> list:
-    """Apply ``modules[i]`` to ``inputs[i]`` for every ``i``, each in its own thread.
-
-    ``inputs[i]`` is a tuple (or list) of positional arguments, or one argument;
-    ``kwargs_list[i]`` holds keyword arguments; ``devices[i]`` says where replica ``i`` runs
-    (inferred from its inputs or parameters when omitted). ``group``: the
-    :class:`ReplicaGroup` the replicas meet in (default: a new one); the threaded backward
-    runs the replicas' backward in their forward's group, so that a failure wakes the replicas
-    waiting there. Returns the outputs in order.
-    """
+    """Apply ``modules[i]`` to ``inputs[i]`` (a tuple of arguments, or one) with ``kwargs_list[i]``
+    on ``devices[i]`` (default: inferred) for every ``i``, each in its own thread; the outputs.
+    ``group``: the :class:`ReplicaGroup` they meet in (default: a new one)."""
     kwargs_list, devices = _layout(modules, inputs, kwargs_list, devices)
     n = len(modules)
     if n == 0:
@@ -212,7 +169,7 @@ def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | 
         raise UsageError(f"parallel_apply got {n} modules but a group of {group.num_replicas}")
     if n == 1:  # inline: the caller's thread settings already apply, but for the device
         try:
-            with _current_device(devices[0]), use(ReplicaContext(0, devices[0], group)):
+            with device_scope(devices[0]), use(ReplicaContext(0, devices[0], group)):
                 return [_call(modules[0], inputs[0], kwargs_list[0])]
         except Exception as exc:
             _raise_named(exc, 0, devices[0])
@@ -221,8 +178,7 @@ def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | 
 
 def _in_threads(modules, inputs, kwargs_list, devices: list[torch.device],
                 group: ReplicaGroup) -> list:
-    """Each replica on a pooled worker thread; the outputs, or the first real failure raised
-    naming its replica (one that only saw another abort comes last)."""
+    """Each replica on a pooled worker; the outputs, or the first real failure (not an abort)."""
     n = len(modules)
     state = _State(devices)
     results: list[Any] = [None] * n
@@ -230,8 +186,7 @@ def _in_threads(modules, inputs, kwargs_list, devices: list[torch.device],
     done: queue.SimpleQueue = queue.SimpleQueue()
 
     def job(i):
-        # The worker keeps ``run`` a moment after ``done``: it must not hold the replica then,
-        # or a module dropped right after this call would outlive its last reference.
+        # the worker keeps ``run`` a moment after ``done``: it must not hold the replica then
         work = [modules[i], inputs[i], kwargs_list[i]]
 
         def run(worker):
@@ -243,7 +198,8 @@ def _in_threads(modules, inputs, kwargs_list, devices: list[torch.device],
                 group.abort(exc)  # wake replicas waiting for this one at a rendezvous
             finally:
                 work.clear()
-                _give_back(worker)
+                with _idle_lock:
+                    _idle.append(worker)
                 done.put(i)
         return run
 

@@ -1,17 +1,10 @@
 """Replicas of a module, one per device, connected to autograd and reused across steps.
 
-A replica is a tree of shallow module copies with their own parameter and buffer dicts. Each
-holds a differentiable view of the original Parameter on its own device, or of a copy elsewhere
-(:mod:`tandem.parallel.broadcast`), whose gradients sum into the original in replica order, so
-the same call twice gives the same bits. The home replica is ``module`` itself and updates its
-buffers; the others get fresh buffer copies on every call (what happens to their updates:
-:mod:`tandem.parallel.buffers`).
-
-Warning: the copies are cached on ``module`` (weakly, per device tuple and thread) and reused
-while its structure is unchanged, so the same thread gets the same replica objects next call:
-finish one forward before calling ``replicate`` again. Each module of the tree also keeps,
-from its first replication on, a ``zero_grad`` that has no effect inside a replica
-(:class:`~tandem.parallel.guards.ReplicaZeroGrad`).
+Replicas are shallow module copies holding differentiable views of the parameters, whose
+gradients sum into the originals in replica order; the home replica is ``module`` itself, the
+others get fresh buffer copies each call (:mod:`~tandem.parallel.buffers`). Warning: they are
+cached on ``module`` (per devices and thread): finish a forward before replicating again; and
+each replicated module's ``zero_grad`` does nothing in a replica (``guards.ReplicaZeroGrad``).
 """
 
 from __future__ import annotations
@@ -24,12 +17,13 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from tandem.errors import UsageError
+
 from . import traffic
 from .broadcast import copy_params
 from .devices import resolve_devices
-from .guards import first_lazy, guard_zero_grad
-
-__all__ = ["replicate", "replicate_detached", "ReplicaCache"]
+from .guards import ReplicaZeroGrad, first_lazy
+from .scatter_gather import nbytes
 
 _CACHE_ATTR = "_tandem_replica_cache"
 _MAX_ENTRIES = 8  # replica sets kept per module (device tuples x calling threads)
@@ -49,11 +43,10 @@ class ReplicaCache:
         return (ReplicaCache, ())
 
 
-def _lazy_error(root: nn.Module) -> ValueError:
-    return ValueError(
-        f"replicate: {first_lazy(root)!r} of {type(root).__name__} is uninitialised (a lazy "
-        f"module); run the module once on a batch before replicating it, so that every replica "
-        f"does not initialise it at the same time (DataParallel does this for you)")
+def _lazy_error(root: nn.Module) -> UsageError:
+    return UsageError(f"replicate: {first_lazy(root)!r} of {type(root).__name__} is "
+                      f"uninitialised (a lazy module): run it once on a batch first",
+                      hint="DataParallel does this for you")
 
 
 def _walk(root: nn.Module):
@@ -67,8 +60,9 @@ def _walk(root: nn.Module):
             continue
         seen.add(id(m))
         modules.append(m)
-        guard_zero_grad(m)  # once per module; its copies take it with its __dict__
         d = m.__dict__
+        if "zero_grad" not in d:  # once per module (not over another's); copies take it along
+            d["zero_grad"] = ReplicaZeroGrad(m)
         add(id(m))
         add(len(d))
         for child in d["_modules"].values():
@@ -94,13 +88,10 @@ def _walk(root: nn.Module):
 
 
 class _ReplicaSet:
-    """Shallow copies of every module of one tree, for every non-home device.
-
-    ``detached``: every replica, the home one too, is a copy whose parameters are detached
-    leaves (``self.leaves``), for :mod:`tandem.parallel.threaded_backward`; the home copy
-    holds the original buffers, so its updates land in place as the module's own would.
-    Holds the originals only by weak reference, so the cache on ``module`` makes no cycle.
-    """
+    """Shallow copies of every module of one tree, for every non-home device; held by weak
+    reference to the originals, so the cache on ``module`` makes no cycle. ``detached``: every
+    replica is a copy whose parameters are detached leaves (``self.leaves``, for
+    :mod:`tandem.parallel.threaded_backward`); the home copy holds the original buffers."""
 
     def __init__(self, modules: list[nn.Module], devices: list[torch.device], home: int | None,
                  share: bool, detached: bool = False):
@@ -124,8 +115,6 @@ class _ReplicaSet:
                     name: None if c is None else copies[index[id(c)]]
                     for name, c in m.__dict__["_modules"].items()
                 }
-                # parameters on this device: the originals themselves, fixed by the fingerprint
-                rep.__dict__["_parameters"] = dict(m.__dict__["_parameters"])
             self.trees[i] = copies
         # per module: names of its parameters; every replica gets each through copy_params
         self.moved = [[name for name, p in m.__dict__["_parameters"].items() if p is not None]
@@ -189,10 +178,8 @@ class _ReplicaSet:
                 rd["_buffers"] = new_buffers
 
     def _leaves(self, params: list[torch.Tensor], devices: list[torch.device]) -> dict:
-        """A detached leaf per (parameter, replica), each its own tensor (its own ``.grad``)
-        over ONE storage per device: the parameter's on its own device, else one copy shared
-        by every replica on that device (as :func:`copy_params` does); each requires grad as
-        its parameter does."""
+        """A detached leaf per (parameter, replica), each with its own ``.grad``, over ONE
+        storage per device (the parameter's own, or one copy), as :func:`copy_params` does."""
         copies: dict = {}
         moved: dict = {}  # (id(param), device) -> the one copy there
         self.leaves = {}
@@ -220,60 +207,43 @@ class _ReplicaSet:
 
 
 def _record_traffic(module: nn.Module, devices: list[torch.device], home: int | None) -> None:
-    params = sum(p.numel() * p.element_size() for p in module.parameters())
-    grads = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    buffers = sum(b.numel() * b.element_size() for b in module.buffers())
+    params = sum(map(nbytes, module.parameters()))
+    grads = sum(nbytes(p) for p in module.parameters() if p.requires_grad)
+    buffers = sum(map(nbytes, module.buffers()))
     for i in range(len(devices)):
         if i != home:
             traffic.record("broadcast", params + buffers, i)
             if torch.is_grad_enabled() and grads:
-                # counted when replicas are built: shared-storage replicas have no transfer to
-                # observe, yet their gradients sum into the originals (a reduce on real devices)
+                # counted here: shared-storage replicas have no transfer to observe, yet their
+                # gradients sum into the originals (a reduce on real devices)
                 traffic.record("reduce", grads, home)
 
 
 def replicate(module: nn.Module, devices: Sequence, share_params: bool = True) -> list[nn.Module]:
-    """One replica of ``module`` per entry of ``devices`` (see the module docstring).
-
-    Returns a list as long as ``devices``; the replica on ``module``'s own device (the first,
-    if several) is ``module`` itself. ``share_params=False`` gives every other replica its own
-    differentiable parameter copy even on the module's device: the copy-and-reduce path of
-    distinct GPUs, runnable on CPU. Raises ``ValueError`` naming a bad device or a lazy
-    (uninitialised) parameter.
-    """
-    replicas, _ = _replica_set(module, devices, share_params, False)
-    return replicas
+    """One replica of ``module`` per entry of ``devices``; the one on ``module``'s own device
+    (the first, if several) is ``module`` itself. ``share_params=False``: every other replica
+    gets its own parameter copy even there (distinct GPUs' copy-and-reduce path, on CPU)."""
+    return _replica_set(module, devices, share_params, False)[0]
 
 
 def replicate_detached(module: nn.Module, devices: Sequence):
-    """``(replicas, leaves)``: replicas whose parameters are detached leaves, not connected to
-    ``module``'s by autograd; ``leaves[i]`` lists ``(parameter, leaf)`` pairs of replica ``i``.
-
-    Every replica is a copy (the one on the module's device holds its buffers). Gradients
-    reach the parameters only through :mod:`tandem.parallel.threaded_backward`.
-    """
+    """``(replicas, leaves)``: replicas whose parameters are detached leaves (every one a copy),
+    ``leaves[i]`` replica ``i``'s ``(parameter, leaf)`` pairs; gradients reach the parameters
+    only through :mod:`tandem.parallel.threaded_backward`."""
     replicas, replica_set = _replica_set(module, devices, True, True)
     return replicas, [replica_set.leaves[i] for i in range(len(replicas))]
 
 
 def _replica_set(module: nn.Module, devices: Sequence, share_params: bool, detached: bool):
-    """``(replicas, the _ReplicaSet behind them)``; the set is ``None`` when the one replica is
-    ``module`` itself."""
+    """``(replicas, their _ReplicaSet)``; ``None`` when the one replica is ``module`` itself."""
     devices = resolve_devices(devices)
     cache = module.__dict__.get(_CACHE_ATTR)
     if not isinstance(cache, ReplicaCache):  # before the walk: it counts the root's attributes
         cache = module.__dict__[_CACHE_ATTR] = ReplicaCache()
     modules, fingerprint, where = _walk(module)
-    home = None
-    if len(where) <= 1:
-        place = next(iter(where), None)
-        for i, d in enumerate(devices):
-            if place is None or d == place:
-                home = i
-                break
-    if len(devices) == 1 and home == 0 and not detached:
-        if traffic.metering():
-            _record_traffic(module, devices, home)
+    place = next(iter(where), None) if len(where) <= 1 else False  # False: spread, no home
+    home = next((i for i, d in enumerate(devices) if place is None or d == place), None)
+    if len(devices) == 1 and home == 0 and not detached:  # nothing moves: no traffic either
         return [module], None
     key = (tuple(devices), bool(share_params), detached, threading.get_ident())
     entry = cache.entries.get(key)

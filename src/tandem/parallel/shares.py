@@ -10,9 +10,6 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-__all__ = ["shares", "capped", "format_shares"]
-
-
 def shares(batch: int, weights: Sequence[float]) -> list[int]:
     """Samples per device for ``batch``: proportional to ``weights``, largest remainder
     (``[1] * n``: balanced over ``n``)."""
@@ -47,4 +44,5 @@ def capped(batch: int, weights: Sequence[float], max_share: int | None) -> list[
 
 
 def format_shares(values: Sequence[float]) -> str:
+    """``3,1``: how messages and logs write shares and weights."""
     return ",".join(f"{v:g}" for v in values)

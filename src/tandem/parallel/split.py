@@ -1,10 +1,6 @@
 """Batch shares by weight: how many samples of a batch each device (or rank) takes.
 
-:class:`BatchSplit` owns ``--split`` and ``--max-share`` for a strategy: each batch's sizes
-(:func:`shares`, largest remainder, so that they sum to the batch; a device may get 0), the
-refusals, what ``--split auto`` observed (:class:`AutoSplit` decides) and the checkpoint
-state. The update does not depend on the shares (every wrapper computes the whole-batch
-loss); only the time a step takes does.
+Every wrapper computes the whole-batch loss, so the shares change a step's time, not its update.
 """
 
 from __future__ import annotations
@@ -21,18 +17,12 @@ from .auto_split import AutoSplit
 from .shares import capped, format_shares, shares
 from .work_clock import Span, seconds_of
 
-__all__ = ["parse_split", "check_weights", "shares", "capped", "check_max_share", "AutoSplit",
-           "BatchSplit", "AUTO", "format_shares", "clock_from_spec", "split_report",
-           "split_gain"]
-
 AUTO = "auto"
 
 
 def clock_from_spec(spec: str | None) -> "Callable[[int, int, float], float] | None":
-    """The test clock ``spec`` asks for (``tandem.distributed.env.SPLIT_CLOCK_VAR``'s form:
-    per-sample seconds per device, ``"2,1"``; ``"1,1~0.4"`` scales each measurement by a
-    factor drawn uniformly from [0.6, 1.4], seeded by device): ``(device, samples, seconds) ->
-    seconds`` as it says device ``device`` takes (``None``: no spec, real time)."""
+    """A test clock ``(device, samples, seconds) -> seconds`` from ``spec`` (``"2,1"``: seconds
+    per sample per device; ``"1,1~0.4"``: times a seeded factor in [0.6, 1.4]); ``None``: real."""
     if not spec:
         return None
     fake, _, spread = spec.partition("~")
@@ -56,22 +46,21 @@ def parse_split(text: str, name: str = "split") -> tuple[float, ...] | str:
     try:
         weights = tuple(float(w) for w in text.split(","))
     except ValueError:
-        raise UsageError(f"bad {param(name)} {text!r}: give weights like 3,1 (one per "
-                         "device) or auto") from None
+        raise UsageError(f"bad {param(name)} {text!r}",
+                         hint="give weights like 3,1 (one per device) or auto") from None
     return check_weights(weights, None, name)
 
 
 def check_weights(weights: Sequence[float], devices: int | None, name: str = "split"
                   ) -> tuple[float, ...]:
-    """``weights`` as a tuple of floats, once known to be one finite, non-negative weight per
-    device (``devices``; ``None``: any count) and not all zero; errors name parameter
-    ``name``."""
+    """``weights`` as floats, checked: one finite weight >= 0 per device (``None``: any count),
+    not all zero."""
     name = param(name)
     weights = tuple(float(w) for w in weights)
     shown = ",".join(f"{w:g}" for w in weights)
     if devices is not None and len(weights) != devices:
-        raise UsageError(f"bad {name} {shown}: {len(weights)} weight(s) for {devices} "
-                         f"device(s); give one per device")
+        raise UsageError(f"bad {name} {shown}: {len(weights)} weight(s) for {devices} device(s)",
+                         hint="give one weight per device")
     if not weights or any(not math.isfinite(w) or w < 0 for w in weights):
         raise UsageError(f"bad {name} {shown}: weights must be finite and >= 0")
     if not any(weights):
@@ -81,8 +70,8 @@ def check_weights(weights: Sequence[float], devices: int | None, name: str = "sp
 
 def check_max_share(batch: int, weights: Sequence[float] | str, devices: int,
                     max_share: int | None, what: str = param("batch_size")) -> None:
-    """Refuse, in one line, a batch whose shares would give a device more than ``max_share``
-    samples (``weights`` may be ``"auto"``: then the batch must fit the caps at all)."""
+    """Refuse a batch whose shares give a device more than ``max_share`` samples (``"auto"``
+    weights: the batch must fit the caps at all)."""
     if max_share is None:
         return
     if batch > max_share * devices:
@@ -99,59 +88,47 @@ def check_max_share(batch: int, weights: Sequence[float] | str, devices: int,
 
 
 def split_gain(batch: int, per_sample: Sequence[float], weights: Sequence[float]) -> float:
-    """How many times faster than the even split a step of ``batch`` split by ``weights`` can
-    be, the slowest device setting the pace (``per_sample``: each device's time per sample):
-    the most such a split gains, the serial parts of a step aside."""
-    def pace(sizes):
-        return max(n * t for n, t in zip(sizes, per_sample))
+    """How many times faster than the even split ``weights`` can make a step of ``batch``, the
+    slowest device (``per_sample``: its seconds per sample) setting the pace."""
+    even = shares(batch, [1.0] * len(per_sample))
+    return _pace(even, per_sample) / _pace(shares(batch, weights), per_sample)
 
-    return pace(shares(batch, [1.0] * len(per_sample))) / pace(shares(batch, weights))
+
+def _pace(sizes: Sequence[int], per_sample: Sequence[float]) -> float:
+    """A step's time: the slowest device's share times its time per sample."""
+    return max(n * t for n, t in zip(sizes, per_sample))
 
 
 def split_report(batch: int, devices: int, weights: Sequence[float] | None = None,
                  per_sample: Sequence[float] | None = None, sample_bytes: int = 0,
                  unit: str | None = None) -> list[str]:
-    """What a split costs, one line each: the shares, the input bytes sent to devices other
-    than device 0, and the expected step time, ``max_i(share_i * per_sample_i)`` (the slowest
-    device sets the pace), next to the even and the ideal split's. ``per_sample``: each
-    device's time per sample, in seconds unless ``unit`` says (default 1 each: the time of one
-    sample on one device)."""
+    """What a split costs, in two lines: its shares, the input bytes leaving device 0, and its
+    step time (:func:`_pace`) beside the even and the ideal split's (``per_sample``: default 1)."""
     weights = tuple(weights) if weights is not None else (1.0,) * devices
     times = list(per_sample) if per_sample is not None else [1.0] * devices
     if len(times) != devices:
         raise UsageError(f"per_sample has {len(times)} entries for {devices} device(s)")
-
-    def pace(sizes):
-        return max(n * t for n, t in zip(sizes, times))
-
     sizes = shares(batch, weights)
     ideal = shares(batch, [1.0 / t for t in times])
     unit = unit or ("s" if per_sample is not None else " sample-times")
+    even = shares(batch, [1.0] * devices)
     return [f"split {format_shares(sizes)} of {batch} (weights {format_shares(weights)}): "
             f"{(batch - sizes[0]) * sample_bytes / 1e6:.2f} MB of inputs leave device 0",
-            f"expected step (slowest device): {pace(sizes):g}{unit}; even split "
-            f"{format_shares(shares(batch, [1.0] * devices))}: "
-            f"{pace(shares(batch, [1.0] * devices)):g}{unit}; ideal split "
-            f"{format_shares(ideal)}: {pace(ideal):g}{unit}"]
+            f"expected step (slowest device): {_pace(sizes, times):g}{unit}; even split "
+            f"{format_shares(even)}: {_pace(even, times):g}{unit}; ideal split "
+            f"{format_shares(ideal)}: {_pace(ideal, times):g}{unit}"]
 
 
 class BatchSplit:
-    """The one owner of ``--split`` and ``--max-share`` for a strategy (or a ``DataParallel``):
-    the weights, each batch's sizes, the refusals, what ``--split auto`` observed, and its
-    checkpoint state. ``split``: weights, ``"auto"`` or ``None`` (even shares) over ``count``
-    devices (or ranks).
+    """The one owner of ``--split`` and ``--max-share``: the weights (``split``: weights,
+    ``"auto"`` or ``None`` for even) over ``count`` devices or ranks, each batch's sizes, the
+    refusals, what ``--split auto`` observed, and the checkpoint state.
 
-    Timing rule: each share's own work (its device's compute, never the wait for the others) is
-    added up by :meth:`record` over the micro-batches of one optimizer step, and :meth:`step`
-    observes it once per optimizer step; a split is judged by what a whole step costs, the unit
-    a batch's shares must balance. ddp records a rank's forward and backward; ``DataParallel``
-    records its replicas' forwards (their backwards run inside autograd). ``by_loader`` (ddp):
-    the loader cuts each global batch (:meth:`loader_split`) and has drawn some batches
-    already, so a move takes effect at a later batch, the same on every rank (``reduce`` sums
-    the ranks' records). ``clock``: a test clock (:func:`clock_from_spec`; default ``None``:
-    real time).
-    ``steps_itself`` (a ``DataParallel``'s own split, with no loop to step it): the times of a
-    :meth:`timed` forward are observed at the next :meth:`sizes`.
+    Each share's own work (never the wait for the others) is summed by :meth:`record` over one
+    optimizer step and observed once by :meth:`step`. ``by_loader`` (ddp): the loader cuts
+    each global batch, so a move lands at a later batch, alike on every rank (``reduce`` sums
+    the ranks' records). ``steps_itself`` (a ``DataParallel``'s own split): a :meth:`timed`
+    forward is observed at the next :meth:`sizes`.
     """
 
     steps_itself = False  # the class's, for an object pickled before these existed
@@ -165,8 +142,7 @@ class BatchSplit:
         self._unobserved = False  # a timed forward's records wait for the next sizes()
         self.fixed = None if split is None or split == AUTO else tuple(split)
         self.auto = AutoSplit(count) if split == AUTO else None
-        self.reduce = reduce
-        self.clock = clock
+        self.reduce, self.clock = reduce, clock
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
         self._samples, self._seconds = [0] * count, [[] for _ in range(count)]
         self._last_batch: int | None = None
@@ -183,18 +159,18 @@ class BatchSplit:
         return tuple(self.auto.weights) if self.auto is not None else self.fixed
 
     def check_weights(self, name: str = "split") -> None:
-        """Refuse (one line) weights that are not one valid weight per device."""
+        """Refuse weights that are not one valid weight per device."""
         if self.fixed is not None:
             self.fixed = check_weights(self.fixed, self.count, name)
 
     def check_fits(self, batch: int, what: str = param("batch_size")) -> None:
-        """Refuse (one line) a ``batch`` the ``--max-share`` caps cannot hold."""
+        """Refuse a ``batch`` the ``--max-share`` caps cannot hold."""
         check_max_share(batch, self.fixed or AUTO, self.count, self.max_share, what)
 
     def sizes(self, batch: int, epoch: int | None = None, index: int | None = None
               ) -> list[int] | None:
-        """Each device's samples of ``batch`` (``None``: not split, even shares); with
-        ``(epoch, index)``, those of that global batch under the moves scheduled so far."""
+        """Each device's samples of ``batch`` (``None``: even); with ``(epoch, index)``, those of
+        that global batch under the moves scheduled so far."""
         if self._unobserved:  # the last timed forward's work is long done by now
             self._unobserved = False
             self.step(0, 0)
@@ -217,20 +193,16 @@ class BatchSplit:
         return lambda epoch, index, size: self.sizes(size, epoch, index)
 
     def record(self, index: int, samples: int, seconds: float | Span) -> None:
-        """Device ``index`` spent ``seconds`` of its own work on ``samples`` samples (a
-        stopped :class:`~tandem.parallel.work_clock.Span` is read at the next :meth:`step`:
-        a CUDA device's time is known once its work is done)."""
+        """Device ``index`` spent ``seconds`` (or a stopped ``Span``, read at :meth:`step`) on
+        ``samples`` samples."""
         self._samples[index] += samples
         self._seconds[index].append(seconds)
 
     def timed(self, replicas: Sequence, devices: Sequence, shares: Sequence[int] | None,
               training: bool) -> list:
-        """``replicas`` (one per device with samples, on ``devices``), each made to record the
-        span of its forward with its share (``shares``: one per device, as :meth:`sizes` cut
-        the batch) when ``--split auto`` times this forward: in training, with grad, the batch
-        cut by this split. Else ``replicas`` as they are. A split that ``steps_itself``
-        observes them at the next :meth:`sizes`: stepped at once, it would wait for this
-        forward's device work before the backward could be queued."""
+        """``replicas`` made to record their forward's span with their share (``shares``, one per
+        device) when ``--split auto`` times a training forward; else as they are. Observed at
+        the next :meth:`sizes` when ``steps_itself``: at once, it would wait for the device."""
         if self.auto is None or not training or not torch.is_grad_enabled() or shares is None:
             return replicas
         runs = list(replicas)
@@ -245,22 +217,20 @@ class BatchSplit:
         return runs
 
     def discard(self) -> None:
-        """Forget what was recorded since the last :meth:`step`: a rehearsal such as the
-        ``--compile`` warm-up, whose times (the compile itself) tell no device's speed."""
+        """Forget what was recorded since the last :meth:`step` (the ``--compile`` warm-up)."""
         self._samples, self._seconds = [0] * self.count, [[] for _ in range(self.count)]
         self._backward = None
 
     def time_backward_end(self, index: int, model) -> list:
-        """Hook ``model`` so that device ``index``'s backward counts as its own work, up to
-        its first parameter's gradient (the last computed); the handles to remove."""
+        """Hook ``model`` so device ``index``'s backward, up to its first parameter's gradient (the
+        last computed), counts as its work; the handles."""
         first = next((p for p in model.parameters() if p.requires_grad), None)
         if self.auto is None or first is None:
             return []
         return [first.register_post_accumulate_grad_hook(lambda p: self._backward_done(index))]
 
     def time_backward_start(self, loss) -> None:
-        """The backward's timing starts at ``loss``'s gradient (see :meth:`time_backward_end`),
-        on the gradient's device."""
+        """Start the backward's span at ``loss``'s gradient, on its device."""
         if loss.requires_grad:
             loss.register_hook(lambda grad: setattr(self, "_backward", Span(grad.device)))
 
@@ -271,8 +241,7 @@ class BatchSplit:
 
     def step(self, epoch: int, batch: int, ahead: int = 0) -> bool:
         """After an optimizer step: observe it, let ``--split auto`` move the weights, and say
-        whether they moved since the last call. ``(epoch, batch)`` is the next batch; the
-        loader has already drawn the ``ahead`` batches after it."""
+        whether they moved. ``(epoch, batch)``: the next batch; ``ahead``: batches drawn past it."""
         if self.auto is not None and (self.reduce is not None or any(self._samples)):
             self._observe(epoch)
             # shares cut at the forward: move only when the next batch's shares change
@@ -311,8 +280,7 @@ class BatchSplit:
 
 
 class _Timed:
-    """Call a replica and record the span of its work on ``device`` in ``split`` as device
-    ``index``'s, with ``samples`` (:mod:`~tandem.parallel.work_clock`)."""
+    """Call a replica and record its span on ``device`` in ``split`` as device ``index``'s."""
 
     def __init__(self, module, device, split: BatchSplit, index: int, samples: int):
         self.module, self.device, self.split = module, device, split

@@ -1,12 +1,7 @@
 """Batch normalization with statistics over the whole global batch.
 
-:class:`SyncBatchNorm` is a drop-in ``_BatchNorm`` for 2D to 5D inputs that, in training,
-merges batch statistics over the replica threads of one ``parallel_apply`` call and over the
-processes of ``process_group`` (both at once too); unlike ``torch.nn.SyncBatchNorm`` it runs on
-CPU and between threads. Uneven and empty local batches are fine. Elsewhere (eval, one device)
-it is plain ``F.batch_norm``. Running stats get the global mean and unbiased variance, so every
-replica holds the same buffers. Cost: one rendezvous per layer per forward, which small models
-feel (about 20 ms against 6 ms per step for a 4-conv net over 2 replicas on one H100).
+Unlike ``torch.nn.SyncBatchNorm`` it merges over replica threads (any device, CPU too) as well
+as processes, with uneven or empty local batches. Cost: one rendezvous per layer per forward.
 """
 
 from __future__ import annotations
@@ -25,10 +20,8 @@ from . import context
 from .sync_functions import (GlobalMoments, LocalMoments, Normalize, ReplicaMoments,
                              SharedMoments)
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
-# Replicas are (shallow or deep) copies, so they keep this number; it names "the same layer"
-# at the rendezvous. Pairing by call order (ReplicaContext.next_key) does the rest.
+# replicas are copies and keep this number: "the same layer" at the rendezvous
 _TAGS = itertools.count()
 
 
@@ -43,13 +36,11 @@ class _Part:
 
 
 class SyncBatchNorm(_BatchNorm):
-    """BatchNorm whose training statistics span every replica thread and process.
+    """BatchNorm whose training statistics span every replica thread and process
+    (``process_group``; ``None``: the default one), equal to ``nn.BatchNorm`` on the global batch.
 
-    Args are those of ``nn.BatchNorm2d`` plus ``process_group`` (``None``: the default group,
-    used only when initialized with more than one process). Gradients and running stats equal
-    ``nn.BatchNorm`` on the concatenated global batch. Warnings: across processes on an
-    accelerator, a global batch of one value per channel normalizes with variance 0 instead of
-    raising; double backward through a synchronized forward raises.
+    Warnings: across processes on an accelerator, one value per channel normalizes with variance
+    0 instead of raising; double backward through a synchronized forward raises.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
@@ -71,7 +62,7 @@ class SyncBatchNorm(_BatchNorm):
             )
 
     def _process_group(self):
-        """The process group to merge over, or ``None`` when there is nothing to merge with."""
+        """The process group to merge over (``None``: nothing to merge with)."""
         if not (dist.is_available() and dist.is_initialized()):
             return None
         group = dist.group.WORLD if self.process_group is None else self.process_group
@@ -115,7 +106,7 @@ class SyncBatchNorm(_BatchNorm):
 
     @torch.no_grad()
     def _update_running_stats(self, mean, unbiased_var) -> None:
-        """Fold the global mean and unbiased variance into the running stats, like BatchNorm."""
+        """Fold the global mean and unbiased variance into the running stats."""
         if not self.track_running_stats or self.running_mean is None:
             return
         if self.num_batches_tracked is not None:
@@ -136,20 +127,16 @@ def _check_count(count: int, where: str) -> None:
 
 
 def _anchor(x: torch.Tensor):
-    """A grad-requiring scalar that makes every process reach GlobalMoments in backward.
-
-    Without it a process whose input needs no gradient (say, an empty batch from the data
-    loader) would skip the backward all-reduce that the other processes wait in.
-    """
+    """A grad-requiring scalar: a process whose input needs no gradient (an empty batch) still
+    reaches the backward all-reduce the others wait in."""
     if not torch.is_grad_enabled():
         return None
     return torch.zeros((), device=x.device, requires_grad=True)
 
 
 def _check_parts(parts: list[_Part], group) -> list[bool]:
-    """Refuse parts that cannot merge; return each replica's ``owner`` flag: False for a
-    replica whose running-stat buffers share storage with an earlier replica's, so that
-    shared buffers are updated once."""
+    """Refuse parts that cannot merge; each replica's ``owner`` flag (False where its running
+    stats share storage with an earlier replica's: updated once)."""
     channels = {p.moments.shape[-1] for p in parts}
     if len(channels) != 1:
         raise UsageError(f"SyncBatchNorm replicas disagree on channels: {sorted(channels)}")
@@ -163,10 +150,7 @@ def _check_parts(parts: list[_Part], group) -> list[bool]:
 
 
 def _merge_replicas(parts: list[_Part], group) -> list[tuple]:
-    """Run once, by the last replica to arrive: one GlobalMoments node for all replicas.
-
-    Returns ``(moments on replica i's device, owner)`` per replica (see ``_check_parts``).
-    """
+    """By the last replica to arrive: one GlobalMoments node, ``(moments, owner)`` per replica."""
     owners = _check_parts(parts, group)
     anchor = _anchor(parts[0].moments) if group is not None else None
     totals = GlobalMoments.apply(group, [p.device for p in parts], anchor,
@@ -175,8 +159,7 @@ def _merge_replicas(parts: list[_Part], group) -> list[tuple]:
 
 
 def _share_replicas(parts: list[_Part], group) -> list[tuple]:
-    """Run once, by the last replica to arrive: the statistics every replica's own
-    :class:`ReplicaMoments` node returns. ``(shared, owner)`` per replica."""
+    """By the last replica to arrive: ``(SharedMoments, owner)`` per replica."""
     owners = _check_parts(parts, group)
     with torch.no_grad():
         shared = SharedMoments(group, [p.moments.detach() for p in parts])
@@ -184,13 +167,10 @@ def _share_replicas(parts: list[_Part], group) -> list[tuple]:
 
 
 def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
-    """Replace every ``_BatchNorm`` in ``module`` (the root included) with :class:`SyncBatchNorm`.
+    """Replace every ``_BatchNorm`` in ``module`` (the root too) with :class:`SyncBatchNorm`,
+    reusing its tensors (an optimizer built on them stays valid) and ``training`` flag.
 
-    The new layers reuse the old ``Parameter`` and buffer tensors themselves, so weights,
-    running stats, ``requires_grad``, devices, dtypes and any optimizer built on them carry
-    over; the ``training`` flag is copied. Hooks registered on the old layers are lost.
-    Existing :class:`SyncBatchNorm` layers are kept. Returns the converted module (a new object
-    only when the root itself is a batch norm).
+    Warning: hooks on the old layers are lost. A new object only when the root is a batch norm.
     """
     if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
         if isinstance(module.weight, nn.parameter.UninitializedParameter):
@@ -199,7 +179,6 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
         new = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
                             module.track_running_stats, process_group,
                             device="meta", bias=module.bias is not None or not module.affine)
-        # Reuse the original tensors (not copies) so nothing changes but the forward.
         for name in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
             setattr(new, name, getattr(module, name))
         new.train(module.training)

@@ -1,12 +1,9 @@
 """The autograd Functions behind SyncBatchNorm: local moments, their global merge, normalization.
 
-Each replica's share is summarised per channel as ``[count, mean, m2]`` (``m2``: squared
-deviations from its own mean) and merged with Chan et al.'s pairwise formula, which keeps
-precision where sums of squares would cancel. :class:`LocalMoments` and :class:`Normalize` run
-per replica; :class:`GlobalMoments` is ONE node for all replicas, because replicas sharing a
-device share an autograd thread and a barrier in backward would deadlock. Replicas that each
-run their own backward thread (:mod:`tandem.parallel.threaded_backward`) get one
-:class:`ReplicaMoments` node each instead, which meet in backward.
+Moments are ``[count, mean, m2]`` per channel, merged with Chan et al.'s formula (no cancelling
+sums of squares). :class:`GlobalMoments` is ONE node for all replicas (replicas on one device
+share an autograd thread: a barrier in backward would deadlock); replicas with their own
+backward threads get a :class:`ReplicaMoments` node each, which meet in backward.
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
-__all__ = ["accumulation_dtype", "local_moments", "merge_moments", "LocalMoments",
-           "GlobalMoments", "SharedMoments", "ReplicaMoments", "Normalize"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -36,11 +31,8 @@ def _reduce_dims(x: torch.Tensor) -> list[int]:
 
 
 def local_moments(x: torch.Tensor) -> torch.Tensor:
-    """``[count, mean, m2]`` per channel of ``x`` (``(N, C, *)``), not tracked by autograd.
-
-    Half-precision inputs are reduced in float32 (two-pass ``var_mean``, so no cancellation) and
-    returned in float64. An empty batch gives count 0, mean 0 and m2 0.
-    """
+    """``[count, mean, m2]`` per channel of ``x`` (``(N, C, *)``), untracked; half precision is
+    reduced in float32 and returned in float64; an empty batch gives zeros."""
     acc = accumulation_dtype(x.dtype)
     out = torch.zeros(3, x.size(1), dtype=acc, device=x.device)
     count = x.numel() // max(x.size(1), 1)
@@ -65,11 +57,8 @@ def merge_moments(parts: torch.Tensor) -> torch.Tensor:
 
 
 def _merge_grads(parts: torch.Tensor, merged: torch.Tensor, g_mean, g_m2) -> torch.Tensor:
-    """Gradients of ``merge_moments`` w.r.t. each part ``(P, 3, C)``, given those of the result.
-
-    d mean / d mean_p = n_p / n, d m2 / d mean_p = 2 n_p (mean_p - mean) (the cross term vanishes
-    because sum n_j (mean_j - mean) = 0) and d m2 / d m2_p = 1. Counts get no gradient.
-    """
+    """Gradients of ``merge_moments`` w.r.t. each part ``(P, 3, C)``: d mean/d mean_p = n_p/n,
+    d m2/d mean_p = 2 n_p (mean_p - mean) (sum n_j (mean_j - mean) = 0), d m2/d m2_p = 1."""
     n_p, mean_p, _ = parts.unbind(1)
     n, mean, _ = merged.unbind(0)
     grad_mean = n_p * (g_mean / n.clamp(min=1) + 2 * g_m2 * (mean_p - mean))
@@ -77,11 +66,7 @@ def _merge_grads(parts: torch.Tensor, merged: torch.Tensor, g_mean, g_m2) -> tor
 
 
 class LocalMoments(torch.autograd.Function):
-    """``x -> [count, mean, m2]`` (see :func:`local_moments`), with a one-pass backward.
-
-    Backward: d mean / dx = 1 / n and d m2 / dx = 2 (x - mean), so
-    ``grad_x = (x - mean) * 2 g_m2 + g_mean / n``.
-    """
+    """``x -> [count, mean, m2]``; backward ``grad_x = (x - mean) * 2 g_m2 + g_mean / n``."""
 
     @staticmethod
     def forward(ctx, x):
@@ -105,9 +90,8 @@ class LocalMoments(torch.autograd.Function):
 
 
 def _global_stats(group, parts):
-    """``(local, merged, total, stats)`` for the replicas' ``parts`` (each ``(3, C)``):
-    stacked on the first part's device, merged over this process, over every process (one
-    ``all_gather`` with ``group``), and ``[count, mean, var, unbiased var]``."""
+    """``(local, merged, total, stats)``: ``parts`` stacked, merged over this process, over every
+    process (one ``all_gather``), and ``[count, mean, var, unbiased var]``."""
     home = parts[0].device
     local = torch.stack([p.to(home) for p in parts])  # (P, 3, C)
     merged = merge_moments(local)  # this process's replicas, (3, C)
@@ -123,16 +107,14 @@ def _global_stats(group, parts):
 
 
 def _part_grads(group, local, merged, total, grads) -> torch.Tensor:
-    """Every part's gradient ``(P, 3, C)`` from the gradients of the replicas' ``stats``
-    (``None`` where a replica's stats got none), summed in replica order; with ``group``,
-    one ``all_reduce`` of a ``(2, C)`` tensor adds every process's."""
+    """Every part's gradient ``(P, 3, C)`` from the replicas' ``stats`` gradients (summed in
+    replica order; with ``group``, one ``all_reduce`` adds every process's)."""
     home = local.device
     present = [g.to(home) for g in grads if g is not None]
     grad = torch.stack(present).sum(0) if present else torch.zeros_like(total)
     g_mean, g_m2 = grad[1], grad[2] / total[0].clamp(min=1)  # var = m2 / n
     if group is not None:
-        # Every process's loss depends on the global moments: sum their gradients, then
-        # take this process's share of the merge over processes.
+        # every process's loss depends on the global moments: this process's share of the sum
         both = torch.stack([g_mean, g_m2])
         dist.all_reduce(both, group=group)
         share = _merge_grads(merged.unsqueeze(0), total, both[0], both[1])[0]
@@ -140,62 +122,44 @@ def _part_grads(group, local, merged, total, grads) -> torch.Tensor:
     return _merge_grads(local, merged, g_mean, g_m2)
 
 
-class GlobalMoments(torch.autograd.Function):
-    """Merge every replica's part (and, with ``group``, every process's) into global statistics.
-
-    ``apply(group, devices, anchor, *parts)``: ``parts[i]`` is replica ``i``'s ``(3, C)`` part;
-    output ``i`` is ``[count, mean, var, unbiased var]`` (``(4, C)``) on ``devices[i]``. ``group``
-    is a ``torch.distributed`` process group or ``None``. ``anchor`` is ``None`` or a scalar that
-    requires grad: across processes, every process must reach this node in backward (it
-    all-reduces there), even one whose parts need no gradient, such as a rank with an empty batch.
-
-    Forward runs one ``all_gather`` of a ``(3, C)`` tensor per process, backward one
-    ``all_reduce`` of a ``(2, C)`` tensor; neither waits for the other replica threads.
-    """
-
-    @staticmethod
-    def forward(ctx, group, devices: Sequence[torch.device], anchor, *parts):
-        local, merged, total, stats = _global_stats(group, parts)
-        ctx.group = group
-        ctx.devices = [p.device for p in parts]
-        ctx.save_for_backward(local, merged, total)
-        # A copy per output: autograd must not see one tensor returned twice.
-        return tuple(stats.to(device, copy=True) for device in devices)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):
-        local, merged, total = ctx.saved_tensors
-        part_grads = _part_grads(ctx.group, local, merged, total, grads)
-        out = [
-            part_grads[i].to(device) if ctx.needs_input_grad[3 + i] else None
-            for i, device in enumerate(ctx.devices)
-        ]
-        return (None, None, None, *out)
-
-
 class SharedMoments:
-    """The global statistics of one synchronised layer call, shared by replicas that each run
-    their own backward (:class:`ReplicaMoments`); built once, by the last replica to arrive."""
+    """One layer call's global statistics and their backward, for :class:`GlobalMoments` and
+    :class:`ReplicaMoments`; ``stats[i]`` on ``devices[i]`` (default: the parts')."""
 
-    def __init__(self, group, parts: Sequence[torch.Tensor]):
+    def __init__(self, group, parts: Sequence[torch.Tensor], devices=None):
         self.group, self.devices = group, [p.device for p in parts]
         self.local, self.merged, self.total, stats = _global_stats(group, parts)
-        self.stats = [stats.to(d, copy=True) for d in self.devices]
+        # a copy per output: autograd must not see one tensor returned twice
+        self.stats = [stats.to(d, copy=True) for d in (devices or self.devices)]
 
     def part_grads(self, grads: list) -> list:
-        """Each replica's part gradient, on its device (run once, in backward)."""
+        """Each replica's part gradient, on its device (once, in backward)."""
         found = _part_grads(self.group, self.local, self.merged, self.total, grads)
         return [found[i].to(d) for i, d in enumerate(self.devices)]
 
 
+class GlobalMoments(torch.autograd.Function):
+    """``apply(group, devices, anchor, *parts)``: every replica's ``(3, C)`` part (and with a
+    process ``group``, every process's) merged; output ``i``, ``(4, C)`` stats on ``devices[i]``.
+    ``anchor``, a grad-requiring scalar, makes every process reach the backward's all-reduce."""
+
+    @staticmethod
+    def forward(ctx, group, devices: Sequence[torch.device], anchor, *parts):
+        ctx.shared = SharedMoments(group, parts, devices)
+        stats, ctx.shared.stats = ctx.shared.stats, None  # ctx holds no output: no cycle
+        return tuple(stats)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        found = ctx.shared.part_grads(grads)
+        return (None, None, None,
+                *(g if ctx.needs_input_grad[3 + i] else None for i, g in enumerate(found)))
+
+
 class ReplicaMoments(torch.autograd.Function):
-    """Replica ``index``'s view of :class:`SharedMoments`: ``apply(shared, group, index, key,
-    anchor, part)`` returns its ``(4, C)`` statistics; its backward meets the other replicas'
-    in ``group`` (a :class:`~tandem.parallel.context.ReplicaGroup`) under ``key``, the layer
-    call's forward key (each replica runs its backward in its own thread,
-    :mod:`tandem.parallel.threaded_backward`), and returns this replica's part gradient.
-    ``anchor``: as for :class:`GlobalMoments`, so every replica reaches the meeting."""
+    """``apply(shared, group, index, key, anchor, part)``: replica ``index``'s ``(4, C)`` stats;
+    its backward meets the others' in ``group`` under ``key`` (``anchor``: as in GlobalMoments)."""
 
     @staticmethod
     def forward(ctx, shared, group, index, key, anchor, part):
@@ -214,14 +178,8 @@ class ReplicaMoments(torch.autograd.Function):
 
 
 class Normalize(torch.autograd.Function):
-    """``(x - mean) / sqrt(var + eps) * weight + bias`` with *given* statistics, differentiable
-    in all of them.
-
-    ``apply(x, stats, weight, bias, eps)`` with ``stats`` from :class:`GlobalMoments`. Forward is
-    ``F.batch_norm`` in inference form (one fused kernel). Backward recomputes it to get the
-    fused ``grad_x`` (direct part), ``grad_weight = sum(g * xhat)`` and ``grad_bias = sum(g)``, from
-    which d/d mean = -w * invstd * sum(g) and d/d var = -w * invstd^2 * sum(g * xhat) / 2.
-    """
+    """``apply(x, stats, weight, bias, eps)``: ``F.batch_norm`` with *given* stats, differentiable
+    in them too: d/d mean = -w invstd sum(g), d/d var = -w invstd^2 sum(g xhat) / 2."""
 
     @staticmethod
     def forward(ctx, x, stats, weight, bias, eps):

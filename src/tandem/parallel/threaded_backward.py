@@ -1,21 +1,11 @@
 """Each CPU replica's backward in its own thread.
 
-Autograd runs all the CPU work of one backward in the thread that called it, so CPU replicas
-ran their backward one after another although their forward ran side by side. (A CUDA
-device's work always runs in that device's one autograd thread, whoever calls backward, so
-this cannot help two replicas on one GPU, and distinct GPUs are already parallel.) Here the
-replicas compute on detached leaf copies of the parameters
-(:func:`~tandem.parallel.replicate.replicate_detached`), and their outputs meet the graph at
-ONE node, :class:`_Join`. Its backward runs every replica's backward in the replica threads
-and sums the leaves' gradients into the parameters in replica order, so the bits do not depend
-on which thread finishes first.
-
-Modules that exchange data between replicas in backward (``SyncBatchNorm``) meet in the
-replica threads (``ReplicaGroup.separate_backward``), so every replica runs its backward, with
-zero gradients for outputs the loss did not use. Limit: no double backward
-(``create_graph=True`` is refused). :func:`decide` chooses the path once, from the layout
-(``DataParallel`` when it is built, a run in its plan); :func:`applies` then says which
-forwards take it, whose :class:`Replicas` :func:`apply` runs.
+Autograd runs one backward's CPU work in the calling thread, so CPU replicas' backwards ran one
+after another (GPUs have a thread each already). Here replicas compute on detached leaves
+(:func:`~tandem.parallel.replicate.replicate_detached`) and their outputs meet the graph at ONE
+node, :class:`_Join`, whose backward runs each replica's backward in its thread and sums the
+gradients in replica order (the same bits whoever finishes first). Every replica runs its
+backward, so ``SyncBatchNorm`` meets there too. Warning: no double backward.
 """
 
 from __future__ import annotations
@@ -30,22 +20,12 @@ from .parallel_apply import parallel_apply
 from .replicate import replicate_detached
 from .scatter_gather import map_tensors, tensors_in
 
-__all__ = ["decide", "applies", "Replicas", "apply", "join"]
-
 
 def decide(devices: Sequence[torch.device], wanted: bool | None = None, split: bool = False,
            threads: int | None = None) -> bool:
-    """Whether replicas on ``devices`` run their backward in threads: ``wanted`` when given;
-    else when two or more are on the CPU and either ``split`` is set (shares by weight, made
-    to finish together) or the replica threads use more cores than autograd's one thread
-    would with ``threads`` intra-op threads (default: ``torch.get_num_threads()`` now).
-
-    That thread runs each replica's backward with all of the process's intra-op threads, the
-    replica threads with their share each (``parallel_apply``), so the threads add cores only
-    when there are fewer intra-op threads than CPU replicas, such as one each
-    (``tandem bench --threads 1``); where they add none, the two paths take about the same
-    time (BENCHMARKS.md section 1). Decided once, so a later ``torch.set_num_threads`` (or
-    ``OMP_NUM_THREADS`` on resume) changes neither the path nor its last bits."""
+    """Whether replicas on ``devices`` run their backward in threads: ``wanted`` if given, else
+    with two CPU replicas or more when ``split`` is set or the threads add cores (fewer intra-op
+    ``threads``, default now's, than CPU replicas). Decided once: the bits depend on it."""
     if wanted is not None:
         return bool(wanted)
     cpu = sum(torch.device(d).type == "cpu" for d in devices)
@@ -56,9 +36,8 @@ def decide(devices: Sequence[torch.device], wanted: bool | None = None, split: b
 
 
 def applies(devices: Sequence[torch.device], inputs, kwargs, threaded: bool) -> bool:
-    """Whether this forward over ``devices`` takes the threaded backward, ``threaded`` being
-    the path :func:`decide` chose: grad is on, two replicas or more are on the CPU (a small
-    batch may use fewer) and no input needs a gradient."""
+    """Whether this forward takes the path :func:`decide` chose (``threaded``): grad on, two CPU
+    replicas or more, and no input needing a gradient."""
     if not threaded or not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
     cpu = sum(d.type == "cpu" for d in devices)
@@ -66,9 +45,7 @@ def applies(devices: Sequence[torch.device], inputs, kwargs, threaded: bool) -> 
 
 
 class Replicas(list):
-    """Replicas whose parameters are detached leaves
-    (:func:`~tandem.parallel.replicate.replicate_detached`); ``leaves[i]`` lists replica
-    ``i``'s ``(parameter, leaf)`` pairs."""
+    """Replicas on detached leaves; ``leaves[i]``: replica ``i``'s ``(parameter, leaf)`` pairs."""
 
     def __init__(self, module, devices: Sequence[torch.device]):
         replicas, self.leaves = replicate_detached(module, devices)
@@ -77,8 +54,8 @@ class Replicas(list):
 
 def apply(modules: Sequence, leaves: list, inputs, kwargs, devices: Sequence[torch.device]
           ) -> list:
-    """``parallel_apply`` of ``modules`` (a :class:`Replicas`' replicas, or callables around
-    them) in a group where each replica runs its own backward, the outputs :func:`join`-ed."""
+    """``parallel_apply`` of ``modules`` (a :class:`Replicas`' or callables around them) in a
+    separate-backward group, the outputs :func:`join`-ed."""
     group = ReplicaGroup(devices, separate_backward=True)
     outputs = parallel_apply(modules, inputs, kwargs, devices, group=group)
     return join(outputs, leaves, group)
@@ -117,12 +94,10 @@ class _ReplicaBackward:
     def __call__(self):
         if not any(leaf.requires_grad for _, leaf in self.leaves):
             return None
-        # zeros for outputs the loss did not use: a replica must still run its backward, to
-        # meet the others where layers exchange gradients (SyncBatchNorm)
+        # zeros for unused outputs: every replica must meet the others (SyncBatchNorm)
         outs = self.outputs
         grads = [torch.zeros_like(o) if g is None else g for o, g in zip(outs, self.grads)]
-        # backward() into the leaves rather than grad(inputs=...): reentrant checkpointing
-        # inside the replica refuses the latter
+        # backward() rather than grad(inputs=...), which reentrant checkpointing refuses
         torch.autograd.backward(outs, grads)
         found = []
         for _, leaf in self.leaves:
@@ -146,9 +121,8 @@ class _Join(torch.autograd.Function):
     def backward(ctx, *grads):
         job, ctx.job = ctx.job, None
         if torch.is_grad_enabled():
-            raise RuntimeError("a double backward (create_graph=True) through a DataParallel "
-                               "forward whose CPU replicas run their backward in threads: "
-                               "build it with backward_threads=False")
+            raise RuntimeError("no double backward (create_graph=True) through threaded CPU "
+                               "replicas: build the DataParallel with backward_threads=False")
         if job is None:
             raise RuntimeError("the replicas' graph was already used by a backward; a second "
                                "backward through a DataParallel forward is not supported")
@@ -156,12 +130,8 @@ class _Join(torch.autograd.Function):
 
 
 def join(outputs: list, leaves: list, group: ReplicaGroup) -> list:
-    """The replicas' ``outputs`` with one autograd node between them and the parameters.
-
-    ``leaves[i]`` is replica ``i``'s ``(parameter, leaf)`` list, as from
-    ``replicate_detached``; ``group`` is the one their forward ran in (``separate_backward``).
-    Tensors that need no gradient pass through unchanged.
-    """
+    """The replicas' ``outputs`` with one autograd node between them and the parameters
+    (``leaves``: from ``replicate_detached``; ``group``: their forward's)."""
     params = [p for p, _ in leaves[0]] if leaves else []
     trainable = [j for j, p in enumerate(params) if p.requires_grad]
     if not trainable:
@@ -177,9 +147,8 @@ def join(outputs: list, leaves: list, group: ReplicaGroup) -> list:
 
 
 def _swap(outputs: list, originals: list, joined) -> list:
-    """``outputs`` with ``originals[k]`` replaced by ``joined[k]``. ``tensors_in`` found the
-    originals; ``map_tensors`` must visit them in the same order, and this checks that it
-    does, so a container walked in another order fails here, not as swapped gradients."""
+    """``outputs`` with ``originals[k]`` replaced by ``joined[k]``, checking that ``map_tensors``
+    visits them in ``tensors_in``'s order (else gradients would swap silently)."""
     pairs = iter(zip(originals, joined))
 
     def swap(t):

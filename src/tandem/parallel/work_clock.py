@@ -1,11 +1,8 @@
 """How long a device took for the work queued on it: what ``--split auto`` measures.
 
-On the CPU the work is done when the call returns, so the host's clock measures it. A CUDA
-call returns once its kernels are queued, and the host's clock would measure the queueing,
-about alike on a fast and a slow GPU: there a pair of CUDA events on the device's current
-stream measures the device's own time, read (waiting for the end event) only when the split
-looks at it, at the optimizer step. :func:`synchronize` waits for all of a device's queued
-work, before a clock that must count it is read (an epoch's, a benchmark's).
+On the CPU the host's clock measures the work. A CUDA call returns once its kernels are queued,
+so there a pair of CUDA events on the device's current stream measures the device's own time,
+read (waiting for the end event) only when the split looks at it, at the optimizer step.
 """
 
 from __future__ import annotations
@@ -14,8 +11,6 @@ import time
 from typing import Iterable
 
 import torch
-
-__all__ = ["Span", "seconds_of", "synchronize", "backend_module"]
 
 
 class Span:
@@ -27,7 +22,6 @@ class Span:
         self._start, self._end = self._now(), None
 
     def _now(self):
-        """An event recorded on the device's current stream (CUDA), or the host's clock."""
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
@@ -55,18 +49,13 @@ def seconds_of(value) -> float:
 
 def backend_module(device: torch.device):
     """The ``torch.<type>`` module for an accelerator (``torch.cuda``, ``torch.xpu``), if any."""
-    if device.type == "cpu":
-        return None
-    return getattr(torch, device.type, None)
+    return None if device.type == "cpu" else getattr(torch, device.type, None)
 
 
 def synchronize(devices: Iterable[torch.device]) -> None:
-    """Wait until every queued kernel on ``devices`` has finished (no-op for the CPU)."""
-    seen = set()
-    for device in devices:
-        if device in seen:
-            continue
-        seen.add(device)
+    """Wait for every queued kernel on ``devices`` (no-op for the CPU), before a clock that must
+    count them is read (an epoch's, a benchmark's)."""
+    for device in dict.fromkeys(devices):
         sync = getattr(backend_module(device), "synchronize", None)
         if sync is None:
             continue
