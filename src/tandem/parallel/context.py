@@ -28,14 +28,10 @@ class _Meeting:
 
 
 class ReplicaGroup:
-    """The rendezvous shared by the replicas of one ``parallel_apply`` call.
-
-    :meth:`combine` runs ``fn`` once over every replica's value, so a caller can build ONE
-    autograd node over all replicas' tensors and backward needs no barrier (replicas on one
-    device share an autograd thread), unless ``separate_backward``: each replica runs its own
-    backward in its own thread (:mod:`tandem.parallel.threaded_backward`) and layers may meet
-    there too.
-    """
+    """The rendezvous of one ``parallel_apply`` call's replicas. :meth:`combine` runs ``fn``
+    once over all their values: ONE autograd node, so backward needs no barrier (replicas on one
+    device share an autograd thread), unless ``separate_backward`` (each its own backward thread,
+    :mod:`tandem.parallel.threaded_backward`): then layers may meet in backward too."""
 
     def __init__(self, devices: Sequence[torch.device], timeout: float = 300.0,
                  separate_backward: bool = False):
