@@ -28,6 +28,7 @@ from tandem.config import flagged
 from tandem.errors import first_line
 from tandem.models import create_model
 from tandem.strategies import strategy_class
+from tandem.strategies.auto import wire_backend
 
 from .baselines import bare_contestant, torch_dp_contestant, torch_dp_skip_reason
 from .contestants import Contestant, skipped, synthetic_batch
@@ -159,7 +160,8 @@ def _run(config: BenchConfig, model_fn: Callable[[], nn.Module] | None) -> dict:
     if any(d.type == "cuda" for d in devices):
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
     entries = lineup(config)
-    link = plan_link(template, config.batch_size, config.processes())
+    link = plan_link(template, config.batch_size, config.processes(),
+                     backend=wire_backend(devices[0]))  # what the wire carries (gloo on CPU)
     results = _race_here(config, [e for e in entries if not e.multiprocess], template)
     del template
     _free_memory(devices)

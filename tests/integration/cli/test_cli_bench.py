@@ -236,7 +236,8 @@ def test_explain_with_a_link_rate_prints_the_bytes_and_their_time(capsys, tmp_pa
                  str(out), *more]) == 0
     text = capsys.readouterr().out
     w = processes or 2  # one per device by default
-    plan = plan_link(create_model("cifar_resnet20", num_classes=10), 4, w)
+    # a CPU run: the link plan counts what gloo sends (its reduce-scatter is an all-reduce)
+    plan = plan_link(create_model("cifar_resnet20", num_classes=10), 4, w, backend="gloo")
     assert plan.report(12.5e6) in text
     assert f"batch 4 over {w} processes" in text
     assert "link at 100 Mbit/s (--link-rate): ddp " in text

@@ -3,6 +3,7 @@ run as the zoo does: train, eval in a fresh process, resume, and a 2-process lau
 again from the run's config; a reference that fails is one line naming it (exit 2, no traceback)."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -88,7 +89,10 @@ def test_eval_of_a_reference_that_no_longer_imports_is_one_line(run, tmp_path, m
     """In this process, as a fresh one in ``tmp_path`` would be: own_model neither imported
     nor on sys.path (monkeypatch restores both)."""
     monkeypatch.chdir(tmp_path)  # own_model.py is not here
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(SUPPORT))])
+    # every entry that holds an own_model.py: the support folder, and a folder another test in
+    # this worker ran from (tandem puts the working directory on sys.path, as python -m does)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(SUPPORT)) and
+                                      not os.path.isfile(os.path.join(p, "own_model.py"))])
     monkeypatch.delitem(sys.modules, "own_model", raising=False)
     result = run_in_process("eval", "--resume", run)
     assert one_line_error(result, "PYTHONPATH").startswith(
