@@ -55,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that left meets it here, not at the interpreter's exit
         return code
     except (TandemError, RuntimeError) as exc:  # anything else keeps its traceback
+        env = _job_env()  # the job this process is a rank of (None: none), read once here
         if not isinstance(exc, TandemError):  # a torchrun job's peer lost outside the loop
-            env = _job_env() if faults.is_peer_failure(exc) else None
-            if env is None:
+            if env is None or not faults.is_peer_failure(exc):
                 raise
             exc = faults.lost_peer(exc, Agreement(env.rank, env.world_size, env=env), "")
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
             print(*error_lines(exc), sep="\n", file=sys.stderr)
-        faults.tell_others(exc, error_line(exc), _job_env())
+        faults.tell_others(exc, error_line(exc), env)
         return exc.exit_status
     except BrokenPipeError:  # the reader left (`tandem models | head`): stop quietly, as cat
         # does; stdout goes to /dev/null so that the interpreter's last flush fails no more
