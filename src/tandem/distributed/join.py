@@ -118,11 +118,23 @@ def told_failure(env: DistEnv, store=None) -> str | None:
     """The line a rank that failed left with :func:`announce_failure` (``None``: none, or no
     store answers)."""
     try:
-        store = store or short_store(env)
-        key = f"{key_prefix(env)}/failed"
-        return store.get(key).decode() if store.check([key]) else None
+        return _failure_in(env, store or short_store(env))
     except Exception:
         return None
+
+
+def _failure_in(env: DistEnv, store) -> str | None:
+    key = f"{key_prefix(env)}/failed"
+    return store.get(key).decode() if store.check([key]) else None
+
+
+def _store_gone(env: DistEnv) -> bool:
+    """True when nothing listens at the job's store any more (its node's launcher ended)."""
+    try:
+        socket.create_connection((env.master_addr, env.master_port), timeout=3.0).close()
+        return False
+    except OSError:
+        return True
 
 
 def peer_name_of(env: DistEnv) -> str:
@@ -175,21 +187,38 @@ def arrive(env: DistEnv, store, bound: float) -> dict[int, tuple[str, str]]:
 @contextlib.contextmanager
 def abandoned_if_another_fails(env: DistEnv):
     """While this rank makes the group's connections (inside torch, which cannot be
-    interrupted): if another rank says it failed (:func:`announce_failure`), end this process
-    in one line (exit status 4) instead of waiting out the connect's timeout."""
+    interrupted): if another rank says it failed (:func:`announce_failure`), or the job's store
+    is gone (the failed rank's node ended before this rank read its line), end this process in
+    one line (exit status 4) instead of waiting out the connect's timeout."""
     done = threading.Event()
+    where = f"{env.master_addr}:{env.master_port}"
+
+    def end(why: str):
+        if not done.is_set():
+            print(f"tandem: error: {peer_name_of(env)}: the job cannot start: {why}",
+                  file=sys.stderr, flush=True)
+            os._exit(JoinFailed.exit_status)
 
     def watch():
+        gone = (f"the job's store at {where} is gone (its node ended) while the ranks "
+                "connected")
         try:
             store = short_store(env, 10.0)
-        except Exception:
-            return  # the main thread meets the same store and says why
+        except Exception:  # it answered this rank's arrival a moment ago
+            if _store_gone(env):
+                end(gone)
+            return
         while not done.wait(0.5):
-            told = told_failure(env, store)
-            if told and not done.is_set():
-                print(f"tandem: error: {peer_name_of(env)}: the job cannot start: {told}",
-                      file=sys.stderr, flush=True)
-                os._exit(JoinFailed.exit_status)
+            # a plain connection first: a store client whose server is gone logs torch's C++
+            # error with its stack on stderr
+            if _store_gone(env):
+                end(gone)
+            try:
+                told = _failure_in(env, store)
+            except Exception:  # a busy store (one that is gone ends at the next look)
+                continue
+            if told:
+                end(told)
 
     threading.Thread(target=watch, name="tandem-join-watch", daemon=True).start()
     try:

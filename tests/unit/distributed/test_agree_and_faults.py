@@ -151,3 +151,61 @@ def test_the_store_keeps_the_first_rank_s_own_line_and_no_survivor_s_lost_peer(m
     announce_failure("data/train: no such directory", env)
     announce_failure("the job cannot go on: rank 0 (node 0): data/train: no such directory", env)
     assert told_failure(env, store) == "rank 1 (node 1): data/train: no such directory"
+
+
+_WATCHED = textwrap.dedent("""
+    import os, sys, time
+    from tandem.distributed.env import Environment, read_env
+    from tandem.distributed.join import abandoned_if_another_fails
+    with abandoned_if_another_fails(read_env(Environment.read())):
+        print("connecting", flush=True)
+        time.sleep(float(sys.argv[1]))  # torch making the group's connections
+    print("connected", flush=True)
+""")
+_STORE = textwrap.dedent("""
+    import sys, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True,
+                          wait_for_workers=False, timeout=timedelta(seconds=30))
+    print("serving", flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.mark.parametrize("store_ends", [True, False], ids=["store_gone", "store_stays"])
+def test_a_rank_making_its_connections_ends_in_one_line_when_the_job_s_store_is_gone(store_ends):
+    """The rank that failed the connect left its line and ended, and its node's launcher took
+    the job's store with it before this rank read the line: this rank ended only after gloo's
+    300 s connect timeout (node 1 of the loopback two-machine test, under load). Now a store
+    that is gone ends it in one line, exit 4; a store that stays leaves the connect alone."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TANDEM_NODE_RANK": "1"}
+    store = subprocess.Popen([sys.executable, "-c", _STORE, str(port)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert store.stdout.readline() == "serving\n"
+        rank = subprocess.Popen([sys.executable, "-c", _WATCHED, "60" if store_ends else "3"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            assert rank.stdout.readline() == "connecting\n"
+            if store_ends:
+                store.kill()
+                store.wait(30)
+            out, err = rank.communicate(timeout=50)
+        finally:
+            rank.kill()
+    finally:
+        store.kill()
+        store.wait(30)
+    if store_ends:
+        assert rank.returncode == 4 and out == "", (out, err)
+        assert err.splitlines()[-1] == (
+            f"tandem: error: rank 1 (node 1): the job cannot start: the job's store at "
+            f"127.0.0.1:{port} is gone (its node ended) while the ranks connected"), err
+    else:
+        assert rank.returncode == 0 and out == "connected\n", (out, err)
