@@ -7,20 +7,19 @@ from dataclasses import replace
 from tandem import checkpoint
 from tandem.config import ParallelConfig, TrainConfig
 from tandem.data.load import GIVEN_DATA
-from tandem.distributed.env import Environment
+from tandem.distributed.env import Environment, place_of
 from tandem.errors import UsageError, param
 from tandem.factory import is_reference
 
 from . import runlock, settings
-from .plan import eval_place, plan_eval
+from .plan import plan_eval
 from .rundir import checkpoint_path as checkpoint_path_of, example_file_note
 from .run import validate
 
 
 def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | None,
                    amp_dtype: str | None) -> tuple[ParallelConfig, str]:
-    """``parallel`` with the ``--amp`` an eval asks for: as typed (``amp``, ``amp_dtype``),
-    else the run's (the plan falls back to float32 where it cannot run, and says so); and the
+    """``parallel`` with the ``--amp`` an eval asks for (as typed, else the run's) and the
     words for where it came from."""
     if amp is not None or amp_dtype is not None:
         return replace(parallel, amp=bool(amp) or amp_dtype is not None,
@@ -47,13 +46,11 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
              environ: Environment = Environment()) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
-    Its run's settings, each overridden by ``data`` / ``batch_size`` / ``label_smoothing`` /
-    ``seed`` when given; ``arch`` for a file that names none. A tandem run is evaluated at its
-    own image size and precision (``amp``/``amp_dtype`` ``None``: the run's; float32, said,
-    where it cannot run here); a file from elsewhere as the imagenet example does, said in
-    ``note``. ``environ``: the process's variables, as read once. Never augments.
+    Its run's settings, each overridden by an argument given; ``arch`` for a file that names
+    none. A tandem run is evaluated at its own image size and precision (float32, said, where
+    it cannot run here); a file from elsewhere as the imagenet example does, said in ``note``.
     """
-    place = eval_place(environ)
+    place = place_of(environ)  # read once: the lock check comes before the checkpoint is read
     runlock.check_saved(checkpoint_path, place)  # a run not saved yet: its process, named
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)

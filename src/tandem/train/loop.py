@@ -125,21 +125,20 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------
     def fit(self, log: MetricsLog | None, stop: StopRequest | None = None) -> list[dict]:
         """Train until ``epochs`` or ``max_steps``; return the metrics rows (main process). A
-        signal stops every process after a step, saved (:class:`~.interrupt.Interrupted`); a
-        non-finite loss raises :class:`~tandem.errors.TrainingDiverged`, saving nothing."""
+        signal stops after a step, saved (:class:`~.interrupt.Interrupted`); a non-finite loss
+        raises :class:`~tandem.errors.TrainingDiverged`."""
         self.stop = stop or self.stop
         s, pos, optim = self.strategy, self.position, self.cfg.optim
         self.started_at = replace(pos)
         self.best_written = s.is_main and os.path.exists(self.run_dir.best)
         self.job_saved_step = self.kept_at_start
         records = log.read() if s.is_main else []
-        board, figure = None, _Figure()
+        board, figure, trained = None, _Figure(), False
         if s.is_main and log is not None:
             if log.dropped:  # rows a resume dropped leave the figure at once
                 figure.draw(self, records)
             board = TensorBoard.open(self.run_dir.tensorboard, records)
         try:
-            trained = False
             while pos.epoch < optim.epochs and not (optim.max_steps
                                                     and pos.step >= optim.max_steps):
                 trained = True
@@ -182,7 +181,7 @@ class Trainer:
     def _epoch(self, log: MetricsLog | None, records: list[dict],
                board: TensorBoard | None, figure: "_Figure") -> bool:
         """Train one epoch (or to ``--max-steps``), validate, save, log; True when stopped
-        part-way. A stop saves and raises :class:`Interrupted` instead of validating."""
+        part-way. A stop saves and raises :class:`Interrupted`."""
         s, pos, stop = self.strategy, self.position, self.stop
         reset_peak_memory(s.devices)
         train, stopped, seconds = self.train_epoch()
@@ -196,8 +195,10 @@ class Trainer:
                 self.save(is_best=False, progress=epoch_progress(train, seconds, self.lr_steps))
             message = self.interrupted_message()
             raise Interrupted(message, stop.signum, quiet=not message)
-        val = self.validate()  # a non-finite val loss is reported, not fatal
-        ema_val = self.validate_ema()  # None without --model-ema
+        val, ema_val = self.validate(), None  # a non-finite val loss is reported, not fatal
+        if self.ema is not None:
+            with self.ema.swapped():
+                ema_val = self.validate()
         if not stopped:
             pos.epoch, pos.batch = pos.epoch + 1, 0
         # the first finite validation always writes best.pt (even at 0%); the EMA's decides
@@ -230,8 +231,7 @@ class Trainer:
         return run.meter, run.stopped, run.seconds()
 
     def begin_epoch(self) -> EpochRun:
-        """The epoch's meter (with carried sums), progress and clock; the model in training
-        mode. :meth:`train_batch` then takes device batches."""
+        """The epoch's meter (with carried sums), progress and clock; the model in training mode."""
         cfg, s, pos = self.cfg, self.strategy, self.position
         self.lr_steps = [list(p) for p in (self.carried or {}).get("lr_steps", [])]
         carried, self.carried = self.carried, None
@@ -242,17 +242,15 @@ class Trainer:
             meter = Meter.from_sums(carried["loss_sum"], carried["correct"], carried["count"],
                                     carried.get("correct5", 0), carried.get("confusion"))
             carried_seconds = float(carried["seconds"])
-        print_freq = cfg.run.print_freq
         progress = Progress(self.batches_per_epoch, pos.batch,
                             f"epoch {pos.epoch + 1}/{cfg.optim.epochs}",
                             bar=s.is_main and not cfg.run.no_progress,
-                            print_freq=print_freq if s.is_main else 0,
+                            print_freq=cfg.run.print_freq if s.is_main else 0,
                             scope="rank 0 " if s.world_size > 1 else "", wait=self.wait,
                             mixed=self.mixing is not None)
         self.wait.start_epoch()
         self.model.train()
         return EpochRun(meter, progress, carried_seconds)
-
 
     # -- one step ---------------------------------------------------------------------------
     def train_batch(self, run: EpochRun, index: int, images: torch.Tensor,
@@ -267,8 +265,7 @@ class Trainer:
         sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
         if index == group_start:
             self.step_start = faults.StepStart.of(self)  # None where no survivor saves
-            # freed just before the forward allocates: freed after the step, glibc returned
-            # the memory and this forward faulted it in again (BENCHMARKS.md section 11)
+            # freed here, not after the step: glibc would return it and the forward refault it
             self.optimizer.zero_grad(set_to_none=True)
         with sync:
             with self.autocast(), self.keyed_stream(index, index - group_start):
@@ -279,8 +276,7 @@ class Trainer:
                          out.ce_sum)
         run.loss = out.loss.detach()
         due = print_freq > 0 and (index + 1) % print_freq == 0
-        # a --print-freq line shows the job's sums (every process reduces at that batch); a
-        # bar's timed refresh shows rank 0's
+        # a --print-freq line shows the job's sums (every rank reduces); a bar's refresh rank 0's
         shown = run.progress.update(out.count * s.world_size, run.meter.reduced(s)
                                     if due and s.world_size > 1 else run.meter)
         run.look |= (shown and s.world_size == 1) or due
@@ -333,7 +329,6 @@ class Trainer:
             self.job_saved_step = verdict.saved_step
             if self.launch_state is not None:
                 self.launch_state.saved(verdict.saved_step)
-
 
     def _rebalance(self, progress: Progress) -> None:
         """``--split auto``: let the strategy move the shares; say so when they moved."""
@@ -398,7 +393,7 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> Meter:
         """The meter over the whole validation set, every sample counted once (empty without
-        one). Only logits that overflowed in the model (fp16) make its loss non-finite."""
+        one)."""
         meter = Meter()
         if self.val_set is None:
             return meter
@@ -413,13 +408,6 @@ class Trainer:
             meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
                          out.ce_sum)
         return meter.reduced(self.strategy)
-
-    def validate_ema(self) -> Meter | None:
-        """:meth:`validate` with the EMA of the weights (``None`` without ``--model-ema``)."""
-        if self.ema is None:
-            return None
-        with self.ema.swapped():
-            return self.validate()
 
     # -- a loss or weights no longer finite ---------------------------------------------------
     def check_finite(self, meter: Meter | None, *, weights: bool = False,
@@ -450,8 +438,7 @@ class Trainer:
 
     def save(self, is_best: bool, progress: dict | None = None, rng: dict | None = None) -> None:
         """Write ``checkpoint.pt`` (and ``best.pt``) on the main process; every process calls
-        it (a lost peer's survivor alone). ``progress``: a mid-epoch save's train sums; ``rng``:
-        the RNG states to save (default: now's)."""
+        it. ``progress``: a mid-epoch save's sums; ``rng``: the RNG states (default: now's)."""
         s = self.strategy
         self.saved_step = self.position.step  # every rank: the ranks save together
         if progress is not None:
@@ -495,8 +482,7 @@ class Trainer:
             self.best_written = True
 
     def interrupted_message(self) -> str:
-        """Where the run stopped and how to continue it (rank 0 for the job, another node's
-        first process for its node)."""
+        """Where the run stopped and how to continue it (rank 0; another node's first process)."""
         s, pos, out = self.strategy, self.position, self.cfg.run.out
         where = f"{self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}"
         if s.is_main:
@@ -564,9 +550,8 @@ class Trainer:
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                    scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> None:
-    """One optimizer step through ``scaler``, then one schedule step. The schedule counts steps
-    attempted (one GradScaler skips still counts, as in the imagenet example), so torch's
-    warning about a skipped first step is not shown."""
+    """One optimizer step through ``scaler``, then one schedule step. A step GradScaler skips
+    still counts (as in the imagenet example), so torch's warning about it is not shown."""
     scaler.step(optimizer)
     scaler.update()
     if scheduler is None:
@@ -628,8 +613,7 @@ def lr_may_change() -> bool:
 
 def diverged_message(what: str, epoch: int, step: int, lr: float, out: str,
                      kept_step: int | None, resume_command: str) -> str:
-    """One line: what became non-finite and where, what was kept (the checkpoint of
-    ``kept_step``, None: none), how to go on."""
+    """One line: what became non-finite and where, what was kept (``kept_step``), how to go on."""
     lower = f"{lr / 10:g}"
     head = f"{what} became non-finite by epoch {epoch}, step {step} (--lr {lr:g}); stopped"
     if kept_step is None:

@@ -1,12 +1,6 @@
-"""A run's plan: everything it resolves, and every check it needs, before it touches anything
-(:mod:`.settings` → plan → :mod:`.build` → :mod:`.loop`).
-
-:func:`plan_train` and :func:`plan_eval` take the run's settings, the :class:`~tandem.
-distributed.env.Environment` the CLI or ``tandem.fit`` read once, and what ``tandem.fit`` was
-handed (:class:`Supplied`). They decide, once: the config to run, this process's place in
-its job, the devices and strategy (``--strategy auto`` races here, on a copy of the model the
-build makes), and the precision. A refusal comes before any process group is joined, the
-run's model or loaders built, anything compiled or written.
+"""A run's plan (:mod:`.settings` → plan → :mod:`.build` → :mod:`.loop`): the config to run,
+this process's place in its job, the devices and strategy (``--strategy auto`` races here) and
+the precision, decided once. A refusal comes before anything is joined, built or written.
 """
 
 from __future__ import annotations
@@ -46,8 +40,8 @@ from .settings import check_max_steps, saved_position
 
 @dataclass(frozen=True)
 class Supplied:
-    """What ``tandem.fit`` (``by_fit``) hands over instead of the config's names: a model,
-    the data sets ``(train, val, info)`` and a criterion; ``None``: built as configured."""
+    """What ``tandem.fit`` (``by_fit``) hands over: a model, the data sets ``(train, val,
+    info)`` and a criterion; ``None``: built as configured."""
 
     model: nn.Module | None = field(default=None, repr=False)
     data: tuple | None = field(default=None, repr=False)
@@ -90,15 +84,10 @@ class RunPlan:
 def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
                supplied: Supplied = Supplied(), opening: tuple[str, ...] = (),
                job: Job | None = None, environ: Environment = Environment()) -> RunPlan | str:
-    """The plan of ``tandem train`` (``supplied``: what ``tandem.fit`` was handed, who then
-    gets a one-process strategy's multi-process form under torchrun; ``opening``:
-    :attr:`RunPlan.opening`; ``environ``: the process's variables, as read once); or, for a
-    complete run, the line to print instead (empty on a process that does not print).
-
-    Under several processes (``job``) the plan joins the job's group once its own flags pass,
-    and the ranks share every decision through the job's agreement: the checkpoint and what
-    rank 0's run directory allows (rank 0's), the settings (every rank's against rank 0's),
-    the race."""
+    """The plan of ``tandem train``; or, for a complete run, the line to print instead (empty
+    on a process that does not print). Under several processes (``job``) the plan joins the
+    job's group once its own flags pass, and the ranks share every decision through its
+    agreement (the checkpoint, the run directory, the settings, the race)."""
     place = place_of(environ)
     cfg, given = _by_fit_under_launch(cfg, given, supplied, place)
     settings.check_launchable(cfg, given, place)  # a one-process strategy under torchrun
@@ -134,8 +123,7 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     if continues:
         source = RunDir.of(cfg.run.resume)
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
-    # the flags first (a bad --devices is the mistake to name, not the run already in --out);
-    # the race, which takes seconds, only once the run directory is known to take the run
+    # the flags first (a bad --devices is the mistake to name); the race only once --out allows
     racing = auto.is_resolver(cfg.parallel.strategy)
     kind = _device_kind(cfg.parallel)
     cfg, precision, _ = _precision(cfg, kind, place, keeps=cfg.run.resume if continues else None)
@@ -163,19 +151,12 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
                    place=place, precision=precision)
 
 
-def eval_place(environ: Environment) -> Place:
-    """This process's place for ``tandem eval``, read once: its lock check comes before the
-    checkpoint is read, and its plan takes the same reading."""
-    return place_of(environ)
-
-
 def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(), supplied: Supplied = Supplied(),
               environ: Environment = Environment(), fall_back: bool = False,
               place: Place | None = None) -> RunPlan:
     """The plan of a validation pass (``tandem eval``, ``train -e``): it writes nothing, and
-    ``--strategy auto`` validates with the simplest strategy that can (no race). With
-    ``fall_back``, an ``--amp`` that cannot run here validates in float32, said in a note.
-    ``place``: ``environ`` as :func:`eval_place` read it (None: read here)."""
+    ``--strategy auto`` takes the simplest strategy that can (no race). With ``fall_back``, an
+    ``--amp`` that cannot run here validates in float32, said in a note."""
     place = place or place_of(environ)
     cfg, precision, instead = _precision(cfg, _device_kind(cfg.parallel), place,
                                          fall_back=fall_back)
@@ -190,9 +171,8 @@ def plan_eval(cfg: TrainConfig, ckpt: dict | None, notes=(), supplied: Supplied 
 
 def _by_fit_under_launch(cfg: TrainConfig, given: frozenset[str], supplied: Supplied,
                          place: Place) -> tuple[TrainConfig, frozenset[str]]:
-    """Under torchrun, ``tandem.fit``'s one-process strategy becomes its multi-process form
-    (or the plain one), one device per process of the kind asked for, said on rank 0;
-    ``auto`` keeps its name (the plan races the multi-process candidates)."""
+    """Under torchrun, ``tandem.fit``'s one-process strategy becomes its multi-process form,
+    one device per process, said on rank 0; ``auto`` keeps its name."""
     asked = cfg.parallel.strategy
     name = asked if auto.is_resolver(asked) else auto.under_launch(asked)
     if not supplied.by_fit or not place.torchrun or (name == asked and
@@ -209,9 +189,9 @@ def _by_fit_under_launch(cfg: TrainConfig, given: frozenset[str], supplied: Supp
 
 def _precision(cfg: TrainConfig, kind: str, place: Place, keeps: str | None = None,
                fall_back: bool = False) -> tuple[TrainConfig, Precision, str | None]:
-    """What ``--amp`` is on devices of ``kind``, decided once for the run; the config records
-    what it resolved to. Where it cannot run, one line; ``keeps``: the path of the run
-    resumed, which keeps its precision; ``fall_back``: float32 instead, and the line saying so."""
+    """What ``--amp`` is on devices of ``kind``, recorded in the config; where it cannot run,
+    one line (``keeps``: the run resumed, which keeps its precision), or with ``fall_back``
+    float32 and the line saying so."""
     p = cfg.parallel
     try:
         precision = amp_precision(kind, p.amp, p.amp_dtype, cpu_bf16=place.cpu_bf16)
@@ -239,10 +219,8 @@ _HANDED = {"arch": ("model", "model", "-a package.module:function",
 
 
 def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
-    """A run of ``tandem.fit`` continues with what it was handed: handed again to
-    ``tandem.fit(resume=...)``, or named on the command line. Refuse it without them; the
-    ``tandem.fit`` call offered hands over all the run was handed (a flag typed here cannot
-    go with it)."""
+    """Refuse to continue a run of ``tandem.fit`` without what it was handed (handed again,
+    or named on the command line)."""
     missing = [name for name in rundir.handed_to_fit(cfg)
                if getattr(supplied, "model" if name == "arch" else "data") is None]
     if not missing:
@@ -253,8 +231,7 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
     what = " and ".join(_HANDED[n][0] for n in missing)
     args = ", ".join(["model" if "arch" in handed else "None",
                       "train_data, val_data" if "data" in handed else "None"])
-    # every stand-in the run needs: a placeholder where missing, else what was given for it
-    # (a command that offers only the missing one would drop the other, and then ask for it)
+    # every stand-in the run needs (offering only the missing one would drop the other)
     typed = {"arch": cfg.model.arch, "data": cfg.data.data}
     flags = " ".join(_HANDED[n][2] if n in missing or rundir.stands_in(n, typed[n])
                      else f"{_HANDED[n][2].split()[0]} {typed[n]}"
@@ -268,10 +245,8 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
 
 def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str], restart: int = 0,
                   by_fit: bool = False) -> str | None:
-    """The one line to print, instead of training, when the resumed run has done all its
-    epochs (``None`` while it has not; ``restart``: torchrun's count; ``by_fit``: resumed by
-    ``tandem.fit``, which the line then names). ``--epochs`` and ``--max-steps`` behind where
-    it stands are refused: the one would shorten what is done, the other stop before it."""
+    """The one line to print instead of training when the resumed run has done all its epochs
+    (else ``None``). ``--epochs`` and ``--max-steps`` behind where it stands are refused."""
     epoch, batch, step = saved_position(ckpt)
     path, epochs, saved = cfg.run.resume, cfg.optim.epochs, ckpt.get("config")
     target, name = settings.resume_target(path, ckpt)
@@ -296,8 +271,8 @@ def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str], restart: 
 
 
 def _needed_flags(cfg: TrainConfig, saved: dict, given: frozenset[str]) -> str:
-    """The flags a command continuing the run must repeat: ``--out`` when given, and what
-    stands for a ``tandem.fit`` run's model or data (``-a``, ``--data``)."""
+    """The flags a command continuing the run must repeat: ``--out`` when given, ``-a`` and
+    ``--data`` for a ``tandem.fit`` run's."""
     run = TrainConfig.from_dict(saved)
     flags = [("-a", cfg.model.arch)] if "arch" in rundir.handed_to_fit(run) else []
     flags += [("--data", cfg.data.data)] if "data" in rundir.handed_to_fit(run) else []
@@ -306,8 +281,8 @@ def _needed_flags(cfg: TrainConfig, saved: dict, given: frozenset[str]) -> str:
 
 
 def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str], place: Place) -> None:
-    """A multi-process run resumed outside its launcher: say how many processes it ran, the
-    command that launches them, and a strategy that continues it in this one process."""
+    """Refuse a multi-process run resumed outside its launcher, naming the command that
+    launches it and a strategy that continues it in this one process."""
     saved, cls = ckpt.get("config"), strategy_class(cfg.parallel.strategy)
     if not isinstance(saved, dict) or "strategy" in given or not cls.multiprocess or \
             place.torchrun:
@@ -343,10 +318,8 @@ def _split(cfg: ParallelConfig, place: Place) -> dict:
 
 
 def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
-    """Whether the run's CPU replica threads run their backward in threads: as
-    ``--backward-threads`` (or the config resumed) says, else decided now, once, by
-    :func:`~tandem.parallel.threaded_backward.decide`. Only strategies that run replicas in
-    threads have such a backward."""
+    """Whether the run's replica threads run their backward in threads: as
+    ``--backward-threads`` says, else :func:`~tandem.parallel.threaded_backward.decide`."""
     if not strategy_class(cfg.strategy).replica_threads:
         return False
     wanted = None if cfg.backward_threads is None else cfg.backward_threads == "on"
@@ -354,8 +327,7 @@ def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
 
 
 def _backward_recorded(cfg: TrainConfig, strategy: Strategy) -> TrainConfig:
-    """``cfg`` with the backward path ``strategy`` took (``--backward-threads on|off``), so
-    that config.json keeps it and a resume takes the same path."""
+    """``cfg`` with the backward path ``strategy`` took, so a resume takes the same."""
     if cfg.parallel.backward_threads is not None:
         return cfg
     path = "on" if strategy.backward_threads else "off"
@@ -363,17 +335,14 @@ def _backward_recorded(cfg: TrainConfig, strategy: Strategy) -> TrainConfig:
 
 
 def _device_kind(cfg: ParallelConfig) -> str:
-    """The kind of device ``--devices`` gives on this machine (``cpu``, ``cuda``): each machine
-    may name its own devices, but a job's ranks must train on one kind."""
+    """The kind of device ``--devices`` gives here (``cpu``, ``cuda``): a job's ranks share it."""
     return parse_device_spec(cfg.devices, "--devices")[0].type
 
 
 def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig, place: Place,
               model: nn.Module | None = None, agreement: Agreement = LOCAL) -> Strategy:
     """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
-    ``model`` (else ``model_cfg.arch``) with the options asked for; a multi-process one is
-    placed by torchrun's variables (the job's, else read from ``place`` now: one line if not
-    there)."""
+    ``model`` (else ``model_cfg.arch``) with the options asked for."""
     devices = parse_device_spec(cfg.devices, "--devices")
     extra = _split(cfg, place)
     if strategy_class(cfg.strategy).multiprocess:
@@ -402,8 +371,7 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig, place: Place,
 
 def _refusal(parallel: ParallelConfig, model_cfg: ModelConfig, place: Place,
              model: nn.Module | None) -> str | None:
-    """Why the plan's checks refuse ``parallel``'s strategy for the model (one line, its
-    parameters still marked), else ``None``."""
+    """Why the plan's checks refuse ``parallel``'s strategy for the model, else ``None``."""
     try:
         with warnings.catch_warnings():  # single on several devices: the caller says so
             warnings.simplefilter("ignore")
@@ -415,8 +383,8 @@ def _refusal(parallel: ParallelConfig, model_cfg: ModelConfig, place: Place,
 
 def _simplest(parallel: ParallelConfig, model_cfg: ModelConfig, place: Place,
               model: nn.Module | None) -> ParallelConfig:
-    """``parallel`` with the simplest candidate the plan's checks accept; refused, with the
-    first refusal, when none does."""
+    """``parallel`` with the simplest candidate the plan's checks accept (else the first
+    refusal)."""
     refusals = []
     for name in auto.simplest_first():
         why = _refusal(replace(parallel, strategy=name), model_cfg, place, model)
@@ -429,9 +397,8 @@ def _simplest(parallel: ParallelConfig, model_cfg: ModelConfig, place: Place,
 # -- --strategy auto's race ---------------------------------------------------------------------
 def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement, place: Place,
           precision: Precision) -> tuple[TrainConfig, dict, tuple | None]:
-    """``cfg`` with ``auto`` raced and replaced by the choice (and, for ``single``, the one
-    device it drives); the race's record; the data sets read for it (``None``: handed over).
-    Prints the race's block. The caller keeps every RNG as it was (:func:`auto.rng_kept`)."""
+    """``cfg`` with ``auto`` raced and replaced by the choice; the race's record; the data
+    sets read for it (``None``: handed over). Prints the race's block."""
     p = cfg.parallel
     devices = parse_device_spec(p.devices, "--devices")
     loaded = None if supplied.data is not None else build_data(cfg.data, cfg.run.seed)
@@ -482,8 +449,8 @@ def _batch(train_set, info, classes: int, size: int, dtype) -> tuple[torch.Tenso
 
 
 def check_drop_path(cfg: ModelConfig, model: nn.Module | None = None) -> None:
-    """Refuse, in one line, ``--drop-path`` for a model it cannot reach: one handed over
-    (``model``), or one of the zoo without residual blocks (a factory's gets ``drop_path=``)."""
+    """Refuse ``--drop-path`` for a model handed over, or one of the zoo without residual
+    blocks (a factory's gets ``drop_path=``)."""
     if not cfg.drop_path:
         return
     flag = f"{param('drop_path')} {cfg.drop_path}"

@@ -1,11 +1,5 @@
-"""Running a :class:`~tandem.config.TrainConfig`: ``tandem train`` and ``tandem.fit``, top to
-bottom (:mod:`.settings` → :mod:`.plan` → :mod:`.build` → :mod:`.loop`), and the validation
-pass it shares with ``tandem eval`` (:mod:`.evaluate`).
-
-:func:`execute` reads in order: the run directory's lock taken, the strategy launched, the run
-built and its checkpoint's states restored (:mod:`.build`), compiled before any clock runs
-(:func:`warm_up`), the run directory opened and the opening lines said, then the fit.
-"""
+"""Running a :class:`~tandem.config.TrainConfig`: ``tandem train`` and ``tandem.fit``
+(:mod:`.settings` → :mod:`.plan` → :mod:`.build` → :mod:`.loop`), and ``tandem eval``'s pass."""
 
 from __future__ import annotations
 
@@ -39,25 +33,21 @@ from .rundir import EVALUATE, FORKED, FRESH, RESUMED
 def train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
           opening: tuple[str, ...] = (), environ: Environment = Environment()) -> int:
     """``tandem train``: fit (or only validate). ``given``: fields typed on the command line;
-    ``opening``: lines the command line has to say as the run starts; ``environ``: the
-    process's variables, as read once. Under several processes the run is the job's
-    (:class:`~tandem.distributed.process_group.Job`), left at the end."""
+    ``opening``: lines to say as the run starts; ``environ``: the variables, as read once."""
     with Job() as job:  # every check, before anything is done
         execute(plan_train(cfg, given, opening=opening, job=job, environ=environ))
     return 0
 
 
 def execute(plan: RunPlan | str) -> dict | None:
-    """Run ``plan`` (:func:`~.plan.plan_train`'s): fit, or validate only; return the last
-    metrics row (the validation's figures with ``-e``), on the main process, else ``None``.
-    A supplied model is left holding the final weights."""
+    """Run ``plan``: fit, or validate only; return the last metrics row (the validation's
+    with ``-e``) on the main process, else ``None``. A supplied model keeps the final weights."""
     if isinstance(plan, str):  # a complete run: one line, from the first process
         if plan:
             print(plan, flush=True)
         return None
     if plan.mode == EVALUATE:
         return _print_validation(plan)
-    # the main process holds the run directory's lock from before it writes until the end
     locked = (runlock.held(plan.run_dir, plan.place) if plan.strategy.is_main else
               contextlib.nullcontext())
     cpu_malloc.tune(plan.place.malloc_default)  # a process that trains keeps its step's memory
@@ -79,10 +69,8 @@ def execute(plan: RunPlan | str) -> dict | None:
 
 
 def _run_facts(plan: RunPlan, start: dict) -> dict:
-    """What the trainer takes from the job besides its parts: the step of the checkpoint
-    ``--out`` holds (the one a resume continues there), the writer of rank 0's files (a write
-    slower than the collectives' timeout is said), and the file the node's launcher reads
-    after an abort, with what it says from the start."""
+    """The trainer's fields from the job: the step of the checkpoint ``--out`` holds, the
+    writer of rank 0's files, and the file the node's launcher reads after an abort."""
     strategy, out = plan.strategy, plan.cfg.run.out
     position = start.get("position")
     kept = position.step if plan.mode == RESUMED and position is not None else None
@@ -101,8 +89,8 @@ def _run_facts(plan: RunPlan, start: dict) -> dict:
 
 # -- the run directory, and the lines said as a run starts ----------------------------------------
 def open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsLog | None:
-    """Make the plan's run directory what the run needs (the main process writes); say how
-    a resume goes on; the metrics log to append to (``None`` on other processes)."""
+    """Prepare the run directory (main process), say how a resume goes on; the metrics log
+    (``None`` on other processes)."""
     strategy, run = plan.strategy, plan.run_dir
     strategy.barrier()  # every process has checked --out before the main one writes there
     if not strategy.is_main:
@@ -120,7 +108,7 @@ def open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsLo
 
 
 def _say_resuming(trainer: Trainer, path: str, notes: list[str], restarts: int) -> None:
-    """The ``resuming`` line (naming torchrun's ``restarts``), then one line per change."""
+    """The ``resuming`` line, then one line per change."""
     pos = trainer.position
     print(f"resuming {path} at epoch {pos.epoch + 1}/{trainer.cfg.optim.epochs}, step "
           f"{pos.step} ({pos.batch}/{trainer.batches_per_epoch} batches of the epoch done)"
@@ -130,10 +118,8 @@ def _say_resuming(trainer: Trainer, path: str, notes: list[str], restarts: int) 
 
 
 def say_starting(plan: RunPlan, trainer: Trainer) -> None:
-    """The command line's own lines (:attr:`~.plan.RunPlan.opening`), a fresh run's image
-    size and how tandem's defaults differ from the imagenet example's (a run from another
-    program's file says both in :func:`.settings.assumed`); any run's precision under
-    ``--amp`` and learning rate under ``--lr-scale``."""
+    """The opening lines: the command line's, a fresh run's image size and defaults that
+    differ from the imagenet example's, the precision and the learning rate."""
     cfg, lines = trainer.cfg, list(plan.opening)
     if plan.checkpoint is None and plan.supplied.data is None:  # a file's: settings.assumed
         size = trainer.config_dict["resolved"]["dataset"]["image_size"]
@@ -162,8 +148,7 @@ def _print_validation(plan: RunPlan) -> dict | None:
 
 
 def validate(plan: RunPlan) -> dict:
-    """One pass over the validation set of the plan's model (with its checkpoint's weights,
-    if any), the same for ``tandem eval`` and ``tandem train -e``."""
+    """One pass over the validation set of the plan's model (``tandem eval``, ``train -e``)."""
     with plan.strategy as strategy:
         _, val_set, info = data(plan, splits=("val",))
         if val_set is None:
@@ -188,8 +173,7 @@ def validate(plan: RunPlan) -> dict:
 
 # -- --compile: compiled before the clock starts ---------------------------------------------------
 def _compile_now(trainer: Trainer, train: bool) -> float | None:
-    """With ``--compile``: compile now, before any clock runs (saying how long it took on the
-    main process); the seconds it took, else None."""
+    """With ``--compile``: compile now, before any clock runs; the seconds, else None."""
     if not trainer.cfg.parallel.compile:
         return None
     seconds = warm_up(trainer, train=train)
@@ -199,14 +183,10 @@ def _compile_now(trainer: Trainer, train: bool) -> float | None:
 
 
 def warm_up(trainer: Trainer, train: bool = True) -> float:
-    """Compile the training (if ``train``) and evaluation calls now; return the seconds taken.
+    """Compile the training (if ``train``) and evaluation calls now; return the seconds.
 
-    It makes ``torch.compile``'s first calls on purpose (train and eval, each twice, the
-    second one sample short so any batch size compiles), then restores everything they
-    touched (weights, BN stats, grads, RNG, mode): the run computes exactly what it would
-    have without it.
-
-    Every process must call it (a ddp forward still all-reduces its loss).
+    Each call is made twice (the second one sample short, so any batch size compiles), then
+    weights, BN stats, grads, RNG and mode are restored. Every process must call it.
     """
     model = trainer.model
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -228,21 +208,16 @@ def warm_up(trainer: Trainer, train: bool = True) -> float:
     return time.perf_counter() - start
 
 
-def _first_batch(trainer: Trainer, dataset, train: bool):
-    """This process's share of the first global batch (maybe empty under ddp, as in the loop)."""
-    loader = trainer.loader(dataset, train=train, epoch=trainer.position.epoch)
-    for batch in loader:  # (images, targets), or a mixed batch's three
-        return trainer.device_batch(*batch)
-    return None
-
-
 def _rehearse(trainer: Trainer, dataset, train: bool) -> None:
-    batch = _first_batch(trainer, dataset, train) if dataset is not None else None
+    """A forward (and backward) of this process's share of the first global batch."""
+    loader = [] if dataset is None else trainer.loader(dataset, train=train,
+                                                       epoch=trainer.position.epoch)
+    batch = next((trainer.device_batch(*b) for b in loader), None)  # a mixed batch: three
     if batch is None:
         return
     s, model = trainer.strategy, trainer.model
     model.train(train)
-    # The same decision on every process (a ddp forward is a collective): from the config.
+    # the same on every process (a ddp forward is a collective): from the config
     shorter = trainer.cfg.optim.batch_size >= 3 * s.world_size  # every share keeps >= 2
     for images, targets in [batch, tuple(t[:-1] for t in batch)][:1 + shorter]:
         with torch.set_grad_enabled(train), s.no_sync(model), trainer.autocast():

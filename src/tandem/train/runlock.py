@@ -1,10 +1,6 @@
-"""One run at a time in a run directory: ``RUN/run.lock`` names the process that writes there.
-
-The main process takes the lock before it writes and removes it however the run ends, holding
-an OS lock (``flock``) that the kernel releases when the process dies; the record (pid, host,
-launch) names the owner. A second run there is refused in one line, ``--overwrite`` or not; a
-lock of an ended process on this host, or of this very launch (a torchrun restart, another
-rank), is taken over.
+"""One run at a time in a run directory: ``RUN/run.lock`` names the process that writes there
+(pid, host, launch) and holds an OS lock (``flock``) the kernel releases when it dies. A lock of
+an ended process on this host, or of this very launch, is taken over.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from .rundir import RunDir
 
 
 def _me(place: Place) -> dict:
-    """What the lock file says about its owner: pid, host, and the launch it belongs to
-    (``tandem launch``'s id, else a torchrun rendezvous id; ``agent``: torchrun's process)."""
+    """The lock's record of this process: pid, host, launch id, torchrun's ``agent`` pid."""
     run_id = place.run_id
     return {"pid": os.getpid(), "host": socket.gethostname(),
             "launch": place.launch_id or (run_id if run_id != "none" else None),
@@ -65,9 +60,8 @@ def _same_launch(owner: dict, me: dict) -> bool:
 
 
 def _os_locked(run: RunDir) -> bool | None:
-    """Whether a process holds the OS lock on ``run``'s lock file (``None``: cannot tell: the
-    file is gone, or its file system has no ``flock``). A shared probe, so that two processes
-    looking at once never take each other for the owner."""
+    """Whether a process holds the OS lock on ``run``'s lock file (``None``: cannot tell). A
+    shared probe, so two processes looking at once never take each other for the owner."""
     try:
         fd = os.open(run.lock_file, os.O_RDONLY)
     except OSError:
@@ -84,9 +78,8 @@ def _os_locked(run: RunDir) -> bool | None:
 
 
 def _stale(run: RunDir, owner: dict, me: dict) -> bool:
-    """True when the owner is a process on this host that has ended: the kernel says so when
-    the owner took the OS lock (``locked`` in its record; a reused pid cannot fool it), its
-    pid otherwise (a lock written without ``flock``)."""
+    """True when the owner is an ended process on this host: by its OS lock when it took one
+    (a reused pid cannot fool it), else by its pid."""
     if owner.get("host") != me["host"]:
         return False
     held = _os_locked(run) if owner.get("locked") else None
@@ -98,8 +91,7 @@ def _who(owner: dict) -> str:
 
 
 def _owner(run: RunDir) -> dict | None:
-    """The lock's owner as :func:`_read` gives it, waiting up to 2 s while the lock reads empty
-    (it may be being written, where hard links are not supported: :func:`_place`)."""
+    """:func:`_read`, waiting up to 2 s while the lock reads empty (it may be being written)."""
     owner = _read(run)
     for _ in range(20):
         if owner != {}:
@@ -110,8 +102,7 @@ def _owner(run: RunDir) -> dict | None:
 
 
 def check_free(run: RunDir, place: Place = Place()) -> None:
-    """Refuse, in one line, a run into ``run`` while another run writes there (``place``:
-    this process's, which may share the lock with its launch)."""
+    """Refuse a run into ``run`` while another run writes there."""
     _check_free(run, _me(place))
 
 
@@ -128,9 +119,8 @@ def _check_free(run: RunDir, me: dict) -> None:
 
 
 def check_saved(resume: str, place: Place = Place()) -> None:
-    """Refuse, in one line, ``--resume RUN`` of a run directory that holds no checkpoint yet
-    while another process writes there: naming that process (as the lock records it), not
-    the missing file."""
+    """Refuse ``--resume RUN`` of a run without a checkpoint yet while another process writes
+    there, naming that process, not the missing file."""
     run = RunDir(resume)
     if not os.path.isdir(resume) or os.path.isfile(run.latest):
         return
@@ -143,8 +133,7 @@ def check_saved(resume: str, place: Place = Place()) -> None:
 
 
 def _write(f: IO, me: dict) -> None:
-    """Write the record of ``me`` to the open lock file ``f``, holding the OS lock on it for as
-    long as ``f`` stays open (``locked``: whether the file system gave it)."""
+    """Write ``me`` to the open lock file ``f``, holding its OS lock while ``f`` stays open."""
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         locked = True
@@ -155,10 +144,8 @@ def _write(f: IO, me: dict) -> None:
 
 
 def _place(run: RunDir, temp: IO, me: dict) -> IO | None:
-    """Put the lock in place whole, and return the open file that holds it, or ``None`` when
-    one exists: ``temp`` (holding ``me``) is hard-linked to it, so another rank never reads a
-    lock half written (an empty file would name no owner). Where hard links are not supported
-    the lock is created exclusively and then written (:func:`_owner` waits for its content)."""
+    """Put the lock in place whole (``temp`` hard-linked, so no rank reads it half written;
+    else created exclusively, then written); the open file holding it, or ``None`` if one exists."""
     try:
         os.link(temp.name, run.lock_file)
         return temp
@@ -175,10 +162,8 @@ def _place(run: RunDir, temp: IO, me: dict) -> IO | None:
 
 
 def _take(run: RunDir, me: dict) -> tuple[IO, str | None]:
-    """Write the lock; the open file that holds it, and the line to say when an earlier
-    owner's lock was taken over. ``me`` is written once, to a file beside the lock (named by
-    host and pid, so no two processes that share the directory write the same one), then
-    linked or renamed into place."""
+    """Write the lock (to a file beside it named by host and pid, then linked or renamed into
+    place); the open file that holds it, and the line to say when an ended owner's was taken."""
     temp = f"{run.lock_file}.{me['host']}.{me['pid']}"
     f = open(temp, "w", encoding="utf-8")
     try:
@@ -205,9 +190,8 @@ def _take(run: RunDir, me: dict) -> tuple[IO, str | None]:
 
 @contextlib.contextmanager
 def held(run: RunDir, place: Place = Place()):
-    """Hold ``run``'s lock while the block runs (the run directory is created if needed, and
-    removed again if it is left empty); the lock is removed on the way out, whatever ends
-    the block, and the OS lock released with it (the kernel releases it if the process dies)."""
+    """Hold ``run``'s lock while the block runs (creating the directory, removed again if left
+    empty); the lock is removed however the block ends."""
     made = not os.path.isdir(run.path)
     run.create()
     me = _me(place)
