@@ -1,11 +1,6 @@
-"""What a plan builds before the loop runs: the data, the model with its weights, the
-optimizer, schedule and scaler (with the recipe's clip and EMA), and the checkpoint's states
-restored (:mod:`.settings` → :mod:`.plan` → build → :mod:`.loop`); the plan's race builds its
-model here too.
-
-The model is built on the CPU from a seed (initial weights never depend on devices), checked
-against the data, set up by the strategy and given its weights (the checkpoint's, or
-``--pretrained``). :func:`build` returns the :class:`~.loop.Trainer`'s parts.
+"""What a plan builds before the loop runs (:mod:`.settings` → :mod:`.plan` → build →
+:mod:`.loop`): the data, the model with its weights (built on the CPU from a seed: initial
+weights never depend on devices), optimizer, schedule, scaler, and the checkpoint's states.
 """
 
 from __future__ import annotations
@@ -40,9 +35,9 @@ from .settings import check_max_steps, saved_position
 
 
 def data(plan, splits: tuple[str, ...] = ("train", "val")):
-    """``(train, val, info)``: the data sets handed over, else those the config names (read
-    by the plan for its race, or now), decoded where ``--decode`` says."""
-    if plan.supplied.data is None:  # --decode gpu: its ImageFolder data decoded on the device
+    """``(train, val, info)``: the data sets handed over, else those the config names,
+    decoded where ``--decode`` says."""
+    if plan.supplied.data is None:
         read = plan.data if plan.data is not None else build_data(plan.cfg.data,
                                                                   plan.cfg.run.seed, splits)
         return decode_on(read, plan.cfg.data.decode, plan.strategy.device,
@@ -52,8 +47,7 @@ def data(plan, splits: tuple[str, ...] = ("train", "val")):
 
 
 def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Module:
-    """Cross-entropy, the same in training, validation and ``tandem eval``; or the criterion
-    handed to ``tandem.fit`` (``given``), moved to the strategy's device."""
+    """Cross-entropy, or the criterion handed to ``tandem.fit``, on the strategy's device."""
     if given is not None:
         return given.to(strategy.device) if isinstance(given, nn.Module) else given
     return nn.CrossEntropyLoss(ignore_index=cfg.ignore_index,
@@ -61,8 +55,8 @@ def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Modul
 
 
 def mixing_of(cfg: TrainConfig, train_set):
-    """The run's mixup and cutmix (:class:`~tandem.data.mixing.Mixing`) over the model's
-    classes, or None when off; refused for data whose targets are not class indices."""
+    """The run's mixup and cutmix (:class:`~tandem.data.mixing.Mixing`), or None when off;
+    refused for data whose targets are not class indices."""
     mixing = cfg.data.mixing(cfg.data.num_classes)
     if mixing is not None and getattr(train_set, "target_shape", ()):
         raise UsageError(f"{param('mixup')} and {param('cutmix')} mix class-index targets; "
@@ -71,9 +65,7 @@ def mixing_of(cfg: TrainConfig, train_set):
 
 
 def _resolved(plan, cfg: TrainConfig, info, datasets) -> dict:
-    """The run's settings plus what they resolved to (written to config.json and checkpoints):
-    the devices, the data set, where ``datasets``' JPEGs are decoded (``--decode auto``), and
-    ``--strategy auto``'s race (this run's, or the resumed run's)."""
+    """The run's settings plus what they resolved to (config.json and checkpoints)."""
     strategy = plan.strategy
     out = cfg.settings()
     out["resolved"] = {
@@ -94,9 +86,7 @@ def _resolved(plan, cfg: TrainConfig, info, datasets) -> dict:
 
 
 def same_data(agreement, train_set, val_set, info) -> None:
-    """Every rank's data against rank 0's (its size, classes and images): each machine reads
-    its own copy, and copies that differ would give the ranks different batches (one line,
-    before any step)."""
+    """Refuse data that differs from rank 0's: each machine reads its own copy."""
     size = lambda dataset: None if dataset is None else len(dataset)  # noqa: E731
     agreement.settings({"training samples": size(train_set), "validation samples":
                         size(val_set), "classes": info.num_classes, "image size":
@@ -105,9 +95,7 @@ def same_data(agreement, train_set, val_set, info) -> None:
 
 
 def build(plan) -> dict:
-    """The trainer's parts for ``plan``: data, the model with its weights, optimizer,
-    schedule and scaler, the clip and the EMA, and the resolved config (the keyword arguments
-    of :class:`Trainer`)."""
+    """The trainer's parts for ``plan`` (the keyword arguments of :class:`Trainer`)."""
     strategy = plan.strategy
     train_set, val_set, info = data(plan)
     same_data(plan.agreement, train_set, val_set, info)
@@ -132,8 +120,7 @@ def build(plan) -> dict:
 
 # -- what the config names: its data sets and its model -----------------------------------------
 def build_data(cfg, seed: int, splits: tuple[str, ...] = ("train", "val")):
-    """The data sets ``cfg`` (a :class:`~tandem.config.DataConfig`) names: ``(train, val,
-    info)``, as built (decoded where ``--decode`` says only by the build)."""
+    """``(train, val, info)`` of a :class:`~tandem.config.DataConfig`, not yet decoded."""
     return load_dataset(cfg.data, augment=cfg.augment, seed=seed, image_size=cfg.image_size,
                         synthetic_size=cfg.synthetic_size, num_classes=cfg.num_classes,
                         splits=splits, reprob=cfg.reprob)
@@ -169,11 +156,8 @@ def check_model(strategy: Strategy, model: nn.Module) -> None:
 
 def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name: str,
                output_key=None, handed: bool = False) -> None:
-    """Refuse, in one line, a model that cannot train on the data set before anything is
-    written: one that cannot take its inputs (flat vectors into a conv net), or that gives
-    fewer outputs than there are classes (a factory that ignores ``num_classes``: else the
-    loss fails deep inside, ``Target 5 is out of bounds``). One forward of a batch of one zero
-    input of the data's shape, in eval mode (no state changes); ``name``: the data's;
+    """Refuse a model that cannot take the data's inputs or gives fewer outputs than there
+    are classes (else the loss fails deep inside): one eval-mode forward of one zero input.
     ``handed``: the model was handed to ``tandem.fit`` (else a factory built it)."""
     shape = getattr(dataset, "shape", None)
     if shape is None:
@@ -203,8 +187,8 @@ def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name
 
 
 def resumed(plan, parts: dict) -> tuple[dict, list[str]]:
-    """Where the trainer starts (the checkpoint's position, best accuracy, RNG, with its
-    optimizer, schedule and scaler loaded into ``parts``) and the lines to say about it."""
+    """Where the trainer starts (the checkpoint's states loaded into ``parts``) and the lines
+    to say about it."""
     if plan.checkpoint is None:
         return {}, []
     ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
@@ -216,16 +200,14 @@ def resumed(plan, parts: dict) -> tuple[dict, list[str]]:
     plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
     if parts["ema"] is not None:
         notes += _restore_ema(parts["ema"], ckpt, path, plan.strategy, model)
-    if settings.is_foreign(ckpt):
-        # now that its steps are known
+    if settings.is_foreign(ckpt):  # now that its steps are known
         check_max_steps(cfg, ckpt, start["position"].step, restarted=plan.place.restart > 0)
         notes += settings.assumed(cfg, plan.given, parts["config_dict"], ckpt)
     return start, [*plan.notes, *notes]
 
 
 def _restore_ema(ema, ckpt: dict, path: str, strategy: Strategy, model: nn.Module) -> list[str]:
-    """Load the checkpoint's EMA into ``ema`` through the strategy (any strategy's plain layout
-    fits); a file without one starts the average from its weights, and says so."""
+    """Load the checkpoint's EMA into ``ema``; a file without one starts from its weights, said."""
     entry = ckpt.get("ema")
     if entry is None:
         return [f"--model-ema: '{path}' holds no average of the weights; it starts from the "
@@ -239,12 +221,8 @@ def _restore_ema(ema, ckpt: dict, path: str, strategy: Strategy, model: nn.Modul
 
 
 def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig:
-    """``cfg`` with ``data.num_classes`` set to the classes the model will output.
-
-    ``--num-classes`` when given; else a checkpoint's classifier when it is larger than the
-    data's classes (the imagenet example's files always have 1000); else the data's. The
-    run's config records it, so its checkpoints rebuild the same model for eval and resume.
-    """
+    """``cfg`` with ``data.num_classes`` the model's outputs: ``--num-classes``, else a
+    checkpoint's classifier when larger than the data's classes, else the data's."""
     classes = cfg.data.num_classes
     if classes is None:
         layer = checkpoint_compat.final_layer(ckpt["state_dict"]) if ckpt is not None else None
@@ -253,9 +231,8 @@ def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig
 
 
 def prepared_model(plan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
-    """The model of ``cfg`` (``cfg.data.num_classes`` outputs, see :func:`with_model_classes`)
-    set up by the plan's strategy, then given its weights by it (the checkpoint's, or
-    ``--pretrained``): the same for training and for validation."""
+    """The model of ``cfg`` set up by the plan's strategy, with its weights (the checkpoint's,
+    or ``--pretrained``): the same for training and for validation."""
     strategy, ckpt, given = plan.strategy, plan.checkpoint, plan.supplied.model
     if given is None:
         model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),
@@ -289,13 +266,8 @@ def prepared_model(plan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
 def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, optimizer,
             scheduler, scaler, device=None, load_optimizer=None) -> tuple[dict, list[str]]:
     """Load ``ckpt``'s optimizer, scheduler, scaler and RNG into those built for the run
-    (``device``: the one this process trains on, whose generator continues the saver's;
-    ``load_optimizer(state)``: the strategy's loader of a plain-layout optimizer state).
-
-    Returns where the trainer starts (``position``, ``best_acc1``, ``carried``: its fields)
-    and the lines to say about it. An imagenet-example checkpoint resumes at the start of
-    epoch ``ckpt['epoch']``, with its StepLR as the run's step schedule
-    (:func:`.settings.file_settings`).
+    (``load_optimizer(state)``: the strategy's loader of a plain-layout optimizer state).
+    Returns the trainer's ``position``, ``best_acc1`` and ``carried``, and the lines to say.
     """
     steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
     epoch, batch, step = saved_position(ckpt)
@@ -305,12 +277,12 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
                          f"--accum-steps it was saved with")
     foreign_schedule = checkpoint_compat.foreign_scheduler(ckpt)
     own_schedule = checkpoint_compat.tandem_scheduler(ckpt)
-    # this run's settings of each group (momentum, weight decay, betas, ...) win over the
-    # file's: kept here, put back after the load
+    # this run's settings of each group (momentum, weight decay, ...) win: put back after
     settings_of = [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
                    for group in optimizer.param_groups]
     notes = []
-    if settings.is_foreign(ckpt) and not _takes_foreign_state(cfg.optim, optimizer):
+    if settings.is_foreign(ckpt) and not (cfg.optim.optimizer == "sgd"
+                                          and len(optimizer.param_groups) == 1):
         notes.append(f"its optimizer state is SGD's, one group: --opt {cfg.optim.optimizer}"
                      f"{' with --wd-exclude-norm on' if cfg.optim.excludes_norm() else ''} "
                      f"starts its own")
@@ -319,10 +291,8 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
     try:
         if own_schedule is not None:
             scheduler.load_state_dict(own_schedule)
-            # the lr of the step to come by this run's schedule, not the file's last lr: a
-            # resume with other --epochs changed the schedule, and its first step took the old
-            # one's lr (0 at a cosine's end); the same figure where nothing changed. (The
-            # file's optimizer may hold the imagenet example's lr, schedule.example_lr.)
+            # the lr of the step to come by this run's schedule, not the file's last lr
+            # (other --epochs changed the schedule)
             factor = lr_factor(scheduler.last_epoch, cfg.optim, steps_per_epoch)
             for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
                 group["lr"] = base_lr * factor
@@ -341,8 +311,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
         scheduler.last_epoch = position.step
     if ckpt.get("rng") is not None:
         checkpoint.restore_rng(ckpt["rng"], device)
-    # A file from elsewhere has its best weights in a file of its own (model_best.pth.tar),
-    # not here: "best" starts afresh in this run's directory, so best.pt is what it says.
+    # a file from elsewhere keeps its best weights apart (model_best.pth.tar): best starts afresh
     best = float(ckpt.get("best_acc1") or 0.0)
     start = {"position": position, "best_acc1": 0.0 if settings.is_foreign(ckpt) else best,
              "carried": ckpt.get("epoch_progress") if position.batch else None}
@@ -357,12 +326,6 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
         notes.append(f"best.pt starts afresh in --out {cfg.run.out}: the file's best_acc1 "
                      f"{best:.2f}% was its own best model's, which this file does not hold")
     return start, notes
-
-
-def _takes_foreign_state(cfg: OptimConfig, optimizer: torch.optim.Optimizer) -> bool:
-    """Whether a file from elsewhere (the imagenet example's: SGD, one group) gives its state
-    to this run's optimizer: an SGD of one group."""
-    return cfg.optimizer == "sgd" and len(optimizer.param_groups) == 1
 
 
 def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, path: str) -> None:

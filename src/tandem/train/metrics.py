@@ -1,8 +1,6 @@
 """Running sums for loss/accuracy, their reduction over processes, the JSONL log, peak memory.
-
-Sums, not means, are kept, so one reduction gives the exact mean however unevenly samples
-were shared out. Accuracies are percentages (0-100). Dense outputs (segmentation) add a
-confusion matrix, summed the same way, so pixel accuracy and mean IoU are exact over the set.
+Sums, not means, so one reduction gives the exact mean however unevenly samples were shared
+out; accuracies are percentages. Dense outputs (segmentation) add a confusion matrix.
 """
 
 from __future__ import annotations
@@ -20,15 +18,10 @@ _FIXED = 4  # the sums before a dense meter's confusion matrix
 
 
 class Meter:
-    """Sums of per-sample loss, top-1 and top-5 hits, plain cross-entropy (where the step
-    gives it: a label-smoothed loss's validation) and the sample count, on this process.
-
-    The sums stay on the device the losses are on, so :meth:`update` never waits for it;
-    reading them (:meth:`read`, the properties) costs one host sync, made when printing,
-    saving or ending an epoch. A non-finite loss leaves ``loss_sum`` non-finite for good:
-    :attr:`finite` is the divergence flag, read with the rest. A meter fed dense outputs
-    (:attr:`dense`) also sums their confusion matrices: :attr:`acc` is then pixel accuracy,
-    :attr:`miou` mean IoU, and :attr:`acc5` NaN.
+    """Sums of per-sample loss, top-1 and top-5 hits, plain cross-entropy and the sample
+    count, on this process. The sums stay on the losses' device, so :meth:`update` never waits
+    for it; reading them costs one host sync. A non-finite loss leaves :attr:`finite` False for
+    good. A :attr:`dense` meter also sums confusion matrices: :attr:`acc` is then pixel accuracy.
     """
 
     def __init__(self):
@@ -44,8 +37,7 @@ class Meter:
     @classmethod
     def from_sums(cls, loss_sum: float, correct: float, count: int,
                   correct5: float = 0.0, confusion=None, ce_sum: float = 0.0) -> "Meter":
-        """A meter holding sums read elsewhere (a reduction, a checkpoint's epoch progress);
-        ``confusion`` is a dense meter's matrix (nested lists or a tensor)."""
+        """A meter holding sums read elsewhere (``confusion``: nested lists or a tensor)."""
         meter = cls()
         meter.count = int(count)
         sums = [float(loss_sum), float(correct), float(correct5), float(ce_sum)]
@@ -82,8 +74,7 @@ class Meter:
         self._host = None
 
     def read(self) -> tuple:
-        """``(loss_sum, correct, correct5, ce_sum, *confusion)`` on the host: one sync, then
-        cached until an update."""
+        """``(loss_sum, correct, correct5, ce_sum, *confusion)`` on the host, cached."""
         if self._host is None:
             self._host = ((0.0,) * _FIXED if self._sums is None
                           else tuple(self._sums.tolist()))
@@ -142,10 +133,8 @@ class Meter:
         return 100.0 * self.correct5 / self.count if self.count else float("nan")
 
     def reduced(self, strategy, classes: int | None = None) -> "Meter":
-        """A new meter holding the sums over every process (one ``all_reduce_sum``, one sync).
-
-        Every process must hold the same kind of sums: a process that saw no dense batch
-        (an empty share) is given the side of the matrix with ``classes``."""
+        """A new meter holding the sums over every process (one ``all_reduce_sum``, one sync);
+        ``classes``: the matrix's side for a process that saw no dense batch."""
         classes = self.classes if classes is None else classes
         width = _FIXED + (classes * classes if classes else 0)
         sums = (torch.zeros(width, dtype=torch.float64) if self._sums is None else self._sums)
@@ -180,8 +169,7 @@ def reset_peak_memory(devices: Iterable[torch.device]) -> None:
 
 
 def peak_memory_mb(devices: Iterable[torch.device]) -> dict[str, float] | None:
-    """Peak allocated MiB per CUDA device since the last reset; ``None`` when no device
-    reports memory (the CPU does not)."""
+    """Peak allocated MiB per CUDA device since the last reset; ``None`` without one."""
     cuda = _cuda_devices(devices)
     if not cuda:
         return None
@@ -189,11 +177,8 @@ def peak_memory_mb(devices: Iterable[torch.device]) -> dict[str, float] | None:
 
 
 class MetricsLog:
-    """``metrics.jsonl``: one JSON object per line, appended and flushed per epoch.
-
-    ``keep_epochs`` (a resumed run's completed epochs) drops rows past them; ``None`` starts empty.
-    ``dropped`` counts the rows it dropped, so that ``curves.png`` can follow at once.
-    """
+    """``metrics.jsonl``: one JSON object per line, appended per epoch. ``keep_epochs`` drops
+    rows past them (``None``: starts empty); ``dropped`` counts the rows dropped."""
 
     def __init__(self, path: str, *, keep_epochs: int | None):
         self.path = path
@@ -230,8 +215,7 @@ class MetricsLog:
 
 
 def loss_words(loss: float, smoothing: float, plain_ce: float | None) -> str:
-    """``loss X`` as every line prints it; with label ``smoothing`` (over many classes far
-    above plain cross-entropy) it says so, with ``plain_ce``, the example's loss, beside it."""
+    """``loss X`` as every line prints it; with label ``smoothing``, ``plain_ce`` beside it."""
     if not smoothing:
         return f"loss {loss:.4f}"
     return f"loss {loss:.4f} (label-smoothed {smoothing:g}; plain cross-entropy {plain_ce:.4f})"
@@ -243,10 +227,7 @@ MIXED_WORDS = (" (mixed targets)", " (dominant label)")
 
 
 def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> str:
-    """The line printed for metrics row ``r`` (of ``batches`` an epoch); a partial epoch says so,
-    a loss with label ``smoothing`` says so (:func:`loss_words`, ``r['val_plain_ce']``), and
-    so do mixed training targets (``r['train_targets']``, :data:`MIXED_WORDS`); with
-    ``--model-ema`` the average's validation follows the weights'."""
+    """The line printed for metrics row ``r`` (of ``batches`` an epoch)."""
     rate = f"{r['images_per_sec']:.0f} img/s" if r["images_per_sec"] else "- img/s"
     part = f" (partial: {r['batches']}/{batches} batches)" if r["partial"] else ""
     if r.get("val_loss") is None and r.get("val_acc") is None:  # no validation set
@@ -270,8 +251,8 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
 
 
 def score_fields(prefix: str, meter: Meter) -> dict:
-    """A metrics row's scores of ``meter``: ``{prefix}_acc`` and ``_acc5``, and for dense
-    outputs ``_pixel_acc`` (which ``_acc`` repeats, for what reads any run) and ``_miou``."""
+    """A metrics row's scores of ``meter``: ``{prefix}_acc``, ``_acc5``, and for dense outputs
+    ``_pixel_acc`` (which ``_acc`` repeats) and ``_miou``."""
     row = {f"{prefix}_acc": meter.acc, f"{prefix}_acc5": meter.acc5}
     if meter.dense:
         row[f"{prefix}_pixel_acc"] = meter.acc
@@ -287,8 +268,7 @@ def validated(val: Meter, smoothing: float) -> dict:
 
 
 def not_validated(train: Meter) -> dict:
-    """A metrics row's validation fields where there is no validation set
-    (``tandem.fit(..., val_data=None)``): null, as the row's JSON keeps them, not NaN."""
+    """A metrics row's validation fields without a validation set: null, not NaN."""
     keys = ["val_loss", "val_finite", *score_fields("val", train)]
     return dict.fromkeys(keys)
 

@@ -1,5 +1,5 @@
-"""Running a :class:`~tandem.config.TrainConfig`: ``tandem train`` and ``tandem.fit``
-(:mod:`.settings` → :mod:`.plan` → :mod:`.build` → :mod:`.loop`), and ``tandem eval``'s pass."""
+"""Running a :class:`~tandem.config.TrainConfig` (:mod:`.settings` → :mod:`.plan` →
+:mod:`.build` → :mod:`.loop`): ``tandem train``, ``tandem.fit`` and ``tandem eval``'s pass."""
 
 from __future__ import annotations
 

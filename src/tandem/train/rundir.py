@@ -1,9 +1,6 @@
-"""A run directory is the unit of work: what a fresh run, a resume and a restart may do to it.
-
-A fresh run replaces one in ``--out`` only with ``--overwrite``. ``--resume RUN`` keeps the
-stored settings; flags may change only where and how long it goes on (``on_resume`` in
-:mod:`tandem.config`); an earlier checkpoint of it (``best.pt``) goes on only in another
-directory. A torchrun restart resumes its own launch's run (``TANDEM_LAUNCH_ID``).
+"""A run directory, and what a fresh run, a resume and a restart may do to it: a fresh run
+replaces one only with ``--overwrite``; ``--resume RUN`` keeps the stored settings but where
+``on_resume`` (:mod:`tandem.config`) allows; an earlier checkpoint goes on only elsewhere.
 """
 
 from __future__ import annotations
@@ -30,12 +27,7 @@ FRESH, RESUMED, FORKED, EVALUATE = "fresh", "resumed", "forked", "evaluate"
 
 
 class RunDir:
-    """The directory of one run: the only code that knows its files' names.
-
-    ``config.json`` (the resolved settings), ``checkpoint.pt`` (the latest), ``best.pt``,
-    ``metrics.jsonl`` (a row per epoch), ``curves.png``, ``tb/`` (TensorBoard events) and,
-    while a run writes here, ``run.lock`` (:mod:`.runlock`).
-    """
+    """The directory of one run: the only code that knows its files' names."""
 
     CONFIG, LATEST, BEST = "config.json", "checkpoint.pt", "best.pt"
     METRICS, CURVES, TENSORBOARD = "metrics.jsonl", "curves.png", "tb"
@@ -55,7 +47,6 @@ class RunDir:
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    # the paths of its files
     latest = property(lambda self: self.file(self.LATEST))
     best = property(lambda self: self.file(self.BEST))
     metrics = property(lambda self: self.file(self.METRICS))
@@ -88,8 +79,8 @@ class RunDir:
             return []
 
     def describe(self) -> str | None:
-        """A few words on the run here (``None`` when it holds none). A ``config.json`` alone
-        is a run that failed before its first checkpoint: nothing to resume, so none."""
+        """A few words on the run here (``None`` when it holds none: a ``config.json`` alone
+        is a run that failed before its first checkpoint)."""
         present = [name for name in self.FILES if os.path.exists(self.file(name))]
         if not present or present == [self.CONFIG]:
             return None
@@ -100,8 +91,7 @@ class RunDir:
         return f"{rows[-1].get('epoch')} epoch(s), best val acc {max(accs):.2f}%"
 
     def newer_example_file(self) -> str | None:
-        """The example's ``checkpoint.pth.tar`` here when it is newer than the run's latest
-        checkpoint (main.py continued the run in place), else ``None``."""
+        """The example's ``checkpoint.pth.tar`` here when newer than the run's latest, else None."""
         theirs = self.file(self.EXAMPLE)
         try:
             return theirs if os.path.getmtime(theirs) > os.path.getmtime(self.latest) else None
@@ -120,8 +110,7 @@ class RunDir:
                                   f"{param('overwrite')}")
 
     def check_writable(self) -> None:
-        """Refuse a run that could not write here (the directory, or one of its files, is
-        read-only), before any work: else it would train and then lose it."""
+        """Refuse, before any work, a run that could not write here."""
         where = self.path if os.path.isdir(self.path) else os.path.dirname(
             os.path.abspath(self.path))
         while not os.path.exists(where):  # the nearest parent that exists will hold it
@@ -153,8 +142,7 @@ class RunDir:
         TensorBoard.clear(self.tensorboard)
 
     def fork_from(self, source: "RunDir") -> None:
-        """Start with run ``source``'s history (``metrics.jsonl``, ``best.pt``); the metrics
-        log then keeps the rows up to the resumed checkpoint (``MetricsLog``)."""
+        """Start with run ``source``'s history (``metrics.jsonl``, ``best.pt``)."""
         for name in (self.METRICS, self.BEST):
             if os.path.isfile(source.file(name)):
                 shutil.copyfile(source.file(name), self.file(name))
@@ -171,9 +159,8 @@ class RunDir:
 
 
 def checkpoint_path(resume: str) -> str:
-    """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from. A run that
-    stopped before its first save (a ``config.json`` alone) is refused in one line that says
-    so, not as a directory that is no checkpoint."""
+    """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from; a run that
+    stopped before its first save is refused, saying so."""
     run = RunDir(resume)
     if os.path.isdir(resume) and os.path.isfile(run.latest):
         return run.latest
@@ -186,9 +173,8 @@ def checkpoint_path(resume: str) -> str:
 
 
 def example_file_note(path: str, data: str, evaluate: bool) -> str | None:
-    """The line saying that the run whose latest checkpoint is ``path`` (a resume or eval of
-    the run) also holds a newer file of the imagenet example's, and the command that uses that
-    file on the run's ``data`` instead; ``None`` when there is none."""
+    """The line saying that the run of ``path`` also holds a newer file of the imagenet
+    example's, and the command that uses it instead; ``None`` when there is none."""
     run = RunDir.of(path)
     newer = run.newer_example_file() if run.is_latest(path) else None
     if newer is None:
@@ -202,15 +188,13 @@ def example_file_note(path: str, data: str, evaluate: bool) -> str | None:
 
 
 def target_of(path: str) -> str:
-    """What to give ``--resume`` for the checkpoint at ``path``: its run directory when it is
-    the run's latest (``checkpoint.pt``), else the file."""
+    """What to give ``--resume`` for ``path``: its run directory for its latest, else the file."""
     run = RunDir.of(path)
     return run.path if run.is_latest(path) else path
 
 
 def command(saved: dict, target: str, extra: str = "") -> str:
-    """The command that continues ``target`` as the run that saved ``saved`` ran (its
-    strategy, its number of processes), then ``extra``: what a message tells the user."""
+    """The command that continues ``target`` as the run that saved ``saved`` ran, + ``extra``."""
     strategy = TrainConfig.from_dict(saved).parallel.strategy
     processes = int((saved.get("resolved") or {}).get("world_size") or 1)
     multiprocess = strategy_class(strategy).multiprocess
@@ -224,11 +208,7 @@ def _show(value) -> str:
 def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
                   path: str, main: bool = True) -> tuple[TrainConfig, list[str]]:
     """The config to continue the run whose checkpoint at ``path`` holds ``saved`` (``main``:
-    this process writes the run).
-
-    Returns it and one line per accepted change. Without ``saved`` (a foreign checkpoint) the
-    command line rules and only ``arch`` comes from the file.
-    """
+    this process writes the run), and one line per accepted change."""
     if not isinstance(saved, dict):
         return cfg, []
     run = TrainConfig.from_dict(saved)
@@ -266,8 +246,7 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
 
 
 def _refuse_changes(refused: list[tuple], path: str) -> None:
-    """Refuse, all in one line, the settings typed that would change what the run computes
-    (``(field, typed, the run's)``), with the run's values beside them."""
+    """Refuse, in one line, the settings typed that would change what the run computes."""
     def listed(values) -> str:
         items = [f"{param(name)} {_show(value)}" for name, value in values]
         return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
@@ -281,23 +260,20 @@ def _refuse_changes(refused: list[tuple], path: str) -> None:
 
 def stands_in(name: str, value) -> bool:
     """True when ``value`` of config field ``name`` only stands in for what ``tandem.fit`` was
-    handed (its data sets; a torch class as its model): a resume from the command line must
-    name one that tandem can load (``--data`` / ``-a package.module:function``)."""
+    handed (its data sets; a torch class as its model)."""
     if name == "data":
         return value == GIVEN_DATA
     return name == "arch" and is_reference(value) and not rebuildable(value)
 
 
 def handed_to_fit(cfg: TrainConfig) -> list[str]:
-    """The fields of ``cfg`` that stand for what ``tandem.fit`` was handed (:func:`stands_in`):
-    ``arch``, ``data``, both or none."""
+    """The fields of ``cfg`` (``arch``, ``data``) that :func:`stands_in`."""
     return [name for name, value in (("arch", cfg.model.arch), ("data", cfg.data.data))
             if stands_in(name, value)]
 
 
 def _check_rollback(path: str, out: RunDir, saved: dict) -> None:
-    """Refuse to continue an earlier checkpoint of a run (``best.pt``) in that run's directory:
-    it would roll the run back and overwrite its latest checkpoint."""
+    """Refuse to continue an earlier checkpoint of a run (``best.pt``) in its own directory."""
     run = RunDir.of(path)
     if run.is_latest(path) or not os.path.isfile(run.latest) or not out.same(run):
         return

@@ -1,13 +1,6 @@
-"""What a run takes that was not typed, and the lines that say so: the first stage of a run
-(settings → :mod:`.plan` → :mod:`.build` → :mod:`.loop`); the plan calls these and binds what
-they return.
-
-:func:`resumed_config`: the config to run and the checkpoint it continues (a tandem run's
-settings, :mod:`.rundir`; a file from elsewhere, :func:`file_settings`). :func:`size_rule`:
-one image-size rule for training and eval (an ImageFolder gets the arch's native size; data of
-one fixed size keeps its own). A file from elsewhere (the imagenet example's) gives its arch,
-epoch, optimizer settings and StepLR; a flag overrides each, and every override and assumption
-is said (:func:`assumed`): nothing changes silently.
+"""What a run takes that was not typed, and the lines that say so (settings → :mod:`.plan` →
+:mod:`.build` → :mod:`.loop`). A file from elsewhere (the imagenet example's) gives its arch,
+epoch, optimizer settings and StepLR; a flag overrides each, and every override is said.
 """
 
 from __future__ import annotations
@@ -37,10 +30,8 @@ from . import rundir, runlock
 
 # -- a run's own settings, or a file's --------------------------------------------------------
 def check_launchable(cfg: TrainConfig, given: frozenset[str], place: Place) -> None:
-    """Under torchrun with several processes (``tandem launch``, or plain ``torchrun -m
-    tandem train``), refuse a one-process strategy that has no multi-process form, in one
-    line in every worker, before they meet; a resumed run's own strategy (not typed) is
-    rank 0's to read."""
+    """Under torchrun with several processes, refuse a one-process strategy that has no
+    multi-process form in every worker, before they meet (a resumed run's is rank 0's to read)."""
     if place.several and ("strategy" in given or not cfg.run.resume):
         try:
             auto.check_launchable(cfg.parallel.strategy, "several processes (torchrun)")
@@ -50,12 +41,9 @@ def check_launchable(cfg: TrainConfig, given: frozenset[str], place: Place) -> N
 
 def resumed_config(cfg: TrainConfig, given: frozenset[str], place: Place = Place(),
                    agreement: Agreement = LOCAL):
-    """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
-    saying what was taken (:func:`_continued`); under several processes rank 0 decides which
-    checkpoint, through the job's ``agreement``. ``--strategy auto`` on a run that has its
-    strategy (a resume, a torchrun restart) keeps that one, no race; a fresh run races in its
-    plan. Under torchrun a one-process strategy with a multi-process form
-    (:func:`~tandem.strategies.auto.across_processes`: hybrid) runs as that, said in a line."""
+    """The config to run, the checkpoint to continue (``None``: a fresh run) and the lines
+    saying what was taken. ``--strategy auto`` on a run that has its strategy keeps that one;
+    under torchrun a one-process strategy with a multi-process form runs as that, said."""
     name = cfg.parallel.strategy
     if auto.is_resolver(name):
         cfg, ckpt, notes = _continued(cfg, given - {"strategy"}, place, agreement)  # its own
@@ -80,9 +68,7 @@ def race_record(ckpt: dict | None) -> dict | None:
 
 
 def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement: Agreement):
-    """The config to run, the checkpoint to continue (``None`` for a fresh run) and the lines
-    saying what was taken: a tandem run's settings (:mod:`.rundir`) or what a file from
-    elsewhere holds (:func:`file_settings`)."""
+    """:func:`resumed_config` of a strategy that is not ``auto``."""
     continued = _to_continue(cfg, place, agreement)
     path, restarted = continued.path, continued.restarted
     if restarted and path is None:  # failed before its first save: start it again, said
@@ -109,8 +95,7 @@ def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement:
 
 def _to_continue(cfg: TrainConfig, place: Place, agreement: Agreement) -> Continued:
     """The checkpoint this run continues (``None``: a fresh run), and whether torchrun
-    restarted it. Under several processes rank 0 decides and sends the file to the machines
-    that lack it (:mod:`tandem.distributed.shared_resume`): only rank 0 writes."""
+    restarted it: rank 0's decision, its file sent to the machines that lack it."""
     def decide() -> tuple[str | None, bool]:
         run = rundir.RunDir(cfg.run.out)
         if not cfg.run.resume and place.restart > 0:  # torchrun restarted the workers
@@ -132,7 +117,7 @@ def _to_continue(cfg: TrainConfig, place: Place, agreement: Agreement) -> Contin
             checkpoint.load(path)  # one line saying what is wrong with it, on rank 0's machine
         return path, False
 
-    return continue_from_rank0(decide, agreement)  # rank 0's decision, for every rank
+    return continue_from_rank0(decide, agreement)
 
 
 def device_spec(devices: list[torch.device]) -> str:
@@ -179,9 +164,8 @@ def resume_target(path: str, ckpt: dict) -> tuple[str, str]:
 
 
 def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int, restarted: bool) -> None:
-    """Refuse a ``--max-steps`` that the resumed run, at optimizer step ``step``, has reached
-    (it counts the run's steps from its start, not this invocation's). A torchrun restart
-    runs the command line that reached it: there the loop says there is nothing to train."""
+    """Refuse a ``--max-steps`` the resumed run, at step ``step``, has reached (but for a
+    torchrun restart: there the loop says there is nothing to train)."""
     max_steps = cfg.optim.max_steps
     if max_steps is not None and max_steps <= step and not restarted:
         flag = param("max_steps")
@@ -194,15 +178,12 @@ def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int, restarted: bool) ->
 # -- a fresh run's defaults, and the lines said at its start ---------------------------------
 IMAGEFOLDER_ARCH = "resnet18"  # the imagenet example's default -a
 
-# The imagenet example's defaults that tandem's differ from: (section, field, theirs, flag);
-# the example's seed is None (unseeded), tandem's a fixed number.
+# The imagenet example's defaults that tandem's differ from: (section, field, theirs, flag)
 _EXAMPLE = (("optim", "lr", 0.1, "--lr"), ("optim", "weight_decay", 1e-4, "--wd"),
             ("optim", "batch_size", 256, "-b"), ("optim", "epochs", 90, "--epochs"),
             ("data", "workers", 4, "-j"), ("optim", "label_smoothing", 0.0, "--label-smoothing"),
             ("optim", "lr_schedule", "step", "--lr-schedule"), ("run", "print_freq", 10, "-p"),
             ("run", "seed", None, "--seed"))
-
-
 EXAMPLE_CLASSES = 1000  # the imagenet example's models' outputs, whatever its data
 
 
@@ -217,24 +198,21 @@ def is_imagefolder(spec: str) -> bool:
 
 
 def size_rule(arch: str, data: str) -> int | None:
-    """The default image side for ``arch`` on ``data`` (``None``: the data's own: its fixed
-    size, or an ImageFolder's shorter side under a factory's model)."""
+    """The default image side for ``arch`` on ``data`` (``None``: the data's own)."""
     if is_imagefolder(data) and not is_reference(arch):
         return native_input_size(arch)
     return None
 
 
 def fresh_defaults(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
-    """``cfg`` of a fresh run with the arch and image size it takes when not typed; the config
-    then records them, so a resume and an eval of the run use the same."""
+    """``cfg`` of a fresh run with the arch and image size it takes when not typed."""
     if "arch" not in given and is_imagefolder(cfg.data.data):
         cfg = replace(cfg, model=replace(cfg.model, arch=IMAGEFOLDER_ARCH))
     return sized(cfg, given)
 
 
 def sized(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
-    """``cfg`` with the image size of :func:`size_rule` unless ``--image-size`` was typed (a
-    fresh run, or one continuing a file from elsewhere, which names its arch)."""
+    """``cfg`` with the image size of :func:`size_rule` unless ``--image-size`` was typed."""
     size = size_rule(cfg.model.arch, cfg.data.data)
     if "image_size" not in given and size is not None:
         cfg = replace(cfg, data=replace(cfg.data, image_size=size))
@@ -265,18 +243,17 @@ def _show(value) -> str:
 
 
 def example_block(cfg: TrainConfig, given: frozenset[str]) -> list[str]:
-    """For a fresh run on an ImageFolder (the example's data): one line per setting that
-    tandem's defaults set otherwise than the imagenet example, with its flag; none typed."""
+    """For a fresh run on an ImageFolder: a line per untyped default unlike the example's."""
     if not is_imagefolder(cfg.data.data):
         return []
     lines = []
     for section, name, theirs, flag in _EXAMPLE:
         mine = getattr(getattr(cfg, section), name)
         if name not in given and mine != theirs:
-            fixed = ", fixed" if theirs is None else ""  # the example's runs differ, ours not
+            fixed = ", fixed" if theirs is None else ""  # the example's seed: unseeded
             lines.append(f"  {flag} {_show(mine)}{fixed} (the example: "
                          f"{'unseeded' if theirs is None else _show(theirs)})")
-    classes = cfg.data.num_classes  # the model's outputs, once the data is read
+    classes = cfg.data.num_classes
     if "num_classes" not in given and classes is not None and classes != EXAMPLE_CLASSES:
         lines.append(f"  --num-classes {classes}, the data's (the example: always "
                      f"{EXAMPLE_CLASSES}; its main.py cannot load a {classes}-class checkpoint)")
@@ -299,7 +276,7 @@ def precision_line(precision: Precision, where: str = "") -> str | None:
 #: in an eval note, where the data's own size goes once the data is loaded
 DATA_SIZE = "<data size>"
 
-# OptimConfig field, the words for it, its flag; read from the file's first param group.
+# OptimConfig field, the words for it, its flag; read from the file's first param group
 _FROM_OPTIMIZER = (("lr", "lr", "--lr"), ("momentum", "momentum", "--momentum"),
                    ("weight_decay", "weight decay", "--wd"), ("nesterov", "nesterov", "--nesterov"))
 
@@ -309,16 +286,9 @@ def is_foreign(ckpt: dict) -> bool:
     return not isinstance(ckpt.get("config"), dict)
 
 
-def _param_group(ckpt: dict) -> dict | None:
-    """The first param group of the file's optimizer state (``None`` without one)."""
-    optimizer = ckpt.get("optimizer")
-    groups = optimizer.get("param_groups") if isinstance(optimizer, dict) else None
-    return groups[0] if groups and isinstance(groups[0], dict) else None
-
-
 def _step_schedule(ckpt: dict) -> dict | None:
     """The run's ``lr_schedule``, ``lr_step`` and ``lr_gamma`` from the file's StepLR state
-    (``None`` without one): stepped once per epoch, as the example steps it."""
+    (``None`` without one)."""
     state = ckpt.get("scheduler")
     if foreign_scheduler(ckpt) != "StepLR":
         return None
@@ -326,15 +296,10 @@ def _step_schedule(ckpt: dict) -> dict | None:
             "lr_gamma": float(state.get("gamma", 0.1))}
 
 
-def takes_schedule(ckpt: dict, given: frozenset[str]) -> bool:
-    """True when the run continues the file's own schedule (a StepLR, no flag against it)."""
-    return _step_schedule(ckpt) is not None and "lr_schedule" not in given
-
-
 def _schedule_settings(cfg: TrainConfig, given: frozenset[str],
                        ckpt: dict) -> tuple[TrainConfig, list[str], list[str]]:
     """``cfg`` with the file's StepLR and plain cross-entropy unless flags say otherwise;
-    what was taken, and the lines saying a flag's override."""
+    what was taken, and the overrides."""
     optim, taken, said = cfg.optim, [], []
     step = _step_schedule(ckpt)
     if step is not None:
@@ -352,17 +317,16 @@ def _schedule_settings(cfg: TrainConfig, given: frozenset[str],
 
 def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
                   path: str) -> tuple[TrainConfig, list[str]]:
-    """``cfg`` with what the foreign file at ``path`` holds, and the lines that say it.
-
-    The lr is the schedule's base (``initial_lr``, which torch's schedulers keep) when the
-    file has one, else its current lr; a StepLR gives the schedule (:func:`_step_schedule`).
-    A flag in ``given`` wins over the file, and is said.
-    """
+    """``cfg`` with what the foreign file at ``path`` holds, and the lines that say it. The
+    lr is the schedule's base (``initial_lr``) when the file has one; a flag wins, said."""
     arch = ckpt.get("arch")
     if "arch" not in given and isinstance(arch, str) and arch:
         cfg = replace(cfg, model=replace(cfg.model, arch=arch))
     taken = [f"arch {cfg.model.arch}", f"epoch {int(ckpt.get('epoch') or 0)}"]
-    group, values, said = _param_group(ckpt), {}, []
+    optimizer = ckpt.get("optimizer")
+    groups = optimizer.get("param_groups") if isinstance(optimizer, dict) else None
+    group = groups[0] if groups and isinstance(groups[0], dict) else None
+    values, said = {}, []
     if group is None:
         said.append("it holds no optimizer state: lr, momentum, weight decay and "
                          "nesterov are this run's (--lr, --momentum, --wd, --nesterov)")
@@ -387,11 +351,8 @@ def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
 
 
 def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict, ckpt: dict) -> list[str]:
-    """The block of lines saying what the run uses that the foreign file ``ckpt`` does not
-    say (its StepLR is the file's, in :func:`file_settings`' line).
-
-    ``resolved`` is the run's resolved config (``image_size`` is the data's when not given).
-    """
+    """The lines saying what the run uses that the foreign file ``ckpt`` does not say
+    (``resolved``: the run's resolved config)."""
     optim = cfg.optim
     size = resolved["resolved"]["dataset"]["image_size"]
     schedule = optim.lr_schedule + (f" (every {optim.lr_step:g} epochs x{optim.lr_gamma:g})"
@@ -404,7 +365,7 @@ def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict, ckpt: dict)
               "--label-smoothing"))
     lines = ["not in the file, so this run takes:"]
     for words, value, name, flag in items:
-        if name == "lr_schedule" and takes_schedule(ckpt, given):
+        if name == "lr_schedule" and _step_schedule(ckpt) is not None and name not in given:
             continue
         if name in given:
             source = "as given"
@@ -422,12 +383,8 @@ def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict, ckpt: dict)
 
 def eval_settings(cfg: TrainConfig, given: frozenset[str],
                   path: str) -> tuple[TrainConfig, str | None]:
-    """``cfg`` to evaluate the foreign file at ``path`` as the imagenet example's ``-e`` does.
-
-    Plain cross-entropy, and the arch's native size (an ImageFolder is resized to 256 and
-    centre-cropped to 224 for a 224-pixel arch), each unless ``given``; with the line saying
-    so (``None`` when both were given).
-    """
+    """``cfg`` to evaluate the foreign file at ``path`` as the example's ``-e`` does: plain
+    cross-entropy at the arch's native size, each unless ``given``; and the line saying so."""
     said, flags = [], []
     if "label_smoothing" not in given:
         cfg = replace(cfg, optim=replace(cfg.optim, label_smoothing=0.0))
@@ -447,7 +404,7 @@ def eval_settings(cfg: TrainConfig, given: frozenset[str],
 
 def checkpoint_arch(ckpt: dict, arch: str | None, path: str) -> str:
     """The architecture to rebuild for the file at ``path``: the one it names, else ``arch``
-    (``-a``, for a bare state dict). An ``arch`` that differs from the file's is refused."""
+    (``-a``); an ``arch`` that differs from the file's is refused."""
     if arch is not None:
         model_info(arch)  # a typo: the closest names
     named = ckpt.get("arch")
