@@ -1,10 +1,4 @@
-"""``curves.png``: loss, accuracy and learning rate from the rows of ``metrics.jsonl``.
-
-Under 2 epochs the x-axis is the optimizer step, else the epoch (a partial epoch at the fraction
-trained); loss on a log scale; the learning rate as each step used it (``lr_steps``; an older
-run's rows without them: its schedule). :func:`build_figure` makes the Figure, :func:`plot_curves`
-writes it.
-"""
+"""``curves.png``: loss, accuracy and learning rate from the rows of ``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -44,9 +38,8 @@ def _line(ax, xs, records, key, style, label):
 
 
 def _used(records: list[dict]) -> dict[int, float] | None:
-    """The lr of each optimizer step: the one it used, as the rows record it (``lr_steps``),
-    else a row's own (the lr its next step takes, where no later step says otherwise);
-    ``None`` when no row records its steps."""
+    """The lr each optimizer step used (``lr_steps``, else a row's own); ``None`` when no
+    row records its steps."""
     if not any(r.get("lr_steps") for r in records):
         return None
     used = {r["step"]: r["lr"] for r in records
@@ -63,8 +56,8 @@ def _used_line(ax, used: dict[int, float], unit: str, per_epoch: int) -> None:
 
 
 def _schedule_line(ax, schedule: Schedule, records: list[dict], unit: str) -> None:
-    """The learning rate of every step up to the last row's (at most ~500 points drawn): the
-    rows' own lrs up to the last row the schedule disagrees with, the schedule after it."""
+    """The lr of every step to the last row's: the rows' own up to the last one the schedule
+    disagrees with, the schedule after it."""
     per_epoch, lr_of = schedule
     rows = sorted((r["step"], r["lr"]) for r in records
                   if isinstance(r.get("step"), int) and r.get("lr") is not None)
@@ -114,8 +107,7 @@ def build_figure(records: list[dict], title: str = "",
     used, dots = _used(records), records
     if used is not None:
         _used_line(ax_lr, used, unit, per_epoch)
-        # each row's dot on that line: the lr its next step used (a resume with more
-        # --epochs gave it another than the row recorded, the old schedule's end)
+        # each row's dot on that line: the lr its next step used
         dots = [dict(r, lr=used.get(r.get("step"), r.get("lr"))) for r in records]
     elif schedule is not None:
         _schedule_line(ax_lr, schedule, records, unit)
@@ -140,11 +132,8 @@ def build_figure(records: list[dict], title: str = "",
 
 def plot_curves(records: list[dict], path: str, title: str | None = None,
                 schedule: Schedule | None = None, classes: int | None = None) -> None:
-    """Write :func:`build_figure` of ``records`` to ``path``; no rows removes ``path``.
-
-    ``title`` defaults to the name of the run directory holding ``path``. Written to a
-    temporary name and renamed, so a reader never sees half a PNG.
-    """
+    """Write :func:`build_figure` of ``records`` to ``path`` whole (no rows: removes it);
+    ``title`` defaults to the run directory's name."""
     if not records:
         if os.path.exists(path):
             os.remove(path)

@@ -1,10 +1,5 @@
-"""How long the training loop waits for its data: the host's wait for each next batch.
-
-:meth:`DataWait.timed` wraps the epoch's loader: time inside its ``next()`` is the data wait,
-the rest the step; host clock only, no device sync (a GPU's queued work shows where the host
-next blocks). An epoch's first batch is timed apart (workers' start-up). The figures are this
-process's own, for the batches this invocation trained.
-"""
+"""How long the training loop waits for its data: time inside the loader's ``next()`` is the
+data wait, the rest the step (host clock, no device sync); the first batch is timed apart."""
 
 from __future__ import annotations
 
@@ -69,16 +64,14 @@ class DataWait:
                 "data_share": None if share is None else round(share, 4)}
 
     def advise(self, data_cfg, device) -> None:
-        """Print :meth:`advice` for ``data_cfg`` (a :class:`~tandem.config.DataConfig`) on
-        ``device``, if it is due (the main process calls this after each epoch's line)."""
+        """Print :meth:`advice` for ``data_cfg`` on ``device``, if it is due."""
         line = self.advice(data_cfg.workers, device.type, hasattr(data_cfg, "decode"))
         if line:
             print(line, flush=True)
 
     def advice(self, workers: int, device_type: str, decode_flag: bool) -> str | None:
-        """One line, the first time in the run that the epoch's data share passes
-        :data:`WAIT_SHARE_WARNING`: how much the loop waited and what usually helps
-        (``decode_flag``: this build has ``--decode``)."""
+        """One line, the first time the data share passes :data:`WAIT_SHARE_WARNING`: how
+        much the loop waited and what usually helps."""
         share = self.share
         if self.advised or share is None or share <= WAIT_SHARE_WARNING:
             return None

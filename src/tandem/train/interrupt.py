@@ -1,9 +1,6 @@
-"""Ctrl-C and SIGTERM during training: stop between optimizer steps, save, then exit.
-
-:class:`StopRequest` turns the first signal into a request that every rank sees at the same
-step; the loop saves there and raises :class:`Interrupted`. A second signal stops at once,
-except inside :meth:`StopRequest.critical` (a checkpoint write), which always completes first.
-"""
+"""Ctrl-C and SIGTERM during training: the first signal stops every rank after the same step,
+saved (:class:`Interrupted`); a second stops at once, but never inside
+:meth:`StopRequest.critical` (a checkpoint write)."""
 
 from __future__ import annotations
 
@@ -24,21 +21,14 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopRequest:
-    """SIGINT/SIGTERM handlers installed for the duration of a ``with`` block.
-
-    ``requested`` never becomes true outside the block or off the main thread. ``quiet``
-    silences the notice (ranks other than 0).
-    """
+    """SIGINT/SIGTERM handlers for a ``with`` block (only on the main thread); ``quiet``
+    silences the notice."""
 
     def __init__(self, enabled: bool = True, quiet: bool = False, when: str = "after this step"):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
-        self.quiet = quiet
-        self.when = when  # when the run stops, as the first signal's line says it
-        self.requested = False
-        self.signum = signal.SIGINT
-        self._presses = 0
-        self._critical = 0
-        self._previous = {}
+        self.quiet, self.when = quiet, when  # when: as the first signal's line says it
+        self.requested, self.signum = False, signal.SIGINT
+        self._presses, self._critical, self._previous = 0, 0, {}
 
     def __enter__(self) -> "StopRequest":
         if self.enabled:

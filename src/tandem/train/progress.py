@@ -1,9 +1,5 @@
-"""The per-epoch progress bar (tqdm) and the plain-text fallback for logs.
-
-Counting a batch never reads the device. The running loss and accuracies are read from the
-meter only when they are shown: every ``print_freq`` batches, or when the bar's text is due
-for a refresh (the first and last batch, and every ``refresh`` seconds between).
-"""
+"""The per-epoch progress bar (tqdm) and the plain-text fallback for logs. The meter is read
+only when shown: every ``print_freq`` batches, or each ``refresh`` seconds of the bar."""
 
 from __future__ import annotations
 
@@ -15,36 +11,23 @@ from tqdm import tqdm
 from .metrics import MIXED_WORDS
 
 class Progress:
-    """Shows loss, accuracy and images/s while an epoch trains.
-
-    ``bar=True`` draws a tqdm bar on a terminal, else a line every ``print_freq`` batches.
-    ``images`` passed to :meth:`update` are global, so images/s is the whole job's rate. The
-    bar's values are this process's own, prefixed with ``scope`` (``"rank 0 "`` under ddp);
-    a line shows the meter it is given (the loop gives the sums over every process).
-    With ``wait`` (a :class:`~.datawait.DataWait`) it shows the share of time the step
-    waited for data (``data 62%``, this process's own). ``mixed``: the targets are mixup's or
-    cutmix's, and the loss and accuracy say so (:data:`~.metrics.MIXED_WORDS`).
+    """Shows loss, accuracy and images/s (the job's) while an epoch trains: a tqdm bar on a
+    terminal (``bar``; this process's values, after ``scope``), else a line every
+    ``print_freq`` batches. ``wait``: a :class:`~.datawait.DataWait`, shown as ``data 62%``;
+    ``mixed``: the targets are mixup's or cutmix's (:data:`~.metrics.MIXED_WORDS`).
     """
 
     def __init__(self, total: int, initial: int, desc: str, *, bar: bool, print_freq: int = 0,
                  refresh: float = 1.0, scope: str = "", wait=None, mixed: bool = False):
-        self.desc = desc
-        self.scope = scope
-        self.total = total
-        self.print_freq = print_freq
-        self.refresh = refresh
-        self.images = 0
+        self.desc, self.scope, self.total = desc, scope, total
+        self.print_freq, self.refresh, self.images = print_freq, refresh, 0
         self.start = time.perf_counter()
         self.shown = float("-inf")  # the bar shows values from the first batch on
-        # A bar redraws itself with \r: only a terminal shows that, a log file would keep
-        # every frame. Off a terminal, --print-freq lines and the epoch lines remain.
-        bar = bar and sys.stderr.isatty()
+        bar = bar and sys.stderr.isatty()  # a log file would keep every \r frame
         self.bar = tqdm(total=total, initial=initial, desc=desc, unit="batch", dynamic_ncols=True,
                         leave=True, file=sys.stderr) if bar else None
-        self.batch = initial
+        self.batch, self.wait, self.mixed = initial, wait, mixed
         self.shares = ""  # the devices' shares of a batch, once --split auto moved them
-        self.wait = wait
-        self.mixed = mixed
 
     def note(self, line: str) -> None:
         """Print ``line`` now (above the bar when there is one); ``shares`` shows it after."""
@@ -54,11 +37,8 @@ class Progress:
             print(line, flush=True)
 
     def update(self, images: int, meter) -> bool:
-        """Count one batch of ``images``; show ``meter``'s running values when due.
-
-        Returns True when it read them (one host sync), so the caller may look at
-        ``meter.finite`` for free.
-        """
+        """Count one batch of ``images``; show ``meter``'s running values when due. True when
+        it read them (one host sync), so ``meter.finite`` is then free."""
         self.images += images
         self.batch += 1
         now = time.perf_counter()

@@ -1,8 +1,5 @@
-"""What a run's config makes of the training recipe (:mod:`tandem.optim`): the optimizer with its
-groups and scaled learning rate, the gradient clip and the EMA, each by the plain model's norms
-(:meth:`~tandem.strategies.Strategy.plain_norms`), so every strategy computes one device's
-update.
-"""
+"""The training recipe of a config (:mod:`tandem.optim`): the optimizer at its scaled lr, the
+clip and the EMA, by the plain model's norms, so every strategy computes one device's update."""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ def lr_line(cfg: OptimConfig) -> str | None:
 
 def make_optimizer(cfg: OptimConfig, params, norms: PlainNorms | None = None
                    ) -> torch.optim.Optimizer:
-    """The optimizer ``cfg`` names over ``params`` (the strategy's model's), at the scaled
-    learning rate, with weight decay excluded where ``--wd-exclude-norm`` says; ``norms``:
+    """The optimizer ``cfg`` names over ``params`` at the scaled learning rate; ``norms``:
     the strategy's plain norms of ``params``, for LARS and LAMB."""
     return create_optimizer(cfg.optimizer, params, lr=scaled_lr(cfg),
                             weight_decay=cfg.weight_decay, momentum=cfg.momentum,
@@ -56,8 +52,7 @@ def make_clip(cfg: OptimConfig, norms: PlainNorms) -> GradClip | None:
 
 
 def make_ema(cfg: OptimConfig, model: nn.Module) -> ModelEma | None:
-    """``--model-ema``'s average of ``model`` (the strategy's, its weights loaded; ``None``
-    without it)."""
+    """``--model-ema``'s average of ``model`` (``None`` without it)."""
     if cfg.model_ema is None:
         return None
     return ModelEma(model, cfg.model_ema, warmup=cfg.model_ema_warmup)

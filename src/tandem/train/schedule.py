@@ -1,9 +1,6 @@
-"""The learning-rate schedule: one ``LambdaLR`` stepped once per optimizer step.
-
-``cosine``, ``step`` (counted in steps, so a mid-epoch resume lands on the same value) or
-``constant``, times an optional linear warm-up. ``--max-steps`` never changes it.
-Checkpoints keep its state under ``tandem_scheduler``; ``scheduler`` holds
-:func:`epoch_state`, what the imagenet example's per-epoch StepLR can load.
+"""The learning-rate schedule: one ``LambdaLR`` stepped per optimizer step (``cosine``,
+``step`` or ``constant``, times a linear warm-up), kept under ``tandem_scheduler``; a
+checkpoint's ``scheduler`` holds :func:`epoch_state`, for the imagenet example's StepLR.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ def lr_factor(step: int, cfg: OptimConfig, steps_per_epoch: int) -> float:
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
                    steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
-    # A plain function (not a lambda object) keeps the scheduler's state_dict free of
-    # callables, so it loads with weights_only=True.
+    # a plain function keeps the state_dict free of callables (it loads with weights_only)
     def factor(step: int) -> float:
         return lr_factor(step, cfg, steps_per_epoch)
 
@@ -44,8 +40,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
 
 
 def example_lr(base_lr: float, epoch: int) -> float:
-    """The lr the imagenet example's StepLR gives epoch ``epoch`` (0-based) of a run whose
-    base lr is ``base_lr``: ``base_lr * 0.1 ** (epoch // 30)``."""
+    """The lr the imagenet example's StepLR gives epoch ``epoch`` (0-based) from ``base_lr``."""
     return base_lr * EXAMPLE_GAMMA ** (epoch // EXAMPLE_STEP)
 
 
@@ -54,12 +49,8 @@ def _base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
 
 
 def epoch_state(optimizer: torch.optim.Optimizer, epoch: int) -> dict:
-    """A scheduler state counted in epochs, for programs that step once per epoch.
-
-    The imagenet example loads ``checkpoint['scheduler']`` into its ``StepLR`` whatever wrote
-    it; this state sets only the fields every scheduler has, so its StepLR stands at
-    ``epoch`` with its own step size and gamma, at :func:`example_lr`.
-    """
+    """A scheduler state counted in epochs with only the fields every scheduler has, so the
+    imagenet example's StepLR loads it and stands at ``epoch`` (:func:`example_lr`)."""
     bases = _base_lrs(optimizer)
     return {"last_epoch": epoch, "_step_count": epoch + 1, "base_lrs": bases,
             "_last_lr": [example_lr(base, epoch) for base in bases]}
@@ -67,13 +58,9 @@ def epoch_state(optimizer: torch.optim.Optimizer, epoch: int) -> dict:
 
 def example_optimizer_state(optimizer: torch.optim.Optimizer, epoch: int,
                             state: dict | None = None) -> dict:
-    """``state`` (``optimizer.state_dict()``, or the plain layout of it a strategy saves) with
-    each group's ``lr`` at :func:`example_lr` for ``epoch``.
-
-    The example continues with the optimizer's lr (its StepLR changes it only every 30
-    epochs), so tandem's own lr there (0 at the end of a cosine schedule) would freeze it.
-    tandem resumes its own lr from ``tandem_scheduler`` (see ``resume.restore``).
-    """
+    """``state`` (default ``optimizer.state_dict()``) with each group's ``lr`` at
+    :func:`example_lr` for ``epoch``: the example goes on with the optimizer's lr, which
+    tandem's own (0 at a cosine's end) would freeze."""
     state = optimizer.state_dict() if state is None else state
     state = dict(state, param_groups=[dict(g) for g in state["param_groups"]])  # untouched
     for group, base in zip(state["param_groups"], _base_lrs(optimizer)):

@@ -1,17 +1,12 @@
-"""TensorBoard scalars in ``RUN/tb``, written when the ``tensorboard`` package is installed.
-
-Each metrics row becomes scalars at its optimizer step; ``metrics.jsonl`` stays the record.
-Only the main process writes; a run rewrites ``RUN/tb`` from the rows it keeps, then appends,
-so a resume never leaves a step twice.
-"""
+"""TensorBoard scalars in ``RUN/tb`` (with the ``tensorboard`` package): each metrics row at
+its step, rewritten from the rows a run keeps, so a resume never leaves a step twice."""
 
 from __future__ import annotations
 
 import math
 import os
 
-# metrics.jsonl key -> TensorBoard tag; dict-valued entries (peak memory per device, the
-# devices' shares of the batch) become one scalar per key, under their own name.
+# metrics.jsonl key -> TensorBoard tag; a dict-valued entry becomes one scalar per key
 TAGS = {
     "train_loss": "loss/train", "val_loss": "loss/val",
     "train_acc": "top1/train", "val_acc": "top1/val",
@@ -19,7 +14,6 @@ TAGS = {
     "train_pixel_acc": "pixel_acc/train", "val_pixel_acc": "pixel_acc/val",
     "val_miou": "miou/val",
     "lr": "lr", "images_per_sec": "images_per_sec", "seconds": "epoch_seconds",
-    # the data wait (tandem.train.datawait)
     "data_seconds": "time/data", "step_seconds": "time/step",
     "first_batch_seconds": "time/first_batch", "data_share": "data_share",
 }
@@ -47,8 +41,8 @@ class TensorBoard:
 
     @classmethod
     def open(cls, path: str, rows: list[dict]) -> "TensorBoard | None":
-        """The writer on the directory ``path``, holding the run's kept ``rows`` already;
-        ``None`` without the ``tensorboard`` package. Earlier event files there are replaced."""
+        """The writer on ``path`` (earlier events replaced) holding ``rows``; ``None`` without
+        the ``tensorboard`` package."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # the optional extra is not installed: say nothing, write nothing

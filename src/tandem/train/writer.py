@@ -1,10 +1,6 @@
-"""Rank 0's files written off the step's path: checkpoints, ``config.json`` and ``curves.png``.
-
-A large checkpoint on a slow disk would outlast the other ranks' collective timeout, so the
-main process hands a copy of what it saves to one thread that writes in order, and trains on.
-A file handed over again before its last copy was begun replaces it (at most two copies of the
-model). A write slower than ``slow_after`` seconds is said when it ends; a failed one is raised
-at the next hand-over or at :meth:`Writer.flush`, which the run calls before it ends.
+"""Rank 0's files written off the step's path by one thread, in order: a large checkpoint on
+a slow disk would outlast the other ranks' collective timeout. A file handed over again before
+its last copy was begun replaces it; a failed write is raised at the next hand-over or flush.
 """
 
 from __future__ import annotations
@@ -19,8 +15,7 @@ import torch
 from tandem.errors import CheckpointError
 
 def snapshot(obj: Any) -> Any:
-    """``obj`` with every tensor in it copied to the CPU (dicts, lists and tuples walked):
-    what a write in the background may hold while training changes the originals."""
+    """``obj`` with every tensor in it (dicts, lists, tuples walked) copied to the CPU."""
     if torch.is_tensor(obj):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
@@ -31,10 +26,8 @@ def snapshot(obj: Any) -> Any:
 
 
 class Writer:
-    """One thread writing files in order. :meth:`write` hands a job over (``what``: the file,
-    for the lines; ``step``: the optimizer step a checkpoint holds); :attr:`written_step` is
-    the step of the last checkpoint on disk (``on_written(step)`` is told each); :meth:`flush`
-    waits for all of them."""
+    """One thread writing files in order; :attr:`written_step`: the step of the last
+    checkpoint on disk (``on_written(step)`` is told each)."""
 
     def __init__(self, slow_after: float | None = None, say: Callable[[str], None] | None = None,
                  on_written: Callable[[int], None] | None = None):
@@ -50,9 +43,8 @@ class Writer:
 
     def write(self, what: str, job: Callable[[], None], step: int | None = None,
               supersedes: bool = True) -> None:
-        """Run ``job`` (which writes ``what``) after the jobs handed over before it; with
-        ``supersedes`` (a file written whole), one for the same file not yet begun is
-        replaced by it (not so for an append)."""
+        """Run ``job`` (which writes ``what``) after those before it; with ``supersedes``, one
+        for the same file not yet begun is replaced by it."""
         self._raise_failure()
         with self._cv:
             if self._thread is None:
