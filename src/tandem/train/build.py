@@ -69,15 +69,13 @@ def _resolved(plan, cfg: TrainConfig, info, datasets) -> dict:
     strategy = plan.strategy
     out = cfg.settings()
     out["resolved"] = {
-        "devices": [str(d) for d in strategy.devices],
-        "world_size": strategy.world_size,
+        "devices": [str(d) for d in strategy.devices], "world_size": strategy.world_size,
         "dataset": {"name": info.name, "num_classes": info.num_classes,
                     "in_channels": info.in_channels, "image_size": info.image_size},
         "decode": decoded_on(*datasets),
         "images_per_step": cfg.optim.batch_size * cfg.optim.accum_steps,
         "lr": scaled_lr(cfg.optim),  # --lr after --lr-scale
-        "wd_exclude_norm": cfg.optim.excludes_norm(),
-        "launch_id": plan.place.launch_id,
+        "wd_exclude_norm": cfg.optim.excludes_norm(), "launch_id": plan.place.launch_id,
     }
     race = plan.race or settings.race_record(plan.checkpoint)
     if race is not None:
@@ -112,8 +110,7 @@ def build(plan) -> dict:
         scheduler=make_scheduler(optimizer, optim, -(-batches // optim.accum_steps)),
         # fp16's skipped steps agreed by every rank (tandem.distributed.agree)
         scaler=strategy.agreement.grad_scaler(strategy.device.type, plan.precision.scaled),
-        precision=plan.precision,
-        train_set=train_set, val_set=val_set, batches_per_epoch=batches,
+        precision=plan.precision, train_set=train_set, val_set=val_set, batches_per_epoch=batches,
         mixing=mixing_of(cfg, train_set),
         config_dict=_resolved(plan, cfg, info, (train_set, val_set)))
 

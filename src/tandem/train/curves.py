@@ -116,8 +116,7 @@ def build_figure(records: list[dict], title: str = "",
     partial = [(x, r[k]) for x, r in zip(xs, records) if r.get("partial")
                for k in ("train_loss", "val_loss") if r.get(k) is not None]
     if partial:  # rings: rows of epochs stopped part-way (--max-steps)
-        ax_loss.plot(*zip(*partial), "o", mfc="none", ms=12, color="grey",
-                     label="partial epoch")
+        ax_loss.plot(*zip(*partial), "o", mfc="none", ms=12, color="grey", label="partial epoch")
     for ax in (ax_loss, ax_acc, ax_lr):
         ax.set_xlabel(unit)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

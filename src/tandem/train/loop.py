@@ -272,8 +272,7 @@ class Trainer:
                 out = s.forward_loss(self.model, self.criterion, images, targets,
                                      batch_size=self.global_batch(self.train_set, index))
             self.scaler.scale(out.loss / group_size).backward()
-        run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
-                         out.ce_sum)
+        run.meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion, out.ce_sum)
         run.loss = out.loss.detach()
         due = print_freq > 0 and (index + 1) % print_freq == 0
         # a --print-freq line shows the job's sums (every rank reduces); a bar's refresh rank 0's
@@ -398,15 +397,12 @@ class Trainer:
         if self.val_set is None:
             return meter
         self.model.eval()
-        for index, (images, targets) in enumerate(self.loader(self.val_set, train=False,
-                                                              epoch=0)):
+        for index, (images, targets) in enumerate(self.loader(self.val_set, train=False, epoch=0)):
             images, targets = self.device_batch(images, targets)
             with self.autocast():
                 out = self.strategy.forward_loss(self.model, self.criterion, images, targets,
-                                                 batch_size=self.global_batch(self.val_set,
-                                                                              index))
-            meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion,
-                         out.ce_sum)
+                                                 batch_size=self.global_batch(self.val_set, index))
+            meter.update(out.loss, out.correct, out.count, out.correct5, out.confusion, out.ce_sum)
         return meter.reduced(self.strategy)
 
     # -- a loss or weights no longer finite ---------------------------------------------------
@@ -422,8 +418,7 @@ class Trainer:
             return
         pos, cfg = self.position, self.cfg
         text = diverged_message(what, pos.epoch + 1, pos.step, cfg.optim.lr, cfg.run.out,
-                                self.kept_step(),
-                                resume_command_here(cfg.run.out, s.agreement.env)
+                                self.kept_step(), resume_command_here(cfg.run.out, s.agreement.env)
                                 ) if s.is_main else ""
         raise TrainingDiverged(text, quiet=not s.is_main)
 
@@ -453,16 +448,13 @@ class Trainer:
         pos = self.position
         extra = dict(
             epoch=pos.epoch,  # epochs completed, as in the imagenet example
-            arch=self.cfg.model.arch,
-            best_acc1=self.best_acc1,
+            arch=self.cfg.model.arch, best_acc1=self.best_acc1,
             scheduler=epoch_state(self.optimizer, pos.epoch),  # what StepLR & co. can load
             tandem_scheduler=self.scheduler.state_dict(),  # tandem's own, per step
             scaler=self.scaler.state_dict(),
             rng=rng if rng is not None else checkpoint.capture_rng(self.strategy.device),
-            data_position=pos.as_dict(),
-            epoch_progress=progress,
-            split=self.strategy.split.state_dict(),
-            config=self.config_dict,
+            data_position=pos.as_dict(), epoch_progress=progress,
+            split=self.strategy.split.state_dict(), config=self.config_dict,
             **({} if ema is None else {"ema": ema}),  # plain layout, as state_dict
         )
         # the lr the example's StepLR continues with, in the plain layout (any strategy loads it)
@@ -498,8 +490,7 @@ class Trainer:
         """The metrics row of the epoch just trained, read after the position moved on."""
         pos, s = self.position, self.strategy
         record = {
-            "epoch": pos.epoch if not stopped else pos.epoch + 1,
-            "step": pos.step,
+            "epoch": pos.epoch if not stopped else pos.epoch + 1, "step": pos.step,
             "batches": pos.batch if stopped else self.batches_per_epoch,
             "partial": stopped,  # --max-steps stopped it part-way: a resume redoes it
             "train_loss": train.loss, **score_fields("train", train),
@@ -508,8 +499,7 @@ class Trainer:
                else not_validated(val)),
             "lr": self.optimizer.param_groups[0]["lr"],
             "lr_steps": thinned(self.lr_steps),  # [step, lr] each step used (curves.png)
-            "images_per_sec": train.count / seconds if seconds > 0 else None,
-            "seconds": seconds,
+            "images_per_sec": train.count / seconds if seconds > 0 else None, "seconds": seconds,
             **self.wait.fields(),  # data_seconds, step_seconds, ... (.datawait)
             "peak_memory_mb": peak_memory_mb(s.devices),
         }
@@ -600,8 +590,7 @@ def thinned(points: list, most: int = 200) -> list:
 def weights_finite(model: nn.Module, device: torch.device) -> bool:
     """True when every floating-point parameter and buffer of ``model`` is finite (one sync)."""
     flags = [torch.isfinite(t).all().to(device)
-             for t in itertools.chain(model.parameters(), model.buffers())
-             if t.is_floating_point()]
+             for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()]
     return bool(torch.stack(flags).all()) if flags else True
 
 

@@ -50,8 +50,7 @@ class Meter:
         return meter
 
     def update(self, loss: torch.Tensor, correct: torch.Tensor, count: int,
-               correct5: torch.Tensor | None = None,
-               confusion: torch.Tensor | None = None,
+               correct5: torch.Tensor | None = None, confusion: torch.Tensor | None = None,
                ce_sum: torch.Tensor | None = None) -> None:
         """Add a batch whose *mean* loss is ``loss`` over ``count`` samples (``ce_sum``: its
         summed plain cross-entropy, if measured); no host sync."""
@@ -76,8 +75,7 @@ class Meter:
     def read(self) -> tuple:
         """``(loss_sum, correct, correct5, ce_sum, *confusion)`` on the host, cached."""
         if self._host is None:
-            self._host = ((0.0,) * _FIXED if self._sums is None
-                          else tuple(self._sums.tolist()))
+            self._host = ((0.0,) * _FIXED if self._sums is None else tuple(self._sums.tolist()))
         return self._host
 
     @property
@@ -142,8 +140,7 @@ class Meter:
                             torch.tensor([float(self.count)], dtype=torch.float64,
                                          device=strategy.device)])
         *values, count = strategy.all_reduce_sum(totals).tolist()
-        confusion = (torch.tensor(values[_FIXED:]).reshape(classes, classes) if classes
-                     else None)
+        confusion = (torch.tensor(values[_FIXED:]).reshape(classes, classes) if classes else None)
         return Meter.from_sums(*values[:2], round(count), values[2], confusion, values[3])
 
     def progress(self) -> dict:

@@ -28,8 +28,7 @@ from tandem.parallel import threaded_backward
 from tandem.parallel.devices import parse_device_spec
 from tandem.parallel.split import clock_from_spec, parse_split
 from tandem.precision import Precision, amp_flags, amp_precision
-from tandem.strategies import (Strategy, auto, create_strategy, strategy_class,
-                               strategy_names)
+from tandem.strategies import (Strategy, auto, create_strategy, strategy_class, strategy_names)
 from tandem.strategies.compile import check_compile
 
 from . import rundir, runlock, settings
@@ -175,8 +174,7 @@ def _by_fit_under_launch(cfg: TrainConfig, given: frozenset[str], supplied: Supp
     one device per process, said on rank 0; ``auto`` keeps its name."""
     asked = cfg.parallel.strategy
     name = asked if auto.is_resolver(asked) else auto.under_launch(asked)
-    if not supplied.by_fit or not place.torchrun or (name == asked and
-                                                     not auto.is_resolver(asked)):
+    if not supplied.by_fit or not place.torchrun or (name == asked and not auto.is_resolver(asked)):
         return cfg, given
     kind = _device_kind(cfg.parallel)
     if not auto.is_resolver(asked) and place.main:

@@ -50,8 +50,7 @@ class Progress:
             self.bar.set_postfix_str(self.scope + self._values(meter, now), refresh=False)
             return True
         if self.print_freq and self.batch % self.print_freq == 0:
-            print(f"{self.desc} [{self.batch}/{self.total}] {self._values(meter, now)}",
-                  flush=True)
+            print(f"{self.desc} [{self.batch}/{self.total}] {self._values(meter, now)}", flush=True)
             return True
         return False
 

@@ -77,8 +77,7 @@ def _run_facts(plan: RunPlan, start: dict) -> dict:
     state = LaunchState.of_worker(plan.place.environ, plan.place.speaks)
     if state is not None:
         state.update(run=out, checkpoint=plan.run_dir.latest, saved_step=kept,
-                     speaker=strategy.rank,
-                     aborts=strategy.failure_model == ABORTS,
+                     speaker=strategy.rank, aborts=strategy.failure_model == ABORTS,
                      peers={str(r): list(p) for r, p in strategy.agreement.peers.items()},
                      resume=resume_command_here(out, strategy.agreement.env, this_node=True))
     slow = strategy.agreement.env.timeout if strategy.multiprocess else None

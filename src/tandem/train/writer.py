@@ -48,8 +48,7 @@ class Writer:
         self._raise_failure()
         with self._cv:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tandem-writer",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="tandem-writer", daemon=True)
                 self._thread.start()
             kept = [p for p in self._pending if not (supersedes and p[0] == what and p[3])]
             self._pending = kept + [(what, job, step, supersedes)]
