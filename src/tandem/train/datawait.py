@@ -63,12 +63,6 @@ class DataWait:
                 "first_batch_seconds": self.first,
                 "data_share": None if share is None else round(share, 4)}
 
-    def advise(self, data_cfg, device) -> None:
-        """Print :meth:`advice` for ``data_cfg`` on ``device``, if it is due."""
-        line = self.advice(data_cfg.workers, device.type, hasattr(data_cfg, "decode"))
-        if line:
-            print(line, flush=True)
-
     def advice(self, workers: int, device_type: str, decode_flag: bool) -> str | None:
         """One line, the first time the data share passes :data:`WAIT_SHARE_WARNING`: how
         much the loop waited and what usually helps."""

@@ -186,8 +186,7 @@ class Trainer:
         reset_peak_memory(s.devices)
         train, stopped, seconds = self.train_epoch()
         self.heard(s.agreement.settle())  # the vote of the epoch's last step
-        if not self.stopping and s.agreement.any_of(stop.requested):  # a signal since then
-            self.stopping = True
+        self.stopping = self.stopping or s.agreement.any_of(stop.requested)  # a signal since?
         train = train.reduced(s)
         self.check_finite(train, weights=True)  # nothing non-finite is ever saved
         if self.stopping:
@@ -526,7 +525,10 @@ class Trainer:
             board.add_row(record)
         print(summary_line(record, cfg.optim.epochs, self.batches_per_epoch,
                            label_smoothing(self.criterion)), flush=True)
-        self.wait.advise(cfg.data, self.strategy.device)  # once per run, when data waits
+        advice = self.wait.advice(cfg.data.workers, self.strategy.device.type,
+                                  hasattr(cfg.data, "decode"))  # once per run, when data waits
+        if advice:
+            print(advice, flush=True)
 
     def plot(self, records: list[dict]) -> None:
         """``curves.png`` of ``records`` with every step's lr, drawn by the writer's thread."""

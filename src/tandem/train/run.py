@@ -103,7 +103,8 @@ def open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsLo
         _say_resuming(trainer, plan.resume_path, notes, plan.place.restart)
     if plan.mode != RESUMED:  # a resume's changes go in with its next checkpoint (Trainer.save)
         run.write_config(trainer.config_dict)
-    return run.metrics_log(keep_epochs=None if plan.mode == FRESH else trainer.position.epoch)
+    return MetricsLog(run.metrics, keep_epochs=None if plan.mode == FRESH else
+                      trainer.position.epoch)
 
 
 def _say_resuming(trainer: Trainer, path: str, notes: list[str], restarts: int) -> None:

@@ -90,14 +90,6 @@ class RunDir:
             return "its " + ", ".join(present)
         return f"{rows[-1].get('epoch')} epoch(s), best val acc {max(accs):.2f}%"
 
-    def newer_example_file(self) -> str | None:
-        """The example's ``checkpoint.pth.tar`` here when newer than the run's latest, else None."""
-        theirs = self.file(self.EXAMPLE)
-        try:
-            return theirs if os.path.getmtime(theirs) > os.path.getmtime(self.latest) else None
-        except OSError:  # either is missing
-            return None
-
     def check_fresh(self, overwrite: bool) -> None:
         """Refuse a fresh run here when one is here already, unless ``overwrite``."""
         if os.path.exists(self.path) and not os.path.isdir(self.path):
@@ -154,9 +146,6 @@ class RunDir:
             json.dump(resolved, f, indent=2)
         os.replace(temp, self.file(self.CONFIG))
 
-    def metrics_log(self, keep_epochs: int | None) -> MetricsLog:
-        return MetricsLog(self.metrics, keep_epochs=keep_epochs)
-
 
 def checkpoint_path(resume: str) -> str:
     """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from; a run that
@@ -176,8 +165,11 @@ def example_file_note(path: str, data: str, evaluate: bool) -> str | None:
     """The line saying that the run of ``path`` also holds a newer file of the imagenet
     example's, and the command that uses it instead; ``None`` when there is none."""
     run = RunDir.of(path)
-    newer = run.newer_example_file() if run.is_latest(path) else None
-    if newer is None:
+    newer = run.file(RunDir.EXAMPLE)
+    try:
+        if not run.is_latest(path) or os.path.getmtime(newer) <= os.path.getmtime(run.latest):
+            return None
+    except OSError:  # either is missing
         return None
     use = (f"tandem eval --resume {newer} --data {data}" if evaluate else
            f"tandem train --resume {newer} --data {data} --out NEWDIR")

@@ -101,12 +101,9 @@ def _owner(run: RunDir) -> dict | None:
     return owner
 
 
-def check_free(run: RunDir, place: Place = Place()) -> None:
-    """Refuse a run into ``run`` while another run writes there."""
-    _check_free(run, _me(place))
-
-
-def _check_free(run: RunDir, me: dict) -> None:
+def check_free(run: RunDir, place: Place = Place(), me: dict | None = None) -> None:
+    """Refuse a run into ``run`` while another run writes there (``me``: :func:`_me`)."""
+    me = me or _me(place)
     owner = _owner(run)
     if owner is None or _same_launch(owner, me) or _stale(run, owner, me):
         return
@@ -175,7 +172,7 @@ def _take(run: RunDir, me: dict) -> tuple[IO, str | None]:
             return placed, None
         owner = _owner(run) or {}
         if not (_same_launch(owner, me) or _stale(run, owner, me)):
-            _check_free(run, me)  # taken meanwhile: refuse, naming its owner
+            check_free(run, me=me)  # taken meanwhile: refuse, naming its owner
         os.replace(temp, run.lock_file)  # atomic: a reader sees the old owner or the new one
         if _same_launch(owner, me):
             return f, None
