@@ -35,8 +35,7 @@ from .settings import check_max_steps, saved_position
 
 
 def data(plan, splits: tuple[str, ...] = ("train", "val")):
-    """``(train, val, info)``: the data sets handed over, else those the config names,
-    decoded where ``--decode`` says."""
+    """``(train, val, info)``: the data sets handed over, else the config's, decoded."""
     if plan.supplied.data is None:
         read = plan.data if plan.data is not None else build_data(plan.cfg.data,
                                                                   plan.cfg.run.seed, splits)
@@ -55,8 +54,7 @@ def make_criterion(cfg: OptimConfig, strategy: Strategy, given=None) -> nn.Modul
 
 
 def mixing_of(cfg: TrainConfig, train_set):
-    """The run's mixup and cutmix (:class:`~tandem.data.mixing.Mixing`), or None when off;
-    refused for data whose targets are not class indices."""
+    """The run's mixup and cutmix, or None; refused for targets that are not classes."""
     mixing = cfg.data.mixing(cfg.data.num_classes)
     if mixing is not None and getattr(train_set, "target_shape", ()):
         raise UsageError(f"{param('mixup')} and {param('cutmix')} mix class-index targets; "
@@ -184,8 +182,7 @@ def check_fits(model: nn.Module, dataset, dtype: torch.dtype, classes: int, name
 
 
 def resumed(plan, parts: dict) -> tuple[dict, list[str]]:
-    """Where the trainer starts (the checkpoint's states loaded into ``parts``) and the lines
-    to say about it."""
+    """Where the trainer starts (states loaded into ``parts``) and the lines to say."""
     if plan.checkpoint is None:
         return {}, []
     ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
@@ -228,8 +225,7 @@ def with_model_classes(cfg: TrainConfig, info, ckpt: dict | None) -> TrainConfig
 
 
 def prepared_model(plan, cfg: TrainConfig, info, dataset=None) -> nn.Module:
-    """The model of ``cfg`` set up by the plan's strategy, with its weights (the checkpoint's,
-    or ``--pretrained``): the same for training and for validation."""
+    """The model of ``cfg`` set up by the plan's strategy, with its weights."""
     strategy, ckpt, given = plan.strategy, plan.checkpoint, plan.supplied.model
     if given is None:
         model = build_model(cfg.model, replace(info, num_classes=cfg.data.num_classes),

@@ -38,8 +38,7 @@ def _line(ax, xs, records, key, style, label):
 
 
 def _used(records: list[dict]) -> dict[int, float] | None:
-    """The lr each optimizer step used (``lr_steps``, else a row's own); ``None`` when no
-    row records its steps."""
+    """The lr each optimizer step used; ``None`` when no row records its steps."""
     if not any(r.get("lr_steps") for r in records):
         return None
     used = {r["step"]: r["lr"] for r in records
@@ -131,8 +130,7 @@ def build_figure(records: list[dict], title: str = "",
 
 def plot_curves(records: list[dict], path: str, title: str | None = None,
                 schedule: Schedule | None = None, classes: int | None = None) -> None:
-    """Write :func:`build_figure` of ``records`` to ``path`` whole (no rows: removes it);
-    ``title`` defaults to the run directory's name."""
+    """Write :func:`build_figure` of ``records`` to ``path`` whole (no rows: removed)."""
     if not records:
         if os.path.exists(path):
             os.remove(path)

@@ -64,8 +64,7 @@ class DataWait:
                 "data_share": None if share is None else round(share, 4)}
 
     def advice(self, workers: int, device_type: str, decode_flag: bool) -> str | None:
-        """One line, the first time the data share passes :data:`WAIT_SHARE_WARNING`: how
-        much the loop waited and what usually helps."""
+        """One line, the first time the data share passes :data:`WAIT_SHARE_WARNING`."""
         share = self.share
         if self.advised or share is None or share <= WAIT_SHARE_WARNING:
             return None

@@ -19,8 +19,7 @@ from .run import validate
 
 def _run_precision(parallel: ParallelConfig, saved: TrainConfig, amp: bool | None,
                    amp_dtype: str | None) -> tuple[ParallelConfig, str]:
-    """``parallel`` with the ``--amp`` an eval asks for (as typed, else the run's) and the
-    words for where it came from."""
+    """``parallel`` with the ``--amp`` an eval asks for, and where it came from."""
     if amp is not None or amp_dtype is not None:
         return replace(parallel, amp=bool(amp) or amp_dtype is not None,
                        amp_dtype=amp_dtype), " (as given)"

@@ -21,8 +21,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopRequest:
-    """SIGINT/SIGTERM handlers for a ``with`` block (only on the main thread); ``quiet``
-    silences the notice."""
+    """SIGINT/SIGTERM handlers for a ``with`` block (on the main thread only)."""
 
     def __init__(self, enabled: bool = True, quiet: bool = False, when: str = "after this step"):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()

@@ -390,8 +390,7 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> Meter:
-        """The meter over the whole validation set, every sample counted once (empty without
-        one)."""
+        """The meter over the whole validation set (empty without one)."""
         meter = Meter()
         if self.val_set is None:
             return meter

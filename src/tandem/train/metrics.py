@@ -131,8 +131,7 @@ class Meter:
         return 100.0 * self.correct5 / self.count if self.count else float("nan")
 
     def reduced(self, strategy, classes: int | None = None) -> "Meter":
-        """A new meter holding the sums over every process (one ``all_reduce_sum``, one sync);
-        ``classes``: the matrix's side for a process that saw no dense batch."""
+        """A new meter of the sums over every process (one ``all_reduce_sum``)."""
         classes = self.classes if classes is None else classes
         width = _FIXED + (classes * classes if classes else 0)
         sums = (torch.zeros(width, dtype=torch.float64) if self._sums is None else self._sums)
@@ -271,8 +270,7 @@ def not_validated(train: Meter) -> dict:
 
 
 def eval_scores(result: dict) -> str:
-    """The loss and scores of a validation pass's result (``loss``, ``acc1``, ``acc5``, and
-    ``miou`` when dense) as ``tandem eval`` and ``train -e`` print them."""
+    """A validation pass's loss and scores, as ``tandem eval`` prints them."""
     loss = loss_words(result["loss"], result["label_smoothing"], result["plain_ce"])
     if result.get("miou") is not None:
         return f"val {loss} pixel acc {result['acc1']:.2f}% mIoU {result['miou']:.2f}%"

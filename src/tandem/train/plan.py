@@ -54,8 +54,7 @@ class Supplied:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """One run, resolved and checked. ``strategy`` is built but not launched (``with``); it
-    holds the devices, world size, rank and this process's device."""
+    """One run, resolved and checked; ``strategy`` is built but not launched."""
 
     cfg: TrainConfig
     strategy: Strategy
@@ -217,8 +216,7 @@ _HANDED = {"arch": ("model", "model", "-a package.module:function",
 
 
 def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
-    """Refuse to continue a run of ``tandem.fit`` without what it was handed (handed again,
-    or named on the command line)."""
+    """Refuse to continue a run of ``tandem.fit`` without what it was handed."""
     missing = [name for name in rundir.handed_to_fit(cfg)
                if getattr(supplied, "model" if name == "arch" else "data") is None]
     if not missing:
@@ -269,8 +267,7 @@ def complete_line(cfg: TrainConfig, ckpt: dict, given: frozenset[str], restart: 
 
 
 def _needed_flags(cfg: TrainConfig, saved: dict, given: frozenset[str]) -> str:
-    """The flags a command continuing the run must repeat: ``--out`` when given, ``-a`` and
-    ``--data`` for a ``tandem.fit`` run's."""
+    """The flags a command continuing the run must repeat (``--out``, ``-a``, ``--data``)."""
     run = TrainConfig.from_dict(saved)
     flags = [("-a", cfg.model.arch)] if "arch" in rundir.handed_to_fit(run) else []
     flags += [("--data", cfg.data.data)] if "data" in rundir.handed_to_fit(run) else []
@@ -316,8 +313,7 @@ def _split(cfg: ParallelConfig, place: Place) -> dict:
 
 
 def _backward_threads(cfg: ParallelConfig, devices: list[torch.device]) -> bool:
-    """Whether the run's replica threads run their backward in threads: as
-    ``--backward-threads`` says, else :func:`~tandem.parallel.threaded_backward.decide`."""
+    """Whether the run's replica threads run their backward in threads."""
     if not strategy_class(cfg.strategy).replica_threads:
         return False
     wanted = None if cfg.backward_threads is None else cfg.backward_threads == "on"
@@ -339,8 +335,7 @@ def _device_kind(cfg: ParallelConfig) -> str:
 
 def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig, place: Place,
               model: nn.Module | None = None, agreement: Agreement = LOCAL) -> Strategy:
-    """The strategy of ``cfg`` on its devices (built, not launched), once it is known to run
-    ``model`` (else ``model_cfg.arch``) with the options asked for."""
+    """The strategy of ``cfg`` (built, not launched), checked against the model."""
     devices = parse_device_spec(cfg.devices, "--devices")
     extra = _split(cfg, place)
     if strategy_class(cfg.strategy).multiprocess:
@@ -381,8 +376,7 @@ def _refusal(parallel: ParallelConfig, model_cfg: ModelConfig, place: Place,
 
 def _simplest(parallel: ParallelConfig, model_cfg: ModelConfig, place: Place,
               model: nn.Module | None) -> ParallelConfig:
-    """``parallel`` with the simplest candidate the plan's checks accept (else the first
-    refusal)."""
+    """``parallel`` with the simplest candidate the plan's checks accept."""
     refusals = []
     for name in auto.simplest_first():
         why = _refusal(replace(parallel, strategy=name), model_cfg, place, model)
@@ -447,8 +441,7 @@ def _batch(train_set, info, classes: int, size: int, dtype) -> tuple[torch.Tenso
 
 
 def check_drop_path(cfg: ModelConfig, model: nn.Module | None = None) -> None:
-    """Refuse ``--drop-path`` for a model handed over, or one of the zoo without residual
-    blocks (a factory's gets ``drop_path=``)."""
+    """Refuse ``--drop-path`` for a model handed over or without residual blocks."""
     if not cfg.drop_path:
         return
     flag = f"{param('drop_path')} {cfg.drop_path}"

@@ -37,8 +37,7 @@ class Progress:
             print(line, flush=True)
 
     def update(self, images: int, meter) -> bool:
-        """Count one batch of ``images``; show ``meter``'s running values when due. True when
-        it read them (one host sync), so ``meter.finite`` is then free."""
+        """Count a batch; show ``meter`` when due, True then (one sync: ``finite`` is free)."""
         self.images += images
         self.batch += 1
         now = time.perf_counter()

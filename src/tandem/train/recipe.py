@@ -35,8 +35,7 @@ def lr_line(cfg: OptimConfig) -> str | None:
 
 def make_optimizer(cfg: OptimConfig, params, norms: PlainNorms | None = None
                    ) -> torch.optim.Optimizer:
-    """The optimizer ``cfg`` names over ``params`` at the scaled learning rate; ``norms``:
-    the strategy's plain norms of ``params``, for LARS and LAMB."""
+    """The optimizer ``cfg`` names over ``params`` at the scaled learning rate."""
     return create_optimizer(cfg.optimizer, params, lr=scaled_lr(cfg),
                             weight_decay=cfg.weight_decay, momentum=cfg.momentum,
                             nesterov=cfg.nesterov, betas=cfg.betas(), eps=cfg.opt_eps,

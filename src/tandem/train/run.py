@@ -69,8 +69,7 @@ def execute(plan: RunPlan | str) -> dict | None:
 
 
 def _run_facts(plan: RunPlan, start: dict) -> dict:
-    """The trainer's fields from the job: the step of the checkpoint ``--out`` holds, the
-    writer of rank 0's files, and the file the node's launcher reads after an abort."""
+    """The trainer's fields from the job: the step ``--out`` holds, writer, launch state."""
     strategy, out = plan.strategy, plan.cfg.run.out
     position = start.get("position")
     kept = position.step if plan.mode == RESUMED and position is not None else None
@@ -88,8 +87,7 @@ def _run_facts(plan: RunPlan, start: dict) -> dict:
 
 # -- the run directory, and the lines said as a run starts ----------------------------------------
 def open_run_dir(plan: RunPlan, trainer: Trainer, notes: list[str]) -> MetricsLog | None:
-    """Prepare the run directory (main process), say how a resume goes on; the metrics log
-    (``None`` on other processes)."""
+    """Prepare the run directory; the metrics log (``None`` on other processes)."""
     strategy, run = plan.strategy, plan.run_dir
     strategy.barrier()  # every process has checked --out before the main one writes there
     if not strategy.is_main:

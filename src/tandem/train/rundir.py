@@ -79,8 +79,7 @@ class RunDir:
             return []
 
     def describe(self) -> str | None:
-        """A few words on the run here (``None`` when it holds none: a ``config.json`` alone
-        is a run that failed before its first checkpoint)."""
+        """A few words on the run here (``None``: none, or a ``config.json`` alone)."""
         present = [name for name in self.FILES if os.path.exists(self.file(name))]
         if not present or present == [self.CONFIG]:
             return None
@@ -148,8 +147,7 @@ class RunDir:
 
 
 def checkpoint_path(resume: str) -> str:
-    """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from; a run that
-    stopped before its first save is refused, saying so."""
+    """``RUN`` or ``RUN/checkpoint.pt`` -> the checkpoint file to resume from."""
     run = RunDir(resume)
     if os.path.isdir(resume) and os.path.isfile(run.latest):
         return run.latest
@@ -251,8 +249,7 @@ def _refuse_changes(refused: list[tuple], path: str) -> None:
 
 
 def stands_in(name: str, value) -> bool:
-    """True when ``value`` of config field ``name`` only stands in for what ``tandem.fit`` was
-    handed (its data sets; a torch class as its model)."""
+    """True when ``value`` of field ``name`` stands in for what ``tandem.fit`` was handed."""
     if name == "data":
         return value == GIVEN_DATA
     return name == "arch" and is_reference(value) and not rebuildable(value)

@@ -116,8 +116,7 @@ def check_free(run: RunDir, place: Place = Place(), me: dict | None = None) -> N
 
 
 def check_saved(resume: str, place: Place = Place()) -> None:
-    """Refuse ``--resume RUN`` of a run without a checkpoint yet while another process writes
-    there, naming that process, not the missing file."""
+    """Refuse ``--resume`` of a run not saved yet while its process writes there."""
     run = RunDir(resume)
     if not os.path.isdir(resume) or os.path.isfile(run.latest):
         return
@@ -187,8 +186,7 @@ def _take(run: RunDir, me: dict) -> tuple[IO, str | None]:
 
 @contextlib.contextmanager
 def held(run: RunDir, place: Place = Place()):
-    """Hold ``run``'s lock while the block runs (creating the directory, removed again if left
-    empty); the lock is removed however the block ends."""
+    """Hold ``run``'s lock while the block runs; removed however the block ends."""
     made = not os.path.isdir(run.path)
     run.create()
     me = _me(place)

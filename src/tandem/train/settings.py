@@ -157,8 +157,7 @@ def saved_position(ckpt: dict) -> tuple[int, int, int | None]:
 
 
 def resume_target(path: str, ckpt: dict) -> tuple[str, str]:
-    """What to give ``--resume`` for ``path`` and what to call it: ``run 'RUN'`` for a run's
-    latest checkpoint, else the file."""
+    """What to give ``--resume`` for ``path``, and what to call it."""
     target = rundir.target_of(path) if isinstance(ckpt.get("config"), dict) else path
     return target, (f"run '{target}'" if target != path else f"'{path}'")
 
@@ -287,8 +286,7 @@ def is_foreign(ckpt: dict) -> bool:
 
 
 def _step_schedule(ckpt: dict) -> dict | None:
-    """The run's ``lr_schedule``, ``lr_step`` and ``lr_gamma`` from the file's StepLR state
-    (``None`` without one)."""
+    """The run's ``lr_schedule`` settings from the file's StepLR (``None``: none)."""
     state = ckpt.get("scheduler")
     if foreign_scheduler(ckpt) != "StepLR":
         return None
@@ -298,8 +296,7 @@ def _step_schedule(ckpt: dict) -> dict | None:
 
 def _schedule_settings(cfg: TrainConfig, given: frozenset[str],
                        ckpt: dict) -> tuple[TrainConfig, list[str], list[str]]:
-    """``cfg`` with the file's StepLR and plain cross-entropy unless flags say otherwise;
-    what was taken, and the overrides."""
+    """``cfg`` with the file's StepLR and plain cross-entropy unless flags say otherwise."""
     optim, taken, said = cfg.optim, [], []
     step = _step_schedule(ckpt)
     if step is not None:
@@ -351,8 +348,7 @@ def file_settings(cfg: TrainConfig, given: frozenset[str], ckpt: dict,
 
 
 def assumed(cfg: TrainConfig, given: frozenset[str], resolved: dict, ckpt: dict) -> list[str]:
-    """The lines saying what the run uses that the foreign file ``ckpt`` does not say
-    (``resolved``: the run's resolved config)."""
+    """The lines saying what the run uses that the foreign file ``ckpt`` does not say."""
     optim = cfg.optim
     size = resolved["resolved"]["dataset"]["image_size"]
     schedule = optim.lr_schedule + (f" (every {optim.lr_step:g} epochs x{optim.lr_gamma:g})"
@@ -403,8 +399,7 @@ def eval_settings(cfg: TrainConfig, given: frozenset[str],
 
 
 def checkpoint_arch(ckpt: dict, arch: str | None, path: str) -> str:
-    """The architecture to rebuild for the file at ``path``: the one it names, else ``arch``
-    (``-a``); an ``arch`` that differs from the file's is refused."""
+    """The architecture to rebuild for the file at ``path`` (the file's, else ``arch``)."""
     if arch is not None:
         model_info(arch)  # a typo: the closest names
     named = ckpt.get("arch")

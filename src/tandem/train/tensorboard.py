@@ -40,8 +40,7 @@ class TensorBoard:
 
     @classmethod
     def open(cls, path: str, rows: list[dict]) -> "TensorBoard | None":
-        """The writer on ``path`` (earlier events replaced) holding ``rows``; ``None`` without
-        the ``tensorboard`` package."""
+        """The writer on ``path`` holding ``rows``; ``None`` without ``tensorboard``."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # the optional extra is not installed: say nothing, write nothing

@@ -26,8 +26,7 @@ def snapshot(obj: Any) -> Any:
 
 
 class Writer:
-    """One thread writing files in order; :attr:`written_step`: the step of the last
-    checkpoint on disk (``on_written(step)`` is told each)."""
+    """One thread writing files in order; :attr:`written_step`: the last checkpoint's."""
 
     def __init__(self, slow_after: float | None = None, say: Callable[[str], None] | None = None,
                  on_written: Callable[[int], None] | None = None):
