@@ -64,9 +64,6 @@ class Position:
     batch: int = 0  # global batches of that epoch already trained on
     step: int = 0  # optimizer steps since the start of training
 
-    def as_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
-
 
 @dataclass
 class EpochRun:
@@ -186,7 +183,8 @@ class Trainer:
         reset_peak_memory(s.devices)
         train, stopped, seconds = self.train_epoch()
         self.heard(s.agreement.settle())  # the vote of the epoch's last step
-        self.stopping = self.stopping or s.agreement.any_of(stop.requested)  # a signal since?
+        # a signal since the vote
+        self.stopping = self.stopping or s.agreement.any_of(stop.requested)
         train = train.reduced(s)
         self.check_finite(train, weights=True)  # nothing non-finite is ever saved
         if self.stopping:
@@ -451,7 +449,7 @@ class Trainer:
             tandem_scheduler=self.scheduler.state_dict(),  # tandem's own, per step
             scaler=self.scaler.state_dict(),
             rng=rng if rng is not None else checkpoint.capture_rng(self.strategy.device),
-            data_position=pos.as_dict(), epoch_progress=progress,
+            data_position=dataclasses.asdict(pos), epoch_progress=progress,
             split=self.strategy.split.state_dict(), config=self.config_dict,
             **({} if ema is None else {"ema": ema}),  # plain layout, as state_dict
         )

@@ -17,7 +17,7 @@ from tandem.config import TrainConfig
 from tandem.data.cifar10 import find_cifar_dir
 from tandem.distributed.agree import LOCAL, Agreement
 from tandem.distributed.env import Place
-from tandem.distributed.shared_resume import Continued, continue_from_rank0, done_with
+from tandem.distributed.shared_resume import continue_from_rank0, done_with
 from tandem.errors import UsageError, param
 from tandem.factory import is_reference, rebuildable
 from tandem.models import model_info, native_input_size
@@ -69,7 +69,7 @@ def race_record(ckpt: dict | None) -> dict | None:
 
 def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement: Agreement):
     """:func:`resumed_config` of a strategy that is not ``auto``."""
-    continued = _to_continue(cfg, place, agreement)
+    continued = continue_from_rank0(lambda: _decide(cfg, place), agreement)  # rank 0 decides
     path, restarted = continued.path, continued.restarted
     if restarted and path is None:  # failed before its first save: start it again, said
         if place.main:
@@ -93,31 +93,28 @@ def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement:
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
 
 
-def _to_continue(cfg: TrainConfig, place: Place, agreement: Agreement) -> Continued:
-    """The checkpoint this run continues (``None``: a fresh run), and whether torchrun
-    restarted it: rank 0's decision, its file sent to the machines that lack it."""
-    def decide() -> tuple[str | None, bool]:
-        run = rundir.RunDir(cfg.run.out)
-        if not cfg.run.resume and place.restart > 0:  # torchrun restarted the workers
-            if not run.launched_by(place.launch_id):
-                raise UsageError(
-                    f"torchrun restarted this job (restart {place.restart}), but rank 0's "
-                    f"machine holds no run of this launch in '{cfg.run.out}' to continue",
-                    hint="start a new launch (with --resume, if a checkpoint of it is "
-                         "elsewhere): starting it afresh would not be the run that failed")
-            return (run.latest if os.path.isfile(run.latest) else None), True
-        if not cfg.run.resume:
-            return None, False
-        if cfg.model.pretrained:
-            raise UsageError("--pretrained starts a new run from a weights file and --resume "
-                             "continues a run from its checkpoint: give one of them")
-        runlock.check_saved(cfg.run.resume, place)  # a run not saved yet: its process, named
-        path = rundir.checkpoint_path(cfg.run.resume)
-        if not os.path.isfile(path):
-            checkpoint.load(path)  # one line saying what is wrong with it, on rank 0's machine
-        return path, False
-
-    return continue_from_rank0(decide, agreement)
+def _decide(cfg: TrainConfig, place: Place) -> tuple[str | None, bool]:
+    """Rank 0's: the checkpoint this run continues (``None``: none), and whether torchrun
+    restarted it."""
+    run = rundir.RunDir(cfg.run.out)
+    if not cfg.run.resume and place.restart > 0:  # torchrun restarted the workers
+        if not run.launched_by(place.launch_id):
+            raise UsageError(
+                f"torchrun restarted this job (restart {place.restart}), but rank 0's "
+                f"machine holds no run of this launch in '{cfg.run.out}' to continue",
+                hint="start a new launch (with --resume, if a checkpoint of it is "
+                     "elsewhere): starting it afresh would not be the run that failed")
+        return (run.latest if os.path.isfile(run.latest) else None), True
+    if not cfg.run.resume:
+        return None, False
+    if cfg.model.pretrained:
+        raise UsageError("--pretrained starts a new run from a weights file and --resume "
+                         "continues a run from its checkpoint: give one of them")
+    runlock.check_saved(cfg.run.resume, place)  # a run not saved yet: its process, named
+    path = rundir.checkpoint_path(cfg.run.resume)
+    if not os.path.isfile(path):
+        checkpoint.load(path)  # one line saying what is wrong with it, on rank 0's machine
+    return path, False
 
 
 def device_spec(devices: list[torch.device]) -> str:
