@@ -139,9 +139,7 @@ def watched(agreement, what: str):
     try:
         yield
     except RuntimeError as exc:
-        if isinstance(exc, TandemError):
-            raise
-        lost = lost_peer(exc, agreement, f"while agreeing on {what}")
+        lost = lost_peer(exc, agreement, f"while agreeing on {what}")  # None for a TandemError
         if lost is None:
             raise
         raise lost from None

@@ -210,27 +210,25 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
-class _DropAgentNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg in (_AGENT_FAILED, _EXIT_BARRIER):
-            return False  # the worker told why, or tandem launch's own line does
-        if "has failed to shutdown the rendezvous" in str(record.msg):
-            return False  # its host (node 0) left first, after the job was done
-        return not (record.levelno < logging.ERROR and record.msg in _AGENT_NOISE)
+def _not_noise(record: logging.LogRecord) -> bool:
+    if record.msg in (_AGENT_FAILED, _EXIT_BARRIER):
+        return False  # the worker told why, or tandem launch's own line does
+    if "has failed to shutdown the rendezvous" in str(record.msg):
+        return False  # its host (node 0) left first, after the job was done
+    return not (record.levelno < logging.ERROR and record.msg in _AGENT_NOISE)
 
 
 @contextlib.contextmanager
 def quiet_agent():
     """Drop torchrun's agent warnings in :data:`_AGENT_NOISE` meanwhile (its errors show)."""
-    noise = _DropAgentNoise()
     loggers = [logging.getLogger(name) for name in _AGENT_LOGGERS]
     for logger in loggers:
-        logger.addFilter(noise)
+        logger.addFilter(_not_noise)
     try:
         yield
     finally:
         for logger in loggers:
-            logger.removeFilter(noise)
+            logger.removeFilter(_not_noise)
 
 
 def launch(spec: LaunchSpec) -> int:
@@ -372,12 +370,11 @@ def _network(spec: LaunchSpec) -> network.Route | None:
         for var in network.IFACE_VARS:
             os.environ[var] = route.iface
         how = "--iface" if spec.iface else f"the interface that reaches {host}:{port}"
-        print(f"tandem launch: {node}: the workers talk through {route.iface} "
-              f"({route.local}), {how}; --iface NAME to choose another", flush=True)
+        through = f"{route.iface} ({route.local}), {how}; --iface NAME to choose another"
     else:
-        print(f"tandem launch: {node}: the workers talk through "
-              + ", ".join(f"{var}={value}" for var, value in named.items())
-              + f" (as set; {route.iface} reaches {host})", flush=True)
+        through = (", ".join(f"{var}={value}" for var, value in named.items())
+                   + f" (as set; {route.iface} reaches {host})")
+    print(f"tandem launch: {node}: the workers talk through {through}", flush=True)
     _note_no_name(route.remote)
     return route
 
@@ -416,19 +413,6 @@ def _wait_for_master(spec: LaunchSpec) -> None:
         time.sleep(0.5)
 
 
-class _RendezvousDone(logging.Filter):
-    """Notes the agent's "Rendezvous complete" log record (and lets nothing extra through)."""
-
-    def __init__(self, level: int):
-        super().__init__()
-        self.done, self.level = threading.Event(), level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "Rendezvous complete" in str(record.msg):
-            self.done.set()
-        return record.levelno >= self.level
-
-
 @contextlib.contextmanager
 def _waiting_for_nodes(spec: LaunchSpec):
     """Node 0 of several: a line every :data:`~.join.SAY_EVERY` seconds until the nodes met."""
@@ -436,18 +420,22 @@ def _waiting_for_nodes(spec: LaunchSpec):
         yield
         return
     logger = logging.getLogger(_RDZV_LOGGER)
-    level = logger.getEffectiveLevel()
-    seen = _RendezvousDone(level)
-    logger.addFilter(seen)
-    logger.setLevel(min(level, logging.INFO))
+    level, done = logger.getEffectiveLevel(), threading.Event()
     host, port = spec.master
     started = time.monotonic()
 
+    def seen(record: logging.LogRecord) -> bool:  # notes it, and lets nothing extra through
+        if "Rendezvous complete" in str(record.msg):
+            done.set()
+        return record.levelno >= level
+
     def line() -> str:  # nothing once the nodes have met
-        return "" if seen.done.is_set() else (
+        return "" if done.is_set() else (
             f"tandem launch: node 0: waiting for the other nodes at {host}:{port} (--nnodes "
             f"{spec.nnodes}; {time.monotonic() - started:.0f} s of {join_timeout(spec):.0f})")
 
+    logger.addFilter(seen)
+    logger.setLevel(min(level, logging.INFO))
     try:
         with every(SAY_EVERY, line):
             yield
