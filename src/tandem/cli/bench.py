@@ -1,7 +1,5 @@
-"""``tandem bench``: time training steps of several strategies side by side.
-
-A thin command over the harness beside the library, :mod:`tandem_bench` (its flags, examples
-and what it runs: :mod:`tandem_bench.cli`), which training never imports.
+"""``tandem bench``: time training steps of several strategies side by side, a thin command
+over the harness beside the library (:mod:`tandem_bench.cli`), which training never imports.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Deriving ``argparse`` flags from the config dataclasses, and back.
-
-Each field's flags and help come from its ``metadata`` (``tandem.config.opt``). Choices are
-checked by the dataclass, not argparse, so a bad value gives the same one-line error from the
-command line, a config file or a checkpoint.
+"""``argparse`` flags from the config dataclasses' ``metadata`` (``tandem.config.opt``), and
+back; choices are checked by the dataclass, so a bad value gives the same one-line error from
+the command line, a config file or a checkpoint.
 """
 
 from __future__ import annotations
@@ -38,8 +36,8 @@ class _Recorded(argparse.Action):
 
 
 class ShowDefaults:
-    """Formatter mix-in: an option's help ends with ``(default: X)``, except for options that
-    take no value, a ``None`` default, and help that says its default in words."""
+    """Formatter mix-in: an option's help ends with ``(default: X)``, except for options without
+    a value or a default, and help that says its default in words."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -50,8 +48,7 @@ class ShowDefaults:
 
 
 class TandemParser(argparse.ArgumentParser):
-    """``ArgumentParser`` whose help shows every default (:class:`ShowDefaults`) and whose
-    errors are one line; its subcommands' parsers are built the same way."""
+    """``ArgumentParser`` whose help shows every default and whose errors are one line."""
 
     def __init__(self, *args, formatter_class=argparse.HelpFormatter, **kwargs):
         if not issubclass(formatter_class, ShowDefaults):
@@ -100,8 +97,7 @@ class TandemParser(argparse.ArgumentParser):
 
 
 def command_parser(modules: dict, *, version: str | None = None) -> TandemParser:
-    """The ``tandem`` parser: a subcommand per module of ``modules`` (whose
-    ``add_parser(subparsers)`` adds it and sets ``func``), and ``--version`` when given one."""
+    """The ``tandem`` parser: a subcommand per module's ``add_parser(subparsers)``."""
     parser = TandemParser(
         prog="tandem", description="Train convolutional networks on several devices at once."
     )
@@ -120,8 +116,7 @@ def error_line(exc: TandemError) -> str:
 
 
 def error_lines(exc: TandemError, prog: str = "tandem") -> list[str]:
-    """What the command line prints for ``exc``: ``PROG: error: ...`` and, where it has a
-    remedy, ``hint: ...`` on the next line (as git and pip do), each parameter by its flag."""
+    """``PROG: error: ...`` and, where ``exc`` has a remedy, ``hint: ...``."""
     lines = [f"{prog}: error: {error_line(exc)}"]
     remedy = exc.hint(flag_for) if isinstance(exc, TandemError) else None
     return lines + ([f"hint: {remedy}"] if remedy else [])
@@ -133,8 +128,7 @@ def given_fields(args: argparse.Namespace) -> frozenset[str]:
 
 
 def _value_type(annotation) -> type:
-    """``int | None`` -> ``int``; ``tuple[str, ...]`` -> ``str`` (a comma list the dataclass
-    splits and checks)."""
+    """``int | None`` -> ``int``; ``tuple[str, ...]`` -> ``str`` (the dataclass splits it)."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) != 1:
@@ -185,8 +179,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _LogLines(logging.Handler):
-    """tandem's log records as bare lines: INFO on stdout (``to_stderr``: stderr) in the main
-    process only; WARNING and above on stderr in every process."""
+    """tandem's log records as bare lines: INFO on stdout (or stderr) in the main process only;
+    WARNING and above on stderr in every process."""
 
     def __init__(self, to_stderr: bool):
         super().__init__()
@@ -206,9 +200,8 @@ class _LogLines(logging.Handler):
 
 @contextlib.contextmanager
 def tandem_warnings(*, notes_to_stderr: bool = False):
-    """While the block runs, tandem's warnings as ``tandem: warning: ...`` lines and its log
-    lines bare, on stdout unless ``notes_to_stderr`` (stdout is for JSON); other packages'
-    warnings keep their file and line."""
+    """Meanwhile tandem's warnings as ``tandem: warning: ...`` and its log lines bare, on stdout
+    unless ``notes_to_stderr``; other packages' warnings keep their file and line."""
     default = warnings.formatwarning
 
     def short(message, category, filename, lineno, line=None):

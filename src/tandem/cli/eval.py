@@ -1,8 +1,5 @@
-"""``tandem eval --resume PATH``: validate a checkpoint and print its loss and accuracy.
-
-The run's settings come from the checkpoint and a flag given here overrides them; ``-a`` names
-the arch of a file that names none. A file from elsewhere is evaluated as the imagenet example
-does, and one line says so.
+"""``tandem eval --resume PATH``: validate a checkpoint and print its loss and accuracy; the
+run's settings come from the checkpoint, and a flag given here overrides them.
 """
 
 from __future__ import annotations
@@ -120,8 +117,7 @@ def _write_json(result: dict, path: str) -> None:
 
 
 def _check_launched(parallel: ParallelConfig, args: argparse.Namespace) -> None:
-    """A multi-process strategy outside torchrun: refused with the ``tandem launch`` command
-    that runs this very ``eval``."""
+    """A multi-process strategy outside torchrun: refused with the ``tandem launch`` command."""
     if in_torchrun(Environment.read()) or not strategy_class(parallel.strategy).multiprocess:
         return
     typed = " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or ["eval", "..."])

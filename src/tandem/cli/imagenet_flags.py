@@ -1,8 +1,6 @@
-"""The imagenet example's own command line, as typed, on ``tandem train``.
-
-``DIR`` is ``--data DIR``, ``--gpu N`` ``--devices cuda:N``, ``--no-accel`` ``--devices cpu``
-and ``--dummy`` the example's (:func:`dummy_line`). Its distributed flags are refused with the
-equivalent ``tandem launch`` command, ``--start-epoch`` because ``--resume`` gives the epoch.
+"""The imagenet example's own command line on ``tandem train``: ``DIR``, ``--gpu N``,
+``--no-accel`` and ``--dummy``; its distributed flags are refused with the equivalent
+``tandem launch`` command, ``--start-epoch`` because ``--resume`` gives the epoch.
 """
 
 from __future__ import annotations
@@ -101,8 +99,7 @@ def example_overrides(args: argparse.Namespace) -> tuple[dict, set[str]]:
 
 
 def _dummy_shape(arch: str, given: set[str]) -> dict:
-    """The example's ``--dummy`` for an ImageNet ``arch``: its native size and 1000 classes,
-    each unless typed; nothing for another arch (tandem's synthetic data)."""
+    """``--dummy``'s native size and 1000 classes for an ImageNet ``arch``, each unless typed."""
     if is_reference(arch) or model_info(arch).default_num_classes != EXAMPLE_CLASSES:
         return {}
     shape = {"image_size": model_info(arch).native_input_size, "num_classes": EXAMPLE_CLASSES}
@@ -110,8 +107,7 @@ def _dummy_shape(arch: str, given: set[str]) -> dict:
 
 
 def dummy_line(args: argparse.Namespace, cfg) -> str | None:
-    """The line saying what ``--dummy`` trains in run config ``cfg`` (``None``: not asked for,
-    or not an ImageNet arch)."""
+    """The line saying what ``--dummy`` trains in ``cfg`` (``None``: not asked, or not ImageNet)."""
     arch, data = cfg.model.arch, cfg.data
     if not getattr(args, "dummy", False) or not _dummy_shape(arch, set()):
         return None
@@ -126,15 +122,14 @@ def dummy_line(args: argparse.Namespace, cfg) -> str | None:
 
 def _train_args(argv: list[str]) -> list[str]:
     """``argv`` after ``train`` without the flags the launch command drops or replaces, as
-    argparse finds them (``--dist-ur X``, ``--gpu=0`` and ``--strat`` too), in the order typed."""
+    argparse finds them (``--dist-ur X``, ``--gpu=0`` too)."""
     replaced = argparse.ArgumentParser(add_help=False)
     _add_gpu(replaced)
     _add_distributed(replaced)
     add_config_arguments(replaced, ParallelConfig, only=("devices", "strategy"))
     add_config_arguments(replaced, OptimConfig, only=("batch_size",))
-    # argv has been parsed by train's parser, a superset of these flags: an abbreviation it
-    # read as one of them is unique here too, and one it read as another flag matches none
-    # here (no train flag is a prefix of these).
+    # train's parser (a superset) read argv: an abbreviation it took for one of these is
+    # unique here too, and no train flag is a prefix of these
     return replaced.parse_known_args(argv[1:] if argv[:1] == ["train"] else argv)[1]
 
 
@@ -166,8 +161,7 @@ def _nodes(args: argparse.Namespace) -> int:
 
 
 def batch_note(args: argparse.Namespace) -> str | None:
-    """What :func:`launch_command` did to the example's ``-b`` (each machine's batch there,
-    tandem's the global one) on several machines; ``None``: nothing."""
+    """What :func:`launch_command` did to the example's ``-b`` on several machines, or ``None``."""
     nodes = _nodes(args)
     if nodes < 2 or "batch_size" not in getattr(args, "given_fields", ()):
         return None

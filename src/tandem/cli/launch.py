@@ -1,8 +1,5 @@
-"""``tandem launch``: run a tandem command on N processes per machine (torchrun).
-
-Everything after ``--`` is the command each worker runs::
-
-    tandem launch --nproc-per-node 2 -- train --strategy ddp --data digits --epochs 8
+"""``tandem launch``: run a tandem command (everything after ``--``) on N processes per
+machine with torchrun (:mod:`tandem.distributed.torchrun`).
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def spec_of(args: argparse.Namespace) -> LaunchSpec:
-    """The checked :class:`LaunchSpec` of ``tandem launch``'s flags (and SLURM's variables),
-    refused here, before anything starts, where it cannot work."""
+    """The checked :class:`LaunchSpec` of ``tandem launch``'s flags (and SLURM's variables)."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -90,8 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_slurm(args: argparse.Namespace) -> dict:
-    """The node count, this node's rank and the master: as given, else (under ``srun``, with no
-    rendezvous endpoint) from SLURM's variables, said in one line."""
+    """The node count, rank and master: as given, else from SLURM's under ``srun`` (one line)."""
     given = dict(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                  master_port=args.master_port, slurm=False)
     job = None if args.rdzv_endpoint else slurm_job(Environment.read())
@@ -108,9 +103,8 @@ def _from_slurm(args: argparse.Namespace) -> dict:
 
 
 def _check_multiprocess(command: list[str], other_node: bool = False) -> None:
-    """Refuse to launch a ``train`` whose strategy is not one process per device, read as the
-    workers will read it: their parser (``--strat ddp`` counts) and config; without the flag a
-    resumed run keeps its own (its ``config.json``), on a node other than 0 rank 0's to read."""
+    """Refuse a ``train`` whose strategy, as the workers will read it, is not one process per
+    device; a resumed run without the flag keeps its own (on a node other than 0: rank 0's)."""
     args = command_parser({"train": train_command}).parse_args(command)  # a bad flag: theirs
     args.argv = list(command)
     cfg = config_from_namespace(args)

@@ -1,6 +1,4 @@
-"""`tandem` command line: ``train | eval | bench | launch | models``.
-
-Each subcommand module has ``add_parser(subparsers)``, which sets ``func``. A
+"""`tandem` command line: ``train | eval | bench | launch | models``. A
 :class:`tandem.errors.TandemError` becomes one line on stderr (and a ``hint:``) and its exit
 status (2; 3 when training diverged; 4 for a lost peer, :mod:`tandem.distributed.faults`).
 """
@@ -33,8 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _job_env():
-    """torchrun's variables in a job of several processes (``None``: one process, or a
-    worker whose variables are not torchrun's)."""
+    """torchrun's variables in a job of several processes (``None``: none, or not torchrun's)."""
     environ = Environment.read()
     try:
         return read_env(environ) if several_processes(environ) else None
@@ -76,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """``tandem`` and ``python -m tandem``: :func:`main`, then exit with its status, without
-    finalizing a process that joined a process group (see ``exit_process``)."""
+    """``tandem``: :func:`main`, then exit with its status (``exit_process`` once in a group)."""
     code = main()
     group = sys.modules.get("tandem.distributed.process_group")
     if group is not None:

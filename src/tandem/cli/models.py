@@ -34,8 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 class _NamesNotArch(argparse.Action):
-    """``tandem models -a NAME``: one line saying that ``models`` takes names, with the command
-    that works (the closest zoo name for a mistyped one)."""
+    """``tandem models -a NAME``: one line saying that ``models`` takes names, and the command."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         names = list_models()
@@ -57,13 +56,9 @@ def model_rows(names: list[str], input_size: int | None = None, num_classes: int
         with torch.device("meta"):
             model = create_model(name, num_classes=num_classes, in_channels=in_channels)
         rows.append({
-            "name": name,
-            "family": info.family,
-            "params": count_parameters(model),
-            "macs": count_macs(model, (1, in_channels, size, size)),
-            "input_size": size,
-            "num_classes": info.default_num_classes if num_classes is None else num_classes,
-        })
+            "name": name, "family": info.family, "params": count_parameters(model),
+            "macs": count_macs(model, (1, in_channels, size, size)), "input_size": size,
+            "num_classes": info.default_num_classes if num_classes is None else num_classes})
     return rows
 
 

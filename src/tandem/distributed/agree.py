@@ -1,8 +1,8 @@
-"""The decisions every rank of a job must share, each made here, once, for all of them.
+"""The decisions every rank of a job must share, each made once for all of them.
 
 NCCL matches collectives by order: a rank that decides alone (to skip a step, stop, save) hangs
-the job. So each decision is one method of :class:`Agreement`, one collective on CPU tensors
-(never waiting on a GPU); in one process each returns the caller's own value.
+the job. So each decision is one method of :class:`Agreement`, one collective on CPU tensors;
+in one process each returns the caller's own value.
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ class Agreement:
     def settings(self, mine: dict[str, Any], named: Callable[[str], str] | None = None,
                  what: str = "every node must run the same command (only --node-rank differs)"
                  ) -> None:
-        """Check every rank's settings (``{"optim.lr": 0.01, ...}``) against rank 0's and
-        learn where every rank runs (:attr:`peers`). A difference is a :class:`SettingsDiffer`
-        on every rank, naming the setting (``named(key)``, default its parameter), the ranks
-        and ``what`` must hold: a typo on one machine would train a run that is neither."""
+        """Check every rank's settings (``{"optim.lr": 0.01, ...}``) against rank 0's and learn
+        where every rank runs (:attr:`peers`). A difference is a :class:`SettingsDiffer` on
+        every rank, naming the setting (``named(key)``, default its parameter), the ranks and
+        ``what`` must hold."""
         if not self.several:
             return
         node, addr = self.peers[self.rank]
@@ -78,10 +78,13 @@ class Agreement:
         for rank, (_, _, theirs) in enumerate(everyone):
             differs = sorted(k for k in set(reference) | set(theirs)
                              if reference.get(k) != theirs.get(k))
-            if differs:
-                raise SettingsDiffer(_differ_line(self, rank, differs, reference, theirs, named,
-                                                  what),
-                                     quiet=self.rank != 0 and self.rank != rank)
+            if differs:  # the first, both values, how many more
+                key = differs[0]
+                more = f" (and {len(differs) - 1} more)" if len(differs) > 1 else ""
+                raise SettingsDiffer(
+                    f"{self.peer_name(rank)} has {named(key)} {_shown(theirs.get(key))} where "
+                    f"{self.peer_name(0)} has {_shown(reference.get(key))}{more}: {what}",
+                    quiet=self.rank != 0 and self.rank != rank)
 
     def rank0(self, decide: Callable[[], T]) -> T:
         """``decide()`` run on rank 0 alone (what only its machine can tell) and its result on
@@ -136,7 +139,6 @@ class Agreement:
     def vote(self, stop: bool, save: bool = False, saved_step: int | None = None) -> Verdict:
         """Cast this step's votes and return the previous step's verdict (every rank, once a
         step): one all-reduce read a step later, so a step never waits on it."""
-
         if not self.several:
             return Verdict(stop, save, saved_step)
         cast = torch.tensor([float(stop), float(save),
@@ -156,8 +158,7 @@ class Agreement:
 
     def grad_scaler(self, device_type: str, enabled: bool) -> torch.amp.GradScaler:
         """The loss scaler: with several processes torch's ``ShardedGradScaler``, whose
-        ``unscale_`` all-reduces ``found_inf``, so an inf on any rank (a block of hybrid's split
-        head) makes every rank skip the step alike; else torch's ``GradScaler``."""
+        ``unscale_`` all-reduces ``found_inf`` (an inf on any rank skips the step on all)."""
         if not (self.several and enabled):
             return torch.amp.GradScaler(device_type, enabled=enabled)
         group = self.group if self.group is not None else dist.group.WORLD
@@ -174,15 +175,6 @@ def _read(pending) -> Verdict:
     work.wait()
     stop, save, saved = cast.tolist()
     return Verdict(stop > 0, save > 0, None if saved < 0 else int(saved))
-
-
-def _differ_line(agreement: Agreement, rank: int, differs: list[str], reference: dict,
-                 theirs: dict, named: Callable[[str], str], what: str) -> str:
-    """The first setting ``rank`` has unlike rank 0, both values, how many more, ``what``."""
-    key = differs[0]
-    more = f" (and {len(differs) - 1} more)" if len(differs) > 1 else ""
-    return (f"{agreement.peer_name(rank)} has {named(key)} {_shown(theirs.get(key))} where "
-            f"{agreement.peer_name(0)} has {_shown(reference.get(key))}{more}: {what}")
 
 
 def _shown(value: Any) -> str:

@@ -1,8 +1,6 @@
-"""The process environment, read once, and what ``torchrun`` gives each worker.
-
-:class:`Environment` is the one reading of ``os.environ``: a frozen copy that the CLI or
-``tandem.fit`` takes once and hands to the plan. The readers here take that copy; only the plan
-and the CLI call them, and the rest get plain values (:class:`Place`, :class:`DistEnv`).
+"""The process environment, read once (:class:`Environment`), and what ``torchrun`` gives each
+worker; the readers here take that copy, and the rest get plain values (:class:`Place`,
+:class:`DistEnv`).
 """
 
 from __future__ import annotations
@@ -22,11 +20,10 @@ TIMEOUT_VAR = "TANDEM_DIST_TIMEOUT"
 #: Seconds a node waits for the others to come (``tandem launch --join-timeout``).
 DEFAULT_JOIN_TIMEOUT = 300.0
 JOIN_TIMEOUT_VAR = "TANDEM_JOIN_TIMEOUT"
-#: Set by ``tandem launch`` for its workers: one id per launch, the same across restarts.
+#: Set by ``tandem launch``: one id per launch (the same across restarts), how this node was
+#: started (JSON, for the command to continue), this node's index and address towards the master.
 LAUNCH_ID_VAR = "TANDEM_LAUNCH_ID"
-#: Set by ``tandem launch``: how this node was started (JSON), for the command to continue.
 LAUNCH_VAR = "TANDEM_LAUNCH"
-#: Set by ``tandem launch``: this node's index and its address towards the master.
 NODE_VAR, ADDR_VAR = "TANDEM_NODE_RANK", "TANDEM_NODE_ADDR"
 LAUNCH_HINT = "run it with `tandem launch --nproc-per-node N -- train ...` or torchrun"
 #: per-sample seconds per device (``"2,1"``, noisy: ``"1,1~0.4"``) that replace what ``--split
@@ -40,8 +37,7 @@ _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 @dataclass(frozen=True)
 class Environment(Mapping[str, str]):
-    """The process's environment variables, copied once (:meth:`read`) and never changed; a
-    test gives one of its own (``Environment({"RANK": "1", ...})``)."""
+    """The process's environment variables, copied once (:meth:`read`) and never changed."""
 
     values: Mapping[str, str] = field(default_factory=dict)
 
@@ -67,11 +63,10 @@ class Environment(Mapping[str, str]):
 class DistEnv:
     """One worker's place in the job, as torchrun (and ``tandem launch``) describe it.
 
-    ``rank`` is global; ``local_rank`` indexes the workers on this machine and picks its
-    accelerator. ``node``/``addr``: this node's index and address towards the master;
-    ``restart``/``restarts_left``: torchrun's count; ``timeout``: seconds a collective waits;
-    ``join_timeout``: seconds the ranks wait for each other to come; ``launch``: how
-    ``tandem launch`` started this node. Inconsistent values are a one-line ``UsageError``.
+    ``local_rank`` indexes the workers on this machine; ``node``/``addr``: this node's index and
+    address towards the master; ``timeout``: seconds a collective waits; ``join_timeout``:
+    seconds the ranks wait for each other; ``launch``: how ``tandem launch`` started this node.
+    Inconsistent values are a one-line ``UsageError``.
     """
 
     rank: int
@@ -114,9 +109,8 @@ class DistEnv:
 
 @dataclass(frozen=True)
 class Place:
-    """This process in its job, and the switches it was started with, as plain values: what
-    the plan takes from the :class:`Environment` once (:func:`place_of`) and hands on.
-    The defaults are a process outside any launch."""
+    """This process in its job and its switches, as plain values (:func:`place_of`); the
+    defaults are a process outside any launch."""
 
     environ: Environment = field(default_factory=Environment, repr=False)
     torchrun: bool = False  # a torchrun worker (RANK and WORLD_SIZE set)
@@ -136,7 +130,7 @@ class Place:
 
 
 def in_torchrun(environ: Mapping[str, str]) -> bool:
-    """True when this process looks like a torchrun worker (``RANK`` and ``WORLD_SIZE`` set)."""
+    """True in a torchrun worker (``RANK`` and ``WORLD_SIZE`` set)."""
     return "RANK" in environ and "WORLD_SIZE" in environ
 
 
@@ -165,18 +159,13 @@ def _int(environ: Mapping[str, str], name: str) -> int:
 
 def read_env(environ: Mapping[str, str], *, who: str = "a multi-process strategy") -> DistEnv:
     """torchrun's variables in ``environ``, checked; a missing one is a one-line error naming
-    it. ``LOCAL_WORLD_SIZE`` defaults to ``WORLD_SIZE`` (one machine), as older launchers
-    do not set it."""
+    it. ``LOCAL_WORLD_SIZE`` defaults to ``WORLD_SIZE`` (older launchers do not set it)."""
     missing = [name for name in _REQUIRED if name not in environ]
     if missing:
         raise UsageError(f"{who} needs torchrun's environment ({', '.join(missing)} not set)",
                          hint=LAUNCH_HINT)
     world_size = _int(environ, "WORLD_SIZE")
-    restart = restart_count(environ)
-    try:
-        most = int(environ.get("TORCHELASTIC_MAX_RESTARTS") or 0)
-    except ValueError:
-        most = 0
+    restart, most = restart_count(environ), _count(environ, "TORCHELASTIC_MAX_RESTARTS")
     try:
         launch = json.loads(environ.get(LAUNCH_VAR) or "null")
     except ValueError:
@@ -195,7 +184,6 @@ def read_env(environ: Mapping[str, str], *, who: str = "a multi-process strategy
 
 
 def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    """Seconds from the variable ``name``, or ``default``; must be > 0."""
     text = environ.get(name)
     if not text:
         return default
@@ -215,15 +203,18 @@ def dist_timeout(environ: Mapping[str, str]) -> float:
 
 def restart_count(environ: Mapping[str, str]) -> int:
     """How often torchrun has restarted this worker group (0 outside torchrun)."""
+    return _count(environ, "TORCHELASTIC_RESTART_COUNT")
+
+
+def _count(environ: Mapping[str, str], name: str) -> int:
     try:
-        return int(environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+        return int(environ.get(name) or 0)
     except ValueError:
         return 0
 
 
 def cpu_bf16_override(environ: Mapping[str, str]) -> bool | None:
-    """``True`` when :data:`CPU_BF16_VAR` is 1 (take this CPU as computing bf16), else ``None``
-    (its own flags say): ``tandem.precision.amp_precision``'s ``cpu_bf16``."""
+    """``True`` when :data:`CPU_BF16_VAR` is 1, else ``None`` (the CPU's own flags say)."""
     return True if environ.get(CPU_BF16_VAR) == "1" else None
 
 
@@ -243,8 +234,7 @@ def threads_set(environ: Mapping[str, str]) -> bool:
 
 
 def place_of(environ: Mapping[str, str]) -> Place:
-    """What ``environ`` says of this process (:class:`Place`); torchrun's variables are
-    checked here in a job of several processes."""
+    """What ``environ`` says of this process; torchrun's variables checked in a job of several."""
     torchrun = in_torchrun(environ)
     run_id = environ.get("TORCHELASTIC_RUN_ID") if torchrun else None
     return Place(environ=Environment(environ), torchrun=torchrun,

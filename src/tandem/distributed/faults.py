@@ -1,9 +1,7 @@
-"""What happens when a peer of a multi-process job is lost, in one place: told apart from a bug
-(:func:`is_peer_failure`), named (:func:`lost_peer`), and ended (:func:`ended`): the step it cut
-short undone, the last completed step saved where a survivor can, one line, exit status 4.
-
-Not torch's ``monitored_barrier``: every rank must call it at one point, rank 0 collecting, and
-rank 0 may be the one lost. The store marks here cost O(W) requests, once.
+"""A lost peer of a multi-process job: told apart from a bug (:func:`is_peer_failure`), named
+(:func:`lost_peer`), and ended (:func:`ended`): the step it cut short undone, the last completed
+step saved where a survivor can, one line, exit status 4. (Not torch's ``monitored_barrier``:
+rank 0 collects there, and rank 0 may be the one lost.)
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ _ROLL_S = 3.0
 
 
 class PeerLost(TandemError, RuntimeError):
-    """Another rank of the job is gone or silent; this rank stopped (exit status 4).
-    ``lost``: the ranks taken for lost."""
+    """Another rank is gone or silent; this rank stopped (exit status 4). ``lost``: its ranks."""
 
     exit_status = 4
 
@@ -90,9 +87,8 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 
 def lost_peer(exc: BaseException, agreement, where: str) -> PeerLost | None:
-    """:class:`PeerLost` for ``exc`` if a peer's failure caused it, else None. ``where``:
-    what this rank was doing (``after step 9``); ``agreement`` (:class:`~.agree.Agreement`)
-    names the ranks."""
+    """:class:`PeerLost` for ``exc`` if a peer's failure caused it, else None. ``where``: what
+    this rank was doing (``after step 9``)."""
     if not is_peer_failure(exc):
         return None
     me = agreement.peer_name(agreement.rank)
@@ -139,23 +135,19 @@ def _silent(agreement) -> list[int]:
 
 @contextlib.contextmanager
 def watched(agreement, what: str):
-    """A collective of ``agreement``'s: a peer lost meanwhile is one line (:class:`PeerLost`,
-    "while agreeing on ``what``"); any other error stays as it is."""
+    """A peer lost in this block is a :class:`PeerLost` ("while agreeing on ``what``")."""
     try:
         yield
     except RuntimeError as exc:
-        if isinstance(exc, TandemError):
-            raise
-        lost = lost_peer(exc, agreement, f"while agreeing on {what}")
+        lost = lost_peer(exc, agreement, f"while agreeing on {what}")  # None for a TandemError
         if lost is None:
             raise
         raise lost from None
 
 
 def tell_others(exc: TandemError, line: str, env) -> None:
-    """Leave this rank's own failure ``line`` for the ranks that wait on it (``env``: its
-    :class:`~.env.DistEnv`; ``None``: no job to tell); a lost peer leaves nothing (the others
-    learn it from their own transport)."""
+    """Leave this rank's failure ``line`` for the ranks that wait on it (``env`` None: no job);
+    a lost peer leaves nothing (the others learn it from their own transport)."""
     if not isinstance(exc, PeerLost):
         announce_failure(line, env)
 
@@ -163,7 +155,7 @@ def tell_others(exc: TandemError, line: str, env) -> None:
 @dataclass
 class StepStart:
     """The buffers and RNG states as step ``step`` began, to undo a step a lost peer cut short
-    (weights and optimizer change only at the optimizer step)."""
+    (weights change only at the optimizer step)."""
 
     step: int
     buffers: list
@@ -171,8 +163,7 @@ class StepStart:
 
     @classmethod
     def of(cls, trainer) -> "StepStart | None":
-        """The start of ``trainer``'s next step, where its survivors save after a lost peer
-        (several processes whose collectives raise); else None."""
+        """The start of ``trainer``'s next step where survivors save (collectives raise)."""
         s = trainer.strategy
         if not (s.multiprocess and s.failure_model == RAISES):
             return None
@@ -218,7 +209,6 @@ def _save(trainer, start: StepStart | None) -> str | None:
 
 def _goes_on(trainer, saved: str | None, lost: tuple[int, ...]) -> str:
     """What the run keeps, as this rank knows it, and how it goes on."""
-
     s, pos, out = trainer.strategy, trainer.position, trainer.cfg.run.out
     left = s.agreement.env.restarts_left
     if saved is not None:

@@ -1,8 +1,5 @@
-"""A rank's share of the global loss, as ``(S, D)`` tensors ready to all-reduce.
-
-The argument for why this is exact lives in :mod:`tandem.parallel.loss_terms`; this module adds
-what only ranks need: a ddp-specific refusal of ``reduction="none"`` and empty shares that stay
-in the graph.
+"""A rank's share of the global loss, as ``(S, D)`` tensors ready to all-reduce (why it is
+exact: :mod:`tandem.parallel.loss_terms`), with empty shares that stay in the graph.
 """
 
 from __future__ import annotations
@@ -28,12 +25,9 @@ def reduction_of(criterion: Callable) -> str:
 
 
 def local_sum(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor):
-    """``(S, D)``: this rank's summed loss (with autograd) and what the mean divides it by.
-
-    Both come from :func:`tandem.parallel.loss_terms.loss_terms`, ``D`` as a 0-dim tensor on
-    ``outputs``' device. An empty share gives ``S = 0 * outputs.sum()`` (still in the graph, so
-    DDP's gradient all-reduce runs on every rank) and ``D = 0``.
-    """
+    """``(S, D)``: this rank's summed loss (with autograd) and what the mean divides it by
+    (a 0-dim tensor). An empty share gives ``S = 0 * outputs.sum()`` (still in the graph, so
+    DDP's gradient all-reduce runs on every rank) and ``D = 0``."""
     device = outputs.device
     if outputs.shape[0] == 0:
         zero = outputs.sum() * 0.0
@@ -47,11 +41,9 @@ def local_sum(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor)
 
 def global_mean(criterion: Callable, summed: torch.Tensor, denominator: torch.Tensor,
                 count: int, world_size: int, device: torch.device):
-    """``(loss, total_count)`` from this rank's :func:`local_sum` of ``count`` samples: the
-    loss over every rank's samples, by one small all-reduce of ``(S, D, n)`` whose results stay
-    on the device (no host sync). Its value is the global mean (or sum); its gradient that of
-    ``S * world / D``, which DDP's average over ranks turns into the gradient of the global
-    mean. ``total_count``: the samples of every rank."""
+    """``(loss, total_count)`` over every rank's samples from this rank's :func:`local_sum` of
+    ``count``, by one all-reduce that stays on the device. Its value is the global mean (or
+    sum); its gradient that of ``S * world / D``, which DDP's average makes the global mean's."""
     stats = torch.stack([summed.detach().double(), denominator.double(),
                          torch.full((), float(count), dtype=torch.float64,
                                     device=summed.device)])

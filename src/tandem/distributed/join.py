@@ -1,10 +1,8 @@
 """Meeting the other ranks: the job's store, the arrival of every rank, and a failure told.
 
-torchrun's rendezvous starts the nodes' workers; what is left before the process group is the
-skew of the workers' own start (16 workers importing torch on a small machine take a minute).
-:func:`arrive` waits for it with the join bound (``--join-timeout``), so that the group can
-carry the collectives' short timeout (``--dist-timeout``): torch's ``TORCH_DIST_INIT_BARRIER``
-runs under the group's own timeout, which has no public setter. Keys live under the
+:func:`arrive` waits out the skew of the workers' own start with the join bound
+(``--join-timeout``), so that the group can carry the collectives' short timeout
+(``--dist-timeout``): torch's init barrier runs under the group's timeout. Keys live under the
 restart's prefix, so that a dead attempt's keys are never read.
 """
 
@@ -60,8 +58,8 @@ def every(seconds: float, say, enabled: bool = True):
 
 
 def job_store(env: DistEnv, bound: float):
-    """The job's key-value store (torchrun's ``env://`` one: a client of the launcher's
-    store, or rank 0's own), made once per process; waits up to ``bound`` seconds for it."""
+    """The job's store (torchrun's ``env://`` one), made once per process; waits up to
+    ``bound`` seconds for it."""
     global _store
     key = (env.master_addr, env.master_port, env.rank, env.world_size)
     if _store is None or _store[0] != key:  # a new job in this process (tests, ddp_runs)
@@ -92,9 +90,8 @@ def key_prefix(env: DistEnv) -> str:
 
 
 def short_store(env: DistEnv, seconds: float = 3.0):
-    """A client of the job's store (torchrun's, at MASTER_ADDR:MASTER_PORT, under no prefix)
-    whose requests wait ``seconds`` at most: for the words a failing rank leaves, when the
-    store itself may be gone."""
+    """A client of the job's store whose requests wait ``seconds`` at most (for a failing
+    rank's words, when the store itself may be gone)."""
     # a plain connection first: a store client that cannot connect logs torch's C++ error
     # with its stack on stderr, a page of noise under the one line (OSError when so)
     socket.create_connection((env.master_addr, env.master_port), timeout=seconds).close()
@@ -104,8 +101,7 @@ def short_store(env: DistEnv, seconds: float = 3.0):
 
 def announce_failure(line: str, env: DistEnv | None) -> None:
     """Leave this rank's one-line failure in the job's store, so that the ranks waiting for it
-    stop with it instead of waiting out their bound (:func:`told_failure`). The first rank's
-    line stays. Best effort; nothing outside a job of several processes (``env`` None)."""
+    stop too (:func:`told_failure`); the first line stays. Best effort; ``env`` None: nothing."""
     try:
         if env is not None:
             short_store(env).compare_set(f"{key_prefix(env)}/failed", "",
@@ -115,8 +111,7 @@ def announce_failure(line: str, env: DistEnv | None) -> None:
 
 
 def told_failure(env: DistEnv, store=None) -> str | None:
-    """The line a rank that failed left with :func:`announce_failure` (``None``: none, or no
-    store answers)."""
+    """The line a failed rank left (:func:`announce_failure`); ``None``: none, or no store."""
     try:
         return _failure_in(env, store or short_store(env))
     except Exception:
@@ -142,10 +137,9 @@ def peer_name_of(env: DistEnv) -> str:
 
 
 def arrive(env: DistEnv, store, bound: float) -> dict[int, tuple[str, str]]:
-    """Count this rank in and wait until all ``world_size`` ranks have come; say how many
-    every :data:`SAY_EVERY` s (the node's first worker); past ``bound`` seconds, or when a
-    rank told that it failed, raise :class:`JoinFailed` naming who is missing. Returns where
-    each rank runs: ``{rank: (node, address)}``."""
+    """Count this rank in and wait until every rank has come (saying how many each
+    :data:`SAY_EVERY` s); past ``bound`` seconds or on a rank's told failure, :class:`JoinFailed`
+    naming who is missing. Returns ``{rank: (node, address)}``."""
     global _joins
     _joins += 1
     at = f"{key_prefix(env)}/join{_joins}"

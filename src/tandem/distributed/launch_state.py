@@ -1,9 +1,8 @@
 """What a node's workers tell its launcher, for the line it says when they were aborted.
 
-Under NCCL a failed collective ends every worker by SIGABRT, so no worker can say what was
-kept. The node's first worker keeps a JSON file (``TANDEM_LAUNCH_STATE``) up to date: the run
-directory, the step of rank 0's last checkpoint as the ranks' vote said, where each rank runs,
-and this node's command to continue; the launcher reads it after a signal (:func:`read`).
+Under NCCL a failed collective ends every worker by SIGABRT. The node's first worker keeps a
+JSON file (``TANDEM_LAUNCH_STATE``) up to date: the run directory, rank 0's last checkpoint
+step, where each rank runs, and this node's command to continue (:func:`read`).
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ STATE_VAR = "TANDEM_LAUNCH_STATE"
 
 
 class LaunchState:
-    """The file at ``path``, written whole (atomically) at every :meth:`update` (from the
-    training thread and rank 0's writer: one at a time)."""
+    """The file at ``path``, written whole (atomically) at every :meth:`update`, one at a time."""
 
     def __init__(self, path: str):
         self.path, self.facts = path, {}
@@ -28,8 +26,7 @@ class LaunchState:
 
     @classmethod
     def of_worker(cls, environ: Mapping[str, str], speaks: bool) -> "LaunchState | None":
-        """The file the node's launcher named, for the worker that ``speaks`` for the node;
-        ``None`` elsewhere (another worker, or no ``tandem launch``)."""
+        """The launcher's file for the worker that ``speaks`` for the node; else ``None``."""
         path = environ.get(STATE_VAR)
         return cls(path) if path and speaks else None
 
@@ -46,8 +43,7 @@ class LaunchState:
                 pass
 
     def saved(self, step: int) -> None:
-        """Rank 0's checkpoint of ``step`` is on its disk (as rank 0 or the ranks' vote
-        said); an older word never replaces a newer one."""
+        """Rank 0's checkpoint of ``step`` is on its disk; an older word never replaces a newer."""
         if step >= (self.facts.get("saved_step") or -1):
             self.update(saved_step=step)
 

@@ -1,8 +1,5 @@
-"""Which network interface reaches the job's master, for the workers' transports.
-
-gloo and NCCL bind to the address the host name resolves to, which many images resolve to
-127.0.0.1: rank 0 then advertises its loopback. ``tandem launch`` asks the kernel which local
-address a packet to the master leaves from (a UDP ``connect`` sends nothing): :func:`route_to`.
+"""Which network interface reaches the job's master, for the workers' transports: gloo and
+NCCL bind to the host name's address, which many images resolve to 127.0.0.1 (:func:`route_to`).
 """
 
 from __future__ import annotations
@@ -90,8 +87,7 @@ def route_to(host: str, iface: str | None = None) -> Route:
 
 
 def has_reverse_name(address: str) -> bool:
-    """False when looking up ``address``'s host name fails for want of a DNS answer, as torch's
-    c10d then warns at each connection ("cannot be retrieved. err=-3")."""
+    """False when ``address`` has no host name for want of a DNS answer (c10d's err=-3)."""
     try:
         socket.getnameinfo((address, 0), 0)
     except socket.gaierror as exc:

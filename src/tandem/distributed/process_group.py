@@ -1,9 +1,8 @@
 """Join and leave the torch.distributed process group of a torchrun job, one device per worker.
 
 One group carries everything, with the collectives' timeout (``--dist-timeout``), so a dead
-peer makes the job fail instead of hang; every rank arrives first (:func:`.join.arrive`, with
-the longer join bound). Its backend is gloo for CPU tensors and, with CUDA, NCCL for CUDA ones:
-the job's agreements (:mod:`.agree`) travel on the CPU. :class:`Job` joins it once for a run.
+peer fails the job instead of hanging it; every rank arrives first (:func:`.join.arrive`). Its
+backend is gloo for CPU tensors and NCCL for CUDA ones (the agreements travel on the CPU).
 """
 
 from __future__ import annotations
@@ -29,13 +28,9 @@ _made_here = False  # the default group now is one init_process_group made (not 
 
 
 def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
-    """The one device this worker trains on, chosen from the ``--devices`` list.
-
-    - CPU: ``cpu`` (every worker on the machine shares it; one ``cpu`` entry is expected).
-    - an accelerator list: entry ``LOCAL_RANK`` of it, so ``--devices cuda`` (every GPU) gives
-      ``cuda:LOCAL_RANK`` and ``--devices cuda:2,3`` gives worker 0 ``cuda:2`` and worker 1
-      ``cuda:3``. A list shorter than the workers on this machine is a ``ValueError``.
-    """
+    """The one device this worker trains on from the ``--devices`` list: ``cpu`` (shared by
+    the machine's workers), else entry ``LOCAL_RANK`` (``--devices cuda:2,3``: worker 1 gets
+    ``cuda:3``). A list shorter than the machine's workers is a ``UsageError``."""
     devices = list(devices)
     if not devices:
         raise UsageError(f"{param('strategy')} ddp needs a device; got an empty device list")
@@ -47,8 +42,7 @@ def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
             raise UsageError(
                 f"{param('strategy')} ddp runs one device per process, got {len(devices)} CPU "
                 f"replicas; use {param('devices')} cpu and more processes "
-                f"({param('nproc_per_node')} N)"
-            )
+                f"({param('nproc_per_node')} N)")
         return devices[0]
     if len(devices) == 1 and env.local_world_size == 1:
         return devices[0]
@@ -56,8 +50,7 @@ def pick_device(env: DistEnv, devices: Sequence[torch.device]) -> torch.device:
         raise UsageError(
             f"rank {env.rank}: LOCAL_RANK={env.local_rank} but {param('devices')} lists only "
             f"{len(devices)} {devices[0].type} device(s) ({', '.join(map(str, devices))}); "
-            f"give one device per process on this machine ({env.local_world_size})"
-        )
+            f"give one device per process on this machine ({env.local_world_size})")
     return devices[env.local_rank]
 
 
@@ -74,21 +67,17 @@ def backend_for(device: torch.device) -> str:
 
 
 def group_backend(device_type: str) -> str:
-    """The default group's backend for a job whose devices are of ``device_type``: gloo for
-    CPU tensors, and the accelerator's own backend for its tensors."""
+    """The default group's backend: gloo for CPU tensors, the accelerator's for its own."""
     if device_type == "cpu":
         return "gloo"
     return f"cpu:gloo,{device_type}:{backend_for(torch.device(device_type))}"
 
 
 def init_process_group(env: DistEnv, device: torch.device, timeout: float | None = None) -> str:
-    """Join the job's process group (``env://`` rendezvous at MASTER_ADDR:MASTER_PORT), or
-    reuse the one that exists (a :class:`Job`'s, or the caller's, after checking its size and
-    rank, and left to its maker: :func:`destroy_process_group` leaves only a group made here).
-
-    Sets the current CUDA device first for a CUDA worker (NCCL's collectives and the saved
-    random state go by it). Returns the backend of ``device``'s tensors; ``timeout``
-    (seconds) defaults to ``env.timeout``.
+    """Join the job's process group (``env://`` at MASTER_ADDR:MASTER_PORT), or reuse the one
+    that exists after checking its size and rank (:func:`destroy_process_group` leaves only a
+    group made here). Sets the current CUDA device first (NCCL's collectives and the saved
+    random state go by it). Returns ``device``'s backend; ``timeout`` defaults to ``env.timeout``.
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -105,8 +94,7 @@ def _join(env: DistEnv, backend: str, timeout: float | None) -> dict | None:
         if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
             raise RuntimeError(
                 f"a process group already exists with rank {dist.get_rank()} of "
-                f"{dist.get_world_size()}, but torchrun says rank {env.rank} of {env.world_size}"
-            )
+                f"{dist.get_world_size()}, but torchrun says rank {env.rank} of {env.world_size}")
         return None
     seconds = env.timeout if timeout is None else float(timeout)
     bound = max(seconds, env.join_timeout)
@@ -141,10 +129,8 @@ class Job:
         return self
 
     def __exit__(self, kind, error, tb) -> None:
-        # A run that fails on a mistake of its own (a TandemError) keeps the group: the caller
-        # says the line and leaves it in the job's store for the others, who must meet the
-        # closed connections after it, not before (``tandem`` then ends the process); a
-        # later run in this process reuses the group.
+        # a TandemError keeps the group: the others must read its line in the store before
+        # they meet closed connections (``tandem`` then ends the process)
         if self._made and not isinstance(error, TandemError):
             destroy_process_group()
             self._made = False
@@ -178,15 +164,9 @@ def joined_a_group() -> bool:
 
 def exit_process(code: int = 0) -> None:
     """End this process with ``code``: flushed, then without finalizing the interpreter when
-    it joined a process group (``tandem.exit``; ``tandem`` itself ends this way).
-
-    Its files are closed by then (checkpoints are written atomically), but gloo's worker
-    threads may still be freeing a finished collective's tensors, which takes the GIL; torch
-    keeps references to its groups after ``destroy_process_group``, so those threads are not
-    joined, and a thread that asks for the GIL while the interpreter finalizes is ended by
-    CPython mid-C++ ("terminate called without an active exception", SIGABRT: about one
-    2-process ddp run in 20 under load). Skipping finalization leaves nothing to race.
-    """
+    it joined a process group (``tandem.exit``; ``tandem`` itself ends this way): gloo's worker
+    threads, never joined, may still take the GIL to free a collective's tensors, and one that
+    does while the interpreter finalizes is ended by CPython mid-C++ (SIGABRT)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     if _joined:
@@ -195,14 +175,10 @@ def exit_process(code: int = 0) -> None:
 
 
 def release_ddp(wrapped) -> None:
-    """Free a ``DistributedDataParallel``'s C++ reducer now, before its groups are destroyed.
-
-    Freed later, the reducer can hold a gloo group's last reference; its destructor then joins
-    gloo's worker threads while holding the GIL, and a worker that needs the GIL to free a
-    finished collective's tensors waits forever (seen at exit under load). Freed here, the
-    group's registry still holds it, and ``destroy_process_group`` frees it without the GIL.
-    The wrapper cannot train afterwards. Safe on anything else (no-op) and twice.
-    """
+    """Free a ``DistributedDataParallel``'s C++ reducer now, before its groups are destroyed:
+    holding a gloo group's last reference, its destructor would join gloo's threads under the
+    GIL, which one of them may wait for (a deadlock). The wrapper cannot train afterwards.
+    Safe on anything else (no-op) and twice."""
     state = getattr(wrapped, "__dict__", {})
     for name in ("logger", "reducer"):  # the logger holds the reducer too
         state.pop(name, None)
@@ -211,13 +187,9 @@ def release_ddp(wrapped) -> None:
 def grads_in_param_strides(model: torch.nn.Module) -> list:
     """Hand DDP every gradient of ``model`` in its parameter's strides; returns hook handles.
 
-    Autograd may store a gradient whose strides differ from its parameter's on size-1 dims,
-    the same memory layout: conv1's ``[16, 1, 3, 3]`` weight on 1-channel input in
-    channels-last strides (digits) gets ``(9, 1, 3, 1)`` where the weight has ``(9, 9, 3, 1)``.
-    DDP's bucket views take the parameter's strides and DDP compares strides exactly, so it
-    warns "Grad strides do not match bucket view strides". A hook that runs as the gradient is
-    stored, before DDP reads it, re-views it in the parameter's strides: no copy, same values.
-    """
+    Autograd may store a gradient whose strides differ from its parameter's on size-1 dims
+    (the same layout), and DDP, comparing strides exactly, warns "Grad strides do not match
+    bucket view strides". The hook re-views it in the parameter's strides: no copy."""
     return [p.register_post_accumulate_grad_hook(_restride_grad)
             for p in model.parameters() if p.requires_grad and 1 in p.shape]
 
@@ -240,11 +212,8 @@ def destroy_process_group() -> None:
 
 
 def all_reduce_sum(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Sum ``tensor`` over every rank; return a new tensor on ``tensor``'s device.
-
-    The input is not modified. The reduction runs on ``device`` (the worker's device), because
-    NCCL only reduces CUDA tensors; a CPU tensor on a CUDA worker is copied there and back.
-    """
+    """Sum ``tensor`` over every rank into a new tensor on its device; the reduction runs on
+    ``device`` (the worker's), as NCCL reduces only CUDA tensors."""
     work = tensor.detach().to(device, copy=True)
     dist.all_reduce(work, op=dist.ReduceOp.SUM, group=None)
     return work.to(tensor.device)

@@ -1,8 +1,5 @@
-"""Plain BatchNorm under ddp: frozen for an empty share, running stats averaged over ranks.
-
-A rank with no samples must still run forward and backward (DDP's collectives meet), and a
-training-mode BatchNorm cannot normalise zero samples; ``--buffers average`` replaces each
-rank's running stats by the sample-weighted mean over ranks.
+"""Plain BatchNorm under ddp: frozen for an empty share (which must still run forward and
+backward for DDP's collectives), running stats averaged over ranks (``--buffers average``).
 """
 
 from __future__ import annotations
@@ -32,11 +29,8 @@ def frozen_batchnorm(layers: list[_BatchNorm]):
 def average_running_stats(layers: list[_BatchNorm], count: int, total_count: torch.Tensor,
                           device: torch.device) -> None:
     """Replace ``layers``' running stats by their sample-weighted mean over ranks (``count``
-    samples here, ``total_count`` everywhere; kept as they are when no rank had a sample);
-    ``total_count`` stays on the device.
-
-    New tensors are assigned, not written in place: autograd saved the old ones for backward.
-    """
+    samples here, ``total_count`` everywhere; kept when no rank had one). New tensors are
+    assigned, not written in place: autograd saved the old ones for backward."""
     layers = [m for m in layers if m.track_running_stats and m.running_mean is not None]
     if not layers:
         return

@@ -12,9 +12,8 @@ _LISTED_NODES = 4
 
 def resume_command(target: str, multiprocess: bool = False, processes: int = 1,
                    nodes: int = 1) -> str:
-    """The command that continues ``target`` (a run directory or checkpoint) under a strategy
-    that is ``multiprocess`` or not, run by ``processes`` processes on ``nodes`` machines;
-    flags may follow."""
+    """The command that continues ``target`` (a run directory or checkpoint) with ``processes``
+    processes on ``nodes`` machines under a ``multiprocess`` strategy or not."""
     if not multiprocess:
         return f"tandem train --resume {target}"
     where = "" if nodes <= 1 else f" --nnodes {nodes} (on every node)"
@@ -43,9 +42,8 @@ def launch_command(launch: dict, node: int | str | None = None) -> str:
 
 
 def resume_command_here(target: str, env: DistEnv | None, this_node: bool = False) -> str:
-    """:func:`resume_command` for the job of the worker ``env`` describes (``None``: one
-    process): as ``tandem launch`` started it (every node's command, or only this node's with
-    ``this_node``), else from torchrun's sizes."""
+    """:func:`resume_command` for the job of ``env`` (``None``: one process): as ``tandem
+    launch`` started it (every node's command, or this node's), else from torchrun's sizes."""
     if env is None:
         return resume_command(target)
     launch = env.launch
@@ -63,4 +61,3 @@ def resume_command_here(target: str, env: DistEnv | None, this_node: bool = Fals
     if count > _LISTED_NODES:
         return f"on node R (0 to {count - 1}): {launch_command(launch, 'R')}{tail}"
     return "; ".join(f"on node {r}: {launch_command(launch, r)}{tail}" for r in range(count))
-

@@ -1,13 +1,13 @@
 """The checkpoint a job continues, decided by rank 0 and sent to the machines that lack it.
 
-Only rank 0 writes the run directory, so another machine may have no copy of it. Rank 0 decides
-what the job continues; each machine's first rank looks for the file on its own disk, and
-where it is missing or differs (by SHA-256) rank 0 broadcasts its bytes in chunks to those
-first ranks only, which write a temporary file the machine's other ranks read too.
+Only rank 0 writes the run directory. Each machine's first rank looks for the file on its own
+disk; where it is missing or differs (by SHA-256), rank 0 broadcasts its bytes in chunks to
+those first ranks only, which write a temporary file the machine's other ranks read too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -31,10 +31,9 @@ class ResumeRefused(TandemError, ValueError):
 
 
 class Continued(NamedTuple):
-    """Rank 0's path of the checkpoint to continue (None: a fresh run), a file on this machine
-    with its bytes (a copy sent to it, which :func:`done_with` removes once read), whether
-    torchrun restarted the run, and whether a copy was sent to any machine (every rank knows
-    it alike)."""
+    """Rank 0's path of the checkpoint (None: a fresh run), a file here with its bytes (a copy
+    sent, which :func:`done_with` removes), whether torchrun restarted the run, and whether a
+    copy was sent to any machine (the same on every rank)."""
 
     path: str | None
     local: str | None
@@ -52,9 +51,9 @@ def _sha256(path: str) -> str:
 
 def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
                         agreement: Agreement) -> Continued:
-    """``decide()`` on rank 0 (``(path or None, restarted)``), heard by every rank of the
-    job (``agreement.env``: this worker's); on the others, a local file with rank 0's bytes
-    (their machine's own copy when it is the same). Rank 0's refusal is raised on every rank."""
+    """``decide()`` on rank 0 (``(path or None, restarted)``), heard by every rank; on the
+    others, a local file with rank 0's bytes (their machine's own copy when it is the same).
+    Rank 0's refusal is raised on every rank."""
     def decision():
         path, restarted = decide()
         return path, restarted, (_sha256(path) if path else None)
@@ -86,30 +85,27 @@ def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
 
 
 def done_with(continued: Continued, agreement: Agreement) -> None:
-    """Every rank has read the checkpoint: the machine's first rank removes a copy that was
-    sent to it (call on every rank, after reading)."""
+    """After every rank read it, the machine's first rank removes a copy sent to it (call on
+    every rank)."""
     if not continued.sent:  # the same on every rank, as the collective below must be
         return
     agreement.any_of(False)  # every rank has read it
     if agreement.env.local_rank == 0 and continued.local != continued.path:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(continued.local)
-        except FileNotFoundError:
-            pass
 
 
 def _tempname(sha: str | None, env: DistEnv) -> str:
-    """The file a machine's first rank writes rank 0's bytes to and its other ranks read:
-    named by the job's port and that first rank, so that nodes sharing a temporary directory
-    (several on one host, as the tests' namespaces are) never write the same file."""
+    """The file a machine's first rank writes rank 0's bytes to, named by the job's port and
+    that rank (nodes sharing a temporary directory never write the same file)."""
     first = env.rank - env.local_rank
     return os.path.join(tempfile.gettempdir(), f"tandem-resume-{(sha or '')[:16]}-"
                         f"{env.master_port}-{first}.pt")
 
 
 def _send(path: str, local: str, needs: list[bool], rank: int) -> None:
-    """Rank 0's file, broadcast in chunks to the ranks that need it, on a group of just them
-    (every rank takes part in making the group); each receiver writes ``local``."""
+    """Broadcast rank 0's file in chunks on a group of the ranks that need it (every rank takes
+    part in making it); each receiver writes ``local``."""
     members = [0] + [r for r, need in enumerate(needs) if need and r != 0]
     group = dist.new_group(members, backend="gloo")
     try:

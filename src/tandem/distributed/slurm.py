@@ -1,9 +1,6 @@
-"""A SLURM allocation's shape, for ``tandem launch`` run by ``srun`` on every node.
-
-SLURM gives each task its job id, the node count, this node's index and the node list; the
-first host of the list serves the rendezvous (as Lightning and Accelerate take it). The port is
-derived from the job id, so that every node derives the same one and two jobs sharing a node
-differ.
+"""A SLURM allocation's shape, for ``tandem launch`` run by ``srun`` on every node: the first
+host of the node list serves the rendezvous, on a port derived from the job id (the same on
+every node, different for two jobs sharing one).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``tandem launch``: run a tandem command on many processes and machines with torchrun.
 
-``torch.distributed.run`` starts and watches the workers; we add a free-port check,
-``--dist-timeout``, a one-line failure summary, ``TANDEM_LAUNCH_ID`` (restarted workers resume
-their run) and, on several machines, the interface that reaches the master (:mod:`.network`),
-lines while a node waits, and ``TANDEM_LAUNCH`` (each node's command to continue). Two machines::
-
-    tandem launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 \\
-        --nproc-per-node 2 -- train --strategy ddp ...
+On top of ``torch.distributed.run``: a free-port check, ``--dist-timeout``, a one-line failure
+summary, ``TANDEM_LAUNCH_ID`` (restarted workers resume their run) and, on several machines,
+the interface that reaches the master (:mod:`.network`), lines while a node waits, and
+``TANDEM_LAUNCH`` (each node's command to continue).
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ _AGENT_NOISE = frozenset({
 _AGENT_FAILED = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
 # an agent waiting for the others in node 0's store after the job, when node 0 left first
 _EXIT_BARRIER = "Error waiting on exit barrier. Elapsed: %s seconds"
-#: a worker's exit status after it told in one line that a peer was lost (:mod:`.faults`)
-#: or never came
+#: a worker's exit status after its one line said a peer was lost (:mod:`.faults`) or never came
 TOLD_EXIT = JoinFailed.exit_status
 _RDZV_LOGGER = "torch.distributed.elastic.agent.server.api"
 # exit statuses after which the worker's own line said all (a TandemError's; a saved stop)
@@ -98,12 +94,9 @@ class LaunchSpec:
                              f"{param('rdzv_endpoint')}")
         if self.max_restarts < 0:
             raise UsageError(f"bad {param('max_restarts')} {self.max_restarts}: must be >= 0")
-        if self.dist_timeout is not None and self.dist_timeout <= 0:
-            raise UsageError(f"bad {param('dist_timeout')} {self.dist_timeout}: "
-                             "must be > 0 seconds")
-        if self.join_timeout is not None and self.join_timeout <= 0:
-            raise UsageError(f"bad {param('join_timeout')} {self.join_timeout}: "
-                             "must be > 0 seconds")
+        for name in ("dist_timeout", "join_timeout"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise UsageError(f"bad {param(name)} {getattr(self, name)}: must be > 0 seconds")
         if self.master_port is not None and not 0 <= self.master_port < 65536:
             raise UsageError(f"bad {param('master_port')} {self.master_port}: must be 0-65535")
         if self.rdzv_endpoint:
@@ -157,8 +150,7 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
 
 
 def check_port_free(addr: str, port: int) -> None:
-    """A one-line error when something on this machine listens on ``port`` (racy: a port
-    taken after the check fails in torchrun)."""
+    """A one-line error when ``port`` is taken here (racy: one taken later fails in torchrun)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -172,9 +164,8 @@ def check_port_free(addr: str, port: int) -> None:
 
 def torchrun_argv(spec: LaunchSpec, local_addr: str | None = None,
                   hosts_endpoint: bool | None = None) -> list[str]:
-    """The ``torchrun`` arguments for ``spec``: the workers run ``python -m MODULE COMMAND``;
-    ``local_addr``: this node's address towards the master, which its agent advertises;
-    ``hosts_endpoint``: whether this machine holds the rendezvous endpoint's address."""
+    """The ``torchrun`` arguments for ``spec``; ``local_addr``: this node's address towards the
+    master; ``hosts_endpoint``: whether this machine holds the rendezvous endpoint's address."""
     argv = ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
             "--max-restarts", str(spec.max_restarts)]
     if not (spec.rdzv_endpoint or spec.multi_node or spec.master_port):
@@ -207,9 +198,7 @@ def join_timeout(spec: LaunchSpec) -> float:
 
 def _exit_code(failure_code: int) -> int:
     """A worker's exit code as a process exit status (killed by signal N -> 128 + N)."""
-    if failure_code < 0:
-        return 128 - failure_code
-    return failure_code or 1
+    return 128 - failure_code if failure_code < 0 else failure_code or 1
 
 
 def _describe(code: int) -> str:
@@ -221,27 +210,25 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
-class _DropAgentNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg in (_AGENT_FAILED, _EXIT_BARRIER):
-            return False  # the worker told why, or tandem launch's own line does
-        if "has failed to shutdown the rendezvous" in str(record.msg):
-            return False  # its host (node 0) left first, after the job was done
-        return not (record.levelno < logging.ERROR and record.msg in _AGENT_NOISE)
+def _not_noise(record: logging.LogRecord) -> bool:
+    if record.msg in (_AGENT_FAILED, _EXIT_BARRIER):
+        return False  # the worker told why, or tandem launch's own line does
+    if "has failed to shutdown the rendezvous" in str(record.msg):
+        return False  # its host (node 0) left first, after the job was done
+    return not (record.levelno < logging.ERROR and record.msg in _AGENT_NOISE)
 
 
 @contextlib.contextmanager
 def quiet_agent():
     """Drop torchrun's agent warnings in :data:`_AGENT_NOISE` meanwhile (its errors show)."""
-    noise = _DropAgentNoise()
     loggers = [logging.getLogger(name) for name in _AGENT_LOGGERS]
     for logger in loggers:
-        logger.addFilter(noise)
+        logger.addFilter(_not_noise)
     try:
         yield
     finally:
         for logger in loggers:
-            logger.removeFilter(noise)
+            logger.removeFilter(_not_noise)
 
 
 def launch(spec: LaunchSpec) -> int:
@@ -265,8 +252,15 @@ def launch(spec: LaunchSpec) -> int:
                           f"{spec.rdzv_id or ''}@{spec.rdzv_endpoint or spec.master_addr}:"
                           f"{spec.master_port or ''}")
     os.environ[LAUNCH_VAR] = spec.described()
-    state = _state_file()  # what the workers tell this launcher (read after an abort)
-    for var, value in _nccl_defaults(os.path.dirname(state)).items():
+    # this launch's directory: what the workers tell the launcher (read after an abort) and
+    # NCCL's flight recorder dumps (`torchfrtrace DIRECTORY` says which rank stopped where)
+    directory = tempfile.mkdtemp(prefix="tandem-launch-")
+    state = os.environ[launch_state.STATE_VAR] = os.path.join(directory, "state.json")
+    # NCCL's own error handling unless the user set it: a failed collective aborts the workers
+    for var, value in {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_FR_BUFFER_SIZE": "2000",
+                       "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                       "TORCH_FR_DUMP_TEMP_FILE": os.path.join(directory, "nccl_trace_rank_")
+                       }.items():
         os.environ.setdefault(var, value)
     if spec.rdzv_endpoint:  # the rendezvous numbers the nodes (torchrun's GROUP_RANK)
         os.environ.pop(NODE_VAR, None)
@@ -280,64 +274,38 @@ def launch(spec: LaunchSpec) -> int:
         route.local == route.remote if route is not None else None))
     if spec.multi_node and not spec.rdzv_endpoint and spec.node_rank > 0:
         _wait_for_master(spec)
-    with _removed(os.path.dirname(state)):  # read after the workers, then removed
-        try:
-            with quiet_agent(), _waiting_for_nodes(spec):
-                run(args)
-        except ChildFailedError as exc:
-            rank, failure = exc.get_first_failure()
-            if failure.exitcode not in _TOLD:  # else the worker said why in its own line
-                print(f"tandem launch: {_failed_line(exc, spec, launch_state.read(state))}",
-                      file=sys.stderr, flush=True)
-            return _exit_code(failure.exitcode)
-        except Exception as exc:
-            stopped = _signal_behind(exc, SignalException)
-            if stopped is None:
-                told = _rendezvous_failure(exc, spec)
-                if told is None:
-                    raise
-                print(f"tandem launch: {told}", file=sys.stderr, flush=True)
-                return TOLD_EXIT
-            # a signal behind another error (torchrun's timing wrapper failing in its own
-            # `finally`): the agent stopped the workers with SIGTERM, a saved stop to them
-            told = "passed it on" if stopped is exc else "stopped"
-            print(f"tandem launch: stopped by {stopped.sigval.name}; the workers were {told}",
-                  file=sys.stderr, flush=True)
-            return 128 + int(stopped.sigval)
-        return 0
-
-
-@contextlib.contextmanager
-def _removed(directory: str):
-    """Remove this launch's directory at the end, unless NCCL's flight recorder wrote there."""
     try:
-        yield
-    finally:
+        with quiet_agent(), _waiting_for_nodes(spec):
+            run(args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode not in _TOLD:  # else the worker said why in its own line
+            print(f"tandem launch: {_failed_line(exc, spec, launch_state.read(state))}",
+                  file=sys.stderr, flush=True)
+        return _exit_code(failure.exitcode)
+    except Exception as exc:
+        stopped = _signal_behind(exc, SignalException)
+        if stopped is None:
+            told = _rendezvous_failure(exc, spec)
+            if told is None:
+                raise
+            print(f"tandem launch: {told}", file=sys.stderr, flush=True)
+            return TOLD_EXIT
+        # a signal behind another error (torchrun's timing wrapper failing in its own
+        # `finally`): the agent stopped the workers with SIGTERM, a saved stop to them
+        told = "passed it on" if stopped is exc else "stopped"
+        print(f"tandem launch: stopped by {stopped.sigval.name}; the workers were {told}",
+              file=sys.stderr, flush=True)
+        return 128 + int(stopped.sigval)
+    finally:  # read after the workers, then removed (unless NCCL's flight recorder wrote there)
         if not _dumped():
             shutil.rmtree(directory, ignore_errors=True)
-
-
-def _state_file() -> str:
-    """The file this node's first worker keeps for the launcher (:mod:`.launch_state`)."""
-    directory = tempfile.mkdtemp(prefix="tandem-launch-")
-    path = os.path.join(directory, "state.json")
-    os.environ[launch_state.STATE_VAR] = path
-    return path
-
-
-def _nccl_defaults(directory: str) -> dict[str, str]:
-    """NCCL's own error handling, unless the user set it: a failed collective aborts the
-    workers, and the flight recorder dumps each rank's last collectives on a timeout into
-    ``directory`` (``torchfrtrace DIRECTORY`` says which rank stopped where)."""
-    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_FR_BUFFER_SIZE": "2000",
-            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_FR_DUMP_TEMP_FILE": os.path.join(directory, "nccl_trace_rank_")}
+    return 0
 
 
 def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
     """The line for workers that did not say why they ended (killed, or aborted by NCCL's
     watchdog); after an abort, what the run keeps, as the workers last told."""
-
     failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
     aborted = [r for r, f in failures if f.exitcode == -signal.SIGABRT]
     others = [(r, f) for r, f in failures if f.exitcode != -signal.SIGABRT]
@@ -380,8 +348,8 @@ def _dumped() -> bool:
 
 
 def _network(spec: LaunchSpec) -> network.Route | None:
-    """Several nodes: the route to the master, whose interface the workers get unless the
-    user named theirs (one line says which); a loopback master or own address is refused."""
+    """Several nodes: the route to the master, whose interface the workers get unless the user
+    named theirs (one line says which); a loopback master or own address is refused."""
     if not (spec.multi_node or spec.rdzv_endpoint):
         _note_no_name("127.0.0.1")  # one machine: the workers meet on its loopback
         return None
@@ -402,12 +370,11 @@ def _network(spec: LaunchSpec) -> network.Route | None:
         for var in network.IFACE_VARS:
             os.environ[var] = route.iface
         how = "--iface" if spec.iface else f"the interface that reaches {host}:{port}"
-        print(f"tandem launch: {node}: the workers talk through {route.iface} "
-              f"({route.local}), {how}; --iface NAME to choose another", flush=True)
+        through = f"{route.iface} ({route.local}), {how}; --iface NAME to choose another"
     else:
-        print(f"tandem launch: {node}: the workers talk through "
-              + ", ".join(f"{var}={value}" for var, value in named.items())
-              + f" (as set; {route.iface} reaches {host})", flush=True)
+        through = (", ".join(f"{var}={value}" for var, value in named.items())
+                   + f" (as set; {route.iface} reaches {host})")
+    print(f"tandem launch: {node}: the workers talk through {through}", flush=True)
     _note_no_name(route.remote)
     return route
 
@@ -446,19 +413,6 @@ def _wait_for_master(spec: LaunchSpec) -> None:
         time.sleep(0.5)
 
 
-class _RendezvousDone(logging.Filter):
-    """Notes the agent's "Rendezvous complete" log record (and lets nothing extra through)."""
-
-    def __init__(self, level: int):
-        super().__init__()
-        self.done, self.level = threading.Event(), level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "Rendezvous complete" in str(record.msg):
-            self.done.set()
-        return record.levelno >= self.level
-
-
 @contextlib.contextmanager
 def _waiting_for_nodes(spec: LaunchSpec):
     """Node 0 of several: a line every :data:`~.join.SAY_EVERY` seconds until the nodes met."""
@@ -466,18 +420,22 @@ def _waiting_for_nodes(spec: LaunchSpec):
         yield
         return
     logger = logging.getLogger(_RDZV_LOGGER)
-    level = logger.getEffectiveLevel()
-    seen = _RendezvousDone(level)
-    logger.addFilter(seen)
-    logger.setLevel(min(level, logging.INFO))
+    level, done = logger.getEffectiveLevel(), threading.Event()
     host, port = spec.master
     started = time.monotonic()
 
+    def seen(record: logging.LogRecord) -> bool:  # notes it, and lets nothing extra through
+        if "Rendezvous complete" in str(record.msg):
+            done.set()
+        return record.levelno >= level
+
     def line() -> str:  # nothing once the nodes have met
-        return "" if seen.done.is_set() else (
+        return "" if done.is_set() else (
             f"tandem launch: node 0: waiting for the other nodes at {host}:{port} (--nnodes "
             f"{spec.nnodes}; {time.monotonic() - started:.0f} s of {join_timeout(spec):.0f})")
 
+    logger.addFilter(seen)
+    logger.setLevel(min(level, logging.INFO))
     try:
         with every(SAY_EVERY, line):
             yield
@@ -512,9 +470,8 @@ def _signal_behind(exc: BaseException, kind: type) -> BaseException | None:
 
 
 def run_captured(spec: LaunchSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run ``spec`` under torchrun in a child process (this environment plus ``extra_env``,
-    none of :func:`launch`'s additions); its status and output. Past ``timeout``:
-    ``subprocess.TimeoutExpired``."""
+    """Run ``spec`` under torchrun in a child process (this environment plus ``extra_env``, none
+    of :func:`launch`'s additions); past ``timeout``: ``subprocess.TimeoutExpired``."""
     argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(spec)]
     return subprocess.run(argv, env={**os.environ, **spec.extra_env}, capture_output=True,
                           text=True, timeout=timeout)
