@@ -48,10 +48,6 @@ _HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataP
 _SYNC_BN = (SyncBatchNorm, nn.SyncBatchNorm)
 
 
-def _plain_batchnorms(model: nn.Module) -> list:
-    return [m for m in model.modules() if isinstance(m, _BatchNorm) and not isinstance(m, _SYNC_BN)]
-
-
 @register
 class DDPStrategy(Strategy):
     """One torchrun worker per device, placed by ``env`` (torchrun's variables as the plan read
@@ -119,17 +115,22 @@ class DDPStrategy(Strategy):
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """Convert BN if ``sync_bn``, move ``model`` to this rank's device, wrap it in DDP
-        (gradients in their parameters' strides, as DDP's buckets have them)."""
+        """:meth:`prepare` ``model``, then wrap it in DDP."""
+        wrapped = DistributedDataParallel(self.prepare(model), **self.ddp_options())
+        self._wrappers.append(weakref.ref(wrapped))
+        return wrapped
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Convert BN if ``sync_bn`` and move ``model`` to this rank's device, its gradients in
+        their parameters' strides (as DDP's buckets have them)."""
         if self.sync_bn:
             model = convert_sync_batchnorm(model)
         model = model.to(self._device)
-        self._plain_bn = _plain_batchnorms(model)
+        self._plain_bn = [m for m in model.modules()
+                          if isinstance(m, _BatchNorm) and not isinstance(m, _SYNC_BN)]
         self._hooks += grads_in_param_strides(model)
         self._hooks += self.split.time_backward_end(self.rank, model)
-        wrapped = DistributedDataParallel(model, **self.ddp_options())
-        self._wrappers.append(weakref.ref(wrapped))
-        return wrapped
+        return model
 
     def ddp_options(self) -> dict:
         """``DistributedDataParallel``'s keywords besides the module: the device, and rank 0's
@@ -143,6 +144,12 @@ class DDPStrategy(Strategy):
                      targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         """Forward this rank's share; one small all-reduce per call on every rank, in eval too,
         and no read of the device."""
+        return self.share_loss(wrapped, criterion, images, targets, (), self.world_size)
+
+    def share_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
+                   targets: torch.Tensor, args: tuple, world: int) -> StepOutput:
+        """:meth:`forward_loss` with ``wrapped(images, *args)``; ``world``: what the global
+        mean's gradient is multiplied by (DDP then averages over the ranks)."""
         training = torch.is_grad_enabled() and wrapped.training
         timed = training and self.split.auto is not None
         span = Span(self._device) if timed else None  # --split auto times this rank's own work
@@ -151,14 +158,14 @@ class DDPStrategy(Strategy):
         count = int(targets.shape[0])
         frozen = self._plain_bn if (count == 0 and wrapped.training) else []
         with frozen_batchnorm(frozen):
-            outputs = self._logits(wrapped(images))
+            outputs = self._logits(wrapped(images, *args))
         summed, denominator = local_sum(criterion, outputs, targets)
         if timed:  # before the all-reduce waits
             self.split.record(self.rank, count, span.stop())
             self.split.time_backward_start(summed)
         # the step makes no host sync: the loop reads the sums when it prints
-        loss, total_count = global_mean(criterion, summed, denominator, count,
-                                        self.world_size, self._device)
+        loss, total_count = global_mean(criterion, summed, denominator, count, world,
+                                        self._device)
         if training and self.buffers == "average":
             average_running_stats(self._plain_bn, count, total_count, self._device)
         return StepOutput(loss, *self._score(criterion, outputs, targets, count))

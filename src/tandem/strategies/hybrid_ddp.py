@@ -19,16 +19,12 @@ from torch import nn
 
 from tandem import model_state
 from tandem.errors import first_line
-from tandem.distributed.global_loss import global_mean, local_sum
-from tandem.distributed.process_group import grads_in_param_strides
-from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
 from tandem.hybrid.across_processes import DistributedHybrid
 from tandem.hybrid.layout import head_problem
 from tandem.parallel.shares import shares
-from tandem.parallel.sync_batchnorm import convert_sync_batchnorm
 
 from .base import StepOutput, register
-from .ddp import DDPStrategy, _plain_batchnorms
+from .ddp import DDPStrategy
 
 
 @register
@@ -70,13 +66,8 @@ class HybridDDPStrategy(DDPStrategy):
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """Convert BN if ``sync_bn``, move ``model`` to this rank's device, split its head."""
-        if self.sync_bn:
-            model = convert_sync_batchnorm(model)
-        model = model.to(self._device)
-        self._plain_bn = _plain_batchnorms(model)
-        self._hooks += grads_in_param_strides(model)
-        wrapped = DistributedHybrid(model, self._device, group=self.activations,
+        """:meth:`prepare` ``model`` as ddp does, then split its head."""
+        wrapped = DistributedHybrid(self.prepare(model), self._device, group=self.activations,
                                     head=self.options["hybrid_head"], ddp_options=self.ddp_options())
         self._wrappers.append(weakref.ref(wrapped.dp))
         return wrapped
@@ -88,20 +79,9 @@ class HybridDDPStrategy(DDPStrategy):
                      targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         """Forward this rank's share (collectives on every rank, in eval too). The loss it
         backpropagates is its rows' part of the global mean: no average over ranks follows."""
-        training = torch.is_grad_enabled() and wrapped.training
-        images = images.to(self._device, non_blocking=True)
-        targets = targets.to(self._device, non_blocking=True)
-        count = int(targets.shape[0])
-        frozen = self._plain_bn if (count == 0 and wrapped.training) else []
         # every rank's rows, as the loader cut them (even shares), so no collective asks
         rows = None if batch_size is None else shares(batch_size, [1] * self.world_size)
-        with frozen_batchnorm(frozen):
-            outputs = self._logits(wrapped(images, rows))  # (count, classes): this rank's rows
-        summed, denominator = local_sum(criterion, outputs, targets)
-        loss, total_count = global_mean(criterion, summed, denominator, count, 1, self._device)
-        if training and self.buffers == "average":
-            average_running_stats(self._plain_bn, count, total_count, self._device)
-        return StepOutput(loss, *self._score(criterion, outputs, targets, count))
+        return self.share_loss(wrapped, criterion, images, targets, (rows,), 1)
 
     # -- state (collectives) ----------------------------------------------------------------
     def state_dict(self, wrapped: nn.Module) -> dict:
