@@ -49,15 +49,13 @@ def launched() -> str:
 
 
 def across_processes(name: str) -> str | None:
-    """The multi-process strategy that computes one-process strategy ``name``'s update with
-    one process per device (``hybrid``: its classifier split across the processes), if any."""
+    """The multi-process strategy computing one-process ``name``'s update, if any."""
     return next((n for n in strategy_names(multiprocess=True)
                  if strategy_class(n).across_processes_of == name), None)
 
 
 def launchable(name: str) -> bool:
-    """Whether ``tandem launch`` can run ``--strategy name``: ``auto``, or a multi-process
-    strategy or form."""
+    """Whether ``tandem launch`` can run ``--strategy name`` (``auto``, or a multi-process one)."""
     return (is_resolver(name) or strategy_class(name).multiprocess
             or across_processes(name) is not None)
 
@@ -334,8 +332,7 @@ def _tied(a: dict, b: dict, noise: float = NOISE) -> bool:
     return close or (a["q1_s"] <= b["q3_s"] and b["q1_s"] <= a["q3_s"])
 
 
-def choose(rows: list[dict], planned: dict | None = None,
-           noise: float = NOISE) -> tuple[str, str]:
+def choose(rows: list[dict], planned: dict | None = None, noise: float = NOISE) -> tuple[str, str]:
     """``(name, reason)``: the shortest median step, or the simplest candidate within
     ``noise`` of it (medians or quartiles); ``planned`` (:func:`planned_bytes`) adds bytes."""
     timed = {r["name"]: r for r in rows if "median_s" in r}

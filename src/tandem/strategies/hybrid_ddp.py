@@ -1,10 +1,9 @@
 """``hybrid-ddp``: the hybrid across processes, one per device (``tandem launch``, torchrun).
 
 See :class:`tandem.hybrid.across_processes.DistributedHybrid`: the trunk data parallel under
-DDP, the head's Linear layers split over the ranks, activations moved on a process group of
-their own. Launch, collectives, stop votes and lost peers are ddp's. Checkpoints hold the plain
-model and its optimizer state in the plain layout (any strategy continues them); gathering them
-is a collective, so every rank must call :meth:`state_dict` and :meth:`optimizer_state_dict`.
+DDP, the head's Linear layers split over the ranks, activations on a process group of their
+own; the rest is ddp's. Checkpoints hold the plain layout; gathering it is a collective, so
+every rank must call :meth:`state_dict` and :meth:`optimizer_state_dict`.
 """
 
 from __future__ import annotations
@@ -42,9 +41,7 @@ class HybridDDPStrategy(DDPStrategy):
     def check_model(cls, model: nn.Module, hybrid_head: str | None = None, **_) -> str | None:
         return head_problem(model, hybrid_head)
 
-    def __init__(self, devices: list[torch.device], **kwargs):
-        super().__init__(devices, **kwargs)
-        self.activations = None  # the activations' process group, joined by launch()
+    activations = None  # the activations' process group, joined by launch()
 
     def launch(self) -> "HybridDDPStrategy":
         """Join the job's group (ddp's), then the activations' group (every rank meets)."""

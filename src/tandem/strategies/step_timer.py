@@ -46,8 +46,7 @@ class TrainStep:
     """A full training step around ``forward_loss()``: SGD (momentum 0.9, weight decay 1e-4) in
     ``amp``'s autocast, with its ``GradScaler`` where it scales."""
 
-    def __init__(self, forward_loss: Callable[[], torch.Tensor], params, amp: Precision,
-                 lr: float):
+    def __init__(self, forward_loss: Callable[[], torch.Tensor], params, amp: Precision, lr: float):
         self.forward_loss = forward_loss
         self.optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
         self.amp = amp
