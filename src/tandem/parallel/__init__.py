@@ -11,8 +11,6 @@ from .replicate import replicate
 from .scatter_gather import gather, scatter, scatter_kwargs
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
-__all__ = [
-    "scatter", "scatter_kwargs", "gather", "replicate", "parallel_apply", "data_parallel",
-    "DataParallel", "DataParallelModel", "DataParallelCriterion",
-    "SyncBatchNorm", "convert_sync_batchnorm",
-]
+__all__ = ["scatter", "scatter_kwargs", "gather", "replicate", "parallel_apply", "data_parallel",
+           "DataParallel", "DataParallelModel", "DataParallelCriterion",
+           "SyncBatchNorm", "convert_sync_batchnorm"]

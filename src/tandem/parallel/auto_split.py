@@ -26,8 +26,7 @@ class AutoSplit:
     an even split, a real difference moves it in a few steps.
     """
 
-    def __init__(self, devices: int, *, warmup: int = 2, window: int = 32,
-                 threshold: float = 0.1):
+    def __init__(self, devices: int, *, warmup: int = 2, window: int = 32, threshold: float = 0.1):
         self.weights = [1.0] * devices
         self.warmup, self.window, self.threshold = warmup, window, threshold
         self.seen = 0  # steps observed
@@ -82,8 +81,7 @@ class AutoSplit:
             return False
         self.force = False
         target = self.target()
-        total = sum(target)
-        new = [round(t / total, 6) for t in target]
+        new = [round(t / sum(target), 6) for t in target]
         if new == self.weights or (batch is not None
                                    and shares(batch, new) == shares(batch, self.weights)):
             return False
@@ -104,6 +102,5 @@ class AutoSplit:
         self.weights = [float(w) for w in state["weights"]]
         self.steps = [([float(v) for v in p], [float(v) for v in n])
                       for p, n in state.get("steps", [])]
-        self.seen = int(state["seen"])
-        self.imbalance = float(state["imbalance"])
+        self.seen, self.imbalance = int(state["seen"]), float(state["imbalance"])
         self.epoch, self.force = state.get("epoch"), bool(state.get("force", False))

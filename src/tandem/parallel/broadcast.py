@@ -1,10 +1,9 @@
-"""Differentiable parameter copies for replicas: broadcast forward, reduce-add backward in a
-fixed order.
+"""Differentiable parameter copies for replicas: broadcast forward, reduce-add backward.
 
-Each replica gets its own output per parameter, so ONE backward sums all their gradients in
-replica order: left to autograd, the order would follow thread timing, and two runs would
-differ in their last bits. Replicas on one device share storage (views). Between distinct CUDA
-devices copies and sums are coalesced ``torch.cuda.comm`` calls; elsewhere ``to(copy=True)``.
+Each replica gets its own output per parameter, so ONE backward sums their gradients in replica
+order (autograd's would follow thread timing, and runs would differ in their last bits).
+Replicas on one device share storage (views). Between distinct CUDA devices copies and sums are
+coalesced ``torch.cuda.comm`` calls; elsewhere ``to(copy=True)``.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ def _coalesced(source: torch.device, targets: list[torch.device]) -> bool:
 
 
 def _copies(params, devices: list[torch.device], share: bool) -> list[list[torch.Tensor]]:
-    """One list of tensors per entry of ``devices`` (the per-copy storage, before views)."""
+    """One list of tensors per entry of ``devices`` (the storage, before views)."""
     source = params[0].device
     if not share:
         return [[p.to(d, copy=True) for p in params] for d in devices]
@@ -63,9 +62,8 @@ class _Broadcast(torch.autograd.Function):
                 for device, rows in by_device.items()}
         targets = list(sums)
         if _coalesced(ctx.source, [d for d in targets if d != ctx.source]) and len(targets) > 1:
-            # comm refuses a destination that holds none of its inputs: the source holds none
-            # when its replica is the module itself (DataParallel on 3+ GPUs), then add on the
-            # first copy's device and move
+            # comm refuses a destination holding none of its inputs (the source, when its
+            # replica is the module itself): then add on the first copy's device and move
             onto = ctx.source if ctx.source in targets else targets[0]
             total = comm.reduce_add_coalesced([sums[d] for d in targets], cuda_index(onto))
             if onto != ctx.source:

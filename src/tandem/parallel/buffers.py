@@ -1,10 +1,9 @@
 """What happens to the replicas' buffers (batch-norm running statistics) after a parallel forward.
 
 Every replica but the home one updates its own copy of each buffer, dropped at the next step.
-``"replica0"`` keeps replica 0's updates, as ``torch.nn.DataParallel`` does: the other chunks'
-statistics are lost. ``"average"`` writes the chunk-size-weighted mean of all replicas'
-floating-point buffers (the full-batch running mean; the variance ignores the spread between
-chunk means); integer buffers such as ``num_batches_tracked`` keep replica 0's value.
+``"replica0"`` keeps replica 0's updates, as ``torch.nn.DataParallel`` does. ``"average"`` writes
+the chunk-size-weighted mean of all replicas' floating-point buffers (the variance ignores the
+spread between chunk means); integer buffers keep replica 0's value.
 """
 
 from __future__ import annotations

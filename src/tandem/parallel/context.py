@@ -30,8 +30,8 @@ class _Meeting:
 class ReplicaGroup:
     """The rendezvous of one ``parallel_apply`` call's replicas. :meth:`combine` runs ``fn``
     once over all their values: ONE autograd node, so backward needs no barrier (replicas on one
-    device share an autograd thread), unless ``separate_backward`` (each its own backward thread,
-    :mod:`tandem.parallel.threaded_backward`): then layers may meet in backward too."""
+    device share an autograd thread), unless ``separate_backward`` (a backward thread each):
+    then layers may meet in backward too."""
 
     def __init__(self, devices: Sequence[torch.device], timeout: float = 300.0,
                  separate_backward: bool = False):
@@ -121,7 +121,7 @@ def current() -> ReplicaContext | None:
 
 @contextlib.contextmanager
 def use(context: ReplicaContext | None):
-    """Install ``context`` for the current thread for the duration of the ``with`` block."""
+    """Install ``context`` for this thread for the ``with`` block."""
     previous = current()
     _local.context = context
     try:

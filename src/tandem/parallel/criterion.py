@@ -1,10 +1,9 @@
 """``DataParallelCriterion``: each device computes its share of the loss where its output lives.
 
 Paired with :class:`~tandem.parallel.DataParallelModel`, only scalar partial losses travel to
-``output_device``, which keeps memory balanced. The result equals the single-device loss for
-uneven chunks (:mod:`tandem.parallel.loss_terms`). ``reduction="none"`` concatenates the
-per-element losses on ``output_device``; a callable with a non-scalar result is gathered.
-``CTCLoss`` is refused (per-sample normalisation, batch in dimension 1).
+``output_device``; the result equals the single-device loss for uneven chunks
+(:mod:`tandem.parallel.loss_terms`). ``reduction="none"`` and a callable with a non-scalar
+result are gathered on ``output_device``. ``CTCLoss`` is refused.
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ class DataParallelCriterion(nn.Module):
         sizes = [batch_size(t, self.dim) for t in firsts]
         if any(s is None for s in sizes):
             raise UsageError(f"DataParallelCriterion: an output has no dimension {self.dim} to split")
-        # targets follow the outputs: same chunk sizes, same devices
         shares = scatter((targets, kwargs), devices, self.dim, chunk_sizes=sizes)
         reduction = getattr(self.criterion, "reduction", None)
         criterion = {d: self.criterion for d in devices}

@@ -84,7 +84,6 @@ class DataParallel(nn.Module):
         if len(self.device_ids) == 1:  # one device: the module itself, nothing in between
             home = self.device_ids[0]
             return self.single(self.module(*_move_to(inputs, home), **_move_to(kwargs, home)))
-        # (B, ...) -> chunks of the split's shares (default about B/n) on the devices used
         devices, sizes = self.placement(inputs, kwargs)
         inputs, kwargs = self.scatter(inputs, kwargs, devices, sizes)
         devices = devices[: len(inputs)]
@@ -92,7 +91,6 @@ class DataParallel(nn.Module):
         replicas = self.replicate(self.module, devices, inputs, kwargs)
         outputs = self.parallel_apply(replicas, inputs, kwargs, devices)
         self.sync_buffers(replicas, inputs, kwargs)
-        # n outputs of about B/n each -> one output of B on output_device
         return self.gather(outputs, self.output_device)
 
     def weights(self) -> tuple[float, ...] | None:
@@ -110,7 +108,7 @@ class DataParallel(nn.Module):
         used = [d for d, n in zip(self.device_ids, sizes) if n]
         return used or self.device_ids[:1], [n for n in sizes if n] or [0]
 
-    # -- the steps, one line each, so that subclasses can change one ---------------------------
+    # -- the steps, so that subclasses can change one -------------------------------------------
     def scatter(self, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device],
                 chunk_sizes: Sequence[int] | None = None):
         if chunk_sizes is None:
@@ -138,8 +136,7 @@ class DataParallel(nn.Module):
     def gather(self, outputs: list, output_device: torch.device):
         return gather(outputs, output_device, dim=self.gather_dim, scalars="refuse")
 
-    def single(self, output):
-        """What ``forward`` returns for the module's output when there is one device."""
+    def single(self, output):  # forward's result for the module's output on one device
         return output
 
     def extra_repr(self) -> str:
@@ -155,18 +152,15 @@ def _at_rows(runs: Sequence, inputs, kwargs, dim: int) -> list:
         return runs
     sizes = [batch_size((a, k), dim) or 0 for a, k in zip(inputs, kwargs)]
     firsts = itertools.accumulate([0, *sizes[:-1]])
-    return [_FromRow(run, first) if first else run for run, first in zip(runs, firsts)]
+    return [_from_row(run, first) if first else run for run, first in zip(runs, firsts)]
 
 
-class _FromRow:
-    """Call a replica with the keyed stream moved on to its chunk's first row."""
-
-    def __init__(self, module, first: int):
-        self.module, self.first = module, first
-
-    def __call__(self, *args, **kwargs):
-        with keyed_stream.shifted(self.first):
-            return self.module(*args, **kwargs)
+def _from_row(module, first: int):
+    """``module`` called with the keyed stream moved on to its chunk's first row."""
+    def run(*args, **kwargs):
+        with keyed_stream.shifted(first):
+            return module(*args, **kwargs)
+    return run
 
 
 class DataParallelModel(DataParallel):

@@ -58,11 +58,8 @@ def initialise_lazy(module: nn.Module, args, kwargs) -> None:
 
 
 class ReplicaZeroGrad:
-    """A ``zero_grad`` that warns and does nothing in a replica thread, else is the module's.
-
-    Replica 0 is the module itself, so it must know where it is called from (torch's copies
-    carry ``_is_replica`` instead). Held weakly: no cycle through the module's ``__dict__``.
-    """
+    """A ``zero_grad`` that warns and does nothing in a replica thread, else is the module's
+    (replica 0 is the module itself). Held weakly: no cycle through the module's ``__dict__``."""
 
     __slots__ = ("_module",)
 

@@ -83,10 +83,8 @@ def call_criterion(criterion: Callable, output, targets: tuple, kwargs: dict):
 def loss_terms(criterion: Callable, output: Any, targets: tuple = (),
                kwargs: dict | None = None, *, batch_dim: int = 0) -> LossTerms:
     """``(S, D)`` of ``criterion`` on one chunk (see the module doc), running it once.
-
     ``output``: a tensor, or a tuple passed unpacked; ``batch_dim``: a plain callable's sample
-    dim. Refuses ``reduction="none"`` and a plain callable whose result is not a 0-dim tensor.
-    """
+    dim. Refuses ``reduction="none"`` and a plain callable whose result is not a 0-dim tensor."""
     kwargs = kwargs or {}
     first = first_tensor(output)
     if first is None:

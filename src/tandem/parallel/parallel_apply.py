@@ -45,8 +45,7 @@ _idle: list[_Worker] = []
 _idle_lock = threading.Lock()
 
 
-def _after_fork_in_child() -> None:
-    """A forked child has none of the pool's threads, and the lock may have been held."""
+def _after_fork_in_child() -> None:  # the pool's threads are gone; the lock may be held
     global _idle_lock
     _idle.clear()
     _idle_lock = threading.Lock()
@@ -94,9 +93,9 @@ class _State:
                 stack.enter_context(torch.autocast(device_type, dtype=dtype,
                                                    cache_enabled=self.autocast_cache))
             if device.type == "cuda":
-                # every device's caller stream: a copy from another replica's tensor (SyncBatchNorm)
-                # orders after the work on the source's stream. Its own device first: a stream
-                # context restores on exit the device current at entry (a fresh thread: cuda:0)
+                # every device's caller stream, so a copy from another replica's tensor orders
+                # after the source's work; its own device first: a stream context restores on
+                # exit the device current at entry (a fresh thread: cuda:0)
                 stack.enter_context(torch.cuda.device(device))
                 for other, stream in self.streams.items():
                     if other != device:
@@ -123,7 +122,7 @@ def _call(module, args, kwargs):
 
 
 def _raise_named(exc: BaseException, index: int, device: torch.device):
-    """Raise ``exc`` re-made with the same type and ``replica N on DEVICE`` in its message."""
+    """Raise ``exc`` with ``replica N on DEVICE`` in its message, its type kept."""
     where = f"replica {index} on {device}"
     try:
         renamed = type(exc)(f"{where}: {exc}")
@@ -157,9 +156,9 @@ def _layout(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None,
 
 def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
                    devices: Sequence | None = None, group: ReplicaGroup | None = None) -> list:
-    """Apply ``modules[i]`` to ``inputs[i]`` (a tuple of arguments, or one) with ``kwargs_list[i]``
-    on ``devices[i]`` (default: inferred) for every ``i``, each in its own thread; the outputs.
-    ``group``: the :class:`ReplicaGroup` they meet in (default: a new one)."""
+    """The outputs of ``modules[i]`` on ``inputs[i]`` (a tuple of arguments, or one) with
+    ``kwargs_list[i]`` on ``devices[i]`` (default: inferred), each in its own thread, meeting in
+    ``group`` (default: a new :class:`ReplicaGroup`)."""
     kwargs_list, devices = _layout(modules, inputs, kwargs_list, devices)
     n = len(modules)
     if n == 0:

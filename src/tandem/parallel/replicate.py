@@ -2,9 +2,8 @@
 
 Replicas are shallow module copies holding differentiable views of the parameters, whose
 gradients sum into the originals in replica order; the home replica is ``module`` itself, the
-others get fresh buffer copies each call (:mod:`~tandem.parallel.buffers`). Warning: they are
-cached on ``module`` (per devices and thread): finish a forward before replicating again; and
-each replicated module's ``zero_grad`` does nothing in a replica (``guards.ReplicaZeroGrad``).
+others get fresh buffer copies each call. Warning: they are cached on ``module`` (per devices
+and thread): finish a forward before replicating again. ``zero_grad`` does nothing in a replica.
 """
 
 from __future__ import annotations
@@ -71,16 +70,10 @@ def _walk(root: nn.Module):
                 todo.append(child)
         for p in d["_parameters"].values():
             add(id(p))
-            if p is not None:
-                if is_lazy(p):
-                    raise _lazy_error(root)
-                device = p.device
-                add(device)
-                where.add(device)
-        for b in d["_buffers"].values():
-            if is_lazy(b):
+        for t in (*d["_parameters"].values(), *d["_buffers"].values()):
+            if is_lazy(t):
                 raise _lazy_error(root)
-            device = None if b is None else b.device
+            device = None if t is None else t.device
             add(device)
             where.add(device)
     where.discard(None)
@@ -88,10 +81,9 @@ def _walk(root: nn.Module):
 
 
 class _ReplicaSet:
-    """Shallow copies of every module of one tree, for every non-home device; held by weak
-    reference to the originals, so the cache on ``module`` makes no cycle. ``detached``: every
-    replica is a copy whose parameters are detached leaves (``self.leaves``, for
-    :mod:`tandem.parallel.threaded_backward`); the home copy holds the original buffers."""
+    """Shallow copies of every module of one tree, for every non-home device, the originals held
+    weakly (no cycle through the cache). ``detached``: every replica is a copy whose parameters
+    are detached leaves (``self.leaves``); the home copy holds the original buffers."""
 
     def __init__(self, modules: list[nn.Module], devices: list[torch.device], home: int | None,
                  share: bool, detached: bool = False):
@@ -111,10 +103,8 @@ class _ReplicaSet:
                 rep.__dict__.pop(_CACHE_ATTR, None)  # the cache must not reach its own replicas
                 copies.append(rep)
             for m, rep in zip(modules, copies):
-                rep.__dict__["_modules"] = {
-                    name: None if c is None else copies[index[id(c)]]
-                    for name, c in m.__dict__["_modules"].items()
-                }
+                rep.__dict__["_modules"] = {name: None if c is None else copies[index[id(c)]]
+                                            for name, c in m.__dict__["_modules"].items()}
             self.trees[i] = copies
         # per module: names of its parameters; every replica gets each through copy_params
         self.moved = [[name for name, p in m.__dict__["_parameters"].items() if p is not None]
@@ -124,8 +114,7 @@ class _ReplicaSet:
         return all(ref() is m for ref, m in zip(self.originals, modules))
 
     def refresh(self, modules: list[nn.Module], devices: list[torch.device]) -> None:
-        # let the last step's copies go before the new ones are made: held through the copy,
-        # they would make each device's peak one more copy of the weights
+        # the last step's copies go first: held through the copy, they would add to the peak
         self.leaves = {}
         for reps in self.trees.values():
             for m, rep in zip(modules, reps):
@@ -179,13 +168,12 @@ class _ReplicaSet:
 
     def _leaves(self, params: list[torch.Tensor], devices: list[torch.device]) -> dict:
         """A detached leaf per (parameter, replica), each with its own ``.grad``, over ONE
-        storage per device (the parameter's own, or one copy), as :func:`copy_params` does."""
+        storage per device (the parameter's own, or one copy)."""
         copies: dict = {}
         moved: dict = {}  # (id(param), device) -> the one copy there
         self.leaves = {}
         for i in self.trees:
-            pairs = []
-            device = devices[i]
+            pairs, device = [], devices[i]
             for p in params:
                 if p.device == device:
                     leaf = p.detach()
@@ -220,9 +208,9 @@ def _record_traffic(module: nn.Module, devices: list[torch.device], home: int | 
 
 
 def replicate(module: nn.Module, devices: Sequence, share_params: bool = True) -> list[nn.Module]:
-    """One replica of ``module`` per entry of ``devices``; the one on ``module``'s own device
-    (the first, if several) is ``module`` itself. ``share_params=False``: every other replica
-    gets its own parameter copy even there (distinct GPUs' copy-and-reduce path, on CPU)."""
+    """One replica of ``module`` per entry of ``devices``, the first on ``module``'s own device
+    being ``module`` itself. ``share_params=False``: every other replica gets its own parameter
+    copy even there (distinct GPUs' copy-and-reduce path, on CPU)."""
     return _replica_set(module, devices, share_params, False)[0]
 
 

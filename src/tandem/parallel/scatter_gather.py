@@ -1,11 +1,9 @@
 """Split a batch across replicas (``scatter``) and put their outputs back together (``gather``).
 
 Tuples, lists, dicts, namedtuples and dataclasses are walked; tensors split along ``dim``, other
-objects go to every replica as they are. Chunks are balanced, larger first (10 over 4: 3, 3, 2,
-2), never empty (a batch of 2 over 4 devices gives 2). ``gather``'s ``dim`` is an int or one per
-output (an LSTM's ``(out, (h, c))``: ``(0, 1)``). A scalar per replica is refused by
-``DataParallel``: no gather of per-chunk scalars is the batch's (a mean of uneven chunks' means
-is not). Differentiable; bytes moved are reported to :mod:`tandem.parallel.traffic`.
+objects go to every replica as they are. Chunks are balanced, larger first, never empty (2 over
+4 devices gives 2). ``gather``'s ``dim`` is an int or one per output (an LSTM's ``(out, (h,
+c))``: ``(0, 1)``). Differentiable; bytes moved are reported to :mod:`tandem.parallel.traffic`.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ def _split_dim(t: torch.Tensor, dim: int) -> int | None:  # None: too few dims t
     return d if 0 <= d < t.dim() else None
 
 
-def _children(obj) -> list | None:
-    """The items of a container ``_rebuild`` knows how to rebuild, else ``None``."""
+def _children(obj) -> list | None:  # None: not a container _rebuild knows
     if isinstance(obj, (tuple, list)):
         return list(obj)
     if isinstance(obj, dict):
@@ -119,13 +116,13 @@ def first_tensor(obj) -> torch.Tensor | None:
     return next(tensors_in(obj), None)
 
 
-def _batch_sizes(obj, dim: int) -> list[int]:
-    return [t.shape[d] for t in tensors_in(obj) if (d := _split_dim(t, dim)) is not None]
+def _batch_sizes(obj, dim: int):
+    return (t.shape[d] for t in tensors_in(obj) if (d := _split_dim(t, dim)) is not None)
 
 
 def batch_size(obj, dim: int = 0) -> int | None:
     """Size along ``dim`` of the first splittable tensor in ``obj``, or ``None``."""
-    return next(iter(_batch_sizes(obj, dim)), None)
+    return next(_batch_sizes(obj, dim), None)
 
 
 def _scatter_tensor(t: torch.Tensor, devices, dim, sizes) -> list[torch.Tensor]:
@@ -158,13 +155,14 @@ def _scatter(obj, devices, dim, sizes) -> list:
     return [_rebuild(obj, list(replica_items)) for replica_items in columns]
 
 
-def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] | None = None) -> list:
-    """Split ``inputs`` into one structure like it per *used* device (see the module doc).
-    ``chunk_sizes`` forces the split: every splittable tensor must have their sum along ``dim``."""
+def scatter(inputs, devices: Sequence, dim: int = 0,
+            chunk_sizes: Sequence[int] | None = None) -> list:
+    """Split ``inputs`` into one structure like it per *used* device; ``chunk_sizes`` forces
+    the split (every splittable tensor must have their sum along ``dim``)."""
     devices = [torch.device(d) for d in devices]
     if not devices:
         raise UsageError("scatter needs at least one device")
-    found = _batch_sizes(inputs, dim)
+    found = list(_batch_sizes(inputs, dim))
     if chunk_sizes is None:  # no replica gets an empty chunk
         used = devices[:max(1, min(min(found), len(devices)))] if found else devices
         return _scatter(inputs, used, dim, None)
@@ -180,8 +178,7 @@ def scatter(inputs, devices: Sequence, dim: int = 0, chunk_sizes: Sequence[int] 
 
 def scatter_kwargs(inputs, kwargs, devices: Sequence, dim: int = 0,
                    chunk_sizes: Sequence[int] | None = None) -> tuple[tuple, tuple]:
-    """Scatter positional ``inputs`` and ``kwargs`` together: ``(inputs_list, kwargs_list)``,
-    per-replica argument tuples and keyword dicts, of equal length."""
+    """Scatter ``inputs`` and ``kwargs`` together: per-replica argument tuples and kwargs dicts."""
     pairs = scatter((() if inputs is None else tuple(inputs), dict(kwargs or {})), devices, dim,
                     chunk_sizes)
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
@@ -197,8 +194,7 @@ def _labels(obj) -> list[str]:  # each child's step in an output's path
     return [f"[{i}]" for i in range(len(obj))]
 
 
-def _child_dims(dim, obj, count: int, path: str) -> list:
-    """The gather dim of each child of ``obj``: an int applies to all, a structure is matched."""
+def _child_dims(dim, obj, count: int, path: str) -> list:  # an int applies to all children
     if isinstance(dim, int):
         return [dim] * count
     if isinstance(dim, dict) and isinstance(obj, dict) and dim.keys() == obj.keys():
@@ -287,9 +283,8 @@ def _gather(outputs: list, target: torch.device, dim, path: str, scalars: str) -
 
 def gather(outputs: Sequence, target_device, dim=0, *, scalars: str = "stack"):
     """Concatenate the replicas' ``outputs`` along ``dim`` on ``target_device``, rebuilding
-    their structure. 0-dim tensors become a vector (``scalars="stack"``) or an error naming the
-    output (``"refuse"``; one replica's scalar passes). Other values equal in every replica come
-    back once, else as a list."""
+    their structure. 0-dim tensors become a vector (``scalars="stack"``) or an error (``"refuse"``:
+    one replica's passes). Other values equal in every replica come back once, else as a list."""
     outputs = list(outputs)
     if not outputs:
         raise UsageError("gather needs at least one replica output")

@@ -53,8 +53,7 @@ def parse_split(text: str, name: str = "split") -> tuple[float, ...] | str:
 
 def check_weights(weights: Sequence[float], devices: int | None, name: str = "split"
                   ) -> tuple[float, ...]:
-    """``weights`` as floats, checked: one finite weight >= 0 per device (``None``: any count),
-    not all zero."""
+    """``weights`` as floats: one finite weight >= 0 per device (``None``: any count), not all 0."""
     name = param(name)
     weights = tuple(float(w) for w in weights)
     shown = ",".join(f"{w:g}" for w in weights)
@@ -94,16 +93,15 @@ def split_gain(batch: int, per_sample: Sequence[float], weights: Sequence[float]
     return _pace(even, per_sample) / _pace(shares(batch, weights), per_sample)
 
 
-def _pace(sizes: Sequence[int], per_sample: Sequence[float]) -> float:
-    """A step's time: the slowest device's share times its time per sample."""
+def _pace(sizes: Sequence[int], per_sample: Sequence[float]) -> float:  # the slowest's time
     return max(n * t for n, t in zip(sizes, per_sample))
 
 
 def split_report(batch: int, devices: int, weights: Sequence[float] | None = None,
                  per_sample: Sequence[float] | None = None, sample_bytes: int = 0,
                  unit: str | None = None) -> list[str]:
-    """What a split costs, in two lines: its shares, the input bytes leaving device 0, and its
-    step time (:func:`_pace`) beside the even and the ideal split's (``per_sample``: default 1)."""
+    """Two lines: the split's shares, the input bytes leaving device 0, and its step time beside
+    the even and the ideal split's (``per_sample``: seconds per sample per device, default 1)."""
     weights = tuple(weights) if weights is not None else (1.0,) * devices
     times = list(per_sample) if per_sample is not None else [1.0] * devices
     if len(times) != devices:
@@ -120,15 +118,14 @@ def split_report(batch: int, devices: int, weights: Sequence[float] | None = Non
 
 
 class BatchSplit:
-    """The one owner of ``--split`` and ``--max-share``: the weights (``split``: weights,
-    ``"auto"`` or ``None`` for even) over ``count`` devices or ranks, each batch's sizes, the
-    refusals, what ``--split auto`` observed, and the checkpoint state.
+    """The one owner of ``--split`` and ``--max-share`` over ``count`` devices or ranks
+    (``split``: weights, ``"auto"`` or ``None`` for even): each batch's sizes, the refusals,
+    what ``--split auto`` observed, and the checkpoint state.
 
-    Each share's own work (never the wait for the others) is summed by :meth:`record` over one
-    optimizer step and observed once by :meth:`step`. ``by_loader`` (ddp): the loader cuts
-    each global batch, so a move lands at a later batch, alike on every rank (``reduce`` sums
-    the ranks' records). ``steps_itself`` (a ``DataParallel``'s own split): a :meth:`timed`
-    forward is observed at the next :meth:`sizes`.
+    Each share's own work is summed by :meth:`record` over an optimizer step and observed once by
+    :meth:`step`. ``by_loader`` (ddp): the loader cuts each global batch, so a move lands at a
+    later batch, alike on every rank (``reduce`` sums the ranks' records). ``steps_itself`` (a
+    ``DataParallel``'s own split): a :meth:`timed` forward is observed at the next :meth:`sizes`.
     """
 
     steps_itself = False  # the class's, for an object pickled before these existed
@@ -144,9 +141,8 @@ class BatchSplit:
         self.auto = AutoSplit(count) if split == AUTO else None
         self.reduce, self.clock = reduce, clock
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
-        self._samples, self._seconds = [0] * count, [[] for _ in range(count)]
         self._last_batch: int | None = None
-        self._backward: Span | None = None  # see time_backward_start
+        self.discard()  # the records, and the backward's span (see time_backward_start)
         self._shown = self.weights()  # the weights :meth:`step` last reported
 
     @property
@@ -200,9 +196,9 @@ class BatchSplit:
 
     def timed(self, replicas: Sequence, devices: Sequence, shares: Sequence[int] | None,
               training: bool) -> list:
-        """``replicas`` made to record their forward's span with their share (``shares``, one per
-        device) when ``--split auto`` times a training forward; else as they are. Observed at
-        the next :meth:`sizes` when ``steps_itself``: at once, it would wait for the device."""
+        """``replicas`` made to record their forward's span with their share when ``--split auto``
+        times a training forward, else as they are (with ``steps_itself`` observed at the next
+        :meth:`sizes`: at once, it would wait for the device)."""
         if self.auto is None or not training or not torch.is_grad_enabled() or shares is None:
             return replicas
         runs = list(replicas)
@@ -212,18 +208,18 @@ class BatchSplit:
                 self.record(i, 0, 0.0)
         if len(busy) == len(runs):  # else an empty batch (one replica, no samples): no time
             for k, i in enumerate(busy):
-                runs[k] = _Timed(runs[k], devices[k], self, i, shares[i])
+                runs[k] = _timed(runs[k], devices[k], self, i, shares[i])
         self._unobserved = self.steps_itself
         return runs
 
     def discard(self) -> None:
         """Forget what was recorded since the last :meth:`step` (the ``--compile`` warm-up)."""
         self._samples, self._seconds = [0] * self.count, [[] for _ in range(self.count)]
-        self._backward = None
+        self._backward: Span | None = None
 
     def time_backward_end(self, index: int, model) -> list:
-        """Hook ``model`` so device ``index``'s backward, up to its first parameter's gradient (the
-        last computed), counts as its work; the handles."""
+        """Hook ``model`` so that its backward, up to its first parameter's gradient (the last
+        computed), counts as device ``index``'s work; the handles."""
         first = next((p for p in model.parameters() if p.requires_grad), None)
         if self.auto is None or first is None:
             return []
@@ -240,8 +236,8 @@ class BatchSplit:
             self.record(index, 0, span.stop())
 
     def step(self, epoch: int, batch: int, ahead: int = 0) -> bool:
-        """After an optimizer step: observe it, let ``--split auto`` move the weights, and say
-        whether they moved. ``(epoch, batch)``: the next batch; ``ahead``: batches drawn past it."""
+        """After an optimizer step: observe it, let ``--split auto`` move the weights; whether they
+        moved. ``(epoch, batch)``: the next batch; ``ahead``: batches drawn past it."""
         if self.auto is not None and (self.reduce is not None or any(self._samples)):
             self._observe(epoch)
             # shares cut at the forward: move only when the next batch's shares change
@@ -255,8 +251,7 @@ class BatchSplit:
         samples = self._samples
         seconds = [sum(seconds_of(s) for s in spans) for spans in self._seconds]
         if self.reduce is not None:  # every rank gets every rank's record: alike decisions
-            both = self.reduce(torch.tensor([*samples, *seconds], dtype=torch.float64))
-            both = both.tolist()
+            both = self.reduce(torch.tensor([*samples, *seconds], dtype=torch.float64)).tolist()
             samples, seconds = [int(n) for n in both[:self.count]], both[self.count:]
         if self.clock is not None:
             seconds = [self.clock(i, n, t) if n else 0.0
@@ -279,15 +274,11 @@ class BatchSplit:
             self._shown = self.weights()
 
 
-class _Timed:
-    """Call a replica and record its span on ``device`` in ``split`` as device ``index``'s."""
-
-    def __init__(self, module, device, split: BatchSplit, index: int, samples: int):
-        self.module, self.device, self.split = module, device, split
-        self.index, self.samples = index, samples
-
-    def __call__(self, *args, **kwargs):
-        span = Span(self.device)
-        out = self.module(*args, **kwargs)
-        self.split.record(self.index, self.samples, span.stop())
+def _timed(module, device, split: BatchSplit, index: int, samples: int):
+    """``module`` called with its span on ``device`` recorded in ``split`` as device ``index``'s."""
+    def run(*args, **kwargs):
+        span = Span(device)
+        out = module(*args, **kwargs)
+        split.record(index, samples, span.stop())
         return out
+    return run

@@ -17,8 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from tandem.errors import UsageError
 
 from . import context
-from .sync_functions import (GlobalMoments, LocalMoments, Normalize, ReplicaMoments,
-                             SharedMoments)
+from .sync_functions import GlobalMoments, LocalMoments, Normalize, ReplicaMoments, SharedMoments
 
 
 # replicas are copies and keep this number: "the same layer" at the rendezvous
@@ -58,11 +57,9 @@ class SyncBatchNorm(_BatchNorm):
             raise UsageError(f"SyncBatchNorm expects an (N, C, ...) input, got {input.dim()}D")
         if input.size(1) != self.num_features:
             raise UsageError(
-                f"SyncBatchNorm({self.num_features}) got an input with {input.size(1)} channels"
-            )
+                f"SyncBatchNorm({self.num_features}) got an input with {input.size(1)} channels")
 
-    def _process_group(self):
-        """The process group to merge over (``None``: nothing to merge with)."""
+    def _process_group(self):  # None: nothing to merge with
         if not (dist.is_available() and dist.is_initialized()):
             return None
         group = dist.group.WORLD if self.process_group is None else self.process_group
@@ -80,16 +77,13 @@ class SyncBatchNorm(_BatchNorm):
             count = input.numel() // input.size(1) if input.size(1) else 0
             part = _Part(moments, count, input.device, self._buffer_ids())
             key = replica.next_key(("SyncBatchNorm", self._sync_tag))
-            if replica.group.separate_backward:  # each replica's own node, meeting in backward
-                shared, owner = replica.group.combine(
-                    key, replica.index, part, lambda parts: _share_replicas(parts, group))
+            separate = replica.group.separate_backward
+            total, owner = replica.group.combine(
+                key, replica.index, part, lambda parts: _meet(parts, group, separate))
+            if separate:  # each replica's own node, meeting in backward
                 anchor = _anchor(input) if group is not None else None
-                total = ReplicaMoments.apply(shared, replica.group, replica.index, key, anchor,
+                total = ReplicaMoments.apply(total, replica.group, replica.index, key, anchor,
                                              moments)
-            else:
-                total, owner = replica.group.combine(
-                    key, replica.index, part, lambda parts: _merge_replicas(parts, group)
-                )
         else:
             (total,) = GlobalMoments.apply(group, [input.device], _anchor(input), moments)
             owner = True
@@ -111,10 +105,8 @@ class SyncBatchNorm(_BatchNorm):
             return
         if self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
-        if self.momentum is None:  # cumulative moving average
-            factor = 1.0 / float(self.num_batches_tracked)
-        else:
-            factor = self.momentum
+        # momentum None: a cumulative moving average
+        factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
         self.running_var.lerp_(unbiased_var.to(self.running_var.dtype), factor)
 
@@ -142,28 +134,21 @@ def _check_parts(parts: list[_Part], group) -> list[bool]:
         raise UsageError(f"SyncBatchNorm replicas disagree on channels: {sorted(channels)}")
     if group is None:
         _check_count(sum(p.count for p in parts), f"{len(parts)} replicas")
-    seen, owners = set(), []
-    for p in parts:
-        owners.append(p.buffers not in seen)
-        seen.add(p.buffers)
-    return owners
+    return [p.buffers not in {q.buffers for q in parts[:i]} for i, p in enumerate(parts)]
 
 
-def _merge_replicas(parts: list[_Part], group) -> list[tuple]:
-    """By the last replica to arrive: one GlobalMoments node, ``(moments, owner)`` per replica."""
+def _meet(parts: list[_Part], group, separate: bool) -> list[tuple]:
+    """By the last replica to arrive: ``(moments, owner)`` per replica from one GlobalMoments
+    node, or with ``separate`` ``(SharedMoments, owner)``."""
     owners = _check_parts(parts, group)
+    if separate:
+        with torch.no_grad():
+            shared = SharedMoments(group, [p.moments.detach() for p in parts])
+        return [(shared, owner) for owner in owners]
     anchor = _anchor(parts[0].moments) if group is not None else None
     totals = GlobalMoments.apply(group, [p.device for p in parts], anchor,
                                  *[p.moments for p in parts])
     return list(zip(totals, owners))
-
-
-def _share_replicas(parts: list[_Part], group) -> list[tuple]:
-    """By the last replica to arrive: ``(SharedMoments, owner)`` per replica."""
-    owners = _check_parts(parts, group)
-    with torch.no_grad():
-        shared = SharedMoments(group, [p.moments.detach() for p in parts])
-    return [(shared, owner) for owner in owners]
 
 
 def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:

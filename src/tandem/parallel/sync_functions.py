@@ -19,27 +19,16 @@ from torch.nn import functional as F
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype moments are merged in: float64 for half precision, else at least float32."""
-    if dtype in _HALF or dtype == torch.float64:
-        return torch.float64
-    return torch.float32
-
-
-def _reduce_dims(x: torch.Tensor) -> list[int]:
-    return [0, *range(2, x.dim())]
-
-
 def local_moments(x: torch.Tensor) -> torch.Tensor:
     """``[count, mean, m2]`` per channel of ``x`` (``(N, C, *)``), untracked; half precision is
     reduced in float32 and returned in float64; an empty batch gives zeros."""
-    acc = accumulation_dtype(x.dtype)
+    acc = torch.float64 if x.dtype in (*_HALF, torch.float64) else torch.float32
     out = torch.zeros(3, x.size(1), dtype=acc, device=x.device)
     count = x.numel() // max(x.size(1), 1)
     if count:
         with torch.no_grad():
             work = x.float() if x.dtype in _HALF else x
-            var, mean = torch.var_mean(work, dim=_reduce_dims(x), correction=0)
+            var, mean = torch.var_mean(work, dim=[0, *range(2, x.dim())], correction=0)
             out[0] = count
             out[1] = mean
             torch.mul(var, count, out=out[2])

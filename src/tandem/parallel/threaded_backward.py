@@ -1,15 +1,15 @@
 """Each CPU replica's backward in its own thread.
 
-Autograd runs one backward's CPU work in the calling thread, so CPU replicas' backwards ran one
-after another (GPUs have a thread each already). Here replicas compute on detached leaves
-(:func:`~tandem.parallel.replicate.replicate_detached`) and their outputs meet the graph at ONE
-node, :class:`_Join`, whose backward runs each replica's backward in its thread and sums the
-gradients in replica order (the same bits whoever finishes first). Every replica runs its
-backward, so ``SyncBatchNorm`` meets there too. Warning: no double backward.
+Autograd runs one backward's CPU work in the calling thread (GPUs have a thread each). Here
+replicas compute on detached leaves (:func:`~tandem.parallel.replicate.replicate_detached`) and
+their outputs meet the graph at ONE node, :class:`_Join`, whose backward runs each replica's
+backward in its thread and sums the gradients in replica order (the same bits whoever finishes
+first); ``SyncBatchNorm`` meets there too. Warning: no double backward.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -73,10 +73,9 @@ class _Backward:
         for outs, leaves in zip(self.outputs, self.leaves):
             mine = grads[at: at + len(outs)]
             at += len(outs)
-            work.append(_ReplicaBackward(outs, mine, leaves))
+            work.append(functools.partial(_replica_backward, outs, mine, leaves))
         # in the forward's group: layers that met in forward meet again in backward there
-        found = parallel_apply(work, [()] * len(work), devices=self.group.devices,
-                               group=self.group)
+        found = parallel_apply(work, [()] * len(work), devices=self.group.devices, group=self.group)
         self.outputs = None  # frees every replica's graph
         out = []
         for j, p in enumerate(self.params):
@@ -85,25 +84,18 @@ class _Backward:
         return out
 
 
-class _ReplicaBackward:
+def _replica_backward(outputs, grads, leaves):
     """One replica's backward: the gradients of its leaves from its outputs' gradients."""
-
-    def __init__(self, outputs, grads, leaves):
-        self.outputs, self.grads, self.leaves = outputs, grads, leaves
-
-    def __call__(self):
-        if not any(leaf.requires_grad for _, leaf in self.leaves):
-            return None
-        # zeros for unused outputs: every replica must meet the others (SyncBatchNorm)
-        outs = self.outputs
-        grads = [torch.zeros_like(o) if g is None else g for o, g in zip(outs, self.grads)]
-        # backward() rather than grad(inputs=...), which reentrant checkpointing refuses
-        torch.autograd.backward(outs, grads)
-        found = []
-        for _, leaf in self.leaves:
-            found.append(leaf.grad)
-            leaf.grad = None
-        return found
+    if not any(leaf.requires_grad for _, leaf in leaves):
+        return None
+    # zeros for unused outputs: every replica must meet the others (SyncBatchNorm)
+    grads = [torch.zeros_like(o) if g is None else g for o, g in zip(outputs, grads)]
+    # backward() rather than grad(inputs=...), which reentrant checkpointing refuses
+    torch.autograd.backward(outputs, grads)
+    found = [leaf.grad for _, leaf in leaves]
+    for _, leaf in leaves:
+        leaf.grad = None
+    return found
 
 
 class _Join(torch.autograd.Function):
@@ -114,8 +106,7 @@ class _Join(torch.autograd.Function):
     def forward(ctx, job, n_params, *tensors):
         ctx.job, ctx.n_params = job, n_params
         ctx.set_materialize_grads(False)
-        outs = tensors[n_params:]
-        return tuple(o.view_as(o) for o in outs)
+        return tuple(o.view_as(o) for o in tensors[n_params:])
 
     @staticmethod
     def backward(ctx, *grads):
@@ -147,8 +138,8 @@ def join(outputs: list, leaves: list, group: ReplicaGroup) -> list:
 
 
 def _swap(outputs: list, originals: list, joined) -> list:
-    """``outputs`` with ``originals[k]`` replaced by ``joined[k]``, checking that ``map_tensors``
-    visits them in ``tensors_in``'s order (else gradients would swap silently)."""
+    """``outputs`` with ``originals[k]`` replaced by ``joined[k]``, checked to be visited in
+    ``tensors_in``'s order (else gradients would swap silently)."""
     pairs = iter(zip(originals, joined))
 
     def swap(t):

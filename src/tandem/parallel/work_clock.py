@@ -1,8 +1,8 @@
 """How long a device took for the work queued on it: what ``--split auto`` measures.
 
 On the CPU the host's clock measures the work. A CUDA call returns once its kernels are queued,
-so there a pair of CUDA events on the device's current stream measures the device's own time,
-read (waiting for the end event) only when the split looks at it, at the optimizer step.
+so there CUDA events on the device's current stream measure the device's own time, read only
+when the split looks at it, at the optimizer step.
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ def backend_module(device: torch.device):
 
 
 def synchronize(devices: Iterable[torch.device]) -> None:
-    """Wait for every queued kernel on ``devices`` (no-op for the CPU), before a clock that must
-    count them is read (an epoch's, a benchmark's)."""
+    """Wait for every queued kernel on ``devices`` (no-op for the CPU)."""
     for device in dict.fromkeys(devices):
         sync = getattr(backend_module(device), "synchronize", None)
         if sync is None:

@@ -1,8 +1,7 @@
-"""``--strategy auto``: a resolver, not a strategy. It races the strategies that can drive this
-model here (:func:`candidates`) on a deep copy of it, timed by :mod:`.step_timer`, and keeps
-the fastest, or a simpler one within the noise (:func:`choose`); under ``tandem launch`` it
-races the multi-process ones. Out of memory drops a candidate with a word. The RNGs are left
-as they were, so the run that follows is the run with the choice named.
+"""``--strategy auto``: races the strategies that can drive this model here (:func:`candidates`;
+under ``tandem launch`` the multi-process ones) on deep copies, timed by :mod:`.step_timer`, and
+keeps the fastest or a simpler one within the noise (:func:`choose`). Out of memory drops a
+candidate; the RNGs are left as they were, so the run that follows is the run with the choice.
 """
 
 from __future__ import annotations
@@ -31,9 +30,7 @@ from .base import strategy_class, strategy_names
 
 AUTO = "auto"
 NOISE = 0.03  # medians closer than this fraction are a tie: the simpler candidate wins
-# across processes a step waits on the link too, whose share of the noise is larger (the same
-# two-machine step measured 0.70x and 1.08x of another: BENCHMARKS.md section 16)
-PROCESS_NOISE = 0.10
+PROCESS_NOISE = 0.10  # across processes a step waits on the link too, a larger noise
 MIN_S, EPOCH_SHARE, MAX_S = 5.0, 0.05, 30.0  # the race's time budget (see budget_s)
 MIN_ROUNDS, MAX_ROUNDS = 3, 30  # timed rounds: fewer than 3 have no quartiles to judge by
 PROCESS_ROUNDS = 5  # timed rounds of a race across processes (--auto-steps to change)
@@ -52,22 +49,19 @@ def launched() -> str:
 
 
 def across_processes(name: str) -> str | None:
-    """The multi-process strategy that computes one-process strategy ``name``'s update with
-    one process per device (``hybrid``: its classifier split across the processes), if any."""
+    """The multi-process strategy computing one-process ``name``'s update, if any."""
     return next((n for n in strategy_names(multiprocess=True)
                  if strategy_class(n).across_processes_of == name), None)
 
 
 def launchable(name: str) -> bool:
-    """Whether ``tandem launch`` can run ``--strategy name``: a multi-process strategy, one with
-    a multi-process form, or ``auto``; any other would train N copies writing the same files."""
+    """Whether ``tandem launch`` can run ``--strategy name`` (``auto``, or a multi-process one)."""
     return (is_resolver(name) or strategy_class(name).multiprocess
             or across_processes(name) is not None)
 
 
 def check_launchable(name: str, how: str = "`tandem launch -- train`") -> None:
-    """Refuse to run ``--strategy name`` in several processes (``how``: what started them)
-    when it is not :func:`launchable`."""
+    """Refuse a ``--strategy name`` that is not :func:`launchable` (``how``: what started it)."""
     if launchable(name):
         return
     ok = [n for n in strategy_names() if launchable(n)] + [AUTO]
@@ -77,12 +71,11 @@ def check_launchable(name: str, how: str = "`tandem launch -- train`") -> None:
 
 
 def under_launch(name: str) -> str:
-    """What ``--strategy name`` runs as in a process torchrun started: a multi-process strategy
-    itself, a one-process one its multi-process form, else (and ``auto``, which then races the
-    multi-process candidates) the plain multi-process one."""
-    if not is_resolver(name) and strategy_class(name).multiprocess:
-        return name
-    return (None if is_resolver(name) else across_processes(name)) or launched()
+    """What ``--strategy name`` runs as under torchrun: a multi-process strategy itself, a
+    one-process one its multi-process form, else (``auto`` too) the plain multi-process one."""
+    if is_resolver(name):
+        return launched()
+    return name if strategy_class(name).multiprocess else across_processes(name) or launched()
 
 
 def simplest_first() -> list[str]:
@@ -93,9 +86,8 @@ def simplest_first() -> list[str]:
 def candidates(devices: list, model, options: dict | None = None,
                check: Callable[[str], str | None] | None = None, processes: bool = False
                ) -> tuple[list[str], dict[str, str]]:
-    """``(raced, not_raced)``: the one-process strategies (with ``processes``: the multi-process
-    ones) that can drive ``model`` on ``devices``, and why each other cannot. ``options``: the
-    model options a strategy may take (hybrid's head); ``check(name)``: the run's refusals."""
+    """``(raced, not_raced)``: the one-process (``processes``: multi-process) strategies that
+    can drive ``model`` on ``devices``, and why each other cannot (``check(name)``: the run's)."""
     raced, left = [], {}
     for name in strategy_names(multiprocess=True) if processes else simplest_first():
         cls = strategy_class(name)
@@ -117,8 +109,7 @@ def budget_s(epoch_s: float) -> float:
 
 @dataclass
 class RaceResult:
-    """What a race measured: one row per raced candidate (``median_s``/``iqr_s``, or ``note``
-    when dropped), its rounds and seconds, the choice and why."""
+    """A race: a row per raced candidate (``median_s``..., or ``note``), the choice and why."""
 
     rows: list[dict]
     rounds: int
@@ -143,8 +134,7 @@ class RaceResult:
 
 @contextlib.contextmanager
 def rng_kept():
-    """Leave torch's (CPU and every CUDA device's), numpy's and Python's generators as they
-    were when the block started."""
+    """Leave torch's (CPU and every CUDA device's), numpy's and Python's RNGs as they were."""
     py, npy = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
         try:
@@ -154,12 +144,15 @@ def rng_kept():
             np.random.set_state(npy)
 
 
+def _dropped(name: str, why: str = OUT_OF_MEMORY) -> dict:
+    return {"name": name, "note": f"dropped: {why}"}
+
+
 def _row(lane) -> dict:
     """A lane as the race's table keeps it: the step's median and quartiles, or why dropped."""
     if lane.failure is not None:
-        if lane.failure.startswith("OutOfMemoryError"):
-            return {"name": lane.name, "note": f"dropped: {OUT_OF_MEMORY}"}
-        return {"name": lane.name, "note": f"dropped: failed ({lane.failure})"}
+        oom = lane.failure.startswith("OutOfMemoryError")
+        return _dropped(lane.name, OUT_OF_MEMORY if oom else f"failed ({lane.failure})")
     q1, median, q3 = step_timer.quartiles(lane.times)
     return {"name": lane.name, "median_s": median, "iqr_s": q3 - q1, "q1_s": q1, "q3_s": q3}
 
@@ -169,10 +162,9 @@ def race(names: list[str], place: Callable[[str], Callable[[], step_timer.Strate
          clock: Callable[[], float] | None = None, agreement=LOCAL,
          agree: Callable[[dict], dict] | None = None) -> RaceResult:
     """Race ``names`` (``place(name)`` puts one on its devices, no collective, and returns what
-    launches it): a cold round (first-call costs misled a pick: BENCHMARKS.md section 13),
-    then the rounds :func:`budget_s` leaves, or ``rounds`` after a warm-up; at least
-    :data:`MIN_ROUNDS`. Across processes every rank races what every rank could place, and
-    ``agree(rows)``, called while the candidates stand, gives the rows all decide on."""
+    launches it): a cold round, then the rounds :func:`budget_s` leaves, or ``rounds`` after a
+    warm-up; at least :data:`MIN_ROUNDS`. Across processes every rank races what every rank
+    placed, and ``agree(rows)``, called while the candidates stand, gives the rows to decide on."""
     clock = clock or step_timer.clock
     start = clock()
     built, lanes, rows, ready = [], [], {}, {}
@@ -182,15 +174,14 @@ def race(names: list[str], place: Callable[[str], Callable[[], step_timer.Strate
                 try:
                     ready[name] = place(name)
                 except torch.OutOfMemoryError:
-                    rows[name] = {"name": name, "note": f"dropped: {OUT_OF_MEMORY}"}
+                    rows[name] = _dropped(name)
             everywhere = agreement.all_of([n in ready for n in names])
             for name, kept in zip(names, everywhere):
                 if name not in ready:
                     continue
                 candidate = ready.pop(name)
                 if not kept:  # placed here, not on another rank: no rank launches it
-                    rows[name] = {"name": name, "note": f"dropped: {OUT_OF_MEMORY} on another "
-                                                        "rank"}
+                    rows[name] = _dropped(name, f"{OUT_OF_MEMORY} on another rank")
                     continue
                 step = candidate()
                 built.append(step)
@@ -237,10 +228,10 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
             options: dict | None = None, check: Callable[[str], str | None] | None = None,
             rounds: int | None = None, epoch_batches: int = 1, clock=None,
             split=None, agreement=LOCAL, amp=None, lr: float = 0.1, **step) -> RaceResult:
-    """``auto`` resolved for ``model`` (each candidate takes a copy) on ``devices`` and the global
-    ``batch``: :func:`candidates` raced, then :func:`choose` (``step``: :func:`~.step_timer.placed`
-    keywords). Across processes all race the same rounds (no budget: each would judge one
-    alike only by chance), an all-reduce measures the link, and rank 0's table decides."""
+    """``auto`` resolved for ``model`` on ``devices`` and the global ``batch``: :func:`candidates`
+    raced on copies, then :func:`choose` (``step``: :func:`~.step_timer.placed` keywords). Across
+    processes all race the same rounds (no budget), an all-reduce measures the link, and rank
+    0's table decides."""
     processes = agreement.world_size
     names, not_raced = candidates(devices, model, options, check, processes=processes > 1)
     if not names:
@@ -282,8 +273,7 @@ def resolve(devices: list, model, batch: tuple[torch.Tensor, torch.Tensor], *,
 
 
 def process_rounds(asked: int | None) -> int:
-    """The timed rounds of a race across processes: ``--auto-steps`` (at least
-    :data:`MIN_ROUNDS`), else :data:`PROCESS_ROUNDS`."""
+    """A race across processes' timed rounds: ``--auto-steps`` (at least 3), else 5."""
     return max(MIN_ROUNDS, asked or PROCESS_ROUNDS)
 
 
@@ -296,7 +286,7 @@ def process_race_line(processes: int, asked: int | None) -> str:
 
 def link_rate(nbytes: int = 8_000_000, repeats: int = 3) -> float:
     """Bytes per second each process sends in a ring all-reduce of ``nbytes`` on the job's
-    group (the fastest of ``repeats``, after one untimed): what the link gives a step."""
+    group (the fastest of ``repeats``, after one untimed)."""
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend() == "nccl" else torch.device("cpu"))
     tensor = torch.zeros(nbytes // 4, device=device)
@@ -314,35 +304,37 @@ def link_rate(nbytes: int = 8_000_000, repeats: int = 3) -> float:
 
 
 def wire_backend(device) -> str:
-    """The backend :func:`~tandem.hybrid.cost.step_bytes` counts for a run on ``device``: gloo
-    on the CPU (its reduce-scatter sends twice the bytes), else nccl's collectives."""
+    """The backend :func:`~tandem.hybrid.cost.step_bytes` counts for a run on ``device``."""
     return "gloo" if backend_for(torch.device(device)) == "gloo" else "nccl"
 
 
 def planned_process_bytes(model, batch_size: int, processes: int, head: str | None = None,
                           backend: str = "nccl") -> dict[str, int]:
-    """The busiest process's bytes a step over ``backend`` (:func:`wire_backend`), by
-    multi-process strategy (:func:`~tandem.hybrid.cost.step_bytes`); ``{}`` if it cannot plan."""
+    """The busiest process's bytes a step over ``backend`` by multi-process strategy
+    (:func:`~tandem.hybrid.cost.step_bytes`); ``{}`` if it cannot plan."""
     try:
         cost = step_bytes(model, batch_size, processes, head, backend=backend)
-    except (TandemError, ValueError, TypeError, AttributeError):
+    except _CANNOT_PLAN:
         return {}
-    predicted = {launched(): round(cost.most(cost.ddp)),
-                 across_processes("hybrid"): round(cost.most(cost.hybrid))}
+    return _registered({launched(): round(cost.most(cost.ddp)),
+                        across_processes("hybrid"): round(cost.most(cost.hybrid))})
+
+
+_CANNOT_PLAN = (TandemError, ValueError, TypeError, AttributeError)
+
+
+def _registered(predicted: dict) -> dict:
     return {n: v for n, v in predicted.items() if n in strategy_names()}
 
 
 def _tied(a: dict, b: dict, noise: float = NOISE) -> bool:
-    """Within the noise: medians within ``noise`` of each other, or overlapping quartiles."""
     close = abs(a["median_s"] - b["median_s"]) <= noise * min(a["median_s"], b["median_s"])
     return close or (a["q1_s"] <= b["q3_s"] and b["q1_s"] <= a["q3_s"])
 
 
-def choose(rows: list[dict], planned: dict | None = None,
-           noise: float = NOISE) -> tuple[str, str]:
-    """``(name, reason)``: the shortest median step, or the simplest candidate within the
-    noise of it (``noise``: :data:`NOISE`, or :data:`PROCESS_NOISE` across processes);
-    ``planned`` (:func:`planned_bytes`) adds the bytes the plan predicts."""
+def choose(rows: list[dict], planned: dict | None = None, noise: float = NOISE) -> tuple[str, str]:
+    """``(name, reason)``: the shortest median step, or the simplest candidate within
+    ``noise`` of it (medians or quartiles); ``planned`` (:func:`planned_bytes`) adds bytes."""
     timed = {r["name"]: r for r in rows if "median_s" in r}
     if not timed:
         raise RuntimeError("--strategy auto: every candidate failed: " + "; ".join(
@@ -376,18 +368,16 @@ def _and(names: list[str]) -> str:
 
 def planned_bytes(model, devices: list, batch_size: int, input_size, head: str | None = None,
                   split=None) -> dict[str, int]:
-    """Bytes one step moves between devices, inputs included, as :func:`tandem.hybrid.plan`
-    predicts: single none, dp its data-parallel total, balanced that less the gathered logits
-    (it sends loss terms), hybrid its split total; ``{}`` for a model it cannot plan."""
+    """Bytes a step moves between devices, inputs in, as :func:`tandem.hybrid.plan` predicts
+    (balanced: dp's less the gathered logits); ``{}`` for a model it cannot plan."""
     try:
         p = hybrid_plan(model, devices, batch_size=batch_size, input_size=input_size, head=head,
-                 split=None if split == "auto" else split)
-    except (TandemError, ValueError, TypeError, AttributeError):
+                        split=None if split == "auto" else split)
+    except _CANNOT_PLAN:
         return {}
-    dp, hybrid = sum(p.dp_bytes.values()), sum(p.hybrid_bytes.values())  # inputs in
-    predicted = {"single": 0, "dp": dp, "balanced": dp - p.dp_bytes.get("activations", 0),
-                 "hybrid": hybrid}
-    return {n: v for n, v in predicted.items() if n in strategy_names()}
+    dp = sum(p.dp_bytes.values())
+    return _registered({"single": 0, "dp": dp, "balanced": dp - p.dp_bytes.get("activations", 0),
+                        "hybrid": sum(p.hybrid_bytes.values())})
 
 
 def _mb(n: int | None) -> str:
@@ -395,8 +385,7 @@ def _mb(n: int | None) -> str:
 
 
 def format_block(result: RaceResult, planned: dict | None = None, title: str = "") -> str:
-    """The table and the choice, in one block: each step's median and its spread (the
-    quartiles, and their distance as a share of the median)."""
+    """The table (each step's median, quartiles and their spread) and the choice, one block."""
     planned = planned or {}
     rounds = f"{result.rounds} timed round{'s' if result.rounds != 1 else ''}"
     if result.over_budget:

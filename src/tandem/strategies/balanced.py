@@ -1,9 +1,8 @@
 """``balanced``: model *and* criterion parallel, so outputs never pile up on device 0.
 
 Each device computes its share of the loss where its output lives; only scalars travel to
-device 0, combined into the exact whole-batch loss (:mod:`tandem.parallel.loss_terms`). Each
-device counts its own hits too; one small vector each (two counts, or a dense output's
-``classes x classes`` confusion matrix) travels to device 0, recorded as ``metrics`` traffic.
+device 0, combined into the exact whole-batch loss (:mod:`tandem.parallel.loss_terms`), and one
+small vector of hits each (``metrics`` traffic).
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ class BalancedStrategy(ReplicatedStrategy):
                          chunk_sizes=[o.shape[0] for o in outputs])  # the outputs' shares
         if len(chunks) != len(outputs):
             raise RuntimeError(
-                f"balanced: {len(outputs)} output chunks but targets split into {len(chunks)}"
-            )
+                f"balanced: {len(outputs)} output chunks but targets split into {len(chunks)}")
         scores = [self._score(criterion, out, tgt, tgt.shape[0])
                   for out, tgt in zip(outputs, chunks)]
         return StepOutput(loss, *self._sum_scores(scores, [o.device for o in outputs]))

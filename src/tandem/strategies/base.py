@@ -1,7 +1,6 @@
 """The one interface every training strategy implements, and the registry that selects one.
 
-Single-process strategies implement the collectives as no-ops, so the loop is the same for one
-device, many replica threads, or many processes.
+One-process strategies' collectives are no-ops: the loop is the same for any of them.
 """
 
 from __future__ import annotations
@@ -42,9 +41,9 @@ class StepOutput:
 class Strategy:
     """A way of running a training step on a set of devices.
 
-    Subclasses set ``name`` and declare their abilities below (defaults: one process driving
-    every device it is given). Code outside asks the abilities, never the name; decisions all
-    processes must share go through ``agreement`` (:mod:`tandem.distributed.agree`).
+    Subclasses set ``name`` and declare their abilities below; code outside asks those, never
+    the name. Decisions all processes share go through ``agreement``
+    (:mod:`tandem.distributed.agree`).
     """
 
     name: ClassVar[str] = ""
@@ -58,35 +57,30 @@ class Strategy:
     reference: ClassVar[bool] = False
     #: ``--split`` sets how much of each batch its devices (or ranks) take
     splits_batch: ClassVar[bool] = False
-    #: a multi-process strategy: the one-process strategy whose update it computes with one
-    #: process per device, which ``--strategy NAME`` under ``tandem launch`` then runs
+    #: the one-process strategy whose update it computes with a process per device
     across_processes_of: ClassVar[str | None] = None
-    #: its model's state is gathered from every rank (a collective): after a lost peer the
-    #: survivors cannot save it, and the run goes on from its last checkpoint
+    #: its model's state is gathered from every rank: survivors of a lost peer cannot save it
     state_needs_every_rank: ClassVar[bool] = False
-    #: what a lost peer does to the survivors' collectives (:mod:`tandem.distributed.faults`:
-    #: ``RAISES``, they save and say the line; ``ABORTS``, NCCL's watchdog ends them)
+    #: what a lost peer does to the survivors' collectives (:mod:`tandem.distributed.faults`)
     failure_model: str = faults.RAISES
     #: one process runs a replica per device in threads (``--backward-threads`` applies)
     replica_threads: ClassVar[bool] = False
 
+    #: the model options (:class:`~tandem.config.ModelConfig` fields) kept in ``self.options``
+    model_options: ClassVar[tuple[str, ...]] = ()
+    #: why ``--compile`` cannot be used with it (``None``: the model it is given may be compiled)
+    compile_unsupported: ClassVar[str | None] = None
+
     @classmethod
     def takes_any_model(cls) -> bool:
-        """Whether it trains any model: it keeps the base :meth:`check_model`, which asks for
-        nothing (hybrid's asks for a head it can split)."""
+        """Whether it keeps the base :meth:`check_model`, which asks for nothing."""
         return cls.check_model.__func__ is Strategy.check_model.__func__
-
-    #: the model options (:class:`~tandem.config.ModelConfig` fields) it takes, kept in
-    #: ``self.options`` (hybrid's ``hybrid_head``); any others handed to it are left out
-    model_options: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def check_model(cls, model: nn.Module, **options) -> str | None:
-        """``None`` if this strategy can train ``model``, else what it needs (one line).
-        ``options``: the model options of :attr:`model_options` (others are ignored)."""
+        """``None`` if it can train ``model`` (``options``: of :attr:`model_options`), else what
+        it needs (one line)."""
         return None
-    #: why ``--compile`` cannot be used with it (``None``: the model it is given may be compiled)
-    compile_unsupported: ClassVar[str | None] = None
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", output_key: str | int | None = None,
@@ -94,16 +88,12 @@ class Strategy:
                  backward_threads: bool | None = None, split_clock: Callable | None = None,
                  agreement: Agreement | None = None):
         self.devices = list(devices)
-        # the job's decisions (one process: its own; a multi-process strategy outside a Job
-        # makes its own)
-        self.agreement = agreement or LOCAL
+        self.agreement = agreement or LOCAL  # a multi-process one outside a Job makes its own
         self.sync_bn = sync_bn
         self.buffers = buffers
         self.output_key = output_key  # picks the logits of a dict or tuple output
-        # the model options this strategy takes (model_options), from those handed to it
         self.options = {k: (options or {}).get(k) for k in self.model_options}
-        # --split/--max-share: the shares of a batch, one per device (ranks: see ddp); a test
-        # clock for --split auto (parallel.split.clock_from_spec; None: real time)
+        # --split/--max-share, one share per device (ranks: see ddp); split_clock: a test clock
         self.split = BatchSplit(split, len(self.devices), max_share, clock=split_clock)
         self.backward_threads = backward_threads  # replica threads: the run plan's choice
 
@@ -142,7 +132,7 @@ class Strategy:
         return model.to(self.device)
 
     def unwrap(self, wrapped: nn.Module) -> nn.Module:
-        """The plain model inside what :meth:`setup` returned (:func:`tandem.model_state.unwrap`)."""
+        """The plain model inside what :meth:`setup` returned."""
         return model_state.unwrap(wrapped)
 
     def state_dict(self, wrapped: nn.Module) -> dict:
@@ -157,7 +147,7 @@ class Strategy:
 
     def optimizer_state_dict(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         """``optimizer``'s state as an optimizer of the plain model holds it (what checkpoints
-        hold, so that any strategy continues them)."""
+        hold)."""
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
@@ -168,8 +158,7 @@ class Strategy:
 
     def plain_norms(self, wrapped: nn.Module) -> PlainNorms:
         """The norms of the optimizer's parameters as the plain model has them
-        (:mod:`tandem.plain_norms`), for clipping and LARS's and LAMB's trust ratios. Default:
-        each parameter whole, the same on every process."""
+        (:mod:`tandem.plain_norms`; default: each parameter whole), for clipping, LARS, LAMB."""
         return PlainNorms(wrapped.parameters(), device=self.device)
 
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
@@ -181,7 +170,6 @@ class Strategy:
         return StepOutput(loss, *self._score(criterion, outputs, targets, targets.shape[0]))
 
     def _logits(self, output) -> torch.Tensor:
-        """The logits in what the model returned (``output_key`` picks them)."""
         return pick_output(output, self.output_key)
 
     @staticmethod
@@ -203,8 +191,7 @@ class Strategy:
 
     @property
     def stops_when(self) -> str:
-        """When a signal stops the run, as its line says (several ranks read their vote a step
-        late)."""
+        """When a signal stops the run, as its line says (ranks read their vote a step late)."""
         return "after the next step (when every rank has heard)" if self.agreement.several \
             else "after this step"
 

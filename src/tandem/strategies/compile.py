@@ -1,10 +1,8 @@
 """``--compile``: compile a model with ``torch.compile`` before a strategy sets it up.
 
-:func:`check_compile` is the validation (a run calls it once, up front); :func:`compiled` only
-compiles. The compiled module saves and loads the plain model's keys (no ``_orig_mod.``), so
-checkpoints of a compiled run load uncompiled. (``nn.Module.compile()`` is not used: it cannot
-trace an ``nn.Sequential`` ResNet as one graph.) A strategy that cannot run a compiled model
-says why in ``compile_unsupported``.
+:func:`check_compile` validates (once, up front); :func:`compiled` compiles, the module saving
+and loading the plain model's keys (no ``_orig_mod.``). ``nn.Module.compile()`` is not used: it
+cannot trace an ``nn.Sequential`` ResNet as one graph.
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ def check_compile(strategy: Strategy | type[Strategy], device_type: str = "cpu")
 
 
 def compiled(model: nn.Module, mode: str | None = None) -> nn.Module:
-    """``torch.compile(model, mode=mode)`` whose state dict has the plain model's keys.
-
-    It checks only ``mode``: whether the run can compile at all is :func:`check_compile`'s."""
+    """``torch.compile(model, mode=mode)`` whose state dict has the plain model's keys (only
+    ``mode`` is checked here: whether the run can compile is :func:`check_compile`'s)."""
     if mode not in (None, *COMPILE_MODES):
         raise UsageError(f"bad {param('compile_mode')} {mode!r}: choose one of "
                          f"{', '.join(COMPILE_MODES)}")

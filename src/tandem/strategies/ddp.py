@@ -25,15 +25,8 @@ from tandem.distributed.env import LAUNCH_HINT, DistEnv
 from tandem.distributed.global_loss import global_mean, local_sum
 from tandem.errors import UsageError, param
 from tandem.distributed.process_group import (
-    all_reduce_sum,
-    barrier,
-    destroy_process_group,
-    grads_in_param_strides,
-    backend_for,
-    init_process_group,
-    pick_device,
-    release_ddp,
-)
+    all_reduce_sum, backend_for, barrier, destroy_process_group, grads_in_param_strides,
+    init_process_group, pick_device, release_ddp)
 from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
 from tandem.parallel.buffers import check_policy
 from tandem.parallel.split import BatchSplit
@@ -43,13 +36,9 @@ from tandem.parallel.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 from .base import StepOutput, Strategy, register
 
 
+# newer torch renamed broadcast_buffers
 _HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-# BatchNorm classes that synchronise across processes: safe in training on 0 local samples.
-_SYNC_BN = (SyncBatchNorm, nn.SyncBatchNorm)
-
-
-def _plain_batchnorms(model: nn.Module) -> list:
-    return [m for m in model.modules() if isinstance(m, _BatchNorm) and not isinstance(m, _SYNC_BN)]
+_SYNC_BN = (SyncBatchNorm, nn.SyncBatchNorm)  # sync across ranks: safe on 0 local samples
 
 
 @register
@@ -75,8 +64,7 @@ class DDPStrategy(Strategy):
         self.rank = self.env.rank
         self.world_size = self.env.world_size
         self._device = pick_device(self.env, self.devices)
-        # This process touches only its own device (memory stats, syncs): never the others'.
-        self.devices = [self._device]
+        self.devices = [self._device]  # it touches only its own device (memory stats, syncs)
         self.timeout = timeout
         self.backend: str | None = None  # set by launch()
         self._plain_bn: list = []  # BatchNorms that do not sync: see rank_batchnorm
@@ -103,14 +91,10 @@ class DDPStrategy(Strategy):
     @property
     def failure_model(self) -> str:
         """gloo's survivors get an error; NCCL's watchdog aborts them."""
-        return faults.RAISES if self.backend_of_device() == "gloo" else faults.ABORTS
-
-    def backend_of_device(self) -> str:
-        return backend_for(self._device)
+        return faults.RAISES if backend_for(self._device) == "gloo" else faults.ABORTS
 
     def launch(self) -> "DDPStrategy":
-        """Join the process group, or the job's, which a :class:`~tandem.distributed.
-        process_group.Job` joined (every rank meets here; see init_process_group)."""
+        """Join the process group, or the job's (every rank meets here; see init_process_group)."""
         if self.backend is None:
             made = not dist.is_initialized()
             self.backend = init_process_group(self.env, self._device, self.timeout)
@@ -119,22 +103,26 @@ class DDPStrategy(Strategy):
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """Convert BN if ``sync_bn``, move ``model`` to this rank's device, wrap it in DDP
-        (gradients in their parameters' strides, as DDP's buckets have them)."""
-        if self.sync_bn:
-            model = convert_sync_batchnorm(model)
-        model = model.to(self._device)
-        self._plain_bn = _plain_batchnorms(model)
-        self._hooks += grads_in_param_strides(model)
-        self._hooks += self.split.time_backward_end(self.rank, model)
-        wrapped = DistributedDataParallel(model, **self.ddp_options())
+        """:meth:`prepare` ``model``, then wrap it in DDP."""
+        wrapped = DistributedDataParallel(self.prepare(model), **self.ddp_options())
         self._wrappers.append(weakref.ref(wrapped))
         return wrapped
 
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Convert BN if ``sync_bn`` and move ``model`` to this rank's device, its gradients in
+        their parameters' strides (as DDP's buckets have them)."""
+        if self.sync_bn:
+            model = convert_sync_batchnorm(model)
+        model = model.to(self._device)
+        self._plain_bn = [m for m in model.modules()
+                          if isinstance(m, _BatchNorm) and not isinstance(m, _SYNC_BN)]
+        self._hooks += grads_in_param_strides(model)
+        self._hooks += self.split.time_backward_end(self.rank, model)
+        return model
+
     def ddp_options(self) -> dict:
         """``DistributedDataParallel``'s keywords besides the module: the device, and rank 0's
-        buffers broadcast at every forward under ``--buffers replica0`` only (newer torch
-        renamed the flag)."""
+        buffers broadcast at every forward under ``--buffers replica0`` only."""
         device_ids = [self._device] if self._device.type == "cuda" else None
         flag = "forward_sync_buffers" if _HAS_FORWARD_SYNC else "broadcast_buffers"
         return {"device_ids": device_ids, flag: self.buffers == "replica0"}
@@ -143,6 +131,12 @@ class DDPStrategy(Strategy):
                      targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         """Forward this rank's share; one small all-reduce per call on every rank, in eval too,
         and no read of the device."""
+        return self.share_loss(wrapped, criterion, images, targets, (), self.world_size)
+
+    def share_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
+                   targets: torch.Tensor, args: tuple, world: int) -> StepOutput:
+        """:meth:`forward_loss` with ``wrapped(images, *args)``; ``world``: what the global
+        mean's gradient is multiplied by (DDP then averages over the ranks)."""
         training = torch.is_grad_enabled() and wrapped.training
         timed = training and self.split.auto is not None
         span = Span(self._device) if timed else None  # --split auto times this rank's own work
@@ -151,14 +145,13 @@ class DDPStrategy(Strategy):
         count = int(targets.shape[0])
         frozen = self._plain_bn if (count == 0 and wrapped.training) else []
         with frozen_batchnorm(frozen):
-            outputs = self._logits(wrapped(images))
+            outputs = self._logits(wrapped(images, *args))
         summed, denominator = local_sum(criterion, outputs, targets)
         if timed:  # before the all-reduce waits
             self.split.record(self.rank, count, span.stop())
             self.split.time_backward_start(summed)
         # the step makes no host sync: the loop reads the sums when it prints
-        loss, total_count = global_mean(criterion, summed, denominator, count,
-                                        self.world_size, self._device)
+        loss, total_count = global_mean(criterion, summed, denominator, count, world, self._device)
         if training and self.buffers == "average":
             average_running_stats(self._plain_bn, count, total_count, self._device)
         return StepOutput(loss, *self._score(criterion, outputs, targets, count))

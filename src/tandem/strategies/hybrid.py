@@ -2,8 +2,7 @@
 
 See :class:`tandem.hybrid.HybridParallel`: any model whose Linear head it finds (``classifier``,
 ``fc``, or the attribute ``hybrid_head`` names) and which calls that head last. Optimizer state
-is per classifier shard while it trains, and saved and loaded in the plain model's layout, so
-a hybrid run continues under any strategy and any run under hybrid.
+is saved and loaded in the plain model's layout, so runs continue across strategies.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """``hybrid-ddp``: the hybrid across processes, one per device (``tandem launch``, torchrun).
 
 See :class:`tandem.hybrid.across_processes.DistributedHybrid`: the trunk data parallel under
-DDP, the head's Linear layers split over the ranks, activations moved on a process group of
-their own. Launch, collectives, stop votes and lost peers are ddp's. Checkpoints hold the plain
-model and its optimizer state in the plain layout (any strategy continues them); gathering them
-is a collective, so every rank must call :meth:`state_dict` and :meth:`optimizer_state_dict`.
+DDP, the head's Linear layers split over the ranks, activations on a process group of their
+own; the rest is ddp's. Checkpoints hold the plain layout; gathering it is a collective, so
+every rank must call :meth:`state_dict` and :meth:`optimizer_state_dict`.
 """
 
 from __future__ import annotations
@@ -19,16 +18,12 @@ from torch import nn
 
 from tandem import model_state
 from tandem.errors import first_line
-from tandem.distributed.global_loss import global_mean, local_sum
-from tandem.distributed.process_group import grads_in_param_strides
-from tandem.distributed.rank_batchnorm import average_running_stats, frozen_batchnorm
 from tandem.hybrid.across_processes import DistributedHybrid
 from tandem.hybrid.layout import head_problem
 from tandem.parallel.shares import shares
-from tandem.parallel.sync_batchnorm import convert_sync_batchnorm
 
 from .base import StepOutput, register
-from .ddp import DDPStrategy, _plain_batchnorms
+from .ddp import DDPStrategy
 
 
 @register
@@ -46,9 +41,7 @@ class HybridDDPStrategy(DDPStrategy):
     def check_model(cls, model: nn.Module, hybrid_head: str | None = None, **_) -> str | None:
         return head_problem(model, hybrid_head)
 
-    def __init__(self, devices: list[torch.device], **kwargs):
-        super().__init__(devices, **kwargs)
-        self.activations = None  # the activations' process group, joined by launch()
+    activations = None  # the activations' process group, joined by launch()
 
     def launch(self) -> "HybridDDPStrategy":
         """Join the job's group (ddp's), then the activations' group (every rank meets)."""
@@ -70,13 +63,8 @@ class HybridDDPStrategy(DDPStrategy):
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """Convert BN if ``sync_bn``, move ``model`` to this rank's device, split its head."""
-        if self.sync_bn:
-            model = convert_sync_batchnorm(model)
-        model = model.to(self._device)
-        self._plain_bn = _plain_batchnorms(model)
-        self._hooks += grads_in_param_strides(model)
-        wrapped = DistributedHybrid(model, self._device, group=self.activations,
+        """:meth:`prepare` ``model`` as ddp does, then split its head."""
+        wrapped = DistributedHybrid(self.prepare(model), self._device, group=self.activations,
                                     head=self.options["hybrid_head"], ddp_options=self.ddp_options())
         self._wrappers.append(weakref.ref(wrapped.dp))
         return wrapped
@@ -88,20 +76,9 @@ class HybridDDPStrategy(DDPStrategy):
                      targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         """Forward this rank's share (collectives on every rank, in eval too). The loss it
         backpropagates is its rows' part of the global mean: no average over ranks follows."""
-        training = torch.is_grad_enabled() and wrapped.training
-        images = images.to(self._device, non_blocking=True)
-        targets = targets.to(self._device, non_blocking=True)
-        count = int(targets.shape[0])
-        frozen = self._plain_bn if (count == 0 and wrapped.training) else []
         # every rank's rows, as the loader cut them (even shares), so no collective asks
         rows = None if batch_size is None else shares(batch_size, [1] * self.world_size)
-        with frozen_batchnorm(frozen):
-            outputs = self._logits(wrapped(images, rows))  # (count, classes): this rank's rows
-        summed, denominator = local_sum(criterion, outputs, targets)
-        loss, total_count = global_mean(criterion, summed, denominator, count, 1, self._device)
-        if training and self.buffers == "average":
-            average_running_stats(self._plain_bn, count, total_count, self._device)
-        return StepOutput(loss, *self._score(criterion, outputs, targets, count))
+        return self.share_loss(wrapped, criterion, images, targets, (rows,), 1)
 
     # -- state (collectives) ----------------------------------------------------------------
     def state_dict(self, wrapped: nn.Module) -> dict:

@@ -1,15 +1,13 @@
 """What a step measures from a model's outputs: the logits it picks, and the hits it counts.
 
-Two kinds of output, told apart by shape:
+Kinds of output, told apart by shape:
 
-* classification: ``(N, classes)`` logits and ``(N,)`` class targets; top-1 and top-5 hits.
-* classification against class probabilities ``(N, classes)`` (mixup's and cutmix's mixed
-  targets): the hits count each sample's dominant label, the class of largest weight.
+* classification: ``(N, classes)`` logits and ``(N,)`` class targets; top-1 and top-5 hits
+  (class-probability targets, mixup's and cutmix's, count their dominant label).
 * dense (segmentation): ``(N, classes, *positions)`` logits and ``(N, *positions)`` class
-  targets; a ``classes x classes`` confusion matrix (rows: target, columns: prediction) over
-  the positions whose target is not ``ignore_index``. Pixel accuracy and mean IoU are read
-  from the matrix summed over batches, devices and processes, so they are exact over a whole
-  set (averaging per-batch IoUs would not be).
+  targets; a ``classes x classes`` confusion matrix (rows: target) over the positions whose
+  target is not ``ignore_index``. Pixel accuracy and mean IoU are read from the matrix summed
+  over batches, devices and processes, so they are exact over a whole set.
 
 Nothing here reads the device: counts stay tensors where the outputs are.
 """
@@ -68,9 +66,8 @@ def top5_hits(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def confusion_matrix(outputs: torch.Tensor, targets: torch.Tensor,
                      ignore_index: int = DEFAULT_IGNORE_INDEX) -> torch.Tensor:
-    """``(C, C)`` int64 counts on ``outputs``' device: ``[t, p]`` positions of target class
-    ``t`` predicted as ``p``. Targets equal to ``ignore_index`` (or outside ``0..C-1``) are
-    left out. No host sync: ignored positions go to an extra bin that is dropped."""
+    """``(C, C)`` int64 counts: ``[t, p]`` positions of target class ``t`` predicted as ``p``,
+    targets ``ignore_index`` (or outside ``0..C-1``) left out, into an extra bin (no host sync)."""
     classes = outputs.shape[1]
     targets = targets.to(outputs.device)
     predicted = outputs.argmax(1)
@@ -84,8 +81,7 @@ def confusion_matrix(outputs: torch.Tensor, targets: torch.Tensor,
 
 def hits(outputs: torch.Tensor, targets: torch.Tensor, ignore_index: int):
     """``(correct, correct5, confusion)`` for one chunk: top-1/top-5 hits and ``None`` for
-    classification; correct positions, ``None`` and the confusion matrix for dense outputs.
-    Class-probability targets (mixed ones) are scored against their dominant label."""
+    classification; correct positions, ``None`` and the confusion matrix for dense outputs."""
     targets = targets.to(outputs.device)
     if targets.is_floating_point() and targets.dim() == 2 and outputs.dim() == 2:
         targets = targets.argmax(1)
@@ -108,8 +104,7 @@ def label_smoothing(criterion) -> float:
 def plain_ce_sum(criterion, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
     """The summed cross-entropy *without* label smoothing of one classification chunk, when
     ``criterion`` is a label-smoothed ``CrossEntropyLoss`` and no gradient is taken (a
-    validation pass: a training step pays nothing), else ``None``. It is the number the
-    imagenet example's plain loss gives, printed beside the smoothed one."""
+    validation pass), else ``None``: the plain loss printed beside the smoothed one."""
     if not label_smoothing(criterion) or torch.is_grad_enabled() or outputs.dim() != 2:
         return None
     work = torch.promote_types(outputs.dtype, torch.float32)  # float32 at least, as CE's autocast

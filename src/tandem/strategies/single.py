@@ -25,7 +25,5 @@ class SingleDevice(Strategy):
         if len(devices) > 1:
             warnings.warn(
                 f"strategy 'single' uses only {devices[0]} of the {len(devices)} devices given; "
-                "use --strategy dp, balanced or hybrid to use them all",
-                stacklevel=2,
-            )
+                "use --strategy dp, balanced or hybrid to use them all", stacklevel=2)
         super().__init__(devices[:1], **kwargs)

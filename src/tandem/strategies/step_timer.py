@@ -1,10 +1,9 @@
-"""The step ``--strategy auto`` races (:mod:`.auto`; ``tandem bench`` times the same one).
+"""The step ``--strategy auto`` races (:mod:`.auto`) and ``tandem bench`` times.
 
-:class:`StrategyStep` is one full training step of a strategy launched around a model it takes
-over, on a fixed batch each rank takes its share of. :func:`interleave` runs steps round by
-round, the order rotating so that a busy machine's noise falls on every candidate alike
-(``torch.utils.benchmark.Timer`` times one statement at a time, so it cannot); the clock is
-read only after :func:`~tandem.parallel.work_clock.synchronize`.
+:class:`StrategyStep`: one full training step of a launched strategy on a fixed batch.
+:func:`interleave` runs steps round by round, the order rotating so that a busy machine's noise
+falls on every candidate alike; the clock is read only after
+:func:`~tandem.parallel.work_clock.synchronize`.
 """
 
 from __future__ import annotations
@@ -44,14 +43,13 @@ def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
 
 
 class TrainStep:
-    """A full training step around ``forward_loss()``; SGD, momentum 0.9, weight decay 1e-4,
-    in ``amp``'s autocast (with a ``GradScaler`` where it scales)."""
+    """A full training step around ``forward_loss()``: SGD (momentum 0.9, weight decay 1e-4) in
+    ``amp``'s autocast, with its ``GradScaler`` where it scales."""
 
-    def __init__(self, forward_loss: Callable[[], torch.Tensor], params, amp: Precision,
-                 lr: float):
+    def __init__(self, forward_loss: Callable[[], torch.Tensor], params, amp: Precision, lr: float):
         self.forward_loss = forward_loss
         self.optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
-        self.amp = amp  # as in tandem train: tandem.precision decides dtype and scaling
+        self.amp = amp
         self.scaler = amp.scaler() if amp.scaled else None
 
     def __call__(self) -> torch.Tensor:
@@ -69,8 +67,7 @@ class TrainStep:
 
 
 def rank_share(strategy: Strategy, images: torch.Tensor, targets: torch.Tensor):
-    """This rank's share of the global batch now (as the strategy's shares say); the whole
-    batch in a single process."""
+    """This rank's share of the global batch now (one process: the whole batch)."""
     if strategy.world_size == 1:
         return images, targets
     n = len(targets)
@@ -80,8 +77,7 @@ def rank_share(strategy: Strategy, images: torch.Tensor, targets: torch.Tensor):
 
 
 def timed_devices(strategy: Strategy) -> list[torch.device]:
-    """The devices to synchronise around a step: a ddp worker holds one device of the list;
-    the others are other processes' business."""
+    """The devices to synchronise around a step (a ddp worker: its own only)."""
     return list(strategy.devices) if strategy.world_size == 1 else [strategy.device]
 
 
@@ -98,8 +94,8 @@ def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
 
 @dataclass
 class Placed:
-    """A strategy built but not launched, with a model and batch on its device: what a
-    candidate holds before any collective (out of memory here is a rank's own failure)."""
+    """A strategy built but not launched, with a model and batch on its device (out of memory
+    here is a rank's own failure)."""
 
     strategy: Strategy
     model: nn.Module
@@ -109,8 +105,8 @@ class Placed:
     compile_mode: str | None = None
 
     def launch(self):
-        """``(strategy, wrapped, images, targets)``: the strategy launched (joining its
-        group: every rank meets there), the model compiled if asked and set up in it."""
+        """``(strategy, wrapped, images, targets)``: the strategy launched (every rank meets),
+        the model compiled if asked and set up in it."""
         strategy, model = self.strategy.launch(), self.model
         if self.compiled:
             compiling.check_compile(strategy, strategy.device.type)
@@ -124,8 +120,7 @@ def placed(name: str, model: nn.Module, devices: list[torch.device],
            compile_mode: str | None = None, split=None, split_clock=None,
            options: dict | None = None, agreement=None) -> Placed:
     """Strategy ``name`` built on ``devices`` around ``model`` (which it takes over), not
-    launched, with the batch on its device; the keywords are ``tandem train``'s (``split``:
-    ``--split``, ``split_clock`` its clock, ``options`` hybrid's head)."""
+    launched, with the batch on its device; the keywords are ``tandem train``'s."""
     extra = {} if split is None else {"split": split, "split_clock": split_clock}
     strategy = create_strategy(name, devices, sync_bn=sync_bn, buffers=buffers, options=options,
                                agreement=agreement, **extra)
@@ -134,9 +129,8 @@ def placed(name: str, model: nn.Module, devices: list[torch.device],
 
 
 class StrategyStep:
-    """One training step of a launched ``strategy`` around its set-up model (``wrapped``) on
-    the global batch (a rank of a multi-process strategy takes its share at every step).
-    :meth:`close` leaves the process group a multi-process strategy joined."""
+    """One training step of a launched ``strategy`` around its set-up model on the global batch
+    (a rank takes its share at every step); :meth:`close` closes the strategy."""
 
     def __init__(self, strategy: Strategy, wrapped: nn.Module, images: torch.Tensor,
                  targets: torch.Tensor, *, amp: Precision, lr: float):
@@ -147,8 +141,7 @@ class StrategyStep:
 
     @classmethod
     def start(cls, ready: Placed, *, amp: Precision, lr: float) -> "StrategyStep":
-        """The step of a :class:`Placed` candidate, launched now."""
-        return cls(*ready.launch(), amp=amp, lr=lr)
+            return cls(*ready.launch(), amp=amp, lr=lr)
 
     def forward_loss(self) -> torch.Tensor:
         x, y = rank_share(self.strategy, self.images, self.targets)
@@ -167,7 +160,7 @@ class StrategyStep:
 @dataclass
 class Lane:
     """One candidate in :func:`interleave`: its step, the devices to synchronise around it,
-    its timed rounds' times, its first step's time and loss, and why it failed (or ``None``)."""
+    its timed rounds, first step's time, last loss, and why it failed (or ``None``)."""
 
     name: str
     step: Callable[[], torch.Tensor] | None
@@ -186,9 +179,8 @@ def describe(exc: BaseException) -> str:
 def interleave(lanes: Sequence[Lane], rounds: int, warmup: int = 0, *, clock=clock,
                catch: bool = True, around: Callable | None = None) -> None:
     """``warmup`` untimed then ``rounds`` timed rounds of every lane's step, the order rotating
-    each round. A lane whose step raises is marked failed (``catch``) and skipped after;
-    without ``catch`` the error propagates (torchrun ranks need that). ``around(lane, timed)``
-    (a context manager factory) wraps each step, e.g. a traffic meter or a memory probe."""
+    each round. A lane whose step raises is marked failed and skipped after (``catch``), else
+    the error propagates (torchrun ranks). ``around(lane, timed)``: a context around each step."""
     for r in range(warmup + rounds):
         shift = r % len(lanes) if lanes else 0
         for lane in [*lanes[shift:], *lanes[:shift]]:
