@@ -24,6 +24,7 @@ from .decode import DECODER_ERRORS, default_decoder
 from .decode_stream import DecodeStream
 from .encoded import EncodedBatch, EncodedFolder, collate_encoded
 from .imagefolder import ImageFolderDataset
+from .paired import delegating
 
 log = logging.getLogger("tandem.data")
 
@@ -193,10 +194,7 @@ class DecodingLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __getattr__(self, name):
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)
+    __getattr__ = delegating("loader")
 
     def __iter__(self):
         for batch, labels, *rest in self.loader:  # rest: a mixed batch's pairing (.paired)

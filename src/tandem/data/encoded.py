@@ -15,6 +15,7 @@ import torch
 from .decode import DECODER_ERRORS, open_pillow, read_bytes
 from .imagefolder import first_decodable
 from .imagenet_transforms import train_draws, val_geometry
+from .paired import delegating
 from .transforms import SampleRandom
 
 _JPEG_START, _JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
@@ -78,10 +79,7 @@ class EncodedFolder(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getattr__(self, name):  # called only for what this class lacks: base's
-        if name == "base":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.base, name)
+    __getattr__ = delegating("base")
 
     def __getitem__(self, key):
         """``(Encoded, label)``, or ``((3, S, S) uint8, label)`` from the CPU path."""

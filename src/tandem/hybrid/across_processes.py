@@ -29,11 +29,10 @@ from tandem.plain_norms import PlainNorms
 
 from ..parallel import traffic
 from ..parallel.shares import shares
-from .layout import classifier_layout, find_head, head_sequential
-from .plain import (block, check_initialised, check_plain_keys, in_order, load_part,
-                    load_plain_optimizer_state, plain_optimizer_state)
+from .plain import (block, check_plain_keys, in_order, load_part, load_plain_optimizer_state,
+                    plain_optimizer_state)
 from .rank_collectives import all_shares, gather_along, gather_rows, rows_of_columns, sum_rows
-from .trunk import trunk_of
+from .trunk import walk_head
 
 #: traffic kind of the data-parallel gradients' all-reduce (see :func:`summing_hook`)
 GRADIENTS = "gradients"
@@ -134,21 +133,10 @@ class DistributedHybrid(nn.Module):
     def __init__(self, model: nn.Module, device: torch.device, group=None,
                  head: str | None = None, ddp_options: dict | None = None):
         super().__init__()
-        name = find_head(model, head, who="DistributedHybrid")
-        check_initialised(model, "DistributedHybrid")
+        name, mods, stages, key, trunk, self._parts = walk_head(model, head, "DistributedHybrid")
         self.group = group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = torch.device(device)
-        head_module = getattr(model, name)
-        mods = list(head_sequential(head_module))
-        leading, stages = classifier_layout(head_sequential(head_module))
-
-        def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
-            return f"{name}.{i}." if isinstance(head_module, nn.Sequential) else f"{name}."
-
-        # (prefix in the plain state dict, module holding that state): whole on every rank
-        trunk, self._parts = trunk_of(model, name, [mods[i] for i in leading])
-        self._parts += [(key(i), mods[i]) for i in leading]
         self.head_name = name
         local, self._split, self._steps = [], [], []
         for stage in stages:

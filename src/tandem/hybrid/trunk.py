@@ -10,6 +10,9 @@ from torch import nn
 
 from tandem.errors import UsageError
 
+from .layout import classifier_layout, find_head, head_sequential
+from .plain import check_initialised
+
 _KNOWN_CHILDREN = ("features", "avgpool", "classifier")
 
 
@@ -94,3 +97,23 @@ def trunk_of(model: nn.Module, name: str, leading: list[nn.Module]):
         return trunk, parts
     trunk = _Body(model, name, leading)
     return trunk, [("", trunk.body)]  # every key but the head's
+
+
+def walk_head(model: nn.Module, head: str | None, who: str):
+    """``(name, layers, stages, key, trunk, parts)`` of ``model``'s head (found and checked as
+    ``who``): its layers, their stages (:func:`~.layout.classifier_layout`), ``key(i)`` where
+    layer ``i`` keeps its state in the plain model, and :func:`trunk_of`'s trunk and parts,
+    the head's leading elementwise layers' included."""
+    name = find_head(model, head, who=who)
+    check_initialised(model, who)
+    head_module = getattr(model, name)
+    sequential = head_sequential(head_module)
+    mods = list(sequential)
+    leading, stages = classifier_layout(sequential)
+
+    def key(i: int) -> str:
+        return f"{name}.{i}." if isinstance(head_module, nn.Sequential) else f"{name}."
+
+    trunk, parts = trunk_of(model, name, [mods[i] for i in leading])
+    parts += [(key(i), mods[i]) for i in leading]
+    return name, mods, stages, key, trunk, parts

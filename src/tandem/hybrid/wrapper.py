@@ -24,10 +24,9 @@ from ..parallel import DataParallelModel, gather
 from ..parallel.devices import as_device, resolve_devices
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .cost import meta_copy, plan
-from .layout import classifier_layout, find_head, head_sequential
-from .plain import (check_initialised, check_plain_keys, in_order, load_part,
-                    load_plain_optimizer_state, plain_optimizer_state)
-from .trunk import trunk_of
+from .plain import (check_plain_keys, in_order, load_part, load_plain_optimizer_state,
+                    plain_optimizer_state)
+from .trunk import walk_head
 
 _SPLIT = (ColumnParallelLinear, RowParallelLinear)
 
@@ -61,24 +60,14 @@ class HybridParallel(nn.Module):
                  buffers: str = "replica0", head: str | None = None, split=None,
                  max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
-        name = find_head(model, head)
-        check_initialised(model, "HybridParallel")
+        name, mods, stages, key, trunk, self._parts = walk_head(model, head, "HybridParallel")
         devices = resolve_devices(device_ids)
         self.devices = devices
         self.output_device = as_device(output_device) if output_device is not None else devices[0]
         self.head_name = name
-        head_module = getattr(model, name)
-        leading, stages = classifier_layout(head_sequential(head_module))
-        mods = list(head_sequential(head_module))
-
-        def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
-            return f"{name}.{i}." if isinstance(head_module, nn.Sequential) else f"{name}."
-
-        trunk, self._parts = trunk_of(model, name, [mods[i] for i in leading])
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
                                        buffers=buffers, split=split, max_share=max_share,
                                        backward_threads=backward_threads)
-        self._parts += [(key(i), mods[i]) for i in leading]
         self.head = nn.Sequential(*self._split_head(mods, stages, key))
         self._keys = list(model.state_dict().keys())
         self._param_names = [name for name, _ in model.named_parameters()]
