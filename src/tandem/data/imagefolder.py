@@ -46,8 +46,7 @@ def _warn_once(path: str, exc: UnreadableImage) -> None:
 
 
 class NoDecodableImage(TandemError, ValueError):
-    """No file of a split decodes; re-raised from a worker, the message is cut back to the
-    original (the traceback's last line)."""
+    """No file of a split decodes (from a worker: the message cut back to the original)."""
 
     def __init__(self, message: str):
         marker = f"{type(self).__name__}: "
@@ -71,7 +70,6 @@ def first_decodable(samples: list[tuple[str, int]], bad: set[int], index: int, d
             _warn_once(samples[i][0], exc)
     raise NoDecodableImage(f"no image in this ImageFolder split can be decoded (all {n}, "
                            f"first: '{samples[0][0]}')")
-
 
 
 def _classes(root: Path) -> list[str]:
@@ -130,7 +128,6 @@ class ImageFolderDataset(ImageDataset):
     def decode_key(self, key) -> tuple[np.ndarray, int]:
         """``(HWC uint8 image, label)`` for a sample key (:func:`first_decodable`)."""
         index, seed, epoch = self._split(key)
-        # the draws are keyed by the sample asked for, even for a substitute
         return first_decodable(self.samples, self._bad, index,
                                lambda i: self._decode(i, SampleRandom(seed, epoch, index)))
 
@@ -142,8 +139,7 @@ class ImageFolderDataset(ImageDataset):
 
 def load_imagefolder(root: Path, *, augment: str, image_size: int | None,
                      splits: tuple[str, ...] = SPLITS):
-    """``(train, val, info)``; a split not in ``splits`` is None, not even listed (but the
-    first validation image's header when it gives the size)."""
+    """``(train, val, info)``; a split not in ``splits`` is None, not even listed."""
     if image_size is not None:
         check_size(image_size, "ImageFolder")
     wanted = [s for s in SPLITS if s in splits or (s == "val" and image_size is None)]
@@ -196,8 +192,7 @@ def _check_classes(root: Path, classes: list[str]) -> None:
 
 
 def _check_listed(root: Path, samples: list, classes: list[str] | None = None) -> list:
-    """``samples``, refused when empty or when one of ``classes`` has none (a class no image
-    teaches; torchvision refuses it too)."""
+    """``samples``, refused when empty or when one of ``classes`` has none (as torchvision)."""
     if not samples:
         raise UsageError(f"ImageFolder '{root}' has no image files "
                          f"(extensions: {' '.join(IMG_EXTENSIONS)})")

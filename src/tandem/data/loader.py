@@ -52,10 +52,8 @@ def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> to
 
 class ShardedBatchSampler(Sampler):
     """Yields, per global batch, this rank's list of sample keys ``(index, seed, epoch)``.
-
-    ``split``: ``None`` (even shares) or ``(epoch, batch, size) -> sizes`` (``--split``).
-    ``mix`` (:class:`~.mixing.Mixing`): the keys are followed by the partners' (:mod:`.paired`).
-    """
+    ``split``: ``None`` (even shares) or ``(epoch, batch, size) -> sizes`` (``--split``); with
+    ``mix`` (:class:`~.mixing.Mixing`) the keys are followed by the partners' (:mod:`.paired`)."""
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int,
                  epoch: int, rank: int = 0, world_size: int = 1, start_batch: int = 0,
@@ -111,8 +109,7 @@ def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch
                 torch.empty((0, *target_shape), dtype=torch.int64))
     images = [s[0] for s in samples]
     if all(x.dim() == 3 and x.permute(1, 2, 0).is_contiguous() for x in images):
-        # channels-last samples (ImageFolder's HWC crops seen as CHW): a plain copy into an
-        # (N, C, H, W) batch with channels-last strides, not a transpose per sample
+        # HWC crops seen as CHW: a plain copy into a channels-last batch, no transpose
         images = torch.stack([x.permute(1, 2, 0) for x in images]).permute(0, 3, 1, 2)
     else:
         images = torch.stack(images)
@@ -166,7 +163,6 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
         persistent_workers=persistent and workers > 0,
         prefetch_factor=PREFETCH if workers else None,
     )
-    # a dataset whose batches are finished in this process (--decode gpu: .device_decode)
     return dataset.finish_loader(loader) if hasattr(dataset, "finish_loader") else loader
 
 
