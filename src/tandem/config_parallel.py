@@ -1,7 +1,5 @@
 """The ``parallel`` section of the training configuration: how a run uses its devices.
 
-Its own module because it is the one section that asks the strategy registry, ``--split``
-and precision what they accept; :mod:`tandem.config` re-exports it with the other sections.
 What changes how a step runs (strategy, devices, compile, shares) may change on resume; what
 changes what it computes (amp, dtype, sync_bn, buffers) may not.
 """

@@ -1,9 +1,8 @@
 """The main process's half of ``--decode gpu``: nvJPEG decodes each batch, the device crops it.
 
-torchvision (the ``gpu`` extra) is imported only here, for a GPU decode. The decode is a
-parameter (``decode(files, device) -> images``; the tests pass :func:`host_decode`). A file the
-device refuses is made by the CPU path in this process; a fault of the device or the build
-(out of memory, a CUDA error, no nvJPEG) is raised.
+torchvision is imported only here. The decode is a parameter (``decode(files, device) ->
+images``; the tests pass :func:`host_decode`). A file the device refuses is made by the CPU
+path in this process; a fault of the device or the build (out of memory, no nvJPEG) is raised.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Random erasing as timm's ``RandomErasing`` (``--remode pixel --recount 1``), each draw from
 the sample's own :class:`SampleRandom`: one box of per-pixel normal noise of the normalised image.
 
-A ``uint8`` data set (ImageFolder) erases with the noise taken back through its normalisation
-(:func:`erase_pixels`): draws beyond about two standard deviations are clipped, the rest
-quantised to 1/255 of the range.
+A ``uint8`` data set erases with the noise taken back through its normalisation
+(:func:`erase_pixels`): clipped beyond about two standard deviations, quantised to 1/255.
 """
 
 from __future__ import annotations

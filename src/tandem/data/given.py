@@ -115,10 +115,9 @@ class GivenDataset(Dataset):
 def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] = SPLITS,
                augment: str | Recipe = "auto", image_size: int | None = None,
                num_classes: int | None = None, reprob: float = 0.0):
-    """``(train, val, info)`` of a user's data sets, as :func:`~tandem.data.load_dataset`.
-
-    The class count is ``classes``'s, else the data sets' own ``classes`` (torchvision's),
-    else the targets' max + 1. ``augment``, ``reprob`` and ``image_size`` are refused."""
+    """``(train, val, info)`` of a user's data sets, as :func:`~tandem.data.load_dataset`; the
+    class count is ``classes``'s, else the data sets' own ``classes``, else the targets' max +
+    1. ``augment``, ``reprob`` and ``image_size`` are refused."""
     recipe = parse_augment(augment, reprob)
     if recipe.geometry not in ("auto", "none") or recipe.policy is not None:
         shown = recipe.policy.spec if recipe.policy is not None else recipe.geometry

@@ -2,8 +2,8 @@
 one directory split 80/20 per class by a fixed seed. Samples are ``uint8`` ``(3, S, S)``
 (``S``: default the shorter side of the first validation image), normalised on the device.
 
-Warning: a file the decoders refuse (:class:`~tandem.data.decode.UnreadableImage`) is warned
-about once and replaced by the next that decodes, which then appears twice that epoch.
+Warning: a file the decoders refuse is warned about once and replaced by the next that
+decodes, which then appears twice that epoch.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Loaders whose global batches depend only on ``(seed, epoch)``.
 
 Global batch ``b`` is ``order[b*B:(b+1)*B]`` of a permutation seeded by ``(seed, epoch)``;
-nothing is dropped, padded or repeated; rank ``r`` loads its contiguous share. Warning: when a
-last batch has fewer samples than ranks, trailing ranks get an *empty* batch (every rank
-yields the same number of batches): callers must cope with a zero-sample step.
+nothing is dropped, padded or repeated; rank ``r`` loads its contiguous share. Warning: a last
+batch smaller than the ranks gives trailing ranks an *empty* batch (a zero-sample step).
 """
 
 from __future__ import annotations
@@ -136,11 +135,9 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
                 pin_memory: bool = False, persistent: bool = False, split=None,
                 mix: Mixing | None = None) -> DataLoader:
     """A DataLoader over this rank's share of the epoch's global batches of ``batch_size``.
-
     ``dataset`` takes ``(index, seed, epoch)`` keys and has a ``shape`` (optionally ``dtype``,
-    ``target_shape``) for empty batches, or its own ``collate`` (and ``finish_loader``). With
-    ``mix`` each batch is ``(images, targets, pairing)``, to mix on the device.
-    """
+    ``target_shape``) for empty batches, or its own ``collate`` (and ``finish_loader``); with
+    ``mix`` each batch is ``(images, targets, pairing)``."""
     _check_int("workers", workers, 0)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
                                   epoch=epoch, rank=rank, world_size=world_size,
@@ -153,16 +150,11 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
         dataset = Paired(dataset, collate_fn)
         collate_fn = dataset.collate
     loader = DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=workers,
-        collate_fn=collate_fn,
+        dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate_fn,
         worker_init_fn=functools.partial(_seed_worker, base=base) if workers else None,
         generator=torch.Generator().manual_seed(base),  # keeps the global RNG untouched
-        pin_memory=pin_memory,
-        persistent_workers=persistent and workers > 0,
-        prefetch_factor=PREFETCH if workers else None,
-    )
+        pin_memory=pin_memory, persistent_workers=persistent and workers > 0,
+        prefetch_factor=PREFETCH if workers else None)
     return dataset.finish_loader(loader) if hasattr(dataset, "finish_loader") else loader
 
 

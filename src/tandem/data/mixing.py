@@ -1,9 +1,9 @@
 """mixup and cutmix as timm's ``Mixup`` in "batch" mode, drawn once per global batch from
 ``(seed, epoch, batch)``, never from a process's own generator; the mix itself on the device.
 
-A drawn permutation gives each sample its partner (timm pairs ``i`` with ``N - 1 - i``), which
-another rank may hold: the loader loads it too (:mod:`.paired`). :func:`mix` runs after
-normalisation (mixing is affine); targets become class probabilities, one-hot when unmixed.
+A drawn permutation gives each sample its partner, which another rank may hold: the loader
+loads it too (:mod:`.paired`). :func:`mix` runs after normalisation (mixing is affine);
+targets become class probabilities.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """RandAugment (``randaugment:N:M``, timm's ``rand-mM-nN``) and TrivialAugment Wide, every draw
 from the sample's own :class:`SampleRandom`, so an image is the same whoever loads it.
 
-A signed argument is negated with probability 1/2; a geometric operation resamples with
-bilinear or bicubic (timm's random interpolation). The operations work on ``uint8`` pixels: a
-float image in ``[0, 1]`` is rounded to them and back (:meth:`Policy.on_float`).
+A signed argument is negated half the time; a geometric operation resamples bilinear or
+bicubic (as timm). They work on ``uint8`` pixels (:meth:`Policy.on_float` rounds to them).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """AlexNet: torchvision's single tower, and Krizhevsky 2012's two towers (``groups=2``, LRN).
 
-``forward`` is ``classifier(flatten(avgpool(features(x)), 1))``, the Linear layers directly in
-``classifier``, so hybrid parallelism can run ``features`` data-parallel and split the rest.
+``forward`` is ``classifier(flatten(avgpool(features(x)), 1))``, so hybrid can split the rest.
 """
 
 from __future__ import annotations
