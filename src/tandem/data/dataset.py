@@ -24,6 +24,7 @@ AUGMENT_MODES = ("none", "standard", "imagenet")
 #: after the data's own geometry
 AUGMENT_FORMS = ("auto", *AUGMENT_MODES, *POLICY_FORMS)
 SPLITS = ("train", "val")  # what every loader returns, in this order, then the DatasetInfo
+SPLIT_SEED, VAL_FRACTION = 0, 0.2  # a data set without a val split: 80/20 per class, fixed
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import torch
 
 from tandem.errors import TandemError, UsageError
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size, stratified_split
+from .dataset import (SPLIT_SEED, SPLITS, VAL_FRACTION, DatasetInfo, ImageDataset, check_size,
+                      stratified_split)
 from .decode import UnreadableImage, decoding
 from .device import Normalization
 from .erasing import erase_pixels
@@ -30,8 +31,6 @@ log = logging.getLogger("tandem.data")
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
                   ".gif")
-SPLIT_SEED = 0
-VAL_FRACTION = 0.2
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 NORMALIZATION = Normalization(MEAN, STD)
