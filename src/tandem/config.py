@@ -120,15 +120,13 @@ class DataConfig:
         self.mixing()
         for name in ("image_size", "num_classes", "synthetic_size"):
             value = getattr(self, name)
-            check(value is None or value >= 1,
-                   f"bad {param(name)} {value}: must be >= 1")
+            check(value is None or value >= 1, f"bad {param(name)} {value}: must be >= 1")
         check(self.workers >= 0, f"bad {param('workers')} {self.workers}: must be >= 0")
         check_choice(self.decode, DECODE_MODES, "decode")
 
     def mixing(self, num_classes: int = 1) -> Mixing | None:
         """The run's mixup and cutmix over ``num_classes`` (checked), or None when off."""
-        mixing = Mixing(self.mixup, self.cutmix, self.mix_prob, self.mix_switch_prob,
-                        num_classes)
+        mixing = Mixing(self.mixup, self.cutmix, self.mix_prob, self.mix_switch_prob, num_classes)
         return mixing if mixing.active else None
 
 

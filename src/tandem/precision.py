@@ -24,14 +24,11 @@ _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 @functools.lru_cache(maxsize=None)
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):  # x86, aarch64
-                    return frozenset(value.split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):  # x86, aarch64
+                return frozenset(value.split())
     return frozenset()
 
 

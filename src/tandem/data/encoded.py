@@ -116,9 +116,8 @@ def collate_encoded(samples: list, *, size: int) -> tuple[EncodedBatch, torch.Te
     ends = np.cumsum([len(s.data) for _, s in encoded], dtype=np.int64).tolist()
     data = torch.frombuffer(bytearray(b"".join(s.data for _, s in encoded)) or bytearray(1),
                             dtype=torch.uint8)
-    jobs = [(j, end - len(s.data), end, s) for (j, s), end in zip(encoded, ends)]
-    jobs = [(j, start, end, Encoded(b"", s.box, s.flip, s.key, s.resize))  # bytes sent once
-            for j, start, end, s in jobs]
+    jobs = [(j, end - len(s.data), end, Encoded(b"", s.box, s.flip, s.key, s.resize))
+            for (j, s), end in zip(encoded, ends)]  # the bytes sent once, in data
     crop_at = [j for j, (s, _) in enumerate(samples) if not isinstance(s, Encoded)]
     # HWC-strided crops (see ImageFolderDataset.__getitem__): stacked as HWC, a plain copy
     crops = (torch.stack([samples[j][0].permute(1, 2, 0) for j in crop_at]).permute(0, 3, 1, 2)

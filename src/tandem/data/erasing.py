@@ -45,7 +45,7 @@ def _noise(rng: SampleRandom, shape: tuple[int, ...]) -> np.ndarray:
 
 def erase_normalised(image: np.ndarray, prob: float, rng: SampleRandom) -> np.ndarray:
     """A normalised ``(C, H, W)`` float image with a box of noise, with probability ``prob``
-    (the same array, written in place, when erased; as it was when not)."""
+    (a new array when erased, ``image`` itself when not)."""
     channels, height, width = image.shape
     box = erase_box(height, width, prob, rng)
     if box is None:

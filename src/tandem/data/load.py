@@ -48,7 +48,6 @@ def check_spec(spec: str) -> None:
                           "package.module:function returning your own")
 
 
-
 def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
                  image_size: int | None = None, synthetic_size: int | None = None,
                  num_classes: int | None = None, splits: tuple[str, ...] = SPLITS,

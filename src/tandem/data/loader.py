@@ -36,8 +36,7 @@ def rank_rows(num_samples: int | None, batch_size: int, batch: int, rank: int = 
     (``None``: a whole batch); what the sampler yields and where keyed dropout places them."""
     left = batch_size if num_samples is None else num_samples - batch * batch_size
     size = max(0, min(batch_size, left))
-    sizes = (shares(size, [1] * world_size) if split is None
-             else split(epoch, batch, size))
+    sizes = (shares(size, [1] * world_size) if split is None else split(epoch, batch, size))
     return sum(sizes[:rank]), sizes[rank]
 
 

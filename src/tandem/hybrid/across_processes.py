@@ -129,11 +129,10 @@ class DistributedHybrid(nn.Module):
     def __init__(self, model: nn.Module, device: torch.device, group=None,
                  head: str | None = None, ddp_options: dict | None = None):
         super().__init__()
-        name, mods, stages, key, trunk, self._parts = walk_head(model, head, "DistributedHybrid")
+        mods, stages, key, trunk = walk_head(self, model, head, "DistributedHybrid")
         self.group = group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = torch.device(device)
-        self.head_name = name
         local, self._split, self._steps = [], [], []
         for stage in stages:
             first, last = stage.indices[0], stage.indices[-1]
@@ -158,8 +157,6 @@ class DistributedHybrid(nn.Module):
                    "process_group": group, **(ddp_options or {})}
         self.dp = DistributedDataParallel(_Replicated(trunk, local), **options)
         self.dp.register_comm_hook(options["process_group"], self.grad_hook)
-        self._keys = list(model.state_dict().keys())
-        self._param_names = [n for n, _ in model.named_parameters()]
         self.shares: list[int] = []  # every rank's rows in the last forward
 
     def no_sync(self):

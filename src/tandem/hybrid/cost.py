@@ -164,8 +164,7 @@ def _layout_rows(head: nn.Module, name: str, leading, stages, n: int) -> list[st
     def at(i: int) -> str:  # the layer's name in the model
         return f"{name}.{i}" if isinstance(head, nn.Sequential) else name
 
-    rows = [f"{at(i)} {type(mods[i]).__name__}: per batch chunk, data parallel"
-            for i in leading]
+    rows = [f"{at(i)} {type(mods[i]).__name__}: per batch chunk, data parallel" for i in leading]
     for stage in stages:
         i = stage.indices[0]
         if stage.kind == "local":

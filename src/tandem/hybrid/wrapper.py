@@ -58,17 +58,14 @@ class HybridParallel(nn.Module):
                  buffers: str = "replica0", head: str | None = None, split=None,
                  max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
-        name, mods, stages, key, trunk, self._parts = walk_head(model, head, "HybridParallel")
+        mods, stages, key, trunk = walk_head(self, model, head, "HybridParallel")
         devices = resolve_devices(device_ids)
         self.devices = devices
         self.output_device = as_device(output_device) if output_device is not None else devices[0]
-        self.head_name = name
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
                                        buffers=buffers, split=split, max_share=max_share,
                                        backward_threads=backward_threads)
         self.head = nn.Sequential(*self._split_head(mods, stages, key))
-        self._keys = list(model.state_dict().keys())
-        self._param_names = [name for name, _ in model.named_parameters()]
         object.__setattr__(self, "_skeleton", meta_copy(model))
 
     def _split_head(self, mods: list[nn.Module], stages, key) -> list[nn.Module]:
@@ -91,8 +88,7 @@ class HybridParallel(nn.Module):
             if stage.kind == "pair":
                 head.append(Shardwise(*[mods[i] for i in stage.indices[1:-1]]))
                 self._parts += [(key(i), mods[i]) for i in stage.indices[1:-1]]
-                head.append(RowParallelLinear.from_linear(mods[last], devices,
-                                                          output_device=out))
+                head.append(RowParallelLinear.from_linear(mods[last], devices, output_device=out))
                 self._parts.append((key(last), head[-1]))
         return head
 
