@@ -1,9 +1,8 @@
 """The training configuration: a few typed, frozen dataclasses that check themselves.
 
-Each field carries its flag (:mod:`tandem.config_fields`); the CLI is derived from them and
-the resolved config is written to ``OUT/config.json`` and every checkpoint. ``batch_size`` is
-the **global** batch; ``accum_steps = K`` makes one optimizer step consume K global batches;
-``max_steps`` counts optimizer steps and stops early without changing the schedule.
+Each field carries its flag (:mod:`tandem.config_fields`); the resolved config is written to
+``OUT/config.json`` and every checkpoint. ``batch_size`` is the **global** batch; one optimizer
+step consumes ``accum_steps`` of them; ``max_steps`` stops early, the schedule unchanged.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ class ModelConfig:
                            "block's branch is dropped with probability P, earlier ones "
                            "linearly less, the first never, as in timm; 0: none",
                            metavar="P")
-    # Only the fresh run reads the file; a resumed run's weights come from its checkpoint.
     pretrained: str | None = opt(None, "start from these weights: a torchvision state-dict file "
                                  "or a checkpoint; nothing is downloaded (a classifier of "
                                  "another size is re-initialised)", "--pretrained", "--weights",
@@ -122,15 +120,13 @@ class DataConfig:
         self.mixing()
         for name in ("image_size", "num_classes", "synthetic_size"):
             value = getattr(self, name)
-            check(value is None or value >= 1,
-                   f"bad {param(name)} {value}: must be >= 1")
+            check(value is None or value >= 1, f"bad {param(name)} {value}: must be >= 1")
         check(self.workers >= 0, f"bad {param('workers')} {self.workers}: must be >= 0")
         check_choice(self.decode, DECODE_MODES, "decode")
 
     def mixing(self, num_classes: int = 1) -> Mixing | None:
         """The run's mixup and cutmix over ``num_classes`` (checked), or None when off."""
-        mixing = Mixing(self.mixup, self.cutmix, self.mix_prob, self.mix_switch_prob,
-                        num_classes)
+        mixing = Mixing(self.mixup, self.cutmix, self.mix_prob, self.mix_switch_prob, num_classes)
         return mixing if mixing.active else None
 
 
@@ -266,8 +262,7 @@ class OptimConfig:
         return values
 
     def excludes_norm(self) -> bool:
-        """``--wd-exclude-norm`` resolved: as given, else on for the optimizers timm excludes
-        for (adamw, lars, lamb), off for sgd."""
+        """``--wd-exclude-norm`` resolved: as given, else on for adamw, lars and lamb (timm)."""
         if self.wd_exclude_norm is None:
             return self.optimizer in EXCLUDES_NORM
         return self.wd_exclude_norm == "on"
@@ -313,10 +308,9 @@ SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
 
 
 def flag_for(name: str) -> str:
-    """The flag that names parameter ``name`` on the command line: a training config field's
-    long flag spelt like the field (``--weight-decay``, not ``--wd``; ``--lr``, not
-    ``--learning-rate``), else its first long flag; any other parameter (``tandem launch``'s,
-    ``tandem bench``'s) the flag its name makes (``nproc_per_node``: ``--nproc-per-node``)."""
+    """The flag that names parameter ``name``: a config field's long flag spelt like the field
+    (``--weight-decay``, not ``--wd``), else its first long flag; any other parameter the flag
+    its name makes (``nproc_per_node``: ``--nproc-per-node``)."""
     own = "--" + name.replace("_", "-")
     for section in SECTIONS.values():
         for f in dataclasses.fields(section):
@@ -327,8 +321,7 @@ def flag_for(name: str) -> str:
 
 
 def flagged(exc: BaseException) -> str:
-    """``exc``'s message as the command line says it: each parameter it names by its flag
-    (:func:`flag_for`); another exception's message as it is."""
+    """``exc``'s message with each parameter named by its flag (:func:`flag_for`)."""
     return exc.worded(flag_for) if isinstance(exc, TandemError) else str(exc)
 
 
@@ -347,9 +340,8 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def settings(self) -> dict:
-        """:meth:`to_dict` without the ``PER_CALL`` fields: the run's own settings, as
-        ``config.json`` and checkpoints keep them (``--max-steps`` or ``--out`` belong to one
-        invocation, and a later one must neither see nor inherit them)."""
+        """:meth:`to_dict` without the ``PER_CALL`` fields (``--max-steps``, ``--out``): the
+        run's own settings, as ``config.json`` and checkpoints keep them."""
         saved = self.to_dict()
         for name, section in SECTIONS.items():
             for f in dataclasses.fields(section):
@@ -358,16 +350,15 @@ class TrainConfig:
         return saved
 
     def job_settings(self) -> dict:
-        """``{"optim.lr": 0.01, ...}``: every field the ranks of a job must agree on (all but
-        those each machine may give its own: ``per_node``)."""
+        """``{"optim.lr": 0.01, ...}``: every field the ranks of a job must agree on."""
         return {f"{name}.{f.name}": getattr(getattr(self, name), f.name)
                 for name, section in SECTIONS.items() for f in dataclasses.fields(section)
                 if not f.metadata.get("per_node")}
 
     @classmethod
     def from_settings(cls, settings: dict, caller: str = "tandem.fit()") -> "TrainConfig":
-        """Build from flat field names (``batch_size=64, strategy="dp"``), each checked as
-        from the command line. An unknown name is an error suggesting close ones."""
+        """Build from flat field names (``batch_size=64``), checked as from the command line;
+        an unknown name is an error suggesting close ones."""
         where = {f.name: name for name, section in SECTIONS.items()
                  for f in dataclasses.fields(section)}
         values: dict[str, dict] = {name: {} for name in SECTIONS}

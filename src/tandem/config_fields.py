@@ -23,10 +23,8 @@ def opt(default: Any, help: str | Callable[[], str], *flags: str, choices: tuple
         metavar: str | None = None, on_resume: str = FIXED, nargs: str | None = None,
         const: Any = None, per_node: bool = False):
     """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``.
-    ``per_node``: each machine of a job may give its own value (a path on its own disk); the
-    job's ranks compare every other field (``TrainConfig.job_settings``).
-
-    ``help`` may be a callable, asked when the parser is built (as ``choices`` may);
+    ``per_node``: each machine of a job may give its own value (the ranks compare every other
+    field). ``help`` and ``choices`` may be callables, asked when the parser is built;
     ``default`` may be ``dataclasses.MISSING`` for a required field, whose flag defaults to None.
     """
     meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,

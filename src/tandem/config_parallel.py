@@ -1,7 +1,5 @@
 """The ``parallel`` section of the training configuration: how a run uses its devices.
 
-Its own module because it is the one section that asks the strategy registry, ``--split``
-and precision what they accept; :mod:`tandem.config` re-exports it with the other sections.
 What changes how a step runs (strategy, devices, compile, shares) may change on resume; what
 changes what it computes (amp, dtype, sync_bn, buffers) may not.
 """
@@ -24,7 +22,7 @@ DTYPES = ("float32", "float64")
 
 
 def _strategy_names() -> tuple[str, ...]:
-    """The registered strategies (the registry is the one list of names), and ``auto``."""
+    """The registered strategies and ``auto``."""
     return (*strategy_names(), AUTO)
 
 
@@ -56,15 +54,12 @@ class ParallelConfig:
                      "where every strategy matches single to about 1e-12 instead of float32's "
                      "rounding (several times slower)", choices=DTYPES)
     channels_last: bool = opt(False, "channels-last (NHWC) memory format for the model and "
-                              "its inputs",
-                              on_resume=MAY_CHANGE)
-    # Compiling changes how the step runs, not what it computes: a run may change it on resume.
+                              "its inputs", on_resume=MAY_CHANGE)
     compile: bool = opt(False, f"compile the model with torch.compile (with "
                         f"{' or '.join(compiling_strategies())}); the compile time is reported "
                         f"apart from step times", on_resume=MAY_CHANGE)
     compile_mode: str | None = opt(None, "torch.compile mode (with --compile; default: torch's)",
                                    choices=COMPILE_MODES, on_resume=MAY_CHANGE)
-    # Shares change how long a step takes, not what it computes: a resume may change them.
     split: str | None = opt(None, f"with {', '.join(strategy_names(splits_batch=True))}: each "
                             "device's (or rank's) share of every batch, as weights (3,1: three "
                             "quarters to the first) or auto (follow the measured speeds); the "
@@ -73,14 +68,12 @@ class ParallelConfig:
     max_share: int | None = opt(None, "the most samples any one device (or rank) may take of a "
                                 "batch; a batch or --split that needs more is refused at once",
                                 metavar="N", on_resume=MAY_CHANGE)
-    # Like --compile, the backward's threads change how a step runs and its last bits only.
     backward_threads: str | None = opt(None, "strategies with replica threads: on runs each CPU "
-                                             "replica's backward in its own thread, off all in "
-                                             "autograd's one (default: on when the replicas' "
-                                             "threads add cores or with --split; decided when the "
-                                             "run starts, kept in "
-                                             "config.json and on resume)", choices=("on", "off"),
-                                       on_resume=MAY_CHANGE)
+                                       "replica's backward in its own thread, off all in "
+                                       "autograd's one (default: on when the replicas' threads "
+                                       "add cores or with --split; decided when the run starts, "
+                                       "kept in config.json and on resume)",
+                                       choices=("on", "off"), on_resume=MAY_CHANGE)
 
     def __post_init__(self):
         check(bool(self.strategy), f"{param('strategy')} must not be empty")

@@ -1,10 +1,9 @@
 """Keep glibc's malloc from giving a training step's memory back to the system every step.
 
-A CPU step frees and allocates again the same megabytes, and glibc's moving mmap and trim
-thresholds make it fault them in again page by page. :func:`tune` fixes the mmap threshold at
-glibc's largest (32 MiB) and the trim threshold at 2 GiB: the process keeps its peak memory
-(BENCHMARKS.md section 11). ``TANDEM_MALLOC=default`` keeps glibc's own (the caller passes
-``left_alone``); elsewhere than glibc nothing changes.
+glibc's moving mmap and trim thresholds make a CPU step fault the megabytes it frees and
+takes again in page by page. :func:`tune` fixes the mmap threshold at 32 MiB and the trim
+threshold at 2 GiB: the process keeps its peak memory. ``TANDEM_MALLOC=default`` keeps
+glibc's own (the caller passes ``left_alone``); without glibc nothing changes.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ from typing import Callable
 __all__ = ["TandemError", "UsageError", "MissingFileError", "CheckpointError",
            "TrainingDiverged", "first_line", "param", "quoted", "a"]
 
-# A parameter's name inside a message sits between two private-use characters, which no
-# value a message quotes (a path, a number, a model's name) carries.
+# A parameter's name in a message sits between two private-use characters no quoted value has
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _PARAM = re.compile(f"{_OPEN}([^{_CLOSE}]*){_CLOSE}")
 
@@ -40,8 +39,7 @@ class TandemError(Exception):
     quiet = False
 
     def __init__(self, *args, quiet: bool | None = None, hint: str | None = None):
-        # the message as written, parameters marked; args and str() say the names
-        self.marked = args[0] if args and isinstance(args[0], str) else None
+        self.marked = args[0] if args and isinstance(args[0], str) else None  # str(): names
         self.hint_marked = hint
         if self.marked is not None:
             plain = _PARAM.sub(r"\1", self.marked)

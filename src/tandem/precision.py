@@ -1,9 +1,8 @@
 """What ``--amp`` means on a device; a run's plan decides it once (``RunPlan.precision``).
 
-On the CPU, bfloat16 autocast with no loss scaling, and only on a CPU with bf16 instructions
-(elsewhere bf16 is emulated and slower than float32). On CUDA, float16 autocast with a
-``GradScaler``, or bfloat16 without one (``amp_dtype="bf16"``). Weights, gradients, optimizer
-state and checkpoints stay float32: autocast only lowers the matmuls and convolutions.
+On the CPU, bfloat16 autocast without loss scaling, only with bf16 instructions (else it is
+emulated, slower than float32). On CUDA, float16 with a ``GradScaler``, or bfloat16 without.
+Weights, gradients, optimizer state and checkpoints stay float32.
 """
 
 from __future__ import annotations
@@ -25,14 +24,11 @@ _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 @functools.lru_cache(maxsize=None)
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):  # x86, aarch64
-                    return frozenset(value.split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):  # x86, aarch64
+                return frozenset(value.split())
     return frozenset()
 
 

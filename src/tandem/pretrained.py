@@ -14,8 +14,6 @@ from .config import NO_WEIGHTS_FILE
 from .errors import TandemError, param
 from .model_state import load_plain_state_dict, plain_state_dict
 
-NO_FILE = NO_WEIGHTS_FILE  # one wording, kept with the flag's check
-
 
 class PretrainedError(TandemError, ValueError):
     """The weights file does not fit the model; the message names the file and the layer."""
@@ -28,11 +26,9 @@ def _shape(t) -> str:
 def load_pretrained(model: nn.Module, path: str, arch: str = "the model", strategy=None) -> str:
     """Load the weights in ``path`` into ``model`` (with ``strategy``: what its ``setup``
     returned, loaded by it); return one line saying what loaded."""
-    if not path:
-        raise PretrainedError(NO_FILE)
     if Path(path).is_dir():
-        raise PretrainedError(f"{param('pretrained')} '{path}' is a directory; {NO_FILE} (a data "
-                              f"directory goes after the flags or in {param('data')})")
+        raise PretrainedError(f"{param('pretrained')} '{path}' is a directory; {NO_WEIGHTS_FILE} "
+                              f"(a data directory goes after the flags or in {param('data')})")
     state = checkpoint.load(path)["state_dict"]
     expected = strategy.state_dict(model) if strategy else plain_state_dict(model)
     head = checkpoint_compat.final_layer(expected)

@@ -1,7 +1,7 @@
 """A wrapper's prefix in state-dict keys (``module.``, ``_orig_mod.``): dropped on save, put back
-on load, stripped from what others saved; the one home of that renaming. It imports nothing
-from tandem or torch. Unlike torch's ``consume_prefix_in_state_dict_if_present`` these copy and
-keep the order, ``_metadata`` included. Prefixes end with a dot.
+on load, stripped from what others saved. Unlike torch's
+``consume_prefix_in_state_dict_if_present`` these copy and keep the order, ``_metadata``
+included. Prefixes end with a dot.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ reading one with ``weights_only=True``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -98,10 +99,8 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     _fsync_dir(path.parent)
     return path
@@ -122,16 +121,12 @@ def _create_temp(path: Path) -> tuple[int, str]:
 
 def _fsync_dir(directory: Path) -> None:
     """Make the rename durable (best effort: not every OS/filesystem allows it)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _read(path: Path, map_location) -> dict:

@@ -7,7 +7,6 @@
 from .dataset import DatasetInfo, ImageDataset
 from .device import Normalization, batch_to_device
 from .load import DATASET_NAMES, load_dataset
-from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order,
-                     make_loader)
+from .loader import (LoaderCache, ShardedBatchSampler, batches_per_epoch, epoch_order, make_loader)
 
 __all__ = ["load_dataset", "make_loader", "DatasetInfo"]

@@ -1,10 +1,8 @@
 """RandAugment's and TrivialAugment's image operations on Pillow images, and their magnitudes.
 
-timm's ``_RAND_TRANSFORMS`` (``timm/data/auto_augment.py``; Cubuk et al. 2020 less identity,
-with invert and solarize-add) and TrivialAugment Wide's space (Müller and Hutter 2021, Table 1;
-torchvision's ``TrivialAugmentWide``, 31 bins); each table's level functions turn a magnitude
-into the argument. Geometric ones fill with the data's mean colour. Posterize and solarize are
-lookup tables, so that 0 bits gives black (as TensorFlow's), which Pillow's own refuses.
+timm's ``_RAND_TRANSFORMS`` and torchvision's ``TrivialAugmentWide`` space (31 bins); each
+table's level functions turn a magnitude into the argument. Geometric ones fill with the mean
+colour. Posterize and solarize are lookup tables: 0 bits gives black, which Pillow refuses.
 """
 
 from __future__ import annotations

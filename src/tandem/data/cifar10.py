@@ -40,8 +40,7 @@ class _ArraysOnly(pickle.Unpickler):
 def find_cifar_dir(path: Path) -> Path | None:
     """``path`` or ``path/cifar-10-batches-py`` if it holds CIFAR-10 batches."""
     for candidate in (path, path / "cifar-10-batches-py"):
-        if (candidate / TEST_FILE).exists() or any(
-                (candidate / f).exists() for f in TRAIN_FILES):
+        if (candidate / TEST_FILE).exists() or any((candidate / f).exists() for f in TRAIN_FILES):
             return candidate
     return None
 
@@ -114,6 +113,5 @@ def load_cifar10(directory: Path, *, augment: str, image_size: int | None,
                                np.concatenate([b[1] for b in batches]), augment=augment,
                                image_size=size)
     if "val" in splits:
-        val = Cifar10Dataset(*read_batch(directory / TEST_FILE), augment="none",
-                             image_size=size)
+        val = Cifar10Dataset(*read_batch(directory / TEST_FILE), augment="none", image_size=size)
     return train, val, DatasetInfo("cifar10", 10, 3, size, _read_classes(directory))

@@ -24,6 +24,7 @@ AUGMENT_MODES = ("none", "standard", "imagenet")
 #: after the data's own geometry
 AUGMENT_FORMS = ("auto", *AUGMENT_MODES, *POLICY_FORMS)
 SPLITS = ("train", "val")  # what every loader returns, in this order, then the DatasetInfo
+SPLIT_SEED, VAL_FRACTION = 0, 0.2  # a data set without a val split: 80/20 per class, fixed
 
 
 @dataclass(frozen=True)
@@ -94,14 +95,11 @@ def split_key(key) -> tuple[int, int, int]:
 
 class ImageDataset(Dataset):
     """Base class: key -> ``raw(index)`` -> augmentation -> normalisation -> ``(image, label)``.
-
-    ``"standard"`` shifts by up to ``pad`` pixels (zero fill) and, with ``flip``, mirrors with
-    probability 1/2; a policy works on the float image in ``[0, 1]``, erasing on the
-    normalised one. A ``uint8`` subclass names the ``normalization`` the device applies.
-    """
+    ``"standard"`` shifts by up to ``pad`` pixels and, with ``flip``, mirrors half the time; a
+    policy works on the float image in ``[0, 1]``, erasing on the normalised one."""
 
     dtype = torch.float32  # of the images __getitem__ returns
-    normalization = None  # what the device applies to uint8 images (None: already float)
+    normalization = None  # what the device applies to a uint8 subclass's images
 
     def __init__(self, *, shape: tuple[int, int, int], augment: str, pad: int, flip: bool,
                  mean: Sequence[float], std: Sequence[float]):

@@ -1,10 +1,9 @@
 """Image files to ``uint8`` RGB arrays for a training crop: simplejpeg for JPEGs, Pillow otherwise.
 
 Both decode at the smallest ``1/2^k`` scale (k <= 3) that leaves the crop box at least the
-output's size (libjpeg's DCT scaling, Pillow's ``draft``), by the same rule, so a JPEG gives the
-same pixels (within ``tests/unit/data/test_decode.py``'s tolerance) whichever decoded it. At
-scale ``1/k`` pixel ``i`` is the block that starts at ``k * i``. A file the decoders refuse
-raises :class:`UnreadableImage`, naming it (the dataset substitutes another file).
+output's size (libjpeg's DCT scaling, Pillow's ``draft``), by the same rule, so a JPEG gives
+about the same pixels whichever decoded it; at scale ``1/k`` pixel ``i`` is the block that
+starts at ``k * i``. A file the decoders refuse raises :class:`UnreadableImage`, naming it.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import math
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-try:  # optional at import time; a pyproject dependency, but a plain Pillow install still runs
+try:  # a dependency, but a plain Pillow install still runs
     import simplejpeg
 except ImportError:  # pragma: no cover - exercised where simplejpeg is absent
     simplejpeg = None
@@ -26,10 +25,9 @@ from tandem.errors import TandemError
 DECODERS = ("simplejpeg", "pillow")
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
-# What the decoders raise for a file they refuse: OSError (a missing or unreadable file,
-# Pillow's UnidentifiedImageError and truncated data), SyntaxError and EOFError (Pillow's
-# format parsers), ValueError (simplejpeg's every decode error; Pillow's for a bad tile),
-# and Pillow's DecompressionBombError (an image too large to decode safely).
+# What the decoders raise for a file they refuse: OSError (Pillow's unidentified or truncated
+# data), SyntaxError and EOFError (Pillow's parsers), ValueError (simplejpeg's decode errors)
+# and Pillow's DecompressionBombError.
 DECODER_ERRORS = (OSError, SyntaxError, EOFError, ValueError, Image.DecompressionBombError)
 
 
@@ -39,9 +37,8 @@ class UnreadableImage(TandemError, OSError):
 
 @contextlib.contextmanager
 def decoding(path):
-    """Around a decoder's own calls: their :data:`DECODER_ERRORS` become
-    :class:`UnreadableImage` naming ``path``. Keep tandem's code outside it: a ValueError of
-    ours inside would read as a bad file."""
+    """Around a decoder's own calls (not tandem's: a ValueError of ours would read as a bad
+    file): their :data:`DECODER_ERRORS` become :class:`UnreadableImage` naming ``path``."""
     try:
         yield
     except TandemError:
@@ -65,12 +62,9 @@ def read_bytes(path) -> bytes:
 
 
 def open_pillow(data: bytes, path) -> Image.Image:
-    """Pillow's image of ``data``, parsed from a buffer and decoded in one call.
-
-    Pillow hands libjpeg the whole file at once instead of 64 KB blocks, so it never suspends
-    and resumes mid-scan (about 5% of a JPEG's decode). Not an image: Pillow's
-    ``UnidentifiedImageError``, naming ``path`` (not the buffer).
-    """
+    """Pillow's image of ``data``, decoded in one call (libjpeg gets the whole file, not 64 KB
+    blocks, and never suspends mid-scan). Not an image: ``UnidentifiedImageError`` naming
+    ``path``."""
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
@@ -81,10 +75,8 @@ def open_pillow(data: bytes, path) -> Image.Image:
 
 def reduction(width: int, height: int, box, out_w: int, out_h: int) -> int:
     """The DCT scale divisor (1, 2, 4 or 8) for ``box`` of a ``width x height`` JPEG: Pillow's
-    ``draft`` rule, the largest that leaves the box at least ``out_w x out_h``. 1 unless the
-    box is at least twice the output both ways (at 224 px: a 448 px crop), and 1 for an image
-    under 8 pixels both ways, where libjpeg-turbo's other N/8 scales give the same sizes (so
-    simplejpeg's pick by size could be another scale)."""
+    ``draft`` rule, the largest that leaves the box at least ``out_w x out_h``; 1 for an image
+    under 8 pixels both ways (where simplejpeg, picking a scale by size, could take another)."""
     bw, bh = box[2] - box[0], box[3] - box[1]
     if bw < 2 * out_w or bh < 2 * out_h or max(width, height) < 8:
         return 1

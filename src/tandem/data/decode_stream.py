@@ -1,10 +1,7 @@
-"""A CUDA stream of its own for ``--decode gpu``, so the decoder never writes into memory that
-the train step has queued work on.
-
-``decode_jpeg(..., device="cuda")`` lets nvJPEG write out of the current stream's order, so on
-the step's stream it can be handed a block the step's queued kernels still read (torchvision
-PR 9606, TorchCodec PR 1634). A side stream with nothing queued is handed only free blocks;
-the batch then passes to the step's stream (``wait_stream``, ``record_stream``).
+"""A CUDA stream of its own for ``--decode gpu``: nvJPEG writes out of the current stream's
+order, so on the step's stream it could be handed a block the step's queued kernels still read
+(torchvision PR 9606). A side stream with nothing queued is handed only free blocks; the batch
+then passes to the step's stream (``wait_stream``, ``record_stream``).
 """
 
 from __future__ import annotations

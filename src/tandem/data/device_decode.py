@@ -1,9 +1,8 @@
 """The main process's half of ``--decode gpu``: nvJPEG decodes each batch, the device crops it.
 
-torchvision (the ``gpu`` extra) is imported only here, for a GPU decode. The decode is a
-parameter (``decode(files, device) -> images``; the tests pass :func:`host_decode`). A file the
-device refuses is made by the CPU path in this process; a fault of the device or the build
-(out of memory, a CUDA error, no nvJPEG) is raised.
+torchvision is imported only here. The decode is a parameter (``decode(files, device) ->
+images``; the tests pass :func:`host_decode`). A file the device refuses is made by the CPU
+path in this process; a fault of the device or the build (out of memory, no nvJPEG) is raised.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from .decode import DECODER_ERRORS, default_decoder
 from .decode_stream import DecodeStream
 from .encoded import EncodedBatch, EncodedFolder, collate_encoded
 from .imagefolder import ImageFolderDataset
+from .paired import delegating
 
 log = logging.getLogger("tandem.data")
 
@@ -193,10 +193,7 @@ class DecodingLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __getattr__(self, name):
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)
+    __getattr__ = delegating("loader")
 
     def __iter__(self):
         for batch, labels, *rest in self.loader:  # rest: a mixed batch's pairing (.paired)

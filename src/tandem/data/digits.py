@@ -9,11 +9,9 @@ import os
 
 import numpy as np
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size, stratified_split
+from .dataset import (SPLIT_SEED, SPLITS, VAL_FRACTION, DatasetInfo, ImageDataset, check_size,
+                      stratified_split)
 from .transforms import resize_array
-
-SPLIT_SEED = 0
-VAL_FRACTION = 0.2
 
 
 class DigitsDataset(ImageDataset):

@@ -15,6 +15,7 @@ import torch
 from .decode import DECODER_ERRORS, open_pillow, read_bytes
 from .imagefolder import first_decodable
 from .imagenet_transforms import train_draws, val_geometry
+from .paired import delegating
 from .transforms import SampleRandom
 
 _JPEG_START, _JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
@@ -78,10 +79,7 @@ class EncodedFolder(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getattr__(self, name):  # called only for what this class lacks: base's
-        if name == "base":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.base, name)
+    __getattr__ = delegating("base")
 
     def __getitem__(self, key):
         """``(Encoded, label)``, or ``((3, S, S) uint8, label)`` from the CPU path."""
@@ -118,9 +116,8 @@ def collate_encoded(samples: list, *, size: int) -> tuple[EncodedBatch, torch.Te
     ends = np.cumsum([len(s.data) for _, s in encoded], dtype=np.int64).tolist()
     data = torch.frombuffer(bytearray(b"".join(s.data for _, s in encoded)) or bytearray(1),
                             dtype=torch.uint8)
-    jobs = [(j, end - len(s.data), end, s) for (j, s), end in zip(encoded, ends)]
-    jobs = [(j, start, end, Encoded(b"", s.box, s.flip, s.key, s.resize))  # bytes sent once
-            for j, start, end, s in jobs]
+    jobs = [(j, end - len(s.data), end, Encoded(b"", s.box, s.flip, s.key, s.resize))
+            for (j, s), end in zip(encoded, ends)]  # the bytes sent once, in data
     crop_at = [j for j, (s, _) in enumerate(samples) if not isinstance(s, Encoded)]
     # HWC-strided crops (see ImageFolderDataset.__getitem__): stacked as HWC, a plain copy
     crops = (torch.stack([samples[j][0].permute(1, 2, 0) for j in crop_at]).permute(0, 3, 1, 2)

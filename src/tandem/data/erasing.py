@@ -1,9 +1,8 @@
 """Random erasing as timm's ``RandomErasing`` (``--remode pixel --recount 1``), each draw from
 the sample's own :class:`SampleRandom`: one box of per-pixel normal noise of the normalised image.
 
-A ``uint8`` data set (ImageFolder) erases with the noise taken back through its normalisation
-(:func:`erase_pixels`): draws beyond about two standard deviations are clipped, the rest
-quantised to 1/255 of the range.
+A ``uint8`` data set erases with the noise taken back through its normalisation
+(:func:`erase_pixels`): clipped beyond about two standard deviations, quantised to 1/255.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ def _noise(rng: SampleRandom, shape: tuple[int, ...]) -> np.ndarray:
 
 def erase_normalised(image: np.ndarray, prob: float, rng: SampleRandom) -> np.ndarray:
     """A normalised ``(C, H, W)`` float image with a box of noise, with probability ``prob``
-    (the same array, written in place, when erased; as it was when not)."""
+    (a new array when erased, ``image`` itself when not)."""
     channels, height, width = image.shape
     box = erase_box(height, width, prob, rng)
     if box is None:

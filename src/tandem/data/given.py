@@ -93,19 +93,22 @@ class GivenDataset(Dataset):
     def check_targets(self, every: bool = False) -> None:
         """Check the targets before the run: all when listed (``targets``) or ``every``, else
         the first (the others as read)."""
-        targets = getattr(self.dataset, "targets", None)
-        listed = targets is not None and len(targets) == len(self)
-        if self.target_shape or not (listed or every):
+        if self.target_shape or not (self._listed() is not None or every):
             self.sample(0)
             return
         for index, target in enumerate(self.labels()):
             self.check_target(int(target), index)
 
+    def _listed(self):
+        """The data set's ``targets``, one per sample, or None."""
+        targets = getattr(self.dataset, "targets", None)
+        return targets if targets is not None and len(targets) == len(self) else None
+
     def labels(self) -> np.ndarray:
         """Every target: the data set's ``targets``, else read one by one (once)."""
         if self._labels is None:
-            targets = getattr(self.dataset, "targets", None)
-            if targets is not None and len(targets) == len(self):
+            targets = self._listed()
+            if targets is not None:
                 self._labels = np.asarray([int(t) for t in targets])
             else:
                 self._labels = np.asarray([self.sample(i)[1] for i in range(len(self))])
@@ -115,10 +118,9 @@ class GivenDataset(Dataset):
 def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] = SPLITS,
                augment: str | Recipe = "auto", image_size: int | None = None,
                num_classes: int | None = None, reprob: float = 0.0):
-    """``(train, val, info)`` of a user's data sets, as :func:`~tandem.data.load_dataset`.
-
-    The class count is ``classes``'s, else the data sets' own ``classes`` (torchvision's),
-    else the targets' max + 1. ``augment``, ``reprob`` and ``image_size`` are refused."""
+    """``(train, val, info)`` of a user's data sets, as :func:`~tandem.data.load_dataset`; the
+    class count is ``classes``'s, else the data sets' own ``classes``, else the targets' max +
+    1. ``augment``, ``reprob`` and ``image_size`` are refused."""
     recipe = parse_augment(augment, reprob)
     if recipe.geometry not in ("auto", "none") or recipe.policy is not None:
         shown = recipe.policy.spec if recipe.policy is not None else recipe.geometry
@@ -164,10 +166,9 @@ def given_data(train, val, classes=None, *, name: str, splits: tuple[str, ...] =
     return sets["train"], sets["val"], info
 
 
-
 def load_factory(reference: str, *, splits: tuple[str, ...] = SPLITS,
-                 augment: str | Recipe = "auto",
-                 image_size: int | None = None, num_classes: int | None = None):
+                 augment: str | Recipe = "auto", image_size: int | None = None,
+                 num_classes: int | None = None):
     """``--data package.module:function``: call it (no arguments) for ``(train, val)`` or
     ``(train, val, class_names)``, then :func:`given_data`."""
     fn = factory.resolve(reference, "data factory")

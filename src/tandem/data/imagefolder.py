@@ -2,8 +2,8 @@
 one directory split 80/20 per class by a fixed seed. Samples are ``uint8`` ``(3, S, S)``
 (``S``: default the shorter side of the first validation image), normalised on the device.
 
-Warning: a file the decoders refuse (:class:`~tandem.data.decode.UnreadableImage`) is warned
-about once and replaced by the next that decodes, which then appears twice that epoch.
+Warning: a file the decoders refuse is warned about once and replaced by the next that
+decodes, which then appears twice that epoch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 
 from tandem.errors import TandemError, UsageError
 
-from .dataset import SPLITS, DatasetInfo, ImageDataset, check_size, stratified_split
+from .dataset import (SPLIT_SEED, SPLITS, VAL_FRACTION, DatasetInfo, ImageDataset, check_size,
+                      stratified_split)
 from .decode import UnreadableImage, decoding
 from .device import Normalization
 from .erasing import erase_pixels
@@ -30,8 +31,6 @@ log = logging.getLogger("tandem.data")
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
                   ".gif")
-SPLIT_SEED = 0
-VAL_FRACTION = 0.2
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 NORMALIZATION = Normalization(MEAN, STD)
@@ -46,8 +45,7 @@ def _warn_once(path: str, exc: UnreadableImage) -> None:
 
 
 class NoDecodableImage(TandemError, ValueError):
-    """No file of a split decodes; re-raised from a worker, the message is cut back to the
-    original (the traceback's last line)."""
+    """No file of a split decodes (from a worker: the message cut back to the original)."""
 
     def __init__(self, message: str):
         marker = f"{type(self).__name__}: "
@@ -71,7 +69,6 @@ def first_decodable(samples: list[tuple[str, int]], bad: set[int], index: int, d
             _warn_once(samples[i][0], exc)
     raise NoDecodableImage(f"no image in this ImageFolder split can be decoded (all {n}, "
                            f"first: '{samples[0][0]}')")
-
 
 
 def _classes(root: Path) -> list[str]:
@@ -130,7 +127,6 @@ class ImageFolderDataset(ImageDataset):
     def decode_key(self, key) -> tuple[np.ndarray, int]:
         """``(HWC uint8 image, label)`` for a sample key (:func:`first_decodable`)."""
         index, seed, epoch = self._split(key)
-        # the draws are keyed by the sample asked for, even for a substitute
         return first_decodable(self.samples, self._bad, index,
                                lambda i: self._decode(i, SampleRandom(seed, epoch, index)))
 
@@ -142,8 +138,7 @@ class ImageFolderDataset(ImageDataset):
 
 def load_imagefolder(root: Path, *, augment: str, image_size: int | None,
                      splits: tuple[str, ...] = SPLITS):
-    """``(train, val, info)``; a split not in ``splits`` is None, not even listed (but the
-    first validation image's header when it gives the size)."""
+    """``(train, val, info)``; a split not in ``splits`` is None, not even listed."""
     if image_size is not None:
         check_size(image_size, "ImageFolder")
     wanted = [s for s in SPLITS if s in splits or (s == "val" and image_size is None)]
@@ -196,8 +191,7 @@ def _check_classes(root: Path, classes: list[str]) -> None:
 
 
 def _check_listed(root: Path, samples: list, classes: list[str] | None = None) -> list:
-    """``samples``, refused when empty or when one of ``classes`` has none (a class no image
-    teaches; torchvision refuses it too)."""
+    """``samples``, refused when empty or when one of ``classes`` has none (as torchvision)."""
     if not samples:
         raise UsageError(f"ImageFolder '{root}' has no image files "
                          f"(extensions: {' '.join(IMG_EXTENSIONS)})")

@@ -55,11 +55,8 @@ def val_resize(size: int) -> int:
 
 def resized_crop(image: np.ndarray, box, scale: float, size: int, flip: bool) -> np.ndarray:
     """``box`` (full-scale pixels) of ``image`` (decoded at ``1/scale``) resampled bilinearly
-    to an ``(S, S, 3)`` uint8 crop, flipped if ``flip``.
-
-    At full scale in torch's uint8 kernel (within 1 of Pillow's, a fifth of its time:
-    ``benchmarks/jpeg_decoders.py``); at reduced scale the box's corners are fractional, and
-    Pillow resamples it in place.
+    to an ``(S, S, 3)`` uint8 crop, flipped if ``flip``: at full scale by torch's uint8 kernel
+    (within 1 of Pillow's, a fifth of its time), at reduced scale (fractional corners) by Pillow.
     """
     if scale == 1:
         left, top, right, bottom = box

@@ -48,17 +48,14 @@ def check_spec(spec: str) -> None:
                           "package.module:function returning your own")
 
 
-
 def load_dataset(spec: str, *, augment: str = "none", seed: int = 0,
                  image_size: int | None = None, synthetic_size: int | None = None,
                  num_classes: int | None = None, splits: tuple[str, ...] = SPLITS,
                  reprob: float = 0.0):
     """``(train, val, DatasetInfo)`` for ``spec``; a split not in ``splits`` is None, never read.
-
-    ``augment`` (:data:`AUGMENT_FORMS`) and ``reprob`` apply to the training split only.
-    ``seed`` chooses the ``synthetic`` data; real splits are fixed whatever the seed. For real
-    data ``num_classes`` is the model's outputs: at least the data's class count.
-    """
+    ``augment`` (:data:`AUGMENT_FORMS`) and ``reprob`` apply to the training split only; ``seed``
+    chooses the ``synthetic`` data; for real data ``num_classes`` (the model's outputs) is at
+    least the data's class count."""
     if not isinstance(spec, (str, os.PathLike)):
         raise UsageError(f"data spec must be a name or a path, got {spec!r}")
     spec = os.fspath(spec)

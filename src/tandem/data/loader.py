@@ -1,9 +1,8 @@
 """Loaders whose global batches depend only on ``(seed, epoch)``.
 
 Global batch ``b`` is ``order[b*B:(b+1)*B]`` of a permutation seeded by ``(seed, epoch)``;
-nothing is dropped, padded or repeated; rank ``r`` loads its contiguous share. Warning: when a
-last batch has fewer samples than ranks, trailing ranks get an *empty* batch (every rank
-yields the same number of batches): callers must cope with a zero-sample step.
+nothing is dropped, padded or repeated; rank ``r`` loads its contiguous share. Warning: a last
+batch smaller than the ranks gives trailing ranks an *empty* batch (a zero-sample step).
 """
 
 from __future__ import annotations
@@ -37,8 +36,7 @@ def rank_rows(num_samples: int | None, batch_size: int, batch: int, rank: int = 
     (``None``: a whole batch); what the sampler yields and where keyed dropout places them."""
     left = batch_size if num_samples is None else num_samples - batch * batch_size
     size = max(0, min(batch_size, left))
-    sizes = (shares(size, [1] * world_size) if split is None
-             else split(epoch, batch, size))
+    sizes = (shares(size, [1] * world_size) if split is None else split(epoch, batch, size))
     return sum(sizes[:rank]), sizes[rank]
 
 
@@ -52,10 +50,8 @@ def epoch_order(num_samples: int, *, shuffle: bool, seed: int, epoch: int) -> to
 
 class ShardedBatchSampler(Sampler):
     """Yields, per global batch, this rank's list of sample keys ``(index, seed, epoch)``.
-
-    ``split``: ``None`` (even shares) or ``(epoch, batch, size) -> sizes`` (``--split``).
-    ``mix`` (:class:`~.mixing.Mixing`): the keys are followed by the partners' (:mod:`.paired`).
-    """
+    ``split``: ``None`` (even shares) or ``(epoch, batch, size) -> sizes`` (``--split``); with
+    ``mix`` (:class:`~.mixing.Mixing`) the keys are followed by the partners' (:mod:`.paired`)."""
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int,
                  epoch: int, rank: int = 0, world_size: int = 1, start_batch: int = 0,
@@ -111,8 +107,7 @@ def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch
                 torch.empty((0, *target_shape), dtype=torch.int64))
     images = [s[0] for s in samples]
     if all(x.dim() == 3 and x.permute(1, 2, 0).is_contiguous() for x in images):
-        # channels-last samples (ImageFolder's HWC crops seen as CHW): a plain copy into an
-        # (N, C, H, W) batch with channels-last strides, not a transpose per sample
+        # HWC crops seen as CHW: a plain copy into a channels-last batch, no transpose
         images = torch.stack([x.permute(1, 2, 0) for x in images]).permute(0, 3, 1, 2)
     else:
         images = torch.stack(images)
@@ -139,11 +134,9 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
                 pin_memory: bool = False, persistent: bool = False, split=None,
                 mix: Mixing | None = None) -> DataLoader:
     """A DataLoader over this rank's share of the epoch's global batches of ``batch_size``.
-
     ``dataset`` takes ``(index, seed, epoch)`` keys and has a ``shape`` (optionally ``dtype``,
-    ``target_shape``) for empty batches, or its own ``collate`` (and ``finish_loader``). With
-    ``mix`` each batch is ``(images, targets, pairing)``, to mix on the device.
-    """
+    ``target_shape``) for empty batches, or its own ``collate`` (and ``finish_loader``); with
+    ``mix`` each batch is ``(images, targets, pairing)``."""
     _check_int("workers", workers, 0)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
                                   epoch=epoch, rank=rank, world_size=world_size,
@@ -156,17 +149,11 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool, seed: int, epoch: in
         dataset = Paired(dataset, collate_fn)
         collate_fn = dataset.collate
     loader = DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=workers,
-        collate_fn=collate_fn,
+        dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate_fn,
         worker_init_fn=functools.partial(_seed_worker, base=base) if workers else None,
         generator=torch.Generator().manual_seed(base),  # keeps the global RNG untouched
-        pin_memory=pin_memory,
-        persistent_workers=persistent and workers > 0,
-        prefetch_factor=PREFETCH if workers else None,
-    )
-    # a dataset whose batches are finished in this process (--decode gpu: .device_decode)
+        pin_memory=pin_memory, persistent_workers=persistent and workers > 0,
+        prefetch_factor=PREFETCH if workers else None)
     return dataset.finish_loader(loader) if hasattr(dataset, "finish_loader") else loader
 
 

@@ -1,9 +1,9 @@
 """mixup and cutmix as timm's ``Mixup`` in "batch" mode, drawn once per global batch from
 ``(seed, epoch, batch)``, never from a process's own generator; the mix itself on the device.
 
-A drawn permutation gives each sample its partner (timm pairs ``i`` with ``N - 1 - i``), which
-another rank may hold: the loader loads it too (:mod:`.paired`). :func:`mix` runs after
-normalisation (mixing is affine); targets become class probabilities, one-hot when unmixed.
+A drawn permutation gives each sample its partner, which another rank may hold: the loader
+loads it too (:mod:`.paired`). :func:`mix` runs after normalisation (mixing is affine);
+targets become class probabilities.
 """
 
 from __future__ import annotations
@@ -48,9 +48,21 @@ class Mixing:
     def active(self) -> bool:
         return (self.mixup > 0 or self.cutmix > 0) and self.prob > 0
 
-    def draw(self, seed: int, epoch: int, batch: int, size: int) -> "MixDraw":
-        """:func:`draw_mix` for global batch ``batch`` of ``epoch`` (``size`` samples)."""
-        return draw_mix(self, seed, epoch, batch, size)
+    def draw(self, seed: int, epoch: int, batch: int, size: int) -> MixDraw:
+        """The draws of global batch ``batch`` of ``epoch`` (``size`` samples), in timm's
+        order; every process draws the same."""
+        g = np.random.Generator(np.random.Philox(key=mix_seed(seed, epoch, batch, _SALT)))
+        partner = tuple(int(i) for i in g.permutation(size))
+        centre = (float(g.random()), float(g.random()))
+        kind, lam = "none", 1.0
+        if self.active and g.random() < self.prob:
+            if self.mixup > 0 and self.cutmix > 0:
+                kind = "cutmix" if g.random() < self.switch_prob else "mixup"
+            else:
+                kind = "mixup" if self.mixup > 0 else "cutmix"
+            alpha = self.mixup if kind == "mixup" else self.cutmix
+            lam = float(g.beta(alpha, alpha))
+        return MixDraw(partner, kind, lam, centre)
 
 
 @dataclass(frozen=True)
@@ -62,22 +74,6 @@ class MixDraw:
     kind: str
     lam: float
     centre: tuple[float, float]
-
-
-def draw_mix(mixing: Mixing, seed: int, epoch: int, batch: int, size: int) -> MixDraw:
-    """The draws of one global batch, in timm's order; every process draws the same."""
-    g = np.random.Generator(np.random.Philox(key=mix_seed(seed, epoch, batch, _SALT)))
-    partner = tuple(int(i) for i in g.permutation(size))
-    centre = (float(g.random()), float(g.random()))
-    kind, lam = "none", 1.0
-    if mixing.active and g.random() < mixing.prob:
-        if mixing.mixup > 0 and mixing.cutmix > 0:
-            kind = "cutmix" if g.random() < mixing.switch_prob else "mixup"
-        else:
-            kind = "mixup" if mixing.mixup > 0 else "cutmix"
-        alpha = mixing.mixup if kind == "mixup" else mixing.cutmix
-        lam = float(g.beta(alpha, alpha))
-    return MixDraw(partner, kind, lam, centre)
 
 
 @dataclass(frozen=True)

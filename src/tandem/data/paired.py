@@ -11,6 +11,16 @@ from torch.utils.data import Dataset
 from .mixing import Pairing
 
 
+def delegating(attr: str, *own: str):
+    """A wrapper's ``__getattr__`` (called only for what its class lacks): ``self.<attr>``'s;
+    ``attr`` and ``own``, not set yet while unpickling, raise (no recursion)."""
+    def __getattr__(self, name):
+        if name == attr or name in own:
+            raise AttributeError(name)
+        return getattr(getattr(self, attr), name)
+    return __getattr__
+
+
 class PairedKeys(list):
     """A share's sample keys (its own, then the extra partners), with its ``pairing``."""
 
@@ -40,10 +50,7 @@ class Paired(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getattr__(self, name):  # what this class lacks: the data set's
-        if name in ("dataset", "_collate"):  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
+    __getattr__ = delegating("dataset", "_collate")
 
     def __getitem__(self, key):
         return self.dataset[key]

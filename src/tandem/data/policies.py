@@ -1,9 +1,8 @@
 """RandAugment (``randaugment:N:M``, timm's ``rand-mM-nN``) and TrivialAugment Wide, every draw
 from the sample's own :class:`SampleRandom`, so an image is the same whoever loads it.
 
-A signed argument is negated with probability 1/2; a geometric operation resamples with
-bilinear or bicubic (timm's random interpolation). The operations work on ``uint8`` pixels: a
-float image in ``[0, 1]`` is rounded to them and back (:meth:`Policy.on_float`).
+A signed argument is negated half the time; a geometric operation resamples bilinear or
+bicubic (as timm). They work on ``uint8`` pixels (:meth:`Policy.on_float` rounds to them).
 """
 
 from __future__ import annotations
@@ -23,22 +22,20 @@ _FILTERS = (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC)
 
 
 class Policy:
-    """A way to draw and apply operations to one image; ``spec`` is how ``--augment`` says it."""
+    """A way to draw and apply operations to one image; ``spec`` is how ``--augment`` says it,
+    ``table`` its operations by name."""
 
     spec = ""
+    table: dict[str, Op] = {}
 
     def draw(self, rng: SampleRandom) -> list[tuple[str, float | None]]:  # pragma: no cover
         """The operations for one image and their magnitudes (``None``: none)."""
         raise NotImplementedError
 
-    def table(self) -> dict[str, Op]:  # pragma: no cover
-        raise NotImplementedError
-
     def __call__(self, img: Image.Image, rng: SampleRandom, fill) -> Image.Image:
         """``img`` with the operations drawn from ``rng`` applied in turn."""
-        table = self.table()
         for name, magnitude in self.draw(rng):
-            op = table[name]
+            op = self.table[name]
             arg = () if op.level is None else (op.level(magnitude, *img.size),)
             if op.signed and rng.coin():
                 arg = (-arg[0],)
@@ -71,14 +68,11 @@ class RandAugment(Policy):
     """timm's RandAugment: ``num_ops`` picks with replacement, each applied with probability
     1/2, at ``magnitude`` in ``[0, 10]``."""
 
-    names = tuple(RAND_OPS)
+    names, table = tuple(RAND_OPS), RAND_OPS
 
     def __init__(self, num_ops: int, magnitude: float):
         self.num_ops, self.magnitude = num_ops, magnitude
         self.spec = f"randaugment:{num_ops}:{magnitude:g}"
-
-    def table(self) -> dict[str, Op]:
-        return RAND_OPS
 
     def draw(self, rng: SampleRandom) -> list[tuple[str, float | None]]:
         picks = [self.names[rng.randint(len(self.names))] for _ in range(self.num_ops)]
@@ -88,11 +82,8 @@ class RandAugment(Policy):
 class TrivialAugment(Policy):
     """TrivialAugment Wide: one operation, always, at a uniform bin of 31."""
 
-    names = tuple(WIDE_OPS)
+    names, table = tuple(WIDE_OPS), WIDE_OPS
     spec = "trivialaugment"
-
-    def table(self) -> dict[str, Op]:
-        return WIDE_OPS
 
     def draw(self, rng: SampleRandom) -> list[tuple[str, float | None]]:
         name = self.names[rng.randint(len(self.names))]

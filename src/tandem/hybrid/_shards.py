@@ -1,8 +1,7 @@
 """What the one-process split layers share: cutting a dimension, and moving a shard's tensors.
 
-Shards are *logical* devices (``["cpu", "cpu"]`` is two shards); the *home* is the first shard
-on the output device, or ``None``. A move between different shards is counted by
-:mod:`tandem.parallel.traffic`, even on one physical device.
+Shards are *logical* devices (``["cpu", "cpu"]`` is two); the *home* is the first shard on the
+output device, or ``None``. :mod:`tandem.parallel.traffic` counts a move between shards.
 """
 
 from __future__ import annotations

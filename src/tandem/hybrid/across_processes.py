@@ -1,17 +1,14 @@
 """``DistributedHybrid``: the "one weird trick" with one process per device, on one or many machines.
 
-The trunk (:mod:`.trunk`) is data parallel under torch's DDP, its gradients summed over ranks;
-the head's Linear layers are split as :class:`~tandem.hybrid.HybridParallel` splits them, each
-rank keeping one block of features, and the activations move between stages
-(:mod:`.rank_collectives`) on a group of their own, so DDP's gradient all-reduce never
-interleaves with them. Not torch's tensor parallel: it shards a batch as ``torch.chunk`` does
-(5 rows over 4 ranks 2+2+1+0, the loader gives 2+1+1+1) and its DTensor parameters fit neither
-tandem's plain checkpoints nor DDP without a private call.
+The trunk (:mod:`.trunk`) runs under DDP, its gradients summed over ranks; the head's Linear
+layers are split as :class:`~tandem.hybrid.HybridParallel` splits them, a block of features a
+rank, the activations moving between stages (:mod:`.rank_collectives`) on a group of their own,
+so DDP's all-reduce never interleaves with them. Not torch's tensor parallel: that shards a
+batch as ``torch.chunk`` does, and its DTensors fit neither plain checkpoints nor DDP.
 
-The update is the single device's: each rank backpropagates its rows' share of the global mean,
-so a split block's gradient (of the whole batch) is complete on its owner. Warnings: a rank
-holds only its blocks, so :meth:`plain_state_dict` and :meth:`plain_optimizer_state` are
-collectives every rank must call, and a rank lost is its blocks lost (resume from a checkpoint).
+Each rank backpropagates its rows' share of the global mean, so a split block's gradient is
+complete on its owner. :meth:`plain_state_dict` and :meth:`plain_optimizer_state` are
+collectives; a rank lost is its blocks lost (resume from a checkpoint).
 """
 
 from __future__ import annotations
@@ -29,11 +26,10 @@ from tandem.plain_norms import PlainNorms
 
 from ..parallel import traffic
 from ..parallel.shares import shares
-from .layout import classifier_layout, find_head, head_sequential
-from .plain import (block, check_initialised, check_plain_keys, in_order, load_part,
-                    load_plain_optimizer_state, plain_optimizer_state)
+from .plain import (block, check_plain_keys, in_order, load_part, load_plain_optimizer_state,
+                    plain_optimizer_state)
 from .rank_collectives import all_shares, gather_along, gather_rows, rows_of_columns, sum_rows
-from .trunk import trunk_of
+from .trunk import walk_head
 
 #: traffic kind of the data-parallel gradients' all-reduce (see :func:`summing_hook`)
 GRADIENTS = "gradients"
@@ -78,9 +74,9 @@ class _Column(nn.Module):
 
 
 class _Row(nn.Module):
-    """This rank's block of a Linear's input features: ``(N, sizes[rank]) -> (N, out)``, one
-    term of the sum over ranks. Rank 0 holds the bias, the others an empty one that still
-    enters their graph, so every rank's optimizer keeps a state for it at the same steps."""
+    """This rank's block of a Linear's input features: ``(N, sizes[rank]) -> (N, out)``, a
+    term of the sum over ranks. Rank 0 holds the bias, the others an empty one in their graph,
+    so every rank's optimizer keeps a state for it at the same steps."""
 
     def __init__(self, linear: nn.Linear, rank: int, world: int):
         super().__init__()
@@ -106,8 +102,7 @@ class _Row(nn.Module):
 
 
 class _Replicated(nn.Module):
-    """What every rank holds whole: the trunk (its forward) and the head's local layers, under
-    one DDP, so one set of buckets sums their gradients."""
+    """What every rank holds whole (the trunk, the head's local layers), under one DDP."""
 
     def __init__(self, trunk: nn.Module, local: list[nn.Module]):
         super().__init__()
@@ -134,22 +129,10 @@ class DistributedHybrid(nn.Module):
     def __init__(self, model: nn.Module, device: torch.device, group=None,
                  head: str | None = None, ddp_options: dict | None = None):
         super().__init__()
-        name = find_head(model, head, who="DistributedHybrid")
-        check_initialised(model, "DistributedHybrid")
+        mods, stages, key, trunk = walk_head(self, model, head, "DistributedHybrid")
         self.group = group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = torch.device(device)
-        head_module = getattr(model, name)
-        mods = list(head_sequential(head_module))
-        leading, stages = classifier_layout(head_sequential(head_module))
-
-        def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
-            return f"{name}.{i}." if isinstance(head_module, nn.Sequential) else f"{name}."
-
-        # (prefix in the plain state dict, module holding that state): whole on every rank
-        trunk, self._parts = trunk_of(model, name, [mods[i] for i in leading])
-        self._parts += [(key(i), mods[i]) for i in leading]
-        self.head_name = name
         local, self._split, self._steps = [], [], []
         for stage in stages:
             first, last = stage.indices[0], stage.indices[-1]
@@ -174,8 +157,6 @@ class DistributedHybrid(nn.Module):
                    "process_group": group, **(ddp_options or {})}
         self.dp = DistributedDataParallel(_Replicated(trunk, local), **options)
         self.dp.register_comm_hook(options["process_group"], self.grad_hook)
-        self._keys = list(model.state_dict().keys())
-        self._param_names = [n for n, _ in model.named_parameters()]
         self.shares: list[int] = []  # every rank's rows in the last forward
 
     def no_sync(self):
@@ -248,8 +229,7 @@ class DistributedHybrid(nn.Module):
         return in_order(state, self._keys, "DistributedHybrid")
 
     def plain_state_dict(self) -> "OrderedDict[str, torch.Tensor]":
-        """The plain model's state dict on every rank (a collective): ``model.state_dict()``'s
-        keys and order."""
+        """The plain model's state dict on every rank (a collective)."""
         return self._whole(shapes_only=False)
 
     def plain_shapes(self) -> dict:
@@ -271,7 +251,7 @@ class DistributedHybrid(nn.Module):
 
     def plain_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """``optimizer``'s state as the plain model's optimizer holds it, on every rank (a
-        collective: split parameters' states gathered)."""
+        collective)."""
         pieces = self.pieces()
         plain = plain_optimizer_state(optimizer, [(n, [p], None) for n, p, _, _ in pieces])
         for k, (_, _, dim, sizes) in enumerate(pieces):

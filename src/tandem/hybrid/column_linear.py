@@ -1,9 +1,7 @@
 """Model-parallel Linear layers: split the output features (column) or the input features (row).
 
-A column layer gives each shard a block of output features (it needs all of ``x``); a row layer
-gives each shard a block of input features and sums the partial products on the output device.
-``Column(gather_output=False) -> Shardwise(ReLU, Dropout) -> Row`` moves activations once, since
-both split with :func:`~tandem.hybrid._shards.split_sizes`. Warning: the shards hold their *own*
+``Column(gather_output=False) -> Shardwise(ReLU, Dropout) -> Row`` moves activations once (both
+split by :func:`~tandem.hybrid._shards.split_sizes`). Warning: the shards hold their *own*
 Parameters; the original layer goes stale (``to_linear()`` merges a copy back).
 """
 
@@ -105,7 +103,6 @@ class ColumnParallelLinear(_ShardedLinear):
         super().__init__(in_features, out_features, device_ids, output_device, out_features)
         self.gather_output = gather_output
         for size, device in zip(self.sizes, self.devices):
-            # Same init distribution as nn.Linear(in, out): fan_in is in_features either way.
             self.shards.append(nn.Linear(in_features, size, bias=bias, device=device, dtype=dtype))
 
     @classmethod
@@ -133,11 +130,9 @@ class ColumnParallelLinear(_ShardedLinear):
                 for j, d in enumerate(self.devices)]
 
     def forward(self, x):
-        # x: (..., in) or [chunk_i (b_i, in)]  ->  ys[j]: (..., sizes[j]) on devices[j]
-        ys = self._run(self._inputs(x))
+        ys = self._run(self._inputs(x))  # (..., sizes[j]) on devices[j]
         if not self.gather_output:
             return ys
-        # (..., out) on the output device, blocks in feature order
         return torch.cat([move(y, self.output_device, j, self.home) for j, y in enumerate(ys)], -1)
 
 
@@ -154,8 +149,7 @@ class RowParallelLinear(_ShardedLinear):
     def __init__(self, in_features: int, out_features: int, device_ids=None, bias: bool = True,
                  output_device=None, dtype=None):
         super().__init__(in_features, out_features, device_ids, output_device, in_features)
-        # nn.Linear's init is U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, with the
-        # *full* fan_in; a shard alone would see only its block, so draw with the full one.
+        # nn.Linear's U(-1/sqrt(fan_in), 1/sqrt(fan_in)), with the whole layer's fan_in
         bound = in_features ** -0.5
         for size, device in zip(self.sizes, self.devices):
             shard = nn.Linear(size, out_features, bias=False, device=device, dtype=dtype)
@@ -198,11 +192,8 @@ class RowParallelLinear(_ShardedLinear):
         return xs
 
     def forward(self, xs):
-        # xs[j]: (..., sizes[j]) on devices[j]  ->  partial[j]: (..., out) on devices[j]
-        partials = self._run(self._inputs(xs))
-        # summed in shard order on the output device, in float32 at least: under autocast the
-        # partials are bf16/fp16, and one matmul would have summed them in float32 too; the
-        # result takes the partials' dtype, as nn.Linear's output has autocast's
+        partials = self._run(self._inputs(xs))  # (..., out) on devices[j]
+        # summed in shard order in float32 at least, as one matmul sums under autocast
         dtype = partials[0].dtype
         work = torch.promote_types(dtype, torch.float32)
         out = move(partials[0], self.output_device, 0, self.home).to(work)
@@ -213,14 +204,11 @@ class RowParallelLinear(_ShardedLinear):
 
 
 class Shardwise(nn.Module):
-    """Apply ``modules`` (in order) to every block of a sharded activation, shard by shard.
+    """Apply ``modules`` (in order) to every block of a sharded activation, in shard order.
 
-    Only correct for elementwise modules (ReLU, Dropout, ...): a block is a slice of features,
-    so an elementwise op on the blocks equals the op on the whole tensor. Blocks run in shard
-    order in the calling thread. Keyed dropout (:mod:`tandem.keyed`) draws each block's
-    columns of the whole activation's mask, so the blocks together are the plain layer's
-    output bit for bit; torch's own ``Dropout`` draws an independent mask per block from that
-    block's device generator (the same distribution, not the same mask).
+    Only correct for elementwise modules (ReLU, Dropout, ...). Keyed dropout
+    (:mod:`tandem.keyed`) draws each block's columns of the whole activation's mask (the plain
+    layer's output bit for bit); torch's ``Dropout`` draws an independent mask per block.
     """
 
     def __init__(self, *modules: nn.Module):

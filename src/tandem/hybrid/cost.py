@@ -2,10 +2,8 @@
 
 One process, :func:`plan`: the bytes crossing between devices, data parallel versus hybrid, and
 the split's sample-times (:func:`~tandem.parallel.split.split_report`). Several processes,
-:func:`step_bytes`: the bytes each rank sends, ddp versus hybrid-ddp, as ring all-reduce,
-all-gather, reduce-scatter and pairwise all-to-all send them. The engine's meter
-(:mod:`tandem.parallel.traffic`) records these bytes as it moves them; a wire adds TCP/IP and
-gloo framing (tests/integration/two_machines/test_wire_bytes.py measures it).
+:func:`step_bytes`: the bytes each rank sends, ddp versus hybrid-ddp, as bandwidth-optimal
+collectives send them (what :mod:`tandem.parallel.traffic` records; a wire adds framing).
 """
 
 from __future__ import annotations
@@ -89,7 +87,6 @@ class HybridPlan:
         if self.dp_total == 0 and self.hybrid_total == 0:
             return "one device: nothing moves either way"
         if self.dp_total and self.hybrid_total and round(max(self.ratio, 1 / self.ratio), 1) < 1.1:
-            # "1.0x fewer" says nothing: within 5% the two move about the same
             fewer, more = sorted((self.dp_total, self.hybrid_total))
             share = f"{100 * (more - fewer) / more:.1f}% fewer"
             if self.hybrid_total < self.dp_total:
@@ -133,12 +130,9 @@ class HybridPlan:
 
 def _device_bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk, act, stages,
                   mods, weights=None):
-    """(dp, hybrid) byte dicts of one step of ``batch`` over ``n`` devices.
-
-    Replicas 1..m-1 receive parameters and buffers and send gradients (hybrid: the trunk's
-    only); activations count each value and its gradient: DP gathers the logits, hybrid moves
-    what each classifier stage needs (``s`` bytes per element, ``x`` input elements per sample).
-    """
+    """(dp, hybrid) byte dicts of one step of ``batch`` over ``n`` devices: replicas 1..m-1
+    receive parameters and buffers and send gradients (hybrid: the trunk's); activations count
+    each value and its gradient (``s`` bytes per element, ``x`` input elements per sample)."""
     chunks = shares(batch, weights or (1.0,) * n)  # one per device, some maybe 0
     m, rest = 1 + sum(1 for c in chunks[1:] if c), batch - chunks[0]
     dp = {"inputs": rest * x * s, "parameters": (m - 1) * p_all * s,
@@ -170,8 +164,7 @@ def _layout_rows(head: nn.Module, name: str, leading, stages, n: int) -> list[st
     def at(i: int) -> str:  # the layer's name in the model
         return f"{name}.{i}" if isinstance(head, nn.Sequential) else name
 
-    rows = [f"{at(i)} {type(mods[i]).__name__}: per batch chunk, data parallel"
-            for i in leading]
+    rows = [f"{at(i)} {type(mods[i]).__name__}: per batch chunk, data parallel" for i in leading]
     for stage in stages:
         i = stage.indices[0]
         if stage.kind == "local":
@@ -212,13 +205,13 @@ def _break_even(batch_size: int, common: dict) -> int | None:
 def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
          input_size=(3, 224, 224), head: str | None = None, split=None, per_sample=None,
          unit: str | None = None) -> HybridPlan:
-    """Cost of one step of ``model`` in one process, hybrid versus data parallel.
+    """Cost of one step of ``model`` in one process, hybrid versus data parallel (a meta copy
+    is traced; ``model`` is not run or modified).
 
-    ``device_ids``: a device list, or an int count (devices this machine need not have);
-    ``input_size``: one sample's ``(C, H, W)`` or a square side; ``head`` as for
+    ``device_ids``: a device list or a count (devices this machine need not have);
+    ``input_size``: one sample's ``(C, H, W)`` or a side; ``head`` as for
     :class:`HybridParallel`; ``split``: the trunk's batch weights (default even);
-    ``per_sample``: each device's seconds per sample (default 1 sample-time each), for the
-    split's expected step time. ``model`` is not run or modified (a meta copy is traced).
+    ``per_sample``: each device's seconds per sample, for the split's expected step time.
     """
     name, classifier, mods, leading, stages, s = _head(model, head, "plan")
     if isinstance(device_ids, int) and not isinstance(device_ids, bool):
@@ -301,11 +294,10 @@ class ProcessBytes:
 def _rank_head_bytes(stages, mods, shares_: list[int], rank: int, e: int,
                      backend: str) -> tuple[int, int]:
     """(forward, backward) bytes rank ``rank`` sends for the head's activations: a column
-    layer's input all-gathered, ``(W-1) m in e``, and its gradient reduce-scattered back (``m``
-    the largest share); a row layer's output reduce-scattered, ``(W-1) m out``, in float32 at
-    least, and its gradient all-gathered; a gathered column layer's blocks exchanged,
-    ``(N - s_r) c_r e`` forward and ``s_r (out - c_r) e`` back. torch's gloo has no
-    reduce-scatter of its own: it all-reduces the whole tensor, twice the bytes."""
+    layer's input all-gathered, ``(W-1) m in e`` (``m`` the largest share), its gradient
+    reduce-scattered; a row layer's output reduce-scattered (float32 at least), its gradient
+    all-gathered; a gathered column's blocks exchanged. gloo's reduce-scatter is an
+    all-reduce: twice the bytes."""
     world, most, n, mine = len(shares_), max(shares_), sum(shares_), shares_[rank]
     scatter = 2 if backend == "gloo" else 1
     fwd = bwd = 0
@@ -327,12 +319,10 @@ def _rank_head_bytes(stages, mods, shares_: list[int], rank: int, e: int,
 
 def step_bytes(model: nn.Module, batch_size: int, processes: int, head: str | None = None,
                backend: str = "nccl") -> ProcessBytes:
-    """What each of ``processes`` ranks sends in one step of ``batch_size`` global samples, in
-    the loader's even shares, over ``backend`` (``"nccl"``: bandwidth-optimal collectives, or
-    ``"gloo"``). ddp: every gradient, ``2 (W-1)/W P e`` (a ring all-reduce); hybrid-ddp: the
-    data-parallel gradients so, and the head's activations (:func:`_rank_head_bytes`). Both:
-    the BatchNorm buffers DDP broadcasts under ``--buffers replica0``, ``(W-1)/W`` of them per
-    rank. Not counted: the few bytes of the loss and the shares."""
+    """What each of ``processes`` ranks sends in one step of ``batch_size`` global samples
+    (even shares) over ``backend`` (``"nccl"`` or ``"gloo"``). ddp: every gradient, ``2 (W-1)/W
+    P e``; hybrid-ddp: the data-parallel gradients so, and the head's activations. Both: the
+    buffers DDP broadcasts under ``--buffers replica0``. Not counted: the loss and the shares."""
     if processes < 1 or batch_size < 1:
         raise UsageError(f"step_bytes needs a batch and processes >= 1, got batch "
                          f"{batch_size} over {processes}")

@@ -1,12 +1,10 @@
-"""How ``HybridParallel`` finds and splits a classifier: one home for the head and pairing rules.
+"""How ``HybridParallel`` finds and splits a classifier.
 
-The head is the attribute named by ``head=`` (``hybrid_head`` / ``--hybrid-head``), else the
-first of :data:`HEADS` the model has; it is an ``nn.Linear`` or an ``nn.Sequential`` holding one.
-
-Left to right over the ``nn.Sequential``: leading elementwise layers join the data-parallel
-trunk; ``Linear, elementwise..., Linear`` becomes a Column/Row pair; any other ``Linear`` a
-gathered Column; anything else runs on the output device. Only stateless per-element layers
-(:data:`ELEMENTWISE`) may run on a slice of the features.
+The head is the attribute named by ``head=`` (``--hybrid-head``), else the first of
+:data:`HEADS` the model has: an ``nn.Linear`` or an ``nn.Sequential`` holding one. Left to
+right: leading elementwise layers (:data:`ELEMENTWISE`) join the data-parallel trunk;
+``Linear, elementwise..., Linear`` becomes a Column/Row pair; any other ``Linear`` a gathered
+Column; anything else runs on the output device.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ ELEMENTWISE = (nn.Identity, nn.Dropout, nn.AlphaDropout, KeyedDropout, KeyedAlph
 
 
 def is_elementwise(module: nn.Module) -> bool:
-    """True for a stateless, per-element layer that may be applied to a slice of features."""
+    """True for a stateless, per-element layer (it may run on a slice of the features)."""
     return (type(module) in ELEMENTWISE and not any(True for _ in module.parameters())
             and not any(True for _ in module.buffers()))
 

@@ -1,9 +1,8 @@
 """The plain model's layout for a model whose layers are split: its state dict and optimizer state.
 
-A split parameter lives in several shard (or rank) tensors; the plain model holds one. Plain
-state is what every other strategy holds, so checkpoints move between strategies. ``pieces``
-lists one ``(name, shard tensors, dim)`` per plain parameter, in its order (``dim`` ``None``:
-not split); a split parameter's optimizer state is its shards' concatenated along ``dim``.
+Plain state is what every other strategy holds, so checkpoints move between strategies.
+``pieces`` lists one ``(name, shard tensors, dim)`` per plain parameter, in its order (``dim``
+``None``: not split); a split parameter's state is its shards' concatenated along ``dim``.
 """
 
 from __future__ import annotations

@@ -4,11 +4,9 @@ Rank ``r`` owns ``shares[r]`` rows of an ``(N, F)`` activation (rank order; a sh
 and holds one of: *batch*, its rows ``(shares[rank], F)``; *whole*, ``(N, F)``; *columns*,
 ``(N, cols[rank])``, or *partial*, ``(N, F)`` terms of a sum over ranks. :func:`gather_rows`
 (batch -> whole; backward reduce-scatter), :func:`sum_rows` (partial -> batch; backward
-all-gather), :func:`rows_of_columns` (columns -> batch; all-to-all both ways). Gloo gathers equal
-pieces only, so rows are padded to the largest share. Every rank calls them in the same order on
-the same group (``None``: the default). Each records the bytes this rank sends, as bandwidth-
-optimal algorithms send them, in :mod:`tandem.parallel.traffic` (:func:`tandem.hybrid.cost.
-step_bytes` counts the same).
+all-gather), :func:`rows_of_columns` (columns -> batch; all-to-all both ways). Rows are padded
+to the largest share (gloo gathers equal pieces only). Every rank calls them in the same order
+on the same group; each records the bytes this rank sends in :mod:`tandem.parallel.traffic`.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from ..parallel import traffic
 from ._shards import ACTIVATION_GRADS, ACTIVATIONS
 
 
-# torch 2.13 names these ``*_single`` and warns at the older names, which older torch (2.11,
-# on a GPU machine) has alone
+# torch 2.13 names these ``*_single`` and warns at the older names, which older torch has alone
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 

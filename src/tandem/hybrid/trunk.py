@@ -1,5 +1,4 @@
-"""The data-parallel part of a hybrid model, everything before its Linear head, which both
-hybrids run data parallel: :func:`trunk_of` builds it and says where its state lives."""
+"""The data-parallel part of a hybrid model, everything before its Linear head."""
 
 from __future__ import annotations
 
@@ -9,6 +8,9 @@ import torch
 from torch import nn
 
 from tandem.errors import UsageError
+
+from .layout import classifier_layout, find_head, head_sequential
+from .plain import check_initialised
 
 _KNOWN_CHILDREN = ("features", "avgpool", "classifier")
 
@@ -39,8 +41,7 @@ class _HeadInput(nn.Identity):
 
 class _Body(nn.Module):
     """The model (sharing every submodule) with its head replaced by :class:`_HeadInput`, then
-    the head's leading elementwise layers. Each forward checks that the model returned what it
-    fed its head: a model doing more after its head is an error, not a different result."""
+    the head's leading elementwise layers; a model doing more after its head is an error."""
 
     def __init__(self, model: nn.Module, head: str, leading: list[nn.Module]):
         super().__init__()
@@ -84,8 +85,7 @@ def _features_layout(model: nn.Module, head: str) -> bool:
 
 def trunk_of(model: nn.Module, name: str, leading: list[nn.Module]):
     """``(trunk, parts)``: the data-parallel part of ``model`` (sharing its modules) before its
-    head ``model.<name>``, the head's ``leading`` elementwise layers included, and the (prefix
-    in the plain state dict, module holding that state) pairs of its state."""
+    head ``model.<name>``, then ``leading``, and its (plain state dict prefix, module) pairs."""
     if _features_layout(model, name):
         trunk = _Trunk(model.features, getattr(model, "avgpool", None), leading)
         parts = [("features.", trunk.features)]
@@ -94,3 +94,26 @@ def trunk_of(model: nn.Module, name: str, leading: list[nn.Module]):
         return trunk, parts
     trunk = _Body(model, name, leading)
     return trunk, [("", trunk.body)]  # every key but the head's
+
+
+def walk_head(hybrid: nn.Module, model: nn.Module, head: str | None, who: str):
+    """``(layers, stages, key, trunk)`` of ``model``'s head (found and checked as ``who``): its
+    layers, their stages (:func:`~.layout.classifier_layout`), ``key(i)`` where layer ``i``
+    keeps its state in the plain model, and :func:`trunk_of`'s trunk. Sets ``hybrid``'s
+    ``head_name``, ``_parts`` (the trunk's and leading layers'), ``_keys`` and ``_param_names``
+    (the plain model's)."""
+    name = find_head(model, head, who=who)
+    check_initialised(model, who)
+    head_module = getattr(model, name)
+    sequential = head_sequential(head_module)
+    mods = list(sequential)
+    leading, stages = classifier_layout(sequential)
+
+    def key(i: int) -> str:
+        return f"{name}.{i}." if isinstance(head_module, nn.Sequential) else f"{name}."
+
+    trunk, parts = trunk_of(model, name, [mods[i] for i in leading])
+    hybrid.head_name, hybrid._parts = name, parts + [(key(i), mods[i]) for i in leading]
+    hybrid._keys = list(model.state_dict().keys())
+    hybrid._param_names = [n for n, _ in model.named_parameters()]
+    return mods, stages, key, trunk

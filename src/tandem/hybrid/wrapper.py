@@ -1,12 +1,10 @@
 """``HybridParallel``: data-parallel features, model-parallel classifier (Krizhevsky 2014).
 
 Convs hold the compute and few parameters, so they run data parallel; FC layers hold the
-parameters, so they are split by features (:mod:`.layout`) and only activations move. Warnings:
-the trunk is shared and trained in place, but the head's Linear layers are *copied* into shards,
-so the originals go stale (read back with :meth:`plain_state_dict` or :meth:`to_model`). Keyed
-dropout (:mod:`tandem.keyed`, tandem's default in training) draws the plain model's masks;
-torch's own draws other masks, so with it the output equals ``model(x)`` only with ``p = 0`` or
-in eval.
+parameters, so they are split by features (:mod:`.layout`) and only activations move. The
+trunk is trained in place, but the head's Linear layers are *copied* into shards, so the
+originals go stale (read back with :meth:`plain_state_dict` or :meth:`to_model`). Keyed dropout
+(:mod:`tandem.keyed`) draws the plain model's masks; torch's draws others.
 """
 
 from __future__ import annotations
@@ -24,16 +22,15 @@ from ..parallel import DataParallelModel, gather
 from ..parallel.devices import as_device, resolve_devices
 from .column_linear import ColumnParallelLinear, RowParallelLinear, Shardwise
 from .cost import meta_copy, plan
-from .layout import classifier_layout, find_head, head_sequential
-from .plain import (check_initialised, check_plain_keys, in_order, load_part,
-                    load_plain_optimizer_state, plain_optimizer_state)
-from .trunk import trunk_of
+from .plain import (check_plain_keys, in_order, load_part, load_plain_optimizer_state,
+                    plain_optimizer_state)
+from .trunk import walk_head
 
 _SPLIT = (ColumnParallelLinear, RowParallelLinear)
 
 
 class _Gather(nn.Module):
-    """Concatenate the replicas' trunk outputs on the output device (engine's ``gather``)."""
+    """The replicas' trunk outputs concatenated on the output device."""
 
     def __init__(self, output_device: torch.device):
         super().__init__()
@@ -61,28 +58,14 @@ class HybridParallel(nn.Module):
                  buffers: str = "replica0", head: str | None = None, split=None,
                  max_share: int | None = None, backward_threads: bool | None = None):
         super().__init__()
-        name = find_head(model, head)
-        check_initialised(model, "HybridParallel")
+        mods, stages, key, trunk = walk_head(self, model, head, "HybridParallel")
         devices = resolve_devices(device_ids)
         self.devices = devices
         self.output_device = as_device(output_device) if output_device is not None else devices[0]
-        self.head_name = name
-        head_module = getattr(model, name)
-        leading, stages = classifier_layout(head_sequential(head_module))
-        mods = list(head_sequential(head_module))
-
-        def key(i: int) -> str:  # where layer i of the head keeps its state in the plain model
-            return f"{name}.{i}." if isinstance(head_module, nn.Sequential) else f"{name}."
-
-        trunk, self._parts = trunk_of(model, name, [mods[i] for i in leading])
         self.trunk = DataParallelModel(trunk.to(devices[0]), devices, self.output_device,
                                        buffers=buffers, split=split, max_share=max_share,
                                        backward_threads=backward_threads)
-        self._parts += [(key(i), mods[i]) for i in leading]
         self.head = nn.Sequential(*self._split_head(mods, stages, key))
-        self._keys = list(model.state_dict().keys())
-        self._param_names = [name for name, _ in model.named_parameters()]
-        # the model's structure for to_model(), hidden from the module tree (no state)
         object.__setattr__(self, "_skeleton", meta_copy(model))
 
     def _split_head(self, mods: list[nn.Module], stages, key) -> list[nn.Module]:
@@ -105,8 +88,7 @@ class HybridParallel(nn.Module):
             if stage.kind == "pair":
                 head.append(Shardwise(*[mods[i] for i in stage.indices[1:-1]]))
                 self._parts += [(key(i), mods[i]) for i in stage.indices[1:-1]]
-                head.append(RowParallelLinear.from_linear(mods[last], devices,
-                                                          output_device=out))
+                head.append(RowParallelLinear.from_linear(mods[last], devices, output_device=out))
                 self._parts.append((key(last), head[-1]))
         return head
 
@@ -116,9 +98,8 @@ class HybridParallel(nn.Module):
 
     # -- the plain model's view ----------------------------------------------------------
     def plain_state_dict(self) -> "OrderedDict[str, torch.Tensor]":
-        """The plain model's state dict (``model.state_dict()``'s keys and order): split layers
-        merged into new tensors on the output device, shared modules' tensors as
-        ``state_dict()`` returns them (detached, not copied)."""
+        """The plain model's state dict: split layers merged into new tensors on the output
+        device, shared modules' tensors as ``state_dict()`` returns them (not copied)."""
         state: dict = {}
         for prefix, module in self._parts:
             if isinstance(module, _SPLIT):
@@ -143,8 +124,8 @@ class HybridParallel(nn.Module):
         return [where[name] for name in self._param_names]
 
     def plain_norms(self) -> PlainNorms:
-        """Norms of the plain model's parameters, a split layer's shards summed into the
-        layer's, on the output device."""
+        """Norms of the plain model's parameters (a split layer's shards summed), on the
+        output device."""
         params, owners = [], []
         for k, (_, shards, _) in enumerate(self._plain_pieces()):
             params += shards
@@ -152,8 +133,7 @@ class HybridParallel(nn.Module):
         return PlainNorms(params, owners, device=self.output_device)
 
     def plain_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        """``optimizer``'s state (of :meth:`parameters`) as the plain model's optimizer holds
-        it, split layers' states merged: any strategy loads it."""
+        """``optimizer``'s state as the plain model's optimizer holds it (any strategy loads it)."""
         return plain_optimizer_state(optimizer, self._plain_pieces())
 
     def load_plain_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
@@ -167,8 +147,8 @@ class HybridParallel(nn.Module):
         load_plain_optimizer_state(optimizer, pieces, state)
 
     def load_plain_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Load a plain model's state dict into the split layout, split layers taking their
-        slices. A missing or unexpected key (when ``strict``) or a wrong shape is an error."""
+        """Load a plain model's state dict, split layers taking their slices; a key missing or
+        extra (when ``strict``) or a wrong shape is an error."""
         if strict:
             check_plain_keys(self._keys, state, type(self._skeleton).__name__)
         for prefix, module in self._parts:

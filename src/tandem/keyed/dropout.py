@@ -67,6 +67,9 @@ class _KeyedMixin:
     _per = "element"
     _alpha = False
 
+    def forward(self, x):
+        return self._keyed(x, super().forward)
+
     def _keyed(self, x: torch.Tensor, torch_forward):
         if torch.compiler.is_compiling():  # traced: the draw runs eagerly (see _eager)
             return _eager()(self, x, torch_forward)
@@ -100,26 +103,17 @@ def _eager():
 class KeyedDropout(_KeyedMixin, nn.Dropout):
     """``nn.Dropout`` with each sample's mask keyed by its index in the global batch."""
 
-    def forward(self, x):
-        return self._keyed(x, super().forward)
-
 
 class KeyedAlphaDropout(_KeyedMixin, nn.AlphaDropout):
     """``nn.AlphaDropout`` keyed by sample."""
 
     _alpha = True
 
-    def forward(self, x):
-        return self._keyed(x, super().forward)
-
 
 class KeyedFeatureAlphaDropout(_KeyedMixin, nn.FeatureAlphaDropout):
     """``nn.FeatureAlphaDropout`` keyed by sample: whole channels (dimension 1)."""
 
     _alpha, _per = True, "channel"
-
-    def forward(self, x):
-        return self._keyed(x, super().forward)
 
 
 class _Channels(_KeyedMixin):
@@ -129,9 +123,10 @@ class _Channels(_KeyedMixin):
     unbatched: tuple[int, ...] = ()
 
     def forward(self, x):
+        torch_forward = super(_KeyedMixin, self).forward  # torch's layer's, past the mixin's
         if x.dim() not in self.unbatched:
-            return self._keyed(x, super().forward)
-        return self._keyed(x.unsqueeze(0), super().forward).squeeze(0)
+            return self._keyed(x, torch_forward)
+        return self._keyed(x.unsqueeze(0), torch_forward).squeeze(0)
 
 
 class KeyedDropout1d(_Channels, nn.Dropout1d):

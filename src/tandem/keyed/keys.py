@@ -1,9 +1,8 @@
 """Random numbers that are a function of integers, not of a generator's history.
 
 On the host :func:`mix_seed` hashes integers into a 63-bit key (splitmix64). On a device
-:func:`words` gives a 32-bit word per (sample row, column) of a grid, a hash of ``(key, i, j)``
-alone, so a replica, rank or block computes exactly its part. The hash is two xorshift-multiply
-rounds (Wellons' ``hash-prospector`` multipliers, below 2**31: exact in int64 on every device).
+:func:`words` gives a 32-bit word per (row, column), a hash of ``(key, i, j)`` alone, so a
+replica, rank or block computes exactly its part (multipliers below 2**31: exact in int64).
 """
 
 from __future__ import annotations

@@ -73,8 +73,7 @@ def at(first_row: int, first_col: int):
     place = current()
     if place is None:
         return contextlib.nullcontext()
-    return _installed(replace(place, first_row=first_row, first_col=first_col,
-                              calls=place.calls))
+    return _installed(replace(place, first_row=first_row, first_col=first_col, calls=place.calls))
 
 
 @contextlib.contextmanager
@@ -90,8 +89,7 @@ def blocks():
 
     def block(first_col: int):
         last[0] = dict(start)
-        return _installed(replace(place, first_col=place.first_col + first_col,
-                                  calls=last[0]))
+        return _installed(replace(place, first_col=place.first_col + first_col, calls=last[0]))
 
     yield block
     place.calls.clear()

@@ -1,7 +1,6 @@
 """AlexNet: torchvision's single tower, and Krizhevsky 2012's two towers (``groups=2``, LRN).
 
-``forward`` is ``classifier(flatten(avgpool(features(x)), 1))``, the Linear layers directly in
-``classifier``, so hybrid parallelism can run ``features`` data-parallel and split the rest.
+``forward`` is ``classifier(flatten(avgpool(features(x)), 1))``, so hybrid can split the rest.
 """
 
 from __future__ import annotations
@@ -18,14 +17,9 @@ def make_classifier(in_features: int, hidden_features: int, num_classes: int,
     """AlexNet's fc6-fc8; the ReLUs are not in place: under hybrid parallelism their inputs
     are outputs of cross-device autograd functions."""
     return nn.Sequential(
-        nn.Dropout(dropout),
-        nn.Linear(in_features, hidden_features),
-        nn.ReLU(),
-        nn.Dropout(dropout),
-        nn.Linear(hidden_features, hidden_features),
-        nn.ReLU(),
-        nn.Linear(hidden_features, num_classes),
-    )
+        nn.Dropout(dropout), nn.Linear(in_features, hidden_features), nn.ReLU(),
+        nn.Dropout(dropout), nn.Linear(hidden_features, hidden_features), nn.ReLU(),
+        nn.Linear(hidden_features, num_classes))
 
 
 class AlexNet(nn.Module):
@@ -46,7 +40,7 @@ class AlexNet(nn.Module):
         return self.classifier(x)  # N, num_classes
 
 
-def _check_dropout(dropout: float) -> None:
+def check_dropout(dropout: float) -> None:
     if not 0.0 <= dropout < 1.0:
         raise UsageError(f"dropout must be in [0, 1), got {dropout!r}")
 
@@ -55,7 +49,7 @@ def _check_dropout(dropout: float) -> None:
 def alexnet(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
             hidden_features: int = 4096) -> AlexNet:
     """torchvision's AlexNet layout (a single tower, no LRN); 61,100,840 parameters."""
-    _check_dropout(dropout)
+    check_dropout(dropout)
     features = nn.Sequential(
         nn.Conv2d(in_channels, 64, 11, stride=4, padding=2), nn.ReLU(inplace=True),
         nn.MaxPool2d(3, stride=2),
@@ -73,7 +67,7 @@ def alexnet(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
 def alexnet_grouped(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
                     hidden_features: int = 4096) -> AlexNet:
     """Krizhevsky 2012's two-tower AlexNet (groups=2 on conv2/4/5, LRN); 60,965,224 params."""
-    _check_dropout(dropout)
+    check_dropout(dropout)
 
     def lrn() -> nn.LocalResponseNorm:
         # the paper's k=2, n=5, alpha=1e-4, beta=0.75; torch divides alpha by n

@@ -1,7 +1,6 @@
 """Multiply-accumulates (MACs) by torch's ``FlopCounterMode``, and parameters.
 
-Conv and Linear modules only (torchvision's "GFLOPS" conventions): a matmul in another
-module's ``forward`` is not counted. One forward on zeros; a meta model counts in milliseconds.
+Conv and Linear modules only (torchvision's "GFLOPS" conventions); one forward on zeros.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The model registry: small entry points looked up by name, as timm's.
 
-:func:`create_model` checks options against the entry point's signature, so a misspelt one is
-an error, never a silent default. ``package.module:function`` is a factory of the user's own
-(:mod:`tandem.factory`), called with ``num_classes`` and ``in_channels`` where it takes them.
+:func:`create_model` checks options against the entry point's signature (a misspelt one is an
+error). ``package.module:function`` is a factory of the user's own (:mod:`tandem.factory`).
 """
 
 from __future__ import annotations
@@ -48,11 +47,9 @@ FACTORY = "factory"
 
 def register_model(*, native_input_size: int, min_input_size: int, family: str,
                    name: str | None = None):
-    """Decorator adding an entry point to the registry under ``name`` (default: its own).
-
-    It must take ``num_classes`` and ``in_channels`` with defaults. ``native_input_size`` is
-    where ``tandem models`` counts MACs, ``min_input_size`` what data is checked against.
-    """
+    """Decorator adding an entry point, which takes ``num_classes`` and ``in_channels`` with
+    defaults, under ``name`` (default: its own). ``native_input_size``: where ``tandem models``
+    counts MACs; ``min_input_size``: what data is checked against."""
 
     def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         key = fn.__name__ if name is None else name
@@ -105,13 +102,9 @@ def native_input_size(name: str) -> int:
 
 
 def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Module:
-    """Build model ``name`` with freshly initialised weights.
-
-    ``num_classes=None`` means the model's own default (1000 for ImageNet, 10 for ``cifar_*``).
-    Every model accepts ``in_channels`` (default 3); other options depend on the family. Raises
-    ``ValueError`` for an unknown name (suggesting the closest ones), an unknown option (listing
-    the accepted ones) or a bad value.
-    """
+    """Build model ``name`` with freshly initialised weights; ``num_classes=None``: the model's
+    own default. Every model accepts ``in_channels`` (default 3). Raises ``ValueError`` for an
+    unknown name or option (suggesting or listing the valid ones) or a bad value."""
     info = model_info(name)
     if info.family == FACTORY:  # num_classes and in_channels where it takes them
         offered = {"num_classes": num_classes, "in_channels": kwargs.pop("in_channels", None)}
@@ -123,10 +116,8 @@ def create_model(name: str, num_classes: int | None = None, **kwargs) -> nn.Modu
     accepted = info.options
     unknown = sorted(k for k in kwargs if k not in accepted)
     if unknown:
-        raise UsageError(
-            f"model {name!r} got unexpected option(s) {', '.join(unknown)}; "
-            f"it accepts: {', '.join(accepted)}"
-        )
+        raise UsageError(f"model {name!r} got unexpected option(s) {', '.join(unknown)}; "
+                         f"it accepts: {', '.join(accepted)}")
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     for key in ("num_classes", "in_channels"):

@@ -9,9 +9,9 @@ from functools import partial
 import torch
 from torch import nn
 
-from tandem.models.registry import register_model
-from tandem.errors import UsageError
+from tandem.models.alexnet import check_dropout
 from tandem.models.builder import on_meta
+from tandem.models.registry import register_model
 
 CFGS: dict[str, list[int | str]] = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
@@ -44,20 +44,14 @@ class VGG(nn.Module):
     def __init__(self, features: nn.Sequential, num_classes: int, dropout: float,
                  hidden_features: int):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise UsageError(f"dropout must be in [0, 1), got {dropout!r}")
+        check_dropout(dropout)
         self.features = features
         self.avgpool = nn.AdaptiveAvgPool2d(7)
         # ReLUs not in place: see alexnet.make_classifier (hybrid parallelism feeds this).
         self.classifier = nn.Sequential(
-            nn.Linear(512 * 7 * 7, hidden_features),
-            nn.ReLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden_features, hidden_features),
-            nn.ReLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden_features, num_classes),
-        )
+            nn.Linear(512 * 7 * 7, hidden_features), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden_features, hidden_features), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden_features, num_classes))
         self._init_weights()
 
     def _init_weights(self) -> None:

@@ -2,9 +2,9 @@
 
 ``ema ← d ema + (1 − d) w`` after every step (integer buffers copied); ``d`` warms up as timm's
 ``ModelEmaV3``: the first update copies, the ``n``-th after it ``min(decay, 1 − (1 + n)^(−2/3))``.
-The shadows are in the trained layout (a split layer's blocks), so no step gathers anything;
-:meth:`ModelEma.swapped` puts them in the model to validate, save or load. Not torch's
-``AveragedModel``: it deep-copies the module, which DDP or a hybrid's shards cannot be.
+The shadows are in the trained layout, so no step gathers; :meth:`ModelEma.swapped` puts them
+in the model to validate, save or load. (torch's ``AveragedModel`` deep-copies the module,
+which DDP or a hybrid's shards cannot be.)
 """
 
 from __future__ import annotations

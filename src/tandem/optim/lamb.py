@@ -9,8 +9,10 @@ import torch
 
 from tandem.plain_norms import PlainNorms
 
+from .lars import TrustRatioOptimizer
 
-class LAMB(torch.optim.Optimizer):
+
+class LAMB(TrustRatioOptimizer):
     """LAMB; ``norms``: the plain model's norms of ``params`` (default: each whole)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999),
@@ -19,17 +21,10 @@ class LAMB(torch.optim.Optimizer):
         if lr <= 0 or not all(0 <= b < 1 for b in betas) or eps < 0 or weight_decay < 0:
             raise ValueError(f"LAMB: bad lr {lr}, betas {betas}, eps {eps} or weight decay "
                              f"{weight_decay}")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        trust=True)
-        super().__init__(params, defaults)
-        self.norms = norms or PlainNorms(p for g in self.param_groups for p in g["params"])
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay), norms)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _step(self) -> None:
         params, updates = [], []
         for group in self.param_groups:
             for p in group["params"]:
@@ -48,7 +43,6 @@ class LAMB(torch.optim.Optimizer):
                     ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
                     update.mul_(ratio.to(p.dtype))
                 p.sub_(update, alpha=group["lr"])
-        return loss
 
     def _update(self, p: torch.Tensor, group: dict) -> torch.Tensor:
         """``u`` for ``p``, its moments moved one step."""

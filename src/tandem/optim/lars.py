@@ -10,7 +10,23 @@ import torch
 from tandem.plain_norms import PlainNorms
 
 
-class LARS(torch.optim.Optimizer):
+class TrustRatioOptimizer(torch.optim.Optimizer):
+    """LARS's and LAMB's base: ``defaults`` and ``trust=True`` per group, the plain model's
+    ``norms`` of ``params`` (default: each whole), and the closure run with grad enabled."""
+
+    def __init__(self, params, defaults: dict, norms: PlainNorms | None):
+        super().__init__(params, dict(defaults, trust=True))
+        self.norms = norms or PlainNorms(p for g in self.param_groups for p in g["params"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        with torch.enable_grad():
+            loss = None if closure is None else closure()
+        self._step()
+        return loss
+
+
+class LARS(TrustRatioOptimizer):
     """LARS; ``norms``: the plain model's norms of ``params`` (default: each whole)."""
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
@@ -20,17 +36,10 @@ class LARS(torch.optim.Optimizer):
                 or eps < 0:
             raise ValueError(f"LARS: bad lr {lr}, momentum {momentum}, weight decay "
                              f"{weight_decay}, trust coefficient {trust_coefficient} or eps {eps}")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                        trust_coefficient=trust_coefficient, eps=eps, trust=True)
-        super().__init__(params, defaults)
-        self.norms = norms or PlainNorms(p for g in self.param_groups for p in g["params"])
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      trust_coefficient=trust_coefficient, eps=eps), norms)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _step(self) -> None:
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         weights, grads = self.norms.squares(params, params, [p.grad for p in params])
         norms = {id(p): (w.sqrt(), g.sqrt()) for p, w, g in zip(params, weights, grads)}
@@ -52,4 +61,3 @@ class LARS(torch.optim.Optimizer):
                 buffer = state["momentum_buffer"]
                 buffer.mul_(momentum).add_(direction, alpha=lr)
                 p.sub_(buffer)
-        return loss
