@@ -183,9 +183,13 @@ def scratch(root: Path) -> dict:
 
 
 def shape(lines: list[str]) -> list[str]:
-    """``lines`` with every number (``12``, ``0.5``, ``-3e-05``) as ``#``: what a block must
-    keep when the numbers of another machine or run differ."""
-    return [re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", line) for line in lines]
+    """``lines`` with every number (``12``, ``0.5``, ``-3e-05``, ``nan``) and which of loss
+    and weights overflowed first as ``#``: what a block must keep when the numbers of another
+    machine or run differ."""
+    number = r"\d+(\.\d+)?(e-?\d+)?|\b(nan|inf)\b"  # a loss may overflow to nan or inf
+    # which of the loss and the weights overflows first is a matter of the numbers too
+    first = r"\b(the weights|train loss) became non-finite"
+    return [re.sub(number, "#", re.sub(first, "# became non-finite", line)) for line in lines]
 
 
 def shown(text: str) -> dict[str, list[str]]:
