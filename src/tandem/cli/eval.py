@@ -10,7 +10,7 @@ import shlex
 import sys
 
 from tandem.config import DataConfig, OptimConfig, ParallelConfig, RunConfig
-from tandem.distributed.env import Environment, in_torchrun
+from tandem.distributed.env import Environment, in_torchrun, place_of
 from tandem.errors import UsageError
 from tandem.models import model_info
 from tandem.strategies import strategy_class
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                           batch_size=args.batch_size, seed=args.seed,
                           label_smoothing=args.label_smoothing, arch=args.arch,
                           amp=args.amp, amp_dtype=args.amp_dtype, ema=args.ema,
-                          environ=Environment.read())
+                          place=place_of(Environment.read()))
     note, precision = result.pop("note"), result.pop("precision")
     if not result.pop("is_main"):
         return 0  # under ddp every rank validates its share; rank 0 reports the total

@@ -7,7 +7,7 @@ from dataclasses import replace
 from tandem import checkpoint
 from tandem.config import ParallelConfig, TrainConfig
 from tandem.data.load import GIVEN_DATA
-from tandem.distributed.env import Environment, place_of
+from tandem.distributed.env import Place
 from tandem.errors import UsageError, param
 from tandem.factory import is_reference
 
@@ -42,14 +42,14 @@ def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | Non
              batch_size: int | None = None, seed: int | None = None,
              label_smoothing: float | None = None, arch: str | None = None,
              amp: bool | None = None, amp_dtype: str | None = None, ema: bool = False,
-             environ: Environment = Environment()) -> dict:
+             place: Place) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
     Its run's settings, each overridden by an argument given; ``arch`` for a file that names
     none. A tandem run is evaluated at its own image size and precision (float32, said, where
     it cannot run here); a file from elsewhere as the imagenet example does, said in ``note``.
+    ``place``: this process, as the caller read it once (``place_of``).
     """
-    place = place_of(environ)  # read once: the lock check comes before the checkpoint is read
     runlock.check_saved(checkpoint_path, place)  # a run not saved yet: its process, named
     checkpoint_path = checkpoint_path_of(checkpoint_path)  # a run directory: its latest
     ckpt = checkpoint.load(checkpoint_path)

@@ -451,7 +451,7 @@ def test_eval_of_a_run_held_by_its_own_launch_is_not_refused_as_in_use(tmp_path)
     """``tandem launch -- eval RUN`` beside the same launch's training: the lock is its own
     (the launch id eval's plan read), so it is not the "in use" refusal; another launch is."""
     from tandem.config import ParallelConfig
-    from tandem.distributed.env import LAUNCH_ID_VAR, Environment
+    from tandem.distributed.env import LAUNCH_ID_VAR, Environment, place_of
     from tandem.train.evaluate import evaluate
     from tandem.train.rundir import RunDir
 
@@ -466,10 +466,10 @@ def test_eval_of_a_run_held_by_its_own_launch_is_not_refused_as_in_use(tmp_path)
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(UsageError, match="in use by .* no checkpoint yet"):
             evaluate(run.path, parallel=ParallelConfig(),
-                     environ=Environment({LAUNCH_ID_VAR: "launch-b"}))
+                     place=place_of(Environment({LAUNCH_ID_VAR: "launch-b"})))
         with pytest.raises(Exception) as own:
             evaluate(run.path, parallel=ParallelConfig(),
-                     environ=Environment({LAUNCH_ID_VAR: "launch-a"}))
+                     place=place_of(Environment({LAUNCH_ID_VAR: "launch-a"})))
         assert "in use" not in str(own.value) and run.path in str(own.value)
     finally:
         holder.kill()
