@@ -16,6 +16,7 @@ from tandem.precision import AMP_DTYPES
 from tandem.strategies import strategy_names
 from tandem.strategies.auto import AUTO
 from tandem.strategies.compile import COMPILE_MODES, compiling_strategies
+from tandem.distributed.compression import Compression
 from tandem.suggest import did_you_mean
 
 DTYPES = ("float32", "float64")
@@ -68,6 +69,12 @@ class ParallelConfig:
     max_share: int | None = opt(None, "the most samples any one device (or rank) may take of a "
                                 "batch; a batch or --split that needs more is refused at once",
                                 metavar="N", on_resume=MAY_CHANGE)
+    grad_compression: str = opt("none", f"with {', '.join(strategy_names(compresses_gradients=True))}: "
+                                "send the data-parallel gradients in bf16 or fp16, or as "
+                                "PowerSGD's rank-RANK factors (default 1) with error feedback, "
+                                "from step 3. Lossy: the update is no longer single's (each "
+                                "epoch's line says by how much)",
+                                metavar="none|bf16|fp16|powersgd[:RANK]", on_resume=MAY_CHANGE)
     backward_threads: str | None = opt(None, "strategies with replica threads: on runs each CPU "
                                        "replica's backward in its own thread, off all in "
                                        "autograd's one (default: on when the replicas' threads "
@@ -94,6 +101,7 @@ class ParallelConfig:
             check(self.amp, f"{param('amp_dtype')} {self.amp_dtype} needs {param('amp')}")
         if self.split is not None:
             parse_split(self.split)
+        Compression.parse(self.grad_compression)
         check(self.auto_steps is None or self.auto_steps >= 1,
               f"bad {param('auto_steps')} {self.auto_steps}: must be >= 1")
         check(self.max_share is None or self.max_share >= 1,

@@ -202,7 +202,7 @@ def _save(trainer, start: StepStart | None) -> str | None:
         return None
     trainer.save(is_best=False, progress={LOST_BEFORE: trainer.position.batch,
                                           "lr_steps": trainer.lr_steps},
-                 rng=start.rng if start is not None else None)
+                 rng=start.rng if start is not None else None, alone=True)
     trainer.writer.flush()  # on disk before the line says so
     return trainer.run_dir.latest
 

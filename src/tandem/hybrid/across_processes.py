@@ -117,7 +117,9 @@ class DistributedHybrid(nn.Module):
     """``model`` (on this rank's ``device``, the same weights on every rank) with a
     data-parallel trunk and its head split over the ranks of ``group``, which carries the
     activations. ``ddp_options``: ``DistributedDataParallel``'s keywords for the trunk (its
-    ``process_group`` carries the gradients; default ``group``); ``head`` as in :mod:`.layout`.
+    ``process_group`` carries the gradients; default ``group``); ``head`` as in :mod:`.layout`;
+    ``compressor``: the trunk's gradients' hook, compressing them (a summing
+    :class:`~tandem.distributed.compression.Compressor`; default: exact, :func:`summing_hook`).
     Returns this rank's rows of the logits, ``(b_r, classes)``; :meth:`no_sync` is DDP's.
     """
 
@@ -127,7 +129,8 @@ class DistributedHybrid(nn.Module):
     gather = staticmethod(gather_rows)
 
     def __init__(self, model: nn.Module, device: torch.device, group=None,
-                 head: str | None = None, ddp_options: dict | None = None):
+                 head: str | None = None, ddp_options: dict | None = None,
+                 compressor=None):
         super().__init__()
         mods, stages, key, trunk = walk_head(self, model, head, "DistributedHybrid")
         self.group = group
@@ -156,7 +159,10 @@ class DistributedHybrid(nn.Module):
         options = {"device_ids": [self.device] if self.device.type == "cuda" else None,
                    "process_group": group, **(ddp_options or {})}
         self.dp = DistributedDataParallel(_Replicated(trunk, local), **options)
-        self.dp.register_comm_hook(options["process_group"], self.grad_hook)
+        if compressor is not None:  # it must sum, as grad_hook does
+            compressor.register(self.dp)
+        else:
+            self.dp.register_comm_hook(options["process_group"], self.grad_hook)
         self.shares: list[int] = []  # every rank's rows in the last forward
 
     def no_sync(self):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tandem.distributed.compression import NONE, Compression
 from tandem.errors import UsageError
 
 from ..models import mac_breakdown
@@ -317,12 +318,21 @@ def _rank_head_bytes(stages, mods, shares_: list[int], rank: int, e: int,
     return fwd, bwd
 
 
+def gradient_bytes(parameters, processes: int, compression: Compression = NONE) -> float:
+    """Bytes each of ``processes`` ranks sends to all-reduce the gradients of ``parameters``
+    in one step: a ring's ``2 (W-1)/W`` of what it hands over, ``P e`` exact, less compressed
+    (:meth:`~tandem.distributed.compression.Compression.sent_bytes`)."""
+    w = processes
+    return 2 * (w - 1) / w * compression.sent_bytes(p for p in parameters if p.is_floating_point())
+
+
 def step_bytes(model: nn.Module, batch_size: int, processes: int, head: str | None = None,
-               backend: str = "nccl") -> ProcessBytes:
+               backend: str = "nccl", compression: Compression = NONE) -> ProcessBytes:
     """What each of ``processes`` ranks sends in one step of ``batch_size`` global samples
     (even shares) over ``backend`` (``"nccl"`` or ``"gloo"``). ddp: every gradient, ``2 (W-1)/W
-    P e``; hybrid-ddp: the data-parallel gradients so, and the head's activations. Both: the
-    buffers DDP broadcasts under ``--buffers replica0``. Not counted: the loss and the shares."""
+    P e`` (less under ``compression``); hybrid-ddp: the data-parallel gradients so, and the
+    head's activations. Both: the buffers DDP broadcasts under ``--buffers replica0``. Not
+    counted: the loss and the shares."""
     if processes < 1 or batch_size < 1:
         raise UsageError(f"step_bytes needs a batch and processes >= 1, got batch "
                          f"{batch_size} over {processes}")
@@ -330,15 +340,17 @@ def step_bytes(model: nn.Module, batch_size: int, processes: int, head: str | No
         raise UsageError(f"step_bytes: backend must be 'nccl' or 'gloo', got {backend!r}")
     _, _, mods, _, stages, e = _head(model, head, "step_bytes")
     split = [mods[i] for s in stages if s.kind != "local" for i in (s.indices[0], s.indices[-1])]
-    p_all, f_all = _count(model.parameters()), _count(model.buffers())
-    p_split = _count({id(p): p for m in split for p in m.parameters()}.values())
+    f_all = _count(model.buffers())
+    held = {id(p) for m in split for p in m.parameters()}
+    trunk = [p for p in model.parameters() if id(p) not in held]
     w, rows = processes, shares(batch_size, [1] * processes)
-    ring, bcast = 2 * (w - 1) / w, (w - 1) / w
-    ddp = [{"gradients": ring * p_all * e, "buffers": bcast * f_all * e} for _ in range(w)]
+    bcast = (w - 1) / w
+    every = gradient_bytes(model.parameters(), w, compression)
+    ddp = [{"gradients": every, "buffers": bcast * f_all * e} for _ in range(w)]
     hybrid = []
     for rank in range(w):
         fwd, bwd = _rank_head_bytes(stages, mods, rows, rank, e, backend)
-        hybrid.append({"gradients": ring * (p_all - p_split) * e,
+        hybrid.append({"gradients": gradient_bytes(trunk, w, compression),
                        "buffers": bcast * f_all * e,  # split layers hold none
                        "activations": fwd, "activation_grads": bwd})
     return ProcessBytes(type(model).__name__, batch_size, w, ddp, hybrid)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import weakref
+from datetime import timedelta
 from typing import Callable
 
 import torch
@@ -21,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tandem.distributed import faults
 from tandem.distributed.agree import Agreement
+from tandem.distributed.compression import NONE, Compression, Compressor
 from tandem.distributed.env import LAUNCH_HINT, DistEnv
 from tandem.distributed.global_loss import global_mean, local_sum
 from tandem.errors import UsageError, param
@@ -51,10 +53,12 @@ class DDPStrategy(Strategy):
     multiprocess = True
     max_devices = 1
     splits_batch = True
+    compresses_gradients = True
 
     def __init__(self, devices: list[torch.device], *, sync_bn: bool = False,
                  buffers: str = "replica0", timeout: float | None = None, split=None,
-                 max_share: int | None = None, env: DistEnv | None = None, **kwargs):
+                 max_share: int | None = None, env: DistEnv | None = None,
+                 compression: Compression = NONE, **kwargs):
         super().__init__(devices, sync_bn=sync_bn, buffers=buffers, **kwargs)
         check_policy(buffers)
         self.env = env if env is not None else self.agreement.env
@@ -66,6 +70,7 @@ class DDPStrategy(Strategy):
         self._device = pick_device(self.env, self.devices)
         self.devices = [self._device]  # it touches only its own device (memory stats, syncs)
         self.timeout = timeout
+        self.compression = compression  # --grad-compression: set up with the model
         self.backend: str | None = None  # set by launch()
         self._plain_bn: list = []  # BatchNorms that do not sync: see rank_batchnorm
         self._wrappers: list[weakref.ref] = []  # released by close(), see release_ddp
@@ -99,13 +104,35 @@ class DDPStrategy(Strategy):
             made = not dist.is_initialized()
             self.backend = init_process_group(self.env, self._device, self.timeout)
             self._joined = made
+        if self.compression.mode == "powersgd" and self.gradients is None:
+            # PowerSGD issues collectives from callbacks while backward issues others
+            # (SyncBatchNorm's, the split head's): on a group of their own, the ranks' orders agree
+            self.gradients = dist.new_group(backend=self.backend,
+                                            timeout=timedelta(seconds=self.group_timeout))
         return self
+
+    gradients = None  # --grad-compression powersgd's process group, joined by launch()
+
+    @property
+    def group_timeout(self) -> float:
+        """Seconds a collective of this strategy's own groups waits."""
+        return self.env.timeout if self.timeout is None else float(self.timeout)
+
+    def compressor_for(self, scale: float = 1.0) -> Compressor | None:
+        """The hook state of ``compression`` (``None``: exact), ``scale`` times DDP's mean."""
+        if self.compression.exact:
+            return None
+        self.compressor = Compressor(self.compression, self.gradients, scale)
+        return self.compressor
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """:meth:`prepare` ``model``, then wrap it in DDP."""
+        """:meth:`prepare` ``model``, then wrap it in DDP (its gradients compressed where
+        ``compression`` says)."""
         wrapped = DistributedDataParallel(self.prepare(model), **self.ddp_options())
         self._wrappers.append(weakref.ref(wrapped))
+        if self.compressor_for() is not None:
+            self.compressor.register(wrapped)
         return wrapped
 
     def prepare(self, model: nn.Module) -> nn.Module:
@@ -172,6 +199,9 @@ class DDPStrategy(Strategy):
     def close(self) -> None:
         """Free the DDP wrappers' reducers, then leave the group if :meth:`launch` made it."""
         self.release()
+        if self.gradients is not None and dist.is_initialized():
+            dist.destroy_process_group(self.gradients)
+        self.gradients = None
         if self.backend is not None and self._joined:
             destroy_process_group()
         self.backend, self._joined = None, False

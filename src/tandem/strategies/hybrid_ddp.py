@@ -47,9 +47,8 @@ class HybridDDPStrategy(DDPStrategy):
         """Join the job's group (ddp's), then the activations' group (every rank meets)."""
         super().launch()
         if self.activations is None:
-            seconds = self.env.timeout if self.timeout is None else float(self.timeout)
             self.activations = dist.new_group(backend=self.backend,
-                                              timeout=timedelta(seconds=seconds))
+                                              timeout=timedelta(seconds=self.group_timeout))
         return self
 
     def close(self) -> None:
@@ -63,9 +62,11 @@ class HybridDDPStrategy(DDPStrategy):
 
     # -- model ------------------------------------------------------------------------------
     def setup(self, model: nn.Module) -> nn.Module:
-        """:meth:`prepare` ``model`` as ddp does, then split its head."""
+        """:meth:`prepare` ``model`` as ddp does, then split its head (the trunk's gradients
+        compressed where ``compression`` says)."""
         wrapped = DistributedHybrid(self.prepare(model), self._device, group=self.activations,
-                                    head=self.options["hybrid_head"], ddp_options=self.ddp_options())
+                                    head=self.options["hybrid_head"], ddp_options=self.ddp_options(),
+                                    compressor=self.compressor_for(scale=self.world_size))
         self._wrappers.append(weakref.ref(wrapped.dp))
         return wrapped
 

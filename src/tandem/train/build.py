@@ -192,6 +192,9 @@ def resumed(plan, parts: dict) -> tuple[dict, list[str]]:
                            lambda state: plan.strategy.load_optimizer_state_dict(
                                model, optimizer, state))
     plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
+    if plan.strategy.compressor is not None:  # --grad-compression powersgd's state
+        notes += filter(None, [plan.strategy.compressor.load(
+            ckpt.get("grad_compression"), plan.strategy.rank, plan.strategy.device)])
     if parts["ema"] is not None:
         notes += _restore_ema(parts["ema"], ckpt, path, plan.strategy, model)
     if settings.is_foreign(ckpt):  # now that its steps are known

@@ -261,6 +261,8 @@ class Trainer:
         last_micro = index == group_start + group_size - 1
         sync = contextlib.nullcontext() if last_micro else s.no_sync(self.model)
         if index == group_start:
+            if s.compressor is not None and s.compressor.due(self.position):
+                s.compressor.measure_next()  # the epoch's sampled step: its error, measured
             self.step_start = faults.StepStart.of(self)  # None where no survivor saves
             # freed here, not after the step: glibc would return it and the forward refault it
             self.optimizer.zero_grad(set_to_none=True)
@@ -427,13 +429,17 @@ class Trainer:
     def run_dir(self) -> RunDir:
         return RunDir(self.cfg.run.out)
 
-    def save(self, is_best: bool, progress: dict | None = None, rng: dict | None = None) -> None:
+    def save(self, is_best: bool, progress: dict | None = None, rng: dict | None = None,
+             alone: bool = False) -> None:
         """Write ``checkpoint.pt`` (and ``best.pt``) on the main process; every process calls
-        it. ``progress``: a mid-epoch save's sums; ``rng``: the RNG states (default: now's)."""
+        it, but with ``alone`` (a peer lost: no collective). ``progress``: a mid-epoch save's
+        sums; ``rng``: the RNG states (default: now's)."""
         s = self.strategy
         self.saved_step = self.position.step  # every rank: the ranks save together
         if progress is not None:
             progress = {**progress, "lr_steps": thinned(progress["lr_steps"])}
+        # every rank's PowerSGD state, gathered (a collective unless alone)
+        compressed = None if s.compressor is None else s.compressor.state(s.rank, alone)
         if not s.is_main and not s.state_needs_every_rank:
             return
         state = s.state_dict(self.model)  # a collective where the state needs every rank
@@ -452,6 +458,7 @@ class Trainer:
             data_position=dataclasses.asdict(pos), epoch_progress=progress,
             split=self.strategy.split.state_dict(), config=self.config_dict,
             **({} if ema is None else {"ema": ema}),  # plain layout, as state_dict
+            **({} if compressed is None else {"grad_compression": compressed}),
         )
         # the lr the example's StepLR continues with, in the plain layout (any strategy loads it)
         optimizer = example_optimizer_state(self.optimizer, pos.epoch, plain_optimizer)
@@ -504,6 +511,8 @@ class Trainer:
                           **score_fields("ema_val", ema_val))
         if self.clip is not None:
             record.update(self.clip.fields())  # clipped_steps
+        if s.compressor is not None:  # --grad-compression: the sampled step's relative error
+            record["grad_error"] = s.compressor.take_error()
         if (shares := self.batch_shares()) is not None:
             record["split"] = shares
         if self.train_from is not None:  # the sums before it were lost with a peer

@@ -242,6 +242,8 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
                   f"acc5 {r['val_acc5']:.2f}% ")
     if "ema_val_loss" in r:  # --model-ema: the average's validation
         scores += f"| ema val loss {r['ema_val_loss']:.4f} acc {r['ema_val_acc']:.2f}% "
+    if r.get("grad_error") is not None:  # --grad-compression: the sampled step's error
+        scores += f"| grad error {r['grad_error']:.1e} "
     return (f"epoch {r['epoch']}/{epochs}{part} step {r['step']}: {scores}"
             f"| {rate} {r['seconds']:.1f}s")
 

@@ -18,6 +18,7 @@ from tandem.config import ModelConfig, ParallelConfig, TrainConfig
 from tandem.data import batches_per_epoch
 from tandem.data.device_decode import resolve_decode
 from tandem.data.load import check_spec
+from tandem.distributed.compression import Compression
 from tandem.distributed.agree import LOCAL, Agreement
 from tandem.distributed.env import Environment, Place, place_of, read_env
 from tandem.distributed.process_group import Job
@@ -123,6 +124,11 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
     # the flags first (a bad --devices is the mistake to name); the race only once --out allows
     racing = auto.is_resolver(cfg.parallel.strategy)
+    if racing and cfg.parallel.grad_compression != "none":
+        raise UsageError(f"--grad-compression {cfg.parallel.grad_compression} changes the "
+                         f"update, and --strategy auto never picks that by itself",
+                         hint=f"name the strategy: --strategy "
+                              f"{' or '.join(strategy_names(compresses_gradients=True))}")
     kind = _device_kind(cfg.parallel)
     cfg, precision, _ = _precision(cfg, kind, place, keeps=cfg.run.resume if continues else None)
     strategy = None if racing else _strategy(cfg.parallel, cfg.model, place, supplied.model,
@@ -338,6 +344,9 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig, place: Place,
     """The strategy of ``cfg`` (built, not launched), checked against the model."""
     devices = parse_device_spec(cfg.devices, "--devices")
     extra = _split(cfg, place)
+    compression = Compression.parse(cfg.grad_compression)
+    if strategy_class(cfg.strategy).compresses_gradients:
+        extra["compression"] = compression
     if strategy_class(cfg.strategy).multiprocess:
         extra["env"] = agreement.env or read_env(place.environ,
                                                  who=f"{param('strategy')} {cfg.strategy}")
@@ -352,6 +361,10 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig, place: Place,
                          f"({', '.join(strategy_names(splits_batch=True))}), not --strategy "
                          f"{cfg.strategy}")
     strategy.split.check_weights("--split")
+    if not compression.exact and not strategy.compresses_gradients:
+        raise UsageError(f"--grad-compression {compression} needs a strategy that compresses "
+                         f"its gradients ({', '.join(strategy_names(compresses_gradients=True))}),"
+                         f" not --strategy {cfg.strategy}")
     if cfg.compile:
         check_compile(strategy, strategy.device.type)
     if model is None and not is_reference(model_cfg.arch):  # a factory's: once built (build)

@@ -10,12 +10,14 @@ import torch
 
 from tandem import checkpoint, cpu_malloc
 from tandem.config import TrainConfig
+from tandem.distributed.compression import POWERSGD_START
 from tandem.distributed.env import Environment
 from tandem.distributed.faults import ABORTS
 from tandem.distributed.launch_state import LaunchState
 from tandem.distributed.process_group import Job
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import UsageError
+from tandem.hybrid.cost import gradient_bytes
 from tandem.model_state import load_plain_state_dict
 from tandem.strategies.outputs import label_smoothing
 
@@ -124,10 +126,24 @@ def say_starting(plan: RunPlan, trainer: Trainer) -> None:
         lines += [settings.size_line(cfg, plan.given, size),
                   *settings.example_block(cfg, plan.given)]
     lines.append(settings.precision_line(plan.precision, " (--amp)"))
+    if plan.strategy.compressor is not None:
+        lines.append(compression_line(plan.strategy.compressor))
     lines.append(lr_line(cfg.optim))
     for line in lines:
         if line:
             print(line, flush=True)
+
+
+def compression_line(compressor) -> str:
+    """What ``--grad-compression`` sends a step against exact ddp (the cost model's bytes)."""
+    c, w = compressor.compression, compressor.world
+    sent = gradient_bytes(compressor.parameters, w, c)
+    exact = gradient_bytes(compressor.parameters, w)
+    how = (f"{c} with error feedback from step {POWERSGD_START + 1}" if c.mode == "powersgd"
+           else f"{c}")
+    return (f"gradients: {how}, an approximate update (not single's); each rank sends "
+            f"{sent / 1e6:.2f} MB a step against {exact / 1e6:.2f} MB exact "
+            f"({sent / exact if exact else 1:.2f}x)")
 
 
 # -- validation only -----------------------------------------------------------------------------
