@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from tandem.distributed.compression import Compression
 from tandem.errors import UsageError, param
 from tandem.hybrid.cost import ProcessBytes, step_bytes
 from tandem.strategies import strategy_class
@@ -27,6 +28,8 @@ _BYTES = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
           "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40}
 _RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([A-Za-z]+)(/s)?\s*")
 _EXAMPLES = "e.g. 100mbit, 1gbit or 12.5MB/s"
+#: what ``--explain`` says ddp's ``--grad-compression`` would send
+COMPRESSIONS = ("bf16", "powersgd:1", "powersgd:4")
 
 
 def parse_rate(text: str, name: str = "link_rate") -> float:
@@ -77,6 +80,7 @@ class LinkPlan:
     processes: int
     cost: ProcessBytes | None
     why_not: str | None = None
+    compressed: dict | None = None  # ddp's busiest rank's bytes a step per --grad-compression
 
     @property
     def names(self) -> tuple[str, str]:
@@ -95,8 +99,9 @@ class LinkPlan:
         return {name: sum(kinds.values()) for name, kinds in self.busiest().items()}
 
     def seconds(self, bytes_per_s: float | None) -> dict[str, float] | None:
-        """Per strategy, the communication seconds a step at ``bytes_per_s``."""
-        if bytes_per_s is None or self.cost is None:
+        """Per strategy, the communication seconds a step at ``bytes_per_s`` (``None``: no
+        rate, or 0, what one process measures: it sends nothing)."""
+        if not bytes_per_s or self.cost is None:
             return None
         return {name: total / bytes_per_s for name, total in self.totals().items()}
 
@@ -110,6 +115,8 @@ class LinkPlan:
                                           "by_kind": {k: round(v) for k, v in kinds.items()}}
                                    for name, kinds in self.busiest().items()},
                 "not_planned": self.why_not,
+                "compressed_bytes_per_step": {mode: round(total) for mode, total in
+                                              (self.compressed or {}).items()},
                 "rates_bytes_per_s": {"given": given, "measured": measured},
                 "predicted_s": {"given": self.seconds(given),
                                 "measured": self.seconds(measured)}}
@@ -136,12 +143,25 @@ class LinkPlan:
         else:
             lines.append(f"link: give --link-rate ({_EXAMPLES}) for the time these bytes "
                          "take; a torchrun phase measures this machine's after the race")
+        if self.compressed and self.processes >= 2:
+            lines.append(self._compressed(given))
         return "\n".join(lines)
+
+    def _compressed(self, given: float | None) -> str:
+        """What ddp's ``--grad-compression`` would send a step (and take at ``given``)."""
+        exact = self.totals()[self.names[0]]
+        at = "" if given is None else f" at {format_rate(given)}"
+        rows = ", ".join(f"{mode} {total / 1e6:.3g} MB ({total / exact:.2f}x)" + (
+            "" if given is None else f" {_duration(total / given)}")
+            for mode, total in self.compressed.items())
+        return (f"{self.names[0]} --grad-compression{at}, a lossy update that auto never "
+                f"picks: {rows}")
 
     def measured_line(self, measured: float | None, nproc: int) -> str | None:
         """``--explain`` after the race: the rate the torchrun phase's ``nproc`` processes
-        measured and the time the planned bytes take at it; ``None`` when nothing measured."""
-        if measured is None:
+        measured and the time the planned bytes take at it; ``None`` when nothing measured
+        (0: one process sends nothing)."""
+        if not measured:
             return None
         line = (f"link: {format_rate(measured)} measured by an all-reduce in the torchrun "
                 f"phase ({nproc} processes on this machine)")
@@ -158,5 +178,8 @@ def plan_link(model: nn.Module, batch_size: int, processes: int,
     why = strategy_class(link_pair()[1]).check_model(model, hybrid_head=head)
     if why:
         return LinkPlan(name, batch_size, processes, None, why)
+    compressed = {mode: ProcessBytes.most(step_bytes(
+        model, batch_size, processes, head, backend=backend,
+        compression=Compression.parse(mode)).ddp) for mode in COMPRESSIONS}
     return LinkPlan(name, batch_size, processes, step_bytes(
-        model, batch_size, processes, head, backend=backend))
+        model, batch_size, processes, head, backend=backend), compressed=compressed)

@@ -93,11 +93,17 @@ def test_explain_with_a_head_gives_the_bytes_and_at_a_rate_their_time():
     text = plan.report(rate)
     lines = text.splitlines()
     assert text.startswith(cost.report())
-    assert lines[-1] == (f"link at 100 Mbit/s (--link-rate): ddp {ddp_s * 1e3:.3g} ms, "
+    assert lines[-2] == (f"link at 100 Mbit/s (--link-rate): ddp {ddp_s * 1e3:.3g} ms, "
                          f"hybrid-ddp {hybrid_s * 1e3:.3g} ms ({hybrid_s / ddp_s:.2f}x ddp's) "
                          "of communication a step (the busiest rank's bytes over the rate, no "
                          "overlap with compute)")
-    assert plan.report().splitlines()[-1].startswith("link: give --link-rate (e.g. 100mbit")
+    # ddp's gradients compressed: bf16 two bytes a value (PowerSGD's rows: the unit tests)
+    bf16 = 381 * 2
+    assert lines[-1].startswith(f"ddp --grad-compression at 100 Mbit/s, a lossy update that "
+                                f"auto never picks: bf16 {bf16 / 1e6:.3g} MB (0.50x) "
+                                f"{bf16 / rate * 1e3:.3g} ms, powersgd:1 "), lines[-1]
+    assert plan.report().splitlines()[-2].startswith("link: give --link-rate (e.g. 100mbit")
+    assert plan.seconds(0.0) is None and plan.measured_line(0.0, 1) is None  # one process
     record = plan.record(rate, 2 * rate)
     assert record["predicted_s"]["given"]["ddp"] == pytest.approx(ddp_s)
     assert record["predicted_s"]["measured"]["hybrid-ddp"] == pytest.approx(hybrid_s / 2)
