@@ -8,11 +8,14 @@ see the same machine; the differences give one step's seconds (the epoch's train
 metrics.jsonl, without start-up or validation) and its bytes (both veth ends' transmitted
 bytes). Beside them: the bytes :func:`tandem.hybrid.cost.step_bytes` predicts (both
 ranks' sum, what both ends send) and the busiest rank's bytes over the rate (the predicted
-communication seconds; each direction of the link carries one rank's). Run as root::
+communication seconds; each direction of the link carries one rank's). A contestant
+``ddp+MODE`` is ddp with ``--grad-compression MODE``. Run as root::
 
     python benchmarks/two_machines.py                       # resnet18 alexnet vgg11, 3 rates
     python benchmarks/two_machines.py --arch alexnet --rates none,100mbit --steps 2
     python benchmarks/two_machines.py --strategies ddp --rates 100mbit
+    python benchmarks/two_machines.py --arch resnet18 --rates 100mbit \
+        --strategies ddp,ddp+bf16,ddp+powersgd:2,ddp+powersgd:4,hybrid-ddp
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 from two_machines import ADDRS, TwoMachines, unavailable  # noqa: E402
 
+from tandem.distributed.compression import Compression  # noqa: E402
+from tandem.errors import UsageError  # noqa: E402
 from tandem.hybrid.cost import ProcessBytes, step_bytes  # noqa: E402
 from tandem.models import create_model  # noqa: E402
 
@@ -59,8 +64,10 @@ def _tx(net) -> int:
 
 def _run(net, arch: str, strategy: str, steps: int, args, port: int) -> tuple[float, int]:
     """(the epoch's train seconds, bytes both ends sent) of a ``steps``-step two-node run."""
-    out = f"runs/{strategy}-{arch}{steps}"
-    job = ["train", "--strategy", strategy, "--arch", arch, "--data", "synthetic",
+    name, _, mode = strategy.partition("+")
+    out = f"runs/{strategy.replace(':', '-').replace('+', '-')}-{arch}{steps}"
+    job = ["train", "--strategy", name, *(["--grad-compression", mode] if mode else []),
+           "--arch", arch, "--data", "synthetic",
            "--num-classes", "10", "--image-size", str(args.image_size), "-b", str(args.batch),
            "--synthetic-size", str(args.batch * 64), "--max-steps", str(steps), "--epochs", "1",
            "--no-progress", "--workers", "0", "--out", out, "--overwrite"]
@@ -80,10 +87,12 @@ def _run(net, arch: str, strategy: str, steps: int, args, port: int) -> tuple[fl
     return seconds, sent
 
 
-def _predicted(arch: str, batch: int) -> dict:
-    """step_bytes of ``arch`` (10 classes) over 2 processes, by strategy."""
-    cost = step_bytes(create_model(arch, num_classes=10), batch, 2, backend="gloo")
-    return {"ddp": cost.ddp, "hybrid-ddp": cost.hybrid}
+def _predicted(arch: str, batch: int, strategy: str) -> list[dict]:
+    """step_bytes of ``arch`` (10 classes) over 2 processes: ``strategy``'s ranks."""
+    name, _, mode = strategy.partition("+")
+    cost = step_bytes(create_model(arch, num_classes=10), batch, 2, backend="gloo",
+                      compression=Compression.parse(mode or "none"))
+    return cost.ddp if name == "ddp" else cost.hybrid
 
 
 def _measure(net, arch: str, rate: str, strategies: list[str], args, port: int) -> list[dict]:
@@ -94,11 +103,11 @@ def _measure(net, arch: str, rate: str, strategies: list[str], args, port: int) 
         for strategy in strategies:
             port += 1
             runs[strategy, steps] = _run(net, arch, strategy, steps, args, port)
-    predicted, speed = _predicted(arch, args.batch), _bytes_per_s(rate)
+    speed = _bytes_per_s(rate)
     rows = []
     for strategy in strategies:
         (s1, b1), (sk, bk) = runs[strategy, 1], runs[strategy, 1 + args.steps]
-        ranks = predicted[strategy]
+        ranks = _predicted(arch, args.batch, strategy)
         busiest = ProcessBytes.most(ranks)
         rows.append({"arch": arch, "rate": rate, "strategy": strategy,
                      "step_s": (sk - s1) / args.steps,
@@ -131,10 +140,15 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     strategies = args.strategies.split(",")
-    unknown = sorted(set(strategies) - {"ddp", "hybrid-ddp"})
+    unknown = sorted(s for s in strategies if s.partition("+")[0] not in ("ddp", "hybrid-ddp"))
     if unknown:
-        raise SystemExit(f"two_machines.py: --strategies: {', '.join(unknown)}: expected ddp "
-                         f"and/or hybrid-ddp")
+        raise SystemExit(f"two_machines.py: --strategies: {', '.join(unknown)}: expected ddp, "
+                         f"hybrid-ddp or ddp+MODE (a --grad-compression)")
+    for s in strategies:  # a bad mode is told before anything starts
+        try:
+            Compression.parse(s.partition("+")[2] or "none")
+        except UsageError as exc:
+            raise SystemExit(f"two_machines.py: --strategies {s}: {exc}") from None
     for rate in args.rates.split(","):
         _bytes_per_s(rate)  # a wrong unit is told before anything starts
     why = unavailable()
