@@ -90,7 +90,7 @@ BLOCKS: dict[str, list[str]] = {
         "flowers --out runs/ex",
         "tandem train -e --resume runs/ex/best.pt flowers",
         "tandem eval --resume runs/ex/best.pt"],
-    "short": ["tandem train --data digits --epochs 2 --max-steps 20 --out runs/short",
+    "short": ["tandem train --data digits --epochs 1 --max-steps 20 --out runs/short",
               "tandem train --resume runs/short"],
     "hot": ["tandem train --data digits --epochs 2 --lr 30 -p 10 --save-every 10 --out runs/hot; "
             "echo \"(exit status $?)\""],

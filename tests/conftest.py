@@ -35,6 +35,8 @@ EXTENDED = {
     "two-machine restarts",
     "integration/torchrun/test_launch.py::test_sigkill_of_rank0_keeps_last_checkpoint_and_every_"
     "rank_resumes": "the two-machine lost rank 0",
+    "integration/cli/test_cli_train.py::test_two_process_ddp_reaches_the_same_weights":
+        "test_launch's ddp --sync-bn run against single (and the recipe's, dropout's, mixing's)",
     "integration/torchrun/test_launch.py::test_two_machines_match_single":
         "the two-machine tests in network namespaces",
     "unit/bench/test_bench.py::test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu":

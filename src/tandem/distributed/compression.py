@@ -235,8 +235,8 @@ class Compressor:
             return out.mul_(self.scale) if self.scale != 1 else out
 
         chained = done.then(finish)
-        if self.powersgd is not None and not bucket.is_last():
-            self._chain = chained
+        if self.powersgd is not None and not bucket.is_last() and not self._laid:
+            self._chain = chained  # (laid out as saved, each bucket's waits for later ones)
         return chained
 
     # -- PowerSGD's state per bucket layout ----------------------------------------------------
