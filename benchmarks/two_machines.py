@@ -2,20 +2,22 @@
 
 Two network namespaces joined by a veth pair (tests/support/two_machines.py; needs root and
 iproute2), the link unshaped or limited with ``tc ... tbf``. For each model and rate, each strategy's
-two-node ``tandem launch ... -- train --strategy S`` runs twice, for 1 and for 1 + K optimizer
-steps, the strategies interleaved (ddp 1, hybrid-ddp 1, ddp 1+K, hybrid-ddp 1+K) so that both
+two-node ``tandem launch ... -- train --strategy S`` runs twice, for B and for B + K optimizer
+steps (``--base B``, 1 unless given), the strategies interleaved (ddp 1, hybrid-ddp 1, ddp 1+K, hybrid-ddp 1+K) so that both
 see the same machine; the differences give one step's seconds (the epoch's train time from
 metrics.jsonl, without start-up or validation) and its bytes (both veth ends' transmitted
 bytes). Beside them: the bytes :func:`tandem.hybrid.cost.step_bytes` predicts (both
 ranks' sum, what both ends send) and the busiest rank's bytes over the rate (the predicted
 communication seconds; each direction of the link carries one rank's). A contestant
-``ddp+MODE`` is ddp with ``--grad-compression MODE``. Run as root::
+``ddp+MODE`` is ddp with ``--grad-compression MODE`` (PowerSGD's first 2 steps are exact and
+its third all-reduces exactly once more, the epoch's measured error: ``--base 4`` measures
+steps after those). Run as root::
 
     python benchmarks/two_machines.py                       # resnet18 alexnet vgg11, 3 rates
     python benchmarks/two_machines.py --arch alexnet --rates none,100mbit --steps 2
     python benchmarks/two_machines.py --strategies ddp --rates 100mbit
-    python benchmarks/two_machines.py --arch resnet18 --rates 100mbit \
-        --strategies ddp,ddp+bf16,ddp+powersgd:2,ddp+powersgd:4,hybrid-ddp
+    python benchmarks/two_machines.py --arch resnet18 --rates 100mbit --base 4 \
+        --strategies ddp,ddp+bf16,ddp+powersgd:2,ddp+powersgd:4
 """
 
 from __future__ import annotations
@@ -99,14 +101,14 @@ def _measure(net, arch: str, rate: str, strategies: list[str], args, port: int) 
     """One row per strategy at this model and rate, the strategies' runs interleaved."""
     net.shape(None if rate == "none" else rate)
     runs = {}
-    for steps in (1, 1 + args.steps):
+    for steps in (args.base, args.base + args.steps):
         for strategy in strategies:
             port += 1
             runs[strategy, steps] = _run(net, arch, strategy, steps, args, port)
     speed = _bytes_per_s(rate)
     rows = []
     for strategy in strategies:
-        (s1, b1), (sk, bk) = runs[strategy, 1], runs[strategy, 1 + args.steps]
+        (s1, b1), (sk, bk) = runs[strategy, args.base], runs[strategy, args.base + args.steps]
         ranks = _predicted(arch, args.batch, strategy)
         busiest = ProcessBytes.most(ranks)
         rows.append({"arch": arch, "rate": rate, "strategy": strategy,
@@ -135,6 +137,7 @@ def main() -> None:
     p.add_argument("--strategies", default="ddp,hybrid-ddp",
                    help="measured side by side, interleaved (ddp first: the ratio's base)")
     p.add_argument("--steps", type=int, default=2, help="K: the steps measured")
+    p.add_argument("--base", type=int, default=1, help="B: the steps before them")
     p.add_argument("--batch", type=int, default=8, help="global batch (4 a node)")
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--json", default=None)
