@@ -58,6 +58,29 @@ EXTENDED = {
 }
 
 
+def built_once(tmp_path_factory, name: str, build):
+    """``build(directory)``'s result (JSON-able), made once for the whole run. A module
+    fixture is built once per pytest-xdist worker that runs one of the module's tests (and again
+    when a worker's tests of two modules interleave): the workers share their base temp's parent,
+    and the first to come builds while the others wait for it, under a lock."""
+    import fcntl
+    import json
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root, done = shared / f"once-{name}", shared / f"once-{name}" / "result.json"
+    with open(shared / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return json.loads(done.read_text())
+        shutil.rmtree(root, ignore_errors=True)  # a build that failed
+        root.mkdir()
+        result = build(root)
+        done.write_text(json.dumps(result))
+        return result
+
+
 def pytest_collection_modifyitems(config, items):
     no_cuda = not torch.cuda.is_available()
     for item in items:

@@ -238,9 +238,14 @@ pytestmark = pytest.mark.distributed
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
+    from conftest import built_once
+
+    return built_once(tmp_path_factory, "agreement", _ranks)
+
+
+def _ranks(out):
     from conftest import SUPPORT, cli_env, run_bounded
 
-    out = tmp_path_factory.mktemp("agreement")
     env = cli_env()
     env["PYTHONPATH"] = os.pathsep.join((str(SUPPORT), env["PYTHONPATH"]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",

@@ -8,9 +8,10 @@ float64 on digits with --sync-bn, global batch 7 (shares 4+3), 6 steps:
   distance from exact ddp's, against the distance the steps moved them, no more than 4x it;
 - PowerSGD (rank 1, from step 3) carries its error: a control without error feedback ends
   elsewhere;
-- a PowerSGD run stopped at step 3 and resumed ends bitwise on the straight run's weights; the
-  control that does not hand PowerSGD's state over to a new bucket layout (a resumed run
-  starts with DDP's first layout, then takes its second) does not.
+- a PowerSGD run stopped at step 3 and resumed ends bitwise on the straight run's weights,
+  under ddp and under hybrid-ddp; the control that does not hand PowerSGD's state over to a
+  new bucket layout (a resumed run starts with DDP's first layout, then takes its second)
+  does not.
 
 The resume runs use the default model (cifar_resnet20), whose gradients DDP lays out in one
 bucket first and in two after step 1 (a resumed run starts with one again).
@@ -20,7 +21,9 @@ import json
 
 import pytest
 import torch
-from conftest import ok
+from pathlib import Path
+
+from conftest import built_once, ok
 from ddp_runs import launch_runs, outputs
 from exact import EPS32, EPS64, TOL64, max_diff, state
 
@@ -48,7 +51,12 @@ def _weights(run) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compression")
+    """The runs' directory and rank 0's output of each command (once for all workers)."""
+    root, said = built_once(tmp_path_factory, "grad_compression", _build)
+    return Path(root), said
+
+
+def _build(root):
 
     def train(name, *flags, patch=None, resume=False):
         head = ["train", "--resume", root / name] if resume else ["train", *flags]
@@ -69,6 +77,11 @@ def runs(tmp_path_factory):
         train("resumed", "--max-steps", "6", resume=True),
         train("forgot", "--max-steps", "6", resume=True,
               patch="compression_controls:no_handover"),
+        train("hybrid-straight", *COMMON, *HYBRID_DDP, "--grad-compression", "powersgd",
+              "--max-steps", "6"),
+        train("hybrid-resumed", *COMMON, *HYBRID_DDP, "--grad-compression", "powersgd",
+              "--max-steps", "3"),
+        train("hybrid-resumed", "--max-steps", "6", resume=True),
     ]
     result = launch_runs(commands, timeout=600, PYTHONWARNINGS="ignore")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -76,7 +89,7 @@ def runs(tmp_path_factory):
     ok("train", *SMALL, "--strategy", "single", "--dtype", "float32", "--out", root / "single32")
     # the initial weights: a step too small to move them (an lr of 0 is refused)
     ok("train", *SMALL, "--strategy", "single", "--lr", "1e-300", "--out", root / "start")
-    return root, outputs(result.stdout)
+    return str(root), outputs(result.stdout)
 
 
 def test_none_takes_singles_step_and_the_lossy_modes_do_not(runs):
@@ -123,3 +136,8 @@ def test_a_powersgd_resume_is_bitwise_the_straight_run(runs):
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     assert max_diff(forgot, straight) > 1000 * TOL64  # the carried error matters
     assert "starts afresh" not in said[10]
+    # hybrid-ddp: the trunk's PowerSGD state, gathered with the split head's blocks
+    straight, resumed = (state(root / name / "checkpoint.pt")
+                         for name in ("hybrid-straight", "hybrid-resumed"))
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert "starts afresh" not in said[14] and "resuming" in said[14]

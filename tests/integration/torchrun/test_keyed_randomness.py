@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ok
+from pathlib import Path
+
+from conftest import built_once, ok
 from ddp_runs import launch_runs
 from exact import check_invariance, max_diff, state
 
@@ -48,8 +50,11 @@ def _checkpoint(out):
 def single(tmp_path_factory):
     """Per config, single: keyed in float64 (the reference) and float32 (the noise floor),
     with the randomness off, and under --dropout-rng torch; and the resume runs' references
-    (straight, float32, and off)."""
-    root = tmp_path_factory.mktemp("single")
+    (straight, float32, and off). Once for all workers."""
+    return Path(built_once(tmp_path_factory, "keyed_single", _single))
+
+
+def _single(root):
     for name, config in CONFIGS.items():
         for run, extra in (("f64", F64), ("f32", []), ("off", [*F64, *OFF[name]]),
                            ("torch", [*F64, *TORCH])):
@@ -57,7 +62,7 @@ def single(tmp_path_factory):
     ok(*RESUMED, "--out", root / "straight")
     ok(*RESUMED[:-2], "--out", root / "straight32")
     ok(*RESUMED, "--dropout", "0", "--out", root / "straight_off")
-    return root
+    return str(root)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +70,11 @@ def launched(single, tmp_path_factory):
     """The multi-process runs: in one 2-process launch, ddp and hybrid-ddp on each config
     (keyed, and under --dropout-rng torch), a 2-process ddp run stopped after 2 steps, and a
     1-process (single) run of 4 steps resumed there; then that 2-process run resumed in a
-    3-process launch."""
-    root = tmp_path_factory.mktemp("launched")
+    3-process launch. Once for all workers."""
+    return Path(built_once(tmp_path_factory, "keyed_launched", _launched))
+
+
+def _launched(root):
     ok(*RESUMED, "--max-steps", "4", "--out", root / "one")  # 1 process, 4 of the 6 steps
     runs = []
     for name, config in CONFIGS.items():
@@ -84,7 +92,7 @@ def launched(single, tmp_path_factory):
                             "--no-progress"], False)], nproc=3, timeout=300,
                          PYTHONWARNINGS="ignore")
     assert result.returncode == 0, result.stderr[-3000:]
-    return root
+    return str(root)
 
 
 def _matches_single(single, name, keyed, torch_run):

@@ -13,8 +13,10 @@ norm, the trust ratios are blocks'); and, once, hybrid-ddp's EMA updated on rank
 holds the same weights, so an EMA of one rank is the EMA of all: that control is hybrid-ddp's.
 """
 
+from pathlib import Path
+
 import pytest
-from conftest import ok
+from conftest import built_once, ok
 from ddp_runs import launch_runs
 from recipe_runs import OPTS, check_recipe, clipped_steps, recipe
 
@@ -38,8 +40,11 @@ def _dir(name: str) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every optimizer's runs of RUNS, and the EMA control, in one 2-process launch; the
-    single-device references (float64 and float32) in this process."""
-    root = tmp_path_factory.mktemp("recipe")
+    single-device references (float64 and float32) in this process. Once for all workers."""
+    return Path(built_once(tmp_path_factory, "recipe_processes", _build))
+
+
+def _build(root):
     commands = []
     for opt in OPTS:
         for name, (flags, patch) in RUNS.items():
@@ -53,7 +58,7 @@ def runs(tmp_path_factory):
     for opt in OPTS:
         ok("train", *recipe(opt, *SINGLE, *F64), "--out", root / opt / "single")
         ok("train", *recipe(opt, *SINGLE), "--out", root / opt / "single32")
-    return root
+    return str(root)
 
 
 @pytest.mark.parametrize("opt", list(OPTS))
