@@ -37,6 +37,14 @@ EXTENDED = {
     "rank_resumes": "the two-machine lost rank 0",
     "integration/cli/test_cli_train.py::test_two_process_ddp_reaches_the_same_weights":
         "test_launch's ddp --sync-bn run against single (and the recipe's, dropout's, mixing's)",
+    "integration/torchrun/test_launch.py::test_hung_worker_times_out":
+        "silence past --dist-timeout: the two-machine partition test",
+    "integration/two_machines/test_two_machines.py::test_the_rendezvous_endpoint_form_starts_whe"
+    "re_the_host_name_is_loopback": "the --master-addr form of the other two-machine tests",
+    "integration/two_machines/test_two_machines.py::test_max_restarts_with_a_killed_worker_under"
+    "_slurm_finishes_bitwise": "the restarts after a lost rank 0 and SLURM's variables' unit tests",
+    "integration/cli/test_amp_cpu.py::test_bench_variants_reach_the_torchrun_phase":
+        "the bench's variants in one process (test_bench_variants_race_fp32_cl_amp_and_both_...)",
     "integration/torchrun/test_launch.py::test_two_machines_match_single":
         "the two-machine tests in network namespaces",
     "unit/bench/test_bench.py::test_cli_bench_ddp_and_torch_ddp_run_under_torchrun_on_cpu":
