@@ -52,6 +52,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="rendezvous backend with --rdzv-endpoint (default c10d)")
     p.add_argument("--rdzv-id", default=None, metavar="ID",
                    help="job id shared by every machine with --rdzv-endpoint")
+    p.add_argument("--rdzv-conf", default=None, metavar="KEY=VALUE,...",
+                   help="torchrun's rendezvous settings with --rdzv-endpoint, e.g. "
+                        "last_call_timeout=10: how long a job whose nodes changed waits for "
+                        "more before it goes on (torch's default 30 s)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="restart the worker group up to K times after a failure")
     p.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
@@ -73,7 +77,8 @@ def spec_of(args: argparse.Namespace) -> LaunchSpec:
     return LaunchSpec(
         nproc_per_node=args.nproc_per_node, command=command, **_from_slurm(args),
         rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
-        rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
+        rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf,
+        max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
         iface=args.iface, join_timeout=args.join_timeout,
     )
 

@@ -128,6 +128,18 @@ class Place:
     def several(self) -> bool:
         return self.dist is not None
 
+    @property
+    def elastic(self) -> bool:
+        """Started by ``tandem launch --nnodes MIN:MAX``: a change of nodes restarts the
+        workers without counting a restart (torchrun's ``TORCHELASTIC_RESTART_COUNT``)."""
+        return elastic_launch(self.dist.launch if self.dist else None)
+
+
+def elastic_launch(launch: dict | None) -> bool:
+    """``launch`` (``TANDEM_LAUNCH``'s description) is ``--nnodes MIN:MAX`` with MIN < MAX."""
+    low, _, high = str((launch or {}).get("nnodes") or "1").partition(":")
+    return bool(high) and low != high
+
 
 def in_torchrun(environ: Mapping[str, str]) -> bool:
     """True in a torchrun worker (``RANK`` and ``WORLD_SIZE`` set)."""

@@ -30,7 +30,8 @@ def launch_command(launch: dict, node: int | str | None = None) -> str:
         parts.insert(0, "srun")  # SLURM gives each node its rank and the master again
     elif launch.get("rdzv_endpoint"):
         parts += [f"--nnodes {nnodes}", f"--rdzv-endpoint {launch['rdzv_endpoint']}"]
-        parts += [f"--{k.replace('_', '-')} {launch[k]}" for k in ("rdzv_backend", "rdzv_id")
+        parts += [f"--{k.replace('_', '-')} {launch[k]}" for k in ("rdzv_backend", "rdzv_id",
+                                                                    "rdzv_conf")
                   if launch.get(k)]
     elif nnodes != "1":
         parts += [f"--nnodes {nnodes}", f"--node-rank {node}",

@@ -71,6 +71,7 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None
     rdzv_backend: str | None = None
     rdzv_id: str | None = None
+    rdzv_conf: str | None = None  # torchrun's --rdzv-conf KEY=VALUE,... (the user's win)
     max_restarts: int = 0
     dist_timeout: float | None = None
     iface: str | None = None
@@ -92,6 +93,14 @@ class LaunchSpec:
         if lo != hi and not self.rdzv_endpoint:
             raise UsageError(f"{param('nnodes')} {self.nnodes} (elastic) needs "
                              f"{param('rdzv_endpoint')}")
+        if lo != hi and not self.rdzv_id:
+            raise UsageError(f"{param('nnodes')} {self.nnodes} (elastic) needs "
+                             f"{param('rdzv_id')} JOB",
+                             hint="the same id on every node and a new one for each job: a "
+                                  "node that joins continues the run of that id")
+        if self.rdzv_conf and not self.rdzv_endpoint:
+            raise UsageError(f"{param('rdzv_conf')} needs {param('rdzv_endpoint')}")
+        _rdzv_conf(self.rdzv_conf)  # a malformed one is refused here
         if self.max_restarts < 0:
             raise UsageError(f"bad {param('max_restarts')} {self.max_restarts}: must be >= 0")
         for name in ("dist_timeout", "join_timeout"):
@@ -116,6 +125,12 @@ class LaunchSpec:
                              f"or {param('rdzv_endpoint')} HOST:PORT")
 
     @property
+    def elastic(self) -> bool:
+        """``--nnodes MIN:MAX`` with MIN < MAX: nodes may join and leave the running job."""
+        lo, hi = _parse_nnodes(self.nnodes)
+        return lo < hi
+
+    @property
     def multi_node(self) -> bool:
         return _parse_nnodes(self.nnodes)[1] > 1
 
@@ -132,7 +147,7 @@ class LaunchSpec:
     def described(self) -> str:
         """What the workers need to print each node's command (``TANDEM_LAUNCH``)."""
         keep = ("nproc_per_node", "nnodes", "master_addr", "master_port", "rdzv_endpoint",
-                "rdzv_backend", "rdzv_id", "max_restarts", "dist_timeout", "join_timeout", "iface",
+                "rdzv_backend", "rdzv_id", "rdzv_conf", "max_restarts", "dist_timeout", "join_timeout", "iface",
                 "slurm")
         return json.dumps({k: v for k, v in asdict(self).items() if k in keep})
 
@@ -147,6 +162,16 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
         raise UsageError(f"bad {param('nnodes')} {text!r}: expected M or MIN:MAX with "
                          "1 <= MIN <= MAX")
     return lo, hi
+
+
+def _rdzv_conf(text: str | None) -> dict[str, str]:
+    """``--rdzv-conf``'s ``KEY=VALUE,...`` as a dict; a malformed one is a ``UsageError``."""
+    pairs = [part.partition("=") for part in (text or "").split(",") if part.strip()]
+    bad = [key + eq + value for key, eq, value in pairs if not (key.strip() and eq)]
+    if bad:
+        raise UsageError(f"bad {param('rdzv_conf')} {text!r}: expected KEY=VALUE,... "
+                         f"(e.g. last_call_timeout=10), not {bad[0]!r}")
+    return {key.strip(): value.strip() for key, _, value in pairs}
 
 
 def check_port_free(addr: str, port: int) -> None:
@@ -177,9 +202,13 @@ def torchrun_argv(spec: LaunchSpec, local_addr: str | None = None,
                  "--rdzv-endpoint", spec.rdzv_endpoint]
         if spec.rdzv_id:
             argv += ["--rdzv-id", spec.rdzv_id]
+        conf = {}
         if hosts_endpoint is not None and (spec.rdzv_backend or "c10d") == "c10d":
             # torch finds the endpoint's machine by its host name, which misses a 127.0.0.1 one
-            argv += ["--rdzv-conf", f"is_host={int(hosts_endpoint)}"]
+            conf["is_host"] = str(int(hosts_endpoint))
+        conf.update(_rdzv_conf(spec.rdzv_conf))
+        if conf:
+            argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
     else:
         argv += ["--node-rank", str(spec.node_rank),
                  "--master-addr", spec.master_addr or "127.0.0.1"]
@@ -262,6 +291,11 @@ def launch(spec: LaunchSpec) -> int:
                        "TORCH_FR_DUMP_TEMP_FILE": os.path.join(directory, "nccl_trace_rank_")
                        }.items():
         os.environ.setdefault(var, value)
+    if spec.elastic:
+        # torch 2.13's workers share the rendezvous' TCPStore, whose master address rank 0
+        # writes at its agent's first round only: a newcomer waits for it in vain (torch issue
+        # 135712); without sharing, rank 0 writes it at every round
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if spec.rdzv_endpoint:  # the rendezvous numbers the nodes (torchrun's GROUP_RANK)
         os.environ.pop(NODE_VAR, None)
     else:
@@ -448,7 +482,8 @@ def _rendezvous_failure(exc: BaseException, spec: LaunchSpec) -> str | None:
     """The line for a rendezvous that timed out or could not reach the master, else None."""
     text = str(exc)
     if spec.master is None or not any(w in text for w in ("Timed out", "timed out", "refused",
-                                                          "DistStoreError", "clients joined")):
+                                                          "DistStoreError", "clients joined",
+                                                          "wait timeout")):
         return None
     host, port = spec.master
     counted = re.search(r"(\d+)/(\d+) clients joined", text)

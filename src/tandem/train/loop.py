@@ -22,7 +22,8 @@ from tandem.config import MAY_CHANGE, OptimConfig, TrainConfig
 from tandem.data import LoaderCache, batch_to_device
 from tandem.data.loader import PREFETCH, rank_rows
 from tandem.data.mixing import Mixing, Pairing
-from tandem.distributed import faults
+from tandem.distributed import faults, membership
+from tandem.distributed.env import elastic_launch
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import TrainingDiverged
 from tandem.keyed import KEYED, step_stream
@@ -147,6 +148,7 @@ class Trainer:
             ended = faults.ended(self, exc)
             if ended is None:
                 raise
+            self.completed()
             raise ended from None
         except BaseException:  # a signal or an error ends the run: its files first
             figure.catch_up(self, records)
@@ -190,6 +192,7 @@ class Trainer:
         if self.stopping:
             with stop.critical():
                 self.save(is_best=False, progress=epoch_progress(train, seconds, self.lr_steps))
+            self.completed()
             message = self.interrupted_message()
             raise Interrupted(message, stop.signum, quiet=not message)
         val, ema_val = self.validate(), None  # a non-finite val loss is reported, not fatal
@@ -318,6 +321,12 @@ class Trainer:
             self.check_finite(sums, weights=True)
             self.save(is_best=False, progress=epoch_progress(sums, run.seconds(), self.lr_steps))
         return False
+
+    def completed(self) -> None:
+        """Tell the node's launcher the last completed step as the workers end (what a change
+        of nodes costs: :mod:`tandem.distributed.membership`)."""
+        if self.launch_state is not None:
+            self.launch_state.update(completed=self.position.step)
 
     def heard(self, verdict) -> None:
         """Take what the ranks agreed (:class:`~tandem.distributed.agree.Verdict`)."""
@@ -457,6 +466,7 @@ class Trainer:
             rng=rng if rng is not None else checkpoint.capture_rng(self.strategy.device),
             data_position=dataclasses.asdict(pos), epoch_progress=progress,
             split=self.strategy.split.state_dict(), config=self.config_dict,
+            members=membership.of(s.agreement),  # the machines that saved it
             **({} if ema is None else {"ema": ema}),  # plain layout, as state_dict
             **({} if compressed is None else {"grad_compression": compressed}),
         )
@@ -480,12 +490,17 @@ class Trainer:
         """Where the run stopped and how to continue it (rank 0; another node's first process)."""
         s, pos, out = self.strategy, self.position, self.cfg.run.out
         where = f"{self.run_dir.latest} at epoch {pos.epoch + 1}, step {pos.step}"
+        env = s.agreement.env
+        # under --nnodes MIN:MAX the launcher stops the workers for a node that joins or leaves
+        # and goes on from this checkpoint; only a stop of the job itself needs the command
+        changing = "; if the job's nodes changed, the launcher goes on from it; else" if (
+            env is not None and elastic_launch(env.launch)) else ";"
         if s.is_main:
-            return f"saved {where}; continue with: {resume_command_here(out, s.agreement.env)}"
-        if not s.agreement.env.speaks_for_node:
+            return f"saved {where}{changing} continue with: {resume_command_here(out, env)}"
+        if not env.speaks_for_node:
             return ""
-        return (f"rank 0 saved {where} (on node 0); continue with: "
-                f"{resume_command_here(out, s.agreement.env, this_node=True)}")
+        return (f"rank 0 saved {where} (on node 0){changing} continue with: "
+                f"{resume_command_here(out, env, this_node=True)}")
 
     # -- the epoch's outputs ------------------------------------------------------------------
     def epoch_record(self, train: Meter, val: Meter, stopped: bool, seconds: float,

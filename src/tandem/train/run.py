@@ -13,6 +13,7 @@ from tandem.config import TrainConfig
 from tandem.distributed.compression import POWERSGD_START
 from tandem.distributed.env import Environment
 from tandem.distributed.faults import ABORTS
+from tandem.distributed import launch_state, membership
 from tandem.distributed.launch_state import LaunchState
 from tandem.distributed.process_group import Job
 from tandem.distributed.resume_command import resume_command_here
@@ -56,9 +57,10 @@ def execute(plan: RunPlan | str) -> dict | None:
     with locked, plan.strategy as strategy:  # joins the process group (ddp); always leaves it
         parts = build(plan)
         start, notes = resumed(plan, parts)
-        trainer = Trainer(**parts, **start, **_run_facts(plan, start))
+        facts, change = _run_facts(plan, start)
+        trainer = Trainer(**parts, **start, **facts)
         _compile_now(trainer, train=True)
-        log = open_run_dir(plan, trainer, notes)
+        log = open_run_dir(plan, trainer, [change, *notes] if change else notes)
         if strategy.is_main:
             say_starting(plan, trainer)
         with StopRequest(quiet=not plan.place.speaks, when=strategy.stops_when) as stop:
@@ -70,12 +72,20 @@ def execute(plan: RunPlan | str) -> dict | None:
     return records[-1] if records and strategy.is_main else None
 
 
-def _run_facts(plan: RunPlan, start: dict) -> dict:
-    """The trainer's fields from the job: the step ``--out`` holds, writer, launch state."""
+def _run_facts(plan: RunPlan, start: dict) -> tuple[dict, str | None]:
+    """The trainer's fields from the job (the step ``--out`` holds, writer, launch state), and
+    the line a change of the job's machines says since the checkpoint was saved (or None)."""
     strategy, out = plan.strategy, plan.cfg.run.out
     position = start.get("position")
     kept = position.step if plan.mode == RESUMED and position is not None else None
     state = LaunchState.of_worker(plan.place.environ, plan.place.speaks)
+    # the workers that ended last on this node told its launcher their last completed step
+    ended = launch_state.read(state.path).get("completed") if state is not None else None
+    change = None
+    if kept is not None and strategy.multiprocess:  # the same on every rank: a collective
+        completed = membership.completed_steps(strategy.agreement, ended)
+        change = membership.change_line(plan.checkpoint.get("members"),
+                                        membership.of(strategy.agreement), kept, completed)
     if state is not None:
         state.update(run=out, checkpoint=plan.run_dir.latest, saved_step=kept,
                      speaker=strategy.rank, aborts=strategy.failure_model == ABORTS,
@@ -84,7 +94,7 @@ def _run_facts(plan: RunPlan, start: dict) -> dict:
     slow = strategy.agreement.env.timeout if strategy.multiprocess else None
     told = state.saved if state is not None and strategy.is_main else None
     return {"kept_at_start": kept, "writer": Writer(slow_after=slow, on_written=told),
-            "launch_state": state}
+            "launch_state": state}, change
 
 
 # -- the run directory, and the lines said as a run starts ----------------------------------------

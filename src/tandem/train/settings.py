@@ -97,6 +97,9 @@ def _decide(cfg: TrainConfig, place: Place) -> tuple[str | None, bool]:
     """Rank 0's: the checkpoint this run continues (``None``: none), and whether torchrun
     restarted it."""
     run = rundir.RunDir(cfg.run.out)
+    if not cfg.run.resume and place.elastic and place.restart == 0 and \
+            run.launched_by(place.launch_id):  # the nodes changed: this launch's run goes on
+        return (run.latest if os.path.isfile(run.latest) else None), True
     if not cfg.run.resume and place.restart > 0:  # torchrun restarted the workers
         if not run.launched_by(place.launch_id):
             raise UsageError(
