@@ -59,6 +59,9 @@ EXTENDED = {
         "torch.compile's C++ build",
     "integration/cli/test_amp_cpu.py::test_with_compile_it_trains_and_evaluates":
         "torch.compile's C++ build",
+    "unit/bench/test_bench.py::test_compile_races_a_twin_of_every_contestant":
+        "torch.compile's C++ build, in a tool of the repository's (the bench's twins of the "
+        "other variants: test_bench_loop, test_amp_cpu's bench variants)",
     "unit/strategies/test_segmentation.py::test_the_example_s_factories_under_launch_then_eval":
         "the example in one process, and the factories under launch (test_factories)",
     "integration/torchrun/test_launch_lifecycle.py::test_sigint_to_a_ddp_launch_saves_where_all_"

@@ -79,6 +79,7 @@ class DistEnv:
     addr: str = ""
     restart: int = 0
     restarts_left: int = 0
+    shared_store: bool = False  # the workers' store is torchrun's agent's, kept across restarts
     timeout: float = DEFAULT_TIMEOUT
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     launch: dict | None = field(default=None, compare=False, hash=False)
@@ -190,6 +191,7 @@ def read_env(environ: Mapping[str, str], *, who: str = "a multi-process strategy
         node=environ.get(NODE_VAR) or environ.get("GROUP_RANK") or "0",
         addr=environ.get(ADDR_VAR) or socket.gethostname(),
         restart=restart, restarts_left=max(0, most - restart),
+        shared_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         timeout=dist_timeout(environ),
         join_timeout=_seconds(environ, JOIN_TIMEOUT_VAR, DEFAULT_JOIN_TIMEOUT),
         launch=launch if isinstance(launch, dict) and "nproc_per_node" in launch else None)

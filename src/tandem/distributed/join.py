@@ -3,7 +3,8 @@
 :func:`arrive` waits out the skew of the workers' own start with the join bound
 (``--join-timeout``), so that the group can carry the collectives' short timeout
 (``--dist-timeout``): torch's init barrier runs under the group's timeout. Keys live under the
-restart's prefix, so that a dead attempt's keys are never read.
+restart's prefix where the store outlives a restart, so that a dead attempt's keys are never
+read.
 """
 
 from __future__ import annotations
@@ -85,8 +86,12 @@ def joins() -> int:
 
 
 def key_prefix(env: DistEnv) -> str:
-    """Where this restart's keys live in the job's store."""
-    return f"tandem/{env.restart}"
+    """Where this restart's keys live in the job's store: under the restart's count where the
+    store is torchrun's agent's, which outlives a restart. A store of the workers' own (rank 0
+    serves it; the elastic form) is new at each round, and there the counts may differ between
+    nodes: an agent that restarts its workers for a node waiting to join counts no restart,
+    while one whose workers failed does, in the same round."""
+    return f"tandem/{env.restart}" if env.shared_store else "tandem/round"
 
 
 def short_store(env: DistEnv, seconds: float = 3.0):

@@ -69,6 +69,8 @@ def race_record(ckpt: dict | None) -> dict | None:
 
 def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement: Agreement):
     """:func:`resumed_config` of a strategy that is not ``auto``."""
+    if place.elastic and not cfg.run.resume:
+        _check_rank0_holds_the_run(cfg, place, agreement)
     continued = continue_from_rank0(lambda: _decide(cfg, place), agreement)  # rank 0 decides
     path, restarted = continued.path, continued.restarted
     if restarted and path is None:  # failed before its first save: start it again, said
@@ -93,12 +95,28 @@ def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement:
     return replace(cfg, run=replace(cfg.run, resume=path)), ckpt, notes
 
 
+def _check_rank0_holds_the_run(cfg: TrainConfig, place: Place, agreement: Agreement) -> None:
+    """After a change of nodes rank 0 may be a newcomer (the rendezvous ranks the nodes by
+    address): refuse on every rank where another machine holds this launch's run and rank 0's
+    does not, rather than start the run afresh there."""
+    holds = agreement.each(place.speaks and
+                           rundir.RunDir(cfg.run.out).launched_by(place.launch_id))
+    if holds[0] or not any(holds):
+        return
+    holder = agreement.peer_name(holds.index(True))
+    raise UsageError(f"{agreement.peer_name(0)} holds no run of this launch in "
+                     f"'{cfg.run.out}', {holder} does: a node that joined became rank 0",
+                     hint="the rendezvous gives rank 0 to the address that sorts first: start "
+                          "newcomers with addresses after node 0's, or keep --out on a shared "
+                          "disk", quiet=agreement.rank != 0)
+
+
 def _decide(cfg: TrainConfig, place: Place) -> tuple[str | None, bool]:
     """Rank 0's: the checkpoint this run continues (``None``: none), and whether torchrun
     restarted it."""
     run = rundir.RunDir(cfg.run.out)
-    if not cfg.run.resume and place.elastic and place.restart == 0 and \
-            run.launched_by(place.launch_id):  # the nodes changed: this launch's run goes on
+    if not cfg.run.resume and place.elastic and run.launched_by(place.launch_id):
+        # the nodes changed (torchrun counts no restart for a join): this launch's run goes on
         return (run.latest if os.path.isfile(run.latest) else None), True
     if not cfg.run.resume and place.restart > 0:  # torchrun restarted the workers
         if not run.launched_by(place.launch_id):

@@ -99,6 +99,7 @@ def test_a_timeout_names_the_ranks_that_no_longer_answer_in_the_job_s_store(monk
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.setattr(faults, "_ROLL_S", 0.5)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")  # keys under the restart's count
     store.set("tandem/0/alive/2", "1")  # rank 2 survived and said so; rank 1 is silent
     agreement = Agreement(0, 3, env=read_env(Environment.read()))
     agreement.peers = {0: ("0", "192.0.2.1"), 1: ("1", "192.0.2.2"), 2: ("1", "192.0.2.2")}

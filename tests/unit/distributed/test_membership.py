@@ -97,3 +97,43 @@ def test_after_a_change_of_nodes_rank_0_continues_its_launchs_run_and_no_other(t
     assert settings._decide(cfg, place_of(_worker_env("2"))) == (None, False)  # fresh: refused later
     RunDir(str(out)).write_config({"resolved": {"launch_id": "another@h:1:"}})
     assert settings._decide(cfg, place_of(_worker_env("1:3"))) == (None, False)
+
+
+def test_a_newcomer_that_became_rank_0_refuses_rather_than_start_afresh(tmp_path):
+    """The rendezvous ranks the nodes by address: a joining node may be rank 0 without the
+    run; every rank refuses in one line (naming who holds it) instead of a fresh run."""
+    from tandem.config import TrainConfig
+    from tandem.train import settings
+    from tandem.train.rundir import RunDir
+
+    class Heard(Agreement):  # what each rank's machine said, as the collective would gather it
+        def __init__(self, said, rank):
+            super().__init__(rank=rank, world_size=len(said))
+            self.said = said
+
+        def each(self, value):
+            return [value if r == self.rank else s for r, s in enumerate(self.said)]
+
+    out = tmp_path / "run"
+    cfg = TrainConfig.from_dict({"run": {"out": str(out)}})
+    place = place_of(_worker_env("1:3"))
+    settings._check_rank0_holds_the_run(cfg, place, Heard([False, False], 0))  # a fresh job
+    with pytest.raises(UsageError, match=r"rank 0 \(node 0\) holds no run of this launch in .*, rank 1 "
+                                         r"does: a node that joined became rank 0\nhint: "):
+        settings._check_rank0_holds_the_run(cfg, place, Heard([False, True], 0))
+    out.mkdir()
+    RunDir(str(out)).write_config({"resolved": {"launch_id": "j@h:1:"}})
+    settings._check_rank0_holds_the_run(cfg, place, Heard([True, False], 0))  # rank 0 has it
+
+
+def test_the_ranks_meet_under_one_prefix_whatever_restart_each_node_counts():
+    """In one round of a changed job one node may count a restart (its workers failed) and
+    another not (its agent saw a node waiting): on a store of the workers' own, new each round,
+    the keys do not carry the count; on torchrun's agent store, kept across restarts, they do."""
+    from tandem.distributed.env import read_env
+    from tandem.distributed.join import key_prefix
+
+    counted, not_counted = (read_env(_worker_env("1:3", restart)) for restart in (1, 0))
+    assert key_prefix(counted) == key_prefix(not_counted)
+    shared = {**_worker_env("2", 1), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert key_prefix(read_env(shared)) == "tandem/1"
