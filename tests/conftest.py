@@ -59,6 +59,19 @@ EXTENDED = {
         "torch.compile's C++ build",
     "integration/cli/test_amp_cpu.py::test_with_compile_it_trains_and_evaluates":
         "torch.compile's C++ build",
+    "unit/bench/test_bench.py::test_cli_bench_json_every_field":
+        "a tool of the repository's (the bench harness, benchmarks/; the command's JSON and "
+        "table: test_cli_bench)",
+    "unit/bench/test_bench_loop.py::test_cli_bench_loop_races_a_twin_of_every_strategy_with_"
+    "its_ratio": "a tool of the repository's (the bench's loop twins; one strategy's twin: "
+                 "test_bench_loop's other tests)",
+    "integration/cli/test_amp_cpu.py::test_bench_variants_race_fp32_cl_amp_and_both_"
+    "interleaved": "a tool of the repository's (the bench's variants; --amp and "
+                   "--channels-last training: test_amp_cpu's other tests)",
+    "integration/torchrun/test_launch_lifecycle.py::test_under_nccl_s_failure_model_a_lost_"
+    "peer_ends_in_one_line_and_goes_on_bitwise[max_restarts_1]":
+        "its [no_restart] form (the same line and checkpoint, resumed bitwise) and "
+        "test_two_machines' max-restarts continuing from rank 0's last checkpoint",
     "unit/bench/test_bench.py::test_compile_races_a_twin_of_every_contestant":
         "torch.compile's C++ build, in a tool of the repository's (the bench's twins of the "
         "other variants: test_bench_loop, test_amp_cpu's bench variants)",

@@ -9,6 +9,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 from tandem.distributed import faults
 from tandem.distributed.agree import Agreement
@@ -39,6 +40,17 @@ def _job_env():
         return None
 
 
+#: seconds a rank that leaves an error to rank 0 waits before it exits, when the ranks have
+#: not met (torchrun stops the other workers the moment one exits)
+QUIET_EXIT_GRACE = 5.0
+
+
+def _met() -> bool:
+    """This process joined its job's process group (rank 0 hears of a failure from then on)."""
+    group = sys.modules.get("tandem.distributed.process_group")
+    return group is not None and group.joined_a_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -59,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             exc = faults.lost_peer(exc, Agreement(env.rank, env.world_size, env=env), "")
         if not exc.quiet:  # ranks other than 0 leave it to rank 0
             print(*error_lines(exc), sep="\n", file=sys.stderr)
+        elif env is not None and not _met():
+            # before the workers meet each rank refuses alike, and only rank 0 says it: its line
+            # must come out before torchrun's agent stops every worker at this one's exit
+            time.sleep(QUIET_EXIT_GRACE)
         faults.tell_others(exc, error_line(exc), env)
         return exc.exit_status
     except BrokenPipeError:  # the reader left (`tandem models | head`): stop quietly, as cat

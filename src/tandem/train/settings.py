@@ -75,8 +75,10 @@ def _continued(cfg: TrainConfig, given: frozenset[str], place: Place, agreement:
     path, restarted = continued.path, continued.restarted
     if restarted and path is None:  # failed before its first save: start it again, said
         if place.main:
-            print(f"torchrun restart {place.restart}: the run had saved no checkpoint before "
-                  f"the failure, so it starts again from step 1 (--save-every, --save-minutes "
+            what = (f"torchrun restart {place.restart}: the run had saved no checkpoint before "
+                    "the failure" if place.restart else "the job's nodes changed before the "
+                    "run's first checkpoint")
+            print(f"{what}, so it starts again from step 1 (--save-every, --save-minutes "
                   f"bound the loss)", flush=True)
         return replace(cfg, run=replace(cfg.run, overwrite=True)), None, []
     if path is None:
