@@ -137,9 +137,9 @@ class Place:
 
 
 def elastic_launch(launch: dict | None) -> bool:
-    """``launch`` (``TANDEM_LAUNCH``'s description) is ``--nnodes MIN:MAX`` with MIN < MAX."""
-    low, _, high = str((launch or {}).get("nnodes") or "1").partition(":")
-    return bool(high) and low != high
+    """``launch`` (``TANDEM_LAUNCH``'s description) is ``--nnodes MIN:MAX`` with MIN < MAX, as
+    the launcher worked it out (``LaunchSpec.elastic``)."""
+    return bool((launch or {}).get("elastic"))
 
 
 def in_torchrun(environ: Mapping[str, str]) -> bool:

@@ -147,9 +147,10 @@ class LaunchSpec:
     def described(self) -> str:
         """What the workers need to print each node's command (``TANDEM_LAUNCH``)."""
         keep = ("nproc_per_node", "nnodes", "master_addr", "master_port", "rdzv_endpoint",
-                "rdzv_backend", "rdzv_id", "rdzv_conf", "max_restarts", "dist_timeout", "join_timeout", "iface",
-                "slurm")
-        return json.dumps({k: v for k, v in asdict(self).items() if k in keep})
+                "rdzv_backend", "rdzv_id", "rdzv_conf", "max_restarts", "dist_timeout",
+                "join_timeout", "iface", "slurm")
+        return json.dumps({**{k: v for k, v in asdict(self).items() if k in keep},
+                           "elastic": self.elastic})
 
 
 def _parse_nnodes(text: str) -> tuple[int, int]:

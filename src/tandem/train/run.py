@@ -10,10 +10,10 @@ import torch
 
 from tandem import checkpoint, cpu_malloc
 from tandem.config import TrainConfig
+from tandem.distributed import launch_state, membership
 from tandem.distributed.compression import POWERSGD_START
 from tandem.distributed.env import Environment
 from tandem.distributed.faults import ABORTS
-from tandem.distributed import launch_state, membership
 from tandem.distributed.launch_state import LaunchState
 from tandem.distributed.process_group import Job
 from tandem.distributed.resume_command import resume_command_here

@@ -118,6 +118,9 @@ def test_two_nodes_gain_a_third_and_lose_it_and_stay_the_same_run(tmp_path, requ
         # the newcomer had no run directory: rank 0's checkpoint was sent to it
         assert (f"rank 2 (node 2, {ADDRS[2]}): runs/job/checkpoint.pt is not on this machine; "
                 f"using rank 0's") in out[2]
+        # the workers stopped for a change say the launcher goes on (the command is for a stop)
+        assert "rank 0 saved runs/job/checkpoint.pt at epoch " in out[1]
+        assert "if the job's nodes changed, the launcher goes on from it; else continue" in out[1]
         # only rank 0 writes: the leaving node saved nothing of its own, nor did node 1
         assert os.listdir(net.dirs[1]) == [] and os.listdir(net.dirs[2]) == []
         assert f"best val acc" in out[0]

@@ -4,8 +4,6 @@ continuing its run (tests/integration/two_machines/test_elastic.py runs it for r
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tandem.distributed import membership
@@ -68,9 +66,11 @@ def test_the_elastic_form_needs_a_job_id_and_passes_the_rendezvous_settings_on()
 
 
 def _worker_env(nnodes: str, restart: int = 0) -> dict:
-    launch = {"nproc_per_node": 1, "nnodes": nnodes, "rdzv_endpoint": "h:1", "rdzv_id": "j"}
+    """A worker's variables as `tandem launch --nnodes NNODES --rdzv-endpoint h:1` sets them."""
+    launch = LaunchSpec(nproc_per_node=1, command=["train"], nnodes=nnodes, rdzv_endpoint="h:1",
+                        rdzv_id="j").described()
     return {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", LAUNCH_VAR: json.dumps(launch),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", LAUNCH_VAR: launch,
             LAUNCH_ID_VAR: "j@h:1:", "TORCHELASTIC_RESTART_COUNT": str(restart)}
 
 
