@@ -251,9 +251,8 @@ class OptimConfig:
         """``--opt-betas`` as two floats (default 0.9, 0.999), each in [0, 1)."""
         if self.opt_betas is None:
             return (0.9, 0.999)
-        parts = self.opt_betas.split(",")
         try:
-            values = tuple(float(p) for p in parts)
+            values = tuple(float(p) for p in self.opt_betas.split(","))
         except ValueError:
             values = ()
         check(len(values) == 2 and all(0 <= b < 1 for b in values),
@@ -374,9 +373,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
         """Rebuild from :meth:`to_dict` output; unknown keys (older/newer files) are ignored."""
-        sections = {}
-        for name, section_cls in SECTIONS.items():
-            values = data.get(name) or {}
-            known = {f.name for f in dataclasses.fields(section_cls)}
-            sections[name] = section_cls(**{k: v for k, v in values.items() if k in known})
-        return cls(**sections)
+        known = {name: {f.name for f in dataclasses.fields(s)} for name, s in SECTIONS.items()}
+        return cls(**{name: section(**{k: v for k, v in (data.get(name) or {}).items()
+                                       if k in known[name]})
+                      for name, section in SECTIONS.items()})
