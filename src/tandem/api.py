@@ -63,8 +63,7 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     if train_data is not None and "data" in settings:
         raise UsageError("tandem.fit() got train_data and data=: give one of them")
     if model is not None and not isinstance(model, nn.Module):
-        raise UsageError(f"tandem.fit(): model is {a(type(model).__name__)}, not a "
-                         f"torch.nn.Module")
+        raise UsageError(f"tandem.fit(): model is {a(type(model).__name__)}, not a torch.nn.Module")
     if model is not None:  # what the run's config says built it (re-importable if a module's)
         arch = f"{type(model).__module__}:{type(model).__qualname__}"
         cfg = replace(cfg, model=replace(cfg.model, arch=arch))

@@ -256,8 +256,7 @@ class OptimConfig:
         except ValueError:
             values = ()
         check(len(values) == 2 and all(0 <= b < 1 for b in values),
-              f"bad {param('opt_betas')} {self.opt_betas!r}: two decays in [0, 1), e.g. "
-              f"0.9,0.999")
+              f"bad {param('opt_betas')} {self.opt_betas!r}: two decays in [0, 1), e.g. 0.9,0.999")
         return values
 
     def excludes_norm(self) -> bool:

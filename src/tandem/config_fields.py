@@ -54,8 +54,7 @@ def check_type(section, name: str, value) -> None:
     allowed = tuple(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
     if value is None and type(None) in typing.get_args(hint):
         return
-    ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
-    if not ok and float in allowed:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+    taken = allowed + (int,) if float in allowed else allowed
+    ok = isinstance(value, taken) and not (isinstance(value, bool) and bool not in allowed)
     check(ok, f"bad {param(name)} {value!r}: must be {' or '.join(t.__name__ for t in allowed)}"
               f"{' or None' if type(None) in typing.get_args(hint) else ''}")

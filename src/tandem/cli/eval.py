@@ -122,5 +122,4 @@ def _check_launched(parallel: ParallelConfig, args: argparse.Namespace) -> None:
         return
     typed = " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or ["eval", "..."])
     raise UsageError(f"--strategy {parallel.strategy} runs one process per device",
-                     hint=f"run it with `tandem launch --nproc-per-node N -- {typed}` or "
-                          "torchrun")
+                     hint=f"run it with `tandem launch --nproc-per-node N -- {typed}` or torchrun")

@@ -8,6 +8,8 @@ Outputs follow torch's formulas; the backward keeps the boolean mask alone. In e
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -89,15 +91,11 @@ class _KeyedMixin:
         return _Scaled.apply(x, keep, self.p, self.inplace)
 
 
-_EAGER: list = []
-
-
+@functools.cache
 def _eager():
     """The keyed draw out of ``torch.compile``'s reach (its keys, new at every step, would be
     constants in a graph); made at the first compiled call, as ``disable`` imports dynamo."""
-    if not _EAGER:
-        _EAGER.append(torch.compiler.disable(_KeyedMixin._draw))
-    return _EAGER[0]
+    return torch.compiler.disable(_KeyedMixin._draw)
 
 
 class KeyedDropout(_KeyedMixin, nn.Dropout):
