@@ -25,8 +25,7 @@ def opt(default: Any, help: str | Callable[[], str], *flags: str, choices: tuple
     """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``.
     ``per_node``: each machine of a job may give its own value (the ranks compare every other
     field). ``help`` and ``choices`` may be callables, asked when the parser is built;
-    ``default`` may be ``dataclasses.MISSING`` for a required field, whose flag defaults to None.
-    """
+    ``default`` may be ``dataclasses.MISSING`` for a required field, whose flag defaults to None."""
     meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,
             "on_resume": on_resume, "nargs": nargs, "const": const, "per_node": per_node}
     return field(default=default, metadata=meta)

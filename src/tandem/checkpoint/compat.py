@@ -12,8 +12,7 @@ _SCHEDULER_KEYS = (
     ("step_size", "StepLR"), ("milestones", "MultiStepLR"), ("T_0", "CosineAnnealingWarmRestarts"),
     ("T_max", "CosineAnnealingLR"), ("total_steps", "OneCycleLR"), ("max_lrs", "CyclicLR"),
     ("patience", "ReduceLROnPlateau"), ("power", "PolynomialLR"), ("start_factor", "LinearLR"),
-    ("factor", "ConstantLR"), ("gamma", "ExponentialLR"),
-)
+    ("factor", "ConstantLR"), ("gamma", "ExponentialLR"))
 
 
 def is_tandem(ckpt: dict) -> bool:

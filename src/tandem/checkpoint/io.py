@@ -62,10 +62,8 @@ def _state_of(obj: Any) -> Any:  # an optimizer or scheduler, or its state dict
 def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None = None,
          arch: str | None = None, best_acc1: float | None = None, scheduler=None,
          config=None, data_position=None, rng: bool | dict = True, **extra) -> Path:
-    """Atomically write a checkpoint of the unwrapped ``model`` (or a state dict) to ``path``.
-
-    ``rng``: ``True`` captures now, a dict stores those states, ``False`` none.
-    """
+    """Atomically write a checkpoint of the unwrapped ``model`` (or a state dict) to ``path``;
+    ``rng``: ``True`` captures now, a dict stores those states, ``False`` none."""
     path = Path(path)
     ckpt: dict[str, Any] = {
         "format": FORMAT, "tandem_version": __version__,
@@ -74,8 +72,7 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
         "best_acc1": None if best_acc1 is None else torch.tensor(float(best_acc1)),
         "state_dict": dict(model) if isinstance(model, Mapping) else plain_state_dict(model),
         "optimizer": None if optimizer is None else _state_of(optimizer),
-        "scheduler": None if scheduler is None else _state_of(scheduler),
-    }
+        "scheduler": None if scheduler is None else _state_of(scheduler)}
     if rng is True:
         ckpt["rng"] = capture_rng()
     elif isinstance(rng, dict):

@@ -98,9 +98,8 @@ class TandemParser(argparse.ArgumentParser):
 
 def command_parser(modules: dict, *, version: str | None = None) -> TandemParser:
     """The ``tandem`` parser: a subcommand per module's ``add_parser(subparsers)``."""
-    parser = TandemParser(
-        prog="tandem", description="Train convolutional networks on several devices at once."
-    )
+    parser = TandemParser(prog="tandem",
+                          description="Train convolutional networks on several devices at once.")
     if version is not None:
         parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(modules) + "}")

@@ -21,12 +21,10 @@ from .train import config_from_namespace
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "launch",
-        help="run a tandem command on several processes/machines (torchrun)",
+        "launch", help="run a tandem command on several processes/machines (torchrun)",
         description="Run `tandem COMMAND` once per worker with torch.distributed.run (torchrun), "
                     "e.g. `tandem launch --nproc-per-node 2 -- train --strategy ddp ...`. If a "
-                    "worker fails, every worker is stopped and the exit status is non-zero.",
-    )
+                    "worker fails, every worker is stopped and the exit status is non-zero.")
     p.add_argument("--nproc-per-node", type=int, required=True, metavar="N",
                    help="worker processes on this machine (one per device)")
     p.add_argument("--nnodes", default=None, metavar="M",
@@ -75,8 +73,7 @@ def spec_of(args: argparse.Namespace) -> LaunchSpec:
         rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
         rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf,
         max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
-        iface=args.iface, join_timeout=args.join_timeout,
-    )
+        iface=args.iface, join_timeout=args.join_timeout)
 
 
 def run(args: argparse.Namespace) -> int:

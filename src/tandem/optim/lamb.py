@@ -16,8 +16,7 @@ class LAMB(TrustRatioOptimizer):
     """LAMB; ``norms``: the plain model's norms of ``params`` (default: each whole)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0,
-                 norms: PlainNorms | None = None):
+                 eps: float = 1e-6, weight_decay: float = 0.0, norms: PlainNorms | None = None):
         if lr <= 0 or not all(0 <= b < 1 for b in betas) or eps < 0 or weight_decay < 0:
             raise ValueError(f"LAMB: bad lr {lr}, betas {betas}, eps {eps} or weight decay "
                              f"{weight_decay}")
