@@ -74,14 +74,11 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
         "optimizer": None if optimizer is None else _state_of(optimizer),
         "scheduler": None if scheduler is None else _state_of(scheduler)}
     if rng is True:
-        ckpt["rng"] = capture_rng()
-    elif isinstance(rng, dict):
-        ckpt["rng"] = rng
-    if data_position is not None:
-        ckpt["data_position"] = data_position
-    if config is not None:
-        ckpt["config"] = config
-    reserved = set(ckpt) | {"rng", "data_position", "config"}
+        rng = capture_rng()
+    optional = {"rng": rng if isinstance(rng, dict) else None, "data_position": data_position,
+                "config": config}
+    reserved = set(ckpt) | set(optional)
+    ckpt.update((key, value) for key, value in optional.items() if value is not None)
     for key, value in extra.items():
         if key in reserved:
             raise TypeError(f"checkpoint key {key!r} is reserved")

@@ -190,10 +190,8 @@ def keyed_dropout(model: nn.Module) -> nn.Module:
     done: dict[int, nn.Module] = {}
     for parent in list(model.modules()):
         for child_name, child in list(parent._modules.items()):
-            if child is not None and type(child) in KEYED_LAYERS:
-                if id(child) not in done:
-                    done[id(child)] = _converted(child)
-                parent._modules[child_name] = done[id(child)]
+            if type(child) in KEYED_LAYERS:  # a layer in two places stays one
+                parent._modules[child_name] = done.setdefault(id(child), _converted(child))
     for name, module in model.named_modules():
         if isinstance(module, _KeyedMixin):
             module.key_name = name
