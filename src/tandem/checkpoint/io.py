@@ -46,8 +46,7 @@ def _plain(obj: Any, where: str) -> Any:
         obj = vars(obj)
     if isinstance(obj, dict):
         out = {k: _plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
-        kind = type(obj)
-        return kind(out) if kind in (OrderedDict, Counter) else out
+        return type(obj)(out) if type(obj) in (OrderedDict, Counter) else out
     if isinstance(obj, (list, tuple, set, frozenset)):
         items = [_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         return type(obj)(items) if type(obj) in (list, tuple, set) else list(items)
