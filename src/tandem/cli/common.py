@@ -116,9 +116,8 @@ def error_line(exc: TandemError) -> str:
 
 def error_lines(exc: TandemError, prog: str = "tandem") -> list[str]:
     """``PROG: error: ...`` and, where ``exc`` has a remedy, ``hint: ...``."""
-    lines = [f"{prog}: error: {error_line(exc)}"]
     remedy = exc.hint(flag_for) if isinstance(exc, TandemError) else None
-    return lines + ([f"hint: {remedy}"] if remedy else [])
+    return [f"{prog}: error: {error_line(exc)}"] + ([f"hint: {remedy}"] if remedy else [])
 
 
 def given_fields(args: argparse.Namespace) -> frozenset[str]:

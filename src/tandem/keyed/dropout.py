@@ -57,8 +57,7 @@ def _keep(place: stream.Place, name: str, x: torch.Tensor, p: float, per: str) -
         shape, cols = x.shape, x[0].numel() if x.shape[0] else 0
     else:
         shape, cols = (x.shape[0], x.shape[1]) + (1,) * (x.dim() - 2), x.shape[1]
-    grid = words(key, rows, (place.first_col, cols), x.device)
-    return (grid >= threshold(p)).view(shape)
+    return (words(key, rows, (place.first_col, cols), x.device) >= threshold(p)).view(shape)
 
 
 class _KeyedMixin:
