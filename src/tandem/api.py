@@ -57,14 +57,12 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
         validation's figures), on the main process; ``None`` on the other ranks of a launch.
     """
     cfg = TrainConfig.from_settings(settings)
-    given = frozenset(settings)
     if model is not None and "arch" in settings:
         raise UsageError("tandem.fit() got a model and arch=: give one of them")
     if train_data is not None and "data" in settings:
         raise UsageError("tandem.fit() got train_data and data=: give one of them")
     if model is not None and not isinstance(model, nn.Module):
-        raise UsageError(f"tandem.fit(): model is {a(type(model).__name__)}, not a "
-                         f"torch.nn.Module")
+        raise UsageError(f"tandem.fit(): model is {a(type(model).__name__)}, not a torch.nn.Module")
     if model is not None:  # what the run's config says built it (re-importable if a module's)
         arch = f"{type(model).__module__}:{type(model).__qualname__}"
         cfg = replace(cfg, model=replace(cfg.model, arch=arch))
@@ -72,14 +70,13 @@ def fit(model: nn.Module | None, train_data, val_data=None, *, criterion: Callab
     if train_data is not None:
         data = given_data(train_data, val_data, classes, name="tandem.fit()",
                           augment=cfg.data.augment, reprob=cfg.data.reprob,
-                          image_size=cfg.data.image_size,
-                          num_classes=cfg.data.num_classes)
+                          image_size=cfg.data.image_size, num_classes=cfg.data.num_classes)
         cfg = replace(cfg, data=replace(cfg.data, data=GIVEN_DATA))
     elif val_data is not None or classes is not None:
         raise UsageError("tandem.fit() got val_data or classes without train_data")
     with Job() as job:  # several processes: the job's group, for this run
-        plan = plan_train(cfg, given, Supplied(model, data, criterion, by_fit=True), job=job,
-                          environ=Environment.read())
+        plan = plan_train(cfg, frozenset(settings), Supplied(model, data, criterion, by_fit=True),
+                          job=job, environ=Environment.read())
         row = execute(plan)
     if isinstance(plan, str) and plan:  # complete already (the line: on the main process)
         rows = RunDir.of(checkpoint_path(cfg.run.resume)).read_metrics()

@@ -45,8 +45,7 @@ class ModelConfig:
                            choices=DROPOUT_RNGS)
     drop_path: float = opt(0.0, "stochastic depth for the zoo's ResNets: the last residual "
                            "block's branch is dropped with probability P, earlier ones "
-                           "linearly less, the first never, as in timm; 0: none",
-                           metavar="P")
+                           "linearly less, the first never, as in timm; 0: none", metavar="P")
     pretrained: str | None = opt(None, "start from these weights: a torchvision state-dict file "
                                  "or a checkpoint; nothing is downloaded (a classifier of "
                                  "another size is re-initialised)", "--pretrained", "--weights",
@@ -87,8 +86,7 @@ class DataConfig:
                         "training image gets a box of noise", metavar="P")
     mixup: float = opt(0.0, "mixup: Beta(A, A)'s alpha, drawn for each global batch (0: off; "
                        "e.g. 0.2 or 0.8). Targets become class probabilities (label smoothing "
-                       "applies to them); training accuracy counts the dominant label",
-                       metavar="A")
+                       "applies to them); training accuracy counts the dominant label", metavar="A")
     cutmix: float = opt(0.0, "cutmix: Beta(A, A)'s alpha for the pasted box's share (0: off; "
                         "e.g. 1.0); with --mixup, each mixed batch is one or the other",
                         metavar="A")
@@ -137,8 +135,7 @@ class OptimConfig:
     batch_size: int = opt(32, "GLOBAL batch size, over all devices and processes",
                           "-b", "--batch-size", metavar="N")
     lr: float = opt(0.05, "initial learning rate, the schedule's peak (with --lr-scale: at "
-                    "--lr-base-batch images per step)", "--lr", "--learning-rate",
-                    metavar="LR")
+                    "--lr-base-batch images per step)", "--lr", "--learning-rate", metavar="LR")
     optimizer: str = opt("sgd", "optimizer: sgd (momentum, --nesterov: the imagenet "
                          "example's), adamw (torch's AdamW), lars (You et al. 2017: SGD with a "
                          "trust ratio per layer) or lamb (You et al. 2019: Adam with one); "
@@ -171,8 +168,7 @@ class OptimConfig:
                                   "epoch beside them and saved in checkpoints; best.pt goes "
                                   "by its score (tandem eval --ema)", metavar="DECAY")
     model_ema_warmup: bool = opt(True, "without --model-ema's warm-up of the decay (timm's: "
-                                 "1-(1+n)^(-2/3) until it reaches DECAY)",
-                                 "--no-model-ema-warmup")
+                                 "1-(1+n)^(-2/3) until it reaches DECAY)", "--no-model-ema-warmup")
     lr_scale: str = opt("none", "scale --lr with the images per optimizer step (global batch x "
                         "--accum-steps) over --lr-base-batch: linear (Goyal et al. 2017), sqrt, "
                         "or none", choices=LR_SCALES)
@@ -251,14 +247,12 @@ class OptimConfig:
         """``--opt-betas`` as two floats (default 0.9, 0.999), each in [0, 1)."""
         if self.opt_betas is None:
             return (0.9, 0.999)
-        parts = self.opt_betas.split(",")
         try:
-            values = tuple(float(p) for p in parts)
+            values = tuple(float(p) for p in self.opt_betas.split(","))
         except ValueError:
             values = ()
         check(len(values) == 2 and all(0 <= b < 1 for b in values),
-              f"bad {param('opt_betas')} {self.opt_betas!r}: two decays in [0, 1), e.g. "
-              f"0.9,0.999")
+              f"bad {param('opt_betas')} {self.opt_betas!r}: two decays in [0, 1), e.g. 0.9,0.999")
         return values
 
     def excludes_norm(self) -> bool:
@@ -374,9 +368,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
         """Rebuild from :meth:`to_dict` output; unknown keys (older/newer files) are ignored."""
-        sections = {}
-        for name, section_cls in SECTIONS.items():
-            values = data.get(name) or {}
-            known = {f.name for f in dataclasses.fields(section_cls)}
-            sections[name] = section_cls(**{k: v for k, v in values.items() if k in known})
-        return cls(**sections)
+        known = {name: {f.name for f in dataclasses.fields(s)} for name, s in SECTIONS.items()}
+        return cls(**{name: section(**{k: v for k, v in (data.get(name) or {}).items()
+                                       if k in known[name]})
+                      for name, section in SECTIONS.items()})

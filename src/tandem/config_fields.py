@@ -25,8 +25,7 @@ def opt(default: Any, help: str | Callable[[], str], *flags: str, choices: tuple
     """A dataclass field carrying its CLI flags, help text and resume policy in ``metadata``.
     ``per_node``: each machine of a job may give its own value (the ranks compare every other
     field). ``help`` and ``choices`` may be callables, asked when the parser is built;
-    ``default`` may be ``dataclasses.MISSING`` for a required field, whose flag defaults to None.
-    """
+    ``default`` may be ``dataclasses.MISSING`` for a required field, whose flag defaults to None."""
     meta = {"help": help, "flags": flags, "choices": choices, "metavar": metavar,
             "on_resume": on_resume, "nargs": nargs, "const": const, "per_node": per_node}
     return field(default=default, metadata=meta)
@@ -54,8 +53,7 @@ def check_type(section, name: str, value) -> None:
     allowed = tuple(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
     if value is None and type(None) in typing.get_args(hint):
         return
-    ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
-    if not ok and float in allowed:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+    taken = allowed + (int,) if float in allowed else allowed
+    ok = isinstance(value, taken) and not (isinstance(value, bool) and bool not in allowed)
     check(ok, f"bad {param(name)} {value!r}: must be {' or '.join(t.__name__ for t in allowed)}"
               f"{' or None' if type(None) in typing.get_args(hint) else ''}")

@@ -17,8 +17,7 @@ _done: bool | None = None
 
 
 def tune(left_alone: bool = False) -> bool:
-    """Set both thresholds once per process (none when ``left_alone``); True when glibc took
-    them."""
+    """Set both thresholds once per process (none when ``left_alone``); True if glibc took them."""
     global _done
     if _done is not None:
         return _done

@@ -56,8 +56,7 @@ class TandemError(Exception):
         return tuple(_PARAM.findall(self.marked or ""))
 
     def worded(self, name: Callable[[str], str]) -> str:
-        """The message with each parameter written as ``name(parameter)`` says (the CLI: its
-        flag)."""
+        """The message with each parameter written as ``name(parameter)`` says (the CLI: a flag)."""
         if self.marked is None:
             return str(self)
         return _PARAM.sub(lambda m: name(m.group(1)), self.marked)
@@ -89,13 +88,11 @@ class TrainingDiverged(TandemError, FloatingPointError):
 
 
 def first_line(exc: BaseException | str, limit: int | None = 200) -> str:
-    """The first line (at most ``limit`` characters) of ``exc``'s message or of a message;
-    the type's name when empty."""
+    """The first line (at most ``limit`` characters) of a message or ``exc``'s (empty: its type)."""
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
 
 
 def quoted(exc: BaseException) -> str:
-    """The first line of ``exc``'s message with its parameters still marked, for an error
-    that quotes it."""
+    """The first line of ``exc``'s message, its parameters still marked, for an error quoting it."""
     return first_line(getattr(exc, "marked", None) or exc)

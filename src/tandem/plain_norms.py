@@ -16,8 +16,7 @@ class PlainNorms:
     """Squared norms of tensors shaped like the optimizer's ``params``, one per *plain*
     parameter: ``owners[i]``, the one ``params[i]`` is a piece of; ``spread``, those whose
     pieces lie on several processes, summed by ``reduce`` (in place or returned). Warning:
-    with ``spread``, every process must call it alike; a parameter held whole is counted once.
-    """
+    with ``spread``, every process must call it alike; a parameter held whole is counted once."""
 
     def __init__(self, params: Iterable[torch.Tensor], owners: Sequence[int] | None = None, *,
                  spread: Iterable[int] = (), reduce: Callable | None = None,

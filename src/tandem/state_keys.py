@@ -76,8 +76,7 @@ def _save_plain(inner: str, module, state_dict, prefix, local_metadata) -> None:
 
 
 def _load_plain(inner: str, module, state_dict, prefix, *args) -> None:
-    """load_state_dict pre-hook: accept ``<prefix>x`` for ``<prefix><inner>x`` (metadata alone:
-    it is the caller's)."""
+    """load_state_dict pre-hook: accept ``<prefix>x`` for ``<prefix><inner>x`` (keys alone)."""
     for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + inner)]:
         state_dict[prefix + inner + key[len(prefix):]] = state_dict.pop(key)
 

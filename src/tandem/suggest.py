@@ -37,5 +37,4 @@ def did_you_mean(name: str, names: list[str], limit: int = 3) -> str:
     close = closest_names(name, names, limit)
     if not close:
         return ""
-    return f": did you mean {', '.join(close[:-1]) + ' or ' if len(close) > 1 else ''}" \
-           f"{close[-1]}?"
+    return f": did you mean {', '.join(close[:-1]) + ' or ' if len(close) > 1 else ''}{close[-1]}?"

@@ -12,8 +12,7 @@ _SCHEDULER_KEYS = (
     ("step_size", "StepLR"), ("milestones", "MultiStepLR"), ("T_0", "CosineAnnealingWarmRestarts"),
     ("T_max", "CosineAnnealingLR"), ("total_steps", "OneCycleLR"), ("max_lrs", "CyclicLR"),
     ("patience", "ReduceLROnPlateau"), ("power", "PolynomialLR"), ("start_factor", "LinearLR"),
-    ("factor", "ConstantLR"), ("gamma", "ExponentialLR"),
-)
+    ("factor", "ConstantLR"), ("gamma", "ExponentialLR"))
 
 
 def is_tandem(ckpt: dict) -> bool:
@@ -47,10 +46,7 @@ def foreign_scheduler(ckpt: dict) -> str | None:
     state = ckpt.get("scheduler")
     if not isinstance(state, dict) or is_tandem(ckpt):
         return None
-    for key, name in _SCHEDULER_KEYS:
-        if key in state:
-            return name
-    return "unknown scheduler"
+    return next((name for key, name in _SCHEDULER_KEYS if key in state), "unknown scheduler")
 
 
 def final_layer(state: dict) -> tuple[str, int] | None:

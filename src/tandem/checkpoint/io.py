@@ -46,8 +46,7 @@ def _plain(obj: Any, where: str) -> Any:
         obj = vars(obj)
     if isinstance(obj, dict):
         out = {k: _plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
-        kind = type(obj)
-        return kind(out) if kind in (OrderedDict, Counter) else out
+        return type(obj)(out) if type(obj) in (OrderedDict, Counter) else out
     if isinstance(obj, (list, tuple, set, frozenset)):
         items = [_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         return type(obj)(items) if type(obj) in (list, tuple, set) else list(items)
@@ -62,10 +61,8 @@ def _state_of(obj: Any) -> Any:  # an optimizer or scheduler, or its state dict
 def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None = None,
          arch: str | None = None, best_acc1: float | None = None, scheduler=None,
          config=None, data_position=None, rng: bool | dict = True, **extra) -> Path:
-    """Atomically write a checkpoint of the unwrapped ``model`` (or a state dict) to ``path``.
-
-    ``rng``: ``True`` captures now, a dict stores those states, ``False`` none.
-    """
+    """Atomically write a checkpoint of the unwrapped ``model`` (or a state dict) to ``path``;
+    ``rng``: ``True`` captures now, a dict stores those states, ``False`` none."""
     path = Path(path)
     ckpt: dict[str, Any] = {
         "format": FORMAT, "tandem_version": __version__,
@@ -74,17 +71,13 @@ def save(path, model: nn.Module | Mapping, optimizer=None, *, epoch: int | None 
         "best_acc1": None if best_acc1 is None else torch.tensor(float(best_acc1)),
         "state_dict": dict(model) if isinstance(model, Mapping) else plain_state_dict(model),
         "optimizer": None if optimizer is None else _state_of(optimizer),
-        "scheduler": None if scheduler is None else _state_of(scheduler),
-    }
+        "scheduler": None if scheduler is None else _state_of(scheduler)}
     if rng is True:
-        ckpt["rng"] = capture_rng()
-    elif isinstance(rng, dict):
-        ckpt["rng"] = rng
-    if data_position is not None:
-        ckpt["data_position"] = data_position
-    if config is not None:
-        ckpt["config"] = config
-    reserved = set(ckpt) | {"rng", "data_position", "config"}
+        rng = capture_rng()
+    optional = {"rng": rng if isinstance(rng, dict) else None, "data_position": data_position,
+                "config": config}
+    reserved = set(ckpt) | set(optional)
+    ckpt.update((key, value) for key, value in optional.items() if value is not None)
     for key, value in extra.items():
         if key in reserved:
             raise TypeError(f"checkpoint key {key!r} is reserved")

@@ -27,8 +27,7 @@ def capture_rng(device=None) -> dict:
         "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)),
                   "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "python": {"version": int(version), "state": torch.tensor(py_state, dtype=torch.int64),
-                   "gauss_next": gauss_next},
-    }
+                   "gauss_next": gauss_next}}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
         state["cuda_current"] = _own_cuda(device)

@@ -98,9 +98,8 @@ class TandemParser(argparse.ArgumentParser):
 
 def command_parser(modules: dict, *, version: str | None = None) -> TandemParser:
     """The ``tandem`` parser: a subcommand per module's ``add_parser(subparsers)``."""
-    parser = TandemParser(
-        prog="tandem", description="Train convolutional networks on several devices at once."
-    )
+    parser = TandemParser(prog="tandem",
+                          description="Train convolutional networks on several devices at once.")
     if version is not None:
         parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(modules) + "}")
@@ -117,9 +116,8 @@ def error_line(exc: TandemError) -> str:
 
 def error_lines(exc: TandemError, prog: str = "tandem") -> list[str]:
     """``PROG: error: ...`` and, where ``exc`` has a remedy, ``hint: ...``."""
-    lines = [f"{prog}: error: {error_line(exc)}"]
     remedy = exc.hint(flag_for) if isinstance(exc, TandemError) else None
-    return lines + ([f"hint: {remedy}"] if remedy else [])
+    return [f"{prog}: error: {error_line(exc)}"] + ([f"hint: {remedy}"] if remedy else [])
 
 
 def given_fields(args: argparse.Namespace) -> frozenset[str]:

@@ -83,9 +83,8 @@ def run(args: argparse.Namespace) -> int:
     _check_launched(parallel, args)
     to_stdout = args.json == "-"  # stdout is then one JSON object, and the notes go to stderr
     with tandem_warnings(notes_to_stderr=to_stdout):
-        result = evaluate(args.resume, parallel=parallel, data=data,
-                          batch_size=args.batch_size, seed=args.seed,
-                          label_smoothing=args.label_smoothing, arch=args.arch,
+        result = evaluate(args.resume, parallel=parallel, data=data, batch_size=args.batch_size,
+                          seed=args.seed, label_smoothing=args.label_smoothing, arch=args.arch,
                           amp=args.amp, amp_dtype=args.amp_dtype, ema=args.ema,
                           place=place_of(Environment.read()))
     note, precision = result.pop("note"), result.pop("precision")
@@ -122,5 +121,4 @@ def _check_launched(parallel: ParallelConfig, args: argparse.Namespace) -> None:
         return
     typed = " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or ["eval", "..."])
     raise UsageError(f"--strategy {parallel.strategy} runs one process per device",
-                     hint=f"run it with `tandem launch --nproc-per-node N -- {typed}` or "
-                          "torchrun")
+                     hint=f"run it with `tandem launch --nproc-per-node N -- {typed}` or torchrun")

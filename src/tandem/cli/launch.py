@@ -21,13 +21,10 @@ from .train import config_from_namespace
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "launch",
-        help="run a tandem command on several processes/machines (torchrun)",
-        description="Run `tandem COMMAND` once per worker with torch.distributed.run "
-                    "(torchrun), e.g. `tandem launch --nproc-per-node 2 -- train --strategy "
-                    "ddp ...`. If a worker fails, every worker is stopped and the exit status "
-                    "is non-zero.",
-    )
+        "launch", help="run a tandem command on several processes/machines (torchrun)",
+        description="Run `tandem COMMAND` once per worker with torch.distributed.run (torchrun), "
+                    "e.g. `tandem launch --nproc-per-node 2 -- train --strategy ddp ...`. If a "
+                    "worker fails, every worker is stopped and the exit status is non-zero.")
     p.add_argument("--nproc-per-node", type=int, required=True, metavar="N",
                    help="worker processes on this machine (one per device)")
     p.add_argument("--nnodes", default=None, metavar="M",
@@ -43,9 +40,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="port on node 0 (default, or 0: a free port, one machine only; under "
                         "srun one derived from SLURM_JOB_ID)")
     p.add_argument("--iface", default=None, metavar="NAME",
-                   help="network interface the workers talk through (default: the one that "
-                        "reaches the master; GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME as set "
-                        "are kept)")
+                   help="network interface the workers talk through (default: the one that reaches "
+                        "the master; GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME as set are kept)")
     p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="dynamic rendezvous endpoint instead of --master-addr/--master-port")
     p.add_argument("--rdzv-backend", default=None, metavar="NAME",
@@ -71,16 +67,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def spec_of(args: argparse.Namespace) -> LaunchSpec:
     """The checked :class:`LaunchSpec` of ``tandem launch``'s flags (and SLURM's variables)."""
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
     return LaunchSpec(
         nproc_per_node=args.nproc_per_node, command=command, **_from_slurm(args),
         rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
         rdzv_id=args.rdzv_id, rdzv_conf=args.rdzv_conf,
         max_restarts=args.max_restarts, dist_timeout=args.dist_timeout,
-        iface=args.iface, join_timeout=args.join_timeout,
-    )
+        iface=args.iface, join_timeout=args.join_timeout)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,8 +36,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "batch, split over devices and processes; every strategy computes the same "
                     "update for the same seed.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("Examples::", 1)[1],
-    )
+        epilog=__doc__.split("Examples::", 1)[1])
     for name, cls in SECTIONS.items():
         add_config_arguments(parser, cls, title=_TITLES.get(name, name))
     add_example_arguments(parser)

@@ -8,6 +8,8 @@ Outputs follow torch's formulas; the backward keeps the boolean mask alone. In e
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -55,8 +57,7 @@ def _keep(place: stream.Place, name: str, x: torch.Tensor, p: float, per: str) -
         shape, cols = x.shape, x[0].numel() if x.shape[0] else 0
     else:
         shape, cols = (x.shape[0], x.shape[1]) + (1,) * (x.dim() - 2), x.shape[1]
-    grid = words(key, rows, (place.first_col, cols), x.device)
-    return (grid >= threshold(p)).view(shape)
+    return (words(key, rows, (place.first_col, cols), x.device) >= threshold(p)).view(shape)
 
 
 class _KeyedMixin:
@@ -89,15 +90,11 @@ class _KeyedMixin:
         return _Scaled.apply(x, keep, self.p, self.inplace)
 
 
-_EAGER: list = []
-
-
+@functools.cache
 def _eager():
     """The keyed draw out of ``torch.compile``'s reach (its keys, new at every step, would be
     constants in a graph); made at the first compiled call, as ``disable`` imports dynamo."""
-    if not _EAGER:
-        _EAGER.append(torch.compiler.disable(_KeyedMixin._draw))
-    return _EAGER[0]
+    return torch.compiler.disable(_KeyedMixin._draw)
 
 
 class KeyedDropout(_KeyedMixin, nn.Dropout):
@@ -192,10 +189,8 @@ def keyed_dropout(model: nn.Module) -> nn.Module:
     done: dict[int, nn.Module] = {}
     for parent in list(model.modules()):
         for child_name, child in list(parent._modules.items()):
-            if child is not None and type(child) in KEYED_LAYERS:
-                if id(child) not in done:
-                    done[id(child)] = _converted(child)
-                parent._modules[child_name] = done[id(child)]
+            if type(child) in KEYED_LAYERS:  # a layer in two places stays one
+                parent._modules[child_name] = done.setdefault(id(child), _converted(child))
     for name, module in model.named_modules():
         if isinstance(module, _KeyedMixin):
             module.key_name = name

@@ -58,8 +58,7 @@ def alexnet(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
         nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True),
         nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True),
         nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2),
-    )
+        nn.MaxPool2d(3, stride=2))
     return AlexNet(features, 256, num_classes, dropout, hidden_features)
 
 
@@ -81,6 +80,5 @@ def alexnet_grouped(num_classes: int = 1000, in_channels: int = 3, dropout: floa
         nn.Conv2d(256, 384, 3, padding=1), nn.ReLU(inplace=True),
         nn.Conv2d(384, 384, 3, padding=1, groups=2), nn.ReLU(inplace=True),
         nn.Conv2d(384, 256, 3, padding=1, groups=2), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2),
-    )
+        nn.MaxPool2d(3, stride=2))
     return AlexNet(features, 256, num_classes, dropout, hidden_features)

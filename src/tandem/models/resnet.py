@@ -15,8 +15,7 @@ LAYOUTS: dict[str, tuple[str, tuple[int, int, int, int]]] = {
     "resnet34": ("basic", (3, 4, 6, 3)),
     "resnet50": ("bottleneck", (3, 4, 6, 3)),
     "resnet101": ("bottleneck", (3, 4, 23, 3)),
-    "resnet152": ("bottleneck", (3, 8, 36, 3)),
-}
+    "resnet152": ("bottleneck", (3, 8, 36, 3))}
 
 
 def imagenet_resnet(layout: str, num_classes: int = 1000, in_channels: int = 3,

@@ -19,8 +19,7 @@ CFGS: dict[str, list[int | str]] = {
     "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
               512, 512, 512, "M"],
     "vgg19": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
-              512, 512, 512, 512, "M"],
-}
+              512, 512, 512, 512, "M"]}
 
 
 def make_features(cfg: list[int | str], in_channels: int, batch_norm: bool) -> nn.Sequential:

@@ -16,8 +16,7 @@ class LAMB(TrustRatioOptimizer):
     """LAMB; ``norms``: the plain model's norms of ``params`` (default: each whole)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0,
-                 norms: PlainNorms | None = None):
+                 eps: float = 1e-6, weight_decay: float = 0.0, norms: PlainNorms | None = None):
         if lr <= 0 or not all(0 <= b < 1 for b in betas) or eps < 0 or weight_decay < 0:
             raise ValueError(f"LAMB: bad lr {lr}, betas {betas}, eps {eps} or weight decay "
                              f"{weight_decay}")
@@ -25,24 +24,17 @@ class LAMB(TrustRatioOptimizer):
                                       weight_decay=weight_decay), norms)
 
     def _step(self) -> None:
-        params, updates = [], []
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    params.append(p)
-                    updates.append(self._update(p, group))
+        todo = [(p, group) for group in self.param_groups for p in group["params"]
+                if p.grad is not None]
+        params = [p for p, _ in todo]
+        updates = [self._update(p, group) for p, group in todo]
         weights, sizes = self.norms.squares(params, params, updates)
-        done = {id(p): (u, w.sqrt(), s.sqrt()) for p, u, w, s in zip(params, updates, weights,
-                                                                     sizes)}
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                update, w_norm, u_norm = done[id(p)]
-                if group["trust"]:
-                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
-                    update.mul_(ratio.to(p.dtype))
-                p.sub_(update, alpha=group["lr"])
+        for (p, group), update, w_square, u_square in zip(todo, updates, weights, sizes):
+            if group["trust"]:
+                w_norm, u_norm = w_square.sqrt(), u_square.sqrt()
+                ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+                update.mul_(ratio.to(p.dtype))
+            p.sub_(update, alpha=group["lr"])
 
     def _update(self, p: torch.Tensor, group: dict) -> torch.Tensor:
         """``u`` for ``p``, its moments moved one step."""

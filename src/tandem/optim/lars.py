@@ -40,24 +40,22 @@ class LARS(TrustRatioOptimizer):
                                       trust_coefficient=trust_coefficient, eps=eps), norms)
 
     def _step(self) -> None:
-        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        todo = [(p, group) for group in self.param_groups for p in group["params"]
+                if p.grad is not None]
+        params = [p for p, _ in todo]
         weights, grads = self.norms.squares(params, params, [p.grad for p in params])
-        norms = {id(p): (w.sqrt(), g.sqrt()) for p, w, g in zip(params, weights, grads)}
-        for group in self.param_groups:
-            lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                direction = p.grad.add(p, alpha=decay) if decay else p.grad.clone()
-                if group["trust"]:
-                    w_norm, g_norm = norms[id(p)]
-                    ratio = group["trust_coefficient"] * w_norm / (
-                        g_norm + decay * w_norm + group["eps"])
-                    ratio = torch.where((w_norm > 0) & (g_norm > 0), ratio, 1.0)
-                    direction.mul_(ratio.to(p.dtype))
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                buffer = state["momentum_buffer"]
-                buffer.mul_(momentum).add_(direction, alpha=lr)
-                p.sub_(buffer)
+        for (p, group), w_square, g_square in zip(todo, weights, grads):
+            decay = group["weight_decay"]
+            direction = p.grad.add(p, alpha=decay) if decay else p.grad.clone()
+            if group["trust"]:
+                w_norm, g_norm = w_square.sqrt(), g_square.sqrt()
+                ratio = group["trust_coefficient"] * w_norm / (
+                    g_norm + decay * w_norm + group["eps"])
+                ratio = torch.where((w_norm > 0) & (g_norm > 0), ratio, 1.0)
+                direction.mul_(ratio.to(p.dtype))
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            buffer = state["momentum_buffer"]
+            buffer.mul_(group["momentum"]).add_(direction, alpha=group["lr"])
+            p.sub_(buffer)
