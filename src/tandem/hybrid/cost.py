@@ -89,10 +89,9 @@ class HybridPlan:
             return "one device: nothing moves either way"
         if self.dp_total and self.hybrid_total and round(max(self.ratio, 1 / self.ratio), 1) < 1.1:
             fewer, more = sorted((self.dp_total, self.hybrid_total))
-            share = f"{100 * (more - fewer) / more:.1f}% fewer"
-            if self.hybrid_total < self.dp_total:
-                return f"hybrid and data parallel move about the same bytes (hybrid {share})"
-            return f"hybrid and data parallel move about the same bytes (data parallel {share})"
+            who = "hybrid" if self.hybrid_total < self.dp_total else "data parallel"
+            return (f"hybrid and data parallel move about the same bytes ({who} "
+                    f"{100 * (more - fewer) / more:.1f}% fewer)")
         if self.hybrid_total < self.dp_total:
             text = f"hybrid moves {self.ratio:.1f}x fewer bytes than data parallel"
             if self.break_even_batch is not None:
@@ -159,9 +158,7 @@ def _device_bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk
     return dp, hybrid
 
 
-def _layout_rows(head: nn.Module, name: str, leading, stages, n: int) -> list[str]:
-    mods = list(head_sequential(head))
-
+def _layout_rows(head: nn.Module, name: str, mods, leading, stages, n: int) -> list[str]:
     def at(i: int) -> str:  # the layer's name in the model
         return f"{name}.{i}" if isinstance(head, nn.Sequential) else name
 
@@ -248,7 +245,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
         model=type(model).__name__, batch_size=batch_size, num_devices=n, input_size=shape,
         bytes_per_element=s, params_trunk=p_all - p_cls, params_classifier=p_cls,
         macs_trunk=mac_trunk * batch_size, macs_classifier=mac_cls * batch_size,
-        layout=_layout_rows(classifier, name, leading, stages, n),
+        layout=_layout_rows(classifier, name, mods, leading, stages, n),
         dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=_break_even(batch_size, common),
         split=split_report(batch_size, n, weights, per_sample, x * s, unit))
 
