@@ -89,9 +89,10 @@ class HybridPlan:
             return "one device: nothing moves either way"
         if self.dp_total and self.hybrid_total and round(max(self.ratio, 1 / self.ratio), 1) < 1.1:
             fewer, more = sorted((self.dp_total, self.hybrid_total))
-            who = "hybrid" if self.hybrid_total < self.dp_total else "data parallel"
-            return (f"hybrid and data parallel move about the same bytes ({who} "
-                    f"{100 * (more - fewer) / more:.1f}% fewer)")
+            share = f"{100 * (more - fewer) / more:.1f}% fewer"
+            if self.hybrid_total < self.dp_total:
+                return f"hybrid and data parallel move about the same bytes (hybrid {share})"
+            return f"hybrid and data parallel move about the same bytes (data parallel {share})"
         if self.hybrid_total < self.dp_total:
             text = f"hybrid moves {self.ratio:.1f}x fewer bytes than data parallel"
             if self.break_even_batch is not None:
