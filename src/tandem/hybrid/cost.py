@@ -234,7 +234,6 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     finally:
         hook.remove()
     mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
-    mac_trunk = sum(macs.values()) - mac_cls
     p_all, p_cls = _count(model.parameters()), _count(classifier.parameters())
     f_all, f_cls = _count(model.buffers()), _count(classifier.buffers())
     x = int(torch.Size(shape).numel())
@@ -245,7 +244,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     return HybridPlan(
         model=type(model).__name__, batch_size=batch_size, num_devices=n, input_size=shape,
         bytes_per_element=s, params_trunk=p_all - p_cls, params_classifier=p_cls,
-        macs_trunk=mac_trunk * batch_size, macs_classifier=mac_cls * batch_size,
+        macs_trunk=(sum(macs.values()) - mac_cls) * batch_size, macs_classifier=mac_cls * batch_size,
         layout=_layout_rows(classifier, name, mods, leading, stages, n),
         dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=_break_even(batch_size, common),
         split=split_report(batch_size, n, weights, per_sample, x * s, unit))
