@@ -65,8 +65,7 @@ class DDPStrategy(Strategy):
         if self.env is None:
             raise UsageError(f"{param('strategy')} {self.name} needs torchrun's environment",
                              hint=LAUNCH_HINT)
-        self.rank = self.env.rank
-        self.world_size = self.env.world_size
+        self.rank, self.world_size = self.env.rank, self.env.world_size
         self._device = pick_device(self.env, self.devices)
         self.devices = [self._device]  # it touches only its own device (memory stats, syncs)
         self.timeout = timeout
