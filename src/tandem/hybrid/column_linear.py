@@ -82,10 +82,8 @@ class _ShardedLinear(nn.Module):
         weight, bias = self.merged_weight_bias()
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
                            device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            if bias is not None:
-                linear.bias.copy_(bias)
+        linear.load_state_dict({"weight": weight} if bias is None else
+                               {"weight": weight, "bias": bias})
         return linear
 
     def extra_repr(self) -> str:
