@@ -231,6 +231,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
         lambda mod, args, out: seen.update(act=args[0][0].numel(), out=out[0].numel()))
     macs = mac_breakdown(meta, (1,) + shape)
     mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
+    mac_trunk = sum(macs.values()) - mac_cls
     p_all, p_cls = _count(model.parameters()), _count(classifier.parameters())
     f_all, f_cls = _count(model.buffers()), _count(classifier.buffers())
     x = int(torch.Size(shape).numel())
@@ -241,7 +242,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
     return HybridPlan(
         model=type(model).__name__, batch_size=batch_size, num_devices=n, input_size=shape,
         bytes_per_element=s, params_trunk=p_all - p_cls, params_classifier=p_cls,
-        macs_trunk=(sum(macs.values()) - mac_cls) * batch_size, macs_classifier=mac_cls * batch_size,
+        macs_trunk=mac_trunk * batch_size, macs_classifier=mac_cls * batch_size,
         layout=_layout_rows(classifier, name, mods, leading, stages, n),
         dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=_break_even(batch_size, common),
         split=split_report(batch_size, n, weights, per_sample, x * s, unit))

@@ -57,7 +57,8 @@ class HybridDDPStrategy(SplitsHead, DDPStrategy):
         """:meth:`prepare` ``model`` as ddp does, then split its head (the trunk's gradients
         compressed where ``compression`` says)."""
         wrapped = DistributedHybrid(self.prepare(model), self._device, group=self.activations,
-                                    head=self.options["hybrid_head"], ddp_options=self.ddp_options(),
+                                    head=self.options["hybrid_head"],
+                                    ddp_options=self.ddp_options(),
                                     compressor=self.compressor_for(scale=self.world_size))
         self._wrappers.append(weakref.ref(wrapped.dp))
         return wrapped
