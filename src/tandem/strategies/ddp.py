@@ -105,12 +105,12 @@ class DDPStrategy(Strategy):
         if self.compression.mode == "powersgd" and self.gradients is None:
             # PowerSGD issues collectives from callbacks while backward issues others
             # (SyncBatchNorm's, the split head's): on a group of their own, the ranks' orders agree
-            self.gradients = self.own_group()
+            self.gradients = self.new_group()
         return self
 
     gradients = None  # --grad-compression powersgd's process group, joined by launch()
 
-    def own_group(self):
+    def new_group(self):
         """A new process group of this strategy's own (every rank meets), its collectives
         waiting ``timeout`` seconds (default ``env.timeout``)."""
         seconds = self.env.timeout if self.timeout is None else float(self.timeout)

@@ -40,7 +40,7 @@ class HybridDDPStrategy(SplitsHead, DDPStrategy):
         """Join the job's group (ddp's), then the activations' group (every rank meets)."""
         super().launch()
         if self.activations is None:
-            self.activations = self.own_group()
+            self.activations = self.new_group()
         return self
 
     def close(self) -> None:
