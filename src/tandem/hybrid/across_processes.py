@@ -57,8 +57,7 @@ class _Column(nn.Module):
     def __init__(self, linear: nn.Linear, rank: int, world: int):
         super().__init__()
         self.sizes = block_sizes(linear.out_features, world)
-        a = sum(self.sizes[:rank])
-        b = a + self.sizes[rank]
+        a, b = sum(self.sizes[:rank]), sum(self.sizes[:rank + 1])
         self.weight = nn.Parameter(linear.weight.detach()[a:b].clone())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach()[a:b].clone())
 
@@ -67,10 +66,7 @@ class _Column(nn.Module):
 
     def pieces(self) -> dict:
         """``{name: (parameter, dim its blocks are cut along, every rank's block size)}``."""
-        out = {"weight": (self.weight, 0, self.sizes)}
-        if self.bias is not None:
-            out["bias"] = (self.bias, 0, self.sizes)
-        return out
+        return {k: (p, 0, self.sizes) for k, p in self.named_parameters()}
 
 
 class _Row(nn.Module):
@@ -81,8 +77,7 @@ class _Row(nn.Module):
     def __init__(self, linear: nn.Linear, rank: int, world: int):
         super().__init__()
         self.sizes = block_sizes(linear.in_features, world)
-        a = sum(self.sizes[:rank])
-        b = a + self.sizes[rank]
+        a, b = sum(self.sizes[:rank]), sum(self.sizes[:rank + 1])
         self.weight = nn.Parameter(linear.weight.detach()[:, a:b].clone())
         self.bias_sizes = [linear.out_features] + [0] * (world - 1)
         self.bias = None if linear.bias is None else nn.Parameter(

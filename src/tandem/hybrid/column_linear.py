@@ -20,11 +20,6 @@ from ..parallel.parallel_apply import parallel_apply
 from ._shards import move, split_sizes
 
 
-def _check_linear(linear, what: str) -> None:
-    if not isinstance(linear, nn.Linear):
-        raise UsageError(f"{what} needs an nn.Linear, got {type(linear).__name__}")
-
-
 class _ShardedLinear(nn.Module):
     """What the column and row layers share: devices, home slot, split sizes, shard list."""
 
@@ -37,6 +32,17 @@ class _ShardedLinear(nn.Module):
         self.output_device = as_device(output_device) if output_device is not None else devices[0]
         self.home = index_of(self.output_device, self.devices)
         self.shards = nn.ModuleList()
+
+    @classmethod
+    def _copy_of(cls, linear: nn.Linear, **options) -> "_ShardedLinear":
+        """A layer of ``cls`` holding a copy of ``linear``'s values (``linear`` is not modified)."""
+        if not isinstance(linear, nn.Linear):
+            raise UsageError(f"{cls.__name__}.from_linear needs an nn.Linear, got "
+                             f"{type(linear).__name__}")
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    dtype=linear.weight.dtype, **options)
+        layer.load_linear(linear.weight, linear.bias)
+        return layer
 
     @torch.no_grad()
     def load_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -76,10 +82,8 @@ class _ShardedLinear(nn.Module):
         weight, bias = self.merged_weight_bias()
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
                            device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            if bias is not None:
-                linear.bias.copy_(bias)
+        linear.load_state_dict({"weight": weight} if bias is None else
+                               {"weight": weight, "bias": bias})
         return linear
 
     def extra_repr(self) -> str:
@@ -109,11 +113,8 @@ class ColumnParallelLinear(_ShardedLinear):
     def from_linear(cls, linear: nn.Linear, device_ids=None, gather_output: bool = True,
                     output_device=None) -> "ColumnParallelLinear":
         """Split ``linear`` by output features; its values are copied, it is not modified."""
-        _check_linear(linear, "ColumnParallelLinear.from_linear")
-        layer = cls(linear.in_features, linear.out_features, device_ids, linear.bias is not None,
-                    gather_output, output_device, linear.weight.dtype)
-        layer.load_linear(linear.weight, linear.bias)
-        return layer
+        return cls._copy_of(linear, device_ids=device_ids, gather_output=gather_output,
+                            output_device=output_device)
 
     def plain_pieces(self) -> dict:
         """``{"weight"|"bias": (shard parameters, dim they are split along)}`` (:mod:`.plain`)."""
@@ -165,11 +166,7 @@ class RowParallelLinear(_ShardedLinear):
     def from_linear(cls, linear: nn.Linear, device_ids=None,
                     output_device=None) -> "RowParallelLinear":
         """Split ``linear`` by input features; its values are copied, it is not modified."""
-        _check_linear(linear, "RowParallelLinear.from_linear")
-        layer = cls(linear.in_features, linear.out_features, device_ids, linear.bias is not None,
-                    output_device, linear.weight.dtype)
-        layer.load_linear(linear.weight, linear.bias)
-        return layer
+        return cls._copy_of(linear, device_ids=device_ids, output_device=output_device)
 
     def plain_pieces(self) -> dict:
         """The weight split along its inputs, the bias whole (on the output device)."""

@@ -159,9 +159,7 @@ def _device_bytes(*, batch, n, s, x, out_classes, p_all, f_all, p_trunk, f_trunk
     return dp, hybrid
 
 
-def _layout_rows(head: nn.Module, name: str, leading, stages, n: int) -> list[str]:
-    mods = list(head_sequential(head))
-
+def _layout_rows(head: nn.Module, name: str, mods, leading, stages, n: int) -> list[str]:
     def at(i: int) -> str:  # the layer's name in the model
         return f"{name}.{i}" if isinstance(head, nn.Sequential) else name
 
@@ -229,12 +227,9 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
         raise UsageError(f"input_size must be a side or a (C, H, W) shape, got {input_size!r}")
     weights = None if split is None else check_weights(split, n)
     meta, seen = meta_copy(model), {}  # one trace: MACs, the head's input and output sizes
-    hook = getattr(meta, name).register_forward_hook(
+    getattr(meta, name).register_forward_hook(  # the copy is dropped after: so is the hook
         lambda mod, args, out: seen.update(act=args[0][0].numel(), out=out[0].numel()))
-    try:
-        macs = mac_breakdown(meta, (1,) + shape)
-    finally:
-        hook.remove()
+    macs = mac_breakdown(meta, (1,) + shape)
     mac_cls = sum(v for k, v in macs.items() if k == name or k.startswith(name + "."))
     mac_trunk = sum(macs.values()) - mac_cls
     p_all, p_cls = _count(model.parameters()), _count(classifier.parameters())
@@ -248,7 +243,7 @@ def plan(model: nn.Module, device_ids=None, batch_size: int = 128,
         model=type(model).__name__, batch_size=batch_size, num_devices=n, input_size=shape,
         bytes_per_element=s, params_trunk=p_all - p_cls, params_classifier=p_cls,
         macs_trunk=mac_trunk * batch_size, macs_classifier=mac_cls * batch_size,
-        layout=_layout_rows(classifier, name, leading, stages, n),
+        layout=_layout_rows(classifier, name, mods, leading, stages, n),
         dp_bytes=dp, hybrid_bytes=hybrid, break_even_batch=_break_even(batch_size, common),
         split=split_report(batch_size, n, weights, per_sample, x * s, unit))
 
@@ -340,17 +335,16 @@ def step_bytes(model: nn.Module, batch_size: int, processes: int, head: str | No
         raise UsageError(f"step_bytes: backend must be 'nccl' or 'gloo', got {backend!r}")
     _, _, mods, _, stages, e = _head(model, head, "step_bytes")
     split = [mods[i] for s in stages if s.kind != "local" for i in (s.indices[0], s.indices[-1])]
-    f_all = _count(model.buffers())
     held = {id(p) for m in split for p in m.parameters()}
     trunk = [p for p in model.parameters() if id(p) not in held]
     w, rows = processes, shares(batch_size, [1] * processes)
-    bcast = (w - 1) / w
+    buffers = (w - 1) / w * _count(model.buffers()) * e  # what DDP broadcasts
     every = gradient_bytes(model.parameters(), w, compression)
-    ddp = [{"gradients": every, "buffers": bcast * f_all * e} for _ in range(w)]
+    ddp = [{"gradients": every, "buffers": buffers} for _ in range(w)]
     hybrid = []
     for rank in range(w):
         fwd, bwd = _rank_head_bytes(stages, mods, rows, rank, e, backend)
         hybrid.append({"gradients": gradient_bytes(trunk, w, compression),
-                       "buffers": bcast * f_all * e,  # split layers hold none
+                       "buffers": buffers,  # split layers hold none
                        "activations": fwd, "activation_grads": bwd})
     return ProcessBytes(type(model).__name__, batch_size, w, ddp, hybrid)

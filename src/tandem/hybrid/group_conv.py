@@ -91,10 +91,8 @@ class GroupParallelConv2d(nn.Module):
                          s.dilation, groups=self.groups, bias=bias is not None,
                          padding_mode=s.padding_mode, device=self.output_device,
                          dtype=weight.dtype)
-        with torch.no_grad():
-            conv.weight.copy_(weight)
-            if bias is not None:
-                conv.bias.copy_(bias)
+        conv.load_state_dict({"weight": weight} if bias is None else
+                             {"weight": weight, "bias": bias})
         return conv
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -49,10 +49,9 @@ def classifier_layout(classifier: nn.Module) -> tuple[list[int], list[Stage]]:
                          f"{type(classifier).__name__}")
     mods = list(classifier)
     i = 0
-    leading = []
     while i < len(mods) and is_elementwise(mods[i]):
-        leading.append(i)
         i += 1
+    leading = list(range(i))
     stages: list[Stage] = []
     while i < len(mods):
         if isinstance(mods[i], nn.Linear):

@@ -77,16 +77,11 @@ class _Body(nn.Module):
                 f"{what}; name the last Linear layer with hybrid_head= (--hybrid-head)")
 
 
-def _features_layout(model: nn.Module, head: str) -> bool:
-    """True for the AlexNet/VGG shape: ``features -> avgpool -> flatten -> classifier``."""
-    return (head == "classifier" and isinstance(getattr(model, "features", None), nn.Module)
-            and all(n in _KNOWN_CHILDREN for n, _ in model.named_children()))
-
-
 def trunk_of(model: nn.Module, name: str, leading: list[nn.Module]):
     """``(trunk, parts)``: the data-parallel part of ``model`` (sharing its modules) before its
     head ``model.<name>``, then ``leading``, and its (plain state dict prefix, module) pairs."""
-    if _features_layout(model, name):
+    if (name == "classifier" and isinstance(getattr(model, "features", None), nn.Module)
+            and all(n in _KNOWN_CHILDREN for n, _ in model.named_children())):  # AlexNet, VGG
         trunk = _Trunk(model.features, getattr(model, "avgpool", None), leading)
         parts = [("features.", trunk.features)]
         if trunk.avgpool is not None:

@@ -167,7 +167,7 @@ def race(names: list[str], place: Callable[[str], Callable[[], step_timer.Strate
     placed, and ``agree(rows)``, called while the candidates stand, gives the rows to decide on."""
     clock = clock or step_timer.clock
     start = clock()
-    built, lanes, rows, ready = [], [], {}, {}
+    lanes, rows, ready = [], {}, {}
     with rng_kept():
         try:
             for name in names:
@@ -184,7 +184,6 @@ def race(names: list[str], place: Callable[[str], Callable[[], step_timer.Strate
                     rows[name] = _dropped(name, f"{OUT_OF_MEMORY} on another rank")
                     continue
                 step = candidate()
-                built.append(step)
                 lanes.append(step_timer.Lane(name, step, step.devices))
             if rounds is None:  # one cold round, never the one that decides
                 step_timer.interleave(lanes, 1, clock=clock)
@@ -201,11 +200,9 @@ def race(names: list[str], place: Callable[[str], Callable[[], step_timer.Strate
                 rows = agree(rows)
         finally:
             ready.clear()
-            for step in reversed(built):  # the last launched leaves first: the groups the
-                step.close()              # first one joined outlive the later ones' reducers
-            built.clear()  # the copies go before the run builds its own
-            for lane in lanes:
-                lane.step = None
+            for lane in reversed(lanes):  # the last launched leaves first: the groups the
+                lane.step.close()         # first one joined outlive the later ones' reducers
+                lane.step = None  # the copies go before the run builds its own
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

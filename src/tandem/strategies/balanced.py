@@ -30,18 +30,13 @@ class BalancedStrategy(ReplicatedStrategy):
     def setup(self, model: nn.Module) -> nn.Module:
         return DataParallelModel(prepare_replicated(self, model), **self.wrapper_options())
 
-    def _parallel_criterion(self, criterion: Callable) -> DataParallelCriterion:
-        key = id(criterion)
-        if key not in self._criteria:
-            wrapped = DataParallelCriterion(criterion, device_ids=self.devices,
-                                            output_device=self.device)
-            self._criteria[key] = (criterion, wrapped)  # keep criterion alive: id stays unique
-        return self._criteria[key][1]
-
     def forward_loss(self, wrapped: nn.Module, criterion: Callable, images: torch.Tensor,
                      targets: torch.Tensor, batch_size: int | None = None) -> StepOutput:
         outputs = [self._logits(o) for o in wrapped(images)]  # one chunk per used device
-        loss = self._parallel_criterion(criterion)(outputs, targets)
+        if id(criterion) not in self._criteria:  # kept beside it, the criterion's id stays unique
+            self._criteria[id(criterion)] = (criterion, DataParallelCriterion(
+                criterion, device_ids=self.devices, output_device=self.device))
+        loss = self._criteria[id(criterion)][1](outputs, targets)
         chunks = scatter(targets, [o.device for o in outputs],
                          chunk_sizes=[o.shape[0] for o in outputs])  # the outputs' shares
         if len(chunks) != len(outputs):

@@ -65,7 +65,8 @@ class Strategy:
     failure_model: str = faults.RAISES
     #: one process runs a replica per device in threads (``--backward-threads`` applies)
     replica_threads: ClassVar[bool] = False
-    #: ``--grad-compression`` may compress its data-parallel gradients (:mod:`tandem.distributed.compression`)
+    #: ``--grad-compression`` may compress its data-parallel gradients
+    #: (:mod:`tandem.distributed.compression`)
     compresses_gradients: ClassVar[bool] = False
     #: the hook's state where it compresses them (set up with the model), else ``None``
     compressor = None

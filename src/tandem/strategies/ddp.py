@@ -65,8 +65,7 @@ class DDPStrategy(Strategy):
         if self.env is None:
             raise UsageError(f"{param('strategy')} {self.name} needs torchrun's environment",
                              hint=LAUNCH_HINT)
-        self.rank = self.env.rank
-        self.world_size = self.env.world_size
+        self.rank, self.world_size = self.env.rank, self.env.world_size
         self._device = pick_device(self.env, self.devices)
         self.devices = [self._device]  # it touches only its own device (memory stats, syncs)
         self.timeout = timeout
@@ -101,22 +100,21 @@ class DDPStrategy(Strategy):
     def launch(self) -> "DDPStrategy":
         """Join the process group, or the job's (every rank meets here; see init_process_group)."""
         if self.backend is None:
-            made = not dist.is_initialized()
+            self._joined = not dist.is_initialized()
             self.backend = init_process_group(self.env, self._device, self.timeout)
-            self._joined = made
         if self.compression.mode == "powersgd" and self.gradients is None:
             # PowerSGD issues collectives from callbacks while backward issues others
             # (SyncBatchNorm's, the split head's): on a group of their own, the ranks' orders agree
-            self.gradients = dist.new_group(backend=self.backend,
-                                            timeout=timedelta(seconds=self.group_timeout))
+            self.gradients = self.new_group()
         return self
 
     gradients = None  # --grad-compression powersgd's process group, joined by launch()
 
-    @property
-    def group_timeout(self) -> float:
-        """Seconds a collective of this strategy's own groups waits."""
-        return self.env.timeout if self.timeout is None else float(self.timeout)
+    def new_group(self):
+        """A new process group of this strategy's own (every rank meets), its collectives
+        waiting ``timeout`` seconds (default ``env.timeout``)."""
+        seconds = self.env.timeout if self.timeout is None else float(self.timeout)
+        return dist.new_group(backend=self.backend, timeout=timedelta(seconds=seconds))
 
     def compressor_for(self, scale: float = 1.0) -> Compressor | None:
         """The hook state of ``compression`` (``None``: exact), ``scale`` times DDP's mean."""

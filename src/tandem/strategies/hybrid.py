@@ -16,10 +16,10 @@ from .base import register
 from .dp import ReplicatedStrategy, prepare_replicated
 
 
-@register
-class HybridStrategy(ReplicatedStrategy):
-    name = "hybrid"
-    compile_unsupported = "its features and classifier shards would each need compiling"
+class SplitsHead:
+    """What ``hybrid`` and ``hybrid-ddp`` share: a Linear head to split, found and checked
+    alike, and the optimizer state the wrapper keeps in the plain model's layout."""
+
     model_options = ("hybrid_head",)  # the attribute holding the Linear head to split
 
     @classmethod
@@ -29,11 +29,17 @@ class HybridStrategy(ReplicatedStrategy):
     def optimizer_state_dict(self, wrapped: nn.Module, optimizer) -> dict:
         return wrapped.plain_optimizer_state(optimizer)
 
-    def plain_norms(self, wrapped: nn.Module):
-        return wrapped.plain_norms()  # a split layer's shards summed
-
     def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer, state: dict) -> None:
         wrapped.load_plain_optimizer_state(optimizer, state)
+
+
+@register
+class HybridStrategy(SplitsHead, ReplicatedStrategy):
+    name = "hybrid"
+    compile_unsupported = "its features and classifier shards would each need compiling"
+
+    def plain_norms(self, wrapped: nn.Module):
+        return wrapped.plain_norms()  # a split layer's shards summed
 
     def setup(self, model: nn.Module) -> nn.Module:
         return HybridParallel(prepare_replicated(self, model), head=self.options["hybrid_head"],

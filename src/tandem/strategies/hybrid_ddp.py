@@ -9,7 +9,6 @@ every rank must call :meth:`state_dict` and :meth:`optimizer_state_dict`.
 from __future__ import annotations
 
 import weakref
-from datetime import timedelta
 from typing import Callable
 
 import torch
@@ -19,15 +18,15 @@ from torch import nn
 from tandem import model_state
 from tandem.errors import first_line
 from tandem.hybrid.across_processes import DistributedHybrid
-from tandem.hybrid.layout import head_problem
 from tandem.parallel.shares import shares
 
 from .base import StepOutput, register
 from .ddp import DDPStrategy
+from .hybrid import SplitsHead
 
 
 @register
-class HybridDDPStrategy(DDPStrategy):
+class HybridDDPStrategy(SplitsHead, DDPStrategy):
     """One torchrun worker per device; the model's head split over the workers."""
 
     name = "hybrid-ddp"
@@ -35,20 +34,13 @@ class HybridDDPStrategy(DDPStrategy):
     compile_unsupported = "its trunk and head blocks would each need compiling"
     across_processes_of = "hybrid"  # `--strategy hybrid` under tandem launch runs this
     state_needs_every_rank = True  # each rank holds a block of the head
-    model_options = ("hybrid_head",)  # the attribute holding the Linear head to split
-
-    @classmethod
-    def check_model(cls, model: nn.Module, hybrid_head: str | None = None, **_) -> str | None:
-        return head_problem(model, hybrid_head)
-
     activations = None  # the activations' process group, joined by launch()
 
     def launch(self) -> "HybridDDPStrategy":
         """Join the job's group (ddp's), then the activations' group (every rank meets)."""
         super().launch()
         if self.activations is None:
-            self.activations = dist.new_group(backend=self.backend,
-                                              timeout=timedelta(seconds=self.group_timeout))
+            self.activations = self.new_group()
         return self
 
     def close(self) -> None:
@@ -65,7 +57,8 @@ class HybridDDPStrategy(DDPStrategy):
         """:meth:`prepare` ``model`` as ddp does, then split its head (the trunk's gradients
         compressed where ``compression`` says)."""
         wrapped = DistributedHybrid(self.prepare(model), self._device, group=self.activations,
-                                    head=self.options["hybrid_head"], ddp_options=self.ddp_options(),
+                                    head=self.options["hybrid_head"],
+                                    ddp_options=self.ddp_options(),
                                     compressor=self.compressor_for(scale=self.world_size))
         self._wrappers.append(weakref.ref(wrapped.dp))
         return wrapped
@@ -96,13 +89,7 @@ class HybridDDPStrategy(DDPStrategy):
         except Exception as exc:  # dtype trouble and the like, after the key check
             raise ValueError(first_line(exc)) from None
 
-    def optimizer_state_dict(self, wrapped: nn.Module, optimizer) -> dict:
-        return wrapped.plain_optimizer_state(optimizer)
-
     def plain_norms(self, wrapped: nn.Module):
         """A split layer's blocks summed over the ranks (one all-reduce per call, on
         every rank); the replicated trunk counted once."""
         return wrapped.plain_norms(self.all_reduce_sum)
-
-    def load_optimizer_state_dict(self, wrapped: nn.Module, optimizer, state: dict) -> None:
-        wrapped.load_plain_optimizer_state(optimizer, state)

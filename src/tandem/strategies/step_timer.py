@@ -84,11 +84,10 @@ def timed_devices(strategy: Strategy) -> list[torch.device]:
 def place(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
           device: torch.device, channels_last: bool):
     """Move the batch to ``device``; with ``channels_last`` convert the model and the images."""
+    images = images.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-        images = images.to(device).contiguous(memory_format=torch.channels_last)
-    else:
-        images = images.to(device)
+        images = images.contiguous(memory_format=torch.channels_last)
     return model, images, targets.to(device)
 
 
@@ -141,7 +140,7 @@ class StrategyStep:
 
     @classmethod
     def start(cls, ready: Placed, *, amp: Precision, lr: float) -> "StrategyStep":
-            return cls(*ready.launch(), amp=amp, lr=lr)
+        return cls(*ready.launch(), amp=amp, lr=lr)
 
     def forward_loss(self) -> torch.Tensor:
         x, y = rank_share(self.strategy, self.images, self.targets)
