@@ -1,6 +1,5 @@
 """The process environment, read once (:class:`Environment`), and what ``torchrun`` gives each
-worker; the readers here take that copy, and the rest get plain values (:class:`Place`,
-:class:`DistEnv`).
+worker: the readers here take that copy, the rest plain values (:class:`Place`, :class:`DistEnv`).
 """
 
 from __future__ import annotations
@@ -61,13 +60,10 @@ class Environment(Mapping[str, str]):
 
 @dataclass(frozen=True)
 class DistEnv:
-    """One worker's place in the job, as torchrun (and ``tandem launch``) describe it.
-
-    ``local_rank`` indexes the workers on this machine; ``node``/``addr``: this node's index and
-    address towards the master; ``timeout``: seconds a collective waits; ``join_timeout``:
-    seconds the ranks wait for each other; ``launch``: how ``tandem launch`` started this node.
-    Inconsistent values are a one-line ``UsageError``.
-    """
+    """One worker's place in the job, as torchrun (and ``tandem launch``) describe it (a one-line
+    ``UsageError`` if inconsistent). ``node``/``addr``: this node's index and address towards the
+    master; ``timeout``: seconds a collective waits; ``join_timeout``: seconds the ranks wait for
+    each other; ``launch``: how ``tandem launch`` started this node."""
 
     rank: int
     world_size: int
@@ -137,8 +133,7 @@ class Place:
 
 
 def elastic_launch(launch: dict | None) -> bool:
-    """``launch`` (``TANDEM_LAUNCH``'s description) is ``--nnodes MIN:MAX`` with MIN < MAX, as
-    the launcher worked it out (``LaunchSpec.elastic``)."""
+    """``launch`` (``TANDEM_LAUNCH``'s description) is elastic, as ``LaunchSpec.elastic`` said."""
     return bool((launch or {}).get("elastic"))
 
 
