@@ -70,8 +70,7 @@ class Agreement:
         ``what`` must hold."""
         if not self.several:
             return
-        node, addr = self.peers[self.rank]
-        everyone = self.each((node, addr, mine))
+        everyone = self.each((*self.peers[self.rank], mine))
         self.peers = {r: (n, a) for r, (n, a, _) in enumerate(everyone)}
         reference = everyone[0][2]
         named = named or (lambda key: param(key.rsplit(".", 1)[-1]))

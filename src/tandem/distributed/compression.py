@@ -327,13 +327,11 @@ class Compressor:
     def _install(self, layout: tuple, key: int) -> None:
         """Give bucket layout ``layout`` (``key``) the per-parameter state it holds."""
         s, loose = self.powersgd, self._loose
-        if any(entry[0] in loose["error"] for entry in layout):
-            total = sum(entry[2] for entry in layout)
-            like = next(loose["error"][e[0]] for e in layout if e[0] in loose["error"])
-            error = torch.zeros(total, dtype=like.dtype, device=like.device)
-            for index, offset, numel, _ in layout:
-                if index in loose["error"]:
-                    error[offset:offset + numel] = loose["error"].pop(index)
+        held = [entry for entry in layout if entry[0] in loose["error"]]
+        if held:
+            error = loose["error"][held[0][0]].new_zeros(sum(entry[2] for entry in layout))
+            for index, offset, numel, _ in held:
+                error[offset:offset + numel] = loose["error"].pop(index)
             s.error_dict[key] = error
         *slices, (_, _, p_size) = self._q_slices(layout)
         if slices and all(index in loose["q"] for index, _, _ in slices):

@@ -17,10 +17,8 @@ def reduction_of(criterion: Callable) -> str:
     """The criterion's ``reduction`` attribute; a plain function is taken to reduce by mean."""
     reduction = getattr(criterion, "reduction", "mean")
     if reduction not in ("mean", "sum", "batchmean"):
-        raise UsageError(
-            f"criterion {type(criterion).__name__} has reduction={reduction!r}; ddp needs a "
-            "scalar loss (reduction 'mean', 'sum' or 'batchmean')"
-        )
+        raise UsageError(f"criterion {type(criterion).__name__} has reduction={reduction!r}; "
+                         "ddp needs a scalar loss (reduction 'mean', 'sum' or 'batchmean')")
     return reduction
 
 

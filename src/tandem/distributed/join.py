@@ -48,9 +48,8 @@ def every(seconds: float, say, enabled: bool = True):
             if line:
                 print(line, file=sys.stderr, flush=True)
 
-    thread = threading.Thread(target=tick, name="tandem-waiting", daemon=True)
     if enabled:
-        thread.start()
+        threading.Thread(target=tick, name="tandem-waiting", daemon=True).start()
     try:
         yield
     finally:

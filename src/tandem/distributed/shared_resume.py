@@ -70,11 +70,11 @@ def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
     if any(needs):
         _send(path, local, needs, env.rank)
         agreement.any_of(False)  # each machine's first rank has written it: the others read
-    if needs[env.rank] and _sha256(local) != sha:
-        os.unlink(local)
-        raise ResumeRefused("the checkpoint sent by rank 0 arrived damaged (its SHA-256 "
-                            "differs)")
     if needs[env.rank]:
+        if _sha256(local) != sha:
+            os.unlink(local)
+            raise ResumeRefused("the checkpoint sent by rank 0 arrived damaged (its SHA-256 "
+                                "differs)")
         what = "differs from rank 0's" if own else "is not on this machine"
         print(f"{agreement.peer_name(env.rank)}: {path} {what}; using rank 0's (sent over "
               f"the network, {os.path.getsize(local) / 2**20:.1f} MiB)", file=sys.stderr,

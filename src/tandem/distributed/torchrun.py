@@ -265,10 +265,9 @@ def launch(spec: LaunchSpec) -> int:
     route = _network(spec)  # several nodes: the interface towards the master, or a refusal
     if not spec.rdzv_endpoint and spec.master_port and spec.node_rank == 0:
         check_port_free(spec.master_addr or "127.0.0.1", spec.master_port)
-    if spec.dist_timeout is not None:
-        os.environ[TIMEOUT_VAR] = str(spec.dist_timeout)
-    if spec.join_timeout is not None:
-        os.environ[JOIN_TIMEOUT_VAR] = str(spec.join_timeout)
+    for var, value in ((TIMEOUT_VAR, spec.dist_timeout), (JOIN_TIMEOUT_VAR, spec.join_timeout)):
+        if value is not None:
+            os.environ[var] = str(value)
     if spec.nproc_per_node > 1:
         # one intra-op thread per worker, as torchrun would (with a banner); the user's wins
         os.environ.setdefault("OMP_NUM_THREADS", "1")
