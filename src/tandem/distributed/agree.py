@@ -140,12 +140,10 @@ class Agreement:
         step): one all-reduce read a step later, so a step never waits on it."""
         if not self.several:
             return Verdict(stop, save, saved_step)
-        cast = torch.tensor([float(stop), float(save),
-                             -1.0 if saved_step is None else float(saved_step)],
-                            dtype=torch.float64)
+        saved = -1.0 if saved_step is None else float(saved_step)
+        cast = torch.tensor([float(stop), float(save), saved], dtype=torch.float64)
         with faults.watched(self, "the step's vote"):
-            work = dist.all_reduce(cast, op=dist.ReduceOp.MAX, group=self.group,
-                                   async_op=True)
+            work = dist.all_reduce(cast, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
             previous, self._pending = self._pending, (work, cast)
             return _read(previous)
 

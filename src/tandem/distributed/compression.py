@@ -135,10 +135,9 @@ class Compressor:
         self.powersgd = None
         if compression.mode == "powersgd":
             self.powersgd = PowerSGDState(
-                group, matrix_approximation_rank=compression.rank,
-                start_powerSGD_iter=POWERSGD_START, min_compression_rate=_MIN_RATE,
-                use_error_feedback=True, warm_start=True, random_seed=0,
-                compression_stats_logging_frequency=2 ** 62)
+                group, matrix_approximation_rank=compression.rank, min_compression_rate=_MIN_RATE,
+                start_powerSGD_iter=POWERSGD_START, use_error_feedback=True, warm_start=True,
+                random_seed=0, compression_stats_logging_frequency=2 ** 62)
         self._index: dict[int, int] = {}  # id(parameter) -> its place in the module
         self._layouts: dict[tuple, int] = {}  # a bucket layout -> its key in PowerSGD's dicts
         self._next_key = 0
@@ -389,8 +388,7 @@ class Compressor:
                 "rng": mine["rng"]}
 
     def load(self, saved: dict | None, rank: int, device: torch.device) -> str | None:
-        """Continue from :meth:`state`'s ``saved``; a line where PowerSGD's error feedback
-        must start afresh (``None``: it continues exactly)."""
+        """Continue from :meth:`state`'s ``saved``; a line if PowerSGD starts afresh, else None."""
         if self.powersgd is None:
             return None
         if not isinstance(saved, dict) or saved.get("mode") != str(self.compression):

@@ -106,8 +106,7 @@ class DistEnv:
 
 @dataclass(frozen=True)
 class Place:
-    """This process in its job and its switches, as plain values (:func:`place_of`); the
-    defaults are a process outside any launch."""
+    """This process in its job and its switches, as plain values; the defaults: outside any job."""
 
     environ: Environment = field(default_factory=Environment, repr=False)
     torchrun: bool = False  # a torchrun worker (RANK and WORLD_SIZE set)
@@ -185,9 +184,8 @@ def read_env(environ: Mapping[str, str], *, who: str = "a multi-process strategy
         master_addr=environ["MASTER_ADDR"], master_port=_int(environ, "MASTER_PORT"),
         node=environ.get(NODE_VAR) or environ.get("GROUP_RANK") or "0",
         addr=environ.get(ADDR_VAR) or socket.gethostname(),
-        restart=restart, restarts_left=max(0, most - restart),
+        restart=restart, restarts_left=max(0, most - restart), timeout=dist_timeout(environ),
         shared_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-        timeout=dist_timeout(environ),
         join_timeout=_seconds(environ, JOIN_TIMEOUT_VAR, DEFAULT_JOIN_TIMEOUT),
         launch=launch if isinstance(launch, dict) and "nproc_per_node" in launch else None)
 

@@ -54,8 +54,7 @@ class PeerLost(TandemError, RuntimeError):
 
 
 def why(exc: BaseException) -> str:
-    """The transport's reason in a few words: ``connection reset by peer``, ``no answer for
-    20 s``, ``connection refused by 127.0.0.1:20888``."""
+    """The transport's reason in a few words: ``connection reset by peer``, ``timed out``."""
     text = str(exc)
     low = text.lower()
     waited = re.search(r"waiting (\d+)ms", text)
@@ -103,8 +102,7 @@ def lost_peer(exc: BaseException, agreement, where: str) -> PeerLost | None:
 
 
 def _suspects(exc: BaseException, agreement) -> list[int]:
-    """The ranks the failure names by their address, else those that no longer answer in the
-    job's store (all others when neither tells)."""
+    """The ranks the failure names by address, else those silent in the store, else all others."""
     found = {m.group(1) for m in _ADDRESS.finditer(str(exc))}
     named = sorted({r for addr in found for r in agreement.ranks_at(addr)})
     if named:

@@ -43,8 +43,7 @@ def global_mean(criterion: Callable, summed: torch.Tensor, denominator: torch.Te
     ``count``, by one all-reduce that stays on the device. Its value is the global mean (or
     sum); its gradient that of ``S * world / D``, which DDP's average makes the global mean's."""
     stats = torch.stack([summed.detach().double(), denominator.double(),
-                         torch.full((), float(count), dtype=torch.float64,
-                                    device=summed.device)])
+                         summed.new_full((), float(count), dtype=torch.float64)])
     total_sum, total_den, total_count = all_reduce_sum(stats, device).unbind()
     if reduction_of(criterion) == "sum":  # the global loss is the plain sum of S_r
         total_den = torch.ones_like(total_den)

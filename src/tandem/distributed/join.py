@@ -57,8 +57,7 @@ def every(seconds: float, say, enabled: bool = True):
 
 
 def job_store(env: DistEnv, bound: float):
-    """The job's store (torchrun's ``env://`` one), made once per process; waits up to
-    ``bound`` seconds for it."""
+    """The job's store (torchrun's ``env://`` one), made once per process, within ``bound`` s."""
     global _store
     key = (env.master_addr, env.master_port, env.rank, env.world_size)
     if _store is None or _store[0] != key:  # a new job in this process (tests, ddp_runs)
@@ -92,8 +91,7 @@ def key_prefix(env: DistEnv) -> str:
 
 
 def short_store(env: DistEnv, seconds: float = 3.0):
-    """A client of the job's store whose requests wait ``seconds`` at most (for a failing
-    rank's words, when the store itself may be gone)."""
+    """A client of the job's store that waits ``seconds`` at most (the store itself may be gone)."""
     # a plain connection first: a store client that cannot connect logs torch's C++ error
     # with its stack on stderr, a page of noise under the one line (OSError when so)
     socket.create_connection((env.master_addr, env.master_port), timeout=seconds).close()
@@ -194,8 +192,7 @@ def abandoned_if_another_fails(env: DistEnv):
             os._exit(JoinFailed.exit_status)
 
     def watch():
-        gone = (f"the job's store at {where} is gone (its node ended) while the ranks "
-                "connected")
+        gone = f"the job's store at {where} is gone (its node ended) while the ranks connected"
         try:
             store = short_store(env, 10.0)
         except Exception:  # it answered this rank's arrival a moment ago

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 
 def of(agreement) -> dict:
-    """This job's machines (their addresses towards the master) and processes, as a checkpoint
-    keeps them (``agreement.peers`` after the ranks met)."""
+    """This job's machines (addresses towards the master) and processes, as a checkpoint keeps."""
     nodes = sorted({addr for _, addr in agreement.peers.values() if addr})
     return {"nodes": nodes, "processes": agreement.world_size}
 

@@ -84,8 +84,7 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
 
 
 def _join(env: DistEnv, backend: str, timeout: float | None) -> dict | None:
-    """Join the default group, returning where each rank runs (``{rank: (node, address)}``),
-    or reuse the one that exists (``None``)."""
+    """Join the default group (``{rank: (node, address)}``), or reuse the one there (``None``)."""
     global _joined, _made_here
     if dist.is_initialized():
         _joined = True  # a group of the caller's: its gloo threads outlive it all the same

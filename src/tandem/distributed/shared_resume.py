@@ -85,8 +85,7 @@ def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
 
 
 def done_with(continued: Continued, agreement: Agreement) -> None:
-    """After every rank read it, the machine's first rank removes a copy sent to it (call on
-    every rank)."""
+    """After every rank read it, the machine's first rank removes a copy sent (every rank calls)."""
     if not continued.sent:  # the same on every rank, as the collective below must be
         return
     agreement.any_of(False)  # every rank has read it

@@ -353,9 +353,8 @@ def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
     # rank 0 itself told this node what it saved, or another rank did
     heard = "" if state.get("speaker") == 0 else " that this node heard of"
     kept = (f"the last checkpoint{heard} is {where} from step {step} on node 0"
-            if step is not None else
-            f"the run has no checkpoint{heard} yet: start it again (the same command, with "
-            "--overwrite)")
+            if step is not None else f"the run has no checkpoint{heard} yet: start it again "
+            "(the same command, with --overwrite)")
     line += f"; {kept}"
     if step is not None and state.get("resume"):
         line += f"; continue with: {state['resume']}"
@@ -368,8 +367,7 @@ def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
 def _dumped() -> bool:
     """Whether NCCL's flight recorder left its dumps where the workers were told."""
     dumps = os.path.dirname(os.environ.get("TORCH_FR_DUMP_TEMP_FILE", ""))
-    return os.path.isdir(dumps) and any(n.startswith("nccl_trace_rank_")
-                                        for n in os.listdir(dumps))
+    return os.path.isdir(dumps) and any(n.startswith("nccl_trace_rank_") for n in os.listdir(dumps))
 
 
 def _network(spec: LaunchSpec) -> network.Route | None:
