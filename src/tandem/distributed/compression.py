@@ -243,9 +243,7 @@ class Compressor:
     def _as_saved(self, bucket, layout: tuple) -> torch.futures.Future:
         """PowerSGD on copies laid out as the saved run's buckets, each once its gradients
         are all here, in the saved order; ``bucket``'s future once its own are done."""
-        if not self._laid:
-            self._laid = {"ready": {}, "done": set(), "waiting": [], "next": 0}
-        laid = self._laid
+        laid = self._laid = self._laid or {"ready": {}, "done": set(), "waiting": [], "next": 0}
         buffer = bucket.buffer()
         for index, at, n, _ in layout:
             laid["ready"][index] = buffer[at:at + n]
