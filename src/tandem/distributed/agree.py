@@ -65,9 +65,8 @@ class Agreement:
                  what: str = "every node must run the same command (only --node-rank differs)"
                  ) -> None:
         """Check every rank's settings (``{"optim.lr": 0.01, ...}``) against rank 0's and learn
-        where every rank runs (:attr:`peers`). A difference is a :class:`SettingsDiffer` on
-        every rank, naming the setting (``named(key)``, default its parameter), the ranks and
-        ``what`` must hold."""
+        where every rank runs (:attr:`peers`); a difference is a :class:`SettingsDiffer` on every
+        rank, naming the setting (``named(key)``), the ranks and what must hold (``what``)."""
         if not self.several:
             return
         everyone = self.each((*self.peers[self.rank], mine))

@@ -34,8 +34,7 @@ _TIMEOUT = re.compile(r"[Tt]imed out|[Tt]imeout", re.S)
 _GONE = ("connection reset by peer", "connection closed by peer", "application timeout caused "
          "pair closure", "timed out waiting", "ncclremoteerror", "nccl communicator was aborted",
          "connectfullmesh failed")
-# words that other errors say too (a file on a network disk): a peer's only with a transport's
-# source named as well
+# words other errors say too (a file on a network disk): a peer's only with a transport named
 _GENERIC = ("broken pipe", "connection refused", "no route to host", "network is unreachable",
             "read error", "write error", "socket timeout")
 _SOURCES = ("gloo/", "processgroupgloo", "processgroupnccl", "nccl")

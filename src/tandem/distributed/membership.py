@@ -2,9 +2,8 @@
 
 Under ``tandem launch --nnodes MIN:MAX`` a node that joins or leaves makes torchrun restart
 every worker; the run continues from rank 0's last checkpoint, its global batch, schedule and
-data order untouched (the shares are cut again over the new processes). What differs is said
-in one line on rank 0, with what the change cost: the steps completed after that checkpoint,
-which the job makes again.
+data order untouched (the shares are cut again over the new processes). Rank 0 says what
+differs in one line, with its cost: the steps completed after that checkpoint, made again.
 """
 
 from __future__ import annotations

@@ -390,8 +390,7 @@ def _network(spec: LaunchSpec) -> network.Route | None:
     named = {var: os.environ[var] for var in network.IFACE_VARS if var in os.environ}
     node = f"node {spec.node_rank}" if not spec.rdzv_endpoint else f"node {route.local}"
     if spec.iface is not None or not named:
-        for var in network.IFACE_VARS:
-            os.environ[var] = route.iface
+        os.environ.update(dict.fromkeys(network.IFACE_VARS, route.iface))
         how = "--iface" if spec.iface else f"the interface that reaches {host}:{port}"
         through = f"{route.iface} ({route.local}), {how}; --iface NAME to choose another"
     else:
