@@ -10,7 +10,7 @@ from __future__ import annotations
 
 
 def of(agreement) -> dict:
-    """This job's machines (addresses towards the master) and processes, as a checkpoint keeps."""
+    """This job's machines (addresses towards the master) and processes, as kept in a checkpoint."""
     nodes = sorted({addr for _, addr in agreement.peers.values() if addr})
     return {"nodes": nodes, "processes": agreement.world_size}
 

@@ -73,10 +73,10 @@ def group_backend(device_type: str) -> str:
 
 
 def init_process_group(env: DistEnv, device: torch.device, timeout: float | None = None) -> str:
-    """Join the job's process group (``env://`` at MASTER_ADDR:MASTER_PORT), or reuse the one
-    that exists after checking its size and rank (:func:`destroy_process_group` leaves only a
-    group made here), once the current CUDA device is set (NCCL's collectives and the saved
-    random state go by it). Returns ``device``'s backend; ``timeout``: ``env.timeout``'s."""
+    """Set the current CUDA device (NCCL's collectives and the saved random state go by it) and
+    join the job's process group (``env://``), or reuse the one that exists after checking its
+    size and rank (:func:`destroy_process_group` leaves only a group made here). Returns
+    ``device``'s backend; ``timeout`` defaults to ``env.timeout``."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _join(env, group_backend(device.type), timeout)
