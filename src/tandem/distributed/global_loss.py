@@ -26,14 +26,13 @@ def local_sum(criterion: Callable, outputs: torch.Tensor, targets: torch.Tensor)
     """``(S, D)``: this rank's summed loss (with autograd) and what the mean divides it by
     (a 0-dim tensor). An empty share gives ``S = 0 * outputs.sum()`` (still in the graph, so
     DDP's gradient all-reduce runs on every rank) and ``D = 0``."""
-    device = outputs.device
     if outputs.shape[0] == 0:
         zero = outputs.sum() * 0.0
-        return zero, torch.zeros((), device=device, dtype=zero.dtype)
+        return zero, zero.new_zeros(())
     reduction_of(criterion)  # refuses reduction="none" with a ddp-specific message
     summed, normaliser = loss_terms(criterion, outputs, (targets,))
     if not isinstance(normaliser, torch.Tensor):
-        normaliser = torch.tensor(normaliser, device=device)
+        normaliser = torch.tensor(normaliser, device=outputs.device)
     return summed, normaliser
 
 

@@ -97,9 +97,8 @@ def done_with(continued: Continued, agreement: Agreement) -> None:
 def _tempname(sha: str | None, env: DistEnv) -> str:
     """The file a machine's first rank writes rank 0's bytes to, named by the job's port and
     that rank (nodes sharing a temporary directory never write the same file)."""
-    first = env.rank - env.local_rank
     return os.path.join(tempfile.gettempdir(), f"tandem-resume-{(sha or '')[:16]}-"
-                        f"{env.master_port}-{first}.pt")
+                        f"{env.master_port}-{env.rank - env.local_rank}.pt")
 
 
 def _send(path: str, local: str, needs: list[bool], rank: int) -> None:
