@@ -65,13 +65,11 @@ class Agreement:
                  what: str = "every node must run the same command (only --node-rank differs)"
                  ) -> None:
         """Check every rank's settings (``{"optim.lr": 0.01, ...}``) against rank 0's and learn
-        where every rank runs (:attr:`peers`). A difference is a :class:`SettingsDiffer` on
-        every rank, naming the setting (``named(key)``, default its parameter), the ranks and
-        ``what`` must hold."""
+        where every rank runs (:attr:`peers`); a difference is a :class:`SettingsDiffer` on every
+        rank, naming the setting (``named(key)``), the ranks and what must hold (``what``)."""
         if not self.several:
             return
-        node, addr = self.peers[self.rank]
-        everyone = self.each((node, addr, mine))
+        everyone = self.each((*self.peers[self.rank], mine))
         self.peers = {r: (n, a) for r, (n, a, _) in enumerate(everyone)}
         reference = everyone[0][2]
         named = named or (lambda key: param(key.rsplit(".", 1)[-1]))
@@ -141,12 +139,10 @@ class Agreement:
         step): one all-reduce read a step later, so a step never waits on it."""
         if not self.several:
             return Verdict(stop, save, saved_step)
-        cast = torch.tensor([float(stop), float(save),
-                             -1.0 if saved_step is None else float(saved_step)],
-                            dtype=torch.float64)
+        saved = -1.0 if saved_step is None else float(saved_step)
+        cast = torch.tensor([float(stop), float(save), saved], dtype=torch.float64)
         with faults.watched(self, "the step's vote"):
-            work = dist.all_reduce(cast, op=dist.ReduceOp.MAX, group=self.group,
-                                   async_op=True)
+            work = dist.all_reduce(cast, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
             previous, self._pending = self._pending, (work, cast)
             return _read(previous)
 

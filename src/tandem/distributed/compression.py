@@ -1,17 +1,17 @@
 """``--grad-compression``: the data-parallel gradients sent in bf16 or fp16, or as PowerSGD's
 low-rank factors (Vogels et al., 2019), through torch's DDP communication hooks.
 
-Knowingly lossy: the update is no longer single's. :class:`Compressor` is the hook's state. It
-measures, on a step it is asked to, how far the compressed average lies from the exact one (an
-extra exact all-reduce of that step's gradients), and it carries PowerSGD's state (each rank's
+Knowingly lossy: the update is no longer single's. :class:`Compressor`, the hook's state,
+measures on a step it is asked to how far the compressed average lies from the exact one (an
+extra exact all-reduce of that step's gradients), and carries PowerSGD's state (each rank's
 error feedback, the warm-started factors, the generator that seeds them) into checkpoints.
 
-PowerSGD keys its state by DDP's bucket; DDP lays its buckets out once more after the first
-step, and a resumed run starts from the first layout again. So the state is kept per layout
-(a bucket's parameters, offsets and shapes) and handed over per parameter when a new layout
-takes a parameter an older one held. A matrix product's rounding depends on where its data
-sits in memory, so until DDP has laid a resumed run's buckets out again, PowerSGD runs on
-copies laid out as the saved run's buckets were: the resume is bitwise the straight run.
+PowerSGD keys its state by DDP's bucket; DDP lays its buckets out again after the first step,
+and a resumed run starts from the first layout again. So the state is kept per layout and
+handed over per parameter when a new layout takes a parameter an older one held. A matrix
+product's rounding depends on where its data sits in memory, so until DDP lays a resumed run's
+buckets out again, PowerSGD runs on copies laid out as the saved run's were: the resume is
+bitwise the straight run.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ MODES = ("none", "bf16", "fp16", "powersgd")
 POWERSGD_START = 2
 POWERSGD_RANK = 1  # torch's default
 _MIN_RATE = 2  # torch's min_compression_rate: a matrix is factored when that saves 2x at least
+_HOOKS = {"none": default_hooks.allreduce_hook, "bf16": default_hooks.bf16_compress_hook,
+          "fp16": default_hooks.fp16_compress_hook}
 
 
 @dataclass(frozen=True)
@@ -76,16 +78,14 @@ class Compression:
         matrix's factors ``(n + m) r`` where that saves 2x (torch's rule), the rest whole."""
         total = 0.0
         for p in tensors:
-            e = p.element_size()
             if self.mode in ("bf16", "fp16"):
                 total += 2 * p.numel()
             elif self.mode == "powersgd" and p.dim() > 0 and p.numel() > 0:
-                n = p.shape[0]
-                m = p.numel() // n
+                n, m = p.shape[0], p.numel() // p.shape[0]
                 small, _, factors = _should_compress(n, m, min(n, m, self.rank), _MIN_RATE)
-                total += e * (factors if small else p.numel())
+                total += p.element_size() * (factors if small else p.numel())
             else:
-                total += e * p.numel()
+                total += p.element_size() * p.numel()
         return total
 
 
@@ -125,24 +125,19 @@ class _Laid:
 
 
 class Compressor:
-    """The communication hook's state for one DDP model: ``compression`` over ``group``
-    (``None``: the world); the result times ``scale`` (1: DDP's mean; the group's size: a sum).
-
-    :meth:`register` installs it; :meth:`measure_next` has the next synchronised step also
-    all-reduce its gradients exactly, and :attr:`error`, read after that step, is then
-    ``|compressed - exact| / |exact|`` over all the gradients (the same on every rank).
-    """
+    """The communication hook's state for one DDP model (:meth:`register`): ``compression`` over
+    ``group`` (``None``: the world), the result times ``scale`` (1: DDP's mean; the group's size:
+    a sum). After a step that :meth:`measure_next` also all-reduced exactly, :attr:`error` is
+    ``|compressed - exact| / |exact|`` over all the gradients (the same on every rank)."""
 
     def __init__(self, compression: Compression, group=None, scale: float = 1.0):
         self.compression, self.group, self.scale = compression, group, scale
         self.powersgd = None
         if compression.mode == "powersgd":
-            self.powersgd = PowerSGDState(group, matrix_approximation_rank=compression.rank,
-                                          start_powerSGD_iter=POWERSGD_START,
-                                          min_compression_rate=_MIN_RATE,
-                                          use_error_feedback=True, warm_start=True,
-                                          random_seed=0,
-                                          compression_stats_logging_frequency=2 ** 62)
+            self.powersgd = PowerSGDState(
+                group, matrix_approximation_rank=compression.rank, min_compression_rate=_MIN_RATE,
+                start_powerSGD_iter=POWERSGD_START, use_error_feedback=True, warm_start=True,
+                random_seed=0, compression_stats_logging_frequency=2 ** 62)
         self._index: dict[int, int] = {}  # id(parameter) -> its place in the module
         self._layouts: dict[tuple, int] = {}  # a bucket layout -> its key in PowerSGD's dicts
         self._next_key = 0
@@ -164,9 +159,8 @@ class Compressor:
         ddp.register_comm_hook(self, Compressor._hook)
 
     def due(self, position) -> bool:
-        """Whether the step after ``position`` (a run's epoch and steps done) is its epoch's
-        sampled one: the first that compresses (PowerSGD sends its first steps exact) in each
-        epoch, the first after a resume. The same on every rank."""
+        """Whether the step after ``position`` is sampled (the same on every rank): its epoch's
+        first that compresses (PowerSGD sends its first steps exact) or the first after a resume."""
         exact_first = POWERSGD_START if self.powersgd is not None else 0
         if position.step < exact_first or self._sampled_epoch == position.epoch:
             return False
@@ -214,12 +208,8 @@ class Compressor:
                 bucket.gradients()))
         if self.compression.mode == "powersgd":
             done = self._powersgd(bucket)
-        elif self.compression.mode == "bf16":
-            done = default_hooks.bf16_compress_hook(self.group, bucket)
-        elif self.compression.mode == "fp16":
-            done = default_hooks.fp16_compress_hook(self.group, bucket)
         else:
-            done = default_hooks.allreduce_hook(self.group, bucket)
+            done = _HOOKS[self.compression.mode](self.group, bucket)
         sums = self._sums
 
         def finish(fut):
@@ -253,9 +243,7 @@ class Compressor:
     def _as_saved(self, bucket, layout: tuple) -> torch.futures.Future:
         """PowerSGD on copies laid out as the saved run's buckets, each once its gradients
         are all here, in the saved order; ``bucket``'s future once its own are done."""
-        if not self._laid:
-            self._laid = {"ready": {}, "done": set(), "waiting": [], "next": 0}
-        laid = self._laid
+        laid = self._laid = self._laid or {"ready": {}, "done": set(), "waiting": [], "next": 0}
         buffer = bucket.buffer()
         for index, at, n, _ in layout:
             laid["ready"][index] = buffer[at:at + n]
@@ -302,9 +290,8 @@ class Compressor:
         return key
 
     def _q_slices(self, layout: tuple) -> list[tuple[int, int, int]]:
-        """``(parameter, offset, size)`` of each factored matrix's Q in PowerSGD's flat Q
-        memory of a bucket with ``layout`` (matrices grouped by shape, as torch packs them),
-        and the P memory's size as a last ``(-1, 0, size)``."""
+        """``(parameter, offset, size)`` of each factored matrix's Q in the flat Q memory of a
+        bucket with ``layout`` (grouped by shape, as torch packs them), then ``(-1, 0, P size)``."""
         groups: dict[tuple, list] = defaultdict(list)
         p_size = 0
         for index, _, numel, shape in layout:
@@ -337,13 +324,11 @@ class Compressor:
     def _install(self, layout: tuple, key: int) -> None:
         """Give bucket layout ``layout`` (``key``) the per-parameter state it holds."""
         s, loose = self.powersgd, self._loose
-        if any(entry[0] in loose["error"] for entry in layout):
-            total = sum(entry[2] for entry in layout)
-            like = next(loose["error"][e[0]] for e in layout if e[0] in loose["error"])
-            error = torch.zeros(total, dtype=like.dtype, device=like.device)
-            for index, offset, numel, _ in layout:
-                if index in loose["error"]:
-                    error[offset:offset + numel] = loose["error"].pop(index)
+        held = [entry for entry in layout if entry[0] in loose["error"]]
+        if held:
+            error = loose["error"][held[0][0]].new_zeros(sum(entry[2] for entry in layout))
+            for index, offset, numel, _ in held:
+                error[offset:offset + numel] = loose["error"].pop(index)
             s.error_dict[key] = error
         *slices, (_, _, p_size) = self._q_slices(layout)
         if slices and all(index in loose["q"] for index, _, _ in slices):
@@ -390,21 +375,18 @@ class Compressor:
         ``None`` elsewhere); ``alone``: rank 0's own, where a peer is lost."""
         if self.powersgd is None:
             return {"mode": str(self.compression)} if rank == 0 else None
-        mine = self.rank_state()
-        if alone:
-            return {"mode": str(self.compression), "ranks": None, "iter": mine["iter"],
-                    "rng": mine["rng"]}
-        gathered = [None] * self.world if rank == 0 else None
-        dist.gather_object(mine, gathered, dst=dist.get_global_rank(self.group, 0)
-                           if self.group is not None else 0, group=self.group)
-        if rank != 0:
-            return None
+        mine, gathered = self.rank_state(), None
+        if not alone:
+            gathered = [None] * self.world if rank == 0 else None
+            dist.gather_object(mine, gathered, dst=dist.get_global_rank(self.group, 0)
+                               if self.group is not None else 0, group=self.group)
+            if rank != 0:
+                return None
         return {"mode": str(self.compression), "ranks": gathered, "iter": mine["iter"],
                 "rng": mine["rng"]}
 
     def load(self, saved: dict | None, rank: int, device: torch.device) -> str | None:
-        """Continue from :meth:`state`'s ``saved``; a line where PowerSGD's error feedback
-        must start afresh (``None``: it continues exactly)."""
+        """Continue from :meth:`state`'s ``saved``; a line if PowerSGD starts afresh, else None."""
         if self.powersgd is None:
             return None
         if not isinstance(saved, dict) or saved.get("mode") != str(self.compression):

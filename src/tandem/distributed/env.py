@@ -1,6 +1,5 @@
 """The process environment, read once (:class:`Environment`), and what ``torchrun`` gives each
-worker; the readers here take that copy, and the rest get plain values (:class:`Place`,
-:class:`DistEnv`).
+worker: the readers here take that copy, the rest plain values (:class:`Place`, :class:`DistEnv`).
 """
 
 from __future__ import annotations
@@ -61,13 +60,10 @@ class Environment(Mapping[str, str]):
 
 @dataclass(frozen=True)
 class DistEnv:
-    """One worker's place in the job, as torchrun (and ``tandem launch``) describe it.
-
-    ``local_rank`` indexes the workers on this machine; ``node``/``addr``: this node's index and
-    address towards the master; ``timeout``: seconds a collective waits; ``join_timeout``:
-    seconds the ranks wait for each other; ``launch``: how ``tandem launch`` started this node.
-    Inconsistent values are a one-line ``UsageError``.
-    """
+    """One worker's place in the job, as torchrun (and ``tandem launch``) describe it (a one-line
+    ``UsageError`` if inconsistent). ``node``/``addr``: this node's index and address towards the
+    master; ``timeout``: seconds a collective waits; ``join_timeout``: seconds the ranks wait for
+    each other; ``launch``: how ``tandem launch`` started this node."""
 
     rank: int
     world_size: int
@@ -110,8 +106,7 @@ class DistEnv:
 
 @dataclass(frozen=True)
 class Place:
-    """This process in its job and its switches, as plain values (:func:`place_of`); the
-    defaults are a process outside any launch."""
+    """This process in its job and its switches, as plain values; the defaults: outside any job."""
 
     environ: Environment = field(default_factory=Environment, repr=False)
     torchrun: bool = False  # a torchrun worker (RANK and WORLD_SIZE set)
@@ -137,8 +132,7 @@ class Place:
 
 
 def elastic_launch(launch: dict | None) -> bool:
-    """``launch`` (``TANDEM_LAUNCH``'s description) is ``--nnodes MIN:MAX`` with MIN < MAX, as
-    the launcher worked it out (``LaunchSpec.elastic``)."""
+    """``launch`` (``TANDEM_LAUNCH``'s description) is elastic, as ``LaunchSpec.elastic`` said."""
     return bool((launch or {}).get("elastic"))
 
 
@@ -190,9 +184,8 @@ def read_env(environ: Mapping[str, str], *, who: str = "a multi-process strategy
         master_addr=environ["MASTER_ADDR"], master_port=_int(environ, "MASTER_PORT"),
         node=environ.get(NODE_VAR) or environ.get("GROUP_RANK") or "0",
         addr=environ.get(ADDR_VAR) or socket.gethostname(),
-        restart=restart, restarts_left=max(0, most - restart),
+        restart=restart, restarts_left=max(0, most - restart), timeout=dist_timeout(environ),
         shared_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-        timeout=dist_timeout(environ),
         join_timeout=_seconds(environ, JOIN_TIMEOUT_VAR, DEFAULT_JOIN_TIMEOUT),
         launch=launch if isinstance(launch, dict) and "nproc_per_node" in launch else None)
 

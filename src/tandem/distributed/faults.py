@@ -34,8 +34,7 @@ _TIMEOUT = re.compile(r"[Tt]imed out|[Tt]imeout", re.S)
 _GONE = ("connection reset by peer", "connection closed by peer", "application timeout caused "
          "pair closure", "timed out waiting", "ncclremoteerror", "nccl communicator was aborted",
          "connectfullmesh failed")
-# words that other errors say too (a file on a network disk): a peer's only with a transport's
-# source named as well
+# words other errors say too (a file on a network disk): a peer's only with a transport named
 _GENERIC = ("broken pipe", "connection refused", "no route to host", "network is unreachable",
             "read error", "write error", "socket timeout")
 _SOURCES = ("gloo/", "processgroupgloo", "processgroupnccl", "nccl")
@@ -54,8 +53,7 @@ class PeerLost(TandemError, RuntimeError):
 
 
 def why(exc: BaseException) -> str:
-    """The transport's reason in a few words: ``connection reset by peer``, ``no answer for
-    20 s``, ``connection refused by 127.0.0.1:20888``."""
+    """The transport's reason in a few words: ``connection reset by peer``, ``timed out``."""
     text = str(exc)
     low = text.lower()
     waited = re.search(r"waiting (\d+)ms", text)
@@ -103,14 +101,12 @@ def lost_peer(exc: BaseException, agreement, where: str) -> PeerLost | None:
 
 
 def _suspects(exc: BaseException, agreement) -> list[int]:
-    """The ranks the failure names by their address, else those that no longer answer in the
-    job's store (all others when neither tells)."""
+    """The ranks the failure names by address, else those silent in the store, else all others."""
     found = {m.group(1) for m in _ADDRESS.finditer(str(exc))}
     named = sorted({r for addr in found for r in agreement.ranks_at(addr)})
     if named:
         return named
-    others = [r for r in range(agreement.world_size) if r != agreement.rank]
-    return _silent(agreement) or others
+    return _silent(agreement) or [r for r in range(agreement.world_size) if r != agreement.rank]
 
 
 def _silent(agreement) -> list[int]:
@@ -174,8 +170,7 @@ class StepStart:
 def ended(trainer, exc: RuntimeError) -> PeerLost | None:
     """The :class:`PeerLost` that ends ``trainer``'s run (None: ``exc`` is no lost peer), after
     undoing the step under way and saving the last completed one where rank 0 can."""
-    s, pos = trainer.strategy, trainer.position
-    start = trainer.step_start
+    s, pos, start = trainer.strategy, trainer.position, trainer.step_start
     if start is not None and start.step != pos.step:
         start = None  # that step completed: none is under way
     lost = exc
@@ -209,17 +204,16 @@ def _save(trainer, start: StepStart | None) -> str | None:
 
 def _goes_on(trainer, saved: str | None, lost: tuple[int, ...]) -> str:
     """What the run keeps, as this rank knows it, and how it goes on."""
-    s, pos, out = trainer.strategy, trainer.position, trainer.cfg.run.out
-    left = s.agreement.env.restarts_left
+    s, pos, env = trainer.strategy, trainer.position, trainer.strategy.agreement.env
+    left = env.restarts_left
+    # (only the main process saves: elsewhere the command is this node's)
+    goes_on = ("the launcher restarts the job from it" if left else "continue with: "
+               f"{resume_command_here(trainer.cfg.run.out, env, this_node=not s.is_main)}")
     if saved is not None:
-        done = f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}"
-        if left:
-            return f"{done}; the launcher restarts the job from it ({left} restart(s) left)"
-        return f"{done}; continue with: {resume_command_here(out, s.agreement.env)}"
+        more = f" ({left} restart(s) left)" if left else ""
+        return f"saved {saved} at epoch {pos.epoch + 1}, step {pos.step}; {goes_on}{more}"
     if not s.state_needs_every_rank and 0 not in lost and not s.is_main:
-        return (f"rank 0 saves the last completed step ({pos.step}) on node 0" + (
-            "; the launcher restarts the job from it" if left else
-            f"; continue with: {resume_command_here(out, s.agreement.env, this_node=True)}"))
+        return f"rank 0 saves the last completed step ({pos.step}) on node 0; {goes_on}"
     why = ("its model is split across the processes and cannot be saved without the lost "
            "one" if s.state_needs_every_rank else
            "rank 0, which alone writes the run, is lost with it")
@@ -228,8 +222,6 @@ def _goes_on(trainer, saved: str | None, lost: tuple[int, ...]) -> str:
         return (f"{why}, and the run has no checkpoint yet: start it again (the same "
                 f"command, with --overwrite)" + ("; the launcher restarts it from step 1"
                                                  if left else ""))
-    goes_on = ("the launcher restarts the job from it" if left else
-               f"continue with: {resume_command_here(out, s.agreement.env, this_node=not s.is_main)}")
     return f"{why}: the last checkpoint stands ({kept}); {goes_on}"
 
 

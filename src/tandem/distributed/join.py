@@ -1,10 +1,9 @@
 """Meeting the other ranks: the job's store, the arrival of every rank, and a failure told.
 
-:func:`arrive` waits out the skew of the workers' own start with the join bound
-(``--join-timeout``), so that the group can carry the collectives' short timeout
-(``--dist-timeout``): torch's init barrier runs under the group's timeout. Keys live under the
-restart's prefix where the store outlives a restart, so that a dead attempt's keys are never
-read.
+:func:`arrive` waits out the skew of the workers' start with the join bound (``--join-timeout``),
+so that the group can carry the collectives' short timeout (``--dist-timeout``): torch's init
+barrier runs under the group's timeout. Keys live under the restart's prefix where the store
+outlives a restart, so that a dead attempt's keys are never read.
 """
 
 from __future__ import annotations
@@ -49,9 +48,8 @@ def every(seconds: float, say, enabled: bool = True):
             if line:
                 print(line, file=sys.stderr, flush=True)
 
-    thread = threading.Thread(target=tick, name="tandem-waiting", daemon=True)
     if enabled:
-        thread.start()
+        threading.Thread(target=tick, name="tandem-waiting", daemon=True).start()
     try:
         yield
     finally:
@@ -59,8 +57,7 @@ def every(seconds: float, say, enabled: bool = True):
 
 
 def job_store(env: DistEnv, bound: float):
-    """The job's store (torchrun's ``env://`` one), made once per process; waits up to
-    ``bound`` seconds for it."""
+    """The job's store (torchrun's ``env://`` one), made once per process, within ``bound`` s."""
     global _store
     key = (env.master_addr, env.master_port, env.rank, env.world_size)
     if _store is None or _store[0] != key:  # a new job in this process (tests, ddp_runs)
@@ -87,16 +84,14 @@ def joins() -> int:
 
 def key_prefix(env: DistEnv) -> str:
     """Where this restart's keys live in the job's store: under the restart's count where the
-    store is torchrun's agent's, which outlives a restart. A store of the workers' own (rank 0
-    serves it; the elastic form) is new at each round, and there the counts may differ between
-    nodes: an agent that restarts its workers for a node waiting to join counts no restart,
-    while one whose workers failed does, in the same round."""
+    store is torchrun's agent's, which outlives a restart. The workers' own (the elastic form;
+    rank 0 serves it) is new at each round, where the nodes' counts may differ: an agent that
+    restarts its workers for a joining node counts no restart, one whose workers failed does."""
     return f"tandem/{env.restart}" if env.shared_store else "tandem/round"
 
 
 def short_store(env: DistEnv, seconds: float = 3.0):
-    """A client of the job's store whose requests wait ``seconds`` at most (for a failing
-    rank's words, when the store itself may be gone)."""
+    """A client of the job's store that waits ``seconds`` at most (the store itself may be gone)."""
     # a plain connection first: a store client that cannot connect logs torch's C++ error
     # with its stack on stderr, a page of noise under the one line (OSError when so)
     socket.create_connection((env.master_addr, env.master_port), timeout=seconds).close()
@@ -107,12 +102,10 @@ def short_store(env: DistEnv, seconds: float = 3.0):
 def announce_failure(line: str, env: DistEnv | None) -> None:
     """Leave this rank's one-line failure in the job's store, so that the ranks waiting for it
     stop too (:func:`told_failure`); the first line stays. Best effort; ``env`` None: nothing."""
-    try:
+    with contextlib.suppress(Exception):  # no store to tell: the others find out by their bounds
         if env is not None:
             short_store(env).compare_set(f"{key_prefix(env)}/failed", "",
                                          f"{peer_name_of(env)}: {line}")
-    except Exception:  # no store to tell: the others find out by their own bounds
-        pass
 
 
 def told_failure(env: DistEnv, store=None) -> str | None:
@@ -199,8 +192,7 @@ def abandoned_if_another_fails(env: DistEnv):
             os._exit(JoinFailed.exit_status)
 
     def watch():
-        gone = (f"the job's store at {where} is gone (its node ended) while the ranks "
-                "connected")
+        gone = f"the job's store at {where} is gone (its node ended) while the ranks connected"
         try:
             store = short_store(env, 10.0)
         except Exception:  # it answered this rank's arrival a moment ago
@@ -208,9 +200,7 @@ def abandoned_if_another_fails(env: DistEnv):
                 end(gone)
             return
         while not done.wait(0.5):
-            # a plain connection first: a store client whose server is gone logs torch's C++
-            # error with its stack on stderr
-            if _store_gone(env):
+            if _store_gone(env):  # a plain connection first, as in short_store
                 end(gone)
             try:
                 told = _failure_in(env, store)

@@ -33,9 +33,8 @@ class LaunchState:
     def update(self, **facts) -> None:
         with self._lock:
             self.facts.update(facts)
-            directory = os.path.dirname(self.path) or "."
             try:
-                fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state-")
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path) or ".", prefix=".state-")
                 with os.fdopen(fd, "w") as f:
                     json.dump(self.facts, f)
                 os.replace(tmp, self.path)

@@ -2,17 +2,15 @@
 
 Under ``tandem launch --nnodes MIN:MAX`` a node that joins or leaves makes torchrun restart
 every worker; the run continues from rank 0's last checkpoint, its global batch, schedule and
-data order untouched (the shares are cut again over the new processes). What differs is said
-in one line on rank 0, with what the change cost: the steps completed after that checkpoint,
-which the job makes again.
+data order untouched (the shares are cut again over the new processes). Rank 0 says what
+differs in one line, with its cost: the steps completed after that checkpoint, made again.
 """
 
 from __future__ import annotations
 
 
 def of(agreement) -> dict:
-    """This job's machines (their addresses towards the master) and processes, as a checkpoint
-    keeps them (``agreement.peers`` after the ranks met)."""
+    """This job's machines (addresses towards the master) and processes, as kept in a checkpoint."""
     nodes = sorted({addr for _, addr in agreement.peers.values() if addr})
     return {"nodes": nodes, "processes": agreement.world_size}
 

@@ -54,13 +54,6 @@ def interface_address(name: str) -> str | None:
     return socket.inet_ntoa(packed[20:24])
 
 
-def _interface_holding(address: str) -> str | None:
-    for _, name in socket.if_nameindex():
-        if interface_address(name) == address:
-            return name
-    return None
-
-
 def route_to(host: str, iface: str | None = None) -> Route:
     """The interface and local address this machine reaches ``host`` from (``iface`` given:
     that one, checked). A one-line error when no route leads there."""
@@ -79,7 +72,8 @@ def route_to(host: str, iface: str | None = None) -> Route:
             raise UsageError(f"no route from this machine to the master {host} ({remote}): "
                              f"{exc.strerror}") from None
         local = sock.getsockname()[0]
-    name = _interface_holding(local)
+    name = next((interface for _, interface in socket.if_nameindex()
+                 if interface_address(interface) == local), None)
     if name is None:
         raise UsageError(f"cannot tell which interface holds {local}, this machine's address "
                          f"towards {host}; name it with {param('iface')}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-
 from datetime import timedelta
 from typing import Sequence
 
@@ -74,11 +73,10 @@ def group_backend(device_type: str) -> str:
 
 
 def init_process_group(env: DistEnv, device: torch.device, timeout: float | None = None) -> str:
-    """Join the job's process group (``env://`` at MASTER_ADDR:MASTER_PORT), or reuse the one
-    that exists after checking its size and rank (:func:`destroy_process_group` leaves only a
-    group made here). Sets the current CUDA device first (NCCL's collectives and the saved
-    random state go by it). Returns ``device``'s backend; ``timeout`` defaults to ``env.timeout``.
-    """
+    """Set the current CUDA device (NCCL's collectives and the saved random state go by it) and
+    join the job's process group (``env://``), or reuse the one that exists after checking its
+    size and rank (:func:`destroy_process_group` leaves only a group made here). Returns
+    ``device``'s backend; ``timeout`` defaults to ``env.timeout``."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _join(env, group_backend(device.type), timeout)
@@ -86,8 +84,7 @@ def init_process_group(env: DistEnv, device: torch.device, timeout: float | None
 
 
 def _join(env: DistEnv, backend: str, timeout: float | None) -> dict | None:
-    """Join the default group, returning where each rank runs (``{rank: (node, address)}``),
-    or reuse the one that exists (``None``)."""
+    """Join the default group (``{rank: (node, address)}``), or reuse the one there (``None``)."""
     global _joined, _made_here
     if dist.is_initialized():
         _joined = True  # a group of the caller's: its gloo threads outlive it all the same
@@ -105,8 +102,7 @@ def _join(env: DistEnv, backend: str, timeout: float | None) -> dict | None:
         with join.abandoned_if_another_fails(env):
             # the join's own prefix: a dead attempt's keys are not read
             own = dist.PrefixStore(f"{join.key_prefix(env)}/pg{join.joins()}", store)
-            dist.init_process_group(backend, store=own,
-                                    rank=env.rank, world_size=env.world_size,
+            dist.init_process_group(backend, store=own, rank=env.rank, world_size=env.world_size,
                                     timeout=timedelta(seconds=seconds))
     except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
         raise join.JoinFailed(
@@ -142,8 +138,7 @@ class Job:
             return self.agreement
         peers = _join(env, group_backend("cuda" if torch.cuda.is_available() else "cpu"), None)
         self._made = peers is not None
-        self.agreement = Agreement(env.rank, env.world_size, node=env.node, addr=env.addr,
-                                   env=env)
+        self.agreement = Agreement(env.rank, env.world_size, node=env.node, addr=env.addr, env=env)
         self.agreement.peers.update(peers or {})
         return self.agreement
 
@@ -185,11 +180,9 @@ def release_ddp(wrapped) -> None:
 
 
 def grads_in_param_strides(model: torch.nn.Module) -> list:
-    """Hand DDP every gradient of ``model`` in its parameter's strides; returns hook handles.
-
-    Autograd may store a gradient whose strides differ from its parameter's on size-1 dims
-    (the same layout), and DDP, comparing strides exactly, warns "Grad strides do not match
-    bucket view strides". The hook re-views it in the parameter's strides: no copy."""
+    """Hand DDP every gradient of ``model`` re-viewed (no copy) in its parameter's strides, which
+    autograd may not keep on size-1 dims (the same layout) and DDP compares exactly (it warns
+    "Grad strides do not match bucket view strides"); returns the hooks' handles."""
     return [p.register_post_accumulate_grad_hook(_restride_grad)
             for p in model.parameters() if p.requires_grad and 1 in p.shape]
 

@@ -38,9 +38,6 @@ def average_running_stats(layers: list[_BatchNorm], count: int, total_count: tor
     total = total_count.to(flat.dtype)
     summed = all_reduce_sum(flat * count, device)
     flat = torch.where(total > 0, summed / total.clamp(min=1), flat)
-    offset = 0
-    for m in layers:
-        n = m.running_mean.numel()
-        m.running_mean = flat[offset:offset + n].clone()
-        m.running_var = flat[offset + n:offset + 2 * n].clone()
-        offset += 2 * n
+    parts = flat.split([m.running_mean.numel() for m in layers for _ in ("mean", "var")])
+    for m, mean, var in zip(layers, parts[::2], parts[1::2]):
+        m.running_mean, m.running_var = mean.clone(), var.clone()

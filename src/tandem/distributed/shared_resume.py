@@ -70,11 +70,11 @@ def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
     if any(needs):
         _send(path, local, needs, env.rank)
         agreement.any_of(False)  # each machine's first rank has written it: the others read
-    if needs[env.rank] and _sha256(local) != sha:
-        os.unlink(local)
-        raise ResumeRefused("the checkpoint sent by rank 0 arrived damaged (its SHA-256 "
-                            "differs)")
     if needs[env.rank]:
+        if _sha256(local) != sha:
+            os.unlink(local)
+            raise ResumeRefused("the checkpoint sent by rank 0 arrived damaged (its SHA-256 "
+                                "differs)")
         what = "differs from rank 0's" if own else "is not on this machine"
         print(f"{agreement.peer_name(env.rank)}: {path} {what}; using rank 0's (sent over "
               f"the network, {os.path.getsize(local) / 2**20:.1f} MiB)", file=sys.stderr,
@@ -85,8 +85,7 @@ def continue_from_rank0(decide: Callable[[], tuple[str | None, bool]],
 
 
 def done_with(continued: Continued, agreement: Agreement) -> None:
-    """After every rank read it, the machine's first rank removes a copy sent to it (call on
-    every rank)."""
+    """After every rank read it, the machine's first rank removes a copy sent (every rank calls)."""
     if not continued.sent:  # the same on every rank, as the collective below must be
         return
     agreement.any_of(False)  # every rank has read it
@@ -98,9 +97,8 @@ def done_with(continued: Continued, agreement: Agreement) -> None:
 def _tempname(sha: str | None, env: DistEnv) -> str:
     """The file a machine's first rank writes rank 0's bytes to, named by the job's port and
     that rank (nodes sharing a temporary directory never write the same file)."""
-    first = env.rank - env.local_rank
     return os.path.join(tempfile.gettempdir(), f"tandem-resume-{(sha or '')[:16]}-"
-                        f"{env.master_port}-{first}.pt")
+                        f"{env.master_port}-{env.rank - env.local_rank}.pt")
 
 
 def _send(path: str, local: str, needs: list[bool], rank: int) -> None:

@@ -35,9 +35,7 @@ def first_host(nodelist: str) -> str:
     if not match or not match.group(1).strip():
         raise UsageError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}")
     prefix, ranges = match.group(1).strip(), match.group(2)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0].strip()
+    return prefix + (ranges.split(",")[0].split("-")[0].strip() if ranges else "")
 
 
 def slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:

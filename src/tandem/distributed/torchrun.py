@@ -1,9 +1,8 @@
-"""``tandem launch``: run a tandem command on many processes and machines with torchrun.
+"""``tandem launch``: a tandem command on many processes and machines, through torchrun.
 
-On top of ``torch.distributed.run``: a free-port check, ``--dist-timeout``, a one-line failure
-summary, ``TANDEM_LAUNCH_ID`` (restarted workers resume their run) and, on several machines,
-the interface that reaches the master (:mod:`.network`), lines while a node waits, and
-``TANDEM_LAUNCH`` (each node's command to continue).
+Adds a free-port check, ``--dist-timeout``, a one-line failure summary, ``TANDEM_LAUNCH_ID``
+(restarted workers resume their run) and, on several machines, the interface that reaches the
+master (:mod:`.network`), waiting lines and ``TANDEM_LAUNCH`` (each node's command to continue).
 """
 
 from __future__ import annotations
@@ -35,23 +34,19 @@ from .join import SAY_EVERY, JoinFailed, every
 
 _SUBCOMMANDS = ("train", "eval", "bench", "models")
 
+_RDZV_LOGGER = "torch.distributed.elastic.agent.server.api"
 # torchrun's agent's warnings while it stops the workers, which tandem says itself (matched by
 # template: anything else it logs still shows)
-_AGENT_LOGGERS = ("torch.distributed.elastic.agent.server.api",
-                  "torch.distributed.elastic.multiprocessing.api",
+_AGENT_LOGGERS = (_RDZV_LOGGER, "torch.distributed.elastic.multiprocessing.api",
                   "torch.distributed.elastic.rendezvous.dynamic_rendezvous")
-_AGENT_NOISE = frozenset({
-    "Received %s death signal, shutting down workers",
-    "Got termination signal: %s",
-    "Sending process %s closing signal %s",
-})
+_AGENT_NOISE = frozenset({"Received %s death signal, shutting down workers",
+                          "Got termination signal: %s", "Sending process %s closing signal %s"})
 # the agent's error line for a failed worker: the worker's own line, or tandem launch's, says it
 _AGENT_FAILED = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
 # an agent waiting for the others in node 0's store after the job, when node 0 left first
 _EXIT_BARRIER = "Error waiting on exit barrier. Elapsed: %s seconds"
 #: a worker's exit status after its one line said a peer was lost (:mod:`.faults`) or never came
 TOLD_EXIT = JoinFailed.exit_status
-_RDZV_LOGGER = "torch.distributed.elastic.agent.server.api"
 # exit statuses after which the worker's own line said all (a TandemError's; a saved stop)
 _TOLD = (2, 3, TOLD_EXIT, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 
@@ -270,10 +265,9 @@ def launch(spec: LaunchSpec) -> int:
     route = _network(spec)  # several nodes: the interface towards the master, or a refusal
     if not spec.rdzv_endpoint and spec.master_port and spec.node_rank == 0:
         check_port_free(spec.master_addr or "127.0.0.1", spec.master_port)
-    if spec.dist_timeout is not None:
-        os.environ[TIMEOUT_VAR] = str(spec.dist_timeout)
-    if spec.join_timeout is not None:
-        os.environ[JOIN_TIMEOUT_VAR] = str(spec.join_timeout)
+    for var, value in ((TIMEOUT_VAR, spec.dist_timeout), (JOIN_TIMEOUT_VAR, spec.join_timeout)):
+        if value is not None:
+            os.environ[var] = str(value)
     if spec.nproc_per_node > 1:
         # one intra-op thread per worker, as torchrun would (with a banner); the user's wins
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -287,10 +281,9 @@ def launch(spec: LaunchSpec) -> int:
     directory = tempfile.mkdtemp(prefix="tandem-launch-")
     state = os.environ[launch_state.STATE_VAR] = os.path.join(directory, "state.json")
     # NCCL's own error handling unless the user set it: a failed collective aborts the workers
-    for var, value in {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_FR_BUFFER_SIZE": "2000",
-                       "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                       "TORCH_FR_DUMP_TEMP_FILE": os.path.join(directory, "nccl_trace_rank_")
-                       }.items():
+    for var, value in (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"), ("TORCH_FR_BUFFER_SIZE", "2000"),
+                       ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                       ("TORCH_FR_DUMP_TEMP_FILE", os.path.join(directory, "nccl_trace_rank_"))):
         os.environ.setdefault(var, value)
     if spec.elastic:
         # torch 2.13's workers share the rendezvous' TCPStore, whose master address rank 0
@@ -345,10 +338,8 @@ def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
     aborted = [r for r, f in failures if f.exitcode == -signal.SIGABRT]
     others = [(r, f) for r, f in failures if f.exitcode != -signal.SIGABRT]
     node = os.environ.get(NODE_VAR) or state.get("node") or "?"
-    parts = []
-    for rank, failure in others[:1]:
-        parts.append(f"rank {rank} (node {node}, local rank {failure.local_rank}, pid "
-                     f"{failure.pid}) {_describe(failure.exitcode)}")
+    parts = [f"rank {rank} (node {node}, local rank {failure.local_rank}, pid {failure.pid}) "
+             f"{_describe(failure.exitcode)}" for rank, failure in others[:1]]
     if aborted:
         ranks = ", ".join(map(str, aborted))
         cause = "" if others else " by a lost or silent rank on another node"
@@ -356,16 +347,14 @@ def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
                      f"collective failed{cause}, and under NCCL the watchdog ends every worker "
                      "that waits on one")
     line = "; ".join(parts) + f"; the job was stopped ({len(failures)} failed worker(s))"
-    exact = state.get("speaker") == 0  # rank 0 itself told this node what it saved
-    lost_rank0 = any(r == 0 for r, _ in others)
-    if not state or not (aborted or lost_rank0 or state.get("aborts")):
+    if not state or not (aborted or any(r == 0 for r, _ in others) or state.get("aborts")):
         return line  # a survivor's own line says what the run keeps
     step, where = state.get("saved_step"), state.get("checkpoint")
-    heard = "" if exact else " that this node heard of"
+    # rank 0 itself told this node what it saved, or another rank did
+    heard = "" if state.get("speaker") == 0 else " that this node heard of"
     kept = (f"the last checkpoint{heard} is {where} from step {step} on node 0"
-            if step is not None else
-            f"the run has no checkpoint{heard} yet: start it again (the same command, with "
-            "--overwrite)")
+            if step is not None else f"the run has no checkpoint{heard} yet: start it again "
+            "(the same command, with --overwrite)")
     line += f"; {kept}"
     if step is not None and state.get("resume"):
         line += f"; continue with: {state['resume']}"
@@ -378,8 +367,7 @@ def _failed_line(exc, spec: LaunchSpec, state: dict) -> str:
 def _dumped() -> bool:
     """Whether NCCL's flight recorder left its dumps where the workers were told."""
     dumps = os.path.dirname(os.environ.get("TORCH_FR_DUMP_TEMP_FILE", ""))
-    return os.path.isdir(dumps) and any(n.startswith("nccl_trace_rank_")
-                                        for n in os.listdir(dumps))
+    return os.path.isdir(dumps) and any(n.startswith("nccl_trace_rank_") for n in os.listdir(dumps))
 
 
 def _network(spec: LaunchSpec) -> network.Route | None:
@@ -402,8 +390,7 @@ def _network(spec: LaunchSpec) -> network.Route | None:
     named = {var: os.environ[var] for var in network.IFACE_VARS if var in os.environ}
     node = f"node {spec.node_rank}" if not spec.rdzv_endpoint else f"node {route.local}"
     if spec.iface is not None or not named:
-        for var in network.IFACE_VARS:
-            os.environ[var] = route.iface
+        os.environ.update(dict.fromkeys(network.IFACE_VARS, route.iface))
         how = "--iface" if spec.iface else f"the interface that reaches {host}:{port}"
         through = f"{route.iface} ({route.local}), {how}; --iface NAME to choose another"
     else:
@@ -455,9 +442,8 @@ def _waiting_for_nodes(spec: LaunchSpec):
         yield
         return
     logger = logging.getLogger(_RDZV_LOGGER)
-    level, done = logger.getEffectiveLevel(), threading.Event()
+    level, done, started = logger.getEffectiveLevel(), threading.Event(), time.monotonic()
     host, port = spec.master
-    started = time.monotonic()
 
     def seen(record: logging.LogRecord) -> bool:  # notes it, and lets nothing extra through
         if "Rendezvous complete" in str(record.msg):
@@ -482,9 +468,9 @@ def _waiting_for_nodes(spec: LaunchSpec):
 def _rendezvous_failure(exc: BaseException, spec: LaunchSpec) -> str | None:
     """The line for a rendezvous that timed out or could not reach the master, else None."""
     text = str(exc)
-    if spec.master is None or not any(w in text for w in ("Timed out", "timed out", "refused",
-                                                          "DistStoreError", "clients joined",
-                                                          "wait timeout")):
+    words = ("Timed out", "timed out", "refused", "DistStoreError", "clients joined",
+             "wait timeout")
+    if spec.master is None or not any(w in text for w in words):
         return None
     host, port = spec.master
     counted = re.search(r"(\d+)/(\d+) clients joined", text)
