@@ -42,12 +42,6 @@ class ReplicaCache:
         return (ReplicaCache, ())
 
 
-def _lazy_error(root: nn.Module) -> UsageError:
-    return UsageError(f"replicate: {first_lazy(root)!r} of {type(root).__name__} is "
-                      f"uninitialised (a lazy module): run it once on a batch first",
-                      hint="DataParallel does this for you")
-
-
 def _walk(root: nn.Module):
     """Modules in a fixed order (each once), their fingerprint and every tensor's device."""
     modules, seen, fingerprint, where = [], set(), [], set()
@@ -62,8 +56,7 @@ def _walk(root: nn.Module):
         d = m.__dict__
         if "zero_grad" not in d:  # once per module (not over another's); copies take it along
             d["zero_grad"] = ReplicaZeroGrad(m)
-        add(id(m))
-        add(len(d))
+        fingerprint += [id(m), len(d)]
         for child in d["_modules"].values():
             add(id(child))
             if child is not None:
@@ -72,7 +65,9 @@ def _walk(root: nn.Module):
             add(id(p))
         for t in (*d["_parameters"].values(), *d["_buffers"].values()):
             if is_lazy(t):
-                raise _lazy_error(root)
+                raise UsageError(f"replicate: {first_lazy(root)!r} of {type(root).__name__} is "
+                                 f"uninitialised (a lazy module): run it once on a batch first",
+                                 hint="DataParallel does this for you")
             device = None if t is None else t.device
             add(device)
             where.add(device)
@@ -121,22 +116,19 @@ class _ReplicaSet:
                 rep.__dict__["_parameters"] = dict(m.__dict__["_parameters"])
                 if "_flat_weights" in rep.__dict__:  # an RNN's list of the same copies
                     rep.__dict__["_flat_weights"] = list(m.__dict__["_flat_weights"])
-        moving = {}
+        moving = {}  # each parameter once, tied ones too
         for m, names in zip(modules, self.moved):
-            for name in names:
-                p = m.__dict__["_parameters"][name]
-                moving[id(p)] = p
-        copies = {}
+            params = m.__dict__["_parameters"]
+            moving.update((id(params[name]), params[name]) for name in names)
         if self.detached:
             copies = self._leaves(list(moving.values()), devices)
         else:
-            by_source: dict = {}
+            copies, by_source = {}, {}
             for p in moving.values():
                 by_source.setdefault(p.device, []).append(p)
             targets = [(i, devices[i]) for i in self.trees]
-            for params in by_source.values():
-                if targets:
-                    copies.update(copy_params(params, targets, self.share))
+            for params in by_source.values() if targets else ():
+                copies.update(copy_params(params, targets, self.share))
         for i, reps in self.trees.items():
             device = devices[i]
             buffer_copies: dict = {}
