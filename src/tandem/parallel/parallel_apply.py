@@ -97,16 +97,12 @@ class _State:
                 stack.enter_context(torch.cuda.stream(self.streams[device]))
             else:
                 stack.enter_context(device_scope(device))
-            changed = (_PER_THREAD_THREADS and device.type == "cpu"
-                       and torch.get_num_threads() != self.cpu_threads)
-            if changed:
+            if (_PER_THREAD_THREADS and device.type == "cpu"
+                    and torch.get_num_threads() != self.cpu_threads):
                 torch.set_num_threads(self.cpu_threads)
-            try:
-                yield
-            finally:
-                if changed:
-                    # it also sets the default of threads started later: put the caller's back
-                    torch.set_num_threads(self.total_threads)
+                # it also sets the default of threads started later: put the caller's back
+                stack.callback(torch.set_num_threads, self.total_threads)
+            yield
 
 
 def _call(module, args, kwargs):

@@ -61,8 +61,7 @@ def _walk(root: nn.Module):
             add(id(child))
             if child is not None:
                 todo.append(child)
-        for p in d["_parameters"].values():
-            add(id(p))
+        fingerprint += map(id, d["_parameters"].values())
         for t in (*d["_parameters"].values(), *d["_buffers"].values()):
             if is_lazy(t):
                 raise UsageError(f"replicate: {first_lazy(root)!r} of {type(root).__name__} is "
@@ -181,9 +180,8 @@ class _ReplicaSet:
         return copies
 
     def roots(self, module: nn.Module, count: int) -> list[nn.Module]:
-        if self.detached:
-            return [self.trees[i][0] for i in range(count)]
-        return [module if i == self.home else self.trees[i][0] for i in range(count)]
+        return [module if i == self.home and not self.detached else self.trees[i][0]
+                for i in range(count)]
 
 
 def _record_traffic(module: nn.Module, devices: list[torch.device], home: int | None) -> None:

@@ -249,9 +249,7 @@ def _gather(outputs: list, target: torch.device, dim, path: str, scalars: str) -
         return _gather_tensors(outputs, target, dim, path, scalars)
     items = _children(first)
     if items is None:
-        if first is None and all(o is None for o in outputs):
-            return None
-        try:  # the same object handed to every replica comes back once, else one per replica
+        try:  # the same object (None too) handed to every replica comes back once, else a list
             same = all(o is first or bool(o == first) for o in outputs[1:])
         except Exception:  # ambiguous or failing comparisons (arrays, odd objects)
             same = False
