@@ -147,15 +147,11 @@ class _ReplicaSet:
                     rd["_flat_weights"] = [own_params.get(n) for n in md["_flat_weights_names"]]
                 if i == self.home:  # detached home copy: the module's own buffer dict
                     continue
-                new_buffers = {}
-                for name, b in md["_buffers"].items():
-                    if b is not None:
-                        key = id(b)
-                        if key not in buffer_copies:  # tied buffers stay tied
-                            buffer_copies[key] = b.clone() if b.device == device else b.to(device)
-                        b = buffer_copies[key]
-                    new_buffers[name] = b
-                rd["_buffers"] = new_buffers
+                for b in md["_buffers"].values():
+                    if b is not None and id(b) not in buffer_copies:  # tied buffers stay tied
+                        buffer_copies[id(b)] = b.clone() if b.device == device else b.to(device)
+                rd["_buffers"] = {name: None if b is None else buffer_copies[id(b)]
+                                  for name, b in md["_buffers"].items()}
 
     def _leaves(self, params: list[torch.Tensor], devices: list[torch.device]) -> dict:
         """A detached leaf per (parameter, replica), each with its own ``.grad``, over ONE
@@ -166,13 +162,9 @@ class _ReplicaSet:
         for i in self.trees:
             pairs, device = [], devices[i]
             for p in params:
-                if p.device == device:
-                    leaf = p.detach()
-                else:
-                    key = (id(p), device)
-                    if key not in moved:
-                        moved[key] = p.detach().to(device)
-                    leaf = moved[key].detach()
+                if p.device != device and (id(p), device) not in moved:
+                    moved[id(p), device] = p.detach().to(device)
+                leaf = (p if p.device == device else moved[id(p), device]).detach()
                 leaf.requires_grad_(p.requires_grad)
                 copies[id(p), i] = leaf
                 pairs.append((p, leaf))
