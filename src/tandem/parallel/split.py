@@ -135,10 +135,9 @@ class BatchSplit:
                  by_loader: bool = False, reduce: Callable | None = None,
                  clock: Callable | None = None, steps_itself: bool = False):
         self.count, self.max_share, self.by_loader = count, max_share, by_loader
-        self.steps_itself = steps_itself
         self.fixed = None if split is None or split == AUTO else tuple(split)
         self.auto = AutoSplit(count) if split == AUTO else None
-        self.reduce, self.clock = reduce, clock
+        self.reduce, self.clock, self.steps_itself = reduce, clock, steps_itself
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
         self._last_batch: int | None = None
         self.discard()  # the records, and the backward's span (see time_backward_start)
