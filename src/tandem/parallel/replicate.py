@@ -156,10 +156,8 @@ class _ReplicaSet:
     def _leaves(self, params: list[torch.Tensor], devices: list[torch.device]) -> dict:
         """A detached leaf per (parameter, replica), each with its own ``.grad``, over ONE
         storage per device (the parameter's own, or one copy)."""
-        copies: dict = {}
-        moved: dict = {}  # (id(param), device) -> the one copy there
-        self.leaves = {}
-        for i in self.trees:
+        copies, moved = {}, {}  # moved: (id(param), device) -> the one copy there
+        for i in self.trees:  # refresh emptied self.leaves
             pairs, device = [], devices[i]
             for p in params:
                 if p.device != device and (id(p), device) not in moved:

@@ -56,7 +56,7 @@ def check_weights(weights: Sequence[float], devices: int | None, name: str = "sp
     """``weights`` as floats: one finite weight >= 0 per device (``None``: any count), not all 0."""
     name = param(name)
     weights = tuple(float(w) for w in weights)
-    shown = ",".join(f"{w:g}" for w in weights)
+    shown = format_shares(weights)
     if devices is not None and len(weights) != devices:
         raise UsageError(f"bad {name} {shown}: {len(weights)} weight(s) for {devices} device(s)",
                          hint="give one weight per device")
