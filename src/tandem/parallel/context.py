@@ -44,8 +44,7 @@ class ReplicaGroup:
     def abort(self, error: BaseException) -> None:
         """Wake every replica waiting at a rendezvous; each raises :class:`ReplicaAborted`."""
         with self._cond:
-            if self._error is None:
-                self._error = error
+            self._error = self._error or error
             self._cond.notify_all()
 
     def _raise_if_aborted(self, index: int) -> None:

@@ -71,10 +71,9 @@ class DataParallelCriterion(nn.Module):
             return self._combine(losses, devices, reduction == "sum")
         if torch_loss or not all(isinstance(l, torch.Tensor) and l.dim() == 0 for l in losses):
             return gather(losses, self.output_device, self.dim)
-        return self._combine([sample_mean_terms(l, n) for l, n in zip(losses, sizes)], devices,
-                             False)
+        return self._combine([sample_mean_terms(l, n) for l, n in zip(losses, sizes)], devices)
 
-    def _combine(self, terms, devices, plain_sum: bool) -> torch.Tensor:
+    def _combine(self, terms, devices, plain_sum: bool = False) -> torch.Tensor:
         """``sum S / sum D`` on ``output_device`` (``sum S`` alone for ``reduction="sum"``)."""
         total = self._sum_on_output([t.summed for t in terms], devices)
         if plain_sum:
