@@ -121,9 +121,7 @@ def _check_count(count: int, where: str) -> None:
 def _anchor(x: torch.Tensor):
     """A grad-requiring scalar: a process whose input needs no gradient (an empty batch) still
     reaches the backward all-reduce the others wait in."""
-    if not torch.is_grad_enabled():
-        return None
-    return torch.zeros((), device=x.device, requires_grad=True)
+    return torch.zeros((), device=x.device, requires_grad=True) if torch.is_grad_enabled() else None
 
 
 def _meet(parts: list[_Part], group, separate: bool) -> list[tuple]:
