@@ -14,10 +14,6 @@ _T999 = {1: 636.6, 2: 31.6, 3: 12.92, 4: 8.61, 5: 6.87, 6: 5.96, 7: 5.41, 8: 5.0
          10: 4.59, 12: 4.32, 15: 4.07, 20: 3.85, 25: 3.73, 30: 3.65, 60: 3.46}
 
 
-def _t_quantile(dof: int) -> float:
-    return _T999[max(k for k in _T999 if k <= dof)]
-
-
 class AutoSplit:
     """Weights that follow the devices' measured speeds over the steps since they last moved
     (at most ``window``). From ``warmup`` steps on they move only when the slowest device's
@@ -46,8 +42,7 @@ class AutoSplit:
         """One step: ``sizes[i]`` samples took device ``i`` ``seconds[i]`` (kept only if every
         device had samples and time)."""
         self.seen += 1
-        if len(sizes) != len(self.weights) or any(n <= 0 or t <= 0
-                                                  for n, t in zip(sizes, seconds)):
+        if len(sizes) != len(self.weights) or any(n <= 0 or t <= 0 for n, t in zip(sizes, seconds)):
             return
         self.steps.append(([math.log(t / n) for n, t in zip(sizes, seconds)],
                            [math.log(n) for n in sizes]))
@@ -56,8 +51,7 @@ class AutoSplit:
     def target(self) -> list[float]:
         """Speeds (samples per second): the geometric mean over the kept steps."""
         k = len(self.steps)
-        return [math.exp(-sum(s[0][i] for s in self.steps) / k)
-                for i in range(len(self.weights))]
+        return [math.exp(-sum(s[0][i] for s in self.steps) / k) for i in range(len(self.weights))]
 
     def _beyond_noise(self) -> bool:
         """The paired t-test between the slowest and the fastest device's log chunk times."""
@@ -72,7 +66,7 @@ class AutoSplit:
             return False
         diffs = [c[slow] - c[fast] for c in chunk]
         var = sum((d - gap) ** 2 for d in diffs) / (k - 1)
-        return var == 0 or gap / math.sqrt(var / k) > _t_quantile(k - 1)
+        return var == 0 or gap / math.sqrt(var / k) > _T999[max(d for d in _T999 if d < k)]
 
     def adjust(self, batch: int | None = None) -> bool:
         """Move the weights to the speeds when beyond the noise (with ``batch``: only when its
@@ -90,8 +84,7 @@ class AutoSplit:
         return True
 
     def state_dict(self) -> dict:
-        return {"weights": list(self.weights), "steps": [[list(p), list(n)]
-                                                         for p, n in self.steps],
+        return {"weights": list(self.weights), "steps": [[list(p), list(n)] for p, n in self.steps],
                 "seen": self.seen, "imbalance": self.imbalance, "epoch": self.epoch,
                 "force": self.force}
 

@@ -88,9 +88,5 @@ def copy_params(params: list[torch.Tensor], replicas: list[tuple], share: bool =
     """``{(id(param), replica index): differentiable tensor}`` for ``replicas``, a list of
     ``(replica index, device)``. ``share``: replicas on one device share one copy's storage,
     and those on the parameters' own device share the parameters'."""
-    out: dict = {}
     flat = _Broadcast.apply([device for _, device in replicas], share, *params)
-    for k, (i, _) in enumerate(replicas):
-        for j, p in enumerate(params):
-            out[id(p), i] = flat[k * len(params) + j]
-    return out
+    return dict(zip([(id(p), i) for i, _ in replicas for p in params], flat))  # replica-major

@@ -41,23 +41,16 @@ def sync_buffers(module: nn.Module, replicas: Sequence[nn.Module], weights: Sequ
     if not originals:
         return
     trees = [originals if r is module else list(r.buffers()) for r in replicas]
+    total = float(sum(weights))
     with torch.no_grad():
-        if policy == "replica0":
-            if replicas[0] is not module:
-                for b, r in zip(originals, trees[0]):
-                    if r is not b:  # a detached home copy holds the originals themselves
-                        _write(b, r)
-            return
-        total = float(sum(weights))
-        shares = [w / total for w in weights]
         for j, b in enumerate(originals):
             base = trees[0][j]
-            if not b.is_floating_point():
-                if base is not b:
+            if policy == "replica0" or not b.is_floating_point():  # replica 0's value
+                if base is not b:  # a detached home copy holds the originals themselves
                     _write(b, base)
                 continue
             base = base.to(b.device)
             mean = base.clone()
-            for share, tree in zip(shares[1:], trees[1:]):
-                mean.add_(tree[j].to(b.device) - base, alpha=share)
+            for weight, tree in zip(weights[1:], trees[1:]):
+                mean.add_(tree[j].to(b.device) - base, alpha=weight / total)
             _write(b, mean)

@@ -35,10 +35,8 @@ class ReplicaGroup:
 
     def __init__(self, devices: Sequence[torch.device], timeout: float = 300.0,
                  separate_backward: bool = False):
-        self.devices = list(devices)
-        self.separate_backward = separate_backward
-        self.num_replicas = len(self.devices)
-        self.timeout = timeout
+        self.devices, self.num_replicas = list(devices), len(devices)
+        self.separate_backward, self.timeout = separate_backward, timeout
         self._cond = threading.Condition()
         self._meetings: dict[Hashable, _Meeting] = {}
         self._error: BaseException | None = None
@@ -46,8 +44,7 @@ class ReplicaGroup:
     def abort(self, error: BaseException) -> None:
         """Wake every replica waiting at a rendezvous; each raises :class:`ReplicaAborted`."""
         with self._cond:
-            if self._error is None:
-                self._error = error
+            self._error = self._error or error
             self._cond.notify_all()
 
     def _raise_if_aborted(self, index: int) -> None:
@@ -61,9 +58,7 @@ class ReplicaGroup:
         ``fn(values in replica order)`` once; return its entry ``[index]``."""
         with self._cond:
             self._raise_if_aborted(index)
-            meeting = self._meetings.get(key)
-            if meeting is None:
-                meeting = self._meetings[key] = _Meeting([None] * self.num_replicas)
+            meeting = self._meetings.setdefault(key, _Meeting([None] * self.num_replicas))
             meeting.values[index] = value
             meeting.arrived += 1
             if meeting.arrived == self.num_replicas:

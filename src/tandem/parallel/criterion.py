@@ -16,6 +16,7 @@ from torch import nn
 from tandem.errors import UsageError
 
 from . import traffic
+from .broadcast import ordered_sum
 from .devices import as_device, device_scope, index_of, resolve_devices
 from .loss_terms import REDUCTIONS, call_criterion, first_tensor, loss_terms, sample_mean_terms
 from .replicate import replicate
@@ -70,10 +71,9 @@ class DataParallelCriterion(nn.Module):
             return self._combine(losses, devices, reduction == "sum")
         if torch_loss or not all(isinstance(l, torch.Tensor) and l.dim() == 0 for l in losses):
             return gather(losses, self.output_device, self.dim)
-        return self._combine([sample_mean_terms(l, n) for l, n in zip(losses, sizes)], devices,
-                             False)
+        return self._combine([sample_mean_terms(l, n) for l, n in zip(losses, sizes)], devices)
 
-    def _combine(self, terms, devices, plain_sum: bool) -> torch.Tensor:
+    def _combine(self, terms, devices, plain_sum: bool = False) -> torch.Tensor:
         """``sum S / sum D`` on ``output_device`` (``sum S`` alone for ``reduction="sum"``)."""
         total = self._sum_on_output([t.summed for t in terms], devices)
         if plain_sum:
@@ -86,13 +86,10 @@ class DataParallelCriterion(nn.Module):
     def _sum_on_output(self, scalars: list[torch.Tensor], devices) -> torch.Tensor:
         """Move each chunk's scalar to ``output_device`` (recording it) and add them up."""
         home = index_of(self.output_device, devices)
-        total = None
         for i, s in enumerate(scalars):
             if i != home and traffic.metering():
                 traffic.record("loss", nbytes(s), home)
-            s = s.to(self.output_device)
-            total = s if total is None else total + s
-        return total
+        return ordered_sum(scalars, self.output_device)
 
     def extra_repr(self) -> str:
         return f"output_device={self.output_device}, dim={self.dim}"

@@ -65,11 +65,11 @@ class DataParallel(nn.Module):
         super().__init__()
         self.buffer_policy = check_policy(buffers)
         self.device_ids = resolve_devices(device_ids)
-        n = len(self.device_ids)
         if isinstance(split, BatchSplit):  # a strategy's: it steps it once per optimizer step
             self.split = split
         else:
-            self.split = BatchSplit(split, n, max_share, clock=split_clock, steps_itself=True)
+            self.split = BatchSplit(split, len(self.device_ids), max_share, clock=split_clock,
+                                    steps_itself=True)
             self.split.check_weights("split")
         self.backward_threads = threaded_backward.decide(
             self.device_ids, backward_threads, split=self.split.weights() is not None)

@@ -54,12 +54,6 @@ def _after_fork_in_child() -> None:  # the pool's threads are gone; the lock may
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _take_workers(n: int) -> list[_Worker]:
-    with _idle_lock:
-        taken = [_idle.pop() for _ in range(min(n, len(_idle)))]
-    return taken + [_Worker() for _ in range(n - len(taken))]
-
-
 def _infer_device(module, args, kwargs) -> torch.device:
     t = first_tensor((args, kwargs))
     if t is None:
@@ -103,16 +97,12 @@ class _State:
                 stack.enter_context(torch.cuda.stream(self.streams[device]))
             else:
                 stack.enter_context(device_scope(device))
-            changed = (_PER_THREAD_THREADS and device.type == "cpu"
-                       and torch.get_num_threads() != self.cpu_threads)
-            if changed:
+            if (_PER_THREAD_THREADS and device.type == "cpu"
+                    and torch.get_num_threads() != self.cpu_threads):
                 torch.set_num_threads(self.cpu_threads)
-            try:
-                yield
-            finally:
-                if changed:
-                    # it also sets the default of threads started later: put the caller's back
-                    torch.set_num_threads(self.total_threads)
+                # it also sets the default of threads started later: put the caller's back
+                stack.callback(torch.set_num_threads, self.total_threads)
+            yield
 
 
 def _call(module, args, kwargs):
@@ -137,9 +127,11 @@ def _raise_named(exc: BaseException, index: int, device: torch.device):
     raise exc
 
 
-def _layout(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None,
-            devices: Sequence | None) -> tuple[list, list[torch.device]]:
-    """The keyword arguments and devices of every replica, checked to be one per module."""
+def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
+                   devices: Sequence | None = None, group: ReplicaGroup | None = None) -> list:
+    """The outputs of ``modules[i]`` on ``inputs[i]`` (a tuple of arguments, or one) with
+    ``kwargs_list[i]`` on ``devices[i]`` (default: inferred), each in its own thread, meeting in
+    ``group`` (default: a new :class:`ReplicaGroup`)."""
     n = len(modules)
     if len(inputs) != n:
         raise UsageError(f"parallel_apply got {n} modules but {len(inputs)} inputs")
@@ -151,16 +143,6 @@ def _layout(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None,
     devices = [d if isinstance(d, torch.device) else torch.device(d) for d in devices]
     if len(devices) != n:
         raise UsageError(f"parallel_apply got {n} modules but {len(devices)} devices")
-    return kwargs_list, devices
-
-
-def parallel_apply(modules: Sequence, inputs: Sequence, kwargs_list: Sequence | None = None,
-                   devices: Sequence | None = None, group: ReplicaGroup | None = None) -> list:
-    """The outputs of ``modules[i]`` on ``inputs[i]`` (a tuple of arguments, or one) with
-    ``kwargs_list[i]`` on ``devices[i]`` (default: inferred), each in its own thread, meeting in
-    ``group`` (default: a new :class:`ReplicaGroup`)."""
-    kwargs_list, devices = _layout(modules, inputs, kwargs_list, devices)
-    n = len(modules)
     if n == 0:
         return []
     group = ReplicaGroup(devices) if group is None else group
@@ -202,7 +184,10 @@ def _in_threads(modules, inputs, kwargs_list, devices: list[torch.device],
                 done.put(i)
         return run
 
-    for i, worker in enumerate(_take_workers(n)):
+    with _idle_lock:
+        workers = [_idle.pop() for _ in range(min(n, len(_idle)))]
+    workers += [_Worker() for _ in range(n - len(workers))]
+    for i, worker in enumerate(workers):
         worker.jobs.put(job(i))
     for _ in range(n):
         done.get()

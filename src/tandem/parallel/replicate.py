@@ -42,12 +42,6 @@ class ReplicaCache:
         return (ReplicaCache, ())
 
 
-def _lazy_error(root: nn.Module) -> UsageError:
-    return UsageError(f"replicate: {first_lazy(root)!r} of {type(root).__name__} is "
-                      f"uninitialised (a lazy module): run it once on a batch first",
-                      hint="DataParallel does this for you")
-
-
 def _walk(root: nn.Module):
     """Modules in a fixed order (each once), their fingerprint and every tensor's device."""
     modules, seen, fingerprint, where = [], set(), [], set()
@@ -62,17 +56,17 @@ def _walk(root: nn.Module):
         d = m.__dict__
         if "zero_grad" not in d:  # once per module (not over another's); copies take it along
             d["zero_grad"] = ReplicaZeroGrad(m)
-        add(id(m))
-        add(len(d))
+        fingerprint += [id(m), len(d)]
         for child in d["_modules"].values():
             add(id(child))
             if child is not None:
                 todo.append(child)
-        for p in d["_parameters"].values():
-            add(id(p))
+        fingerprint += map(id, d["_parameters"].values())
         for t in (*d["_parameters"].values(), *d["_buffers"].values()):
             if is_lazy(t):
-                raise _lazy_error(root)
+                raise UsageError(f"replicate: {first_lazy(root)!r} of {type(root).__name__} is "
+                                 f"uninitialised (a lazy module): run it once on a batch first",
+                                 hint="DataParallel does this for you")
             device = None if t is None else t.device
             add(device)
             where.add(device)
@@ -121,22 +115,19 @@ class _ReplicaSet:
                 rep.__dict__["_parameters"] = dict(m.__dict__["_parameters"])
                 if "_flat_weights" in rep.__dict__:  # an RNN's list of the same copies
                     rep.__dict__["_flat_weights"] = list(m.__dict__["_flat_weights"])
-        moving = {}
+        moving = {}  # each parameter once, tied ones too
         for m, names in zip(modules, self.moved):
-            for name in names:
-                p = m.__dict__["_parameters"][name]
-                moving[id(p)] = p
-        copies = {}
+            params = m.__dict__["_parameters"]
+            moving.update((id(params[name]), params[name]) for name in names)
         if self.detached:
             copies = self._leaves(list(moving.values()), devices)
         else:
-            by_source: dict = {}
+            copies, by_source = {}, {}
             for p in moving.values():
                 by_source.setdefault(p.device, []).append(p)
             targets = [(i, devices[i]) for i in self.trees]
-            for params in by_source.values():
-                if targets:
-                    copies.update(copy_params(params, targets, self.share))
+            for params in by_source.values() if targets else ():
+                copies.update(copy_params(params, targets, self.share))
         for i, reps in self.trees.items():
             device = devices[i]
             buffer_copies: dict = {}
@@ -156,32 +147,22 @@ class _ReplicaSet:
                     rd["_flat_weights"] = [own_params.get(n) for n in md["_flat_weights_names"]]
                 if i == self.home:  # detached home copy: the module's own buffer dict
                     continue
-                new_buffers = {}
-                for name, b in md["_buffers"].items():
-                    if b is not None:
-                        key = id(b)
-                        if key not in buffer_copies:  # tied buffers stay tied
-                            buffer_copies[key] = b.clone() if b.device == device else b.to(device)
-                        b = buffer_copies[key]
-                    new_buffers[name] = b
-                rd["_buffers"] = new_buffers
+                for b in md["_buffers"].values():
+                    if b is not None and id(b) not in buffer_copies:  # tied buffers stay tied
+                        buffer_copies[id(b)] = b.clone() if b.device == device else b.to(device)
+                rd["_buffers"] = {name: None if b is None else buffer_copies[id(b)]
+                                  for name, b in md["_buffers"].items()}
 
     def _leaves(self, params: list[torch.Tensor], devices: list[torch.device]) -> dict:
         """A detached leaf per (parameter, replica), each with its own ``.grad``, over ONE
         storage per device (the parameter's own, or one copy)."""
-        copies: dict = {}
-        moved: dict = {}  # (id(param), device) -> the one copy there
-        self.leaves = {}
-        for i in self.trees:
+        copies, moved = {}, {}  # moved: (id(param), device) -> the one copy there
+        for i in self.trees:  # refresh emptied self.leaves
             pairs, device = [], devices[i]
             for p in params:
-                if p.device == device:
-                    leaf = p.detach()
-                else:
-                    key = (id(p), device)
-                    if key not in moved:
-                        moved[key] = p.detach().to(device)
-                    leaf = moved[key].detach()
+                if p.device != device and (id(p), device) not in moved:
+                    moved[id(p), device] = p.detach().to(device)
+                leaf = (p if p.device == device else moved[id(p), device]).detach()
                 leaf.requires_grad_(p.requires_grad)
                 copies[id(p), i] = leaf
                 pairs.append((p, leaf))
@@ -189,9 +170,8 @@ class _ReplicaSet:
         return copies
 
     def roots(self, module: nn.Module, count: int) -> list[nn.Module]:
-        if self.detached:
-            return [self.trees[i][0] for i in range(count)]
-        return [module if i == self.home else self.trees[i][0] for i in range(count)]
+        return [module if i == self.home and not self.detached else self.trees[i][0]
+                for i in range(count)]
 
 
 def _record_traffic(module: nn.Module, devices: list[torch.device], home: int | None) -> None:

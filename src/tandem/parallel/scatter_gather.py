@@ -74,15 +74,11 @@ def _children(obj) -> list | None:  # None: not a container _rebuild knows
 
 def _rebuild(obj, items: list):
     """A container like ``obj`` holding ``items`` instead of its own items."""
-    if isinstance(obj, tuple):
-        if hasattr(obj, "_fields"):  # namedtuple
-            return type(obj)(*items)
-        return tuple(items) if type(obj) is tuple else type(obj)(items)
-    if isinstance(obj, list):
-        return items if type(obj) is list else type(obj)(items)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*items)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(items)
     if isinstance(obj, dict):
-        if type(obj) is dict:
-            return dict(zip(obj.keys(), items))
         out = copy.copy(obj)  # keeps OrderedDict order, defaultdict's factory, ...
         out.update(zip(obj.keys(), items))
         return out
@@ -97,9 +93,7 @@ def map_tensors(obj, fn):
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     items = _children(obj)
-    if items is None:
-        return obj
-    return _rebuild(obj, [map_tensors(item, fn) for item in items])
+    return obj if items is None else _rebuild(obj, [map_tensors(item, fn) for item in items])
 
 
 def tensors_in(obj):
@@ -219,8 +213,8 @@ def _gather_tensors(tensors: Sequence[torch.Tensor], target: torch.device, dim, 
                          "DataParallelCriterion, which is exact for uneven chunks")
             return tensors[0].to(target)  # one chunk: its scalar is the whole batch's
         tensors, dim = [t.reshape(1) for t in tensors], 0  # scalars become a vector
-    d = dim + tensors[0].dim() if dim < 0 else dim
-    if not 0 <= d < tensors[0].dim():
+    d = _split_dim(tensors[0], dim)
+    if d is None:
         raise UsageError(f"gather: {path} has {tensors[0].dim()} dimensions, no dim {dim}")
     shapes = [tuple(t.shape) for t in tensors]
     if any(len(s) != len(shapes[0]) for s in shapes):
@@ -255,9 +249,7 @@ def _gather(outputs: list, target: torch.device, dim, path: str, scalars: str) -
         return _gather_tensors(outputs, target, dim, path, scalars)
     items = _children(first)
     if items is None:
-        if first is None and all(o is None for o in outputs):
-            return None
-        try:  # the same object handed to every replica comes back once, else one per replica
+        try:  # the same object (None too) handed to every replica comes back once, else a list
             same = all(o is first or bool(o == first) for o in outputs[1:])
         except Exception:  # ambiguous or failing comparisons (arrays, odd objects)
             same = False

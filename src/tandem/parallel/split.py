@@ -56,7 +56,7 @@ def check_weights(weights: Sequence[float], devices: int | None, name: str = "sp
     """``weights`` as floats: one finite weight >= 0 per device (``None``: any count), not all 0."""
     name = param(name)
     weights = tuple(float(w) for w in weights)
-    shown = ",".join(f"{w:g}" for w in weights)
+    shown = format_shares(weights)
     if devices is not None and len(weights) != devices:
         raise UsageError(f"bad {name} {shown}: {len(weights)} weight(s) for {devices} device(s)",
                          hint="give one weight per device")
@@ -129,17 +129,15 @@ class BatchSplit:
     """
 
     steps_itself = False  # the class's, for an object pickled before these existed
-    _unobserved = False
+    _unobserved = False  # a timed forward's records wait for the next sizes()
 
     def __init__(self, split, count: int, max_share: int | None = None, *,
                  by_loader: bool = False, reduce: Callable | None = None,
                  clock: Callable | None = None, steps_itself: bool = False):
         self.count, self.max_share, self.by_loader = count, max_share, by_loader
-        self.steps_itself = steps_itself
-        self._unobserved = False  # a timed forward's records wait for the next sizes()
         self.fixed = None if split is None or split == AUTO else tuple(split)
         self.auto = AutoSplit(count) if split == AUTO else None
-        self.reduce, self.clock = reduce, clock
+        self.reduce, self.clock, self.steps_itself = reduce, clock, steps_itself
         self._schedule: list[tuple[int, int, tuple[float, ...]]] = []  # (epoch, batch, w)
         self._last_batch: int | None = None
         self.discard()  # the records, and the backward's span (see time_backward_start)
@@ -173,11 +171,9 @@ class BatchSplit:
         if not self.active:
             return None
         weights = self.weights()
-        if index is not None and self.auto is not None:
-            weights = (1.0,) * self.count
-            for where_epoch, where_batch, w in self._schedule:
-                if (where_epoch, where_batch) <= (epoch, index):
-                    weights = w
+        if index is not None and self.auto is not None:  # the last move made by that batch
+            weights = next((w for at_epoch, at_batch, w in reversed(self._schedule)
+                            if (at_epoch, at_batch) <= (epoch, index)), (1.0,) * self.count)
         check_max_share(batch, AUTO, self.count, self.max_share, "a batch of")  # caps move the rest
         self._last_batch = batch
         return capped(batch, weights or (1.0,) * self.count, self.max_share)
@@ -201,16 +197,15 @@ class BatchSplit:
         :meth:`sizes`: at once, it would wait for the device)."""
         if self.auto is None or not training or not torch.is_grad_enabled() or shares is None:
             return replicas
-        runs = list(replicas)
-        busy = [i for i, n in enumerate(shares) if n]
         for i, n in enumerate(shares):
             if not n:
                 self.record(i, 0, 0.0)
-        if len(busy) == len(runs):  # else an empty batch (one replica, no samples): no time
-            for k, i in enumerate(busy):
-                runs[k] = _timed(runs[k], devices[k], self, i, shares[i])
         self._unobserved = self.steps_itself
-        return runs
+        busy = [i for i, n in enumerate(shares) if n]
+        if len(busy) != len(replicas):  # an empty batch (one replica, no samples): no time
+            return list(replicas)
+        return [_timed(run, device, self, i, shares[i])
+                for run, device, i in zip(replicas, devices, busy)]
 
     def discard(self) -> None:
         """Forget what was recorded since the last :meth:`step` (the ``--compile`` warm-up)."""
@@ -243,9 +238,8 @@ class BatchSplit:
             # shares cut at the forward: move only when the next batch's shares change
             if self.auto.adjust(None if self.by_loader else self._last_batch):
                 self._schedule.append((epoch, batch + ahead, tuple(self.auto.weights)))
-        now = self.weights()
-        moved, self._shown = now != self._shown, now
-        return moved
+        shown, self._shown = self._shown, self.weights()
+        return self._shown != shown
 
     def _observe(self, epoch: int) -> None:
         samples = self._samples

@@ -121,26 +121,19 @@ def _check_count(count: int, where: str) -> None:
 def _anchor(x: torch.Tensor):
     """A grad-requiring scalar: a process whose input needs no gradient (an empty batch) still
     reaches the backward all-reduce the others wait in."""
-    if not torch.is_grad_enabled():
-        return None
-    return torch.zeros((), device=x.device, requires_grad=True)
+    return torch.zeros((), device=x.device, requires_grad=True) if torch.is_grad_enabled() else None
 
 
-def _check_parts(parts: list[_Part], group) -> list[bool]:
-    """Refuse parts that cannot merge; each replica's ``owner`` flag (False where its running
-    stats share storage with an earlier replica's: updated once)."""
+def _meet(parts: list[_Part], group, separate: bool) -> list[tuple]:
+    """By the last replica to arrive: ``(moments, owner)`` per replica from one GlobalMoments
+    node, or with ``separate`` ``(SharedMoments, owner)``; ``owner`` is False where a replica's
+    running stats share storage with an earlier replica's (updated once)."""
     channels = {p.moments.shape[-1] for p in parts}
     if len(channels) != 1:
         raise UsageError(f"SyncBatchNorm replicas disagree on channels: {sorted(channels)}")
     if group is None:
         _check_count(sum(p.count for p in parts), f"{len(parts)} replicas")
-    return [p.buffers not in {q.buffers for q in parts[:i]} for i, p in enumerate(parts)]
-
-
-def _meet(parts: list[_Part], group, separate: bool) -> list[tuple]:
-    """By the last replica to arrive: ``(moments, owner)`` per replica from one GlobalMoments
-    node, or with ``separate`` ``(SharedMoments, owner)``."""
-    owners = _check_parts(parts, group)
+    owners = [p.buffers not in {q.buffers for q in parts[:i]} for i, p in enumerate(parts)]
     if separate:
         with torch.no_grad():
             shared = SharedMoments(group, [p.moments.detach() for p in parts])

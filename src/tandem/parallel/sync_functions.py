@@ -78,52 +78,39 @@ class LocalMoments(torch.autograd.Function):
         return torch.addcmul(offset, centered, slope).to(x.dtype)
 
 
-def _global_stats(group, parts):
-    """``(local, merged, total, stats)``: ``parts`` stacked, merged over this process, over every
-    process (one ``all_gather``), and ``[count, mean, var, unbiased var]``."""
-    home = parts[0].device
-    local = torch.stack([p.to(home) for p in parts])  # (P, 3, C)
-    merged = merge_moments(local)  # this process's replicas, (3, C)
-    if group is not None:
-        gathered = [torch.empty_like(merged) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(gathered, merged.contiguous(), group=group)
-        total = merge_moments(torch.stack(gathered))
-    else:
-        total = merged
-    n, mean, m2 = total.unbind(0)
-    stats = torch.stack([n, mean, m2 / n.clamp(min=1), m2 / (n - 1).clamp(min=1)])
-    return local, merged, total, stats
-
-
-def _part_grads(group, local, merged, total, grads) -> torch.Tensor:
-    """Every part's gradient ``(P, 3, C)`` from the replicas' ``stats`` gradients (summed in
-    replica order; with ``group``, one ``all_reduce`` adds every process's)."""
-    home = local.device
-    present = [g.to(home) for g in grads if g is not None]
-    grad = torch.stack(present).sum(0) if present else torch.zeros_like(total)
-    g_mean, g_m2 = grad[1], grad[2] / total[0].clamp(min=1)  # var = m2 / n
-    if group is not None:
-        # every process's loss depends on the global moments: this process's share of the sum
-        both = torch.stack([g_mean, g_m2])
-        dist.all_reduce(both, group=group)
-        share = _merge_grads(merged.unsqueeze(0), total, both[0], both[1])[0]
-        g_mean, g_m2 = share[1], share[2]
-    return _merge_grads(local, merged, g_mean, g_m2)
-
-
 class SharedMoments:
     """One layer call's global statistics and their backward, for :class:`GlobalMoments` and
-    :class:`ReplicaMoments`; ``stats[i]`` on ``devices[i]`` (default: the parts')."""
+    :class:`ReplicaMoments`; ``stats[i]``, ``[count, mean, var, unbiased var]``, on
+    ``devices[i]`` (default: the parts'). With a process ``group``, one ``all_gather`` merges
+    every process's moments in forward and one ``all_reduce`` adds their gradients in backward."""
 
     def __init__(self, group, parts: Sequence[torch.Tensor], devices=None):
         self.group, self.devices = group, [p.device for p in parts]
-        self.local, self.merged, self.total, stats = _global_stats(group, parts)
+        self.local = torch.stack([p.to(self.devices[0]) for p in parts])  # (P, 3, C)
+        self.merged = merge_moments(self.local)  # this process's replicas, (3, C)
+        self.total = self.merged
+        if group is not None:
+            gathered = [torch.empty_like(self.merged) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(gathered, self.merged.contiguous(), group=group)
+            self.total = merge_moments(torch.stack(gathered))
+        n, mean, m2 = self.total.unbind(0)
+        stats = torch.stack([n, mean, m2 / n.clamp(min=1), m2 / (n - 1).clamp(min=1)])
         # a copy per output: autograd must not see one tensor returned twice
         self.stats = [stats.to(d, copy=True) for d in (devices or self.devices)]
 
     def part_grads(self, grads: list) -> list:
-        """Each replica's part gradient, on its device (once, in backward)."""
-        found = _part_grads(self.group, self.local, self.merged, self.total, grads)
+        """Each replica's part gradient, on its device, from the replicas' ``stats`` gradients
+        summed in replica order (once, in backward)."""
+        present = [g.to(self.local.device) for g in grads if g is not None]
+        grad = torch.stack(present).sum(0) if present else torch.zeros_like(self.total)
+        g_mean, g_m2 = grad[1], grad[2] / self.total[0].clamp(min=1)  # var = m2 / n
+        if self.group is not None:
+            # every process's loss depends on the global moments: this process's share of the sum
+            both = torch.stack([g_mean, g_m2])
+            dist.all_reduce(both, group=self.group)
+            share = _merge_grads(self.merged.unsqueeze(0), self.total, both[0], both[1])[0]
+            g_mean, g_m2 = share[1], share[2]
+        found = _merge_grads(self.local, self.merged, g_mean, g_m2)
         return [found[i].to(d) for i, d in enumerate(self.devices)]
 
 

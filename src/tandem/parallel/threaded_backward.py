@@ -69,19 +69,16 @@ class _Backward:
 
     def run(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Each replica's backward in its thread; the parameters' gradients, summed in order."""
-        work, at = [], 0
-        for outs, leaves in zip(self.outputs, self.leaves):
-            mine = grads[at: at + len(outs)]
-            at += len(outs)
-            work.append(functools.partial(_replica_backward, outs, mine, leaves))
+        pending = iter(grads)  # replica-major, as join collected the outputs
+        work = [functools.partial(_replica_backward, outs, [next(pending) for _ in outs], leaves)
+                for outs, leaves in zip(self.outputs, self.leaves)]
         # in the forward's group: layers that met in forward meet again in backward there
         found = parallel_apply(work, [()] * len(work), devices=self.group.devices, group=self.group)
         self.outputs = None  # frees every replica's graph
-        out = []
-        for j, p in enumerate(self.params):
-            parts = [g[j] for g in found if g is not None and g[j] is not None]
-            out.append(ordered_sum(parts, p.device) if parts else None)
-        return out
+        parts = [[g[j] for g in found if g is not None and g[j] is not None]
+                 for j in range(len(self.params))]
+        return [ordered_sum(column, p.device) if column else None
+                for column, p in zip(parts, self.params)]
 
 
 def _replica_backward(outputs, grads, leaves):
