@@ -185,18 +185,16 @@ def resumed(plan, parts: dict) -> tuple[dict, list[str]]:
     """Where the trainer starts (states loaded into ``parts``) and the lines to say."""
     if plan.checkpoint is None:
         return {}, []
-    ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
+    ckpt, path, cfg, s = plan.checkpoint, plan.resume_path, parts["cfg"], plan.strategy
     model, optimizer = parts["model"], parts["optimizer"]
     start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], optimizer,
-                           parts["scheduler"], parts["scaler"], plan.strategy.device,
-                           lambda state: plan.strategy.load_optimizer_state_dict(
-                               model, optimizer, state))
-    plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
-    if plan.strategy.compressor is not None:  # --grad-compression powersgd's state
-        notes += filter(None, [plan.strategy.compressor.load(
-            ckpt.get("grad_compression"), plan.strategy.rank, plan.strategy.device)])
+                           parts["scheduler"], parts["scaler"], s.device,
+                           lambda state: s.load_optimizer_state_dict(model, optimizer, state))
+    s.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
+    if s.compressor is not None:  # --grad-compression powersgd's state
+        notes += filter(None, [s.compressor.load(ckpt.get("grad_compression"), s.rank, s.device)])
     if parts["ema"] is not None:
-        notes += _restore_ema(parts["ema"], ckpt, path, plan.strategy, model)
+        notes += _restore_ema(parts["ema"], ckpt, path, s, model)
     if settings.is_foreign(ckpt):  # now that its steps are known
         check_max_steps(cfg, ckpt, start["position"].step, restarted=plan.place.restart > 0)
         notes += settings.assumed(cfg, plan.given, parts["config_dict"], ckpt)

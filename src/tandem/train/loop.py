@@ -394,8 +394,7 @@ class Trainer:
         split = self.strategy.split
         if split.weights() is None:
             return None
-        sizes = split.sizes(self.cfg.optim.batch_size)
-        return {str(i): n for i, n in enumerate(sizes)}
+        return {str(i): n for i, n in enumerate(split.sizes(self.cfg.optim.batch_size))}
 
     @torch.no_grad()
     def validate(self) -> Meter:
@@ -569,11 +568,9 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     scaler.update()
     if scheduler is None:
         return
-    if not scaler.is_enabled():
-        scheduler.step()
-        return
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_SKIPPED_FIRST, category=UserWarning)
+        if scaler.is_enabled():
+            warnings.filterwarnings("ignore", message=_SKIPPED_FIRST, category=UserWarning)
         scheduler.step()
 
 

@@ -65,10 +65,7 @@ class Meter:
         batch = torch.stack([loss.double() * count, *(h.double() for h in hits)])
         if confusion is not None:
             batch = torch.cat([batch, confusion.to(loss.device).reshape(-1).double()])
-        if self._sums is None:
-            self._sums = batch
-        else:
-            self._sums = self._sums.to(batch.device) + batch
+        self._sums = batch if self._sums is None else self._sums.to(batch.device) + batch
         self.count += count
         self._host = None
 
@@ -152,11 +149,7 @@ class Meter:
 
 
 def _cuda_devices(devices: Iterable[torch.device]) -> list[torch.device]:
-    seen = []
-    for d in devices:
-        if d.type == "cuda" and d not in seen:
-            seen.append(d)
-    return seen
+    return list(dict.fromkeys(d for d in devices if d.type == "cuda"))
 
 
 def reset_peak_memory(devices: Iterable[torch.device]) -> None:
@@ -267,8 +260,7 @@ def validated(val: Meter, smoothing: float) -> dict:
 
 def not_validated(train: Meter) -> dict:
     """A metrics row's validation fields without a validation set: null, not NaN."""
-    keys = ["val_loss", "val_finite", *score_fields("val", train)]
-    return dict.fromkeys(keys)
+    return dict.fromkeys(["val_loss", "val_finite", *score_fields("val", train)])
 
 
 def eval_scores(result: dict) -> str:

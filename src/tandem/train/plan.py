@@ -117,10 +117,9 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         if line is not None:
             return line if place.main else ""
         check_launched(cfg, ckpt, given, place)
-    run, source = RunDir(cfg.run.out), None
+    run = RunDir(cfg.run.out)
     continues = ckpt is not None and not settings.is_foreign(ckpt)
-    if continues:
-        source = RunDir.of(cfg.run.resume)
+    source = RunDir.of(cfg.run.resume) if continues else None
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
     # the flags first (a bad --devices is the mistake to name); the race only once --out allows
     racing = auto.is_resolver(cfg.parallel.strategy)
@@ -285,8 +284,7 @@ def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str], place: P
     """Refuse a multi-process run resumed outside its launcher, naming the command that
     launches it and a strategy that continues it in this one process."""
     saved, cls = ckpt.get("config"), strategy_class(cfg.parallel.strategy)
-    if not isinstance(saved, dict) or "strategy" in given or not cls.multiprocess or \
-            place.torchrun:
+    if not isinstance(saved, dict) or "strategy" in given or not cls.multiprocess or place.torchrun:
         return
     target = rundir.target_of(cfg.run.resume)
     out = f" --out {cfg.run.out}" if "out" in given else ""
@@ -421,12 +419,11 @@ def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement, place: Pla
     def check(name: str) -> str | None:  # the run's own refusals (--compile, --split)
         return _refusal(replace(p, strategy=name), cfg.model, place, supplied.model)
 
-    options = dataclasses.asdict(cfg.model)
     processes = agreement.world_size
     if processes > 1 and agreement.rank == 0:  # no budget there: say what it will take first
         print(auto.process_race_line(processes, p.auto_steps), flush=True)
     result = auto.resolve(
-        devices, model, (images, targets), options=options, check=check,
+        devices, model, (images, targets), options=dataclasses.asdict(cfg.model), check=check,
         amp=precision, lr=cfg.optim.lr,
         channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
         rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size),

@@ -45,9 +45,7 @@ def make_optimizer(cfg: OptimConfig, params, norms: PlainNorms | None = None
 
 def make_clip(cfg: OptimConfig, norms: PlainNorms) -> GradClip | None:
     """``--clip-grad``'s clip of the gradients of ``norms.params`` (``None`` without it)."""
-    if cfg.clip_grad is None:
-        return None
-    return GradClip(cfg.clip_grad, cfg.clip_mode, norms)
+    return None if cfg.clip_grad is None else GradClip(cfg.clip_grad, cfg.clip_mode, norms)
 
 
 def make_ema(cfg: OptimConfig, model: nn.Module) -> ModelEma | None:

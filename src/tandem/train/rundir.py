@@ -187,8 +187,7 @@ def command(saved: dict, target: str, extra: str = "") -> str:
     """The command that continues ``target`` as the run that saved ``saved`` ran, + ``extra``."""
     strategy = TrainConfig.from_dict(saved).parallel.strategy
     processes = int((saved.get("resolved") or {}).get("world_size") or 1)
-    multiprocess = strategy_class(strategy).multiprocess
-    return resume_command(target, multiprocess, processes) + extra
+    return resume_command(target, strategy_class(strategy).multiprocess, processes) + extra
 
 
 def _show(value) -> str:

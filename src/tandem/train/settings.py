@@ -218,9 +218,7 @@ def is_imagefolder(spec: str) -> bool:
 
 def size_rule(arch: str, data: str) -> int | None:
     """The default image side for ``arch`` on ``data`` (``None``: the data's own)."""
-    if is_imagefolder(data) and not is_reference(arch):
-        return native_input_size(arch)
-    return None
+    return native_input_size(arch) if is_imagefolder(data) and not is_reference(arch) else None
 
 
 def fresh_defaults(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
@@ -324,8 +322,7 @@ def _schedule_settings(cfg: TrainConfig, given: frozenset[str],
         if "lr_schedule" in given:
             said.append(f"--lr-schedule {optim.lr_schedule} overrides the file's {words}")
         else:
-            mine = {k: v for k, v in step.items() if k not in given}
-            optim = replace(optim, **mine)
+            optim = replace(optim, **{k: v for k, v in step.items() if k not in given})
             taken.append(f"lr schedule {words}")
     if "label_smoothing" not in given:  # the example's loss
         optim = replace(optim, label_smoothing=0.0)
