@@ -131,9 +131,8 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
     """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
     minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
     if info.image_size < minimum:
-        raise UsageError(f"{param('arch')} {cfg.arch} needs images of at least {minimum}px, "
-                         f"but {info.name} gives {info.image_size}px (set "
-                         f"{param('image_size')})")
+        raise UsageError(f"{param('arch')} {cfg.arch} needs images of at least {minimum}px, but "
+                         f"{info.name} gives {info.image_size}px (set {param('image_size')})")
     kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
     if cfg.drop_path:
         kwargs["drop_path"] = cfg.drop_path
@@ -314,8 +313,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
         notes.append(f"its StepLR goes on at epoch {position.epoch + 1} (lr {lr:.4g})")
     elif foreign_schedule:
         notes.append(f"its {foreign_schedule} state is not tandem's: tandem's --lr-schedule "
-                     f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} "
-                     f"(lr {lr:.4g})")
+                     f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} (lr {lr:.4g})")
     if settings.is_foreign(ckpt):
         notes.append(f"best.pt starts afresh in --out {cfg.run.out}: the file's best_acc1 "
                      f"{best:.2f}% was its own best model's, which this file does not hold")

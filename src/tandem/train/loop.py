@@ -349,9 +349,8 @@ class Trainer:
     def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
         s = self.strategy
         return self.loaders.get(dataset, self.cfg.optim.batch_size, shuffle=train,
-                                seed=self.cfg.run.seed, epoch=epoch,
-                                workers=self.cfg.data.workers, rank=s.rank,
-                                world_size=s.world_size, start_batch=start_batch,
+                                seed=self.cfg.run.seed, epoch=epoch, workers=self.cfg.data.workers,
+                                rank=s.rank, world_size=s.world_size, start_batch=start_batch,
                                 pin_memory=s.device.type == "cuda",
                                 split=s.split.loader_split() if train else None,
                                 mix=self.mixing if train else None)

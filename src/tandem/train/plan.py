@@ -424,10 +424,9 @@ def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement, place: Pla
         print(auto.process_race_line(processes, p.auto_steps), flush=True)
     result = auto.resolve(
         devices, model, (images, targets), options=dataclasses.asdict(cfg.model), check=check,
-        amp=precision, lr=cfg.optim.lr,
-        channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
-        rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size),
-        agreement=agreement)
+        amp=precision, lr=cfg.optim.lr, channels_last=p.channels_last, sync_bn=p.sync_bn,
+        buffers=p.buffers, split=split, rounds=p.auto_steps,
+        epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size), agreement=agreement)
     if agreement.rank == 0:
         where = f"{processes} processes" if processes > 1 else p.devices
         print(auto.format_block(result, result.planned,
@@ -457,8 +456,7 @@ def check_drop_path(cfg: ModelConfig, model: nn.Module | None = None) -> None:
     flag = f"{param('drop_path')} {cfg.drop_path}"
     if model is not None:
         raise UsageError(f"{flag} is for a model tandem builds (the zoo's ResNets); the model "
-                         f"handed over is yours: put tandem.keyed.DropPath in its residual "
-                         f"branches")
+                         "handed over is yours: put tandem.keyed.DropPath in its residual branches")
     if not is_reference(cfg.arch) and "drop_path" not in model_info(cfg.arch).options:
         takers = [n for n in list_models() if "drop_path" in model_info(n).options]
         raise UsageError(f"{flag}: {cfg.arch} has no residual blocks to drop; the models "

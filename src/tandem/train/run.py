@@ -189,10 +189,9 @@ def validate(plan: RunPlan) -> dict:
         smoothing = label_smoothing(trainer.criterion)
         return {"arch": cfg.model.arch, "loss": val.loss, "label_smoothing": smoothing,
                 "plain_ce": val.ce if smoothing else None, "acc": val.acc, "acc1": val.acc,
-                "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
-                "count": val.count, "compile_seconds": seconds,
-                "is_main": strategy.is_main, "image_size": info.image_size,
-                "precision": settings.precision_line(plan.precision)}
+                "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}), "count": val.count,
+                "compile_seconds": seconds, "is_main": strategy.is_main,
+                "image_size": info.image_size, "precision": settings.precision_line(plan.precision)}
 
 
 # -- --compile: compiled before the clock starts ---------------------------------------------------

@@ -96,9 +96,8 @@ class RunDir:
         what = self.describe()
         if what and not overwrite:
             raise UsageError(f"{param('out')} '{self.path}' already holds a run ({what})",
-                             hint=f"continue it with {param('resume')} {self.path}, choose "
-                                  f"another {param('out')}, or replace it with "
-                                  f"{param('overwrite')}")
+                             hint=f"continue it with {param('resume')} {self.path}, choose another "
+                                  f"{param('out')}, or replace it with {param('overwrite')}")
 
     def check_writable(self) -> None:
         """Refuse, before any work, a run that could not write here."""
@@ -243,8 +242,7 @@ def _refuse_changes(refused: list[tuple], path: str) -> None:
     them = "it" if len(refused) == 1 else "them"
     raise UsageError(f"{listed((n, new) for n, new, _ in refused)} would change the run of "
                      f"'{path}', which has {listed((n, old) for n, _, old in refused)}",
-                     hint=f"resume without {them}, or start a new run with another "
-                          f"{param('out')}")
+                     hint=f"resume without {them}, or start a new run with another {param('out')}")
 
 
 def stands_in(name: str, value) -> bool:

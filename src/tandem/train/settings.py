@@ -189,9 +189,8 @@ def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int, restarted: bool) ->
     if max_steps is not None and max_steps <= step and not restarted:
         flag = param("max_steps")
         raise UsageError(f"{flag} {max_steps}: {resume_target(cfg.run.resume, ckpt)[1]} has "
-                         f"already made {step} optimizer steps ({flag} counts them from "
-                         f"the run's start); give more, e.g. {flag} {step + max_steps} "
-                         f"for {max_steps} more")
+                         f"already made {step} optimizer steps ({flag} counts them from the run's "
+                         f"start); give more, e.g. {flag} {step + max_steps} for {max_steps} more")
 
 
 # -- a fresh run's defaults, and the lines said at its start ---------------------------------
@@ -244,8 +243,7 @@ def size_line(cfg: TrainConfig, given: frozenset[str], size: int) -> str | None:
     if not is_imagefolder(data):
         why = "the data's own"
     elif is_reference(arch):
-        why = (f"the data's shorter side: {arch} has no native size, and photos are "
-               f"cropped to it")
+        why = (f"the data's shorter side: {arch} has no native size, and photos are cropped to it")
     else:
         resize = round(size * 256 / 224)
         why = (f"{arch}'s native size: training crops {size}px, validation resized to "
