@@ -549,15 +549,6 @@ class Trainer:
         if advice:
             print(advice, flush=True)
 
-    def plot(self, records: list[dict]) -> None:
-        """``curves.png`` of ``records`` with every step's lr, drawn by the writer's thread."""
-        optim = self.cfg.optim
-        per_epoch = -(-self.batches_per_epoch // optim.accum_steps)
-        base, path, rows = self.scheduler.base_lrs[0], self.run_dir.curves, list(records)
-        classes = self.cfg.data.num_classes
-        self.writer.write(path, lambda: plot_curves(rows, path, schedule=(
-            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)), classes=classes))
-
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                    scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> None:
@@ -589,7 +580,13 @@ class _Figure:
             self.draw(trainer, records)
 
     def draw(self, trainer: Trainer, records: list[dict]) -> None:
-        trainer.plot(records)
+        """``curves.png`` of ``records`` with every step's lr, drawn by the writer's thread."""
+        optim = trainer.cfg.optim
+        per_epoch = -(-trainer.batches_per_epoch // optim.accum_steps)
+        base, path, rows = trainer.scheduler.base_lrs[0], trainer.run_dir.curves, list(records)
+        classes = trainer.cfg.data.num_classes
+        trainer.writer.write(path, lambda: plot_curves(rows, path, schedule=(
+            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)), classes=classes))
         self.drawn_at, self.behind = time.monotonic(), False
 
 
