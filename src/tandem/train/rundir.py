@@ -193,12 +193,10 @@ def _show(value) -> str:
     return "(none)" if value is None else str(value)
 
 
-def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
+def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict,
                   path: str, main: bool = True) -> tuple[TrainConfig, list[str]]:
     """The config to continue the run whose checkpoint at ``path`` holds ``saved`` (``main``:
     this process writes the run), and one line per accepted change."""
-    if not isinstance(saved, dict):
-        return cfg, []
     run = TrainConfig.from_dict(saved)
     if "dropout_rng" not in (saved.get("model") or {}):  # saved before dropout was keyed:
         run = dataclasses.replace(  # it goes on drawing from torch's generator, as it did
