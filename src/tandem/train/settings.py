@@ -245,9 +245,8 @@ def size_line(cfg: TrainConfig, given: frozenset[str], size: int) -> str | None:
     elif is_reference(arch):
         why = (f"the data's shorter side: {arch} has no native size, and photos are cropped to it")
     else:
-        resize = round(size * 256 / 224)
         why = (f"{arch}'s native size: training crops {size}px, validation resized to "
-               f"{resize} and centre-cropped to {size}")
+               f"{round(size * 256 / 224)} and centre-cropped to {size}")
     return f"image size {size}px ({why}; --image-size to change)"
 
 
