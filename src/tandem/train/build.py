@@ -260,8 +260,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
             scheduler, scaler, device=None, load_optimizer=None) -> tuple[dict, list[str]]:
     """Load ``ckpt``'s optimizer, scheduler, scaler and RNG into those built for the run
     (``load_optimizer(state)``: the strategy's loader of a plain-layout optimizer state).
-    Returns the trainer's ``position``, ``best_acc1`` and ``carried``, and the lines to say.
-    """
+    Returns the trainer's ``position``, ``best_acc1`` and ``carried``, and the lines to say."""
     steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
     epoch, batch, step = saved_position(ckpt)
     position = Position(epoch, batch, epoch * steps_per_epoch if step is None else int(step))

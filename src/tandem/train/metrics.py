@@ -21,8 +21,7 @@ class Meter:
     """Sums of per-sample loss, top-1 and top-5 hits, plain cross-entropy and the sample
     count, on this process. The sums stay on the losses' device, so :meth:`update` never waits
     for it; reading them costs one host sync. A non-finite loss leaves :attr:`finite` False for
-    good. A :attr:`dense` meter also sums confusion matrices: :attr:`acc` is then pixel accuracy.
-    """
+    good. A :attr:`dense` meter also sums confusion matrices: :attr:`acc` is then pixel accuracy."""
 
     def __init__(self):
         self.count = 0  # samples: a Python int, known without asking the device

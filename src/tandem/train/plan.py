@@ -230,8 +230,7 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
         ckpt.get("config") or {})))
     target = rundir.target_of(cfg.run.resume)
     what = " and ".join(_HANDED[n][0] for n in missing)
-    args = ", ".join(["model" if "arch" in handed else "None",
-                      "train_data, val_data" if "data" in handed else "None"])
+    args = ", ".join(_HANDED[n][1] if n in handed else "None" for n in ("arch", "data"))
     # every stand-in the run needs (offering only the missing one would drop the other)
     typed = {"arch": cfg.model.arch, "data": cfg.data.data}
     flags = " ".join(_HANDED[n][2] if n in missing or rundir.stands_in(n, typed[n])
