@@ -283,8 +283,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
     try:
         if own_schedule is not None:
             scheduler.load_state_dict(own_schedule)
-            # the lr of the step to come by this run's schedule, not the file's last lr
-            # (other --epochs changed the schedule)
+            # the lr this run's schedule gives the next step (--epochs may differ), not the file's
             factor = lr_factor(scheduler.last_epoch, cfg.optim, steps_per_epoch)
             for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
                 group["lr"] = base_lr * factor

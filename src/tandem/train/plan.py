@@ -70,8 +70,7 @@ class RunPlan:
     opening: tuple[str, ...] = ()  # lines the command line says as the run starts (--dummy)
     # the data sets (train, val, info) the race read, which the build takes (None: it reads)
     data: tuple | None = field(default=None, repr=False)
-    # the job's decisions (tandem.distributed.agree); one process: its own
-    agreement: Agreement = field(default=LOCAL, repr=False)
+    agreement: Agreement = field(default=LOCAL, repr=False)  # the job's decisions (alone: its own)
     place: Place = field(default_factory=Place, repr=False)  # the environment, read once
     precision: Precision = Precision("cpu")  # what --amp is on the strategy's device
 
