@@ -558,9 +558,11 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     scaler.update()
     if scheduler is None:
         return
+    if not scaler.is_enabled():
+        scheduler.step()
+        return
     with warnings.catch_warnings():
-        if scaler.is_enabled():
-            warnings.filterwarnings("ignore", message=_SKIPPED_FIRST, category=UserWarning)
+        warnings.filterwarnings("ignore", message=_SKIPPED_FIRST, category=UserWarning)
         scheduler.step()
 
 
