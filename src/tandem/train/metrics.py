@@ -228,9 +228,9 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
                   f"mIoU {r['val_miou']:.2f}% ")
     else:
         loss, acc = MIXED_WORDS if r.get("train_targets") == "mixed" else ("", "")
-        scores = (f"train loss {r['train_loss']:.4f}{loss} acc{acc} {r['train_acc']:.2f}% | val "
-                  f"{loss_words(r['val_loss'], smoothing, r.get('val_plain_ce'))} acc "
-                  f"{r['val_acc']:.2f}% acc5 {r['val_acc5']:.2f}% ")
+        scores = (f"train loss {r['train_loss']:.4f}{loss} acc{acc} {r['train_acc']:.2f}% | "
+                  f"val {loss_words(r['val_loss'], smoothing, r.get('val_plain_ce'))} "
+                  f"acc {r['val_acc']:.2f}% acc5 {r['val_acc5']:.2f}% ")
     if "ema_val_loss" in r:  # --model-ema: the average's validation
         scores += f"| ema val loss {r['ema_val_loss']:.4f} acc {r['ema_val_acc']:.2f}% "
     if r.get("grad_error") is not None:  # --grad-compression: the sampled step's error

@@ -243,7 +243,7 @@ def size_line(cfg: TrainConfig, given: frozenset[str], size: int) -> str | None:
     if not is_imagefolder(data):
         why = "the data's own"
     elif is_reference(arch):
-        why = (f"the data's shorter side: {arch} has no native size, and photos are cropped to it")
+        why = f"the data's shorter side: {arch} has no native size, and photos are cropped to it"
     else:
         why = (f"{arch}'s native size: training crops {size}px, validation resized to "
                f"{round(size * 256 / 224)} and centre-cropped to {size}")
