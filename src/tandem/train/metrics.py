@@ -169,8 +169,7 @@ class MetricsLog:
     rows past them (``None``: starts empty); ``dropped`` counts the rows dropped."""
 
     def __init__(self, path: str, *, keep_epochs: int | None):
-        self.path = path
-        self.dropped = 0
+        self.path, self.dropped = path, 0
         if keep_epochs is None:
             if os.path.exists(path):
                 os.remove(path)
