@@ -209,14 +209,13 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict,
             new, old = getattr(mine, f.name), getattr(theirs, f.name)
             policy = f.metadata.get("on_resume", FIXED)
             changed = f.name in given and new != old
-            flag = flag_of(f)[-1]
             if policy == FIXED and changed and not cfg.run.evaluate and not stands_in(f.name, old):
                 refused.append((f.name, new, old))
             values[f.name] = new if policy == PER_CALL or changed else old
             if policy == MAY_CHANGE and changed:
-                notes.append(_change_note(flag, new, old))
+                notes.append(_change_note(flag_of(f)[-1], new, old))
             elif policy == FIXED and changed:  # what tandem.fit was handed, named here
-                notes.append(f"{flag} {new}: in place of what tandem.fit was handed")
+                notes.append(f"{flag_of(f)[-1]} {new}: in place of what tandem.fit was handed")
         sections[name] = type(mine)(**values)
     if refused:
         _refuse_changes(refused, path)

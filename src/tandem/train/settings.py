@@ -101,8 +101,7 @@ def _check_rank0_holds_the_run(cfg: TrainConfig, place: Place, agreement: Agreem
     """After a change of nodes rank 0 may be a newcomer (the rendezvous ranks the nodes by
     address): refuse on every rank where another machine holds this launch's run and rank 0's
     does not, rather than start the run afresh there."""
-    holds = agreement.each(place.speaks and
-                           rundir.RunDir(cfg.run.out).launched_by(place.launch_id))
+    holds = agreement.each(place.speaks and rundir.RunDir(cfg.run.out).launched_by(place.launch_id))
     if holds[0] or not any(holds):
         return
     holder = agreement.peer_name(holds.index(True))
