@@ -347,10 +347,9 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig, place: Place,
         extra["env"] = agreement.env or read_env(place.environ,
                                                  who=f"{param('strategy')} {cfg.strategy}")
     strategy = create_strategy(cfg.strategy, devices, sync_bn=cfg.sync_bn, buffers=cfg.buffers,
-                               output_key=model_cfg.output_key,
+                               output_key=model_cfg.output_key, agreement=agreement,
                                options=dataclasses.asdict(model_cfg),
-                               backward_threads=_backward_threads(cfg, devices),
-                               agreement=agreement, **extra)
+                               backward_threads=_backward_threads(cfg, devices), **extra)
     if (cfg.split or cfg.max_share) and not strategy.splits_batch:
         flag = "--split" if cfg.split else "--max-share"
         raise UsageError(f"{flag} needs a strategy that splits the batch "
