@@ -131,9 +131,8 @@ def build_model(cfg: ModelConfig, info, seed: int) -> nn.Module:
     """Seed, then create ``cfg.arch`` on the CPU for ``info``'s classes, channels and size."""
     minimum = model_info(cfg.arch).min_input_size  # unknown arch: ValueError listing them
     if info.image_size < minimum:
-        raise UsageError(f"{param('arch')} {cfg.arch} needs images of at least {minimum}px, "
-                         f"but {info.name} gives {info.image_size}px (set "
-                         f"{param('image_size')})")
+        raise UsageError(f"{param('arch')} {cfg.arch} needs images of at least {minimum}px, but "
+                         f"{info.name} gives {info.image_size}px (set {param('image_size')})")
     kwargs = {} if cfg.dropout is None else {"dropout": cfg.dropout}
     if cfg.drop_path:
         kwargs["drop_path"] = cfg.drop_path
@@ -185,18 +184,16 @@ def resumed(plan, parts: dict) -> tuple[dict, list[str]]:
     """Where the trainer starts (states loaded into ``parts``) and the lines to say."""
     if plan.checkpoint is None:
         return {}, []
-    ckpt, path, cfg = plan.checkpoint, plan.resume_path, parts["cfg"]
+    ckpt, path, cfg, s = plan.checkpoint, plan.resume_path, parts["cfg"], plan.strategy
     model, optimizer = parts["model"], parts["optimizer"]
     start, notes = restore(ckpt, path, cfg, parts["batches_per_epoch"], optimizer,
-                           parts["scheduler"], parts["scaler"], plan.strategy.device,
-                           lambda state: plan.strategy.load_optimizer_state_dict(
-                               model, optimizer, state))
-    plan.strategy.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
-    if plan.strategy.compressor is not None:  # --grad-compression powersgd's state
-        notes += filter(None, [plan.strategy.compressor.load(
-            ckpt.get("grad_compression"), plan.strategy.rank, plan.strategy.device)])
+                           parts["scheduler"], parts["scaler"], s.device,
+                           lambda state: s.load_optimizer_state_dict(model, optimizer, state))
+    s.split.load_state_dict(ckpt.get("split"))  # --split auto's shares
+    if s.compressor is not None:  # --grad-compression powersgd's state
+        notes += filter(None, [s.compressor.load(ckpt.get("grad_compression"), s.rank, s.device)])
     if parts["ema"] is not None:
-        notes += _restore_ema(parts["ema"], ckpt, path, plan.strategy, model)
+        notes += _restore_ema(parts["ema"], ckpt, path, s, model)
     if settings.is_foreign(ckpt):  # now that its steps are known
         check_max_steps(cfg, ckpt, start["position"].step, restarted=plan.place.restart > 0)
         notes += settings.assumed(cfg, plan.given, parts["config_dict"], ckpt)
@@ -263,8 +260,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
             scheduler, scaler, device=None, load_optimizer=None) -> tuple[dict, list[str]]:
     """Load ``ckpt``'s optimizer, scheduler, scaler and RNG into those built for the run
     (``load_optimizer(state)``: the strategy's loader of a plain-layout optimizer state).
-    Returns the trainer's ``position``, ``best_acc1`` and ``carried``, and the lines to say.
-    """
+    Returns the trainer's ``position``, ``best_acc1`` and ``carried``, and the lines to say."""
     steps_per_epoch = -(-batches_per_epoch // cfg.optim.accum_steps)
     epoch, batch, step = saved_position(ckpt)
     position = Position(epoch, batch, epoch * steps_per_epoch if step is None else int(step))
@@ -287,8 +283,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
     try:
         if own_schedule is not None:
             scheduler.load_state_dict(own_schedule)
-            # the lr of the step to come by this run's schedule, not the file's last lr
-            # (other --epochs changed the schedule)
+            # the lr this run's schedule gives the next step (--epochs may differ), not the file's
             factor = lr_factor(scheduler.last_epoch, cfg.optim, steps_per_epoch)
             for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
                 group["lr"] = base_lr * factor
@@ -316,8 +311,7 @@ def restore(ckpt: dict, path: str, cfg: TrainConfig, batches_per_epoch: int, opt
         notes.append(f"its StepLR goes on at epoch {position.epoch + 1} (lr {lr:.4g})")
     elif foreign_schedule:
         notes.append(f"its {foreign_schedule} state is not tandem's: tandem's --lr-schedule "
-                     f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} "
-                     f"(lr {lr:.4g})")
+                     f"{cfg.optim.lr_schedule} resumes at epoch {position.epoch + 1} (lr {lr:.4g})")
     if settings.is_foreign(ckpt):
         notes.append(f"best.pt starts afresh in --out {cfg.run.out}: the file's best_acc1 "
                      f"{best:.2f}% was its own best model's, which this file does not hold")

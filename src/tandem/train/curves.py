@@ -137,7 +137,6 @@ def plot_curves(records: list[dict], path: str, title: str | None = None,
         return
     if title is None:
         title = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    fig = build_figure(records, title, schedule, classes)
     tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
+    build_figure(records, title, schedule, classes).savefig(tmp, dpi=100)
     os.replace(tmp, path)

@@ -40,9 +40,8 @@ def _averaged(ckpt: dict, path: str) -> dict:
 
 def evaluate(checkpoint_path: str, *, parallel: ParallelConfig, data: dict | None = None,
              batch_size: int | None = None, seed: int | None = None,
-             label_smoothing: float | None = None, arch: str | None = None,
-             amp: bool | None = None, amp_dtype: str | None = None, ema: bool = False,
-             place: Place) -> dict:
+             label_smoothing: float | None = None, arch: str | None = None, amp: bool | None = None,
+             amp_dtype: str | None = None, ema: bool = False, place: Place) -> dict:
     """Validate the checkpoint at ``checkpoint_path``; return its loss and accuracies.
 
     Its run's settings, each overridden by an argument given; ``arch`` for a file that names

@@ -349,9 +349,8 @@ class Trainer:
     def loader(self, dataset, *, train: bool, epoch: int, start_batch: int = 0):
         s = self.strategy
         return self.loaders.get(dataset, self.cfg.optim.batch_size, shuffle=train,
-                                seed=self.cfg.run.seed, epoch=epoch,
-                                workers=self.cfg.data.workers, rank=s.rank,
-                                world_size=s.world_size, start_batch=start_batch,
+                                seed=self.cfg.run.seed, epoch=epoch, workers=self.cfg.data.workers,
+                                rank=s.rank, world_size=s.world_size, start_batch=start_batch,
                                 pin_memory=s.device.type == "cuda",
                                 split=s.split.loader_split() if train else None,
                                 mix=self.mixing if train else None)
@@ -394,8 +393,7 @@ class Trainer:
         split = self.strategy.split
         if split.weights() is None:
             return None
-        sizes = split.sizes(self.cfg.optim.batch_size)
-        return {str(i): n for i, n in enumerate(sizes)}
+        return {str(i): n for i, n in enumerate(split.sizes(self.cfg.optim.batch_size))}
 
     @torch.no_grad()
     def validate(self) -> Meter:
@@ -551,15 +549,6 @@ class Trainer:
         if advice:
             print(advice, flush=True)
 
-    def plot(self, records: list[dict]) -> None:
-        """``curves.png`` of ``records`` with every step's lr, drawn by the writer's thread."""
-        optim = self.cfg.optim
-        per_epoch = -(-self.batches_per_epoch // optim.accum_steps)
-        base, path, rows = self.scheduler.base_lrs[0], self.run_dir.curves, list(records)
-        classes = self.cfg.data.num_classes
-        self.writer.write(path, lambda: plot_curves(rows, path, schedule=(
-            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)), classes=classes))
-
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                    scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> None:
@@ -593,7 +582,13 @@ class _Figure:
             self.draw(trainer, records)
 
     def draw(self, trainer: Trainer, records: list[dict]) -> None:
-        trainer.plot(records)
+        """``curves.png`` of ``records`` with every step's lr, drawn by the writer's thread."""
+        optim = trainer.cfg.optim
+        per_epoch = -(-trainer.batches_per_epoch // optim.accum_steps)
+        base, path, rows = trainer.scheduler.base_lrs[0], trainer.run_dir.curves, list(records)
+        classes = trainer.cfg.data.num_classes
+        trainer.writer.write(path, lambda: plot_curves(rows, path, schedule=(
+            per_epoch, lambda t: base * lr_factor(t, optim, per_epoch)), classes=classes))
         self.drawn_at, self.behind = time.monotonic(), False
 
 

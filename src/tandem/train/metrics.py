@@ -21,8 +21,7 @@ class Meter:
     """Sums of per-sample loss, top-1 and top-5 hits, plain cross-entropy and the sample
     count, on this process. The sums stay on the losses' device, so :meth:`update` never waits
     for it; reading them costs one host sync. A non-finite loss leaves :attr:`finite` False for
-    good. A :attr:`dense` meter also sums confusion matrices: :attr:`acc` is then pixel accuracy.
-    """
+    good. A :attr:`dense` meter also sums confusion matrices: :attr:`acc` is then pixel accuracy."""
 
     def __init__(self):
         self.count = 0  # samples: a Python int, known without asking the device
@@ -65,10 +64,7 @@ class Meter:
         batch = torch.stack([loss.double() * count, *(h.double() for h in hits)])
         if confusion is not None:
             batch = torch.cat([batch, confusion.to(loss.device).reshape(-1).double()])
-        if self._sums is None:
-            self._sums = batch
-        else:
-            self._sums = self._sums.to(batch.device) + batch
+        self._sums = batch if self._sums is None else self._sums.to(batch.device) + batch
         self.count += count
         self._host = None
 
@@ -152,11 +148,7 @@ class Meter:
 
 
 def _cuda_devices(devices: Iterable[torch.device]) -> list[torch.device]:
-    seen = []
-    for d in devices:
-        if d.type == "cuda" and d not in seen:
-            seen.append(d)
-    return seen
+    return list(dict.fromkeys(d for d in devices if d.type == "cuda"))
 
 
 def reset_peak_memory(devices: Iterable[torch.device]) -> None:
@@ -177,8 +169,7 @@ class MetricsLog:
     rows past them (``None``: starts empty); ``dropped`` counts the rows dropped."""
 
     def __init__(self, path: str, *, keep_epochs: int | None):
-        self.path = path
-        self.dropped = 0
+        self.path, self.dropped = path, 0
         if keep_epochs is None:
             if os.path.exists(path):
                 os.remove(path)
@@ -238,8 +229,7 @@ def summary_line(r: dict, epochs: int, batches: int, smoothing: float = 0.0) -> 
         loss, acc = MIXED_WORDS if r.get("train_targets") == "mixed" else ("", "")
         scores = (f"train loss {r['train_loss']:.4f}{loss} acc{acc} {r['train_acc']:.2f}% | "
                   f"val {loss_words(r['val_loss'], smoothing, r.get('val_plain_ce'))} "
-                  f"acc {r['val_acc']:.2f}% "
-                  f"acc5 {r['val_acc5']:.2f}% ")
+                  f"acc {r['val_acc']:.2f}% acc5 {r['val_acc5']:.2f}% ")
     if "ema_val_loss" in r:  # --model-ema: the average's validation
         scores += f"| ema val loss {r['ema_val_loss']:.4f} acc {r['ema_val_acc']:.2f}% "
     if r.get("grad_error") is not None:  # --grad-compression: the sampled step's error
@@ -267,8 +257,7 @@ def validated(val: Meter, smoothing: float) -> dict:
 
 def not_validated(train: Meter) -> dict:
     """A metrics row's validation fields without a validation set: null, not NaN."""
-    keys = ["val_loss", "val_finite", *score_fields("val", train)]
-    return dict.fromkeys(keys)
+    return dict.fromkeys(["val_loss", "val_finite", *score_fields("val", train)])
 
 
 def eval_scores(result: dict) -> str:

@@ -70,8 +70,7 @@ class RunPlan:
     opening: tuple[str, ...] = ()  # lines the command line says as the run starts (--dummy)
     # the data sets (train, val, info) the race read, which the build takes (None: it reads)
     data: tuple | None = field(default=None, repr=False)
-    # the job's decisions (tandem.distributed.agree); one process: its own
-    agreement: Agreement = field(default=LOCAL, repr=False)
+    agreement: Agreement = field(default=LOCAL, repr=False)  # the job's decisions (alone: its own)
     place: Place = field(default_factory=Place, repr=False)  # the environment, read once
     precision: Precision = Precision("cpu")  # what --amp is on the strategy's device
 
@@ -117,10 +116,9 @@ def plan_train(cfg: TrainConfig, given: frozenset[str] = frozenset(),
         if line is not None:
             return line if place.main else ""
         check_launched(cfg, ckpt, given, place)
-    run, source = RunDir(cfg.run.out), None
+    run = RunDir(cfg.run.out)
     continues = ckpt is not None and not settings.is_foreign(ckpt)
-    if continues:
-        source = RunDir.of(cfg.run.resume)
+    source = RunDir.of(cfg.run.resume) if continues else None
     mode = FRESH if not continues else RESUMED if run.same(source) else FORKED
     # the flags first (a bad --devices is the mistake to name); the race only once --out allows
     racing = auto.is_resolver(cfg.parallel.strategy)
@@ -231,8 +229,7 @@ def _check_handed(cfg: TrainConfig, ckpt: dict, supplied: Supplied) -> None:
         ckpt.get("config") or {})))
     target = rundir.target_of(cfg.run.resume)
     what = " and ".join(_HANDED[n][0] for n in missing)
-    args = ", ".join(["model" if "arch" in handed else "None",
-                      "train_data, val_data" if "data" in handed else "None"])
+    args = ", ".join(_HANDED[n][1] if n in handed else "None" for n in ("arch", "data"))
     # every stand-in the run needs (offering only the missing one would drop the other)
     typed = {"arch": cfg.model.arch, "data": cfg.data.data}
     flags = " ".join(_HANDED[n][2] if n in missing or rundir.stands_in(n, typed[n])
@@ -285,8 +282,7 @@ def check_launched(cfg: TrainConfig, ckpt: dict, given: frozenset[str], place: P
     """Refuse a multi-process run resumed outside its launcher, naming the command that
     launches it and a strategy that continues it in this one process."""
     saved, cls = ckpt.get("config"), strategy_class(cfg.parallel.strategy)
-    if not isinstance(saved, dict) or "strategy" in given or not cls.multiprocess or \
-            place.torchrun:
+    if not isinstance(saved, dict) or "strategy" in given or not cls.multiprocess or place.torchrun:
         return
     target = rundir.target_of(cfg.run.resume)
     out = f" --out {cfg.run.out}" if "out" in given else ""
@@ -351,10 +347,9 @@ def _strategy(cfg: ParallelConfig, model_cfg: ModelConfig, place: Place,
         extra["env"] = agreement.env or read_env(place.environ,
                                                  who=f"{param('strategy')} {cfg.strategy}")
     strategy = create_strategy(cfg.strategy, devices, sync_bn=cfg.sync_bn, buffers=cfg.buffers,
-                               output_key=model_cfg.output_key,
+                               output_key=model_cfg.output_key, agreement=agreement,
                                options=dataclasses.asdict(model_cfg),
-                               backward_threads=_backward_threads(cfg, devices),
-                               agreement=agreement, **extra)
+                               backward_threads=_backward_threads(cfg, devices), **extra)
     if (cfg.split or cfg.max_share) and not strategy.splits_batch:
         flag = "--split" if cfg.split else "--max-share"
         raise UsageError(f"{flag} needs a strategy that splits the batch "
@@ -421,16 +416,14 @@ def _race(cfg: TrainConfig, supplied: Supplied, agreement: Agreement, place: Pla
     def check(name: str) -> str | None:  # the run's own refusals (--compile, --split)
         return _refusal(replace(p, strategy=name), cfg.model, place, supplied.model)
 
-    options = dataclasses.asdict(cfg.model)
     processes = agreement.world_size
     if processes > 1 and agreement.rank == 0:  # no budget there: say what it will take first
         print(auto.process_race_line(processes, p.auto_steps), flush=True)
     result = auto.resolve(
-        devices, model, (images, targets), options=options, check=check,
-        amp=precision, lr=cfg.optim.lr,
-        channels_last=p.channels_last, sync_bn=p.sync_bn, buffers=p.buffers, split=split,
-        rounds=p.auto_steps, epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size),
-        agreement=agreement)
+        devices, model, (images, targets), options=dataclasses.asdict(cfg.model), check=check,
+        amp=precision, lr=cfg.optim.lr, channels_last=p.channels_last, sync_bn=p.sync_bn,
+        buffers=p.buffers, split=split, rounds=p.auto_steps,
+        epoch_batches=batches_per_epoch(train_set, cfg.optim.batch_size), agreement=agreement)
     if agreement.rank == 0:
         where = f"{processes} processes" if processes > 1 else p.devices
         print(auto.format_block(result, result.planned,
@@ -460,8 +453,7 @@ def check_drop_path(cfg: ModelConfig, model: nn.Module | None = None) -> None:
     flag = f"{param('drop_path')} {cfg.drop_path}"
     if model is not None:
         raise UsageError(f"{flag} is for a model tandem builds (the zoo's ResNets); the model "
-                         f"handed over is yours: put tandem.keyed.DropPath in its residual "
-                         f"branches")
+                         "handed over is yours: put tandem.keyed.DropPath in its residual branches")
     if not is_reference(cfg.arch) and "drop_path" not in model_info(cfg.arch).options:
         takers = [n for n in list_models() if "drop_path" in model_info(n).options]
         raise UsageError(f"{flag}: {cfg.arch} has no residual blocks to drop; the models "

@@ -14,8 +14,7 @@ class Progress:
     """Shows loss, accuracy and images/s (the job's) while an epoch trains: a tqdm bar on a
     terminal (``bar``; this process's values, after ``scope``), else a line every
     ``print_freq`` batches. ``wait``: a :class:`~.datawait.DataWait`, shown as ``data 62%``;
-    ``mixed``: the targets are mixup's or cutmix's (:data:`~.metrics.MIXED_WORDS`).
-    """
+    ``mixed``: the targets are mixup's or cutmix's (:data:`~.metrics.MIXED_WORDS`)."""
 
     def __init__(self, total: int, initial: int, desc: str, *, bar: bool, print_freq: int = 0,
                  refresh: float = 1.0, scope: str = "", wait=None, mixed: bool = False):

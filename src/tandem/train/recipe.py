@@ -36,18 +36,15 @@ def lr_line(cfg: OptimConfig) -> str | None:
 def make_optimizer(cfg: OptimConfig, params, norms: PlainNorms | None = None
                    ) -> torch.optim.Optimizer:
     """The optimizer ``cfg`` names over ``params`` at the scaled learning rate."""
-    return create_optimizer(cfg.optimizer, params, lr=scaled_lr(cfg),
-                            weight_decay=cfg.weight_decay, momentum=cfg.momentum,
-                            nesterov=cfg.nesterov, betas=cfg.betas(), eps=cfg.opt_eps,
-                            trust_coefficient=cfg.lars_trust,
+    return create_optimizer(cfg.optimizer, params, lr=scaled_lr(cfg), weight_decay=cfg.weight_decay,
+                            momentum=cfg.momentum, nesterov=cfg.nesterov, betas=cfg.betas(),
+                            eps=cfg.opt_eps, trust_coefficient=cfg.lars_trust,
                             exclude_norm=cfg.excludes_norm(), norms=norms)
 
 
 def make_clip(cfg: OptimConfig, norms: PlainNorms) -> GradClip | None:
     """``--clip-grad``'s clip of the gradients of ``norms.params`` (``None`` without it)."""
-    if cfg.clip_grad is None:
-        return None
-    return GradClip(cfg.clip_grad, cfg.clip_mode, norms)
+    return None if cfg.clip_grad is None else GradClip(cfg.clip_grad, cfg.clip_mode, norms)
 
 
 def make_ema(cfg: OptimConfig, model: nn.Module) -> ModelEma | None:

@@ -14,7 +14,6 @@ from tandem.distributed import launch_state, membership
 from tandem.distributed.compression import POWERSGD_START
 from tandem.distributed.env import Environment
 from tandem.distributed.faults import ABORTS
-from tandem.distributed.launch_state import LaunchState
 from tandem.distributed.process_group import Job
 from tandem.distributed.resume_command import resume_command_here
 from tandem.errors import UsageError
@@ -78,7 +77,7 @@ def _run_facts(plan: RunPlan, start: dict) -> tuple[dict, str | None]:
     strategy, out = plan.strategy, plan.cfg.run.out
     position = start.get("position")
     kept = position.step if plan.mode == RESUMED and position is not None else None
-    state = LaunchState.of_worker(plan.place.environ, plan.place.speaks)
+    state = launch_state.LaunchState.of_worker(plan.place.environ, plan.place.speaks)
     # the workers that ended last on this node told its launcher their last completed step
     ended = launch_state.read(state.path).get("completed") if state is not None else None
     change = None
@@ -189,10 +188,9 @@ def validate(plan: RunPlan) -> dict:
         smoothing = label_smoothing(trainer.criterion)
         return {"arch": cfg.model.arch, "loss": val.loss, "label_smoothing": smoothing,
                 "plain_ce": val.ce if smoothing else None, "acc": val.acc, "acc1": val.acc,
-                "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}),
-                "count": val.count, "compile_seconds": seconds,
-                "is_main": strategy.is_main, "image_size": info.image_size,
-                "precision": settings.precision_line(plan.precision)}
+                "acc5": val.acc5, **({"miou": val.miou} if val.dense else {}), "count": val.count,
+                "compile_seconds": seconds, "is_main": strategy.is_main,
+                "image_size": info.image_size, "precision": settings.precision_line(plan.precision)}
 
 
 # -- --compile: compiled before the clock starts ---------------------------------------------------

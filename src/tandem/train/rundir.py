@@ -96,9 +96,8 @@ class RunDir:
         what = self.describe()
         if what and not overwrite:
             raise UsageError(f"{param('out')} '{self.path}' already holds a run ({what})",
-                             hint=f"continue it with {param('resume')} {self.path}, choose "
-                                  f"another {param('out')}, or replace it with "
-                                  f"{param('overwrite')}")
+                             hint=f"continue it with {param('resume')} {self.path}, choose another "
+                                  f"{param('out')}, or replace it with {param('overwrite')}")
 
     def check_writable(self) -> None:
         """Refuse, before any work, a run that could not write here."""
@@ -187,20 +186,17 @@ def command(saved: dict, target: str, extra: str = "") -> str:
     """The command that continues ``target`` as the run that saved ``saved`` ran, + ``extra``."""
     strategy = TrainConfig.from_dict(saved).parallel.strategy
     processes = int((saved.get("resolved") or {}).get("world_size") or 1)
-    multiprocess = strategy_class(strategy).multiprocess
-    return resume_command(target, multiprocess, processes) + extra
+    return resume_command(target, strategy_class(strategy).multiprocess, processes) + extra
 
 
 def _show(value) -> str:
     return "(none)" if value is None else str(value)
 
 
-def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
+def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict,
                   path: str, main: bool = True) -> tuple[TrainConfig, list[str]]:
     """The config to continue the run whose checkpoint at ``path`` holds ``saved`` (``main``:
     this process writes the run), and one line per accepted change."""
-    if not isinstance(saved, dict):
-        return cfg, []
     run = TrainConfig.from_dict(saved)
     if "dropout_rng" not in (saved.get("model") or {}):  # saved before dropout was keyed:
         run = dataclasses.replace(  # it goes on drawing from torch's generator, as it did
@@ -213,14 +209,13 @@ def resume_config(cfg: TrainConfig, given: frozenset[str], saved: dict | None,
             new, old = getattr(mine, f.name), getattr(theirs, f.name)
             policy = f.metadata.get("on_resume", FIXED)
             changed = f.name in given and new != old
-            flag = flag_of(f)[-1]
             if policy == FIXED and changed and not cfg.run.evaluate and not stands_in(f.name, old):
                 refused.append((f.name, new, old))
             values[f.name] = new if policy == PER_CALL or changed else old
             if policy == MAY_CHANGE and changed:
-                notes.append(_change_note(flag, new, old))
+                notes.append(_change_note(flag_of(f)[-1], new, old))
             elif policy == FIXED and changed:  # what tandem.fit was handed, named here
-                notes.append(f"{flag} {new}: in place of what tandem.fit was handed")
+                notes.append(f"{flag_of(f)[-1]} {new}: in place of what tandem.fit was handed")
         sections[name] = type(mine)(**values)
     if refused:
         _refuse_changes(refused, path)
@@ -244,8 +239,7 @@ def _refuse_changes(refused: list[tuple], path: str) -> None:
     them = "it" if len(refused) == 1 else "them"
     raise UsageError(f"{listed((n, new) for n, new, _ in refused)} would change the run of "
                      f"'{path}', which has {listed((n, old) for n, _, old in refused)}",
-                     hint=f"resume without {them}, or start a new run with another "
-                          f"{param('out')}")
+                     hint=f"resume without {them}, or start a new run with another {param('out')}")
 
 
 def stands_in(name: str, value) -> bool:

@@ -92,13 +92,12 @@ def _who(owner: dict) -> str:
 
 def _owner(run: RunDir) -> dict | None:
     """:func:`_read`, waiting up to 2 s while the lock reads empty (it may be being written)."""
-    owner = _read(run)
     for _ in range(20):
-        if owner != {}:
-            break
-        time.sleep(0.1)
         owner = _read(run)
-    return owner
+        if owner != {}:
+            return owner
+        time.sleep(0.1)
+    return _read(run)
 
 
 def check_free(run: RunDir, place: Place = Place(), me: dict | None = None) -> None:

@@ -101,8 +101,7 @@ def _check_rank0_holds_the_run(cfg: TrainConfig, place: Place, agreement: Agreem
     """After a change of nodes rank 0 may be a newcomer (the rendezvous ranks the nodes by
     address): refuse on every rank where another machine holds this launch's run and rank 0's
     does not, rather than start the run afresh there."""
-    holds = agreement.each(place.speaks and
-                           rundir.RunDir(cfg.run.out).launched_by(place.launch_id))
+    holds = agreement.each(place.speaks and rundir.RunDir(cfg.run.out).launched_by(place.launch_id))
     if holds[0] or not any(holds):
         return
     holder = agreement.peer_name(holds.index(True))
@@ -189,9 +188,8 @@ def check_max_steps(cfg: TrainConfig, ckpt: dict, step: int, restarted: bool) ->
     if max_steps is not None and max_steps <= step and not restarted:
         flag = param("max_steps")
         raise UsageError(f"{flag} {max_steps}: {resume_target(cfg.run.resume, ckpt)[1]} has "
-                         f"already made {step} optimizer steps ({flag} counts them from "
-                         f"the run's start); give more, e.g. {flag} {step + max_steps} "
-                         f"for {max_steps} more")
+                         f"already made {step} optimizer steps ({flag} counts them from the run's "
+                         f"start); give more, e.g. {flag} {step + max_steps} for {max_steps} more")
 
 
 # -- a fresh run's defaults, and the lines said at its start ---------------------------------
@@ -218,9 +216,7 @@ def is_imagefolder(spec: str) -> bool:
 
 def size_rule(arch: str, data: str) -> int | None:
     """The default image side for ``arch`` on ``data`` (``None``: the data's own)."""
-    if is_imagefolder(data) and not is_reference(arch):
-        return native_input_size(arch)
-    return None
+    return native_input_size(arch) if is_imagefolder(data) and not is_reference(arch) else None
 
 
 def fresh_defaults(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
@@ -246,12 +242,10 @@ def size_line(cfg: TrainConfig, given: frozenset[str], size: int) -> str | None:
     if not is_imagefolder(data):
         why = "the data's own"
     elif is_reference(arch):
-        why = (f"the data's shorter side: {arch} has no native size, and photos are "
-               f"cropped to it")
+        why = f"the data's shorter side: {arch} has no native size, and photos are cropped to it"
     else:
-        resize = round(size * 256 / 224)
         why = (f"{arch}'s native size: training crops {size}px, validation resized to "
-               f"{resize} and centre-cropped to {size}")
+               f"{round(size * 256 / 224)} and centre-cropped to {size}")
     return f"image size {size}px ({why}; --image-size to change)"
 
 
@@ -324,8 +318,7 @@ def _schedule_settings(cfg: TrainConfig, given: frozenset[str],
         if "lr_schedule" in given:
             said.append(f"--lr-schedule {optim.lr_schedule} overrides the file's {words}")
         else:
-            mine = {k: v for k, v in step.items() if k not in given}
-            optim = replace(optim, **mine)
+            optim = replace(optim, **{k: v for k, v in step.items() if k not in given})
             taken.append(f"lr schedule {words}")
     if "label_smoothing" not in given:  # the example's loss
         optim = replace(optim, label_smoothing=0.0)

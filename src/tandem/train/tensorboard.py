@@ -19,16 +19,14 @@ TAGS = {
 
 
 def _number(value) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class TensorBoard:
     """A ``SummaryWriter`` on ``RUN/tb`` fed one metrics row at a time, opened at the first."""
 
     def __init__(self, writer_class, path: str):
-        self._writer_class, self.path = writer_class, path
-        self.writer = None
+        self._writer_class, self.path, self.writer = writer_class, path, None
 
     @staticmethod
     def clear(path: str) -> None:

@@ -30,9 +30,8 @@ class Writer:
 
     def __init__(self, slow_after: float | None = None, say: Callable[[str], None] | None = None,
                  on_written: Callable[[int], None] | None = None):
-        self.slow_after = slow_after
+        self.slow_after, self.on_written = slow_after, on_written
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.on_written = on_written
         self.written_step: int | None = None
         self._pending: list[tuple[str, Callable[[], None], int | None, bool]] = []
         self._busy = False
