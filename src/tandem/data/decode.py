@@ -25,9 +25,8 @@ from tandem.errors import TandemError
 DECODERS = ("simplejpeg", "pillow")
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
-# What the decoders raise for a file they refuse: OSError (Pillow's unidentified or truncated
-# data), SyntaxError and EOFError (Pillow's parsers), ValueError (simplejpeg's decode errors)
-# and Pillow's DecompressionBombError.
+# what the decoders raise for a file they refuse: Pillow's OSError (unidentified, truncated),
+# SyntaxError, EOFError (its parsers) and DecompressionBombError; simplejpeg's ValueError
 DECODER_ERRORS = (OSError, SyntaxError, EOFError, ValueError, Image.DecompressionBombError)
 
 
@@ -44,8 +43,7 @@ def decoding(path):
     except TandemError:
         raise
     except DECODER_ERRORS as exc:
-        raise UnreadableImage(f"unreadable image '{path}': {type(exc).__name__}: {exc}") \
-            from exc
+        raise UnreadableImage(f"unreadable image '{path}': {type(exc).__name__}: {exc}") from exc
 
 
 def default_decoder() -> str:

@@ -140,9 +140,8 @@ class DeviceDecoder:
         for (at, _, _, job), image in zip(batch.jobs, self._decoded(batch.files())):
             if isinstance(image, Exception):  # refused here: the CPU path, in this process
                 self._refused(image)
-                crop, label = self.dataset.base.decode_key(job.key)
-                pieces[at], labels[at] = torch.from_numpy(crop).permute(2, 0, 1), label
-                pieces[at] = pieces[at].to(self.device)
+                crop, labels[at] = self.dataset.base.decode_key(job.key)
+                pieces[at] = torch.from_numpy(crop).permute(2, 0, 1).to(self.device)
                 continue
             pieces[at] = crop_resize(image, job, size)
             if job.flip:

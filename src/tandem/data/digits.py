@@ -22,8 +22,7 @@ class DigitsDataset(ImageDataset):
         size = images.shape[-1]
         super().__init__(shape=(1, size, size), augment=augment, pad=max(1, size // 8),
                          flip=False, mean=[mean], std=[std])
-        self.images = images
-        self.labels = labels
+        self.images, self.labels = images, labels
 
     def __len__(self) -> int:
         return self.images.shape[0]
