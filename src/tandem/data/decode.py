@@ -61,8 +61,7 @@ def read_bytes(path) -> bytes:
 
 def open_pillow(data: bytes, path) -> Image.Image:
     """Pillow's image of ``data``, decoded in one call (libjpeg gets the whole file, not 64 KB
-    blocks, and never suspends mid-scan). Not an image: ``UnidentifiedImageError`` naming
-    ``path``."""
+    blocks, and never suspends mid-scan); not an image: ``UnidentifiedImageError`` naming it."""
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
