@@ -164,11 +164,10 @@ class LoaderCache:
     def get(self, dataset, batch_size: int, *, epoch: int, start_batch: int = 0,
             **settings) -> DataLoader:
         key = (id(dataset), batch_size, *sorted(settings.items()))
-        if key in self._loaders:
-            loader = self._loaders[key][1]
-            loader.batch_sampler.set_position(epoch, start_batch)
-            return loader
-        loader = make_loader(dataset, batch_size, epoch=epoch, start_batch=start_batch,
-                             persistent=True, **settings)
-        self._loaders[key] = (dataset, loader)  # holding the dataset keeps its id unique
+        if key not in self._loaders:  # holding the dataset keeps its id unique
+            self._loaders[key] = (dataset, make_loader(
+                dataset, batch_size, epoch=epoch, start_batch=start_batch, persistent=True,
+                **settings))
+        loader = self._loaders[key][1]
+        loader.batch_sampler.set_position(epoch, start_batch)
         return loader
