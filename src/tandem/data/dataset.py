@@ -151,11 +151,9 @@ def stratified_split(labels: Sequence[int], val_fraction: float, seed: int
     least one of a class of two or more, none of one), shuffled by ``seed``."""
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
-    train: list[int] = []
-    val: list[int] = []
+    train, val = [], []
     for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        idx = idx[rng.permutation(len(idx))]
+        idx = rng.permutation(np.flatnonzero(labels == c))
         k = int(round(val_fraction * len(idx)))
         k = min(max(k, 1 if len(idx) > 1 else 0), len(idx) - 1)
         val.extend(idx[:k].tolist())
