@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - exercised where simplejpeg is absent
 from tandem.errors import TandemError
 
 DECODERS = ("simplejpeg", "pillow")
-_JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_START = b"\xff\xd8\xff"  # a JPEG file's first bytes
 
 # what the decoders raise for a file they refuse: Pillow's OSError (unidentified, truncated),
 # SyntaxError, EOFError (its parsers) and DecompressionBombError; simplejpeg's ValueError
@@ -140,7 +140,7 @@ def open_image(path, decoder: str | None = None):
         raise ImportError("decoder='simplejpeg' needs the simplejpeg package")
     with decoding(path):
         data = read_bytes(path)
-        if decoder == "simplejpeg" and data.startswith(_JPEG_MAGIC):
+        if decoder == "simplejpeg" and data.startswith(JPEG_START):
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
             if colorspace not in ("CMYK", "YCCK"):  # simplejpeg keeps those as 4 channels
                 return SimpleJpegImage(data, height, width, path)

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .decode import DECODER_ERRORS, open_pillow, read_bytes
+from .decode import DECODER_ERRORS, JPEG_START, open_pillow, read_bytes
 from .imagefolder import first_decodable
 from .imagenet_transforms import train_draws, val_geometry
 from .loader import collate
 from .paired import delegating
 from .transforms import SampleRandom
 
-_JPEG_START, _JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
+_JPEG_END = b"\xff\xd9"
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class EncodedBatch:
 
 def jpeg_size(data: bytes, path) -> tuple[int, int] | None:
     """``(width, height)`` of a complete RGB or greyscale JPEG; None for the CPU path."""
-    if not data.startswith(_JPEG_START) or _JPEG_END not in data[-32:]:
+    if not data.startswith(JPEG_START) or _JPEG_END not in data[-32:]:
         return None
     try:
         img = open_pillow(data, path)
