@@ -95,9 +95,7 @@ class ImageFolderDataset(ImageDataset):
                  decoder: str | None = None):
         super().__init__(shape=(3, image_size, image_size), augment=augment,
                          pad=image_size // 8, flip=True, mean=MEAN, std=STD)
-        self.samples = samples
-        self.image_size = image_size
-        self.decoder = decoder
+        self.samples, self.image_size, self.decoder = samples, image_size, decoder
         self._bad: set[int] = set()
 
     def __len__(self) -> int:
