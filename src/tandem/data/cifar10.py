@@ -108,9 +108,8 @@ def load_cifar10(directory: Path, *, augment: str, image_size: int | None,
     check_size(size, "CIFAR-10")
     train = val = None
     if "train" in splits:
-        batches = [read_batch(directory / f) for f in TRAIN_FILES]
-        train = Cifar10Dataset(np.concatenate([b[0] for b in batches]),
-                               np.concatenate([b[1] for b in batches]), augment=augment,
+        images, labels = zip(*[read_batch(directory / f) for f in TRAIN_FILES])
+        train = Cifar10Dataset(np.concatenate(images), np.concatenate(labels), augment=augment,
                                image_size=size)
     if "val" in splits:
         val = Cifar10Dataset(*read_batch(directory / TEST_FILE), augment="none", image_size=size)

@@ -38,12 +38,6 @@ class DatasetInfo:
     classes: list[str] | None = None
 
 
-def check_augment(augment: str) -> str:
-    if augment not in AUGMENT_MODES:
-        raise UsageError(f"unknown augment {augment!r}; choose one of: {', '.join(AUGMENT_MODES)}")
-    return augment
-
-
 @dataclass(frozen=True)
 class Recipe:
     """A split's augmentation: ``geometry`` (:data:`AUGMENT_MODES`, or ``auto`` until the data
@@ -105,12 +99,13 @@ class ImageDataset(Dataset):
                  mean: Sequence[float], std: Sequence[float]):
         self.shape = tuple(shape)  # (C, H, W) of every sample this dataset returns
         self.recipe = parse_augment(augment)
-        self.augment = check_augment(self.recipe.geometry)  # the geometry
+        self.augment = self.recipe.geometry
+        if self.augment not in AUGMENT_MODES:
+            raise UsageError(f"unknown augment {self.augment!r}; choose one of: "
+                             f"{', '.join(AUGMENT_MODES)}")
         self.policy, self.reprob = self.recipe.policy, self.recipe.reprob
-        self.pad = pad
-        self.flip = flip
-        self.mean = list(mean)
-        self.std = list(std)
+        self.pad, self.flip = pad, flip
+        self.mean, self.std = list(mean), list(std)
         self._mean = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
         self._inv_std = 1.0 / np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
 
@@ -156,11 +151,9 @@ def stratified_split(labels: Sequence[int], val_fraction: float, seed: int
     least one of a class of two or more, none of one), shuffled by ``seed``."""
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
-    train: list[int] = []
-    val: list[int] = []
+    train, val = [], []
     for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        idx = idx[rng.permutation(len(idx))]
+        idx = rng.permutation(np.flatnonzero(labels == c))
         k = int(round(val_fraction * len(idx)))
         k = min(max(k, 1 if len(idx) > 1 else 0), len(idx) - 1)
         val.extend(idx[:k].tolist())

@@ -23,11 +23,10 @@ except ImportError:  # pragma: no cover - exercised where simplejpeg is absent
 from tandem.errors import TandemError
 
 DECODERS = ("simplejpeg", "pillow")
-_JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_START = b"\xff\xd8\xff"  # a JPEG file's first bytes
 
-# What the decoders raise for a file they refuse: OSError (Pillow's unidentified or truncated
-# data), SyntaxError and EOFError (Pillow's parsers), ValueError (simplejpeg's decode errors)
-# and Pillow's DecompressionBombError.
+# what the decoders raise for a file they refuse: Pillow's OSError (unidentified, truncated),
+# SyntaxError, EOFError (its parsers) and DecompressionBombError; simplejpeg's ValueError
 DECODER_ERRORS = (OSError, SyntaxError, EOFError, ValueError, Image.DecompressionBombError)
 
 
@@ -44,8 +43,7 @@ def decoding(path):
     except TandemError:
         raise
     except DECODER_ERRORS as exc:
-        raise UnreadableImage(f"unreadable image '{path}': {type(exc).__name__}: {exc}") \
-            from exc
+        raise UnreadableImage(f"unreadable image '{path}': {type(exc).__name__}: {exc}") from exc
 
 
 def default_decoder() -> str:
@@ -63,8 +61,7 @@ def read_bytes(path) -> bytes:
 
 def open_pillow(data: bytes, path) -> Image.Image:
     """Pillow's image of ``data``, decoded in one call (libjpeg gets the whole file, not 64 KB
-    blocks, and never suspends mid-scan). Not an image: ``UnidentifiedImageError`` naming
-    ``path``."""
+    blocks, and never suspends mid-scan); not an image: ``UnidentifiedImageError`` naming it."""
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
@@ -143,7 +140,7 @@ def open_image(path, decoder: str | None = None):
         raise ImportError("decoder='simplejpeg' needs the simplejpeg package")
     with decoding(path):
         data = read_bytes(path)
-        if decoder == "simplejpeg" and data.startswith(_JPEG_MAGIC):
+        if decoder == "simplejpeg" and data.startswith(JPEG_START):
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
             if colorspace not in ("CMYK", "YCCK"):  # simplejpeg keeps those as 4 channels
                 return SimpleJpegImage(data, height, width, path)

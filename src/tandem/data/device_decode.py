@@ -133,16 +133,14 @@ class DeviceDecoder:
     def _made(self, batch: EncodedBatch, labels: torch.Tensor):
         size, pieces = batch.size, [None] * batch.count
         if batch.crops is not None:  # the worker's own (CPU path): flipped already
-            crops = batch.crops.to(self.device, non_blocking=True)
-            for j, at in enumerate(batch.crop_at):
-                pieces[at] = crops[j]
+            for at, crop in zip(batch.crop_at, batch.crops.to(self.device, non_blocking=True)):
+                pieces[at] = crop
         flipped = []
         for (at, _, _, job), image in zip(batch.jobs, self._decoded(batch.files())):
             if isinstance(image, Exception):  # refused here: the CPU path, in this process
                 self._refused(image)
-                crop, label = self.dataset.base.decode_key(job.key)
-                pieces[at], labels[at] = torch.from_numpy(crop).permute(2, 0, 1), label
-                pieces[at] = pieces[at].to(self.device)
+                crop, labels[at] = self.dataset.base.decode_key(job.key)
+                pieces[at] = torch.from_numpy(crop).permute(2, 0, 1).to(self.device)
                 continue
             pieces[at] = crop_resize(image, job, size)
             if job.flip:

@@ -22,8 +22,7 @@ class DigitsDataset(ImageDataset):
         size = images.shape[-1]
         super().__init__(shape=(1, size, size), augment=augment, pad=max(1, size // 8),
                          flip=False, mean=[mean], std=[std])
-        self.images = images
-        self.labels = labels
+        self.images, self.labels = images, labels
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -49,8 +48,7 @@ def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
     return bunch.images, bunch.target.astype(np.int64)
 
 
-def load_digits_data(*, augment: str, image_size: int | None,
-                     splits: tuple[str, ...] = SPLITS):
+def load_digits_data(*, augment: str, image_size: int | None, splits: tuple[str, ...] = SPLITS):
     """``(train, val, info)`` at ``image_size`` (default 8); a split not in ``splits`` is None."""
     size = 8 if image_size is None else image_size
     check_size(size, "digits")

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .decode import DECODER_ERRORS, open_pillow, read_bytes
+from .decode import DECODER_ERRORS, JPEG_START, open_pillow, read_bytes
 from .imagefolder import first_decodable
 from .imagenet_transforms import train_draws, val_geometry
+from .loader import collate
 from .paired import delegating
 from .transforms import SampleRandom
 
-_JPEG_START, _JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
+_JPEG_END = b"\xff\xd9"
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class EncodedBatch:
 
 def jpeg_size(data: bytes, path) -> tuple[int, int] | None:
     """``(width, height)`` of a complete RGB or greyscale JPEG; None for the CPU path."""
-    if not data.startswith(_JPEG_START) or _JPEG_END not in data[-32:]:
+    if not data.startswith(JPEG_START) or _JPEG_END not in data[-32:]:
         return None
     try:
         img = open_pillow(data, path)
@@ -119,8 +120,6 @@ def collate_encoded(samples: list, *, size: int) -> tuple[EncodedBatch, torch.Te
     jobs = [(j, end - len(s.data), end, Encoded(b"", s.box, s.flip, s.key, s.resize))
             for (j, s), end in zip(encoded, ends)]  # the bytes sent once, in data
     crop_at = [j for j, (s, _) in enumerate(samples) if not isinstance(s, Encoded)]
-    # HWC-strided crops (see ImageFolderDataset.__getitem__): stacked as HWC, a plain copy
-    crops = (torch.stack([samples[j][0].permute(1, 2, 0) for j in crop_at]).permute(0, 3, 1, 2)
-             if crop_at else None)
+    crops = collate([samples[j] for j in crop_at], shape=(3, size, size))[0] if crop_at else None
     labels = torch.tensor([int(label) for _, label in samples], dtype=torch.int64)
     return EncodedBatch(size, len(samples), data, jobs, crops, crop_at), labels

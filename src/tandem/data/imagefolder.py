@@ -29,11 +29,9 @@ from .transforms import SampleRandom, hflip, random_shift
 
 log = logging.getLogger("tandem.data")
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
-                  ".gif")
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-NORMALIZATION = Normalization(MEAN, STD)
 
 _warned: set[str] = set()  # files already reported in this process
 
@@ -78,11 +76,8 @@ def _classes(root: Path) -> list[str]:
 def list_images(root: Path, classes: list[str]) -> list[tuple[str, int]]:
     """Sorted ``(path, class index)`` of the image files under ``root/<class>/`` (not opened)."""
     samples = []
-    for label, name in enumerate(classes):
-        class_dir = root / name
-        if not class_dir.is_dir():
-            continue
-        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+    for label, name in enumerate(classes):  # os.walk yields nothing for a missing class
+        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
             dirnames.sort()
             samples.extend((os.path.join(dirpath, fname), label) for fname in sorted(filenames)
                            if fname.lower().endswith(IMG_EXTENSIONS))
@@ -94,15 +89,13 @@ class ImageFolderDataset(ImageDataset):
     training crops' JPEG decoder (:func:`~tandem.data.decode.open_image`)."""
 
     dtype = torch.uint8
-    normalization = NORMALIZATION
+    normalization = Normalization(MEAN, STD)
 
     def __init__(self, samples: list[tuple[str, int]], *, image_size: int, augment: str,
                  decoder: str | None = None):
         super().__init__(shape=(3, image_size, image_size), augment=augment,
                          pad=image_size // 8, flip=True, mean=MEAN, std=STD)
-        self.samples = samples
-        self.image_size = image_size
-        self.decoder = decoder
+        self.samples, self.image_size, self.decoder = samples, image_size, decoder
         self._bad: set[int] = set()
 
     def __len__(self) -> int:

@@ -56,8 +56,7 @@ def val_resize(size: int) -> int:
 def resized_crop(image: np.ndarray, box, scale: float, size: int, flip: bool) -> np.ndarray:
     """``box`` (full-scale pixels) of ``image`` (decoded at ``1/scale``) resampled bilinearly
     to an ``(S, S, 3)`` uint8 crop, flipped if ``flip``: at full scale by torch's uint8 kernel
-    (within 1 of Pillow's, a fifth of its time), at reduced scale (fractional corners) by Pillow.
-    """
+    (within 1 of Pillow's, a fifth of its time), at reduced scale (fractional corners) by Pillow."""
     if scale == 1:
         left, top, right, bottom = box
         crop = torch.from_numpy(image[top:bottom, left:right]).permute(2, 0, 1)[None]

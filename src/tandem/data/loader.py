@@ -18,7 +18,7 @@ from tandem.errors import UsageError
 from tandem.parallel.shares import shares
 
 from .mixing import Mixing, pair
-from .paired import Paired, PairedKeys
+from .paired import Paired, PairedShare
 from .transforms import mix_seed
 
 PREFETCH = 4  # batches in flight per worker
@@ -60,12 +60,10 @@ class ShardedBatchSampler(Sampler):
         _check_int("world_size", world_size, 1)
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise UsageError(f"rank must be in [0, {world_size}), got {rank!r}")
-        self.num_samples = num_samples
-        self.batch_size = batch_size
+        self.num_samples, self.batch_size = num_samples, batch_size
         self.total_batches = batches_per_epoch(range(num_samples), batch_size)
         self.shuffle, self.seed = shuffle, seed
-        self.rank, self.world_size = rank, world_size
-        self.split = split
+        self.rank, self.world_size, self.split = rank, world_size, split
         self.mix = mix if mix is not None and mix.active else None
         self.set_position(epoch, start_batch)
 
@@ -94,8 +92,8 @@ class ShardedBatchSampler(Sampler):
                 continue
             pairing = pair(self.mix.draw(self.seed, self.epoch, b, len(batch)), lo, lo + n,
                            self.mix.num_classes)
-            yield PairedKeys(keys + [(batch[q], self.seed, self.epoch) for q in pairing.extra],
-                             pairing)
+            yield PairedShare(keys + [(batch[q], self.seed, self.epoch) for q in pairing.extra],
+                              pairing)
 
 
 def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
@@ -113,8 +111,7 @@ def collate(samples: list, *, shape: tuple[int, ...], dtype: torch.dtype = torch
         images = torch.stack(images)
     if target_shape:  # dense targets: one tensor of class indices per sample
         return images, torch.stack([torch.as_tensor(s[1], dtype=torch.int64) for s in samples])
-    labels = torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
-    return images, labels
+    return images, torch.tensor([int(s[1]) for s in samples], dtype=torch.int64)
 
 
 def _seed_worker(worker_id: int, *, base: int) -> None:
@@ -167,11 +164,10 @@ class LoaderCache:
     def get(self, dataset, batch_size: int, *, epoch: int, start_batch: int = 0,
             **settings) -> DataLoader:
         key = (id(dataset), batch_size, *sorted(settings.items()))
-        if key in self._loaders:
-            loader = self._loaders[key][1]
-            loader.batch_sampler.set_position(epoch, start_batch)
-            return loader
-        loader = make_loader(dataset, batch_size, epoch=epoch, start_batch=start_batch,
-                             persistent=True, **settings)
-        self._loaders[key] = (dataset, loader)  # holding the dataset keeps its id unique
+        if key not in self._loaders:  # holding the dataset keeps its id unique
+            self._loaders[key] = (dataset, make_loader(
+                dataset, batch_size, epoch=epoch, start_batch=start_batch, persistent=True,
+                **settings))
+        loader = self._loaders[key][1]
+        loader.batch_sampler.set_position(epoch, start_batch)
         return loader

@@ -21,23 +21,16 @@ def delegating(attr: str, *own: str):
     return __getattr__
 
 
-class PairedKeys(list):
-    """A share's sample keys (its own, then the extra partners), with its ``pairing``."""
+class PairedShare(list):
+    """A share's sample keys, or the samples read for them (its own, then the extra partners),
+    with its ``pairing``."""
 
-    def __init__(self, keys, pairing: Pairing):
-        super().__init__(keys)
+    def __init__(self, items, pairing: Pairing):
+        super().__init__(items)
         self.pairing = pairing
 
     def __reduce__(self):  # to the workers: the keys and the pairing
-        return PairedKeys, (list(self), self.pairing)
-
-
-class Fetched(list):
-    """The samples of a :class:`PairedKeys` list, with its ``pairing``."""
-
-    def __init__(self, samples, pairing: Pairing):
-        super().__init__(samples)
-        self.pairing = pairing
+        return PairedShare, (list(self), self.pairing)
 
 
 class Paired(Dataset):
@@ -55,11 +48,11 @@ class Paired(Dataset):
     def __getitem__(self, key):
         return self.dataset[key]
 
-    def __getitems__(self, keys: PairedKeys) -> Fetched:
+    def __getitems__(self, keys: PairedShare) -> PairedShare:
         inner = getattr(self.dataset, "__getitems__", None)
         samples = inner(list(keys)) if inner is not None else [self.dataset[k] for k in keys]
-        return Fetched(samples, keys.pairing)
+        return PairedShare(samples, keys.pairing)
 
-    def collate(self, fetched: Fetched):
+    def collate(self, fetched: PairedShare):
         """``(images, targets, pairing)`` of one share."""
         return (*self._collate(list(fetched)), fetched.pairing)

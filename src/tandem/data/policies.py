@@ -99,10 +99,9 @@ def parse_policy(text: str, name: str = "augment") -> Policy:
     if parts[0] == "randaugment":
         form = (f"bad {param(name)} {text!r}: give randaugment:N:M, N operations (1 or more) "
                 f"of magnitude M (0 to {RAND_MAX:g}), e.g. randaugment:2:9")
-        if len(parts) != 3:
-            raise UsageError(form)
         try:
-            num_ops, magnitude = int(parts[1]), float(parts[2])
+            _, ops, level = parts  # a ValueError unless three parts
+            num_ops, magnitude = int(ops), float(level)
         except ValueError:
             raise UsageError(form) from None
         if num_ops < 1 or not math.isfinite(magnitude) or not 0 <= magnitude <= RAND_MAX:

@@ -24,10 +24,7 @@ class SyntheticDataset(ImageDataset):
         super().__init__(shape=(in_channels, image_size, image_size), augment=augment,
                          pad=image_size // 8, flip=True, mean=[0.0] * in_channels,
                          std=[1.0] * in_channels)
-        self.size = size
-        self.num_classes = num_classes
-        self.seed = seed
-        self.split = split
+        self.size, self.num_classes, self.seed, self.split = size, num_classes, seed, split
         g = np.random.default_rng(mix_seed(seed, 7919))  # the same templates for every split
         self.templates = g.standard_normal((num_classes, in_channels, _TEMPLATE, _TEMPLATE),
                                            dtype=np.float32)
