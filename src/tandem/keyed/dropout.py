@@ -8,8 +8,6 @@ Outputs follow torch's formulas; the backward keeps the boolean mask alone. In e
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -90,11 +88,15 @@ class _KeyedMixin:
         return _Scaled.apply(x, keep, self.p, self.inplace)
 
 
-@functools.cache
+_EAGER: list = []  # not functools.cache: dynamo warns of a cache wrapper it traces through
+
+
 def _eager():
     """The keyed draw out of ``torch.compile``'s reach (its keys, new at every step, would be
     constants in a graph); made at the first compiled call, as ``disable`` imports dynamo."""
-    return torch.compiler.disable(_KeyedMixin._draw)
+    if not _EAGER:
+        _EAGER.append(torch.compiler.disable(_KeyedMixin._draw))
+    return _EAGER[0]
 
 
 class KeyedDropout(_KeyedMixin, nn.Dropout):

@@ -82,6 +82,9 @@ def test_compiled_training_matches_eager_and_keeps_plain_keys():
 
 
 @needs_cxx
+# a user under --compile sees no warning of ours (dynamo warns of a functools cache it
+# traces through)
+@pytest.mark.filterwarnings("error:Dynamo detected a call to a `functools")
 def test_compiled_keyed_dropout_draws_eagers_masks_without_recompiling():
     """Keyed dropout under --compile (tandem.keyed): each keyed layer runs eagerly between
     graphs (its key is a new integer at every step, which a graph would take for a constant),
