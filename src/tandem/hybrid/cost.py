@@ -22,6 +22,7 @@ from ..parallel.devices import resolve_devices
 from ..parallel.split import check_weights, shares, split_report
 from ._shards import split_sizes
 from .layout import classifier_layout, find_head, head_sequential
+from .rank_collectives import reduce_scatter_factor
 
 _KINDS = ("gradients", "buffers", "activations", "activation_grads")  # step_bytes' rows
 
@@ -295,7 +296,7 @@ def _rank_head_bytes(stages, mods, shares_: list[int], rank: int, e: int,
     all-gathered; a gathered column's blocks exchanged. gloo's reduce-scatter is an
     all-reduce: twice the bytes."""
     world, most, n, mine = len(shares_), max(shares_), sum(shares_), shares_[rank]
-    scatter = 2 if backend == "gloo" else 1
+    scatter = reduce_scatter_factor(backend)
     fwd = bwd = 0
     for stage in stages:
         if stage.kind == "local":

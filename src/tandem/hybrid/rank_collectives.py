@@ -25,6 +25,11 @@ _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_
 _reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def reduce_scatter_factor(backend: str) -> int:
+    """What a reduce-scatter sends over what it hands on: gloo runs it as an all-reduce, twice."""
+    return 2 if backend == "gloo" else 1
+
+
 def all_shares(count: int, device: torch.device, group=None) -> list[int]:
     """Every rank's row count, given this rank's (a small all-gather, read on the host)."""
     world = dist.get_world_size(group)
@@ -65,7 +70,8 @@ def _reduce_scatter(y: torch.Tensor, shares: Sequence[int], rank: int, group,
     stacked = torch.cat([_padded(p, most) for p in pieces])  # (world * most, ...)
     out = y.new_empty((most, *y.shape[1:]))
     _reduce_scatter_into(out, stacked, op=dist.ReduceOp.SUM, group=group)
-    traffic.record(kind, (world - 1) * most * _row_bytes(y))
+    traffic.record(kind, reduce_scatter_factor(dist.get_backend(group)) * (world - 1) * most
+                   * _row_bytes(y))
     return out[: shares[rank]]
 
 
